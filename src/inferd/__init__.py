@@ -1,0 +1,3 @@
+"""inferd: an inference server that batches requests for black-box models."""
+
+__version__ = "0.1.0"

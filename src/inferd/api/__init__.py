@@ -1,0 +1,1 @@
+"""HTTP front end: OIP v2 (with Triton's binary tensor extension), OpenAI embeddings, metrics."""

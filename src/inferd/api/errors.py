@@ -1,0 +1,51 @@
+"""The one place HTTP statuses are decided: error type -> status, headers and JSON body."""
+
+from __future__ import annotations
+
+import math
+
+from inferd.errors import (
+    BadRequest,
+    DeadlineExceeded,
+    ModelError,
+    NotFound,
+    Overloaded,
+    PayloadTooLarge,
+    RateLimited,
+    ServingError,
+    ShuttingDown,
+    Unauthorized,
+    UnsupportedMediaType,
+    WorkerDied,
+    WorkerUnavailable,
+)
+
+_STATUS: list[tuple[type[ServingError], int, str]] = [
+    (BadRequest, 400, "bad_request"),
+    (Unauthorized, 401, "unauthorized"),
+    (NotFound, 404, "not_found"),
+    (PayloadTooLarge, 413, "too_large"),
+    (UnsupportedMediaType, 415, "bad_request"),
+    (RateLimited, 429, "rate_limited"),
+    (Overloaded, 429, "rejected"),
+    (ModelError, 422, "model_error"),
+    (WorkerUnavailable, 503, "unavailable"),
+    (WorkerDied, 503, "worker_died"),
+    (ShuttingDown, 503, "unavailable"),
+    (DeadlineExceeded, 504, "deadline"),
+]
+
+
+def status_of(exc: ServingError) -> tuple[int, str]:
+    """(HTTP status, outcome label) of an error."""
+    for cls, status, outcome in _STATUS:
+        if isinstance(exc, cls):
+            return status, outcome
+    return 500, "internal"
+
+
+def error_headers(exc: ServingError) -> dict[str, str]:
+    retry_after = getattr(exc, "retry_after_s", None)
+    if retry_after is None:
+        return {}
+    return {"retry-after": str(max(1, math.ceil(retry_after))), "x-inferd-retry-after-ms": f"{retry_after * 1000:.0f}"}

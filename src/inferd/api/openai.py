@@ -1,0 +1,117 @@
+"""OpenAI-compatible routes: POST /v1/embeddings and GET /v1/models. Errors in the OpenAI shape."""
+
+from __future__ import annotations
+
+import base64
+from typing import TYPE_CHECKING, Literal
+
+import msgspec
+import numpy as np
+from starlette.requests import Request
+from starlette.responses import Response
+
+from inferd.api.http import check_content_type, json_response, read_body, wait_for_items
+from inferd.errors import BadRequest, NotFound, ServingError
+
+if TYPE_CHECKING:
+    from inferd.api.app import Api
+    from inferd.server import InferenceServer
+
+
+class EmbeddingsRequest(msgspec.Struct):
+    model: str
+    input: str | list[str | int | list[int]]
+    encoding_format: Literal["float", "base64"] = "float"
+    dimensions: int | None = None
+    user: str | None = None
+
+
+_decoder = msgspec.json.Decoder(EmbeddingsRequest)
+_encoder = msgspec.json.Encoder()
+
+
+def openai_error(exc: ServingError, status: int) -> bytes:
+    kind = "invalid_request_error" if status < 500 else "server_error"
+    if status == 429:
+        kind = "rate_limit_error" if exc.code == "RateLimited" else "overloaded_error"
+    return _encoder.encode({"error": {"message": exc.message, "type": kind, "param": None,
+                                      "code": exc.code}})
+
+
+async def list_models(server: InferenceServer) -> Response:
+    created = int(server.started_at)
+    data = [{"id": name, "object": "model", "created": created, "owned_by": "inferd"}
+            for name in sorted(server.runtimes)]
+    return json_response(_encoder.encode({"object": "list", "data": data}))
+
+
+async def embeddings(api: Api, request: Request) -> Response:
+    rt = None
+    try:
+        rt = api.server.runtime(_peek_model(request))
+    except ServingError:
+        pass
+    return await api._guard(request, rt, lambda r: _embeddings(api, r), error_body=openai_error)
+
+
+def _peek_model(request: Request) -> str:
+    """The model is in the body; the route has no path parameter. Resolved for metrics after parsing."""
+    return request.query_params.get("model", "")
+
+
+async def _embeddings(api: Api, request: Request) -> Response:
+    check_content_type(request, ("application/json", ""))
+    body = await read_body(request, api.max_body)
+    if not body:
+        raise BadRequest("empty request body: send {\"model\": ..., \"input\": ...}")
+    try:
+        req = _decoder.decode(body)
+    except msgspec.ValidationError as exc:
+        raise BadRequest(f"invalid embeddings request: {exc}") from None
+    except msgspec.DecodeError as exc:
+        raise BadRequest(f"malformed JSON: {exc}") from None
+    rt = api.server.runtime(req.model)
+    texts = _texts(req, rt.config.max_items_per_request)
+    spec_in, spec_out = rt.config.inputs, {t.name for t in rt.config.outputs}
+    if len(spec_in) != 1 or spec_in[0].datatype != "BYTES" or "EMBEDDING" not in spec_out:
+        raise NotFound(f"model {req.model!r} does not produce embeddings")
+    dims = next(t.shape for t in rt.config.outputs if t.name == "EMBEDDING")
+    if req.dimensions is not None and (len(dims) != 1 or req.dimensions != dims[0]):
+        raise BadRequest(f"model {req.model!r} produces {list(dims)}-dimensional embeddings; "
+                         f"dimensions={req.dimensions} is not supported")
+    rt.precheck()
+    deadline = api._deadline(rt, None, request.headers.get("x-request-timeout-ms"))
+    items = rt.enqueue([t.encode() for t in texts], deadline)
+    results = await wait_for_items(rt, items, deadline, api.clock, request)
+    data = []
+    tokens = truncated = 0
+    for index, result in enumerate(results):
+        vector = np.asarray(result.outputs["EMBEDDING"], dtype=np.float32)
+        emb: object = (base64.b64encode(vector.tobytes()).decode() if req.encoding_format == "base64"
+                       else vector.tolist())
+        data.append({"object": "embedding", "index": index, "embedding": emb})
+        tokens += int(result.outputs.get("TOKENS", 0))
+        truncated += bool(result.outputs.get("TRUNCATED", False))
+    usage = {"prompt_tokens": tokens, "total_tokens": tokens, "truncated_inputs": truncated}
+    out = _encoder.encode({"object": "list", "data": data, "model": req.model, "usage": usage})
+    return json_response(out, headers={"x-inferd-truncated-inputs": str(truncated)})
+
+
+def _texts(req: EmbeddingsRequest, limit: int) -> list[str]:
+    value = req.input
+    if isinstance(value, str):
+        texts = [value]
+    elif value and all(isinstance(v, str) for v in value):
+        texts = list(value)  # type: ignore[arg-type]
+    elif not value:
+        raise BadRequest("input is empty: send a string or a non-empty list of strings")
+    else:
+        raise BadRequest("token-id input is not supported: send text (a string or a list of strings)")
+    if len(texts) > limit:
+        raise BadRequest(f"{len(texts)} inputs in one request; the limit is {limit}")
+    for i, t in enumerate(texts):
+        try:
+            t.encode()
+        except UnicodeEncodeError:
+            raise BadRequest(f"input[{i}] is not valid Unicode (lone surrogate)") from None
+    return texts

@@ -1,0 +1,75 @@
+"""The OpenAPI 3.1 document of the whole HTTP API, built from the same msgspec types the handlers use."""
+
+from __future__ import annotations
+
+from functools import cache
+from typing import Any
+
+import msgspec
+
+from inferd import __version__
+from inferd.api.oip import InferRequest, InferResponse
+from inferd.api.openai import EmbeddingsRequest
+
+_ERROR = {"type": "object", "properties": {"error": {"type": "string"}}, "required": ["error"]}
+
+
+def _json_body(ref: str) -> dict[str, Any]:
+    return {"required": True, "content": {"application/json": {"schema": {"$ref": ref}}}}
+
+
+def _responses(ok: dict[str, Any] | None = None, *codes: int) -> dict[str, Any]:
+    out: dict[str, Any] = {"200": ok or {"description": "OK"}}
+    texts = {400: "Bad request (the message names the problem)", 404: "Unknown model or version",
+             413: "Body too large", 415: "Unsupported content type", 422: "The model failed on this input",
+             429: "Queue full or deadline cannot be met (Retry-After set)", 503: "No ready worker",
+             504: "Deadline exceeded"}
+    for code in codes:
+        out[str(code)] = {"description": texts[code],
+                          "content": {"application/json": {"schema": _ERROR}}}
+    return out
+
+
+def _model_params(version: bool) -> list[dict[str, Any]]:
+    params = [{"name": "model", "in": "path", "required": True, "schema": {"type": "string"}}]
+    if version:
+        params.append({"name": "version", "in": "path", "required": True, "schema": {"type": "string"}})
+    return params
+
+
+@cache
+def openapi_document() -> dict[str, Any]:
+    _, components = msgspec.json.schema_components(
+        (InferRequest, InferResponse, EmbeddingsRequest), ref_template="#/components/schemas/{name}")
+    infer = {
+        "summary": "Run inference (KServe OIP v2; Triton binary tensor extension supported)",
+        "requestBody": _json_body("#/components/schemas/InferRequest"),
+        "responses": _responses(
+            {"description": "Outputs with the lifecycle record in `parameters` and X-Inferd-* headers",
+             "content": {"application/json": {"schema": {"$ref": "#/components/schemas/InferResponse"}}}},
+            400, 404, 413, 415, 422, 429, 503, 504),
+    }
+    health = {"responses": {"200": {"description": "true"}, "503": {"description": "false"}}}
+    paths: dict[str, Any] = {
+        "/v2/health/live": {"get": {"summary": "Server live", **health}},
+        "/v2/health/ready": {"get": {"summary": "Server ready (every model has a warm worker)", **health}},
+        "/v2": {"get": {"summary": "Server metadata", "responses": _responses()}},
+        "/v1/models": {"get": {"summary": "Every served model (OpenAI shape)", "responses": _responses()}},
+        "/v1/embeddings": {"post": {"summary": "Sentence embeddings (OpenAI shape)",
+                                    "requestBody": _json_body("#/components/schemas/EmbeddingsRequest"),
+                                    "responses": _responses(None, 400, 404, 413, 415, 429, 503, 504)}},
+        "/metrics": {"get": {"summary": "Prometheus metrics", "responses": _responses()}},
+    }
+    for version in (False, True):
+        base = "/v2/models/{model}" + ("/versions/{version}" if version else "")
+        params = _model_params(version)
+        paths[base] = {"get": {"summary": "Model metadata", "parameters": params,
+                               "responses": _responses(None, 404)}}
+        paths[base + "/ready"] = {"get": {"summary": "Model ready", "parameters": params, **health}}
+        paths[base + "/infer"] = {"post": {**infer, "parameters": params}}
+    return {
+        "openapi": "3.1.0",
+        "info": {"title": "inferd", "version": __version__},
+        "paths": paths,
+        "components": {"schemas": components},
+    }

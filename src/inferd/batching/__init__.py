@@ -1,0 +1,1 @@
+"""Dynamic batching: the pure policy (when to cut), the bounded queue, and the asyncio dispatcher."""

@@ -1,0 +1,81 @@
+"""Admission: is there room, and can the request still meet its deadline? Plus an honest Retry-After.
+
+A plain object fed with batch completions; estimates come from what was measured, never from config.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from inferd.errors import Overloaded
+
+
+@dataclass(frozen=True, slots=True)
+class DrainStats:
+    batch_latency_s: float | None
+    items_per_batch: float | None
+
+
+class DrainEstimator:
+    """EWMA of batch latency and batch size, from which queue wait and drain time are predicted."""
+
+    def __init__(self, max_batch_size: int, alpha: float = 0.2) -> None:
+        self.max_batch_size = max_batch_size
+        self.alpha = alpha
+        self.batch_latency_s: float | None = None
+        self.items_per_batch: float | None = None
+
+    def observe_batch(self, size: int, latency_s: float) -> None:
+        if self.batch_latency_s is None or self.items_per_batch is None:
+            self.batch_latency_s, self.items_per_batch = latency_s, float(size)
+            return
+        a = self.alpha
+        self.batch_latency_s += a * (latency_s - self.batch_latency_s)
+        self.items_per_batch += a * (size - self.items_per_batch)
+
+    def predicted_wait_s(self, queued: int, workers: int) -> float | None:
+        """Time until an item joining behind `queued` items has its result: the batches ahead of it,
+        shared by the workers, plus its own batch. None until a batch has been measured."""
+        if self.batch_latency_s is None or workers <= 0:
+            return None
+        batches_ahead = math.ceil((queued + 1) / self.max_batch_size)
+        return self.batch_latency_s * (batches_ahead / workers + 1.0)
+
+    def drain_time_s(self, queued: int, workers: int) -> float:
+        predicted = self.predicted_wait_s(queued, workers)
+        return predicted if predicted is not None else 1.0
+
+    def stats(self) -> DrainStats:
+        return DrainStats(self.batch_latency_s, self.items_per_batch)
+
+
+def retry_after_s(drain_s: float) -> int:
+    """HTTP Retry-After is whole seconds; never 0 (that invites an immediate retry storm)."""
+    return max(1, math.ceil(drain_s))
+
+
+def check_admission(
+    model: str, queued: int, capacity: int, n: int, now: float, deadline: float | None,
+    estimator: DrainEstimator, workers: int,
+) -> None:
+    """Raise Overloaded if `n` more items do not fit, or cannot finish by `deadline`."""
+    if queued + n > capacity:
+        drain = estimator.drain_time_s(queued, workers)
+        raise Overloaded(
+            f"model '{model}' queue is full ({queued}/{capacity} items queued, request needs {n}); "
+            f"retry in {retry_after_s(drain)} s",
+            retry_after_s=drain,
+            reason="queue_full",
+        )
+    if deadline is None:
+        return
+    predicted = estimator.predicted_wait_s(queued + n - 1, workers)
+    if predicted is not None and now + predicted > deadline:
+        budget_ms = max(0.0, (deadline - now) * 1000.0)
+        raise Overloaded(
+            f"model '{model}' cannot meet the deadline: predicted wait {predicted * 1000:.0f} ms "
+            f"exceeds the remaining deadline of {budget_ms:.0f} ms ({queued} items queued)",
+            retry_after_s=estimator.drain_time_s(queued, workers),
+            reason="deadline",
+        )

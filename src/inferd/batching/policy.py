@@ -1,0 +1,69 @@
+"""When to cut a batch. A plain object: no I/O, no clock of its own (the caller passes `now`).
+
+The rules (ROADMAP Part 1, "what measuring the peers taught us"):
+
+* A batch is cut only when a worker can take it.
+* An idle worker takes a batch when it is full, when a preferred size can be formed, or when the
+  oldest queued item has waited `max_wait` (so a lone request at low load waits at most `max_wait`).
+  When a worker frees and the oldest item has already waited `max_wait`, the batch goes at once:
+  no fresh window is opened.
+* A busy worker with a free staging slot takes only a full batch (hiding the IPC round trip without
+  cutting small batches while the device is busy: they keep filling instead).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class CutDecision:
+    """`size` > 0: cut that many items now (for an idle worker if `idle`, else for a staging slot).
+    `size` == 0: cut nothing; re-decide at `wake_at` (if set) or on the next event."""
+
+    size: int
+    idle: bool = True
+    wake_at: float | None = None
+
+
+NOTHING = CutDecision(0)
+
+
+class BatchPolicy:
+    def __init__(self, max_batch_size: int, max_wait_s: float, preferred_batch_sizes: tuple[int, ...] = ()):
+        if max_batch_size < 1:
+            raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
+        if max_wait_s < 0:
+            raise ValueError(f"max_wait_s must be >= 0, got {max_wait_s}")
+        self.max_batch_size = max_batch_size
+        self.max_wait_s = max_wait_s
+        self.preferred = tuple(sorted({p for p in preferred_batch_sizes if 1 <= p <= max_batch_size}))
+
+    def decide(
+        self, now: float, queued: int, oldest_at: float | None, idle_workers: int, stage_slots: int
+    ) -> CutDecision:
+        """`queued` live items, the oldest enqueued at `oldest_at`; `idle_workers` have nothing running,
+        `stage_slots` are free staging slots on busy workers."""
+        if queued <= 0 or oldest_at is None:
+            return NOTHING
+        full = min(queued, self.max_batch_size)
+        if idle_workers > 0:
+            if queued >= self.max_batch_size:
+                return CutDecision(self.max_batch_size)
+            due_at = oldest_at + self.max_wait_s
+            if now >= due_at:
+                return CutDecision(full)
+            preferred = self._largest_preferred(queued)
+            if preferred:
+                return CutDecision(preferred)
+            return CutDecision(0, wake_at=due_at)
+        if stage_slots > 0 and queued >= self.max_batch_size:
+            return CutDecision(self.max_batch_size, idle=False)
+        return NOTHING
+
+    def _largest_preferred(self, queued: int) -> int:
+        best = 0
+        for p in self.preferred:
+            if p <= queued:
+                best = p
+        return best

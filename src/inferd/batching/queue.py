@@ -1,0 +1,132 @@
+"""The bounded per-model queue of batch items. No I/O; the caller passes `now`.
+
+Items are withdrawn lazily (a caller that leaves marks its item; the cut skips it), so withdrawal is
+O(1). The physical deque is compacted when dead entries pile up, so it stays bounded too.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections import deque
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+
+class ItemState(enum.Enum):
+    QUEUED = "queued"
+    RUNNING = "running"
+    DONE = "done"
+    WITHDRAWN = "withdrawn"
+    EXPIRED = "expired"
+
+    TERMINAL: frozenset[ItemState]
+
+
+ItemState.TERMINAL = frozenset({ItemState.DONE, ItemState.WITHDRAWN, ItemState.EXPIRED})
+
+
+@dataclass(slots=True, eq=False)
+class QueuedItem:
+    """One batch item: one row of one request."""
+
+    payload: Any
+    enqueued_at: float
+    deadline: float | None
+    reply: Any = None
+    """Whatever the driver uses to answer the caller (an asyncio.Future in the runtime)."""
+    attempts: int = 0
+    state: ItemState = ItemState.QUEUED
+    first_enqueued_at: float = field(default=0.0)
+
+    def __post_init__(self) -> None:
+        if not self.first_enqueued_at:
+            self.first_enqueued_at = self.enqueued_at
+
+
+class RequestQueue:
+    """FIFO of live items with a hard bound on their number."""
+
+    def __init__(self, max_size: int) -> None:
+        if max_size < 1:
+            raise ValueError(f"max_size must be >= 1, got {max_size}")
+        self.max_size = max_size
+        self._items: deque[QueuedItem] = deque()
+        self._live = 0
+
+    def __len__(self) -> int:
+        return self._live
+
+    def free(self) -> int:
+        return self.max_size - self._live
+
+    def oldest_at(self) -> float | None:
+        self._trim_head()
+        return self._items[0].enqueued_at if self._items else None
+
+    def push(self, item: QueuedItem) -> None:
+        if self._live >= self.max_size:
+            raise OverflowError(f"queue full ({self._live}/{self.max_size}): admit before pushing")
+        item.state = ItemState.QUEUED
+        self._items.append(item)
+        self._live += 1
+
+    def push_front(self, items: Iterable[QueuedItem]) -> None:
+        """Put items back at the head, in their original order (retries). May exceed the bound
+        transiently: these items were admitted before and are owed an answer."""
+        for item in reversed(list(items)):
+            item.state = ItemState.QUEUED
+            self._items.appendleft(item)
+            self._live += 1
+
+    def withdraw(self, item: QueuedItem) -> bool:
+        """Remove a queued item (its caller left or timed out). False if it was not queued."""
+        if item.state is not ItemState.QUEUED:
+            return False
+        item.state = ItemState.WITHDRAWN
+        self._live -= 1
+        if len(self._items) > 2 * self.max_size + 64:
+            self._items = deque(i for i in self._items if i.state is ItemState.QUEUED)
+        return True
+
+    def cut(self, size: int, now: float) -> tuple[list[QueuedItem], list[QueuedItem]]:
+        """Take up to `size` live items from the head. Items whose deadline has passed are taken
+        out too, into the second list, so they never occupy a batch slot."""
+        batch: list[QueuedItem] = []
+        expired: list[QueuedItem] = []
+        items = self._items
+        while items and len(batch) < size:
+            item = items.popleft()
+            if item.state is not ItemState.QUEUED:
+                continue
+            self._live -= 1
+            if item.deadline is not None and item.deadline <= now:
+                item.state = ItemState.EXPIRED
+                expired.append(item)
+                continue
+            item.state = ItemState.RUNNING
+            batch.append(item)
+        return batch, expired
+
+    def expire(self, now: float) -> list[QueuedItem]:
+        """Take out every queued item whose deadline has passed (a sweep while no batch is cut)."""
+        expired = [i for i in self._items if i.state is ItemState.QUEUED and i.deadline is not None
+                   and i.deadline <= now]
+        for item in expired:
+            item.state = ItemState.EXPIRED
+            self._live -= 1
+        if expired:
+            self._items = deque(i for i in self._items if i.state is ItemState.QUEUED)
+        return expired
+
+    def drain_all(self) -> list[QueuedItem]:
+        """Take out every live item (shutdown, model unavailable)."""
+        live = [i for i in self._items if i.state is ItemState.QUEUED]
+        self._items.clear()
+        self._live = 0
+        return live
+
+    def _trim_head(self) -> None:
+        items = self._items
+        while items and items[0].state is not ItemState.QUEUED:
+            items.popleft()

@@ -1,0 +1,94 @@
+"""`inferd bench`: offer open-loop load to a running inferd server and check every answer."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Annotated
+
+import typer
+
+from inferd.bench.loadgen import LoadSpec, run_load_blocking
+from inferd.bench.report import render, to_json
+
+
+class ArrivalChoice(StrEnum):
+    poisson = "poisson"
+    constant = "constant"
+
+
+def bench(
+    url: Annotated[str, typer.Option(help="Base URL of the inferd server.")] = "http://127.0.0.1:8000",
+    model: Annotated[str, typer.Option(help="Model name: requests go to /v2/models/MODEL/infer.")] = "sim",
+    rate: Annotated[float, typer.Option(help="Offered load in requests per second (open loop).")] = 100.0,
+    duration: Annotated[float, typer.Option(help="Seconds of the measured window (after warmup).")] = 10.0,
+    warmup: Annotated[
+        float, typer.Option(help="Seconds of load offered first; its results are not in the numbers.")
+    ] = 0.0,
+    arrival: Annotated[
+        ArrivalChoice,
+        typer.Option(help="Arrival process: poisson (exponential gaps) or constant (evenly spaced)."),
+    ] = ArrivalChoice.poisson,
+    timeout_ms: Annotated[
+        float,
+        typer.Option(
+            help="Client deadline per request in ms, counted from its intended send time; "
+            "a request past it counts as a timeout."
+        ),
+    ] = 5000.0,
+    send_deadline: Annotated[
+        bool,
+        typer.Option(help="Also send the remaining deadline to the server as X-Request-Timeout-Ms."),
+    ] = False,
+    priority: Annotated[str | None, typer.Option(help="Send this value as the X-Priority header.")] = None,
+    payload_bytes: Annotated[
+        int,
+        typer.Option(help="Size of each request's unique INPUT0 string (padded, never truncated)."),
+    ] = 32,
+    max_requests: Annotated[
+        int, typer.Option(help="Hard cap on requests sent, warmup included.")
+    ] = 1_000_000,
+    seed: Annotated[
+        int, typer.Option(help="Seed for arrival times; also prefixes request ids and payloads.")
+    ] = 0,
+    connections: Annotated[int, typer.Option(help="Most TCP connections the client opens at once.")] = 2000,
+    slo_ms: Annotated[
+        float | None,
+        typer.Option(help="Latency SLO in ms: also report goodput, ok answers within it per second."),
+    ] = None,
+    json_output: Annotated[
+        bool, typer.Option("--json", help="Print the report as JSON instead of a table.")
+    ] = False,
+    histograms: Annotated[
+        bool, typer.Option(help="With --json, include the HdrHistogram-encoded latency histogram.")
+    ] = False,
+) -> None:
+    """Offer open-loop load (latency from intended send time) and check every answer's id and digest.
+
+    Exits 1 when any answer was mismatched (another caller's id, an unknown id, or a wrong digest).
+    """
+    try:
+        spec = LoadSpec(
+            url=url,
+            model=model,
+            rate=rate,
+            duration_s=duration,
+            warmup_s=warmup,
+            arrival=arrival.value,
+            timeout_ms=timeout_ms,
+            send_deadline=send_deadline,
+            priority=priority,
+            payload_bytes=payload_bytes,
+            max_requests=max_requests,
+            seed=seed,
+            connections=connections,
+            slo_ms=slo_ms,
+        )
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from exc
+    report = run_load_blocking(spec)
+    if json_output:
+        typer.echo(to_json(report, include_histograms=histograms))
+    else:
+        render(report)
+    if report.mismatched_total > 0:
+        raise typer.Exit(code=1)

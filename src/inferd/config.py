@@ -1,0 +1,164 @@
+"""Typed settings for every component. Loaded once, from TOML plus CLI overrides, then frozen."""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+Datatype = Literal[
+    "BOOL", "UINT8", "UINT16", "UINT32", "UINT64", "INT8", "INT16", "INT32", "INT64",
+    "FP16", "FP32", "FP64", "BYTES",
+]
+
+
+class ConfigError(Exception):
+    """A configuration problem, with a message that says how to fix it."""
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class TensorSpec(_Frozen):
+    """One input or output tensor of a model, per batch item (the batch dimension is implicit)."""
+
+    name: str = Field(min_length=1, max_length=128)
+    """Tensor name as used in OIP requests."""
+    datatype: Datatype
+    """OIP datatype, e.g. FP32 or BYTES."""
+    shape: tuple[int, ...] = ()
+    """Shape of one item, without the batch dimension; -1 marks a variable dimension; () is a scalar."""
+
+    @field_validator("shape")
+    @classmethod
+    def _dims(cls, shape: tuple[int, ...]) -> tuple[int, ...]:
+        for d in shape:
+            if d < -1 or d == 0:
+                raise ValueError(f"dimension {d} in shape {list(shape)}: use a positive size or -1 for variable")
+        return shape
+
+
+class ModelConfig(_Frozen):
+    """Per-model serving settings (the knobs Triton users expect)."""
+
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,63}$")
+    """Model name used in URLs."""
+    version: int = Field(default=1, ge=1)
+    """Version number (the version folder's name in a model repository)."""
+    implementation: str
+    """Where the model class lives: 'package.module:Class', or 'model.py:Class' inside the version folder."""
+    platform: str = "python"
+    """Free-form platform string reported in OIP model metadata."""
+    max_batch_size: int = Field(default=100, ge=1, le=4096)
+    """The most items one batch may hold."""
+    max_wait_ms: float = Field(default=10.0, ge=0.0, le=10_000.0)
+    """How long the oldest queued item may wait for company while a worker is free."""
+    preferred_batch_sizes: tuple[int, ...] = ()
+    """Batch sizes cut at once, without waiting, when a worker is free and enough items are queued."""
+    max_queue_size: int = Field(default=2000, ge=1, le=1_000_000)
+    """Queued items (not requests) beyond which new requests get 429."""
+    default_timeout_ms: float | None = Field(default=30_000.0, gt=0.0, le=3_600_000.0)
+    """Deadline of a request that sets none; None means no deadline."""
+    max_timeout_ms: float = Field(default=600_000.0, gt=0.0, le=3_600_000.0)
+    """Largest per-request timeout accepted; larger ones are refused with 400."""
+    idempotent: bool = True
+    """Whether a batch may be run again after a worker failure. False: never retried."""
+    workers: int | None = Field(default=None, ge=1, le=64)
+    """Worker processes (devices) for this model; None takes the server's --workers."""
+    max_items_per_request: int = Field(default=1024, ge=1, le=1_000_000)
+    """Largest batch dimension one request may carry."""
+    inputs: tuple[TensorSpec, ...] = Field(min_length=1)
+    """Input tensors, per item."""
+    outputs: tuple[TensorSpec, ...] = Field(min_length=1)
+    """Output tensors, per item."""
+    params: dict[str, Any] = Field(default_factory=dict)
+    """Model-specific settings, handed to the model class."""
+
+    @model_validator(mode="after")
+    def _cross_checks(self) -> ModelConfig:
+        for size in self.preferred_batch_sizes:
+            if not 1 <= size <= self.max_batch_size:
+                raise ValueError(
+                    f"preferred batch size {size} is outside 1..max_batch_size ({self.max_batch_size}): "
+                    "lower it or raise max_batch_size"
+                )
+        if self.max_queue_size < self.max_batch_size:
+            raise ValueError(
+                f"max_queue_size ({self.max_queue_size}) is smaller than max_batch_size "
+                f"({self.max_batch_size}): a full batch could never form; raise max_queue_size"
+            )
+        if self.default_timeout_ms is not None and self.default_timeout_ms > self.max_timeout_ms:
+            raise ValueError(
+                f"default_timeout_ms ({self.default_timeout_ms}) exceeds max_timeout_ms ({self.max_timeout_ms})"
+            )
+        for group in (self.inputs, self.outputs):
+            names = [t.name for t in group]
+            if len(set(names)) != len(names):
+                raise ValueError(f"tensor names must be unique, got {names}")
+        return self
+
+    @property
+    def max_wait_s(self) -> float:
+        return self.max_wait_ms / 1000.0
+
+
+class ServerConfig(_Frozen):
+    """Settings of `inferd serve`."""
+
+    host: str = "127.0.0.1"
+    """Address the HTTP API listens on."""
+    port: int = Field(default=8000, ge=0, le=65535)
+    """Port of the HTTP API (0 picks a free one)."""
+    workers: int = Field(default=1, ge=1, le=64)
+    """Default worker processes per model."""
+    model_repo: Path | None = None
+    """Model repository folder; None serves the embedded default models."""
+    models: tuple[str, ...] = ()
+    """Serve only these models (empty: all)."""
+    max_body_bytes: int = Field(default=8 * 1024 * 1024, ge=1024, le=1024**3)
+    """Largest request body; larger ones get 413 without being read."""
+    access_log: bool = False
+    """Log one line per request with its lifecycle record (costly at high rates)."""
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+    """Log level of the server and its workers."""
+    worker_start_timeout_s: float = Field(default=120.0, gt=0, le=3600)
+    """How long a worker may take to load and warm up before it counts as failed."""
+    cache_dir: Path | None = None
+    """Where one-time model conversions are cached (default ~/.cache/inferd)."""
+    model_overrides: dict[str, dict[str, Any]] = Field(default_factory=dict)
+    """Per-model setting overrides, from [models.NAME] tables of the config file."""
+
+
+def load_server_config(path: Path | None, overrides: dict[str, Any]) -> ServerConfig:
+    """Read the TOML file (if any), apply CLI overrides (None values are ignored), validate."""
+    data: dict[str, Any] = {}
+    if path is not None:
+        try:
+            raw = tomllib.loads(path.read_text())
+        except FileNotFoundError:
+            raise ConfigError(f"config file {path} does not exist: pass an existing file to --config") from None
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"config file {path} is not valid TOML: {exc}") from None
+        unknown = set(raw) - {"server", "models"}
+        if unknown:
+            raise ConfigError(
+                f"config file {path} has unknown tables {sorted(unknown)}: use [server] and [models.NAME]"
+            )
+        data.update(raw.get("server", {}))
+        data["model_overrides"] = raw.get("models", {})
+    data.update({k: v for k, v in overrides.items() if v is not None})
+    try:
+        return ServerConfig(**data)
+    except ValidationError as exc:
+        raise ConfigError(describe_validation_error("server config", exc)) from None
+
+
+def describe_validation_error(what: str, exc: ValidationError) -> str:
+    parts = []
+    for err in exc.errors():
+        loc = ".".join(str(p) for p in err["loc"]) or "(root)"
+        parts.append(f"{loc}: {err['msg']}")
+    return f"invalid {what}: " + "; ".join(parts)

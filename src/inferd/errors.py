@@ -1,0 +1,117 @@
+"""The one error tree. HTTP statuses live in api/errors.py only.
+
+Across process boundaries errors travel as (code, message), never pickled: `code` is the class name.
+"""
+
+from __future__ import annotations
+
+
+class ServingError(Exception):
+    """Base of every error inferd answers a caller with."""
+
+    retryable: bool = False
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+    @property
+    def code(self) -> str:
+        return type(self).__name__
+
+
+class ClientError(ServingError):
+    """The request itself is at fault."""
+
+
+class BadRequest(ClientError):
+    pass
+
+
+class NotFound(ClientError):
+    """Unknown model, version or route."""
+
+
+class PayloadTooLarge(ClientError):
+    pass
+
+
+class UnsupportedMediaType(ClientError):
+    pass
+
+
+class Unauthorized(ClientError):
+    pass
+
+
+class RateLimited(ClientError):
+    def __init__(self, message: str, retry_after_s: float) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
+class Overloaded(ServingError):
+    """Rejected before any work began: safe to retry, later or elsewhere."""
+
+    retryable = True
+
+    def __init__(self, message: str, retry_after_s: float, reason: str = "queue_full") -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+        self.reason = reason
+
+
+class DeadlineExceeded(ServingError):
+    pass
+
+
+class WorkerUnavailable(ServingError):
+    """No worker of the model can take work (none up, or all draining)."""
+
+    retryable = True
+
+    def __init__(self, message: str, retry_after_s: float = 1.0) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
+class WorkerDied(ServingError):
+    """The worker running this request's batch went away."""
+
+    retryable = True
+
+    def __init__(self, message: str, exit_code: int | None = None) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+class ModelError(ServingError):
+    """The model failed on this input. Deterministic, so never retried."""
+
+
+class ShuttingDown(ServingError):
+    retryable = True
+
+
+class Internal(ServingError):
+    pass
+
+
+_BY_CODE: dict[str, type[ServingError]] = {
+    cls.__name__: cls
+    for cls in (
+        BadRequest,
+        NotFound,
+        ModelError,
+        Internal,
+        DeadlineExceeded,
+        WorkerDied,
+        ShuttingDown,
+    )
+}
+
+
+def from_wire(code: str, message: str) -> ServingError:
+    """Rebuild an error sent as (code, message) by another process."""
+    cls = _BY_CODE.get(code, Internal)
+    return cls(message)

@@ -1,0 +1,85 @@
+"""`sim`: the simulated device.
+
+A batch of n items costs ``base_ms + per_item_ms * n`` of wall time (one batch at a time per device),
+optionally with seeded jitter. Each item's output is a documented deterministic function of its input,
+so any client can check it got its own answer:
+
+    OUTPUT0 = sha256(f"{model_name}:{version}:".encode() + INPUT0).hexdigest()[:32]
+
+INPUT0 is one BYTES scalar per item (a JSON string, or raw bytes with the binary extension).
+Failure injection (for tests and benchmarks): an input that starts with ``params.fail_prefix``
+(default ``"!fail"``) makes the model raise for the whole batch.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+import time
+from typing import Any
+
+from inferd.config import ModelConfig, TensorSpec
+from inferd.models.base import Model
+
+
+def sim_digest(model_name: str, version: int, data: bytes | str) -> str:
+    """The `sim` model's output for one input."""
+    if isinstance(data, str):
+        data = data.encode()
+    return hashlib.sha256(f"{model_name}:{version}:".encode() + data).hexdigest()[:32]
+
+
+def sim_config(
+    name: str = "sim",
+    base_ms: float = 20.0,
+    per_item_ms: float = 0.1,
+    max_batch_size: int = 100,
+    max_wait_ms: float = 10.0,
+    **overrides: Any,
+) -> ModelConfig:
+    params = {"base_ms": base_ms, "per_item_ms": per_item_ms, **overrides.pop("params", {})}
+    return ModelConfig(
+        name=name,
+        implementation="inferd.models.sim:SimModel",
+        platform="inferd_sim",
+        max_batch_size=max_batch_size,
+        max_wait_ms=max_wait_ms,
+        inputs=(TensorSpec(name="INPUT0", datatype="BYTES", shape=()),),
+        outputs=(TensorSpec(name="OUTPUT0", datatype="BYTES", shape=()),),
+        params=params,
+        **overrides,
+    )
+
+
+class SimModel(Model):
+    """Costs `base_ms + per_item_ms * n` per batch; answers sim_digest(input)."""
+
+    def load(self) -> None:
+        p = self.config.params
+        self.base_s = float(p.get("base_ms", 20.0)) / 1000.0
+        self.per_item_s = float(p.get("per_item_ms", 0.1)) / 1000.0
+        self.jitter = float(p.get("jitter_ratio", 0.0))
+        self.fail_prefix = str(p.get("fail_prefix", "!fail")).encode()
+        self.rng = random.Random(int(p.get("seed", 0)))
+        self.prefix = f"{self.config.name}:{self.config.version}:".encode()
+        time.sleep(float(p.get("load_ms", 0.0)) / 1000.0)
+
+    def cost_s(self, n: int) -> float:
+        cost = self.base_s + self.per_item_s * n
+        if self.jitter:
+            cost *= 1.0 + self.rng.uniform(-self.jitter, self.jitter)
+        return cost
+
+    def predict_batch(self, inputs: list[bytes]) -> list[str]:
+        start = time.perf_counter()
+        for item in inputs:
+            if item.startswith(self.fail_prefix):
+                raise ValueError(f"simulated failure on input {item[:40]!r}")
+        out = [hashlib.sha256(self.prefix + item).hexdigest()[:32] for item in inputs]
+        remaining = self.cost_s(len(inputs)) - (time.perf_counter() - start)
+        if remaining > 0:
+            time.sleep(remaining)
+        return out
+
+    def warmup_inputs(self) -> list[bytes]:
+        return [b"warmup"]

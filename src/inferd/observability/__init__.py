@@ -1,0 +1,1 @@
+"""Metrics, logging and (later) tracing."""

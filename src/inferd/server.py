@@ -1,0 +1,100 @@
+"""The inference server: model runtimes, the worker hub, the local supervisor, and their lifecycle."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import secrets
+import shutil
+import tempfile
+import time
+from collections.abc import AsyncIterator
+
+from inferd.batching.dispatcher import ModelRuntime
+from inferd.clock import Clock, MonotonicClock
+from inferd.config import ModelConfig, ServerConfig
+from inferd.errors import Internal, NotFound, ShuttingDown
+from inferd.observability.metrics import Metrics
+from inferd.worker.hub import WorkerHub
+from inferd.worker.supervisor import Supervisor
+
+log = logging.getLogger("inferd.server")
+
+
+class InferenceServer:
+    def __init__(self, config: ServerConfig, models: list[ModelConfig], clock: Clock | None = None,
+                 spawn_workers: bool = True) -> None:
+        self.config = config
+        self.clock = clock or MonotonicClock()
+        self.started_at = time.time()
+        self.metrics = Metrics()
+        self.models = {m.name: m for m in models}
+        self.runtimes: dict[str, ModelRuntime] = {}
+        for m in models:
+            rt = ModelRuntime(m, self.clock, self.metrics.for_model(m.name))
+            self.runtimes[m.name] = rt
+            self.metrics.track(rt)
+        self._token = secrets.token_hex(16)
+        self.hub = WorkerHub(self.runtimes, self.clock, token=self._token,
+                             load_timeout_s=config.worker_start_timeout_s)
+        self._socket_dir = tempfile.mkdtemp(prefix="inferd-")
+        self.worker_address = f"unix:{os.path.join(self._socket_dir, 'workers.sock')}"
+        self.supervisor = Supervisor(self.worker_address, self._token, config.log_level)
+        self.supervisor.restart_hooks.append(lambda slot: self.runtimes[slot.model].metrics.worker_restarted())
+        if spawn_workers:
+            for m in models:
+                self.supervisor.add(m.name, m.workers or config.workers)
+        self.shutting_down = False
+
+    @property
+    def ready(self) -> bool:
+        return not self.shutting_down and all(rt.ready for rt in self.runtimes.values())
+
+    def runtime(self, name: str, version: str | None = None) -> ModelRuntime:
+        rt = self.runtimes.get(name)
+        if rt is None:
+            raise NotFound(f"unknown model {name!r}; served models: {sorted(self.runtimes)}")
+        if version is not None and version != str(rt.served_version):
+            raise NotFound(f"model {name!r} version {version!r} is not served (served: {rt.served_version})")
+        return rt
+
+    @contextlib.asynccontextmanager
+    async def running(self) -> AsyncIterator[None]:
+        """Start listening for workers, the dispatch loops and the local workers; stop them on exit."""
+        await self.hub.listen_unix(self.worker_address[len("unix:"):])
+        log.info("serving models %s; workers connect at %s", sorted(self.runtimes), self.worker_address)
+        try:
+            async with asyncio.TaskGroup() as tg:
+                loops = [tg.create_task(self._dispatch(rt), name=f"dispatch-{rt.name}")
+                         for rt in self.runtimes.values()]
+                supervisor = tg.create_task(self.supervisor.run(), name="supervisor")
+                try:
+                    yield
+                finally:
+                    await self._shutdown(loops, supervisor)
+        finally:
+            shutil.rmtree(self._socket_dir, ignore_errors=True)
+
+    async def _dispatch(self, rt: ModelRuntime) -> None:
+        try:
+            await rt.run()
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            log.exception("dispatch loop of model %s failed", rt.name)
+            rt.stop_accepting()
+            rt.fail_all_queued(Internal(f"dispatch loop of model '{rt.name}' failed: {exc!r}"))
+            raise
+
+    async def _shutdown(self, loops: list[asyncio.Task[None]], supervisor: asyncio.Task[None]) -> None:
+        self.shutting_down = True
+        for rt in self.runtimes.values():
+            rt.stop_accepting()
+            rt.fail_all_queued(ShuttingDown(f"model '{rt.name}' is shutting down"))
+        for task in loops:
+            task.cancel()
+        await self.hub.close()
+        supervisor.cancel()
+        log.info("stopped")

@@ -1,0 +1,29 @@
+"""OIP datatypes and their numpy equivalents."""
+
+from __future__ import annotations
+
+import numpy as np
+
+NUMPY_DTYPES: dict[str, np.dtype] = {
+    "BOOL": np.dtype(np.bool_),
+    "UINT8": np.dtype(np.uint8),
+    "UINT16": np.dtype(np.uint16),
+    "UINT32": np.dtype(np.uint32),
+    "UINT64": np.dtype(np.uint64),
+    "INT8": np.dtype(np.int8),
+    "INT16": np.dtype(np.int16),
+    "INT32": np.dtype(np.int32),
+    "INT64": np.dtype(np.int64),
+    "FP16": np.dtype(np.float16),
+    "FP32": np.dtype(np.float32),
+    "FP64": np.dtype(np.float64),
+}
+"""Little-endian numpy dtype of each numeric OIP datatype (BYTES is handled apart)."""
+
+DATATYPES = frozenset(NUMPY_DTYPES) | {"BYTES"}
+
+FLOAT_TYPES = frozenset({"FP16", "FP32", "FP64"})
+
+
+def itemsize(datatype: str) -> int:
+    return NUMPY_DTYPES[datatype].itemsize

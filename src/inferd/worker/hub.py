@@ -1,0 +1,123 @@
+"""Where workers connect: handshake, then one read loop per connection feeding the model's runtime.
+
+The same path serves local worker processes (Unix socket) and workers on other hosts (TCP).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import logging
+from collections.abc import Mapping
+
+from inferd.batching.dispatcher import ModelRuntime
+from inferd.clock import Clock
+from inferd.worker import protocol as p
+from inferd.worker.connection import WorkerConnection
+
+log = logging.getLogger("inferd.hub")
+
+HEARTBEAT_S = 1.0
+
+
+class WorkerHub:
+    def __init__(self, runtimes: Mapping[str, ModelRuntime], clock: Clock, token: str = "",
+                 load_timeout_s: float = 120.0) -> None:
+        self.runtimes = runtimes
+        self.clock = clock
+        self.token = token
+        self.load_timeout_s = load_timeout_s
+        self.connections: set[WorkerConnection] = set()
+        self.load_failures: dict[str, str] = {}
+        self._servers: list[asyncio.Server] = []
+
+    async def listen_unix(self, path: str) -> None:
+        self._servers.append(await asyncio.start_unix_server(self._handle, path=path, limit=2**20))
+
+    async def listen_tcp(self, host: str, port: int) -> int:
+        server = await asyncio.start_server(self._handle, host, port, limit=2**20)
+        self._servers.append(server)
+        return server.sockets[0].getsockname()[1]
+
+    async def close(self) -> None:
+        for server in self._servers:
+            server.close()
+        for conn in list(self.connections):
+            conn.close()
+        for server in self._servers:
+            await server.wait_closed()
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        conn: WorkerConnection | None = None
+        runtime: ModelRuntime | None = None
+        reason = "connection closed"
+        try:
+            conn, runtime = await self._handshake(reader, writer)
+            if conn is None or runtime is None:
+                return
+            await self._read_loop(conn, runtime, reader)
+        except p.ConnectionClosed as exc:
+            reason = str(exc) or reason
+        except Exception as exc:  # a broken worker must never take the hub down
+            reason = f"protocol error: {exc!r}"
+            log.exception("worker connection failed")
+        finally:
+            if conn is not None:
+                self.connections.discard(conn)
+                if runtime is not None:
+                    runtime.on_worker_lost(conn, reason)
+            writer.close()
+
+    async def _handshake(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> tuple[WorkerConnection | None, ModelRuntime | None]:
+        async with asyncio.timeout(10.0):
+            hello = await p.read_message(reader)
+        if not isinstance(hello, p.Hello):
+            return None, None
+        refusal = self._refusal(hello)
+        if refusal:
+            log.warning("refused worker %s (pid %d) for model %s: %s", hello.worker_id, hello.pid, hello.model,
+                        refusal)
+            writer.write(p.encode_frame(p.Welcome(accepted=False, reason=refusal)))
+            await writer.drain()
+            return None, None
+        runtime = self.runtimes[hello.model]
+        conn = WorkerConnection(hello.worker_id, hello.model, hello.pid, hello.host, writer,
+                                connected_at=self.clock.now())
+        self.connections.add(conn)
+        config_json = runtime.config.model_dump_json().encode()
+        writer.write(p.encode_frame(p.Welcome(accepted=True, model_config_json=config_json,
+                                              heartbeat_s=HEARTBEAT_S)))
+        await writer.drain()
+        async with asyncio.timeout(self.load_timeout_s):
+            msg = await p.read_message(reader)
+        if isinstance(msg, p.LoadFailed):
+            self.load_failures[hello.model] = msg.message
+            log.error("worker %s could not load model %s: %s", hello.worker_id, hello.model, msg.message)
+            return None, None
+        if not isinstance(msg, p.Ready):
+            raise p.ConnectionClosed(f"expected ready, got {type(msg).__name__}")
+        conn.version = msg.version
+        conn.last_heartbeat = self.clock.now()
+        self.load_failures.pop(hello.model, None)
+        runtime.add_worker(conn)
+        return conn, runtime
+
+    def _refusal(self, hello: p.Hello) -> str:
+        if hello.protocol != p.PROTOCOL_VERSION:
+            return f"protocol {hello.protocol} not supported (front end speaks {p.PROTOCOL_VERSION})"
+        if self.token and not hmac.compare_digest(hello.token.encode(), self.token.encode()):
+            return "bad join token"
+        if hello.model not in self.runtimes:
+            return f"model {hello.model!r} is not served here (served: {sorted(self.runtimes)})"
+        return ""
+
+    async def _read_loop(self, conn: WorkerConnection, runtime: ModelRuntime,
+                         reader: asyncio.StreamReader) -> None:
+        while True:
+            msg = await p.read_message(reader)
+            if isinstance(msg, p.BatchDone):
+                runtime.on_batch_done(conn, msg)
+            elif isinstance(msg, p.Heartbeat):
+                conn.last_heartbeat = self.clock.now()

@@ -1,0 +1,181 @@
+"""The worker process: owns one device, runs one model, one batch at a time.
+
+    python -m inferd.worker.main --connect unix:/run/inferd.sock --model sim [--token T]
+
+Loop: receive -> run -> deliver, with a heartbeat beside it. A sync predict_batch runs in a thread so
+heartbeats and the next (staged) batch keep flowing while the device is busy.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import inspect
+import logging
+import os
+import socket
+import sys
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+
+import msgspec
+
+from inferd.config import ModelConfig
+from inferd.models.base import Model
+from inferd.models.loader import instantiate
+from inferd.worker import protocol as p
+from inferd.worker.outputs import OutputError, convert_outputs
+
+log = logging.getLogger("inferd.worker")
+
+STAGED_LIMIT = 2
+"""One batch running and at most one staged."""
+
+
+class Worker:
+    def __init__(self, address: str, model: str, token: str, worker_id: str) -> None:
+        self.address = address
+        self.model_name = model
+        self.token = token
+        self.worker_id = worker_id
+        self.completed = 0
+        self.running = 0
+        self._batches: asyncio.Queue[p.RunBatch | None] = asyncio.Queue(maxsize=STAGED_LIMIT + 1)
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="inferd-device")
+        self._writer: asyncio.StreamWriter | None = None
+
+    async def run(self) -> int:
+        reader, writer = await p.open_connection(self.address)
+        self._writer = writer
+        self._send(p.Hello(worker_id=self.worker_id, model=self.model_name, pid=os.getpid(),
+                           host=socket.gethostname(), token=self.token))
+        welcome = await p.read_message(reader)
+        if not isinstance(welcome, p.Welcome) or not welcome.accepted:
+            reason = getattr(welcome, "reason", "unexpected reply")
+            log.error("front end refused worker %s: %s", self.worker_id, reason)
+            return 2
+        config = msgspec.json.decode(welcome.model_config_json, type=dict)
+        model = await self._load(ModelConfig(**config))
+        if model is None:
+            return 3
+        self.model = model
+        self._is_async = inspect.iscoroutinefunction(model.predict_batch)
+        async with asyncio.TaskGroup() as tg:
+            heartbeat = tg.create_task(self._heartbeat(welcome.heartbeat_s))
+            runner = tg.create_task(self._run_batches())
+            await self._receive(reader)
+            await self._batches.put(None)
+            await runner
+            heartbeat.cancel()
+        return 0
+
+    async def _load(self, config: ModelConfig) -> Model | None:
+        loop = asyncio.get_running_loop()
+        t0 = time.perf_counter()
+        try:
+            model = instantiate(config)
+            await loop.run_in_executor(self._executor, model.load)
+            t1 = time.perf_counter()
+            warm = model.warmup_inputs()
+            if warm:
+                result = await self._predict(model, warm)
+                convert_outputs(config, result, len(warm))
+        except Exception as exc:  # a model that fails to load is reported, not crashed on
+            log.exception("model %s failed to load", config.name)
+            self._send(p.LoadFailed(message=f"{type(exc).__name__}: {exc}"))
+            await self._flush()
+            return None
+        t2 = time.perf_counter()
+        self.config = config
+        self._send(p.Ready(version=config.version, load_s=t1 - t0, warmup_s=t2 - t1))
+        log.info("worker %s ready: model %s v%d loaded in %.2fs, warm-up %.3fs",
+                 self.worker_id, config.name, config.version, t1 - t0, t2 - t1)
+        return model
+
+    async def _receive(self, reader: asyncio.StreamReader) -> None:
+        while True:
+            try:
+                msg = await p.read_message(reader)
+            except p.ConnectionClosed:
+                log.warning("worker %s: front end connection closed", self.worker_id)
+                return
+            if isinstance(msg, p.RunBatch):
+                await self._batches.put(msg)
+            elif isinstance(msg, p.Drain):
+                log.info("worker %s draining", self.worker_id)
+                return
+
+    async def _run_batches(self) -> None:
+        while (batch := await self._batches.get()) is not None:
+            self.running = 1
+            done = await self._run_one(batch)
+            self.running = 0
+            self.completed += 1
+            self._send(done)
+            await self._flush()
+
+    async def _run_one(self, batch: p.RunBatch) -> p.BatchDone:
+        start = time.perf_counter()
+        try:
+            outputs = await self._predict(self.model, batch.items)
+            converted, errors = convert_outputs(self.config, outputs, len(batch.items))
+        except OutputError as exc:
+            return p.BatchDone(batch.batch_id, time.perf_counter() - start, batch_error=("ModelError", str(exc)))
+        except Exception as exc:  # the model raised: its callers get a ModelError naming it
+            message = f"model '{self.config.name}' raised {type(exc).__name__}: {exc}"
+            log.warning("batch %d failed: %s", batch.batch_id, message)
+            return p.BatchDone(batch.batch_id, time.perf_counter() - start, batch_error=("ModelError", message))
+        item_errors = {i: ("ModelError", m) for i, m in errors.items()}
+        return p.BatchDone(batch.batch_id, time.perf_counter() - start, outputs=converted, item_errors=item_errors)
+
+    async def _predict(self, model: Model, items: list) -> object:
+        if inspect.iscoroutinefunction(model.predict_batch):
+            return await model.predict_batch(items)
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._executor, model.predict_batch, items)
+
+    async def _heartbeat(self, interval_s: float) -> None:
+        while True:
+            await asyncio.sleep(interval_s)
+            self._send(p.Heartbeat(running=self.running, completed_batches=self.completed))
+            await self._flush()
+
+    def _send(self, msg: p.Message) -> None:
+        assert self._writer is not None
+        self._writer.write(p.encode_frame(msg))
+
+    async def _flush(self) -> None:
+        assert self._writer is not None
+        with contextlib.suppress(ConnectionError):
+            await self._writer.drain()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="inferd-worker", description="Run one inferd worker (one device).")
+    parser.add_argument("--connect", required=True, help="front end address: unix:/path or HOST:PORT")
+    parser.add_argument("--model", required=True, help="name of the model this worker serves")
+    parser.add_argument("--token", default="", help="join token, if the front end requires one")
+    parser.add_argument("--worker-id", default="", help="worker id (default: random)")
+    parser.add_argument("--log-level", default="INFO")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=args.log_level, stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s[%(process)d] %(message)s")
+    worker = Worker(args.connect, args.model, args.token, args.worker_id or uuid.uuid4().hex[:8])
+    try:
+        import uvloop
+        runner = uvloop.run
+    except ImportError:
+        runner = asyncio.run
+    try:
+        return runner(worker.run())
+    except KeyboardInterrupt:
+        return 130
+    except (ConnectionError, p.ConnectionClosed, BaseExceptionGroup) as exc:
+        log.warning("worker %s lost its front end: %r", worker.worker_id, exc)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,145 @@
+"""Wire messages between the front end and its workers. Length-prefixed MessagePack frames (msgspec).
+
+One frame per batch, never per request. numpy arrays travel as MessagePack ext types
+(dtype string, shape, raw bytes); errors travel as (code, message), never pickled.
+
+Sequence: worker connects -> Hello -> front end answers Welcome (with the model config) -> worker loads
+and warms up -> Ready -> RunBatch / BatchDone, Heartbeat every heartbeat_s -> Drain or Stop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import struct
+from typing import Any
+
+import msgspec
+import numpy as np
+
+PROTOCOL_VERSION = 1
+MAX_FRAME_BYTES = 512 * 1024 * 1024
+_LEN = struct.Struct(">I")
+_EXT_NDARRAY = 1
+_EXT_OBJARRAY = 2
+
+
+class Hello(msgspec.Struct, tag="hello"):
+    worker_id: str
+    model: str
+    pid: int
+    host: str
+    token: str = ""
+    protocol: int = PROTOCOL_VERSION
+
+
+class Welcome(msgspec.Struct, tag="welcome"):
+    accepted: bool
+    reason: str = ""
+    model_config_json: bytes = b""
+    heartbeat_s: float = 1.0
+
+
+class Ready(msgspec.Struct, tag="ready"):
+    version: int
+    load_s: float
+    warmup_s: float
+
+
+class LoadFailed(msgspec.Struct, tag="load_failed"):
+    message: str
+
+
+class RunBatch(msgspec.Struct, tag="run"):
+    batch_id: int
+    items: list[Any]
+
+
+class BatchDone(msgspec.Struct, tag="done"):
+    batch_id: int
+    compute_s: float
+    outputs: list[Any] = []
+    """One entry per item: the item's outputs in wire form, or None where item_errors has an entry."""
+    item_errors: dict[int, tuple[str, str]] = {}
+    batch_error: tuple[str, str] | None = None
+    """(code, message) when the whole batch failed."""
+
+
+class Heartbeat(msgspec.Struct, tag="hb"):
+    running: int
+    completed_batches: int
+
+
+class Drain(msgspec.Struct, tag="drain"):
+    """Finish what you hold, then exit."""
+
+
+Message = Hello | Welcome | Ready | LoadFailed | RunBatch | BatchDone | Heartbeat | Drain
+
+
+def _enc_hook(obj: Any) -> Any:
+    if isinstance(obj, np.ndarray):
+        if obj.dtype == object:
+            flat = [x if isinstance(x, bytes) else str(x).encode() for x in obj.ravel().tolist()]
+            return msgspec.msgpack.Ext(_EXT_OBJARRAY, msgspec.msgpack.encode((list(obj.shape), flat)))
+        arr = np.ascontiguousarray(obj)
+        header = msgspec.msgpack.encode((arr.dtype.str, list(arr.shape)))
+        return msgspec.msgpack.Ext(_EXT_NDARRAY, _LEN.pack(len(header)) + header + arr.tobytes())
+    if isinstance(obj, np.generic):
+        return obj.item()
+    raise NotImplementedError(f"cannot send a {type(obj).__name__} to or from a worker")
+
+
+def _ext_hook(code: int, data: memoryview) -> Any:
+    if code == _EXT_NDARRAY:
+        (hlen,) = _LEN.unpack_from(data, 0)
+        dtype, shape = msgspec.msgpack.decode(data[4 : 4 + hlen])
+        return np.frombuffer(data[4 + hlen :], dtype=np.dtype(dtype)).reshape(shape).copy()
+    if code == _EXT_OBJARRAY:
+        shape, flat = msgspec.msgpack.decode(data)
+        arr = np.empty(len(flat), dtype=object)
+        arr[:] = flat
+        return arr.reshape(shape)
+    raise ValueError(f"unknown ext type {code} in a worker frame")
+
+
+_encoder = msgspec.msgpack.Encoder(enc_hook=_enc_hook)
+_decoder = msgspec.msgpack.Decoder(Message, ext_hook=_ext_hook)
+
+
+def encode_frame(msg: Message) -> bytes:
+    body = _encoder.encode(msg)
+    return _LEN.pack(len(body)) + body
+
+
+class ConnectionClosed(Exception):
+    pass
+
+
+async def read_message(reader: asyncio.StreamReader) -> Message:
+    try:
+        (size,) = _LEN.unpack(await reader.readexactly(4))
+        if size > MAX_FRAME_BYTES:
+            raise ConnectionClosed(f"frame of {size} bytes exceeds the {MAX_FRAME_BYTES} byte limit")
+        body = await reader.readexactly(size)
+    except (asyncio.IncompleteReadError, ConnectionError) as exc:
+        raise ConnectionClosed(str(exc) or "connection closed") from None
+    return _decoder.decode(body)
+
+
+def parse_address(address: str) -> tuple[str, str | tuple[str, int]]:
+    """'unix:/path' or 'HOST:PORT' -> ('unix', path) or ('tcp', (host, port))."""
+    if address.startswith("unix:"):
+        return "unix", address[5:]
+    host, sep, port = address.rpartition(":")
+    if not sep or not port.isdigit():
+        raise ValueError(f"address {address!r} is neither 'unix:/path' nor 'HOST:PORT'")
+    return "tcp", (host.strip("[]") or "127.0.0.1", int(port))
+
+
+async def open_connection(address: str) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    kind, target = parse_address(address)
+    if kind == "unix":
+        assert isinstance(target, str)
+        return await asyncio.open_unix_connection(target, limit=2**20)
+    assert isinstance(target, tuple)
+    return await asyncio.open_connection(target[0], target[1], limit=2**20)

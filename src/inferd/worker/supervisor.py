@@ -1,0 +1,115 @@
+"""Runs the local worker processes (children of `inferd serve`) and restarts those that exit.
+
+Restarts back off exponentially (capped), and the backoff resets after a period of healthy running,
+so a kill every few seconds is recovered from while a true crash loop is not retried in a storm.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+import sys
+from dataclasses import dataclass, field
+
+log = logging.getLogger("inferd.supervisor")
+
+
+@dataclass
+class WorkerSlot:
+    model: str
+    index: int
+    process: asyncio.subprocess.Process | None = None
+    restarts: int = 0
+    consecutive_failures: int = 0
+    exit_codes: list[int] = field(default_factory=list)
+
+    @property
+    def worker_id(self) -> str:
+        return f"{self.model}-{self.index}"
+
+
+class Supervisor:
+    def __init__(self, address: str, token: str, log_level: str, backoff_initial_s: float = 0.1,
+                 backoff_max_s: float = 30.0, healthy_after_s: float = 10.0,
+                 on_restart: dict[str, object] | None = None) -> None:
+        self.address = address
+        self.token = token
+        self.log_level = log_level
+        self.backoff_initial_s = backoff_initial_s
+        self.backoff_max_s = backoff_max_s
+        self.healthy_after_s = healthy_after_s
+        self.slots: list[WorkerSlot] = []
+        self._stopping = False
+        self.restart_hooks: list = []
+
+    def add(self, model: str, count: int) -> list[WorkerSlot]:
+        new = [WorkerSlot(model, i) for i in range(count)]
+        self.slots.extend(new)
+        return new
+
+    async def run(self) -> None:
+        """Keep every slot's process running until cancelled; then stop them all."""
+        try:
+            async with asyncio.TaskGroup() as tg:
+                for slot in self.slots:
+                    tg.create_task(self._keep_running(slot))
+        finally:
+            await self.stop_all()
+
+    async def _keep_running(self, slot: WorkerSlot) -> None:
+        loop = asyncio.get_running_loop()
+        while not self._stopping:
+            started = loop.time()
+            slot.process = await asyncio.create_subprocess_exec(
+                sys.executable, "-m", "inferd.worker.main", "--connect", self.address, "--model", slot.model,
+                "--worker-id", f"{slot.worker_id}.{slot.restarts}", "--token", self.token,
+                "--log-level", self.log_level, stdin=asyncio.subprocess.DEVNULL,
+            )
+            log.info("started worker %s (pid %d)", slot.worker_id, slot.process.pid)
+            code = await slot.process.wait()
+            if self._stopping:
+                return
+            ran_s = loop.time() - started
+            slot.exit_codes.append(code)
+            slot.consecutive_failures = 0 if ran_s >= self.healthy_after_s else slot.consecutive_failures + 1
+            delay = self._backoff(slot.consecutive_failures)
+            log.warning("worker %s (pid %d) exited with %s after %.1fs; restarting in %.2fs",
+                        slot.worker_id, slot.process.pid, _describe(code), ran_s, delay)
+            slot.restarts += 1
+            for hook in self.restart_hooks:
+                hook(slot)
+            await asyncio.sleep(delay)
+
+    def _backoff(self, failures: int) -> float:
+        if failures <= 0:
+            return self.backoff_initial_s
+        return min(self.backoff_max_s, self.backoff_initial_s * 2 ** failures)
+
+    def pids(self) -> list[int]:
+        return [s.process.pid for s in self.slots if s.process is not None and s.process.returncode is None]
+
+    async def stop_all(self, grace_s: float = 5.0) -> None:
+        self._stopping = True
+        procs = [s.process for s in self.slots if s.process is not None and s.process.returncode is None]
+        for proc in procs:
+            with contextlib.suppress(ProcessLookupError):
+                proc.send_signal(signal.SIGTERM)
+        for proc in procs:
+            try:
+                async with asyncio.timeout(grace_s):
+                    await proc.wait()
+            except TimeoutError:
+                with contextlib.suppress(ProcessLookupError):
+                    proc.kill()
+                await proc.wait()
+
+
+def _describe(code: int) -> str:
+    if code < 0:
+        try:
+            return f"signal {signal.Signals(-code).name}"
+        except ValueError:
+            return f"signal {-code}"
+    return f"code {code}"
