@@ -9,8 +9,19 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 Datatype = Literal[
-    "BOOL", "UINT8", "UINT16", "UINT32", "UINT64", "INT8", "INT16", "INT32", "INT64",
-    "FP16", "FP32", "FP64", "BYTES",
+    "BOOL",
+    "UINT8",
+    "UINT16",
+    "UINT32",
+    "UINT64",
+    "INT8",
+    "INT16",
+    "INT32",
+    "INT64",
+    "FP16",
+    "FP32",
+    "FP64",
+    "BYTES",
 ]
 
 
@@ -37,7 +48,9 @@ class TensorSpec(_Frozen):
     def _dims(cls, shape: tuple[int, ...]) -> tuple[int, ...]:
         for d in shape:
             if d < -1 or d == 0:
-                raise ValueError(f"dimension {d} in shape {list(shape)}: use a positive size or -1 for variable")
+                raise ValueError(
+                    f"dimension {d} in shape {list(shape)}: use a positive size or -1 for variable"
+                )
         return shape
 
 
@@ -139,7 +152,9 @@ def load_server_config(path: Path | None, overrides: dict[str, Any]) -> ServerCo
         try:
             raw = tomllib.loads(path.read_text())
         except FileNotFoundError:
-            raise ConfigError(f"config file {path} does not exist: pass an existing file to --config") from None
+            raise ConfigError(
+                f"config file {path} does not exist: pass an existing file to --config"
+            ) from None
         except tomllib.TOMLDecodeError as exc:
             raise ConfigError(f"config file {path} is not valid TOML: {exc}") from None
         unknown = set(raw) - {"server", "models"}

@@ -17,9 +17,18 @@ def build_uvicorn(cfg: ServerConfig, models: list[ModelConfig]) -> tuple[uvicorn
     server = InferenceServer(cfg, models)
     app = create_app(server)
     ucfg = uvicorn.Config(
-        app, host=cfg.host, port=cfg.port, loop="uvloop", http="httptools", lifespan="on",
-        access_log=False, log_level=cfg.log_level.lower(), timeout_keep_alive=30,
-        timeout_graceful_shutdown=30, backlog=4096, log_config=None,
+        app,
+        host=cfg.host,
+        port=cfg.port,
+        loop="uvloop",
+        http="httptools",
+        lifespan="on",
+        access_log=False,
+        log_level=cfg.log_level.lower(),
+        timeout_keep_alive=30,
+        timeout_graceful_shutdown=30,
+        backlog=4096,
+        log_config=None,
     )
     return uvicorn.Server(ucfg), server
 

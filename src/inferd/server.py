@@ -24,8 +24,13 @@ log = logging.getLogger("inferd.server")
 
 
 class InferenceServer:
-    def __init__(self, config: ServerConfig, models: list[ModelConfig], clock: Clock | None = None,
-                 spawn_workers: bool = True) -> None:
+    def __init__(
+        self,
+        config: ServerConfig,
+        models: list[ModelConfig],
+        clock: Clock | None = None,
+        spawn_workers: bool = True,
+    ) -> None:
         self.config = config
         self.clock = clock or MonotonicClock()
         self.started_at = time.time()
@@ -37,12 +42,15 @@ class InferenceServer:
             self.runtimes[m.name] = rt
             self.metrics.track(rt)
         self._token = secrets.token_hex(16)
-        self.hub = WorkerHub(self.runtimes, self.clock, token=self._token,
-                             load_timeout_s=config.worker_start_timeout_s)
+        self.hub = WorkerHub(
+            self.runtimes, self.clock, token=self._token, load_timeout_s=config.worker_start_timeout_s
+        )
         self._socket_dir = tempfile.mkdtemp(prefix="inferd-")
         self.worker_address = f"unix:{os.path.join(self._socket_dir, 'workers.sock')}"
         self.supervisor = Supervisor(self.worker_address, self._token, config.log_level)
-        self.supervisor.restart_hooks.append(lambda slot: self.runtimes[slot.model].metrics.worker_restarted())
+        self.supervisor.restart_hooks.append(
+            lambda slot: self.runtimes[slot.model].metrics.worker_restarted()
+        )
         if spawn_workers:
             for m in models:
                 self.supervisor.add(m.name, m.workers or config.workers)
@@ -63,12 +71,14 @@ class InferenceServer:
     @contextlib.asynccontextmanager
     async def running(self) -> AsyncIterator[None]:
         """Start listening for workers, the dispatch loops and the local workers; stop them on exit."""
-        await self.hub.listen_unix(self.worker_address[len("unix:"):])
+        await self.hub.listen_unix(self.worker_address[len("unix:") :])
         log.info("serving models %s; workers connect at %s", sorted(self.runtimes), self.worker_address)
         try:
             async with asyncio.TaskGroup() as tg:
-                loops = [tg.create_task(self._dispatch(rt), name=f"dispatch-{rt.name}")
-                         for rt in self.runtimes.values()]
+                loops = [
+                    tg.create_task(self._dispatch(rt), name=f"dispatch-{rt.name}")
+                    for rt in self.runtimes.values()
+                ]
                 supervisor = tg.create_task(self.supervisor.run(), name="supervisor")
                 try:
                     yield

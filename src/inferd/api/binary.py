@@ -24,11 +24,11 @@ def split_body(body: bytes, header_length: str) -> tuple[bytes, memoryview]:
     try:
         n = int(header_length)
     except ValueError:
-        raise BadRequest(f"Inference-Header-Content-Length must be an integer, got {header_length!r}") from None
-    if not 0 < n <= len(body):
         raise BadRequest(
-            f"Inference-Header-Content-Length is {n} but the body has {len(body)} bytes"
-        )
+            f"Inference-Header-Content-Length must be an integer, got {header_length!r}"
+        ) from None
+    if not 0 < n <= len(body):
+        raise BadRequest(f"Inference-Header-Content-Length is {n} but the body has {len(body)} bytes")
     return body[:n], memoryview(body)[n:]
 
 

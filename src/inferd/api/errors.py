@@ -44,8 +44,11 @@ def status_of(exc: ServingError) -> tuple[int, str]:
     return 500, "internal"
 
 
-def error_headers(exc: ServingError) -> dict[str, str]:
+def error_headers(exc: ServingError) -> list[tuple[bytes, bytes]]:
     retry_after = getattr(exc, "retry_after_s", None)
     if retry_after is None:
-        return {}
-    return {"retry-after": str(max(1, math.ceil(retry_after))), "x-inferd-retry-after-ms": f"{retry_after * 1000:.0f}"}
+        return []
+    return [
+        (b"retry-after", str(max(1, math.ceil(retry_after))).encode()),
+        (b"x-inferd-retry-after-ms", f"{retry_after * 1000:.0f}".encode()),
+    ]

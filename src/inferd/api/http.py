@@ -1,5 +1,5 @@
-"""Small HTTP helpers shared by the route modules: bounded body reads, waiting with disconnect detection,
-JSON responses."""
+"""HTTP helpers shared by the route modules: content type, bounded body reads, waiting for results
+with deadline and disconnect handling."""
 
 from __future__ import annotations
 
@@ -7,13 +7,11 @@ import asyncio
 from collections.abc import Sequence
 from typing import Any
 
-from starlette.requests import Request
-from starlette.responses import Response
-
+from inferd.api.asgi import HttpRequest, HttpResponse
 from inferd.batching.dispatcher import ModelRuntime
 from inferd.batching.queue import QueuedItem
 from inferd.clock import Clock
-from inferd.errors import BadRequest, DeadlineExceeded, PayloadTooLarge, UnsupportedMediaType
+from inferd.errors import BadRequest, PayloadTooLarge, UnsupportedMediaType
 
 
 class ClientGone(Exception):
@@ -23,8 +21,8 @@ class ClientGone(Exception):
 JSON_TYPES = ("application/json", "application/octet-stream", "")
 
 
-def check_content_type(request: Request, allowed: Sequence[str] = JSON_TYPES) -> None:
-    ctype = request.headers.get("content-type", "").split(";", 1)[0].strip().lower()
+def check_content_type(request: HttpRequest, allowed: Sequence[str] = JSON_TYPES) -> None:
+    ctype = (request.header(b"content-type") or "").split(";", 1)[0].strip().lower()
     if ctype not in allowed:
         raise UnsupportedMediaType(
             f"unsupported Content-Type {ctype!r}: send application/json (or application/octet-stream with "
@@ -32,9 +30,9 @@ def check_content_type(request: Request, allowed: Sequence[str] = JSON_TYPES) ->
         )
 
 
-async def read_body(request: Request, limit: int) -> bytes:
+async def read_body(request: HttpRequest, limit: int) -> bytes:
     """The whole body, or PayloadTooLarge as soon as it is known to exceed `limit` (without reading it all)."""
-    declared = request.headers.get("content-length")
+    declared = request.header(b"content-length")
     if declared is not None:
         try:
             size = int(declared)
@@ -44,46 +42,45 @@ async def read_body(request: Request, limit: int) -> bytes:
             raise PayloadTooLarge(f"request body of {size} bytes exceeds the limit of {limit} bytes")
     chunks: list[bytes] = []
     total = 0
-    async for chunk in request.stream():
-        total += len(chunk)
-        if total > limit:
-            raise PayloadTooLarge(f"request body exceeds the limit of {limit} bytes")
-        chunks.append(chunk)
+    try:
+        async for chunk in request.chunks():
+            total += len(chunk)
+            if total > limit:
+                raise PayloadTooLarge(f"request body exceeds the limit of {limit} bytes")
+            chunks.append(chunk)
+    except ConnectionAbortedError:
+        raise ClientGone() from None
     return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
 
 async def wait_for_items(
-    runtime: ModelRuntime, items: list[QueuedItem], deadline: float | None, clock: Clock, request: Request
+    runtime: ModelRuntime, items: list[QueuedItem], deadline: float | None, clock: Clock, request: HttpRequest
 ) -> list[Any]:
-    """Wait for every item's result; withdraw them if the deadline passes or the client disconnects."""
+    """Wait for every item's result. At the deadline the items are expired (504); if the client
+    disconnects they are withdrawn. One timer handle and one receive task per request, no wait() sets."""
     loop = asyncio.get_running_loop()
     futures = [i.reply for i in items]
     waiter: asyncio.Future[Any] = futures[0] if len(futures) == 1 else asyncio.gather(*futures)
-    disconnected = asyncio.ensure_future(request.receive())
+    timer = None
+    if deadline is not None:
+        timer = loop.call_at(loop.time() + (deadline - clock.now()), runtime.expire, items)
+    gone = loop.create_task(request.receive())
+    gone.add_done_callback(lambda t: t.cancelled() or runtime.withdraw(items))
     try:
-        if deadline is None:
-            done, _ = await asyncio.wait((waiter, disconnected), return_when=asyncio.FIRST_COMPLETED)
-        else:
-            async with asyncio.timeout_at(loop.time() + (deadline - clock.now())):
-                done, _ = await asyncio.wait((waiter, disconnected), return_when=asyncio.FIRST_COMPLETED)
-    except TimeoutError:
-        runtime.withdraw(items)
-        waited = (clock.now() - items[0].first_enqueued_at) * 1000
-        raise DeadlineExceeded(
-            f"request to model '{runtime.name}' missed its deadline after {waited:.0f} ms"
-        ) from None
+        result = await waiter
     except asyncio.CancelledError:
+        if gone.done() and not gone.cancelled():
+            raise ClientGone() from None
         runtime.withdraw(items)
         raise
     finally:
-        disconnected.cancel()
-    if waiter not in done:
-        runtime.withdraw(items)
-        waiter.cancel()
-        raise ClientGone()
-    result = waiter.result()
+        if timer is not None:
+            timer.cancel()
+        gone.cancel()
     return [result] if len(futures) == 1 else result
 
 
-def json_response(body: bytes, status: int = 200, headers: dict[str, str] | None = None) -> Response:
-    return Response(body, status_code=status, headers=headers, media_type="application/json")
+def json_response(
+    body: bytes, status: int = 200, headers: list[tuple[bytes, bytes]] | None = None
+) -> HttpResponse:
+    return HttpResponse(body, status, b"application/json", headers or [])

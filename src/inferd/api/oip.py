@@ -88,6 +88,8 @@ def decode_request(body: bytes, header_length: str | None, config: ModelConfig) 
         raise BadRequest(f"invalid inference request: {exc}") from None
     except msgspec.DecodeError as exc:
         raise BadRequest(f"malformed JSON: {exc}") from None
+    except RecursionError:
+        raise BadRequest("JSON is nested too deeply") from None
     columns, n = _decode_inputs(req.inputs, config, raw_tail)
     items = _to_items(columns, config, n)
     return DecodedRequest(
@@ -104,14 +106,18 @@ def _decode_inputs(
 ) -> tuple[dict[str, Any], int]:
     specs = {t.name: t for t in config.inputs}
     if len(inputs) > len(specs):
-        raise BadRequest(f"{len(inputs)} inputs sent; model '{config.name}' takes {len(specs)}: {sorted(specs)}")
+        raise BadRequest(
+            f"{len(inputs)} inputs sent; model '{config.name}' takes {len(specs)}: {sorted(specs)}"
+        )
     columns: dict[str, Any] = {}
     batch: int | None = None
     offset = 0
     for inp in inputs:
         spec = specs.get(inp.name)
         if spec is None:
-            raise BadRequest(f"unknown input {inp.name!r} for model '{config.name}'; it takes {sorted(specs)}")
+            raise BadRequest(
+                f"unknown input {inp.name!r} for model '{config.name}'; it takes {sorted(specs)}"
+            )
         if inp.name in columns:
             raise BadRequest(f"input {inp.name!r} sent twice")
         n, count = _check_shape(inp, spec, config)
@@ -121,9 +127,13 @@ def _decode_inputs(
         size = inp.parameters.get("binary_data_size")
         if size is not None:
             if raw is None:
-                raise BadRequest(f"input {inp.name!r} has binary_data_size but no Inference-Header-Content-Length")
+                raise BadRequest(
+                    f"input {inp.name!r} has binary_data_size but no Inference-Header-Content-Length"
+                )
             if not isinstance(size, int) or isinstance(size, bool) or size < 0 or offset + size > len(raw):
-                raise BadRequest(f"input {inp.name!r}: binary_data_size {size!r} does not fit the binary data")
+                raise BadRequest(
+                    f"input {inp.name!r}: binary_data_size {size!r} does not fit the binary data"
+                )
             columns[inp.name] = _from_binary(raw[offset : offset + size], spec, count)
             offset += size
         else:
@@ -141,25 +151,33 @@ def _decode_inputs(
 
 def _check_shape(inp: RequestInput, spec: TensorSpec, config: ModelConfig) -> tuple[int, int]:
     if inp.datatype not in DATATYPES:
-        raise BadRequest(f"input {inp.name!r}: unknown datatype {inp.datatype!r}; use one of {sorted(DATATYPES)}")
+        raise BadRequest(
+            f"input {inp.name!r}: unknown datatype {inp.datatype!r}; use one of {sorted(DATATYPES)}"
+        )
     if inp.datatype != spec.datatype:
         raise BadRequest(f"input {inp.name!r} must be {spec.datatype}, got {inp.datatype}")
     shape = inp.shape
     if len(shape) != 1 + len(spec.shape):
         want = [-1, *spec.shape]
-        raise BadRequest(f"input {inp.name!r} has shape {shape}; model '{config.name}' expects {want} "
-                         "(the first dimension is the batch)")
+        raise BadRequest(
+            f"input {inp.name!r} has shape {shape}; model '{config.name}' expects {want} "
+            "(the first dimension is the batch)"
+        )
     if any(d < 0 for d in shape):
         raise BadRequest(f"input {inp.name!r} has a negative dimension in shape {shape}")
     for want, got in zip(spec.shape, shape[1:], strict=True):
         if want != -1 and want != got:
-            raise BadRequest(f"input {inp.name!r} has shape {shape}; per-item shape must be {list(spec.shape)}")
+            raise BadRequest(
+                f"input {inp.name!r} has shape {shape}; per-item shape must be {list(spec.shape)}"
+            )
     n = shape[0]
     if n < 1:
         raise BadRequest(f"input {inp.name!r} has an empty batch dimension (shape {shape})")
     if n > config.max_items_per_request:
-        raise BadRequest(f"input {inp.name!r} carries {n} items; model '{config.name}' takes at most "
-                         f"{config.max_items_per_request} per request")
+        raise BadRequest(
+            f"input {inp.name!r} carries {n} items; model '{config.name}' takes at most "
+            f"{config.max_items_per_request} per request"
+        )
     count = math.prod(shape)
     if count > MAX_ELEMENTS:
         raise BadRequest(f"input {inp.name!r} shape {shape} holds {count} elements (limit {MAX_ELEMENTS})")
@@ -194,11 +212,15 @@ def _from_json(data: Any, spec: TensorSpec, count: int, depth: int) -> Any:
         out = []
         for x in flat:
             if not isinstance(x, str):
-                raise BadRequest(f"input {spec.name!r} is BYTES: elements must be strings, got {type(x).__name__}")
+                raise BadRequest(
+                    f"input {spec.name!r} is BYTES: elements must be strings, got {type(x).__name__}"
+                )
             try:
                 out.append(x.encode())
             except UnicodeEncodeError:
-                raise BadRequest(f"input {spec.name!r}: element is not valid Unicode (lone surrogate)") from None
+                raise BadRequest(
+                    f"input {spec.name!r}: element is not valid Unicode (lone surrogate)"
+                ) from None
         return out
     if spec.datatype == "BOOL":
         if not all(isinstance(x, bool) for x in flat):
@@ -260,7 +282,9 @@ def _concrete(spec: TensorSpec, per_item: int) -> tuple[int, ...]:
     return tuple(dims)
 
 
-def _requested_outputs(req: InferRequest, config: ModelConfig, binary_request: bool) -> list[tuple[TensorSpec, bool]]:
+def _requested_outputs(
+    req: InferRequest, config: ModelConfig, binary_request: bool
+) -> list[tuple[TensorSpec, bool]]:
     specs = {t.name: t for t in config.outputs}
     default_binary = bool(req.parameters.get("binary_data_output", False))
     if req.outputs is None:
@@ -285,9 +309,14 @@ def _number_param(params: Mapping[str, Param], key: str) -> float | None:
 
 # ---- responses ---------------------------------------------------------------------------------------
 
+
 def encode_response(
-    config: ModelConfig, version: int, request_id: str | None, outputs: list[tuple[TensorSpec, bool]],
-    rows: list[dict[str, Any]], parameters: dict[str, Param],
+    config: ModelConfig,
+    version: int,
+    request_id: str | None,
+    outputs: list[tuple[TensorSpec, bool]],
+    rows: list[dict[str, Any]],
+    parameters: dict[str, Param],
 ) -> tuple[bytes, int | None]:
     """Returns (body, JSON header length if any output is binary, else None)."""
     n = len(rows)
@@ -297,17 +326,28 @@ def encode_response(
         column = [r[spec.name] for r in rows]
         shape, values = _column(spec, column, n)
         if as_binary:
-            blob = (binary.encode_bytes_elements(values) if spec.datatype == "BYTES"
-                    else binary.encode_numeric(values, spec.datatype))
+            blob = (
+                binary.encode_bytes_elements(values)
+                if spec.datatype == "BYTES"
+                else binary.encode_numeric(values, spec.datatype)
+            )
             blobs.append(blob)
-            encoded.append(ResponseOutput(spec.name, spec.datatype, shape, parameters={"binary_data_size": len(blob)}))
+            encoded.append(
+                ResponseOutput(spec.name, spec.datatype, shape, parameters={"binary_data_size": len(blob)})
+            )
         else:
-            data = ([v.decode("utf-8", "replace") for v in values] if spec.datatype == "BYTES"
-                    else _json_numbers(values))
+            data = (
+                [v.decode("utf-8", "replace") for v in values]
+                if spec.datatype == "BYTES"
+                else _json_numbers(values)
+            )
             encoded.append(ResponseOutput(spec.name, spec.datatype, shape, data=data))
     resp = InferResponse(
-        model_name=config.name, model_version=str(version), outputs=encoded,
-        id=request_id if request_id is not None else msgspec.UNSET, parameters=parameters,
+        model_name=config.name,
+        model_version=str(version),
+        outputs=encoded,
+        id=request_id if request_id is not None else msgspec.UNSET,
+        parameters=parameters,
     )
     head = _encoder.encode(resp)
     if not blobs:
@@ -339,7 +379,9 @@ def model_metadata(config: ModelConfig, version: int) -> dict[str, Any]:
         "versions": [str(version)],
         "platform": config.platform,
         "inputs": [{"name": t.name, "datatype": t.datatype, "shape": [-1, *t.shape]} for t in config.inputs],
-        "outputs": [{"name": t.name, "datatype": t.datatype, "shape": [-1, *t.shape]} for t in config.outputs],
+        "outputs": [
+            {"name": t.name, "datatype": t.datatype, "shape": [-1, *t.shape]} for t in config.outputs
+        ],
         "parameters": {
             "max_batch_size": config.max_batch_size,
             "max_wait_ms": config.max_wait_ms,

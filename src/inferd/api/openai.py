@@ -7,11 +7,10 @@ from typing import TYPE_CHECKING, Literal
 
 import msgspec
 import numpy as np
-from starlette.requests import Request
-from starlette.responses import Response
 
+from inferd.api.asgi import HttpRequest, HttpResponse
 from inferd.api.http import check_content_type, json_response, read_body, wait_for_items
-from inferd.errors import BadRequest, NotFound, ServingError
+from inferd.errors import BadRequest, ServingError
 
 if TYPE_CHECKING:
     from inferd.api.app import Api
@@ -34,67 +33,62 @@ def openai_error(exc: ServingError, status: int) -> bytes:
     kind = "invalid_request_error" if status < 500 else "server_error"
     if status == 429:
         kind = "rate_limit_error" if exc.code == "RateLimited" else "overloaded_error"
-    return _encoder.encode({"error": {"message": exc.message, "type": kind, "param": None,
-                                      "code": exc.code}})
+    return _encoder.encode({"error": {"message": exc.message, "type": kind, "param": None, "code": exc.code}})
 
 
-async def list_models(server: InferenceServer) -> Response:
+def list_models(server: InferenceServer) -> HttpResponse:
     created = int(server.started_at)
-    data = [{"id": name, "object": "model", "created": created, "owned_by": "inferd"}
-            for name in sorted(server.runtimes)]
+    data = [
+        {"id": name, "object": "model", "created": created, "owned_by": "inferd"}
+        for name in sorted(server.runtimes)
+    ]
     return json_response(_encoder.encode({"object": "list", "data": data}))
 
 
-async def embeddings(api: Api, request: Request) -> Response:
-    rt = None
-    try:
-        rt = api.server.runtime(_peek_model(request))
-    except ServingError:
-        pass
-    return await api._guard(request, rt, lambda r: _embeddings(api, r), error_body=openai_error)
-
-
-def _peek_model(request: Request) -> str:
-    """The model is in the body; the route has no path parameter. Resolved for metrics after parsing."""
-    return request.query_params.get("model", "")
-
-
-async def _embeddings(api: Api, request: Request) -> Response:
+async def embeddings(api: Api, request: HttpRequest) -> HttpResponse:
     check_content_type(request, ("application/json", ""))
     body = await read_body(request, api.max_body)
     if not body:
-        raise BadRequest("empty request body: send {\"model\": ..., \"input\": ...}")
+        raise BadRequest('empty request body: send {"model": ..., "input": ...}')
     try:
         req = _decoder.decode(body)
     except msgspec.ValidationError as exc:
         raise BadRequest(f"invalid embeddings request: {exc}") from None
     except msgspec.DecodeError as exc:
         raise BadRequest(f"malformed JSON: {exc}") from None
+    except RecursionError:
+        raise BadRequest("JSON is nested too deeply") from None
     rt = api.server.runtime(req.model)
+    request.scope["inferd.runtime"] = rt
     texts = _texts(req, rt.config.max_items_per_request)
     spec_in, spec_out = rt.config.inputs, {t.name for t in rt.config.outputs}
     if len(spec_in) != 1 or spec_in[0].datatype != "BYTES" or "EMBEDDING" not in spec_out:
-        raise NotFound(f"model {req.model!r} does not produce embeddings")
+        raise BadRequest(f"model {req.model!r} does not produce embeddings (it has no EMBEDDING output)")
     dims = next(t.shape for t in rt.config.outputs if t.name == "EMBEDDING")
     if req.dimensions is not None and (len(dims) != 1 or req.dimensions != dims[0]):
-        raise BadRequest(f"model {req.model!r} produces {list(dims)}-dimensional embeddings; "
-                         f"dimensions={req.dimensions} is not supported")
+        raise BadRequest(
+            f"model {req.model!r} produces {list(dims)}-dimensional embeddings; "
+            f"dimensions={req.dimensions} is not supported"
+        )
     rt.precheck()
-    deadline = api._deadline(rt, None, request.headers.get("x-request-timeout-ms"))
+    deadline = api.deadline(rt, None, request.header(b"x-request-timeout-ms"))
     items = rt.enqueue([t.encode() for t in texts], deadline)
     results = await wait_for_items(rt, items, deadline, api.clock, request)
     data = []
     tokens = truncated = 0
     for index, result in enumerate(results):
         vector = np.asarray(result.outputs["EMBEDDING"], dtype=np.float32)
-        emb: object = (base64.b64encode(vector.tobytes()).decode() if req.encoding_format == "base64"
-                       else vector.tolist())
+        emb: object = (
+            base64.b64encode(vector.tobytes()).decode()
+            if req.encoding_format == "base64"
+            else vector.tolist()
+        )
         data.append({"object": "embedding", "index": index, "embedding": emb})
         tokens += int(result.outputs.get("TOKENS", 0))
         truncated += bool(result.outputs.get("TRUNCATED", False))
     usage = {"prompt_tokens": tokens, "total_tokens": tokens, "truncated_inputs": truncated}
     out = _encoder.encode({"object": "list", "data": data, "model": req.model, "usage": usage})
-    return json_response(out, headers={"x-inferd-truncated-inputs": str(truncated)})
+    return json_response(out, headers=[(b"x-inferd-truncated-inputs", str(truncated).encode())])
 
 
 def _texts(req: EmbeddingsRequest, limit: int) -> list[str]:

@@ -20,13 +20,18 @@ def _json_body(ref: str) -> dict[str, Any]:
 
 def _responses(ok: dict[str, Any] | None = None, *codes: int) -> dict[str, Any]:
     out: dict[str, Any] = {"200": ok or {"description": "OK"}}
-    texts = {400: "Bad request (the message names the problem)", 404: "Unknown model or version",
-             413: "Body too large", 415: "Unsupported content type", 422: "The model failed on this input",
-             429: "Queue full or deadline cannot be met (Retry-After set)", 503: "No ready worker",
-             504: "Deadline exceeded"}
+    texts = {
+        400: "Bad request (the message names the problem)",
+        404: "Unknown model or version",
+        413: "Body too large",
+        415: "Unsupported content type",
+        422: "The model failed on this input",
+        429: "Queue full or deadline cannot be met (Retry-After set)",
+        503: "No ready worker",
+        504: "Deadline exceeded",
+    }
     for code in codes:
-        out[str(code)] = {"description": texts[code],
-                          "content": {"application/json": {"schema": _ERROR}}}
+        out[str(code)] = {"description": texts[code], "content": {"application/json": {"schema": _ERROR}}}
     return out
 
 
@@ -40,14 +45,25 @@ def _model_params(version: bool) -> list[dict[str, Any]]:
 @cache
 def openapi_document() -> dict[str, Any]:
     _, components = msgspec.json.schema_components(
-        (InferRequest, InferResponse, EmbeddingsRequest), ref_template="#/components/schemas/{name}")
+        (InferRequest, InferResponse, EmbeddingsRequest), ref_template="#/components/schemas/{name}"
+    )
     infer = {
         "summary": "Run inference (KServe OIP v2; Triton binary tensor extension supported)",
         "requestBody": _json_body("#/components/schemas/InferRequest"),
         "responses": _responses(
-            {"description": "Outputs with the lifecycle record in `parameters` and X-Inferd-* headers",
-             "content": {"application/json": {"schema": {"$ref": "#/components/schemas/InferResponse"}}}},
-            400, 404, 413, 415, 422, 429, 503, 504),
+            {
+                "description": "Outputs with the lifecycle record in `parameters` and X-Inferd-* headers",
+                "content": {"application/json": {"schema": {"$ref": "#/components/schemas/InferResponse"}}},
+            },
+            400,
+            404,
+            413,
+            415,
+            422,
+            429,
+            503,
+            504,
+        ),
     }
     health = {"responses": {"200": {"description": "true"}, "503": {"description": "false"}}}
     paths: dict[str, Any] = {
@@ -55,16 +71,21 @@ def openapi_document() -> dict[str, Any]:
         "/v2/health/ready": {"get": {"summary": "Server ready (every model has a warm worker)", **health}},
         "/v2": {"get": {"summary": "Server metadata", "responses": _responses()}},
         "/v1/models": {"get": {"summary": "Every served model (OpenAI shape)", "responses": _responses()}},
-        "/v1/embeddings": {"post": {"summary": "Sentence embeddings (OpenAI shape)",
-                                    "requestBody": _json_body("#/components/schemas/EmbeddingsRequest"),
-                                    "responses": _responses(None, 400, 404, 413, 415, 429, 503, 504)}},
+        "/v1/embeddings": {
+            "post": {
+                "summary": "Sentence embeddings (OpenAI shape)",
+                "requestBody": _json_body("#/components/schemas/EmbeddingsRequest"),
+                "responses": _responses(None, 400, 404, 413, 415, 429, 503, 504),
+            }
+        },
         "/metrics": {"get": {"summary": "Prometheus metrics", "responses": _responses()}},
     }
     for version in (False, True):
         base = "/v2/models/{model}" + ("/versions/{version}" if version else "")
         params = _model_params(version)
-        paths[base] = {"get": {"summary": "Model metadata", "parameters": params,
-                               "responses": _responses(None, 404)}}
+        paths[base] = {
+            "get": {"summary": "Model metadata", "parameters": params, "responses": _responses(None, 404)}
+        }
         paths[base + "/ready"] = {"get": {"summary": "Model ready", "parameters": params, **health}}
         paths[base + "/infer"] = {"post": {**infer, "parameters": params}}
     return {

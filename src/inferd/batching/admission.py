@@ -56,8 +56,14 @@ def retry_after_s(drain_s: float) -> int:
 
 
 def check_admission(
-    model: str, queued: int, capacity: int, n: int, now: float, deadline: float | None,
-    estimator: DrainEstimator, workers: int,
+    model: str,
+    queued: int,
+    capacity: int,
+    n: int,
+    now: float,
+    deadline: float | None,
+    estimator: DrainEstimator,
+    workers: int,
 ) -> None:
     """Raise Overloaded if `n` more items do not fit, or cannot finish by `deadline`."""
     if queued + n > capacity:

@@ -62,7 +62,9 @@ def settle(fut: asyncio.Future[Any], result: Any = None, exc: BaseException | No
 class ModelRuntime:
     """Everything one model needs on the front end: queue, policy, workers and the dispatch loop."""
 
-    def __init__(self, config: ModelConfig, clock: Clock, metrics: ModelMetrics, max_attempts: int = 3) -> None:
+    def __init__(
+        self, config: ModelConfig, clock: Clock, metrics: ModelMetrics, max_attempts: int = 3
+    ) -> None:
         self.config = config
         self.name = config.name
         self.clock = clock
@@ -97,15 +99,31 @@ class ModelRuntime:
         if not self.ready:
             raise WorkerUnavailable(f"model '{self.name}' has no ready worker; retry shortly")
         if self.queue.free() <= 0:
-            check_admission(self.name, len(self.queue), self.queue.max_size, 1, self.clock.now(), None,
-                            self.estimator, self.ready_workers)
+            check_admission(
+                self.name,
+                len(self.queue),
+                self.queue.max_size,
+                1,
+                self.clock.now(),
+                None,
+                self.estimator,
+                self.ready_workers,
+            )
 
     def enqueue(self, payloads: Sequence[Any], deadline: float | None) -> list[QueuedItem]:
         """Admit and queue one request's items. Raises Overloaded or WorkerUnavailable."""
         self.precheck()
         now = self.clock.now()
-        check_admission(self.name, len(self.queue), self.queue.max_size, len(payloads), now, deadline,
-                        self.estimator, self.ready_workers)
+        check_admission(
+            self.name,
+            len(self.queue),
+            self.queue.max_size,
+            len(payloads),
+            now,
+            deadline,
+            self.estimator,
+            self.ready_workers,
+        )
         loop = asyncio.get_running_loop()
         items = [QueuedItem(payload, now, deadline, loop.create_future()) for payload in payloads]
         for item in items:
@@ -114,10 +132,26 @@ class ModelRuntime:
         return items
 
     def withdraw(self, items: Sequence[QueuedItem]) -> None:
-        """The caller left (disconnect or deadline): queued items never reach a worker."""
+        """The caller left: queued items never reach a worker; running ones are answered to nobody."""
         for item in items:
             self.queue.withdraw(item)
             item.reply.cancel()
+
+    def expire(self, items: Sequence[QueuedItem]) -> None:
+        """The request's deadline passed: every unanswered item gets DeadlineExceeded (504)."""
+        now = self.clock.now()
+        for item in items:
+            if item.reply.done():
+                continue
+            where = "in the queue" if self.queue.withdraw(item) else "while its batch ran"
+            self._fail(
+                item,
+                DeadlineExceeded(
+                    f"request to model '{self.name}' missed its deadline after "
+                    f"{1000 * (now - item.first_enqueued_at):.0f} ms {where}"
+                ),
+                outcome="deadline",
+            )
 
     # ---- schedule / run ------------------------------------------------------------------------------
     async def run(self) -> None:
@@ -126,7 +160,9 @@ class ModelRuntime:
             now = self.clock.now()
             idle = [w for w in self.workers if w.idle]
             staging = [w for w in self.workers if w.stage_free]
-            decision = self.policy.decide(now, len(self.queue), self.queue.oldest_at(), len(idle), len(staging))
+            decision = self.policy.decide(
+                now, len(self.queue), self.queue.oldest_at(), len(idle), len(staging)
+            )
             if decision.size:
                 worker = min(idle, key=_lru) if decision.idle else min(staging, key=_lru)
                 self._dispatch(worker, decision.size, now)
@@ -142,17 +178,23 @@ class ModelRuntime:
     def _dispatch(self, worker: WorkerConnection, size: int, now: float) -> None:
         items, expired = self.queue.cut(size, now)
         for item in expired:
-            self._fail(item, DeadlineExceeded(
-                f"request to model '{self.name}' expired after {1000 * (now - item.first_enqueued_at):.0f} ms "
-                "in the queue before a batch slot was free"), outcome="deadline")
+            self._fail(
+                item,
+                DeadlineExceeded(
+                    f"request to model '{self.name}' expired after {1000 * (now - item.first_enqueued_at):.0f} ms "
+                    "in the queue before a batch slot was free"
+                ),
+                outcome="deadline",
+            )
         if not items:
             return
         for item in items:
             item.attempts += 1
         batch = Batch(next(_batch_ids), items, now, worker)
         worker.send_batch(batch)
-        self.metrics.observe_batch_cut(len(items), self.config.max_batch_size,
-                                       [now - i.enqueued_at for i in items])
+        self.metrics.observe_batch_cut(
+            len(items), self.config.max_batch_size, [now - i.enqueued_at for i in items]
+        )
 
     # ---- deliver -----------------------------------------------------------------------------------
     def on_batch_done(self, worker: WorkerConnection, msg: p.BatchDone) -> None:
@@ -184,8 +226,12 @@ class ModelRuntime:
                 continue
             item.state = ItemState.DONE
             queue_s = batch.sent_at - item.enqueued_at
-            settle(item.reply, ItemResult(msg.outputs[index], version, batch.batch_id, size, queue_s,
-                                          msg.compute_s, item.attempts))
+            settle(
+                item.reply,
+                ItemResult(
+                    msg.outputs[index], version, batch.batch_id, size, queue_s, msg.compute_s, item.attempts
+                ),
+            )
 
     def _fail(self, item: QueuedItem, exc: ServingError, outcome: str) -> None:
         item.state = ItemState.DONE
@@ -196,8 +242,13 @@ class ModelRuntime:
         worker.state = WorkerState.READY
         worker.last_progress = self.clock.now()
         self.workers.append(worker)
-        log.info("worker %s (pid %d) of model %s v%d is ready", worker.worker_id, worker.pid, self.name,
-                 worker.version)
+        log.info(
+            "worker %s (pid %d) of model %s v%d is ready",
+            worker.worker_id,
+            worker.pid,
+            self.name,
+            worker.version,
+        )
         self._wake.set()
 
     def on_worker_lost(self, worker: WorkerConnection, reason: str) -> None:
@@ -209,8 +260,14 @@ class ModelRuntime:
         batches = list(worker.inflight.values())
         worker.inflight.clear()
         if was is not WorkerState.DEAD:
-            log.warning("worker %s (pid %d) of model %s lost (%s); %d batch(es) in flight",
-                        worker.worker_id, worker.pid, self.name, reason, len(batches))
+            log.warning(
+                "worker %s (pid %d) of model %s lost (%s); %d batch(es) in flight",
+                worker.worker_id,
+                worker.pid,
+                self.name,
+                reason,
+                len(batches),
+            )
         retry: list[QueuedItem] = []
         for batch in batches:
             for item in batch.items:
@@ -219,11 +276,19 @@ class ModelRuntime:
                 if self.config.idempotent and item.attempts < self.max_attempts and not self._stopping:
                     retry.append(item)
                 else:
-                    why = ("the model is not idempotent, so it is not retried" if not self.config.idempotent
-                           else f"after {item.attempts} attempts")
-                    self._fail(item, WorkerDied(
-                        f"worker {worker.worker_id} of model '{self.name}' died running this request's batch "
-                        f"({reason}); {why}"), outcome="worker_died")
+                    why = (
+                        "the model is not idempotent, so it is not retried"
+                        if not self.config.idempotent
+                        else f"after {item.attempts} attempts"
+                    )
+                    self._fail(
+                        item,
+                        WorkerDied(
+                            f"worker {worker.worker_id} of model '{self.name}' died running this request's batch "
+                            f"({reason}); {why}"
+                        ),
+                        outcome="worker_died",
+                    )
         if retry:
             self.queue.push_front(retry)
             self.metrics.retried_items(len(retry))

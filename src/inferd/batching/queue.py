@@ -110,8 +110,11 @@ class RequestQueue:
 
     def expire(self, now: float) -> list[QueuedItem]:
         """Take out every queued item whose deadline has passed (a sweep while no batch is cut)."""
-        expired = [i for i in self._items if i.state is ItemState.QUEUED and i.deadline is not None
-                   and i.deadline <= now]
+        expired = [
+            i
+            for i in self._items
+            if i.state is ItemState.QUEUED and i.deadline is not None and i.deadline <= now
+        ]
         for item in expired:
             item.state = ItemState.EXPIRED
             self._live -= 1

@@ -11,8 +11,11 @@ import typer
 
 from inferd.config import ConfigError, ModelConfig, ServerConfig, load_server_config
 
-app = typer.Typer(add_completion=False, no_args_is_help=True,
-                  help="inferd: an inference server with dynamic batching, bounded queues and deadlines.")
+app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    help="inferd: an inference server with dynamic batching, bounded queues and deadlines.",
+)
 
 
 def resolve_models(config: ServerConfig) -> list[ModelConfig]:
@@ -22,7 +25,9 @@ def resolve_models(config: ServerConfig) -> list[ModelConfig]:
     if config.models:
         unknown = sorted(set(config.models) - {m.name for m in models})
         if unknown:
-            raise ConfigError(f"--model names unknown models {unknown}; available: {sorted(m.name for m in models)}")
+            raise ConfigError(
+                f"--model names unknown models {unknown}; available: {sorted(m.name for m in models)}"
+            )
         models = [m for m in models if m.name in config.models]
     return apply_overrides(models, config.model_overrides)
 
@@ -31,33 +36,56 @@ def resolve_models(config: ServerConfig) -> list[ModelConfig]:
 def serve(
     host: Annotated[str | None, typer.Option(help="Address to listen on [default: 127.0.0.1].")] = None,
     port: Annotated[int | None, typer.Option(help="HTTP port [default: 8000].")] = None,
-    model_repo: Annotated[Path | None, typer.Option(
-        help="Model repository folder (one folder per model with model.toml and numbered versions). "
-             "Default: the embedded models sim and minilm.")] = None,
-    config: Annotated[Path | None, typer.Option(
-        help="TOML config file with [server] settings and [models.NAME] overrides.")] = None,
-    workers: Annotated[int | None, typer.Option(
-        help="Worker processes (devices) per model, unless a model's config sets its own [default: 1].")] = None,
-    model: Annotated[list[str] | None, typer.Option(
-        help="Serve only this model (repeatable).")] = None,
-    access_log: Annotated[bool | None, typer.Option(
-        "--access-log/--no-access-log", help="Log one line per request with its lifecycle record.")] = None,
-    log_level: Annotated[str | None, typer.Option(help="DEBUG, INFO, WARNING or ERROR [default: INFO].")] = None,
+    model_repo: Annotated[
+        Path | None,
+        typer.Option(
+            help="Model repository folder (one folder per model with model.toml and numbered versions). "
+            "Default: the embedded models sim and minilm."
+        ),
+    ] = None,
+    config: Annotated[
+        Path | None, typer.Option(help="TOML config file with [server] settings and [models.NAME] overrides.")
+    ] = None,
+    workers: Annotated[
+        int | None,
+        typer.Option(
+            help="Worker processes (devices) per model, unless a model's config sets its own [default: 1]."
+        ),
+    ] = None,
+    model: Annotated[list[str] | None, typer.Option(help="Serve only this model (repeatable).")] = None,
+    access_log: Annotated[
+        bool | None,
+        typer.Option(
+            "--access-log/--no-access-log", help="Log one line per request with its lifecycle record."
+        ),
+    ] = None,
+    log_level: Annotated[
+        str | None, typer.Option(help="DEBUG, INFO, WARNING or ERROR [default: INFO].")
+    ] = None,
 ) -> None:
     """Serve models over HTTP (KServe OIP v2 and OpenAI-compatible embeddings)."""
     try:
-        cfg = load_server_config(config, {
-            "host": host, "port": port, "model_repo": model_repo, "workers": workers,
-            "models": tuple(model) if model else None, "access_log": access_log, "log_level": log_level,
-        })
+        cfg = load_server_config(
+            config,
+            {
+                "host": host,
+                "port": port,
+                "model_repo": model_repo,
+                "workers": workers,
+                "models": tuple(model) if model else None,
+                "access_log": access_log,
+                "log_level": log_level,
+            },
+        )
         models = resolve_models(cfg)
     except ConfigError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from None
     from inferd.runner import run_server
 
-    logging.basicConfig(level=cfg.log_level, stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    logging.basicConfig(
+        level=cfg.log_level, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s %(message)s"
+    )
     run_server(cfg, models)
 
 

@@ -15,7 +15,9 @@ def load_model_class(implementation: str) -> type[Model]:
     """'package.module:Class' or '/path/to/model.py:Class'."""
     target, sep, cls_name = implementation.rpartition(":")
     if not sep or not cls_name:
-        raise ValueError(f"implementation {implementation!r} must look like 'module:Class' or 'file.py:Class'")
+        raise ValueError(
+            f"implementation {implementation!r} must look like 'module:Class' or 'file.py:Class'"
+        )
     if target.endswith(".py"):
         path = Path(target)
         if not path.is_file():

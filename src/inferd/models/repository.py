@@ -43,7 +43,9 @@ def default_models(cache_dir: Path | None = None) -> list[ModelConfig]:
 def load_repository(repo: Path) -> list[ModelConfig]:
     if not repo.is_dir():
         raise ConfigError(f"model repository {repo} is not a folder: pass an existing folder to --model-repo")
-    configs = [load_model_folder(d) for d in sorted(repo.iterdir()) if d.is_dir() and not d.name.startswith(".")]
+    configs = [
+        load_model_folder(d) for d in sorted(repo.iterdir()) if d.is_dir() and not d.name.startswith(".")
+    ]
     if not configs:
         raise ConfigError(f"model repository {repo} holds no model folders (each needs a model.toml)")
     return configs
@@ -84,7 +86,9 @@ def apply_overrides(models: list[ModelConfig], overrides: dict[str, dict[str, An
     names = {m.name for m in models}
     unknown = sorted(set(overrides) - names)
     if unknown:
-        raise ConfigError(f"config file sets [models.X] for unknown models {unknown}; served: {sorted(names)}")
+        raise ConfigError(
+            f"config file sets [models.X] for unknown models {unknown}; served: {sorted(names)}"
+        )
     out = []
     for m in models:
         extra = overrides.get(m.name)

@@ -16,8 +16,27 @@ from prometheus_client.registry import Collector
 if TYPE_CHECKING:
     from inferd.batching.dispatcher import ModelRuntime
 
-LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0,
-                   2.0, 5.0, 10.0, 30.0)
+LATENCY_BUCKETS = (
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.02,
+    0.03,
+    0.05,
+    0.075,
+    0.1,
+    0.15,
+    0.2,
+    0.3,
+    0.5,
+    0.75,
+    1.0,
+    2.0,
+    5.0,
+    10.0,
+    30.0,
+)
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 80, 96, 100, 128, 256, 512, 1024, 4096)
 RATIO_BUCKETS = (0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 1.0)
 
@@ -26,27 +45,61 @@ class Metrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
-        self.requests = Counter("inferd_requests_total", "Logical requests by final outcome.",
-                                ["model", "outcome"], registry=r)
-        self.rejected = Counter("inferd_requests_rejected_total", "Requests refused before any work, by reason.",
-                                ["model", "reason"], registry=r)
-        self.request_duration = Histogram("inferd_request_duration_seconds",
-                                          "Time from request arrival to response, by model and outcome.",
-                                          ["model", "outcome"], buckets=LATENCY_BUCKETS, registry=r)
-        self.queue_wait = Histogram("inferd_queue_wait_seconds", "Time items waited in the queue before their "
-                                    "batch was cut.", ["model"], buckets=LATENCY_BUCKETS, registry=r)
-        self.compute = Histogram("inferd_batch_compute_seconds", "Device time of one batch, as the worker "
-                                 "measured it.", ["model"], buckets=LATENCY_BUCKETS, registry=r)
-        self.batch_size = Histogram("inferd_batch_size", "Items per batch.", ["model"], buckets=BATCH_BUCKETS,
-                                    registry=r)
-        self.batch_fill = Histogram("inferd_batch_fill_ratio", "Batch size over max batch size.", ["model"],
-                                    buckets=RATIO_BUCKETS, registry=r)
-        self.batches = Counter("inferd_batch_executions_total", "Batches completed, by outcome.",
-                               ["model", "outcome"], registry=r)
-        self.retried = Counter("inferd_retried_items_total", "Items put back in their queue after a worker "
-                               "failure.", ["model"], registry=r)
-        self.worker_restarts = Counter("inferd_worker_restarts_total", "Worker processes restarted.",
-                                       ["model"], registry=r)
+        self.requests = Counter(
+            "inferd_requests_total", "Logical requests by final outcome.", ["model", "outcome"], registry=r
+        )
+        self.rejected = Counter(
+            "inferd_requests_rejected_total",
+            "Requests refused before any work, by reason.",
+            ["model", "reason"],
+            registry=r,
+        )
+        self.request_duration = Histogram(
+            "inferd_request_duration_seconds",
+            "Time from request arrival to response, by model and outcome.",
+            ["model", "outcome"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.queue_wait = Histogram(
+            "inferd_queue_wait_seconds",
+            "Time items waited in the queue before their batch was cut.",
+            ["model"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.compute = Histogram(
+            "inferd_batch_compute_seconds",
+            "Device time of one batch, as the worker measured it.",
+            ["model"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.batch_size = Histogram(
+            "inferd_batch_size", "Items per batch.", ["model"], buckets=BATCH_BUCKETS, registry=r
+        )
+        self.batch_fill = Histogram(
+            "inferd_batch_fill_ratio",
+            "Batch size over max batch size.",
+            ["model"],
+            buckets=RATIO_BUCKETS,
+            registry=r,
+        )
+        self.batches = Counter(
+            "inferd_batch_executions_total",
+            "Batches completed, by outcome.",
+            ["model", "outcome"],
+            registry=r,
+        )
+        self.retried = Counter(
+            "inferd_retried_items_total",
+            "Items put back in their queue after a worker failure.",
+            ["model"],
+            registry=r,
+        )
+        self.worker_restarts = Counter(
+            "inferd_worker_restarts_total", "Worker processes restarted.", ["model"], registry=r
+        )
         self._runtimes: dict[str, ModelRuntime] = {}
         r.register(_RuntimeCollector(lambda: self._runtimes.values()))
 
@@ -60,8 +113,21 @@ class Metrics:
 class ModelMetrics:
     """The metrics of one model, with label children bound once."""
 
-    OUTCOMES = ("ok", "bad_request", "rejected", "deadline", "unavailable", "worker_died", "model_error",
-                "cancelled", "internal")
+    OUTCOMES = (
+        "ok",
+        "bad_request",
+        "unauthorized",
+        "not_found",
+        "too_large",
+        "rate_limited",
+        "rejected",
+        "deadline",
+        "unavailable",
+        "worker_died",
+        "model_error",
+        "cancelled",
+        "internal",
+    )
 
     def __init__(self, m: Metrics, model: str) -> None:
         self.model = model
@@ -104,17 +170,25 @@ class _RuntimeCollector(Collector):
     def __init__(self, runtimes: Callable[[], Iterable[ModelRuntime]]) -> None:
         self._runtimes = runtimes
 
-    def describe(self):  # noqa: ANN201 (prometheus-client protocol)
+    def describe(self):
         return []
 
-    def collect(self):  # noqa: ANN201
-        depth = GaugeMetricFamily("inferd_queue_depth", "Items waiting in the model's queue.", labels=["model"])
+    def collect(self):
+        depth = GaugeMetricFamily(
+            "inferd_queue_depth", "Items waiting in the model's queue.", labels=["model"]
+        )
         bound = GaugeMetricFamily("inferd_queue_capacity", "Queue bound in items.", labels=["model"])
-        busy = GaugeMetricFamily("inferd_device_busy_ratio", "Share of the last 10 s the model's devices spent "
-                                 "computing.", labels=["model"])
-        workers = GaugeMetricFamily("inferd_workers", "Worker connections by state.", labels=["model", "state"])
-        inflight = GaugeMetricFamily("inferd_inflight_batches", "Batches sent to workers and not yet answered.",
-                                     labels=["model"])
+        busy = GaugeMetricFamily(
+            "inferd_device_busy_ratio",
+            "Share of the last 10 s the model's devices spent computing.",
+            labels=["model"],
+        )
+        workers = GaugeMetricFamily(
+            "inferd_workers", "Worker connections by state.", labels=["model", "state"]
+        )
+        inflight = GaugeMetricFamily(
+            "inferd_inflight_batches", "Batches sent to workers and not yet answered.", labels=["model"]
+        )
         for rt in self._runtimes():
             depth.add_metric([rt.name], len(rt.queue))
             bound.add_metric([rt.name], rt.queue.max_size)

@@ -21,8 +21,13 @@ HEARTBEAT_S = 1.0
 
 
 class WorkerHub:
-    def __init__(self, runtimes: Mapping[str, ModelRuntime], clock: Clock, token: str = "",
-                 load_timeout_s: float = 120.0) -> None:
+    def __init__(
+        self,
+        runtimes: Mapping[str, ModelRuntime],
+        clock: Clock,
+        token: str = "",
+        load_timeout_s: float = 120.0,
+    ) -> None:
         self.runtimes = runtimes
         self.clock = clock
         self.token = token
@@ -77,18 +82,25 @@ class WorkerHub:
             return None, None
         refusal = self._refusal(hello)
         if refusal:
-            log.warning("refused worker %s (pid %d) for model %s: %s", hello.worker_id, hello.pid, hello.model,
-                        refusal)
+            log.warning(
+                "refused worker %s (pid %d) for model %s: %s",
+                hello.worker_id,
+                hello.pid,
+                hello.model,
+                refusal,
+            )
             writer.write(p.encode_frame(p.Welcome(accepted=False, reason=refusal)))
             await writer.drain()
             return None, None
         runtime = self.runtimes[hello.model]
-        conn = WorkerConnection(hello.worker_id, hello.model, hello.pid, hello.host, writer,
-                                connected_at=self.clock.now())
+        conn = WorkerConnection(
+            hello.worker_id, hello.model, hello.pid, hello.host, writer, connected_at=self.clock.now()
+        )
         self.connections.add(conn)
         config_json = runtime.config.model_dump_json().encode()
-        writer.write(p.encode_frame(p.Welcome(accepted=True, model_config_json=config_json,
-                                              heartbeat_s=HEARTBEAT_S)))
+        writer.write(
+            p.encode_frame(p.Welcome(accepted=True, model_config_json=config_json, heartbeat_s=HEARTBEAT_S))
+        )
         await writer.drain()
         async with asyncio.timeout(self.load_timeout_s):
             msg = await p.read_message(reader)
@@ -113,8 +125,9 @@ class WorkerHub:
             return f"model {hello.model!r} is not served here (served: {sorted(self.runtimes)})"
         return ""
 
-    async def _read_loop(self, conn: WorkerConnection, runtime: ModelRuntime,
-                         reader: asyncio.StreamReader) -> None:
+    async def _read_loop(
+        self, conn: WorkerConnection, runtime: ModelRuntime, reader: asyncio.StreamReader
+    ) -> None:
         while True:
             msg = await p.read_message(reader)
             if isinstance(msg, p.BatchDone):

@@ -49,8 +49,15 @@ class Worker:
     async def run(self) -> int:
         reader, writer = await p.open_connection(self.address)
         self._writer = writer
-        self._send(p.Hello(worker_id=self.worker_id, model=self.model_name, pid=os.getpid(),
-                           host=socket.gethostname(), token=self.token))
+        self._send(
+            p.Hello(
+                worker_id=self.worker_id,
+                model=self.model_name,
+                pid=os.getpid(),
+                host=socket.gethostname(),
+                token=self.token,
+            )
+        )
         welcome = await p.read_message(reader)
         if not isinstance(welcome, p.Welcome) or not welcome.accepted:
             reason = getattr(welcome, "reason", "unexpected reply")
@@ -90,8 +97,14 @@ class Worker:
         t2 = time.perf_counter()
         self.config = config
         self._send(p.Ready(version=config.version, load_s=t1 - t0, warmup_s=t2 - t1))
-        log.info("worker %s ready: model %s v%d loaded in %.2fs, warm-up %.3fs",
-                 self.worker_id, config.name, config.version, t1 - t0, t2 - t1)
+        log.info(
+            "worker %s ready: model %s v%d loaded in %.2fs, warm-up %.3fs",
+            self.worker_id,
+            config.name,
+            config.version,
+            t1 - t0,
+            t2 - t1,
+        )
         return model
 
     async def _receive(self, reader: asyncio.StreamReader) -> None:
@@ -122,13 +135,19 @@ class Worker:
             outputs = await self._predict(self.model, batch.items)
             converted, errors = convert_outputs(self.config, outputs, len(batch.items))
         except OutputError as exc:
-            return p.BatchDone(batch.batch_id, time.perf_counter() - start, batch_error=("ModelError", str(exc)))
+            return p.BatchDone(
+                batch.batch_id, time.perf_counter() - start, batch_error=("ModelError", str(exc))
+            )
         except Exception as exc:  # the model raised: its callers get a ModelError naming it
             message = f"model '{self.config.name}' raised {type(exc).__name__}: {exc}"
             log.warning("batch %d failed: %s", batch.batch_id, message)
-            return p.BatchDone(batch.batch_id, time.perf_counter() - start, batch_error=("ModelError", message))
+            return p.BatchDone(
+                batch.batch_id, time.perf_counter() - start, batch_error=("ModelError", message)
+            )
         item_errors = {i: ("ModelError", m) for i, m in errors.items()}
-        return p.BatchDone(batch.batch_id, time.perf_counter() - start, outputs=converted, item_errors=item_errors)
+        return p.BatchDone(
+            batch.batch_id, time.perf_counter() - start, outputs=converted, item_errors=item_errors
+        )
 
     async def _predict(self, model: Model, items: list) -> object:
         if inspect.iscoroutinefunction(model.predict_batch):
@@ -160,11 +179,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--worker-id", default="", help="worker id (default: random)")
     parser.add_argument("--log-level", default="INFO")
     args = parser.parse_args(argv)
-    logging.basicConfig(level=args.log_level, stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s[%(process)d] %(message)s")
+    logging.basicConfig(
+        level=args.log_level,
+        stream=sys.stderr,
+        format="%(asctime)s %(levelname)s %(name)s[%(process)d] %(message)s",
+    )
     worker = Worker(args.connect, args.model, args.token, args.worker_id or uuid.uuid4().hex[:8])
     try:
         import uvloop
+
         runner = uvloop.run
     except ImportError:
         runner = asyncio.run

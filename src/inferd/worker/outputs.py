@@ -84,6 +84,10 @@ def _scalar(spec: TensorSpec, value: Any) -> Any:
 
 
 def _check_shape(spec: TensorSpec, shape: tuple[int, ...]) -> None:
-    ok = len(shape) == len(spec.shape) and all(d == -1 or d == s for d, s in zip(spec.shape, shape, strict=True))
+    ok = len(shape) == len(spec.shape) and all(
+        d == -1 or d == s for d, s in zip(spec.shape, shape, strict=True)
+    )
     if not ok:
-        raise OutputError(f"{spec.name} has shape {list(shape)}, declared per-item shape is {list(spec.shape)}")
+        raise OutputError(
+            f"{spec.name} has shape {list(shape)}, declared per-item shape is {list(spec.shape)}"
+        )

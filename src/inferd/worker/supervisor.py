@@ -31,9 +31,16 @@ class WorkerSlot:
 
 
 class Supervisor:
-    def __init__(self, address: str, token: str, log_level: str, backoff_initial_s: float = 0.1,
-                 backoff_max_s: float = 30.0, healthy_after_s: float = 10.0,
-                 on_restart: dict[str, object] | None = None) -> None:
+    def __init__(
+        self,
+        address: str,
+        token: str,
+        log_level: str,
+        backoff_initial_s: float = 0.1,
+        backoff_max_s: float = 30.0,
+        healthy_after_s: float = 10.0,
+        on_restart: dict[str, object] | None = None,
+    ) -> None:
         self.address = address
         self.token = token
         self.log_level = log_level
@@ -63,9 +70,20 @@ class Supervisor:
         while not self._stopping:
             started = loop.time()
             slot.process = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "inferd.worker.main", "--connect", self.address, "--model", slot.model,
-                "--worker-id", f"{slot.worker_id}.{slot.restarts}", "--token", self.token,
-                "--log-level", self.log_level, stdin=asyncio.subprocess.DEVNULL,
+                sys.executable,
+                "-m",
+                "inferd.worker.main",
+                "--connect",
+                self.address,
+                "--model",
+                slot.model,
+                "--worker-id",
+                f"{slot.worker_id}.{slot.restarts}",
+                "--token",
+                self.token,
+                "--log-level",
+                self.log_level,
+                stdin=asyncio.subprocess.DEVNULL,
             )
             log.info("started worker %s (pid %d)", slot.worker_id, slot.process.pid)
             code = await slot.process.wait()
@@ -75,8 +93,14 @@ class Supervisor:
             slot.exit_codes.append(code)
             slot.consecutive_failures = 0 if ran_s >= self.healthy_after_s else slot.consecutive_failures + 1
             delay = self._backoff(slot.consecutive_failures)
-            log.warning("worker %s (pid %d) exited with %s after %.1fs; restarting in %.2fs",
-                        slot.worker_id, slot.process.pid, _describe(code), ran_s, delay)
+            log.warning(
+                "worker %s (pid %d) exited with %s after %.1fs; restarting in %.2fs",
+                slot.worker_id,
+                slot.process.pid,
+                _describe(code),
+                ran_s,
+                delay,
+            )
             slot.restarts += 1
             for hook in self.restart_hooks:
                 hook(slot)
@@ -85,7 +109,7 @@ class Supervisor:
     def _backoff(self, failures: int) -> float:
         if failures <= 0:
             return self.backoff_initial_s
-        return min(self.backoff_max_s, self.backoff_initial_s * 2 ** failures)
+        return min(self.backoff_max_s, self.backoff_initial_s * 2**failures)
 
     def pids(self) -> list[int]:
         return [s.process.pid for s in self.slots if s.process is not None and s.process.returncode is None]

@@ -1,0 +1,123 @@
+"""Shared fixtures: real `inferd serve` processes on loopback, and a task/leak check for async tests."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def child_pids(pid: int) -> list[int]:
+    try:
+        out = subprocess.run(
+            ["ps", "-o", "pid=", "--ppid", str(pid)], capture_output=True, text=True, check=False
+        )
+    except FileNotFoundError:
+        return []
+    return [int(x) for x in out.stdout.split()]
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split()[2] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+@dataclass
+class ServerProc:
+    proc: subprocess.Popen[bytes]
+    port: int
+    log_path: Path
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def worker_pids(self) -> list[int]:
+        return child_pids(self.proc.pid)
+
+    def stop(self, timeout_s: float = 30.0) -> int:
+        workers = self.worker_pids()
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+                raise AssertionError(f"server did not stop within {timeout_s}s on SIGTERM") from None
+        deadline = time.monotonic() + 5
+        while any(alive(p) for p in workers) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        orphans = [p for p in workers if alive(p)]
+        for p in orphans:
+            os.kill(p, signal.SIGKILL)
+        assert not orphans, f"worker processes {orphans} outlived the server"
+        return self.proc.returncode
+
+
+def start_server(tmp_path: Path, *args: str, ready_timeout_s: float = 60.0) -> ServerProc:
+    port = free_port()
+    log_path = tmp_path / f"server-{port}.log"
+    log_file = open(log_path, "wb")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "inferd.cli.main", "serve", "--port", str(port), *args],
+        stdout=log_file,
+        stderr=subprocess.STDOUT,
+        cwd=ROOT,
+    )
+    server = ServerProc(proc, port, log_path)
+    deadline = time.monotonic() + ready_timeout_s
+    import urllib.request
+
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise AssertionError(f"server exited with {proc.returncode}:\n{server.log()}")
+        try:
+            with urllib.request.urlopen(f"{server.url}/v2/health/ready", timeout=1) as r:
+                if r.status == 200:
+                    return server
+        except OSError:
+            pass
+        time.sleep(0.05)
+    server.stop()
+    raise AssertionError(f"server not ready within {ready_timeout_s}s:\n{server.log()}")
+
+
+@pytest.fixture
+def tasks_clean() -> Iterator[None]:
+    """Async tests: no tasks left running at the end (other than the test's own)."""
+    yield
+    try:
+        loop = asyncio.get_running_loop()
+    except RuntimeError:
+        return
+    current = asyncio.current_task(loop)
+    leftover = [t for t in asyncio.all_tasks(loop) if t is not current and not t.done()]
+    assert not leftover, f"tasks left running: {leftover}"
