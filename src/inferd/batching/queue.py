@@ -44,6 +44,15 @@ class QueuedItem:
             self.first_enqueued_at = self.enqueued_at
 
 
+@dataclass(frozen=True, slots=True)
+class QueueStatistics:
+    live: int
+    """Items waiting (what the bound counts)."""
+    physical: int
+    """Entries held, withdrawn ones not yet compacted included."""
+    max_size: int
+
+
 class RequestQueue:
     """FIFO of live items with a hard bound on their number."""
 
@@ -56,6 +65,9 @@ class RequestQueue:
 
     def __len__(self) -> int:
         return self._live
+
+    def statistics(self) -> QueueStatistics:
+        return QueueStatistics(self._live, len(self._items), self.max_size)
 
     def free(self) -> int:
         return self.max_size - self._live

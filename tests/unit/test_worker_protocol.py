@@ -1,0 +1,65 @@
+"""Worker frames and model-output checking."""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+import pytest
+
+from inferd.config import ModelConfig, TensorSpec
+from inferd.worker import protocol as p
+from inferd.worker.outputs import OutputError, convert_outputs
+
+
+async def test_frames_roundtrip_arrays_bytes_and_errors() -> None:
+    reader = asyncio.StreamReader()
+    batch = p.RunBatch(
+        7,
+        [
+            b"x",
+            np.arange(6, dtype=np.float32).reshape(2, 3),
+            {"a": np.array([b"u", b"v"], dtype=object), "b": 3},
+        ],
+    )
+    done = p.BatchDone(7, 0.01, outputs=[None], item_errors={0: ("ModelError", "bad")})
+    reader.feed_data(p.encode_frame(batch) + p.encode_frame(done))
+    reader.feed_eof()
+    got = await p.read_message(reader)
+    assert isinstance(got, p.RunBatch) and got.batch_id == 7
+    assert got.items[0] == b"x"
+    np.testing.assert_array_equal(got.items[1], np.arange(6, dtype=np.float32).reshape(2, 3))
+    assert got.items[2]["a"].tolist() == [b"u", b"v"] and got.items[2]["b"] == 3
+    got2 = await p.read_message(reader)
+    assert got2.item_errors == {0: ("ModelError", "bad")}
+    with pytest.raises(p.ConnectionClosed):
+        await p.read_message(reader)
+
+
+def test_address_parsing() -> None:
+    assert p.parse_address("unix:/tmp/x.sock") == ("unix", "/tmp/x.sock")
+    assert p.parse_address("10.0.0.1:9000") == ("tcp", ("10.0.0.1", 9000))
+    with pytest.raises(ValueError, match="neither"):
+        p.parse_address("nowhere")
+
+
+def cfg() -> ModelConfig:
+    return ModelConfig(
+        name="m",
+        implementation="x:Y",
+        inputs=(TensorSpec(name="I", datatype="FP32"),),
+        outputs=(TensorSpec(name="V", datatype="FP32", shape=(2,)), TensorSpec(name="N", datatype="INT32")),
+    )
+
+
+def test_outputs_are_typed_and_checked_per_item() -> None:
+    out, errors = convert_outputs(cfg(), [{"V": [1, 2], "N": 3}, {"V": [1, 2, 3], "N": 1}, {"V": [0, 0]}], 3)
+    assert out[0]["V"].dtype == np.float32 and out[0]["N"] == 3
+    assert "shape [3]" in errors[1] and "missing" in errors[2]
+
+
+def test_wrong_output_count_fails_the_batch() -> None:
+    with pytest.raises(OutputError, match="returned 1 outputs for a batch of 2 inputs"):
+        convert_outputs(cfg(), [{"V": [1, 2], "N": 3}], 2)
+    with pytest.raises(OutputError, match="expected a list"):
+        convert_outputs(cfg(), None, 2)
