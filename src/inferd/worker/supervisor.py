@@ -11,6 +11,7 @@ import contextlib
 import logging
 import signal
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 log = logging.getLogger("inferd.supervisor")
@@ -49,7 +50,7 @@ class Supervisor:
         self.healthy_after_s = healthy_after_s
         self.slots: list[WorkerSlot] = []
         self._stopping = False
-        self.restart_hooks: list = []
+        self.restart_hooks: list[Callable[[WorkerSlot], None]] = []
 
     def add(self, model: str, count: int) -> list[WorkerSlot]:
         new = [WorkerSlot(model, i) for i in range(count)]
