@@ -81,6 +81,13 @@ class ModelConfig(_Frozen):
     """Whether a batch may be run again after a worker failure. False: never retried."""
     workers: int | None = Field(default=None, ge=1, le=64)
     """Worker processes (devices) for this model; None takes the server's --workers."""
+    max_attempts: int = Field(default=3, ge=1, le=10)
+    """Most runs of one item after worker crashes (isolation runs of a failing batch not counted)."""
+    batch_timeout_s: float | None = Field(default=None, gt=0.0, le=3600.0)
+    """A batch running longer than this is a hang: the worker is killed and the batch handled as a crash.
+    None: 10 x the observed batch latency, at least 1 s (30 s until a batch has been measured)."""
+    progress_timeout_s: float = Field(default=10.0, gt=0.0, le=3600.0)
+    """With work queued or running and no batch completed for this long, the model is not ready."""
     max_items_per_request: int = Field(default=1024, ge=1, le=1_000_000)
     """Largest batch dimension one request may carry."""
     inputs: tuple[TensorSpec, ...] = Field(min_length=1)
@@ -139,6 +146,16 @@ class ServerConfig(_Frozen):
     """Log level of the server and its workers."""
     worker_start_timeout_s: float = Field(default=120.0, gt=0, le=3600)
     """How long a worker may take to load and warm up before it counts as failed."""
+    retry_budget_ratio: float = Field(default=0.2, ge=0.0, le=1.0)
+    """Retries may add at most this share of recent requests (on top of the floor below)."""
+    retry_budget_min_per_s: float = Field(default=10.0, ge=0.0, le=100_000.0)
+    """Retries per second always allowed, whatever the request rate."""
+    heartbeat_timeout_s: float = Field(default=5.0, gt=0.0, le=600.0)
+    """A worker silent for this long (no heartbeat, no result) is killed and replaced."""
+    admin_host: str = "127.0.0.1"
+    """Address of the admin API (worker list, drain, restart)."""
+    admin_port: int | None = Field(default=8001, ge=0, le=65535)
+    """Port of the admin API; None disables it. Protected by INFERD_ADMIN_TOKEN when that is set."""
     cache_dir: Path | None = None
     """Where one-time model conversions are cached (default ~/.cache/inferd)."""
     model_overrides: dict[str, dict[str, Any]] = Field(default_factory=dict)

@@ -89,6 +89,10 @@ class ModelError(ServingError):
     """The model failed on this input. Deterministic, so never retried."""
 
 
+class ModelOutputError(ModelError):
+    """The model broke its contract for a whole batch (wrong number of outputs): every caller fails."""
+
+
 class ShuttingDown(ServingError):
     retryable = True
 
@@ -103,6 +107,7 @@ _BY_CODE: dict[str, type[ServingError]] = {
         BadRequest,
         NotFound,
         ModelError,
+        ModelOutputError,
         Internal,
         DeadlineExceeded,
         WorkerDied,

@@ -8,15 +8,18 @@ import logging
 import os
 import secrets
 import shutil
+import signal
 import tempfile
 import time
 from collections.abc import AsyncIterator
 
 from inferd.batching.dispatcher import ModelRuntime
+from inferd.batching.retry import RetryBudget
 from inferd.clock import Clock, MonotonicClock
 from inferd.config import ModelConfig, ServerConfig
 from inferd.errors import Internal, NotFound, ShuttingDown
 from inferd.observability.metrics import Metrics
+from inferd.worker.connection import WorkerConnection
 from inferd.worker.hub import WorkerHub
 from inferd.worker.supervisor import Supervisor
 
@@ -37,8 +40,10 @@ class InferenceServer:
         self.metrics = Metrics()
         self.models = {m.name: m for m in models}
         self.runtimes: dict[str, ModelRuntime] = {}
+        self.retry_budget = RetryBudget(self.clock, config.retry_budget_ratio, config.retry_budget_min_per_s)
         for m in models:
-            rt = ModelRuntime(m, self.clock, self.metrics.for_model(m.name))
+            rt = ModelRuntime(m, self.clock, self.metrics.for_model(m.name), self.retry_budget, self.kill_worker,
+                              heartbeat_timeout_s=config.heartbeat_timeout_s)
             self.runtimes[m.name] = rt
             self.metrics.track(rt)
         self._token = secrets.token_hex(16)
@@ -86,6 +91,21 @@ class InferenceServer:
                     await self._shutdown(loops, supervisor)
         finally:
             shutil.rmtree(self._socket_dir, ignore_errors=True)
+
+    def kill_worker(self, worker: WorkerConnection) -> None:
+        """Kill a hung or silent worker. A local child is SIGKILLed (SIGSTOP cannot block that); a remote
+        one only loses its connection. Either way the broken connection recovers its batches."""
+        if worker.pid in self.supervisor.pids():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(worker.pid, signal.SIGKILL)
+        worker.writer.transport.abort()
+
+    def find_worker(self, worker_id: str) -> tuple[ModelRuntime, WorkerConnection]:
+        for rt in self.runtimes.values():
+            for w in rt.workers:
+                if w.worker_id == worker_id:
+                    return rt, w
+        raise NotFound(f"no connected worker {worker_id!r}")
 
     async def _dispatch(self, rt: ModelRuntime) -> None:
         try:

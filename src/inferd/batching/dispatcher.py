@@ -1,6 +1,8 @@
-"""The asyncio driver of one model: admission, the queue, cutting batches for workers, settling replies.
+"""The asyncio driver of one model: admission, the queue, cutting batches for workers, settling replies,
+and recovering from failed batches and workers.
 
 receive (enqueue) -> schedule (policy.decide) -> run (send to a worker) -> deliver (settle each item)
+                                                                       -> recover (retry / isolate / fail)
 """
 
 from __future__ import annotations
@@ -10,23 +12,18 @@ import contextlib
 import itertools
 import logging
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from inferd.batching.admission import DrainEstimator, check_admission, retry_after_s
 from inferd.batching.policy import BatchPolicy
 from inferd.batching.queue import ItemState, QueuedItem, RequestQueue
+from inferd.batching.recovery import FailureKind, RecoveryPlan, RecoveryPolicy
+from inferd.batching.retry import RetryBudget
 from inferd.clock import Clock
 from inferd.config import ModelConfig
-from inferd.errors import (
-    DeadlineExceeded,
-    ModelError,
-    ServingError,
-    WorkerDied,
-    WorkerUnavailable,
-    from_wire,
-)
+from inferd.errors import DeadlineExceeded, ModelError, ModelOutputError, ServingError, WorkerUnavailable
 from inferd.observability.metrics import ModelMetrics
 from inferd.worker import protocol as p
 from inferd.worker.connection import Batch, WorkerConnection, WorkerState
@@ -35,6 +32,9 @@ log = logging.getLogger("inferd.dispatcher")
 
 _batch_ids = itertools.count(1)
 BUSY_WINDOW_S = 10.0
+WATCHDOG_INTERVAL_S = 0.1
+
+KillWorker = Callable[[WorkerConnection], None]
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,18 +62,22 @@ def settle(fut: asyncio.Future[Any], result: Any = None, exc: BaseException | No
 class ModelRuntime:
     """Everything one model needs on the front end: queue, policy, workers and the dispatch loop."""
 
-    def __init__(
-        self, config: ModelConfig, clock: Clock, metrics: ModelMetrics, max_attempts: int = 3
-    ) -> None:
+    def __init__(self, config: ModelConfig, clock: Clock, metrics: ModelMetrics, budget: RetryBudget,
+                 kill_worker: KillWorker, heartbeat_timeout_s: float = 5.0) -> None:
         self.config = config
         self.name = config.name
         self.clock = clock
         self.metrics = metrics
-        self.max_attempts = max_attempts
+        self.budget = budget
+        self.kill_worker = kill_worker
+        self.heartbeat_timeout_s = heartbeat_timeout_s
         self.policy = BatchPolicy(config.max_batch_size, config.max_wait_s, config.preferred_batch_sizes)
+        self.recovery = RecoveryPolicy(config.name, budget, config.idempotent, config.max_attempts)
         self.queue = RequestQueue(config.max_queue_size)
+        self.isolation: deque[list[QueuedItem]] = deque()
         self.estimator = DrainEstimator(config.max_batch_size)
         self.workers: list[WorkerConnection] = []
+        self.last_completion = clock.now()
         self._wake = asyncio.Event()
         self._busy: deque[tuple[float, float]] = deque()
         self._stopping = False
@@ -85,7 +89,12 @@ class ModelRuntime:
 
     @property
     def ready(self) -> bool:
-        return self.ready_workers > 0
+        return self.ready_workers > 0 and not self.stalled()
+
+    def stalled(self) -> bool:
+        """Health is forward progress: work is waiting or running, yet nothing completed for a while."""
+        busy = len(self.queue) > 0 or bool(self.isolation) or any(w.inflight for w in self.workers)
+        return busy and self.clock.now() - self.last_completion > self.config.progress_timeout_s
 
     @property
     def served_version(self) -> int:
@@ -96,38 +105,23 @@ class ModelRuntime:
         """Cheap checks before the body is read: no worker, or no room even for one item."""
         if self._stopping:
             raise WorkerUnavailable(f"model '{self.name}' is shutting down")
-        if not self.ready:
+        if self.ready_workers == 0:
             raise WorkerUnavailable(f"model '{self.name}' has no ready worker; retry shortly")
         if self.queue.free() <= 0:
-            check_admission(
-                self.name,
-                len(self.queue),
-                self.queue.max_size,
-                1,
-                self.clock.now(),
-                None,
-                self.estimator,
-                self.ready_workers,
-            )
+            check_admission(self.name, len(self.queue), self.queue.max_size, 1, self.clock.now(), None,
+                            self.estimator, self.ready_workers)
 
     def enqueue(self, payloads: Sequence[Any], deadline: float | None) -> list[QueuedItem]:
         """Admit and queue one request's items. Raises Overloaded or WorkerUnavailable."""
         self.precheck()
         now = self.clock.now()
-        check_admission(
-            self.name,
-            len(self.queue),
-            self.queue.max_size,
-            len(payloads),
-            now,
-            deadline,
-            self.estimator,
-            self.ready_workers,
-        )
+        check_admission(self.name, len(self.queue), self.queue.max_size, len(payloads), now, deadline,
+                        self.estimator, self.ready_workers)
         loop = asyncio.get_running_loop()
         items = [QueuedItem(payload, now, deadline, loop.create_future()) for payload in payloads]
         for item in items:
             self.queue.push(item)
+        self.budget.record_requests(len(items))
         self._wake.set()
         return items
 
@@ -144,14 +138,9 @@ class ModelRuntime:
             if item.reply.done():
                 continue
             where = "in the queue" if self.queue.withdraw(item) else "while its batch ran"
-            self._fail(
-                item,
-                DeadlineExceeded(
-                    f"request to model '{self.name}' missed its deadline after "
-                    f"{1000 * (now - item.first_enqueued_at):.0f} ms {where}"
-                ),
-                outcome="deadline",
-            )
+            self._fail(item, DeadlineExceeded(
+                f"request to model '{self.name}' missed its deadline after "
+                f"{1000 * (now - item.first_enqueued_at):.0f} ms {where}"))
 
     # ---- schedule / run ------------------------------------------------------------------------------
     async def run(self) -> None:
@@ -159,13 +148,16 @@ class ModelRuntime:
         while True:
             now = self.clock.now()
             idle = [w for w in self.workers if w.idle]
+            if self.isolation and idle:
+                self._dispatch_isolated(min(idle, key=_lru), now)
+                continue
             staging = [w for w in self.workers if w.stage_free]
-            decision = self.policy.decide(
-                now, len(self.queue), self.queue.oldest_at(), len(idle), len(staging)
-            )
+            decision = self.policy.decide(now, len(self.queue), self.queue.oldest_at(), len(idle), len(staging))
             if decision.size:
                 worker = min(idle, key=_lru) if decision.idle else min(staging, key=_lru)
-                self._dispatch(worker, decision.size, now)
+                items, expired = self.queue.cut(decision.size, now)
+                self._expire_cut(expired, now)
+                self._send(worker, items, now)
                 continue
             self._wake.clear()
             if decision.wake_at is None:
@@ -175,26 +167,28 @@ class ModelRuntime:
                     async with asyncio.timeout(max(0.0, decision.wake_at - now)):
                         await self._wake.wait()
 
-    def _dispatch(self, worker: WorkerConnection, size: int, now: float) -> None:
-        items, expired = self.queue.cut(size, now)
+    def _dispatch_isolated(self, worker: WorkerConnection, now: float) -> None:
+        group = self.isolation.popleft()
+        live = [i for i in group if not i.reply.done()]
+        expired = [i for i in live if i.deadline is not None and i.deadline <= now]
+        self._expire_cut(expired, now)
+        self._send(worker, [i for i in live if i not in expired], now)
+
+    def _expire_cut(self, expired: list[QueuedItem], now: float) -> None:
         for item in expired:
-            self._fail(
-                item,
-                DeadlineExceeded(
-                    f"request to model '{self.name}' expired after {1000 * (now - item.first_enqueued_at):.0f} ms "
-                    "in the queue before a batch slot was free"
-                ),
-                outcome="deadline",
-            )
+            self._fail(item, DeadlineExceeded(
+                f"request to model '{self.name}' expired after {1000 * (now - item.first_enqueued_at):.0f} ms "
+                "before a batch slot was free"))
+
+    def _send(self, worker: WorkerConnection, items: list[QueuedItem], now: float) -> None:
         if not items:
             return
         for item in items:
             item.attempts += 1
+            item.state = ItemState.RUNNING
         batch = Batch(next(_batch_ids), items, now, worker)
         worker.send_batch(batch)
-        self.metrics.observe_batch_cut(
-            len(items), self.config.max_batch_size, [now - i.enqueued_at for i in items]
-        )
+        self.metrics.observe_batch_cut(len(items), self.config.max_batch_size, [now - i.enqueued_at for i in items])
 
     # ---- deliver -----------------------------------------------------------------------------------
     def on_batch_done(self, worker: WorkerConnection, msg: p.BatchDone) -> None:
@@ -204,15 +198,19 @@ class ModelRuntime:
             return
         now = self.clock.now()
         worker.completed_batches += 1
-        worker.last_progress = now
+        worker.last_progress = worker.last_heartbeat = now
+        worker.running_since = now
         worker.busy_s += msg.compute_s
+        self.last_completion = now
         self._busy.append((now, msg.compute_s))
         self.estimator.observe_batch(len(batch.items), now - batch.sent_at)
-        self.metrics.observe_batch_done(msg.compute_s, "error" if msg.batch_error else "ok")
-        if msg.batch_error is not None:
-            err = from_wire(*msg.batch_error)
-            for item in batch.items:
-                self._fail(item, err, outcome="model_error")
+        self.metrics.observe_batch_done(msg.compute_s, "model_error" if msg.batch_error else "ok")
+        if msg.batch_error is not None and msg.batch_error[0] == "ModelOutputError":
+            for item in batch.items:  # a broken contract, not a bad input: nothing to isolate
+                self._fail(item, ModelOutputError(msg.batch_error[1]))
+        elif msg.batch_error is not None:
+            pending = [i for i in batch.items if not i.reply.done()]
+            self._apply(self.recovery.on_failure(pending, FailureKind.MODEL_ERROR, msg.batch_error[1]))
         else:
             self._deliver(batch, msg, worker.version)
         self._wake.set()
@@ -222,77 +220,108 @@ class ModelRuntime:
         for index, item in enumerate(batch.items):
             error = msg.item_errors.get(index)
             if error is not None:
-                self._fail(item, ModelError(error[1]), outcome="model_error")
+                self._fail(item, ModelError(error[1]))
                 continue
             item.state = ItemState.DONE
-            queue_s = batch.sent_at - item.enqueued_at
-            settle(
-                item.reply,
-                ItemResult(
-                    msg.outputs[index], version, batch.batch_id, size, queue_s, msg.compute_s, item.attempts
-                ),
-            )
+            settle(item.reply, ItemResult(msg.outputs[index], version, batch.batch_id, size,
+                                          batch.sent_at - item.enqueued_at, msg.compute_s, item.attempts))
 
-    def _fail(self, item: QueuedItem, exc: ServingError, outcome: str) -> None:
+    def _fail(self, item: QueuedItem, exc: ServingError) -> None:
         item.state = ItemState.DONE
         settle(item.reply, exc=exc)
 
-    # ---- workers ------------------------------------------------------------------------------------
-    def add_worker(self, worker: WorkerConnection) -> None:
-        worker.state = WorkerState.READY
-        worker.last_progress = self.clock.now()
-        self.workers.append(worker)
-        log.info(
-            "worker %s (pid %d) of model %s v%d is ready",
-            worker.worker_id,
-            worker.pid,
-            self.name,
-            worker.version,
-        )
-        self._wake.set()
-
+    # ---- recover -------------------------------------------------------------------------------------
     def on_worker_lost(self, worker: WorkerConnection, reason: str) -> None:
-        """The connection broke or the process exited: its batches are retried or failed, once."""
+        """The connection broke or the process exited: the batch it was running is recovered (retry,
+        isolate or fail), a batch staged behind it goes back to the head of the queue untouched."""
         if worker in self.workers:
             self.workers.remove(worker)
         was = worker.state
         worker.close()
         batches = list(worker.inflight.values())
         worker.inflight.clear()
+        kind = FailureKind.HANG if worker.failure else FailureKind.CRASH
+        detail = f"worker {worker.worker_id} {worker.failure or reason}"
         if was is not WorkerState.DEAD:
-            log.warning(
-                "worker %s (pid %d) of model %s lost (%s); %d batch(es) in flight",
-                worker.worker_id,
-                worker.pid,
-                self.name,
-                reason,
-                len(batches),
-            )
-        retry: list[QueuedItem] = []
-        for batch in batches:
-            for item in batch.items:
-                if item.reply.done():
-                    continue
-                if self.config.idempotent and item.attempts < self.max_attempts and not self._stopping:
-                    retry.append(item)
-                else:
-                    why = (
-                        "the model is not idempotent, so it is not retried"
-                        if not self.config.idempotent
-                        else f"after {item.attempts} attempts"
-                    )
-                    self._fail(
-                        item,
-                        WorkerDied(
-                            f"worker {worker.worker_id} of model '{self.name}' died running this request's batch "
-                            f"({reason}); {why}"
-                        ),
-                        outcome="worker_died",
-                    )
-        if retry:
-            self.queue.push_front(retry)
-            self.metrics.retried_items(len(retry))
+            log.warning("worker %s (pid %d) of model %s lost: %s; %d batch(es) in flight", worker.worker_id,
+                        worker.pid, self.name, worker.failure or reason, len(batches))
+        if not batches:
+            self._wake.set()
+            return
+        running, staged = batches[0], batches[1:]
+        if self._stopping:
+            for batch in batches:
+                for item in batch.items:
+                    self._fail(item, WorkerUnavailable(f"model '{self.name}' is shutting down"))
+            return
+        self.metrics.batch_failed(kind.value)
+        staged_items = [i for b in staged for i in b.items if not i.reply.done()]
+        for item in staged_items:
+            item.attempts -= 1  # sent, never run
+        self.queue.push_front(staged_items)
+        pending = [i for i in running.items if not i.reply.done()]
+        self._apply(self.recovery.on_failure(pending, kind, detail))
         self._wake.set()
+
+    def _apply(self, plan: RecoveryPlan) -> None:
+        if plan.retry:
+            self.queue.push_front(plan.retry)
+            self.metrics.retried_items(len(plan.retry))
+        for group in reversed(plan.isolate):
+            for item in group:
+                item.state = ItemState.HELD
+            self.isolation.appendleft(group)
+        if plan.isolate:
+            self.metrics.isolation_batches(len(plan.isolate))
+        if plan.budget_exhausted:
+            self.metrics.budget_exhausted()
+        for item, exc in plan.fail:
+            self._fail(item, exc)
+
+    async def watchdog(self) -> None:
+        """Kill workers whose batch hangs or that went silent; the broken connection then recovers their
+        batches like any crash."""
+        while True:
+            await asyncio.sleep(WATCHDOG_INTERVAL_S)
+            self.check_workers()
+
+    def check_workers(self) -> None:
+        now = self.clock.now()
+        limit = self.batch_timeout_s()
+        for w in list(self.workers):
+            if w.failure:
+                continue
+            if w.inflight and now - w.running_since > limit:
+                w.failure = f"hung: a batch ran {now - w.running_since:.1f}s, over the {limit:.1f}s batch timeout"
+            elif now - w.last_heartbeat > self.heartbeat_timeout_s:
+                w.failure = f"went silent: no heartbeat for {now - w.last_heartbeat:.1f}s"
+            else:
+                continue
+            log.warning("killing worker %s (pid %d) of model %s: %s", w.worker_id, w.pid, self.name, w.failure)
+            self.kill_worker(w)
+
+    def batch_timeout_s(self) -> float:
+        if self.config.batch_timeout_s is not None:
+            return self.config.batch_timeout_s
+        latency = self.estimator.batch_latency_s
+        return 30.0 if latency is None else max(1.0, 10.0 * latency)
+
+    # ---- workers ------------------------------------------------------------------------------------
+    def add_worker(self, worker: WorkerConnection) -> None:
+        worker.state = WorkerState.READY
+        worker.last_progress = worker.last_heartbeat = self.clock.now()
+        self.workers.append(worker)
+        log.info("worker %s (pid %d) of model %s v%d is ready", worker.worker_id, worker.pid, self.name,
+                 worker.version)
+        self._wake.set()
+
+    def drain_worker(self, worker: WorkerConnection) -> None:
+        """No new batches; the worker finishes what it holds, then exits (and is replaced)."""
+        if worker.state is WorkerState.READY:
+            worker.state = WorkerState.DRAINING
+            worker.send(p.Drain())
+            log.info("draining worker %s (pid %d) of model %s", worker.worker_id, worker.pid, self.name)
+            self._wake.set()
 
     # ---- stats ---------------------------------------------------------------------------------------
     def busy_ratio(self) -> float:
@@ -307,7 +336,10 @@ class ModelRuntime:
 
     def fail_all_queued(self, exc: ServingError) -> None:
         for item in self.queue.drain_all():
-            self._fail(item, exc, outcome="unavailable")
+            self._fail(item, exc)
+        while self.isolation:
+            for item in self.isolation.popleft():
+                self._fail(item, exc)
 
     def stop_accepting(self) -> None:
         self._stopping = True

@@ -15,6 +15,8 @@ from typing import Any
 
 class ItemState(enum.Enum):
     QUEUED = "queued"
+    HELD = "held"
+    """Outside the queue, waiting to run in an isolation batch of its own."""
     RUNNING = "running"
     DONE = "done"
     WITHDRAWN = "withdrawn"
@@ -36,6 +38,11 @@ class QueuedItem:
     reply: Any = None
     """Whatever the driver uses to answer the caller (an asyncio.Future in the runtime)."""
     attempts: int = 0
+    """Runs started on a worker."""
+    crashes: int = 0
+    """Runs that ended with the worker crashing or hanging."""
+    isolation_round: int = 0
+    """How many times this item's batch was halved to find a failing input."""
     state: ItemState = ItemState.QUEUED
     first_enqueued_at: float = field(default=0.0)
 

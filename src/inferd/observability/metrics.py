@@ -97,6 +97,12 @@ class Metrics:
             ["model"],
             registry=r,
         )
+        self.batch_failures = Counter("inferd_batch_failures_total", "Batches lost to a worker failure, by cause "
+                                      "(crash, hang).", ["model", "cause"], registry=r)
+        self.isolation = Counter("inferd_isolation_batches_total", "Batches run to isolate a failing input.",
+                                 ["model"], registry=r)
+        self.budget_exhausted = Counter("inferd_retry_budget_exhausted_total", "Retries refused because the "
+                                        "retry budget was spent.", ["model"], registry=r)
         self.worker_restarts = Counter(
             "inferd_worker_restarts_total", "Worker processes restarted.", ["model"], registry=r
         )
@@ -159,6 +165,15 @@ class ModelMetrics:
 
     def retried_items(self, n: int) -> None:
         self._retried.inc(n)
+
+    def batch_failed(self, cause: str) -> None:
+        self._m.batch_failures.labels(self.model, cause).inc()
+
+    def isolation_batches(self, n: int) -> None:
+        self._m.isolation.labels(self.model).inc(n)
+
+    def budget_exhausted(self) -> None:
+        self._m.budget_exhausted.labels(self.model).inc()
 
     def worker_restarted(self) -> None:
         self._m.worker_restarts.labels(self.model).inc()

@@ -51,6 +51,10 @@ class WorkerConnection:
     last_dispatch: float = 0.0
     completed_batches: int = 0
     busy_s: float = 0.0
+    running_since: float = 0.0
+    """When the batch now on the device started (sent to an idle worker, or the previous one finished)."""
+    failure: str = ""
+    """Why the front end is killing this worker ('hang', 'no heartbeat'); empty while healthy."""
     inflight: dict[int, Batch] = field(default_factory=dict)
 
     @property
@@ -62,6 +66,8 @@ class WorkerConnection:
         return self.state is WorkerState.READY and 0 < len(self.inflight) < MAX_INFLIGHT
 
     def send_batch(self, batch: Batch) -> None:
+        if not self.inflight:
+            self.running_since = batch.sent_at
         self.inflight[batch.batch_id] = batch
         self.last_dispatch = batch.sent_at
         self.writer.write(p.encode_frame(p.RunBatch(batch.batch_id, [i.payload for i in batch.items])))

@@ -134,3 +134,5 @@ class WorkerHub:
                 runtime.on_batch_done(conn, msg)
             elif isinstance(msg, p.Heartbeat):
                 conn.last_heartbeat = self.clock.now()
+            elif isinstance(msg, p.LoadFailed):
+                raise p.ConnectionClosed(f"worker failed: {msg.message}")

@@ -136,7 +136,7 @@ class Worker:
             converted, errors = convert_outputs(self.config, outputs, len(batch.items))
         except OutputError as exc:
             return p.BatchDone(
-                batch.batch_id, time.perf_counter() - start, batch_error=("ModelError", str(exc))
+                batch.batch_id, time.perf_counter() - start, batch_error=("ModelOutputError", str(exc))
             )
         except Exception as exc:  # the model raised: its callers get a ModelError naming it
             message = f"model '{self.config.name}' raised {type(exc).__name__}: {exc}"
