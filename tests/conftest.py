@@ -51,6 +51,11 @@ class ServerProc:
     proc: subprocess.Popen[bytes]
     port: int
     log_path: Path
+    admin_port: int = 0
+
+    @property
+    def admin_url(self) -> str:
+        return f"http://127.0.0.1:{self.admin_port}"
 
     @property
     def url(self) -> str:
@@ -82,17 +87,29 @@ class ServerProc:
         return self.proc.returncode
 
 
-def start_server(tmp_path: Path, *args: str, ready_timeout_s: float = 60.0) -> ServerProc:
-    port = free_port()
+def start_server(
+    tmp_path: Path, *args: str, ready_timeout_s: float = 60.0, ready_path: str = "/v2/health/ready"
+) -> ServerProc:
+    port, admin_port = free_port(), free_port()
     log_path = tmp_path / f"server-{port}.log"
     log_file = open(log_path, "wb")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "inferd.cli.main", "serve", "--port", str(port), *args],
+        [
+            sys.executable,
+            "-m",
+            "inferd.cli.main",
+            "serve",
+            "--port",
+            str(port),
+            "--admin-port",
+            str(admin_port),
+            *args,
+        ],
         stdout=log_file,
         stderr=subprocess.STDOUT,
         cwd=ROOT,
     )
-    server = ServerProc(proc, port, log_path)
+    server = ServerProc(proc, port, log_path, admin_port)
     deadline = time.monotonic() + ready_timeout_s
     import urllib.request
 
@@ -100,7 +117,7 @@ def start_server(tmp_path: Path, *args: str, ready_timeout_s: float = 60.0) -> S
         if proc.poll() is not None:
             raise AssertionError(f"server exited with {proc.returncode}:\n{server.log()}")
         try:
-            with urllib.request.urlopen(f"{server.url}/v2/health/ready", timeout=1) as r:
+            with urllib.request.urlopen(f"{server.url}{ready_path}", timeout=1) as r:
                 if r.status == 200:
                     return server
         except OSError:

@@ -2,11 +2,21 @@
 
 from __future__ import annotations
 
+import os
 import tomllib
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 Datatype = Literal[
     "BOOL",
@@ -152,6 +162,8 @@ class ServerConfig(_Frozen):
     """Retries per second always allowed, whatever the request rate."""
     heartbeat_timeout_s: float = Field(default=5.0, gt=0.0, le=600.0)
     """A worker silent for this long (no heartbeat, no result) is killed and replaced."""
+    admin_token: SecretStr | None = None
+    """Bearer token of the admin API; taken from the environment (INFERD_ADMIN_TOKEN), never from files."""
     admin_host: str = "127.0.0.1"
     """Address of the admin API (worker list, drain, restart)."""
     admin_port: int | None = Field(default=8001, ge=0, le=65535)
@@ -162,8 +174,11 @@ class ServerConfig(_Frozen):
     """Per-model setting overrides, from [models.NAME] tables of the config file."""
 
 
-def load_server_config(path: Path | None, overrides: dict[str, Any]) -> ServerConfig:
-    """Read the TOML file (if any), apply CLI overrides (None values are ignored), validate."""
+def load_server_config(
+    path: Path | None, overrides: dict[str, Any], environ: Mapping[str, str] | None = None
+) -> ServerConfig:
+    """Read the TOML file (if any), apply CLI overrides (None values are ignored), take secrets from the
+    environment, validate."""
     data: dict[str, Any] = {}
     if path is not None:
         try:
@@ -182,6 +197,13 @@ def load_server_config(path: Path | None, overrides: dict[str, Any]) -> ServerCo
         data.update(raw.get("server", {}))
         data["model_overrides"] = raw.get("models", {})
     data.update({k: v for k, v in overrides.items() if v is not None})
+    env = os.environ if environ is None else environ
+    if "admin_token" in data:
+        raise ConfigError(
+            "admin_token must not be in a config file: set INFERD_ADMIN_TOKEN in the environment"
+        )
+    if env.get("INFERD_ADMIN_TOKEN"):
+        data["admin_token"] = env["INFERD_ADMIN_TOKEN"]
     try:
         return ServerConfig(**data)
     except ValidationError as exc:

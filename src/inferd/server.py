@@ -13,6 +13,7 @@ import tempfile
 import time
 from collections.abc import AsyncIterator
 
+from inferd.api.admin import AdminApi
 from inferd.batching.dispatcher import ModelRuntime
 from inferd.batching.retry import RetryBudget
 from inferd.clock import Clock, MonotonicClock
@@ -42,8 +43,14 @@ class InferenceServer:
         self.runtimes: dict[str, ModelRuntime] = {}
         self.retry_budget = RetryBudget(self.clock, config.retry_budget_ratio, config.retry_budget_min_per_s)
         for m in models:
-            rt = ModelRuntime(m, self.clock, self.metrics.for_model(m.name), self.retry_budget, self.kill_worker,
-                              heartbeat_timeout_s=config.heartbeat_timeout_s)
+            rt = ModelRuntime(
+                m,
+                self.clock,
+                self.metrics.for_model(m.name),
+                self.retry_budget,
+                self.kill_worker,
+                heartbeat_timeout_s=config.heartbeat_timeout_s,
+            )
             self.runtimes[m.name] = rt
             self.metrics.track(rt)
         self._token = secrets.token_hex(16)
@@ -60,6 +67,9 @@ class InferenceServer:
             for m in models:
                 self.supervisor.add(m.name, m.workers or config.workers)
         self.shutting_down = False
+        token = config.admin_token.get_secret_value() if config.admin_token else None
+        self.admin = AdminApi(self, token)
+        self.admin_port: int | None = None
 
     @property
     def ready(self) -> bool:
@@ -77,12 +87,17 @@ class InferenceServer:
     async def running(self) -> AsyncIterator[None]:
         """Start listening for workers, the dispatch loops and the local workers; stop them on exit."""
         await self.hub.listen_unix(self.worker_address[len("unix:") :])
+        if self.config.admin_port is not None:
+            self.admin_port = await self.admin.start(self.config.admin_host, self.config.admin_port)
         log.info("serving models %s; workers connect at %s", sorted(self.runtimes), self.worker_address)
         try:
             async with asyncio.TaskGroup() as tg:
                 loops = [
                     tg.create_task(self._dispatch(rt), name=f"dispatch-{rt.name}")
                     for rt in self.runtimes.values()
+                ]
+                loops += [
+                    tg.create_task(rt.watchdog(), name=f"watchdog-{rt.name}") for rt in self.runtimes.values()
                 ]
                 supervisor = tg.create_task(self.supervisor.run(), name="supervisor")
                 try:
@@ -126,5 +141,6 @@ class InferenceServer:
         for task in loops:
             task.cancel()
         await self.hub.close()
+        await self.admin.stop()
         supervisor.cancel()
         log.info("stopped")

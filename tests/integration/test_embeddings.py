@@ -54,7 +54,9 @@ def test_concurrent_embedding_callers_are_batched_and_correct(server: ServerProc
 
     def one(i: int) -> tuple[int, list[float]]:
         text = texts[i % len(texts)]
-        return i, client.embeddings.create(model="minilm", input=text, encoding_format="float").data[0].embedding
+        return i, client.embeddings.create(model="minilm", input=text, encoding_format="float").data[
+            0
+        ].embedding
 
     with ThreadPoolExecutor(16) as pool:
         results = list(pool.map(one, range(48)))
@@ -66,8 +68,12 @@ def test_concurrent_embedding_callers_are_batched_and_correct(server: ServerProc
 def test_tritonclient_bytes_to_minilm(server: ServerProc) -> None:
     client = triton.InferenceServerClient(server.url.removeprefix("http://"))
     inp = triton.InferInput("TEXT", [2], "BYTES")
-    inp.set_data_from_numpy(np.array([REFERENCE[0]["text"].encode(), REFERENCE[1]["text"].encode()], dtype=object))
-    result = client.infer("minilm", [inp], outputs=[triton.InferRequestedOutput("EMBEDDING", binary_data=True)])
+    inp.set_data_from_numpy(
+        np.array([REFERENCE[0]["text"].encode(), REFERENCE[1]["text"].encode()], dtype=object)
+    )
+    result = client.infer(
+        "minilm", [inp], outputs=[triton.InferRequestedOutput("EMBEDDING", binary_data=True)]
+    )
     emb = result.as_numpy("EMBEDDING")
     assert emb.shape == (2, 384)
     assert cosine(emb[1], np.asarray(REFERENCE[1]["embedding"])) >= 0.999

@@ -13,7 +13,9 @@ from tests.conftest import ROOT, alive, start_server
 
 
 async def test_sigterm_drains_in_flight_requests_and_leaves_no_orphans(tmp_path: Path) -> None:
-    server = start_server(tmp_path, "--model-repo", str(ROOT / "tests" / "data" / "faulty_repo"), "--model", "sim")
+    server = start_server(
+        tmp_path, "--model-repo", str(ROOT / "tests" / "data" / "faulty_repo"), "--model", "sim"
+    )
     workers = server.worker_pids()
     assert workers, "the server should have started a worker process"
     url = f"{server.url}/v2/models/sim/infer"

@@ -62,8 +62,15 @@ def settle(fut: asyncio.Future[Any], result: Any = None, exc: BaseException | No
 class ModelRuntime:
     """Everything one model needs on the front end: queue, policy, workers and the dispatch loop."""
 
-    def __init__(self, config: ModelConfig, clock: Clock, metrics: ModelMetrics, budget: RetryBudget,
-                 kill_worker: KillWorker, heartbeat_timeout_s: float = 5.0) -> None:
+    def __init__(
+        self,
+        config: ModelConfig,
+        clock: Clock,
+        metrics: ModelMetrics,
+        budget: RetryBudget,
+        kill_worker: KillWorker,
+        heartbeat_timeout_s: float = 5.0,
+    ) -> None:
         self.config = config
         self.name = config.name
         self.clock = clock
@@ -108,15 +115,31 @@ class ModelRuntime:
         if self.ready_workers == 0:
             raise WorkerUnavailable(f"model '{self.name}' has no ready worker; retry shortly")
         if self.queue.free() <= 0:
-            check_admission(self.name, len(self.queue), self.queue.max_size, 1, self.clock.now(), None,
-                            self.estimator, self.ready_workers)
+            check_admission(
+                self.name,
+                len(self.queue),
+                self.queue.max_size,
+                1,
+                self.clock.now(),
+                None,
+                self.estimator,
+                self.ready_workers,
+            )
 
     def enqueue(self, payloads: Sequence[Any], deadline: float | None) -> list[QueuedItem]:
         """Admit and queue one request's items. Raises Overloaded or WorkerUnavailable."""
         self.precheck()
         now = self.clock.now()
-        check_admission(self.name, len(self.queue), self.queue.max_size, len(payloads), now, deadline,
-                        self.estimator, self.ready_workers)
+        check_admission(
+            self.name,
+            len(self.queue),
+            self.queue.max_size,
+            len(payloads),
+            now,
+            deadline,
+            self.estimator,
+            self.ready_workers,
+        )
         loop = asyncio.get_running_loop()
         items = [QueuedItem(payload, now, deadline, loop.create_future()) for payload in payloads]
         for item in items:
@@ -138,9 +161,13 @@ class ModelRuntime:
             if item.reply.done():
                 continue
             where = "in the queue" if self.queue.withdraw(item) else "while its batch ran"
-            self._fail(item, DeadlineExceeded(
-                f"request to model '{self.name}' missed its deadline after "
-                f"{1000 * (now - item.first_enqueued_at):.0f} ms {where}"))
+            self._fail(
+                item,
+                DeadlineExceeded(
+                    f"request to model '{self.name}' missed its deadline after "
+                    f"{1000 * (now - item.first_enqueued_at):.0f} ms {where}"
+                ),
+            )
 
     # ---- schedule / run ------------------------------------------------------------------------------
     async def run(self) -> None:
@@ -152,7 +179,9 @@ class ModelRuntime:
                 self._dispatch_isolated(min(idle, key=_lru), now)
                 continue
             staging = [w for w in self.workers if w.stage_free]
-            decision = self.policy.decide(now, len(self.queue), self.queue.oldest_at(), len(idle), len(staging))
+            decision = self.policy.decide(
+                now, len(self.queue), self.queue.oldest_at(), len(idle), len(staging)
+            )
             if decision.size:
                 worker = min(idle, key=_lru) if decision.idle else min(staging, key=_lru)
                 items, expired = self.queue.cut(decision.size, now)
@@ -176,9 +205,13 @@ class ModelRuntime:
 
     def _expire_cut(self, expired: list[QueuedItem], now: float) -> None:
         for item in expired:
-            self._fail(item, DeadlineExceeded(
-                f"request to model '{self.name}' expired after {1000 * (now - item.first_enqueued_at):.0f} ms "
-                "before a batch slot was free"))
+            self._fail(
+                item,
+                DeadlineExceeded(
+                    f"request to model '{self.name}' expired after {1000 * (now - item.first_enqueued_at):.0f} ms "
+                    "before a batch slot was free"
+                ),
+            )
 
     def _send(self, worker: WorkerConnection, items: list[QueuedItem], now: float) -> None:
         if not items:
@@ -188,7 +221,9 @@ class ModelRuntime:
             item.state = ItemState.RUNNING
         batch = Batch(next(_batch_ids), items, now, worker)
         worker.send_batch(batch)
-        self.metrics.observe_batch_cut(len(items), self.config.max_batch_size, [now - i.enqueued_at for i in items])
+        self.metrics.observe_batch_cut(
+            len(items), self.config.max_batch_size, [now - i.enqueued_at for i in items]
+        )
 
     # ---- deliver -----------------------------------------------------------------------------------
     def on_batch_done(self, worker: WorkerConnection, msg: p.BatchDone) -> None:
@@ -223,8 +258,18 @@ class ModelRuntime:
                 self._fail(item, ModelError(error[1]))
                 continue
             item.state = ItemState.DONE
-            settle(item.reply, ItemResult(msg.outputs[index], version, batch.batch_id, size,
-                                          batch.sent_at - item.enqueued_at, msg.compute_s, item.attempts))
+            settle(
+                item.reply,
+                ItemResult(
+                    msg.outputs[index],
+                    version,
+                    batch.batch_id,
+                    size,
+                    batch.sent_at - item.enqueued_at,
+                    msg.compute_s,
+                    item.attempts,
+                ),
+            )
 
     def _fail(self, item: QueuedItem, exc: ServingError) -> None:
         item.state = ItemState.DONE
@@ -243,8 +288,14 @@ class ModelRuntime:
         kind = FailureKind.HANG if worker.failure else FailureKind.CRASH
         detail = f"worker {worker.worker_id} {worker.failure or reason}"
         if was is not WorkerState.DEAD:
-            log.warning("worker %s (pid %d) of model %s lost: %s; %d batch(es) in flight", worker.worker_id,
-                        worker.pid, self.name, worker.failure or reason, len(batches))
+            log.warning(
+                "worker %s (pid %d) of model %s lost: %s; %d batch(es) in flight",
+                worker.worker_id,
+                worker.pid,
+                self.name,
+                worker.failure or reason,
+                len(batches),
+            )
         if not batches:
             self._wake.set()
             return
@@ -292,12 +343,16 @@ class ModelRuntime:
             if w.failure:
                 continue
             if w.inflight and now - w.running_since > limit:
-                w.failure = f"hung: a batch ran {now - w.running_since:.1f}s, over the {limit:.1f}s batch timeout"
+                w.failure = (
+                    f"hung: a batch ran {now - w.running_since:.1f}s, over the {limit:.1f}s batch timeout"
+                )
             elif now - w.last_heartbeat > self.heartbeat_timeout_s:
                 w.failure = f"went silent: no heartbeat for {now - w.last_heartbeat:.1f}s"
             else:
                 continue
-            log.warning("killing worker %s (pid %d) of model %s: %s", w.worker_id, w.pid, self.name, w.failure)
+            log.warning(
+                "killing worker %s (pid %d) of model %s: %s", w.worker_id, w.pid, self.name, w.failure
+            )
             self.kill_worker(w)
 
     def batch_timeout_s(self) -> float:
@@ -311,8 +366,13 @@ class ModelRuntime:
         worker.state = WorkerState.READY
         worker.last_progress = worker.last_heartbeat = self.clock.now()
         self.workers.append(worker)
-        log.info("worker %s (pid %d) of model %s v%d is ready", worker.worker_id, worker.pid, self.name,
-                 worker.version)
+        log.info(
+            "worker %s (pid %d) of model %s v%d is ready",
+            worker.worker_id,
+            worker.pid,
+            self.name,
+            worker.version,
+        )
         self._wake.set()
 
     def drain_worker(self, worker: WorkerConnection) -> None:

@@ -55,8 +55,10 @@ class RecoveryPolicy:
         for item in items:
             item.crashes += 1
         if not self.idempotent:
-            err = f"the worker running this request's batch failed ({detail}); model '{self.model}' is not " \
-                  "idempotent, so it is not retried"
+            err = (
+                f"the worker running this request's batch failed ({detail}); model '{self.model}' is not "
+                "idempotent, so it is not retried"
+            )
             plan.fail = [(item, WorkerDied(err)) for item in items]
             return plan
         if len(items) > 1:
@@ -64,19 +66,37 @@ class RecoveryPolicy:
             return plan
         (item,) = items
         if item.crashes >= 2 and item.isolation_round > 0:
-            plan.fail.append((item, ModelError(
-                f"this input crashed model '{self.model}' {item.crashes} times, the last time alone in its "
-                f"batch ({detail}); it was isolated as the cause and is not retried")))
+            plan.fail.append(
+                (
+                    item,
+                    ModelError(
+                        f"this input crashed model '{self.model}' {item.crashes} times, the last time alone in its "
+                        f"batch ({detail}); it was isolated as the cause and is not retried"
+                    ),
+                )
+            )
         elif item.attempts >= self.max_attempts:
-            plan.fail.append((item, WorkerDied(
-                f"the worker failed while running this request ({detail}); gave up after {item.attempts} "
-                "attempts")))
+            plan.fail.append(
+                (
+                    item,
+                    WorkerDied(
+                        f"the worker failed while running this request ({detail}); gave up after {item.attempts} "
+                        "attempts"
+                    ),
+                )
+            )
         elif self.budget.try_spend(1):
             plan.retry.append(item)
         else:
             plan.budget_exhausted = True
-            plan.fail.append((item, WorkerDied(
-                f"the worker failed while running this request ({detail}); the retry budget is exhausted")))
+            plan.fail.append(
+                (
+                    item,
+                    WorkerDied(
+                        f"the worker failed while running this request ({detail}); the retry budget is exhausted"
+                    ),
+                )
+            )
         return plan
 
     def _model_error(self, items: list[QueuedItem], detail: str, plan: RecoveryPlan) -> RecoveryPlan:

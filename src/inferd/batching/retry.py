@@ -22,7 +22,9 @@ class BudgetStatistics:
 
 
 class RetryBudget:
-    def __init__(self, clock: Clock, ratio: float = 0.2, min_per_s: float = 10.0, window_s: float = 10.0) -> None:
+    def __init__(
+        self, clock: Clock, ratio: float = 0.2, min_per_s: float = 10.0, window_s: float = 10.0
+    ) -> None:
         if not 0.0 <= ratio <= 1.0:
             raise ValueError(f"retry ratio must be within [0, 1], got {ratio}")
         if min_per_s < 0 or window_s <= 0:

@@ -53,6 +53,17 @@ def serve(
         ),
     ] = None,
     model: Annotated[list[str] | None, typer.Option(help="Serve only this model (repeatable).")] = None,
+    admin_port: Annotated[
+        int | None,
+        typer.Option(
+            help="Port of the admin API (worker list, drain, restart) [default: 8001]. "
+            "Set INFERD_ADMIN_TOKEN to require a bearer token."
+        ),
+    ] = None,
+    admin_host: Annotated[
+        str | None, typer.Option(help="Address of the admin API [default: 127.0.0.1].")
+    ] = None,
+    no_admin: Annotated[bool, typer.Option("--no-admin", help="Do not serve the admin API.")] = False,
     access_log: Annotated[
         bool | None,
         typer.Option(
@@ -75,8 +86,12 @@ def serve(
                 "models": tuple(model) if model else None,
                 "access_log": access_log,
                 "log_level": log_level,
+                "admin_port": admin_port,
+                "admin_host": admin_host,
             },
         )
+        if no_admin:
+            cfg = cfg.model_copy(update={"admin_port": None})
         models = resolve_models(cfg)
     except ConfigError as exc:
         typer.echo(f"error: {exc}", err=True)

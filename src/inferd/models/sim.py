@@ -8,12 +8,14 @@ so any client can check it got its own answer:
 
 INPUT0 is one BYTES scalar per item (a JSON string, or raw bytes with the binary extension).
 Failure injection (for tests and benchmarks): an input that starts with ``params.fail_prefix``
-(default ``"!fail"``) makes the model raise for the whole batch.
+(default ``"!fail"``) makes the model raise for the whole batch; one that starts with
+``params.crash_prefix`` (default ``"!crash"``) kills the worker process mid-batch, as a segfault would.
 """
 
 from __future__ import annotations
 
 import hashlib
+import os
 import random
 import time
 from typing import Any
@@ -60,6 +62,7 @@ class SimModel(Model):
         self.per_item_s = float(p.get("per_item_ms", 0.1)) / 1000.0
         self.jitter = float(p.get("jitter_ratio", 0.0))
         self.fail_prefix = str(p.get("fail_prefix", "!fail")).encode()
+        self.crash_prefix = str(p.get("crash_prefix", "!crash")).encode()
         self.rng = random.Random(int(p.get("seed", 0)))
         self.prefix = f"{self.config.name}:{self.config.version}:".encode()
         time.sleep(float(p.get("load_ms", 0.0)) / 1000.0)
@@ -75,6 +78,9 @@ class SimModel(Model):
         for item in inputs:
             if item.startswith(self.fail_prefix):
                 raise ValueError(f"simulated failure on input {item[:40]!r}")
+            if item.startswith(self.crash_prefix):
+                time.sleep(self.base_s / 2)
+                os._exit(70)  # a crash, not an exception: nothing is sent back
         out = [hashlib.sha256(self.prefix + item).hexdigest()[:32] for item in inputs]
         remaining = self.cost_s(len(inputs)) - (time.perf_counter() - start)
         if remaining > 0:

@@ -97,12 +97,21 @@ class Metrics:
             ["model"],
             registry=r,
         )
-        self.batch_failures = Counter("inferd_batch_failures_total", "Batches lost to a worker failure, by cause "
-                                      "(crash, hang).", ["model", "cause"], registry=r)
-        self.isolation = Counter("inferd_isolation_batches_total", "Batches run to isolate a failing input.",
-                                 ["model"], registry=r)
-        self.budget_exhausted = Counter("inferd_retry_budget_exhausted_total", "Retries refused because the "
-                                        "retry budget was spent.", ["model"], registry=r)
+        self.batch_failures = Counter(
+            "inferd_batch_failures_total",
+            "Batches lost to a worker failure, by cause (crash, hang).",
+            ["model", "cause"],
+            registry=r,
+        )
+        self.isolation = Counter(
+            "inferd_isolation_batches_total", "Batches run to isolate a failing input.", ["model"], registry=r
+        )
+        self.budget_exhausted = Counter(
+            "inferd_retry_budget_exhausted_total",
+            "Retries refused because the retry budget was spent.",
+            ["model"],
+            registry=r,
+        )
         self.worker_restarts = Counter(
             "inferd_worker_restarts_total", "Worker processes restarted.", ["model"], registry=r
         )

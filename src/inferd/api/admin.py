@@ -1,0 +1,131 @@
+"""The admin API, on its own port (default 127.0.0.1:8001): list workers, drain or restart one.
+
+Protected by a bearer token when INFERD_ADMIN_TOKEN is set. Served by aiohttp's web server, which runs
+inside the front end's event loop without taking over its signal handling.
+"""
+
+from __future__ import annotations
+
+import hmac
+import logging
+import time
+from typing import TYPE_CHECKING, Any
+
+from aiohttp import web
+
+from inferd.errors import NotFound
+
+if TYPE_CHECKING:
+    from inferd.server import InferenceServer
+
+log = logging.getLogger("inferd.admin")
+
+
+class AdminApi:
+    def __init__(self, server: InferenceServer, token: str | None) -> None:
+        self.server = server
+        self.token = token
+        self._runner: web.AppRunner | None = None
+
+    def app(self) -> web.Application:
+        app = web.Application(middlewares=[self._auth])
+        app.add_routes(
+            [
+                web.get("/admin/workers", self.workers),
+                web.get("/admin/models", self.models),
+                web.post("/admin/workers/{worker_id}/drain", self.drain),
+                web.post("/admin/workers/{worker_id}/restart", self.restart),
+            ]
+        )
+        return app
+
+    async def start(self, host: str, port: int) -> int:
+        self._runner = web.AppRunner(self.app(), access_log=None, handle_signals=False)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, host, port)
+        await site.start()
+        bound = self._runner.addresses[0][1]
+        log.info("admin API on http://%s:%d%s", host, bound, " (token required)" if self.token else "")
+        return bound
+
+    async def stop(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+
+    @web.middleware
+    async def _auth(self, request: web.Request, handler: Any) -> web.StreamResponse:
+        if self.token:
+            given = request.headers.get("Authorization", "").removeprefix("Bearer ").strip()
+            if not hmac.compare_digest(given.encode(), self.token.encode()):
+                return web.json_response(
+                    {"error": "missing or wrong admin token (Authorization: Bearer ...)"}, status=401
+                )
+        try:
+            return await handler(request)
+        except NotFound as exc:
+            return web.json_response({"error": exc.message}, status=404)
+
+    async def workers(self, request: web.Request) -> web.Response:
+        now = self.server.clock.now()
+        restarts = {slot.worker_id: slot.restarts for slot in self.server.supervisor.slots}
+        rows = []
+        for rt in self.server.runtimes.values():
+            for w in rt.workers:
+                rows.append(
+                    {
+                        "worker_id": w.worker_id,
+                        "model": w.model,
+                        "version": w.version,
+                        "state": w.state.value,
+                        "pid": w.pid,
+                        "host": w.host,
+                        "inflight_batches": len(w.inflight),
+                        "completed_batches": w.completed_batches,
+                        "restarts": restarts.get(w.worker_id.rsplit(".", 1)[0], 0),
+                        "last_progress_s_ago": round(now - w.last_progress, 3),
+                        "last_heartbeat_s_ago": round(now - w.last_heartbeat, 3),
+                        "busy_s": round(w.busy_s, 3),
+                    }
+                )
+        return web.json_response({"workers": rows, "time": time.time()})
+
+    async def models(self, request: web.Request) -> web.Response:
+        budget = self.server.retry_budget.statistics()
+        out = {
+            name: {
+                "ready": rt.ready,
+                "stalled": rt.stalled(),
+                "ready_workers": rt.ready_workers,
+                "queued": len(rt.queue),
+                "isolation_batches": len(rt.isolation),
+                "batch_timeout_s": rt.batch_timeout_s(),
+                "busy_ratio": round(rt.busy_ratio(), 3),
+            }
+            for name, rt in self.server.runtimes.items()
+        }
+        return web.json_response(
+            {
+                "models": out,
+                "retry_budget": {
+                    "balance": round(budget.balance, 1),
+                    "requests_in_window": budget.requests_in_window,
+                    "retries_in_window": budget.retries_in_window,
+                    "exhausted_total": budget.exhausted_total,
+                },
+            }
+        )
+
+    async def drain(self, request: web.Request) -> web.Response:
+        rt, worker = self.server.find_worker(request.match_info["worker_id"])
+        rt.drain_worker(worker)
+        return web.json_response({"worker_id": worker.worker_id, "state": worker.state.value})
+
+    async def restart(self, request: web.Request) -> web.Response:
+        """Graceful by default (drain, exit, replaced by the supervisor); ?force=true kills it now."""
+        rt, worker = self.server.find_worker(request.match_info["worker_id"])
+        if request.query.get("force", "").lower() in ("1", "true", "yes"):
+            worker.failure = "restarted by an operator"
+            self.server.kill_worker(worker)
+        else:
+            rt.drain_worker(worker)
+        return web.json_response({"worker_id": worker.worker_id, "state": worker.state.value})
