@@ -173,6 +173,18 @@ class ModelRuntime:
     async def run(self) -> None:
         """The dispatch loop. Runs until cancelled."""
         while True:
+            wake_at = self.dispatch_due()
+            self._wake.clear()
+            if wake_at is None:
+                await self._wake.wait()
+            else:
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(max(0.0, wake_at - self.clock.now())):
+                        await self._wake.wait()
+
+    def dispatch_due(self) -> float | None:
+        """Send every batch that is due now; return when to look again (None: at the next event)."""
+        while True:
             now = self.clock.now()
             idle = [w for w in self.workers if w.idle]
             if self.isolation and idle:
@@ -182,19 +194,12 @@ class ModelRuntime:
             decision = self.policy.decide(
                 now, len(self.queue), self.queue.oldest_at(), len(idle), len(staging)
             )
-            if decision.size:
-                worker = min(idle, key=_lru) if decision.idle else min(staging, key=_lru)
-                items, expired = self.queue.cut(decision.size, now)
-                self._expire_cut(expired, now)
-                self._send(worker, items, now)
-                continue
-            self._wake.clear()
-            if decision.wake_at is None:
-                await self._wake.wait()
-            else:
-                with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout(max(0.0, decision.wake_at - now)):
-                        await self._wake.wait()
+            if not decision.size:
+                return decision.wake_at
+            worker = min(idle, key=_lru) if decision.idle else min(staging, key=_lru)
+            items, expired = self.queue.cut(decision.size, now)
+            self._expire_cut(expired, now)
+            self._send(worker, items, now)
 
     def _dispatch_isolated(self, worker: WorkerConnection, now: float) -> None:
         group = self.isolation.popleft()

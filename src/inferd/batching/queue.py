@@ -76,6 +76,10 @@ class RequestQueue:
     def statistics(self) -> QueueStatistics:
         return QueueStatistics(self._live, len(self._items), self.max_size)
 
+    def live_items(self) -> list[QueuedItem]:
+        """The queued items, head first (a copy: for inspection, not for the hot path)."""
+        return [i for i in self._items if i.state is ItemState.QUEUED]
+
     def free(self) -> int:
         return self.max_size - self._live
 

@@ -333,7 +333,7 @@ class ChaosAgent:
 
     # --- report ---
 
-    def report(self, rel_offsets: np.ndarray, results: np.ndarray) -> ChaosReport:
+    def report(self, rel_offsets: np.ndarray, results: np.ndarray, duration_s: float) -> ChaosReport:
         """The chaos section: injections, recovery times, and latency after injections vs steady.
 
         rel_offsets: intended send times of the measured window's requests, in seconds from its start.
@@ -343,6 +343,7 @@ class ChaosAgent:
         after_mask = after_injection_mask(rel_offsets, at, self.spec.after_window_s)
         return ChaosReport(
             spec=self.spec.to_dict(),
+            planned=planned_injections(self.spec, duration_s),
             injections=[asdict(inj) for inj in self.injections],
             skipped=dict(sorted(self.skipped.items())),
             admin_errors=dict(sorted(self.admin_errors.items())),
@@ -381,7 +382,12 @@ def window_stats(results: np.ndarray) -> dict[str, Any]:
             "p99": h.get_value_at_percentile(99) / 1000.0,
             "max": h.get_max_value() / 1000.0,
         }
-    return {"sent": int(sent.size), "ok": int(ok.size), "failed": int(sent.size - ok.size), "latency_ms": latency}
+    return {
+        "sent": int(sent.size),
+        "ok": int(ok.size),
+        "failed": int(sent.size - ok.size),
+        "latency_ms": latency,
+    }
 
 
 def _summary(values_s: list[float | None]) -> dict[str, float | int | None]:

@@ -7,6 +7,7 @@ from typing import Annotated
 
 import typer
 
+from inferd.bench.chaos import ChaosSpec
 from inferd.bench.loadgen import LoadSpec, run_load_blocking
 from inferd.bench.report import render, to_json
 
@@ -19,6 +20,12 @@ class ArrivalChoice(StrEnum):
 class ClientChoice(StrEnum):
     raw = "raw"
     aiohttp = "aiohttp"
+
+
+class ChaosChoice(StrEnum):
+    none = "none"
+    kill = "kill"
+    stop = "stop"
 
 
 def bench(
@@ -73,6 +80,34 @@ def bench(
         float | None,
         typer.Option(help="Latency SLO in ms: also report goodput, ok answers within it per second."),
     ] = None,
+    chaos: Annotated[
+        ChaosChoice,
+        typer.Option(
+            help="Failure injection during the measured window: every --chaos-interval, send a random "
+            "ready local worker of MODEL (from the admin API) SIGKILL (kill) or SIGSTOP (stop; the "
+            "server's hang watchdog must replace it, and the tool SIGCONTs it at the end), and time "
+            "detection and replacement."
+        ),
+    ] = ChaosChoice.none,
+    chaos_interval: Annotated[float, typer.Option(help="Seconds between injections.")] = 3.0,
+    chaos_start: Annotated[
+        float | None,
+        typer.Option(help="First injection this many seconds into the measured window [default: interval]."),
+    ] = None,
+    admin_url: Annotated[
+        str, typer.Option(help="Base URL of the server's admin API (worker list).")
+    ] = "http://127.0.0.1:8001",
+    admin_token: Annotated[
+        str | None,
+        typer.Option(
+            envvar="INFERD_ADMIN_TOKEN",
+            show_envvar=True,
+            help="Admin API token, sent as 'Authorization: Bearer TOKEN'.",
+        ),
+    ] = None,
+    chaos_seed: Annotated[
+        int | None, typer.Option(help="Seed for the choice of victims [default: --seed].")
+    ] = None,
     json_output: Annotated[
         bool, typer.Option("--json", help="Print the report as JSON instead of a table.")
     ] = False,
@@ -82,7 +117,8 @@ def bench(
 ) -> None:
     """Offer open-loop load (latency from intended send time) and check every answer's id and digest.
 
-    Exits 1 when any answer was mismatched (another caller's id, an unknown id, or a wrong digest).
+    Exits 1 when any answer was misrouted (another caller's id or a wrong digest) or duplicated (an id
+    already answered).
     """
     try:
         spec = LoadSpec(
@@ -102,9 +138,17 @@ def bench(
             slo_ms=slo_ms,
             client=client.value,
         )
+        chaos_spec = ChaosSpec(
+            mode=chaos.value,
+            interval_s=chaos_interval,
+            start_s=chaos_start,
+            admin_url=admin_url,
+            admin_token=admin_token,
+            seed=seed if chaos_seed is None else chaos_seed,
+        )
     except ValueError as exc:
         raise typer.BadParameter(str(exc)) from exc
-    report = run_load_blocking(spec)
+    report = run_load_blocking(spec, chaos_spec)
     if json_output:
         typer.echo(to_json(report, include_histograms=histograms))
     else:

@@ -19,6 +19,7 @@ offer thousands of requests per second while sharing the machine with the server
 from __future__ import annotations
 
 import asyncio
+import bisect
 import hashlib
 import math
 import time
@@ -33,6 +34,7 @@ import httptools
 import msgspec
 import numpy as np
 
+from inferd.bench.chaos import ChaosAgent, ChaosSpec
 from inferd.bench.report import LoadReport, PhaseReport, Recorder
 
 Arrival = Literal["poisson", "constant"]
@@ -520,6 +522,8 @@ class _Run:
     """The loop's clock minus `now`, for deadlines given to the loop."""
     checker: AnswerChecker = field(default_factory=AnswerChecker)
     sent: int = 0
+    results: list[float] = field(default_factory=list)
+    """Per request number: latency (s) when ok, -1.0 when sent but not ok, NaN while unsent."""
 
     async def dispatch(self, offsets: list[float], tg: asyncio.TaskGroup) -> None:
         """Start each request at its intended time; never wait for answers before sending."""
@@ -540,6 +544,7 @@ class _Run:
         payload = payload_for(spec.seed, i, spec.payload_bytes)
         deadline = intended + spec.timeout_ms / 1000.0
         rec.send_lag(self.now() - intended)
+        self.results[i] = -1.0
         self.checker.outstanding.add(rid)
         try:
             async with asyncio.timeout_at(deadline + self.loop_skew):
@@ -559,6 +564,7 @@ class _Run:
             verdict = self.checker.check(rid, payload, raw)
             if verdict == "ok":
                 rec.ok(latency, headers)
+                self.results[i] = latency
             elif verdict == "bad_response":
                 rec.error(verdict)
             else:
@@ -567,8 +573,11 @@ class _Run:
             self.checker.outstanding.discard(rid)
 
 
-async def run_load(spec: LoadSpec) -> LoadReport:
-    """Offer `spec`'s load open-loop and return what happened in the measured window."""
+async def run_load(spec: LoadSpec, chaos: ChaosSpec | None = None) -> LoadReport:
+    """Offer `spec`'s load open-loop and return what happened in the measured window.
+
+    With an enabled `chaos`, a `ChaosAgent` signals workers of `spec.model` on the same loop during the
+    measured window; it is always cleaned up (every stopped pid resumed), whatever happens to the run."""
     offsets = arrival_offsets(spec)
     loop = asyncio.get_running_loop()
     warmup = Recorder(slo_ms=spec.slo_ms)
@@ -578,20 +587,33 @@ async def run_load(spec: LoadSpec) -> LoadReport:
     # and cached per loop iteration. Deadlines go to the loop's timers shifted by the (tiny) skew.
     now = time.monotonic
     client = make_client(spec, now)
+    agent = ChaosAgent(chaos, spec.model, now) if chaos is not None and chaos.enabled else None
     try:
         await client.start()
         t0 = now() + 0.01
         skew = loop.time() - now()
         run = _Run(spec, client, now, t0, warmup, measured, loop_skew=skew)
+        run.results = [math.nan] * len(offsets)
         hard_stop = t0 + spec.total_s + spec.timeout_ms / 1000.0 + spec.grace_s
+        if agent is not None:
+            agent.start(window_start=t0 + spec.warmup_s, window_end=t0 + spec.total_s)
         try:
             async with asyncio.timeout_at(hard_stop + skew), asyncio.TaskGroup() as tg:
                 await run.dispatch(offsets, tg)
         except TimeoutError:
             pass  # outstanding requests were cancelled and counted as timeouts
         elapsed = now() - t0
+        if agent is not None:
+            await agent.finish()
     finally:
+        if agent is not None:
+            await agent.close()
         await client.close()
+    chaos_report = None
+    if agent is not None:
+        first = bisect.bisect_left(offsets, spec.warmup_s)
+        rel = np.asarray(offsets[first:], dtype=float) - spec.warmup_s
+        chaos_report = agent.report(rel, np.asarray(run.results[first:], dtype=float), spec.duration_s)
     return LoadReport(
         spec=spec_dict(spec),
         scheduled=len(offsets),
@@ -600,6 +622,7 @@ async def run_load(spec: LoadSpec) -> LoadReport:
         generator_cpu_s=time.process_time() - cpu0,
         measured=PhaseReport.from_recorder(measured, spec.duration_s),
         warmup=PhaseReport.from_recorder(warmup, spec.warmup_s) if spec.warmup_s > 0 else None,
+        chaos=chaos_report,
     )
 
 
@@ -607,10 +630,10 @@ def spec_dict(spec: LoadSpec) -> dict[str, Any]:
     return {name: getattr(spec, name) for name in spec.__dataclass_fields__}
 
 
-def run_load_blocking(spec: LoadSpec) -> LoadReport:
+def run_load_blocking(spec: LoadSpec, chaos: ChaosSpec | None = None) -> LoadReport:
     """Run `run_load` on a fresh event loop (uvloop when installed)."""
     with asyncio.Runner(loop_factory=_loop_factory()) as runner:
-        return runner.run(run_load(spec))
+        return runner.run(run_load(spec, chaos))
 
 
 def _loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:

@@ -165,6 +165,33 @@ class PhaseReport:
 
 
 @dataclass(frozen=True)
+class ChaosReport:
+    """What chaos injection did during the measured window (built by `inferd.bench.chaos`).
+
+    Times are ms. `after_injection` covers the requests whose intended send time falls within
+    `after_window_s` after any injection, `steady` all the others; each is
+    {"sent", "ok", "failed", "latency_ms": {"p50", "p99", "max"}} with latencies of ok answers."""
+
+    spec: dict[str, Any]
+    planned: int
+    injections: list[dict[str, Any]]
+    """Each: n, at_s (from the window start), worker_id, pid, signal, ready_before, detect_s, replace_s."""
+    skipped: dict[str, int]
+    """Scheduled injections not made, by reason (admin_unavailable, no_local_ready_worker, ...)."""
+    admin_errors: dict[str, int]
+    detect_ms: dict[str, float | int | None]
+    replace_ms: dict[str, float | int | None]
+    after_injection: dict[str, Any]
+    steady: dict[str, Any]
+    stopped_pids: list[int]
+    resumed_pids: list[int]
+    """Stopped pids that still existed at the end and were sent SIGCONT."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
 class LoadReport:
     """A whole run: the spec, what was sent, the measured phase, and the warmup phase if any."""
 
@@ -175,6 +202,30 @@ class LoadReport:
     generator_cpu_s: float
     measured: PhaseReport
     warmup: PhaseReport | None
+    chaos: ChaosReport | None = None
+
+    @property
+    def invariants(self) -> dict[str, Any]:
+        """The counters that must stay at zero under failures, over the whole run (warmup included):
+
+        lost: requests that got no answer at all (client deadline or hard stop, no response);
+        duplicated: answers carrying an id no longer outstanding (already answered);
+        misrouted: answers with another outstanding caller's id, or the wrong digest;
+        timed_out: requests the server answered as past their deadline (HTTP 504);
+        errors: every error by kind (the above's `timeout` and `http_504` included)."""
+        phases = [self.measured] + ([self.warmup] if self.warmup else [])
+        errors: Counter[str] = Counter()
+        kinds: Counter[str] = Counter()
+        for phase in phases:
+            errors.update(phase.errors)
+            kinds.update(phase.mismatch_kinds)
+        return {
+            "lost": errors["timeout"],
+            "duplicated": kinds["unknown_id"],
+            "misrouted": kinds["wrong_id"] + kinds["wrong_digest"],
+            "timed_out": errors["http_504"],
+            "errors": dict(sorted(errors.items())),
+        }
 
     @property
     def mismatched_total(self) -> int:
@@ -194,8 +245,10 @@ class LoadReport:
             "generator_cpu_s": self.generator_cpu_s,
             "generator_cpu_us_per_request": self.cpu_us_per_request,
             "mismatched_total": self.mismatched_total,
+            "invariants": self.invariants,
             "measured": self.measured.to_dict(include_histograms),
             "warmup": self.warmup.to_dict(include_histograms) if self.warmup else None,
+            "chaos": self.chaos.to_dict() if self.chaos else None,
         }
 
 
@@ -235,6 +288,65 @@ def _phase_rows(p: PhaseReport) -> list[tuple[str, str]]:
     return rows
 
 
+def _invariant_rows(report: LoadReport) -> list[tuple[str, str, bool]]:
+    """(name, value, bad): throughput and latency next to the counters that must stay at zero."""
+    inv = report.invariants
+    m = report.measured
+    lat = m.latency_ms
+    errors = ", ".join(f"{kind} {count:,}" for kind, count in inv["errors"].items()) or "none"
+    return [
+        ("throughput", f"{m.achieved_rps:,.1f} ok/s of {m.offered_rps:,.1f} offered", False),
+        ("latency ms p50/p99/max", " / ".join(_f(lat[k]) for k in ("p50", "p99", "max")), False),
+        ("LOST (no answer by the deadline)", f"{inv['lost']:,}", inv["lost"] > 0),
+        ("DUPLICATED (id already answered)", f"{inv['duplicated']:,}", inv["duplicated"] > 0),
+        ("MISROUTED (wrong id or digest)", f"{inv['misrouted']:,}", inv["misrouted"] > 0),
+        ("TIMED OUT (server 504)", f"{inv['timed_out']:,}", inv["timed_out"] > 0),
+        ("errors by kind (whole run)", errors, bool(inv["errors"])),
+    ]
+
+
+def _chaos_rows(c: ChaosReport) -> list[tuple[str, str, bool]]:
+    spec = c.spec
+    times = ", ".join(f"{inj['at_s']:.2f}" for inj in c.injections[:20])
+    if len(c.injections) > 20:
+        times += f", ... ({len(c.injections) - 20} more)"
+    skipped = ", ".join(f"{k} {v}" for k, v in c.skipped.items()) or "none"
+    admin = ", ".join(f"{k} {v}" for k, v in c.admin_errors.items()) or "none"
+
+    def recovery(d: dict[str, float | int | None]) -> str:
+        missing = f" ({d['missing']} not measured)" if d["missing"] else ""
+        return f"{_f(d['p50'])} / {_f(d['max'])}{missing}"
+
+    def window(w: dict[str, Any]) -> str:
+        lat = w["latency_ms"]
+        return f"{_f(lat['p99'])} (p50 {_f(lat['p50'])}, max {_f(lat['max'])}; {w['ok']:,}/{w['sent']:,} ok)"
+
+    after = c.after_injection
+    rows = [
+        (
+            f"chaos {spec['mode']}",
+            f"every {spec['interval_s']:g} s from {spec['start_s']:g} s, admin {spec['admin_url']}",
+            False,
+        ),
+        (
+            "injections (made/planned)",
+            f"{len(c.injections)} / {c.planned}",
+            len(c.injections) < c.planned,
+        ),
+        ("injected at s", times or "-", False),
+        ("skipped", skipped, bool(c.skipped)),
+        ("admin errors", admin, bool(c.admin_errors)),
+        ("time to detect ms p50/max", recovery(c.detect_ms), bool(c.detect_ms["missing"])),
+        ("time to replace ms p50/max", recovery(c.replace_ms), bool(c.replace_ms["missing"])),
+        (f"p99 ms after injections ({spec['after_window_s']:g} s)", window(after), after["failed"] > 0),
+        ("p99 ms steady", window(c.steady), c.steady["failed"] > 0),
+    ]
+    if c.stopped_pids:
+        resumed = f"{len(c.resumed_pids)} of {len(c.stopped_pids)} stopped (the others were gone)"
+        rows.append(("stopped pids resumed (SIGCONT)", resumed, False))
+    return rows
+
+
 def render(report: LoadReport, console: Console | None = None) -> None:
     """Print the report as a table: the measured window, then warmup and generator lines."""
     spec = report.spec
@@ -242,6 +354,9 @@ def render(report: LoadReport, console: Console | None = None) -> None:
     table = Table(title=title, show_header=True)
     table.add_column("measured window", style="bold")
     table.add_column("value", justify="right")
+    for name, value, bad in _invariant_rows(report):
+        table.add_row(name, value, style="bold red" if bad else "bold green")
+    table.add_section()
     for name, value in _phase_rows(report.measured):
         style = "red" if name == "mismatched" and report.measured.mismatched else None
         table.add_row(name, value, style=style)
@@ -253,4 +368,8 @@ def render(report: LoadReport, console: Console | None = None) -> None:
         "generator CPU",
         f"{report.generator_cpu_s:.2f} s ({report.cpu_us_per_request:.0f} us/request)",
     )
+    if report.chaos is not None:
+        table.add_section()
+        for name, value, bad in _chaos_rows(report.chaos):
+            table.add_row(name, value, style="red" if bad else None)
     (console or Console()).print(table)
