@@ -342,7 +342,8 @@ def _chaos_rows(c: ChaosReport) -> list[tuple[str, str, bool]]:
         ("p99 ms steady", window(c.steady), c.steady["failed"] > 0),
     ]
     if c.stopped_pids:
-        resumed = f"{len(c.resumed_pids)} of {len(c.stopped_pids)} stopped (the others were gone)"
+        gone = len(c.stopped_pids) - len(c.resumed_pids)
+        resumed = f"{len(c.resumed_pids)} of {len(c.stopped_pids)} stopped ({gone} already gone)"
         rows.append(("stopped pids resumed (SIGCONT)", resumed, False))
     return rows
 

@@ -40,6 +40,9 @@ def sim_config(
     **overrides: Any,
 ) -> ModelConfig:
     params = {"base_ms": base_ms, "per_item_ms": per_item_ms, **overrides.pop("params", {})}
+    # About 4 full batches of queue: under overload, accepted requests wait ~120 ms at the default cost
+    # and the rest get a fast 429, instead of everyone waiting behind a deep queue.
+    overrides.setdefault("max_queue_size", 4 * max_batch_size)
     return ModelConfig(
         name=name,
         implementation="inferd.models.sim:SimModel",
