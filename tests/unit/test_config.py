@@ -75,3 +75,32 @@ def test_server_config_file_and_overrides(tmp_path: Path) -> None:
         load_server_config(path, {})
     with pytest.raises(ConfigError, match="unknown models"):
         apply_overrides([sim_config()], {"nope": {"max_wait_ms": 1}})
+
+
+@pytest.mark.parametrize(
+    ("table", "message"),
+    [
+        ("[server]\nretry_budget_ratio = 5\n", "retry_budget_ratio"),
+        ("[server]\nheartbeat_timeout_s = -1\n", "heartbeat_timeout_s"),
+        ("[server]\nworkers = 100000\n", "workers"),
+        ("[server]\nadmin_token = 'x'\n", "INFERD_ADMIN_TOKEN"),
+    ],
+)
+def test_absurd_server_settings_are_refused(tmp_path: Path, table: str, message: str) -> None:
+    path = tmp_path / "inferd.toml"
+    path.write_text(table)
+    with pytest.raises(ConfigError, match=message):
+        load_server_config(path, {}, environ={})
+
+
+def test_absurd_model_timeouts_are_refused() -> None:
+    with pytest.raises(ConfigError, match="batch_timeout_s"):
+        apply_overrides([sim_config()], {"sim": {"batch_timeout_s": -3}})
+    with pytest.raises(ConfigError, match="max_attempts"):
+        apply_overrides([sim_config()], {"sim": {"max_attempts": 1000}})
+
+
+def test_admin_token_comes_from_the_environment() -> None:
+    cfg = load_server_config(None, {}, environ={"INFERD_ADMIN_TOKEN": "s3cret"})
+    assert cfg.admin_token is not None and cfg.admin_token.get_secret_value() == "s3cret"
+    assert "s3cret" not in cfg.model_dump_json()
