@@ -66,6 +66,33 @@ _encoder = msgspec.json.Encoder()
 
 
 @dataclass(frozen=True, slots=True)
+class _Schema:
+    """What decoding needs of a model's config, computed once per config."""
+
+    inputs: dict[str, TensorSpec]
+    outputs: dict[str, TensorSpec]
+    all_json: list[tuple[TensorSpec, bool]]
+    all_binary: list[tuple[TensorSpec, bool]]
+
+
+_schemas: dict[int, tuple[ModelConfig, _Schema]] = {}
+
+
+def _schema(config: ModelConfig) -> _Schema:
+    cached = _schemas.get(id(config))
+    if cached is not None and cached[0] is config:
+        return cached[1]
+    schema = _Schema(
+        inputs={t.name: t for t in config.inputs},
+        outputs={t.name: t for t in config.outputs},
+        all_json=[(t, False) for t in config.outputs],
+        all_binary=[(t, True) for t in config.outputs],
+    )
+    _schemas[id(config)] = (config, schema)
+    return schema
+
+
+@dataclass(frozen=True, slots=True)
 class DecodedRequest:
     request_id: str | None
     items: list[Any]
@@ -104,7 +131,7 @@ def decode_request(body: bytes, header_length: str | None, config: ModelConfig) 
 def _decode_inputs(
     inputs: list[RequestInput], config: ModelConfig, raw: memoryview | None
 ) -> tuple[dict[str, Any], int]:
-    specs = {t.name: t for t in config.inputs}
+    specs = _schema(config).inputs
     if len(inputs) > len(specs):
         raise BadRequest(
             f"{len(inputs)} inputs sent; model '{config.name}' takes {len(specs)}: {sorted(specs)}"
@@ -140,7 +167,7 @@ def _decode_inputs(
             if inp.data is msgspec.UNSET:
                 raise BadRequest(f"input {inp.name!r} has neither data nor binary_data_size")
             columns[inp.name] = _from_json(inp.data, spec, count, len(inp.shape))
-    missing = sorted(set(specs) - set(columns))
+    missing = sorted(set(specs) - set(columns)) if len(columns) != len(specs) else None
     if missing:
         raise BadRequest(f"model '{config.name}' needs inputs {missing}")
     if raw is not None and offset != len(raw):
@@ -285,10 +312,11 @@ def _concrete(spec: TensorSpec, per_item: int) -> tuple[int, ...]:
 def _requested_outputs(
     req: InferRequest, config: ModelConfig, binary_request: bool
 ) -> list[tuple[TensorSpec, bool]]:
-    specs = {t.name: t for t in config.outputs}
-    default_binary = bool(req.parameters.get("binary_data_output", False))
+    schema = _schema(config)
+    default_binary = bool(req.parameters.get("binary_data_output", False)) if req.parameters else False
     if req.outputs is None:
-        return [(spec, default_binary) for spec in config.outputs]
+        return schema.all_binary if default_binary else schema.all_json
+    specs = schema.outputs
     chosen = []
     for out in req.outputs:
         spec = specs.get(out.name)
