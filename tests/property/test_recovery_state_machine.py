@@ -221,3 +221,25 @@ def test_drained_machine_answers_everyone_exactly_once() -> None:
                 assert item.payload.endswith(b"3"), item.payload
     finally:
         m.teardown()
+
+
+def test_isolation_batches_are_not_starved_by_a_busy_worker() -> None:
+    """Under steady load a worker is never idle (a full batch is always staged behind the running one):
+    the halves of a crashed batch must still get the next free slot, ahead of new work."""
+    m = RecoveryMachine()
+    try:
+        for _ in range(6):
+            m.arrive(8, None)
+        m.dispatch()  # both workers: one running + one staged full batch each
+        victim = m.rt.workers[0]
+        crashed = [i.payload for i in next(iter(victim.inflight.values())).items]
+        m.crash(0, hang=False, busy=True)
+        m.rt.drain_worker(m.rt.workers[-1])  # the replacement takes no work: only the busy survivor is left
+        for _ in range(4):  # keep the survivor saturated; complete one batch at a time
+            m.arrive(8, None)
+            m.complete(0, "ok")
+            m.dispatch()
+        done = {i.payload for i in m.requests if i.reply.done() and i.reply.exception() is None}
+        assert done & set(crashed), "no half of the crashed batch ran while the worker stayed busy"
+    finally:
+        m.teardown()

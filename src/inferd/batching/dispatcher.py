@@ -187,10 +187,10 @@ class ModelRuntime:
         while True:
             now = self.clock.now()
             idle = [w for w in self.workers if w.idle]
-            if self.isolation and idle:
-                self._dispatch_isolated(min(idle, key=_lru), now)
-                continue
             staging = [w for w in self.workers if w.stage_free]
+            if self.isolation and (idle or staging):  # retried work first, to any free slot
+                self._dispatch_isolated(min(idle or staging, key=_lru), now)
+                continue
             decision = self.policy.decide(
                 now, len(self.queue), self.queue.oldest_at(), len(idle), len(staging)
             )
