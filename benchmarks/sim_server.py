@@ -118,6 +118,7 @@ def run(
         "compute_ms": m.compute_ms,
         "batch_size": m.batch_size,
         "goodput_rps": m.goodput_rps,
+        "rejection_ms": m.rejection_ms,
         "server_cpu_us_per_request": round(1e6 * (c1 - c0) / max(1, total_sent), 1),
         "generator_cpu_us_per_request": round(1e6 * report.generator_cpu_s / max(1, total_sent), 1),
         "served": served,
@@ -186,7 +187,9 @@ def main() -> int:
     )
     print(
         f"overload {o['offered']:.0f} req/s offered: {o['ok'] / args.duration:.0f} ok/s, goodput under SLO "
-        f"{o['goodput_rps']}, errors {o['errors']}, ok p99 {o['latency_ms'].get('p99')} ms"
+        f"{o['goodput_rps']}, errors {o['errors']}, ok p50/p99 {o['latency_ms'].get('p50')}/"
+        f"{o['latency_ms'].get('p99')} ms, 429 answered in p50/p99 {o['rejection_ms'].get('p50')}/"
+        f"{o['rejection_ms'].get('p99')} ms"
     )
     print(
         f"low rate {low['offered']:.0f} req/s: latency p50 {low['latency_ms'].get('p50')} ms, overhead p50 "

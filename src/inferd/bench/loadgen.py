@@ -559,7 +559,7 @@ class _Run:
         else:
             latency = self.now() - intended
             if status != 200:
-                rec.error(f"http_{status}")
+                rec.error(f"http_{status}", latency)
                 return
             verdict = self.checker.check(rid, payload, raw)
             if verdict == "ok":

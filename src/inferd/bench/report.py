@@ -44,6 +44,7 @@ class Recorder:
         self.queue_us = _histogram()
         self.compute_us = _histogram()
         self.send_lag_us = _histogram()
+        self.rejection_us = _histogram()
         self.batch_size = _histogram(highest=1_000_000)
         self.errors: Counter[str] = Counter()
         self.mismatches: Counter[str] = Counter()
@@ -57,8 +58,10 @@ class Recorder:
         self.sent += 1
         self.send_lag_us.record_value(max(0, int(lag_s * 1e6)))
 
-    def error(self, kind: str) -> None:
+    def error(self, kind: str, latency_s: float | None = None) -> None:
         self.errors[kind] += 1
+        if latency_s is not None and kind in ("http_429", "http_503"):  # how fast overload is refused
+            self.rejection_us.record_value(max(_LOWEST_US, int(latency_s * 1e6)))
 
     def mismatch(self, kind: str) -> None:
         self.mismatches[kind] += 1
@@ -122,6 +125,8 @@ class PhaseReport:
     compute_ms: dict[str, float | None]
     batch_size: dict[str, float | None]
     send_lag_ms: dict[str, float | None]
+    rejection_ms: dict[str, float | None]
+    """Latency of 429/503 answers (from intended send time): how fast overload is refused."""
     latency_hdr: str
     """The latency histogram (us), HdrHistogram-encoded, for merging runs."""
 
@@ -150,6 +155,7 @@ class PhaseReport:
                 "p99": None if batch_empty else float(batch.get_value_at_percentile(99)),
             },
             send_lag_ms=_ms(rec.send_lag_us, 50, 99),
+            rejection_ms=_ms(rec.rejection_us, 50, 99),
             latency_hdr=rec.latency_us.encode().decode() if rec.latency_us.get_total_count() else "",
         )
 
@@ -284,6 +290,7 @@ def _phase_rows(p: PhaseReport) -> list[tuple[str, str]]:
         ("batch size mean/p50/p99", " / ".join(_f(p.batch_size[k]) for k in ("mean", "p50", "p99"))),
         ("retried (attempts > 1)", f"{p.retried:,}"),
         ("send lag ms p99/max", f"{_f(p.send_lag_ms['p99'])} / {_f(p.send_lag_ms['max'])}"),
+        ("429/503 answered in ms p50/p99", f"{_f(p.rejection_ms['p50'])} / {_f(p.rejection_ms['p99'])}"),
     ]
     return rows
 
