@@ -67,6 +67,7 @@ class InferenceServer:
             for m in models:
                 self.supervisor.add(m.name, m.workers or config.workers)
         self.shutting_down = False
+        self.hub.on_first_batch.append(lambda conn: self.supervisor.mark_healthy(conn.worker_id))
         token = config.admin_token.get_secret_value() if config.admin_token else None
         self.admin = AdminApi(self, token)
         self.admin_port: int | None = None

@@ -185,3 +185,27 @@ async def test_crash_loop_backs_off_and_answers_fast_503(tmp_path) -> None:
     delays = [float(x) for x in re.findall(r"worker broken_load-0 .*restarting in ([0-9.]+)s", s.log())]
     assert 3 <= len(delays) <= 8, delays
     assert delays == sorted(delays) and delays[-1] >= 4 * delays[0], delays
+
+
+async def test_backoff_resets_after_healthy_work(server: ServerProc) -> None:
+    """A worker killed again and again, but each time after it completed a batch, is replaced at the
+    initial backoff every time: repeated kills are recovered from, unlike a crash loop."""
+    async with aiohttp.ClientSession() as http:
+        for round_ in range(4):
+            await all_ready(http, server, "fragile", 1)
+            (worker,) = await workers(http, server, "fragile")
+            for _ in range(200):  # each incarnation completes work before it is killed
+                async with http.post(
+                    f"{server.url}/v2/models/fragile/infer", json=body(f"b{round_}", "b")
+                ) as r:
+                    assert r.status == 200
+                if (await workers(http, server, "fragile"))[0]["completed_batches"] >= 1:
+                    break
+            os.kill(worker["pid"], signal.SIGKILL)
+            for _ in range(500):  # until the front end has seen it go
+                if worker["pid"] not in {w["pid"] for w in await workers(http, server, "fragile")}:
+                    break
+                await asyncio.sleep(0.01)
+        await all_ready(http, server, "fragile", 1)
+    delays = [float(x) for x in re.findall(r"worker fragile-0 .*restarting in ([0-9.]+)s", server.log())]
+    assert len(delays) >= 4 and all(d == delays[0] for d in delays[-4:]), delays

@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import hmac
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 from inferd.batching.dispatcher import ModelRuntime
 from inferd.clock import Clock
@@ -35,6 +35,8 @@ class WorkerHub:
         self.connections: set[WorkerConnection] = set()
         self.load_failures: dict[str, str] = {}
         self._servers: list[asyncio.Server] = []
+        self.on_first_batch: list[Callable[[WorkerConnection], None]] = []
+        """Called when a worker completes its first batch: it did healthy work."""
 
     async def listen_unix(self, path: str) -> None:
         self._servers.append(await asyncio.start_unix_server(self._handle, path=path, limit=2**20))
@@ -132,6 +134,9 @@ class WorkerHub:
             msg = await p.read_message(reader)
             if isinstance(msg, p.BatchDone):
                 runtime.on_batch_done(conn, msg)
+                if conn.completed_batches == 1:
+                    for hook in self.on_first_batch:
+                        hook(conn)
             elif isinstance(msg, p.Heartbeat):
                 conn.last_heartbeat = self.clock.now()
             elif isinstance(msg, p.LoadFailed):

@@ -1,7 +1,8 @@
 """Runs the local worker processes (children of `inferd serve`) and restarts those that exit.
 
-Restarts back off exponentially (capped), and the backoff resets after a period of healthy running,
-so a kill every few seconds is recovered from while a true crash loop is not retried in a storm.
+Restarts back off exponentially (capped); the backoff resets once a restarted worker has done healthy
+work (completed a batch, or ran for healthy_after_s), so a kill every few seconds is recovered from at
+once while a true crash loop (dying while loading, or before finishing any batch) is not retried in a storm.
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ class WorkerSlot:
     process: asyncio.subprocess.Process | None = None
     restarts: int = 0
     consecutive_failures: int = 0
+    did_work: bool = False
+    """Whether the current process completed a batch (then its death is no crash loop: backoff resets)."""
     exit_codes: list[int] = field(default_factory=list)
 
     @property
@@ -70,6 +73,7 @@ class Supervisor:
         loop = asyncio.get_running_loop()
         while not self._stopping:
             started = loop.time()
+            slot.did_work = False
             slot.process = await asyncio.create_subprocess_exec(
                 sys.executable,
                 "-m",
@@ -92,7 +96,8 @@ class Supervisor:
                 return
             ran_s = loop.time() - started
             slot.exit_codes.append(code)
-            slot.consecutive_failures = 0 if ran_s >= self.healthy_after_s else slot.consecutive_failures + 1
+            healthy = slot.did_work or ran_s >= self.healthy_after_s
+            slot.consecutive_failures = 0 if healthy else slot.consecutive_failures + 1
             delay = self._backoff(slot.consecutive_failures)
             log.warning(
                 "worker %s (pid %d) exited with %s after %.1fs; restarting in %.2fs",
@@ -111,6 +116,12 @@ class Supervisor:
         if failures <= 0:
             return self.backoff_initial_s
         return min(self.backoff_max_s, self.backoff_initial_s * 2**failures)
+
+    def mark_healthy(self, worker_id: str) -> None:
+        """The worker with this id completed work: a later death is not part of a crash loop."""
+        for slot in self.slots:
+            if worker_id.rsplit(".", 1)[0] == slot.worker_id:
+                slot.did_work = True
 
     def pids(self) -> list[int]:
         return [s.process.pid for s in self.slots if s.process is not None and s.process.returncode is None]
