@@ -543,7 +543,8 @@ class _Run:
         rid = request_id(spec.seed, i)
         payload = payload_for(spec.seed, i, spec.payload_bytes)
         deadline = intended + spec.timeout_ms / 1000.0
-        rec.send_lag(self.now() - intended)
+        lag = self.now() - intended
+        rec.send_lag(lag)
         self.results[i] = -1.0
         self.checker.outstanding.add(rid)
         try:
@@ -563,7 +564,7 @@ class _Run:
                 return
             verdict = self.checker.check(rid, payload, raw)
             if verdict == "ok":
-                rec.ok(latency, headers)
+                rec.ok(latency, headers, lag)
                 self.results[i] = latency
             elif verdict == "bad_response":
                 rec.error(verdict)

@@ -66,13 +66,15 @@ class Recorder:
     def mismatch(self, kind: str) -> None:
         self.mismatches[kind] += 1
 
-    def ok(self, latency_s: float, headers: Mapping[str, str]) -> None:
+    def ok(self, latency_s: float, headers: Mapping[str, str], send_lag_s: float = 0.0) -> None:
         self.ok_count += 1
         latency_us = latency_s * 1e6
         self.latency_us.record_value(max(_LOWEST_US, int(latency_us)))
         if self.slo_us is not None and latency_us <= self.slo_us:
             self.within_slo += 1
-        self._lifecycle(latency_us, headers)
+        # Framework overhead is the server's: counted from the actual send, not the intended one, so
+        # the load generator's own lateness is not charged to the server (latency above still is).
+        self._lifecycle(latency_us - max(0.0, send_lag_s) * 1e6, headers)
 
     def _lifecycle(self, latency_us: float, headers: Mapping[str, str]) -> None:
         queue_ms = _header_float(headers, "X-Inferd-Queue-Ms")
