@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import inspect
 import os
 import signal
 import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -128,13 +129,19 @@ def start_server(
 
 
 @pytest.fixture
-def tasks_clean() -> Iterator[None]:
-    """Async tests: no tasks left running at the end (other than the test's own)."""
+async def no_leftover_tasks() -> AsyncIterator[None]:
+    """Every async test ends with no task of its own still running (added to each async test below)."""
+    before = set(asyncio.all_tasks())
     yield
-    try:
-        loop = asyncio.get_running_loop()
-    except RuntimeError:
-        return
-    current = asyncio.current_task(loop)
-    leftover = [t for t in asyncio.all_tasks(loop) if t is not current and not t.done()]
-    assert not leftover, f"tasks left running: {leftover}"
+    for _ in range(10):  # tasks already cancelled get their last step
+        await asyncio.sleep(0)
+    current = asyncio.current_task()
+    leftover = [t for t in asyncio.all_tasks() if t is not current and t not in before and not t.done()]
+    assert not leftover, f"tasks left running after the test: {leftover}"
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        function = getattr(item, "function", None)
+        if function is not None and inspect.iscoroutinefunction(function):
+            item.fixturenames.append("no_leftover_tasks")  # type: ignore[attr-defined]
