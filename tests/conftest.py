@@ -92,6 +92,9 @@ def start_server(
     tmp_path: Path, *args: str, ready_timeout_s: float = 60.0, ready_path: str = "/v2/health/ready"
 ) -> ServerProc:
     port, admin_port = free_port(), free_port()
+    if "--port" in args:  # a restarted server on the same port
+        i = args.index("--port")
+        port, args = int(args[i + 1]), args[:i] + args[i + 2 :]
     log_path = tmp_path / f"server-{port}.log"
     log_file = open(log_path, "wb")
     proc = subprocess.Popen(

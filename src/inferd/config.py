@@ -89,7 +89,7 @@ class ModelConfig(_Frozen):
     """Largest per-request timeout accepted; larger ones are refused with 400."""
     idempotent: bool = True
     """Whether a batch may be run again after a worker failure. False: never retried."""
-    workers: int | None = Field(default=None, ge=1, le=64)
+    workers: int | None = Field(default=None, ge=0, le=64)
     """Worker processes (devices) for this model; None takes the server's --workers."""
     max_attempts: int = Field(default=3, ge=1, le=10)
     """Most runs of one item after worker crashes (isolation runs of a failing batch not counted)."""
@@ -142,8 +142,14 @@ class ServerConfig(_Frozen):
     """Address the HTTP API listens on."""
     port: int = Field(default=8000, ge=0, le=65535)
     """Port of the HTTP API (0 picks a free one)."""
-    workers: int = Field(default=1, ge=1, le=64)
-    """Default worker processes per model."""
+    workers: int = Field(default=1, ge=0, le=64)
+    """Default local worker processes per model (0: only workers that join over TCP serve it)."""
+    worker_host: str = "127.0.0.1"
+    """Address where workers on other hosts connect (`inferd worker --connect HOST:PORT`)."""
+    worker_port: int | None = Field(default=None, ge=0, le=65535)
+    """TCP port for workers on other hosts; None: local workers only. Needs INFERD_JOIN_TOKEN."""
+    join_token: SecretStr | None = None
+    """Token remote workers must present; from the environment (INFERD_JOIN_TOKEN), never from files."""
     model_repo: Path | None = None
     """Model repository folder; None serves the embedded default models."""
     models: tuple[str, ...] = ()
@@ -204,6 +210,15 @@ def load_server_config(
         )
     if env.get("INFERD_ADMIN_TOKEN"):
         data["admin_token"] = env["INFERD_ADMIN_TOKEN"]
+    if "join_token" in data:
+        raise ConfigError("join_token must not be in a config file: set INFERD_JOIN_TOKEN in the environment")
+    if env.get("INFERD_JOIN_TOKEN"):
+        data["join_token"] = env["INFERD_JOIN_TOKEN"]
+    if data.get("worker_port") is not None and not data.get("join_token"):
+        raise ConfigError(
+            "a worker port for remote workers needs a join token: set INFERD_JOIN_TOKEN "
+            "(and give the same token to `inferd worker`)"
+        )
     try:
         return ServerConfig(**data)
     except ValidationError as exc:

@@ -54,8 +54,12 @@ class InferenceServer:
             self.runtimes[m.name] = rt
             self.metrics.track(rt)
         self._token = secrets.token_hex(16)
+        join = config.join_token.get_secret_value() if config.join_token else ""
         self.hub = WorkerHub(
-            self.runtimes, self.clock, token=self._token, load_timeout_s=config.worker_start_timeout_s
+            self.runtimes,
+            self.clock,
+            tokens=(self._token, join),
+            load_timeout_s=config.worker_start_timeout_s,
         )
         self._socket_dir = tempfile.mkdtemp(prefix="inferd-")
         self.worker_address = f"unix:{os.path.join(self._socket_dir, 'workers.sock')}"
@@ -65,12 +69,13 @@ class InferenceServer:
         )
         if spawn_workers:
             for m in models:
-                self.supervisor.add(m.name, m.workers or config.workers)
+                self.supervisor.add(m.name, config.workers if m.workers is None else m.workers)
         self.shutting_down = False
         self.hub.on_first_batch.append(lambda conn: self.supervisor.mark_healthy(conn.worker_id))
         token = config.admin_token.get_secret_value() if config.admin_token else None
         self.admin = AdminApi(self, token)
         self.admin_port: int | None = None
+        self.worker_port: int | None = None
 
     @property
     def ready(self) -> bool:
@@ -90,6 +95,9 @@ class InferenceServer:
         await self.hub.listen_unix(self.worker_address[len("unix:") :])
         if self.config.admin_port is not None:
             self.admin_port = await self.admin.start(self.config.admin_host, self.config.admin_port)
+        if self.config.worker_port is not None:
+            self.worker_port = await self.hub.listen_tcp(self.config.worker_host, self.config.worker_port)
+            log.info("workers on other hosts connect at %s:%d", self.config.worker_host, self.worker_port)
         log.info("serving models %s; workers connect at %s", sorted(self.runtimes), self.worker_address)
         try:
             async with asyncio.TaskGroup() as tg:

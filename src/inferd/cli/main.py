@@ -64,6 +64,16 @@ def serve(
         str | None, typer.Option(help="Address of the admin API [default: 127.0.0.1].")
     ] = None,
     no_admin: Annotated[bool, typer.Option("--no-admin", help="Do not serve the admin API.")] = False,
+    worker_port: Annotated[
+        int | None,
+        typer.Option(
+            help="TCP port where workers on other hosts join (`inferd worker --connect HOST:PORT`); "
+            "needs INFERD_JOIN_TOKEN. Default: local workers only."
+        ),
+    ] = None,
+    worker_host: Annotated[
+        str | None, typer.Option(help="Address of the worker port [default: 127.0.0.1].")
+    ] = None,
     access_log: Annotated[
         bool | None,
         typer.Option(
@@ -88,6 +98,8 @@ def serve(
                 "log_level": log_level,
                 "admin_port": admin_port,
                 "admin_host": admin_host,
+                "worker_port": worker_port,
+                "worker_host": worker_host,
             },
         )
         if no_admin:
@@ -102,6 +114,49 @@ def serve(
         level=cfg.log_level, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s %(message)s"
     )
     run_server(cfg, models)
+
+
+@app.command()
+def worker(
+    connect: Annotated[str, typer.Option(help="Router address HOST:PORT (its --worker-port).")],
+    model: Annotated[str, typer.Option(help="Name of the model this worker serves.")],
+    token: Annotated[
+        str | None, typer.Option(help="Join token; default: the INFERD_JOIN_TOKEN environment variable.")
+    ] = None,
+    worker_id: Annotated[str | None, typer.Option(help="Worker id (default: HOSTNAME-PID).")] = None,
+    model_repo: Annotated[
+        Path | None,
+        typer.Option(help="This host's copy of the model repository, for models served from one."),
+    ] = None,
+    log_level: Annotated[str, typer.Option(help="DEBUG, INFO, WARNING or ERROR.")] = "INFO",
+) -> None:
+    """Run one worker (one device) that joins a router over TCP and registers again whenever the
+    router restarts. Stop it with SIGTERM or Ctrl-C."""
+    import os
+    import socket
+
+    from inferd.worker.main import main as worker_main
+
+    join = token if token is not None else os.environ.get("INFERD_JOIN_TOKEN", "")
+    if not join:
+        typer.echo("error: no join token: pass --token or set INFERD_JOIN_TOKEN (the router's)", err=True)
+        raise typer.Exit(2)
+    args = [
+        "--connect",
+        connect,
+        "--model",
+        model,
+        "--token",
+        join,
+        "--reconnect",
+        "--log-level",
+        log_level,
+        "--worker-id",
+        worker_id or f"{socket.gethostname()}-{os.getpid()}",
+    ]
+    if model_repo is not None:
+        args += ["--model-repo", str(model_repo)]
+    raise typer.Exit(worker_main(args))
 
 
 def _register_bench() -> None:

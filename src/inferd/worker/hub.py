@@ -25,12 +25,13 @@ class WorkerHub:
         self,
         runtimes: Mapping[str, ModelRuntime],
         clock: Clock,
-        token: str = "",
+        tokens: tuple[str, ...] = (),
         load_timeout_s: float = 120.0,
     ) -> None:
         self.runtimes = runtimes
         self.clock = clock
-        self.token = token
+        self.tokens = tuple(t for t in tokens if t)
+        """Accepted join tokens (the local workers' own, and the one for remote workers); none: open."""
         self.load_timeout_s = load_timeout_s
         self.connections: set[WorkerConnection] = set()
         self.load_failures: dict[str, str] = {}
@@ -121,7 +122,9 @@ class WorkerHub:
     def _refusal(self, hello: p.Hello) -> str:
         if hello.protocol != p.PROTOCOL_VERSION:
             return f"protocol {hello.protocol} not supported (front end speaks {p.PROTOCOL_VERSION})"
-        if self.token and not hmac.compare_digest(hello.token.encode(), self.token.encode()):
+        if self.tokens and not any(
+            hmac.compare_digest(hello.token.encode(), t.encode()) for t in self.tokens
+        ):
             return "bad join token"
         if hello.model not in self.runtimes:
             return f"model {hello.model!r} is not served here (served: {sorted(self.runtimes)})"

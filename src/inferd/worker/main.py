@@ -19,6 +19,7 @@ import sys
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import msgspec
 
@@ -30,23 +31,53 @@ from inferd.worker.outputs import OutputError, convert_outputs
 
 log = logging.getLogger("inferd.worker")
 
-STAGED_LIMIT = 2
-"""One batch running and at most one staged."""
-
 
 class Worker:
-    def __init__(self, address: str, model: str, token: str, worker_id: str) -> None:
+    def __init__(
+        self,
+        address: str,
+        model: str,
+        token: str,
+        worker_id: str,
+        reconnect: bool = False,
+        model_repo: Path | None = None,
+    ) -> None:
         self.address = address
         self.model_name = model
         self.token = token
         self.worker_id = worker_id
+        self.reconnect = reconnect
+        self.model_repo = model_repo
         self.completed = 0
         self.running = 0
-        self._batches: asyncio.Queue[p.RunBatch | None] = asyncio.Queue(maxsize=STAGED_LIMIT + 1)
+        self.model: Model | None = None
+        self.config: ModelConfig | None = None
+        self._config_json = b""
+        self._batches: asyncio.Queue[p.RunBatch | None] = asyncio.Queue()
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="inferd-device")
         self._writer: asyncio.StreamWriter | None = None
 
     async def run(self) -> int:
+        """Serve the front end. A local worker (a child of `inferd serve`) exits when its front end goes;
+        a remote one (`inferd worker`) reconnects and registers again, keeping its loaded model."""
+        delay_s = 0.2
+        while True:
+            try:
+                outcome = await self._session()
+            except (OSError, p.ConnectionClosed) as exc:
+                outcome = "lost"
+                log.warning(
+                    "worker %s: cannot reach the front end at %s: %s", self.worker_id, self.address, exc
+                )
+            if outcome in ("drained", "refused", "load_failed") or not self.reconnect:
+                return {"drained": 0, "lost": 0, "refused": 2, "load_failed": 3}[outcome]
+            if outcome == "served":
+                delay_s = 0.2
+            await asyncio.sleep(delay_s)
+            delay_s = min(2.0, delay_s * 2)
+
+    async def _session(self) -> str:
+        """One connection: register, (re)load if needed, then receive -> run -> deliver until it ends."""
         reader, writer = await p.open_connection(self.address)
         self._writer = writer
         self._send(
@@ -62,21 +93,40 @@ class Worker:
         if not isinstance(welcome, p.Welcome) or not welcome.accepted:
             reason = getattr(welcome, "reason", "unexpected reply")
             log.error("front end refused worker %s: %s", self.worker_id, reason)
-            return 2
-        config = msgspec.json.decode(welcome.model_config_json, type=dict)
-        model = await self._load(ModelConfig(**config))
-        if model is None:
-            return 3
-        self.model = model
-        self._is_async = inspect.iscoroutinefunction(model.predict_batch)
+            return "refused"
+        if welcome.model_config_json != self._config_json or self.model is None:
+            config = self._localize(ModelConfig(**msgspec.json.decode(welcome.model_config_json, type=dict)))
+            self.model = await self._load(config)
+            if self.model is None:
+                return "load_failed"
+            self._config_json = welcome.model_config_json
+        else:
+            assert self.config is not None
+            self._send(p.Ready(version=self.config.version, load_s=0.0, warmup_s=0.0))
+            log.info(
+                "worker %s registered again with %s (model already loaded)", self.worker_id, self.address
+            )
+        self._batches = asyncio.Queue()
         async with asyncio.TaskGroup() as tg:
             heartbeat = tg.create_task(self._heartbeat(welcome.heartbeat_s))
             runner = tg.create_task(self._run_batches())
-            await self._receive(reader)
+            outcome = await self._receive(reader)
+            if outcome == "lost":  # nobody will read results of batches not started yet
+                while not self._batches.empty():
+                    self._batches.get_nowait()
             await self._batches.put(None)
             await runner
             heartbeat.cancel()
-        return 0
+        writer.close()
+        return outcome
+
+    def _localize(self, config: ModelConfig) -> ModelConfig:
+        """A model file path from another host's repository, mapped into this worker's --model-repo."""
+        target, _, cls = config.implementation.rpartition(":")
+        if not target.endswith(".py") or Path(target).is_file() or self.model_repo is None:
+            return config
+        local = self.model_repo / config.name / str(config.version) / "model.py"
+        return config.model_copy(update={"implementation": f"{local}:{cls}"})
 
     async def _load(self, config: ModelConfig) -> Model | None:
         loop = asyncio.get_running_loop()
@@ -107,18 +157,18 @@ class Worker:
         )
         return model
 
-    async def _receive(self, reader: asyncio.StreamReader) -> None:
+    async def _receive(self, reader: asyncio.StreamReader) -> str:
         while True:
             try:
                 msg = await p.read_message(reader)
             except p.ConnectionClosed:
-                log.info("worker %s: front end closed the connection; exiting", self.worker_id)
-                return
+                log.info("worker %s: the front end closed the connection", self.worker_id)
+                return "lost"
             if isinstance(msg, p.RunBatch):
                 await self._batches.put(msg)
             elif isinstance(msg, p.Drain):
                 log.info("worker %s draining", self.worker_id)
-                return
+                return "drained"
 
     async def _run_batches(self) -> None:
         while (batch := await self._batches.get()) is not None:
@@ -131,6 +181,7 @@ class Worker:
 
     async def _run_one(self, batch: p.RunBatch) -> p.BatchDone:
         start = time.perf_counter()
+        assert self.model is not None and self.config is not None
         try:
             outputs = await self._predict(self.model, batch.items)
             converted, errors = convert_outputs(self.config, outputs, len(batch.items))
@@ -163,7 +214,8 @@ class Worker:
 
     def _send(self, msg: p.Message) -> None:
         assert self._writer is not None
-        self._writer.write(p.encode_frame(msg))
+        if not self._writer.is_closing():
+            self._writer.write(p.encode_frame(msg))
 
     async def _flush(self) -> None:
         assert self._writer is not None
@@ -177,6 +229,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model", required=True, help="name of the model this worker serves")
     parser.add_argument("--token", default="", help="join token, if the front end requires one")
     parser.add_argument("--worker-id", default="", help="worker id (default: random)")
+    parser.add_argument(
+        "--reconnect",
+        action="store_true",
+        help="when the front end goes away, reconnect and register again (remote workers)",
+    )
+    parser.add_argument(
+        "--model-repo",
+        type=Path,
+        default=None,
+        help="this host's copy of the model repository (for models served from one)",
+    )
     parser.add_argument("--log-level", default="INFO")
     args = parser.parse_args(argv)
     logging.basicConfig(
@@ -184,7 +247,14 @@ def main(argv: list[str] | None = None) -> int:
         stream=sys.stderr,
         format="%(asctime)s %(levelname)s %(name)s[%(process)d] %(message)s",
     )
-    worker = Worker(args.connect, args.model, args.token, args.worker_id or uuid.uuid4().hex[:8])
+    worker = Worker(
+        args.connect,
+        args.model,
+        args.token,
+        args.worker_id or uuid.uuid4().hex[:8],
+        reconnect=args.reconnect,
+        model_repo=args.model_repo,
+    )
     try:
         import uvloop
 

@@ -1,0 +1,144 @@
+"""Workers on other hosts: `inferd worker --connect HOST:PORT` joins a router over TCP, with a join token,
+and registers again when the router restarts (router and worker are separate processes on loopback)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from inferd.models.sim import sim_digest
+from tests.conftest import ROOT, free_port, start_server
+
+TOKEN = "join-secret-for-tests"
+
+
+def infer(url: str, text: str) -> str:
+    body = json.dumps(
+        {"inputs": [{"name": "INPUT0", "shape": [1], "datatype": "BYTES", "data": [text]}]}
+    ).encode()
+    req = urllib.request.Request(
+        f"{url}/v2/models/sim/infer", data=body, headers={"Content-Type": "application/json"}
+    )
+    with urllib.request.urlopen(req, timeout=10) as r:
+        return json.loads(r.read())["outputs"][0]["data"][0]
+
+
+def wait_ready(url: str, within_s: float) -> float:
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < within_s:
+        try:
+            with urllib.request.urlopen(f"{url}/v2/models/sim/ready", timeout=1) as r:
+                if r.status == 200:
+                    return time.monotonic() - t0
+        except OSError:
+            pass
+        time.sleep(0.05)
+    raise AssertionError(f"{url} not ready within {within_s}s")
+
+
+def start_worker(tmp_path: Path, port: int, token: str) -> subprocess.Popen[bytes]:
+    log = open(tmp_path / f"worker-{time.monotonic_ns()}.log", "wb")
+    return subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "inferd.cli.main",
+            "worker",
+            "--connect",
+            f"127.0.0.1:{port}",
+            "--model",
+            "sim",
+            "--worker-id",
+            "remote-1",
+        ],
+        env={**os.environ, "INFERD_JOIN_TOKEN": token},
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        cwd=ROOT,
+    )
+
+
+@pytest.fixture
+def router_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("INFERD_JOIN_TOKEN", TOKEN)
+
+
+def test_remote_worker_joins_and_survives_a_router_restart(tmp_path: Path, router_env: None) -> None:
+    worker_port = free_port()
+    args = ("--model", "sim", "--workers", "0", "--worker-port", str(worker_port))
+    router = start_server(tmp_path, *args, ready_path="/v2/health/live")
+    worker = start_worker(tmp_path, worker_port, TOKEN)
+    try:
+        wait_ready(router.url, 30)
+        assert infer(router.url, "before") == sim_digest("sim", 1, "before")
+        assert router.worker_pids() == [], "no local worker: the model is served by the remote one"
+        router.proc.send_signal(signal.SIGKILL)
+        router.proc.wait(10)
+        assert worker.poll() is None, "the remote worker outlives its router"
+        router2 = start_server(tmp_path, *args, "--port", str(router.port), ready_path="/v2/health/live")
+        try:
+            rejoined_s = wait_ready(router2.url, 10)
+            assert rejoined_s <= 5.0, f"fleet view rebuilt in {rejoined_s:.1f}s"
+            assert infer(router2.url, "after") == sim_digest("sim", 1, "after")
+        finally:
+            router2.stop()
+    finally:
+        worker.send_signal(signal.SIGTERM)
+        worker.wait(10)
+
+
+def test_worker_with_a_bad_token_is_refused(tmp_path: Path, router_env: None) -> None:
+    worker_port = free_port()
+    router = start_server(
+        tmp_path,
+        "--model",
+        "sim",
+        "--workers",
+        "0",
+        "--worker-port",
+        str(worker_port),
+        ready_path="/v2/health/live",
+    )
+    worker = start_worker(tmp_path, worker_port, "wrong-token")
+    try:
+        assert worker.wait(15) == 2
+        with urllib.request.urlopen(f"{router.url}/v2/health/ready", timeout=2) as r:
+            pytest.fail(f"router must not be ready without a worker, got {r.status}")
+    except urllib.error.HTTPError as exc:
+        assert exc.code == 503
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+        router.stop()
+    assert "bad join token" in router.log()
+
+
+def test_worker_port_without_join_token_is_refused_at_start(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("INFERD_JOIN_TOKEN", raising=False)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "inferd.cli.main",
+            "serve",
+            "--model",
+            "sim",
+            "--worker-port",
+            str(free_port()),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        cwd=ROOT,
+    )
+    assert out.returncode == 2 and "INFERD_JOIN_TOKEN" in out.stderr
