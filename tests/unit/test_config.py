@@ -38,7 +38,7 @@ def test_example_repository_loads() -> None:
         ("max_batch_size = 10\nmax_queue_size = 5\n", "raise max_queue_size"),
         ("preferred_batch_sizes = [500]\n", "lower it or raise max_batch_size"),
         ("default_timeout_ms = -1\n", "default_timeout_ms"),
-        ("workers = 0\n", "workers"),
+        ("workers = -1\n", "workers"),
         ("max_wait_ms = 'soon'\n", "max_wait_ms"),
     ],
 )
