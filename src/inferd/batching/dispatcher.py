@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import itertools
 import logging
+import random
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -25,8 +26,10 @@ from inferd.clock import Clock
 from inferd.config import ModelConfig
 from inferd.errors import DeadlineExceeded, ModelError, ModelOutputError, ServingError, WorkerUnavailable
 from inferd.observability.metrics import ModelMetrics
+from inferd.routing import Candidate, EjectionChange, EjectionState, Health, OutlierEjector, P2CBalancer
+from inferd.routing.ejection import WorkerEjection
 from inferd.worker import protocol as p
-from inferd.worker.connection import Batch, WorkerConnection, WorkerState
+from inferd.worker.connection import MAX_INFLIGHT, Batch, WorkerConnection, WorkerState
 
 log = logging.getLogger("inferd.dispatcher")
 
@@ -70,6 +73,9 @@ class ModelRuntime:
         budget: RetryBudget,
         kill_worker: KillWorker,
         heartbeat_timeout_s: float = 5.0,
+        balancer: P2CBalancer | None = None,
+        ejector: OutlierEjector | None = None,
+        rng: random.Random | None = None,
     ) -> None:
         self.config = config
         self.name = config.name
@@ -84,6 +90,9 @@ class ModelRuntime:
         self.isolation: deque[list[QueuedItem]] = deque()
         self.estimator = DrainEstimator(config.max_batch_size)
         self.workers: list[WorkerConnection] = []
+        self.balancer = balancer or P2CBalancer(MAX_INFLIGHT)
+        self.ejector = ejector or OutlierEjector(clock)
+        self.rng = rng or random.Random(0)  # seeded: routing replays the same way; inject another to vary
         self.last_completion = clock.now()
         self._wake = asyncio.Event()
         self._busy: deque[tuple[float, float]] = deque()
@@ -186,20 +195,46 @@ class ModelRuntime:
         """Send every batch that is due now; return when to look again (None: at the next event)."""
         while True:
             now = self.clock.now()
-            idle = [w for w in self.workers if w.idle]
-            staging = [w for w in self.workers if w.stage_free]
+            idle, staging = self._free_workers()
             if self.isolation and (idle or staging):  # retried work first, to any free slot
-                self._dispatch_isolated(min(idle or staging, key=_lru), now)
+                self._dispatch_isolated(self._choose(idle or staging), now)
                 continue
             decision = self.policy.decide(
                 now, len(self.queue), self.queue.oldest_at(), len(idle), len(staging)
             )
             if not decision.size:
                 return decision.wake_at
-            worker = min(idle, key=_lru) if decision.idle else min(staging, key=_lru)
+            worker = self._choose(idle if decision.idle else staging)
             items, expired = self.queue.cut(decision.size, now)
             self._expire_cut(expired, now)
             self._send(worker, items, now)
+
+    def _free_workers(self) -> tuple[list[WorkerConnection], list[WorkerConnection]]:
+        """Ready workers that may take a batch now: idle ones, and busy ones with a free staging slot.
+        Ejected workers sit out (unless all are: then they work rather than stall the model); a probing
+        worker takes one batch at a time; nobody goes over the balancer's per-worker cap."""
+        ready = [w for w in self.workers if w.state is WorkerState.READY]
+        pool = [w for w in ready if self.ejector.state(w.worker_id) is not EjectionState.EJECTED] or ready
+        fits = [w for w in pool if self.balancer.eligible(self._candidate(w))]
+        idle = [w for w in fits if w.idle]
+        staging = [w for w in fits if w.stage_free and self.ejector.state(w.worker_id) is EjectionState.IN]
+        return idle, staging
+
+    def _candidate(self, worker: WorkerConnection) -> Candidate:
+        """A ready worker as the balancer sees it: suspect while probing (or ejected with the whole fleet)."""
+        in_service = self.ejector.state(worker.worker_id) is EjectionState.IN
+        return Candidate(
+            worker.worker_id, Health.READY if in_service else Health.SUSPECT, len(worker.inflight)
+        )
+
+    def _choose(self, workers: list[WorkerConnection]) -> WorkerConnection:
+        """Power of two choices among `workers` (all eligible, at least one)."""
+        choice = self.balancer.choose([self._candidate(w) for w in workers], self.rng)
+        if choice is None:
+            raise RuntimeError(
+                f"model '{self.name}': no eligible worker among {[w.worker_id for w in workers]}"
+            )
+        return next(w for w in workers if w.worker_id == choice.worker_id)
 
     def _dispatch_isolated(self, worker: WorkerConnection, now: float) -> None:
         group = self.isolation.popleft()
@@ -237,6 +272,7 @@ class ModelRuntime:
             log.warning("worker %s answered unknown batch %d; ignored", worker.worker_id, msg.batch_id)
             return
         now = self.clock.now()
+        self._observe_route(worker, msg, now - max(batch.sent_at, worker.running_since))
         worker.completed_batches += 1
         worker.last_progress = worker.last_heartbeat = now
         worker.running_since = now
@@ -254,6 +290,29 @@ class ModelRuntime:
         else:
             self._deliver(batch, msg, worker.version)
         self._wake.set()
+
+    def _observe_route(self, worker: WorkerConnection, msg: p.BatchDone, held_s: float) -> None:
+        """Feed the balancer and the ejector. Latency is how long the batch held the worker (from reaching
+        the device, or the end of the batch before it, to the answer: IPC included), never less than the
+        worker's own compute time. Failed batches feed no latency: failing fast must not attract traffic."""
+        wid = worker.worker_id
+        if msg.batch_error is not None:
+            self._note(self.ejector.failure(wid))
+            return
+        latency_s = max(msg.compute_s, held_s)
+        self._note(self.ejector.observe(wid, latency_s))
+        self.balancer.observe(wid, latency_s)
+
+    def _note(self, change: EjectionChange | None) -> None:
+        if change is None:
+            return
+        if change.state is EjectionState.IN:
+            self.balancer.forget(change.worker_id)  # its slow history no longer describes it
+        log.warning("model %s: %s", self.name, change)
+
+    def ejection_status(self, worker: WorkerConnection) -> WorkerEjection:
+        """The worker's outlier-ejection record (state, times ejected, until when), for the admin API."""
+        return self.ejector.status(worker.worker_id)
 
     def _deliver(self, batch: Batch, msg: p.BatchDone, version: int) -> None:
         size = len(batch.items)
@@ -286,6 +345,7 @@ class ModelRuntime:
         isolate or fail), a batch staged behind it goes back to the head of the queue untouched."""
         if worker in self.workers:
             self.workers.remove(worker)
+        self._leave_routing(worker)
         was = worker.state
         worker.close()
         batches = list(worker.inflight.values())
@@ -318,6 +378,12 @@ class ModelRuntime:
         pending = [i for i in running.items if not i.reply.done()]
         self._apply(self.recovery.on_failure(pending, kind, detail))
         self._wake.set()
+
+    def _leave_routing(self, worker: WorkerConnection) -> None:
+        """The worker takes no more work (draining or lost): it leaves the fleet the ejector counts."""
+        self.balancer.forget(worker.worker_id)
+        for change in self.ejector.remove(worker.worker_id):
+            self._note(change)
 
     def _apply(self, plan: RecoveryPlan) -> None:
         if plan.retry:
@@ -371,6 +437,7 @@ class ModelRuntime:
         worker.state = WorkerState.READY
         worker.last_progress = worker.last_heartbeat = self.clock.now()
         self.workers.append(worker)
+        self.ejector.add(worker.worker_id)
         log.info(
             "worker %s (pid %d) of model %s v%d is ready",
             worker.worker_id,
@@ -385,6 +452,7 @@ class ModelRuntime:
         if worker.state is WorkerState.READY:
             worker.state = WorkerState.DRAINING
             worker.send(p.Drain())
+            self._leave_routing(worker)
             log.info("draining worker %s (pid %d) of model %s", worker.worker_id, worker.pid, self.name)
             self._wake.set()
 
@@ -408,7 +476,3 @@ class ModelRuntime:
 
     def stop_accepting(self) -> None:
         self._stopping = True
-
-
-def _lru(worker: WorkerConnection) -> float:
-    return worker.last_dispatch

@@ -33,14 +33,14 @@ class RetryBudget:
         self.ratio = ratio
         self.min_per_s = min_per_s
         self.window_s = window_s
-        self._requests: deque[tuple[float, int]] = deque()
-        self._retries: deque[tuple[float, int]] = deque()
+        self._requests: deque[list[float]] = deque()
+        self._retries: deque[list[float]] = deque()
         self._n_requests = 0
         self._n_retries = 0
         self.exhausted_total = 0
 
     def record_requests(self, n: int = 1) -> None:
-        self._requests.append((self.clock.now(), n))
+        self._add(self._requests, n)
         self._n_requests += n
 
     def balance(self) -> float:
@@ -52,16 +52,26 @@ class RetryBudget:
         if self.balance() < n:
             self.exhausted_total += 1
             return False
-        self._retries.append((self.clock.now(), n))
+        self._add(self._retries, n)
         self._n_retries += n
         return True
 
     def statistics(self) -> BudgetStatistics:
         return BudgetStatistics(self.balance(), self._n_requests, self._n_retries, self.exhausted_total)
 
+    def _add(self, counts: deque[list[float]], n: int) -> None:
+        """Counts go in 1-second buckets, so memory stays bounded by the window, whatever the rate."""
+        now = self.clock.now()
+        bucket = float(int(now))
+        if counts and counts[-1][0] == bucket:
+            counts[-1][1] += n
+        else:
+            counts.append([bucket, n])
+            self._expire(now)
+
     def _expire(self, now: float) -> None:
         cutoff = now - self.window_s
-        while self._requests and self._requests[0][0] < cutoff:
-            self._n_requests -= self._requests.popleft()[1]
-        while self._retries and self._retries[0][0] < cutoff:
-            self._n_retries -= self._retries.popleft()[1]
+        while self._requests and self._requests[0][0] + 1.0 <= cutoff:
+            self._n_requests -= int(self._requests.popleft()[1])
+        while self._retries and self._retries[0][0] + 1.0 <= cutoff:
+            self._n_retries -= int(self._retries.popleft()[1])

@@ -1,0 +1,232 @@
+"""`inferd status`: the admin API's worker and model lists as tables, once or every N seconds.
+
+Reads GET /admin/workers and GET /admin/models (src/inferd/api/admin.py). Exits 1, with a message that
+says what to do, when the admin API cannot be reached or refuses the token.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console, Group, RenderableType
+from rich.live import Live
+from rich.table import Table
+from rich.text import Text
+
+FETCH_TIMEOUT_S = 5.0
+STATE_STYLES = {
+    "ready": "green",
+    "starting": "cyan",
+    "suspect": "yellow",
+    "draining": "yellow",
+    "dead": "red",
+}
+
+
+class AdminUnavailable(Exception):
+    """The admin API could not be read; the message names the URL and says what to do."""
+
+
+@dataclass(frozen=True, slots=True)
+class AdminSnapshot:
+    workers: dict[str, Any]
+    models: dict[str, Any]
+
+    def as_json(self) -> str:
+        return json.dumps({"workers": self.workers, "models": self.models})
+
+
+def fetch_json(url: str, token: str | None, timeout_s: float = FETCH_TIMEOUT_S) -> dict[str, Any]:
+    headers = {"Accept": "application/json"}
+    if token:
+        headers["Authorization"] = f"Bearer {token}"
+    request = urllib.request.Request(url, headers=headers)
+    try:
+        with urllib.request.urlopen(request, timeout=timeout_s) as response:
+            body = response.read()
+    except urllib.error.HTTPError as exc:
+        if exc.code == 401:
+            hint = "the token was refused" if token else "it requires a token"
+            raise AdminUnavailable(
+                f"{url} answered 401 Unauthorized: {hint}; pass --token or set INFERD_ADMIN_TOKEN "
+                "to the server's admin token"
+            ) from None
+        raise AdminUnavailable(f"{url} answered HTTP {exc.code} {exc.reason}") from None
+    except (urllib.error.URLError, OSError) as exc:
+        reason = getattr(exc, "reason", exc)
+        raise AdminUnavailable(
+            f"cannot reach the admin API at {url} ({reason}); is `inferd serve` running, "
+            "and is --admin-url its admin address?"
+        ) from None
+    try:
+        payload = json.loads(body)
+    except ValueError:
+        raise AdminUnavailable(f"{url} did not answer JSON (first bytes: {body[:80]!r})") from None
+    if not isinstance(payload, dict):
+        raise AdminUnavailable(f"{url} answered {type(payload).__name__} JSON, expected an object")
+    return payload
+
+
+def fetch_snapshot(admin_url: str, token: str | None) -> AdminSnapshot:
+    base = admin_url.rstrip("/")
+    return AdminSnapshot(
+        workers=fetch_json(f"{base}/admin/workers", token),
+        models=fetch_json(f"{base}/admin/models", token),
+    )
+
+
+def _age(seconds: Any) -> str:
+    if not isinstance(seconds, int | float):
+        return "-"
+    if seconds < 60:
+        return f"{seconds:.1f} s"
+    return f"{seconds / 60:.1f} min"
+
+
+def _cell(value: Any) -> str:
+    return "-" if value is None else str(value)
+
+
+def workers_table(workers: list[dict[str, Any]]) -> Table:
+    table = Table(title="workers", title_justify="left")
+    for header in ("id", "model", "version", "state", "pid", "host"):
+        table.add_column(header)
+    for header in ("in-flight", "completed", "restarts", "progress age", "heartbeat age"):
+        table.add_column(header, justify="right")
+    for w in workers:
+        state = _cell(w.get("state"))
+        table.add_row(
+            _cell(w.get("worker_id")),
+            _cell(w.get("model")),
+            _cell(w.get("version")),
+            Text(state, style=STATE_STYLES.get(state, "")),
+            _cell(w.get("pid")),
+            _cell(w.get("host")),
+            _cell(w.get("inflight_batches")),
+            _cell(w.get("completed_batches")),
+            _cell(w.get("restarts")),
+            _age(w.get("last_progress_s_ago")),
+            _age(w.get("last_heartbeat_s_ago")),
+        )
+    return table
+
+
+def models_table(models: dict[str, dict[str, Any]]) -> Table:
+    table = Table(title="models", title_justify="left")
+    table.add_column("model")
+    for header in ("ready", "stalled", "ready workers", "queued", "batch timeout", "busy ratio"):
+        table.add_column(header, justify="right")
+    for name, m in sorted(models.items()):
+        busy = m.get("busy_ratio")
+        timeout = m.get("batch_timeout_s")
+        table.add_row(
+            name,
+            Text("yes", style="green") if m.get("ready") else Text("no", style="red"),
+            Text("yes", style="red") if m.get("stalled") else Text("no"),
+            _cell(m.get("ready_workers")),
+            _cell(m.get("queued")),
+            f"{timeout:.1f} s" if isinstance(timeout, int | float) else "-",
+            f"{busy:.0%}" if isinstance(busy, int | float) else "-",
+        )
+    return table
+
+
+def retry_budget_line(budget: dict[str, Any] | None) -> str:
+    if not budget:
+        return "retry budget: not reported"
+    return (
+        f"retry budget: balance {budget.get('balance', '-')}, "
+        f"{budget.get('requests_in_window', '-')} requests and {budget.get('retries_in_window', '-')} "
+        f"retries in the window, exhausted {budget.get('exhausted_total', '-')} times"
+    )
+
+
+def render_snapshot(snapshot: AdminSnapshot, admin_url: str, error: str | None = None) -> RenderableType:
+    parts: list[RenderableType] = [
+        workers_table(list(snapshot.workers.get("workers", []))),
+        models_table(dict(snapshot.models.get("models", {}))),
+        Text(retry_budget_line(snapshot.models.get("retry_budget"))),
+        Text(f"from {admin_url} at {time.strftime('%H:%M:%S')}", style="dim"),
+    ]
+    if error is not None:
+        parts.append(Text(f"last refresh failed: {error}", style="bold red"))
+    return Group(*parts)
+
+
+def watch_loop(
+    snapshot: AdminSnapshot,
+    fetch: Callable[[], AdminSnapshot],
+    show: Callable[[AdminSnapshot, str | None], None],
+    interval_s: float,
+    sleep: Callable[[float], None] = time.sleep,
+) -> None:
+    """After `snapshot` was shown, refresh every `interval_s` until Ctrl-C. A failed refresh keeps the
+    last snapshot, marked with the error: a server restarting should not end the watch."""
+    try:
+        while True:
+            sleep(interval_s)
+            try:
+                snapshot, error = fetch(), None
+            except AdminUnavailable as exc:
+                error = str(exc)
+            show(snapshot, error)
+    except KeyboardInterrupt:
+        return
+
+
+def show_json(snapshot: AdminSnapshot, error: str | None) -> None:
+    """One JSON object per refresh (JSON lines under --watch); errors go to stderr."""
+    if error is not None:
+        typer.echo(f"error: {error}", err=True)
+    else:
+        typer.echo(snapshot.as_json())
+
+
+def status(
+    admin_url: Annotated[
+        str, typer.Option(help="Base URL of the admin API (inferd serve --admin-port).")
+    ] = "http://127.0.0.1:8001",
+    token: Annotated[
+        str | None,
+        typer.Option(envvar="INFERD_ADMIN_TOKEN", help="Admin bearer token [default: $INFERD_ADMIN_TOKEN]."),
+    ] = None,
+    watch: Annotated[
+        float | None, typer.Option(help="Refresh every N seconds until Ctrl-C.", min=0.1)
+    ] = None,
+    json_output: Annotated[
+        bool, typer.Option("--json", help="Print the raw JSON of both endpoints.")
+    ] = False,
+) -> None:
+    """Show the workers and models of a running inferd server, from its admin API."""
+
+    def fetch() -> AdminSnapshot:
+        return fetch_snapshot(admin_url, token)
+
+    try:
+        snapshot = fetch()
+    except AdminUnavailable as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(1) from None
+    if json_output:
+        show_json(snapshot, None)
+        if watch is not None:
+            watch_loop(snapshot, fetch, show_json, watch)
+        return
+    console = Console()
+    if watch is None:
+        console.print(render_snapshot(snapshot, admin_url))
+        return
+    with Live(render_snapshot(snapshot, admin_url), console=console, auto_refresh=False) as live:
+        watch_loop(
+            snapshot,
+            fetch,
+            lambda snap, error: live.update(render_snapshot(snap, admin_url, error), refresh=True),
+            watch,
+        )
