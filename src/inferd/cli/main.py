@@ -159,6 +159,15 @@ def worker(
     raise typer.Exit(worker_main(args))
 
 
+def _register_tools() -> None:
+    from inferd.cli.status import status
+
+    app.command("status")(status)
+
+
+_register_tools()
+
+
 def _register_bench() -> None:
     try:
         from inferd.bench.command import bench

@@ -18,7 +18,8 @@ more). From capacity and the measured arrival rate:
 
 Damping, in order: a hysteresis band (scale down only if one worker fewer would still sit below target
 by `scale_down_margin`), Kubernetes-HPA stabilization windows (scale up to the *lowest*
-recommendation of the up-window, down to the *highest* of the down-window), cooldowns measured from the
+recommendation of the up-window, down to the *highest* of the down-window, and never before a
+down-window has been observed in full), cooldowns measured from the
 last change in either direction (so a reversal waits the cooldown of its own direction), and a bounded
 step (up by at most `max_step_up_workers`, down by one). The target is always within
 [min_workers, max_workers].
@@ -188,6 +189,7 @@ class Autoscaler:
         self.config = config
         self.clock = clock
         self._target: int | None = None
+        self._first_seen_at: float | None = None
         self._history: deque[tuple[float, int]] = deque()
         self._last_change_at: float | None = None
         self._changes: deque[float] = deque()
@@ -198,10 +200,12 @@ class Autoscaler:
 
     def decide(self, obs: Observation) -> Decision:
         now = self.clock.now()
+        if self._first_seen_at is None:
+            self._first_seen_at = now
         current = self._target if self._target is not None else obs.ready_workers + obs.starting_workers
         rec = self._recommend(obs, current)
         self._remember(now, rec.workers)
-        decision = self._stabilize(now, current, rec)
+        decision = self._stabilize(now, now - self._first_seen_at, current, rec)
         self._record(now, decision)
         return decision
 
@@ -280,7 +284,9 @@ class Autoscaler:
     def _window(self, now: float, window_s: float) -> list[int]:
         return [w for t, w in self._history if now - t <= window_s]
 
-    def _stabilize(self, now: float, current: int, rec: _Recommendation) -> Decision:
+    def _stabilize(self, now: float, observed_s: float, current: int, rec: _Recommendation) -> Decision:
+        """`observed_s`: how long this policy has watched the fleet; a down-window not yet observed in
+        full is not stable (a fresh policy never scales down on its first looks)."""
         cfg = self.config
         bounded = self._clamp(current)
         if bounded != current:
@@ -295,7 +301,7 @@ class Autoscaler:
                 return Decision(current, f"scale up to {up_to} waits for the cooldown ({blocked})", current)
             target = min(up_to, current + cfg.max_step_up_workers)
             return Decision(target, f"scale up {current} -> {target}: {rec.why}", current)
-        if down_to < current:
+        if down_to < current and observed_s >= cfg.scale_down_stabilization_s:
             blocked = self._cooling(now, cfg.scale_down_cooldown_s)
             if blocked is not None:
                 return Decision(
