@@ -9,6 +9,7 @@ from __future__ import annotations
 import hmac
 import logging
 import time
+from dataclasses import asdict
 from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
@@ -85,6 +86,7 @@ class AdminApi:
                         "last_progress_s_ago": round(now - w.last_progress, 3),
                         "last_heartbeat_s_ago": round(now - w.last_heartbeat, 3),
                         "busy_s": round(w.busy_s, 3),
+                        "ejection": _ejection(rt.ejection_status(w), now),
                     }
                 )
         return web.json_response({"workers": rows, "time": time.time()})
@@ -95,6 +97,7 @@ class AdminApi:
             name: {
                 "ready": rt.ready,
                 "stalled": rt.stalled(),
+                "balancer": asdict(rt.balancer.statistics()),
                 "ready_workers": rt.ready_workers,
                 "queued": len(rt.queue),
                 "isolation_batches": len(rt.isolation),
@@ -129,3 +132,14 @@ class AdminApi:
         else:
             rt.drain_worker(worker)
         return web.json_response({"worker_id": worker.worker_id, "state": worker.state.value})
+
+
+def _ejection(record: Any, now: float) -> dict[str, Any]:
+    until = record.ejected_until
+    return {
+        "state": record.state.value,
+        "times_ejected": record.times_ejected,
+        "ejected_for_s": None if until is None else round(max(0.0, until - now), 3),
+        "consecutive_failures": record.consecutive_failures,
+        "reason": record.reason,
+    }
