@@ -345,3 +345,30 @@ def test_chunked_body_over_limit_is_refused(server: ServerProc) -> None:
         reply = recv_response(s, reply)
     assert reply.startswith(b"HTTP/1.1 413"), reply[:200]
     assert b"exceeds the limit" in reply
+
+
+async def test_interactive_requests_overtake_queued_bulk_work(server: ServerProc) -> None:
+    """30 bulk requests queue on a 200 ms device (batches of 10); interactive ones sent after them
+    still run in the next batch, not behind the bulk backlog."""
+    url = f"{server.url}/v2/models/sim/infer"
+    async with aiohttp.ClientSession() as http:
+
+        async def call(text: str, priority: str, header: bool) -> dict:
+            kwargs: dict = {"json": body([text], text, priority=priority)}
+            if header:
+                kwargs = {"json": body([text], text), "headers": {"X-Priority": priority}}
+            async with http.post(url, **kwargs) as r:
+                assert r.status == 200, await r.text()
+                return {"batch": int(r.headers["X-Inferd-Batch-Id"]), "text": text}
+
+        bulk = [asyncio.ensure_future(call(f"bulk{i}", "bulk", i % 2 == 0)) for i in range(30)]
+        for _ in range(100):  # wait until the bulk work is queued
+            if await metric(http, server.url, r'inferd_queue_depth\{model="sim"\}') >= 10:
+                break
+            await asyncio.sleep(0.01)
+        inter = await asyncio.gather(*(call(f"inter{i}", "interactive", i == 0) for i in range(5)))
+        bulk_done = await asyncio.gather(*bulk)
+        async with http.post(url, json=body(["x"]), headers={"X-Priority": "urgent"}) as r:
+            assert r.status == 400 and "priority" in (await r.json())["error"]
+    last_bulk = max(b["batch"] for b in bulk_done)
+    assert all(i["batch"] < last_bulk for i in inter), (inter, last_bulk)

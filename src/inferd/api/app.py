@@ -17,7 +17,14 @@ from inferd.api import oip
 from inferd.api import openai as openai_routes
 from inferd.api.asgi import AsgiApp, HttpRequest, HttpResponse, Router
 from inferd.api.errors import error_headers, status_of
-from inferd.api.http import ClientGone, check_content_type, json_response, read_body, wait_for_items
+from inferd.api.http import (
+    ClientGone,
+    check_content_type,
+    json_response,
+    parse_priority,
+    read_body,
+    wait_for_items,
+)
 from inferd.api.openapi import openapi_document
 from inferd.batching.dispatcher import ItemResult, ModelRuntime
 from inferd.errors import BadRequest, Internal, ServingError
@@ -139,12 +146,13 @@ class Api:
 
     async def _infer(self, request: HttpRequest) -> HttpResponse:
         rt = self._runtime(request)
-        rt.precheck()  # 503 / 429 decided before the body is read
+        header_priority = request.header(b"x-priority")
+        rt.precheck(parse_priority(None, header_priority))  # 503 / 429 decided before the body is read
         check_content_type(request)
         body = await read_body(request, self.max_body)
         req = oip.decode_request(body, request.header(b"inference-header-content-length"), rt.config)
         deadline = self.deadline(rt, req.timeout_us, request.header(b"x-request-timeout-ms"))
-        items = rt.enqueue(req.items, deadline)
+        items = rt.enqueue(req.items, deadline, parse_priority(req.priority, header_priority))
         results: list[ItemResult] = await wait_for_items(rt, items, deadline, self.clock, request)
         record = lifecycle(results)
         out, header_len = oip.encode_response(

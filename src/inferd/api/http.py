@@ -9,7 +9,7 @@ from typing import Any
 
 from inferd.api.asgi import HttpRequest, HttpResponse
 from inferd.batching.dispatcher import ModelRuntime
-from inferd.batching.queue import QueuedItem
+from inferd.batching.queue import BULK, INTERACTIVE, PRIORITY_NAMES, QueuedItem
 from inferd.clock import Clock
 from inferd.errors import BadRequest, PayloadTooLarge, UnsupportedMediaType
 
@@ -19,6 +19,25 @@ class ClientGone(Exception):
 
 
 JSON_TYPES = ("application/json", "application/octet-stream", "")
+
+
+def parse_priority(param: object, header: str | None) -> int:
+    """OIP `parameters.priority` or the X-Priority header: 'interactive' (default) or 'bulk'; Triton-style
+    integers are accepted too (0 or 1: interactive, 2 and above: bulk)."""
+    value = param if param is not None else header
+    if value is None:
+        return INTERACTIVE
+    if isinstance(value, str):
+        name = value.strip().lower()
+        if name in PRIORITY_NAMES:
+            return PRIORITY_NAMES[name]
+        if name.isdigit():
+            value = int(name)
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return INTERACTIVE if value <= 1 else BULK
+    raise BadRequest(
+        f"priority {value!r} is not one of 'interactive', 'bulk' (or a Triton priority level >= 0)"
+    )
 
 
 def check_content_type(request: HttpRequest, allowed: Sequence[str] = JSON_TYPES) -> None:

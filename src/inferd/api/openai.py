@@ -9,7 +9,7 @@ import msgspec
 import numpy as np
 
 from inferd.api.asgi import HttpRequest, HttpResponse
-from inferd.api.http import check_content_type, json_response, read_body, wait_for_items
+from inferd.api.http import check_content_type, json_response, parse_priority, read_body, wait_for_items
 from inferd.errors import BadRequest, ServingError
 
 if TYPE_CHECKING:
@@ -72,7 +72,9 @@ async def embeddings(api: Api, request: HttpRequest) -> HttpResponse:
         )
     rt.precheck()
     deadline = api.deadline(rt, None, request.header(b"x-request-timeout-ms"))
-    items = rt.enqueue([t.encode() for t in texts], deadline)
+    items = rt.enqueue(
+        [t.encode() for t in texts], deadline, parse_priority(None, request.header(b"x-priority"))
+    )
     results = await wait_for_items(rt, items, deadline, api.clock, request)
     data = []
     tokens = truncated = 0

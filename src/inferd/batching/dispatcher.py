@@ -19,7 +19,7 @@ from typing import Any
 
 from inferd.batching.admission import DrainEstimator, check_admission, retry_after_s
 from inferd.batching.policy import BatchPolicy
-from inferd.batching.queue import ItemState, QueuedItem, RequestQueue
+from inferd.batching.queue import INTERACTIVE, ItemState, QueuedItem, RequestQueue
 from inferd.batching.recovery import FailureKind, RecoveryPlan, RecoveryPolicy
 from inferd.batching.retry import RetryBudget
 from inferd.clock import Clock
@@ -117,17 +117,24 @@ class ModelRuntime:
         return self.config.version
 
     # ---- receive -----------------------------------------------------------------------------------
-    def precheck(self) -> None:
+    def capacity(self, priority: int) -> int:
+        """Queue room a class may fill: bulk leaves a reserve for interactive work, so it is shed first."""
+        if priority == INTERACTIVE:
+            return self.queue.max_size
+        reserve = max(self.config.max_batch_size, self.queue.max_size // 4)
+        return max(1, self.queue.max_size - reserve)
+
+    def precheck(self, priority: int = INTERACTIVE) -> None:
         """Cheap checks before the body is read: no worker, or no room even for one item."""
         if self._stopping:
             raise WorkerUnavailable(f"model '{self.name}' is shutting down")
         if self.ready_workers == 0:
             raise WorkerUnavailable(f"model '{self.name}' has no ready worker; retry shortly")
-        if self.queue.free() <= 0:
+        if len(self.queue) >= self.capacity(priority):
             check_admission(
                 self.name,
                 len(self.queue),
-                self.queue.max_size,
+                self.capacity(priority),
                 1,
                 self.clock.now(),
                 None,
@@ -135,14 +142,16 @@ class ModelRuntime:
                 self.ready_workers,
             )
 
-    def enqueue(self, payloads: Sequence[Any], deadline: float | None) -> list[QueuedItem]:
+    def enqueue(
+        self, payloads: Sequence[Any], deadline: float | None, priority: int = INTERACTIVE
+    ) -> list[QueuedItem]:
         """Admit and queue one request's items. Raises Overloaded or WorkerUnavailable."""
-        self.precheck()
+        self.precheck(priority)
         now = self.clock.now()
         check_admission(
             self.name,
             len(self.queue),
-            self.queue.max_size,
+            self.capacity(priority),
             len(payloads),
             now,
             deadline,
@@ -150,7 +159,10 @@ class ModelRuntime:
             self.ready_workers,
         )
         loop = asyncio.get_running_loop()
-        items = [QueuedItem(payload, now, deadline, loop.create_future()) for payload in payloads]
+        items = [
+            QueuedItem(payload, now, deadline, loop.create_future(), priority=priority)
+            for payload in payloads
+        ]
         for item in items:
             self.queue.push(item)
         self.budget.record_requests(len(items))
@@ -204,6 +216,8 @@ class ModelRuntime:
             )
             if not decision.size:
                 return decision.wake_at
+            if not decision.idle and self.queue.live_in(INTERACTIVE) < decision.size:
+                return None  # stage only all-interactive batches: interactive work never waits behind bulk
             worker = self._choose(idle if decision.idle else staging)
             items, expired = self.queue.cut(decision.size, now)
             self._expire_cut(expired, now)

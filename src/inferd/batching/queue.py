@@ -28,6 +28,11 @@ class ItemState(enum.Enum):
 ItemState.TERMINAL = frozenset({ItemState.DONE, ItemState.WITHDRAWN, ItemState.EXPIRED})
 
 
+INTERACTIVE = 0
+BULK = 1
+PRIORITY_NAMES = {"interactive": INTERACTIVE, "bulk": BULK}
+
+
 @dataclass(slots=True, eq=False)
 class QueuedItem:
     """One batch item: one row of one request."""
@@ -37,6 +42,8 @@ class QueuedItem:
     deadline: float | None
     reply: Any = None
     """Whatever the driver uses to answer the caller (an asyncio.Future in the runtime)."""
+    priority: int = INTERACTIVE
+    """INTERACTIVE (0) or BULK (1): bulk uses spare capacity and is shed first."""
     attempts: int = 0
     """Runs started on a worker."""
     crashes: int = 0
@@ -61,98 +68,113 @@ class QueueStatistics:
 
 
 class RequestQueue:
-    """FIFO of live items with a hard bound on their number."""
+    """FIFO of live items with a hard bound on their number, in two priority classes.
+
+    Interactive items (class 0) always leave before bulk ones (class 1): a cut takes interactive work
+    first and fills the space it leaves with bulk work, so interactive work never waits behind bulk.
+    """
+
+    CLASSES = (INTERACTIVE, BULK)
 
     def __init__(self, max_size: int) -> None:
         if max_size < 1:
             raise ValueError(f"max_size must be >= 1, got {max_size}")
         self.max_size = max_size
-        self._items: deque[QueuedItem] = deque()
-        self._live = 0
+        self._classes: tuple[deque[QueuedItem], deque[QueuedItem]] = (deque(), deque())
+        self._live = [0, 0]
 
     def __len__(self) -> int:
-        return self._live
+        return self._live[0] + self._live[1]
+
+    def live_in(self, priority: int) -> int:
+        return self._live[priority]
 
     def statistics(self) -> QueueStatistics:
-        return QueueStatistics(self._live, len(self._items), self.max_size)
+        return QueueStatistics(len(self), sum(len(q) for q in self._classes), self.max_size)
 
     def live_items(self) -> list[QueuedItem]:
-        """The queued items, head first (a copy: for inspection, not for the hot path)."""
-        return [i for i in self._items if i.state is ItemState.QUEUED]
+        """The queued items in the order they would leave (a copy: for inspection, not the hot path)."""
+        return [i for q in self._classes for i in q if i.state is ItemState.QUEUED]
 
     def free(self) -> int:
-        return self.max_size - self._live
+        return self.max_size - len(self)
 
     def oldest_at(self) -> float | None:
-        self._trim_head()
-        return self._items[0].enqueued_at if self._items else None
+        heads = []
+        for q in self._classes:
+            self._trim_head(q)
+            if q:
+                heads.append(q[0].enqueued_at)
+        return min(heads) if heads else None
 
     def push(self, item: QueuedItem) -> None:
-        if self._live >= self.max_size:
-            raise OverflowError(f"queue full ({self._live}/{self.max_size}): admit before pushing")
+        if len(self) >= self.max_size:
+            raise OverflowError(f"queue full ({len(self)}/{self.max_size}): admit before pushing")
         item.state = ItemState.QUEUED
-        self._items.append(item)
-        self._live += 1
+        self._classes[item.priority].append(item)
+        self._live[item.priority] += 1
 
     def push_front(self, items: Iterable[QueuedItem]) -> None:
-        """Put items back at the head, in their original order (retries). May exceed the bound
-        transiently: these items were admitted before and are owed an answer."""
+        """Put items back at the head of their class, in their original order (retries). May exceed the
+        bound transiently: these items were admitted before and are owed an answer."""
         for item in reversed(list(items)):
             item.state = ItemState.QUEUED
-            self._items.appendleft(item)
-            self._live += 1
+            self._classes[item.priority].appendleft(item)
+            self._live[item.priority] += 1
 
     def withdraw(self, item: QueuedItem) -> bool:
         """Remove a queued item (its caller left or timed out). False if it was not queued."""
         if item.state is not ItemState.QUEUED:
             return False
         item.state = ItemState.WITHDRAWN
-        self._live -= 1
-        if len(self._items) > 2 * self.max_size + 64:
-            self._items = deque(i for i in self._items if i.state is ItemState.QUEUED)
+        self._live[item.priority] -= 1
+        q = self._classes[item.priority]
+        if len(q) > 2 * self.max_size + 64:
+            self._classes = tuple(  # type: ignore[assignment]
+                deque(i for i in c if i.state is ItemState.QUEUED) for c in self._classes
+            )
         return True
 
     def cut(self, size: int, now: float) -> tuple[list[QueuedItem], list[QueuedItem]]:
-        """Take up to `size` live items from the head. Items whose deadline has passed are taken
-        out too, into the second list, so they never occupy a batch slot."""
+        """Take up to `size` live items, interactive first, each class from its head. Items whose deadline
+        has passed are taken out too, into the second list, so they never occupy a batch slot."""
         batch: list[QueuedItem] = []
         expired: list[QueuedItem] = []
-        items = self._items
-        while items and len(batch) < size:
-            item = items.popleft()
-            if item.state is not ItemState.QUEUED:
-                continue
-            self._live -= 1
-            if item.deadline is not None and item.deadline <= now:
-                item.state = ItemState.EXPIRED
-                expired.append(item)
-                continue
-            item.state = ItemState.RUNNING
-            batch.append(item)
+        for priority, items in enumerate(self._classes):
+            while items and len(batch) < size:
+                item = items.popleft()
+                if item.state is not ItemState.QUEUED:
+                    continue
+                self._live[priority] -= 1
+                if item.deadline is not None and item.deadline <= now:
+                    item.state = ItemState.EXPIRED
+                    expired.append(item)
+                    continue
+                item.state = ItemState.RUNNING
+                batch.append(item)
         return batch, expired
 
     def expire(self, now: float) -> list[QueuedItem]:
         """Take out every queued item whose deadline has passed (a sweep while no batch is cut)."""
-        expired = [
-            i
-            for i in self._items
-            if i.state is ItemState.QUEUED and i.deadline is not None and i.deadline <= now
-        ]
+        expired = [i for i in self.live_items() if i.deadline is not None and i.deadline <= now]
         for item in expired:
             item.state = ItemState.EXPIRED
-            self._live -= 1
+            self._live[item.priority] -= 1
         if expired:
-            self._items = deque(i for i in self._items if i.state is ItemState.QUEUED)
+            self._classes = tuple(  # type: ignore[assignment]
+                deque(i for i in c if i.state is ItemState.QUEUED) for c in self._classes
+            )
         return expired
 
     def drain_all(self) -> list[QueuedItem]:
         """Take out every live item (shutdown, model unavailable)."""
-        live = [i for i in self._items if i.state is ItemState.QUEUED]
-        self._items.clear()
-        self._live = 0
+        live = self.live_items()
+        for q in self._classes:
+            q.clear()
+        self._live = [0, 0]
         return live
 
-    def _trim_head(self) -> None:
-        items = self._items
+    @staticmethod
+    def _trim_head(items: deque[QueuedItem]) -> None:
         while items and items[0].state is not ItemState.QUEUED:
             items.popleft()

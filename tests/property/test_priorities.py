@@ -1,0 +1,115 @@
+"""Priority classes: interactive work never leaves after bulk work that arrived later; bulk is shed first."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from inferd.api.http import parse_priority
+from inferd.batching.dispatcher import ModelRuntime
+from inferd.batching.queue import BULK, INTERACTIVE, QueuedItem, RequestQueue
+from inferd.batching.retry import RetryBudget
+from inferd.clock import FakeClock
+from inferd.errors import BadRequest, Overloaded
+from inferd.models.sim import sim_config
+from inferd.observability.metrics import Metrics
+from inferd.worker.connection import WorkerConnection
+from tests.property.test_recovery_state_machine import FakeWriter
+
+ops = st.lists(
+    st.one_of(
+        st.tuples(st.just("push"), st.sampled_from([INTERACTIVE, BULK])),
+        st.tuples(st.just("cut"), st.integers(1, 8)),
+    ),
+    max_size=200,
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(ops=ops)
+def test_interactive_never_dispatched_after_later_bulk(ops) -> None:
+    q = RequestQueue(64)
+    arrival = 0
+    dispatched: list[tuple[int, int, int]] = []  # (batch index, arrival, priority)
+    for n, (kind, arg) in enumerate(ops):
+        if kind == "push" and q.free() > 0:
+            q.push(QueuedItem(arrival, float(arrival), None, priority=arg))
+            arrival += 1
+        elif kind == "cut":
+            batch, _ = q.cut(arg, now=0.0)
+            dispatched += [(n, i.payload, i.priority) for i in batch]
+    position = {a: (n, k) for k, (n, a, _) in enumerate(dispatched)}
+    for _, a_i, p_i in dispatched:
+        if p_i != INTERACTIVE:
+            continue
+        for _, a_b, p_b in dispatched:
+            if p_b == BULK and a_b > a_i:
+                assert position[a_i] < position[a_b], "interactive left after later bulk work"
+    for cls in (INTERACTIVE, BULK):  # FIFO within a class
+        order = [a for _, a, p in dispatched if p == cls]
+        assert order == sorted(order)
+
+
+def make_runtime() -> ModelRuntime:
+    clock = FakeClock()
+    rt = ModelRuntime(
+        sim_config(max_batch_size=10, max_queue_size=40),
+        clock,
+        Metrics().for_model("sim"),
+        RetryBudget(clock),
+        kill_worker=lambda w: None,
+    )
+    rt.add_worker(WorkerConnection("w", "sim", 1, "h", FakeWriter()))  # type: ignore[arg-type]
+    return rt
+
+
+async def test_bulk_is_shed_first_and_interactive_keeps_a_reserve() -> None:
+    rt = make_runtime()
+    assert rt.capacity(BULK) == 30 and rt.capacity(INTERACTIVE) == 40
+    rt.enqueue([b"b"] * 30, None, BULK)
+    with pytest.raises(Overloaded, match="queue is full"):
+        rt.enqueue([b"b"], None, BULK)
+    rt.enqueue([b"i"] * 10, None, INTERACTIVE)  # the reserve
+    with pytest.raises(Overloaded):
+        rt.enqueue([b"i"], None, INTERACTIVE)
+    await asyncio.sleep(0)
+
+
+async def test_busy_worker_is_not_staged_a_batch_with_bulk_work() -> None:
+    rt = make_runtime()
+    rt.enqueue([b"first"] * 10, None, INTERACTIVE)
+    rt.dispatch_due()  # one full batch running
+    rt.enqueue([b"bulk"] * 10, None, BULK)
+    rt.dispatch_due()
+    (worker,) = rt.workers
+    assert len(worker.inflight) == 1, "a bulk batch must not be staged ahead of later interactive work"
+    rt.enqueue([b"inter"] * 10, None, INTERACTIVE)
+    rt.dispatch_due()
+    staged = list(worker.inflight.values())[-1]
+    assert [i.payload for i in staged.items] == [b"inter"] * 10
+
+
+@pytest.mark.parametrize(
+    ("param", "header", "expected"),
+    [
+        (None, None, INTERACTIVE),
+        ("bulk", None, BULK),
+        (None, "BULK", BULK),
+        (None, "interactive", INTERACTIVE),
+        (1, None, INTERACTIVE),
+        (2, "interactive", BULK),
+        (None, "3", BULK),
+        (0, None, INTERACTIVE),
+    ],
+)
+def test_priority_parsing(param, header, expected) -> None:
+    assert parse_priority(param, header) == expected
+
+
+@pytest.mark.parametrize("bad", ["urgent", -1, True, 2.5])
+def test_bad_priority_is_refused(bad) -> None:
+    with pytest.raises(BadRequest, match="priority"):
+        parse_priority(bad, None)
