@@ -147,7 +147,8 @@ class ServerConfig(_Frozen):
     worker_host: str = "127.0.0.1"
     """Address where workers on other hosts connect (`inferd worker --connect HOST:PORT`)."""
     worker_port: int | None = Field(default=None, ge=0, le=65535)
-    """TCP port for workers on other hosts; None: local workers only. Needs INFERD_JOIN_TOKEN."""
+    """TCP port for workers on other hosts; None: local workers only. Needs INFERD_JOIN_TOKEN (except
+    with ray_address: the Ray actors present a token of the server's own)."""
     join_token: SecretStr | None = None
     """Token remote workers must present; from the environment (INFERD_JOIN_TOKEN), never from files."""
     model_repo: Path | None = None
@@ -178,6 +179,15 @@ class ServerConfig(_Frozen):
     """Where one-time model conversions are cached (default ~/.cache/inferd)."""
     model_overrides: dict[str, dict[str, Any]] = Field(default_factory=dict)
     """Per-model setting overrides, from [models.NAME] tables of the config file."""
+    ray_address: str | None = None
+    """Run the workers as Ray actors on this Ray cluster (an address as ray.init takes it: HOST:PORT,
+    "auto" for the cluster this host belongs to, "local" for a new one-node cluster) instead of local
+    processes; needs the inferd[ray] extra. The actors join over the worker port (a free one when
+    worker_port is unset) with a token of the server's own; set worker_host to an address the
+    cluster's nodes reach (0.0.0.0: this host's Ray node address) when the cluster spans hosts."""
+    ray_resource: str | None = None
+    """The Ray resource each worker actor holds one of: None takes GPU when the cluster has GPUs, else the
+    custom resource inferd_device (start CPU-only nodes with --resources='{"inferd_device": N}')."""
 
 
 def load_server_config(
@@ -214,7 +224,7 @@ def load_server_config(
         raise ConfigError("join_token must not be in a config file: set INFERD_JOIN_TOKEN in the environment")
     if env.get("INFERD_JOIN_TOKEN"):
         data["join_token"] = env["INFERD_JOIN_TOKEN"]
-    if data.get("worker_port") is not None and not data.get("join_token"):
+    if data.get("worker_port") is not None and not data.get("join_token") and not data.get("ray_address"):
         raise ConfigError(
             "a worker port for remote workers needs a join token: set INFERD_JOIN_TOKEN "
             "(and give the same token to `inferd worker`)"

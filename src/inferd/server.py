@@ -12,6 +12,7 @@ import signal
 import tempfile
 import time
 from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING
 
 from inferd.api.admin import AdminApi
 from inferd.batching.dispatcher import ModelRuntime
@@ -19,10 +20,14 @@ from inferd.batching.retry import RetryBudget
 from inferd.clock import Clock, MonotonicClock
 from inferd.config import ModelConfig, ServerConfig
 from inferd.errors import Internal, NotFound, ShuttingDown
+from inferd.fleet.control import FleetControl
 from inferd.observability.metrics import Metrics
 from inferd.worker.connection import WorkerConnection
 from inferd.worker.hub import WorkerHub
 from inferd.worker.supervisor import Supervisor
+
+if TYPE_CHECKING:
+    from inferd.fleet.ray_launcher import RayLauncher
 
 log = logging.getLogger("inferd.server")
 
@@ -64,6 +69,14 @@ class InferenceServer:
         self._socket_dir = tempfile.mkdtemp(prefix="inferd-")
         self.worker_address = f"unix:{os.path.join(self._socket_dir, 'workers.sock')}"
         self.supervisor = Supervisor(self.worker_address, self._token, config.log_level)
+        self.ray_launcher: RayLauncher | None = None
+        if config.ray_address:  # workers as Ray actors; they join over the TCP worker port
+            from inferd.fleet.ray_launcher import RayLauncher
+
+            self.ray_launcher = RayLauncher(
+                config.ray_address, self._token, config.log_level, resource=config.ray_resource
+            )
+            self.supervisor = self.ray_launcher
         self.supervisor.restart_hooks.append(
             lambda slot: self.runtimes[slot.model].metrics.worker_restarted()
         )
@@ -73,6 +86,7 @@ class InferenceServer:
         self.shutting_down = False
         self.hub.on_first_batch.append(lambda conn: self.supervisor.mark_healthy(conn.worker_id))
         token = config.admin_token.get_secret_value() if config.admin_token else None
+        self.fleet = FleetControl(self)
         self.admin = AdminApi(self, token)
         self.admin_port: int | None = None
         self.worker_port: int | None = None
@@ -98,6 +112,10 @@ class InferenceServer:
         if self.config.worker_port is not None:
             self.worker_port = await self.hub.listen_tcp(self.config.worker_host, self.config.worker_port)
             log.info("workers on other hosts connect at %s:%d", self.config.worker_host, self.worker_port)
+        if self.ray_launcher is not None:  # Ray actors join over TCP (a free port unless one is set)
+            if self.worker_port is None:
+                self.worker_port = await self.hub.listen_tcp(self.config.worker_host, 0)
+            self.ray_launcher.address = f"{self.config.worker_host}:{self.worker_port}"
         log.info("serving models %s; workers connect at %s", sorted(self.runtimes), self.worker_address)
         try:
             async with asyncio.TaskGroup() as tg:
@@ -119,7 +137,9 @@ class InferenceServer:
     def kill_worker(self, worker: WorkerConnection) -> None:
         """Kill a hung or silent worker. A local child is SIGKILLed (SIGSTOP cannot block that); a remote
         one only loses its connection. Either way the broken connection recovers its batches."""
-        if worker.pid in self.supervisor.pids():
+        if self.ray_launcher is not None:
+            self.ray_launcher.kill(worker.worker_id)  # ray.kill: the actor may be on another host
+        elif worker.pid in self.supervisor.pids():
             with contextlib.suppress(ProcessLookupError):
                 os.kill(worker.pid, signal.SIGKILL)
         worker.writer.transport.abort()

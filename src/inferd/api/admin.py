@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
-from inferd.errors import NotFound
+from inferd.errors import BadRequest, NotFound
 
 if TYPE_CHECKING:
     from inferd.server import InferenceServer
@@ -36,6 +36,8 @@ class AdminApi:
                 web.get("/admin/models", self.models),
                 web.post("/admin/workers/{worker_id}/drain", self.drain),
                 web.post("/admin/workers/{worker_id}/restart", self.restart),
+                web.post("/admin/models/{model}/scale", self.scale),
+                web.post("/admin/models/{model}/update", self.update),
             ]
         )
         return app
@@ -65,6 +67,8 @@ class AdminApi:
             return await handler(request)
         except NotFound as exc:
             return web.json_response({"error": exc.message}, status=404)
+        except BadRequest as exc:
+            return web.json_response({"error": exc.message}, status=400)
 
     async def workers(self, request: web.Request) -> web.Response:
         now = self.server.clock.now()
@@ -123,6 +127,15 @@ class AdminApi:
         rt.drain_worker(worker)
         return web.json_response({"worker_id": worker.worker_id, "state": worker.state.value})
 
+    async def scale(self, request: web.Request) -> web.Response:
+        """POST /admin/models/{model}/scale?workers=N: add workers, or drain the extra ones."""
+        return await _scale(self, request)
+
+    async def update(self, request: web.Request) -> web.Response:
+        """POST /admin/models/{model}/update: roll to the repository's highest version, worker by worker.
+        Answers when done."""
+        return web.json_response(await self.server.fleet.rolling_update(request.match_info["model"]))
+
     async def restart(self, request: web.Request) -> web.Response:
         """Graceful by default (drain, exit, replaced by the supervisor); ?force=true kills it now."""
         rt, worker = self.server.find_worker(request.match_info["worker_id"])
@@ -143,3 +156,12 @@ def _ejection(record: Any, now: float) -> dict[str, Any]:
         "consecutive_failures": record.consecutive_failures,
         "reason": record.reason,
     }
+
+
+async def _scale(admin: AdminApi, request: web.Request) -> web.Response:
+    try:
+        workers = int(request.query["workers"])
+    except (KeyError, ValueError):
+        raise BadRequest("pass ?workers=N (a whole number of local workers)") from None
+    done = await admin.server.fleet.scale_to(request.match_info["model"], workers)
+    return web.json_response({"model": request.match_info["model"], "workers": done})

@@ -95,6 +95,7 @@ class ModelRuntime:
         self.rng = rng or random.Random(0)  # seeded: routing replays the same way; inject another to vary
         self.last_completion = clock.now()
         self._wake = asyncio.Event()
+        self._membership = asyncio.Event()
         self._busy: deque[tuple[float, float]] = deque()
         self._stopping = False
 
@@ -361,6 +362,7 @@ class ModelRuntime:
             self.workers.remove(worker)
         self._leave_routing(worker)
         was = worker.state
+        self._membership_changed()
         worker.close()
         batches = list(worker.inflight.values())
         worker.inflight.clear()
@@ -459,7 +461,16 @@ class ModelRuntime:
             self.name,
             worker.version,
         )
+        self._membership_changed()
         self._wake.set()
+
+    async def membership_changed(self) -> None:
+        """Returns at the next worker arrival or departure (for fleet operations that wait on one)."""
+        await self._membership.wait()
+
+    def _membership_changed(self) -> None:
+        self._membership.set()
+        self._membership = asyncio.Event()
 
     def drain_worker(self, worker: WorkerConnection) -> None:
         """No new batches; the worker finishes what it holds, then exits (and is replaced)."""

@@ -83,6 +83,22 @@ def serve(
     log_level: Annotated[
         str | None, typer.Option(help="DEBUG, INFO, WARNING or ERROR [default: INFO].")
     ] = None,
+    ray: Annotated[
+        str | None,
+        typer.Option(
+            "--ray",
+            metavar="ADDRESS",
+            help="Run the workers as Ray actors on this running Ray cluster (HOST:PORT, auto, or local "
+            "for a new one-node cluster); needs inferd[ray]. Each actor holds one GPU, or one "
+            "inferd_device resource on a cluster without GPUs.",
+        ),
+    ] = None,
+    ray_resource: Annotated[
+        str | None,
+        typer.Option(
+            help="Ray resource each worker actor holds one of [default: GPU if any, else inferd_device]."
+        ),
+    ] = None,
 ) -> None:
     """Serve models over HTTP (KServe OIP v2 and OpenAI-compatible embeddings)."""
     try:
@@ -100,6 +116,8 @@ def serve(
                 "admin_host": admin_host,
                 "worker_port": worker_port,
                 "worker_host": worker_host,
+                "ray_address": ray,
+                "ray_resource": ray_resource,
             },
         )
         if no_admin:

@@ -27,6 +27,8 @@ class WorkerSlot:
     consecutive_failures: int = 0
     did_work: bool = False
     """Whether the current process completed a batch (then its death is no crash loop: backoff resets)."""
+    retired: bool = False
+    """Set when the slot is being removed (scale-down, rolling update): its process is not restarted."""
     exit_codes: list[int] = field(default_factory=list)
 
     @property
@@ -43,7 +45,6 @@ class Supervisor:
         backoff_initial_s: float = 0.1,
         backoff_max_s: float = 30.0,
         healthy_after_s: float = 10.0,
-        on_restart: dict[str, object] | None = None,
     ) -> None:
         self.address = address
         self.token = token
@@ -54,24 +55,40 @@ class Supervisor:
         self.slots: list[WorkerSlot] = []
         self._stopping = False
         self.restart_hooks: list[Callable[[WorkerSlot], None]] = []
+        self._tg: asyncio.TaskGroup | None = None
 
     def add(self, model: str, count: int) -> list[WorkerSlot]:
-        new = [WorkerSlot(model, i) for i in range(count)]
+        """New slots for a model; started at once when the supervisor already runs (scale-up)."""
+        first = max((s.index + 1 for s in self.slots if s.model == model), default=0)
+        new = [WorkerSlot(model, first + i) for i in range(count)]
         self.slots.extend(new)
+        if self._tg is not None:
+            for slot in new:
+                self._tg.create_task(self._keep_running(slot))
         return new
+
+    def retire(self, slot: WorkerSlot) -> None:
+        """Do not restart this slot's process once it exits (it is being drained away)."""
+        slot.retired = True
+
+    def live_slots(self, model: str) -> list[WorkerSlot]:
+        return [s for s in self.slots if s.model == model and not s.retired]
 
     async def run(self) -> None:
         """Keep every slot's process running until cancelled; then stop them all."""
         try:
             async with asyncio.TaskGroup() as tg:
+                self._tg = tg
                 for slot in self.slots:
                     tg.create_task(self._keep_running(slot))
+                await asyncio.Event().wait()  # slots come and go; run until cancelled
         finally:
+            self._tg = None
             await self.stop_all()
 
     async def _keep_running(self, slot: WorkerSlot) -> None:
         loop = asyncio.get_running_loop()
-        while not self._stopping:
+        while not self._stopping and not slot.retired:
             started = loop.time()
             slot.did_work = False
             slot.process = await asyncio.create_subprocess_exec(
@@ -93,6 +110,12 @@ class Supervisor:
             log.info("started worker %s (pid %d)", slot.worker_id, slot.process.pid)
             code = await slot.process.wait()
             if self._stopping:
+                return
+            if slot.retired:
+                log.info(
+                    "worker %s (pid %d) retired with %s", slot.worker_id, slot.process.pid, _describe(code)
+                )
+                self.slots.remove(slot)
                 return
             ran_s = loop.time() - started
             slot.exit_codes.append(code)
