@@ -18,6 +18,8 @@ from pydantic import (
     model_validator,
 )
 
+from inferd.fleet.autoscaler import AutoscalerConfig
+
 Datatype = Literal[
     "BOOL",
     "UINT8",
@@ -98,6 +100,8 @@ class ModelConfig(_Frozen):
     None: 10 x the observed batch latency, at least 1 s (30 s until a batch has been measured)."""
     progress_timeout_s: float = Field(default=10.0, gt=0.0, le=3600.0)
     """With work queued or running and no batch completed for this long, the model is not ready."""
+    autoscale: AutoscalerConfig | None = None
+    """Scale this model's local workers from batching-aware signals (None: a fixed `workers`)."""
     max_items_per_request: int = Field(default=1024, ge=1, le=1_000_000)
     """Largest batch dimension one request may carry."""
     inputs: tuple[TensorSpec, ...] = Field(min_length=1)

@@ -20,7 +20,9 @@ from inferd.batching.retry import RetryBudget
 from inferd.clock import Clock, MonotonicClock
 from inferd.config import ModelConfig, ServerConfig
 from inferd.errors import Internal, NotFound, ShuttingDown
+from inferd.fleet.autoscaler import Autoscaler
 from inferd.fleet.control import FleetControl
+from inferd.fleet.scaling import ScalingLoop
 from inferd.observability.metrics import Metrics
 from inferd.worker.connection import WorkerConnection
 from inferd.worker.hub import WorkerHub
@@ -87,6 +89,11 @@ class InferenceServer:
         self.hub.on_first_batch.append(lambda conn: self.supervisor.mark_healthy(conn.worker_id))
         token = config.admin_token.get_secret_value() if config.admin_token else None
         self.fleet = FleetControl(self)
+        self.scaling = {
+            m.name: ScalingLoop(self, m.name, Autoscaler(m.autoscale, self.clock))
+            for m in models
+            if m.autoscale
+        }
         self.admin = AdminApi(self, token)
         self.admin_port: int | None = None
         self.worker_port: int | None = None
@@ -125,6 +132,10 @@ class InferenceServer:
                 ]
                 loops += [
                     tg.create_task(rt.watchdog(), name=f"watchdog-{rt.name}") for rt in self.runtimes.values()
+                ]
+                loops += [
+                    tg.create_task(loop.run(), name=f"autoscale-{name}")
+                    for name, loop in self.scaling.items()
                 ]
                 supervisor = tg.create_task(self.supervisor.run(), name="supervisor")
                 try:

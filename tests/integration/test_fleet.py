@@ -164,3 +164,47 @@ async def test_four_workers_one_killed_under_load_loses_nothing(tmp_path: Path) 
         assert load.failures == []
     finally:
         server.stop()
+
+
+AUTOSCALE_TOML = """builtin = "sim"
+workers = 1
+max_batch_size = 10
+max_wait_ms = 5
+max_queue_size = 500
+
+[params]
+base_ms = 100.0
+per_item_ms = 2.0
+
+[autoscale]
+min_workers = 1
+max_workers = 3
+target_busy_ratio = 0.7
+max_predicted_wait_s = 0.1
+scale_up_cooldown_s = 1.0
+scale_down_cooldown_s = 3.0
+scale_down_stabilization_s = 2.0
+"""
+
+
+async def test_autoscaler_scales_up_under_load_and_drains_down_after(tmp_path: Path) -> None:
+    repo = tmp_path / "repo"
+    (repo / "sim" / "1").mkdir(parents=True)
+    (repo / "sim" / "model.toml").write_text(AUTOSCALE_TOML)
+    server = start_server(tmp_path, "--model-repo", str(repo))
+    try:
+        load = Load(server.url, callers=40)
+        async with aiohttp.ClientSession() as http:
+            runner = asyncio.ensure_future(load.run())
+            await until(lambda: _ready_at_least(http, server, 2), timeout_s=30)
+            load.stop()
+            await runner
+            await until(lambda: _ready_is(http, server, 1), timeout_s=30)
+        assert load.failures == [] and load.ok > 50
+        assert "scaling up from 1" in server.log() and "scaling down" in server.log()
+    finally:
+        server.stop()
+
+
+async def _ready_at_least(http: aiohttp.ClientSession, server: ServerProc, n: int) -> bool:
+    return await ready_count(http, server) >= n

@@ -96,6 +96,8 @@ class ModelRuntime:
         self.last_completion = clock.now()
         self._wake = asyncio.Event()
         self._membership = asyncio.Event()
+        self.enqueued_total = 0
+        """Items admitted since start (the autoscaler's arrival rate)."""
         self._busy: deque[tuple[float, float]] = deque()
         self._stopping = False
 
@@ -167,6 +169,7 @@ class ModelRuntime:
         for item in items:
             self.queue.push(item)
         self.budget.record_requests(len(items))
+        self.enqueued_total += len(items)
         self._wake.set()
         return items
 

@@ -1,0 +1,61 @@
+"""The autoscaling driver: observe a model every interval, ask its Autoscaler (a pure policy), and act
+through the fleet control (which starts workers, or drains them before they go)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import TYPE_CHECKING
+
+from inferd.fleet.autoscaler import Autoscaler, Decision, Observation
+
+if TYPE_CHECKING:
+    from inferd.server import InferenceServer
+
+log = logging.getLogger("inferd.autoscaler")
+
+
+class ScalingLoop:
+    def __init__(
+        self, server: InferenceServer, model: str, autoscaler: Autoscaler, interval_s: float = 1.0
+    ) -> None:
+        self.server = server
+        self.model = model
+        self.autoscaler = autoscaler
+        self.interval_s = interval_s
+        self.last: Decision | None = None
+        self._enqueued = 0
+        self._at = server.clock.now()
+
+    async def run(self) -> None:
+        while True:
+            await asyncio.sleep(self.interval_s)
+            decision = self.autoscaler.decide(self.observe())
+            self.last = decision
+            if decision.target_workers != decision.current_workers:
+                log.info(
+                    "model %s: %s -> %d workers (%s)",
+                    self.model,
+                    decision.current_workers,
+                    decision.target_workers,
+                    decision.reason,
+                )
+                await self.server.fleet.scale_to(self.model, decision.target_workers)
+
+    def observe(self) -> Observation:
+        rt = self.server.runtime(self.model)
+        now = self.server.clock.now()
+        elapsed = max(1e-3, now - self._at)
+        rate = (rt.enqueued_total - self._enqueued) / elapsed
+        self._enqueued, self._at = rt.enqueued_total, now
+        slots = self.server.fleet.local_workers(self.model)
+        return Observation(
+            ready_workers=rt.ready_workers,
+            starting_workers=max(0, slots - len(rt.workers)),
+            queue_depth_items=len(rt.queue),
+            arrival_rate_items_s=max(0.0, rate),
+            max_batch_size=rt.config.max_batch_size,
+            busy_ratio=min(1.0, max(0.0, rt.busy_ratio())),
+            batch_latency_s=rt.estimator.batch_latency_s,
+            items_per_batch=rt.estimator.items_per_batch,
+        )
