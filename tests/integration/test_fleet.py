@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import json
 import os
 import shutil
 import signal
+import sys
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 
@@ -208,3 +210,31 @@ async def test_autoscaler_scales_up_under_load_and_drains_down_after(tmp_path: P
 
 async def _ready_at_least(http: aiohttp.ClientSession, server: ServerProc, n: int) -> bool:
     return await ready_count(http, server) >= n
+
+
+async def test_fleet_cli_scale_and_drain(fleet: tuple[ServerProc, Path]) -> None:
+    server, _ = fleet
+
+    async def cli(*args: str) -> dict:
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "inferd.cli.main",
+            *args,
+            "--admin-url",
+            server.admin_url,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+        )
+        out, err = await proc.communicate()
+        assert proc.returncode == 0, err.decode()
+        return json.loads(out)
+
+    async with aiohttp.ClientSession() as http:
+        assert (await cli("scale", "sim", "--workers", "3"))["workers"] == 3
+        await until(lambda: _ready_is(http, server, 3))
+        victim = (await admin(http, server, "/admin/workers"))["workers"][0]["worker_id"]
+        assert (await cli("drain", victim))["state"] == "draining"
+        await until(lambda: _ready_is(http, server, 3))  # replaced
+        ids = {w["worker_id"] for w in (await admin(http, server, "/admin/workers"))["workers"]}
+    assert victim not in ids

@@ -178,9 +178,13 @@ def worker(
 
 
 def _register_tools() -> None:
+    from inferd.cli.fleet_cmds import drain, scale, update
     from inferd.cli.status import status
 
     app.command("status")(status)
+    app.command("drain")(drain)
+    app.command("scale")(scale)
+    app.command("update")(update)
 
 
 _register_tools()

@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 if TYPE_CHECKING:
@@ -213,7 +213,28 @@ class _RuntimeCollector(Collector):
         inflight = GaugeMetricFamily(
             "inferd_inflight_batches", "Batches sent to workers and not yet answered.", labels=["model"]
         )
+        per_worker = GaugeMetricFamily(
+            "inferd_worker_inflight_batches",
+            "Batches in flight per worker (worker = its slot, so the label set is bounded by the fleet).",
+            labels=["model", "worker"],
+        )
+        worker_busy = CounterMetricFamily(
+            "inferd_worker_busy_seconds", "Device seconds per worker connection.", labels=["model", "worker"]
+        )
+        worker_batches = CounterMetricFamily(
+            "inferd_worker_batches", "Batches completed per worker connection.", labels=["model", "worker"]
+        )
+        queued_by_priority = GaugeMetricFamily(
+            "inferd_queue_depth_by_priority", "Queued items by priority class.", labels=["model", "priority"]
+        )
         for rt in self._runtimes():
+            for w in rt.workers:
+                slot = w.worker_id.rsplit(".", 1)[0]
+                per_worker.add_metric([rt.name, slot], len(w.inflight))
+                worker_busy.add_metric([rt.name, slot], w.busy_s)
+                worker_batches.add_metric([rt.name, slot], w.completed_batches)
+            queued_by_priority.add_metric([rt.name, "interactive"], rt.queue.live_in(0))
+            queued_by_priority.add_metric([rt.name, "bulk"], rt.queue.live_in(1))
             depth.add_metric([rt.name], len(rt.queue))
             bound.add_metric([rt.name], rt.queue.max_size)
             busy.add_metric([rt.name], rt.busy_ratio())
@@ -223,4 +244,14 @@ class _RuntimeCollector(Collector):
                 counts[w.state.value] = counts.get(w.state.value, 0) + 1
             for state in ("ready", "draining"):
                 workers.add_metric([rt.name, state], counts.get(state, 0))
-        return [depth, bound, busy, workers, inflight]
+        return [
+            depth,
+            bound,
+            busy,
+            workers,
+            inflight,
+            per_worker,
+            worker_busy,
+            worker_batches,
+            queued_by_priority,
+        ]

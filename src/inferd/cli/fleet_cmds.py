@@ -1,0 +1,61 @@
+"""`inferd drain`, `inferd scale` and `inferd update`: fleet changes through the admin API."""
+
+from __future__ import annotations
+
+import json
+import urllib.error
+import urllib.request
+from typing import Annotated, Any
+
+import typer
+
+AdminUrl = Annotated[str, typer.Option(help="Base URL of the server's admin API.")]
+Token = Annotated[
+    str | None, typer.Option(envvar="INFERD_ADMIN_TOKEN", help="Admin token (default: INFERD_ADMIN_TOKEN).")
+]
+
+
+def _post(url: str, token: str | None, timeout_s: float) -> dict[str, Any]:
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    request = urllib.request.Request(url, data=b"", headers=headers, method="POST")
+    try:
+        with urllib.request.urlopen(request, timeout=timeout_s) as response:
+            return json.loads(response.read())
+    except urllib.error.HTTPError as exc:
+        try:
+            detail = json.loads(exc.read()).get("error", "")
+        except ValueError:
+            detail = ""
+        typer.echo(f"error: {url} answered {exc.code}: {detail or exc.reason}", err=True)
+    except (urllib.error.URLError, OSError) as exc:
+        typer.echo(f"error: cannot reach the admin API at {url} ({getattr(exc, 'reason', exc)})", err=True)
+    raise typer.Exit(1)
+
+
+def drain(
+    worker_id: Annotated[str, typer.Argument(help="Worker id, as `inferd status` lists it.")],
+    admin_url: AdminUrl = "http://127.0.0.1:8001",
+    token: Token = None,
+) -> None:
+    """Drain a worker: it takes no new batches, finishes what it holds, exits and is replaced."""
+    typer.echo(json.dumps(_post(f"{admin_url}/admin/workers/{worker_id}/drain", token, 10.0)))
+
+
+def scale(
+    model: Annotated[str, typer.Argument(help="Model name.")],
+    workers: Annotated[int, typer.Option(help="Local workers wanted; extra ones are drained first.")],
+    admin_url: AdminUrl = "http://127.0.0.1:8001",
+    token: Token = None,
+) -> None:
+    """Set a model's number of local workers."""
+    typer.echo(json.dumps(_post(f"{admin_url}/admin/models/{model}/scale?workers={workers}", token, 30.0)))
+
+
+def update(
+    model: Annotated[str, typer.Argument(help="Model name.")],
+    admin_url: AdminUrl = "http://127.0.0.1:8001",
+    token: Token = None,
+    timeout: Annotated[float, typer.Option(help="Seconds to wait for the whole rolling update.")] = 600.0,
+) -> None:
+    """Roll a model to the highest version in the repository, worker by worker (no request fails)."""
+    typer.echo(json.dumps(_post(f"{admin_url}/admin/models/{model}/update", token, timeout)))
