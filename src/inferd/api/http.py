@@ -5,13 +5,17 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, TypeVar
+
+import msgspec
 
 from inferd.api.asgi import HttpRequest, HttpResponse
 from inferd.batching.dispatcher import ModelRuntime
 from inferd.batching.queue import BULK, INTERACTIVE, PRIORITY_NAMES, QueuedItem
 from inferd.clock import Clock
 from inferd.errors import BadRequest, PayloadTooLarge, UnsupportedMediaType
+
+T = TypeVar("T")
 
 
 class ClientGone(Exception):
@@ -38,6 +42,20 @@ def parse_priority(param: object, header: str | None) -> int:
     raise BadRequest(
         f"priority {value!r} is not one of 'interactive', 'bulk' (or a Triton priority level >= 0)"
     )
+
+
+def decode_json(decoder: msgspec.json.Decoder[T], body: bytes, what: str, empty_hint: str) -> T:
+    """Decode and validate a JSON body, turning every way it can be wrong into a 400 that names it."""
+    if not body:
+        raise BadRequest(f"empty request body: {empty_hint}")
+    try:
+        return decoder.decode(body)
+    except msgspec.ValidationError as exc:
+        raise BadRequest(f"invalid {what}: {exc}") from None
+    except msgspec.DecodeError as exc:
+        raise BadRequest(f"malformed JSON: {exc}") from None
+    except RecursionError:
+        raise BadRequest("JSON is nested too deeply") from None
 
 
 def check_content_type(request: HttpRequest, allowed: Sequence[str] = JSON_TYPES) -> None:

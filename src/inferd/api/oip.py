@@ -15,6 +15,7 @@ import msgspec
 import numpy as np
 
 from inferd.api import binary
+from inferd.api.http import decode_json
 from inferd.config import ModelConfig, TensorSpec
 from inferd.errors import BadRequest
 from inferd.tensors import DATATYPES, FLOAT_TYPES, NUMPY_DTYPES
@@ -107,16 +108,7 @@ def decode_request(body: bytes, header_length: str | None, config: ModelConfig) 
     raw_tail: memoryview | None = None
     if header_length is not None:
         body, raw_tail = binary.split_body(body, header_length)
-    if not body:
-        raise BadRequest("empty request body: send an OIP inference request as JSON")
-    try:
-        req = _request_decoder.decode(body)
-    except msgspec.ValidationError as exc:
-        raise BadRequest(f"invalid inference request: {exc}") from None
-    except msgspec.DecodeError as exc:
-        raise BadRequest(f"malformed JSON: {exc}") from None
-    except RecursionError:
-        raise BadRequest("JSON is nested too deeply") from None
+    req = decode_json(_request_decoder, body, "inference request", "send an OIP inference request as JSON")
     columns, n = _decode_inputs(req.inputs, config, raw_tail)
     items = _to_items(columns, config, n)
     return DecodedRequest(

@@ -9,7 +9,14 @@ import msgspec
 import numpy as np
 
 from inferd.api.asgi import HttpRequest, HttpResponse
-from inferd.api.http import check_content_type, json_response, parse_priority, read_body, wait_for_items
+from inferd.api.http import (
+    check_content_type,
+    decode_json,
+    json_response,
+    parse_priority,
+    read_body,
+    wait_for_items,
+)
 from inferd.errors import BadRequest, ServingError
 
 if TYPE_CHECKING:
@@ -48,16 +55,7 @@ def list_models(server: InferenceServer) -> HttpResponse:
 async def embeddings(api: Api, request: HttpRequest) -> HttpResponse:
     check_content_type(request, ("application/json", ""))
     body = await read_body(request, api.max_body)
-    if not body:
-        raise BadRequest('empty request body: send {"model": ..., "input": ...}')
-    try:
-        req = _decoder.decode(body)
-    except msgspec.ValidationError as exc:
-        raise BadRequest(f"invalid embeddings request: {exc}") from None
-    except msgspec.DecodeError as exc:
-        raise BadRequest(f"malformed JSON: {exc}") from None
-    except RecursionError:
-        raise BadRequest("JSON is nested too deeply") from None
+    req = decode_json(_decoder, body, "embeddings request", 'send {"model": ..., "input": ...}')
     rt = api.server.runtime(req.model)
     request.scope["inferd.runtime"] = rt
     texts = _texts(req, rt.config.max_items_per_request)
