@@ -1,0 +1,94 @@
+"""One generation request as the scheduler sees it: token ids in, token ids out."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+from inferd.batching.queue import BULK, INTERACTIVE
+from inferd.llm.kv import BlockHash, hash_block
+
+__all__ = ["BULK", "INTERACTIVE", "FinishReason", "SeqStatus", "Sequence"]
+
+
+class SeqStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    PREEMPTED = "preempted"
+    """Its blocks were taken back; it waits at the head of its class to recompute them."""
+    FINISHED = "finished"
+    ABORTED = "aborted"
+    ERRORED = "errored"
+
+    TERMINAL: frozenset[SeqStatus]
+
+
+SeqStatus.TERMINAL = frozenset({SeqStatus.FINISHED, SeqStatus.ABORTED, SeqStatus.ERRORED})
+
+
+class FinishReason(enum.Enum):
+    STOP = "stop"
+    """The engine saw a stop token or string."""
+    LENGTH = "length"
+    """max_tokens reached."""
+    ABORT = "abort"
+    """The client went away."""
+    ERROR = "error"
+    """The model failed on this sequence."""
+
+    @property
+    def status(self) -> SeqStatus:
+        return _STATUS_OF[self]
+
+
+_STATUS_OF = {
+    FinishReason.STOP: SeqStatus.FINISHED,
+    FinishReason.LENGTH: SeqStatus.FINISHED,
+    FinishReason.ABORT: SeqStatus.ABORTED,
+    FinishReason.ERROR: SeqStatus.ERRORED,
+}
+
+
+@dataclass(slots=True, eq=False)
+class Sequence:
+    seq_id: str
+    prompt: tuple[int, ...]
+    max_tokens: int
+    tenant: str = ""
+    """The prefix-cache salt: sequences of different tenants never share blocks."""
+    priority: int = INTERACTIVE
+    """INTERACTIVE (0) or BULK (1)."""
+    arrival: int = 0
+    """Order of `add()`; FIFO within a priority class."""
+    output: list[int] = field(default_factory=list)
+    status: SeqStatus = SeqStatus.WAITING
+    finish_reason: FinishReason | None = None
+    num_computed: int = 0
+    """Tokens whose KV is in the cache (prompt and output together)."""
+    admitted: int = -1
+    """Order of the latest admission into the running set (preemption takes the latest first)."""
+    preemptions: int = 0
+    block_hashes: list[BlockHash] = field(default_factory=list)
+    """Names of the full blocks of prompt + output, extended as tokens arrive."""
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt) + len(self.output)
+
+    @property
+    def num_pending(self) -> int:
+        """Tokens to compute before the next token can be sampled (1 while decoding)."""
+        return self.num_tokens - self.num_computed
+
+    def token_ids(self, start: int, stop: int) -> tuple[int, ...]:
+        n = len(self.prompt)
+        if stop <= n:
+            return self.prompt[start:stop]
+        return (*self.prompt[start:], *self.output[max(0, start - n) : stop - n])
+
+    def extend_hashes(self, block_size: int) -> None:
+        while (len(self.block_hashes) + 1) * block_size <= self.num_tokens:
+            i = len(self.block_hashes)
+            parent = self.block_hashes[-1] if self.block_hashes else None
+            tokens = self.token_ids(i * block_size, (i + 1) * block_size)
+            self.block_hashes.append(hash_block(parent, tokens, self.tenant))
