@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 import sys
 from pathlib import Path
@@ -96,7 +97,7 @@ def serve(
     ray_resource: Annotated[
         str | None,
         typer.Option(
-            help="Ray resource each worker actor holds one of [default: GPU if any, else inferd_device]."
+            help="Ray resource each worker actor holds one of (default: GPU if the cluster has any, else inferd_device)."
         ),
     ] = None,
 ) -> None:
@@ -122,6 +123,8 @@ def serve(
         )
         if no_admin:
             cfg = cfg.model_copy(update={"admin_port": None})
+        if cfg.ray_address and importlib.util.find_spec("ray") is None:
+            raise ConfigError("--ray (ray_address) needs Ray: pip install 'inferd[ray]'")
         models = resolve_models(cfg)
     except ConfigError as exc:
         typer.echo(f"error: {exc}", err=True)

@@ -1,0 +1,265 @@
+"""Workers as Ray actors on an existing Ray cluster (`inferd serve --ray ADDRESS`).
+
+Each worker slot runs one `WorkerActor`, placed by Ray on a node with a free device: the actor asks for
+`num_gpus=1` when the cluster has GPUs, otherwise for one unit of a custom resource (default
+`inferd_device`, set with `ray_resource`), so on a CPU-only cluster start each node with e.g.
+`ray start ... --resources='{"inferd_device": 4}'` (one unit per worker the node may hold). The actor
+asks for no CPU: the device resource alone decides placement.
+
+The actor runs inferd's own Worker, which connects back to the front end's TCP worker port and speaks
+inferd's wire protocol: batches never travel as Ray calls, so the per-batch cost is that of a socket,
+and inferd's retry policy is the only one (actors have max_restarts=0 and max_task_retries=0, so Ray
+neither restarts an actor nor re-runs its task). An actor that dies (killed, its node lost) surfaces as
+ActorDiedError on the launcher's pending call, and its connection to the front end breaks: its batches
+are recovered exactly as after a local worker crash, and the launcher starts a new actor with the same
+capped backoff as the local Supervisor (whose slots, scale-up/retire and healthy-work rule it inherits).
+
+Ray is an optional extra (`pip install inferd[ray]`); this module is imported only when --ray is used.
+The cluster's nodes need inferd installed (same version) in the Python environment their workers use.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import sys
+from typing import Any
+
+import ray
+from ray.exceptions import RayActorError, RayError, RayTaskError
+
+from inferd.worker.supervisor import Supervisor, WorkerSlot
+
+log = logging.getLogger("inferd.ray")
+
+DEFAULT_RESOURCE = "inferd_device"
+PENDING_WARN_S = 30.0
+
+
+class WorkerActor:
+    """One inferd worker inside a Ray actor (threaded: `pid` answers while `serve` runs)."""
+
+    def pid(self) -> int:
+        return os.getpid()
+
+    def serve(self, address: str, model: str, token: str, worker_id: str, log_level: str) -> int:
+        """Run the worker until its front end goes or drains it; the worker's exit code."""
+        from inferd.worker import protocol as p
+        from inferd.worker.main import Worker
+
+        logging.basicConfig(
+            level=log_level,
+            stream=sys.stderr,
+            format="%(asctime)s %(levelname)s %(name)s[%(process)d] %(message)s",
+        )
+        worker = Worker(address, model, token, worker_id)
+        try:
+            import uvloop
+
+            runner: Any = uvloop.run
+        except ImportError:
+            runner = asyncio.run
+        try:
+            return runner(worker.run())
+        except (ConnectionError, p.ConnectionClosed, BaseExceptionGroup) as exc:
+            logging.getLogger("inferd.worker").warning("worker %s lost its front end: %r", worker_id, exc)
+            return 1
+
+
+class ActorProcess:
+    """What the server knows of a slot's actor, shaped like the local slot's process."""
+
+    def __init__(self, actor: Any) -> None:
+        self.actor = actor
+        self.pid = 0
+        """The actor's process id on its node (0 until the actor has started)."""
+        self.returncode: int | None = None
+
+    def terminate(self) -> None:
+        self.kill()
+
+    def kill(self) -> None:
+        with contextlib.suppress(RayError, ValueError):
+            ray.kill(self.actor, no_restart=True)
+
+
+class RayLauncher(Supervisor):
+    """The Supervisor's surface (slots, add, retire, run, stop_all, pids, mark_healthy, restart_hooks),
+    with Ray actors instead of child processes."""
+
+    def __init__(
+        self,
+        ray_address: str,
+        token: str,
+        log_level: str,
+        resource: str | None = None,
+        address: str = "",
+        backoff_initial_s: float = 0.1,
+        backoff_max_s: float = 30.0,
+        healthy_after_s: float = 10.0,
+    ) -> None:
+        super().__init__(
+            address,
+            token,
+            log_level,
+            backoff_initial_s=backoff_initial_s,
+            backoff_max_s=backoff_max_s,
+            healthy_after_s=healthy_after_s,
+        )
+        self.ray_address = ray_address
+        self.resource = resource
+        """The resource each actor holds one of: None picks GPU when the cluster has GPUs, else
+        inferd_device; "GPU" always asks for num_gpus=1."""
+        self._actor_class: Any = None
+
+    async def run(self) -> None:
+        await self._connect()
+        await super().run()
+
+    async def _connect(self) -> None:
+        """ray.init (in a thread: it blocks for a while, and must not take the main thread's SIGTERM)."""
+        if not ray.is_initialized():
+            kwargs: dict[str, Any] = {"namespace": "inferd", "log_to_driver": True}
+            if self.ray_address == "local":  # a new single-node cluster, just for this server
+                kwargs["resources"] = {self.resource or DEFAULT_RESOURCE: max(1, len(self.slots))}
+                kwargs["include_dashboard"] = False
+            logging.getLogger("ray._private.worker").addFilter(_NotMainThreadNotice())
+            await asyncio.to_thread(ray.init, address=self.ray_address, **kwargs)
+        host, _, port = self.address.rpartition(":")
+        if host in ("0.0.0.0", "::", "[::]", ""):  # listening everywhere: give actors a routable address
+            self.address = f"{ray.util.get_node_ip_address()}:{port}"
+        options: dict[str, Any] = {
+            "max_restarts": 0,
+            "max_task_retries": 0,
+            "max_concurrency": 2,
+            "num_cpus": 0,
+        }
+        resource = self.resource
+        if resource is None:
+            resource = "GPU" if ray.cluster_resources().get("GPU", 0) > 0 else DEFAULT_RESOURCE
+        if resource == "GPU":
+            options["num_gpus"] = 1
+        else:
+            options["resources"] = {resource: 1}
+            if ray.cluster_resources().get(resource, 0) < 1:
+                log.error(
+                    "the Ray cluster at %s has no GPU and no %r resource: worker actors wait until a node "
+                    "offers one (start nodes with --resources='{\"%s\": N}', or set ray_resource)",
+                    self.ray_address,
+                    resource,
+                    resource,
+                )
+        self.resource = resource
+        self._actor_class = ray.remote(WorkerActor).options(**options)
+        log.info(
+            "Ray cluster at %s: each worker actor holds one %s; actors connect to %s",
+            self.ray_address,
+            resource,
+            self.address,
+        )
+
+    async def _keep_running(self, slot: WorkerSlot) -> None:
+        loop = asyncio.get_running_loop()
+        while not self._stopping and not slot.retired:
+            started = loop.time()
+            slot.did_work = False
+            worker_id = f"{slot.worker_id}.{slot.restarts}"
+            proc = ActorProcess(self._actor_class.remote())
+            slot.process = proc  # type: ignore[assignment]  # a slot's process: here an actor
+            done = proc.actor.serve.remote(self.address, slot.model, self.token, worker_id, self.log_level)
+            watch = asyncio.create_task(self._watch_start(slot, proc))
+            try:
+                code = await done
+                how = f"code {code}"
+            except RayActorError as exc:  # killed, OOM, node lost: a crash, handled as one
+                code = -1
+                how = f"actor death ({type(exc).__name__})"
+            except RayTaskError as exc:  # the worker raised: also a crash
+                code = 1
+                how = f"error {exc.cause!r}"
+            finally:
+                watch.cancel()
+                proc.kill()  # frees the actor's device resource; a no-op when it is already gone
+            proc.returncode = code
+            if self._stopping:
+                return
+            if slot.retired:
+                log.info("worker %s (actor pid %d) retired with %s", slot.worker_id, proc.pid, how)
+                with contextlib.suppress(ValueError):
+                    self.slots.remove(slot)
+                return
+            ran_s = loop.time() - started
+            slot.exit_codes.append(code)
+            healthy = slot.did_work or ran_s >= self.healthy_after_s
+            slot.consecutive_failures = 0 if healthy else slot.consecutive_failures + 1
+            delay = self._backoff(slot.consecutive_failures)
+            log.warning(
+                "worker %s (actor pid %d) ended with %s after %.1fs; restarting in %.2fs",
+                slot.worker_id,
+                proc.pid,
+                how,
+                ran_s,
+                delay,
+            )
+            slot.restarts += 1
+            for hook in self.restart_hooks:
+                hook(slot)
+            await asyncio.sleep(delay)
+
+    async def _watch_start(self, slot: WorkerSlot, proc: ActorProcess) -> None:
+        """Learn the actor's pid once it is placed; say so when placement waits long (no free device)."""
+        ref = proc.actor.pid.remote()
+        try:
+            proc.pid = await asyncio.wait_for(asyncio.shield(_awaitable(ref)), PENDING_WARN_S)
+        except TimeoutError:
+            log.warning(
+                "worker %s: its actor is not placed after %.0fs: no node has a free %s",
+                slot.worker_id,
+                PENDING_WARN_S,
+                self.resource,
+            )
+            proc.pid = await _awaitable(ref)
+        except RayError:
+            return
+        log.info("started worker %s as a Ray actor (pid %d)", slot.worker_id, proc.pid)
+
+    def kill(self, worker_id: str) -> bool:
+        """Kill the actor running this worker (the hang watchdog's and a forced restart's tool)."""
+        for slot in self.slots:
+            if worker_id.rsplit(".", 1)[0] == slot.worker_id and isinstance(slot.process, ActorProcess):
+                slot.process.kill()
+                return True
+        return False
+
+    def pids(self) -> list[int]:
+        """The actors' process ids (on their nodes, not necessarily this host)."""
+        return [
+            s.process.pid
+            for s in self.slots
+            if s.process is not None and s.process.returncode is None and s.process.pid
+        ]
+
+    async def stop_all(self, grace_s: float = 5.0) -> None:
+        """The workers end when the front end closes their connections; their actors are then killed."""
+        self._stopping = True
+        if not ray.is_initialized():
+            return
+        for slot in self.slots:
+            if isinstance(slot.process, ActorProcess):
+                slot.process.kill()
+        with contextlib.suppress(TimeoutError, RayError):
+            await asyncio.wait_for(asyncio.to_thread(ray.shutdown), grace_s)
+
+
+def _awaitable(ref: Any) -> asyncio.Future[Any]:
+    return asyncio.wrap_future(ref.future())
+
+
+class _NotMainThreadNotice(logging.Filter):
+    """ray.init runs in a thread on purpose (the server's main thread keeps its own SIGTERM handling):
+    Ray's notice that it set no SIGTERM handler is expected, not a problem to report."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "SIGTERM handler is not set" not in record.getMessage()
