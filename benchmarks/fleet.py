@@ -10,6 +10,7 @@ and prints a markdown summary.
     python benchmarks/fleet.py priorities [--duration 10]   # 2 workers, bulk at 3x capacity + interactive 10%
     python benchmarks/fleet.py rolling    [--duration 20]   # 2 workers, 60% load, update to version 2 mid-run
     python benchmarks/fleet.py drain      [--duration 20]   # 2 workers, 60% load, drain one worker mid-run
+    python benchmarks/fleet.py autoscale  [--before 15 --step 30 --after 45]  # 1..4 workers, 20% -> 150% -> 20%
 
 * scaling: for each worker count N, a ladder of offered rates (fractions of 500 x N). Sustained = the
   highest rate with no errors, >= 90% achieved and p99 <= 2x the p99 of the single-worker sustained
@@ -23,14 +24,24 @@ and prints a markdown summary.
   the update took.
 * drain: POSTs /admin/workers/{id}/drain for one ready worker mid-run; reports the invariants and how
   long until the fleet is back to its ready worker count.
+* autoscale: 1 worker with an `[autoscale]` table (min 1, max 4; values in the JSON); one open-loop
+  Poisson run whose rate steps 20% -> 150% -> 20% of one worker's capacity (100 -> 750 -> 100 req/s
+  for 15, 30, 45 s) while GET /admin/workers is polled every 0.5 s. Reports time from the step up to
+  the first scale-up (decision, from the server's INFO log, and first extra ready worker) and to the
+  peak ready count, p99 over the step and its last 10 s, errors in the step, the scale-downs after
+  the step back with the requests failed from the first one on (target zero: drained first), and
+  scaling decisions and ready-count changes per minute in each constant-load phase.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import datetime
 import json
+import math
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -43,8 +54,18 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from inferd.bench.loadgen import LoadSpec, _loop_factory, run_load, run_load_blocking
-from inferd.bench.report import LoadReport
+import numpy as np
+
+from inferd.bench.loadgen import (
+    LoadSpec,
+    _loop_factory,
+    _Run,
+    arrival_offsets,
+    make_client,
+    run_load,
+    run_load_blocking,
+)
+from inferd.bench.report import LoadReport, Recorder
 
 ROOT = Path(__file__).resolve().parent.parent
 OUT_DIR = ROOT / ".bench"
@@ -82,15 +103,16 @@ def free_port() -> int:
 class Server:
     """`inferd serve` on a temporary model repository holding sim (version 1) with `workers` workers."""
 
-    def __init__(self, workers: int, name: str) -> None:
+    def __init__(self, workers: int, name: str, model_extra: str = "", log_level: str = "WARNING") -> None:
         self.tmp = tempfile.TemporaryDirectory(prefix=f"fleet_{name}.")
         base = Path(self.tmp.name)
         self.repo = base / "models"
         (self.repo / "sim" / "1").mkdir(parents=True)
-        (self.repo / "sim" / "model.toml").write_text(MODEL_TOML.format(workers=workers))
+        (self.repo / "sim" / "model.toml").write_text(MODEL_TOML.format(workers=workers) + model_extra)
         self.port, self.admin_port = free_port(), free_port()
         config = base / "inferd.toml"
-        config.write_text(SERVER_TOML.format(admin_port=self.admin_port))
+        server_toml = SERVER_TOML.format(admin_port=self.admin_port)
+        config.write_text(server_toml.replace('"WARNING"', f'"{log_level}"'))
         self.url = f"http://127.0.0.1:{self.port}"
         self.admin = f"http://127.0.0.1:{self.admin_port}"
         OUT_DIR.mkdir(exist_ok=True)
@@ -459,6 +481,288 @@ def cmd_drain(args: argparse.Namespace) -> dict[str, Any]:
     return out
 
 
+AUTOSCALE = {
+    "min_workers": 1,
+    "max_workers": 4,
+    "target_busy_ratio": 0.7,
+    "max_predicted_wait_s": 0.5,
+    "scale_up_cooldown_s": 5.0,
+    "scale_down_cooldown_s": 20.0,
+    "scale_down_stabilization_s": 10.0,
+}
+DECISION_RE = re.compile(
+    r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) \w+ inferd\.autoscaler model sim: (\d+) -> (\d+) workers \((.*)\)$"
+)
+
+
+def _autoscale_toml(cfg: dict[str, Any]) -> str:
+    return "\n[autoscale]\n" + "".join(f"{k} = {v}\n" for k, v in cfg.items())
+
+
+async def _stepped_load(
+    url: str, phases: list[tuple[str, float, float]], windows: list[tuple[str, float, float]], args: Any
+) -> tuple[list[float], list[float], dict[str, Recorder], float, float]:
+    """Open-loop Poisson load whose rate steps through `phases` (name, rate, seconds), in one run: one
+    client, one dispatcher, requests numbered across phases. Each request is recorded in the window
+    (name, start, end) holding its intended time. Returns offsets, per-request latency (s; -1 failed,
+    NaN unsent), the window recorders, and t0 on the monotonic and the wall clock."""
+    offsets: list[float] = []
+    start = 0.0
+    for k, (_, rate, length) in enumerate(phases):
+        part = LoadSpec(url=url, model="sim", rate=rate, duration_s=length, seed=args.seed + k)
+        offsets += [start + off for off in arrival_offsets(part)]
+        start += length
+    spec = LoadSpec(
+        url=url,
+        model="sim",
+        rate=max(rate for _, rate, _ in phases),
+        duration_s=start,
+        timeout_ms=args.timeout_ms,
+        seed=args.seed,
+        max_requests=max(1, len(offsets)),
+    )
+    recorders = {name: Recorder() for name, _, _ in windows}
+    rec_of = []
+    for off in offsets:
+        rec_of.append(next(recorders[n] for n, a, b in windows if a <= off < b))
+    now = time.monotonic
+    loop = asyncio.get_running_loop()
+    client = make_client(spec, now)
+    try:
+        await client.start()
+        t0 = now() + 0.01
+        wall_t0 = time.time() + 0.01
+        run = _Run(spec, client, now, t0, Recorder(), Recorder(), loop_skew=loop.time() - now())
+        run.results = [math.nan] * len(offsets)
+        hard_stop = t0 + spec.total_s + spec.timeout_ms / 1000.0 + spec.grace_s
+        try:
+            async with asyncio.timeout_at(hard_stop + run.loop_skew), asyncio.TaskGroup() as tg:
+                for i, off in enumerate(offsets):
+                    intended = t0 + off
+                    while (delay := intended - now()) > 0:  # noqa: ASYNC110 -- a timer may fire early
+                        await asyncio.sleep(max(delay, 0.001))
+                    tg.create_task(run.one(i, intended, rec_of[i]))
+                    run.sent += 1
+        except TimeoutError:
+            pass  # outstanding requests were cancelled and counted as timeouts
+    finally:
+        await client.close()
+    return offsets, run.results, recorders, t0, wall_t0
+
+
+class _WorkerPoller(threading.Thread):
+    """GET /admin/workers every `every_s`; keeps (monotonic time, {state: count}) for model sim."""
+
+    def __init__(self, srv: Server, every_s: float) -> None:
+        super().__init__(daemon=True)
+        self.srv, self.every_s = srv, every_s
+        self.samples: list[tuple[float, dict[str, int]]] = []
+        self.failed_polls = 0
+        self._stop_event = threading.Event()
+
+    def run(self) -> None:
+        nxt = time.monotonic()
+        while not self._stop_event.is_set():
+            t = time.monotonic()
+            try:
+                rows = self.srv.admin_call("GET", "/admin/workers", timeout=2)["workers"]
+                states: dict[str, int] = {}
+                for w in rows:
+                    if w["model"] == "sim":
+                        states[w["state"]] = states.get(w["state"], 0) + 1
+                self.samples.append((t, states))
+            except (urllib.error.URLError, OSError, ValueError):
+                self.failed_polls += 1
+            nxt += self.every_s
+            self._stop_event.wait(max(0.0, nxt - time.monotonic()))
+
+    def stop(self) -> None:
+        self._stop_event.set()
+        self.join(5)
+
+
+def _decisions(log_path: Path, wall_t0: float) -> list[dict[str, Any]]:
+    out = []
+    for line in log_path.read_text(errors="replace").splitlines():
+        m = DECISION_RE.match(line)
+        if m:
+            wall = datetime.datetime.strptime(m[1], "%Y-%m-%d %H:%M:%S,%f").timestamp()
+            out.append({"t": round(wall - wall_t0, 3), "from": int(m[2]), "to": int(m[3]), "reason": m[4]})
+    return out
+
+
+def _pct(xs: list[float], q: float) -> float | None:
+    return round(float(np.percentile(np.asarray(xs) * 1000.0, q)), 1) if xs else None
+
+
+def cmd_autoscale(args: argparse.Namespace) -> dict[str, Any]:
+    low, high = args.low * PER_WORKER_RPS, args.high * PER_WORKER_RPS
+    phases = [("low", low, args.before), ("step", high, args.step), ("back", low, args.after)]
+    step_at, back_at = args.before, args.before + args.step
+    end = back_at + args.after
+    tail = min(10.0, args.step)
+    windows = [
+        ("low", 0.0, step_at),
+        ("step_head", step_at, back_at - tail),
+        ("step_tail", back_at - tail, back_at),
+        ("back", back_at, end),
+    ]
+    cfg = dict(AUTOSCALE, min_workers=1, max_workers=args.max_workers)
+    with Server(1, "autoscale", model_extra=_autoscale_toml(cfg), log_level="INFO") as srv:
+        poller = _WorkerPoller(srv, args.poll_s)
+        poller.start()
+        time.sleep(2 * args.poll_s)
+        try:
+            with asyncio.Runner(loop_factory=_loop_factory()) as runner:
+                offsets, results, recs, t0, wall_t0 = runner.run(
+                    _stepped_load(srv.url, phases, windows, args)
+                )
+            time.sleep(2 * args.poll_s)
+        finally:
+            poller.stop()
+        log_path = srv.log_path
+    decisions = _decisions(log_path, wall_t0)
+    timeline = [
+        {"t": round(t - t0, 3), "ready": s.get("ready", 0), "draining": s.get("draining", 0), "states": s}
+        for t, s in poller.samples
+    ]
+
+    # Ready-worker count: first rise after the step, first time at its peak, falls after the step back.
+    before = [p["ready"] for p in timeline if p["t"] < step_at]
+    base = before[-1] if before else 1
+    after_step = [p for p in timeline if p["t"] >= step_at]
+    peak = max((p["ready"] for p in after_step), default=base)
+    first_up_ready = next((p["t"] - step_at for p in after_step if p["ready"] > base), None)
+    peak_at = next((p["t"] - step_at for p in after_step if p["ready"] == peak), None)
+    changes, prev = [], None
+    for p in timeline:
+        if prev is not None and p["ready"] != prev:
+            changes.append({"t": p["t"], "from": prev, "to": p["ready"]})
+        prev = p["ready"]
+    downs_ready = [dict(c, after_back_s=round(c["t"] - back_at, 2)) for c in changes if c["to"] < c["from"]]
+    ups = [d for d in decisions if d["to"] > d["from"] and d["t"] >= step_at]
+    downs = [d for d in decisions if d["to"] < d["from"] and d["t"] >= back_at]
+    first_up_decision = ups[0]["t"] - step_at if ups else None
+
+    # Latency and failures from the per-request record (intended time = offset).
+    res = np.asarray(results, dtype=float)
+    offs = np.asarray(offsets, dtype=float)
+
+    def ok_lat(a: float, b: float) -> list[float]:
+        sel = (offs >= a) & (offs < b) & (res >= 0)
+        return res[sel].tolist()
+
+    def failed(a: float, b: float) -> int:
+        sel = (offs >= a) & (offs < b)
+        return int(np.sum(sel & ~(res >= 0)))
+
+    def merged_errors(*names: str) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for n in names:
+            for k, v in recs[n].errors.items():
+                out[k] = out.get(k, 0) + v
+            for k, v in recs[n].mismatches.items():
+                out[f"mismatch_{k}"] = out.get(f"mismatch_{k}", 0) + v
+        return out
+
+    first_down_t = downs[0]["t"] if downs else None
+    phase_rows = {}
+    for name, a, b in (("low", 0.0, step_at), ("step", step_at, back_at), ("back", back_at, end)):
+        lat = ok_lat(a, b)
+        n_dec = [d for d in decisions if a <= d["t"] < b]
+        n_ready = [c for c in changes if a <= c["t"] < b]
+        phase_rows[name] = {
+            "window_s": [a, b],
+            "offered_rps": round(int(np.sum((offs >= a) & (offs < b))) / (b - a), 1),
+            "ok": len(lat),
+            "failed": failed(a, b),
+            "p50_ms": _pct(lat, 50),
+            "p99_ms": _pct(lat, 99),
+            "decisions": len(n_dec),
+            "decisions_per_min": round(60.0 * len(n_dec) / (b - a), 2),
+            "ready_changes": len(n_ready),
+            "ready_changes_per_min": round(60.0 * len(n_ready) / (b - a), 2),
+        }
+    phase_rows["low"]["errors"] = merged_errors("low")
+    phase_rows["step"]["errors"] = merged_errors("step_head", "step_tail")
+    phase_rows["back"]["errors"] = merged_errors("back")
+    step_tail = ok_lat(back_at - tail, back_at)
+    out = {
+        "autoscale": cfg,
+        "model": {
+            "builtin": "sim",
+            "base_ms": 100.0,
+            "per_item_ms": 1.0,
+            "max_batch_size": 100,
+            "workers": 1,
+        },
+        "phases": [{"name": n, "rate": r, "seconds": s} for n, r, s in phases],
+        "poll_s": args.poll_s,
+        "failed_polls": poller.failed_polls,
+        "step_at_s": step_at,
+        "back_at_s": back_at,
+        "first_scale_up_decision_s": None if first_up_decision is None else round(first_up_decision, 2),
+        "first_ready_increase_s": None if first_up_ready is None else round(first_up_ready, 2),
+        "ready_peak": peak,
+        "ready_peak_reached_s": None if peak_at is None else round(peak_at, 2),
+        "step_p99_ms": phase_rows["step"]["p99_ms"],
+        "step_last_p99_ms": _pct(step_tail, 99),
+        "step_last_window_s": tail,
+        "scale_down_decisions": [dict(d, after_back_s=round(d["t"] - back_at, 2)) for d in downs],
+        "scale_down_ready": downs_ready,
+        "failed_from_first_scale_down": None if first_down_t is None else failed(first_down_t, end),
+        "phase": phase_rows,
+        "decisions": decisions,
+        "ready_changes": changes,
+        "timeline": timeline,
+        "server_log": str(log_path),
+    }
+    _autoscale_report(out)
+    return out
+
+
+def _autoscale_report(out: dict[str, Any]) -> None:
+    ph = out["phase"]
+    print(f"\nautoscale {out['autoscale']}")
+    steps = [f"{p['name']} {p['rate']:g} req/s x {p['seconds']:g} s" for p in out["phases"]]
+    print(f"load: {', '.join(steps)}\n")
+    print(
+        "| phase | offered req/s | ok | failed | errors | p50 ms | p99 ms | decisions (/min) | ready changes (/min) |"
+    )
+    print("|---|---:|---:|---:|---|---:|---:|---:|---:|")
+    for name, r in ph.items():
+        print(
+            f"| {name} {r['window_s'][0]:g}-{r['window_s'][1]:g} s | {r['offered_rps']:,.0f} | {r['ok']} | "
+            f"{r['failed']} | {r['errors'] or 0} | {_fmt(r['p50_ms'])} | {_fmt(r['p99_ms'])} | "
+            f"{r['decisions']} ({r['decisions_per_min']:g}) | {r['ready_changes']} ({r['ready_changes_per_min']:g}) |"
+        )
+    print("\n| metric | value |")
+    print("|---|---|")
+    print(f"| step up -> first scale-up decision | {_fmt(out['first_scale_up_decision_s'], 2)} s |")
+    print(f"| step up -> first extra worker ready | {_fmt(out['first_ready_increase_s'], 2)} s |")
+    print(
+        f"| step up -> ready count at its peak ({out['ready_peak']}) | {_fmt(out['ready_peak_reached_s'], 2)} s |"
+    )
+    step_s = out["back_at_s"] - out["step_at_s"]
+    print(f"| p99 over the step ({step_s:g} s) | {_fmt(out['step_p99_ms'])} ms |")
+    print(
+        f"| p99 over the step's last {out['step_last_window_s']:g} s | {_fmt(out['step_last_p99_ms'])} ms |"
+    )
+    print(f"| errors during the step | {ph['step']['errors'] or 0} (failed {ph['step']['failed']}) |")
+    downs = ", ".join(
+        f"{d['from']}->{d['to']} at +{d['after_back_s']:g} s" for d in out["scale_down_decisions"]
+    )
+    print(f"| scale-down decisions after the step back | {downs or 'none'} |")
+    ready = ", ".join(f"{d['from']}->{d['to']} at +{d['after_back_s']:g} s" for d in out["scale_down_ready"])
+    print(f"| ready count falls after the step back | {ready or 'none'} |")
+    print(
+        f"| failed requests from the first scale-down on (target 0) | {out['failed_from_first_scale_down']} |"
+    )
+    print("\ndecisions (t from load start):")
+    for d in out["decisions"]:
+        print(f"  t={d['t']:7.2f} s  {d['from']} -> {d['to']}  ({d['reason']})")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -477,9 +781,24 @@ def main() -> int:
         p = sub.add_parser(name, parents=[common])
         p.add_argument("--duration", type=float, default=20.0)
         p.add_argument("--load", type=float, default=0.6, help="offered, x fleet capacity")
+    p = sub.add_parser("autoscale", parents=[common])
+    p.add_argument("--before", type=float, default=15.0, help="seconds at --low before the step")
+    p.add_argument("--step", type=float, default=30.0, help="seconds at --high")
+    p.add_argument("--after", type=float, default=45.0, help="seconds back at --low")
+    p.add_argument("--low", type=float, default=0.2, help="offered, x one worker's capacity")
+    p.add_argument("--high", type=float, default=1.5, help="offered, x one worker's capacity")
+    p.add_argument("--max-workers", type=int, default=AUTOSCALE["max_workers"])
+    p.add_argument("--poll-s", type=float, default=0.5, help="GET /admin/workers period")
+    p.add_argument("--seed", type=int, default=11)
     args = ap.parse_args()
     signal.signal(signal.SIGTERM, _interrupt)
-    fn = {"scaling": cmd_scaling, "priorities": cmd_priorities, "rolling": cmd_rolling, "drain": cmd_drain}
+    fn = {
+        "scaling": cmd_scaling,
+        "priorities": cmd_priorities,
+        "rolling": cmd_rolling,
+        "drain": cmd_drain,
+        "autoscale": cmd_autoscale,
+    }
     out = fn[args.cmd](args)
     out["command"] = " ".join([".venv/bin/python", "benchmarks/fleet.py", *sys.argv[1:]])
     out["loadavg_end"] = os.getloadavg()
