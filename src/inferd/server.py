@@ -11,6 +11,7 @@ import shutil
 import signal
 import tempfile
 import time
+from collections import ChainMap
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING
 
@@ -23,6 +24,9 @@ from inferd.errors import Internal, NotFound, ShuttingDown
 from inferd.fleet.autoscaler import Autoscaler
 from inferd.fleet.control import FleetControl
 from inferd.fleet.scaling import ScalingLoop
+from inferd.llm.model import is_llm
+from inferd.llm.runtime import LLMRuntime
+from inferd.observability.llm_metrics import LLMCollector
 from inferd.observability.metrics import Metrics
 from inferd.worker.connection import WorkerConnection
 from inferd.worker.hub import WorkerHub
@@ -48,8 +52,13 @@ class InferenceServer:
         self.metrics = Metrics()
         self.models = {m.name: m for m in models}
         self.runtimes: dict[str, ModelRuntime] = {}
+        self.llm_runtimes: dict[str, LLMRuntime] = {}
+        """LLM models (token streams, driven by the engine in their workers) beside the batch models."""
         self.retry_budget = RetryBudget(self.clock, config.retry_budget_ratio, config.retry_budget_min_per_s)
         for m in models:
+            if is_llm(m):
+                self.llm_runtimes[m.name] = LLMRuntime(m, self.clock)
+                continue
             rt = ModelRuntime(
                 m,
                 self.clock,
@@ -62,8 +71,9 @@ class InferenceServer:
             self.metrics.track(rt)
         self._token = secrets.token_hex(16)
         join = config.join_token.get_secret_value() if config.join_token else ""
+        self.metrics.registry.register(LLMCollector(self.llm_runtimes.values))
         self.hub = WorkerHub(
-            self.runtimes,
+            ChainMap(self.runtimes, self.llm_runtimes),  # type: ignore[arg-type]
             self.clock,
             tokens=(self._token, join),
             load_timeout_s=config.worker_start_timeout_s,
@@ -80,7 +90,7 @@ class InferenceServer:
             )
             self.supervisor = self.ray_launcher
         self.supervisor.restart_hooks.append(
-            lambda slot: self.runtimes[slot.model].metrics.worker_restarted()
+            lambda slot: slot.model in self.runtimes and self.runtimes[slot.model].metrics.worker_restarted()
         )
         if spawn_workers:
             for m in models:
@@ -100,7 +110,11 @@ class InferenceServer:
 
     @property
     def ready(self) -> bool:
-        return not self.shutting_down and all(rt.ready for rt in self.runtimes.values())
+        return (
+            not self.shutting_down
+            and all(rt.ready for rt in self.runtimes.values())
+            and all(rt.ready for rt in self.llm_runtimes.values())
+        )
 
     def runtime(self, name: str, version: str | None = None) -> ModelRuntime:
         rt = self.runtimes.get(name)
@@ -178,6 +192,9 @@ class InferenceServer:
         for rt in self.runtimes.values():
             rt.stop_accepting()
             rt.fail_all_queued(ShuttingDown(f"model '{rt.name}' is shutting down"))
+        for llm in self.llm_runtimes.values():
+            llm.stop_accepting()
+            llm.fail_all(ShuttingDown(f"model '{llm.name}' is shutting down"))
         for task in loops:
             task.cancel()
         await self.hub.close()

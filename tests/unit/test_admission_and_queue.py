@@ -77,3 +77,14 @@ def test_deadline_that_cannot_be_met_is_refused_with_the_numbers() -> None:
 def test_no_refusal_on_deadline_before_anything_was_measured() -> None:
     est = DrainEstimator(max_batch_size=10)
     check_admission("sim", 5, 100, 1, now=0.0, deadline=0.001, estimator=est, workers=1)
+
+
+def test_full_batch_latency_is_extrapolated_from_small_batches() -> None:
+    """At low load only small batches are seen; a line through them predicts the full batch's cost
+    (sim: 100 ms + 1 ms per item -> 200 ms at 100), where the plain EWMA would say ~110 ms."""
+    est = DrainEstimator(max_batch_size=100)
+    assert est.full_batch_latency_s() is None
+    for size in (3, 5, 9, 12, 17, 20):
+        est.observe_batch(size, 0.100 + 0.001 * size)
+    assert est.full_batch_latency_s() == pytest.approx(0.200, rel=0.02)
+    assert est.batch_latency_s is not None and est.batch_latency_s < 0.13

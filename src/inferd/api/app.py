@@ -13,9 +13,10 @@ from typing import Any
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from inferd import __version__
+from inferd.api import completions as completion_routes
 from inferd.api import oip
 from inferd.api import openai as openai_routes
-from inferd.api.asgi import AsgiApp, HttpRequest, HttpResponse, Router
+from inferd.api.asgi import AsgiApp, HttpRequest, HttpResponse, Router, StreamingResponse
 from inferd.api.errors import error_headers, status_of
 from inferd.api.http import (
     ClientGone,
@@ -52,6 +53,8 @@ def create_app(server: InferenceServer) -> AsgiApp:
         r.add("POST", base + "/infer", api.infer)
     r.add("POST", "/v1/embeddings", api.embeddings)
     r.add("GET", "/v1/models", api.list_models)
+    r.add("POST", "/v1/completions", api.completions)
+    r.add("POST", "/v1/chat/completions", api.chat_completions)
     r.add("GET", "/metrics", api.metrics)
     r.add("GET", "/openapi.json", api.openapi)
     return AsgiApp(r, server.running, _not_found)
@@ -167,6 +170,23 @@ class Api:
     async def embeddings(self, request: HttpRequest) -> HttpResponse:
         return await self.guard(
             request, None, lambda r: openai_routes.embeddings(self, r), error_body=openai_routes.openai_error
+        )
+
+    # ---- text generation (LLM models): JSON or Server-Sent Events -----------------------------------
+    async def completions(self, request: HttpRequest) -> HttpResponse | StreamingResponse:
+        return await self.guard(
+            request,
+            None,
+            lambda r: completion_routes.completions(self, r),
+            error_body=openai_routes.openai_error,
+        )
+
+    async def chat_completions(self, request: HttpRequest) -> HttpResponse | StreamingResponse:
+        return await self.guard(
+            request,
+            None,
+            lambda r: completion_routes.chat_completions(self, r),
+            error_body=openai_routes.openai_error,
         )
 
     # ---- shared -------------------------------------------------------------------------------------

@@ -1,4 +1,5 @@
-"""OpenAI-compatible routes: POST /v1/embeddings and GET /v1/models. Errors in the OpenAI shape."""
+"""OpenAI-compatible routes: POST /v1/embeddings and GET /v1/models (batch and LLM models). Errors in the
+OpenAI shape. Text generation lives in api/completions.py."""
 
 from __future__ import annotations
 
@@ -47,7 +48,7 @@ def list_models(server: InferenceServer) -> HttpResponse:
     created = int(server.started_at)
     data = [
         {"id": name, "object": "model", "created": created, "owned_by": "inferd"}
-        for name in sorted(server.runtimes)
+        for name in sorted({*server.runtimes, *server.llm_runtimes})
     ]
     return json_response(_encoder.encode({"object": "list", "data": data}))
 

@@ -24,9 +24,42 @@ class DrainEstimator:
         self.max_batch_size = max_batch_size
         self.alpha = alpha
         self.batch_latency_s: float | None = None
+        self._curve: dict[int, tuple[float, float]] = {}
         self.items_per_batch: float | None = None
 
+    def curve(self) -> list[tuple[float, float]]:
+        """Measured (mean batch size, EWMA latency) points, one per power-of-two size bucket."""
+        return sorted(self._curve.values())
+
+    def full_batch_latency_s(self) -> float | None:
+        """Latency of a full batch, from a least-squares line through the measured curve (cost = a + b*n),
+        so low load, which only shows small batches, does not hide the per-item cost. None: not enough
+        distinct sizes measured yet, or a line that makes no sense."""
+        points = self.curve()
+        if len(points) < 2:
+            return None
+        n = len(points)
+        mx = sum(x for x, _ in points) / n
+        my = sum(y for _, y in points) / n
+        sxx = sum((x - mx) ** 2 for x, _ in points)
+        if sxx <= 0:
+            return None
+        slope = sum((x - mx) * (y - my) for x, y in points) / sxx
+        intercept = my - slope * mx
+        predicted = intercept + slope * self.max_batch_size
+        return predicted if slope >= 0 and predicted > 0 else None
+
     def observe_batch(self, size: int, latency_s: float) -> None:
+        bucket = 1 << max(0, size.bit_length() - 1)  # 1, 2, 4, ... the largest power of two <= size
+        previous = self._curve.get(bucket)
+        if previous is None:
+            self._curve[bucket] = (float(size), latency_s)
+        else:
+            a = self.alpha
+            self._curve[bucket] = (
+                previous[0] + a * (size - previous[0]),
+                previous[1] + a * (latency_s - previous[1]),
+            )
         if self.batch_latency_s is None or self.items_per_batch is None:
             self.batch_latency_s, self.items_per_batch = latency_s, float(size)
             return

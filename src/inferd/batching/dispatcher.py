@@ -12,6 +12,7 @@ import contextlib
 import itertools
 import logging
 import random
+import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -24,7 +25,14 @@ from inferd.batching.recovery import FailureKind, RecoveryPlan, RecoveryPolicy
 from inferd.batching.retry import RetryBudget
 from inferd.clock import Clock
 from inferd.config import ModelConfig
-from inferd.errors import DeadlineExceeded, ModelError, ModelOutputError, ServingError, WorkerUnavailable
+from inferd.errors import (
+    DeadlineExceeded,
+    ModelError,
+    ModelOutputError,
+    Overloaded,
+    ServingError,
+    WorkerUnavailable,
+)
 from inferd.observability.metrics import ModelMetrics
 from inferd.routing import Candidate, EjectionChange, EjectionState, Health, OutlierEjector, P2CBalancer
 from inferd.routing.ejection import WorkerEjection
@@ -36,6 +44,8 @@ log = logging.getLogger("inferd.dispatcher")
 _batch_ids = itertools.count(1)
 BUSY_WINDOW_S = 10.0
 WATCHDOG_INTERVAL_S = 0.1
+MAX_LOOP_LAG_S = 0.05
+"""Event loop lag (EWMA) past which bulk requests are refused at once; interactive ones past twice that."""
 
 KillWorker = Callable[[WorkerConnection], None]
 
@@ -96,6 +106,9 @@ class ModelRuntime:
         self.last_completion = clock.now()
         self._wake = asyncio.Event()
         self._membership = asyncio.Event()
+        self.loop_lag_s = 0.0
+        """EWMA of how late the watchdog's timer fired: the front end's own saturation."""
+        self.max_loop_lag_s = MAX_LOOP_LAG_S
         self.enqueued_total = 0
         """Items admitted since start (the autoscaler's arrival rate)."""
         self._busy: deque[tuple[float, float]] = deque()
@@ -133,6 +146,17 @@ class ModelRuntime:
             raise WorkerUnavailable(f"model '{self.name}' is shutting down")
         if self.ready_workers == 0:
             raise WorkerUnavailable(f"model '{self.name}' has no ready worker; retry shortly")
+        if (
+            self.loop_lag_s > self.max_loop_lag_s and priority != INTERACTIVE
+        ) or self.loop_lag_s > 2 * self.max_loop_lag_s:
+            # The front end's CPU is saturated: refuse before reading the body (bulk first), or the
+            # excess would wait in socket buffers with unbounded latency instead of getting a 429.
+            raise Overloaded(
+                f"the front end is saturated (event loop {1000 * self.loop_lag_s:.0f} ms behind); "
+                "retry in 1 s",
+                retry_after_s=1.0,
+                reason="front_end_saturated",
+            )
         if len(self.queue) >= self.capacity(priority):
             check_admission(
                 self.name,
@@ -421,9 +445,14 @@ class ModelRuntime:
 
     async def watchdog(self) -> None:
         """Kill workers whose batch hangs or that went silent; the broken connection then recovers their
-        batches like any crash."""
+        batches like any crash. Also measures the event loop's lag: how late this loop's own timer fires
+        tells whether the front end itself is saturated."""
         while True:
+            started = time.perf_counter()
             await asyncio.sleep(WATCHDOG_INTERVAL_S)
+            self.loop_lag_s += 0.3 * (
+                max(0.0, time.perf_counter() - started - WATCHDOG_INTERVAL_S) - self.loop_lag_s
+            )
             self.check_workers()
 
     def check_workers(self) -> None:

@@ -7,7 +7,8 @@ import asyncio
 import logging
 from typing import TYPE_CHECKING
 
-from inferd.fleet.autoscaler import Autoscaler, Decision, Observation
+from inferd.batching.admission import DrainEstimator
+from inferd.fleet.autoscaler import Autoscaler, CurvePoint, Decision, Observation
 
 if TYPE_CHECKING:
     from inferd.server import InferenceServer
@@ -42,6 +43,12 @@ class ScalingLoop:
                 )
                 await self.server.fleet.scale_to(self.model, decision.target_workers)
 
+    @staticmethod
+    def _curve(estimator: DrainEstimator, max_batch: int) -> tuple[CurvePoint, ...]:
+        """The full-batch point of the measured cost line: what one worker can do when it is needed."""
+        full = estimator.full_batch_latency_s()
+        return () if full is None else (CurvePoint(max_batch, full),)
+
     def observe(self) -> Observation:
         rt = self.server.runtime(self.model)
         now = self.server.clock.now()
@@ -58,4 +65,5 @@ class ScalingLoop:
             busy_ratio=min(1.0, max(0.0, rt.busy_ratio())),
             batch_latency_s=rt.estimator.batch_latency_s,
             items_per_batch=rt.estimator.items_per_batch,
+            throughput_curve=self._curve(rt.estimator, rt.config.max_batch_size),
         )

@@ -19,7 +19,7 @@ from pydantic import ValidationError
 
 from inferd.config import ConfigError, ModelConfig, describe_validation_error
 
-BUILTINS = ("sim", "minilm")
+BUILTINS = ("sim", "minilm", "sim-llm")
 
 
 def builtin_config(kind: str, name: str | None = None, **overrides: Any) -> ModelConfig:
@@ -31,13 +31,17 @@ def builtin_config(kind: str, name: str | None = None, **overrides: Any) -> Mode
         from inferd.models.minilm import minilm_config
 
         return minilm_config(name=name or "minilm", **overrides)
+    if kind == "sim-llm":
+        from inferd.models.sim_llm import sim_llm_config
+
+        return sim_llm_config(name=name or "sim-llm", **overrides)
     raise ConfigError(f"unknown builtin model {kind!r}; built-ins are {list(BUILTINS)}")
 
 
 def default_models(cache_dir: Path | None = None) -> list[ModelConfig]:
     """What `inferd serve` serves with no --model-repo."""
     params = {"cache_dir": str(cache_dir)} if cache_dir else {}
-    return [builtin_config("sim"), builtin_config("minilm", params=params)]
+    return [builtin_config("sim"), builtin_config("minilm", params=params), builtin_config("sim-llm")]
 
 
 def load_repository(repo: Path) -> list[ModelConfig]:

@@ -12,6 +12,7 @@ from collections.abc import Callable, Mapping
 
 from inferd.batching.dispatcher import ModelRuntime
 from inferd.clock import Clock
+from inferd.llm.runtime import LLMRuntime
 from inferd.worker import protocol as p
 from inferd.worker.connection import WorkerConnection
 
@@ -23,7 +24,7 @@ HEARTBEAT_S = 1.0
 class WorkerHub:
     def __init__(
         self,
-        runtimes: Mapping[str, ModelRuntime],
+        runtimes: Mapping[str, ModelRuntime | LLMRuntime],
         clock: Clock,
         tokens: tuple[str, ...] = (),
         load_timeout_s: float = 120.0,
@@ -57,7 +58,7 @@ class WorkerHub:
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         conn: WorkerConnection | None = None
-        runtime: ModelRuntime | None = None
+        runtime: ModelRuntime | LLMRuntime | None = None
         reason = "connection closed"
         try:
             conn, runtime = await self._handshake(reader, writer)
@@ -78,7 +79,7 @@ class WorkerHub:
 
     async def _handshake(
         self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
-    ) -> tuple[WorkerConnection | None, ModelRuntime | None]:
+    ) -> tuple[WorkerConnection | None, ModelRuntime | LLMRuntime | None]:
         async with asyncio.timeout(10.0):
             hello = await p.read_message(reader)
         if not isinstance(hello, p.Hello):
@@ -131,12 +132,17 @@ class WorkerHub:
         return ""
 
     async def _read_loop(
-        self, conn: WorkerConnection, runtime: ModelRuntime, reader: asyncio.StreamReader
+        self, conn: WorkerConnection, runtime: ModelRuntime | LLMRuntime, reader: asyncio.StreamReader
     ) -> None:
         while True:
             msg = await p.read_message(reader)
             if isinstance(msg, p.BatchDone):
                 runtime.on_batch_done(conn, msg)
+                if conn.completed_batches == 1:
+                    for hook in self.on_first_batch:
+                        hook(conn)
+            elif isinstance(msg, p.StepDeltas) and isinstance(runtime, LLMRuntime):
+                runtime.on_step(conn, msg)
                 if conn.completed_batches == 1:
                     for hook in self.on_first_batch:
                         hook(conn)

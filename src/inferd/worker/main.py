@@ -23,7 +23,11 @@ from pathlib import Path
 
 import msgspec
 
+from inferd.clock import MonotonicClock
 from inferd.config import ModelConfig
+from inferd.llm.engine import LLMEngine, scheduler_config
+from inferd.llm.model import LLMModel
+from inferd.llm.scheduler import LLMScheduler
 from inferd.models.base import Model
 from inferd.models.loader import instantiate
 from inferd.worker import protocol as p
@@ -56,6 +60,8 @@ class Worker:
         self._batches: asyncio.Queue[p.RunBatch | None] = asyncio.Queue()
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="inferd-device")
         self._writer: asyncio.StreamWriter | None = None
+        self._engine: LLMEngine | None = None
+        """The continuous-batching engine, when the model is an LLM (instead of the batch loop)."""
 
     async def run(self) -> int:
         """Serve the front end. A local worker (a child of `inferd serve`) exits when its front end goes;
@@ -107,14 +113,17 @@ class Worker:
                 "worker %s registered again with %s (model already loaded)", self.worker_id, self.address
             )
         self._batches = asyncio.Queue()
+        self._engine = self._new_engine()
         async with asyncio.TaskGroup() as tg:
             heartbeat = tg.create_task(self._heartbeat(welcome.heartbeat_s))
-            runner = tg.create_task(self._run_batches())
+            runner = tg.create_task(self._run_batches() if self._engine is None else self._run_engine())
             outcome = await self._receive(reader)
             if outcome == "lost":  # nobody will read results of batches not started yet
                 while not self._batches.empty():
                     self._batches.get_nowait()
             await self._batches.put(None)
+            if self._engine is not None:
+                self._engine.stop(finish_running=outcome == "drained")
             await runner
             heartbeat.cancel()
         writer.close()
@@ -169,6 +178,8 @@ class Worker:
             elif isinstance(msg, p.Drain):
                 log.info("worker %s draining", self.worker_id)
                 return "drained"
+            elif isinstance(msg, (p.AddSequence, p.AbortSequence)) and self._engine is not None:
+                self._engine.submit(msg)
 
     async def _run_batches(self) -> None:
         while (batch := await self._batches.get()) is not None:
@@ -199,6 +210,19 @@ class Worker:
         return p.BatchDone(
             batch.batch_id, time.perf_counter() - start, outputs=converted, item_errors=item_errors
         )
+
+    # ---- LLM models: the engine loop instead of the batch loop ----------------------------------------
+    def _new_engine(self) -> LLMEngine | None:
+        if not isinstance(self.model, LLMModel):
+            return None
+        assert self.config is not None
+        scheduler = LLMScheduler(scheduler_config(self.config.params), MonotonicClock())
+        return LLMEngine(self.model, scheduler, self._send, self._flush, self._executor)
+
+    async def _run_engine(self) -> None:
+        assert self._engine is not None
+        await self._engine.run()
+        await self._flush()
 
     async def _predict(self, model: Model, items: list) -> object:
         if inspect.iscoroutinefunction(model.predict_batch):

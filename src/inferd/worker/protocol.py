@@ -73,7 +73,68 @@ class Drain(msgspec.Struct, tag="drain"):
     """Finish what you hold, then exit."""
 
 
-Message = Hello | Welcome | Ready | LoadFailed | RunBatch | BatchDone | Heartbeat | Drain
+# ---- LLM engine (models with platform "inferd_llm"): one AddSequence per request, one StepDeltas per step
+
+
+class AddSequence(msgspec.Struct, tag="llm_add"):
+    seq_id: str
+    prompt: list[int]
+    max_tokens: int
+    seed: int = 0
+    priority: int = 0
+    tenant: str = ""
+
+
+class AbortSequence(msgspec.Struct, tag="llm_abort"):
+    """The client went away: end the sequence and free its KV blocks."""
+
+    seq_id: str
+
+
+class SeqDelta(msgspec.Struct):
+    seq_id: str
+    token_ids: list[int] = []
+    finish_reason: str | None = None
+    """"stop", "length", "abort" or "error"; None while the sequence runs on."""
+    error: tuple[str, str] | None = None
+    """(code, message) when the engine refused or failed the sequence."""
+
+
+class LLMStats(msgspec.Struct):
+    """The engine's scheduler statistics after a step (SchedulerStatistics, on the wire)."""
+
+    running: int = 0
+    waiting: int = 0
+    kv_blocks_used: int = 0
+    kv_blocks_total: int = 0
+    preemptions: int = 0
+    steps: int = 0
+    finished: int = 0
+    aborted: int = 0
+    errored: int = 0
+
+
+class StepDeltas(msgspec.Struct, tag="llm_step"):
+    """Every sequence's new tokens after one engine step (or refusals and aborts between steps)."""
+
+    compute_s: float
+    deltas: list[SeqDelta]
+    stats: LLMStats
+
+
+Message = (
+    Hello
+    | Welcome
+    | Ready
+    | LoadFailed
+    | RunBatch
+    | BatchDone
+    | Heartbeat
+    | Drain
+    | AddSequence
+    | AbortSequence
+    | StepDeltas
+)
 
 
 def _enc_hook(obj: Any) -> Any:

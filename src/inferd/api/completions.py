@@ -1,0 +1,316 @@
+"""OpenAI-compatible text generation: POST /v1/completions and POST /v1/chat/completions.
+
+parse -> tokenize -> check the context length (400 before scheduling) -> submit to the model's
+LLMRuntime -> stream Server-Sent Events (`data: {json}`, then `data: [DONE]`) or one JSON body.
+Stop strings are matched on the front end, on the generated text; reaching one aborts the sequence.
+A client that disconnects aborts its sequence in the engine.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable
+from typing import TYPE_CHECKING, Any
+
+import msgspec
+
+from inferd.api.asgi import HttpRequest, HttpResponse, StreamingResponse
+from inferd.api.errors import status_of
+from inferd.api.http import ClientGone, check_content_type, decode_json, json_response, read_body
+from inferd.api.openai import openai_error
+from inferd.errors import BadRequest, ModelError, NotFound, ServingError, WorkerUnavailable
+from inferd.llm.runtime import LLMRuntime
+from inferd.llm.stream import TokenStream
+from inferd.models.sim_llm import sim_llm_chat_prompt
+
+if TYPE_CHECKING:
+    from inferd.api.app import Api
+    from inferd.server import InferenceServer
+
+DEFAULT_MAX_TOKENS = 16
+TOKENIZE_IN_THREAD_CHARS = 64 * 1024
+
+
+class StreamOptions(msgspec.Struct):
+    include_usage: bool = False
+
+
+class ChatMessage(msgspec.Struct):
+    role: str
+    content: str | None = None
+
+
+class _Common(msgspec.Struct, kw_only=True):
+    model: str
+    max_tokens: int | None = None
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    n: int = 1
+    user: str | None = None
+
+
+class CompletionRequest(_Common, kw_only=True):
+    prompt: str | list[Any]
+
+
+class ChatRequest(_Common, kw_only=True):
+    messages: list[ChatMessage]
+    max_completion_tokens: int | None = None
+
+
+_completion_decoder = msgspec.json.Decoder(CompletionRequest)
+_chat_decoder = msgspec.json.Decoder(ChatRequest)
+_encoder = msgspec.json.Encoder()
+
+
+# ---- handlers -------------------------------------------------------------------------------------------
+async def completions(api: Api, request: HttpRequest) -> HttpResponse | StreamingResponse:
+    body = await _read(api, request)
+    req = decode_json(_completion_decoder, body, "completion request", 'send {"model": ..., "prompt": ...}')
+    rt = llm_runtime(api.server, req.model)
+    prompt = _prompt_text(req.prompt)
+    call = _Call(rt, req, "prompt", "text_completion", f"cmpl-{uuid.uuid4().hex}")
+    stream = await call.start(prompt, req.max_tokens)
+    if req.stream:
+        return StreamingResponse(call.events(stream, _completion_chunk), request.receive)
+    text, finish = await _collect(call, stream, request)
+    choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
+    return call.response(choice, stream)
+
+
+async def chat_completions(api: Api, request: HttpRequest) -> HttpResponse | StreamingResponse:
+    body = await _read(api, request)
+    req = decode_json(
+        _chat_decoder, body, "chat completion request", 'send {"model": ..., "messages": [...]}'
+    )
+    rt = llm_runtime(api.server, req.model)
+    if not req.messages:
+        raise BadRequest("messages is empty: send at least one {role, content} message")
+    prompt = sim_llm_chat_prompt([{"role": m.role, "content": m.content} for m in req.messages])
+    call = _Call(rt, req, "messages", "chat.completion", f"chatcmpl-{uuid.uuid4().hex}")
+    stream = await call.start(prompt, req.max_completion_tokens or req.max_tokens)
+    if req.stream:
+        return StreamingResponse(call.events(stream, _chat_chunk), request.receive)
+    text, finish = await _collect(call, stream, request)
+    choice = {
+        "index": 0,
+        "message": {"role": "assistant", "content": text},
+        "finish_reason": finish,
+        "logprobs": None,
+    }
+    return call.response(choice, stream)
+
+
+def llm_runtime(server: InferenceServer, name: str) -> LLMRuntime:
+    rt = server.llm_runtimes.get(name)
+    if rt is not None:
+        return rt
+    if name in server.runtimes:
+        raise BadRequest(f"model {name!r} does not generate text; text models: {sorted(server.llm_runtimes)}")
+    raise NotFound(f"unknown model {name!r}; text models served: {sorted(server.llm_runtimes)}")
+
+
+async def _read(api: Api, request: HttpRequest) -> bytes:
+    check_content_type(request, ("application/json", ""))
+    return await read_body(request, api.max_body)
+
+
+def _prompt_text(prompt: str | list[Any]) -> str:
+    if isinstance(prompt, str):
+        return prompt
+    if len(prompt) == 1 and isinstance(prompt[0], str):
+        return prompt[0]
+    raise BadRequest("prompt must be one string (lists of prompts and token ids are not supported yet)")
+
+
+# ---- one call ---------------------------------------------------------------------------------------------
+class _Call:
+    """One generation request: its runtime, its parameters and how its chunks are named."""
+
+    def __init__(self, rt: LLMRuntime, req: CompletionRequest | ChatRequest, what: str, obj: str, cid: str):
+        self.rt = rt
+        self.req = req
+        self.what = what
+        self.object = obj
+        self.id = cid
+        self.created = int(time.time())
+        stop = req.stop
+        self.stops = [stop] if isinstance(stop, str) else [s for s in (stop or []) if s]
+
+    async def start(self, prompt: str, max_tokens: int | None) -> TokenStream:
+        if self.req.n != 1:
+            raise BadRequest(f"n={self.req.n} is not supported: send n=1")
+        max_tokens = DEFAULT_MAX_TOKENS if max_tokens is None else max_tokens
+        if max_tokens < 1:
+            raise BadRequest(f"max_tokens must be at least 1, got {max_tokens}")
+        if len(prompt) > TOKENIZE_IN_THREAD_CHARS:
+            ids = await asyncio.to_thread(self.rt.tokenizer.encode, prompt)
+        else:
+            ids = self.rt.tokenizer.encode(prompt)
+        if not ids:
+            raise BadRequest(f"the {self.what} is empty: it holds no tokens")
+        self.rt.check_context(len(ids), max_tokens, self.what)
+        return self.rt.submit(ids, max_tokens, self.req.seed or 0)
+
+    @property
+    def include_usage(self) -> bool:
+        return self.req.stream_options is not None and self.req.stream_options.include_usage
+
+    def usage(self, stream: TokenStream) -> dict[str, int]:
+        done = stream.completion_tokens
+        return {
+            "prompt_tokens": stream.prompt_tokens,
+            "completion_tokens": done,
+            "total_tokens": stream.prompt_tokens + done,
+        }
+
+    def chunk(self, choices: list[dict[str, Any]], usage: dict[str, int] | None = None) -> bytes:
+        body = {
+            "id": self.id,
+            "object": self.object + ("" if self.object == "text_completion" else ".chunk"),
+            "created": self.created,
+            "model": self.req.model,
+            "choices": choices,
+            "usage": usage,
+        }
+        return b"data: " + _encoder.encode(body) + b"\n\n"
+
+    def response(self, choice: dict[str, Any], stream: TokenStream) -> HttpResponse:
+        body = {
+            "id": self.id,
+            "object": self.object,
+            "created": self.created,
+            "model": self.req.model,
+            "choices": [choice],
+            "usage": self.usage(stream),
+        }
+        return json_response(_encoder.encode(body))
+
+    async def events(
+        self, stream: TokenStream, make: Callable[[_Call, str, str | None, bool], bytes]
+    ) -> AsyncIterator[bytes]:
+        """The SSE body. Its `finally` aborts the sequence when the client went away mid-stream."""
+        try:
+            first = True
+            async for text, finish in generate(self.rt, stream, self.stops):
+                yield make(self, text, finish, first)
+                first = False
+            if self.include_usage:
+                yield self.chunk([], self.usage(stream))
+        except ServingError as exc:  # after streaming began: an error event, then the end
+            yield b"data: " + openai_error(exc, status_of(exc)[0]) + b"\n\n"
+        finally:
+            self.rt.abort(stream)
+        yield b"data: [DONE]\n\n"
+
+
+def _completion_chunk(call: _Call, text: str, finish: str | None, first: bool) -> bytes:
+    return call.chunk([{"index": 0, "text": text, "logprobs": None, "finish_reason": finish}])
+
+
+def _chat_chunk(call: _Call, text: str, finish: str | None, first: bool) -> bytes:
+    out = b""
+    if first:
+        role = {
+            "index": 0,
+            "delta": {"role": "assistant", "content": ""},
+            "logprobs": None,
+            "finish_reason": None,
+        }
+        out += call.chunk([role])
+    if text:
+        out += call.chunk([{"index": 0, "delta": {"content": text}, "logprobs": None, "finish_reason": None}])
+    if finish is not None:
+        out += call.chunk([{"index": 0, "delta": {}, "logprobs": None, "finish_reason": finish}])
+    return out
+
+
+async def _collect(call: _Call, stream: TokenStream, request: HttpRequest) -> tuple[str, str]:
+    """The whole completion, for a non-streaming request; a disconnect aborts the sequence (499)."""
+
+    async def gather() -> tuple[str, str]:
+        parts, finish = [], "length"
+        async for text, reason in generate(call.rt, stream, call.stops):
+            parts.append(text)
+            finish = reason or finish
+        return "".join(parts), finish
+
+    async def disconnected() -> None:
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+
+    work = asyncio.ensure_future(gather())
+    watch = asyncio.ensure_future(disconnected())
+    try:
+        await asyncio.wait({work, watch}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for task in (work, watch):
+            task.cancel()
+        await asyncio.gather(work, watch, return_exceptions=True)
+        call.rt.abort(stream)
+    if work.cancelled():
+        raise ClientGone()
+    return work.result()
+
+
+# ---- tokens -> text ---------------------------------------------------------------------------------------
+async def generate(
+    rt: LLMRuntime, stream: TokenStream, stops: list[str]
+) -> AsyncIterator[tuple[str, str | None]]:
+    """(text, finish_reason) pieces of one sequence's output, cut at the first stop string."""
+    checker = StopChecker(stops)
+    first = True
+    while True:
+        chunk = await stream.next()
+        text = rt.tokenizer.decode(chunk.token_ids, first) if chunk.token_ids else ""
+        first = first and not chunk.token_ids
+        emit, stopped = checker.feed(text)
+        if stopped:
+            rt.abort(stream, client_gone=False)
+            yield emit, "stop"
+            return
+        if chunk.finish_reason is not None:
+            yield emit + checker.rest(), _finish_reason(chunk.finish_reason)
+            return
+        if emit:
+            yield emit, None
+
+
+def _finish_reason(reason: str) -> str:
+    if reason in ("stop", "length"):
+        return reason
+    if reason == "abort":
+        raise WorkerUnavailable("the engine aborted the sequence (shutting down or preempted away)")
+    raise ModelError("the model failed while generating this sequence")
+
+
+class StopChecker:
+    """Finds the first stop string in text that arrives in pieces; holds back a possible partial match."""
+
+    def __init__(self, stops: list[str]) -> None:
+        self.stops = stops
+        self.hold = max((len(s) for s in stops), default=1) - 1
+        self.text = ""
+        self.emitted = 0
+
+    def feed(self, piece: str) -> tuple[str, bool]:
+        """(text safe to emit now, whether a stop string was reached)."""
+        self.text += piece
+        hits = [i for i in (self.text.find(s, self.emitted) for s in self.stops) if i >= 0]
+        if hits:
+            out = self.text[self.emitted : min(hits)]
+            self.emitted = len(self.text)
+            return out, True
+        safe = max(self.emitted, len(self.text) - self.hold)
+        out = self.text[self.emitted : safe]
+        self.emitted = safe
+        return out, False
+
+    def rest(self) -> str:
+        out = self.text[self.emitted :]
+        self.emitted = len(self.text)
+        return out

@@ -1,0 +1,144 @@
+"""The engine loop of an LLM worker: receive -> schedule -> run -> deliver -> idle, around LLMScheduler.
+
+receive: apply the AddSequence / AbortSequence messages that arrived since the last step;
+schedule: the scheduler's StepPlan;
+run:      the model computes the plan in the device thread (the sim sleeps its cost model);
+deliver:  one StepDeltas message with every sequence's new tokens and the scheduler's statistics;
+idle:     with nothing live, wait for the next message.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import deque
+from collections.abc import Awaitable, Callable
+from concurrent.futures import Executor
+
+from inferd.errors import ServingError
+from inferd.llm.model import LLMModel, LLMRequest
+from inferd.llm.plan import Delta, SchedulerConfig, StepPlan
+from inferd.llm.scheduler import LLMScheduler
+from inferd.worker import protocol as p
+
+log = logging.getLogger("inferd.llm.engine")
+
+
+def scheduler_config(params: dict) -> SchedulerConfig:
+    """The engine's budgets from the model's params (`params.scheduler` table)."""
+    return SchedulerConfig(**params.get("scheduler", {}))
+
+
+class LLMEngine:
+    def __init__(
+        self,
+        model: LLMModel,
+        scheduler: LLMScheduler,
+        send: Callable[[p.Message], None],
+        flush: Callable[[], Awaitable[None]],
+        executor: Executor,
+    ) -> None:
+        self.model = model
+        self.scheduler = scheduler
+        self.send = send
+        self.flush = flush
+        self.executor = executor
+        self.requests: dict[str, LLMRequest] = {}
+        self._inbox: deque[p.AddSequence | p.AbortSequence] = deque()
+        self._wake = asyncio.Event()
+        self._stopping: str | None = None
+
+    # ---- called by the worker's receive loop ------------------------------------------------------
+    def submit(self, msg: p.AddSequence | p.AbortSequence) -> None:
+        self._inbox.append(msg)
+        self._wake.set()
+
+    def stop(self, finish_running: bool) -> None:
+        """Drained: finish the live sequences, then return. Lost: abort them all now."""
+        self._stopping = "drain" if finish_running else "lost"
+        self._wake.set()
+
+    # ---- the loop -------------------------------------------------------------------------------------
+    async def run(self) -> None:
+        while True:
+            notes = self._receive()
+            if self._stopping == "lost":
+                self._abort_all()
+                return
+            if not self.scheduler.has_work():
+                if notes:
+                    await self._deliver(notes, 0.0)
+                if self._stopping == "drain":
+                    return
+                await self._idle()
+                continue
+            plan = self.scheduler.schedule()
+            outputs, compute_s = await self._run(plan)
+            deltas = self.scheduler.apply(plan, outputs)
+            await self._deliver(notes + [self._wire(d) for d in deltas], compute_s)
+
+    def _receive(self) -> list[p.SeqDelta]:
+        """Apply queued messages; return refusals and aborts to report."""
+        notes = []
+        while self._inbox:
+            msg = self._inbox.popleft()
+            if isinstance(msg, p.AbortSequence):
+                if self.scheduler.abort(msg.seq_id):
+                    self._release(msg.seq_id)
+                    notes.append(p.SeqDelta(msg.seq_id, finish_reason="abort"))
+                continue
+            try:
+                self.scheduler.add(msg.seq_id, msg.prompt, msg.max_tokens, msg.tenant, msg.priority)
+            except ServingError as exc:
+                notes.append(p.SeqDelta(msg.seq_id, finish_reason="error", error=(exc.code, exc.message)))
+                continue
+            self.requests[msg.seq_id] = LLMRequest(msg.seq_id, tuple(msg.prompt), msg.seed)
+        return notes
+
+    async def _run(self, plan: StepPlan) -> tuple[dict, float]:
+        start = time.perf_counter()
+        loop = asyncio.get_running_loop()
+        outputs = await loop.run_in_executor(self.executor, self.model.run_step, plan, self.requests)
+        return outputs, time.perf_counter() - start
+
+    async def _deliver(self, deltas: list[p.SeqDelta], compute_s: float) -> None:
+        for d in deltas:
+            if d.finish_reason is not None:
+                self._release(d.seq_id)
+        self.send(p.StepDeltas(compute_s, deltas, self._stats()))
+        await self.flush()  # backpressure: a slow front end slows the engine, never grows a buffer
+
+    async def _idle(self) -> None:
+        self._wake.clear()
+        if not self._inbox and self._stopping is None:
+            await self._wake.wait()
+
+    # ---- helpers --------------------------------------------------------------------------------------
+    def _wire(self, delta: Delta) -> p.SeqDelta:
+        finish = None if delta.finish_reason is None else delta.finish_reason.value
+        return p.SeqDelta(delta.seq_id, list(delta.token_ids), finish)
+
+    def _release(self, seq_id: str) -> None:
+        self.requests.pop(seq_id, None)
+        self.model.release(seq_id)
+
+    def _abort_all(self) -> None:
+        for seq_id in [*self.scheduler.running_ids(), *self.scheduler.waiting_ids()]:
+            self.scheduler.abort(seq_id)
+            self._release(seq_id)
+        log.info("front end gone: aborted every live sequence")
+
+    def _stats(self) -> p.LLMStats:
+        s = self.scheduler.statistics()
+        return p.LLMStats(
+            running=s.running,
+            waiting=s.waiting,
+            kv_blocks_used=s.kv_blocks_used,
+            kv_blocks_total=s.kv_blocks_total,
+            preemptions=s.preemptions,
+            steps=s.steps,
+            finished=s.finished,
+            aborted=s.aborted,
+            errored=s.errored,
+        )

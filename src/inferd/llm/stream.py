@@ -1,0 +1,59 @@
+"""One request's token stream on the front end: a single slot that merges deltas while the client is slow."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+
+from inferd.errors import ServingError
+
+
+@dataclass(frozen=True, slots=True)
+class StreamChunk:
+    token_ids: tuple[int, ...]
+    finish_reason: str | None
+    """"stop", "length", "abort" or "error" on the last chunk; None before."""
+
+
+class TokenStream:
+    """Written by the runtime (push/fail), read by the request handler (next). Bounded by max_tokens:
+    the slot holds at most the tokens the sequence may generate."""
+
+    def __init__(self, seq_id: str, worker_id: str, prompt_tokens: int) -> None:
+        self.seq_id = seq_id
+        self.worker_id = worker_id
+        self.prompt_tokens = prompt_tokens
+        self.completion_tokens = 0
+        self._pending: list[int] = []
+        self._finish: str | None = None
+        self._error: ServingError | None = None
+        self._ready = asyncio.Event()
+        self.ended = False
+        """The engine has ended the sequence (finished, aborted or failed): nothing to abort."""
+
+    def push(self, token_ids: list[int], finish_reason: str | None) -> None:
+        self._pending.extend(token_ids)
+        self.completion_tokens += len(token_ids)
+        if finish_reason is not None:
+            self._finish = finish_reason
+            self.ended = True
+        self._ready.set()
+
+    def fail(self, exc: ServingError) -> None:
+        if self.ended:
+            return
+        self._error = exc
+        self.ended = True
+        self._ready.set()
+
+    async def next(self) -> StreamChunk:
+        """Everything that arrived since the last call (waits for something). Raises the stream's error
+        once its tokens have been taken."""
+        await self._ready.wait()
+        if not self._pending and self._error is not None:
+            raise self._error
+        chunk = StreamChunk(tuple(self._pending), self._finish if self._error is None else None)
+        self._pending = []
+        if self._finish is None and self._error is None:
+            self._ready.clear()
+        return chunk

@@ -1,0 +1,174 @@
+"""sim-llm through the real server and its worker process, with the `openai` client: completions and
+chat, streaming and not; each stream is checked against sim_llm_tokens for its own request."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from collections.abc import Iterator
+from pathlib import Path
+
+import aiohttp
+import openai
+import pytest
+
+from inferd.models.sim_llm import sim_llm_chat_prompt, sim_llm_tokens
+from tests.conftest import ServerProc, start_server
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProc]:
+    root = tmp_path_factory.mktemp("llm")
+    repo = root / "repo"
+    for name, builtin in (("sim", "sim"), ("sim-llm", "sim-llm")):
+        (repo / name).mkdir(parents=True)
+        (repo / name / "model.toml").write_text(f'builtin = "{builtin}"\n')
+    s = start_server(root, "--model-repo", str(repo))
+    yield s
+    assert s.stop() in (0, -15)
+
+
+def client(server: ServerProc) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0)
+
+
+def expected(prompt: str, seed: int | None, n: int) -> str:
+    return " ".join(sim_llm_tokens(prompt, seed, n))
+
+
+async def ametric(server: ServerProc, name: str) -> float:
+    async with aiohttp.ClientSession() as http, http.get(f"{server.url}/metrics") as r:
+        text = await r.text()
+    found = re.search(rf"^{re.escape(name)} ([0-9.e+-]+)$", text, re.M)
+    assert found, f"{name} not in /metrics"
+    return float(found.group(1))
+
+
+def test_models_lists_llm_and_batch_models(server: ServerProc) -> None:
+    ids = {m.id for m in client(server).models.list()}
+    assert {"sim", "sim-llm"} <= ids
+
+
+def test_completion_text_is_the_documented_tokens(server: ServerProc) -> None:
+    out = client(server).completions.create(
+        model="sim-llm", prompt="the quick brown fox", max_tokens=12, seed=7
+    )
+    assert out.object == "text_completion"
+    assert out.choices[0].text == expected("the quick brown fox", 7, 12)
+    assert out.choices[0].finish_reason == "length"
+    assert (out.usage.prompt_tokens, out.usage.completion_tokens, out.usage.total_tokens) == (4, 12, 16)
+
+
+def test_streamed_completion_with_usage(server: ServerProc) -> None:
+    chunks = list(
+        client(server).completions.create(
+            model="sim-llm",
+            prompt="stream me",
+            max_tokens=20,
+            seed=3,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
+    text = "".join(c.choices[0].text for c in chunks if c.choices)
+    assert text == expected("stream me", 3, 20)
+    finishes = [c.choices[0].finish_reason for c in chunks if c.choices]
+    assert finishes[-1] == "length" and all(f is None for f in finishes[:-1])
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 20
+    assert all(c.usage is None for c in chunks[:-1])
+
+
+def test_chat_non_stream_and_stream(server: ServerProc) -> None:
+    messages = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hello there"}]
+    prompt = sim_llm_chat_prompt(messages)
+    c = client(server)
+    out = c.chat.completions.create(model="sim-llm", messages=messages, max_tokens=9, seed=11)
+    assert out.object == "chat.completion"
+    assert out.choices[0].message.role == "assistant"
+    assert out.choices[0].message.content == expected(prompt, 11, 9)
+    chunks = list(
+        c.chat.completions.create(
+            model="sim-llm", messages=messages, max_completion_tokens=9, seed=11, stream=True
+        )
+    )
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert "".join(ch.choices[0].delta.content or "" for ch in chunks) == expected(prompt, 11, 9)
+    assert chunks[-1].choices[0].finish_reason == "length"
+
+
+def test_stop_string_cuts_the_text(server: ServerProc) -> None:
+    words = sim_llm_tokens("stop here", 5, 40)
+    stop_word = words[6]
+    full = " ".join(words)
+    cut = full[: full.index(" " + stop_word + " ")]
+    out = client(server).completions.create(
+        model="sim-llm", prompt="stop here", max_tokens=40, seed=5, stop=[" " + stop_word + " "]
+    )
+    assert out.choices[0].finish_reason == "stop"
+    assert out.choices[0].text == cut
+
+
+async def test_concurrent_streams_each_get_their_own_tokens(server: ServerProc) -> None:
+    async with openai.AsyncOpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0) as c:
+
+        async def one(i: int) -> tuple[int, str]:
+            stream = await c.completions.create(
+                model="sim-llm", prompt=f"caller {i} says hi", max_tokens=8 + i % 5, seed=i, stream=True
+            )
+            return i, "".join([ch.choices[0].text async for ch in stream if ch.choices])
+
+        results = await asyncio.gather(*(one(i) for i in range(40)))
+    for i, text in results:
+        assert text == expected(f"caller {i} says hi", i, 8 + i % 5)
+
+
+def test_prompt_too_long_is_an_openai_400(server: ServerProc) -> None:
+    prompt = " ".join(["word"] * 2040)
+    with pytest.raises(openai.BadRequestError) as info:
+        client(server).completions.create(model="sim-llm", prompt=prompt, max_tokens=100)
+    body = info.value.body
+    assert body["code"] == "context_length_exceeded"
+    assert body["message"].startswith(
+        "This model's maximum context length is 2048 tokens. However, you requested 2140 tokens"
+    )
+
+
+def test_unknown_and_non_llm_models(server: ServerProc) -> None:
+    with pytest.raises(openai.NotFoundError):
+        client(server).completions.create(model="nope", prompt="x")
+    with pytest.raises(openai.BadRequestError):
+        client(server).completions.create(model="sim", prompt="x")
+
+
+async def test_disconnect_mid_stream_aborts_the_sequence(server: ServerProc) -> None:
+    aborted_key = 'inferd_llm_sequences_ended_total{model="sim-llm",outcome="aborted"}'
+    gone_key = 'inferd_llm_client_aborts_total{model="sim-llm"}'
+    aborted_before = await ametric(server, aborted_key)
+    gone_before = await ametric(server, gone_key)
+    body = {"model": "sim-llm", "prompt": "a long story", "max_tokens": 1500, "stream": True}
+    async with aiohttp.ClientSession() as http:
+        async with http.post(f"{server.url}/v1/completions", json=body) as r:
+            assert r.status == 200
+            assert r.headers["content-type"].startswith("text/event-stream")
+            events = 0
+            async for line in r.content:
+                events += line.startswith(b"data: ")
+                if events == 3:
+                    break
+        # leaving the block closes the connection mid-stream
+    aborted = aborted_before
+    for _ in range(100):
+        aborted = await ametric(server, aborted_key)
+        if aborted > aborted_before:
+            break
+        await asyncio.sleep(0.05)
+    assert aborted == aborted_before + 1, "the engine never aborted the sequence of the client that left"
+    assert await ametric(server, gone_key) == gone_before + 1
+    assert await ametric(server, 'inferd_llm_sequences{model="sim-llm",state="running"}') == 0
+    assert await ametric(server, 'inferd_llm_streams{model="sim-llm"}') == 0
+
+
+def test_default_models_include_sim_llm(tmp_path: Path) -> None:
+    from inferd.models.repository import default_models
+
+    assert [m.name for m in default_models(tmp_path)] == ["sim", "minilm", "sim-llm"]
