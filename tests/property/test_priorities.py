@@ -113,3 +113,17 @@ def test_priority_parsing(param, header, expected) -> None:
 def test_bad_priority_is_refused(bad) -> None:
     with pytest.raises(BadRequest, match="priority"):
         parse_priority(bad, None)
+
+
+async def test_a_stalled_event_loop_sheds_bulk_first_then_everyone() -> None:
+    rt = make_runtime()
+    rt.loop_lag_s = 0.06  # over the 50 ms bound
+    with pytest.raises(Overloaded, match="front end is saturated") as info:
+        rt.precheck(BULK)
+    assert info.value.reason == "front_end_saturated"
+    rt.precheck(INTERACTIVE)  # interactive still admitted until twice the bound
+    rt.loop_lag_s = 0.11
+    with pytest.raises(Overloaded, match="front end is saturated"):
+        rt.precheck(INTERACTIVE)
+    rt.loop_lag_s = 0.0
+    rt.precheck(BULK)
