@@ -127,3 +127,31 @@ async def test_a_stalled_event_loop_sheds_bulk_first_then_everyone() -> None:
         rt.precheck(INTERACTIVE)
     rt.loop_lag_s = 0.0
     rt.precheck(BULK)
+
+
+async def test_bulk_fills_an_interactive_batch_only_within_the_slack() -> None:
+    """sim-like cost 100 ms + 1 ms/item: 5 interactive items cost 105 ms, so with 25% slack the batch
+    takes at most int(26.25) = 26 bulk items, not 95."""
+    rt2 = make_runtime_big()
+    for size in (4, 8, 16, 32):
+        rt2.estimator.observe_batch(size, 0.100 + 0.001 * size)
+    rt2.enqueue([b"b"] * 200, None, BULK)
+    rt2.enqueue([b"i"] * 5, None, INTERACTIVE)
+    rt2.dispatch_due()
+    (worker,) = rt2.workers
+    (batch,) = worker.inflight.values()
+    kinds = [i.payload for i in batch.items]
+    assert kinds[:5] == [b"i"] * 5 and len(kinds) == 5 + 26
+
+
+def make_runtime_big() -> ModelRuntime:
+    clock = FakeClock()
+    rt = ModelRuntime(
+        sim_config(max_batch_size=100, max_queue_size=400, max_wait_ms=0.0),
+        clock,
+        Metrics().for_model("sim"),
+        RetryBudget(clock),
+        kill_worker=lambda w: None,
+    )
+    rt.add_worker(WorkerConnection("w", "sim", 1, "h", FakeWriter()))  # type: ignore[arg-type]
+    return rt

@@ -31,10 +31,9 @@ class DrainEstimator:
         """Measured (mean batch size, EWMA latency) points, one per power-of-two size bucket."""
         return sorted(self._curve.values())
 
-    def full_batch_latency_s(self) -> float | None:
-        """Latency of a full batch, from a least-squares line through the measured curve (cost = a + b*n),
-        so low load, which only shows small batches, does not hide the per-item cost. None: not enough
-        distinct sizes measured yet, or a line that makes no sense."""
+    def cost_line(self) -> tuple[float, float] | None:
+        """(a, b) of the least-squares line cost(n) = a + b*n through the measured curve; None: not enough
+        distinct batch sizes measured yet, or a line that makes no sense (negative slope or base)."""
         points = self.curve()
         if len(points) < 2:
             return None
@@ -46,8 +45,13 @@ class DrainEstimator:
             return None
         slope = sum((x - mx) * (y - my) for x, y in points) / sxx
         intercept = my - slope * mx
-        predicted = intercept + slope * self.max_batch_size
-        return predicted if slope >= 0 and predicted > 0 else None
+        return (intercept, slope) if slope >= 0 and intercept > 0 else None
+
+    def full_batch_latency_s(self) -> float | None:
+        """Latency of a full batch from the cost line, so low load, which only shows small batches, does
+        not hide the per-item cost."""
+        line = self.cost_line()
+        return None if line is None else line[0] + line[1] * self.max_batch_size
 
     def observe_batch(self, size: int, latency_s: float) -> None:
         bucket = 1 << max(0, size.bit_length() - 1)  # 1, 2, 4, ... the largest power of two <= size

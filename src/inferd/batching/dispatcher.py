@@ -247,9 +247,20 @@ class ModelRuntime:
             if not decision.idle and self.queue.live_in(INTERACTIVE) < decision.size:
                 return None  # stage only all-interactive batches: interactive work never waits behind bulk
             worker = self._choose(idle if decision.idle else staging)
-            items, expired = self.queue.cut(decision.size, now)
+            items, expired = self.queue.cut(self._with_bulk_fill(decision.size), now)
             self._expire_cut(expired, now)
             self._send(worker, items, now)
+
+    def _with_bulk_fill(self, size: int) -> int:
+        """With interactive work queued, how many items the batch may hold: its interactive items plus the
+        bulk filler the measured cost line allows within interactive_fill_slack of their own cost."""
+        interactive = self.queue.live_in(INTERACTIVE)
+        line = self.estimator.cost_line()
+        if interactive == 0 or interactive >= size or line is None or line[1] <= 0:
+            return size
+        base, per_item = line
+        allowed = (self.config.interactive_fill_slack * (base + per_item * interactive)) / per_item
+        return max(interactive, min(size, interactive + int(allowed)))
 
     def _free_workers(self) -> tuple[list[WorkerConnection], list[WorkerConnection]]:
         """Ready workers that may take a batch now: idle ones, and busy ones with a free staging slot.
