@@ -138,6 +138,7 @@ async def test_metadata_and_openapi(server: ServerProc) -> None:
             models = await r.json()
     assert doc["openapi"].startswith("3.1")
     assert "/v2/models/{model}/infer" in doc["paths"] and "/v1/embeddings" in doc["paths"]
+    assert "/v1/chat/completions" in doc["paths"] and "ChatRequest" in doc["components"]["schemas"]
     assert {m["id"] for m in models["data"]} == {"scale", "sim"}
 
 

@@ -8,6 +8,7 @@ from typing import Any
 import msgspec
 
 from inferd import __version__
+from inferd.api.completions import ChatRequest, CompletionRequest
 from inferd.api.oip import InferRequest, InferResponse
 from inferd.api.openai import EmbeddingsRequest
 
@@ -45,7 +46,8 @@ def _model_params(version: bool) -> list[dict[str, Any]]:
 @cache
 def openapi_document() -> dict[str, Any]:
     _, components = msgspec.json.schema_components(
-        (InferRequest, InferResponse, EmbeddingsRequest), ref_template="#/components/schemas/{name}"
+        (InferRequest, InferResponse, EmbeddingsRequest, CompletionRequest, ChatRequest),
+        ref_template="#/components/schemas/{name}",
     )
     infer = {
         "summary": "Run inference (KServe OIP v2; Triton binary tensor extension supported)",
@@ -76,6 +78,20 @@ def openapi_document() -> dict[str, Any]:
                 "summary": "Sentence embeddings (OpenAI shape)",
                 "requestBody": _json_body("#/components/schemas/EmbeddingsRequest"),
                 "responses": _responses(None, 400, 404, 413, 415, 429, 503, 504),
+            }
+        },
+        "/v1/completions": {
+            "post": {
+                "summary": "Text completion (OpenAI shape); `stream: true` answers Server-Sent Events",
+                "requestBody": _json_body("#/components/schemas/CompletionRequest"),
+                "responses": _responses(None, 400, 404, 413, 415, 429, 503),
+            }
+        },
+        "/v1/chat/completions": {
+            "post": {
+                "summary": "Chat completion (OpenAI shape); `stream: true` answers Server-Sent Events",
+                "requestBody": _json_body("#/components/schemas/ChatRequest"),
+                "responses": _responses(None, 400, 404, 413, 415, 429, 503),
             }
         },
         "/metrics": {"get": {"summary": "Prometheus metrics", "responses": _responses()}},
