@@ -16,7 +16,7 @@ from inferd.clock import FakeClock
 from inferd.errors import BadRequest, Overloaded
 from inferd.models.sim import sim_config
 from inferd.observability.metrics import Metrics
-from inferd.worker.connection import WorkerConnection
+from inferd.worker.connection import WorkerConnection, WorkerState
 from tests.property.test_recovery_state_machine import FakeWriter
 
 ops = st.lists(
@@ -155,3 +155,25 @@ def make_runtime_big() -> ModelRuntime:
     )
     rt.add_worker(WorkerConnection("w", "sim", 1, "h", FakeWriter()))  # type: ignore[arg-type]
     return rt
+
+
+async def test_interactive_lane_leaves_full_bulk_batches_to_the_other_workers() -> None:
+    """While one worker runs interactive work, a second free worker takes a full batch of bulk items
+    that all arrived before the waiting interactive ones (nothing overtakes interactive work)."""
+    rt = make_runtime_big()
+    rt.add_worker(WorkerConnection("w2", "sim", 2, "h", FakeWriter()))  # type: ignore[arg-type]
+    for size in (4, 8, 16, 32):
+        rt.estimator.observe_batch(size, 0.100 + 0.001 * size)
+    rt.workers[1].state = WorkerState.DRAINING  # hold the second worker back for a moment
+    rt.enqueue([b"b-old"] * 150, None, BULK)
+    rt.enqueue([b"i1"] * 3, None, INTERACTIVE)
+    rt.dispatch_due()  # the first worker takes the interactive batch (with limited filler)
+    rt.clock.advance(0.01)
+    rt.enqueue([b"i2"] * 3, None, INTERACTIVE)
+    rt.enqueue([b"b-new"] * 10, None, BULK)
+    rt.workers[1].state = WorkerState.READY
+    rt.dispatch_due()
+    first = next(iter(rt.workers[0].inflight.values()))
+    second = next(iter(rt.workers[1].inflight.values()))
+    assert [i.payload for i in first.items[:3]] == [b"i1"] * 3
+    assert [i.payload for i in second.items] == [b"b-old"] * 100, "a full batch of older bulk work"

@@ -247,9 +247,27 @@ class ModelRuntime:
             if not decision.idle and self.queue.live_in(INTERACTIVE) < decision.size:
                 return None  # stage only all-interactive batches: interactive work never waits behind bulk
             worker = self._choose(idle if decision.idle else staging)
-            items, expired = self.queue.cut(self._with_bulk_fill(decision.size), now)
+            items, expired = self._cut_for(decision.size, now)
             self._expire_cut(expired, now)
             self._send(worker, items, now)
+
+    def _cut_for(self, size: int, now: float) -> tuple[list[QueuedItem], list[QueuedItem]]:
+        """The interactive lane: while one worker runs a batch carrying interactive work, another free
+        worker takes a full bulk batch, of bulk items older than every waiting interactive one (so no
+        later bulk work overtakes interactive work); otherwise interactive first, bulk filling within
+        the slack."""
+        oldest_interactive = self.queue.oldest_in(INTERACTIVE)
+        if oldest_interactive is not None and self.ready_workers >= 2 and self._interactive_running():
+            batch, expired = self.queue.cut_bulk_before(size, oldest_interactive, now)
+            if batch or expired:
+                return batch, expired
+        return self.queue.cut(self._with_bulk_fill(size), now)
+
+    def _interactive_running(self) -> bool:
+        """Whether a worker holds a batch carrying interactive work (a cut puts interactive items first)."""
+        return any(
+            b.items and b.items[0].priority == INTERACTIVE for w in self.workers for b in w.inflight.values()
+        )
 
     def _with_bulk_fill(self, size: int) -> int:
         """With interactive work queued, how many items the batch may hold: its interactive items plus the

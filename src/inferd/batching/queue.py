@@ -107,6 +107,32 @@ class RequestQueue:
                 heads.append(q[0].enqueued_at)
         return min(heads) if heads else None
 
+    def oldest_in(self, priority: int) -> float | None:
+        q = self._classes[priority]
+        self._trim_head(q)
+        return q[0].enqueued_at if q else None
+
+    def cut_bulk_before(
+        self, size: int, before: float, now: float
+    ) -> tuple[list[QueuedItem], list[QueuedItem]]:
+        """Up to `size` bulk items that arrived before `before` (so no later bulk item overtakes a waiting
+        interactive one); expired ones are taken out into the second list."""
+        batch: list[QueuedItem] = []
+        expired: list[QueuedItem] = []
+        items = self._classes[BULK]
+        while items and len(batch) < size and items[0].enqueued_at < before:
+            item = items.popleft()
+            if item.state is not ItemState.QUEUED:
+                continue
+            self._live[BULK] -= 1
+            if item.deadline is not None and item.deadline <= now:
+                item.state = ItemState.EXPIRED
+                expired.append(item)
+                continue
+            item.state = ItemState.RUNNING
+            batch.append(item)
+        return batch, expired
+
     def push(self, item: QueuedItem) -> None:
         if len(self) >= self.max_size:
             raise OverflowError(f"queue full ({len(self)}/{self.max_size}): admit before pushing")
