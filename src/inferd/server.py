@@ -57,7 +57,7 @@ class InferenceServer:
         self.retry_budget = RetryBudget(self.clock, config.retry_budget_ratio, config.retry_budget_min_per_s)
         for m in models:
             if is_llm(m):
-                self.llm_runtimes[m.name] = LLMRuntime(m, self.clock)
+                self.llm_runtimes[m.name] = LLMRuntime(m, self.clock, self.metrics.for_llm(m.name))
                 continue
             rt = ModelRuntime(
                 m,

@@ -172,3 +172,14 @@ def test_default_models_include_sim_llm(tmp_path: Path) -> None:
     from inferd.models.repository import default_models
 
     assert [m.name for m in default_models(tmp_path)] == ["sim", "minilm", "sim-llm"]
+
+
+async def test_token_timing_metrics(server: ServerProc) -> None:
+    client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused")
+    before = await ametric(server, 'inferd_time_to_first_token_seconds_count{model="sim-llm"}')
+    stream = client.completions.create(model="sim-llm", prompt="time me please", max_tokens=6, stream=True)
+    assert sum(1 for _ in stream) >= 6
+    assert await ametric(server, 'inferd_time_to_first_token_seconds_count{model="sim-llm"}') == before + 1
+    assert await ametric(server, 'inferd_inter_token_latency_seconds_count{model="sim-llm"}') >= 5
+    assert await ametric(server, 'inferd_llm_request_duration_seconds_count{model="sim-llm"}') >= 1
+    assert await ametric(server, 'inferd_generation_tokens_total{model="sim-llm"}') >= 6

@@ -17,6 +17,7 @@ from inferd.config import ModelConfig
 from inferd.errors import BadRequest, Overloaded, ServingError, WorkerDied, WorkerUnavailable, from_wire
 from inferd.llm.model import Tokenizer, tokenizer_for
 from inferd.llm.stream import TokenStream
+from inferd.observability.metrics import LLMMetrics
 from inferd.worker import protocol as p
 from inferd.worker.connection import WorkerConnection, WorkerState
 
@@ -52,8 +53,9 @@ class LLMRuntimeStatistics:
 
 
 class LLMRuntime:
-    def __init__(self, config: ModelConfig, clock: Clock) -> None:
+    def __init__(self, config: ModelConfig, clock: Clock, metrics: LLMMetrics | None = None) -> None:
         self.config = config
+        self.metrics = metrics
         self.name = config.name
         self.clock = clock
         self.tokenizer: Tokenizer = tokenizer_for(config)
@@ -97,6 +99,9 @@ class LLMRuntime:
         worker = min(ready, key=lambda w: self._live.get(w.worker_id, 0))
         seq_id = f"{self.name}-{next(_seq_ids)}"
         stream = TokenStream(seq_id, worker.worker_id, len(prompt))
+        stream.submitted_at = stream.last_token_at = self.clock.now()
+        if self.metrics is not None:
+            self.metrics.submitted(len(prompt))
         self.streams[seq_id] = stream
         self._live[worker.worker_id] = self._live.get(worker.worker_id, 0) + 1
         worker.send(p.AddSequence(seq_id, prompt, max_tokens, seed, priority))
@@ -130,10 +135,20 @@ class LLMRuntime:
             if delta.error is not None:
                 stream.fail(self._error(*delta.error))
             else:
+                self._observe_tokens(stream, len(delta.token_ids), now, delta.finish_reason is not None)
                 stream.push(delta.token_ids, delta.finish_reason)
             if stream.ended:
                 del self.streams[delta.seq_id]
                 self._ended(stream)
+
+    def _observe_tokens(self, stream: TokenStream, n: int, now: float, last: bool) -> None:
+        if self.metrics is None:
+            return
+        if n:
+            self.metrics.tokens(n, now - stream.last_token_at, first=stream.completion_tokens == 0)
+            stream.last_token_at = now
+        if last:
+            self.metrics.finished(now - stream.submitted_at)
 
     def on_batch_done(self, worker: WorkerConnection, msg: p.BatchDone) -> None:
         log.warning("LLM worker %s answered a batch %d; ignored", worker.worker_id, msg.batch_id)

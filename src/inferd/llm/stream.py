@@ -24,6 +24,9 @@ class TokenStream:
         self.worker_id = worker_id
         self.prompt_tokens = prompt_tokens
         self.completion_tokens = 0
+        self.submitted_at = 0.0
+        self.last_token_at = 0.0
+        """Front-end clock times, for time to first token and inter-token latency."""
         self._pending: list[int] = []
         self._finish: str | None = None
         self._error: ServingError | None = None

@@ -115,11 +115,41 @@ class Metrics:
         self.worker_restarts = Counter(
             "inferd_worker_restarts_total", "Worker processes restarted.", ["model"], registry=r
         )
+        self.ttft = Histogram(
+            "inferd_time_to_first_token_seconds",
+            "From an LLM request's arrival to its first token reaching the front end.",
+            ["model"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.itl = Histogram(
+            "inferd_inter_token_latency_seconds",
+            "Between consecutive tokens of one stream, as the front end receives them.",
+            ["model"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.e2e = Histogram(
+            "inferd_llm_request_duration_seconds",
+            "From an LLM request's arrival to its last token.",
+            ["model"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.prompt_tokens = Counter(
+            "inferd_prompt_tokens_total", "Prompt tokens of LLM requests.", ["model"], registry=r
+        )
+        self.generation_tokens = Counter(
+            "inferd_generation_tokens_total", "Tokens generated for LLM requests.", ["model"], registry=r
+        )
         self._runtimes: dict[str, ModelRuntime] = {}
         r.register(_RuntimeCollector(lambda: self._runtimes.values()))
 
     def for_model(self, name: str) -> ModelMetrics:
         return ModelMetrics(self, name)
+
+    def for_llm(self, name: str) -> LLMMetrics:
+        return LLMMetrics(self, name)
 
     def track(self, runtime: ModelRuntime) -> None:
         self._runtimes[runtime.name] = runtime
@@ -186,6 +216,31 @@ class ModelMetrics:
 
     def worker_restarted(self) -> None:
         self._m.worker_restarts.labels(self.model).inc()
+
+
+class LLMMetrics:
+    """Token timing of one LLM model, with label children bound once."""
+
+    def __init__(self, m: Metrics, model: str) -> None:
+        self._ttft = m.ttft.labels(model)
+        self._itl = m.itl.labels(model)
+        self._e2e = m.e2e.labels(model)
+        self._prompt = m.prompt_tokens.labels(model)
+        self._generated = m.generation_tokens.labels(model)
+
+    def submitted(self, prompt_tokens: int) -> None:
+        self._prompt.inc(prompt_tokens)
+
+    def tokens(self, n: int, since_previous_s: float, first: bool) -> None:
+        """`n` tokens arrived `since_previous_s` after the previous ones (or after the request, if first)."""
+        self._generated.inc(n)
+        if first:
+            self._ttft.observe(since_previous_s)
+        elif n:
+            self._itl.observe(since_previous_s / n)
+
+    def finished(self, duration_s: float) -> None:
+        self._e2e.observe(duration_s)
 
 
 class _RuntimeCollector(Collector):
