@@ -23,7 +23,3 @@ NUMPY_DTYPES: dict[str, np.dtype] = {
 DATATYPES = frozenset(NUMPY_DTYPES) | {"BYTES"}
 
 FLOAT_TYPES = frozenset({"FP16", "FP32", "FP64"})
-
-
-def itemsize(datatype: str) -> int:
-    return NUMPY_DTYPES[datatype].itemsize

@@ -86,7 +86,7 @@ class AdminApi:
                         "host": w.host,
                         "inflight_batches": len(w.inflight),
                         "completed_batches": w.completed_batches,
-                        "restarts": restarts.get(w.worker_id.rsplit(".", 1)[0], 0),
+                        "restarts": restarts.get(w.slot_id, 0),
                         "last_progress_s_ago": round(now - w.last_progress, 3),
                         "last_heartbeat_s_ago": round(now - w.last_heartbeat, 3),
                         "busy_s": round(w.busy_s, 3),

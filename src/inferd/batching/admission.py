@@ -6,15 +6,8 @@ A plain object fed with batch completions; estimates come from what was measured
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 from inferd.errors import Overloaded
-
-
-@dataclass(frozen=True, slots=True)
-class DrainStats:
-    batch_latency_s: float | None
-    items_per_batch: float | None
 
 
 class DrainEstimator:
@@ -82,9 +75,6 @@ class DrainEstimator:
     def drain_time_s(self, queued: int, workers: int) -> float:
         predicted = self.predicted_wait_s(queued, workers)
         return predicted if predicted is not None else 1.0
-
-    def stats(self) -> DrainStats:
-        return DrainStats(self.batch_latency_s, self.items_per_batch)
 
 
 def retry_after_s(drain_s: float) -> int:

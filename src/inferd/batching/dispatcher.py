@@ -18,9 +18,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from inferd.batching.admission import DrainEstimator, check_admission, retry_after_s
+from inferd.batching.admission import DrainEstimator, check_admission
 from inferd.batching.policy import BatchPolicy
-from inferd.batching.queue import INTERACTIVE, ItemState, QueuedItem, RequestQueue
+from inferd.batching.queue import BULK, INTERACTIVE, ItemState, QueuedItem, RequestQueue
 from inferd.batching.recovery import FailureKind, RecoveryPlan, RecoveryPolicy
 from inferd.batching.retry import RetryBudget
 from inferd.clock import Clock
@@ -273,8 +273,10 @@ class ModelRuntime:
         """With interactive work queued, how many items the batch may hold: its interactive items plus the
         bulk filler the measured cost line allows within interactive_fill_slack of their own cost."""
         interactive = self.queue.live_in(INTERACTIVE)
+        if interactive == 0 or interactive >= size or self.queue.live_in(BULK) == 0:
+            return size  # nothing to limit: no interactive work, or no bulk to fill with
         line = self.estimator.cost_line()
-        if interactive == 0 or interactive >= size or line is None or line[1] <= 0:
+        if line is None or line[1] <= 0:
             return size
         base, per_item = line
         allowed = (self.config.interactive_fill_slack * (base + per_item * interactive)) / per_item
@@ -549,9 +551,6 @@ class ModelRuntime:
             self._busy.popleft()
         workers = max(1, len(self.workers))
         return min(1.0, sum(c for _, c in self._busy) / (BUSY_WINDOW_S * workers))
-
-    def retry_after_s(self) -> int:
-        return retry_after_s(self.estimator.drain_time_s(len(self.queue), max(1, self.ready_workers)))
 
     def fail_all_queued(self, exc: ServingError) -> None:
         for item in self.queue.drain_all():

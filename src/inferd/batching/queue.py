@@ -119,18 +119,7 @@ class RequestQueue:
         interactive one); expired ones are taken out into the second list."""
         batch: list[QueuedItem] = []
         expired: list[QueuedItem] = []
-        items = self._classes[BULK]
-        while items and len(batch) < size and items[0].enqueued_at < before:
-            item = items.popleft()
-            if item.state is not ItemState.QUEUED:
-                continue
-            self._live[BULK] -= 1
-            if item.deadline is not None and item.deadline <= now:
-                item.state = ItemState.EXPIRED
-                expired.append(item)
-                continue
-            item.state = ItemState.RUNNING
-            batch.append(item)
+        self._take(BULK, size, now, batch, expired, before)
         return batch, expired
 
     def push(self, item: QueuedItem) -> None:
@@ -166,31 +155,31 @@ class RequestQueue:
         has passed are taken out too, into the second list, so they never occupy a batch slot."""
         batch: list[QueuedItem] = []
         expired: list[QueuedItem] = []
-        for priority, items in enumerate(self._classes):
-            while items and len(batch) < size:
-                item = items.popleft()
-                if item.state is not ItemState.QUEUED:
-                    continue
-                self._live[priority] -= 1
-                if item.deadline is not None and item.deadline <= now:
-                    item.state = ItemState.EXPIRED
-                    expired.append(item)
-                    continue
-                item.state = ItemState.RUNNING
-                batch.append(item)
+        for priority in self.CLASSES:
+            self._take(priority, size, now, batch, expired)
         return batch, expired
 
-    def expire(self, now: float) -> list[QueuedItem]:
-        """Take out every queued item whose deadline has passed (a sweep while no batch is cut)."""
-        expired = [i for i in self.live_items() if i.deadline is not None and i.deadline <= now]
-        for item in expired:
-            item.state = ItemState.EXPIRED
-            self._live[item.priority] -= 1
-        if expired:
-            self._classes = tuple(  # type: ignore[assignment]
-                deque(i for i in c if i.state is ItemState.QUEUED) for c in self._classes
-            )
-        return expired
+    def _take(
+        self,
+        priority: int,
+        size: int,
+        now: float,
+        batch: list[QueuedItem],
+        expired: list[QueuedItem],
+        before: float = float("inf"),
+    ) -> None:
+        items = self._classes[priority]
+        while items and len(batch) < size and items[0].enqueued_at < before:
+            item = items.popleft()
+            if item.state is not ItemState.QUEUED:
+                continue
+            self._live[priority] -= 1
+            if item.deadline is not None and item.deadline <= now:
+                item.state = ItemState.EXPIRED
+                expired.append(item)
+                continue
+            item.state = ItemState.RUNNING
+            batch.append(item)
 
     def drain_all(self) -> list[QueuedItem]:
         """Take out every live item (shutdown, model unavailable)."""

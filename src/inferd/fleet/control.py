@@ -115,8 +115,7 @@ class FleetControl:
 
     @staticmethod
     def _worker(rt: ModelRuntime, slot: WorkerSlot) -> WorkerConnection | None:
-        prefix = slot.worker_id + "."
-        return next((w for w in rt.workers if w.worker_id.startswith(prefix)), None)
+        return next((w for w in rt.workers if w.slot_id == slot.worker_id), None)
 
     def _load(self, rt: ModelRuntime, slot: WorkerSlot) -> tuple[int, int]:
         w = self._worker(rt, slot)

@@ -30,6 +30,7 @@ from typing import Any
 import ray
 from ray.exceptions import RayActorError, RayError, RayTaskError
 
+from inferd.worker.connection import slot_of
 from inferd.worker.supervisor import Supervisor, WorkerSlot
 
 log = logging.getLogger("inferd.ray")
@@ -191,10 +192,7 @@ class RayLauncher(Supervisor):
                     self.slots.remove(slot)
                 return
             ran_s = loop.time() - started
-            slot.exit_codes.append(code)
-            healthy = slot.did_work or ran_s >= self.healthy_after_s
-            slot.consecutive_failures = 0 if healthy else slot.consecutive_failures + 1
-            delay = self._backoff(slot.consecutive_failures)
+            delay = self._record_exit(slot, code, ran_s)
             log.warning(
                 "worker %s (actor pid %d) ended with %s after %.1fs; restarting in %.2fs",
                 slot.worker_id,
@@ -203,9 +201,6 @@ class RayLauncher(Supervisor):
                 ran_s,
                 delay,
             )
-            slot.restarts += 1
-            for hook in self.restart_hooks:
-                hook(slot)
             await asyncio.sleep(delay)
 
     async def _watch_start(self, slot: WorkerSlot, proc: ActorProcess) -> None:
@@ -228,7 +223,7 @@ class RayLauncher(Supervisor):
     def kill(self, worker_id: str) -> bool:
         """Kill the actor running this worker (the hang watchdog's and a forced restart's tool)."""
         for slot in self.slots:
-            if worker_id.rsplit(".", 1)[0] == slot.worker_id and isinstance(slot.process, ActorProcess):
+            if slot_of(worker_id) == slot.worker_id and isinstance(slot.process, ActorProcess):
                 slot.process.kill()
                 return True
         return False

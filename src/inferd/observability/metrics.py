@@ -284,7 +284,7 @@ class _RuntimeCollector(Collector):
         )
         for rt in self._runtimes():
             for w in rt.workers:
-                slot = w.worker_id.rsplit(".", 1)[0]
+                slot = w.slot_id
                 per_worker.add_metric([rt.name, slot], len(w.inflight))
                 worker_busy.add_metric([rt.name, slot], w.busy_s)
                 worker_batches.add_metric([rt.name, slot], w.completed_batches)

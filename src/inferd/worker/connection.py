@@ -28,6 +28,11 @@ MAX_INFLIGHT = 2
 """One batch running on the device and at most one staged behind it."""
 
 
+def slot_of(worker_id: str) -> str:
+    """'sim-0.3' (slot sim-0, third restart) -> 'sim-0'."""
+    return worker_id.rsplit(".", 1)[0]
+
+
 @dataclass(slots=True, eq=False)
 class Batch:
     batch_id: int
@@ -56,6 +61,11 @@ class WorkerConnection:
     failure: str = ""
     """Why the front end is killing this worker ('hang', 'no heartbeat'); empty while healthy."""
     inflight: dict[int, Batch] = field(default_factory=dict)
+
+    @property
+    def slot_id(self) -> str:
+        """The supervisor slot this connection belongs to: its id without the restart count."""
+        return slot_of(self.worker_id)
 
     @property
     def idle(self) -> bool:

@@ -31,6 +31,7 @@ from inferd.llm.scheduler import LLMScheduler
 from inferd.models.base import Model
 from inferd.models.loader import instantiate
 from inferd.worker import protocol as p
+from inferd.worker.connection import MAX_INFLIGHT
 from inferd.worker.outputs import OutputError, convert_outputs
 
 log = logging.getLogger("inferd.worker")
@@ -57,7 +58,7 @@ class Worker:
         self.model: Model | None = None
         self.config: ModelConfig | None = None
         self._config_json = b""
-        self._batches: asyncio.Queue[p.RunBatch | None] = asyncio.Queue()
+        self._batches: asyncio.Queue[p.RunBatch | None] = asyncio.Queue(maxsize=MAX_INFLIGHT + 1)
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="inferd-device")
         self._writer: asyncio.StreamWriter | None = None
         self._engine: LLMEngine | None = None
@@ -112,7 +113,7 @@ class Worker:
             log.info(
                 "worker %s registered again with %s (model already loaded)", self.worker_id, self.address
             )
-        self._batches = asyncio.Queue()
+        self._batches = asyncio.Queue(maxsize=MAX_INFLIGHT + 1)  # the front end sends at most MAX_INFLIGHT
         self._engine = self._new_engine()
         async with asyncio.TaskGroup() as tg:
             heartbeat = tg.create_task(self._heartbeat(welcome.heartbeat_s))

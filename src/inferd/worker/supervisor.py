@@ -15,6 +15,8 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from inferd.worker.connection import slot_of
+
 log = logging.getLogger("inferd.supervisor")
 
 
@@ -118,10 +120,7 @@ class Supervisor:
                 self.slots.remove(slot)
                 return
             ran_s = loop.time() - started
-            slot.exit_codes.append(code)
-            healthy = slot.did_work or ran_s >= self.healthy_after_s
-            slot.consecutive_failures = 0 if healthy else slot.consecutive_failures + 1
-            delay = self._backoff(slot.consecutive_failures)
+            delay = self._record_exit(slot, code, ran_s)
             log.warning(
                 "worker %s (pid %d) exited with %s after %.1fs; restarting in %.2fs",
                 slot.worker_id,
@@ -130,10 +129,18 @@ class Supervisor:
                 ran_s,
                 delay,
             )
-            slot.restarts += 1
-            for hook in self.restart_hooks:
-                hook(slot)
             await asyncio.sleep(delay)
+
+    def _record_exit(self, slot: WorkerSlot, code: int, ran_s: float) -> float:
+        """Count a worker's death and return the delay before its restart: the backoff grows only while
+        it keeps dying without doing healthy work (a crash loop), and resets otherwise."""
+        slot.exit_codes.append(code)
+        healthy = slot.did_work or ran_s >= self.healthy_after_s
+        slot.consecutive_failures = 0 if healthy else slot.consecutive_failures + 1
+        slot.restarts += 1
+        for hook in self.restart_hooks:
+            hook(slot)
+        return self._backoff(slot.consecutive_failures)
 
     def _backoff(self, failures: int) -> float:
         if failures <= 0:
@@ -143,7 +150,7 @@ class Supervisor:
     def mark_healthy(self, worker_id: str) -> None:
         """The worker with this id completed work: a later death is not part of a crash loop."""
         for slot in self.slots:
-            if worker_id.rsplit(".", 1)[0] == slot.worker_id:
+            if slot_of(worker_id) == slot.worker_id:
                 slot.did_work = True
 
     def pids(self) -> list[int]:
