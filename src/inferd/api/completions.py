@@ -18,10 +18,17 @@ import msgspec
 
 from inferd.api.asgi import HttpRequest, HttpResponse, StreamingResponse
 from inferd.api.errors import status_of
-from inferd.api.http import ClientGone, check_content_type, decode_json, json_response, read_body
+from inferd.api.http import (
+    ClientGone,
+    check_content_type,
+    decode_json,
+    json_response,
+    parse_priority,
+    read_body,
+)
 from inferd.api.openai import openai_error
 from inferd.errors import BadRequest, ModelError, NotFound, ServingError, WorkerUnavailable
-from inferd.llm.runtime import LLMRuntime
+from inferd.llm.runtime import Generation, LLMRuntime
 from inferd.llm.stream import TokenStream
 from inferd.models.sim_llm import sim_llm_chat_prompt
 
@@ -51,6 +58,9 @@ class _Common(msgspec.Struct, kw_only=True):
     stream_options: StreamOptions | None = None
     n: int = 1
     user: str | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    priority: str | int | None = None
 
 
 class CompletionRequest(_Common, kw_only=True):
@@ -73,7 +83,7 @@ async def completions(api: Api, request: HttpRequest) -> HttpResponse | Streamin
     req = decode_json(_completion_decoder, body, "completion request", 'send {"model": ..., "prompt": ...}')
     rt = llm_runtime(api.server, req.model)
     prompt = _prompt_text(req.prompt)
-    call = _Call(rt, req, "prompt", "text_completion", f"cmpl-{uuid.uuid4().hex}")
+    call = _Call(rt, req, request, "prompt", "text_completion", f"cmpl-{uuid.uuid4().hex}")
     stream = await call.start(prompt, req.max_tokens)
     if req.stream:
         return StreamingResponse(call.events(stream, _completion_chunk), request.receive)
@@ -91,7 +101,7 @@ async def chat_completions(api: Api, request: HttpRequest) -> HttpResponse | Str
     if not req.messages:
         raise BadRequest("messages is empty: send at least one {role, content} message")
     prompt = sim_llm_chat_prompt([{"role": m.role, "content": m.content} for m in req.messages])
-    call = _Call(rt, req, "messages", "chat.completion", f"chatcmpl-{uuid.uuid4().hex}")
+    call = _Call(rt, req, request, "messages", "chat.completion", f"chatcmpl-{uuid.uuid4().hex}")
     stream = await call.start(prompt, req.max_completion_tokens or req.max_tokens)
     if req.stream:
         return StreamingResponse(call.events(stream, _chat_chunk), request.receive)
@@ -131,9 +141,18 @@ def _prompt_text(prompt: str | list[Any]) -> str:
 class _Call:
     """One generation request: its runtime, its parameters and how its chunks are named."""
 
-    def __init__(self, rt: LLMRuntime, req: CompletionRequest | ChatRequest, what: str, obj: str, cid: str):
+    def __init__(
+        self,
+        rt: LLMRuntime,
+        req: CompletionRequest | ChatRequest,
+        request: HttpRequest,
+        what: str,
+        obj: str,
+        cid: str,
+    ):
         self.rt = rt
         self.req = req
+        self.request = request
         self.what = what
         self.object = obj
         self.id = cid
@@ -144,17 +163,38 @@ class _Call:
     async def start(self, prompt: str, max_tokens: int | None) -> TokenStream:
         if self.req.n != 1:
             raise BadRequest(f"n={self.req.n} is not supported: send n=1")
-        max_tokens = DEFAULT_MAX_TOKENS if max_tokens is None else max_tokens
-        if max_tokens < 1:
-            raise BadRequest(f"max_tokens must be at least 1, got {max_tokens}")
+        gen = self.generation(DEFAULT_MAX_TOKENS if max_tokens is None else max_tokens)
         if len(prompt) > TOKENIZE_IN_THREAD_CHARS:
             ids = await asyncio.to_thread(self.rt.tokenizer.encode, prompt)
         else:
             ids = self.rt.tokenizer.encode(prompt)
         if not ids:
             raise BadRequest(f"the {self.what} is empty: it holds no tokens")
-        self.rt.check_context(len(ids), max_tokens, self.what)
-        return self.rt.submit(ids, max_tokens, self.req.seed or 0)
+        self.rt.check_context(len(ids), gen.max_tokens, self.what)
+        return self.rt.submit(ids, gen)
+
+    def generation(self, max_tokens: int) -> Generation:
+        """The request's sampling and scheduling parameters, checked (400 naming the bad one)."""
+        req = self.req
+        if max_tokens < 1:
+            raise BadRequest(f"max_tokens must be at least 1, got {max_tokens}")
+        temperature = 1.0 if req.temperature is None else req.temperature
+        if not 0.0 <= temperature <= 2.0:
+            raise BadRequest(f"temperature must be between 0 and 2, got {temperature}")
+        top_p = 1.0 if req.top_p is None else req.top_p
+        if not 0.0 < top_p <= 1.0:
+            raise BadRequest(f"top_p must be in (0, 1], got {top_p}")
+        tenant = self.request.header(b"x-tenant") or ""
+        if len(tenant) > 256:
+            raise BadRequest(f"X-Tenant is {len(tenant)} characters long; at most 256")
+        return Generation(
+            max_tokens=max_tokens,
+            seed=req.seed or 0,
+            temperature=temperature,
+            top_p=top_p,
+            priority=parse_priority(req.priority, self.request.header(b"x-priority")),
+            tenant=tenant,
+        )
 
     @property
     def include_usage(self) -> bool:

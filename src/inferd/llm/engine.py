@@ -93,7 +93,9 @@ class LLMEngine:
             except ServingError as exc:
                 notes.append(p.SeqDelta(msg.seq_id, finish_reason="error", error=(exc.code, exc.message)))
                 continue
-            self.requests[msg.seq_id] = LLMRequest(msg.seq_id, tuple(msg.prompt), msg.seed)
+            self.requests[msg.seq_id] = LLMRequest(
+                msg.seq_id, tuple(msg.prompt), msg.seed, msg.temperature, msg.top_p
+            )
         return notes
 
     async def _run(self, plan: StepPlan) -> tuple[dict, float]:

@@ -29,6 +29,8 @@ class LLMRequest:
     seq_id: str
     prompt: tuple[int, ...]
     seed: int = 0
+    temperature: float = 1.0
+    top_p: float = 1.0
 
 
 class Tokenizer(Protocol):

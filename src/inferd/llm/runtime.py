@@ -35,6 +35,19 @@ class ContextLengthExceeded(BadRequest):
 
 
 @dataclass(frozen=True, slots=True)
+class Generation:
+    """How to generate one sequence: what the API request asked for, validated."""
+
+    max_tokens: int
+    seed: int = 0
+    temperature: float = 1.0
+    top_p: float = 1.0
+    priority: int = INTERACTIVE
+    tenant: str = ""
+    """The prefix-cache salt (X-Tenant until the gateway authenticates callers)."""
+
+
+@dataclass(frozen=True, slots=True)
 class LLMRuntimeStatistics:
     """Summed over the model's workers (as of each worker's last step), plus front-end counts."""
 
@@ -87,9 +100,7 @@ class LLMRuntime:
                 f"{what} or completion."
             )
 
-    def submit(
-        self, prompt: list[int], max_tokens: int, seed: int, priority: int = INTERACTIVE
-    ) -> TokenStream:
+    def submit(self, prompt: list[int], gen: Generation) -> TokenStream:
         """Start a sequence on the least-loaded ready worker. Raises WorkerUnavailable."""
         if self._stopping:
             raise WorkerUnavailable(f"model '{self.name}' is shutting down")
@@ -104,7 +115,18 @@ class LLMRuntime:
             self.metrics.submitted(len(prompt))
         self.streams[seq_id] = stream
         self._live[worker.worker_id] = self._live.get(worker.worker_id, 0) + 1
-        worker.send(p.AddSequence(seq_id, prompt, max_tokens, seed, priority))
+        worker.send(
+            p.AddSequence(
+                seq_id,
+                prompt,
+                gen.max_tokens,
+                gen.seed,
+                gen.priority,
+                gen.tenant,
+                gen.temperature,
+                gen.top_p,
+            )
+        )
         return stream
 
     def abort(self, stream: TokenStream, client_gone: bool = True) -> None:

@@ -83,6 +83,9 @@ class AddSequence(msgspec.Struct, tag="llm_add"):
     seed: int = 0
     priority: int = 0
     tenant: str = ""
+    temperature: float = 1.0
+    """0 samples greedily (argmax)."""
+    top_p: float = 1.0
 
 
 class AbortSequence(msgspec.Struct, tag="llm_abort"):
