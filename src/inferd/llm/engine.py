@@ -143,4 +143,6 @@ class LLMEngine:
             finished=s.finished,
             aborted=s.aborted,
             errored=s.errored,
+            prefix_hit_tokens=s.prefix_hit_tokens,
+            prefix_query_tokens=s.prefix_query_tokens,
         )

@@ -63,6 +63,9 @@ class LLMRuntimeStatistics:
     aborted: int
     errored: int
     client_aborts: int
+    prefix_hit_tokens: int
+    """Prompt tokens the engines found in their prefix caches (hit / query is the hit ratio)."""
+    prefix_query_tokens: int
 
 
 class LLMRuntime:
@@ -232,4 +235,6 @@ class LLMRuntime:
             aborted=total("aborted"),
             errored=total("errored"),
             client_aborts=self.client_aborts,
+            prefix_hit_tokens=total("prefix_hit_tokens"),
+            prefix_query_tokens=total("prefix_query_tokens"),
         )

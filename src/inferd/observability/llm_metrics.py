@@ -42,6 +42,17 @@ class LLMCollector(Collector):
         preemptions = CounterMetricFamily(
             "inferd_llm_preemptions", "Sequences preempted for KV blocks or seats.", labels=["model"]
         )
+        prefix_hits = CounterMetricFamily(
+            "inferd_llm_prefix_cache_hit_tokens",
+            "Prompt tokens found in the engines' prefix caches at admission (hit ratio: rate of this over "
+            "the rate of inferd_llm_prefix_cache_query_tokens_total).",
+            labels=["model"],
+        )
+        prefix_queries = CounterMetricFamily(
+            "inferd_llm_prefix_cache_query_tokens",
+            "Prompt tokens looked up in the engines' prefix caches at admission.",
+            labels=["model"],
+        )
         for rt in self._runtimes():
             s = rt.statistics()
             seqs.add_metric([rt.name, "running"], s.running)
@@ -53,4 +64,6 @@ class LLMCollector(Collector):
             aborts.add_metric([rt.name], s.client_aborts)
             steps.add_metric([rt.name], s.steps)
             preemptions.add_metric([rt.name], s.preemptions)
-        return [seqs, streams, kv, ended, aborts, steps, preemptions]
+            prefix_hits.add_metric([rt.name], s.prefix_hit_tokens)
+            prefix_queries.add_metric([rt.name], s.prefix_query_tokens)
+        return [seqs, streams, kv, ended, aborts, steps, preemptions, prefix_hits, prefix_queries]

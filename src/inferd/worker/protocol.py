@@ -115,6 +115,10 @@ class LLMStats(msgspec.Struct):
     finished: int = 0
     aborted: int = 0
     errored: int = 0
+    prefix_hit_tokens: int = 0
+    """Prompt tokens found in the prefix cache at admission, since the engine started."""
+    prefix_query_tokens: int = 0
+    """Prompt tokens looked up in the prefix cache at admission, since the engine started."""
 
 
 class StepDeltas(msgspec.Struct, tag="llm_step"):
