@@ -30,7 +30,6 @@ from inferd.api.openai import openai_error
 from inferd.errors import BadRequest, ModelError, NotFound, ServingError, WorkerUnavailable
 from inferd.llm.runtime import Generation, LLMRuntime
 from inferd.llm.stream import TokenStream
-from inferd.models.sim_llm import sim_llm_chat_prompt
 
 if TYPE_CHECKING:
     from inferd.api.app import Api
@@ -86,7 +85,9 @@ async def completions(api: Api, request: HttpRequest) -> HttpResponse | Streamin
     call = _Call(rt, req, request, "prompt", "text_completion", f"cmpl-{uuid.uuid4().hex}")
     stream = await call.start(prompt, req.max_tokens)
     if req.stream:
-        return StreamingResponse(call.events(stream, _completion_chunk), request.receive)
+        return StreamingResponse(
+            call.events(stream, _completion_chunk), request.receive, worker_header(stream)
+        )
     text, finish = await _collect(call, stream, request)
     choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
     return call.response(choice, stream)
@@ -100,11 +101,11 @@ async def chat_completions(api: Api, request: HttpRequest) -> HttpResponse | Str
     rt = llm_runtime(api.server, req.model)
     if not req.messages:
         raise BadRequest("messages is empty: send at least one {role, content} message")
-    prompt = sim_llm_chat_prompt([{"role": m.role, "content": m.content} for m in req.messages])
+    prompt = rt.tokenizer.chat_prompt([{"role": m.role, "content": m.content} for m in req.messages])
     call = _Call(rt, req, request, "messages", "chat.completion", f"chatcmpl-{uuid.uuid4().hex}")
-    stream = await call.start(prompt, req.max_completion_tokens or req.max_tokens)
+    stream = await call.start(prompt, req.max_completion_tokens or req.max_tokens, special=True)
     if req.stream:
-        return StreamingResponse(call.events(stream, _chat_chunk), request.receive)
+        return StreamingResponse(call.events(stream, _chat_chunk), request.receive, worker_header(stream))
     text, finish = await _collect(call, stream, request)
     choice = {
         "index": 0,
@@ -122,6 +123,12 @@ def llm_runtime(server: InferenceServer, name: str) -> LLMRuntime:
     if name in server.runtimes:
         raise BadRequest(f"model {name!r} does not generate text; text models: {sorted(server.llm_runtimes)}")
     raise NotFound(f"unknown model {name!r}; text models served: {sorted(server.llm_runtimes)}")
+
+
+def worker_header(stream: TokenStream) -> list[tuple[bytes, bytes]]:
+    """X-Inferd-Worker: the worker that generated the response (the last one, after a failover),
+    so callers and tests can see where routing placed a request."""
+    return [(b"x-inferd-worker", stream.worker_id.encode())]
 
 
 async def _read(api: Api, request: HttpRequest) -> bytes:
@@ -160,14 +167,16 @@ class _Call:
         stop = req.stop
         self.stops = [stop] if isinstance(stop, str) else [s for s in (stop or []) if s]
 
-    async def start(self, prompt: str, max_tokens: int | None) -> TokenStream:
+    async def start(self, prompt: str, max_tokens: int | None, special: bool = False) -> TokenStream:
+        """Tokenize, check and submit. `special`: the prompt is a rendered chat template whose control
+        tokens must parse as such (a raw completion prompt's text never does)."""
         if self.req.n != 1:
             raise BadRequest(f"n={self.req.n} is not supported: send n=1")
         gen = self.generation(DEFAULT_MAX_TOKENS if max_tokens is None else max_tokens)
         if len(prompt) > TOKENIZE_IN_THREAD_CHARS:
-            ids = await asyncio.to_thread(self.rt.tokenizer.encode, prompt)
+            ids = await asyncio.to_thread(self.rt.tokenizer.encode, prompt, special)
         else:
-            ids = self.rt.tokenizer.encode(prompt)
+            ids = self.rt.tokenizer.encode(prompt, special)
         if not ids:
             raise BadRequest(f"the {self.what} is empty: it holds no tokens")
         self.rt.check_context(len(ids), gen.max_tokens, self.what)
@@ -228,7 +237,7 @@ class _Call:
             "choices": [choice],
             "usage": self.usage(stream),
         }
-        return json_response(_encoder.encode(body))
+        return json_response(_encoder.encode(body), headers=worker_header(stream))
 
     async def events(
         self, stream: TokenStream, make: Callable[[_Call, str, str | None, bool], bytes]
@@ -303,11 +312,12 @@ async def generate(
 ) -> AsyncIterator[tuple[str, str | None]]:
     """(text, finish_reason) pieces of one sequence's output, cut at the first stop string."""
     checker = StopChecker(stops)
-    first = True
+    text_of = rt.tokenizer.detokenizer()
     while True:
         chunk = await stream.next()
-        text = rt.tokenizer.decode(chunk.token_ids, first) if chunk.token_ids else ""
-        first = first and not chunk.token_ids
+        text = text_of.feed(chunk.token_ids) if chunk.token_ids else ""
+        if chunk.finish_reason is not None:
+            text += text_of.flush()
         emit, stopped = checker.feed(text)
         if stopped:
             rt.abort(stream, client_gone=False)

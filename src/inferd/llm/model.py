@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
-from inferd.config import ModelConfig
+from inferd.config import ConfigError, ModelConfig
 from inferd.llm.plan import SeqOutput, StepPlan
 from inferd.models.base import Model
 
@@ -33,10 +33,25 @@ class LLMRequest:
     top_p: float = 1.0
 
 
-class Tokenizer(Protocol):
-    def encode(self, text: str) -> list[int]: ...
+class Detokenizer(Protocol):
+    """Text of one stream's tokens, piece by piece: it holds back bytes of a character that a later
+    token completes, and never shows control tokens (end of turn)."""
 
-    def decode(self, token_ids: Sequence[int], first: bool) -> str: ...
+    def feed(self, token_ids: Sequence[int]) -> str: ...
+
+    def flush(self) -> str: ...
+
+
+class Tokenizer(Protocol):
+    def encode(self, text: str, special: bool = False) -> list[int]:
+        """Token ids of `text`; `special`: parse control-token markup (chat templates) as control tokens."""
+        ...
+
+    def chat_prompt(self, messages: Sequence[Mapping[str, Any]]) -> str:
+        """The model's chat template applied to OpenAI-style messages, ending where the assistant speaks."""
+        ...
+
+    def detokenizer(self) -> Detokenizer: ...
 
 
 class LLMModel(Model):
@@ -54,7 +69,15 @@ class LLMModel(Model):
 
 
 def tokenizer_for(config: ModelConfig) -> Tokenizer:
-    """The front end's tokenizer of an LLM model (sim-llm's whitespace tokenizer for now)."""
-    from inferd.models.sim_llm import SimTokenizer
+    """The front end's tokenizer of an LLM model: `params.tokenizer` is "sim" (sim-llm's whitespace
+    tokenizer, the default) or "gguf" (the vocabulary and chat template inside the model's GGUF file)."""
+    kind = config.params.get("tokenizer", "sim")
+    if kind == "gguf":
+        from inferd.llm.gguf_tokenizer import GGUFTokenizer
 
-    return SimTokenizer()
+        return GGUFTokenizer.from_config(config)
+    if kind == "sim":
+        from inferd.models.sim_llm import SimTokenizer
+
+        return SimTokenizer()
+    raise ConfigError(f"model {config.name!r}: params.tokenizer is {kind!r}; use 'sim' or 'gguf'")

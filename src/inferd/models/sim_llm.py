@@ -42,13 +42,31 @@ _PROMPT_ID_BASE = 1 << 20
 class SimTokenizer:
     """Whitespace tokenizer. Prompt words hash to ids >= 2**20; generated ids index VOCAB."""
 
-    def encode(self, text: str) -> list[int]:
+    def encode(self, text: str, special: bool = False) -> list[int]:
         return [_word_id(w) for w in text.split()]
 
-    def decode(self, token_ids: Sequence[int], first: bool) -> str:
-        """Text of output tokens; `first`: they start the completion (no leading space)."""
+    def chat_prompt(self, messages: Sequence[Mapping[str, Any]]) -> str:
+        return sim_llm_chat_prompt(messages)
+
+    def detokenizer(self) -> SimDetokenizer:
+        return SimDetokenizer()
+
+
+class SimDetokenizer:
+    """Output words joined by single spaces, with no leading space."""
+
+    def __init__(self) -> None:
+        self.first = True
+
+    def feed(self, token_ids: Sequence[int]) -> str:
         words = " ".join(VOCAB[t] for t in token_ids)
-        return words if first or not words else " " + words
+        if not words or self.first:
+            self.first = self.first and not words
+            return words
+        return " " + words
+
+    def flush(self) -> str:
+        return ""
 
 
 def _word_id(word: str) -> int:
