@@ -16,10 +16,12 @@ from collections import deque
 from collections.abc import Awaitable, Callable
 from concurrent.futures import Executor
 
+from inferd.clock import Clock
 from inferd.errors import ServingError
 from inferd.llm.model import LLMModel, LLMRequest
 from inferd.llm.plan import Delta, SchedulerConfig, StepPlan
 from inferd.llm.scheduler import LLMScheduler
+from inferd.llm.static_scheduler import StaticBatchScheduler
 from inferd.worker import protocol as p
 
 log = logging.getLogger("inferd.llm.engine")
@@ -28,6 +30,13 @@ log = logging.getLogger("inferd.llm.engine")
 def scheduler_config(params: dict) -> SchedulerConfig:
     """The engine's budgets from the model's params (`params.scheduler` table)."""
     return SchedulerConfig(**params.get("scheduler", {}))
+
+
+def new_scheduler(config: SchedulerConfig, clock: Clock) -> LLMScheduler:
+    """The scheduler `config.policy` names: continuous batching, or the static baseline."""
+    if config.policy == "static":
+        return StaticBatchScheduler(config, clock)
+    return LLMScheduler(config, clock)
 
 
 class LLMEngine:

@@ -4,6 +4,7 @@ the engine, what the engine reports back, and the deltas to stream."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -34,6 +35,9 @@ class SchedulerConfig(BaseModel):
     """Smallest retry hint SchedulerFull carries."""
     initial_step_s: float = Field(default=0.03, gt=0.0)
     """Step time assumed for retry hints until steps have been measured."""
+    policy: Literal["continuous", "static"] = "continuous"
+    """continuous: admit and retire sequences every step. static: request-level batching, the
+    benchmark baseline (`inferd.llm.static_scheduler`): a batch is admitted only when nothing runs."""
 
     @model_validator(mode="after")
     def _decodes_leave_room(self) -> SchedulerConfig:

@@ -25,9 +25,8 @@ import msgspec
 
 from inferd.clock import MonotonicClock
 from inferd.config import ModelConfig
-from inferd.llm.engine import LLMEngine, scheduler_config
+from inferd.llm.engine import LLMEngine, new_scheduler, scheduler_config
 from inferd.llm.model import LLMModel
-from inferd.llm.scheduler import LLMScheduler
 from inferd.models.base import Model
 from inferd.models.loader import instantiate
 from inferd.worker import protocol as p
@@ -217,7 +216,7 @@ class Worker:
         if not isinstance(self.model, LLMModel):
             return None
         assert self.config is not None
-        scheduler = LLMScheduler(scheduler_config(self.config.params), MonotonicClock())
+        scheduler = new_scheduler(scheduler_config(self.config.params), MonotonicClock())
         return LLMEngine(self.model, scheduler, self._send, self._flush, self._executor)
 
     async def _run_engine(self) -> None:
