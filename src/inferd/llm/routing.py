@@ -1,0 +1,180 @@
+"""Which worker of an LLM model gets a new sequence: prefix-cache affinity under a hard load cap.
+
+A plain object with an injected clock and no I/O; the LLMRuntime drives it.
+
+* The front end names a prompt's full blocks exactly as the worker's scheduler does (`hash_block`,
+  chained, salted with the tenant, the model's `params.scheduler.block_size`), and remembers for a while
+  which worker was sent which blocks (bounded per worker, least recently sent forgotten first; entries
+  older than `affinity_ttl_s` no longer count, since the worker may have evicted them).
+* A worker may take the sequence only if it is READY and its engine would accept it: its sequences
+  not yet admitted stay under `max_waiting_seqs` and their prompt tokens under
+  `max_waiting_prompt_tokens` (the engine's own bounds; see LLMRuntime). None fits -> None (a 429).
+* Among those, only workers whose load after taking the sequence stays within the cap count:
+      cap = max(min_load + max_extra_seqs, floor(min_load * max_load_ratio))
+  where load is live sequences and min_load is the least-loaded candidate's. The least-loaded worker
+  is always within the cap, so affinity can skew load by at most the cap and never builds a hot spot.
+* Within the cap: the longest remembered prefix wins, then the lower load, then fewer queued prompt
+  tokens, then the order given. With no prefix remembered anywhere this is plain least-loaded.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from inferd.clock import Clock
+from inferd.llm.kv import BlockHash, hash_block
+from inferd.llm.plan import SchedulerConfig
+
+
+class RoutingConfig(BaseModel):
+    """How an LLM model's front end spreads sequences over its workers (`params.routing`)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    prefix_affinity: bool = True
+    """Prefer the worker that holds the longest cached prefix (off: least-loaded only)."""
+    max_extra_seqs: int = Field(default=4, ge=1)
+    """A worker chosen for its cache may run this many more sequences than the least-loaded one."""
+    max_load_ratio: float = Field(default=1.25, ge=1.0)
+    """... or up to this multiple of the least-loaded worker's sequences, whichever is larger."""
+    remembered_blocks: int | None = Field(default=None, ge=1)
+    """Block names remembered per worker; default: the worker's KV pool size (it caches no more)."""
+    affinity_ttl_s: float = Field(default=60.0, gt=0.0)
+    """A block sent this long ago no longer counts as cached on its worker."""
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerLoad:
+    """What the router needs to know about one worker at the moment of choosing."""
+
+    worker_id: str
+    ready: bool
+    live_seqs: int
+    """Sequences the front end has placed there and not yet seen end."""
+    waiting_seqs: int = 0
+    """Of those, sent but not yet admitted by its engine (the engine's waiting queue, as of now)."""
+    waiting_prompt_tokens: int = 0
+    """Prompt tokens of the waiting ones."""
+
+
+@dataclass(frozen=True, slots=True)
+class Choice:
+    worker_id: str
+    cached_blocks: int
+    """Leading blocks of the prompt the worker was recently sent (0: chosen by load alone)."""
+    capped: bool
+    """A worker with a longer cached prefix was passed over because of the load cap."""
+
+
+@dataclass(frozen=True, slots=True)
+class RoutingStatistics:
+    choices: int
+    affinity_hits: int
+    """Choices that went to a worker with a cached prefix."""
+    capped: int
+    """Choices where the cap overruled affinity."""
+    load_ties: int
+    """Choices where the chosen worker's load equalled another candidate's (is the load signal working?)."""
+    full: int
+    """Requests no ready worker had room for."""
+
+
+class PrefixAffinityRouter:
+    def __init__(self, config: RoutingConfig, scheduler: SchedulerConfig, clock: Clock) -> None:
+        self.config = config
+        self.scheduler = scheduler
+        self.clock = clock
+        self.block_size = scheduler.block_size
+        self.capacity = config.remembered_blocks or scheduler.num_blocks
+        self._sent: dict[str, OrderedDict[BlockHash, float]] = {}
+        """Per worker: block name -> when it was last sent there, least recently sent first."""
+        self._choices = self._hits = self._capped = self._ties = self._full = 0
+
+    # ---- naming prompts -----------------------------------------------------------------------------
+    def block_hashes(self, prompt: Sequence[int], tenant: str) -> list[BlockHash]:
+        """The names the worker's scheduler gives the prompt's full blocks (Sequence.extend_hashes)."""
+        if not (self.config.prefix_affinity and self.scheduler.enable_prefix_caching):
+            return []
+        out: list[BlockHash] = []
+        bs = self.block_size
+        for i in range(len(prompt) // bs):
+            out.append(hash_block(out[-1] if out else None, prompt[i * bs : (i + 1) * bs], tenant))
+        return out
+
+    # ---- choosing -----------------------------------------------------------------------------------
+    def has_room(self, w: WorkerLoad, prompt_tokens: int) -> bool:
+        """Whether the worker's engine would queue one more sequence of `prompt_tokens` tokens."""
+        s = self.scheduler
+        return (
+            w.waiting_seqs < s.max_waiting_seqs
+            and w.waiting_prompt_tokens + prompt_tokens <= s.max_waiting_prompt_tokens
+        )
+
+    def cap(self, min_load: int) -> int:
+        """The most live sequences a worker may hold after taking one chosen for its cache."""
+        c = self.config
+        return max(min_load + c.max_extra_seqs, math.floor(min_load * c.max_load_ratio))
+
+    def pick(
+        self, workers: Sequence[WorkerLoad], hashes: Sequence[BlockHash], prompt_tokens: int
+    ) -> Choice | None:
+        """The worker for a new sequence, or None when no ready worker has room for it."""
+        candidates = [w for w in workers if w.ready and self.has_room(w, prompt_tokens)]
+        if not candidates:
+            self._full += 1
+            return None
+        limit = self.cap(min(w.live_seqs for w in candidates))
+        now = self.clock.now()
+        scored = [(self._cached(w.worker_id, hashes, now), w) for w in candidates]
+        within = [(n, i, w) for i, (n, w) in enumerate(scored) if w.live_seqs + 1 <= limit]
+        best_n, _, best = min(within, key=lambda t: (-t[0], t[2].live_seqs, t[2].waiting_prompt_tokens, t[1]))
+        capped = any(n > best_n for n, _ in scored)
+        self._count(best, best_n, capped, candidates)
+        return Choice(best.worker_id, best_n, capped)
+
+    def _count(self, best: WorkerLoad, cached: int, capped: bool, candidates: list[WorkerLoad]) -> None:
+        self._choices += 1
+        self._hits += cached > 0
+        self._capped += capped
+        self._ties += any(w is not best and w.live_seqs == best.live_seqs for w in candidates)
+
+    def _cached(self, worker_id: str, hashes: Sequence[BlockHash], now: float) -> int:
+        """Leading blocks of `hashes` sent to the worker within the TTL."""
+        sent = self._sent.get(worker_id)
+        if not sent:
+            return 0
+        n = 0
+        for h in hashes:
+            at = sent.get(h)
+            if at is None or now - at > self.config.affinity_ttl_s:
+                break
+            n += 1
+        return n
+
+    # ---- remembering ---------------------------------------------------------------------------------
+    def record(self, worker_id: str, hashes: Sequence[BlockHash]) -> None:
+        """The worker was sent a sequence with these blocks: it will compute and cache them."""
+        if not hashes:
+            return
+        sent = self._sent.setdefault(worker_id, OrderedDict())
+        now = self.clock.now()
+        for h in hashes:
+            sent[h] = now
+            sent.move_to_end(h)
+        while len(sent) > self.capacity:
+            sent.popitem(last=False)
+
+    def forget(self, worker_id: str) -> None:
+        """The worker is gone (its cache with it)."""
+        self._sent.pop(worker_id, None)
+
+    def remembered(self, worker_id: str) -> int:
+        return len(self._sent.get(worker_id, ()))
+
+    def statistics(self) -> RoutingStatistics:
+        return RoutingStatistics(self._choices, self._hits, self._capped, self._ties, self._full)

@@ -1,0 +1,205 @@
+"""The LLM front end's routing policy (PrefixAffinityRouter) on a fake clock.
+
+Invariants: it never picks a worker that is not READY or whose engine queue is full, and answers None
+exactly when no such worker exists; the chosen worker's load stays within the cap over the least-loaded
+candidate; with many requests sharing one prefix, the load spread stays within the cap; with equal
+loads the worker holding the prefix wins; the front end names blocks exactly as the worker's scheduler.
+"""
+
+from __future__ import annotations
+
+import math
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
+
+from inferd.clock import FakeClock
+from inferd.llm.plan import SchedulerConfig
+from inferd.llm.routing import PrefixAffinityRouter, RoutingConfig, WorkerLoad
+from inferd.llm.sequence import Sequence
+
+SCHED = SchedulerConfig(block_size=4, num_blocks=64, max_waiting_seqs=3, max_waiting_prompt_tokens=40)
+PREFIXES = [list(range(100 * k, 100 * k + 12)) for k in range(3)]
+
+
+def router(clock: FakeClock | None = None, **routing: object) -> PrefixAffinityRouter:
+    return PrefixAffinityRouter(RoutingConfig(**routing), SCHED, clock or FakeClock())  # type: ignore[arg-type]
+
+
+workers_st = st.lists(
+    st.builds(
+        WorkerLoad,
+        worker_id=st.just(""),
+        ready=st.booleans(),
+        live_seqs=st.integers(0, 30),
+        waiting_seqs=st.integers(0, 4),
+        waiting_prompt_tokens=st.integers(0, 45),
+    ),
+    min_size=0,
+    max_size=6,
+).map(lambda ws: [WorkerLoad(f"w{i}", *_fields(w)) for i, w in enumerate(ws)])
+
+
+def _fields(w: WorkerLoad) -> tuple[bool, int, int, int]:
+    return w.ready, w.live_seqs, w.waiting_seqs, w.waiting_prompt_tokens
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    workers=workers_st,
+    remembered=st.lists(st.tuples(st.integers(0, 5), st.integers(0, 2), st.integers(1, 3))),
+    prefix=st.integers(0, 2),
+    tail=st.integers(1, 8),
+    extra=st.integers(1, 5),
+    ratio=st.floats(1.0, 2.0),
+)
+def test_pick_respects_readiness_room_and_the_load_cap(
+    workers: list[WorkerLoad],
+    remembered: list[tuple[int, int, int]],
+    prefix: int,
+    tail: int,
+    extra: int,
+    ratio: float,
+) -> None:
+    r = router(max_extra_seqs=extra, max_load_ratio=ratio)
+    for w, k, blocks in remembered:  # what earlier requests left on the workers
+        r.record(f"w{w}", r.block_hashes(PREFIXES[k], "t")[:blocks])
+    prompt = PREFIXES[prefix] + [7] * tail
+    candidates = [w for w in workers if w.ready and r.has_room(w, len(prompt))]
+
+    choice = r.pick(workers, r.block_hashes(prompt, "t"), len(prompt))
+
+    if not candidates:
+        assert choice is None
+        return
+    assert choice is not None
+    chosen = next(w for w in workers if w.worker_id == choice.worker_id)
+    assert chosen in candidates, "picked a worker that is not ready or has no room"
+    min_load = min(w.live_seqs for w in candidates)
+    assert chosen.live_seqs + 1 <= max(min_load + extra, math.floor(min_load * ratio))
+
+
+@settings(max_examples=100, deadline=None)
+@given(n_workers=st.integers(2, 6), n_requests=st.integers(1, 200), extra=st.integers(1, 6))
+def test_one_shared_prefix_never_piles_onto_one_worker(n_workers: int, n_requests: int, extra: int) -> None:
+    """Every request carries the same long prefix; the cache-holder is always attractive, yet the
+    spread between the busiest and the idlest worker never passes the cap."""
+    r = router(max_extra_seqs=extra, max_load_ratio=1.0)
+    loads = [0] * n_workers
+    prompt = PREFIXES[0] + [1, 2, 3]
+    hashes = r.block_hashes(prompt, "")
+    hits = 0
+    for _ in range(n_requests):
+        views = [WorkerLoad(f"w{i}", True, load) for i, load in enumerate(loads)]
+        choice = r.pick(views, hashes, 0)
+        assert choice is not None
+        hits += choice.cached_blocks > 0
+        r.record(choice.worker_id, hashes)
+        loads[int(choice.worker_id[1:])] += 1
+        assert max(loads) - min(loads) <= extra
+    assert hits >= n_requests - n_workers  # each worker computes the prefix once, then holds it
+
+
+@settings(max_examples=200, deadline=None)
+@given(n_workers=st.integers(2, 6), holder=st.integers(0, 5), load=st.integers(0, 20), k=st.integers(0, 2))
+def test_equal_loads_go_to_the_worker_holding_the_prefix(
+    n_workers: int, holder: int, load: int, k: int
+) -> None:
+    holder %= n_workers
+    r = router()
+    r.record(f"w{holder}", r.block_hashes(PREFIXES[k], "t"))
+    prompt = PREFIXES[k] + [9, 9]
+    views = [WorkerLoad(f"w{i}", True, load) for i in range(n_workers)]
+    choice = r.pick(views, r.block_hashes(prompt, "t"), len(prompt))
+    assert choice is not None
+    assert (choice.worker_id, choice.cached_blocks) == (f"w{holder}", len(PREFIXES[k]) // SCHED.block_size)
+    assert r.statistics().affinity_hits == 1
+
+
+def test_another_tenant_and_an_old_memory_do_not_count_as_cached() -> None:
+    clock = FakeClock()
+    r = router(clock, affinity_ttl_s=30.0)
+    prompt = PREFIXES[1] + [5]
+    r.record("w1", r.block_hashes(prompt, "alice"))
+    views = [WorkerLoad("w0", True, 0), WorkerLoad("w1", True, 0)]
+    other = r.pick(views, r.block_hashes(prompt, "bob"), len(prompt))
+    assert other is not None and (other.worker_id, other.cached_blocks) == ("w0", 0)
+    clock.advance(31.0)
+    stale = r.pick(views, r.block_hashes(prompt, "alice"), len(prompt))
+    assert stale is not None and (stale.worker_id, stale.cached_blocks) == ("w0", 0)
+
+
+def test_memory_per_worker_is_bounded() -> None:
+    r = router(remembered_blocks=5)
+    for k in range(3):
+        r.record("w0", r.block_hashes(PREFIXES[k], ""))
+    assert r.remembered("w0") == 5
+    r.forget("w0")
+    assert r.remembered("w0") == 0
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    prompt=st.lists(st.integers(0, 2**31), min_size=1, max_size=70),
+    tenant=st.text(max_size=5),
+    block_size=st.integers(1, 16),
+)
+def test_front_end_names_blocks_as_the_worker_does(prompt: list[int], tenant: str, block_size: int) -> None:
+    sched = SchedulerConfig(block_size=block_size)
+    r = PrefixAffinityRouter(RoutingConfig(), sched, FakeClock())
+    seq = Sequence("s", tuple(prompt), 1, tenant)
+    seq.extend_hashes(block_size)
+    assert r.block_hashes(prompt, tenant) == seq.block_hashes
+
+
+class RoutingWithCompletions(RuleBasedStateMachine):
+    """Arrivals with a few shared prefixes, completions and workers going up and down: every pick
+    stays within the cap of that moment, and only ever lands on a ready worker."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.clock = FakeClock()
+        self.r = router(self.clock, max_extra_seqs=2, max_load_ratio=1.5)
+        self.loads = {f"w{i}": 0 for i in range(3)}
+        self.ready = {w: True for w in self.loads}
+
+    def views(self) -> list[WorkerLoad]:
+        return [WorkerLoad(w, self.ready[w], n) for w, n in self.loads.items()]
+
+    @rule(k=st.integers(0, 2), tail=st.integers(0, 5))
+    def arrive(self, k: int, tail: int) -> None:
+        prompt = PREFIXES[k] + [3] * tail
+        hashes = self.r.block_hashes(prompt, "")
+        choice = self.r.pick(self.views(), hashes, 0)
+        live = [n for w, n in self.loads.items() if self.ready[w]]
+        if not live:
+            assert choice is None
+            return
+        assert choice is not None and self.ready[choice.worker_id]
+        assert self.loads[choice.worker_id] + 1 <= self.r.cap(min(live))
+        self.loads[choice.worker_id] += 1
+        self.r.record(choice.worker_id, hashes)
+
+    @rule(w=st.sampled_from(["w0", "w1", "w2"]))
+    def complete(self, w: str) -> None:
+        self.loads[w] = max(0, self.loads[w] - 1)
+
+    @rule(w=st.sampled_from(["w0", "w1", "w2"]))
+    def toggle_ready(self, w: str) -> None:
+        self.ready[w] = not self.ready[w]
+        if not self.ready[w]:
+            self.loads[w] = 0
+            self.r.forget(w)
+
+    @rule(s=st.floats(0.0, 40.0))
+    def time_passes(self, s: float) -> None:
+        self.clock.advance(s)
+
+    @invariant()
+    def memory_bounded(self) -> None:
+        assert all(self.r.remembered(w) <= self.r.capacity for w in self.loads)
+
+
+TestRoutingWithCompletions = RoutingWithCompletions.TestCase
+TestRoutingWithCompletions.settings = settings(max_examples=60, stateful_step_count=40, deadline=None)
