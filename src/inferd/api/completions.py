@@ -86,7 +86,7 @@ async def completions(api: Api, request: HttpRequest) -> HttpResponse | Streamin
     stream = await call.start(prompt, req.max_tokens)
     if req.stream:
         return StreamingResponse(
-            call.events(stream, _completion_chunk), request.receive, worker_header(stream)
+            call.events(stream, _completion_chunk), request.receive, headers=worker_header(stream)
         )
     text, finish = await _collect(call, stream, request)
     choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
@@ -105,7 +105,9 @@ async def chat_completions(api: Api, request: HttpRequest) -> HttpResponse | Str
     call = _Call(rt, req, request, "messages", "chat.completion", f"chatcmpl-{uuid.uuid4().hex}")
     stream = await call.start(prompt, req.max_completion_tokens or req.max_tokens, special=True)
     if req.stream:
-        return StreamingResponse(call.events(stream, _chat_chunk), request.receive, worker_header(stream))
+        return StreamingResponse(
+            call.events(stream, _chat_chunk), request.receive, headers=worker_header(stream)
+        )
     text, finish = await _collect(call, stream, request)
     choice = {
         "index": 0,
