@@ -26,8 +26,10 @@ from inferd.fleet.control import FleetControl
 from inferd.fleet.scaling import ScalingLoop
 from inferd.llm.model import is_llm
 from inferd.llm.runtime import LLMRuntime
+from inferd.llm.upstream import UpstreamRuntime, is_upstream
 from inferd.observability.llm_metrics import LLMCollector
 from inferd.observability.metrics import Metrics
+from inferd.observability.upstream_metrics import UpstreamCollector, UpstreamMetrics
 from inferd.worker.connection import WorkerConnection
 from inferd.worker.hub import WorkerHub
 from inferd.worker.supervisor import Supervisor
@@ -55,7 +57,11 @@ class InferenceServer:
         self.llm_runtimes: dict[str, LLMRuntime] = {}
         """LLM models (token streams, driven by the engine in their workers) beside the batch models."""
         self.retry_budget = RetryBudget(self.clock, config.retry_budget_ratio, config.retry_budget_min_per_s)
-        for m in models:
+        self.upstreams: dict[str, UpstreamRuntime] = {
+            m.name: self._upstream(m) for m in models if is_upstream(m)
+        }
+        """LLM models served by external OpenAI-compatible engines (vLLM, SGLang, TGI): no workers here."""
+        for m in (m for m in models if not is_upstream(m)):
             if is_llm(m):
                 self.llm_runtimes[m.name] = LLMRuntime(m, self.clock, self.metrics.for_llm(m.name))
                 continue
@@ -72,6 +78,7 @@ class InferenceServer:
         self._token = secrets.token_hex(16)
         join = config.join_token.get_secret_value() if config.join_token else ""
         self.metrics.registry.register(LLMCollector(self.llm_runtimes.values))
+        self.metrics.registry.register(UpstreamCollector(self.upstreams.values))
         self.hub = WorkerHub(
             ChainMap(self.runtimes, self.llm_runtimes),  # type: ignore[arg-type]
             self.clock,
@@ -93,7 +100,7 @@ class InferenceServer:
             lambda slot: slot.model in self.runtimes and self.runtimes[slot.model].metrics.worker_restarted()
         )
         if spawn_workers:
-            for m in models:
+            for m in (m for m in models if not is_upstream(m)):
                 self.supervisor.add(m.name, config.workers if m.workers is None else m.workers)
         self.shutting_down = False
         self.hub.on_first_batch.append(lambda conn: self.supervisor.mark_healthy(conn.worker_id))
@@ -107,6 +114,11 @@ class InferenceServer:
         self.admin = AdminApi(self, token)
         self.admin_port: int | None = None
         self.worker_port: int | None = None
+
+    def _upstream(self, m: ModelConfig) -> UpstreamRuntime:
+        """An upstream-served model, with a retry budget of its own (its failures are its upstreams')."""
+        budget = RetryBudget(self.clock, self.config.retry_budget_ratio, self.config.retry_budget_min_per_s)
+        return UpstreamRuntime(m, self.clock, UpstreamMetrics(self.metrics, m.name), budget)
 
     @property
     def ready(self) -> bool:
@@ -146,6 +158,9 @@ class InferenceServer:
                 ]
                 loops += [
                     tg.create_task(rt.watchdog(), name=f"watchdog-{rt.name}") for rt in self.runtimes.values()
+                ]
+                loops += [
+                    tg.create_task(up.run(), name=f"upstream-{name}") for name, up in self.upstreams.items()
                 ]
                 loops += [
                     tg.create_task(loop.run(), name=f"autoscale-{name}")
@@ -192,6 +207,8 @@ class InferenceServer:
         for rt in self.runtimes.values():
             rt.stop_accepting()
             rt.fail_all_queued(ShuttingDown(f"model '{rt.name}' is shutting down"))
+        for up in self.upstreams.values():
+            up.stop_accepting()
         for llm in self.llm_runtimes.values():
             llm.stop_accepting()
             llm.fail_all(ShuttingDown(f"model '{llm.name}' is shutting down"))

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
+from inferd.api import upstream
 from inferd.api.asgi import HttpRequest, HttpResponse, StreamingResponse
 from inferd.api.errors import status_of
 from inferd.api.http import (
@@ -79,6 +80,8 @@ _encoder = msgspec.json.Encoder()
 # ---- handlers -------------------------------------------------------------------------------------------
 async def completions(api: Api, request: HttpRequest) -> HttpResponse | StreamingResponse:
     body = await _read(api, request)
+    if (up := upstream.upstream_for(api.server, body)) is not None:  # served by external engines
+        return await upstream.forward(api, request, up, body, "/completions")
     req = decode_json(_completion_decoder, body, "completion request", 'send {"model": ..., "prompt": ...}')
     rt = llm_runtime(api.server, req.model)
     prompt = _prompt_text(req.prompt)
@@ -95,6 +98,8 @@ async def completions(api: Api, request: HttpRequest) -> HttpResponse | Streamin
 
 async def chat_completions(api: Api, request: HttpRequest) -> HttpResponse | StreamingResponse:
     body = await _read(api, request)
+    if (up := upstream.upstream_for(api.server, body)) is not None:  # served by external engines
+        return await upstream.forward(api, request, up, body, "/chat/completions")
     req = decode_json(
         _chat_decoder, body, "chat completion request", 'send {"model": ..., "messages": [...]}'
     )

@@ -48,7 +48,7 @@ def list_models(server: InferenceServer) -> HttpResponse:
     created = int(server.started_at)
     data = [
         {"id": name, "object": "model", "created": created, "owned_by": "inferd"}
-        for name in sorted({*server.runtimes, *server.llm_runtimes})
+        for name in sorted({*server.runtimes, *server.llm_runtimes, *server.upstreams})
     ]
     return json_response(_encoder.encode({"object": "list", "data": data}))
 

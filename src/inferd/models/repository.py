@@ -11,6 +11,7 @@ model.toml may name a built-in model instead of code: `builtin = "sim"` (setting
 
 from __future__ import annotations
 
+import os
 import tomllib
 from pathlib import Path
 from typing import Any
@@ -19,7 +20,7 @@ from pydantic import ValidationError
 
 from inferd.config import ConfigError, ModelConfig, describe_validation_error
 
-BUILTINS = ("sim", "minilm", "sim-llm")
+BUILTINS = ("sim", "minilm", "sim-llm", "openai-upstream")
 
 
 def builtin_config(kind: str, name: str | None = None, **overrides: Any) -> ModelConfig:
@@ -35,6 +36,10 @@ def builtin_config(kind: str, name: str | None = None, **overrides: Any) -> Mode
         from inferd.models.sim_llm import sim_llm_config
 
         return sim_llm_config(name=name or "sim-llm", **overrides)
+    if kind == "openai-upstream":  # reads the upstreams' API key from the variable params.api_key_env names
+        from inferd.llm.upstream import openai_upstream_config
+
+        return openai_upstream_config(name or "openai-upstream", os.environ, **overrides)
     raise ConfigError(f"unknown builtin model {kind!r}; built-ins are {list(BUILTINS)}")
 
 
@@ -65,6 +70,8 @@ def load_model_folder(folder: Path) -> ModelConfig:
         raise ConfigError(f"{toml_path} is not valid TOML: {exc}") from None
     raw.setdefault("name", folder.name)
     builtin = raw.pop("builtin", None)
+    if builtin is None and raw.get("platform") == "openai_upstream":
+        builtin = "openai-upstream"
     class_name = raw.pop("class", "Model")
     versions = sorted((int(d.name), d) for d in folder.iterdir() if d.is_dir() and d.name.isdigit())
     try:

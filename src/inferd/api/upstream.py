@@ -1,0 +1,265 @@
+"""POST /v1/completions and /v1/chat/completions for models served by upstream engines (openai-upstream).
+
+parse (the model name; the body stays the client's, with the upstream's model name and, for streams,
+`stream_options.include_usage` so the usage can be counted) -> runtime.send (choice, retry) ->
+relay Server-Sent Events one event at a time, or the whole JSON body. A client that disconnects closes
+the upstream connection, which cancels the request upstream. Errors inferd decides are in the OpenAI
+shape; an upstream's own error answer (4xx, or 5xx with no other upstream to try) passes through as is.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Awaitable
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import aiohttp
+import msgspec
+
+from inferd.api.asgi import HttpRequest, HttpResponse, StreamingResponse
+from inferd.api.errors import status_of
+from inferd.api.http import ClientGone, decode_json
+from inferd.api.openai import openai_error
+from inferd.errors import WorkerDied
+from inferd.llm.upstream import UpstreamReply, UpstreamRuntime, describe
+from inferd.routing.upstreams import Outcome, classify_status
+
+if TYPE_CHECKING:
+    from inferd.api.app import Api
+    from inferd.server import InferenceServer
+
+log = logging.getLogger("inferd.upstream")
+
+T = TypeVar("T")
+MAX_EVENT_BYTES = 4 * 1024 * 1024
+"""An upstream SSE event larger than this breaks the stream (so one bad upstream cannot grow a buffer)."""
+PASSED_HEADERS = (b"retry-after",)
+"""Upstream response headers a client may need besides the content type."""
+
+
+class _Named(msgspec.Struct):
+    model: str
+
+
+class _Delta(msgspec.Struct):
+    content: str | None = None
+
+
+class _Choice(msgspec.Struct):
+    text: str | None = None
+    delta: _Delta | None = None
+
+
+class _Usage(msgspec.Struct):
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+
+
+class _Body(msgspec.Struct):
+    """What the front end reads of an upstream chunk or response: whether it carries text, and usage."""
+
+    choices: list[_Choice] = []
+    usage: _Usage | None = None
+
+
+_named = msgspec.json.Decoder(_Named)
+_request = msgspec.json.Decoder(dict[str, Any])
+_body = msgspec.json.Decoder(_Body)
+_encoder = msgspec.json.Encoder()
+
+
+# ---- the branch the completion handlers take --------------------------------------------------------------
+def upstream_for(server: InferenceServer, body: bytes) -> UpstreamRuntime | None:
+    """The upstream-served model a completion request names; None for local models (and for bodies the
+    local decoder will refuse with its own 400)."""
+    if not server.upstreams:
+        return None
+    try:
+        return server.upstreams.get(_named.decode(body).model)
+    except msgspec.DecodeError:
+        return None
+
+
+async def forward(
+    api: Api, request: HttpRequest, rt: UpstreamRuntime, body: bytes, path: str
+) -> HttpResponse | StreamingResponse:
+    req = decode_json(_request, body, "completion request", 'send {"model": ..., ...}')
+    stream = req.get("stream") is True
+    relay = _Relay(rt, api.clock.now(), client_wants_usage(req))
+    reply = await until_disconnect(request, rt.send(path, upstream_payload(req, rt.upstream_model, stream)))
+    if stream and reply.status == 200:
+        return StreamingResponse(relay.events(reply), request.receive)
+    return await relay.whole(reply, request)
+
+
+def client_wants_usage(req: dict[str, Any]) -> bool:
+    options = req.get("stream_options")
+    return isinstance(options, dict) and options.get("include_usage") is True
+
+
+def upstream_payload(req: dict[str, Any], model: str, stream: bool) -> bytes:
+    """The client's request as sent upstream: the upstream's model name, and usage asked for on streams
+    (the usage-only chunk is dropped again for clients that did not ask for it)."""
+    out = {**req, "model": model}
+    options = req.get("stream_options")
+    if stream and (options is None or isinstance(options, dict)):
+        out["stream_options"] = {**(options or {}), "include_usage": True}
+    return _encoder.encode(out)
+
+
+async def until_disconnect(request: HttpRequest, work: Awaitable[T]) -> T:
+    """`work`'s result; if the client disconnects first, `work` is cancelled and ClientGone raised (499)."""
+
+    async def disconnected() -> None:
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+
+    task = asyncio.ensure_future(work)
+    watch = asyncio.ensure_future(disconnected())
+    try:
+        await asyncio.wait({task, watch}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watch.cancel()
+        if not task.done():
+            task.cancel()
+        await asyncio.gather(task, watch, return_exceptions=True)
+    if task.cancelled():
+        raise ClientGone()
+    return task.result()
+
+
+# ---- one forwarded request ----------------------------------------------------------------------------------
+class _Relay:
+    """Passes one upstream answer to the client and records its token timing and usage."""
+
+    def __init__(self, rt: UpstreamRuntime, started: float, wants_usage: bool) -> None:
+        self.rt = rt
+        self.started = self.last_text_at = started
+        self.wants_usage = wants_usage
+        self.first = True
+
+    async def whole(self, reply: UpstreamReply, request: HttpRequest) -> HttpResponse:
+        """A JSON answer (non-streaming, or an error status), read whole, passed through."""
+        outcome = Outcome.IGNORABLE
+        try:
+            data = await until_disconnect(request, reply.response.read())
+            outcome = classify_status(reply.status)
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            outcome = Outcome.FAILURE
+            raise WorkerDied(f"upstream {reply.url} failed while answering: {describe(exc)}") from None
+        finally:
+            reply.close(outcome)
+        if reply.status == 200:
+            self._account(data)
+            self.rt.metrics.finished(self.rt.clock.now() - self.started)
+        headers = [(k, v) for k in PASSED_HEADERS if (v := _header(reply, k)) is not None]
+        ctype = reply.response.headers.get("Content-Type", "application/json").encode("latin-1")
+        return HttpResponse(data, reply.status, ctype, headers)
+
+    def events(self, reply: UpstreamReply) -> AsyncIterator[bytes]:
+        return _Events(self._relay(reply), reply)
+
+    async def _relay(self, reply: UpstreamReply) -> AsyncIterator[bytes]:
+        """Each upstream SSE event as soon as it is complete. An upstream failure mid-stream ends the
+        stream with an error event and [DONE] (tokens were already sent: it cannot be retried)."""
+        events = SSESplitter(MAX_EVENT_BYTES)
+        outcome = Outcome.IGNORABLE  # until the stream ends one way or the other: the client left
+        try:
+            async for piece in reply.response.content.iter_any():
+                for event in events.feed(piece):
+                    if self._on_event(event):
+                        yield event
+            outcome = Outcome.SUCCESS
+            self.rt.metrics.finished(self.rt.clock.now() - self.started)
+        except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
+            outcome = Outcome.FAILURE
+            error = WorkerDied(f"upstream {reply.url} failed mid-stream: {describe(exc)}")
+            yield b"data: " + openai_error(error, status_of(error)[0]) + b"\n\n"
+            yield b"data: [DONE]\n\n"
+        finally:
+            reply.close(outcome)
+
+    def _on_event(self, event: bytes) -> bool:
+        """Record the event's timing and usage; False for the usage chunk of a client that did not ask."""
+        data = _data_of(event)
+        if data is None or data == b"[DONE]":
+            return True
+        body = self._account(data)
+        if body is None:
+            return True
+        if any(c.text or (c.delta is not None and c.delta.content) for c in body.choices):
+            now = self.rt.clock.now()
+            self.rt.metrics.text_event(now - self.last_text_at, self.first)
+            self.first, self.last_text_at = False, now
+        return self.wants_usage or bool(body.choices) or body.usage is None
+
+    def _account(self, data: bytes) -> _Body | None:
+        """The parsed chunk or response, its usage counted; None if it is not a completion at all."""
+        try:
+            body = _body.decode(data)
+        except msgspec.DecodeError:  # not ours to judge: the client gets the bytes as they came
+            log.debug("model %s: upstream sent an event that is not a completion chunk", self.rt.name)
+            return None
+        if body.usage is not None:
+            self.rt.metrics.usage(body.usage.prompt_tokens, body.usage.completion_tokens)
+        return body
+
+
+class _Events:
+    """The SSE body. `aclose` closes the upstream reply even when the body was never iterated (a client
+    that left before the first event): an async generator's `finally` would not run then."""
+
+    def __init__(self, inner: AsyncIterator[bytes], reply: UpstreamReply) -> None:
+        self.inner = inner
+        self.reply = reply
+
+    def __aiter__(self) -> _Events:
+        return self
+
+    async def __anext__(self) -> bytes:
+        return await anext(self.inner)
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()  # type: ignore[attr-defined]
+        self.reply.close(Outcome.IGNORABLE)
+
+
+class SSESplitter:
+    """Cuts a byte stream into whole Server-Sent Events (each ending with a blank line, kept)."""
+
+    def __init__(self, max_event_bytes: int) -> None:
+        self.max_event_bytes = max_event_bytes
+        self._buffer = b""
+
+    def feed(self, piece: bytes) -> list[bytes]:
+        self._buffer += piece
+        events = []
+        while True:
+            end = _event_end(self._buffer)
+            if end < 0:
+                break
+            events.append(self._buffer[:end])
+            self._buffer = self._buffer[end:]
+        if len(self._buffer) > self.max_event_bytes:
+            raise ValueError(f"an upstream event exceeds {self.max_event_bytes} bytes")
+        return events
+
+
+def _event_end(buffer: bytes) -> int:
+    """Index just past the first blank line ("\\n\\n" or "\\r\\n\\r\\n"), or -1."""
+    ends = [i + len(sep) for sep in (b"\n\n", b"\r\n\r\n") if (i := buffer.find(sep)) >= 0]
+    return min(ends, default=-1)
+
+
+def _data_of(event: bytes) -> bytes | None:
+    """The data of a one-line `data:` event (what OpenAI-compatible engines send), else None."""
+    line = event.strip()
+    if not line.startswith(b"data:") or b"\n" in line:
+        return None
+    return line[5:].strip()
+
+
+def _header(reply: UpstreamReply, name: bytes) -> bytes | None:
+    value = reply.response.headers.get(name.decode())
+    return None if value is None else value.encode("latin-1")

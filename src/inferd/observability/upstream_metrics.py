@@ -1,0 +1,96 @@
+"""Metrics of models served by upstream engines (openai-upstream).
+
+Token timing goes into the same series as local LLM models (inferd_time_to_first_token_seconds,
+inferd_inter_token_latency_seconds, inferd_llm_request_duration_seconds, inferd_prompt_tokens_total,
+inferd_generation_tokens_total), so one dashboard covers both. Upstream health, requests in flight,
+attempts by outcome, ejections and retries are read from each runtime's statistics() at scrape time;
+the `upstream` label is a configured URL, so the label set is bounded by the config.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from inferd.observability.metrics import Metrics
+
+if TYPE_CHECKING:
+    from inferd.llm.upstream import UpstreamRuntime
+
+
+class UpstreamMetrics:
+    """Token timing of one upstream-served model, with label children bound once. The front end sees
+    SSE events, not tokens: each event with text counts as one token step for the inter-token latency,
+    and token counts come from the upstream's usage (asked for on every stream)."""
+
+    def __init__(self, m: Metrics, model: str) -> None:
+        self._ttft = m.ttft.labels(model)
+        self._itl = m.itl.labels(model)
+        self._e2e = m.e2e.labels(model)
+        self._prompt = m.prompt_tokens.labels(model)
+        self._generated = m.generation_tokens.labels(model)
+
+    def text_event(self, since_previous_s: float, first: bool) -> None:
+        """An event carrying text arrived `since_previous_s` after the previous one (or the request)."""
+        (self._ttft if first else self._itl).observe(since_previous_s)
+
+    def usage(self, prompt_tokens: int, completion_tokens: int) -> None:
+        self._prompt.inc(prompt_tokens)
+        self._generated.inc(completion_tokens)
+
+    def finished(self, duration_s: float) -> None:
+        self._e2e.observe(duration_s)
+
+
+class UpstreamCollector(Collector):
+    def __init__(self, runtimes: Callable[[], Iterable[UpstreamRuntime]]) -> None:
+        self._runtimes = runtimes
+
+    def describe(self):
+        return []
+
+    def collect(self):
+        health = GaugeMetricFamily(
+            "inferd_upstream_health",
+            "Health of each upstream engine: 2 up, 1 probing, 0 ejected.",
+            labels=["model", "upstream"],
+        )
+        inflight = GaugeMetricFamily(
+            "inferd_upstream_inflight_requests",
+            "Requests in flight to each upstream engine.",
+            labels=["model", "upstream"],
+        )
+        attempts = CounterMetricFamily(
+            "inferd_upstream_attempts",
+            "Requests sent to each upstream (attempts, retries included), by outcome.",
+            labels=["model", "upstream", "outcome"],
+        )
+        ejections = CounterMetricFamily(
+            "inferd_upstream_ejections", "Upstreams ejected after failures.", labels=["model"]
+        )
+        retries = CounterMetricFamily(
+            "inferd_upstream_retries",
+            "Requests tried again on another upstream after a failure before any byte was streamed.",
+            labels=["model"],
+        )
+        refused = CounterMetricFamily(
+            "inferd_upstream_refused",
+            "Requests refused before sending: every healthy upstream full (429) or none healthy (503).",
+            labels=["model", "reason"],
+        )
+        for rt in self._runtimes():
+            s = rt.statistics()
+            for u in s.upstreams:
+                health.add_metric([rt.name, u.upstream], int(u.health))
+                inflight.add_metric([rt.name, u.upstream], u.inflight)
+                attempts.add_metric([rt.name, u.upstream, "success"], u.successes)
+                attempts.add_metric([rt.name, u.upstream, "failure"], u.failures)
+                attempts.add_metric([rt.name, u.upstream, "ignorable"], u.ignorable)
+            ejections.add_metric([rt.name], s.ejections)
+            retries.add_metric([rt.name], rt.retries)
+            refused.add_metric([rt.name, "full"], s.refused_full)
+            refused.add_metric([rt.name, "unavailable"], s.refused_unavailable)
+        return [health, inflight, attempts, ejections, retries, refused]

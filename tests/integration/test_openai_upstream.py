@@ -1,0 +1,254 @@
+"""openai-upstream end to end: an inferd server serving sim-llm is the upstream engine; a second inferd
+server fronts it (plus a flaky upstream that answers probes but fails every request, and a dead URL),
+and the `openai` client talks to the front one.
+
+Checked: the text is exactly sim-llm's documented tokens, streaming and not, completions and chat; the
+failing upstreams are retried away and ejected; a dead-only model gives a clear 503; a full one a fast
+429; a client that disconnects cancels the request upstream; the API key from the environment reaches
+the upstream; token timing and upstream gauges are on /metrics.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+import threading
+import time
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import aiohttp
+import openai
+import pytest
+
+from inferd.models.sim_llm import sim_llm_chat_prompt, sim_llm_tokens
+from tests.conftest import ServerProc, free_port, start_server
+
+KEY_ENV = "INFERD_TEST_UPSTREAM_KEY"
+KEY = "test-key-3c1f"
+
+
+@dataclass
+class Flaky:
+    """An upstream that answers GET /v1/models (so probes pass) and 503s every completion."""
+
+    url: str
+    posts: int = 0
+    authorizations: list[str] = field(default_factory=list)
+
+
+def start_flaky() -> tuple[Flaky, ThreadingHTTPServer]:
+    port = free_port()
+    flaky = Flaky(f"http://127.0.0.1:{port}/v1")
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self._answer(200, {"object": "list", "data": []})
+
+        def do_POST(self) -> None:
+            self.rfile.read(int(self.headers.get("Content-Length", "0")))
+            flaky.posts += 1
+            flaky.authorizations.append(self.headers.get("Authorization", ""))
+            self._answer(503, {"error": {"message": "flaky is down", "type": "server_error"}})
+
+        def _answer(self, status: int, body: dict) -> None:
+            data = json.dumps(body).encode()
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", port), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return flaky, server
+
+
+def write_model(repo: Path, name: str, upstreams: list[str], **params: object) -> None:
+    (repo / name).mkdir(parents=True)
+    lines = ['builtin = "openai-upstream"', "[params]", f"upstreams = {json.dumps(upstreams)}"]
+    lines += [f"{k} = {json.dumps(v)}" for k, v in params.items()]
+    (repo / name / "model.toml").write_text("\n".join(lines) + "\n")
+
+
+@dataclass
+class Servers:
+    upstream: ServerProc
+    front: ServerProc
+    flaky: Flaky
+    dead: str
+
+
+@pytest.fixture(scope="module")
+def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Servers]:
+    root = tmp_path_factory.mktemp("upstream")
+    (root / "up-repo" / "sim-llm").mkdir(parents=True)
+    (root / "up-repo" / "sim-llm" / "model.toml").write_text('builtin = "sim-llm"\n')
+    upstream = start_server(root, "--model-repo", str(root / "up-repo"))
+    flaky, flaky_server = start_flaky()
+    dead = f"http://127.0.0.1:{free_port()}/v1"
+    live = f"{upstream.url}/v1"
+    repo = root / "front-repo"
+    common = {"upstream_model": "sim-llm", "api_key_env": KEY_ENV, "probe_interval_s": 0.2}
+    write_model(repo, "up", [live, flaky.url, dead], **common)
+    write_model(repo, "dead-only", [dead], **common)
+    write_model(repo, "tight", [live], max_inflight_per_upstream=1, **common)
+    os.environ[KEY_ENV] = KEY
+    try:
+        front = start_server(root, "--model-repo", str(repo), "--no-admin")
+    finally:
+        del os.environ[KEY_ENV]
+    try:
+        wait_for(lambda: gauge(front, "inferd_upstream_health", "tight", live) == 2, "live upstream up")
+        yield Servers(upstream, front, flaky, dead)
+    finally:
+        assert front.stop() in (0, -15)
+        assert upstream.stop() in (0, -15)
+        flaky_server.shutdown()
+
+
+def client(s: Servers) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{s.front.url}/v1", api_key="unused", max_retries=0)
+
+
+def expected(prompt: str, seed: int | None, n: int) -> str:
+    return " ".join(sim_llm_tokens(prompt, seed, n))
+
+
+def scrape(server: ServerProc) -> str:
+    with urllib.request.urlopen(f"{server.url}/metrics", timeout=5) as r:
+        return r.read().decode()
+
+
+def metric(server: ServerProc, name: str) -> float:
+    found = re.search(rf"^{re.escape(name)} ([0-9.e+-]+)$", scrape(server), re.M)
+    return float(found.group(1)) if found else float("nan")
+
+
+def gauge(server: ServerProc, name: str, model: str, upstream: str) -> float:
+    return metric(server, f'{name}{{model="{model}",upstream="{upstream}"}}')
+
+
+def wait_for(check, what: str, timeout_s: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not check():
+        assert time.monotonic() < deadline, f"timed out waiting for: {what}"
+        time.sleep(0.05)
+
+
+def test_models_lists_upstream_models(servers: Servers) -> None:
+    assert {"up", "dead-only", "tight"} <= {m.id for m in client(servers).models.list()}
+
+
+def test_completion_through_the_front_is_the_upstreams_tokens(servers: Servers) -> None:
+    for i in range(12):  # enough that least-in-flight round-robin sends some to the flaky upstream first
+        prompt = f"forward number {i} please"
+        out = client(servers).completions.create(model="up", prompt=prompt, max_tokens=7, seed=i)
+        assert out.choices[0].text == expected(prompt, i, 7)
+        assert out.usage.completion_tokens == 7
+    assert metric(servers.front, 'inferd_upstream_retries_total{model="up"}') >= 1
+    assert servers.flaky.posts >= 1, "the flaky upstream never got a request: retries were not exercised"
+    assert set(servers.flaky.authorizations) == {f"Bearer {KEY}"}
+    wait_for(lambda: gauge(servers.front, "inferd_upstream_health", "up", servers.dead) == 0, "dead ejected")
+    assert gauge(servers.front, "inferd_upstream_health", "up", servers.flaky.url) == 0, "flaky not ejected"
+    failures = (
+        f'inferd_upstream_attempts_total{{model="up",outcome="failure",upstream="{servers.flaky.url}"}}'
+    )
+    assert metric(servers.front, failures) >= 1
+
+
+def test_streamed_completion_is_relayed_with_usage_only_when_asked(servers: Servers) -> None:
+    c = client(servers)
+    prompt = "stream through the front"
+    plain = list(c.completions.create(model="up", prompt=prompt, max_tokens=15, seed=4, stream=True))
+    assert "".join(ch.choices[0].text for ch in plain if ch.choices) == expected(prompt, 4, 15)
+    assert all(ch.choices for ch in plain), "a usage chunk the client did not ask for was relayed"
+    with_usage = list(
+        c.completions.create(
+            model="up",
+            prompt=prompt,
+            max_tokens=15,
+            seed=4,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
+    assert with_usage[-1].choices == [] and with_usage[-1].usage.completion_tokens == 15
+
+
+def test_chat_stream_and_not(servers: Servers) -> None:
+    messages = [{"role": "user", "content": "hello upstream"}]
+    prompt = sim_llm_chat_prompt(messages)
+    c = client(servers)
+    out = c.chat.completions.create(model="up", messages=messages, max_tokens=9, seed=2)
+    assert out.choices[0].message.content == expected(prompt, 2, 9)
+    chunks = list(c.chat.completions.create(model="up", messages=messages, max_tokens=9, seed=2, stream=True))
+    assert "".join(ch.choices[0].delta.content or "" for ch in chunks) == expected(prompt, 2, 9)
+    assert chunks[-1].choices[0].finish_reason == "length"
+
+
+def test_dead_only_upstream_is_a_clear_503(servers: Servers) -> None:
+    with pytest.raises(openai.InternalServerError) as info:
+        client(servers).completions.create(model="dead-only", prompt="anyone there", max_tokens=3)
+    assert info.value.status_code == 503
+    assert servers.dead in info.value.body["message"]
+    assert "dead-only" in info.value.body["message"]
+
+
+def test_upstream_errors_pass_through_in_openai_shape(servers: Servers) -> None:
+    prompt = " ".join(["word"] * 2040)
+    with pytest.raises(openai.BadRequestError) as info:
+        client(servers).completions.create(model="up", prompt=prompt, max_tokens=100)
+    assert info.value.body["code"] == "context_length_exceeded"
+
+
+async def test_full_upstream_gives_a_fast_429_and_disconnect_cancels_upstream(servers: Servers) -> None:
+    aborts = 'inferd_llm_client_aborts_total{model="sim-llm"}'
+    aborts_before = metric(servers.upstream, aborts)
+    body = {"model": "tight", "prompt": "a very long story", "max_tokens": 1500, "stream": True}
+    async with aiohttp.ClientSession() as http:
+        async with http.post(f"{servers.front.url}/v1/completions", json=body) as r:
+            assert r.status == 200
+            events = 0
+            async for line in r.content:
+                events += line.startswith(b"data: ")
+                if events == 3:
+                    break
+            started = time.monotonic()
+            async with http.post(f"{servers.front.url}/v1/completions", json=body) as full:
+                assert full.status == 429
+                assert int(full.headers["Retry-After"]) >= 1
+                assert (await full.json())["error"]["type"] == "overloaded_error"
+            assert time.monotonic() - started < 1.0
+        # leaving the block closes the connection mid-stream
+    deadline = time.monotonic() + 10
+    while metric(servers.upstream, aborts) == aborts_before:
+        assert time.monotonic() < deadline, "the upstream never saw the client leave"
+        await asyncio.sleep(0.05)
+    assert metric(servers.upstream, aborts) == aborts_before + 1
+    assert metric(servers.upstream, 'inferd_llm_streams{model="sim-llm"}') == 0
+    assert (
+        gauge(servers.front, "inferd_upstream_inflight_requests", "tight", f"{servers.upstream.url}/v1") == 0
+    )
+
+
+def test_token_timing_metrics_of_upstream_models(servers: Servers) -> None:
+    ttft = 'inferd_time_to_first_token_seconds_count{model="up"}'
+    generated = 'inferd_generation_tokens_total{model="up"}'
+    before = scrape(servers.front)
+    ttft_before = metric(servers.front, ttft) if ttft in before else 0.0
+    generated_before = metric(servers.front, generated) if generated in before else 0.0
+    stream = client(servers).completions.create(model="up", prompt="time me", max_tokens=6, stream=True)
+    assert sum(1 for _ in stream) == 6
+    assert metric(servers.front, ttft) == ttft_before + 1
+    assert metric(servers.front, 'inferd_inter_token_latency_seconds_count{model="up"}') >= 5
+    assert metric(servers.front, generated) == generated_before + 6
+    assert metric(servers.front, 'inferd_llm_request_duration_seconds_count{model="up"}') >= 1
