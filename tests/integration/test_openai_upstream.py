@@ -35,7 +35,8 @@ KEY = "test-key-3c1f"
 
 @dataclass
 class Flaky:
-    """An upstream that answers GET /v1/models (so probes pass) and 503s every completion."""
+    """An upstream that answers GET /v1/models (so probes pass) and 503s every completion, except for the
+    model "half-stream": two SSE events, then the connection drops mid-body (chunked, no last chunk)."""
 
     url: str
     posts: int = 0
@@ -47,11 +48,16 @@ def start_flaky() -> tuple[Flaky, ThreadingHTTPServer]:
     flaky = Flaky(f"http://127.0.0.1:{port}/v1")
 
     class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
         def do_GET(self) -> None:
             self._answer(200, {"object": "list", "data": []})
 
         def do_POST(self) -> None:
-            self.rfile.read(int(self.headers.get("Content-Length", "0")))
+            body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", "0"))))
+            if body["model"] == "half-stream":
+                self._half_stream()
+                return
             flaky.posts += 1
             flaky.authorizations.append(self.headers.get("Authorization", ""))
             self._answer(503, {"error": {"message": "flaky is down", "type": "server_error"}})
@@ -63,6 +69,18 @@ def start_flaky() -> tuple[Flaky, ThreadingHTTPServer]:
             self.send_header("Content-Length", str(len(data)))
             self.end_headers()
             self.wfile.write(data)
+
+        def _half_stream(self) -> None:
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.send_header("Transfer-Encoding", "chunked")
+            self.end_headers()
+            for word in ("half", "way"):
+                event = f"data: {json.dumps({'choices': [{'index': 0, 'text': word}]})}\n\n".encode()
+                self.wfile.write(b"%x\r\n%s\r\n" % (len(event), event))
+            self.wfile.flush()
+            time.sleep(0.3)  # the events reach the front before the failure (aiohttp drops unread data)
+            self.close_connection = True  # no terminating chunk: the body is cut short
 
         def log_message(self, *args: object) -> None:
             pass
@@ -101,6 +119,7 @@ def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Servers]:
     write_model(repo, "up", [live, flaky.url, dead], **common)
     write_model(repo, "dead-only", [dead], **common)
     write_model(repo, "tight", [live], max_inflight_per_upstream=1, **common)
+    write_model(repo, "broken", [flaky.url], upstream_model="half-stream", probe_interval_s=0.2)
     os.environ[KEY_ENV] = KEY
     try:
         front = start_server(root, "--model-repo", str(repo), "--no-admin")
@@ -252,3 +271,21 @@ def test_token_timing_metrics_of_upstream_models(servers: Servers) -> None:
     assert metric(servers.front, 'inferd_inter_token_latency_seconds_count{model="up"}') >= 5
     assert metric(servers.front, generated) == generated_before + 6
     assert metric(servers.front, 'inferd_llm_request_duration_seconds_count{model="up"}') >= 1
+
+
+async def test_upstream_failing_mid_stream_ends_with_an_error_event(servers: Servers) -> None:
+    body = {"model": "broken", "prompt": "x", "max_tokens": 5, "stream": True}
+    async with aiohttp.ClientSession() as http:
+        async with http.post(f"{servers.front.url}/v1/completions", json=body) as r:
+            assert r.status == 200
+            events = [line async for line in r.content if line.startswith(b"data: ")]
+    assert len(events) == 4, events
+    texts = [json.loads(e[6:])["choices"][0]["text"] for e in events[:2]]
+    assert texts == ["half", "way"]
+    error = json.loads(events[2][6:])["error"]
+    assert error["code"] == "WorkerDied" and servers.flaky.url in error["message"]
+    assert events[3] == b"data: [DONE]\n"
+    failures = (
+        f'inferd_upstream_attempts_total{{model="broken",outcome="failure",upstream="{servers.flaky.url}"}}'
+    )
+    assert metric(servers.front, failures) == 1
