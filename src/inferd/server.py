@@ -63,7 +63,9 @@ class InferenceServer:
         """LLM models served by external OpenAI-compatible engines (vLLM, SGLang, TGI): no workers here."""
         for m in (m for m in models if not is_upstream(m)):
             if is_llm(m):
-                self.llm_runtimes[m.name] = LLMRuntime(m, self.clock, self.metrics.for_llm(m.name))
+                self.llm_runtimes[m.name] = LLMRuntime(
+                    m, self.clock, self.metrics.for_llm(m.name), self.retry_budget
+                )
                 continue
             rt = ModelRuntime(
                 m,

@@ -93,6 +93,24 @@ class AdminApi:
                         "ejection": _ejection(rt.ejection_status(w), now),
                     }
                 )
+        for llm in self.server.llm_runtimes.values():
+            for w in llm.workers:
+                rows.append(
+                    {
+                        "worker_id": w.worker_id,
+                        "model": w.model,
+                        "version": w.version,
+                        "state": w.state.value,
+                        "pid": w.pid,
+                        "host": w.host,
+                        "live_sequences": llm.live_on(w.worker_id),
+                        "completed_batches": w.completed_batches,
+                        "restarts": restarts.get(w.slot_id, 0),
+                        "last_progress_s_ago": round(now - w.last_progress, 3),
+                        "last_heartbeat_s_ago": round(now - w.last_heartbeat, 3),
+                        "busy_s": round(w.busy_s, 3),
+                    }
+                )
         return web.json_response({"workers": rows, "time": time.time()})
 
     async def models(self, request: web.Request) -> web.Response:

@@ -85,7 +85,7 @@ class LLMEngine:
             plan = self.scheduler.schedule()
             outputs, compute_s = await self._run(plan)
             deltas = self.scheduler.apply(plan, outputs)
-            await self._deliver(notes + [self._wire(d) for d in deltas], compute_s)
+            await self._deliver(notes + [self._wire(d) for d in deltas], compute_s, plan.admitted)
 
     def _receive(self) -> list[p.SeqDelta]:
         """Apply queued messages; return refusals and aborts to report."""
@@ -98,7 +98,9 @@ class LLMEngine:
                     notes.append(p.SeqDelta(msg.seq_id, finish_reason="abort"))
                 continue
             try:
-                self.scheduler.add(msg.seq_id, msg.prompt, msg.max_tokens, msg.tenant, msg.priority)
+                self.scheduler.add(
+                    msg.seq_id, msg.prompt, msg.max_tokens, msg.tenant, msg.priority, msg.output
+                )
             except ServingError as exc:
                 notes.append(p.SeqDelta(msg.seq_id, finish_reason="error", error=(exc.code, exc.message)))
                 continue
@@ -113,11 +115,13 @@ class LLMEngine:
         outputs = await loop.run_in_executor(self.executor, self.model.run_step, plan, self.requests)
         return outputs, time.perf_counter() - start
 
-    async def _deliver(self, deltas: list[p.SeqDelta], compute_s: float) -> None:
+    async def _deliver(
+        self, deltas: list[p.SeqDelta], compute_s: float, admitted: tuple[str, ...] = ()
+    ) -> None:
         for d in deltas:
             if d.finish_reason is not None:
                 self._release(d.seq_id)
-        self.send(p.StepDeltas(compute_s, deltas, self._stats()))
+        self.send(p.StepDeltas(compute_s, deltas, self._stats(), list(admitted)))
         await self.flush()  # backpressure: a slow front end slows the engine, never grows a buffer
 
     async def _idle(self) -> None:

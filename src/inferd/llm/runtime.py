@@ -1,8 +1,25 @@
 """The front end's driver of one LLM model: its workers (each runs an engine), one token stream per
-request, and aborts when a client goes away.
+request, aborts when a client goes away, and failover when a worker dies.
 
-submit (tokenized request -> least-loaded worker) -> on_step (deltas into each request's stream)
-                                                  -> abort (client gone) / on_worker_lost (fail streams)
+submit: admission + routing -> AddSequence to the chosen worker
+    routing (inferd.llm.routing): the ready worker with the longest recently-sent prompt prefix (same
+    block names and tenant salt as its prefix cache), within a hard load cap over the least-loaded
+    ready worker; otherwise the least-loaded.
+    admission (overload, RELIABILITY L6): each worker's engine bounds its waiting queue
+    (`params.scheduler.max_waiting_seqs`, `max_waiting_prompt_tokens`). The front end counts, per
+    worker, what it has sent and not yet seen admitted (StepDeltas.admitted, or a first delta), so it
+    refuses with Overloaded (429 + Retry-After, before any response starts) exactly when no ready
+    worker's engine would queue the sequence: together, the bounds summed over the ready workers.
+    Running streams are untouched by refusals.
+on_step: deltas into each request's stream; admissions counted off.
+abort: the client left (or a stop string matched): AbortSequence to the worker.
+on_worker_lost: failover, which resumes rather than fails. Each stream of the dead worker goes to
+    another ready worker (same routing and admission): one that had not received a token is simply
+    submitted again; one that had is resumed from prompt + the tokens the client already has
+    (AddSequence.output), so the new engine continues the same sequence and the client sees no
+    duplicated and no missing token. Each move spends one retry from the server's RetryBudget. With no
+    ready worker with room, or the budget spent, the stream ends with WorkerDied: an SSE error event
+    (then [DONE]) if it had started, a 503 if not.
 """
 
 from __future__ import annotations
@@ -12,10 +29,14 @@ import logging
 from dataclasses import dataclass
 
 from inferd.batching.queue import INTERACTIVE
+from inferd.batching.retry import RetryBudget
 from inferd.clock import Clock
 from inferd.config import ModelConfig
 from inferd.errors import BadRequest, Overloaded, ServingError, WorkerDied, WorkerUnavailable, from_wire
+from inferd.llm.kv import BlockHash
 from inferd.llm.model import Tokenizer, tokenizer_for
+from inferd.llm.plan import SchedulerConfig
+from inferd.llm.routing import PrefixAffinityRouter, RoutingConfig, WorkerLoad
 from inferd.llm.stream import TokenStream
 from inferd.observability.metrics import LLMMetrics
 from inferd.worker import protocol as p
@@ -63,25 +84,72 @@ class LLMRuntimeStatistics:
     aborted: int
     errored: int
     client_aborts: int
+    rejected: int
+    """Requests refused with Overloaded at admission (no ready worker's queue had room)."""
+    moved: int
+    """Streams placed on another worker after theirs died (resubmitted or resumed)."""
+    lost: int
+    """Streams ended with WorkerDied: their worker died and no worker or retry budget was left."""
     prefix_hit_tokens: int
     """Prompt tokens the engines found in their prefix caches (hit / query is the hit ratio)."""
     prefix_query_tokens: int
 
 
+@dataclass(slots=True, eq=False)
+class _Live:
+    """A sequence placed on a worker whose end the front end has not yet seen."""
+
+    stream: TokenStream
+    prompt: list[int]
+    gen: Generation
+    hashes: list[BlockHash]
+    """Its prompt's block names, for routing (again, on failover)."""
+    waiting: bool = False
+    """Sent to its worker, not yet admitted there: counted against that worker's waiting bounds."""
+    moves: int = 0
+    """Times it was placed again after its worker died."""
+
+
+@dataclass(slots=True)
+class _Load:
+    """What the front end has placed on one worker."""
+
+    live: int = 0
+    waiting: int = 0
+    waiting_prompt_tokens: int = 0
+
+
 class LLMRuntime:
-    def __init__(self, config: ModelConfig, clock: Clock, metrics: LLMMetrics | None = None) -> None:
+    def __init__(
+        self,
+        config: ModelConfig,
+        clock: Clock,
+        metrics: LLMMetrics | None = None,
+        retry_budget: RetryBudget | None = None,
+    ) -> None:
         self.config = config
         self.metrics = metrics
         self.name = config.name
         self.clock = clock
         self.tokenizer: Tokenizer = tokenizer_for(config)
         self.max_model_len = int(config.params.get("max_model_len", 2048))
+        self.scheduler_config = SchedulerConfig(**config.params.get("scheduler", {}))
+        self.router = PrefixAffinityRouter(
+            RoutingConfig(**config.params.get("routing", {})), self.scheduler_config, clock
+        )
+        self.retry_budget = retry_budget or RetryBudget(clock)
+        """Shared with the batch models (the server's), so failovers cannot multiply load."""
         self.workers: list[WorkerConnection] = []
-        self.streams: dict[str, TokenStream] = {}
-        self._live: dict[str, int] = {}
-        """Live sequences per worker id: the load the balancer compares."""
+        self._live: dict[str, _Live] = {}
+        self._loads: dict[str, _Load] = {}
         self._stats: dict[str, p.LLMStats] = {}
+        self._step_s = self.scheduler_config.initial_step_s
+        """EWMA of the workers' step times, for Retry-After hints."""
         self.client_aborts = 0
+        self.rejected = 0
+        self.moved = 0
+        self.lost = 0
+        """Streams ended because their worker died and they could not be moved."""
         self._stopping = False
 
     @property
@@ -104,40 +172,84 @@ class LLMRuntime:
             )
 
     def submit(self, prompt: list[int], gen: Generation) -> TokenStream:
-        """Start a sequence on the least-loaded ready worker. Raises WorkerUnavailable."""
+        """Start a sequence on the worker routing picks. Raises WorkerUnavailable (none ready) or
+        Overloaded (no ready worker's queue has room) before anything is sent."""
         if self._stopping:
             raise WorkerUnavailable(f"model '{self.name}' is shutting down")
-        ready = [w for w in self.workers if w.state is WorkerState.READY]
-        if not ready:
-            raise WorkerUnavailable(f"model '{self.name}' has no ready worker; retry shortly")
-        worker = min(ready, key=lambda w: self._live.get(w.worker_id, 0))
-        seq_id = f"{self.name}-{next(_seq_ids)}"
-        stream = TokenStream(seq_id, worker.worker_id, len(prompt))
+        hashes = self.router.block_hashes(prompt, gen.tenant)
+        try:
+            worker = self._choose(len(prompt), hashes)
+        except Overloaded:
+            self.rejected += 1
+            raise
+        stream = TokenStream(f"{self.name}-{next(_seq_ids)}", worker.worker_id, len(prompt))
         stream.submitted_at = stream.last_token_at = self.clock.now()
         if self.metrics is not None:
             self.metrics.submitted(len(prompt))
-        self.streams[seq_id] = stream
-        self._live[worker.worker_id] = self._live.get(worker.worker_id, 0) + 1
+        live = _Live(stream, prompt, gen, hashes)
+        self._live[stream.seq_id] = live
+        self.retry_budget.record_requests(1)
+        self._place(live, worker)
+        return stream
+
+    def _choose(self, prompt_tokens: int, hashes: list[BlockHash]) -> WorkerConnection:
+        ready = [w for w in self.workers if w.state is WorkerState.READY]
+        if not ready:
+            raise WorkerUnavailable(f"model '{self.name}' has no ready worker; retry shortly")
+        choice = self.router.pick([self._view(w) for w in ready], hashes, prompt_tokens)
+        if choice is None:
+            s = self.scheduler_config
+            raise Overloaded(
+                f"model '{self.name}' is full: no ready worker (of {len(ready)}) can queue a sequence of "
+                f"{prompt_tokens} prompt tokens (max_waiting_seqs={s.max_waiting_seqs}, "
+                f"max_waiting_prompt_tokens={s.max_waiting_prompt_tokens} per worker)",
+                self._retry_after_s(),
+                reason="llm_queue_full",
+            )
+        return next(w for w in ready if w.worker_id == choice.worker_id)
+
+    def _view(self, worker: WorkerConnection) -> WorkerLoad:
+        load = self._loads.get(worker.worker_id, _Load())
+        ready = worker.state is WorkerState.READY
+        return WorkerLoad(worker.worker_id, ready, load.live, load.waiting, load.waiting_prompt_tokens)
+
+    def _place(self, live: _Live, worker: WorkerConnection) -> None:
+        """Send the sequence to `worker`, resuming after the tokens its stream already holds."""
+        live.stream.worker_id = worker.worker_id
+        live.waiting = True
+        load = self._loads.setdefault(worker.worker_id, _Load())
+        load.live += 1
+        load.waiting += 1
+        load.waiting_prompt_tokens += len(live.prompt)
+        self.router.record(worker.worker_id, live.hashes)
+        g = live.gen
         worker.send(
             p.AddSequence(
-                seq_id,
-                prompt,
-                gen.max_tokens,
-                gen.seed,
-                gen.priority,
-                gen.tenant,
-                gen.temperature,
-                gen.top_p,
+                live.stream.seq_id,
+                live.prompt,
+                g.max_tokens,
+                g.seed,
+                g.priority,
+                g.tenant,
+                g.temperature,
+                g.top_p,
+                output=list(live.stream.generated),
             )
         )
-        return stream
+
+    def _retry_after_s(self) -> float:
+        """The engines' hint: the steps to prefill the least-queued worker's waiting prompts."""
+        s = self.scheduler_config
+        queued = min((load.waiting_prompt_tokens for load in self._loads.values()), default=0)
+        return max(s.min_retry_after_s, (queued / s.max_num_batched_tokens + 1) * self._step_s)
 
     def abort(self, stream: TokenStream, client_gone: bool = True) -> None:
         """End the sequence in the engine now: the client left (or the text reached a stop string).
         A no-op once the engine has ended it."""
-        if self.streams.pop(stream.seq_id, None) is None:
+        live = self._live.get(stream.seq_id)
+        if live is None:
             return
-        self._ended(stream)
+        self._end(live)
         if stream.ended:
             return
         stream.fail(WorkerUnavailable(f"sequence {stream.seq_id} was aborted"))
@@ -152,19 +264,26 @@ class LLMRuntime:
         worker.last_progress = worker.last_heartbeat = now
         worker.completed_batches += 1
         worker.busy_s += msg.compute_s
+        if msg.compute_s > 0:
+            self._step_s = 0.8 * self._step_s + 0.2 * msg.compute_s
         self._stats[worker.worker_id] = msg.stats
+        for seq_id in msg.admitted:
+            live = self._live.get(seq_id)
+            if live is not None and live.stream.worker_id == worker.worker_id:
+                self._admitted(live)
         for delta in msg.deltas:
-            stream = self.streams.get(delta.seq_id)
-            if stream is None:  # its client left
+            live = self._live.get(delta.seq_id)
+            if live is None or live.stream.worker_id != worker.worker_id:  # client left, or moved
                 continue
+            self._admitted(live)  # a token or an end: it has left the waiting queue
+            stream = live.stream
             if delta.error is not None:
                 stream.fail(self._error(*delta.error))
             else:
                 self._observe_tokens(stream, len(delta.token_ids), now, delta.finish_reason is not None)
                 stream.push(delta.token_ids, delta.finish_reason)
             if stream.ended:
-                del self.streams[delta.seq_id]
-                self._ended(stream)
+                self._end(live)
 
     def _observe_tokens(self, stream: TokenStream, n: int, now: float, last: bool) -> None:
         if self.metrics is None:
@@ -183,8 +302,21 @@ class LLMRuntime:
             return Overloaded(message, 1.0, reason="llm_queue_full")
         return from_wire(code, message)
 
-    def _ended(self, stream: TokenStream) -> None:
-        self._live[stream.worker_id] = max(0, self._live.get(stream.worker_id, 0) - 1)
+    def _admitted(self, live: _Live) -> None:
+        if not live.waiting:
+            return
+        live.waiting = False
+        load = self._loads.get(live.stream.worker_id)
+        if load is not None:
+            load.waiting -= 1
+            load.waiting_prompt_tokens -= len(live.prompt)
+
+    def _end(self, live: _Live) -> None:
+        self._admitted(live)
+        del self._live[live.stream.seq_id]
+        load = self._loads.get(live.stream.worker_id)
+        if load is not None:
+            load.live -= 1
 
     # ---- workers ----------------------------------------------------------------------------------
     def add_worker(self, worker: WorkerConnection) -> None:
@@ -197,23 +329,58 @@ class LLMRuntime:
         worker.state = WorkerState.DEAD
         if worker in self.workers:
             self.workers.remove(worker)
-        self._live.pop(worker.worker_id, None)
+        self._loads.pop(worker.worker_id, None)
         self._stats.pop(worker.worker_id, None)
-        for seq_id, stream in list(self.streams.items()):
-            if stream.worker_id == worker.worker_id:
-                del self.streams[seq_id]
-                stream.fail(
-                    WorkerDied(f"worker {worker.worker_id} of model '{self.name}' went away: {reason}")
-                )
-        log.warning("LLM worker %s of model %s lost: %s", worker.worker_id, self.name, reason)
+        self.router.forget(worker.worker_id)
+        orphans = [live for live in self._live.values() if live.stream.worker_id == worker.worker_id]
+        log.warning(
+            "LLM worker %s of model %s lost (%s); moving its %d streams",
+            worker.worker_id,
+            self.name,
+            reason,
+            len(orphans),
+        )
+        for live in orphans:
+            self._move(live, f"worker {worker.worker_id} of model '{self.name}' went away: {reason}")
+
+    def _move(self, live: _Live, why: str) -> None:
+        """Place an orphaned sequence on another worker (resuming it), or end its stream with WorkerDied."""
+        live.waiting = False  # its dead worker's counts are gone with it
+        try:
+            target = self._choose(len(live.prompt), live.hashes)
+        except ServingError as exc:
+            self._give_up(live, f"{why}; it could not be moved: {exc.message}")
+            return
+        if not self.retry_budget.try_spend(1):
+            self._give_up(live, f"{why}; the retry budget is spent, so it was not moved")
+            return
+        live.moves += 1
+        self.moved += 1
+        log.debug(
+            "sequence %s moved to %s after %d tokens",
+            live.stream.seq_id,
+            target.worker_id,
+            len(live.stream.generated),
+        )
+        self._place(live, target)
+
+    def _give_up(self, live: _Live, message: str) -> None:
+        del self._live[live.stream.seq_id]
+        self.lost += 1
+        live.stream.fail(WorkerDied(message))
 
     def stop_accepting(self) -> None:
         self._stopping = True
 
     def fail_all(self, exc: ServingError) -> None:
-        for stream in self.streams.values():
-            stream.fail(exc)
-        self.streams.clear()
+        for live in self._live.values():
+            live.stream.fail(exc)
+        self._live.clear()
+
+    def live_on(self, worker_id: str) -> int:
+        """Sequences placed on the worker whose end the front end has not yet seen."""
+        load = self._loads.get(worker_id)
+        return 0 if load is None else load.live
 
     # ---- stats ------------------------------------------------------------------------------------
     def statistics(self) -> LLMRuntimeStatistics:
@@ -224,7 +391,7 @@ class LLMRuntime:
 
         return LLMRuntimeStatistics(
             workers=len(self.workers),
-            streams=len(self.streams),
+            streams=len(self._live),
             running=total("running"),
             waiting=total("waiting"),
             kv_blocks_used=total("kv_blocks_used"),
@@ -235,6 +402,9 @@ class LLMRuntime:
             aborted=total("aborted"),
             errored=total("errored"),
             client_aborts=self.client_aborts,
+            rejected=self.rejected,
+            moved=self.moved,
+            lost=self.lost,
             prefix_hit_tokens=total("prefix_hit_tokens"),
             prefix_query_tokens=total("prefix_query_tokens"),
         )

@@ -87,9 +87,21 @@ class LLMScheduler:
     # ---- requests ---------------------------------------------------------------------------
 
     def add(
-        self, seq_id: str, prompt: Seq[int], max_tokens: int, tenant: str = "", priority: int = INTERACTIVE
+        self,
+        seq_id: str,
+        prompt: Seq[int],
+        max_tokens: int,
+        tenant: str = "",
+        priority: int = INTERACTIVE,
+        output: Seq[int] = (),
     ) -> None:
+        """Queue a new sequence. `output`: tokens it already generated elsewhere (resumed after its
+        worker died); they count towards `max_tokens` and are recomputed like a preempted sequence's."""
         self._check_request(seq_id, prompt, max_tokens, priority)
+        if len(output) >= max_tokens:
+            raise BadRequest(
+                f"sequence {seq_id!r} resumes with {len(output)} tokens, max_tokens={max_tokens}: nothing left"
+            )
         cfg = self.config
         if self._waiting_new >= cfg.max_waiting_seqs:
             raise SchedulerFull(
@@ -104,7 +116,7 @@ class LLMScheduler:
                 self._retry_after_s(),
                 "max_waiting_prompt_tokens",
             )
-        seq = Sequence(seq_id, tuple(prompt), max_tokens, tenant, priority, self._arrivals)
+        seq = Sequence(seq_id, tuple(prompt), max_tokens, tenant, priority, self._arrivals, list(output))
         self._arrivals += 1
         self._seqs[seq_id] = seq
         self._waiting[priority].append(seq)

@@ -22,11 +22,14 @@ class TokenStream:
     def __init__(self, seq_id: str, worker_id: str, prompt_tokens: int) -> None:
         self.seq_id = seq_id
         self.worker_id = worker_id
+        """The worker generating it now (another one after a failover)."""
         self.prompt_tokens = prompt_tokens
         self.completion_tokens = 0
         self.submitted_at = 0.0
         self.last_token_at = 0.0
         """Front-end clock times, for time to first token and inter-token latency."""
+        self.generated: list[int] = []
+        """Every token delivered so far: a failover resumes the sequence after them."""
         self._pending: list[int] = []
         self._finish: str | None = None
         self._error: ServingError | None = None
@@ -36,6 +39,7 @@ class TokenStream:
 
     def push(self, token_ids: list[int], finish_reason: str | None) -> None:
         self._pending.extend(token_ids)
+        self.generated.extend(token_ids)
         self.completion_tokens += len(token_ids)
         if finish_reason is not None:
             self._finish = finish_reason

@@ -86,6 +86,9 @@ class AddSequence(msgspec.Struct, tag="llm_add"):
     temperature: float = 1.0
     """0 samples greedily (argmax)."""
     top_p: float = 1.0
+    output: list[int] = []
+    """Tokens already generated for this sequence on a worker that died: the engine resumes after them
+    (recomputing prompt + output), and max_tokens counts them."""
 
 
 class AbortSequence(msgspec.Struct, tag="llm_abort"):
@@ -127,6 +130,8 @@ class StepDeltas(msgspec.Struct, tag="llm_step"):
     compute_s: float
     deltas: list[SeqDelta]
     stats: LLMStats
+    admitted: list[str] = []
+    """Sequences the step admitted (left the waiting queue): the front end's admission counts them off."""
 
 
 Message = (
