@@ -186,6 +186,16 @@ async def test_stream_ends_with_worker_died_when_the_retry_budget_is_spent() -> 
     assert all(not adds(w) for w in workers if w.worker_id != s.worker_id)
 
 
+async def test_streams_of_a_worker_lost_during_shutdown_are_not_moved() -> None:
+    rt, workers = make_runtime()
+    s = rt.submit([1, 2], Generation(max_tokens=5))
+    rt.stop_accepting()
+    rt.on_worker_lost(worker_of(rt, workers, s), "exit 0")
+    with pytest.raises(WorkerDied, match="shutting down"):
+        await s.next()
+    assert sum(len(adds(w)) for w in workers) == 1
+
+
 def test_abort_after_a_move_goes_to_the_new_worker() -> None:
     rt, workers = make_runtime()
     s = rt.submit([1, 2], Generation(max_tokens=5))
@@ -197,12 +207,14 @@ def test_abort_after_a_move_goes_to_the_new_worker() -> None:
 
 
 # ---- the engine side of a resume ---------------------------------------------------------------------
-async def test_engine_continues_sim_llm_tokens_after_the_resumed_output() -> None:
+@pytest.mark.parametrize("k", [1, 5, 8])
+async def test_engine_continues_sim_llm_tokens_after_the_resumed_output(k: int) -> None:
     tok = SimTokenizer()
-    text, seed, n, k = "resume me where I stopped", 4, 9, 5
+    text, seed, n = "resume me where I stopped", 4, 9
     want = sim_llm_tokens(text, seed, n)
     done = [VOCAB.index(word) for word in want[:k]]
-    steps = await run_engine([p.AddSequence("r", tok.encode(text), n, seed, output=done)])
+    add = p.AddSequence("r", tok.encode(text), n, seed, output=done)
+    steps = await run_engine([add], {"scheduler": {"block_size": 2}})  # output spans blocks
     assert [VOCAB[t] for t in tokens_by_seq(steps)["r"]] == want[k:]
     assert any("r" in s.admitted for s in steps)
     assert [d.finish_reason for s in steps for d in s.deltas if d.finish_reason] == ["length"]

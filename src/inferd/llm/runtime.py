@@ -174,8 +174,6 @@ class LLMRuntime:
     def submit(self, prompt: list[int], gen: Generation) -> TokenStream:
         """Start a sequence on the worker routing picks. Raises WorkerUnavailable (none ready) or
         Overloaded (no ready worker's queue has room) before anything is sent."""
-        if self._stopping:
-            raise WorkerUnavailable(f"model '{self.name}' is shutting down")
         hashes = self.router.block_hashes(prompt, gen.tenant)
         try:
             worker = self._choose(len(prompt), hashes)
@@ -193,6 +191,8 @@ class LLMRuntime:
         return stream
 
     def _choose(self, prompt_tokens: int, hashes: list[BlockHash]) -> WorkerConnection:
+        if self._stopping:
+            raise WorkerUnavailable(f"model '{self.name}' is shutting down")
         ready = [w for w in self.workers if w.state is WorkerState.READY]
         if not ready:
             raise WorkerUnavailable(f"model '{self.name}' has no ready worker; retry shortly")
