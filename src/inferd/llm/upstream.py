@@ -301,10 +301,6 @@ class UpstreamRuntime:
             log.info("model %s: %s", self.name, change)
 
     # ---- lifecycle and stats ----------------------------------------------------------------------------
-    @property
-    def ready(self) -> bool:
-        return not self._stopping and self._session is not None
-
     def stop_accepting(self) -> None:
         self._stopping = True
 

@@ -81,6 +81,13 @@ class UpstreamCollector(Collector):
             "Requests refused before sending: every healthy upstream full (429) or none healthy (503).",
             labels=["model", "reason"],
         )
+        ties = CounterMetricFamily(
+            "inferd_upstream_equal_loads",
+            "Choices where the least-loaded upstream tied with another (near all choices: the in-flight "
+            "count is not telling upstreams apart).",
+            labels=["model"],
+        )
+        choices = CounterMetricFamily("inferd_upstream_choices", "Upstreams chosen.", labels=["model"])
         for rt in self._runtimes():
             s = rt.statistics()
             for u in s.upstreams:
@@ -93,4 +100,6 @@ class UpstreamCollector(Collector):
             retries.add_metric([rt.name], rt.retries)
             refused.add_metric([rt.name, "full"], s.refused_full)
             refused.add_metric([rt.name, "unavailable"], s.refused_unavailable)
-        return [health, inflight, attempts, ejections, retries, refused]
+            ties.add_metric([rt.name], s.equal_loads)
+            choices.add_metric([rt.name], s.choices)
+        return [health, inflight, attempts, ejections, retries, refused, ties, choices]
