@@ -1,4 +1,4 @@
-"""`inferd serve` and `inferd bench`."""
+"""`inferd serve`, `inferd bench` and `inferd bench-llm`."""
 
 from __future__ import annotations
 
@@ -196,9 +196,11 @@ _register_tools()
 def _register_bench() -> None:
     try:
         from inferd.bench.command import bench
+        from inferd.bench.llm_command import bench_llm
     except ImportError:  # the load tool is part of the package; this only guards a broken install
         return
     app.command("bench")(bench)
+    app.command("bench-llm")(bench_llm)
 
 
 _register_bench()
