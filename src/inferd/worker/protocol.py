@@ -86,6 +86,8 @@ class AddSequence(msgspec.Struct, tag="llm_add"):
     temperature: float = 1.0
     """0 samples greedily (argmax)."""
     top_p: float = 1.0
+    ignore_eos: bool = False
+    """Generate max_tokens even past the model's end-of-turn token (benchmarks; vLLM's extension)."""
     output: list[int] = []
     """Tokens already generated for this sequence on a worker that died: the engine resumes after them
     (recomputing prompt + output), and max_tokens counts them."""

