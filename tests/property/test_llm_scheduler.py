@@ -373,6 +373,22 @@ def test_interactive_is_admitted_before_earlier_bulk() -> None:
     assert sched.waiting_ids() == ["bulk"]
 
 
+def test_bulk_is_not_admitted_while_the_interactive_head_waits_for_blocks() -> None:
+    """The interactive head needs more blocks than are free and no bulk runs to preempt: a small bulk
+    request that would fit must wait too (no inversion)."""
+    sched = LLMScheduler(
+        SchedulerConfig(block_size=4, num_blocks=6, max_num_seqs=4, max_num_batched_tokens=32), FakeClock()
+    )
+    sched.add("inter-running", list(range(1, 13)), 8)  # 3 blocks
+    plan = sched.schedule()
+    sched.apply(plan, {"inter-running": SeqOutput(11)})
+    sched.add("inter-big", list(range(20, 36)), 2)  # 4 blocks + 1 for its token: does not fit in 3
+    sched.add("bulk-small", [40, 41], 2, priority=BULK)  # 1 block: would fit
+    plan = sched.schedule()
+    assert plan.admitted == ()
+    assert sched.waiting_ids() == ["inter-big", "bulk-small"]
+
+
 def test_interactive_preempts_running_bulk_for_a_seat() -> None:
     sched = LLMScheduler(
         SchedulerConfig(block_size=4, num_blocks=64, max_num_seqs=1, max_num_batched_tokens=8), FakeClock()

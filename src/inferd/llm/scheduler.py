@@ -177,7 +177,8 @@ class LLMScheduler:
         for cls in self.CLASSES:
             for seq in [s for s in self._running if s.priority == cls and s.num_pending > 1]:
                 self._schedule_running(seq, step)
-            blocked = blocked or not self._admit_class(cls, step)
+            if not blocked:  # a class whose head had to stay keeps every lower class waiting too
+                blocked = not self._admit_class(cls, step)
         plan = self._build_plan(step)
         self._outstanding = plan
         self._scheduled_at = self.clock.now()
