@@ -23,7 +23,7 @@ from inferd.config import ConfigError, ModelConfig, describe_validation_error
 
 log = logging.getLogger("inferd.models")
 
-BUILTINS = ("sim", "minilm", "sim-llm", "smollm2", "openai-upstream")
+BUILTINS = ("sim", "minilm", "sim-llm", "smollm2", "llama-cpp", "openai-upstream")
 
 
 def builtin_config(kind: str, name: str | None = None, **overrides: Any) -> ModelConfig:
@@ -39,10 +39,10 @@ def builtin_config(kind: str, name: str | None = None, **overrides: Any) -> Mode
         from inferd.models.sim_llm import sim_llm_config
 
         return sim_llm_config(name=name or "sim-llm", **overrides)
-    if kind == "smollm2":
+    if kind in ("smollm2", "llama-cpp"):  # llama-cpp: any GGUF file (params.gguf), smollm2's defaults
         from inferd.models.llama_cpp import smollm2_config
 
-        return smollm2_config(name=name or "smollm2", **overrides)
+        return smollm2_config(name=name or kind, **overrides)
     if kind == "openai-upstream":  # reads the upstreams' API key from the variable params.api_key_env names
         from inferd.llm.upstream import openai_upstream_config
 
