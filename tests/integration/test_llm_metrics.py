@@ -53,6 +53,24 @@ def test_prefix_cache_counters_count_the_shared_full_blocks(server: ServerProc) 
     assert metric(after, hits) - metric(before, hits) == 2 * BLOCK_SIZE, "the second prompt hit both blocks"
 
 
+def test_prefix_cache_never_crosses_tenants(server: ServerProc) -> None:
+    """The same prompt from another tenant (X-Tenant) hits nothing; from the same tenant it hits."""
+    hits = 'inferd_llm_prefix_cache_hit_tokens_total{model="sim-llm"}'
+    prompt = " ".join(f"t{i}" for i in range(2 * BLOCK_SIZE)) + " tail"
+    c = openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0)
+
+    def ask(tenant: str) -> float:
+        before = metric(scrape(server), hits)
+        c.completions.create(
+            model="sim-llm", prompt=prompt, max_tokens=2, seed=1, extra_headers={"X-Tenant": tenant}
+        )
+        return metric(scrape(server), hits) - before
+
+    assert ask("tenant-a") == 0  # first sight of this prompt
+    assert ask("tenant-b") == 0, "tenant-b hit tenant-a's cached blocks"
+    assert ask("tenant-a") == 2 * BLOCK_SIZE
+
+
 def test_every_llm_metric_of_the_issue_is_exported(server: ServerProc) -> None:
     c = openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0)
     list(c.completions.create(model="sim-llm", prompt="count me in", max_tokens=4, stream=True))

@@ -96,6 +96,39 @@ def test_chat_non_stream_and_stream(server: ServerProc) -> None:
     assert chunks[-1].choices[0].finish_reason == "length"
 
 
+def test_n_choices_stream_and_not(server: ServerProc) -> None:
+    """n=3: choice i samples with seed + i; usage counts every choice's tokens."""
+    c = client(server)
+    out = c.completions.create(model="sim-llm", prompt="pick three", max_tokens=5, seed=10, n=3)
+    assert [ch.index for ch in out.choices] == [0, 1, 2]
+    assert [ch.text for ch in out.choices] == [expected("pick three", 10 + i, 5) for i in range(3)]
+    assert (out.usage.prompt_tokens, out.usage.completion_tokens) == (2, 15)
+    texts = {0: "", 1: "", 2: ""}
+    finishes = {}
+    chunks = c.chat.completions.create(
+        model="sim-llm",
+        messages=[{"role": "user", "content": "three ways"}],
+        max_tokens=4,
+        seed=3,
+        n=3,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
+    usage = None
+    for chunk in chunks:
+        usage = chunk.usage or usage
+        for ch in chunk.choices:
+            texts[ch.index] += ch.delta.content or ""
+            if ch.finish_reason:
+                finishes[ch.index] = ch.finish_reason
+    prompt = sim_llm_chat_prompt([{"role": "user", "content": "three ways"}])
+    assert texts == {i: expected(prompt, 3 + i, 4) for i in range(3)}
+    assert finishes == {0: "length", 1: "length", 2: "length"}
+    assert usage is not None and usage.completion_tokens == 12
+    with pytest.raises(openai.BadRequestError, match="n must be between 1 and 16"):
+        c.completions.create(model="sim-llm", prompt="too many", max_tokens=2, n=17)
+
+
 def test_stop_string_cuts_the_text(server: ServerProc) -> None:
     words = sim_llm_tokens("stop here", 5, 40)
     stop_word = words[6]

@@ -88,6 +88,14 @@ def test_seeded_sampling_repeats_and_seeds_differ(server: ServerProc) -> None:
     assert text(11) == text(11)
     assert len({text(s) for s in (1, 2, 3)}) > 1
 
+    def unseeded() -> str:
+        out = client(server).completions.create(
+            model="smollm2", prompt="Once upon a time", max_tokens=24, temperature=1.0
+        )
+        return out.choices[0].text
+
+    assert len({unseeded() for _ in range(3)}) > 1  # no seed: fresh randomness, not a fixed default
+
 
 def test_context_length_is_checked_with_the_real_tokenizer(server: ServerProc) -> None:
     with pytest.raises(openai.BadRequestError) as err:

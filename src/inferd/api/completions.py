@@ -9,10 +9,11 @@ A client that disconnects aborts its sequence in the engine.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import msgspec
 
@@ -37,6 +38,9 @@ if TYPE_CHECKING:
     from inferd.server import InferenceServer
 
 DEFAULT_MAX_TOKENS = 16
+T = TypeVar("T")
+MAX_CHOICES = 16
+"""Most choices (`n`) one request may ask for."""
 TOKENIZE_IN_THREAD_CHARS = 64 * 1024
 
 
@@ -88,14 +92,17 @@ async def completions(api: Api, request: HttpRequest) -> HttpResponse | Streamin
     rt = llm_runtime(api.server, req.model)
     prompt = _prompt_text(req.prompt)
     call = _Call(rt, req, request, "prompt", "text_completion", f"cmpl-{uuid.uuid4().hex}")
-    stream = await call.start(prompt, req.max_tokens)
+    streams = await call.start(prompt, req.max_tokens)
     if req.stream:
         return StreamingResponse(
-            call.events(stream, _completion_chunk), request.receive, headers=worker_header(stream)
+            call.events(streams, _completion_chunk), request.receive, headers=worker_header(streams[0])
         )
-    text, finish = await _collect(call, stream, request)
-    choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
-    return call.response(choice, stream)
+    texts = await _collect(call, streams, request)
+    choices = [
+        {"index": i, "text": text, "logprobs": None, "finish_reason": finish}
+        for i, (text, finish) in enumerate(texts)
+    ]
+    return call.response(choices, streams)
 
 
 async def chat_completions(api: Api, request: HttpRequest) -> HttpResponse | StreamingResponse:
@@ -110,19 +117,22 @@ async def chat_completions(api: Api, request: HttpRequest) -> HttpResponse | Str
         raise BadRequest("messages is empty: send at least one {role, content} message")
     prompt = rt.tokenizer.chat_prompt([{"role": m.role, "content": m.content} for m in req.messages])
     call = _Call(rt, req, request, "messages", "chat.completion", f"chatcmpl-{uuid.uuid4().hex}")
-    stream = await call.start(prompt, req.max_completion_tokens or req.max_tokens, special=True)
+    streams = await call.start(prompt, req.max_completion_tokens or req.max_tokens, special=True)
     if req.stream:
         return StreamingResponse(
-            call.events(stream, _chat_chunk), request.receive, headers=worker_header(stream)
+            call.events(streams, _chat_chunk), request.receive, headers=worker_header(streams[0])
         )
-    text, finish = await _collect(call, stream, request)
-    choice = {
-        "index": 0,
-        "message": {"role": "assistant", "content": text},
-        "finish_reason": finish,
-        "logprobs": None,
-    }
-    return call.response(choice, stream)
+    texts = await _collect(call, streams, request)
+    choices = [
+        {
+            "index": i,
+            "message": {"role": "assistant", "content": text},
+            "finish_reason": finish,
+            "logprobs": None,
+        }
+        for i, (text, finish) in enumerate(texts)
+    ]
+    return call.response(choices, streams)
 
 
 def llm_runtime(server: InferenceServer, name: str) -> LLMRuntime:
@@ -176,11 +186,12 @@ class _Call:
         stop = req.stop
         self.stops = [stop] if isinstance(stop, str) else [s for s in (stop or []) if s]
 
-    async def start(self, prompt: str, max_tokens: int | None, special: bool = False) -> TokenStream:
-        """Tokenize, check and submit. `special`: the prompt is a rendered chat template whose control
-        tokens must parse as such (a raw completion prompt's text never does)."""
-        if self.req.n != 1:
-            raise BadRequest(f"n={self.req.n} is not supported: send n=1")
+    async def start(self, prompt: str, max_tokens: int | None, special: bool = False) -> list[TokenStream]:
+        """Tokenize, check and submit one sequence per choice (`n`). `special`: the prompt is a rendered
+        chat template whose control tokens must parse as such (a raw completion prompt's text never
+        does). Choice i samples with seed + i (or unseeded when the request has no seed)."""
+        if not 1 <= self.req.n <= MAX_CHOICES:
+            raise BadRequest(f"n must be between 1 and {MAX_CHOICES}, got {self.req.n}")
         gen = self.generation(DEFAULT_MAX_TOKENS if max_tokens is None else max_tokens)
         if len(prompt) > TOKENIZE_IN_THREAD_CHARS:
             ids = await asyncio.to_thread(self.rt.tokenizer.encode, prompt, special)
@@ -189,7 +200,16 @@ class _Call:
         if not ids:
             raise BadRequest(f"the {self.what} is empty: it holds no tokens")
         self.rt.check_context(len(ids), gen.max_tokens, self.what)
-        return self.rt.submit(ids, gen)
+        streams: list[TokenStream] = []
+        try:
+            for i in range(self.req.n):
+                seed = None if gen.seed is None else gen.seed + i
+                streams.append(self.rt.submit(ids, dataclasses.replace(gen, seed=seed)))
+        except ServingError:  # all choices or none: refused ones take the accepted ones with them
+            for stream in streams:
+                self.rt.abort(stream, client_gone=False)
+            raise
+        return streams
 
     def generation(self, max_tokens: int) -> Generation:
         """The request's sampling and scheduling parameters, checked (400 naming the bad one)."""
@@ -207,7 +227,7 @@ class _Call:
             raise BadRequest(f"X-Tenant is {len(tenant)} characters long; at most 256")
         return Generation(
             max_tokens=max_tokens,
-            seed=req.seed or 0,
+            seed=req.seed,
             temperature=temperature,
             top_p=top_p,
             priority=parse_priority(req.priority, self.request.header(b"x-priority")),
@@ -219,13 +239,10 @@ class _Call:
     def include_usage(self) -> bool:
         return self.req.stream_options is not None and self.req.stream_options.include_usage
 
-    def usage(self, stream: TokenStream) -> dict[str, int]:
-        done = stream.completion_tokens
-        return {
-            "prompt_tokens": stream.prompt_tokens,
-            "completion_tokens": done,
-            "total_tokens": stream.prompt_tokens + done,
-        }
+    def usage(self, streams: list[TokenStream]) -> dict[str, int]:
+        prompt = streams[0].prompt_tokens
+        done = sum(s.completion_tokens for s in streams)
+        return {"prompt_tokens": prompt, "completion_tokens": done, "total_tokens": prompt + done}
 
     def chunk(self, choices: list[dict[str, Any]], usage: dict[str, int] | None = None) -> bytes:
         body = {
@@ -238,60 +255,86 @@ class _Call:
         }
         return b"data: " + _encoder.encode(body) + b"\n\n"
 
-    def response(self, choice: dict[str, Any], stream: TokenStream) -> HttpResponse:
+    def response(self, choices: list[dict[str, Any]], streams: list[TokenStream]) -> HttpResponse:
         body = {
             "id": self.id,
             "object": self.object,
             "created": self.created,
             "model": self.req.model,
-            "choices": [choice],
-            "usage": self.usage(stream),
+            "choices": choices,
+            "usage": self.usage(streams),
         }
-        return json_response(_encoder.encode(body), headers=worker_header(stream))
+        return json_response(_encoder.encode(body), headers=worker_header(streams[0]))
 
-    async def events(
-        self, stream: TokenStream, make: Callable[[_Call, str, str | None, bool], bytes]
-    ) -> AsyncIterator[bytes]:
-        """The SSE body. Its `finally` aborts the sequence when the client went away mid-stream."""
+    async def events(self, streams: list[TokenStream], make: MakeChunk) -> AsyncIterator[bytes]:
+        """The SSE body: every choice's pieces as they come (each choice's own order kept). Its
+        `finally` aborts the sequences when the client went away mid-stream."""
         try:
-            first = True
-            async for text, finish in generate(self.rt, stream, self.stops):
-                yield make(self, text, finish, first)
-                first = False
+            first = [True] * len(streams)
+            pieces = [generate(self.rt, s, self.stops) for s in streams]
+            async for i, (text, finish) in interleave(pieces):
+                yield make(self, i, text, finish, first[i])
+                first[i] = False
             if self.include_usage:
-                yield self.chunk([], self.usage(stream))
+                yield self.chunk([], self.usage(streams))
         except ServingError as exc:  # after streaming began: an error event, then the end
             yield b"data: " + openai_error(exc, status_of(exc)[0]) + b"\n\n"
         finally:
-            self.rt.abort(stream)
+            for stream in streams:
+                self.rt.abort(stream)
         yield b"data: [DONE]\n\n"
 
 
-def _completion_chunk(call: _Call, text: str, finish: str | None, first: bool) -> bytes:
-    return call.chunk([{"index": 0, "text": text, "logprobs": None, "finish_reason": finish}])
+MakeChunk = Callable[[_Call, int, str, "str | None", bool], bytes]
 
 
-def _chat_chunk(call: _Call, text: str, finish: str | None, first: bool) -> bytes:
+def _completion_chunk(call: _Call, index: int, text: str, finish: str | None, first: bool) -> bytes:
+    return call.chunk([{"index": index, "text": text, "logprobs": None, "finish_reason": finish}])
+
+
+def _chat_chunk(call: _Call, index: int, text: str, finish: str | None, first: bool) -> bytes:
     out = b""
     if first:
         role = {
-            "index": 0,
+            "index": index,
             "delta": {"role": "assistant", "content": ""},
             "logprobs": None,
             "finish_reason": None,
         }
         out += call.chunk([role])
     if text:
-        out += call.chunk([{"index": 0, "delta": {"content": text}, "logprobs": None, "finish_reason": None}])
+        delta = {"index": index, "delta": {"content": text}, "logprobs": None, "finish_reason": None}
+        out += call.chunk([delta])
     if finish is not None:
-        out += call.chunk([{"index": 0, "delta": {}, "logprobs": None, "finish_reason": finish}])
+        out += call.chunk([{"index": index, "delta": {}, "logprobs": None, "finish_reason": finish}])
     return out
 
 
-async def _collect(call: _Call, stream: TokenStream, request: HttpRequest) -> tuple[str, str]:
-    """The whole completion, for a non-streaming request; a disconnect aborts the sequence (499)."""
+async def interleave(iters: list[AsyncIterator[T]]) -> AsyncIterator[tuple[int, T]]:
+    """(index, item) from several async iterators as items arrive; an iterator's error ends it all."""
+    pending = {asyncio.ensure_future(anext(it)): i for i, it in enumerate(iters)}
+    try:
+        while pending:
+            done, _ = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+            for fut in sorted(done, key=pending.__getitem__):
+                i = pending.pop(fut)
+                try:
+                    item = fut.result()
+                except StopAsyncIteration:
+                    continue
+                pending[asyncio.ensure_future(anext(iters[i]))] = i
+                yield i, item
+    finally:
+        for fut in pending:
+            fut.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)
 
-    async def gather() -> tuple[str, str]:
+
+async def _collect(call: _Call, streams: list[TokenStream], request: HttpRequest) -> list[tuple[str, str]]:
+    """Every choice's whole completion, for a non-streaming request; a disconnect aborts the sequences
+    (499)."""
+
+    async def gather(stream: TokenStream) -> tuple[str, str]:
         parts, finish = [], "length"
         async for text, reason in generate(call.rt, stream, call.stops):
             parts.append(text)
@@ -302,7 +345,7 @@ async def _collect(call: _Call, stream: TokenStream, request: HttpRequest) -> tu
         while (await request.receive())["type"] != "http.disconnect":
             pass
 
-    work = asyncio.ensure_future(gather())
+    work = asyncio.ensure_future(asyncio.gather(*(gather(s) for s in streams)))
     watch = asyncio.ensure_future(disconnected())
     try:
         await asyncio.wait({work, watch}, return_when=asyncio.FIRST_COMPLETED)
@@ -310,7 +353,8 @@ async def _collect(call: _Call, stream: TokenStream, request: HttpRequest) -> tu
         for task in (work, watch):
             task.cancel()
         await asyncio.gather(work, watch, return_exceptions=True)
-        call.rt.abort(stream)
+        for stream in streams:
+            call.rt.abort(stream)
     if work.cancelled():
         raise ClientGone()
     return work.result()

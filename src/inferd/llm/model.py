@@ -28,7 +28,8 @@ class LLMRequest:
 
     seq_id: str
     prompt: tuple[int, ...]
-    seed: int = 0
+    seed: int | None = None
+    """None: unseeded (a real model samples from fresh entropy; sim-llm uses 0)."""
     temperature: float = 1.0
     top_p: float = 1.0
     ignore_eos: bool = False

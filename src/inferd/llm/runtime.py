@@ -60,7 +60,8 @@ class Generation:
     """How to generate one sequence: what the API request asked for, validated."""
 
     max_tokens: int
-    seed: int = 0
+    seed: int | None = None
+    """None: the backend draws its own (sim-llm uses 0)."""
     temperature: float = 1.0
     top_p: float = 1.0
     priority: int = INTERACTIVE

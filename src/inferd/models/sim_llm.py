@@ -136,7 +136,7 @@ class SimLLM(LLMModel):
             req = requests[chunk.seq_id]
             digest = self._digests.get(chunk.seq_id)
             if digest is None:
-                digest = self._digests[chunk.seq_id] = _prompt_digest(req.seed, req.prompt)
+                digest = self._digests[chunk.seq_id] = _prompt_digest(req.seed or 0, req.prompt)
             i = chunk.start + len(chunk.token_ids) - len(req.prompt)
             outputs[chunk.seq_id] = SeqOutput(token=_token_at(digest, i))
         remaining = self.step_cost_s(plan) - (time.perf_counter() - start)

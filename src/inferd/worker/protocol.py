@@ -80,7 +80,7 @@ class AddSequence(msgspec.Struct, tag="llm_add"):
     seq_id: str
     prompt: list[int]
     max_tokens: int
-    seed: int = 0
+    seed: int | None = None
     priority: int = 0
     tenant: str = ""
     temperature: float = 1.0
