@@ -89,10 +89,10 @@ class ModelConfig(_Frozen):
     """Deadline of a request that sets none; None means no deadline."""
     max_timeout_ms: float = Field(default=600_000.0, gt=0.0, le=3_600_000.0)
     """Largest per-request timeout accepted; larger ones are refused with 400."""
-    interactive_fill_slack: float = Field(default=0.25, ge=0.0, le=100.0)
-    """A batch carrying interactive work takes bulk filler only while the measured cost line says the batch
-    stays within (1 + this) of the interactive items' own cost: bulk fills spare room, it does not slow
-    interactive work down."""
+    mixed_batch_cost_ratio: float = Field(default=0.9, gt=0.0, le=1.0)
+    """While interactive traffic is active and bulk work is queued, a batch costs at most this share of a
+    full batch (measured cost line), and its size is chosen within [half, all] of that cap to stagger the
+    workers' finishes (batching/mix.py): interactive requests wait less for a free worker."""
     idempotent: bool = True
     """Whether a batch may be run again after a worker failure. False: never retried."""
     workers: int | None = Field(default=None, ge=0, le=64)

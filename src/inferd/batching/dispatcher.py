@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from inferd.batching.admission import DrainEstimator, check_admission
+from inferd.batching.mix import MixInput, MixPolicy
 from inferd.batching.policy import BatchPolicy
 from inferd.batching.queue import BULK, INTERACTIVE, ItemState, QueuedItem, RequestQueue
 from inferd.batching.recovery import FailureKind, RecoveryPlan, RecoveryPolicy
@@ -99,6 +100,7 @@ class ModelRuntime:
         self.queue = RequestQueue(config.max_queue_size)
         self.isolation: deque[list[QueuedItem]] = deque()
         self.estimator = DrainEstimator(config.max_batch_size)
+        self.mix = MixPolicy(config.max_batch_size, config.mixed_batch_cost_ratio)
         self.workers: list[WorkerConnection] = []
         self.balancer = balancer or P2CBalancer(MAX_INFLIGHT)
         self.ejector = ejector or OutlierEjector(clock)
@@ -247,40 +249,37 @@ class ModelRuntime:
             if not decision.idle and self.queue.live_in(INTERACTIVE) < decision.size:
                 return None  # stage only all-interactive batches: interactive work never waits behind bulk
             worker = self._choose(idle if decision.idle else staging)
-            items, expired = self._cut_for(decision.size, now)
+            items, expired = self._cut_for(worker, decision.size, now)
             self._expire_cut(expired, now)
             self._send(worker, items, now)
 
-    def _cut_for(self, size: int, now: float) -> tuple[list[QueuedItem], list[QueuedItem]]:
-        """The interactive lane: while one worker runs a batch carrying interactive work, another free
-        worker takes a full bulk batch, of bulk items older than every waiting interactive one (so no
-        later bulk work overtakes interactive work); otherwise interactive first, bulk filling within
-        the slack."""
-        oldest_interactive = self.queue.oldest_in(INTERACTIVE)
-        if oldest_interactive is not None and self.ready_workers >= 2 and self._interactive_running():
-            batch, expired = self.queue.cut_bulk_before(size, oldest_interactive, now)
-            if batch or expired:
-                return batch, expired
-        return self.queue.cut(self._with_bulk_fill(size), now)
-
-    def _interactive_running(self) -> bool:
-        """Whether a worker holds a batch carrying interactive work (a cut puts interactive items first)."""
-        return any(
-            b.items and b.items[0].priority == INTERACTIVE for w in self.workers for b in w.inflight.values()
+    def _cut_for(
+        self, worker: WorkerConnection, size: int, now: float
+    ) -> tuple[list[QueuedItem], list[QueuedItem]]:
+        """Interactive items first, then bulk, up to the mix policy's cap (batching/mix.py)."""
+        cap = self.mix.cap(
+            MixInput(
+                now,
+                self.queue.live_in(INTERACTIVE),
+                self.queue.live_in(BULK),
+                self.queue.last_arrival[INTERACTIVE],
+                self.estimator.cost_line(),
+                self._other_finishes(worker),
+            )
         )
+        return self.queue.cut(min(size, cap), now)
 
-    def _with_bulk_fill(self, size: int) -> int:
-        """With interactive work queued, how many items the batch may hold: its interactive items plus the
-        bulk filler the measured cost line allows within interactive_fill_slack of their own cost."""
-        interactive = self.queue.live_in(INTERACTIVE)
-        if interactive == 0 or interactive >= size or self.queue.live_in(BULK) == 0:
-            return size  # nothing to limit: no interactive work, or no bulk to fill with
+    def _other_finishes(self, worker: WorkerConnection) -> list[float]:
+        """When the other busy workers are expected to finish what they hold (from the cost line)."""
         line = self.estimator.cost_line()
-        if line is None or line[1] <= 0:
-            return size
+        if line is None:
+            return []
         base, per_item = line
-        allowed = (self.config.interactive_fill_slack * (base + per_item * interactive)) / per_item
-        return max(interactive, min(size, interactive + int(allowed)))
+        return [
+            w.running_since + sum(base + per_item * len(b.items) for b in w.inflight.values())
+            for w in self.workers
+            if w is not worker and w.inflight and w.state is WorkerState.READY
+        ]
 
     def _free_workers(self) -> tuple[list[WorkerConnection], list[WorkerConnection]]:
         """Ready workers that may take a batch now: idle ones, and busy ones with a free staging slot.

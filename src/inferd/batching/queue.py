@@ -82,6 +82,8 @@ class RequestQueue:
         self.max_size = max_size
         self._classes: tuple[deque[QueuedItem], deque[QueuedItem]] = (deque(), deque())
         self._live = [0, 0]
+        self.last_arrival: list[float | None] = [None, None]
+        """Per class, when its latest new item arrived (retries put back do not count)."""
 
     def __len__(self) -> int:
         return self._live[0] + self._live[1]
@@ -112,22 +114,13 @@ class RequestQueue:
         self._trim_head(q)
         return q[0].enqueued_at if q else None
 
-    def cut_bulk_before(
-        self, size: int, before: float, now: float
-    ) -> tuple[list[QueuedItem], list[QueuedItem]]:
-        """Up to `size` bulk items that arrived before `before` (so no later bulk item overtakes a waiting
-        interactive one); expired ones are taken out into the second list."""
-        batch: list[QueuedItem] = []
-        expired: list[QueuedItem] = []
-        self._take(BULK, size, now, batch, expired, before)
-        return batch, expired
-
     def push(self, item: QueuedItem) -> None:
         if len(self) >= self.max_size:
             raise OverflowError(f"queue full ({len(self)}/{self.max_size}): admit before pushing")
         item.state = ItemState.QUEUED
         self._classes[item.priority].append(item)
         self._live[item.priority] += 1
+        self.last_arrival[item.priority] = item.enqueued_at
 
     def push_front(self, items: Iterable[QueuedItem]) -> None:
         """Put items back at the head of their class, in their original order (retries). May exceed the
@@ -166,10 +159,9 @@ class RequestQueue:
         now: float,
         batch: list[QueuedItem],
         expired: list[QueuedItem],
-        before: float = float("inf"),
     ) -> None:
         items = self._classes[priority]
-        while items and len(batch) < size and items[0].enqueued_at < before:
+        while items and len(batch) < size:
             item = items.popleft()
             if item.state is not ItemState.QUEUED:
                 continue
