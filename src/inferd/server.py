@@ -148,6 +148,9 @@ class InferenceServer:
             self.worker_port = await self.hub.listen_tcp(self.config.worker_host, self.config.worker_port)
             log.info("workers on other hosts connect at %s:%d", self.config.worker_host, self.worker_port)
         if self.ray_launcher is not None:  # Ray actors join over TCP (a free port unless one is set)
+            from inferd.fleet.ray_launcher import check_reachable
+
+            await check_reachable(self.ray_launcher.ray_address)  # fails startup: the server exits
             if self.worker_port is None:
                 self.worker_port = await self.hub.listen_tcp(self.config.worker_host, 0)
             self.ray_launcher.address = f"{self.config.worker_host}:{self.worker_port}"

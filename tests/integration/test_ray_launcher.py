@@ -286,3 +286,23 @@ async def test_scale_down_drains_an_actor_and_frees_its_device(
         await all_ready(http, server, 2)
         texts = [f"scaled-{i}" for i in range(10)]
         check_answers(await asyncio.gather(*await burst(http, server, texts)), texts)
+
+
+def test_unreachable_ray_cluster_fails_startup_fast(tmp_path: Path) -> None:
+    """--ray at an address nobody answers: the server exits at startup with a message naming the
+    address (ray.init alone would retry for minutes, leaving the server live but never ready)."""
+    closed = free_port()  # bound, then released: nothing listens there
+    start = time.monotonic()
+    proc = subprocess.run(
+        [
+            *(sys.executable, "-m", "inferd.cli.main", "serve", "--ray", f"127.0.0.1:{closed}"),
+            *("--port", str(free_port()), "--no-admin", "--workers", "1"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=tmp_path,
+    )
+    assert proc.returncode != 0
+    assert f"cannot reach the Ray cluster at 127.0.0.1:{closed}" in proc.stderr + proc.stdout
+    assert time.monotonic() - start < 30

@@ -30,6 +30,7 @@ from typing import Any
 import ray
 from ray.exceptions import RayActorError, RayError, RayTaskError
 
+from inferd.config import ConfigError
 from inferd.worker.connection import slot_of
 from inferd.worker.supervisor import Supervisor, WorkerSlot
 
@@ -250,6 +251,28 @@ class RayLauncher(Supervisor):
 
 def _awaitable(ref: Any) -> asyncio.Future[Any]:
     return asyncio.wrap_future(ref.future())
+
+
+RAY_CONNECT_TIMEOUT_S = 5.0
+
+
+async def check_reachable(address: str) -> None:
+    """Fail fast on a cluster address nobody answers at: ray.init itself retries for minutes, leaving the
+    server live but never ready. "local" and "auto" are not network addresses and are left to ray.init."""
+    if address in ("local", "auto") or ("://" in address and not address.startswith("ray://")):
+        return
+    hostport = address.removeprefix("ray://")
+    host, sep, port = hostport.rpartition(":")
+    if not sep or not port.isdigit():
+        raise ConfigError(f"--ray {address!r}: expected HOST:PORT (the Ray head's GCS port, often 6379)")
+    try:
+        _, writer = await asyncio.wait_for(asyncio.open_connection(host, int(port)), RAY_CONNECT_TIMEOUT_S)
+    except (OSError, TimeoutError) as exc:
+        raise ConfigError(
+            f"cannot reach the Ray cluster at {address} within {RAY_CONNECT_TIMEOUT_S:.0f} s ({exc!r}); "
+            "start it (ray start --head) or fix --ray"
+        ) from exc
+    writer.close()
 
 
 class _NotMainThreadNotice(logging.Filter):
