@@ -89,7 +89,7 @@ class ModelConfig(_Frozen):
     """Deadline of a request that sets none; None means no deadline."""
     max_timeout_ms: float = Field(default=600_000.0, gt=0.0, le=3_600_000.0)
     """Largest per-request timeout accepted; larger ones are refused with 400."""
-    mixed_batch_cost_ratio: float = Field(default=0.9, gt=0.0, le=1.0)
+    mixed_batch_cost_ratio: float = Field(default=0.95, gt=0.0, le=1.0)
     """While interactive traffic is active and bulk work is queued, a batch costs at most this share of a
     full batch (measured cost line), and its size is chosen within [half, all] of that cap to stagger the
     workers' finishes (batching/mix.py): interactive requests wait less for a free worker."""

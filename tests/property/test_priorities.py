@@ -130,8 +130,8 @@ async def test_a_stalled_event_loop_sheds_bulk_first_then_everyone() -> None:
 
 
 async def test_bulk_fills_a_batch_up_to_the_mixed_cap() -> None:
-    """sim-like cost 100 ms + 1 ms/item, full batch 200 ms: with interactive traffic the cap is 0.9 x 200
-    = 180 ms = 80 items; interactive items go first, bulk fills the rest."""
+    """sim-like cost 100 ms + 1 ms/item, full batch 200 ms: with interactive traffic the cap is 0.95 x 200
+    = 190 ms = 90 items; interactive items go first, bulk fills the rest."""
     rt2 = make_runtime_big()
     for size in (4, 8, 16, 32):
         rt2.estimator.observe_batch(size, 0.100 + 0.001 * size)
@@ -141,7 +141,7 @@ async def test_bulk_fills_a_batch_up_to_the_mixed_cap() -> None:
     (worker,) = rt2.workers
     (batch,) = worker.inflight.values()
     kinds = [i.payload for i in batch.items]
-    assert kinds[:5] == [b"i"] * 5 and len(kinds) == 80
+    assert kinds[:5] == [b"i"] * 5 and len(kinds) == 90
 
 
 def make_runtime_big() -> ModelRuntime:
@@ -173,4 +173,4 @@ async def test_bulk_alone_runs_full_batches_and_workers_stagger_under_mixed_load
     rt.enqueue([b"i"] * 3, None, INTERACTIVE)
     rt.dispatch_due()
     sizes = sorted(len(b.items) for w in rt.workers for b in w.inflight.values())
-    assert len(sizes) == 2 and sizes[1] <= 80 and sizes[1] - sizes[0] >= 20, sizes
+    assert len(sizes) == 2 and sizes[1] <= 90 and sizes[1] - sizes[0] >= 20, sizes
