@@ -103,7 +103,14 @@ def free_port() -> int:
 class Server:
     """`inferd serve` on a temporary model repository holding sim (version 1) with `workers` workers."""
 
-    def __init__(self, workers: int, name: str, model_extra: str = "", log_level: str = "WARNING") -> None:
+    def __init__(
+        self,
+        workers: int,
+        name: str,
+        model_extra: str = "",
+        log_level: str = "WARNING",
+        server_extra: str = "",
+    ) -> None:
         self.tmp = tempfile.TemporaryDirectory(prefix=f"fleet_{name}.")
         base = Path(self.tmp.name)
         self.repo = base / "models"
@@ -112,7 +119,7 @@ class Server:
         self.port, self.admin_port = free_port(), free_port()
         config = base / "inferd.toml"
         server_toml = SERVER_TOML.format(admin_port=self.admin_port)
-        config.write_text(server_toml.replace('"WARNING"', f'"{log_level}"'))
+        config.write_text(server_toml.replace('"WARNING"', f'"{log_level}"') + server_extra)
         self.url = f"http://127.0.0.1:{self.port}"
         self.admin = f"http://127.0.0.1:{self.admin_port}"
         OUT_DIR.mkdir(exist_ok=True)
@@ -413,6 +420,93 @@ def _invariants_table(label: str, r: dict[str, Any]) -> None:
         f"{_fmt(p99(r))} | {inv['lost']} | {inv['duplicated']} | {inv['misrouted']} | "
         f"{inv['errors'] or 0} (failed in window: {failed}) |"
     )
+
+
+def cmd_slow(args: argparse.Namespace) -> dict[str, Any]:
+    """RELIABILITY F3: 1 of 4 workers 10x slower (a remote worker with INFERD_SIM_SLOWDOWN), vs the same
+    fleet with all 4 healthy: traffic moved off it, fleet p99, how much of the fleet was ejected."""
+    rate = args.load * PER_WORKER_RPS * 4
+    out: dict[str, Any] = {"rate": rate, "slowdown": args.slowdown}
+    for label, slowdown in (("baseline", 1.0), ("slow", args.slowdown)):
+        out[label] = _slow_run(label, slowdown, rate, args)
+    base, slow = out["baseline"], out["slow"]
+    ratio = p99(slow["load"]) / p99(base["load"]) if p99(slow["load"]) and p99(base["load"]) else None
+    out["p99_ratio"] = ratio
+    print(f"\n4 workers (one remote), {rate:,.0f} req/s, slow worker x{args.slowdown:g}\n")
+    print(
+        "| run | achieved | p50 ms | p99 ms | errors | slow worker's share of batches after 10 s | most ejected at once |"
+    )
+    print("|---|---:|---:|---:|---|---:|---:|")
+    for label in ("baseline", "slow"):
+        r = out[label]
+        print(
+            f"| {label} | {r['load']['achieved']:,.0f} | {_fmt(r['load']['latency_ms'].get('p50'))} | "
+            f"{_fmt(p99(r['load']))} | {r['load']['errors'] or 0} | {r['remote_share_after_10s']:.1%} | "
+            f"{r['max_ejected']} of 4 |"
+        )
+    print(f"\nfleet p99 slow / baseline: {_fmt(ratio, 2)}x (target <= 1.5x)")
+    print(
+        f"traffic moved off the slow worker: {1 - out['slow']['remote_share_after_10s'] / 0.25:.0%} of its fair "
+        "share (target >= 80% within 10 s)"
+    )
+    return out
+
+
+def _slow_run(label: str, slowdown: float, rate: float, args: argparse.Namespace) -> dict[str, Any]:
+    token = os.urandom(8).hex()
+    os.environ["INFERD_JOIN_TOKEN"] = token
+    wport = free_port()
+    with Server(3, f"slow_{label}", server_extra=f"worker_port = {wport}\n") as srv:
+        env = {**os.environ, "INFERD_SIM_SLOWDOWN": str(slowdown)}
+        cmd = [sys.executable, "-m", "inferd.cli.main", "worker", "--connect", f"127.0.0.1:{wport}"]
+        cmd += ["--model", "sim", "--worker-id", "remote-1", "--log-level", "WARNING"]
+        with open(OUT_DIR / f"fleet_slow_{label}_worker.log", "wb") as log:
+            remote = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
+        try:
+            if _wait_workers(srv, 4, 60) is None:
+                raise RuntimeError("the remote worker did not join")
+            samples: list[tuple[float, dict[str, Any]]] = []
+            stop = threading.Event()
+
+            def poll() -> None:
+                t0 = time.monotonic()
+                while not stop.is_set():
+                    try:
+                        rows = srv.admin_call("GET", "/admin/workers", timeout=2)["workers"]
+                        samples.append((time.monotonic() - t0, {w["worker_id"]: w for w in rows}))
+                    except (urllib.error.URLError, OSError):
+                        pass
+                    stop.wait(0.5)
+
+            th = threading.Thread(target=poll, daemon=True)
+            th.start()
+            report = run_load_blocking(spec(srv.url, rate, args, seed=5))
+            stop.set()
+            th.join(5)
+        finally:
+            remote.terminate()
+            remote.wait(30)
+    return {"load": summary(report), **_batch_shares(samples, "remote-1")}
+
+
+def _batch_shares(samples: list[tuple[float, dict[str, Any]]], worker: str) -> dict[str, Any]:
+    """The worker's share of completed batches from 10 s after the load started to its end, and the most
+    workers ejected at one poll."""
+    later = [(t, rows) for t, rows in samples if t >= 10.0]
+    if len(later) < 2:
+        return {"remote_share_after_10s": float("nan"), "max_ejected": 0}
+    (_, first), (_, last) = later[0], later[-1]
+
+    def done(rows: dict[str, Any], wid: str) -> int:
+        return rows[wid]["completed_batches"] if wid in rows else 0
+
+    total = sum(done(last, w) - done(first, w) for w in last)
+    mine = done(last, worker) - done(first, worker)
+    ejected = max(
+        sum(1 for w in rows.values() if w.get("ejection", {}).get("state") == "ejected")
+        for _, rows in samples
+    )
+    return {"remote_share_after_10s": mine / total if total else float("nan"), "max_ejected": ejected}
 
 
 def cmd_rolling(args: argparse.Namespace) -> dict[str, Any]:
@@ -781,6 +875,10 @@ def main() -> int:
         p = sub.add_parser(name, parents=[common])
         p.add_argument("--duration", type=float, default=20.0)
         p.add_argument("--load", type=float, default=0.6, help="offered, x fleet capacity")
+    p = sub.add_parser("slow", parents=[common])
+    p.add_argument("--duration", type=float, default=30.0)
+    p.add_argument("--load", type=float, default=0.5, help="offered, x the healthy fleet's capacity")
+    p.add_argument("--slowdown", type=float, default=10.0, help="the slow worker's cost multiplier")
     p = sub.add_parser("autoscale", parents=[common])
     p.add_argument("--before", type=float, default=15.0, help="seconds at --low before the step")
     p.add_argument("--step", type=float, default=30.0, help="seconds at --high")
@@ -795,6 +893,7 @@ def main() -> int:
     fn = {
         "scaling": cmd_scaling,
         "priorities": cmd_priorities,
+        "slow": cmd_slow,
         "rolling": cmd_rolling,
         "drain": cmd_drain,
         "autoscale": cmd_autoscale,

@@ -45,6 +45,8 @@ log = logging.getLogger("inferd.dispatcher")
 _batch_ids = itertools.count(1)
 BUSY_WINDOW_S = 10.0
 WATCHDOG_INTERVAL_S = 0.1
+HEDGE_FACTOR = 3.0
+"""A batch running this many times its expected time is hedged to other workers."""
 MAX_LOOP_LAG_S = 0.05
 """Event loop lag (EWMA) past which bulk requests are refused at once; interactive ones past twice that."""
 
@@ -71,6 +73,11 @@ def settle(fut: asyncio.Future[Any], result: Any = None, exc: BaseException | No
         fut.set_exception(exc)
     else:
         fut.set_result(result)
+
+
+def owned(batch: Batch) -> list[QueuedItem]:
+    """The batch's items it still answers for: unanswered, and not hedged away to a newer batch."""
+    return [i for i in batch.items if i.batch_id == batch.batch_id and not i.reply.done()]
 
 
 class ModelRuntime:
@@ -328,10 +335,11 @@ class ModelRuntime:
     def _send(self, worker: WorkerConnection, items: list[QueuedItem], now: float) -> None:
         if not items:
             return
+        batch = Batch(next(_batch_ids), items, now, worker)
         for item in items:
             item.attempts += 1
             item.state = ItemState.RUNNING
-        batch = Batch(next(_batch_ids), items, now, worker)
+            item.batch_id = batch.batch_id
         worker.send_batch(batch)
         self.metrics.observe_batch_cut(
             len(items), self.config.max_batch_size, [now - i.enqueued_at for i in items]
@@ -357,7 +365,7 @@ class ModelRuntime:
             for item in batch.items:  # a broken contract, not a bad input: nothing to isolate
                 self._fail(item, ModelOutputError(msg.batch_error[1]))
         elif msg.batch_error is not None:
-            pending = [i for i in batch.items if not i.reply.done()]
+            pending = owned(batch)
             self._apply(self.recovery.on_failure(pending, FailureKind.MODEL_ERROR, msg.batch_error[1]))
         else:
             self._deliver(batch, msg, worker.version)
@@ -393,7 +401,7 @@ class ModelRuntime:
             if error is not None:
                 self._fail(item, ModelError(error[1]))
                 continue
-            item.state = ItemState.DONE
+            self._retire(item)
             settle(
                 item.reply,
                 ItemResult(
@@ -408,8 +416,14 @@ class ModelRuntime:
             )
 
     def _fail(self, item: QueuedItem, exc: ServingError) -> None:
-        item.state = ItemState.DONE
+        self._retire(item)
         settle(item.reply, exc=exc)
+
+    def _retire(self, item: QueuedItem) -> None:
+        """The item is answered; a hedged copy of it still queued leaves the queue."""
+        if item.state is ItemState.QUEUED:
+            self.queue.withdraw(item)
+        item.state = ItemState.DONE
 
     # ---- recover -------------------------------------------------------------------------------------
     def on_worker_lost(self, worker: WorkerConnection, reason: str) -> None:
@@ -444,12 +458,11 @@ class ModelRuntime:
                     self._fail(item, WorkerUnavailable(f"model '{self.name}' is shutting down"))
             return
         self.metrics.batch_failed(kind.value)
-        staged_items = [i for b in staged for i in b.items if not i.reply.done()]
+        staged_items = [i for b in staged for i in owned(b)]
         for item in staged_items:
             item.attempts -= 1  # sent, never run
         self.queue.push_front(staged_items)
-        pending = [i for i in running.items if not i.reply.done()]
-        self._apply(self.recovery.on_failure(pending, kind, detail))
+        self._apply(self.recovery.on_failure(owned(running), kind, detail))
         self._wake.set()
 
     def _leave_routing(self, worker: WorkerConnection) -> None:
@@ -491,6 +504,8 @@ class ModelRuntime:
         for w in list(self.workers):
             if w.failure:
                 continue
+            if w.inflight:
+                self._hedge_if_slow(w, now)
             if w.inflight and now - w.running_since > limit:
                 w.failure = (
                     f"hung: a batch ran {now - w.running_since:.1f}s, over the {limit:.1f}s batch timeout"
@@ -503,6 +518,42 @@ class ModelRuntime:
                 "killing worker %s (pid %d) of model %s: %s", w.worker_id, w.pid, self.name, w.failure
             )
             self.kill_worker(w)
+
+    def _hedge_if_slow(self, worker: WorkerConnection, now: float) -> None:
+        """A batch running over HEDGE_FACTOR x its expected time (from the fleet's cost line): the worker
+        is reported slow to the ejector at once (no waiting for the batch to end), and the unanswered items
+        of everything it holds go back to the head of the queue for another worker, under the retry
+        budget. The first answer wins; inference is idempotent, so a model that is not gets no hedges."""
+        running = next(iter(worker.inflight.values()))
+        line = self.estimator.cost_line()
+        if running.hedged or line is None or not self.config.idempotent:
+            return
+        expected = line[0] + line[1] * len(running.items)
+        age = now - worker.running_since
+        if age < HEDGE_FACTOR * expected:
+            return
+        if not any(w is not worker and w.state is WorkerState.READY for w in self.workers):
+            return
+        self._note(self.ejector.observe(worker.worker_id, age))
+        items = []
+        for batch in worker.inflight.values():
+            batch.hedged = True
+            items += owned(batch)
+        if not items or not self.budget.try_spend(len(items)):
+            return
+        for item in items:
+            item.batch_id = 0
+        self.queue.push_front(items)
+        self.metrics.retried_items(len(items))
+        log.warning(
+            "model %s: worker %s has run a batch for %.2fs (expected %.2fs): %d item(s) hedged to others",
+            self.name,
+            worker.worker_id,
+            age,
+            expected,
+            len(items),
+        )
+        self._wake.set()
 
     def batch_timeout_s(self) -> float:
         if self.config.batch_timeout_s is not None:

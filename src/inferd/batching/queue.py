@@ -52,6 +52,9 @@ class QueuedItem:
     """How many times this item's batch was halved to find a failing input."""
     state: ItemState = ItemState.QUEUED
     first_enqueued_at: float = field(default=0.0)
+    batch_id: int = 0
+    """The batch that answers for this item now (0 while queued). A hedged item may also sit in an
+    older batch on a slow worker: only the owning batch's loss recovers it."""
 
     def __post_init__(self) -> None:
         if not self.first_enqueued_at:

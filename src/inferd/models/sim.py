@@ -10,6 +10,8 @@ INPUT0 is one BYTES scalar per item (a JSON string, or raw bytes with the binary
 Failure injection (for tests and benchmarks): an input that starts with ``params.fail_prefix``
 (default ``"!fail"``) makes the model raise for the whole batch; one that starts with
 ``params.crash_prefix`` (default ``"!crash"``) kills the worker process mid-batch, as a segfault would.
+A slow device (one worker of a fleet): the environment variable ``INFERD_SIM_SLOWDOWN`` of a worker
+process multiplies its batch cost (e.g. 10 for a device 10x slower than its peers).
 """
 
 from __future__ import annotations
@@ -61,8 +63,9 @@ class SimModel(Model):
 
     def load(self) -> None:
         p = self.config.params
-        self.base_s = float(p.get("base_ms", 20.0)) / 1000.0
-        self.per_item_s = float(p.get("per_item_ms", 0.1)) / 1000.0
+        slowdown = float(os.environ.get("INFERD_SIM_SLOWDOWN", "1") or 1)
+        self.base_s = slowdown * float(p.get("base_ms", 20.0)) / 1000.0
+        self.per_item_s = slowdown * float(p.get("per_item_ms", 0.1)) / 1000.0
         self.jitter = float(p.get("jitter_ratio", 0.0))
         self.fail_prefix = str(p.get("fail_prefix", "!fail")).encode()
         self.crash_prefix = str(p.get("crash_prefix", "!crash")).encode()

@@ -39,6 +39,8 @@ class Batch:
     items: list[QueuedItem]
     sent_at: float
     worker: WorkerConnection
+    hedged: bool = False
+    """Its items were queued again for another worker because it ran far past its expected time."""
 
 
 @dataclass(eq=False)
