@@ -88,7 +88,7 @@ async def test_losing_the_slow_worker_after_a_hedge_does_not_queue_the_items_aga
 
 
 async def test_no_hedge_for_a_model_that_is_not_idempotent() -> None:
-    rt, slow, fast = runtime(idempotent=False)
+    rt, _slow, fast = runtime(idempotent=False)
     rt.enqueue([b"a"], None)
     rt.dispatch_due()
     rt.add_worker(fast)
