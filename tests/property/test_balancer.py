@@ -113,6 +113,27 @@ def test_ejected_worker_is_probed_back_in_after_its_ejection_time() -> None:
     assert ej.status("w3").times_ejected == 2 and ej.statistics().returned_total == 1
 
 
+def test_an_overdue_batch_ejects_at_once_and_a_reconnect_keeps_the_ejection() -> None:
+    clock = FakeClock()
+    ej = ejector(clock)
+    for w in ("w0", "w1", "w2", "w3"):
+        ej.add(w)
+    for _ in range(3):
+        for w in ("w0", "w1", "w2"):
+            ej.observe(w, FAST_S)
+    assert ej.overdue("w3", 2 * FAST_S) is None  # running longer than usual is not yet slow
+    change = ej.overdue("w3", SLOW_S)  # still running, far past the fleet: out now, no samples needed
+    assert change is not None and change.state is EjectionState.EJECTED
+    ej.remove("w3")  # its connection broke ...
+    ej.add("w3")  # ... and it registered again under the same id: still ejected
+    assert ej.state("w3") is EjectionState.EJECTED and ej.status("w3").times_ejected == 1
+    clock.advance(ej.max_ejection_s + 1)
+    ej.remove("w3")
+    clock.advance(ej.max_ejection_s + 1)
+    ej.add("w3")  # gone longer than the longest ejection: a clean record
+    assert ej.state("w3") is EjectionState.IN and ej.status("w3").times_ejected == 0
+
+
 def test_consecutive_failures_eject_but_never_the_last_worker() -> None:
     clock = FakeClock()
     ej = ejector(clock, consecutive_failures=3)

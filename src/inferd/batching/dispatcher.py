@@ -534,7 +534,7 @@ class ModelRuntime:
             return
         if not any(w is not worker and w.state is WorkerState.READY for w in self.workers):
             return
-        self._note(self.ejector.observe(worker.worker_id, age))
+        self._note(self.ejector.overdue(worker.worker_id, age))
         items = []
         for batch in worker.inflight.values():
             batch.hedged = True

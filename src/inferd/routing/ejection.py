@@ -138,16 +138,26 @@ class OutlierEjector:
         self.max_samples = max_samples
         self.min_latency_s = min_latency_s
         self._workers: dict[str, _Record] = {}
+        self._departed: dict[str, tuple[float, _Record]] = {}
+        """Records of workers that left, kept for max_ejection_s: a worker that reconnects under the same
+        id (a remote worker after its connection broke) keeps its ejection instead of starting clean."""
         self._ejections = self._returned = self._refused = 0
 
     # ---- the fleet -----------------------------------------------------------------------------------
     def add(self, worker_id: str) -> None:
+        self._forget_departed()
+        departed = self._departed.pop(worker_id, None)
+        if departed is not None and worker_id not in self._workers:
+            self._workers[worker_id] = departed[1]
         self._workers.setdefault(worker_id, _Record(deque(maxlen=self.max_samples)))
 
     def remove(self, worker_id: str) -> list[EjectionChange]:
         """The worker left (lost or draining). If the smaller fleet allows fewer ejections, the workers
         whose ejection ends soonest come back now."""
-        self._workers.pop(worker_id, None)
+        rec = self._workers.pop(worker_id, None)
+        if rec is not None and rec.times_ejected:
+            self._forget_departed()
+            self._departed[worker_id] = (self.clock.now(), rec)
         changes = []
         out = [r for r in self._workers.items() if r[1].state in EjectionState.OUT]
         out.sort(key=lambda r: r[1].ejected_until)
@@ -194,6 +204,26 @@ class OutlierEjector:
             rec,
             f"median batch latency {_ms(own)} over {self.latency_ratio:g} x the fleet's {_ms(reference)}",
         )
+
+    def overdue(self, worker_id: str, running_s: float) -> EjectionChange | None:
+        """A batch of this worker has been running `running_s` and is not done: if that is already slow
+        against the fleet, eject now rather than after the batch ends (it may take many times longer)."""
+        rec = self._workers.get(worker_id)
+        if rec is None:
+            return None
+        state = self._refresh(rec)
+        reference = self._reference(worker_id)
+        if state is EjectionState.EJECTED or reference is None or not self._slow(running_s, reference):
+            return None
+        reason = f"a batch still running after {_ms(running_s)}, fleet {_ms(reference)}"
+        if state is EjectionState.PROBING:
+            return self._eject(worker_id, rec, reason)
+        return self._eject_if_allowed(worker_id, rec, reason)
+
+    def _forget_departed(self) -> None:
+        cutoff = self.clock.now() - self.max_ejection_s
+        for wid in [w for w, (at, _) in self._departed.items() if at < cutoff]:
+            del self._departed[wid]
 
     def failure(self, worker_id: str) -> EjectionChange | None:
         """A whole batch of this worker failed."""
