@@ -38,6 +38,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import datetime
+import itertools
 import json
 import math
 import os
@@ -495,13 +496,22 @@ def _batch_shares(samples: list[tuple[float, dict[str, Any]]], worker: str) -> d
     later = [(t, rows) for t, rows in samples if t >= 10.0]
     if len(later) < 2:
         return {"remote_share_after_10s": float("nan"), "max_ejected": 0}
-    (_, first), (_, last) = later[0], later[-1]
 
     def done(rows: dict[str, Any], wid: str) -> int:
         return rows[wid]["completed_batches"] if wid in rows else 0
 
-    total = sum(done(last, w) - done(first, w) for w in last)
-    mine = done(last, worker) - done(first, worker)
+    def completed(wid: str) -> int:
+        """Batches completed between the first and last sample; a worker that reconnected (killed as
+        hung, say) starts counting from 0 again."""
+        total = 0
+        for (_, prev), (_, cur) in itertools.pairwise(later):
+            a, b = done(prev, wid), done(cur, wid)
+            total += b - a if b >= a else b
+        return total
+
+    workers = {w for _, rows in later for w in rows}
+    total = sum(completed(w) for w in workers)
+    mine = completed(worker)
     ejected = max(
         sum(1 for w in rows.values() if w.get("ejection", {}).get("state") == "ejected")
         for _, rows in samples
