@@ -27,6 +27,9 @@ def runtime(idempotent: bool = True) -> tuple[ModelRuntime, WorkerConnection, Wo
     rt.add_worker(slow)
     for size in (2, 4, 8):
         rt.estimator.observe_batch(size, 0.100 + 0.001 * size)  # ~104 ms for 4 items
+    rt.ejector.add("fast")
+    for _ in range(3):  # the fleet's reference: the fast worker's batches take ~104 ms
+        rt.ejector.observe("fast", 0.104)
     rt.budget.record_requests(100)
     return rt, slow, fast
 
@@ -95,3 +98,41 @@ async def test_no_hedge_for_a_model_that_is_not_idempotent() -> None:
     rt.clock.advance(1.0)
     rt.check_workers()
     assert len(rt.queue) == 0 and not fast.inflight
+
+
+async def test_an_item_is_hedged_once_and_never_while_under_suspicion() -> None:
+    """A hanging input must not be spread over the fleet: its copy is not hedged again, and an item that
+    crashed a worker before (a poison suspect) is not hedged at all."""
+    rt, slow, fast = runtime()
+    third = WorkerConnection("third", "sim", 3, "h", FakeWriter())  # type: ignore[arg-type]
+    (x,) = rt.enqueue([b"hangs"], None)
+    rt.dispatch_due()
+    rt.add_worker(fast)
+    rt.add_worker(third)
+    rt.clock.advance(0.35)
+    rt.check_workers()
+    rt.dispatch_due()
+    holders = [w for w in (fast, third) if w.inflight]
+    assert len(holders) == 1 and x.hedged
+    rt.clock.advance(0.35)
+    rt.check_workers()
+    rt.dispatch_due()
+    assert sum(1 for w in (slow, fast, third) if w.inflight) == 2, "the copy was not hedged again"
+    (y,) = rt.enqueue([b"suspect"], None)
+    y.crashes = 1
+    free = next(w for w in (fast, third) if not w.inflight)
+    rt.dispatch_due()
+    assert free.inflight
+    rt.clock.advance(0.35)
+    rt.check_workers()
+    assert len(rt.queue) == 0, "an item that crashed a worker is left to isolation, not hedged"
+
+
+async def test_failing_the_queue_at_shutdown_keeps_the_count_right() -> None:
+    rt, _slow, _fast = runtime()
+    rt.enqueue([b"a", b"b", b"c"], None)
+    rt.stop_accepting()
+    from inferd.errors import ShuttingDown
+
+    rt.fail_all_queued(ShuttingDown("bye"))
+    assert len(rt.queue) == 0

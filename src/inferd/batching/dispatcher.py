@@ -362,7 +362,7 @@ class ModelRuntime:
         self.estimator.observe_batch(len(batch.items), now - batch.sent_at)
         self.metrics.observe_batch_done(msg.compute_s, "model_error" if msg.batch_error else "ok")
         if msg.batch_error is not None and msg.batch_error[0] == "ModelOutputError":
-            for item in batch.items:  # a broken contract, not a bad input: nothing to isolate
+            for item in owned(batch):  # a broken contract, not a bad input: nothing to isolate
                 self._fail(item, ModelOutputError(msg.batch_error[1]))
         elif msg.batch_error is not None:
             pending = owned(batch)
@@ -454,7 +454,7 @@ class ModelRuntime:
         running, staged = batches[0], batches[1:]
         if self._stopping:
             for batch in batches:
-                for item in batch.items:
+                for item in owned(batch):
                     self._fail(item, WorkerUnavailable(f"model '{self.name}' is shutting down"))
             return
         self.metrics.batch_failed(kind.value)
@@ -520,31 +520,41 @@ class ModelRuntime:
             self.kill_worker(w)
 
     def _hedge_if_slow(self, worker: WorkerConnection, now: float) -> None:
-        """A batch running over HEDGE_FACTOR x its expected time (from the fleet's cost line): the worker
-        is reported slow to the ejector at once (no waiting for the batch to end), and the unanswered items
-        of everything it holds go back to the head of the queue for another worker, under the retry
-        budget. The first answer wins; inference is idempotent, so a model that is not gets no hedges."""
-        running = next(iter(worker.inflight.values()))
+        """A batch running over HEDGE_FACTOR x its expected time (from the fleet's cost line), and slow
+        against the other workers too (a fleet-wide slowdown is not hedged: copies would only add load):
+        the worker is ejected at once if the share allows, and the batch's items go back to the head of
+        the queue for another worker. The first answer wins; inference is idempotent, so a model that is
+        not gets no hedges.
+
+        Bounded: an item is hedged at most once and within max_attempts; items under suspicion (they
+        crashed a worker before, or are being isolated as a possible poison input) are never hedged, so a
+        hanging input is not spread over the fleet and isolation is never undone. Running items spend the
+        retry budget; staged items, which never started, go back free (as when a worker is lost)."""
+        running, *staged = worker.inflight.values()
         line = self.estimator.cost_line()
         if running.hedged or line is None or not self.config.idempotent:
             return
         expected = line[0] + line[1] * len(running.items)
         age = now - worker.running_since
-        if age < HEDGE_FACTOR * expected:
+        if age < HEDGE_FACTOR * expected or not self.ejector.is_slow(worker.worker_id, age):
             return
         if not any(w is not worker and w.state is WorkerState.READY for w in self.workers):
             return
         self._note(self.ejector.overdue(worker.worker_id, age))
-        items = []
-        for batch in worker.inflight.values():
+        for batch in (running, *staged):
             batch.hedged = True
-            items += owned(batch)
-        if not items or not self.budget.try_spend(len(items)):
+        first = [i for i in owned(running) if self._hedgeable(i)]
+        later = [i for b in staged for i in owned(b) if self._hedgeable(i)]
+        if first and not self.budget.try_spend(len(first)):
+            first = []
+        items = first + later
+        if not items:
             return
         for item in items:
             item.batch_id = 0
+            item.hedged = True
         self.queue.push_front(items)
-        self.metrics.retried_items(len(items))
+        self.metrics.retried_items(len(first))
         log.warning(
             "model %s: worker %s has run a batch for %.2fs (expected %.2fs): %d item(s) hedged to others",
             self.name,
@@ -554,6 +564,14 @@ class ModelRuntime:
             len(items),
         )
         self._wake.set()
+
+    def _hedgeable(self, item: QueuedItem) -> bool:
+        return (
+            not item.hedged
+            and item.crashes == 0
+            and item.isolation_round == 0
+            and item.attempts < self.config.max_attempts
+        )
 
     def batch_timeout_s(self) -> float:
         if self.config.batch_timeout_s is not None:

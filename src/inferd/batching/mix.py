@@ -59,7 +59,9 @@ class MixPolicy:
         if not active or per_item <= 0:
             return size
         longest = self.ratio * full
-        cap_items = max(1, min(size, int((longest - base) / per_item)))
+        cap_items = min(size, int((longest - base) / per_item))
+        if cap_items < size // 2:
+            return size  # batches cost nearly the same at any size: a cap would only cut throughput
         shortest = base + per_item * max(1, cap_items // 2)
         duration = stagger(s.now, shortest, base + per_item * cap_items, s.other_finishes)
         items = max(1, min(size, round((duration - base) / per_item)))

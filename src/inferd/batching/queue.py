@@ -55,6 +55,8 @@ class QueuedItem:
     batch_id: int = 0
     """The batch that answers for this item now (0 while queued). A hedged item may also sit in an
     older batch on a slow worker: only the owning batch's loss recovers it."""
+    hedged: bool = False
+    """Already sent to a second worker once because its first was slow: never hedged again."""
 
     def __post_init__(self) -> None:
         if not self.first_enqueued_at:
@@ -182,6 +184,8 @@ class RequestQueue:
         for q in self._classes:
             q.clear()
         self._live = [0, 0]
+        for item in live:
+            item.state = ItemState.WITHDRAWN  # out of the queue: nothing may count it off again
         return live
 
     @staticmethod

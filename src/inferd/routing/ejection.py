@@ -148,7 +148,10 @@ class OutlierEjector:
         self._forget_departed()
         departed = self._departed.pop(worker_id, None)
         if departed is not None and worker_id not in self._workers:
-            self._workers[worker_id] = departed[1]
+            rec = self._workers[worker_id] = departed[1]
+            out = sum(1 for r in self._workers.values() if r.state in EjectionState.OUT)
+            if rec.state in EjectionState.OUT and out > self.max_ejected():
+                self._return(worker_id, rec, "back while the ejection share is taken by others")
         self._workers.setdefault(worker_id, _Record(deque(maxlen=self.max_samples)))
 
     def remove(self, worker_id: str) -> list[EjectionChange]:
@@ -204,6 +207,11 @@ class OutlierEjector:
             rec,
             f"median batch latency {_ms(own)} over {self.latency_ratio:g} x the fleet's {_ms(reference)}",
         )
+
+    def is_slow(self, worker_id: str, running_s: float) -> bool:
+        """Whether `running_s` is slow against the other in-service workers' median batch latency."""
+        reference = self._reference(worker_id)
+        return reference is not None and self._slow(running_s, reference)
 
     def overdue(self, worker_id: str, running_s: float) -> EjectionChange | None:
         """A batch of this worker has been running `running_s` and is not done: if that is already slow
