@@ -97,6 +97,15 @@ def test_seeded_sampling_repeats_and_seeds_differ(server: ServerProc) -> None:
     assert len({unseeded() for _ in range(3)}) > 1  # no seed: fresh randomness, not a fixed default
 
 
+def test_seed_minus_one_means_unseeded_and_a_huge_seed_is_a_400(server: ServerProc) -> None:
+    out = client(server).completions.create(
+        model="smollm2", prompt="Once upon a time", max_tokens=4, temperature=1.0, seed=-1
+    )
+    assert out.choices[0].finish_reason in ("length", "stop")
+    with pytest.raises(openai.BadRequestError, match="seed must be at most"):
+        client(server).completions.create(model="smollm2", prompt="x", max_tokens=2, seed=2**64 - 1)
+
+
 def test_context_length_is_checked_with_the_real_tokenizer(server: ServerProc) -> None:
     with pytest.raises(openai.BadRequestError) as err:
         client(server).completions.create(model="smollm2", prompt="word " * 2100, max_tokens=8)

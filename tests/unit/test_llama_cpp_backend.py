@@ -11,6 +11,7 @@ import pytest
 
 from inferd.llm.model import LLMRequest
 from inferd.llm.plan import ScheduledChunk, StepPlan
+from inferd.llm.sequence import FinishReason
 from inferd.models.llama_cpp import LlamaCppLLM, smollm2_available, smollm2_config
 
 pytestmark = pytest.mark.skipif(
@@ -21,10 +22,10 @@ pytestmark = pytest.mark.skipif(
 class Recording(LlamaCppLLM):
     """Keeps a copy of the logits of every sampled position, per sequence."""
 
-    def _sample(self, seq_id: str, req: LLMRequest, i: int):  # type: ignore[no-untyped-def]
+    def _sample(self, seq_id: str, req: LLMRequest, i: int, position: int):  # type: ignore[no-untyped-def]
         ptr = self.ll.llama_get_logits_ith(self.ctx, i)
         self.seen.setdefault(seq_id, []).append(np.ctypeslib.as_array(ptr, shape=(self.n_vocab,)).copy())
-        return super()._sample(seq_id, req, i)
+        return super()._sample(seq_id, req, i, position)
 
 
 @pytest.fixture(scope="module")
@@ -111,6 +112,50 @@ def test_greedy_answer_and_slot_reuse(model: Recording) -> None:
 
 def test_a_step_larger_than_the_batch_is_refused(model: Recording) -> None:
     reqs = {"big": LLMRequest("big", tuple(range(1, 200)))}
-    with pytest.raises(RuntimeError, match="more than the batch"):
+    with pytest.raises(RuntimeError, match=r"more than the 40 llama\.cpp.s batch was created for"):
         step(model, [ScheduledChunk("big", 0, tuple(range(1, 200)), (), True)], reqs)
-    model.release("big")
+    assert "big" not in model._held, "refused before any slot changed"
+
+
+def test_seeded_sampling_repeats_across_a_preemption(model: Recording) -> None:
+    """A seeded sequence recomputed from scratch after 4 tokens (preemption or failover) samples the
+    same tokens as an uninterrupted run: each token's draw depends on (seed, position) only."""
+    prompt = tokens(model, "Tell me a story.")
+    req = LLMRequest("s", tuple(prompt), seed=7, temperature=1.0)
+
+    def generate(out: list[int], n: int) -> list[int]:
+        seq, start = prompt + out, 0
+        for _ in range(n):
+            tok = step(model, [ScheduledChunk("s", start, tuple(seq[start:]), (), True)], {"s": req})["s"]
+            start = len(seq)
+            seq.append(tok.token)
+        return seq[len(prompt) :]
+
+    whole = generate([], 10)
+    model.release("s")
+    first = generate([], 4)
+    model.release("s")  # preempted: its KV is gone; it recomputes prompt + 4 tokens
+    resumed = generate(first, 6)
+    model.release("s")
+    assert resumed == whole
+
+
+def test_a_failed_decode_ends_every_sequence_of_the_step(model: Recording, monkeypatch) -> None:
+    a, b = tokens(model, "First?"), tokens(model, "Second?")
+    reqs = {"a": LLMRequest("a", tuple(a)), "b": LLMRequest("b", tuple(b))}
+    monkeypatch.setattr(model.ll, "llama_decode", lambda ctx, batch: 1)
+    out = step(
+        model,
+        [ScheduledChunk("a", 0, tuple(a), (), True), ScheduledChunk("b", 0, tuple(b[:8]), (), False)],
+        reqs,
+    )
+    assert {k: v.finish for k, v in out.items()} == {"a": FinishReason.ERROR, "b": FinishReason.ERROR}
+    assert len(model._free_slots) == model.n_seq_max, "their slots were released"
+
+
+def test_prefix_caching_is_refused_at_load() -> None:
+    from inferd.config import ConfigError
+
+    m = LlamaCppLLM(smollm2_config(params={"scheduler": {"enable_prefix_caching": True}}))
+    with pytest.raises(ConfigError, match="enable_prefix_caching = false"):
+        m.load()

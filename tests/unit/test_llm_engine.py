@@ -90,3 +90,37 @@ async def test_token_stream_merges_deltas_while_the_reader_is_slow() -> None:
     chunk = await s.next()
     assert chunk.token_ids == (1, 2, 3, 4) and chunk.finish_reason == "length"
     assert s.completion_tokens == 4
+
+
+class FailsOnce(SimLLM):
+    """Raises on the first step that carries the sequence 'bad' (a model bug), fine otherwise."""
+
+    def run_step(self, plan, requests):  # type: ignore[no-untyped-def]
+        if any(c.seq_id == "bad" for c in plan.chunks):
+            raise ValueError("the model could not sample this one")
+        return super().run_step(plan, requests)
+
+
+async def test_a_step_that_raises_ends_its_sequences_with_an_error_and_the_engine_goes_on() -> None:
+    config = sim_llm_config(params=FREE)
+    model = FailsOnce(config)
+    model.load()
+    sent: list[p.StepDeltas] = []
+
+    async def flush() -> None:
+        await asyncio.sleep(0)
+
+    tok = SimTokenizer()
+    with ThreadPoolExecutor(1) as executor:
+        scheduler = LLMScheduler(scheduler_config(config.params), MonotonicClock())
+        engine = LLMEngine(model, scheduler, sent.append, flush, executor)  # type: ignore[arg-type]
+        engine.submit(p.AddSequence("bad", tok.encode("one two"), 4, 1))
+        engine.stop(finish_running=True)
+        await engine.run()
+        engine2 = LLMEngine(model, scheduler, sent.append, flush, executor)  # type: ignore[arg-type]
+        engine2.submit(p.AddSequence("good", tok.encode("three four"), 3, 2))
+        engine2.stop(finish_running=True)
+        await engine2.run()
+    finishes = {d.seq_id: d.finish_reason for s in sent for d in s.deltas if d.finish_reason}
+    assert finishes == {"bad": "error", "good": "length"}
+    assert [VOCAB[t] for t in tokens_by_seq(sent)["good"]] == sim_llm_tokens("three four", 2, 3)

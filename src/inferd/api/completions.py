@@ -40,6 +40,8 @@ if TYPE_CHECKING:
 DEFAULT_MAX_TOKENS = 16
 T = TypeVar("T")
 MAX_CHOICES = 16
+MAX_SEED = 2**63 - 1 - MAX_CHOICES
+"""Choice i samples with seed + i: every one stays a non-negative 64-bit integer."""
 """Most choices (`n`) one request may ask for."""
 TOKENIZE_IN_THREAD_CHARS = 64 * 1024
 
@@ -205,7 +207,7 @@ class _Call:
             for i in range(self.req.n):
                 seed = None if gen.seed is None else gen.seed + i
                 streams.append(self.rt.submit(ids, dataclasses.replace(gen, seed=seed)))
-        except ServingError:  # all choices or none: refused ones take the accepted ones with them
+        except Exception:  # all choices or none: a refused one takes the accepted ones with it
             for stream in streams:
                 self.rt.abort(stream, client_gone=False)
             raise
@@ -222,12 +224,17 @@ class _Call:
         top_p = 1.0 if req.top_p is None else req.top_p
         if not 0.0 < top_p <= 1.0:
             raise BadRequest(f"top_p must be in (0, 1], got {top_p}")
+        seed = req.seed
+        if seed is not None and seed < 0:
+            seed = None  # -1 and other negatives mean "no seed" (llama.cpp's convention)
+        if seed is not None and seed > MAX_SEED:
+            raise BadRequest(f"seed must be at most {MAX_SEED} (or negative for none), got {seed}")
         tenant = self.request.header(b"x-tenant") or ""
         if len(tenant) > 256:
             raise BadRequest(f"X-Tenant is {len(tenant)} characters long; at most 256")
         return Generation(
             max_tokens=max_tokens,
-            seed=req.seed,
+            seed=seed,
             temperature=temperature,
             top_p=top_p,
             priority=parse_priority(req.priority, self.request.header(b"x-priority")),

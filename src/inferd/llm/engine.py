@@ -19,8 +19,9 @@ from concurrent.futures import Executor
 from inferd.clock import Clock
 from inferd.errors import ServingError
 from inferd.llm.model import LLMModel, LLMRequest
-from inferd.llm.plan import Delta, SchedulerConfig, StepPlan
+from inferd.llm.plan import Delta, SchedulerConfig, SeqOutput, StepPlan
 from inferd.llm.scheduler import LLMScheduler
+from inferd.llm.sequence import FinishReason
 from inferd.llm.static_scheduler import StaticBatchScheduler
 from inferd.worker import protocol as p
 
@@ -110,9 +111,15 @@ class LLMEngine:
         return notes
 
     async def _run(self, plan: StepPlan) -> tuple[dict, float]:
+        """The model's outputs for the plan. If the model raises, the step's sequences end with an
+        error (their callers get an error event) and the engine goes on with everyone else."""
         start = time.perf_counter()
         loop = asyncio.get_running_loop()
-        outputs = await loop.run_in_executor(self.executor, self.model.run_step, plan, self.requests)
+        try:
+            outputs = await loop.run_in_executor(self.executor, self.model.run_step, plan, self.requests)
+        except Exception:
+            log.exception("step %d failed; its %d sequence(s) end with an error", plan.step, len(plan.chunks))
+            outputs = {c.seq_id: SeqOutput(finish=FinishReason.ERROR) for c in plan.chunks}
         return outputs, time.perf_counter() - start
 
     async def _deliver(

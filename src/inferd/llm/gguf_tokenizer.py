@@ -7,6 +7,7 @@ check and detokenizing happen before and after the worker, never inside the engi
 from __future__ import annotations
 
 import codecs
+import ctypes
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -16,14 +17,39 @@ from inferd.models.llama_cpp import gguf_path
 
 class GGUFTokenizer:
     def __init__(self, llama: Any, template: str | None) -> None:
+        import llama_cpp
+
         self.llama = llama
+        self._vocab = llama_cpp.llama_model_get_vocab(llama.model)
+        self._pieces: dict[int, bytes] = {}
         self._formatter = None
         if template:
             from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 
-            eos = llama.detokenize([llama.token_eos()], special=True).decode("utf-8", "replace")
-            bos = llama.detokenize([llama.token_bos()], special=True).decode("utf-8", "replace")
-            self._formatter = Jinja2ChatFormatter(template, eos_token=eos, bos_token=bos)
+            eos, bos = llama.token_eos(), llama.token_bos()
+            self._formatter = Jinja2ChatFormatter(
+                template,
+                eos_token=self.piece(eos, special=True).decode("utf-8", "replace") if eos >= 0 else "",
+                bos_token=self.piece(bos, special=True).decode("utf-8", "replace") if bos >= 0 else "",
+            )
+
+    def piece(self, token: int, special: bool = False) -> bytes:
+        """A token's bytes, whatever their length (llama-cpp-python's own detokenize cuts pieces over 32
+        bytes, such as long runs of spaces, to nothing). Cached: the vocabulary is fixed."""
+        key = token if not special else -1 - token
+        cached = self._pieces.get(key)
+        if cached is None:
+            import llama_cpp
+
+            size = 64
+            buf = ctypes.create_string_buffer(size)
+            n = llama_cpp.llama_token_to_piece(self._vocab, token, buf, size, 0, special)
+            if n < 0:
+                size = -n
+                buf = ctypes.create_string_buffer(size)
+                n = llama_cpp.llama_token_to_piece(self._vocab, token, buf, size, 0, special)
+            cached = self._pieces[key] = buf.raw[: max(0, n)]
+        return cached
 
     @classmethod
     def from_config(cls, config: ModelConfig) -> GGUFTokenizer:
@@ -37,7 +63,9 @@ class GGUFTokenizer:
         return cls(llama, llama.metadata.get("tokenizer.chat_template"))
 
     def encode(self, text: str, special: bool = False) -> list[int]:
-        return self.llama.tokenize(text.encode(), add_bos=True, special=special)
+        """A rendered chat template (`special`) carries its own BOS where the model wants one, so none is
+        added then (as llama-cpp-python's own chat handler does); a raw prompt gets the model's BOS."""
+        return self.llama.tokenize(text.encode(), add_bos=not special, special=special)
 
     def chat_prompt(self, messages: Sequence[Mapping[str, Any]]) -> str:
         if self._formatter is None:
@@ -45,20 +73,20 @@ class GGUFTokenizer:
         return self._formatter(messages=[dict(m) for m in messages]).prompt
 
     def detokenizer(self) -> GGUFDetokenizer:
-        return GGUFDetokenizer(self.llama)
+        return GGUFDetokenizer(self)
 
 
 class GGUFDetokenizer:
     """Token bytes through an incremental UTF-8 decoder: a character split over tokens shows up once
     its last byte has arrived; control tokens (end of turn) have no text."""
 
-    def __init__(self, llama: Any) -> None:
-        self.llama = llama
+    def __init__(self, tokenizer: GGUFTokenizer) -> None:
+        self.tokenizer = tokenizer
         self.utf8 = codecs.getincrementaldecoder("utf-8")("replace")
 
     def feed(self, token_ids: Sequence[int]) -> str:
-        """Byte-level BPE pieces concatenate exactly, so each delta is decoded on its own."""
-        return self.utf8.decode(self.llama.detokenize(list(token_ids), special=False))
+        """Byte-level BPE pieces concatenate exactly, so each token is decoded on its own."""
+        return self.utf8.decode(b"".join(self.tokenizer.piece(t) for t in token_ids))
 
     def flush(self) -> str:
         return self.utf8.decode(b"", final=True)

@@ -23,6 +23,7 @@ with a per-sequence generator seeded from the request's seed, so a seeded reques
 from __future__ import annotations
 
 import ctypes
+import hashlib
 import importlib.util
 import os
 from collections.abc import Mapping
@@ -58,6 +59,8 @@ def gguf_path(params: Mapping[str, Any]) -> Path:
     return path
 
 
+GREEDY_BELOW = 1e-5
+"""Temperatures below this sample greedily (dividing logits by them overflows)."""
 REQUANTIZE_TYPES = {"q8_0": 7, "q4_0": 2, "f16": 1}
 """llama.cpp file types (LLAMA_FTYPE_MOSTLY_*) a model may be converted to at load."""
 
@@ -77,7 +80,9 @@ def weights_path(params: Mapping[str, Any]) -> Path:
     if kind not in REQUANTIZE_TYPES:
         raise ConfigError(f"params.requantize is {kind!r}; use one of {sorted(REQUANTIZE_TYPES)}")
     cache = Path(str(params.get("cache_dir") or "~/.cache/inferd")).expanduser()
-    target = cache / f"{source.stem}.{kind}.gguf"
+    st = source.stat()
+    tag = hashlib.sha256(f"{source.resolve()}:{st.st_size}:{st.st_mtime_ns}".encode()).hexdigest()[:12]
+    target = cache / f"{source.stem}.{tag}.{kind}.gguf"  # two files named alike never share a conversion
     if target.is_file() and target.stat().st_mtime >= source.stat().st_mtime:
         return target
     import llama_cpp
@@ -149,12 +154,19 @@ class LlamaCppLLM(LLMModel):
     def load(self) -> None:
         import llama_cpp  # the `llama` extra; imported only by workers that serve a GGUF model
 
+        from inferd.llm.engine import scheduler_config  # the very budgets the worker's scheduler uses
+
         self.ll = llama_cpp
         params = self.config.params
-        sched = params.get("scheduler", {})
-        self.n_seq_max = int(sched.get("max_num_seqs", 16))
+        sched = scheduler_config(params)
+        if sched.enable_prefix_caching:
+            raise ConfigError(
+                f"model {self.config.name!r}: set params.scheduler.enable_prefix_caching = false: llama.cpp's "
+                "cache is not addressed by block, so a prefix hit would save nothing here"
+            )
+        self.n_seq_max = sched.max_num_seqs
         self.unified = bool(params.get("kv_unified", True))
-        budget_cells = int(sched.get("num_blocks", 512)) * int(sched.get("block_size", 16))
+        budget_cells = sched.num_blocks * sched.block_size
         per_seq = int(params.get("max_model_len", 2048))
         self.n_ctx = budget_cells if self.unified else self.n_seq_max * per_seq
         if budget_cells > self.n_ctx:
@@ -162,7 +174,7 @@ class LlamaCppLLM(LLMModel):
                 f"model {self.config.name!r}: the scheduler's KV budget ({budget_cells} tokens) exceeds "
                 f"llama.cpp's cache ({self.n_seq_max} slots x max_model_len {per_seq}); lower num_blocks"
             )
-        self.n_batch = int(sched.get("max_num_batched_tokens", 24)) + self.n_seq_max
+        self.n_batch = sched.max_num_batched_tokens + self.n_seq_max
         """The scheduler's budget, plus room for tokens a slot lost (see the module docstring)."""
         threads = int(params.get("n_threads", 0)) or (os.cpu_count() or 1)
 
@@ -198,7 +210,15 @@ class LlamaCppLLM(LLMModel):
     def run_step(self, plan: StepPlan, requests: Mapping[str, LLMRequest]) -> dict[str, SeqOutput]:
         for seq_id in plan.preempted:
             self.release(seq_id)
-        sampling: list[tuple[str, int]] = []
+        size = sum(
+            len(c.token_ids) + max(0, c.start - len(self._held.get(c.seq_id, ()))) for c in plan.chunks
+        )
+        if size > self.n_batch:  # checked before any slot changes
+            raise RuntimeError(
+                f"step {plan.step} holds {size} tokens, more than the {self.n_batch} llama.cpp's batch was "
+                "created for (the scheduler's max_num_batched_tokens + max_num_seqs)"
+            )
+        sampling: list[tuple[str, int, int]] = []
         n = 0
         for chunk in plan.chunks:
             slot = self._slot_for(chunk.seq_id)
@@ -207,25 +227,20 @@ class LlamaCppLLM(LLMModel):
                 self.ll.llama_memory_seq_rm(self.memory, slot, chunk.start, -1)
                 del held[chunk.start :]
             tokens = self._missing(chunk.seq_id, requests, len(held), chunk.start) + list(chunk.token_ids)
-            if n + len(tokens) > self.n_batch:
-                raise RuntimeError(
-                    f"step {plan.step} holds over {self.n_batch} tokens, more than the batch llama.cpp "
-                    "was created for (the scheduler's max_num_batched_tokens + max_num_seqs)"
-                )
             for token in tokens:
                 self._put(n, token, len(held), slot, False)
                 held.append(token)
                 n += 1
             if chunk.samples:
                 self.batch.logits[n - 1] = True
-                sampling.append((chunk.seq_id, n - 1))
+                sampling.append((chunk.seq_id, n - 1, len(held)))
         self.batch.n_tokens = n
         rc = self.ll.llama_decode(self.ctx, self.batch)
-        if rc != 0:
+        if rc != 0:  # every sequence of the step ends with an error: its slot no longer matches its plan
             for chunk in plan.chunks:
                 self.release(chunk.seq_id)
-            return {seq_id: SeqOutput(finish=FinishReason.ERROR) for seq_id, _ in sampling}
-        return {seq_id: self._sample(seq_id, requests[seq_id], i) for seq_id, i in sampling}
+            return {c.seq_id: SeqOutput(finish=FinishReason.ERROR) for c in plan.chunks}
+        return {s: self._sample(s, requests[s], i, pos) for s, i, pos in sampling}
 
     def _put(self, i: int, token: int, pos: int, slot: int, logits: bool) -> None:
         b = self.batch
@@ -254,15 +269,18 @@ class LlamaCppLLM(LLMModel):
         return slot
 
     # ---- sampling ---------------------------------------------------------------------------------
-    def _sample(self, seq_id: str, req: LLMRequest, i: int) -> SeqOutput:
+    def _sample(self, seq_id: str, req: LLMRequest, i: int, position: int) -> SeqOutput:
+        """The token at `position`. A seeded request draws it from a generator seeded by (seed, position),
+        so it repeats itself across preemption, failover to another worker and any batch makeup."""
         ptr = self.ll.llama_get_logits_ith(self.ctx, i)
         logits = np.ctypeslib.as_array(ptr, shape=(self.n_vocab,))
-        if req.temperature <= 0.0:
+        if req.temperature < GREEDY_BELOW:
             token = int(np.argmax(logits))
         else:
-            rng = self._rng.get(seq_id)
-            if rng is None:
-                rng = self._rng[seq_id] = np.random.default_rng(req.seed)
+            if req.seed is not None:
+                rng = np.random.default_rng((req.seed, position))
+            else:
+                rng = self._rng.get(seq_id) or self._rng.setdefault(seq_id, np.random.default_rng())
             token = sample(logits, req.temperature, req.top_p, rng)
         eog = not req.ignore_eos and self.ll.llama_vocab_is_eog(self.vocab, token)
         finish = FinishReason.STOP if eog else None
