@@ -276,6 +276,7 @@ class _Call:
     async def events(self, streams: list[TokenStream], make: MakeChunk) -> AsyncIterator[bytes]:
         """The SSE body: every choice's pieces as they come (each choice's own order kept). Its
         `finally` aborts the sequences when the client went away mid-stream."""
+        client_gone = True  # until the body ends on its own
         try:
             first = [True] * len(streams)
             pieces = [generate(self.rt, s, self.stops) for s in streams]
@@ -284,11 +285,13 @@ class _Call:
                 first[i] = False
             if self.include_usage:
                 yield self.chunk([], self.usage(streams))
+            client_gone = False
         except ServingError as exc:  # after streaming began: an error event, then the end
+            client_gone = False  # the other choices end because this one failed, not the client
             yield b"data: " + openai_error(exc, status_of(exc)[0]) + b"\n\n"
         finally:
             for stream in streams:
-                self.rt.abort(stream)
+                self.rt.abort(stream, client_gone=client_gone)
         yield b"data: [DONE]\n\n"
 
 
@@ -352,19 +355,24 @@ async def _collect(call: _Call, streams: list[TokenStream], request: HttpRequest
         while (await request.receive())["type"] != "http.disconnect":
             pass
 
-    work = asyncio.ensure_future(asyncio.gather(*(gather(s) for s in streams)))
+    work = asyncio.ensure_future(asyncio.gather(*(gather(s) for s in streams), return_exceptions=True))
     watch = asyncio.ensure_future(disconnected())
     try:
         await asyncio.wait({work, watch}, return_when=asyncio.FIRST_COMPLETED)
     finally:
+        gone = not work.done()  # the disconnect watch (or a cancellation) ended the wait
         for task in (work, watch):
             task.cancel()
         await asyncio.gather(work, watch, return_exceptions=True)
         for stream in streams:
-            call.rt.abort(stream)
+            call.rt.abort(stream, client_gone=gone)
     if work.cancelled():
         raise ClientGone()
-    return work.result()
+    results = work.result()
+    for r in results:  # every choice was awaited, so no failure goes unretrieved; the first one answers
+        if isinstance(r, BaseException):
+            raise r
+    return results
 
 
 # ---- tokens -> text ---------------------------------------------------------------------------------------
