@@ -216,3 +216,14 @@ async def test_token_timing_metrics(server: ServerProc) -> None:
     assert await ametric(server, 'inferd_inter_token_latency_seconds_count{model="sim-llm"}') >= 5
     assert await ametric(server, 'inferd_llm_request_duration_seconds_count{model="sim-llm"}') >= 1
     assert await ametric(server, 'inferd_generation_tokens_total{model="sim-llm"}') >= 6
+
+
+def test_admin_models_reports_llm_engines(server: ServerProc) -> None:
+    import json
+    import urllib.request
+
+    client(server).completions.create(model="sim-llm", prompt="count me", max_tokens=3)
+    with urllib.request.urlopen(f"{server.admin_url}/admin/models", timeout=5) as r:
+        llm = json.loads(r.read())["llm_models"]["sim-llm"]
+    assert llm["ready"] is True and llm["workers"] == 1
+    assert 0.0 <= llm["kv_usage"] <= 1.0 and llm["rejected"] == 0

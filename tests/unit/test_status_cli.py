@@ -66,6 +66,21 @@ MODELS = {
             "busy_ratio": 0.625,
         }
     },
+    "llm_models": {
+        "smollm2": {
+            "ready": True,
+            "workers": 2,
+            "streams": 9,
+            "running": 7,
+            "waiting": 2,
+            "kv_usage": 0.43,
+            "prefix_hit_ratio": 0.25,
+            "preemptions": 3,
+            "rejected": 11,
+            "moved": 4,
+            "lost": 0,
+        }
+    },
     "retry_budget": {
         "balance": 10.5,
         "requests_in_window": 321,
@@ -156,6 +171,9 @@ def test_status_prints_worker_and_model_tables_with_the_retry_budget(admin: Stub
         assert text in out, text
     assert "retry budget: balance 10.5, 321 requests and 4 retries in the window, exhausted 2 times" in out
     assert sorted(admin.hits) == ["/admin/models", "/admin/workers"]
+    assert "LLM models" in out and "smollm2" in out
+    for text in ("43%", "25%"):  # KV used, prefix hits
+        assert text in out, text
 
 
 def test_status_json_prints_both_raw_answers(admin: StubAdmin) -> None:

@@ -128,9 +128,13 @@ class AdminApi:
             }
             for name, rt in self.server.runtimes.items()
         }
+        llm = {
+            name: llm_model_row(rt.ready, rt.statistics()) for name, rt in self.server.llm_runtimes.items()
+        }
         return web.json_response(
             {
                 "models": out,
+                "llm_models": llm,
                 "retry_budget": {
                     "balance": round(budget.balance, 1),
                     "requests_in_window": budget.requests_in_window,
@@ -183,3 +187,23 @@ async def _scale(admin: AdminApi, request: web.Request) -> web.Response:
         raise BadRequest("pass ?workers=N (a whole number of local workers)") from None
     done = await admin.server.fleet.scale_to(request.match_info["model"], workers)
     return web.json_response({"model": request.match_info["model"], "workers": done})
+
+
+def llm_model_row(ready: bool, s: Any) -> dict[str, Any]:
+    """An LLM model as `inferd status` shows it: its engines' sequences, KV use and cache hits."""
+    total = s.kv_blocks_total
+    return {
+        "ready": ready,
+        "workers": s.workers,
+        "streams": s.streams,
+        "running": s.running,
+        "waiting": s.waiting,
+        "kv_usage": round(s.kv_blocks_used / total, 3) if total else None,
+        "prefix_hit_ratio": round(s.prefix_hit_tokens / s.prefix_query_tokens, 3)
+        if s.prefix_query_tokens
+        else None,
+        "preemptions": s.preemptions,
+        "rejected": s.rejected,
+        "moved": s.moved,
+        "lost": s.lost,
+    }

@@ -138,6 +138,30 @@ def models_table(models: dict[str, dict[str, Any]]) -> Table:
     return table
 
 
+def llm_models_table(models: dict[str, dict[str, Any]]) -> Table:
+    table = Table(title="LLM models", title_justify="left")
+    table.add_column("model")
+    headers = ("ready", "workers", "streams", "running", "waiting", "KV used", "prefix hits", "preempted")
+    for header in (*headers, "refused", "moved"):
+        table.add_column(header, justify="right")
+    for name, m in sorted(models.items()):
+        kv, hits = m.get("kv_usage"), m.get("prefix_hit_ratio")
+        table.add_row(
+            name,
+            Text("yes", style="green") if m.get("ready") else Text("no", style="red"),
+            _cell(m.get("workers")),
+            _cell(m.get("streams")),
+            _cell(m.get("running")),
+            _cell(m.get("waiting")),
+            f"{kv:.0%}" if isinstance(kv, int | float) else "-",
+            f"{hits:.0%}" if isinstance(hits, int | float) else "-",
+            _cell(m.get("preemptions")),
+            _cell(m.get("rejected")),
+            _cell(m.get("moved")),
+        )
+    return table
+
+
 def retry_budget_line(budget: dict[str, Any] | None) -> str:
     if not budget:
         return "retry budget: not reported"
@@ -152,6 +176,7 @@ def render_snapshot(snapshot: AdminSnapshot, admin_url: str, error: str | None =
     parts: list[RenderableType] = [
         workers_table(list(snapshot.workers.get("workers", []))),
         models_table(dict(snapshot.models.get("models", {}))),
+        *([llm_models_table(llm)] if (llm := dict(snapshot.models.get("llm_models", {}))) else []),
         Text(retry_budget_line(snapshot.models.get("retry_budget"))),
         Text(f"from {admin_url} at {time.strftime('%H:%M:%S')}", style="dim"),
     ]
