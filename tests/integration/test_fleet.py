@@ -202,8 +202,12 @@ async def test_autoscaler_scales_up_under_load_and_drains_down_after(tmp_path: P
             load.stop()
             await runner
             await until(lambda: _ready_is(http, server, 1), timeout_s=30)
+            async with http.get(f"{server.admin_url}/admin/models") as r:
+                changes = (await r.json())["models"]["sim"]["autoscaler"]["changes"]
         assert load.failures == [] and load.ok > 50
         assert "scaling up from 1" in server.log() and "scaling down" in server.log()
+        assert changes[0]["from"] == 1 and changes[0]["to"] > 1, changes
+        assert changes[-1]["to"] < changes[-1]["from"], "the last change drained the fleet down"
     finally:
         server.stop()
 

@@ -31,6 +31,7 @@ WORKERS = {
             "pid": 4242,
             "host": "127.0.0.1",
             "inflight_batches": 2,
+            "latency_ms": 212.4,
             "completed_batches": 1234,
             "restarts": 1,
             "last_progress_s_ago": 0.25,
@@ -64,6 +65,10 @@ MODELS = {
             "isolation_batches": 0,
             "batch_timeout_s": 2.5,
             "busy_ratio": 0.625,
+            "autoscaler": {
+                "last": {"from": 2, "to": 2, "reason": "hold: busy ratio 0.55 within the band"},
+                "changes": [{"at": 1796000000.0, "from": 1, "to": 2, "reason": "scale up 1 -> 2: queue"}],
+            },
         }
     },
     "llm_models": {
@@ -165,13 +170,16 @@ def test_status_prints_worker_and_model_tables_with_the_retry_budget(admin: Stub
     out = result.output
     for text in ("sim.0.g1", "sim.1.g0", "4242", "10.0.0.7", "1234", "draining", "0.2 s", "1.6 min"):
         assert text in out, text
-    for header in ("in-flight", "completed", "restarts", "progress age", "heartbeat age"):
+    for header in ("in-flight", "latency", "completed", "restarts", "progress age", "heartbeat age"):
         assert header in out, header
+    assert "212 ms" in out
     for text in ("ready workers", "queued", "batch timeout", "busy ratio", "2.5 s", "62%", "17"):
         assert text in out, text
     assert "retry budget: balance 10.5, 321 requests and 4 retries in the window, exhausted 2 times" in out
     assert sorted(admin.hits) == ["/admin/models", "/admin/workers"]
     assert "LLM models" in out and "smollm2" in out
+    assert "autoscaler sim: 2 -> 2 (hold: busy ratio 0.55 within the band)" in out
+    assert "1 -> 2  scale up 1 -> 2: queue" in out
     for text in ("43%", "25%"):  # KV used, prefix hits
         assert text in out, text
 

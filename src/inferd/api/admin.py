@@ -90,6 +90,7 @@ class AdminApi:
                         "last_progress_s_ago": round(now - w.last_progress, 3),
                         "last_heartbeat_s_ago": round(now - w.last_heartbeat, 3),
                         "busy_s": round(w.busy_s, 3),
+                        "latency_ms": round(1000 * rt.balancer.latency_s(w.worker_id), 1),
                         "ejection": _ejection(rt.ejection_status(w), now),
                     }
                 )
@@ -125,6 +126,7 @@ class AdminApi:
                 "isolation_batches": len(rt.isolation),
                 "batch_timeout_s": rt.batch_timeout_s(),
                 "busy_ratio": round(rt.busy_ratio(), 3),
+                "autoscaler": loop.report() if (loop := self.server.scaling.get(name)) else None,
             }
             for name, rt in self.server.runtimes.items()
         }

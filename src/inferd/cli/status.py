@@ -98,10 +98,11 @@ def workers_table(workers: list[dict[str, Any]]) -> Table:
     table = Table(title="workers", title_justify="left")
     for header in ("id", "model", "version", "state", "pid", "host"):
         table.add_column(header)
-    for header in ("in-flight", "completed", "restarts", "progress age", "heartbeat age"):
+    for header in ("in-flight", "latency", "completed", "restarts", "progress age", "heartbeat age"):
         table.add_column(header, justify="right")
     for w in workers:
         state = _cell(w.get("state"))
+        latency = w.get("latency_ms")
         table.add_row(
             _cell(w.get("worker_id")),
             _cell(w.get("model")),
@@ -110,6 +111,7 @@ def workers_table(workers: list[dict[str, Any]]) -> Table:
             _cell(w.get("pid")),
             _cell(w.get("host")),
             _cell(w.get("inflight_batches")),
+            f"{latency:.0f} ms" if isinstance(latency, int | float) else "-",
             _cell(w.get("completed_batches")),
             _cell(w.get("restarts")),
             _age(w.get("last_progress_s_ago")),
@@ -162,6 +164,22 @@ def llm_models_table(models: dict[str, dict[str, Any]]) -> Table:
     return table
 
 
+def autoscaler_lines(models: dict[str, dict[str, Any]]) -> list[str]:
+    """One line per autoscaled model: its latest decision and its latest changes of the fleet."""
+    lines = []
+    for name, m in sorted(models.items()):
+        a = m.get("autoscaler")
+        if not a:
+            continue
+        last = a.get("last")
+        now = f"{last['from']} -> {last['to']} ({last['reason']})" if last else "no decision yet"
+        lines.append(f"autoscaler {name}: {now}")
+        for c in a.get("changes", [])[-5:]:
+            at = time.strftime("%H:%M:%S", time.localtime(c["at"]))
+            lines.append(f"  {at}  {c['from']} -> {c['to']}  {c['reason']}")
+    return lines
+
+
 def retry_budget_line(budget: dict[str, Any] | None) -> str:
     if not budget:
         return "retry budget: not reported"
@@ -177,6 +195,7 @@ def render_snapshot(snapshot: AdminSnapshot, admin_url: str, error: str | None =
         workers_table(list(snapshot.workers.get("workers", []))),
         models_table(dict(snapshot.models.get("models", {}))),
         *([llm_models_table(llm)] if (llm := dict(snapshot.models.get("llm_models", {}))) else []),
+        *(Text(line) for line in autoscaler_lines(dict(snapshot.models.get("models", {})))),
         Text(retry_budget_line(snapshot.models.get("retry_budget"))),
         Text(f"from {admin_url} at {time.strftime('%H:%M:%S')}", style="dim"),
     ]

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import TYPE_CHECKING
+import time
+from collections import deque
+from typing import TYPE_CHECKING, Any
 
 from inferd.batching.admission import DrainEstimator
 from inferd.fleet.autoscaler import Autoscaler, CurvePoint, Decision, Observation
@@ -14,6 +16,9 @@ if TYPE_CHECKING:
     from inferd.server import InferenceServer
 
 log = logging.getLogger("inferd.autoscaler")
+
+HISTORY = 20
+"""Fleet changes kept for the admin API."""
 
 
 class ScalingLoop:
@@ -25,6 +30,8 @@ class ScalingLoop:
         self.autoscaler = autoscaler
         self.interval_s = interval_s
         self.last: Decision | None = None
+        self.changes: deque[tuple[float, Decision]] = deque(maxlen=HISTORY)
+        """The latest decisions that changed the fleet, with their wall-clock time (for the admin API)."""
         self._enqueued = 0
         self._at = server.clock.now()
 
@@ -34,6 +41,7 @@ class ScalingLoop:
             decision = self.autoscaler.decide(self.observe())
             self.last = decision
             if decision.target_workers != decision.current_workers:
+                self.changes.append((time.time(), decision))
                 log.info(
                     "model %s: %s -> %d workers (%s)",
                     self.model,
@@ -42,6 +50,17 @@ class ScalingLoop:
                     decision.reason,
                 )
                 await self.server.fleet.scale_to(self.model, decision.target_workers)
+
+    def report(self) -> dict[str, Any]:
+        """The autoscaler's state for `inferd status`: its latest decision and its latest changes."""
+
+        def row(d: Decision) -> dict[str, Any]:
+            return {"from": d.current_workers, "to": d.target_workers, "reason": d.reason}
+
+        return {
+            "last": None if self.last is None else row(self.last),
+            "changes": [{"at": round(at, 3), **row(d)} for at, d in self.changes],
+        }
 
     @staticmethod
     def _curve(estimator: DrainEstimator, max_batch: int) -> tuple[CurvePoint, ...]:
