@@ -136,16 +136,26 @@ async def one_stream(http: aiohttp.ClientSession, url: str, prompt: str, max_tok
 
 
 async def closed_loop(
-    url: str, prompt: str, max_tokens: int, streams: int, rounds: int, stagger_s: float = 0.2
+    url: str,
+    prompt: str,
+    max_tokens: int,
+    streams: int,
+    rounds: int,
+    stagger_s: float = 0.2,
+    jitter: int = 0,
 ) -> dict[str, Any]:
     """`streams` clients, each sending `rounds` requests back to back, client i starting i x stagger_s
-    after the first (the wall time counts from the first send)."""
+    after the first (the wall time counts from the first send). `jitter`: each request's output length
+    is uniform in max_tokens +- jitter (seeded), so clients do not stay in lockstep: with identical
+    lengths, streams admitted together finish together and their next prompts arrive as one burst."""
     results: list[dict] = []
+    rng = np.random.default_rng(1)
 
     async def client(http: aiohttp.ClientSession, delay: float) -> None:
         await asyncio.sleep(delay)  # staggered starts: a steady state, not one burst of prefills
         for i in range(rounds):
-            results.append({**await one_stream(http, url, prompt, max_tokens), "round": i})
+            n = max_tokens + int(rng.integers(-jitter, jitter + 1)) if jitter else max_tokens
+            results.append({**await one_stream(http, url, prompt, n), "round": i})
 
     timeout = aiohttp.ClientTimeout(total=600)
     async with aiohttp.ClientSession(timeout=timeout) as http:
@@ -237,10 +247,12 @@ def main() -> None:
             ("chunked-64", {"max_num_batched_tokens": 64}),
             ("unchunked", {"max_num_batched_tokens": 1664, "num_blocks": 1024}),
         ):
-            with Server(name, sched) as s:
-                r = asyncio.run(closed_loop(s.url, long, 64, 8, args.rounds))
-                out["prefill"][name] = r
-                print(name, json.dumps(r), flush=True)
+            for jitter in (0, 16):
+                with Server(name, sched) as s:
+                    r = asyncio.run(closed_loop(s.url, long, 64, 8, args.rounds, jitter=jitter))
+                label = name if not jitter else f"{name}, outputs 48-80"
+                out["prefill"][label] = r
+                print(label, json.dumps(r), flush=True)
     OUT_DIR.mkdir(exist_ok=True)
     (OUT_DIR / "smollm2_streams.json").write_text(json.dumps(out, indent=2))
     report(out)
