@@ -145,6 +145,20 @@ class RecoveryMachine(RuleBasedStateMachine):
         self._in_loop(lambda: self.rt.on_worker_lost(w, "killed by the test"))
         self._add_worker()  # the supervisor's replacement
 
+    @precondition(lambda self: self.running_workers())
+    @rule(ms=st.integers(100, 3000))
+    def slow(self, ms: int) -> None:
+        """Time passes with batches still running, after the fleet's batches took ~10-18 ms: the
+        watchdog hedges the overdue ones to other workers (or flags a worker as hung; the test's `crash`
+        rule plays the kill)."""
+        for size in (1, 2, 4, 8):
+            self.rt.estimator.observe_batch(size, 0.010 + 0.001 * size)
+        for w in self.rt.workers:
+            for _ in range(3):
+                self.rt.ejector.observe(w.worker_id, 0.012)
+        self.advance(ms)
+        self._in_loop(self.rt.check_workers)
+
     @precondition(lambda self: self.requests)
     @rule(pick=st.integers(0, 10_000))
     def cancel(self, pick: int) -> None:
@@ -172,16 +186,26 @@ class RecoveryMachine(RuleBasedStateMachine):
 
     @invariant()
     def no_item_in_two_places(self) -> None:
+        """Owned places only: a hedged item also sits in its slow original batch, which no longer
+        answers for it (its batch_id moved on)."""
         seen: set[int] = set()
         places = [self.rt.queue.live_items()]
         places += [list(g) for g in self.rt.isolation]
-        places += [b.items for w in self.rt.workers for b in w.inflight.values()]
+        places += [
+            [i for i in b.items if i.batch_id == b.batch_id]
+            for w in self.rt.workers
+            for b in w.inflight.values()
+        ]
         for place in places:
             for item in place:
                 if item.reply.done():
                     continue
                 assert id(item) not in seen, "an item is waiting in two places"
                 seen.add(id(item))
+
+    @invariant()
+    def queue_count_matches_its_items(self) -> None:
+        assert len(self.rt.queue) == len(self.rt.queue.live_items())
 
     @invariant()
     def every_unfinished_request_is_somewhere(self) -> None:
