@@ -264,23 +264,24 @@ class ModelRuntime:
         self, worker: WorkerConnection, size: int, now: float
     ) -> tuple[list[QueuedItem], list[QueuedItem]]:
         """Interactive items first, then bulk, up to the mix policy's cap (batching/mix.py)."""
-        cap = self.mix.cap(
-            MixInput(
-                now,
-                self.queue.live_in(INTERACTIVE),
-                self.queue.live_in(BULK),
-                self.queue.last_arrival[INTERACTIVE],
-                self.estimator.cost_line(),
-                self._other_finishes(worker),
+        bulk = self.queue.live_in(BULK)
+        line = self.estimator.cost_line() if bulk else None
+        if line is not None:  # the cap only ever limits batches that bulk could fill
+            cap = self.mix.cap(
+                MixInput(
+                    now,
+                    self.queue.live_in(INTERACTIVE),
+                    bulk,
+                    self.queue.last_arrival[INTERACTIVE],
+                    line,
+                    self._other_finishes(worker, line),
+                )
             )
-        )
-        return self.queue.cut(min(size, cap), now)
+            size = min(size, cap)
+        return self.queue.cut(size, now)
 
-    def _other_finishes(self, worker: WorkerConnection) -> list[float]:
+    def _other_finishes(self, worker: WorkerConnection, line: tuple[float, float]) -> list[float]:
         """When the other busy workers are expected to finish what they hold (from the cost line)."""
-        line = self.estimator.cost_line()
-        if line is None:
-            return []
         base, per_item = line
         return [
             w.running_since + sum(base + per_item * len(b.items) for b in w.inflight.values())
