@@ -1,0 +1,112 @@
+"""What every model kind's front-end runtime implements (batch, llm, upstream; search next).
+
+The server, the admin API, fleet control, the autoscaling loop, the metrics collectors and `inferd
+status` talk to a model only through this contract and its frozen snapshots, never through a runtime's
+own attributes. A kind adds what it alone needs in its snapshot's `detail`, a frozen dataclass of its own.
+
+Lifecycle: built by the composition root (server.py) -> `run()` as a supervised task -> workers join
+(`add_worker`), answer (`on_message`), drain (`drain_worker`) or break (`on_worker_lost`) -> `stop(exc)`
+fails what is still queued, then the task running `run()` is cancelled.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar, Protocol, runtime_checkable
+
+from inferd.config import ModelConfig
+from inferd.errors import ServingError
+from inferd.worker import protocol as p
+from inferd.worker.connection import WorkerConnection
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerSnapshot:
+    """One worker of a runtime, as operators see it."""
+
+    worker_id: str
+    model: str
+    version: int
+    state: str
+    """A WorkerState value: starting, ready, draining, dead."""
+    pid: int
+    host: str
+    completed: int
+    """Batches (batch kind) or engine steps (llm kind) completed."""
+    load: int
+    """What it holds now: batches in flight (batch) or live sequences (llm)."""
+    busy_s: float
+    last_progress_at: float
+    last_heartbeat_at: float
+    detail: Any = None
+    """Kind-specific, frozen: e.g. the batch kind's latency and ejection record."""
+
+
+@dataclass(frozen=True, slots=True)
+class RuntimeStatistics:
+    """A runtime at one instant. Every field is a plain value: the snapshot never changes after it is
+    taken and holds no reference into the runtime."""
+
+    name: str
+    version: int
+    kind: str
+    ready: bool
+    workers: tuple[WorkerSnapshot, ...]
+    ready_workers: int
+    queued: int
+    """Work admitted and not yet started: queued items (batch), waiting sequences (llm)."""
+    in_flight: int
+    """Work started and not yet answered: items in running batches, running sequences, open upstream calls."""
+    detail: Any = None
+    """The kind's own frozen snapshot (BatchStatistics, LLMRuntimeStatistics, PoolStatistics, ...)."""
+
+
+@runtime_checkable
+class Runtime(Protocol):
+    """One served version of one model on the front end."""
+
+    kind: ClassVar[str]
+    name: str
+    config: ModelConfig
+
+    @property
+    def version(self) -> int: ...
+
+    @property
+    def ready(self) -> bool:
+        """Takes requests now: a ready worker (or upstream), not stopping, making progress."""
+        ...
+
+    def statistics(self) -> RuntimeStatistics: ...
+
+    async def run(self) -> None:
+        """The runtime's own loops (dispatch, watchdog, probes) until cancelled."""
+        ...
+
+    def stop(self, exc: ServingError) -> None:
+        """Refuse new work and fail everything not yet running with `exc` (server shutdown)."""
+        ...
+
+    # ---- workers (kinds without workers, like upstream, refuse them: `accepts_workers` is False) ----
+    accepts_workers: ClassVar[bool]
+
+    def worker_connections(self) -> Sequence[WorkerConnection]: ...
+
+    def add_worker(self, worker: WorkerConnection) -> None: ...
+
+    def on_message(self, worker: WorkerConnection, msg: p.Message) -> None:
+        """A result from the worker (BatchDone, StepDeltas); heartbeats are the hub's."""
+        ...
+
+    def drain_worker(self, worker: WorkerConnection) -> None:
+        """No new work for it; it finishes what it holds, then exits (the supervisor replaces it)."""
+        ...
+
+    def on_worker_lost(self, worker: WorkerConnection, reason: str) -> None:
+        """Its connection broke: recover (retry, resume elsewhere) or fail what it held."""
+        ...
+
+    async def membership_changed(self) -> None:
+        """Returns at the next worker arrival or departure (for fleet operations that wait on one)."""
+        ...
