@@ -41,6 +41,18 @@ class ConfigError(Exception):
     """A configuration problem, with a message that says how to fix it."""
 
 
+TABLES: dict[str, type[BaseModel]] = {}
+"""Top-level tables of the config file that components registered, beside [server] and [models.NAME]."""
+
+
+def register_table(name: str, model: type[BaseModel]) -> None:
+    """A component's own table in the config file (e.g. [gateway]), validated by its own frozen model.
+    The component reads it back with `ServerConfig.table(name)`."""
+    if name in ("server", "models") or (name in TABLES and TABLES[name] is not model):
+        raise ValueError(f"config table [{name}] is already taken")
+    TABLES[name] = model
+
+
 class _Frozen(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -66,13 +78,37 @@ class TensorSpec(_Frozen):
         return shape
 
 
+class LatestVersions(_Frozen):
+    latest: int = Field(ge=1, le=64)
+    """Serve the N highest versions."""
+
+
+class SpecificVersions(_Frozen):
+    specific: tuple[int, ...] = Field(min_length=1)
+    """Serve exactly these versions."""
+
+
+VersionPolicy = Literal["latest", "all"] | LatestVersions | SpecificVersions
+"""Which of a model's versions are served, as in Triton: "latest" (the highest), "all", {latest = N}
+or {specific = [1, 3]}."""
+
+_PLATFORM_KINDS = {"inferd_llm": "llm", "openai_upstream": "upstream"}
+
+
 class ModelConfig(_Frozen):
-    """Per-model serving settings (the knobs Triton users expect)."""
+    """Per-model serving settings (the knobs Triton users expect). One ModelConfig is one served version."""
 
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,63}$")
     """Model name used in URLs."""
     version: int = Field(default=1, ge=1)
     """Version number (the version folder's name in a model repository)."""
+    kind: str = Field(default="batch", pattern=r"^[a-z][a-z0-9_\-]{0,31}$")
+    """What serves it: "batch" (dynamic batching over workers), "llm" (token generation, continuous
+    batching), "upstream" (external OpenAI-compatible engines), or a kind a component registered."""
+    version_policy: VersionPolicy = "latest"
+    """Which versions are served side by side (each with its own runtime and workers)."""
+    default_version: int | None = Field(default=None, ge=1)
+    """The version unversioned requests go to; None: the highest served version."""
     implementation: str
     """Where the model class lives: 'package.module:Class', or 'model.py:Class' inside the version folder."""
     platform: str = "python"
@@ -114,6 +150,14 @@ class ModelConfig(_Frozen):
     """Output tensors, per item."""
     params: dict[str, Any] = Field(default_factory=dict)
     """Model-specific settings, handed to the model class."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _kind_from_platform(cls, data: Any) -> Any:
+        """`platform = "openai_upstream"` (or "inferd_llm") stays accepted as an alias of the kind."""
+        if isinstance(data, dict) and "kind" not in data and data.get("platform") in _PLATFORM_KINDS:
+            return {**data, "kind": _PLATFORM_KINDS[data["platform"]]}
+        return data
 
     @model_validator(mode="after")
     def _cross_checks(self) -> ModelConfig:
@@ -193,9 +237,17 @@ class ServerConfig(_Frozen):
     processes; needs the inferd[ray] extra. The actors join over the worker port (a free one when
     worker_port is unset) with a token of the server's own; set worker_host to an address the
     cluster's nodes reach (0.0.0.0: this host's Ray node address) when the cluster spans hosts."""
+    tables: dict[str, Any] = Field(default_factory=dict)
+    """Components' own tables from the config file, each validated by the model it registered."""
     ray_resource: str | None = None
     """The Ray resource each worker actor holds one of: None takes GPU when the cluster has GPUs, else the
     custom resource inferd_device (start CPU-only nodes with --resources='{"inferd_device": N}')."""
+
+    def table(self, name: str) -> Any:
+        """A registered component table: the file's, else the component model's defaults."""
+        if name not in TABLES:
+            raise KeyError(f"no component registered the config table [{name}]")
+        return self.tables.get(name) or TABLES[name]()
 
 
 def load_server_config(
@@ -213,13 +265,15 @@ def load_server_config(
             ) from None
         except tomllib.TOMLDecodeError as exc:
             raise ConfigError(f"config file {path} is not valid TOML: {exc}") from None
-        unknown = set(raw) - {"server", "models"}
+        unknown = set(raw) - {"server", "models"} - set(TABLES)
         if unknown:
             raise ConfigError(
-                f"config file {path} has unknown tables {sorted(unknown)}: use [server] and [models.NAME]"
+                f"config file {path} has unknown tables {sorted(unknown)}: use [server], [models.NAME]"
+                + "".join(f", [{t}]" for t in sorted(TABLES))
             )
         data.update(raw.get("server", {}))
         data["model_overrides"] = raw.get("models", {})
+        data["tables"] = {name: _component_table(name, raw[name]) for name in raw if name in TABLES}
     data.update({k: v for k, v in overrides.items() if v is not None})
     env = os.environ if environ is None else environ
     if "admin_token" in data:
@@ -241,6 +295,13 @@ def load_server_config(
         return ServerConfig(**data)
     except ValidationError as exc:
         raise ConfigError(describe_validation_error("server config", exc)) from None
+
+
+def _component_table(name: str, raw: Any) -> BaseModel:
+    try:
+        return TABLES[name].model_validate(raw)
+    except ValidationError as exc:
+        raise ConfigError(describe_validation_error(f"[{name}] table", exc)) from None
 
 
 def describe_validation_error(what: str, exc: ValidationError) -> str:

@@ -1,4 +1,6 @@
-"""The inference server: model runtimes, the worker hub, the local supervisor, and their lifecycle."""
+"""The composition root: the model kinds, the registry of served versions and their runtimes, the worker
+hub, the launcher (local processes or Ray actors), fleet control, autoscaling, the admin API, and their
+lifecycle. Everything else finds runtimes through `server.registry` and reads them through snapshots."""
 
 from __future__ import annotations
 
@@ -11,25 +13,25 @@ import shutil
 import signal
 import tempfile
 import time
-from collections import ChainMap
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING
 
-from inferd.api.admin import AdminApi
+from inferd.api.admin import AdminApi, AdminTarget
 from inferd.batching.dispatcher import ModelRuntime
 from inferd.batching.retry import RetryBudget
 from inferd.clock import Clock, MonotonicClock
 from inferd.config import ModelConfig, ServerConfig
-from inferd.errors import Internal, NotFound, ShuttingDown
-from inferd.fleet.autoscaler import Autoscaler
-from inferd.fleet.control import FleetControl
-from inferd.fleet.scaling import ScalingLoop
-from inferd.llm.model import is_llm
+from inferd.errors import ShuttingDown
+from inferd.fleet.control import FleetControl, repository_loader
+from inferd.fleet.scaling import ScalingLoop, scaling_policy
 from inferd.llm.runtime import LLMRuntime
-from inferd.llm.upstream import UpstreamRuntime, is_upstream
-from inferd.observability.llm_metrics import LLMCollector
+from inferd.llm.upstream import UpstreamConfig, UpstreamRuntime
+from inferd.observability.collectors import RuntimeCollector
 from inferd.observability.metrics import Metrics
-from inferd.observability.upstream_metrics import UpstreamCollector, UpstreamMetrics
+from inferd.observability.upstream_metrics import UpstreamMetrics
+from inferd.runtime.contract import Runtime
+from inferd.runtime.kinds import Kind, KindRegistry, RuntimeContext
+from inferd.runtime.registry import ModelRegistry
 from inferd.worker.connection import WorkerConnection
 from inferd.worker.hub import WorkerHub
 from inferd.worker.supervisor import Supervisor
@@ -40,6 +42,52 @@ if TYPE_CHECKING:
 log = logging.getLogger("inferd.server")
 
 
+def _batch_runtime(config: ModelConfig, ctx: RuntimeContext) -> Runtime:
+    return ModelRuntime(
+        config,
+        ctx.clock,
+        ctx.metrics.for_model(config.name, config.version),
+        ctx.retry_budget,
+        ctx.kill_worker,
+        heartbeat_timeout_s=ctx.server.heartbeat_timeout_s,
+    )
+
+
+def _llm_runtime(config: ModelConfig, ctx: RuntimeContext) -> Runtime:
+    return LLMRuntime(
+        config,
+        ctx.clock,
+        ctx.metrics.for_llm(config.name, config.version),
+        ctx.retry_budget,
+        kill_worker=ctx.kill_worker,
+        heartbeat_timeout_s=ctx.server.heartbeat_timeout_s,
+    )
+
+
+def _upstream_runtime(config: ModelConfig, ctx: RuntimeContext) -> Runtime:
+    """An upstream-served model, with a retry budget of its own (its failures are its upstreams')."""
+    budget = RetryBudget(ctx.clock, ctx.server.retry_budget_ratio, ctx.server.retry_budget_min_per_s)
+    return UpstreamRuntime(
+        config, ctx.clock, UpstreamMetrics(ctx.metrics, config.name, config.version), budget
+    )
+
+
+def builtin_kinds() -> KindRegistry:
+    return KindRegistry(
+        [
+            Kind("batch", _batch_runtime, routes="POST /v2/models/{model}/infer (OIP), /v1/embeddings"),
+            Kind("llm", _llm_runtime, routes="POST /v1/chat/completions or /v1/completions (OpenAI)"),
+            Kind(
+                "upstream",
+                _upstream_runtime,
+                params=UpstreamConfig,
+                has_workers=False,
+                routes="POST /v1/chat/completions or /v1/completions (OpenAI)",
+            ),
+        ]
+    )
+
+
 class InferenceServer:
     def __init__(
         self,
@@ -47,42 +95,25 @@ class InferenceServer:
         models: list[ModelConfig],
         clock: Clock | None = None,
         spawn_workers: bool = True,
+        kinds: KindRegistry | None = None,
     ) -> None:
         self.config = config
         self.clock = clock or MonotonicClock()
         self.started_at = time.time()
         self.metrics = Metrics()
-        self.models = {m.name: m for m in models}
-        self.runtimes: dict[str, ModelRuntime] = {}
-        self.llm_runtimes: dict[str, LLMRuntime] = {}
-        """LLM models (token streams, driven by the engine in their workers) beside the batch models."""
+        self.kinds = kinds or builtin_kinds()
+        for m in models:
+            self.kinds.check(m)
         self.retry_budget = RetryBudget(self.clock, config.retry_budget_ratio, config.retry_budget_min_per_s)
-        self.upstreams: dict[str, UpstreamRuntime] = {
-            m.name: self._upstream(m) for m in models if is_upstream(m)
-        }
-        """LLM models served by external OpenAI-compatible engines (vLLM, SGLang, TGI): no workers here."""
-        for m in (m for m in models if not is_upstream(m)):
-            if is_llm(m):
-                self.llm_runtimes[m.name] = LLMRuntime(
-                    m, self.clock, self.metrics.for_llm(m.name), self.retry_budget
-                )
-                continue
-            rt = ModelRuntime(
-                m,
-                self.clock,
-                self.metrics.for_model(m.name),
-                self.retry_budget,
-                self.kill_worker,
-                heartbeat_timeout_s=config.heartbeat_timeout_s,
-            )
-            self.runtimes[m.name] = rt
-            self.metrics.track(rt)
+        self.context = RuntimeContext(config, self.clock, self.metrics, self.retry_budget, self.kill_worker)
+        self.registry = ModelRegistry()
+        for m in models:
+            self.registry.add(self.kinds.get(m.kind).make_runtime(m, self.context))
+        self.metrics.registry.register(RuntimeCollector(self.registry))
         self._token = secrets.token_hex(16)
         join = config.join_token.get_secret_value() if config.join_token else ""
-        self.metrics.registry.register(LLMCollector(self.llm_runtimes.values))
-        self.metrics.registry.register(UpstreamCollector(self.upstreams.values))
         self.hub = WorkerHub(
-            ChainMap(self.runtimes, self.llm_runtimes),  # type: ignore[arg-type]
+            self.registry,
             self.clock,
             tokens=(self._token, join),
             load_timeout_s=config.worker_start_timeout_s,
@@ -98,50 +129,66 @@ class InferenceServer:
                 config.ray_address, self._token, config.log_level, resource=config.ray_resource
             )
             self.supervisor = self.ray_launcher
-        self.supervisor.restart_hooks.append(
-            lambda slot: slot.model in self.runtimes and self.runtimes[slot.model].metrics.worker_restarted()
-        )
+        self.supervisor.restart_hooks.append(self._count_restart)
         if spawn_workers:
-            for m in (m for m in models if not is_upstream(m)):
-                self.supervisor.add(m.name, config.workers if m.workers is None else m.workers)
+            for m in models:
+                if self.kinds.get(m.kind).has_workers:
+                    self.supervisor.add(m.name, config.workers if m.workers is None else m.workers, m.version)
         self.shutting_down = False
         self.hub.on_first_batch.append(lambda conn: self.supervisor.mark_healthy(conn.worker_id))
-        token = config.admin_token.get_secret_value() if config.admin_token else None
-        self.fleet = FleetControl(self)
+        loader = repository_loader(config.model_repo, config.model_overrides) if config.model_repo else None
+        self.fleet = FleetControl(self.registry, self.supervisor, self, loader)
         self.scaling = {
-            m.name: ScalingLoop(self, m.name, Autoscaler(m.autoscale, self.clock))
-            for m in models
-            if m.autoscale
+            rt.name: ScalingLoop(
+                self.registry,
+                self.fleet,
+                self.clock,
+                rt.name,
+                scaling_policy(rt.kind, rt.config.autoscale, self.clock),
+            )
+            for rt in self.registry.defaults()
+            if rt.config.autoscale
         }
-        self.admin = AdminApi(self, token)
+        self._tasks: dict[tuple[str, int], asyncio.Task[None]] = {}
+        self._group: asyncio.TaskGroup | None = None
+        self.admin: AdminApi | None = None
         self.admin_port: int | None = None
         self.worker_port: int | None = None
 
-    def _upstream(self, m: ModelConfig) -> UpstreamRuntime:
-        """An upstream-served model, with a retry budget of its own (its failures are its upstreams')."""
-        budget = RetryBudget(self.clock, self.config.retry_budget_ratio, self.config.retry_budget_min_per_s)
-        return UpstreamRuntime(m, self.clock, UpstreamMetrics(self.metrics, m.name), budget)
-
     @property
     def ready(self) -> bool:
-        return (
-            not self.shutting_down
-            and all(rt.ready for rt in self.runtimes.values())
-            and all(rt.ready for rt in self.llm_runtimes.values())
-        )
+        return not self.shutting_down and all(rt.ready for rt in self.registry)
 
-    def runtime(self, name: str, version: str | None = None) -> ModelRuntime:
-        rt = self.runtimes.get(name)
-        if rt is None:
-            raise NotFound(f"unknown model {name!r}; served models: {sorted(self.runtimes)}")
-        if version is not None and version != str(rt.served_version):
-            raise NotFound(f"model {name!r} version {version!r} is not served (served: {rt.served_version})")
-        return rt
+    def runtime(self, name: str, version: int | str | None = None) -> Runtime:
+        return self.registry.get(name, version)
 
+    def has_workers(self, kind: str) -> bool:
+        return self.kinds.get(kind).has_workers
+
+    def _count_restart(self, slot: object) -> None:
+        model = getattr(slot, "model", None)
+        if model in self.registry:
+            self.metrics.worker_restarted(model)
+
+    # ---- lifecycle ------------------------------------------------------------------------------------
     @contextlib.asynccontextmanager
     async def running(self) -> AsyncIterator[None]:
-        """Start listening for workers, the dispatch loops and the local workers; stop them on exit."""
+        """Start listening for workers, the runtimes' loops and the local workers; stop them on exit."""
         await self.hub.listen_unix(self.worker_address[len("unix:") :])
+        token = self.config.admin_token.get_secret_value() if self.config.admin_token else None
+        self.admin = AdminApi(
+            AdminTarget(
+                self.registry,
+                self.fleet,
+                self.supervisor,
+                self.retry_budget,
+                self.scaling,
+                self.clock,
+                self.kill_worker,
+                self.find_worker,
+            ),
+            token,
+        )
         if self.config.admin_port is not None:
             self.admin_port = await self.admin.start(self.config.admin_host, self.config.admin_port)
         if self.config.worker_port is not None:
@@ -154,20 +201,13 @@ class InferenceServer:
             if self.worker_port is None:
                 self.worker_port = await self.hub.listen_tcp(self.config.worker_host, 0)
             self.ray_launcher.address = f"{self.config.worker_host}:{self.worker_port}"
-        log.info("serving models %s; workers connect at %s", sorted(self.runtimes), self.worker_address)
+        self._log_models()
         try:
             async with asyncio.TaskGroup() as tg:
+                self._group = tg
+                for rt in self.registry:
+                    self._start(rt)
                 loops = [
-                    tg.create_task(self._dispatch(rt), name=f"dispatch-{rt.name}")
-                    for rt in self.runtimes.values()
-                ]
-                loops += [
-                    tg.create_task(rt.watchdog(), name=f"watchdog-{rt.name}") for rt in self.runtimes.values()
-                ]
-                loops += [
-                    tg.create_task(up.run(), name=f"upstream-{name}") for name, up in self.upstreams.items()
-                ]
-                loops += [
                     tg.create_task(loop.run(), name=f"autoscale-{name}")
                     for name, loop in self.scaling.items()
                 ]
@@ -177,11 +217,47 @@ class InferenceServer:
                 finally:
                     await self._shutdown(loops, supervisor)
         finally:
+            self._group = None
             shutil.rmtree(self._socket_dir, ignore_errors=True)
+
+    def _log_models(self) -> None:
+        rows = [
+            f"{rt.name} v{rt.version} ({rt.kind}{', default' if rt.version == self.registry.default_version(rt.name) else ''})"
+            for rt in self.registry
+        ]
+        log.info(
+            "serving %d model version(s): %s; workers connect at %s",
+            len(rows),
+            "; ".join(rows),
+            self.worker_address,
+        )
+
+    def _start(self, rt: Runtime) -> None:
+        if self._group is None:
+            raise RuntimeError("the server is not running")
+        self._tasks[(rt.name, rt.version)] = self._group.create_task(
+            rt.run(), name=f"runtime-{rt.name}-v{rt.version}"
+        )
+
+    def add_version(self, config: ModelConfig) -> Runtime:
+        """Serve another version of a model beside the ones served (a rolling update's new version)."""
+        self.kinds.check(config)
+        rt = self.kinds.get(config.kind).make_runtime(config, self.context)
+        self.registry.add(rt)
+        self._start(rt)
+        return rt
+
+    def remove_version(self, name: str, version: int) -> None:
+        """Stop serving one version (its workers are drained already): fail what it still holds."""
+        rt = self.registry.remove(name, version)
+        rt.stop(ShuttingDown(f"model '{name}' version {version} is no longer served"))
+        task = self._tasks.pop((name, version), None)
+        if task is not None:
+            task.cancel()
 
     def kill_worker(self, worker: WorkerConnection) -> None:
         """Kill a hung or silent worker. A local child is SIGKILLed (SIGSTOP cannot block that); a remote
-        one only loses its connection. Either way the broken connection recovers its batches."""
+        one only loses its connection. Either way the broken connection recovers its work."""
         if self.ray_launcher is not None:
             self.ray_launcher.kill(worker.worker_id)  # ray.kill: the actor may be on another host
         elif worker.pid in self.supervisor.pids():
@@ -189,37 +265,23 @@ class InferenceServer:
                 os.kill(worker.pid, signal.SIGKILL)
         worker.writer.transport.abort()
 
-    def find_worker(self, worker_id: str) -> tuple[ModelRuntime, WorkerConnection]:
-        for rt in self.runtimes.values():
-            for w in rt.workers:
+    def find_worker(self, worker_id: str) -> tuple[Runtime, WorkerConnection]:
+        from inferd.errors import NotFound
+
+        for rt in self.registry:
+            for w in rt.worker_connections():
                 if w.worker_id == worker_id:
                     return rt, w
         raise NotFound(f"no connected worker {worker_id!r}")
 
-    async def _dispatch(self, rt: ModelRuntime) -> None:
-        try:
-            await rt.run()
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:
-            log.exception("dispatch loop of model %s failed", rt.name)
-            rt.stop_accepting()
-            rt.fail_all_queued(Internal(f"dispatch loop of model '{rt.name}' failed: {exc!r}"))
-            raise
-
     async def _shutdown(self, loops: list[asyncio.Task[None]], supervisor: asyncio.Task[None]) -> None:
         self.shutting_down = True
-        for rt in self.runtimes.values():
-            rt.stop_accepting()
-            rt.fail_all_queued(ShuttingDown(f"model '{rt.name}' is shutting down"))
-        for up in self.upstreams.values():
-            up.stop_accepting()
-        for llm in self.llm_runtimes.values():
-            llm.stop_accepting()
-            llm.fail_all(ShuttingDown(f"model '{llm.name}' is shutting down"))
-        for task in loops:
+        for rt in self.registry:
+            rt.stop(ShuttingDown(f"model '{rt.name}' is shutting down"))
+        for task in [*loops, *self._tasks.values()]:
             task.cancel()
         await self.hub.close()
-        await self.admin.stop()
+        if self.admin is not None:
+            await self.admin.stop()
         supervisor.cancel()
         log.info("stopped")

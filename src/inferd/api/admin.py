@@ -1,4 +1,5 @@
-"""The admin API, on its own port (default 127.0.0.1:8001): list workers, drain or restart one.
+"""The admin API, on its own port: list workers and models (every kind, every served version), drain or
+restart a worker, scale a model, roll it to any version.
 
 Protected by a bearer token when INFERD_ADMIN_TOKEN is set. Served by aiohttp's web server, which runs
 inside the front end's event loop without taking over its signal handling.
@@ -9,22 +10,41 @@ from __future__ import annotations
 import hmac
 import logging
 import time
-from dataclasses import asdict
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass, is_dataclass
+from typing import Any
 
 from aiohttp import web
 
+from inferd.batching.retry import RetryBudget
+from inferd.clock import Clock
 from inferd.errors import BadRequest, NotFound
-
-if TYPE_CHECKING:
-    from inferd.server import InferenceServer
+from inferd.fleet.control import FleetControl, Launcher
+from inferd.fleet.scaling import ScalingLoop
+from inferd.runtime.contract import Runtime, RuntimeStatistics, WorkerSnapshot
+from inferd.runtime.registry import ModelRegistry
+from inferd.worker.connection import WorkerConnection, slot_of
 
 log = logging.getLogger("inferd.admin")
 
 
+@dataclass(frozen=True, slots=True)
+class AdminTarget:
+    """What the admin API operates on (built by the composition root)."""
+
+    registry: ModelRegistry
+    fleet: FleetControl
+    launcher: Launcher
+    retry_budget: RetryBudget
+    scaling: Mapping[str, ScalingLoop]
+    clock: Clock
+    kill_worker: Callable[[WorkerConnection], None]
+    find_worker: Callable[[str], tuple[Runtime, WorkerConnection]]
+
+
 class AdminApi:
-    def __init__(self, server: InferenceServer, token: str | None) -> None:
-        self.server = server
+    def __init__(self, target: AdminTarget, token: str | None) -> None:
+        self.target = target
         self.token = token
         self._runner: web.AppRunner | None = None
 
@@ -71,72 +91,41 @@ class AdminApi:
             return web.json_response({"error": exc.message}, status=400)
 
     async def workers(self, request: web.Request) -> web.Response:
-        now = self.server.clock.now()
-        restarts = {slot.worker_id: slot.restarts for slot in self.server.supervisor.slots}
-        rows = []
-        for rt in self.server.runtimes.values():
-            for w in rt.workers:
-                rows.append(
-                    {
-                        "worker_id": w.worker_id,
-                        "model": w.model,
-                        "version": w.version,
-                        "state": w.state.value,
-                        "pid": w.pid,
-                        "host": w.host,
-                        "inflight_batches": len(w.inflight),
-                        "completed_batches": w.completed_batches,
-                        "restarts": restarts.get(w.slot_id, 0),
-                        "last_progress_s_ago": round(now - w.last_progress, 3),
-                        "last_heartbeat_s_ago": round(now - w.last_heartbeat, 3),
-                        "busy_s": round(w.busy_s, 3),
-                        "latency_ms": round(1000 * rt.balancer.latency_s(w.worker_id), 1),
-                        "ejection": _ejection(rt.ejection_status(w), now),
-                    }
-                )
-        for llm in self.server.llm_runtimes.values():
-            for w in llm.workers:
-                rows.append(
-                    {
-                        "worker_id": w.worker_id,
-                        "model": w.model,
-                        "version": w.version,
-                        "state": w.state.value,
-                        "pid": w.pid,
-                        "host": w.host,
-                        "live_sequences": llm.live_on(w.worker_id),
-                        "completed_batches": w.completed_batches,
-                        "restarts": restarts.get(w.slot_id, 0),
-                        "last_progress_s_ago": round(now - w.last_progress, 3),
-                        "last_heartbeat_s_ago": round(now - w.last_heartbeat, 3),
-                        "busy_s": round(w.busy_s, 3),
-                    }
-                )
+        t = self.target
+        now = t.clock.now()
+        restarts = {slot.worker_id: slot.restarts for slot in t.launcher.slots}
+        rows = [
+            worker_row(stats, w, now, restarts.get(slot_of(w.worker_id), 0))
+            for rt in t.registry
+            for stats in (rt.statistics(),)
+            for w in stats.workers
+        ]
         return web.json_response({"workers": rows, "time": time.time()})
 
     async def models(self, request: web.Request) -> web.Response:
-        budget = self.server.retry_budget.statistics()
-        out = {
-            name: {
-                "ready": rt.ready,
-                "stalled": rt.stalled(),
-                "balancer": asdict(rt.balancer.statistics()),
-                "ready_workers": rt.ready_workers,
-                "queued": len(rt.queue),
-                "isolation_batches": len(rt.isolation),
-                "batch_timeout_s": rt.batch_timeout_s(),
-                "busy_ratio": round(rt.busy_ratio(), 3),
-                "autoscaler": loop.report() if (loop := self.server.scaling.get(name)) else None,
-            }
-            for name, rt in self.server.runtimes.items()
-        }
-        llm = {
-            name: llm_model_row(rt.ready, rt.statistics()) for name, rt in self.server.llm_runtimes.items()
-        }
+        t = self.target
+        budget = t.retry_budget.statistics()
+        batch: dict[str, Any] = {}
+        llm: dict[str, Any] = {}
+        upstream: dict[str, Any] = {}
+        for rt in t.registry:
+            stats = rt.statistics()
+            default = t.registry.default_version(rt.name) == rt.version
+            key = rt.name if len(t.registry.versions(rt.name)) == 1 else f"{rt.name}:{rt.version}"
+            row = {"kind": stats.kind, "version": stats.version, "default": default}
+            loop = t.scaling.get(rt.name) if default else None
+            row["autoscaler"] = loop.report() if loop is not None else None
+            if stats.kind == "llm":
+                llm[key] = {**row, **llm_model_row(stats)}
+            elif stats.kind == "batch":
+                batch[key] = {**row, **batch_model_row(stats)}
+            else:
+                upstream[key] = {**row, "ready": stats.ready, "detail": _plain(stats.detail)}
         return web.json_response(
             {
-                "models": out,
+                "models": batch,
                 "llm_models": llm,
+                "other_models": upstream,
                 "retry_budget": {
                     "balance": round(budget.balance, 1),
                     "requests_in_window": budget.requests_in_window,
@@ -147,28 +136,95 @@ class AdminApi:
         )
 
     async def drain(self, request: web.Request) -> web.Response:
-        rt, worker = self.server.find_worker(request.match_info["worker_id"])
+        rt, worker = self.target.find_worker(request.match_info["worker_id"])
         rt.drain_worker(worker)
         return web.json_response({"worker_id": worker.worker_id, "state": worker.state.value})
 
     async def scale(self, request: web.Request) -> web.Response:
-        """POST /admin/models/{model}/scale?workers=N: add workers, or drain the extra ones."""
-        return await _scale(self, request)
+        """POST /admin/models/{model}/scale?workers=N[&version=V]: add workers, or drain the extra ones."""
+        try:
+            workers = int(request.query["workers"])
+        except (KeyError, ValueError):
+            raise BadRequest("pass ?workers=N (a whole number of local workers)") from None
+        model = request.match_info["model"]
+        version = _version(request)
+        done = await self.target.fleet.scale_to(model, workers, version)
+        return web.json_response({"model": model, "workers": done})
 
     async def update(self, request: web.Request) -> web.Response:
-        """POST /admin/models/{model}/update: roll to the repository's highest version, worker by worker.
-        Answers when done."""
-        return web.json_response(await self.server.fleet.rolling_update(request.match_info["model"]))
+        """POST /admin/models/{model}/update[?version=N]: roll to version N (default: the repository's
+        highest; lower versions roll back), worker by worker. Answers when done."""
+        model = request.match_info["model"]
+        return web.json_response(await self.target.fleet.rolling_update(model, _version(request)))
 
     async def restart(self, request: web.Request) -> web.Response:
         """Graceful by default (drain, exit, replaced by the supervisor); ?force=true kills it now."""
-        rt, worker = self.server.find_worker(request.match_info["worker_id"])
+        rt, worker = self.target.find_worker(request.match_info["worker_id"])
         if request.query.get("force", "").lower() in ("1", "true", "yes"):
             worker.failure = "restarted by an operator"
-            self.server.kill_worker(worker)
+            self.target.kill_worker(worker)
         else:
             rt.drain_worker(worker)
         return web.json_response({"worker_id": worker.worker_id, "state": worker.state.value})
+
+
+def _version(request: web.Request) -> int | None:
+    raw = request.query.get("version")
+    if raw is None or raw == "":
+        return None
+    if not raw.isdigit() or int(raw) < 1:
+        raise BadRequest(f"version must be a whole number >= 1, got {raw!r}")
+    return int(raw)
+
+
+def _plain(value: Any) -> Any:
+    if is_dataclass(value) and not isinstance(value, type):
+        return {k: _plain(v) for k, v in asdict(value).items()}
+    if isinstance(value, tuple | list):
+        return [_plain(v) for v in value]
+    if hasattr(value, "value") and not isinstance(value, int | float | str):
+        return value.value
+    return value
+
+
+def worker_row(stats: RuntimeStatistics, w: WorkerSnapshot, now: float, restarts: int) -> dict[str, Any]:
+    row: dict[str, Any] = {
+        "worker_id": w.worker_id,
+        "model": w.model,
+        "version": w.version,
+        "kind": stats.kind,
+        "state": w.state,
+        "pid": w.pid,
+        "host": w.host,
+        "load": w.load,
+        "completed_batches": w.completed,
+        "restarts": restarts,
+        "last_progress_s_ago": round(now - w.last_progress_at, 3),
+        "last_heartbeat_s_ago": round(now - w.last_heartbeat_at, 3),
+        "busy_s": round(w.busy_s, 3),
+    }
+    if stats.kind == "llm":
+        row["live_sequences"] = w.load
+    elif stats.kind == "batch":
+        d = w.detail
+        row["inflight_batches"] = w.load
+        row["latency_ms"] = round(1000 * d.latency_s, 1)
+        row["ejection"] = _ejection(d.ejection, now)
+    return row
+
+
+def batch_model_row(stats: RuntimeStatistics) -> dict[str, Any]:
+    d = stats.detail
+    return {
+        "ready": stats.ready,
+        "stalled": d.stalled,
+        "balancer": _plain(d.balancer),
+        "ready_workers": stats.ready_workers,
+        "queued": stats.queued,
+        "isolation_batches": d.isolation_batches,
+        "batch_timeout_s": d.batch_timeout_s,
+        "busy_ratio": round(d.busy_ratio, 3),
+    }
 
 
 def _ejection(record: Any, now: float) -> dict[str, Any]:
@@ -182,20 +238,12 @@ def _ejection(record: Any, now: float) -> dict[str, Any]:
     }
 
 
-async def _scale(admin: AdminApi, request: web.Request) -> web.Response:
-    try:
-        workers = int(request.query["workers"])
-    except (KeyError, ValueError):
-        raise BadRequest("pass ?workers=N (a whole number of local workers)") from None
-    done = await admin.server.fleet.scale_to(request.match_info["model"], workers)
-    return web.json_response({"model": request.match_info["model"], "workers": done})
-
-
-def llm_model_row(ready: bool, s: Any) -> dict[str, Any]:
+def llm_model_row(stats: RuntimeStatistics) -> dict[str, Any]:
     """An LLM model as `inferd status` shows it: its engines' sequences, KV use and cache hits."""
+    s = stats.detail
     total = s.kv_blocks_total
     return {
-        "ready": ready,
+        "ready": stats.ready,
         "workers": s.workers,
         "streams": s.streams,
         "running": s.running,

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable
+from functools import partial
 from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -16,25 +17,24 @@ from inferd import __version__
 from inferd.api import completions as completion_routes
 from inferd.api import oip
 from inferd.api import openai as openai_routes
-from inferd.api.asgi import AsgiApp, HttpRequest, HttpResponse, Router, StreamingResponse
-from inferd.api.errors import error_headers, status_of
+from inferd.api.asgi import AsgiApp, HttpRequest, HttpResponse, Router
 from inferd.api.http import (
-    ClientGone,
     check_content_type,
     json_response,
     parse_priority,
     read_body,
     wait_for_items,
 )
+from inferd.api.middleware import AccessLog, Accounting, Call, ErrorBody, Errors, Layer, Response, chain
 from inferd.api.openapi import openapi_document
-from inferd.batching.dispatcher import ItemResult, ModelRuntime
-from inferd.errors import BadRequest, Internal, ServingError
+from inferd.batching.dispatcher import ItemResult
+from inferd.errors import BadRequest, ServingError
+from inferd.runtime.contract import Runtime
 from inferd.server import InferenceServer
 
 log = logging.getLogger("inferd.api")
-access_log = logging.getLogger("inferd.access")
 
-ErrorBody = Callable[[ServingError, int], bytes]
+TEXT_KINDS = ("llm", "upstream")
 
 
 def oip_error(exc: ServingError, status: int) -> bytes:
@@ -44,19 +44,38 @@ def oip_error(exc: ServingError, status: int) -> bytes:
 def create_app(server: InferenceServer) -> AsgiApp:
     api = Api(server)
     r = Router()
-    r.add("GET", "/v2/health/live", api.live)
-    r.add("GET", "/v2/health/ready", api.ready)
-    r.add("GET", "/v2", api.server_metadata)
+    oai = openai_routes.openai_error
+
+    def add(
+        method: str, path: str, handler: Callable[[Call], Awaitable[Response]], errors: ErrorBody = oip_error
+    ) -> None:
+        r.add(method, path, api.endpoint(handler, errors))
+
+    add("GET", "/v2/health/live", api.live)
+    add("GET", "/v2/health/ready", api.ready)
+    add("GET", "/v2", api.server_metadata)
     for base in ("/v2/models/{model}", "/v2/models/{model}/versions/{version}"):
-        r.add("GET", base, api.model_metadata)
-        r.add("GET", base + "/ready", api.model_ready)
-        r.add("POST", base + "/infer", api.infer)
-    r.add("POST", "/v1/embeddings", api.embeddings)
-    r.add("GET", "/v1/models", api.list_models)
-    r.add("POST", "/v1/completions", api.completions)
-    r.add("POST", "/v1/chat/completions", api.chat_completions)
-    r.add("GET", "/metrics", api.metrics)
-    r.add("GET", "/openapi.json", api.openapi)
+        add("GET", base, api.model_metadata)
+        add("GET", base + "/ready", api.model_ready)
+        add("POST", base + "/infer", api.infer)
+    add("POST", "/v1/embeddings", lambda call: openai_routes.embeddings(api, call.request), oai)
+    add("GET", "/v1/models", api.list_models, oai)
+    add("POST", "/v1/completions", lambda call: completion_routes.completions(api, call.request), oai)
+    add(
+        "POST",
+        "/v1/chat/completions",
+        lambda call: completion_routes.chat_completions(api, call.request),
+        oai,
+    )
+    add("GET", "/metrics", api.metrics)
+    add("GET", "/openapi.json", api.openapi)
+    log.info(
+        "request chain: %s",
+        " -> ".join(
+            type(layer).__name__ if not isinstance(layer, partial) else layer.func.__name__
+            for layer in api.layers
+        ),
+    )
     return AsgiApp(r, server.running, _not_found)
 
 
@@ -101,54 +120,88 @@ def lifecycle_headers(record: dict[str, Any]) -> list[tuple[bytes, bytes]]:
 class Api:
     def __init__(self, server: InferenceServer) -> None:
         self.server = server
+        self.registry = server.registry
         self.clock = server.clock
         self.max_body = server.config.max_body_bytes
-        self.access_log = server.config.access_log
+        self.layers: list[Layer] = [partial(Accounting, metrics=server.metrics, clock=self.clock), Errors]
+        """The middleware chain, outermost first (api/middleware.py); auth, quotas, cache and tracing
+        are layers of this list."""
+        if server.config.access_log:
+            self.layers.insert(0, partial(AccessLog, clock=self.clock))
+
+    def endpoint(
+        self, handler: Callable[[Call], Awaitable[Response]], error_body: ErrorBody
+    ) -> Callable[[HttpRequest], Awaitable[Response]]:
+        """A route: every request passes the whole chain, then `handler`."""
+        run = chain(self.layers, handler)
+
+        async def route(request: HttpRequest) -> Response:
+            call = Call(request, error_body)
+            request.scope["inferd.call"] = call
+            return await run(call)
+
+        return route
+
+    # ---- finding the model that serves a request ---------------------------------------------------
+    def resolve(
+        self, request: HttpRequest, name: str, version: str | None, kinds: tuple[str, ...]
+    ) -> Runtime:
+        """The runtime serving `name` at `version` (None: the default), if its kind serves this route;
+        recorded on the call for accounting. Unknown models get a 404 listing every model."""
+        rt = self.registry.get(name, version)
+        call: Call | None = request.scope.get("inferd.call")
+        if call is not None:
+            call.runtime = rt
+        if rt.kind not in kinds:
+            routes = self.server.kinds.get(rt.kind).routes
+            raise BadRequest(f"model {name!r} is a {rt.kind} model: send its requests to {routes}")
+        return rt
+
+    def text_model(self, request: HttpRequest, name: str) -> Runtime:
+        """An LLM or upstream model for the OpenAI text routes (X-Inferd-Model-Version may pin a version)."""
+        return self.resolve(request, name, request.header(b"x-inferd-model-version"), TEXT_KINDS)
+
+    def batch_model(self, request: HttpRequest, name: str, version: str | None = None) -> Any:
+        return self.resolve(request, name, version, ("batch",))
 
     # ---- health and metadata ----------------------------------------------------------------------
-    async def live(self, request: HttpRequest) -> HttpResponse:
+    async def live(self, call: Call) -> HttpResponse:
         return HttpResponse(content_type=None)
 
-    async def ready(self, request: HttpRequest) -> HttpResponse:
+    async def ready(self, call: Call) -> HttpResponse:
         return HttpResponse(status=200 if self.server.ready else 503, content_type=None)
 
-    async def server_metadata(self, request: HttpRequest) -> HttpResponse:
+    async def server_metadata(self, call: Call) -> HttpResponse:
         return json_response(
             oip.encode_json({"name": "inferd", "version": __version__, "extensions": ["binary_tensor_data"]})
         )
 
-    async def model_metadata(self, request: HttpRequest) -> HttpResponse:
-        return await self.guard(request, None, self._model_metadata)
+    async def model_metadata(self, call: Call) -> HttpResponse:
+        params = call.request.path_params
+        rt = self.registry.get(params["model"], params.get("version"))
+        versions = self.registry.versions(rt.name)
+        return json_response(oip.encode_json(oip.model_metadata(rt.config, versions)))
 
-    async def _model_metadata(self, request: HttpRequest) -> HttpResponse:
-        rt = self._runtime(request)
-        return json_response(oip.encode_json(oip.model_metadata(rt.config, rt.served_version)))
-
-    async def model_ready(self, request: HttpRequest) -> HttpResponse:
-        return await self.guard(request, None, self._model_ready)
-
-    async def _model_ready(self, request: HttpRequest) -> HttpResponse:
-        rt = self._runtime(request)
+    async def model_ready(self, call: Call) -> HttpResponse:
+        params = call.request.path_params
+        rt = self.registry.get(params["model"], params.get("version"))
         ready = rt.ready and not self.server.shutting_down
         return HttpResponse(status=200 if ready else 503, content_type=None)
 
-    async def list_models(self, request: HttpRequest) -> HttpResponse:
-        return openai_routes.list_models(self.server)
+    async def list_models(self, call: Call) -> HttpResponse:
+        return openai_routes.list_models(self.registry, self.server.started_at)
 
-    async def metrics(self, request: HttpRequest) -> HttpResponse:
+    async def metrics(self, call: Call) -> HttpResponse:
         body = generate_latest(self.server.metrics.registry)
         return HttpResponse(body, content_type=CONTENT_TYPE_LATEST.encode())
 
-    async def openapi(self, request: HttpRequest) -> HttpResponse:
+    async def openapi(self, call: Call) -> HttpResponse:
         return json_response(oip.encode_json(openapi_document()))
 
     # ---- inference ----------------------------------------------------------------------------------
-    async def infer(self, request: HttpRequest) -> HttpResponse:
-        rt = self.server.runtimes.get(request.path_params["model"])
-        return await self.guard(request, rt, self._infer)
-
-    async def _infer(self, request: HttpRequest) -> HttpResponse:
-        rt = self._runtime(request)
+    async def infer(self, call: Call) -> HttpResponse:
+        request = call.request
+        rt = self.batch_model(request, request.path_params["model"], request.path_params.get("version"))
         header_priority = request.header(b"x-priority")
         rt.precheck(parse_priority(None, header_priority))  # 503 / 429 decided before the body is read
         check_content_type(request)
@@ -162,38 +215,16 @@ class Api:
             rt.config, results[0].version, req.request_id, req.outputs, [r.outputs for r in results], record
         )
         headers = lifecycle_headers(record)
+        headers.append((b"x-inferd-model-version", str(results[0].version).encode()))
         if header_len is None:
             return json_response(out, headers=headers)
         headers.append((b"inference-header-content-length", str(header_len).encode()))
         return HttpResponse(out, 200, b"application/octet-stream", headers)
 
-    async def embeddings(self, request: HttpRequest) -> HttpResponse:
-        return await self.guard(
-            request, None, lambda r: openai_routes.embeddings(self, r), error_body=openai_routes.openai_error
-        )
-
-    # ---- text generation (LLM models): JSON or Server-Sent Events -----------------------------------
-    async def completions(self, request: HttpRequest) -> HttpResponse | StreamingResponse:
-        return await self.guard(
-            request,
-            None,
-            lambda r: completion_routes.completions(self, r),
-            error_body=openai_routes.openai_error,
-        )
-
-    async def chat_completions(self, request: HttpRequest) -> HttpResponse | StreamingResponse:
-        return await self.guard(
-            request,
-            None,
-            lambda r: completion_routes.chat_completions(self, r),
-            error_body=openai_routes.openai_error,
-        )
-
     # ---- shared -------------------------------------------------------------------------------------
-    def _runtime(self, request: HttpRequest) -> ModelRuntime:
-        return self.server.runtime(request.path_params["model"], request.path_params.get("version"))
-
-    def deadline(self, rt: ModelRuntime, timeout_us: float | None, header_ms: str | None) -> float | None:
+    def deadline(self, rt: Runtime, timeout_us: float | None, header_ms: str | None) -> float | None:
+        """The request's absolute deadline: OIP parameters.timeout (us), else X-Request-Timeout-Ms, else the
+        model's default_timeout_ms (None: no deadline)."""
         timeout_ms: float | None = rt.config.default_timeout_ms
         if timeout_us is not None:
             timeout_ms = timeout_us / 1000.0
@@ -209,59 +240,3 @@ class Api:
         if not 0 < timeout_ms <= rt.config.max_timeout_ms:
             raise BadRequest(f"timeout of {timeout_ms} ms is outside (0, {rt.config.max_timeout_ms}] ms")
         return self.clock.now() + timeout_ms / 1000.0
-
-    async def guard(
-        self,
-        request: HttpRequest,
-        rt: ModelRuntime | None,
-        handler: Callable[[HttpRequest], Awaitable[HttpResponse]],
-        error_body: ErrorBody = oip_error,
-    ) -> HttpResponse:
-        """Run a handler; turn errors into responses; count the outcome and time it.
-        Handlers that learn their model late (from the body) put it in request.scope['inferd.runtime']."""
-        start = self.clock.now()
-        try:
-            response = await handler(request)
-            outcome = "ok"
-        except ServingError as exc:
-            status, outcome = status_of(exc)
-            response = json_response(error_body(exc, status), status, error_headers(exc))
-            rt = rt or request.scope.get("inferd.runtime")
-            if rt is not None and status == 429:
-                rt.metrics.rejected(getattr(exc, "reason", "rate_limited"))
-        except ClientGone:
-            outcome = "cancelled"
-            response = HttpResponse(status=499, content_type=None)
-        except Exception as exc:  # never a traceback to the caller: an error id they can quote
-            error_id = f"{id(exc):x}"
-            log.exception("internal error %s on %s %s", error_id, request.method, request.path)
-            outcome = "internal"
-            response = json_response(error_body(Internal(f"internal error (id {error_id})"), 500), 500)
-        duration = self.clock.now() - start
-        rt = rt or request.scope.get("inferd.runtime")
-        if rt is not None:
-            rt.metrics.observe_request(outcome, duration)
-        if self.access_log:
-            self._log_access(request, response, outcome, duration)
-        return response
-
-    def _log_access(
-        self, request: HttpRequest, response: HttpResponse, outcome: str, duration: float
-    ) -> None:
-        def h(name: bytes) -> str:
-            value = response.header(name)
-            return value.decode() if value else "-"
-
-        access_log.info(
-            "%s %s status=%d outcome=%s ms=%.2f queue_ms=%s batch_id=%s batch_size=%s compute_ms=%s attempts=%s",
-            request.method,
-            request.path,
-            response.status,
-            outcome,
-            duration * 1000,
-            h(b"x-inferd-queue-ms"),
-            h(b"x-inferd-batch-id"),
-            h(b"x-inferd-batch-size"),
-            h(b"x-inferd-compute-ms"),
-            h(b"x-inferd-attempts"),
-        )

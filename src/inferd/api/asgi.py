@@ -81,7 +81,7 @@ class StreamingResponse:
     body iterator is cancelled and closed, so its `finally` runs (the LLM routes abort the sequence there).
     """
 
-    __slots__ = ("body", "content_type", "headers", "receive", "status")
+    __slots__ = ("_on_close", "body", "content_type", "headers", "receive", "status")
 
     def __init__(
         self,
@@ -95,8 +95,20 @@ class StreamingResponse:
         self.status = 200
         self.content_type = content_type
         self.headers = headers or []
+        self._on_close: list[Callable[[], None]] = []
+
+    def on_close(self, callback: Callable[[], None]) -> None:
+        """Run `callback` once the stream has ended, however it ended (the request accounting)."""
+        self._on_close.append(callback)
 
     async def send(self, send: Send) -> None:
+        try:
+            await self._stream(send)
+        finally:
+            for callback in self._on_close:
+                callback()
+
+    async def _stream(self, send: Send) -> None:
         headers = [(b"content-type", self.content_type), (b"cache-control", b"no-cache"), *self.headers]
         pump = asyncio.ensure_future(self._pump(send, headers))
         watch = asyncio.ensure_future(self._watch_disconnect())

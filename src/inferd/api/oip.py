@@ -393,11 +393,19 @@ def _json_numbers(values: np.ndarray) -> list[Any]:
     return values.ravel().tolist()
 
 
-def model_metadata(config: ModelConfig, version: int) -> dict[str, Any]:
-    return {
+def model_metadata(config: ModelConfig, versions: list[int]) -> dict[str, Any]:
+    """OIP model metadata, plus the model's kind. Only batch models have tensors: LLM and upstream models
+    are served by the OpenAI routes."""
+    meta: dict[str, Any] = {
         "name": config.name,
-        "versions": [str(version)],
+        "versions": [str(v) for v in versions],
         "platform": config.platform,
+        "kind": config.kind,
+    }
+    if config.kind != "batch":
+        return meta
+    return {
+        **meta,
         "inputs": [{"name": t.name, "datatype": t.datatype, "shape": [-1, *t.shape]} for t in config.inputs],
         "outputs": [
             {"name": t.name, "datatype": t.datatype, "shape": [-1, *t.shape]} for t in config.outputs

@@ -19,10 +19,10 @@ from inferd.api.http import (
     wait_for_items,
 )
 from inferd.errors import BadRequest, ServingError
+from inferd.runtime.registry import ModelRegistry
 
 if TYPE_CHECKING:
     from inferd.api.app import Api
-    from inferd.server import InferenceServer
 
 
 class EmbeddingsRequest(msgspec.Struct):
@@ -44,11 +44,10 @@ def openai_error(exc: ServingError, status: int) -> bytes:
     return _encoder.encode({"error": {"message": exc.message, "type": kind, "param": None, "code": exc.code}})
 
 
-def list_models(server: InferenceServer) -> HttpResponse:
-    created = int(server.started_at)
+def list_models(registry: ModelRegistry, started_at: float) -> HttpResponse:
+    created = int(started_at)
     data = [
-        {"id": name, "object": "model", "created": created, "owned_by": "inferd"}
-        for name in sorted({*server.runtimes, *server.llm_runtimes, *server.upstreams})
+        {"id": name, "object": "model", "created": created, "owned_by": "inferd"} for name in registry.names()
     ]
     return json_response(_encoder.encode({"object": "list", "data": data}))
 
@@ -57,8 +56,7 @@ async def embeddings(api: Api, request: HttpRequest) -> HttpResponse:
     check_content_type(request, ("application/json", ""))
     body = await read_body(request, api.max_body)
     req = decode_json(_decoder, body, "embeddings request", 'send {"model": ..., "input": ...}')
-    rt = api.server.runtime(req.model)
-    request.scope["inferd.runtime"] = rt
+    rt = api.batch_model(request, req.model)
     texts = _texts(req, rt.config.max_items_per_request)
     spec_in, spec_out = rt.config.inputs, {t.name for t in rt.config.outputs}
     if len(spec_in) != 1 or spec_in[0].datatype != "BYTES" or "EMBEDDING" not in spec_out:
@@ -89,7 +87,11 @@ async def embeddings(api: Api, request: HttpRequest) -> HttpResponse:
         truncated += bool(result.outputs.get("TRUNCATED", False))
     usage = {"prompt_tokens": tokens, "total_tokens": tokens, "truncated_inputs": truncated}
     out = _encoder.encode({"object": "list", "data": data, "model": req.model, "usage": usage})
-    return json_response(out, headers=[(b"x-inferd-truncated-inputs", str(truncated).encode())])
+    headers = [
+        (b"x-inferd-truncated-inputs", str(truncated).encode()),
+        (b"x-inferd-model-version", str(rt.version).encode()),
+    ]
+    return json_response(out, headers=headers)
 
 
 def _texts(req: EmbeddingsRequest, limit: int) -> list[str]:

@@ -27,7 +27,6 @@ step (up by at most `max_step_up_workers`, down by one). The target is always wi
 
 from __future__ import annotations
 
-import math
 from collections import deque
 from dataclasses import dataclass
 from enum import StrEnum
@@ -35,9 +34,25 @@ from enum import StrEnum
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from inferd.clock import Clock
+from inferd.fleet.demand import (
+    BatchDemand,
+    CurvePoint,
+    Demand,
+    LLMDemand,
+    LLMObservation,
+    Observation,
+    Recommendation,
+)
 
-FULL_BATCH_FRACTION = 0.8
-"""Batches averaging at least this fraction of max_batch_size count as full: busy time is then work."""
+__all__ = [
+    "Autoscaler",
+    "AutoscalerConfig",
+    "CurvePoint",
+    "Decision",
+    "LLMDemand",
+    "LLMObservation",
+    "Observation",
+]
 
 RATE_WINDOW_S = 60.0
 """The window of `AutoscalerStats.changes_last_minute`."""
@@ -69,6 +84,12 @@ class AutoscalerConfig(BaseModel):
     """Scale down to the highest recommendation seen over this window."""
     max_step_up_workers: int = Field(default=1, ge=1)
     """Most workers added by one decision (a scale-down always removes one)."""
+    target_kv_usage: float = Field(default=0.8, gt=0.0, le=1.0)
+    """LLM models: share of the engines' KV blocks the fleet should run at."""
+    target_ttft_s: float = Field(default=2.0, gt=0.0)
+    """LLM models: recent time to first token above which the fleet grows."""
+    max_waiting_per_worker: float = Field(default=4.0, gt=0.0)
+    """LLM models: sequences waiting for admission per ready worker above which the fleet grows."""
 
     @model_validator(mode="after")
     def _consistent(self) -> AutoscalerConfig:
@@ -83,63 +104,6 @@ class AutoscalerConfig(BaseModel):
                 f"({self.scale_up_cooldown_s}): scale-down must be the slower direction; raise it"
             )
         return self
-
-
-@dataclass(frozen=True, slots=True)
-class CurvePoint:
-    """One measured point of the batch throughput curve."""
-
-    batch_size: int
-    latency_s: float
-
-
-@dataclass(frozen=True, slots=True)
-class Observation:
-    """What the fleet looks like now, as measured (all rates and latencies are measured, never config)."""
-
-    ready_workers: int
-    starting_workers: int
-    queue_depth_items: int
-    arrival_rate_items_s: float
-    max_batch_size: int
-    busy_ratio: float
-    """Fraction of the last window the ready workers spent running batches, 0..1."""
-    batch_latency_s: float | None = None
-    """EWMA of batch latency (DrainEstimator), None until a batch was measured."""
-    items_per_batch: float | None = None
-    """EWMA of batch size, None until a batch was measured."""
-    throughput_curve: tuple[CurvePoint, ...] = ()
-    """Measured (batch size, latency) points; when given, capacity is their best items per second."""
-
-    def __post_init__(self) -> None:
-        for name in ("ready_workers", "starting_workers", "queue_depth_items"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
-        if self.max_batch_size < 1:
-            raise ValueError(f"max_batch_size must be >= 1, got {self.max_batch_size}")
-        if not (self.arrival_rate_items_s >= 0.0 and math.isfinite(self.arrival_rate_items_s)):
-            raise ValueError(f"arrival_rate_items_s must be finite and >= 0, got {self.arrival_rate_items_s}")
-        if not 0.0 <= self.busy_ratio <= 1.0:
-            raise ValueError(f"busy_ratio must be within [0, 1], got {self.busy_ratio}")
-        if self.batch_latency_s is not None and not self.batch_latency_s > 0.0:
-            raise ValueError(f"batch_latency_s must be > 0, got {self.batch_latency_s}")
-        for p in self.throughput_curve:
-            if p.batch_size < 1 or not p.latency_s > 0.0:
-                raise ValueError(f"throughput curve point {p} needs batch_size >= 1 and latency_s > 0")
-
-    def capacity_per_worker_items_s(self) -> float | None:
-        """Items per second one worker completes at full batches; None before any measurement."""
-        if self.throughput_curve:
-            return max(p.batch_size / p.latency_s for p in self.throughput_curve)
-        if self.batch_latency_s is None:
-            return None
-        return self.max_batch_size / self.batch_latency_s
-
-    def batches_full(self) -> bool:
-        return (
-            self.items_per_batch is not None
-            and self.items_per_batch >= FULL_BATCH_FRACTION * self.max_batch_size
-        )
 
 
 class Action(StrEnum):
@@ -176,18 +140,14 @@ class AutoscalerStats:
     last_reason: str | None
 
 
-@dataclass(frozen=True, slots=True)
-class _Recommendation:
-    workers: int
-    why: str
-
-
 class Autoscaler:
     """Feed `decide(observation)` once per tick; it returns the target fleet size and why."""
 
-    def __init__(self, config: AutoscalerConfig, clock: Clock) -> None:
+    def __init__(self, config: AutoscalerConfig, clock: Clock, demand: Demand | None = None) -> None:
         self.config = config
         self.clock = clock
+        self.demand: Demand = demand or BatchDemand(config)
+        """What the latest observation alone asks for (batch or LLM signals); damping is this class's."""
         self._target: int | None = None
         self._first_seen_at: float | None = None
         self._history: deque[tuple[float, int]] = deque()
@@ -198,12 +158,12 @@ class Autoscaler:
         self._downs = 0
         self._last_reason: str | None = None
 
-    def decide(self, obs: Observation) -> Decision:
+    def decide(self, obs: Observation | LLMObservation) -> Decision:
         now = self.clock.now()
         if self._first_seen_at is None:
             self._first_seen_at = now
         current = self._target if self._target is not None else obs.ready_workers + obs.starting_workers
-        rec = self._recommend(obs, current)
+        rec = self.demand.recommend(obs, current, self._clamp)
         self._remember(now, rec.workers)
         decision = self._stabilize(now, now - self._first_seen_at, current, rec)
         self._record(now, decision)
@@ -222,54 +182,6 @@ class Autoscaler:
             last_reason=self._last_reason,
         )
 
-    # -- recommend: how many workers the latest observation alone asks for --------------------------
-
-    def _recommend(self, obs: Observation, current: int) -> _Recommendation:
-        cfg = self.config
-        capacity = obs.capacity_per_worker_items_s()
-        busy_load = obs.busy_ratio * obs.ready_workers
-        if capacity is None:
-            return self._recommend_unmeasured(obs, current, busy_load)
-        load = obs.arrival_rate_items_s / capacity
-        source = f"arrival {obs.arrival_rate_items_s:.1f} items/s at {capacity:.1f} items/s per worker"
-        if obs.batches_full() and busy_load > load:
-            load, source = (
-                busy_load,
-                f"busy ratio {obs.busy_ratio:.2f} of {obs.ready_workers} full-batch workers",
-            )
-        need = math.ceil(load / cfg.target_busy_ratio - 1e-9)
-        why = f"{source} is {load:.2f} workers of work; {need} keep busy ratio <= {cfg.target_busy_ratio:.2f}"
-        wait_s = _predicted_wait_s(obs.queue_depth_items, obs.ready_workers * capacity)
-        if wait_s > cfg.max_predicted_wait_s:
-            drain = (obs.arrival_rate_items_s + obs.queue_depth_items / cfg.max_predicted_wait_s) / capacity
-            if math.ceil(drain - 1e-9) > need:
-                need = math.ceil(drain - 1e-9)
-                why = (
-                    f"predicted queue wait {wait_s:.2f} s ({obs.queue_depth_items} items) exceeds "
-                    f"{cfg.max_predicted_wait_s:.2f} s; {need} workers drain it in time"
-                )
-        if (obs.arrival_rate_items_s > 0 or obs.queue_depth_items > 0) and need < 1:
-            need, why = 1, f"{why}; work is arriving, so at least one worker"
-        if need > current:
-            return _Recommendation(self._clamp(need), why)
-        keep = math.ceil(load / (cfg.target_busy_ratio * (1.0 - cfg.scale_down_margin)) - 1e-9)
-        keep = max(keep, need)
-        if keep < current:
-            floor = cfg.target_busy_ratio * (1.0 - cfg.scale_down_margin)
-            why = f"{source} is {load:.2f} workers of work; {keep} stay below busy ratio {floor:.2f}"
-            return _Recommendation(self._clamp(keep), why)
-        return _Recommendation(self._clamp(current), f"{why}; within the hysteresis band at {current}")
-
-    def _recommend_unmeasured(self, obs: Observation, current: int, busy_load: float) -> _Recommendation:
-        """No batch measured yet: grow on the busy ratio (or from zero on any work), never shrink."""
-        need = math.ceil(busy_load / self.config.target_busy_ratio - 1e-9)
-        if (obs.arrival_rate_items_s > 0 or obs.queue_depth_items > 0) and need < 1:
-            need = 1
-        if need > current:
-            why = f"no batch measured yet; busy ratio {obs.busy_ratio:.2f} of {obs.ready_workers} workers"
-            return _Recommendation(self._clamp(need), why)
-        return _Recommendation(self._clamp(current), "no batch measured yet: holding (never shrink blind)")
-
     def _clamp(self, n: int) -> int:
         return min(self.config.max_workers, max(self.config.min_workers, n))
 
@@ -284,7 +196,7 @@ class Autoscaler:
     def _window(self, now: float, window_s: float) -> list[int]:
         return [w for t, w in self._history if now - t <= window_s]
 
-    def _stabilize(self, now: float, observed_s: float, current: int, rec: _Recommendation) -> Decision:
+    def _stabilize(self, now: float, observed_s: float, current: int, rec: Recommendation) -> Decision:
         """`observed_s`: how long this policy has watched the fleet; a down-window not yet observed in
         full is not stable (a fresh policy never scales down on its first looks)."""
         cfg = self.config
@@ -337,11 +249,3 @@ class Autoscaler:
         self._changes.append(now)
         while self._changes and now - self._changes[0] > RATE_WINDOW_S:
             self._changes.popleft()
-
-
-def _predicted_wait_s(depth: int, fleet_capacity_items_s: float) -> float:
-    if depth <= 0:
-        return 0.0
-    if fleet_capacity_items_s <= 0.0:
-        return math.inf
-    return depth / fleet_capacity_items_s

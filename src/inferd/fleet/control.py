@@ -1,48 +1,101 @@
-"""Changing the fleet while it serves: scale a model's local workers up or down (scale-down drains first)
-and roll a model to a new version worker by worker (the old version answers until the new is ready)."""
+"""Changing the fleet while it serves, for every kind with workers (batch, llm):
+
+- scale a model version's local workers up or down (scale-down drains first: no request fails);
+- roll a model to any version, lower included (rollback), worker by worker: the new version gets its
+  own runtime (its own batching policy, queue and recovery settings), the default version flips only
+  once a new-version worker is ready, each old worker is drained only after a new one is up, and the
+  old version is retired once it holds no work.
+
+It reaches the fleet through the registry, the runtimes' contract and snapshots, and the launcher.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Protocol
 
-from inferd.config import ConfigError
+from inferd.config import ConfigError, ModelConfig
 from inferd.errors import BadRequest, NotFound
+from inferd.models.repository import apply_overrides, load_model_version
+from inferd.runtime.contract import Runtime
+from inferd.runtime.registry import ModelRegistry
 from inferd.worker.connection import WorkerConnection, WorkerState
 from inferd.worker.supervisor import WorkerSlot
 
-if TYPE_CHECKING:
-    from inferd.batching.dispatcher import ModelRuntime
-    from inferd.server import InferenceServer
-
 log = logging.getLogger("inferd.fleet")
+
+VersionLoader = Callable[[str, int | None], ModelConfig]
+"""(model, version or None for the highest) -> that version's config, from the model repository."""
+
+
+class Launcher(Protocol):
+    """Local processes (worker/supervisor.py) or Ray actors (fleet/ray_launcher.py)."""
+
+    slots: list[WorkerSlot]
+
+    def add(self, model: str, count: int, version: int | None = None) -> list[WorkerSlot]: ...
+
+    def retire(self, slot: WorkerSlot) -> None: ...
+
+    def live_slots(self, model: str, version: int | None = None) -> list[WorkerSlot]: ...
+
+
+class VersionHost(Protocol):
+    """What serves versions (the server): start and stop one version's runtime."""
+
+    def add_version(self, config: ModelConfig) -> Runtime: ...
+
+    def remove_version(self, name: str, version: int) -> None: ...
+
+    def has_workers(self, kind: str) -> bool: ...
 
 
 class FleetControl:
-    def __init__(self, server: InferenceServer, ready_timeout_s: float = 120.0) -> None:
-        self.server = server
+    def __init__(
+        self,
+        registry: ModelRegistry,
+        launcher: Launcher,
+        host: VersionHost,
+        load_version: VersionLoader | None = None,
+        ready_timeout_s: float = 120.0,
+    ) -> None:
+        self.registry = registry
+        self.launcher = launcher
+        self.host = host
+        self.load_version = load_version
         self.ready_timeout_s = ready_timeout_s
         self._locks: dict[str, asyncio.Lock] = {}
 
-    def local_workers(self, model: str) -> int:
-        return len(self.server.supervisor.live_slots(model))
+    def local_workers(self, model: str, version: int | None = None) -> int:
+        rt = self.registry.get(model, version)
+        return len(self.launcher.live_slots(model, rt.version))
 
-    async def scale_to(self, model: str, workers: int) -> int:
-        """Set the number of local workers; removed ones are drained (they finish what they hold)."""
-        rt = self.server.runtime(model)
+    async def scale_to(self, model: str, workers: int, version: int | None = None) -> int:
+        """Set the number of local workers of a version (default: the default version); removed ones are
+        drained (they finish what they hold)."""
+        rt = self._with_workers(model, version)
         if not 0 <= workers <= 64:
             raise BadRequest(f"workers must be within 0..64, got {workers}")
         async with self._lock(model):
-            live = self.server.supervisor.live_slots(model)
+            live = self.launcher.live_slots(model, rt.version)
             if workers > len(live):
-                self.server.supervisor.add(model, workers - len(live))
-                log.info("model %s: scaling up from %d to %d local workers", model, len(live), workers)
+                self.launcher.add(model, workers - len(live), rt.version)
+                log.info(
+                    "model %s v%d: scaling up from %d to %d local workers",
+                    model,
+                    rt.version,
+                    len(live),
+                    workers,
+                )
             elif workers < len(live):
                 victims = sorted(live, key=lambda s: self._load(rt, s))[: len(live) - workers]
                 log.info(
-                    "model %s: scaling down from %d to %d local workers (draining %s)",
+                    "model %s v%d: scaling down from %d to %d local workers (draining %s)",
                     model,
+                    rt.version,
                     len(live),
                     workers,
                     [s.worker_id for s in victims],
@@ -51,77 +104,124 @@ class FleetControl:
                     self._retire(rt, slot)
             return workers
 
-    async def rolling_update(self, model: str) -> dict[str, object]:
-        """Load the model's highest version from the repository into new workers, one at a time, each
-        replacing (by drain) one worker of the old version once it is ready."""
-        from inferd.models.repository import apply_overrides, load_model_folder
-
-        rt = self.server.runtime(model)
-        repo = self.server.config.model_repo
-        if repo is None:
-            raise BadRequest("the server runs without --model-repo: there is no newer version to load")
-        try:
-            (new,) = apply_overrides(
-                [load_model_folder(repo / model)],
-                {k: v for k, v in self.server.config.model_overrides.items() if k == model},
-            )
-        except ConfigError as exc:
-            raise BadRequest(f"cannot load model {model!r} from {repo}: {exc}") from None
-        old_version = rt.config.version
-        if new.version <= old_version:
-            return {"model": model, "from": old_version, "to": old_version, "replaced": 0}
-        if new.inputs != rt.config.inputs or new.outputs != rt.config.outputs:
+    async def rolling_update(self, model: str, version: int | None = None) -> dict[str, Any]:
+        """Make `version` (None: the repository's highest) the model's default version, replacing the
+        current default version's workers one by one. A version already served side by side becomes
+        the default at once."""
+        old = self._with_workers(model, None)
+        if version is not None and version in self.registry.versions(model):
+            self.registry.set_default(model, version)
+            log.info("model %s: default version %d -> %d (already served)", model, old.version, version)
+            return {"model": model, "from": old.version, "to": version, "replaced": 0}
+        new_config = self._load_config(model, version)
+        if new_config.version == old.version:
+            return {"model": model, "from": old.version, "to": old.version, "replaced": 0}
+        if new_config.kind != old.kind:
             raise BadRequest(
-                f"version {new.version} of {model!r} changes the model's tensors; a rolling update "
-                "needs the same inputs and outputs (restart the server instead)"
+                f"version {new_config.version} of {model!r} is a {new_config.kind} model, but version "
+                f"{old.version} is a {old.kind} model; a rolling update keeps the kind (restart instead)"
             )
         async with self._lock(model):
-            rt.config = new  # workers that connect from now on load the new version
-            old_slots = list(self.server.supervisor.live_slots(model))
-            log.info(
-                "model %s: rolling update v%d -> v%d over %d worker(s)",
-                model,
-                old_version,
-                new.version,
-                len(old_slots),
-            )
-            for slot in old_slots:
-                (fresh,) = self.server.supervisor.add(model, 1)
-                await self._wait_ready(rt, fresh, new.version)
-                self._retire(rt, slot)
-                await self._wait_gone(rt, slot)
-        return {"model": model, "from": old_version, "to": new.version, "replaced": len(old_slots)}
+            replaced = await self._roll(model, old, new_config)
+        return {"model": model, "from": old.version, "to": new_config.version, "replaced": replaced}
 
-    def _retire(self, rt: ModelRuntime, slot: WorkerSlot) -> None:
-        self.server.supervisor.retire(slot)
-        worker = self._worker(rt, slot)
+    async def _roll(self, model: str, old: Runtime, config: ModelConfig) -> int:
+        new = self.host.add_version(config)
+        old_slots = list(self.launcher.live_slots(model, old.version))
+        log.info(
+            "model %s: rolling update v%d -> v%d over %d worker(s)",
+            model,
+            old.version,
+            new.version,
+            len(old_slots),
+        )
+        try:
+            for index, slot in enumerate(old_slots or [None]):
+                (fresh,) = self.launcher.add(model, 1, new.version)
+                await self._wait_ready(new, fresh)
+                if index == 0:  # a new-version worker is ready: new requests go to it from now on
+                    self.registry.set_default(model, new.version)
+                if slot is None:
+                    continue
+                if index == len(old_slots) - 1:
+                    await self._wait_idle(old)  # the last old worker answers what the old version holds
+                self._retire(old, slot)
+                await self._wait_gone(old, slot)
+        except BaseException:
+            if self.registry.default_version(model) != new.version:
+                self.host.remove_version(model, new.version)  # never served: nothing to hand over
+            raise
+        self.host.remove_version(model, old.version)
+        return len(old_slots)
+
+    def _load_config(self, model: str, version: int | None) -> ModelConfig:
+        if self.load_version is None:
+            raise BadRequest("the server runs without --model-repo: there is no other version to load")
+        try:
+            return self.load_version(model, version)
+        except ConfigError as exc:
+            raise BadRequest(f"cannot load version {version} of model {model!r}: {exc}") from None
+
+    def _with_workers(self, model: str, version: int | None) -> Runtime:
+        rt = self.registry.get(model, version)
+        if not self.host.has_workers(rt.kind):
+            raise BadRequest(f"model {model!r} is a {rt.kind} model: it has no workers to scale or update")
+        return rt
+
+    def _retire(self, rt: Runtime, slot: WorkerSlot) -> None:
+        self.launcher.retire(slot)
+        worker = _worker(rt, slot)
         if worker is not None:
             rt.drain_worker(worker)
         elif slot.process is not None and slot.process.returncode is None:
             slot.process.terminate()  # still starting: nothing to drain
 
-    async def _wait_ready(self, rt: ModelRuntime, slot: WorkerSlot, version: int) -> None:
+    async def _wait_ready(self, rt: Runtime, slot: WorkerSlot) -> None:
         async with asyncio.timeout(self.ready_timeout_s):
             while True:
-                w = self._worker(rt, slot)
-                if w is not None and w.state is WorkerState.READY and w.version == version:
+                w = _worker(rt, slot)
+                if w is not None and w.state is WorkerState.READY:
                     return
                 await rt.membership_changed()
 
-    async def _wait_gone(self, rt: ModelRuntime, slot: WorkerSlot) -> None:
+    async def _wait_gone(self, rt: Runtime, slot: WorkerSlot) -> None:
         async with asyncio.timeout(self.ready_timeout_s):
-            while self._worker(rt, slot) is not None:
+            while _worker(rt, slot) is not None:
                 await rt.membership_changed()
 
-    @staticmethod
-    def _worker(rt: ModelRuntime, slot: WorkerSlot) -> WorkerConnection | None:
-        return next((w for w in rt.workers if w.slot_id == slot.worker_id), None)
+    async def _wait_idle(self, rt: Runtime, poll_s: float = 0.05) -> None:
+        """Until the runtime holds no queued or running work (bounded by ready_timeout_s)."""
+        async with asyncio.timeout(self.ready_timeout_s):
+            while True:
+                stats = rt.statistics()
+                if stats.queued == 0 and stats.in_flight == 0:
+                    return
+                await asyncio.sleep(poll_s)
 
-    def _load(self, rt: ModelRuntime, slot: WorkerSlot) -> tuple[int, int]:
-        w = self._worker(rt, slot)
-        return (0, -slot.index) if w is None else (1 + len(w.inflight), -slot.index)
+    def _load_of(self, rt: Runtime) -> dict[str, int]:
+        return {w.worker_id: w.load for w in rt.statistics().workers}
+
+    def _load(self, rt: Runtime, slot: WorkerSlot) -> tuple[int, int]:
+        w = _worker(rt, slot)
+        return (0, -slot.index) if w is None else (1 + self._load_of(rt).get(w.worker_id, 0), -slot.index)
 
     def _lock(self, model: str) -> asyncio.Lock:
-        if model not in self.server.runtimes:
-            raise NotFound(f"unknown model {model!r}")
+        if model not in self.registry:
+            raise NotFound(f"unknown model {model!r}; served models: {self.registry.names()}")
         return self._locks.setdefault(model, asyncio.Lock())
+
+
+def _worker(rt: Runtime, slot: WorkerSlot) -> WorkerConnection | None:
+    return next((w for w in rt.worker_connections() if w.slot_id == slot.worker_id), None)
+
+
+def repository_loader(repo: Path, overrides: dict[str, dict[str, Any]]) -> VersionLoader:
+    """Load any version of a model from the repository, with the config file's [models.NAME] overrides."""
+
+    def load(model: str, version: int | None) -> ModelConfig:
+        (config,) = apply_overrides(
+            [load_model_version(repo / model, version)], {k: v for k, v in overrides.items() if k == model}
+        )
+        return config
+
+    return load

@@ -1,5 +1,7 @@
-"""The autoscaling driver: observe a model every interval, ask its Autoscaler (a pure policy), and act
-through the fleet control (which starts workers, or drains them before they go)."""
+"""The autoscaling driver: observe a model's default version every interval through its runtime's
+snapshot, ask its Autoscaler (a pure policy), and act through fleet control (which starts workers, or
+drains them before they go). Batch models scale on batching-aware signals, LLM models on their engines'
+pressure (KV use, TTFT, waiting sequences)."""
 
 from __future__ import annotations
 
@@ -7,13 +9,14 @@ import asyncio
 import logging
 import time
 from collections import deque
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from inferd.batching.admission import DrainEstimator
-from inferd.fleet.autoscaler import Autoscaler, CurvePoint, Decision, Observation
-
-if TYPE_CHECKING:
-    from inferd.server import InferenceServer
+from inferd.clock import Clock
+from inferd.fleet.autoscaler import Autoscaler, AutoscalerConfig, Decision
+from inferd.fleet.control import FleetControl
+from inferd.fleet.demand import BatchDemand, CurvePoint, LLMDemand, LLMObservation, Observation
+from inferd.runtime.contract import RuntimeStatistics
+from inferd.runtime.registry import ModelRegistry
 
 log = logging.getLogger("inferd.autoscaler")
 
@@ -21,19 +24,36 @@ HISTORY = 20
 """Fleet changes kept for the admin API."""
 
 
+def scaling_policy(kind: str, config: AutoscalerConfig, clock: Clock) -> Autoscaler:
+    if kind == "llm":
+        return Autoscaler(config, clock, LLMDemand(config))
+    if kind == "batch":
+        return Autoscaler(config, clock, BatchDemand(config))
+    raise ValueError(f"{kind} models cannot autoscale: they have no workers of ours")
+
+
 class ScalingLoop:
     def __init__(
-        self, server: InferenceServer, model: str, autoscaler: Autoscaler, interval_s: float = 1.0
+        self,
+        registry: ModelRegistry,
+        fleet: FleetControl,
+        clock: Clock,
+        model: str,
+        autoscaler: Autoscaler,
+        interval_s: float = 1.0,
     ) -> None:
-        self.server = server
+        self.registry = registry
+        self.fleet = fleet
+        self.clock = clock
         self.model = model
         self.autoscaler = autoscaler
         self.interval_s = interval_s
         self.last: Decision | None = None
         self.changes: deque[tuple[float, Decision]] = deque(maxlen=HISTORY)
         """The latest decisions that changed the fleet, with their wall-clock time (for the admin API)."""
-        self._enqueued = 0
-        self._at = server.clock.now()
+        self._enqueued: tuple[int, int] | None = None
+        """(version, items admitted) at the last look: the arrival rate of batch models."""
+        self._at = clock.now()
 
     async def run(self) -> None:
         while True:
@@ -49,7 +69,7 @@ class ScalingLoop:
                     decision.target_workers,
                     decision.reason,
                 )
-                await self.server.fleet.scale_to(self.model, decision.target_workers)
+                await self.fleet.scale_to(self.model, decision.target_workers)
 
     def report(self) -> dict[str, Any]:
         """The autoscaler's state for `inferd status`: its latest decision and its latest changes."""
@@ -62,27 +82,43 @@ class ScalingLoop:
             "changes": [{"at": round(at, 3), **row(d)} for at, d in self.changes],
         }
 
-    @staticmethod
-    def _curve(estimator: DrainEstimator, max_batch: int) -> tuple[CurvePoint, ...]:
-        """The full-batch point of the measured cost line: what one worker can do when it is needed."""
-        full = estimator.full_batch_latency_s()
-        return () if full is None else (CurvePoint(max_batch, full),)
+    def observe(self) -> Observation | LLMObservation:
+        stats = self.registry.get(self.model).statistics()
+        starting = max(0, self.fleet.local_workers(self.model) - len(stats.workers))
+        if stats.kind == "llm":
+            return _llm_observation(stats, starting)
+        return self._batch_observation(stats, starting)
 
-    def observe(self) -> Observation:
-        rt = self.server.runtime(self.model)
-        now = self.server.clock.now()
+    def _batch_observation(self, stats: RuntimeStatistics, starting: int) -> Observation:
+        d = stats.detail
+        now = self.clock.now()
         elapsed = max(1e-3, now - self._at)
-        rate = (rt.enqueued_total - self._enqueued) / elapsed
-        self._enqueued, self._at = rt.enqueued_total, now
-        slots = self.server.fleet.local_workers(self.model)
+        previous = self._enqueued
+        rate = 0.0
+        if previous is not None and previous[0] == stats.version:  # a rolling update restarts the count
+            rate = (d.enqueued_total - previous[1]) / elapsed
+        self._enqueued, self._at = (stats.version, d.enqueued_total), now
+        full = d.full_batch_latency_s
         return Observation(
-            ready_workers=rt.ready_workers,
-            starting_workers=max(0, slots - len(rt.workers)),
-            queue_depth_items=len(rt.queue),
+            ready_workers=stats.ready_workers,
+            starting_workers=starting,
+            queue_depth_items=stats.queued,
             arrival_rate_items_s=max(0.0, rate),
-            max_batch_size=rt.config.max_batch_size,
-            busy_ratio=min(1.0, max(0.0, rt.busy_ratio())),
-            batch_latency_s=rt.estimator.batch_latency_s,
-            items_per_batch=rt.estimator.items_per_batch,
-            throughput_curve=self._curve(rt.estimator, rt.config.max_batch_size),
+            max_batch_size=d.max_batch_size,
+            busy_ratio=min(1.0, max(0.0, d.busy_ratio)),
+            batch_latency_s=d.batch_latency_s,
+            items_per_batch=d.items_per_batch,
+            throughput_curve=() if full is None else (CurvePoint(d.max_batch_size, full),),
         )
+
+
+def _llm_observation(stats: RuntimeStatistics, starting: int) -> LLMObservation:
+    d = stats.detail
+    return LLMObservation(
+        ready_workers=stats.ready_workers,
+        starting_workers=starting,
+        running_seqs=d.running,
+        waiting_seqs=d.waiting,
+        kv_usage=d.kv_blocks_used / d.kv_blocks_total if d.kv_blocks_total else 0.0,
+        ttft_s=d.ttft_s,
+    )

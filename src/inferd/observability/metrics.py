@@ -6,15 +6,9 @@ thousands of requests per second.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING
+from collections.abc import Iterable
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
-from prometheus_client.registry import Collector
-
-if TYPE_CHECKING:
-    from inferd.batching.dispatcher import ModelRuntime
 
 LATENCY_BUCKETS = (
     0.001,
@@ -46,70 +40,76 @@ class Metrics:
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
         self.requests = Counter(
-            "inferd_requests_total", "Logical requests by final outcome.", ["model", "outcome"], registry=r
+            "inferd_requests_total",
+            "Logical requests by final outcome.",
+            ["model", "version", "outcome"],
+            registry=r,
         )
         self.rejected = Counter(
             "inferd_requests_rejected_total",
             "Requests refused before any work, by reason.",
-            ["model", "reason"],
+            ["model", "version", "reason"],
             registry=r,
         )
         self.request_duration = Histogram(
             "inferd_request_duration_seconds",
             "Time from request arrival to response, by model and outcome.",
-            ["model", "outcome"],
+            ["model", "version", "outcome"],
             buckets=LATENCY_BUCKETS,
             registry=r,
         )
         self.queue_wait = Histogram(
             "inferd_queue_wait_seconds",
             "Time items waited in the queue before their batch was cut.",
-            ["model"],
+            ["model", "version"],
             buckets=LATENCY_BUCKETS,
             registry=r,
         )
         self.compute = Histogram(
             "inferd_batch_compute_seconds",
             "Device time of one batch, as the worker measured it.",
-            ["model"],
+            ["model", "version"],
             buckets=LATENCY_BUCKETS,
             registry=r,
         )
         self.batch_size = Histogram(
-            "inferd_batch_size", "Items per batch.", ["model"], buckets=BATCH_BUCKETS, registry=r
+            "inferd_batch_size", "Items per batch.", ["model", "version"], buckets=BATCH_BUCKETS, registry=r
         )
         self.batch_fill = Histogram(
             "inferd_batch_fill_ratio",
             "Batch size over max batch size.",
-            ["model"],
+            ["model", "version"],
             buckets=RATIO_BUCKETS,
             registry=r,
         )
         self.batches = Counter(
             "inferd_batch_executions_total",
             "Batches completed, by outcome.",
-            ["model", "outcome"],
+            ["model", "version", "outcome"],
             registry=r,
         )
         self.retried = Counter(
             "inferd_retried_items_total",
             "Items put back in their queue after a worker failure.",
-            ["model"],
+            ["model", "version"],
             registry=r,
         )
         self.batch_failures = Counter(
             "inferd_batch_failures_total",
             "Batches lost to a worker failure, by cause (crash, hang).",
-            ["model", "cause"],
+            ["model", "version", "cause"],
             registry=r,
         )
         self.isolation = Counter(
-            "inferd_isolation_batches_total", "Batches run to isolate a failing input.", ["model"], registry=r
+            "inferd_isolation_batches_total",
+            "Batches run to isolate a failing input.",
+            ["model", "version"],
+            registry=r,
         )
         self.budget_exhausted = Counter(
             "inferd_retry_budget_exhausted_total",
             "Retries refused because the retry budget was spent.",
-            ["model"],
+            ["model", "version"],
             registry=r,
         )
         self.worker_restarts = Counter(
@@ -118,79 +118,102 @@ class Metrics:
         self.ttft = Histogram(
             "inferd_time_to_first_token_seconds",
             "From an LLM request's arrival to its first token reaching the front end.",
-            ["model"],
+            ["model", "version"],
             buckets=LATENCY_BUCKETS,
             registry=r,
         )
         self.itl = Histogram(
             "inferd_inter_token_latency_seconds",
             "Between consecutive tokens of one stream, as the front end receives them.",
-            ["model"],
+            ["model", "version"],
             buckets=LATENCY_BUCKETS,
             registry=r,
         )
         self.e2e = Histogram(
             "inferd_llm_request_duration_seconds",
             "From an LLM request's arrival to its last token.",
-            ["model"],
+            ["model", "version"],
             buckets=LATENCY_BUCKETS,
             registry=r,
         )
         self.prompt_tokens = Counter(
-            "inferd_prompt_tokens_total", "Prompt tokens of LLM requests.", ["model"], registry=r
+            "inferd_prompt_tokens_total", "Prompt tokens of LLM requests.", ["model", "version"], registry=r
         )
         self.generation_tokens = Counter(
-            "inferd_generation_tokens_total", "Tokens generated for LLM requests.", ["model"], registry=r
+            "inferd_generation_tokens_total",
+            "Tokens generated for LLM requests.",
+            ["model", "version"],
+            registry=r,
         )
-        self._runtimes: dict[str, ModelRuntime] = {}
-        r.register(_RuntimeCollector(lambda: self._runtimes.values()))
+        self._requests: dict[tuple[str, int], RequestMetrics] = {}
 
-    def for_model(self, name: str) -> ModelMetrics:
-        return ModelMetrics(self, name)
+    def requests_for(self, name: str, version: int) -> RequestMetrics:
+        """The request counters of one model version (bound once, then cached)."""
+        key = (name, version)
+        metrics = self._requests.get(key)
+        if metrics is None:
+            metrics = self._requests[key] = RequestMetrics(self, name, version)
+        return metrics
 
-    def for_llm(self, name: str) -> LLMMetrics:
-        return LLMMetrics(self, name)
+    def for_model(self, name: str, version: int = 1) -> ModelMetrics:
+        return ModelMetrics(self, name, version)
 
-    def track(self, runtime: ModelRuntime) -> None:
-        self._runtimes[runtime.name] = runtime
+    def for_llm(self, name: str, version: int = 1) -> LLMMetrics:
+        return LLMMetrics(self, name, version)
+
+    def worker_restarted(self, model: str) -> None:
+        self.worker_restarts.labels(model).inc()
 
 
-class ModelMetrics:
-    """The metrics of one model, with label children bound once."""
+OUTCOMES = (
+    "ok",
+    "bad_request",
+    "unauthorized",
+    "not_found",
+    "too_large",
+    "rate_limited",
+    "rejected",
+    "deadline",
+    "unavailable",
+    "worker_died",
+    "model_error",
+    "cancelled",
+    "internal",
+)
 
-    OUTCOMES = (
-        "ok",
-        "bad_request",
-        "unauthorized",
-        "not_found",
-        "too_large",
-        "rate_limited",
-        "rejected",
-        "deadline",
-        "unavailable",
-        "worker_died",
-        "model_error",
-        "cancelled",
-        "internal",
-    )
 
-    def __init__(self, m: Metrics, model: str) -> None:
+class RequestMetrics:
+    """Logical requests of one model version, whatever its kind and route: outcome counts, durations and
+    refusals by reason (recorded by the API's accounting layer)."""
+
+    def __init__(self, m: Metrics, model: str, version: int) -> None:
         self.model = model
+        self.version = str(version)
         self._m = m
-        self._requests = {o: m.requests.labels(model, o) for o in self.OUTCOMES}
-        self._duration = {o: m.request_duration.labels(model, o) for o in self.OUTCOMES}
-        self._queue_wait = m.queue_wait.labels(model)
-        self._compute = m.compute.labels(model)
-        self._batch_size = m.batch_size.labels(model)
-        self._batch_fill = m.batch_fill.labels(model)
-        self._retried = m.retried.labels(model)
+        self._requests = {o: m.requests.labels(model, self.version, o) for o in OUTCOMES}
+        self._duration = {o: m.request_duration.labels(model, self.version, o) for o in OUTCOMES}
 
-    def observe_request(self, outcome: str, duration_s: float) -> None:
+    def observe(self, outcome: str, duration_s: float) -> None:
         self._requests[outcome].inc()
         self._duration[outcome].observe(duration_s)
 
     def rejected(self, reason: str) -> None:
-        self._m.rejected.labels(self.model, reason).inc()
+        self._m.rejected.labels(self.model, self.version, reason).inc()
+
+
+class ModelMetrics:
+    """The batch metrics of one model version, with label children bound once."""
+
+    def __init__(self, m: Metrics, model: str, version: int = 1) -> None:
+        self.model = model
+        self.version = str(version)
+        self._m = m
+        labels = (model, self.version)
+        self._queue_wait = m.queue_wait.labels(*labels)
+        self._compute = m.compute.labels(*labels)
+        self._batch_size = m.batch_size.labels(*labels)
+        self._batch_fill = m.batch_fill.labels(*labels)
+        self._retried = m.retried.labels(*labels)
 
     def observe_batch_cut(self, size: int, max_size: int, waits: Iterable[float]) -> None:
         self._batch_size.observe(size)
@@ -200,33 +223,31 @@ class ModelMetrics:
 
     def observe_batch_done(self, compute_s: float, outcome: str) -> None:
         self._compute.observe(compute_s)
-        self._m.batches.labels(self.model, outcome).inc()
+        self._m.batches.labels(self.model, self.version, outcome).inc()
 
     def retried_items(self, n: int) -> None:
         self._retried.inc(n)
 
     def batch_failed(self, cause: str) -> None:
-        self._m.batch_failures.labels(self.model, cause).inc()
+        self._m.batch_failures.labels(self.model, self.version, cause).inc()
 
     def isolation_batches(self, n: int) -> None:
-        self._m.isolation.labels(self.model).inc(n)
+        self._m.isolation.labels(self.model, self.version).inc(n)
 
     def budget_exhausted(self) -> None:
-        self._m.budget_exhausted.labels(self.model).inc()
-
-    def worker_restarted(self) -> None:
-        self._m.worker_restarts.labels(self.model).inc()
+        self._m.budget_exhausted.labels(self.model, self.version).inc()
 
 
 class LLMMetrics:
     """Token timing of one LLM model, with label children bound once."""
 
-    def __init__(self, m: Metrics, model: str) -> None:
-        self._ttft = m.ttft.labels(model)
-        self._itl = m.itl.labels(model)
-        self._e2e = m.e2e.labels(model)
-        self._prompt = m.prompt_tokens.labels(model)
-        self._generated = m.generation_tokens.labels(model)
+    def __init__(self, m: Metrics, model: str, version: int = 1) -> None:
+        labels = (model, str(version))
+        self._ttft = m.ttft.labels(*labels)
+        self._itl = m.itl.labels(*labels)
+        self._e2e = m.e2e.labels(*labels)
+        self._prompt = m.prompt_tokens.labels(*labels)
+        self._generated = m.generation_tokens.labels(*labels)
 
     def submitted(self, prompt_tokens: int) -> None:
         self._prompt.inc(prompt_tokens)
@@ -241,72 +262,3 @@ class LLMMetrics:
 
     def finished(self, duration_s: float) -> None:
         self._e2e.observe(duration_s)
-
-
-class _RuntimeCollector(Collector):
-    """Gauges read from the live runtimes at scrape time (queue depth, busy ratio, workers)."""
-
-    def __init__(self, runtimes: Callable[[], Iterable[ModelRuntime]]) -> None:
-        self._runtimes = runtimes
-
-    def describe(self):
-        return []
-
-    def collect(self):
-        depth = GaugeMetricFamily(
-            "inferd_queue_depth", "Items waiting in the model's queue.", labels=["model"]
-        )
-        bound = GaugeMetricFamily("inferd_queue_capacity", "Queue bound in items.", labels=["model"])
-        busy = GaugeMetricFamily(
-            "inferd_device_busy_ratio",
-            "Share of the last 10 s the model's devices spent computing.",
-            labels=["model"],
-        )
-        workers = GaugeMetricFamily(
-            "inferd_workers", "Worker connections by state.", labels=["model", "state"]
-        )
-        inflight = GaugeMetricFamily(
-            "inferd_inflight_batches", "Batches sent to workers and not yet answered.", labels=["model"]
-        )
-        per_worker = GaugeMetricFamily(
-            "inferd_worker_inflight_batches",
-            "Batches in flight per worker (worker = its slot, so the label set is bounded by the fleet).",
-            labels=["model", "worker"],
-        )
-        worker_busy = CounterMetricFamily(
-            "inferd_worker_busy_seconds", "Device seconds per worker connection.", labels=["model", "worker"]
-        )
-        worker_batches = CounterMetricFamily(
-            "inferd_worker_batches", "Batches completed per worker connection.", labels=["model", "worker"]
-        )
-        queued_by_priority = GaugeMetricFamily(
-            "inferd_queue_depth_by_priority", "Queued items by priority class.", labels=["model", "priority"]
-        )
-        for rt in self._runtimes():
-            for w in rt.workers:
-                slot = w.slot_id
-                per_worker.add_metric([rt.name, slot], len(w.inflight))
-                worker_busy.add_metric([rt.name, slot], w.busy_s)
-                worker_batches.add_metric([rt.name, slot], w.completed_batches)
-            queued_by_priority.add_metric([rt.name, "interactive"], rt.queue.live_in(0))
-            queued_by_priority.add_metric([rt.name, "bulk"], rt.queue.live_in(1))
-            depth.add_metric([rt.name], len(rt.queue))
-            bound.add_metric([rt.name], rt.queue.max_size)
-            busy.add_metric([rt.name], rt.busy_ratio())
-            inflight.add_metric([rt.name], sum(len(w.inflight) for w in rt.workers))
-            counts: dict[str, int] = {}
-            for w in rt.workers:
-                counts[w.state.value] = counts.get(w.state.value, 0) + 1
-            for state in ("ready", "draining"):
-                workers.add_metric([rt.name, state], counts.get(state, 0))
-        return [
-            depth,
-            bound,
-            busy,
-            workers,
-            inflight,
-            per_worker,
-            worker_busy,
-            worker_batches,
-            queued_by_priority,
-        ]

@@ -9,16 +9,13 @@ the `upstream` label is a configured URL, so the label set is bounded by the con
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING
+from collections.abc import Iterable
+from typing import Any
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
-from prometheus_client.registry import Collector
 
 from inferd.observability.metrics import Metrics
-
-if TYPE_CHECKING:
-    from inferd.llm.upstream import UpstreamRuntime
+from inferd.runtime.contract import RuntimeStatistics
 
 
 class UpstreamMetrics:
@@ -26,12 +23,13 @@ class UpstreamMetrics:
     SSE events, not tokens: each event with text counts as one token step for the inter-token latency,
     and token counts come from the upstream's usage (asked for on every stream)."""
 
-    def __init__(self, m: Metrics, model: str) -> None:
-        self._ttft = m.ttft.labels(model)
-        self._itl = m.itl.labels(model)
-        self._e2e = m.e2e.labels(model)
-        self._prompt = m.prompt_tokens.labels(model)
-        self._generated = m.generation_tokens.labels(model)
+    def __init__(self, m: Metrics, model: str, version: int = 1) -> None:
+        labels = (model, str(version))
+        self._ttft = m.ttft.labels(*labels)
+        self._itl = m.itl.labels(*labels)
+        self._e2e = m.e2e.labels(*labels)
+        self._prompt = m.prompt_tokens.labels(*labels)
+        self._generated = m.generation_tokens.labels(*labels)
 
     def text_event(self, since_previous_s: float, first: bool) -> None:
         """An event carrying text arrived `since_previous_s` after the previous one (or the request)."""
@@ -45,61 +43,56 @@ class UpstreamMetrics:
         self._e2e.observe(duration_s)
 
 
-class UpstreamCollector(Collector):
-    def __init__(self, runtimes: Callable[[], Iterable[UpstreamRuntime]]) -> None:
-        self._runtimes = runtimes
-
-    def describe(self):
-        return []
-
-    def collect(self):
-        health = GaugeMetricFamily(
-            "inferd_upstream_health",
-            "Health of each upstream engine: 2 up, 1 probing, 0 ejected.",
-            labels=["model", "upstream"],
-        )
-        inflight = GaugeMetricFamily(
-            "inferd_upstream_inflight_requests",
-            "Requests in flight to each upstream engine.",
-            labels=["model", "upstream"],
-        )
-        attempts = CounterMetricFamily(
-            "inferd_upstream_attempts",
-            "Requests sent to each upstream (attempts, retries included), by outcome.",
-            labels=["model", "upstream", "outcome"],
-        )
-        ejections = CounterMetricFamily(
-            "inferd_upstream_ejections", "Upstreams ejected after failures.", labels=["model"]
-        )
-        retries = CounterMetricFamily(
-            "inferd_upstream_retries",
-            "Requests tried again on another upstream after a failure before any byte was streamed.",
-            labels=["model"],
-        )
-        refused = CounterMetricFamily(
-            "inferd_upstream_refused",
-            "Requests refused before sending: every healthy upstream full (429) or none healthy (503).",
-            labels=["model", "reason"],
-        )
-        ties = CounterMetricFamily(
-            "inferd_upstream_equal_loads",
-            "Choices where the least-loaded upstream tied with another (near all choices: the in-flight "
-            "count is not telling upstreams apart).",
-            labels=["model"],
-        )
-        choices = CounterMetricFamily("inferd_upstream_choices", "Upstreams chosen.", labels=["model"])
-        for rt in self._runtimes():
-            s = rt.statistics()
-            for u in s.upstreams:
-                health.add_metric([rt.name, u.upstream], int(u.health))
-                inflight.add_metric([rt.name, u.upstream], u.inflight)
-                attempts.add_metric([rt.name, u.upstream, "success"], u.successes)
-                attempts.add_metric([rt.name, u.upstream, "failure"], u.failures)
-                attempts.add_metric([rt.name, u.upstream, "ignorable"], u.ignorable)
-            ejections.add_metric([rt.name], s.ejections)
-            retries.add_metric([rt.name], rt.retries)
-            refused.add_metric([rt.name, "full"], s.refused_full)
-            refused.add_metric([rt.name, "unavailable"], s.refused_unavailable)
-            ties.add_metric([rt.name], s.equal_loads)
-            choices.add_metric([rt.name], s.choices)
-        return [health, inflight, attempts, ejections, retries, refused, ties, choices]
+def upstream_families(snapshots: Iterable[RuntimeStatistics]) -> list[Any]:
+    """The pool gauges and counters of the upstream-kind snapshots (detail: the pool's statistics)."""
+    health = GaugeMetricFamily(
+        "inferd_upstream_health",
+        "Health of each upstream engine: 2 up, 1 probing, 0 ejected.",
+        labels=["model", "version", "upstream"],
+    )
+    inflight = GaugeMetricFamily(
+        "inferd_upstream_inflight_requests",
+        "Requests in flight to each upstream engine.",
+        labels=["model", "version", "upstream"],
+    )
+    attempts = CounterMetricFamily(
+        "inferd_upstream_attempts",
+        "Requests sent to each upstream (attempts, retries included), by outcome.",
+        labels=["model", "version", "upstream", "outcome"],
+    )
+    ejections = CounterMetricFamily(
+        "inferd_upstream_ejections", "Upstreams ejected after failures.", labels=["model", "version"]
+    )
+    retries = CounterMetricFamily(
+        "inferd_upstream_retries",
+        "Requests tried again on another upstream after a failure before any byte was streamed.",
+        labels=["model", "version"],
+    )
+    refused = CounterMetricFamily(
+        "inferd_upstream_refused",
+        "Requests refused before sending: every healthy upstream full (429) or none healthy (503).",
+        labels=["model", "version", "reason"],
+    )
+    ties = CounterMetricFamily(
+        "inferd_upstream_equal_loads",
+        "Choices where the least-loaded upstream tied with another (near all choices: the in-flight "
+        "count is not telling upstreams apart).",
+        labels=["model", "version"],
+    )
+    choices = CounterMetricFamily("inferd_upstream_choices", "Upstreams chosen.", labels=["model", "version"])
+    for snap in snapshots:
+        s = snap.detail
+        key = [snap.name, str(snap.version)]
+        for u in s.upstreams:
+            health.add_metric([*key, u.upstream], int(u.health))
+            inflight.add_metric([*key, u.upstream], u.inflight)
+            attempts.add_metric([*key, u.upstream, "success"], u.successes)
+            attempts.add_metric([*key, u.upstream, "failure"], u.failures)
+            attempts.add_metric([*key, u.upstream, "ignorable"], u.ignorable)
+        ejections.add_metric([*key], s.ejections)
+        retries.add_metric(key, s.retries)
+        refused.add_metric([*key, "full"], s.refused_full)
+        refused.add_metric([*key, "unavailable"], s.refused_unavailable)
+        ties.add_metric([*key], s.equal_loads)
+        choices.add_metric([*key], s.choices)
+    return [health, inflight, attempts, ejections, retries, refused, ties, choices]

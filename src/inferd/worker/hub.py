@@ -8,11 +8,12 @@ from __future__ import annotations
 import asyncio
 import hmac
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 
-from inferd.batching.dispatcher import ModelRuntime
 from inferd.clock import Clock
-from inferd.llm.runtime import LLMRuntime
+from inferd.errors import NotFound
+from inferd.runtime.contract import Runtime
+from inferd.runtime.registry import ModelRegistry
 from inferd.worker import protocol as p
 from inferd.worker.connection import WorkerConnection
 
@@ -24,12 +25,12 @@ HEARTBEAT_S = 1.0
 class WorkerHub:
     def __init__(
         self,
-        runtimes: Mapping[str, ModelRuntime | LLMRuntime],
+        registry: ModelRegistry,
         clock: Clock,
         tokens: tuple[str, ...] = (),
         load_timeout_s: float = 120.0,
     ) -> None:
-        self.runtimes = runtimes
+        self.registry = registry
         self.clock = clock
         self.tokens = tuple(t for t in tokens if t)
         """Accepted join tokens (the local workers' own, and the one for remote workers); none: open."""
@@ -58,7 +59,7 @@ class WorkerHub:
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         conn: WorkerConnection | None = None
-        runtime: ModelRuntime | LLMRuntime | None = None
+        runtime: Runtime | None = None
         reason = "connection closed"
         try:
             conn, runtime = await self._handshake(reader, writer)
@@ -79,12 +80,12 @@ class WorkerHub:
 
     async def _handshake(
         self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
-    ) -> tuple[WorkerConnection | None, ModelRuntime | LLMRuntime | None]:
+    ) -> tuple[WorkerConnection | None, Runtime | None]:
         async with asyncio.timeout(10.0):
             hello = await p.read_message(reader)
         if not isinstance(hello, p.Hello):
             return None, None
-        refusal = self._refusal(hello)
+        refusal, runtime = self._resolve(hello)
         if refusal:
             log.warning(
                 "refused worker %s (pid %d) for model %s: %s",
@@ -96,7 +97,7 @@ class WorkerHub:
             writer.write(p.encode_frame(p.Welcome(accepted=False, reason=refusal)))
             await writer.drain()
             return None, None
-        runtime = self.runtimes[hello.model]
+        assert runtime is not None
         conn = WorkerConnection(
             hello.worker_id, hello.model, hello.pid, hello.host, writer, connected_at=self.clock.now()
         )
@@ -120,33 +121,37 @@ class WorkerHub:
         runtime.add_worker(conn)
         return conn, runtime
 
-    def _refusal(self, hello: p.Hello) -> str:
+    def _resolve(self, hello: p.Hello) -> tuple[str, Runtime | None]:
+        """The runtime the worker serves (its model at its version, or the default version), or why not."""
         if hello.protocol != p.PROTOCOL_VERSION:
-            return f"protocol {hello.protocol} not supported (front end speaks {p.PROTOCOL_VERSION})"
+            return (
+                f"worker protocol {hello.protocol} is not supported: this front end speaks protocol "
+                f"{p.PROTOCOL_VERSION}; run the same inferd version on both sides",
+                None,
+            )
         if self.tokens and not any(
             hmac.compare_digest(hello.token.encode(), t.encode()) for t in self.tokens
         ):
-            return "bad join token"
-        if hello.model not in self.runtimes:
-            return f"model {hello.model!r} is not served here (served: {sorted(self.runtimes)})"
-        return ""
+            return "bad join token", None
+        try:
+            runtime = self.registry.get(hello.model, hello.version or None)
+        except NotFound as exc:
+            return exc.message, None
+        if not runtime.accepts_workers:
+            return f"model {hello.model!r} is a {runtime.kind} model: it has no workers", None
+        return "", runtime
 
     async def _read_loop(
-        self, conn: WorkerConnection, runtime: ModelRuntime | LLMRuntime, reader: asyncio.StreamReader
+        self, conn: WorkerConnection, runtime: Runtime, reader: asyncio.StreamReader
     ) -> None:
         while True:
             msg = await p.read_message(reader)
-            if isinstance(msg, p.BatchDone):
-                runtime.on_batch_done(conn, msg)
-                if conn.completed_batches == 1:
-                    for hook in self.on_first_batch:
-                        hook(conn)
-            elif isinstance(msg, p.StepDeltas) and isinstance(runtime, LLMRuntime):
-                runtime.on_step(conn, msg)
-                if conn.completed_batches == 1:
-                    for hook in self.on_first_batch:
-                        hook(conn)
-            elif isinstance(msg, p.Heartbeat):
+            if isinstance(msg, p.Heartbeat):
                 conn.last_heartbeat = self.clock.now()
             elif isinstance(msg, p.LoadFailed):
                 raise p.ConnectionClosed(f"worker failed: {msg.message}")
+            else:
+                runtime.on_message(conn, msg)
+                if conn.completed_batches == 1:
+                    for hook in self.on_first_batch:
+                        hook(conn)

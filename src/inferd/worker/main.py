@@ -45,9 +45,12 @@ class Worker:
         worker_id: str,
         reconnect: bool = False,
         model_repo: Path | None = None,
+        model_version: int = 0,
     ) -> None:
         self.address = address
         self.model_name = model
+        self.model_version = model_version
+        """The version to serve; 0: the model's default version."""
         self.token = token
         self.worker_id = worker_id
         self.reconnect = reconnect
@@ -93,6 +96,7 @@ class Worker:
                 pid=os.getpid(),
                 host=socket.gethostname(),
                 token=self.token,
+                version=self.model_version,
             )
         )
         welcome = await p.read_message(reader)
@@ -264,6 +268,12 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         help="this host's copy of the model repository (for models served from one)",
     )
+    parser.add_argument(
+        "--model-version",
+        type=int,
+        default=0,
+        help="the model version to serve, when several are served side by side (default: the default one)",
+    )
     parser.add_argument("--log-level", default="INFO")
     args = parser.parse_args(argv)
     logging.basicConfig(
@@ -278,6 +288,7 @@ def main(argv: list[str] | None = None) -> int:
         args.worker_id or uuid.uuid4().hex[:8],
         reconnect=args.reconnect,
         model_repo=args.model_repo,
+        model_version=args.model_version,
     )
     try:
         import uvloop

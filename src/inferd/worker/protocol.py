@@ -16,7 +16,9 @@ from typing import Any
 import msgspec
 import numpy as np
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2
+"""Bumped whenever a message changes shape; a worker of another protocol is refused at Hello, with the
+reason (both sides must run the same inferd version). 2: Hello.version (versions side by side)."""
 MAX_FRAME_BYTES = 512 * 1024 * 1024
 _LEN = struct.Struct(">I")
 _EXT_NDARRAY = 1
@@ -30,6 +32,8 @@ class Hello(msgspec.Struct, tag="hello"):
     host: str
     token: str = ""
     protocol: int = PROTOCOL_VERSION
+    version: int = 0
+    """The model version this worker serves; 0: the model's default version."""
 
 
 class Welcome(msgspec.Struct, tag="welcome"):

@@ -1,0 +1,146 @@
+"""The one request middleware chain every route passes through.
+
+A layer is a small class holding `inner` (the rest of the chain) that does its work around
+`await self.inner(call)`. `app.py` declares the chain as a list, outermost first, and logs it at start:
+
+    access_log -> accounting -> errors -> route handler
+
+Authentication, quotas, the response cache and tracing plug in as more layers of the same list. A
+handler records the model version that serves the call in `call.runtime` as soon as it knows it (OIP
+routes from the path, OpenAI routes from the body), so accounting counts every request of every kind.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from inferd.api.asgi import HttpRequest, HttpResponse, StreamingResponse
+from inferd.api.errors import error_headers, status_of
+from inferd.api.http import ClientGone, json_response
+from inferd.clock import Clock
+from inferd.errors import Internal, Overloaded, ServingError
+from inferd.observability.metrics import Metrics
+from inferd.runtime.contract import Runtime
+
+log = logging.getLogger("inferd.api")
+access_log = logging.getLogger("inferd.access")
+
+Response = HttpResponse | StreamingResponse
+ErrorBody = Callable[[ServingError, int], bytes]
+
+
+@dataclass(slots=True)
+class Call:
+    """One HTTP request on its way through the chain, and what the layers learn about it."""
+
+    request: HttpRequest
+    error_body: ErrorBody
+    """How this route's API spells an error (OIP's {"error": ...}, OpenAI's error object)."""
+    runtime: Runtime | None = None
+    """The model version serving the call, once the handler has resolved it."""
+    outcome: str = "ok"
+    started_at: float = 0.0
+    notes: dict[str, Any] = field(default_factory=dict)
+    """Per-call values layers hand each other (e.g. a tenant, a trace id)."""
+
+
+Handler = Callable[[Call], Awaitable[Response]]
+Layer = Callable[[Handler], Handler]
+
+
+def chain(layers: Sequence[Layer], handler: Handler) -> Handler:
+    """`layers` outermost first, around `handler`."""
+    for layer in reversed(layers):
+        handler = layer(handler)
+    return handler
+
+
+class Errors:
+    """Errors become responses: a ServingError gets its status and the route's error body; a client that
+    went away gets 499; anything else a 500 with an id the caller can quote (never a traceback)."""
+
+    def __init__(self, inner: Handler) -> None:
+        self.inner = inner
+
+    async def __call__(self, call: Call) -> Response:
+        try:
+            return await self.inner(call)
+        except ServingError as exc:
+            status, call.outcome = status_of(exc)
+            if isinstance(exc, Overloaded) or status == 429:
+                call.notes["rejected"] = getattr(exc, "reason", "rate_limited")
+            return json_response(call.error_body(exc, status), status, error_headers(exc))
+        except ClientGone:
+            call.outcome = "cancelled"
+            return HttpResponse(status=499, content_type=None)
+        except Exception as exc:
+            error_id = f"{id(exc):x}"
+            log.exception("internal error %s on %s %s", error_id, call.request.method, call.request.path)
+            call.outcome = "internal"
+            return json_response(call.error_body(Internal(f"internal error (id {error_id})"), 500), 500)
+
+
+class Accounting:
+    """Every request of every route and kind in the same counters and duration histograms, labelled by
+    the model and version that served it; refusals also by reason. A stream is counted when it ends,
+    with the outcome its handler recorded (e.g. a deadline that cut it)."""
+
+    def __init__(self, inner: Handler, metrics: Metrics, clock: Clock) -> None:
+        self.inner = inner
+        self.metrics = metrics
+        self.clock = clock
+
+    async def __call__(self, call: Call) -> Response:
+        call.started_at = self.clock.now()
+        response = await self.inner(call)
+        if isinstance(response, StreamingResponse):
+            response.on_close(lambda: self._count(call))
+        else:
+            self._count(call)
+        return response
+
+    def _count(self, call: Call) -> None:
+        rt = call.runtime
+        if rt is None:  # refused before a model was known (bad route, unknown model): no model label
+            return
+        requests = self.metrics.requests_for(rt.name, rt.version)
+        requests.observe(call.outcome, self.clock.now() - call.started_at)
+        if "rejected" in call.notes:
+            requests.rejected(call.notes["rejected"])
+
+
+class AccessLog:
+    """One line per request with its lifecycle record (off by default: costly at high rates)."""
+
+    def __init__(self, inner: Handler, clock: Clock) -> None:
+        self.inner = inner
+        self.clock = clock
+
+    async def __call__(self, call: Call) -> Response:
+        start = self.clock.now()
+        response = await self.inner(call)
+
+        def h(name: bytes) -> str:
+            value = response.header(name)
+            return value.decode() if value else "-"
+
+        rt = call.runtime
+        access_log.info(
+            "%s %s status=%d outcome=%s model=%s ms=%.2f queue_ms=%s batch_id=%s batch_size=%s "
+            "compute_ms=%s attempts=%s",
+            call.request.method,
+            call.request.path,
+            response.status,
+            call.outcome,
+            f"{rt.name}:{rt.version}" if rt is not None else "-",
+            (self.clock.now() - start) * 1000,
+            h(b"x-inferd-queue-ms"),
+            h(b"x-inferd-batch-id"),
+            h(b"x-inferd-batch-size"),
+            h(b"x-inferd-compute-ms"),
+            h(b"x-inferd-attempts"),
+        )
+        return response

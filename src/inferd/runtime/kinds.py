@@ -1,0 +1,90 @@
+"""Model kinds: an open set. Each kind says how to build its runtime and how its params are typed.
+
+The composition root (server.py) registers the built-in kinds (batch, llm, upstream); a component adds
+its own (search) with `KindRegistry.register`. A model's `kind` must name a registered kind, and its
+params must validate against the kind's params model, or the server refuses to start.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import BaseModel, ValidationError
+
+from inferd.batching.retry import RetryBudget
+from inferd.clock import Clock
+from inferd.config import ConfigError, ModelConfig, ServerConfig, describe_validation_error
+from inferd.observability.metrics import Metrics
+from inferd.runtime.contract import Runtime
+from inferd.worker.connection import WorkerConnection
+
+
+@dataclass(frozen=True, slots=True)
+class RuntimeContext:
+    """What the composition root hands every runtime it builds."""
+
+    server: ServerConfig
+    clock: Clock
+    metrics: Metrics
+    retry_budget: RetryBudget
+    """Shared by the models whose workers are ours: failovers cannot multiply load."""
+    kill_worker: Callable[[WorkerConnection], None]
+    """Kill a hung or silent worker (a local child by SIGKILL, a Ray actor with ray.kill)."""
+
+
+RuntimeFactory = Callable[[ModelConfig, RuntimeContext], Runtime]
+
+
+@dataclass(frozen=True, slots=True)
+class Kind:
+    name: str
+    make_runtime: RuntimeFactory
+    params: type[BaseModel] | None = None
+    """Typed params, checked at start (None: the model class reads free-form params)."""
+    has_workers: bool = True
+    """Whether the supervisor starts workers for its models (upstream models have none)."""
+    routes: str = ""
+    """Where its requests go, for errors that send callers to the right API."""
+
+
+class KindRegistry:
+    def __init__(self, kinds: Iterable[Kind] = ()) -> None:
+        self._kinds: dict[str, Kind] = {}
+        for kind in kinds:
+            self.register(kind)
+
+    def register(self, kind: Kind) -> None:
+        if kind.name in self._kinds:
+            raise ValueError(f"model kind {kind.name!r} is registered twice")
+        self._kinds[kind.name] = kind
+
+    def get(self, name: str) -> Kind:
+        kind = self._kinds.get(name)
+        if kind is None:
+            raise ConfigError(f'unknown model kind "{name}": use one of {sorted(self._kinds)}')
+        return kind
+
+    def check(self, config: ModelConfig) -> Kind:
+        """The model's kind, with its params validated: a start-up error names the model and the fix."""
+        try:
+            kind = self.get(config.kind)
+        except ConfigError as exc:
+            raise ConfigError(f"model {config.name!r}: {exc}") from None
+        if kind.params is not None:
+            try:
+                kind.params.model_validate(config.params)
+            except ValidationError as exc:
+                raise ConfigError(
+                    describe_validation_error(f"params of {kind.name} model {config.name!r}", exc)
+                ) from None
+        return kind
+
+    def names(self) -> list[str]:
+        return sorted(self._kinds)
+
+
+def typed_params(config: ModelConfig, model: type[BaseModel]) -> Any:
+    """A model's params as its kind's typed model (already checked at start)."""
+    return model.model_validate(config.params)
