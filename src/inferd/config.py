@@ -18,7 +18,7 @@ from pydantic import (
     model_validator,
 )
 
-from inferd.fleet.autoscaler import AutoscalerConfig
+from inferd.fleet.autoscaler_config import AutoscalerConfig
 
 Datatype = Literal[
     "BOOL",

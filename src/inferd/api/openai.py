@@ -4,12 +4,13 @@ OpenAI shape. Text generation lives in api/completions.py."""
 from __future__ import annotations
 
 import base64
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
 import msgspec
 import numpy as np
 
 from inferd.api.asgi import HttpRequest, HttpResponse
+from inferd.api.context import ApiContext
 from inferd.api.http import (
     check_content_type,
     decode_json,
@@ -20,9 +21,6 @@ from inferd.api.http import (
 )
 from inferd.errors import BadRequest, ServingError
 from inferd.runtime.registry import ModelRegistry
-
-if TYPE_CHECKING:
-    from inferd.api.app import Api
 
 
 class EmbeddingsRequest(msgspec.Struct):
@@ -52,7 +50,7 @@ def list_models(registry: ModelRegistry, started_at: float) -> HttpResponse:
     return json_response(_encoder.encode({"object": "list", "data": data}))
 
 
-async def embeddings(api: Api, request: HttpRequest) -> HttpResponse:
+async def embeddings(api: ApiContext, request: HttpRequest) -> HttpResponse:
     check_content_type(request, ("application/json", ""))
     body = await read_body(request, api.max_body)
     req = decode_json(_decoder, body, "embeddings request", 'send {"model": ..., "input": ...}')

@@ -11,10 +11,9 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
-if TYPE_CHECKING:
-    from inferd.fleet.autoscaler import AutoscalerConfig
+from inferd.fleet.autoscaler_config import AutoscalerConfig
 
 FULL_BATCH_FRACTION = 0.8
 """Batches averaging at least this fraction of max_batch_size count as full: busy time is then work."""
