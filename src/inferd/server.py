@@ -130,6 +130,11 @@ class InferenceServer:
             and all(rt.ready for rt in self.llm_runtimes.values())
         )
 
+    def begin_shutdown(self) -> None:
+        """Readiness answers 503 from now on (SIGTERM's grace period); requests are still served.
+        Called from a signal handler: it only sets a flag."""
+        self.shutting_down = True
+
     def runtime(self, name: str, version: str | None = None) -> ModelRuntime:
         rt = self.runtimes.get(name)
         if rt is None:
