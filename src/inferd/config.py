@@ -169,7 +169,8 @@ class ServerConfig(_Frozen):
     models: tuple[str, ...] = ()
     """Serve only these models (empty: all)."""
     max_body_bytes: int = Field(default=8 * 1024 * 1024, ge=1024, le=1024**3)
-    """Largest request body; larger ones get 413 without being read."""
+    """Largest request body; a larger one gets 413 with Connection: close, after the rest of it is read
+    and dropped (up to max(64 MiB, 4 x this) and 1 s; one announced larger is refused unread)."""
     access_log: bool = False
     """Log one line per request with its lifecycle record (costly at high rates)."""
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
