@@ -107,6 +107,8 @@ def start_server(
             str(port),
             "--admin-port",
             str(admin_port),
+            "--shutdown-grace-s",  # stop at once in teardown (a test may pass its own)
+            "0",
             *args,
         ],
         stdout=log_file,

@@ -187,6 +187,11 @@ class ModelConfig(_Frozen):
         return self.max_wait_ms / 1000.0
 
 
+def admin_port_for(http_port: int) -> int:
+    """The admin API's port when none is set: the HTTP port + 1 (8001 for 8000); 0 (a free port) for 0."""
+    return 0 if http_port == 0 else http_port + 1
+
+
 class ServerConfig(_Frozen):
     """Settings of `inferd serve`."""
 
@@ -208,7 +213,8 @@ class ServerConfig(_Frozen):
     models: tuple[str, ...] = ()
     """Serve only these models (empty: all)."""
     max_body_bytes: int = Field(default=8 * 1024 * 1024, ge=1024, le=1024**3)
-    """Largest request body; larger ones get 413 without being read."""
+    """Largest request body; a larger one gets 413 with Connection: close, after the rest of it is read
+    and dropped (up to max(64 MiB, 4 x this) and 1 s; one announced larger is refused unread)."""
     access_log: bool = False
     """Log one line per request with its lifecycle record (costly at high rates)."""
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
@@ -225,8 +231,19 @@ class ServerConfig(_Frozen):
     """Bearer token of the admin API; taken from the environment (INFERD_ADMIN_TOKEN), never from files."""
     admin_host: str = "127.0.0.1"
     """Address of the admin API (worker list, drain, restart)."""
-    admin_port: int | None = Field(default=8001, ge=0, le=65535)
-    """Port of the admin API; None disables it. Protected by INFERD_ADMIN_TOKEN when that is set."""
+    admin_port: int | None = Field(
+        default_factory=lambda data: admin_port_for(data.get("port", 8000)),
+        ge=0,
+        le=65535,
+        validate_default=True,
+    )
+    """Port of the admin API; None disables it. Unless set, the HTTP port + 1 (8001 for 8000), so servers
+    on different HTTP ports have different admin ports; 0 (the default with port 0): a free one, logged at
+    start. Protected by INFERD_ADMIN_TOKEN when that is set."""
+    shutdown_grace_s: float = Field(default=5.0, ge=0.0, le=600.0)
+    """After SIGTERM, how long /v2/health/ready answers 503 while the HTTP listener still accepts and
+    serves requests, so probes and load balancers stop sending work before the drain closes the
+    listener; 0: drain at once. A second SIGTERM (or Ctrl-C) ends the grace period early."""
     cache_dir: Path | None = None
     """Where one-time model conversions are cached (default ~/.cache/inferd)."""
     model_overrides: dict[str, dict[str, Any]] = Field(default_factory=dict)
@@ -307,6 +324,8 @@ def _component_table(name: str, raw: Any) -> BaseModel:
 def describe_validation_error(what: str, exc: ValidationError) -> str:
     parts = []
     for err in exc.errors():
+        if err["type"] == "default_factory_not_called":  # a default derived from a field already reported
+            continue
         loc = ".".join(str(p) for p in err["loc"]) or "(root)"
         parts.append(f"{loc}: {err['msg']}")
     return f"invalid {what}: " + "; ".join(parts)

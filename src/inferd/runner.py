@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import gc
 import logging
+import signal
+import time
+from collections.abc import Callable
+from types import FrameType
 
 import uvicorn
 
@@ -12,6 +16,35 @@ from inferd.config import ModelConfig, ServerConfig
 from inferd.server import InferenceServer
 
 log = logging.getLogger("inferd")
+
+
+class GracefulServer(uvicorn.Server):
+    """uvicorn's server with a grace period on SIGTERM: `on_terminate` turns readiness to 503 at once,
+    the listener keeps accepting and serving for `grace_s` so probes and load balancers see it, then
+    uvicorn's own shutdown starts (stop accepting, finish in-flight requests, lifespan drain) and the
+    process exits 0. Ctrl-C, or a second SIGTERM, ends the grace period at once."""
+
+    def __init__(self, config: uvicorn.Config, on_terminate: Callable[[], None], grace_s: float) -> None:
+        super().__init__(config)
+        self.on_terminate = on_terminate
+        self.grace_s = grace_s
+        self.exit_at: float | None = None
+        self._announced = False
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        if sig != signal.SIGTERM or self.exit_at is not None:
+            super().handle_exit(sig, frame)
+            return
+        self.on_terminate()  # a signal handler: only flags are set here, the event loop does the rest
+        self.exit_at = time.monotonic() + self.grace_s
+
+    async def on_tick(self, counter: int) -> bool:
+        if self.exit_at is not None and not self._announced:
+            self._announced = True
+            log.info("SIGTERM: not ready; serving %.1f s more, then draining", self.grace_s)
+        if self.exit_at is not None and time.monotonic() >= self.exit_at:
+            self.should_exit = True
+        return await super().on_tick(counter)
 
 
 def build_uvicorn(cfg: ServerConfig, models: list[ModelConfig]) -> tuple[uvicorn.Server, InferenceServer]:
@@ -31,7 +64,7 @@ def build_uvicorn(cfg: ServerConfig, models: list[ModelConfig]) -> tuple[uvicorn
         backlog=4096,
         log_config=None,
     )
-    return uvicorn.Server(ucfg), server
+    return GracefulServer(ucfg, server.begin_shutdown, cfg.shutdown_grace_s), server
 
 
 def run_server(cfg: ServerConfig, models: list[ModelConfig]) -> None:

@@ -159,6 +159,11 @@ class InferenceServer:
     def ready(self) -> bool:
         return not self.shutting_down and all(rt.ready for rt in self.registry)
 
+    def begin_shutdown(self) -> None:
+        """Readiness answers 503 from now on (SIGTERM's grace period); requests are still served.
+        Called from a signal handler: it only sets a flag."""
+        self.shutting_down = True
+
     def runtime(self, name: str, version: int | str | None = None) -> Runtime:
         return self.registry.get(name, version)
 

@@ -250,3 +250,25 @@ def test_help_lists_every_option() -> None:
     assert result.exit_code == 0
     for option in ("--admin-url", "--token", "--watch", "--json", "INFERD_ADMIN_TOKEN"):
         assert option in result.output, option
+
+
+def test_status_finds_the_admin_api_on_the_http_port_plus_one(admin: StubAdmin) -> None:
+    admin_port = int(admin.url.rsplit(":", 1)[1])
+    result = invoke("--port", str(admin_port - 1), "--host", "127.0.0.1", "--json")
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["workers"] == WORKERS
+    assert sorted(admin.hits) == ["/admin/models", "/admin/workers"]
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--admin-url", "http://127.0.0.1:9001", "--port", "9000"], "not both"),
+        (["--port", "0"], "--admin-url"),
+    ],
+)
+def test_status_refuses_an_address_it_cannot_resolve(args: list[str], message: str) -> None:
+    result = invoke(*args)
+    assert result.exit_code == 2
+    assert message in result.stderr
+    assert "Traceback" not in result.output

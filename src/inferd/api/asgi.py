@@ -23,7 +23,7 @@ Send = Callable[[dict[str, Any]], Awaitable[None]]
 
 
 class HttpRequest:
-    __slots__ = ("_headers", "method", "path", "path_params", "receive", "scope")
+    __slots__ = ("_headers", "close_connection", "method", "path", "path_params", "receive", "scope")
 
     def __init__(self, scope: Scope, receive: Receive, path_params: dict[str, str]) -> None:
         self.scope = scope
@@ -32,6 +32,8 @@ class HttpRequest:
         self.path: str = scope["path"]
         self.path_params = path_params
         self._headers: dict[bytes, bytes] | None = None
+        self.close_connection = False
+        """Set when the request's body was not read to its end: the response closes the connection."""
 
     def header(self, name: bytes) -> str | None:
         """Header value by lower-case name (the last one wins if repeated)."""
@@ -190,7 +192,10 @@ class AsgiApp:
             if handler is None:
                 await self.not_found(scope["path"], other).send(send)
                 return
-            response = await handler(HttpRequest(scope, receive, params))
+            request = HttpRequest(scope, receive, params)
+            response = await handler(request)
+            if request.close_connection:
+                response.headers.append((b"connection", b"close"))
             await response.send(send)
         elif scope["type"] == "lifespan":
             await self._lifespan(receive, send)

@@ -67,8 +67,20 @@ def check_content_type(request: HttpRequest, allowed: Sequence[str] = JSON_TYPES
         )
 
 
+DRAIN_MIN_BYTES = 64 * 1024 * 1024
+"""An over-limit body is read and dropped up to max(DRAIN_MIN_BYTES, 4 x the limit) bytes in all..."""
+DRAIN_MAX_S = 1.0
+"""...and for at most this long, before the 413 is sent."""
+
+
 async def read_body(request: HttpRequest, limit: int) -> bytes:
-    """The whole body, or PayloadTooLarge as soon as it is known to exceed `limit` (without reading it all)."""
+    """The whole body, or PayloadTooLarge once it is known to exceed `limit`.
+
+    Before the 413, the rest of the body is read and dropped (bounded: DRAIN_MIN_BYTES or 4 x the limit,
+    and DRAIN_MAX_S), and the connection is marked to close: clients that send the whole body before
+    reading (urllib, requests) then read the 413 instead of a connection reset. A body announced larger
+    than that bound is refused at once, unread."""
+    drain_limit = max(DRAIN_MIN_BYTES, 4 * limit)
     declared = request.header(b"content-length")
     if declared is not None:
         try:
@@ -76,12 +88,14 @@ async def read_body(request: HttpRequest, limit: int) -> bytes:
         except ValueError:
             raise BadRequest(f"Content-Length {declared!r} is not a number") from None
         if size > limit:
-            raise PayloadTooLarge(f"request body of {size} bytes exceeds the limit of {limit} bytes")
+            if size <= drain_limit:
+                await _drain(request, 0, drain_limit)
+            raise _too_large(request, f"request body of {size} bytes exceeds the limit of {limit} bytes")
     first = await request.receive()  # the common case: the whole body in one message
     if first["type"] == "http.request" and not first.get("more_body", False):
         body = first.get("body", b"")
         if len(body) > limit:
-            raise PayloadTooLarge(f"request body exceeds the limit of {limit} bytes")
+            raise _too_large(request, f"request body exceeds the limit of {limit} bytes")
         return body
     if first["type"] == "http.disconnect":
         raise ClientGone()
@@ -91,11 +105,30 @@ async def read_body(request: HttpRequest, limit: int) -> bytes:
         async for chunk in request.chunks():
             total += len(chunk)
             if total > limit:
-                raise PayloadTooLarge(f"request body exceeds the limit of {limit} bytes")
+                await _drain(request, total, drain_limit)
+                raise _too_large(request, f"request body exceeds the limit of {limit} bytes")
             chunks.append(chunk)
     except ConnectionAbortedError:
         raise ClientGone() from None
     return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+
+async def _drain(request: HttpRequest, received: int, drain_limit: int) -> None:
+    """Read and drop the rest of the body until it ends, `drain_limit` bytes were received in all, or
+    DRAIN_MAX_S passed, whichever comes first."""
+    try:
+        async with asyncio.timeout(DRAIN_MAX_S):
+            async for chunk in request.chunks():
+                received += len(chunk)
+                if received > drain_limit:
+                    return
+    except (TimeoutError, ConnectionAbortedError):
+        return
+
+
+def _too_large(request: HttpRequest, message: str) -> PayloadTooLarge:
+    request.close_connection = True  # whatever is left of the body is never read
+    return PayloadTooLarge(message)
 
 
 DISCONNECT_WATCH_AFTER_S = 0.05

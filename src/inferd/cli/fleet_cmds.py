@@ -9,10 +9,32 @@ from typing import Annotated, Any
 
 import typer
 
-AdminUrl = Annotated[str, typer.Option(help="Base URL of the server's admin API.")]
+from inferd.cli import ports
+from inferd.config import ConfigError
+
+AdminUrl = Annotated[
+    str | None,
+    typer.Option(
+        help="Base URL of the server's admin API, for a server started with its own --admin-port "
+        "[default: from --host and --port]."
+    ),
+]
+Host = Annotated[str | None, typer.Option(help="Host of the server's HTTP API [default: 127.0.0.1].")]
+Port = Annotated[
+    int | None,
+    typer.Option(help="Port of the server's HTTP API; its admin API is on this port + 1 [default: 8000]."),
+]
 Token = Annotated[
     str | None, typer.Option(envvar="INFERD_ADMIN_TOKEN", help="Admin token (default: INFERD_ADMIN_TOKEN).")
 ]
+
+
+def _base(admin_url: str | None, host: str | None, port: int | None) -> str:
+    try:
+        return ports.admin_url(admin_url, host, port).rstrip("/")
+    except ConfigError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from None
 
 
 def _post(url: str, token: str | None, timeout_s: float) -> dict[str, Any]:
@@ -34,28 +56,37 @@ def _post(url: str, token: str | None, timeout_s: float) -> dict[str, Any]:
 
 def drain(
     worker_id: Annotated[str, typer.Argument(help="Worker id, as `inferd status` lists it.")],
-    admin_url: AdminUrl = "http://127.0.0.1:8001",
+    admin_url: AdminUrl = None,
+    host: Host = None,
+    port: Port = None,
     token: Token = None,
 ) -> None:
     """Drain a worker: it takes no new batches, finishes what it holds, exits and is replaced."""
-    typer.echo(json.dumps(_post(f"{admin_url}/admin/workers/{worker_id}/drain", token, 10.0)))
+    base = _base(admin_url, host, port)
+    typer.echo(json.dumps(_post(f"{base}/admin/workers/{worker_id}/drain", token, 10.0)))
 
 
 def scale(
     model: Annotated[str, typer.Argument(help="Model name.")],
     workers: Annotated[int, typer.Option(help="Local workers wanted; extra ones are drained first.")],
-    admin_url: AdminUrl = "http://127.0.0.1:8001",
+    admin_url: AdminUrl = None,
+    host: Host = None,
+    port: Port = None,
     token: Token = None,
 ) -> None:
     """Set a model's number of local workers."""
-    typer.echo(json.dumps(_post(f"{admin_url}/admin/models/{model}/scale?workers={workers}", token, 30.0)))
+    base = _base(admin_url, host, port)
+    typer.echo(json.dumps(_post(f"{base}/admin/models/{model}/scale?workers={workers}", token, 30.0)))
 
 
 def update(
     model: Annotated[str, typer.Argument(help="Model name.")],
-    admin_url: AdminUrl = "http://127.0.0.1:8001",
+    admin_url: AdminUrl = None,
+    host: Host = None,
+    port: Port = None,
     token: Token = None,
     timeout: Annotated[float, typer.Option(help="Seconds to wait for the whole rolling update.")] = 600.0,
 ) -> None:
     """Roll a model to the highest version in the repository, worker by worker (no request fails)."""
-    typer.echo(json.dumps(_post(f"{admin_url}/admin/models/{model}/update", token, timeout)))
+    base = _base(admin_url, host, port)
+    typer.echo(json.dumps(_post(f"{base}/admin/models/{model}/update", token, timeout)))

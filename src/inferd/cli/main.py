@@ -10,6 +10,7 @@ from typing import Annotated
 
 import typer
 
+from inferd.cli.ports import check_ports_free
 from inferd.config import ConfigError, ModelConfig, ServerConfig, load_server_config
 
 app = typer.Typer(
@@ -36,7 +37,9 @@ def resolve_models(config: ServerConfig) -> list[ModelConfig]:
 @app.command()
 def serve(
     host: Annotated[str | None, typer.Option(help="Address to listen on [default: 127.0.0.1].")] = None,
-    port: Annotated[int | None, typer.Option(help="HTTP port [default: 8000].")] = None,
+    port: Annotated[
+        int | None, typer.Option(help="HTTP port [default: 8000]; 0: a free one (logged at start).")
+    ] = None,
     model_repo: Annotated[
         Path | None,
         typer.Option(
@@ -57,7 +60,8 @@ def serve(
     admin_port: Annotated[
         int | None,
         typer.Option(
-            help="Port of the admin API (worker list, drain, restart) [default: 8001]. "
+            help="Port of the admin API (worker list, drain, restart) [default: the HTTP port + 1, "
+            "so 8001 for 8000; a free one, logged at start, with --port 0]. "
             "Set INFERD_ADMIN_TOKEN to require a bearer token."
         ),
     ] = None,
@@ -84,6 +88,14 @@ def serve(
     log_level: Annotated[
         str | None, typer.Option(help="DEBUG, INFO, WARNING or ERROR [default: INFO].")
     ] = None,
+    shutdown_grace_s: Annotated[
+        float | None,
+        typer.Option(
+            help="After SIGTERM, seconds during which /v2/health/ready answers 503 while requests are "
+            "still accepted and served (so load balancers stop sending), before the drain "
+            "[default: 5]; 0: drain at once."
+        ),
+    ] = None,
     ray: Annotated[
         str | None,
         typer.Option(
@@ -101,7 +113,12 @@ def serve(
         ),
     ] = None,
 ) -> None:
-    """Serve models over HTTP (KServe OIP v2 and OpenAI-compatible embeddings)."""
+    """Serve models over HTTP (KServe OIP v2 and OpenAI-compatible embeddings).
+
+    The admin API listens on the HTTP port + 1 unless --admin-port is given (8000 -> 8001, 9000 -> 9001),
+    so servers on one host need HTTP ports at least 2 apart; `inferd status --port 9000` finds the admin
+    API of the server on port 9000 by the same rule. A port in use is reported at start with the fix.
+    """
     try:
         cfg = load_server_config(
             config,
@@ -119,6 +136,7 @@ def serve(
                 "worker_host": worker_host,
                 "ray_address": ray,
                 "ray_resource": ray_resource,
+                "shutdown_grace_s": shutdown_grace_s,
             },
         )
         if no_admin:
@@ -126,6 +144,7 @@ def serve(
         if cfg.ray_address and importlib.util.find_spec("ray") is None:
             raise ConfigError("--ray (ray_address) needs Ray: pip install 'inferd[ray]'")
         models = resolve_models(cfg)
+        check_ports_free(cfg)
     except ConfigError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from None

@@ -20,6 +20,9 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
+from inferd.cli import ports
+from inferd.config import ConfigError
+
 FETCH_TIMEOUT_S = 5.0
 STATE_STYLES = {
     "ready": "green",
@@ -63,7 +66,8 @@ def fetch_json(url: str, token: str | None, timeout_s: float = FETCH_TIMEOUT_S) 
         reason = getattr(exc, "reason", exc)
         raise AdminUnavailable(
             f"cannot reach the admin API at {url} ({reason}); is `inferd serve` running, "
-            "and is --admin-url its admin address?"
+            "and is this its admin address (its HTTP port + 1 unless it set --admin-port: "
+            "pass --port or --admin-url)?"
         ) from None
     try:
         payload = json.loads(body)
@@ -235,8 +239,22 @@ def show_json(snapshot: AdminSnapshot, error: str | None) -> None:
 
 def status(
     admin_url: Annotated[
-        str, typer.Option(help="Base URL of the admin API (inferd serve --admin-port).")
-    ] = "http://127.0.0.1:8001",
+        str | None,
+        typer.Option(
+            help="Base URL of the admin API, for a server started with its own --admin-port "
+            "[default: from --host and --port]."
+        ),
+    ] = None,
+    host: Annotated[
+        str | None, typer.Option(help="Host of the server's HTTP API [default: 127.0.0.1].")
+    ] = None,
+    port: Annotated[
+        int | None,
+        typer.Option(
+            help="Port of the server's HTTP API (its --port); its admin API is on this port + 1 "
+            "[default: 8000, so admin 8001]."
+        ),
+    ] = None,
     token: Annotated[
         str | None,
         typer.Option(envvar="INFERD_ADMIN_TOKEN", help="Admin bearer token [default: $INFERD_ADMIN_TOKEN]."),
@@ -248,10 +266,16 @@ def status(
         bool, typer.Option("--json", help="Print the raw JSON of both endpoints.")
     ] = False,
 ) -> None:
-    """Show the workers and models of a running inferd server, from its admin API."""
+    """Show the workers and models of a running inferd server, from its admin API (found on the HTTP
+    port + 1, as `inferd serve` puts it, unless --admin-url says where)."""
+    try:
+        url = ports.admin_url(admin_url, host, port)
+    except ConfigError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from None
 
     def fetch() -> AdminSnapshot:
-        return fetch_snapshot(admin_url, token)
+        return fetch_snapshot(url, token)
 
     try:
         snapshot = fetch()
@@ -265,12 +289,12 @@ def status(
         return
     console = Console()
     if watch is None:
-        console.print(render_snapshot(snapshot, admin_url))
+        console.print(render_snapshot(snapshot, url))
         return
-    with Live(render_snapshot(snapshot, admin_url), console=console, auto_refresh=False) as live:
+    with Live(render_snapshot(snapshot, url), console=console, auto_refresh=False) as live:
         watch_loop(
             snapshot,
             fetch,
-            lambda snap, error: live.update(render_snapshot(snap, admin_url, error), refresh=True),
+            lambda snap, error: live.update(render_snapshot(snap, url, error), refresh=True),
             watch,
         )

@@ -1,0 +1,98 @@
+"""The admin port rule with real `inferd serve` processes: the admin API is on the HTTP port + 1 unless
+--admin-port says otherwise, so servers on different ports of one host both start, and the tools find
+each one's admin API from its HTTP port."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+from tests.conftest import ROOT, ServerProc, free_port, start_server
+
+
+def port_pair() -> int:
+    """A free port whose next port is free too (an HTTP port for the default admin rule)."""
+    for _ in range(100):
+        port = free_port()
+        if port < 65535:
+            with socket.socket() as s:
+                try:
+                    s.bind(("127.0.0.1", port + 1))
+                except OSError:
+                    continue
+            return port
+    raise AssertionError("no free pair of ports found")
+
+
+def serve_with_default_admin_port(tmp_path: Path, port: int) -> ServerProc:
+    """`inferd serve --port PORT` without --admin-port (conftest's start_server always sets one)."""
+    log_path = tmp_path / f"server-{port}.log"
+    serve = ["serve", "--port", str(port), "--model", "sim", "--shutdown-grace-s", "0"]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "inferd.cli.main", *serve],
+        stdout=open(log_path, "wb"),
+        stderr=subprocess.STDOUT,
+        cwd=ROOT,
+    )
+    server = ServerProc(proc, port, log_path, port + 1)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise AssertionError(f"server exited with {proc.returncode}:\n{server.log()}")
+        try:
+            with urllib.request.urlopen(f"{server.url}/v2/health/ready", timeout=1) as r:
+                if r.status == 200:
+                    return server
+        except OSError:
+            time.sleep(0.05)
+    server.stop()
+    raise AssertionError(f"server not ready within 60 s:\n{server.log()}")
+
+
+def inferd(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "inferd.cli.main", *args], capture_output=True, text=True, timeout=60, cwd=ROOT
+    )
+
+
+def test_two_servers_on_one_host_each_serve_an_admin_api_that_status_finds(tmp_path: Path) -> None:
+    first = serve_with_default_admin_port(tmp_path, port_pair())
+    try:
+        second = serve_with_default_admin_port(tmp_path, port_pair())
+        try:
+            for server in (first, second):
+                with urllib.request.urlopen(f"{server.admin_url}/admin/workers", timeout=5) as r:
+                    workers = json.loads(r.read())["workers"]
+                pids = {w["pid"] for w in workers}
+                assert pids and pids <= set(server.worker_pids())  # this server's own workers
+                status = inferd("status", "--port", str(server.port), "--json")
+                assert status.returncode == 0, status.stderr
+                seen = json.loads(status.stdout)["workers"]["workers"]
+                assert {w["pid"] for w in seen} == pids
+                assert f"admin API on http://127.0.0.1:{server.port + 1}" in server.log()
+        finally:
+            assert second.stop() == 0
+    finally:
+        assert first.stop() == 0
+
+
+def test_an_admin_port_in_use_is_refused_at_start_naming_the_fix(tmp_path: Path) -> None:
+    port = port_pair()
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", port + 1))
+        taken.listen()
+        refused = inferd("serve", "--port", str(port), "--model", "sim")
+        assert refused.returncode == 2
+        assert f"admin port {port + 1} (the HTTP port {port} + 1)" in refused.stderr
+        assert "--admin-port" in refused.stderr and "--no-admin" in refused.stderr
+        assert "Traceback" not in refused.stderr
+        server = start_server(tmp_path, "--port", str(port), "--no-admin", "--model", "sim")
+        try:
+            assert "admin API on" not in server.log()
+        finally:
+            assert server.stop() == 0
