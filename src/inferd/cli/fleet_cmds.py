@@ -69,24 +69,37 @@ def drain(
 def scale(
     model: Annotated[str, typer.Argument(help="Model name.")],
     workers: Annotated[int, typer.Option(help="Local workers wanted; extra ones are drained first.")],
+    version: Annotated[
+        int | None, typer.Option(help="The served version to scale [default: the default version].")
+    ] = None,
     admin_url: AdminUrl = None,
     host: Host = None,
     port: Port = None,
     token: Token = None,
 ) -> None:
-    """Set a model's number of local workers."""
+    """Set a model's number of local workers (batch and LLM models)."""
     base = _base(admin_url, host, port)
-    typer.echo(json.dumps(_post(f"{base}/admin/models/{model}/scale?workers={workers}", token, 30.0)))
+    query = f"workers={workers}" + (f"&version={version}" if version is not None else "")
+    typer.echo(json.dumps(_post(f"{base}/admin/models/{model}/scale?{query}", token, 30.0)))
 
 
 def update(
     model: Annotated[str, typer.Argument(help="Model name.")],
+    version: Annotated[
+        int | None,
+        typer.Option(
+            help="The version to roll to, lower ones included (rollback); one already served side by side "
+            "becomes the default at once [default: the repository's highest]."
+        ),
+    ] = None,
     admin_url: AdminUrl = None,
     host: Host = None,
     port: Port = None,
     token: Token = None,
     timeout: Annotated[float, typer.Option(help="Seconds to wait for the whole rolling update.")] = 600.0,
 ) -> None:
-    """Roll a model to the highest version in the repository, worker by worker (no request fails)."""
+    """Roll a model to another version, worker by worker: the new version's workers start beside the old
+    ones, the default flips once one is ready, then the old ones drain (no request fails)."""
     base = _base(admin_url, host, port)
-    typer.echo(json.dumps(_post(f"{base}/admin/models/{model}/update", token, timeout)))
+    query = f"?version={version}" if version is not None else ""
+    typer.echo(json.dumps(_post(f"{base}/admin/models/{model}/update{query}", token, timeout)))
