@@ -94,6 +94,14 @@ def _age(seconds: Any) -> str:
     return f"{seconds / 60:.1f} min"
 
 
+def _version_cell(row: dict[str, Any]) -> str:
+    """The row's version, starred when it is the model's default (unversioned requests go there)."""
+    version = row.get("version")
+    if version is None:
+        return "-"
+    return f"{version}*" if row.get("default") else str(version)
+
+
 def _cell(value: Any) -> str:
     return "-" if value is None else str(value)
 
@@ -102,7 +110,7 @@ def workers_table(workers: list[dict[str, Any]]) -> Table:
     table = Table(title="workers", title_justify="left")
     for header in ("id", "model", "version", "state", "pid", "host"):
         table.add_column(header)
-    for header in ("in-flight", "latency", "completed", "restarts", "progress age", "heartbeat age"):
+    for header in ("in-flight / seqs", "latency", "completed", "restarts", "progress age", "heartbeat age"):
         table.add_column(header, justify="right")
     for w in workers:
         state = _cell(w.get("state"))
@@ -114,7 +122,7 @@ def workers_table(workers: list[dict[str, Any]]) -> Table:
             Text(state, style=STATE_STYLES.get(state, "")),
             _cell(w.get("pid")),
             _cell(w.get("host")),
-            _cell(w.get("inflight_batches")),
+            _cell(w.get("inflight_batches", w.get("live_sequences"))),
             f"{latency:.0f} ms" if isinstance(latency, int | float) else "-",
             _cell(w.get("completed_batches")),
             _cell(w.get("restarts")),
@@ -127,13 +135,15 @@ def workers_table(workers: list[dict[str, Any]]) -> Table:
 def models_table(models: dict[str, dict[str, Any]]) -> Table:
     table = Table(title="models", title_justify="left")
     table.add_column("model")
+    table.add_column("version")
     for header in ("ready", "stalled", "ready workers", "queued", "batch timeout", "busy ratio"):
         table.add_column(header, justify="right")
     for name, m in sorted(models.items()):
         busy = m.get("busy_ratio")
         timeout = m.get("batch_timeout_s")
         table.add_row(
-            name,
+            name.split(":")[0],
+            _version_cell(m),
             Text("yes", style="green") if m.get("ready") else Text("no", style="red"),
             Text("yes", style="red") if m.get("stalled") else Text("no"),
             _cell(m.get("ready_workers")),
@@ -147,13 +157,15 @@ def models_table(models: dict[str, dict[str, Any]]) -> Table:
 def llm_models_table(models: dict[str, dict[str, Any]]) -> Table:
     table = Table(title="LLM models", title_justify="left")
     table.add_column("model")
+    table.add_column("version")
     headers = ("ready", "workers", "streams", "running", "waiting", "KV used", "prefix hits", "preempted")
     for header in (*headers, "refused", "moved"):
         table.add_column(header, justify="right")
     for name, m in sorted(models.items()):
         kv, hits = m.get("kv_usage"), m.get("prefix_hit_ratio")
         table.add_row(
-            name,
+            name.split(":")[0],
+            _version_cell(m),
             Text("yes", style="green") if m.get("ready") else Text("no", style="red"),
             _cell(m.get("workers")),
             _cell(m.get("streams")),
@@ -199,7 +211,12 @@ def render_snapshot(snapshot: AdminSnapshot, admin_url: str, error: str | None =
         workers_table(list(snapshot.workers.get("workers", []))),
         models_table(dict(snapshot.models.get("models", {}))),
         *([llm_models_table(llm)] if (llm := dict(snapshot.models.get("llm_models", {}))) else []),
-        *(Text(line) for line in autoscaler_lines(dict(snapshot.models.get("models", {})))),
+        *(
+            Text(line)
+            for line in autoscaler_lines(
+                {**dict(snapshot.models.get("models", {})), **dict(snapshot.models.get("llm_models", {}))}
+            )
+        ),
         Text(retry_budget_line(snapshot.models.get("retry_budget"))),
         Text(f"from {admin_url} at {time.strftime('%H:%M:%S')}", style="dim"),
     ]
