@@ -97,6 +97,8 @@ async def test_restart_loop_backs_off_on_a_crash_loop_and_resets_after_healthy_w
             failures.append(slot.consecutive_failures)
         assert failures == [1, 2, 3] and slot.exit_codes == [1, 1, 1]
         assert arg(process.args, "--worker-id") == "sim-0.3"
+        launcher.mark_healthy("sim-0.2")  # a late report of an earlier incarnation proves nothing
+        assert not slot.did_work
         launcher.mark_healthy("sim-0.3")  # this one completed a batch before it died
         launcher.exit(process, -9, 0.5)
         process = await launcher.next_start()
@@ -138,6 +140,7 @@ async def test_a_retired_slot_is_not_restarted_and_leaves() -> None:
         async with asyncio.timeout(10):
             assert await launcher.ended.get() is old
         assert old not in launcher.slots and old.restarts == 0 and launcher.started.empty()
+        assert not launcher.kill("sim-2.7")  # no such incarnation: nothing is killed
         assert launcher.kill("sim-2.0") and new.process is not None and new.process.killed  # type: ignore[union-attr]
         runner.cancel()
 

@@ -33,7 +33,6 @@ from typing import Generic, Protocol, TypeVar
 
 from inferd.clock import Clock, MonotonicClock
 from inferd.routing.backoff import Backoff
-from inferd.worker.connection import slot_of
 
 log = logging.getLogger("inferd.supervisor")
 
@@ -79,6 +78,11 @@ class WorkerSlot:
     def worker_id(self) -> str:
         return f"{self.model}-{self.index}"
 
+    @property
+    def incarnation(self) -> str:
+        """The id its current worker registers with: `MODEL-INDEX.RESTARTS`."""
+        return f"{self.worker_id}.{self.restarts}"
+
 
 @dataclass(frozen=True, slots=True)
 class WorkerExit:
@@ -104,7 +108,7 @@ class WorkerBootstrap:
         args = [
             *("--connect", self.address),
             *("--model", slot.model),
-            *("--worker-id", f"{slot.worker_id}.{slot.restarts}"),
+            *("--worker-id", slot.incarnation),
             *("--token", self.token),
             *("--log-level", self.log_level),
         ]
@@ -178,7 +182,7 @@ class Launcher(abc.ABC, Generic[P]):
     def mark_healthy(self, worker_id: str) -> None:
         """The worker with this id completed work: a later death is not part of a crash loop."""
         for slot in self.slots:
-            if slot_of(worker_id) == slot.worker_id:
+            if worker_id == slot.incarnation:
                 slot.did_work = True
 
     def pids(self) -> list[int]:
@@ -190,9 +194,10 @@ class Launcher(abc.ABC, Generic[P]):
         ]
 
     def kill(self, worker_id: str) -> bool:
-        """Kill the process running this worker (the hang watchdog's and a forced restart's tool)."""
+        """Kill the process running this worker (the hang watchdog's and a forced restart's tool); not
+        its successor when the worker is already gone."""
         for slot in self.slots:
-            if slot_of(worker_id) == slot.worker_id and slot.process is not None:
+            if worker_id == slot.incarnation and slot.process is not None:
                 slot.process.kill()
                 return True
         return False
