@@ -24,7 +24,7 @@ from inferd.clock import FakeClock
 from inferd.errors import Overloaded
 from inferd.models.sim import sim_config
 from inferd.observability.metrics import Metrics
-from inferd.routing import Candidate, EjectionState, Health, OutlierEjector, P2CBalancer
+from inferd.routing import Candidate, Health, OutlierEjector, P2CBalancer
 from inferd.worker import protocol as p
 from inferd.worker.connection import MAX_INFLIGHT, WorkerConnection, WorkerState
 from tests.property.test_recovery_state_machine import FakeWriter
@@ -77,8 +77,8 @@ def test_balancer_prefers_the_worker_that_finishes_sooner_and_counts_equal_loads
     # a busy fast worker (2 x 10 ms) still beats an idle slow one (100 ms); health beats both
     busy = [Candidate("a", Health.READY, 1), Candidate("b", Health.READY, 0)]
     assert balancer.choose(busy, rng).worker_id == "a"  # type: ignore[union-attr]
-    suspect = [Candidate("a", Health.SUSPECT, 0), Candidate("b", Health.READY, 0)]
-    assert balancer.choose(suspect, rng).worker_id == "b"  # type: ignore[union-attr]
+    probing = [Candidate("a", Health.PROBING, 0), Candidate("b", Health.READY, 0)]
+    assert balancer.choose(probing, rng).worker_id == "b"  # type: ignore[union-attr]
     stats = balancer.statistics()
     assert stats.choices == 23 and stats.pairs == 23 and stats.health_decided == 1 and stats.equal_loads == 1
 
@@ -100,16 +100,16 @@ def test_ejected_worker_is_probed_back_in_after_its_ejection_time() -> None:
         for w in ("w0", "w1", "w2"):
             assert ej.observe(w, FAST_S) is None
         change = ej.observe("w3", SLOW_S)
-    assert change is not None and change.state is EjectionState.EJECTED and change.ejected_for_s == 1.0
+    assert change is not None and change.health is Health.EJECTED and change.ejected_for_s == 1.0
     clock.advance(0.999)
-    assert ej.state("w3") is EjectionState.EJECTED
+    assert ej.health("w3") is Health.EJECTED
     clock.advance(0.001)
-    assert ej.state("w3") is EjectionState.PROBING
+    assert ej.health("w3") is Health.PROBING
     again = ej.observe("w3", SLOW_S)  # the probe is slow again: out for twice as long
-    assert again is not None and again.state is EjectionState.EJECTED and again.ejected_for_s == 2.0
+    assert again is not None and again.health is Health.EJECTED and again.ejected_for_s == 2.0
     clock.advance(2.0)
     back = ej.observe("w3", FAST_S)
-    assert back is not None and back.state is EjectionState.IN
+    assert back is not None and back.health is Health.READY
     assert ej.status("w3").times_ejected == 2 and ej.statistics().returned_total == 1
 
 
@@ -123,15 +123,15 @@ def test_an_overdue_batch_ejects_at_once_and_a_reconnect_keeps_the_ejection() ->
             ej.observe(w, FAST_S)
     assert ej.overdue("w3", 2 * FAST_S) is None  # running longer than usual is not yet slow
     change = ej.overdue("w3", SLOW_S)  # still running, far past the fleet: out now, no samples needed
-    assert change is not None and change.state is EjectionState.EJECTED
+    assert change is not None and change.health is Health.EJECTED
     ej.remove("w3")  # its connection broke ...
     ej.add("w3")  # ... and it registered again under the same id: still ejected
-    assert ej.state("w3") is EjectionState.EJECTED and ej.status("w3").times_ejected == 1
+    assert ej.health("w3") is Health.EJECTED and ej.status("w3").times_ejected == 1
     clock.advance(ej.max_ejection_s + 1)
     ej.remove("w3")
     clock.advance(ej.max_ejection_s + 1)
     ej.add("w3")  # gone longer than the longest ejection: a clean record
-    assert ej.state("w3") is EjectionState.IN and ej.status("w3").times_ejected == 0
+    assert ej.health("w3") is Health.READY and ej.status("w3").times_ejected == 0
 
 
 def test_consecutive_failures_eject_but_never_the_last_worker() -> None:
@@ -143,12 +143,12 @@ def test_consecutive_failures_eject_but_never_the_last_worker() -> None:
     ej.add("w1")
     for _ in range(3):
         ej.failure("w1")
-    assert ej.state("w1") is EjectionState.EJECTED  # a fleet of two may eject one
+    assert ej.health("w1") is Health.EJECTED  # a fleet of two may eject one
     for _ in range(10):
         ej.failure("solo")
-    assert ej.state("solo") is EjectionState.IN and ej.statistics().refused_by_share_total >= 1
+    assert ej.health("solo") is Health.READY and ej.statistics().refused_by_share_total >= 1
     ej.remove("solo")  # the fleet shrank to one: the ejected worker comes back at once
-    assert ej.state("w1") is EjectionState.IN
+    assert ej.health("w1") is Health.READY
 
 
 class EjectionMachine(RuleBasedStateMachine):
@@ -198,7 +198,7 @@ class EjectionMachine(RuleBasedStateMachine):
         now = self.clock.now()
         for w in self.workers:
             status = self.ej.status(w)
-            if status.state is EjectionState.EJECTED:
+            if status.health is Health.EJECTED:
                 assert status.ejected_until is not None
                 assert now < status.ejected_until <= now + self.ej.max_ejection_s
 
@@ -269,18 +269,16 @@ class RoutingMachine(RuleBasedStateMachine):
     def dispatch(self) -> None:
         before = {w.worker_id: set(w.inflight) for w in self.rt.workers}
         ready = [w for w in self.rt.workers if w.state is WorkerState.READY]
-        state = {w.worker_id: self.rt.ejection_status(w).state for w in ready}
-        in_service = [w for w in ready if state[w.worker_id] is not EjectionState.EJECTED]
+        state = {w.worker_id: self.rt.ejection_status(w).health for w in ready}
+        in_service = [w for w in ready if state[w.worker_id] is not Health.EJECTED]
         self._in_loop(self.rt.dispatch_due)
         for w in self.rt.workers:
             new = set(w.inflight) - before[w.worker_id]
             if not new:
                 continue
             assert w.state is WorkerState.READY, f"a batch went to {w.state.value} worker {w.worker_id}"
-            assert state[w.worker_id] is not EjectionState.EJECTED or not in_service, (
-                "sent to an ejected worker"
-            )
-            if state[w.worker_id] is EjectionState.PROBING:
+            assert state[w.worker_id] is not Health.EJECTED or not in_service, "sent to an ejected worker"
+            if state[w.worker_id] is Health.PROBING:
                 assert not before[w.worker_id] and len(new) == 1, "a probing worker got more than one batch"
 
     @precondition(lambda self: self.running())
@@ -378,5 +376,5 @@ async def test_slow_worker_is_ejected_when_the_fast_ones_cannot_keep_it_idle() -
     stats = rt.ejector.statistics()
     assert stats.ejections_total >= 2 and stats.ejected + stats.probing == 1
     status = rt.ejector.status("w3")
-    assert status.times_ejected >= 2 and status.state is not EjectionState.IN
-    assert all(rt.ejector.state(f"w{i}") is EjectionState.IN for i in range(3))
+    assert status.times_ejected >= 2 and status.health is not Health.READY
+    assert all(rt.ejector.health(f"w{i}") is Health.READY for i in range(3))

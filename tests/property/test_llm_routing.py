@@ -1,8 +1,8 @@
 """The LLM front end's routing policy (PrefixAffinityRouter) on a fake clock.
 
-Invariants: it never picks a worker that is not READY or whose engine queue is full, and answers None
+Invariants: it never picks a worker that is not routable or whose engine queue is full, and answers None
 exactly when no such worker exists; the chosen worker's load stays within the cap over the least-loaded
-candidate; with many requests sharing one prefix, the load spread stays within the cap; with equal
+candidate, and it is the healthiest within the cap (READY before PROBING); with many requests sharing one prefix, the load spread stays within the cap; with equal
 loads the worker holding the prefix wins; the front end names blocks exactly as the worker's scheduler.
 """
 
@@ -18,6 +18,7 @@ from inferd.clock import FakeClock
 from inferd.llm.plan import SchedulerConfig
 from inferd.llm.routing import PrefixAffinityRouter, RoutingConfig, WorkerLoad
 from inferd.llm.sequence import Sequence
+from inferd.routing.health import Health
 
 SCHED = SchedulerConfig(block_size=4, num_blocks=64, max_waiting_seqs=3, max_waiting_prompt_tokens=40)
 PREFIXES = [list(range(100 * k, 100 * k + 12)) for k in range(3)]
@@ -31,7 +32,7 @@ workers_st = st.lists(
     st.builds(
         WorkerLoad,
         worker_id=st.just(""),
-        ready=st.booleans(),
+        health=st.sampled_from(list(Health)),
         live_seqs=st.integers(0, 30),
         waiting_seqs=st.integers(0, 4),
         waiting_prompt_tokens=st.integers(0, 45),
@@ -41,8 +42,8 @@ workers_st = st.lists(
 ).map(lambda ws: [WorkerLoad(f"w{i}", *_fields(w)) for i, w in enumerate(ws)])
 
 
-def _fields(w: WorkerLoad) -> tuple[bool, int, int, int]:
-    return w.ready, w.live_seqs, w.waiting_seqs, w.waiting_prompt_tokens
+def _fields(w: WorkerLoad) -> tuple[Health, int, int, int]:
+    return w.health, w.live_seqs, w.waiting_seqs, w.waiting_prompt_tokens
 
 
 @settings(max_examples=300, deadline=None)
@@ -66,7 +67,7 @@ def test_pick_respects_readiness_room_and_the_load_cap(
     for w, k, blocks in remembered:  # what earlier requests left on the workers
         r.record(f"w{w}", r.block_hashes(PREFIXES[k], "t")[:blocks])
     prompt = PREFIXES[prefix] + [7] * tail
-    candidates = [w for w in workers if w.ready and r.has_room(w, len(prompt))]
+    candidates = [w for w in workers if w.health in Health.ROUTABLE and r.has_room(w, len(prompt))]
 
     choice = r.pick(workers, r.block_hashes(prompt, "t"), len(prompt))
 
@@ -75,9 +76,13 @@ def test_pick_respects_readiness_room_and_the_load_cap(
         return
     assert choice is not None
     chosen = next(w for w in workers if w.worker_id == choice.worker_id)
-    assert chosen in candidates, "picked a worker that is not ready or has no room"
+    assert chosen in candidates, "picked a worker that is not routable or has no room"
     min_load = min(w.live_seqs for w in candidates)
-    assert chosen.live_seqs + 1 <= max(min_load + extra, math.floor(min_load * ratio))
+    limit = max(min_load + extra, math.floor(min_load * ratio))
+    assert chosen.live_seqs + 1 <= limit
+    assert chosen.health == max(w.health for w in candidates if w.live_seqs + 1 <= limit), (
+        "not the healthiest"
+    )
 
 
 @settings(max_examples=100, deadline=None)
@@ -91,7 +96,7 @@ def test_one_shared_prefix_never_piles_onto_one_worker(n_workers: int, n_request
     hashes = r.block_hashes(prompt, "")
     hits = 0
     for _ in range(n_requests):
-        views = [WorkerLoad(f"w{i}", True, load) for i, load in enumerate(loads)]
+        views = [WorkerLoad(f"w{i}", Health.READY, load) for i, load in enumerate(loads)]
         choice = r.pick(views, hashes, 0)
         assert choice is not None
         hits += choice.cached_blocks > 0
@@ -110,7 +115,7 @@ def test_equal_loads_go_to_the_worker_holding_the_prefix(
     r = router()
     r.record(f"w{holder}", r.block_hashes(PREFIXES[k], "t"))
     prompt = PREFIXES[k] + [9, 9]
-    views = [WorkerLoad(f"w{i}", True, load) for i in range(n_workers)]
+    views = [WorkerLoad(f"w{i}", Health.READY, load) for i in range(n_workers)]
     choice = r.pick(views, r.block_hashes(prompt, "t"), len(prompt))
     assert choice is not None
     assert (choice.worker_id, choice.cached_blocks) == (f"w{holder}", len(PREFIXES[k]) // SCHED.block_size)
@@ -122,7 +127,7 @@ def test_another_tenant_and_an_old_memory_do_not_count_as_cached() -> None:
     r = router(clock, affinity_ttl_s=30.0)
     prompt = PREFIXES[1] + [5]
     r.record("w1", r.block_hashes(prompt, "alice"))
-    views = [WorkerLoad("w0", True, 0), WorkerLoad("w1", True, 0)]
+    views = [WorkerLoad("w0", Health.READY, 0), WorkerLoad("w1", Health.READY, 0)]
     other = r.pick(views, r.block_hashes(prompt, "bob"), len(prompt))
     assert other is not None and (other.worker_id, other.cached_blocks) == ("w0", 0)
     clock.advance(31.0)
@@ -165,7 +170,8 @@ class RoutingWithCompletions(RuleBasedStateMachine):
         self.ready = {w: True for w in self.loads}
 
     def views(self) -> list[WorkerLoad]:
-        return [WorkerLoad(w, self.ready[w], n) for w, n in self.loads.items()]
+        health = {True: Health.READY, False: Health.DRAINING}
+        return [WorkerLoad(w, health[self.ready[w]], n) for w, n in self.loads.items()]
 
     @rule(k=st.integers(0, 2), tail=st.integers(0, 5))
     def arrive(self, k: int, tail: int) -> None:

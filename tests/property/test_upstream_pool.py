@@ -2,7 +2,7 @@
 
 Invariants: a request only goes to a routable upstream not excluded, with a free slot, the healthiest and
 then the least loaded of those; 503 exactly when nothing is routable, 429 exactly when everything
-routable is full; in-flight counts match what callers hold; an UP upstream never exceeds its cap and a
+routable is full; in-flight counts match what callers hold; a READY upstream never exceeds its cap and a
 PROBING one never takes a second trial; an ejected upstream takes nothing until its time is over, then
 is probed back. Behaviour: load spreads evenly; ejections grow and are capped.
 """
@@ -15,7 +15,8 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 from inferd.clock import FakeClock
 from inferd.errors import Overloaded, WorkerUnavailable
-from inferd.routing.upstreams import Outcome, UpstreamHealth, UpstreamPool, UpstreamStatus
+from inferd.routing.health import Health
+from inferd.routing.upstreams import Outcome, UpstreamPool, UpstreamStatus
 
 URLS = [f"http://u{i}:8000/v1" for i in range(4)]
 CAP = 3
@@ -26,7 +27,7 @@ def statuses(pool: UpstreamPool) -> dict[str, UpstreamStatus]:
 
 
 def cap_of(s: UpstreamStatus) -> int:
-    return CAP if s.health is UpstreamHealth.UP else 1
+    return CAP if s.health is Health.READY else 1
 
 
 class PoolMachine(RuleBasedStateMachine):
@@ -48,7 +49,7 @@ class PoolMachine(RuleBasedStateMachine):
     @rule(exclude=st.sets(st.sampled_from(URLS), max_size=3))
     def acquire(self, exclude: set[str]) -> None:
         before = statuses(self.pool)
-        routable = [s for u, s in before.items() if u not in exclude and s.health in UpstreamHealth.ROUTABLE]
+        routable = [s for u, s in before.items() if u not in exclude and s.health in Health.ROUTABLE]
         free = [s for s in routable if s.inflight < cap_of(s)]
         try:
             chosen = self.pool.acquire(exclude)
@@ -65,7 +66,7 @@ class PoolMachine(RuleBasedStateMachine):
         assert s.health == best
         assert s.inflight == min(f.inflight for f in free if f.health == best)
         self.held.append(chosen)
-        if s.health is UpstreamHealth.PROBING:
+        if s.health is Health.PROBING:
             self.trials[chosen] = self.trials.get(chosen, 0) + 1
 
     @precondition(lambda self: self.held)
@@ -88,18 +89,18 @@ class PoolMachine(RuleBasedStateMachine):
     def advance(self, seconds: float) -> None:
         self.clock.advance(seconds)
 
-    def _check_change(self, url: str, before: UpstreamHealth, outcome: Outcome, change: object) -> None:
+    def _check_change(self, url: str, before: Health, outcome: Outcome, change: object) -> None:
         after = self.pool.health(url)
-        if before is UpstreamHealth.EJECTED or outcome is Outcome.IGNORABLE:
+        if before is Health.EJECTED or outcome is Outcome.IGNORABLE:
             assert change is None and after is before, (
                 "an ejected upstream or an ignorable outcome moved health"
             )
-        if before is UpstreamHealth.PROBING and outcome is not Outcome.IGNORABLE:
-            expected = UpstreamHealth.UP if outcome is Outcome.SUCCESS else UpstreamHealth.EJECTED
+        if before is Health.PROBING and outcome is not Outcome.IGNORABLE:
+            expected = Health.READY if outcome is Outcome.SUCCESS else Health.EJECTED
             assert after is expected, "the outcome of a probing upstream did not decide its health"
         if change is not None:
             assert after is change.health  # type: ignore[attr-defined]
-            if after is UpstreamHealth.EJECTED:
+            if after is Health.EJECTED:
                 assert 1.0 <= change.ejected_for_s <= 3.0  # type: ignore[attr-defined]
                 self.trials.pop(url, None)  # trials before an ejection are not the next probe's
 
@@ -111,17 +112,17 @@ class PoolMachine(RuleBasedStateMachine):
     @invariant()
     def caps_hold(self) -> None:
         for url, s in statuses(self.pool).items():
-            if s.health is UpstreamHealth.UP:
+            if s.health is Health.READY:
                 assert s.inflight <= CAP
-            if s.health is UpstreamHealth.PROBING:
+            if s.health is Health.PROBING:
                 assert self.trials.get(url, 0) <= 1, "a probing upstream took a second trial request"
 
     @invariant()
     def ejections_end_on_time(self) -> None:
         now = self.clock.now()
         for s in statuses(self.pool).values():
-            if s.health is UpstreamHealth.EJECTED:
-                assert s.ejected_until is not None and now < s.ejected_until <= now + 3.0
+            if s.health is Health.EJECTED:
+                assert s.ejection.ejected_until is not None and now < s.ejection.ejected_until <= now + 3.0
 
 
 TestPoolMachine = PoolMachine.TestCase
@@ -176,14 +177,14 @@ def test_ejection_grows_is_capped_and_is_probed_back() -> None:
     lengths = []
     for _ in range(4):
         change = pool.probed(url, False, "refused") or pool.probed(url, False, "refused")
-        assert change is not None and change.health is UpstreamHealth.EJECTED
+        assert change is not None and change.health is Health.EJECTED
         lengths.append(change.ejected_for_s)
         assert pool.acquire() == URLS[1]  # never the ejected one
         pool.release(URLS[1], Outcome.SUCCESS)
         clock.advance(change.ejected_for_s)
-        assert pool.health(url) is UpstreamHealth.PROBING
+        assert pool.health(url) is Health.PROBING
         if len(lengths) < 4:
-            assert pool.probed(url, True) is not None and pool.health(url) is UpstreamHealth.UP
+            assert pool.probed(url, True) is not None and pool.health(url) is Health.READY
         else:
             break
     assert lengths == [5.0, 10.0, 12.0, 12.0]
@@ -200,4 +201,4 @@ def test_answering_probes_do_not_hide_failing_requests() -> None:
         assert taken == bad
         changes.append(pool.release(bad, Outcome.FAILURE))
         pool.probed(bad, True)  # GET /v1/models still answers
-    assert changes[-1] is not None and changes[-1].health is UpstreamHealth.EJECTED
+    assert changes[-1] is not None and changes[-1].health is Health.EJECTED

@@ -230,7 +230,7 @@ def batch_model_row(stats: RuntimeStatistics) -> dict[str, Any]:
 def _ejection(record: Any, now: float) -> dict[str, Any]:
     until = record.ejected_until
     return {
-        "state": record.state.value,
+        "state": record.health.name.lower(),
         "times_ejected": record.times_ejected,
         "ejected_for_s": None if until is None else round(max(0.0, until - now), 3),
         "consecutive_failures": record.consecutive_failures,

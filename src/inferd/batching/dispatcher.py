@@ -35,8 +35,7 @@ from inferd.errors import (
     WorkerUnavailable,
 )
 from inferd.observability.metrics import ModelMetrics
-from inferd.routing import Candidate, EjectionChange, EjectionState, Health, OutlierEjector, P2CBalancer
-from inferd.routing.ejection import WorkerEjection
+from inferd.routing import Candidate, EjectionRecord, Health, HealthChange, OutlierEjector, P2CBalancer
 from inferd.worker import protocol as p
 from inferd.worker.connection import MAX_INFLIGHT, Batch, WorkerConnection, WorkerState
 
@@ -294,17 +293,17 @@ class ModelRuntime:
         Ejected workers sit out (unless all are: then they work rather than stall the model); a probing
         worker takes one batch at a time; nobody goes over the balancer's per-worker cap."""
         ready = [w for w in self.workers if w.state is WorkerState.READY]
-        pool = [w for w in ready if self.ejector.state(w.worker_id) is not EjectionState.EJECTED] or ready
+        pool = [w for w in ready if self.ejector.health(w.worker_id) is not Health.EJECTED] or ready
         fits = [w for w in pool if self.balancer.eligible(self._candidate(w))]
         idle = [w for w in fits if w.idle]
-        staging = [w for w in fits if w.stage_free and self.ejector.state(w.worker_id) is EjectionState.IN]
+        staging = [w for w in fits if w.stage_free and self.ejector.health(w.worker_id) is Health.READY]
         return idle, staging
 
     def _candidate(self, worker: WorkerConnection) -> Candidate:
-        """A ready worker as the balancer sees it: suspect while probing (or ejected with the whole fleet)."""
-        in_service = self.ejector.state(worker.worker_id) is EjectionState.IN
+        """A ready worker as the balancer sees it: READY in service, else PROBING (also when all are ejected)."""
+        in_service = self.ejector.health(worker.worker_id) is Health.READY
         return Candidate(
-            worker.worker_id, Health.READY if in_service else Health.SUSPECT, len(worker.inflight)
+            worker.worker_id, Health.READY if in_service else Health.PROBING, len(worker.inflight)
         )
 
     def _choose(self, workers: list[WorkerConnection]) -> WorkerConnection:
@@ -384,14 +383,14 @@ class ModelRuntime:
         self._note(self.ejector.observe(wid, latency_s))
         self.balancer.observe(wid, latency_s)
 
-    def _note(self, change: EjectionChange | None) -> None:
+    def _note(self, change: HealthChange | None) -> None:
         if change is None:
             return
-        if change.state is EjectionState.IN:
-            self.balancer.forget(change.worker_id)  # its slow history no longer describes it
+        if change.health is Health.READY:
+            self.balancer.forget(change.target)  # its slow history no longer describes it
         log.warning("model %s: %s", self.name, change)
 
-    def ejection_status(self, worker: WorkerConnection) -> WorkerEjection:
+    def ejection_status(self, worker: WorkerConnection) -> EjectionRecord:
         """The worker's outlier-ejection record (state, times ejected, until when), for the admin API."""
         return self.ejector.status(worker.worker_id)
 

@@ -11,8 +11,11 @@ inferd's wire protocol: batches never travel as Ray calls, so the per-batch cost
 and inferd's retry policy is the only one (actors have max_restarts=0 and max_task_retries=0, so Ray
 neither restarts an actor nor re-runs its task). An actor that dies (killed, its node lost) surfaces as
 ActorDiedError on the launcher's pending call, and its connection to the front end breaks: its batches
-are recovered exactly as after a local worker crash, and the launcher starts a new actor with the same
-capped backoff as the local Supervisor (whose slots, scale-up/retire and healthy-work rule it inherits).
+are recovered exactly as after a local worker crash, and the launcher starts a new actor.
+
+Ray only places and runs the actors: the slots, the worker's bootstrap (the same `inferd.worker.main`
+arguments a local worker gets, called inside the actor) and the restart loop with its backoff are
+worker.launcher's, shared with the local Supervisor.
 
 Ray is an optional extra (`pip install inferd[ray]`); this module is imported only when --ray is used.
 The cluster's nodes need inferd installed (same version) in the Python environment their workers use.
@@ -24,15 +27,15 @@ import asyncio
 import contextlib
 import logging
 import os
-import sys
+from collections.abc import Mapping
 from typing import Any
 
 import ray
 from ray.exceptions import RayActorError, RayError, RayTaskError
 
 from inferd.config import ConfigError
-from inferd.worker.connection import slot_of
-from inferd.worker.supervisor import Supervisor, WorkerSlot
+from inferd.routing.backoff import Backoff
+from inferd.worker.launcher import RESTART_BACKOFF, Launcher, WorkerBootstrap, WorkerExit, WorkerSlot
 
 log = logging.getLogger("inferd.ray")
 
@@ -46,35 +49,24 @@ class WorkerActor:
     def pid(self) -> int:
         return os.getpid()
 
-    def serve(self, address: str, model: str, token: str, worker_id: str, log_level: str) -> int:
-        """Run the worker until its front end goes or drains it; the worker's exit code."""
-        from inferd.worker import protocol as p
-        from inferd.worker.main import Worker
+    def serve(self, args: list[str]) -> int:
+        """Run `inferd.worker.main` with the launcher's bootstrap arguments until its front end goes or
+        drains it; the worker's exit code."""
+        from inferd.worker.main import main
 
-        logging.basicConfig(
-            level=log_level,
-            stream=sys.stderr,
-            format="%(asctime)s %(levelname)s %(name)s[%(process)d] %(message)s",
-        )
-        worker = Worker(address, model, token, worker_id)
         try:
-            import uvloop
-
-            runner: Any = uvloop.run
-        except ImportError:
-            runner = asyncio.run
-        try:
-            return runner(worker.run())
-        except (ConnectionError, p.ConnectionClosed, BaseExceptionGroup) as exc:
-            logging.getLogger("inferd.worker").warning("worker %s lost its front end: %r", worker_id, exc)
-            return 1
+            return main(args)
+        except SystemExit as exc:  # the arguments were refused: an exit code, not an actor death
+            return exc.code if isinstance(exc.code, int) else 2
 
 
 class ActorProcess:
     """What the server knows of a slot's actor, shaped like the local slot's process."""
 
-    def __init__(self, actor: Any) -> None:
+    def __init__(self, actor: Any, done: Any) -> None:
         self.actor = actor
+        self.done = done
+        """The actor's `serve` call (an ObjectRef): its result is the worker's exit code."""
         self.pid = 0
         """The actor's process id on its node (0 until the actor has started)."""
         self.returncode: int | None = None
@@ -87,9 +79,9 @@ class ActorProcess:
             ray.kill(self.actor, no_restart=True)
 
 
-class RayLauncher(Supervisor):
-    """The Supervisor's surface (slots, add, retire, run, stop_all, pids, mark_healthy, restart_hooks),
-    with Ray actors instead of child processes."""
+class RayLauncher(Launcher[ActorProcess]):
+    """The launcher's surface (slots, add, retire, run, stop_all, pids, kill, mark_healthy,
+    restart_hooks), with Ray actors instead of child processes."""
 
     def __init__(
         self,
@@ -98,18 +90,12 @@ class RayLauncher(Supervisor):
         log_level: str,
         resource: str | None = None,
         address: str = "",
-        backoff_initial_s: float = 0.1,
-        backoff_max_s: float = 30.0,
+        *,
+        env: Mapping[str, str] | None = None,
+        backoff: Backoff = RESTART_BACKOFF,
         healthy_after_s: float = 10.0,
     ) -> None:
-        super().__init__(
-            address,
-            token,
-            log_level,
-            backoff_initial_s=backoff_initial_s,
-            backoff_max_s=backoff_max_s,
-            healthy_after_s=healthy_after_s,
-        )
+        super().__init__(address, token, log_level, env=env, backoff=backoff, healthy_after_s=healthy_after_s)
         self.ray_address = ray_address
         self.resource = resource
         """The resource each actor holds one of: None picks GPU when the cluster has GPUs, else
@@ -132,6 +118,17 @@ class RayLauncher(Supervisor):
         host, _, port = self.address.rpartition(":")
         if host in ("0.0.0.0", "::", "[::]", ""):  # listening everywhere: give actors a routable address
             self.address = f"{ray.util.get_node_ip_address()}:{port}"
+        self._actor_class = ray.remote(WorkerActor).options(**self._actor_options())
+        log.info(
+            "Ray cluster at %s: each worker actor holds one %s; actors connect to %s",
+            self.ray_address,
+            self.resource,
+            self.address,
+        )
+
+    def _actor_options(self) -> dict[str, Any]:
+        """No restarts or retries by Ray (inferd's own policy is the only one), one device resource, no
+        CPU, and the bootstrap's environment."""
         options: dict[str, Any] = {
             "max_restarts": 0,
             "max_task_retries": 0,
@@ -154,88 +151,54 @@ class RayLauncher(Supervisor):
                     resource,
                 )
         self.resource = resource
-        self._actor_class = ray.remote(WorkerActor).options(**options)
-        log.info(
-            "Ray cluster at %s: each worker actor holds one %s; actors connect to %s",
-            self.ray_address,
-            resource,
-            self.address,
-        )
+        if self.env:
+            options["runtime_env"] = {"env_vars": dict(self.env)}
+        return options
 
-    async def _keep_running(self, slot: WorkerSlot) -> None:
-        loop = asyncio.get_running_loop()
-        while not self._stopping and not slot.retired:
-            started = loop.time()
-            slot.did_work = False
-            worker_id = f"{slot.worker_id}.{slot.restarts}"
-            proc = ActorProcess(self._actor_class.remote())
-            slot.process = proc  # type: ignore[assignment]  # a slot's process: here an actor
-            done = proc.actor.serve.remote(self.address, slot.model, self.token, worker_id, self.log_level)
-            watch = asyncio.create_task(self._watch_start(slot, proc))
-            try:
-                code = await done
-                how = f"code {code}"
-            except RayActorError as exc:  # killed, OOM, node lost: a crash, handled as one
-                code = -1
-                how = f"actor death ({type(exc).__name__})"
-            except RayTaskError as exc:  # the worker raised: also a crash
-                code = 1
-                how = f"error {exc.cause!r}"
-            finally:
+    async def _start(self, slot: WorkerSlot, bootstrap: WorkerBootstrap) -> ActorProcess:
+        actor = self._actor_class.remote()
+        return ActorProcess(actor, actor.serve.remote(bootstrap.args(slot)))
+
+    async def _wait(self, slot: WorkerSlot, process: ActorProcess) -> WorkerExit:
+        """Until the actor's `serve` returns or the actor dies; then its device is freed."""
+        try:
+            async with asyncio.TaskGroup() as tg:
+                watch = tg.create_task(self._watch_start(slot, process))
+                try:
+                    code = await process.done
+                    end = WorkerExit(code, f"code {code}")
+                except RayActorError as exc:  # killed, OOM, node lost: a crash, handled as one
+                    end = WorkerExit(-1, f"actor death ({type(exc).__name__})")
+                except RayTaskError as exc:  # the worker raised: also a crash
+                    end = WorkerExit(1, f"error {exc.cause!r}")
+                except RayError as exc:  # any other way the call failed: the slot restarts all the same
+                    end = WorkerExit(1, f"error {exc!r}")
                 watch.cancel()
-                proc.kill()  # frees the actor's device resource; a no-op when it is already gone
-            proc.returncode = code
-            if self._stopping:
-                return
-            if slot.retired:
-                log.info("worker %s (actor pid %d) retired with %s", slot.worker_id, proc.pid, how)
-                with contextlib.suppress(ValueError):
-                    self.slots.remove(slot)
-                return
-            ran_s = loop.time() - started
-            delay = self._record_exit(slot, code, ran_s)
-            log.warning(
-                "worker %s (actor pid %d) ended with %s after %.1fs; restarting in %.2fs",
-                slot.worker_id,
-                proc.pid,
-                how,
-                ran_s,
-                delay,
-            )
-            await asyncio.sleep(delay)
+        finally:
+            process.kill()  # frees the actor's device resource; a no-op when it is already gone
+        process.returncode = end.code
+        return end
 
     async def _watch_start(self, slot: WorkerSlot, proc: ActorProcess) -> None:
         """Learn the actor's pid once it is placed; say so when placement waits long (no free device)."""
-        ref = proc.actor.pid.remote()
+        pid = _awaitable(proc.actor.pid.remote())
         try:
-            proc.pid = await asyncio.wait_for(asyncio.shield(_awaitable(ref)), PENDING_WARN_S)
-        except TimeoutError:
-            log.warning(
-                "worker %s: its actor is not placed after %.0fs: no node has a free %s",
-                slot.worker_id,
-                PENDING_WARN_S,
-                self.resource,
-            )
-            proc.pid = await _awaitable(ref)
-        except RayError:
+            try:
+                async with asyncio.timeout(PENDING_WARN_S):
+                    proc.pid = await asyncio.shield(pid)
+            except TimeoutError:
+                log.warning(
+                    "worker %s: its actor is not placed after %.0fs: no node has a free %s",
+                    slot.worker_id,
+                    PENDING_WARN_S,
+                    self.resource,
+                )
+                proc.pid = await pid
+        except RayError:  # the actor died before it answered: _wait tells that story
             return
+        finally:
+            pid.cancel()  # a no-op once answered; else nobody is left to read it
         log.info("started worker %s as a Ray actor (pid %d)", slot.worker_id, proc.pid)
-
-    def kill(self, worker_id: str) -> bool:
-        """Kill the actor running this worker (the hang watchdog's and a forced restart's tool)."""
-        for slot in self.slots:
-            if slot_of(worker_id) == slot.worker_id and isinstance(slot.process, ActorProcess):
-                slot.process.kill()
-                return True
-        return False
-
-    def pids(self) -> list[int]:
-        """The actors' process ids (on their nodes, not necessarily this host)."""
-        return [
-            s.process.pid
-            for s in self.slots
-            if s.process is not None and s.process.returncode is None and s.process.pid
-        ]
 
     async def stop_all(self, grace_s: float = 5.0) -> None:
         """The workers end when the front end closes their connections; their actors are then killed."""
@@ -243,10 +206,11 @@ class RayLauncher(Supervisor):
         if not ray.is_initialized():
             return
         for slot in self.slots:
-            if isinstance(slot.process, ActorProcess):
+            if slot.process is not None:
                 slot.process.kill()
         with contextlib.suppress(TimeoutError, RayError):
-            await asyncio.wait_for(asyncio.to_thread(ray.shutdown), grace_s)
+            async with asyncio.timeout(grace_s):
+                await asyncio.to_thread(ray.shutdown)
 
 
 def _awaitable(ref: Any) -> asyncio.Future[Any]:

@@ -6,15 +6,17 @@ A plain object with an injected clock and no I/O; the LLMRuntime drives it.
   chained, salted with the tenant, the model's `params.scheduler.block_size`), and remembers for a while
   which worker was sent which blocks (bounded per worker, least recently sent forgotten first; entries
   older than `affinity_ttl_s` no longer count, since the worker may have evicted them).
-* A worker may take the sequence only if it is READY and its engine would accept it: its sequences
-  not yet admitted stay under `max_waiting_seqs` and their prompt tokens under
-  `max_waiting_prompt_tokens` (the engine's own bounds; see LLMRuntime). None fits -> None (a 429).
+* A worker may take the sequence only if its health is routable (routing.health: READY or PROBING) and
+  its engine would accept it: its sequences not yet admitted stay under `max_waiting_seqs` and their
+  prompt tokens under `max_waiting_prompt_tokens` (the engine's own bounds; see LLMRuntime). None fits
+  -> None (a 429).
 * Among those, only workers whose load after taking the sequence stays within the cap count:
       cap = max(min_load + max_extra_seqs, floor(min_load * max_load_ratio))
   where load is live sequences and min_load is the least-loaded candidate's. The least-loaded worker
   is always within the cap, so affinity can skew load by at most the cap and never builds a hot spot.
-* Within the cap: the longest remembered prefix wins, then the lower load, then fewer queued prompt
-  tokens, then the order given. With no prefix remembered anywhere this is plain least-loaded.
+* Within the cap: the healthier worker wins (READY over PROBING), then the longest remembered prefix,
+  then the lower load, then fewer queued prompt tokens, then the order given. With all workers READY and
+  no prefix remembered anywhere this is plain least-loaded.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from inferd.clock import Clock
 from inferd.llm.kv import BlockHash, hash_block
 from inferd.llm.plan import SchedulerConfig
+from inferd.routing.health import Health
 
 
 class RoutingConfig(BaseModel):
@@ -53,7 +56,7 @@ class WorkerLoad:
     """What the router needs to know about one worker at the moment of choosing."""
 
     worker_id: str
-    ready: bool
+    health: Health
     live_seqs: int
     """Sequences the front end has placed there and not yet seen end."""
     waiting_seqs: int = 0
@@ -81,7 +84,7 @@ class RoutingStatistics:
     load_ties: int
     """Choices where the chosen worker's load equalled another candidate's (is the load signal working?)."""
     full: int
-    """Requests no ready worker had room for."""
+    """Requests no routable worker had room for."""
 
 
 class PrefixAffinityRouter:
@@ -123,8 +126,8 @@ class PrefixAffinityRouter:
     def pick(
         self, workers: Sequence[WorkerLoad], hashes: Sequence[BlockHash], prompt_tokens: int
     ) -> Choice | None:
-        """The worker for a new sequence, or None when no ready worker has room for it."""
-        candidates = [w for w in workers if w.ready and self.has_room(w, prompt_tokens)]
+        """The worker for a new sequence, or None when no routable worker has room for it."""
+        candidates = [w for w in workers if w.health in Health.ROUTABLE and self.has_room(w, prompt_tokens)]
         if not candidates:
             self._full += 1
             return None
@@ -132,8 +135,10 @@ class PrefixAffinityRouter:
         now = self.clock.now()
         scored = [(self._cached(w.worker_id, hashes, now), w) for w in candidates]
         within = [(n, i, w) for i, (n, w) in enumerate(scored) if w.live_seqs + 1 <= limit]
-        best_n, _, best = min(within, key=lambda t: (-t[0], t[2].live_seqs, t[2].waiting_prompt_tokens, t[1]))
-        capped = any(n > best_n for n, _ in scored)
+        best_n, _, best = min(
+            within, key=lambda t: (-t[2].health, -t[0], t[2].live_seqs, t[2].waiting_prompt_tokens, t[1])
+        )
+        capped = any(n > best_n and w.live_seqs + 1 > limit for n, w in scored)
         self._count(best, best_n, capped, candidates)
         return Choice(best.worker_id, best_n, capped)
 

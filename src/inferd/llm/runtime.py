@@ -39,6 +39,7 @@ from inferd.llm.plan import SchedulerConfig
 from inferd.llm.routing import PrefixAffinityRouter, RoutingConfig, WorkerLoad
 from inferd.llm.stream import TokenStream
 from inferd.observability.metrics import LLMMetrics
+from inferd.routing.health import Health
 from inferd.worker import protocol as p
 from inferd.worker.connection import WorkerConnection, WorkerState
 
@@ -212,8 +213,9 @@ class LLMRuntime:
 
     def _view(self, worker: WorkerConnection) -> WorkerLoad:
         load = self._loads.get(worker.worker_id, _Load())
-        ready = worker.state is WorkerState.READY
-        return WorkerLoad(worker.worker_id, ready, load.live, load.waiting, load.waiting_prompt_tokens)
+        routable = worker.state is WorkerState.READY  # starting, draining or dead: not routable
+        health = Health.READY if routable else Health.DRAINING
+        return WorkerLoad(worker.worker_id, health, load.live, load.waiting, load.waiting_prompt_tokens)
 
     def _place(self, live: _Live, worker: WorkerConnection) -> None:
         """Send the sequence to `worker`, resuming after the tokens its stream already holds."""

@@ -38,12 +38,11 @@ from inferd.clock import Clock
 from inferd.config import ConfigError, ModelConfig, TensorSpec, describe_validation_error
 from inferd.errors import Overloaded, ShuttingDown, WorkerUnavailable
 from inferd.observability.upstream_metrics import UpstreamMetrics
+from inferd.routing.health import Health, HealthChange
 from inferd.routing.upstreams import (
     RETRYABLE_STATUSES,
-    HealthChange,
     Outcome,
     PoolStatistics,
-    UpstreamHealth,
     UpstreamPool,
     classify_status,
 )
@@ -87,7 +86,7 @@ class UpstreamConfig(BaseModel):
     consecutive_failures: int = Field(default=3, ge=1, le=1000)
     """Failures in a row (requests or probes) that eject an upstream."""
     base_ejection_s: float = Field(default=5.0, gt=0.0, le=3600.0)
-    """First ejection's length; each further one adds as much, up to max_ejection_s."""
+    """First ejection's length; each further one doubles it, up to max_ejection_s."""
     max_ejection_s: float = Field(default=60.0, gt=0.0, le=86_400.0)
     """Longest ejection."""
     full_retry_after_s: float = Field(default=1.0, ge=0.0, le=3600.0)
@@ -295,7 +294,7 @@ class UpstreamRuntime:
     def _log(self, change: HealthChange | None) -> None:
         if change is None:
             return
-        if change.health is UpstreamHealth.EJECTED:
+        if change.health is Health.EJECTED:
             log.warning("model %s: %s", self.name, change)
         else:
             log.info("model %s: %s", self.name, change)

@@ -2,40 +2,26 @@
 
 A plain object: no I/O, no clock, no randomness of its own (the caller passes a seeded `random.Random`).
 
-* Each choice samples two distinct candidates, prefers the healthier one (`Health`: ready > suspect), then the
+* Each choice samples two distinct candidates, prefers the healthier one (`Health`: ready > probing), then the
   one whose batch would finish sooner: `(inflight + 1) x latency EWMA` of that worker. A worker whose latency is
   not known yet is assumed to be as fast as the fleet's median (or `prior_latency_s` when nothing is known).
 * The load signal (batches in flight) comes with each choice, fresh from the caller, never cached here: the
   choice reflects the state just before dispatch. Only the latency EWMAs are remembered, by worker id.
-* Candidates that are not routable (draining, dead) or that already hold `max_inflight` batches are never
-  chosen, whatever the sample: the per-worker cap is hard.
+* Candidates that are not routable (ejected, draining, dead) or that already hold `max_inflight` batches
+  are never chosen, whatever the sample: the per-worker cap is hard.
 * `statistics().equal_loads` counts the choices where both sampled workers looked the same: if it is close to
   `statistics().pairs`, the load signal is not telling the workers apart (STYLE, "Health and load").
 """
 
 from __future__ import annotations
 
-import enum
 import math
 import random
 import statistics as stats
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-
-class Health(enum.IntEnum):
-    """Ordered by value: higher is healthier. Only `ROUTABLE` values take new work."""
-
-    DEAD = 0
-    DRAINING = 1
-    SUSPECT = 2
-    """Takes work, but loses every tie-break against READY (e.g. a worker being probed after an ejection)."""
-    READY = 3
-
-    ROUTABLE: frozenset[Health]
-
-
-Health.ROUTABLE = frozenset({Health.READY, Health.SUSPECT})
+from inferd.routing.health import Health
 
 
 @dataclass(frozen=True, slots=True)

@@ -4,23 +4,25 @@ among the healthy ones, with a hard per-upstream cap, ejection on failures and p
 A plain object with an injected clock and no I/O. The caller `acquire`s an upstream before sending (the
 slot is taken at once, so the cap holds across concurrent callers), `release`s it with the request's
 outcome, and reports each periodic `GET /v1/models` probe with `probed`. Health changes come back as
-`HealthChange` values so the caller logs each one once.
+`HealthChange` values so the caller logs each one once (routing.health: the vocabulary worker routing
+shares).
 
 The rules:
 
-* **Health** is ordered: UP > PROBING > EJECTED. Every upstream starts PROBING (nothing is known yet).
+* **Health** is ordered: READY > PROBING > EJECTED. Every upstream starts PROBING (nothing is known yet).
 * **Choice.** Among upstreams with a free slot, the healthiest, then the least in flight; equal loads go
-  round-robin (and are counted: `statistics().equal_loads`). An UP upstream takes at most
+  round-robin (and are counted: `statistics().equal_loads`). A READY upstream takes at most
   `max_inflight` requests; a PROBING one takes one trial request at a time (never a half-open that
   admits everyone).
 * **Refusals.** No routable upstream (all ejected, or all excluded): `WorkerUnavailable` (503), with a
   retry hint of when the first ejection ends. Routable ones but every one full: `Overloaded` (429).
-* **Ejection.** `consecutive_failures` failures in a row (requests or probes) eject an UP upstream; one
-  failure ejects a PROBING one. Ejection lasts `base_ejection_s x times_ejected`, at most
-  `max_ejection_s`; an upstream that stayed UP for `max_ejection_s` starts again from one.
+* **Ejection.** `consecutive_failures` failures in a row (requests or probes) eject a READY upstream; one
+  failure ejects a PROBING one. Ejection lasts `base_ejection_s`, doubling with each ejection, at most
+  `max_ejection_s` (routing.backoff); an upstream that stayed READY for `max_ejection_s` starts again from
+  the first.
 * **Probing back.** When its ejection time is over the upstream is PROBING: its next probe or trial
-  request decides. A success brings it UP; a failure ejects it again, for longer. Only request
-  successes clear an UP upstream's run of failures (a probe that answers does not).
+  request decides. A success makes it READY; a failure ejects it again, for longer. Only request
+  successes clear a READY upstream's run of failures (a probe that answers does not).
 """
 
 from __future__ import annotations
@@ -31,21 +33,8 @@ from dataclasses import dataclass, field
 
 from inferd.clock import Clock
 from inferd.errors import Overloaded, WorkerUnavailable
-
-
-class UpstreamHealth(enum.IntEnum):
-    """Ordered by value: higher is healthier."""
-
-    EJECTED = 0
-    """Takes no request until its ejection time is over."""
-    PROBING = 1
-    """Unknown or just back from ejection: one trial request at a time; the next outcome decides."""
-    UP = 2
-
-    ROUTABLE: frozenset[UpstreamHealth]
-
-
-UpstreamHealth.ROUTABLE = frozenset({UpstreamHealth.PROBING, UpstreamHealth.UP})
+from inferd.routing.backoff import Backoff
+from inferd.routing.health import Ejection, EjectionRecord, Health, HealthChange
 
 
 class Outcome(enum.Enum):
@@ -72,34 +61,22 @@ def classify_status(status: int) -> Outcome:
 
 
 @dataclass(frozen=True, slots=True)
-class HealthChange:
-    """A state change the caller should log once."""
-
-    upstream: str
-    health: UpstreamHealth
-    reason: str
-    ejected_for_s: float = 0.0
-
-    def __str__(self) -> str:
-        if self.health is UpstreamHealth.EJECTED:
-            return f"upstream {self.upstream} ejected for {self.ejected_for_s:.1f}s: {self.reason}"
-        return f"upstream {self.upstream} is {self.health.name.lower()}: {self.reason}"
-
-
-@dataclass(frozen=True, slots=True)
 class UpstreamStatus:
     """One upstream's record, for metrics, /debug and tests."""
 
-    upstream: str
-    health: UpstreamHealth
+    ejection: EjectionRecord
     inflight: int
-    consecutive_failures: int
-    times_ejected: int
-    ejected_until: float | None
-    reason: str
     successes: int
     failures: int
     ignorable: int
+
+    @property
+    def upstream(self) -> str:
+        return self.ejection.target
+
+    @property
+    def health(self) -> Health:
+        return self.ejection.health
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,13 +92,8 @@ class PoolStatistics:
 
 @dataclass(slots=True)
 class _Record:
-    health: UpstreamHealth = UpstreamHealth.PROBING
+    ejection: Ejection
     inflight: int = 0
-    failures_in_row: int = 0
-    times_ejected: int = 0
-    ejected_until: float = 0.0
-    up_since: float | None = None
-    reason: str = "not probed yet"
     outcomes: dict[Outcome, int] = field(default_factory=lambda: dict.fromkeys(Outcome, 0))
 
 
@@ -154,10 +126,13 @@ class UpstreamPool:
         """Who the pool serves (a model name), for error messages."""
         self.max_inflight = max_inflight
         self.consecutive_failures = consecutive_failures
-        self.base_ejection_s = base_ejection_s
-        self.max_ejection_s = max_ejection_s
+        self.backoff = Backoff(base_ejection_s, max_ejection_s)
+        """How long each ejection lasts: base_ejection_s, doubling with each one, up to max_ejection_s."""
         self.full_retry_after_s = full_retry_after_s
-        self._records = {u: _Record() for u in upstreams}
+        self._records = {
+            u: _Record(Ejection("upstream", u, self.backoff, Health.PROBING, reason="not probed yet"))
+            for u in upstreams
+        }
         self._cursor = 0
         self._choices = self._equal = self._full = self._unavailable = self._ejections = 0
 
@@ -168,11 +143,7 @@ class UpstreamPool:
     # ---- choosing --------------------------------------------------------------------------------------
     def acquire(self, exclude: Collection[str] = ()) -> str:
         """Take a slot on the best upstream not in `exclude`. Raises WorkerUnavailable or Overloaded."""
-        routable = [
-            (u, r)
-            for u, r in self._records.items()
-            if u not in exclude and self._refresh(r) in UpstreamHealth.ROUTABLE
-        ]
+        routable = [(u, r) for u, r in self._records.items() if u not in exclude and self._routable(r)]
         if not routable:
             self._unavailable += 1
             raise WorkerUnavailable(self._unavailable_message(exclude), self._retry_after_s())
@@ -185,8 +156,8 @@ class UpstreamPool:
                 self.full_retry_after_s,
                 reason="upstreams_full",
             )
-        best = min((-r.health, r.inflight) for _, r in free)
-        tied = [u for u, r in free if (-r.health, r.inflight) == best]
+        best = min((-r.ejection.health, r.inflight) for _, r in free)
+        tied = [u for u, r in free if (-r.ejection.health, r.inflight) == best]
         self._equal += len(tied) > 1
         upstream = tied[self._cursor % len(tied)]
         self._cursor += 1
@@ -201,33 +172,34 @@ class UpstreamPool:
             raise ValueError(f"release of {upstream} without a matching acquire")
         rec.inflight -= 1
         rec.outcomes[outcome] += 1
-        return self._judge(upstream, rec, outcome, f"a request {outcome.value}")
+        return self._judge(rec, outcome, f"a request {outcome.value}")
 
     def probed(self, upstream: str, ok: bool, detail: str = "") -> HealthChange | None:
         """The periodic `GET /v1/models` of `upstream` answered (ok) or failed (`detail` says how). A probe
-        that answers brings a PROBING upstream up, but does not clear an UP one's run of request failures:
-        an engine can list its models and still fail every completion."""
+        that answers makes a PROBING upstream READY, but does not clear a READY one's run of request
+        failures: an engine can list its models and still fail every completion."""
         rec = self._records[upstream]
-        if ok and self._refresh(rec) is UpstreamHealth.UP:
+        if ok and self.health(upstream) is Health.READY:
             return None
         if ok:
-            return self._judge(upstream, rec, Outcome.SUCCESS, "a probe answered")
-        return self._judge(upstream, rec, Outcome.FAILURE, f"a probe failed{': ' + detail if detail else ''}")
+            return self._judge(rec, Outcome.SUCCESS, "a probe answered")
+        return self._judge(rec, Outcome.FAILURE, f"a probe failed{': ' + detail if detail else ''}")
 
     def can_take(self, exclude: Collection[str] = ()) -> bool:
         """Whether `acquire(exclude)` would find a free slot (a retry checks before spending its budget)."""
         return any(
-            u not in exclude and self._refresh(r) in UpstreamHealth.ROUTABLE and r.inflight < self._cap(r)
+            u not in exclude and self._routable(r) and r.inflight < self._cap(r)
             for u, r in self._records.items()
         )
 
-    def health(self, upstream: str) -> UpstreamHealth:
-        return self._refresh(self._records[upstream])
+    def health(self, upstream: str) -> Health:
+        """READY, PROBING or EJECTED."""
+        return self._records[upstream].ejection.refresh(self.clock.now())
 
     # ---- snapshots ---------------------------------------------------------------------------------------
     def statistics(self) -> PoolStatistics:
         return PoolStatistics(
-            tuple(self._status(u, r) for u, r in self._records.items()),
+            tuple(self._status(r) for r in self._records.values()),
             self._choices,
             self._equal,
             self._full,
@@ -236,48 +208,39 @@ class UpstreamPool:
         )
 
     # ---- rules -------------------------------------------------------------------------------------------
+    def _routable(self, rec: _Record) -> bool:
+        return rec.ejection.refresh(self.clock.now()) in Health.ROUTABLE
+
     def _cap(self, rec: _Record) -> int:
-        return self.max_inflight if rec.health is UpstreamHealth.UP else 1
+        return self.max_inflight if rec.ejection.health is Health.READY else 1
 
-    def _refresh(self, rec: _Record) -> UpstreamHealth:
-        if rec.health is UpstreamHealth.EJECTED and self.clock.now() >= rec.ejected_until:
-            rec.health = UpstreamHealth.PROBING
-        return rec.health
-
-    def _judge(self, upstream: str, rec: _Record, outcome: Outcome, event: str) -> HealthChange | None:
-        health = self._refresh(rec)
-        if outcome is Outcome.IGNORABLE or health is UpstreamHealth.EJECTED:
-            return (
-                None  # an ejected upstream's late answers were sent before the ejection: they prove nothing
-            )
+    def _judge(self, rec: _Record, outcome: Outcome, event: str) -> HealthChange | None:
+        now = self.clock.now()
+        ejection = rec.ejection
+        health = ejection.refresh(now)
+        if outcome is Outcome.IGNORABLE or health is Health.EJECTED:
+            return None  # an ejected upstream's late answers were sent before it was ejected: no proof
         if outcome is Outcome.SUCCESS:
-            rec.failures_in_row = 0
-            if health is UpstreamHealth.UP:
-                return None
-            rec.health, rec.up_since, rec.reason = UpstreamHealth.UP, self.clock.now(), ""
-            return HealthChange(upstream, UpstreamHealth.UP, event)
-        rec.failures_in_row += 1
-        if health is UpstreamHealth.PROBING:
-            return self._eject(upstream, rec, f"{event} (while probing)")
-        if rec.failures_in_row >= self.consecutive_failures:
-            return self._eject(upstream, rec, f"{rec.failures_in_row} failures in a row, the last: {event}")
+            ejection.failures = 0
+            return None if health is Health.READY else ejection.restore(now, event)
+        ejection.failures += 1
+        if health is Health.PROBING:
+            return self._eject(ejection, now, f"{event} (while probing)")
+        if ejection.failures >= self.consecutive_failures:
+            return self._eject(ejection, now, f"{ejection.failures} failures in a row, the last: {event}")
         return None
 
-    def _eject(self, upstream: str, rec: _Record, reason: str) -> HealthChange:
-        now = self.clock.now()
-        if rec.up_since is not None and now - rec.up_since >= self.max_ejection_s:
-            rec.times_ejected = 0  # up long enough: earlier ejections are forgiven
-        rec.times_ejected += 1
-        duration_s = min(self.max_ejection_s, self.base_ejection_s * rec.times_ejected)
-        rec.health, rec.ejected_until, rec.up_since = UpstreamHealth.EJECTED, now + duration_s, None
-        rec.failures_in_row = 0
-        rec.reason = reason
+    def _eject(self, ejection: Ejection, now: float, reason: str) -> HealthChange:
         self._ejections += 1
-        return HealthChange(upstream, UpstreamHealth.EJECTED, reason, duration_s)
+        return ejection.eject(now, reason)
 
     def _retry_after_s(self) -> float:
         now = self.clock.now()
-        ends = [r.ejected_until - now for r in self._records.values() if r.health is UpstreamHealth.EJECTED]
+        ends = [
+            r.ejection.ejected_until - now
+            for r in self._records.values()
+            if r.ejection.health is Health.EJECTED
+        ]
         return max(1.0, min(ends, default=1.0))
 
     def _unavailable_message(self, exclude: Collection[str]) -> str:
@@ -287,20 +250,17 @@ class UpstreamPool:
             if u in exclude:
                 parts.append(f"{u} already tried")
             else:
-                parts.append(f"{u} ejected for {r.ejected_until - now:.1f}s more ({r.reason})")
+                parts.append(
+                    f"{u} ejected for {r.ejection.ejected_until - now:.1f}s more ({r.ejection.reason})"
+                )
         return f"{self.name}: no healthy upstream: " + "; ".join(parts)
 
-    def _status(self, upstream: str, rec: _Record) -> UpstreamStatus:
-        health = self._refresh(rec)
+    def _status(self, rec: _Record) -> UpstreamStatus:
+        counts = rec.outcomes
         return UpstreamStatus(
-            upstream,
-            health,
+            rec.ejection.snapshot(self.clock.now()),
             rec.inflight,
-            rec.failures_in_row,
-            rec.times_ejected,
-            rec.ejected_until if health is UpstreamHealth.EJECTED else None,
-            rec.reason,
-            rec.outcomes[Outcome.SUCCESS],
-            rec.outcomes[Outcome.FAILURE],
-            rec.outcomes[Outcome.IGNORABLE],
+            counts[Outcome.SUCCESS],
+            counts[Outcome.FAILURE],
+            counts[Outcome.IGNORABLE],
         )
