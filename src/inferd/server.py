@@ -10,11 +10,10 @@ import logging
 import os
 import secrets
 import shutil
-import signal
 import tempfile
 import time
 from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from inferd.api.admin import AdminApi, AdminTarget
 from inferd.batching.dispatcher import ModelRuntime
@@ -34,6 +33,7 @@ from inferd.runtime.kinds import Kind, KindRegistry, RuntimeContext
 from inferd.runtime.registry import ModelRegistry
 from inferd.worker.connection import WorkerConnection
 from inferd.worker.hub import WorkerHub
+from inferd.worker.launcher import Launcher
 from inferd.worker.supervisor import Supervisor
 
 if TYPE_CHECKING:
@@ -120,7 +120,7 @@ class InferenceServer:
         )
         self._socket_dir = tempfile.mkdtemp(prefix="inferd-")
         self.worker_address = f"unix:{os.path.join(self._socket_dir, 'workers.sock')}"
-        self.supervisor = Supervisor(self.worker_address, self._token, config.log_level)
+        self.supervisor: Launcher[Any] = Supervisor(self.worker_address, self._token, config.log_level)
         self.ray_launcher: RayLauncher | None = None
         if config.ray_address:  # workers as Ray actors; they join over the TCP worker port
             from inferd.fleet.ray_launcher import RayLauncher
@@ -263,11 +263,7 @@ class InferenceServer:
     def kill_worker(self, worker: WorkerConnection) -> None:
         """Kill a hung or silent worker. A local child is SIGKILLed (SIGSTOP cannot block that); a remote
         one only loses its connection. Either way the broken connection recovers its work."""
-        if self.ray_launcher is not None:
-            self.ray_launcher.kill(worker.worker_id)  # ray.kill: the actor may be on another host
-        elif worker.pid in self.supervisor.pids():
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(worker.pid, signal.SIGKILL)
+        self.supervisor.kill(worker.worker_id)  # SIGKILL, or ray.kill: the actor may be on another host
         worker.writer.transport.abort()
 
     def find_worker(self, worker_id: str) -> tuple[Runtime, WorkerConnection]:

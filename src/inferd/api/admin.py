@@ -19,11 +19,12 @@ from aiohttp import web
 from inferd.batching.retry import RetryBudget
 from inferd.clock import Clock
 from inferd.errors import BadRequest, NotFound
-from inferd.fleet.control import FleetControl, Launcher
+from inferd.fleet.control import FleetControl
 from inferd.fleet.scaling import ScalingLoop
 from inferd.runtime.contract import Runtime, RuntimeStatistics, WorkerSnapshot
 from inferd.runtime.registry import ModelRegistry
 from inferd.worker.connection import WorkerConnection, slot_of
+from inferd.worker.launcher import Launcher
 
 log = logging.getLogger("inferd.admin")
 
@@ -34,7 +35,7 @@ class AdminTarget:
 
     registry: ModelRegistry
     fleet: FleetControl
-    launcher: Launcher
+    launcher: Launcher[Any]
     retry_budget: RetryBudget
     scaling: Mapping[str, ScalingLoop]
     clock: Clock

@@ -23,24 +23,12 @@ from inferd.models.repository import apply_overrides, load_model_version
 from inferd.runtime.contract import Runtime
 from inferd.runtime.registry import ModelRegistry
 from inferd.worker.connection import WorkerConnection, WorkerState
-from inferd.worker.supervisor import WorkerSlot
+from inferd.worker.launcher import Launcher, WorkerSlot
 
 log = logging.getLogger("inferd.fleet")
 
 VersionLoader = Callable[[str, int | None], ModelConfig]
 """(model, version or None for the highest) -> that version's config, from the model repository."""
-
-
-class Launcher(Protocol):
-    """Local processes (worker/supervisor.py) or Ray actors (fleet/ray_launcher.py)."""
-
-    slots: list[WorkerSlot]
-
-    def add(self, model: str, count: int, version: int | None = None) -> list[WorkerSlot]: ...
-
-    def retire(self, slot: WorkerSlot) -> None: ...
-
-    def live_slots(self, model: str, version: int | None = None) -> list[WorkerSlot]: ...
 
 
 class VersionHost(Protocol):
@@ -57,7 +45,7 @@ class FleetControl:
     def __init__(
         self,
         registry: ModelRegistry,
-        launcher: Launcher,
+        launcher: Launcher[Any],
         host: VersionHost,
         load_version: VersionLoader | None = None,
         ready_timeout_s: float = 120.0,
