@@ -15,13 +15,15 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import subprocess
+import socket
 import sys
-import time
 
 import msgspec
+from harness import ServerProcess, free_port
+from procfs import cpu_seconds
 
-from inferd.bench.loadgen import LoadSpec, payload_for, request_id, run_load_blocking
+from inferd.bench.infer_requests import payload_for, request_id
+from inferd.bench.loadgen import LoadSpec, run_load_blocking
 from inferd.bench.report import LoadReport
 from inferd.models.sim import sim_digest
 
@@ -64,7 +66,6 @@ def serve(port: int, seeds: list[int], count: int, payload_bytes: int) -> None:
         await runner.setup()
         site = web.TCPSite(runner, "127.0.0.1", port, backlog=4096)
         await site.start()
-        print(f"READY {runner.addresses[0][1]}", flush=True)
         await asyncio.Event().wait()
 
     uvloop.run(main())
@@ -77,20 +78,18 @@ def _pin(cpu: int) -> None:
         pass
 
 
-def _proc_cpu_s(pid: int) -> float:
-    fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+class SelftestServer(ServerProcess):
+    """This script's `--serve` on 127.0.0.1:`port`, ready once it accepts connections."""
 
+    def __init__(self, port: int, seeds: list[int], count: int, payload_bytes: int) -> None:
+        cmd = [sys.executable, __file__, "--serve", "--port", str(port), "--seeds", ",".join(map(str, seeds))]
+        cmd += ["--count", str(count), "--payload-bytes", str(payload_bytes)]
+        super().__init__(cmd, name="selftest server", ready_timeout_s=60.0, grace_s=5.0)
+        self.port = port
 
-def _start_server(seeds: list[int], count: int, payload_bytes: int) -> tuple[subprocess.Popen[str], int]:
-    cmd = [sys.executable, __file__, "--serve", "--seeds", ",".join(map(str, seeds))]
-    cmd += ["--count", str(count), "--payload-bytes", str(payload_bytes)]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
-    line = proc.stdout.readline() if proc.stdout else ""
-    if not line.startswith("READY "):
-        proc.kill()
-        raise RuntimeError(f"selftest server failed to start (said {line!r})")
-    return proc, int(line.split()[1])
+    def ready(self) -> bool:
+        with socket.create_connection(("127.0.0.1", self.port), timeout=1):
+            return True
 
 
 def _row(client: str, rate: float, report: LoadReport, server_cpu_s: float) -> str:
@@ -117,43 +116,45 @@ def main() -> None:
     parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--seeds", default="", help=argparse.SUPPRESS)
     parser.add_argument("--count", type=int, default=0, help=argparse.SUPPRESS)
+    parser.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve:
         _pin(-1)
-        serve(0, [int(s) for s in args.seeds.split(",")], args.count, args.payload_bytes)
+        serve(args.port, [int(s) for s in args.seeds.split(",")], args.count, args.payload_bytes)
         return
     rates = [float(r) for r in args.rates.split(",")]
     clients = args.clients.split(",")
     runs = [(client, rate) for client in clients for rate in rates]
     seeds = list(range(1, len(runs) + 1))
     count = int(max(rates) * (args.duration + args.warmup) * 1.2) + 100
-    t = time.monotonic()
-    proc, port = _start_server(seeds, count, args.payload_bytes)
-    print(f"server ready on port {port} after {time.monotonic() - t:.1f} s; generator pinned to CPU 0")
+    with SelftestServer(free_port(), seeds, count, args.payload_bytes) as server:
+        print(f"server ready on port {server.port} after {server.ready_s:.1f} s; generator pinned to CPU 0")
+        offer(server, runs, seeds, args)
+
+
+def offer(
+    server: SelftestServer, runs: list[tuple[str, float]], seeds: list[int], args: argparse.Namespace
+) -> None:
     _pin(0)
     print(
         f"{'client':>8} {'rate':>8} {'offered':>9} {'achieved':>9} {'errors':>7} {'mism':>5} "
         f"{'p50 ms':>8} {'p99 ms':>8} "
         f"{'lag p99':>8} {'gen us/r':>8} {'genCPU':>6} {'srv us/r':>9}"
     )
-    try:
-        for (client, rate), seed in zip(runs, seeds, strict=True):
-            spec = LoadSpec(
-                url=f"http://127.0.0.1:{port}",
-                rate=rate,
-                duration_s=args.duration,
-                warmup_s=args.warmup,
-                timeout_ms=2000.0,
-                payload_bytes=args.payload_bytes,
-                seed=seed,
-                client=client,  # type: ignore[arg-type]
-            )
-            server_cpu = _proc_cpu_s(proc.pid)
-            report = run_load_blocking(spec)
-            print(_row(client, rate, report, _proc_cpu_s(proc.pid) - server_cpu), flush=True)
-    finally:
-        proc.kill()
-        proc.wait()
+    for (client, rate), seed in zip(runs, seeds, strict=True):
+        spec = LoadSpec(
+            url=f"http://127.0.0.1:{server.port}",
+            rate=rate,
+            duration_s=args.duration,
+            warmup_s=args.warmup,
+            timeout_ms=2000.0,
+            payload_bytes=args.payload_bytes,
+            seed=seed,
+            client=client,  # type: ignore[arg-type]
+        )
+        server_cpu = cpu_seconds([server.pid])
+        report = run_load_blocking(spec)
+        print(_row(client, rate, report, cpu_seconds([server.pid]) - server_cpu), flush=True)
 
 
 if __name__ == "__main__":

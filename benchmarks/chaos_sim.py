@@ -16,23 +16,16 @@ Set INFERD_ADMIN_TOKEN to run the server's admin API with a token (the tool send
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import signal
-import socket
-import subprocess
 import sys
-import tempfile
-import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 
-from inferd.bench.chaos import ChaosSpec
+from harness import OUT_DIR, InferdServer, ServerNotReady, interrupt_on, port_free, write_json
+
+from inferd.bench.chaos_spec import ChaosSpec
 from inferd.bench.loadgen import LoadSpec, run_load_blocking
 from inferd.bench.report import render
-
-ROOT = Path(__file__).resolve().parent.parent
 
 CONFIG = """\
 [server]
@@ -44,62 +37,6 @@ admin_port = {admin_port}
 base_ms = 100.0
 per_item_ms = 1.0
 """
-
-
-def _port_free(port: int) -> bool:
-    with socket.socket() as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
-
-
-def start_server(port: int, admin_port: int, config: Path, log_path: Path) -> subprocess.Popen[bytes]:
-    config.write_text(CONFIG.format(admin_port=admin_port))
-    cmd = [sys.executable, "-m", "inferd.cli.main", "serve", "--config", str(config)]
-    cmd += ["--model", "sim", "--port", str(port)]
-    with open(log_path, "wb") as log:
-        # Its own process group, so a last-resort SIGKILL reaches the workers too.
-        return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, start_new_session=True)
-
-
-def wait_ready(proc: subprocess.Popen[bytes], url: str, timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"server exited with {proc.returncode} before it was ready")
-        try:
-            with urllib.request.urlopen(f"{url}/v2/health/ready", timeout=1) as resp:
-                if resp.status == 200:
-                    return
-        except (urllib.error.URLError, OSError):
-            pass
-        time.sleep(0.1)
-    raise RuntimeError(f"server not ready within {timeout_s:g} s")
-
-
-def stop_server(proc: subprocess.Popen[bytes], grace_s: float) -> str:
-    """SIGTERM, wait up to grace_s, then SIGKILL the process group; returns what happened."""
-    how = "had already exited"
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(grace_s)
-            how = f"stopped on SIGTERM (exit {proc.returncode})"
-        except subprocess.TimeoutExpired:
-            how = f"did not stop within {grace_s:g} s of SIGTERM: SIGKILLed"
-    try:  # whatever is left of the group (workers of a killed server), and reap the server
-        os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
-    proc.wait()
-    return how
-
-
-def _interrupt(signum: int, frame: object) -> None:
-    raise KeyboardInterrupt
 
 
 def main() -> int:
@@ -115,10 +52,10 @@ def main() -> int:
     parser.add_argument("--admin-port", type=int, default=8001)
     parser.add_argument("--ready-timeout", type=float, default=120.0, help="seconds to wait for ready")
     parser.add_argument("--grace", type=float, default=15.0, help="seconds from SIGTERM to SIGKILL")
-    parser.add_argument("--json-out", type=Path, default=ROOT / ".bench" / "chaos_sim.json")
+    parser.add_argument("--json-out", type=Path, default=OUT_DIR / "chaos_sim.json")
     args = parser.parse_args()
 
-    busy = [p for p in (args.port, args.admin_port) if not _port_free(p)]
+    busy = [p for p in (args.port, args.admin_port) if not port_free(p)]
     if busy:
         print(f"error: port(s) {busy} already in use; stop that server or pass --port/--admin-port")
         return 2
@@ -142,27 +79,34 @@ def main() -> int:
         seed=args.seed,
     )
     # SIGTERM to this script unwinds like Ctrl-C, so the server is stopped and stopped pids resumed.
-    signal.signal(signal.SIGTERM, _interrupt)
-    with tempfile.TemporaryDirectory(prefix="chaos_sim.") as tmp:
-        t = time.monotonic()
-        proc = start_server(args.port, args.admin_port, Path(tmp) / "inferd.toml", log_path)
-        try:
-            try:
-                wait_ready(proc, url, args.ready_timeout)
-            except RuntimeError as exc:
-                print(f"error: {exc}; server log: {log_path}")
-                return 2
+    interrupt_on(signal.SIGTERM)
+    server = InferdServer(
+        "--model",
+        "sim",
+        name="chaos_sim",
+        config=CONFIG.format(admin_port=args.admin_port),
+        port=args.port,
+        log_path=log_path,
+        ready_timeout_s=args.ready_timeout,
+        grace_s=args.grace,
+    )
+    try:
+        with server:
             print(
-                f"server ready after {time.monotonic() - t:.1f} s (pid {proc.pid}, log {log_path}); "
+                f"server ready after {server.ready_s:.1f} s (pid {server.pid}, log {log_path}); "
                 f"{args.rate:g} req/s for {args.warmup:g}+{args.duration:g} s, chaos {args.chaos} "
                 f"every {args.interval:g} s",
                 flush=True,
             )
             report = run_load_blocking(load, chaos)
-        finally:
-            print(f"server {stop_server(proc, args.grace)}", flush=True)
+    except ServerNotReady as exc:
+        print(f"error: {exc}")
+        return 2
+    finally:
+        if server.stopped is not None:
+            print(f"server {server.stopped.how}", flush=True)
     render(report)
-    args.json_out.write_text(json.dumps(report.to_dict(), indent=2))
+    write_json(args.json_out, report.to_dict(), indent=2)
     print(f"JSON report: {args.json_out}")
     return 1 if report.mismatched_total > 0 else 0
 

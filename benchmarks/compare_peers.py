@@ -11,7 +11,7 @@ pip-installed with pinned versions; they are NOT inferd dependencies:
 
 The servers (one at a time, so an idle one never competes for the 2 cores):
 
-    inferd    .venv/bin/inferd serve --model sim --host 127.0.0.1 --port P --no-access-log
+    inferd    .venv/bin/python -m inferd.cli.main serve --model sim --host 127.0.0.1 --port P --no-access-log
     litserve  .bench/venvs/litserve/bin/python benchmarks/peers/litserve_sim.py --port P
     rayserve  .bench/venvs/rayserve/bin/python benchmarks/peers/rayserve_sim.py --port P
 
@@ -41,34 +41,29 @@ session, then SIGKILL).
 from __future__ import annotations
 
 import argparse
-import atexit
-import contextlib
 import json
 import os
 import platform
 import signal
-import socket
 import statistics
 import subprocess
 import sys
-import threading
 import time
-import urllib.error
 import urllib.request
 from collections import Counter
-from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from harness import OUT_DIR, ROOT, ServerProcess, cell, free_port, inferd_command, interrupt_on, write_json
+from procfs import RssSampler, cpu_seconds_since, cpu_ticks, machine_busy_s, rss_mib
+
 from inferd.bench.loadgen import LoadSpec, run_load_blocking
 from inferd.models.sim import sim_digest
 
-ROOT = Path(__file__).resolve().parents[1]
-BENCH = ROOT / ".bench"
-VENVS = BENCH / "venvs"
-LOGS = BENCH / "logs"
-OUT_JSON = BENCH / "compare_peers.json"
+VENVS = OUT_DIR / "venvs"
+LOGS = OUT_DIR / "logs"
+OUT_JSON = OUT_DIR / "compare_peers.json"
 
 SYSTEMS = ("inferd", "litserve", "rayserve")
 PEER_PINS = {
@@ -82,123 +77,28 @@ DEFAULT_RATES = {
     "rayserve": [50, 100, 250, 500, 1000, 1500, 2000, 2500, 3000, 3500],
 }
 READY_TIMEOUT_S = 180.0
-CLK_TCK = os.sysconf("SC_CLK_TCK")
-PAGE = os.sysconf("SC_PAGE_SIZE")
-
-
-# --- /proc helpers --------------------------------------------------------------------------------
-
-
-def _stat_fields(pid: int) -> list[str] | None:
-    """Fields of /proc/PID/stat after the command name (index 0 = state, 1 = ppid, 3 = session)."""
-    try:
-        raw = Path(f"/proc/{pid}/stat").read_bytes()
-    except OSError:
-        return None
-    return raw[raw.rfind(b")") + 2 :].decode().split()
-
-
-def _all_pids() -> list[int]:
-    return [int(name) for name in os.listdir("/proc") if name.isdigit()]
-
-
-def process_tree(root: int, sid: int) -> set[int]:
-    """`root`, its descendants, and any process of session `sid` (orphans reparented to init)."""
-    parent: dict[int, int] = {}
-    members: set[int] = set()
-    for pid in _all_pids():
-        f = _stat_fields(pid)
-        if f is None or f[0] == "Z":
-            continue
-        parent[pid] = int(f[1])
-        if int(f[3]) == sid:
-            members.add(pid)
-    for pid in parent:
-        p = pid
-        for _ in range(64):
-            if p == root:
-                members.add(pid)
-                break
-            p = parent.get(p, 0)
-            if p <= 1:
-                break
-    return members
-
-
-def cpu_ticks(pids: set[int]) -> dict[int, int]:
-    out = {}
-    for pid in pids:
-        f = _stat_fields(pid)
-        if f is not None:
-            out[pid] = int(f[11]) + int(f[12])  # utime + stime
-    return out
-
-
-def rss_bytes(pids: set[int]) -> int:
-    total = 0
-    for pid in pids:
-        try:
-            total += int(Path(f"/proc/{pid}/statm").read_text().split()[1]) * PAGE
-        except (OSError, IndexError, ValueError):
-            pass
-    return total
-
-
-def machine_busy_s() -> float:
-    """CPU seconds the whole machine has been busy (all cores, not idle or iowait)."""
-    values = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9]]
-    return (sum(values) - values[3] - values[4]) / CLK_TCK
 
 
 # --- servers --------------------------------------------------------------------------------------
 
 
-@dataclass
-class Server:
-    system: str
-    cmd: list[str]
-    port: int
-    log_path: Path
-    env: dict[str, str] = field(default_factory=dict)
-    proc: subprocess.Popen[bytes] | None = None
-    seen: set[int] = field(default_factory=set)
+class SimServer(ServerProcess):
+    """One system serving sim on 127.0.0.1:`port`; ready once it answers a real request correctly."""
 
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def start(self) -> None:
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        log = self.log_path.open("wb")
-        # Its own session: every process it starts (LitServe's API server and worker, Ray's GCS,
-        # raylet and actors) stays findable by session id even when reparented to init.
-        self.proc = subprocess.Popen(
-            self.cmd,
-            cwd=ROOT,
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            env={**os.environ, "PYTHONUNBUFFERED": "1", **self.env},
-            start_new_session=True,
+    def __init__(self, system: str, cmd: list[str], port: int, env: dict[str, str] | None = None) -> None:
+        super().__init__(
+            cmd,
+            name=system,
+            log_path=LOGS / f"{system}.log",
+            env={"PYTHONUNBUFFERED": "1", **(env or {})},
+            ready_timeout_s=READY_TIMEOUT_S,
+            poll_s=0.5,
+            grace_s=20.0,
         )
-        log.close()
+        self.system = system
+        self.url = f"http://127.0.0.1:{port}"
 
-    def pids(self) -> set[int]:
-        assert self.proc is not None
-        found = process_tree(self.proc.pid, self.proc.pid)
-        self.seen |= found
-        return found
-
-    def log_tail(self, n: int = 30) -> str:
-        try:
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
-        except OSError:
-            return ""
-
-    def wait_ready(self, timeout_s: float = READY_TIMEOUT_S) -> float:
-        """POST a real request until it is answered correctly; returns seconds to ready."""
-        assert self.proc is not None
-        start = time.monotonic()
+    def ready(self) -> bool:
         payload = "ready-check"
         body = json.dumps(
             {
@@ -206,92 +106,14 @@ class Server:
                 "inputs": [{"name": "INPUT0", "shape": [1], "datatype": "BYTES", "data": [payload]}],
             }
         ).encode()
-        expected = sim_digest("sim", 1, payload)
-        last = ""
-        while time.monotonic() - start < timeout_s:
-            if self.proc.poll() is not None:
-                raise RuntimeError(
-                    f"{self.system} exited with {self.proc.returncode} before ready:\n{self.log_tail()}"
-                )
-            req = urllib.request.Request(
-                self.url + "/v2/models/sim/infer",
-                data=body,
-                headers={"Content-Type": "application/json"},
-            )
-            try:
-                with urllib.request.urlopen(req, timeout=5) as resp:
-                    answer = json.loads(resp.read())
-                if answer.get("id") == "ready" and answer["outputs"][0]["data"][0] == expected:
-                    self.pids()
-                    return time.monotonic() - start
-                last = f"wrong answer {answer}"
-            except (OSError, urllib.error.URLError, ValueError, KeyError, IndexError) as exc:
-                last = repr(exc)
-            time.sleep(0.5)
-        raise RuntimeError(f"{self.system} not ready after {timeout_s:.0f} s ({last}):\n{self.log_tail()}")
-
-    def stop(self) -> list[int]:
-        """Stop the server and everything it started; returns pids that needed SIGKILL."""
-        if self.proc is None:
-            return []
-        proc, self.proc = self.proc, None
-        sid = proc.pid
-        with contextlib.suppress(ProcessLookupError):
-            self.seen |= process_tree(proc.pid, sid)
-        if proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                pass
-        killed: list[int] = []
-        for sig, wait_s in ((signal.SIGTERM, 5.0), (signal.SIGKILL, 5.0)):
-            left = self._survivors(proc.pid, sid)
-            if not left:
-                break
-            for pid in left:
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.kill(pid, sig)
-            if sig == signal.SIGKILL:
-                killed = sorted(left)
-            deadline = time.monotonic() + wait_s
-            while time.monotonic() < deadline and self._survivors(proc.pid, sid):
-                time.sleep(0.1)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.wait(timeout=1)
-        left = self._survivors(proc.pid, sid)
-        if left:
-            print(
-                f"WARNING: {self.system}: processes still alive after SIGKILL: {sorted(left)}",
-                file=sys.stderr,
-            )
-        return killed
-
-    def _survivors(self, root: int, sid: int) -> set[int]:
-        """Processes of this server still alive: its tree/session now, plus any seen before that are
-        still in its session (checked, so a reused pid is never signalled)."""
-        alive = process_tree(root, sid)
-        for pid in self.seen:
-            f = _stat_fields(pid)
-            if f is not None and f[0] != "Z" and int(f[3]) == sid:
-                alive.add(pid)
-        return alive
-
-
-_RUNNING: list[Server] = []
-
-
-def _stop_all() -> None:
-    while _RUNNING:
-        server = _RUNNING.pop()
-        killed = server.stop()
-        if killed:
-            print(f"{server.system}: SIGKILLed {killed}", file=sys.stderr)
-
-
-def _on_signal(signum: int, frame: object) -> None:
-    raise KeyboardInterrupt
+        req = urllib.request.Request(
+            self.url + "/v2/models/sim/infer", data=body, headers={"Content-Type": "application/json"}
+        )
+        with urllib.request.urlopen(req, timeout=5) as resp:
+            answer = json.loads(resp.read())
+        if answer.get("id") == "ready" and answer["outputs"][0]["data"][0] == sim_digest("sim", 1, payload):
+            return True
+        raise ValueError(f"wrong answer {answer}")
 
 
 # --- virtualenvs ----------------------------------------------------------------------------------
@@ -328,35 +150,16 @@ def ensure_venv(system: str) -> str:
     return version
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def make_server(system: str, port: int) -> Server:
-    log = LOGS / f"{system}.log"
+def make_server(system: str, port: int) -> SimServer:
     if system == "inferd":
-        cmd = [
-            str(ROOT / ".venv" / "bin" / "inferd"),
-            "serve",
-            "--model",
-            "sim",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            "--no-access-log",
-            "--log-level",
-            "WARNING",
-        ]
-        return Server(system, cmd, port, log)
+        serve = ["--model", "sim", "--host", "127.0.0.1", "--port", str(port), "--no-access-log"]
+        return SimServer(system, inferd_command("serve", *serve, "--log-level", "WARNING"), port)
     script = (
         ROOT / "benchmarks" / "peers" / ("litserve_sim.py" if system == "litserve" else "rayserve_sim.py")
     )
     cmd = [str(venv_python(system)), str(script), "--host", "127.0.0.1", "--port", str(port)]
     env = {"RAY_USAGE_STATS_ENABLED": "0"} if system == "rayserve" else {}
-    return Server(system, cmd, port, log, env=env)
+    return SimServer(system, cmd, port, env=env)
 
 
 def system_version(system: str) -> str:
@@ -368,25 +171,7 @@ def system_version(system: str) -> str:
 # --- runs -----------------------------------------------------------------------------------------
 
 
-class RssSampler(threading.Thread):
-    def __init__(self, pids: set[int], every_s: float = 0.5) -> None:
-        super().__init__(daemon=True)
-        self.pids = pids
-        self.every_s = every_s
-        self.peak = rss_bytes(pids)
-        self._done = threading.Event()
-
-    def run(self) -> None:
-        while not self._done.wait(self.every_s):
-            self.peak = max(self.peak, rss_bytes(self.pids))
-
-    def finish(self) -> int:
-        self._done.set()
-        self.join()
-        return self.peak
-
-
-def one_run(server: Server, rate: float, args: argparse.Namespace, seed: int) -> dict[str, Any]:
+def one_run(server: SimServer, rate: float, args: argparse.Namespace, seed: int) -> dict[str, Any]:
     spec = LoadSpec(
         url=server.url,
         model="sim",
@@ -410,10 +195,9 @@ def one_run(server: Server, rate: float, args: argparse.Namespace, seed: int) ->
         peak_rss = sampler.finish()
     wall = time.monotonic() - t0
     pids_after = server.pids()
-    after = cpu_ticks(pids_after)
     busy = machine_busy_s() - busy0
-    server_cpu = sum(t - before.get(pid, 0) for pid, t in after.items()) / CLK_TCK
-    peak_rss = max(peak_rss, rss_bytes(pids_after))
+    server_cpu = cpu_seconds_since(before, pids_after)
+    peak_rss = max(peak_rss, rss_mib(pids_after))
     m = report.measured
     sent = max(1, report.sent)
     errors = dict(m.errors)
@@ -444,7 +228,7 @@ def one_run(server: Server, rate: float, args: argparse.Namespace, seed: int) ->
         "server_cpu_ms_per_req": server_cpu * 1000.0 / sent,
         "server_cpu_cores": server_cpu / wall,
         "server_processes": len(pids_after),
-        "server_rss_mib": peak_rss / 2**20,
+        "server_rss_mib": peak_rss,
         "generator_cpu_s": report.generator_cpu_s,
         "generator_cpu_us_per_req": report.cpu_us_per_request,
         "other_cpu_cores": max(0.0, busy - server_cpu - report.generator_cpu_s) / wall,
@@ -506,13 +290,12 @@ def bench_system(system: str, rates: list[float], args: argparse.Namespace) -> d
     server = make_server(system, free_port())
     result: dict[str, Any] = {"system": system, "version": version, "cmd": server.cmd, "rungs": []}
     print(f"\n[{system} {version}] starting: {' '.join(server.cmd)}", flush=True)
-    _RUNNING.append(server)
     server.start()
     try:
         result["ready_s"] = server.wait_ready()
         pids = server.pids()
         result["idle_processes"] = len(pids)
-        result["idle_rss_mib"] = rss_bytes(pids) / 2**20
+        result["idle_rss_mib"] = rss_mib(pids)
         print(
             f"[{system}] ready in {result['ready_s']:.1f} s; {len(pids)} processes, "
             f"{result['idle_rss_mib']:.0f} MiB RSS",
@@ -526,7 +309,7 @@ def bench_system(system: str, rates: list[float], args: argparse.Namespace) -> d
                 print(
                     f"[{system}] {rate:>6g} req/s rep {rep + 1}/{args.repeats}: achieved "
                     f"{run['achieved_rps']:7.1f}  errors {run['errors'] or 0}  mism {run['mismatched']}  "
-                    f"p50 {_fmt(run['p50_ms'])}  p99 {_fmt(run['p99_ms'])} ms  "
+                    f"p50 {cell(run['p50_ms'])}  p99 {cell(run['p99_ms'])} ms  "
                     f"cpu {run['server_cpu_ms_per_req']:.3f} ms/req  rss {run['server_rss_mib']:.0f} MiB  "
                     f"gen {run['generator_cpu_us_per_req']:.0f} us/req  other {run['other_cpu_cores']:.2f} cores"
                     f"  {'PASS' if run['passed'] else 'FAIL'}",
@@ -542,8 +325,7 @@ def bench_system(system: str, rates: list[float], args: argparse.Namespace) -> d
         result["error"] = f"{type(exc).__name__}: {exc}"
         print(f"[{system}] ERROR {result['error']}", file=sys.stderr, flush=True)
     finally:
-        _RUNNING.remove(server)
-        result["sigkilled"] = server.stop()
+        result["sigkilled"] = server.stop().sigkilled
     passing = [r["rate"] for r in result["rungs"] if r["passed"]]
     result["sustained_rps"] = max(passing) if passing else None
     achieved = [r["median"]["achieved_rps"] for r in result["rungs"] if r["median"]["achieved_rps"]]
@@ -552,10 +334,6 @@ def bench_system(system: str, rates: list[float], args: argparse.Namespace) -> d
 
 
 # --- output ---------------------------------------------------------------------------------------
-
-
-def _fmt(v: float | None, digits: int = 1) -> str:
-    return "-" if v is None else f"{v:,.{digits}f}"
 
 
 def markdown(results: list[dict[str, Any]], args: argparse.Namespace) -> str:
@@ -572,9 +350,9 @@ def markdown(results: list[dict[str, Any]], args: argparse.Namespace) -> str:
         at = next((r for r in res["rungs"] if r["rate"] == res["sustained_rps"]), None)
         med = at["median"] if at else {}
         lines.append(
-            f"| {res['system']} | {res['version']} | {_fmt(res['sustained_rps'], 0) if at else 'none'} "
-            f"| {_fmt(res['peak_achieved_rps'])} | {_fmt(med.get('p99_ms'))} "
-            f"| {_fmt(med.get('server_cpu_ms_per_req'), 3)} | {_fmt(med.get('server_rss_mib'), 0)} |"
+            f"| {res['system']} | {res['version']} | {cell(res['sustained_rps'], 0) if at else 'none'} "
+            f"| {cell(res['peak_achieved_rps'])} | {cell(med.get('p99_ms'))} "
+            f"| {cell(med.get('server_cpu_ms_per_req'), 3)} | {cell(med.get('server_rss_mib'), 0)} |"
         )
     lines += [
         "",
@@ -587,11 +365,11 @@ def markdown(results: list[dict[str, Any]], args: argparse.Namespace) -> str:
             med = rung["median"]
             errors = ", ".join(f"{k} {v}" for k, v in rung["errors_total"].items()) or "0"
             lines.append(
-                f"| {res['system']} | {rung['rate']:g} | {_fmt(med['achieved_rps'])} | {errors} "
-                f"| {rung['mismatched_total']} | {_fmt(med['p50_ms'])} | {_fmt(med['p99_ms'])} "
-                f"| {_fmt(med['server_cpu_ms_per_req'], 3)} | {_fmt(med['server_cpu_cores'], 2)} "
-                f"| {_fmt(med['server_rss_mib'], 0)} | {_fmt(med['generator_cpu_us_per_req'], 0)} "
-                f"| {_fmt(med['other_cpu_cores'], 2)} | {'yes' if rung['passed'] else 'NO'} |"
+                f"| {res['system']} | {rung['rate']:g} | {cell(med['achieved_rps'])} | {errors} "
+                f"| {rung['mismatched_total']} | {cell(med['p50_ms'])} | {cell(med['p99_ms'])} "
+                f"| {cell(med['server_cpu_ms_per_req'], 3)} | {cell(med['server_cpu_cores'], 2)} "
+                f"| {cell(med['server_rss_mib'], 0)} | {cell(med['generator_cpu_us_per_req'], 0)} "
+                f"| {cell(med['other_cpu_cores'], 2)} | {'yes' if rung['passed'] else 'NO'} |"
             )
         if res.get("error"):
             lines.append(f"| {res['system']} | error: {res['error']} |||||||||||")
@@ -638,19 +416,14 @@ def main() -> int:
 
     # Our own SIGINT handler too: asyncio.Runner (inside run_load_blocking) only turns the first Ctrl-C
     # into a cancellation of the load run, which it may absorb; raising here stops the whole comparison.
-    signal.signal(signal.SIGTERM, _on_signal)
-    signal.signal(signal.SIGINT, _on_signal)
-    atexit.register(_stop_all)
-    BENCH.mkdir(exist_ok=True)
+    interrupt_on(signal.SIGTERM, signal.SIGINT)
     started = time.time()
     results: list[dict[str, Any]] = []
     try:
         for system in systems:
             results.append(bench_system(system, rates[system], args))
     except KeyboardInterrupt:
-        print("\ninterrupted; stopping servers", file=sys.stderr)
-    finally:
-        _stop_all()
+        print("\ninterrupted; servers stopped", file=sys.stderr)
     doc = {
         "started": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(started)),
         "elapsed_s": time.time() - started,
@@ -672,8 +445,7 @@ def main() -> int:
         },
         "results": results,
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(doc, indent=2))
+    write_json(args.out, doc, indent=2)
     print()
     print(markdown(results, args))
     print(f"\nJSON: {args.out}")

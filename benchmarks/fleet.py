@@ -40,14 +40,10 @@ import asyncio
 import datetime
 import itertools
 import json
-import math
 import os
 import re
 import signal
-import socket
-import subprocess
 import sys
-import tempfile
 import threading
 import time
 import urllib.error
@@ -56,21 +52,22 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-
-from inferd.bench.loadgen import (
-    LoadSpec,
-    _loop_factory,
-    _Run,
-    arrival_offsets,
-    make_client,
-    run_load,
-    run_load_blocking,
+from harness import (
+    OUT_DIR,
+    InferdServer,
+    ServerProcess,
+    cell,
+    free_port,
+    inferd_command,
+    interrupt_on,
+    write_json,
 )
+from procfs import cpu_seconds_since
+
+from inferd.bench.loadgen import LoadSpec, offer_load, run_load, run_load_blocking
+from inferd.bench.open_loop import arrival_offsets, run_blocking
 from inferd.bench.report import LoadReport, Recorder
 
-ROOT = Path(__file__).resolve().parent.parent
-OUT_DIR = ROOT / ".bench"
-TICK = os.sysconf("SC_CLK_TCK")
 PER_WORKER_RPS = 500.0
 """Full-batch capacity of one worker: 100 items per 100 + 1 x 100 ms."""
 
@@ -95,14 +92,9 @@ log_level = "WARNING"
 # ---- server -------------------------------------------------------------------------------------------
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-class Server:
-    """`inferd serve` on a temporary model repository holding sim (version 1) with `workers` workers."""
+class Server(InferdServer):
+    """`inferd serve` on a temporary model repository holding sim (version 1) with `workers` workers, its
+    admin API on a free port; ready when all the workers are and /v2/health/ready answers."""
 
     def __init__(
         self,
@@ -112,41 +104,20 @@ class Server:
         log_level: str = "WARNING",
         server_extra: str = "",
     ) -> None:
-        self.tmp = tempfile.TemporaryDirectory(prefix=f"fleet_{name}.")
-        base = Path(self.tmp.name)
-        self.repo = base / "models"
-        (self.repo / "sim" / "1").mkdir(parents=True)
-        (self.repo / "sim" / "model.toml").write_text(MODEL_TOML.format(workers=workers) + model_extra)
-        self.port, self.admin_port = free_port(), free_port()
-        config = base / "inferd.toml"
-        server_toml = SERVER_TOML.format(admin_port=self.admin_port)
-        config.write_text(server_toml.replace('"WARNING"', f'"{log_level}"') + server_extra)
-        self.url = f"http://127.0.0.1:{self.port}"
+        self.admin_port = free_port()
         self.admin = f"http://127.0.0.1:{self.admin_port}"
-        OUT_DIR.mkdir(exist_ok=True)
-        self.log_path = OUT_DIR / f"fleet_{name}_server.log"
-        cmd = [sys.executable, "-m", "inferd.cli.main", "serve", "--config", str(config)]
-        cmd += ["--model-repo", str(self.repo), "--port", str(self.port)]
-        with open(self.log_path, "wb") as log:
-            self.proc = subprocess.Popen(
-                cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, start_new_session=True
-            )
         self.workers = workers
+        server_toml = SERVER_TOML.format(admin_port=self.admin_port)
+        super().__init__(
+            name=f"fleet_{name}",
+            config=server_toml.replace('"WARNING"', f'"{log_level}"') + server_extra,
+            models={"sim": MODEL_TOML.format(workers=workers) + model_extra},
+            log_path=OUT_DIR / f"fleet_{name}_server.log",
+        )
+        (self.repo / "sim" / "1").mkdir()
 
-    def wait_ready(self, timeout_s: float = 120.0) -> float:
-        t0 = time.monotonic()
-        while time.monotonic() - t0 < timeout_s:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"server exited with {self.proc.returncode}; log: {self.log_path}")
-            try:
-                if len(self.ready_workers()) >= self.workers:
-                    with urllib.request.urlopen(f"{self.url}/v2/health/ready", timeout=1) as r:
-                        if r.status == 200:
-                            return time.monotonic() - t0
-            except (urllib.error.URLError, OSError):
-                pass
-            time.sleep(0.1)
-        raise RuntimeError(f"server not ready within {timeout_s:g} s; log: {self.log_path}")
+    def ready(self) -> bool:
+        return len(self.ready_workers()) >= self.workers and super().ready()
 
     def admin_call(self, method: str, path: str, timeout: float = 120.0) -> Any:
         req = urllib.request.Request(
@@ -159,61 +130,13 @@ class Server:
         rows = self.admin_call("GET", "/admin/workers", timeout=2)["workers"]
         return [w for w in rows if w["model"] == "sim" and w["state"] == "ready"]
 
-    def pids(self) -> list[int]:
-        """The server and every descendant (workers)."""
-        out, todo = [], [self.proc.pid]
-        while todo:
-            pid = todo.pop()
-            out.append(pid)
-            ps = subprocess.run(
-                ["ps", "-o", "pid=", "--ppid", str(pid)], capture_output=True, text=True, check=False
-            )
-            todo += [int(x) for x in ps.stdout.split()]
-        return out
-
-    def stop(self, grace_s: float = 15.0) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(grace_s)
-            except subprocess.TimeoutExpired:
-                pass
-        try:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
-        self.proc.wait()
-        self.tmp.cleanup()
-
     def __enter__(self) -> Server:
-        try:
-            t = self.wait_ready()
-        except BaseException:
-            self.stop()
-            raise
+        super().__enter__()
         print(
-            f"server ready in {t:.1f} s ({self.workers} worker(s), {self.url}, admin {self.admin})",
+            f"server ready in {self.ready_s:.1f} s ({self.workers} worker(s), {self.url}, admin {self.admin})",
             flush=True,
         )
         return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
-
-
-def cpu_s(pids: list[int]) -> float:
-    total = 0
-    for pid in pids:
-        try:
-            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-            total += int(fields[11]) + int(fields[12])
-        except (FileNotFoundError, ProcessLookupError):
-            pass
-    return total / TICK
-
-
-def _interrupt(signum: int, frame: object) -> None:
-    raise KeyboardInterrupt
 
 
 # ---- helpers ------------------------------------------------------------------------------------------
@@ -250,20 +173,8 @@ def summary(report: LoadReport) -> dict[str, Any]:
     }
 
 
-def write(name: str, data: dict[str, Any]) -> Path:
-    OUT_DIR.mkdir(exist_ok=True)
-    path = OUT_DIR / f"fleet_{name}.json"
-    path.write_text(json.dumps(data, indent=1))
-    print(f"JSON: {path}")
-    return path
-
-
 def p99(r: dict[str, Any]) -> float | None:
     return r["latency_ms"].get("p99")
-
-
-def _fmt(v: float | None, digits: int = 1) -> str:
-    return "-" if v is None else f"{v:,.{digits}f}"
 
 
 def basic_ok(r: dict[str, Any]) -> bool:
@@ -284,15 +195,14 @@ def cmd_scaling(args: argparse.Namespace) -> dict[str, Any]:
         with Server(n, f"scaling{n}") as srv:
             for f in fractions:
                 rate = round(f * PER_WORKER_RPS * n, 1)
-                pids = srv.pids()
-                c0 = cpu_s(pids)
+                before = srv.cpu_ticks()
                 report = run_load_blocking(spec(srv.url, rate, args))
-                c1 = cpu_s(pids)
+                server_cpu_s = cpu_seconds_since(before, srv.pids())
                 r = summary(report) | {"workers": n, "fraction": f, "rate": rate}
-                r["server_cpu_us_per_request"] = round(1e6 * (c1 - c0) / max(1, report.sent), 1)
+                r["server_cpu_us_per_request"] = round(1e6 * server_cpu_s / max(1, report.sent), 1)
                 runs[n].append(r)
                 print(
-                    f"  N={n} offered {rate:g}: achieved {r['achieved']:g}, p99 {_fmt(p99(r))} ms, "
+                    f"  N={n} offered {rate:g}: achieved {r['achieved']:g}, p99 {cell(p99(r))} ms, "
                     f"errors {r['errors']}, server CPU {r['server_cpu_us_per_request']} us/req",
                     flush=True,
                 )
@@ -305,7 +215,7 @@ def cmd_scaling(args: argparse.Namespace) -> dict[str, Any]:
         sustained[n] = max(good, key=lambda r: r["rate"]) if good else None
     s1 = sustained.get(1)
     out: dict[str, Any] = {"p99_bound_ms": bound, "runs": runs, "sustained": {}}
-    print(f"\np99 bound (2x single-worker sustained p99): {_fmt(bound)} ms\n")
+    print(f"\np99 bound (2x single-worker sustained p99): {cell(bound)} ms\n")
     print(
         "| workers | offered req/s | achieved | p50 ms | p99 ms | errors | mean batch | server CPU us/req |"
     )
@@ -314,8 +224,8 @@ def cmd_scaling(args: argparse.Namespace) -> dict[str, Any]:
         for r in rs:
             errs = sum(r["errors"].values())
             print(
-                f"| {n} | {r['rate']:,.0f} | {r['achieved']:,.0f} | {_fmt(r['latency_ms'].get('p50'))} | "
-                f"{_fmt(p99(r))} | {errs or 0} | {_fmt(r['batch_mean'])} | {r['server_cpu_us_per_request']:.0f} |"
+                f"| {n} | {r['rate']:,.0f} | {r['achieved']:,.0f} | {cell(r['latency_ms'].get('p50'))} | "
+                f"{cell(p99(r))} | {errs or 0} | {cell(r['batch_mean'])} | {r['server_cpu_us_per_request']:.0f} |"
             )
     print("\n| workers | sustained req/s | p99 ms | linearity | server CPU us/req |")
     print("|---:|---:|---:|---:|---:|")
@@ -328,8 +238,8 @@ def cmd_scaling(args: argparse.Namespace) -> dict[str, Any]:
             "server_cpu_us_per_request": s["server_cpu_us_per_request"] if s else None,
         }
         print(
-            f"| {n} | {_fmt(s['rate'] if s else None, 0)} | {_fmt(p99(s) if s else None)} | "
-            f"{_fmt(lin, 2)} | {_fmt(s['server_cpu_us_per_request'] if s else None, 0)} |"
+            f"| {n} | {cell(s['rate'] if s else None, 0)} | {cell(p99(s) if s else None)} | "
+            f"{cell(lin, 2)} | {cell(s['server_cpu_us_per_request'] if s else None, 0)} |"
         )
     return out
 
@@ -340,7 +250,7 @@ def cmd_priorities(args: argparse.Namespace) -> dict[str, Any]:
     bulk_rate, inter_rate = args.bulk_factor * capacity, args.interactive_share * capacity
     with Server(n, "priorities") as srv:
         alone = run_load_blocking(spec(srv.url, inter_rate, args, priority="interactive", seed=1))
-        print(f"  interactive alone: p99 {_fmt(alone.measured.latency_ms.get('p99'))} ms", flush=True)
+        print(f"  interactive alone: p99 {cell(alone.measured.latency_ms.get('p99'))} ms", flush=True)
 
         async def both() -> tuple[LoadReport, LoadReport]:
             return await asyncio.gather(
@@ -348,11 +258,9 @@ def cmd_priorities(args: argparse.Namespace) -> dict[str, Any]:
                 run_load(spec(srv.url, inter_rate, args, priority="interactive", seed=3)),
             )
 
-        pids = srv.pids()
-        c0 = cpu_s(pids)
-        with asyncio.Runner(loop_factory=_loop_factory()) as runner:
-            bulk, inter = runner.run(both())
-        c1 = cpu_s(pids)
+        before = srv.cpu_ticks()
+        bulk, inter = run_blocking(both())
+        server_cpu_s = cpu_seconds_since(before, srv.pids())
     a, i, b = summary(alone), summary(inter), summary(bulk)
     spare = capacity - inter.measured.achieved_rps
     ratio = p99(i) / p99(a) if p99(i) and p99(a) else None
@@ -365,7 +273,7 @@ def cmd_priorities(args: argparse.Namespace) -> dict[str, Any]:
         "interactive_p99_ratio": ratio,
         "bulk_goodput_over_spare": bulk_share,
         "spare_capacity_rps": spare,
-        "server_cpu_us_per_request": round(1e6 * (c1 - c0) / max(1, bulk.sent + inter.sent), 1),
+        "server_cpu_us_per_request": round(1e6 * server_cpu_s / max(1, bulk.sent + inter.sent), 1),
     }
     print(
         f"\n2 workers (capacity {capacity:,.0f} req/s), bulk offered {bulk_rate:,.0f}, interactive {inter_rate:,.0f}\n"
@@ -374,20 +282,27 @@ def cmd_priorities(args: argparse.Namespace) -> dict[str, Any]:
     print("|---|---:|---:|---:|---:|---|")
     for label, r in (("interactive alone", a), ("interactive with bulk", i), ("bulk", b)):
         print(
-            f"| {label} | {r['offered']:,.0f} | {r['achieved']:,.0f} | {_fmt(r['latency_ms'].get('p50'))} | "
-            f"{_fmt(p99(r))} | {r['errors'] or 0} |"
+            f"| {label} | {r['offered']:,.0f} | {r['achieved']:,.0f} | {cell(r['latency_ms'].get('p50'))} | "
+            f"{cell(p99(r))} | {r['errors'] or 0} |"
         )
-    print(f"\ninteractive p99 with bulk / alone: {_fmt(ratio, 2)}x (target <= 1.5x)")
+    print(f"\ninteractive p99 with bulk / alone: {cell(ratio, 2)}x (target <= 1.5x)")
     print(
-        f"bulk goodput {b['achieved']:,.0f} req/s of {spare:,.0f} spare: {_fmt(100 * bulk_share if bulk_share else None, 0)}% "
+        f"bulk goodput {b['achieved']:,.0f} req/s of {spare:,.0f} spare: {cell(100 * bulk_share if bulk_share else None, 0)}% "
         "(target >= 80%)"
     )
     return out
 
 
-def _mid_run_action(srv: Server, at_s: float, action: Any, result: dict[str, Any]) -> threading.Thread:
+def _load_with_mid_run_action(
+    srv: Server, rate: float, args: argparse.Namespace, seed: int, action: Any, join_s: float
+) -> tuple[LoadReport, dict[str, Any], float]:
+    """Offer load while `action` runs once, in a thread, halfway through the measured window. Returns the
+    report, what the action returned (or the error it raised) and when it started (s from load start)."""
+    at = args.warmup + args.duration / 2
+    result: dict[str, Any] = {}
+
     def go() -> None:
-        time.sleep(at_s)
+        time.sleep(at)
         try:
             result.update(action())
         except Exception as exc:  # reported, not fatal to the load run
@@ -395,7 +310,9 @@ def _mid_run_action(srv: Server, at_s: float, action: Any, result: dict[str, Any
 
     t = threading.Thread(target=go, daemon=True)
     t.start()
-    return t
+    report = run_load_blocking(spec(srv.url, rate, args, seed=seed))
+    t.join(join_s)
+    return report, result, at
 
 
 def _wait_workers(srv: Server, count: int, timeout_s: float, exclude: set[str] = frozenset()) -> float | None:
@@ -417,8 +334,8 @@ def _invariants_table(label: str, r: dict[str, Any]) -> None:
     print("| run | offered req/s | achieved | p50 ms | p99 ms | lost | duplicated | misrouted | errors |")
     print("|---|---:|---:|---:|---:|---:|---:|---:|---|")
     print(
-        f"| {label} | {r['offered']:,.0f} | {r['achieved']:,.0f} | {_fmt(r['latency_ms'].get('p50'))} | "
-        f"{_fmt(p99(r))} | {inv['lost']} | {inv['duplicated']} | {inv['misrouted']} | "
+        f"| {label} | {r['offered']:,.0f} | {r['achieved']:,.0f} | {cell(r['latency_ms'].get('p50'))} | "
+        f"{cell(p99(r))} | {inv['lost']} | {inv['duplicated']} | {inv['misrouted']} | "
         f"{inv['errors'] or 0} (failed in window: {failed}) |"
     )
 
@@ -441,11 +358,11 @@ def cmd_slow(args: argparse.Namespace) -> dict[str, Any]:
     for label in ("baseline", "slow"):
         r = out[label]
         print(
-            f"| {label} | {r['load']['achieved']:,.0f} | {_fmt(r['load']['latency_ms'].get('p50'))} | "
-            f"{_fmt(p99(r['load']))} | {r['load']['errors'] or 0} | {r['remote_share_after_10s']:.1%} | "
+            f"| {label} | {r['load']['achieved']:,.0f} | {cell(r['load']['latency_ms'].get('p50'))} | "
+            f"{cell(p99(r['load']))} | {r['load']['errors'] or 0} | {r['remote_share_after_10s']:.1%} | "
             f"{r['max_ejected']} of 4 |"
         )
-    print(f"\nfleet p99 slow / baseline: {_fmt(ratio, 2)}x (target <= 1.5x)")
+    print(f"\nfleet p99 slow / baseline: {cell(ratio, 2)}x (target <= 1.5x)")
     print(
         f"traffic moved off the slow worker: {1 - out['slow']['remote_share_after_10s'] / 0.25:.0%} of its fair "
         "share (target >= 80% within 10 s)"
@@ -458,11 +375,15 @@ def _slow_run(label: str, slowdown: float, rate: float, args: argparse.Namespace
     os.environ["INFERD_JOIN_TOKEN"] = token
     wport = free_port()
     with Server(3, f"slow_{label}", server_extra=f"worker_port = {wport}\n") as srv:
-        env = {**os.environ, "INFERD_SIM_SLOWDOWN": str(slowdown)}
-        cmd = [sys.executable, "-m", "inferd.cli.main", "worker", "--connect", f"127.0.0.1:{wport}"]
-        cmd += ["--model", "sim", "--worker-id", "remote-1", "--log-level", "WARNING"]
-        with open(OUT_DIR / f"fleet_slow_{label}_worker.log", "wb") as log:
-            remote = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
+        worker = ["--connect", f"127.0.0.1:{wport}", "--model", "sim", "--worker-id", "remote-1"]
+        remote = ServerProcess(
+            inferd_command("worker", *worker, "--log-level", "WARNING"),
+            name=f"fleet_slow_{label}_worker",
+            log_path=OUT_DIR / f"fleet_slow_{label}_worker.log",
+            env={"INFERD_SIM_SLOWDOWN": str(slowdown)},
+            grace_s=30.0,
+        )
+        remote.start()
         try:
             if _wait_workers(srv, 4, 60) is None:
                 raise RuntimeError("the remote worker did not join")
@@ -485,8 +406,7 @@ def _slow_run(label: str, slowdown: float, rate: float, args: argparse.Namespace
             stop.set()
             th.join(5)
         finally:
-            remote.terminate()
-            remote.wait(30)
+            remote.stop()
     return {"load": summary(report), **_batch_shares(samples, "remote-1")}
 
 
@@ -522,7 +442,6 @@ def _batch_shares(samples: list[tuple[float, dict[str, Any]]], worker: str) -> d
 def cmd_rolling(args: argparse.Namespace) -> dict[str, Any]:
     n = 2
     rate = args.load * PER_WORKER_RPS * n
-    result: dict[str, Any] = {}
     with Server(n, "rolling") as srv:
         before = srv.ready_workers()
 
@@ -532,10 +451,7 @@ def cmd_rolling(args: argparse.Namespace) -> dict[str, Any]:
             answer = srv.admin_call("POST", "/admin/models/sim/update", timeout=120)
             return {"update_s": round(time.monotonic() - t, 3), "answer": answer}
 
-        at = args.warmup + args.duration / 2
-        th = _mid_run_action(srv, at, update, result)
-        report = run_load_blocking(spec(srv.url, rate, args, seed=7))
-        th.join(120)
+        report, result, at = _load_with_mid_run_action(srv, rate, args, 7, update, join_s=120)
         after = srv.ready_workers()
     r = summary(report)
     out = {
@@ -556,7 +472,6 @@ def cmd_rolling(args: argparse.Namespace) -> dict[str, Any]:
 def cmd_drain(args: argparse.Namespace) -> dict[str, Any]:
     n = 2
     rate = args.load * PER_WORKER_RPS * n
-    result: dict[str, Any] = {}
     with Server(n, "drain") as srv:
 
         def drain() -> dict[str, Any]:
@@ -572,10 +487,7 @@ def cmd_drain(args: argparse.Namespace) -> dict[str, Any]:
                 "back_to_ready_s": None if back is None else round(back, 3),
             }
 
-        at = args.warmup + args.duration / 2
-        th = _mid_run_action(srv, at, drain, result)
-        report = run_load_blocking(spec(srv.url, rate, args, seed=9))
-        th.join(60)
+        report, result, at = _load_with_mid_run_action(srv, rate, args, 9, drain, join_s=60)
         after = srv.ready_workers()
     r = summary(report)
     out = {"rate": rate, "drain_at_s": at, "drain": result, "load": r, "workers_after": after}
@@ -603,7 +515,7 @@ def _autoscale_toml(cfg: dict[str, Any]) -> str:
     return "\n[autoscale]\n" + "".join(f"{k} = {v}\n" for k, v in cfg.items())
 
 
-async def _stepped_load(
+def _stepped_load(
     url: str, phases: list[tuple[str, float, float]], windows: list[tuple[str, float, float]], args: Any
 ) -> tuple[list[float], list[float], dict[str, Recorder], float, float]:
     """Open-loop Poisson load whose rate steps through `phases` (name, rate, seconds), in one run: one
@@ -626,32 +538,14 @@ async def _stepped_load(
         max_requests=max(1, len(offsets)),
     )
     recorders = {name: Recorder() for name, _, _ in windows}
-    rec_of = []
-    for off in offsets:
-        rec_of.append(next(recorders[n] for n, a, b in windows if a <= off < b))
-    now = time.monotonic
-    loop = asyncio.get_running_loop()
-    client = make_client(spec, now)
-    try:
-        await client.start()
-        t0 = now() + 0.01
-        wall_t0 = time.time() + 0.01
-        run = _Run(spec, client, now, t0, Recorder(), Recorder(), loop_skew=loop.time() - now())
-        run.results = [math.nan] * len(offsets)
-        hard_stop = t0 + spec.total_s + spec.timeout_ms / 1000.0 + spec.grace_s
-        try:
-            async with asyncio.timeout_at(hard_stop + run.loop_skew), asyncio.TaskGroup() as tg:
-                for i, off in enumerate(offsets):
-                    intended = t0 + off
-                    while (delay := intended - now()) > 0:  # noqa: ASYNC110 -- a timer may fire early
-                        await asyncio.sleep(max(delay, 0.001))
-                    tg.create_task(run.one(i, intended, rec_of[i]))
-                    run.sent += 1
-        except TimeoutError:
-            pass  # outstanding requests were cancelled and counted as timeouts
-    finally:
-        await client.close()
-    return offsets, run.results, recorders, t0, wall_t0
+    rec_of = [next(recorders[n] for n, a, b in windows if a <= off < b) for off in offsets]
+    wall_t0: list[float] = []
+
+    def on_start(t0: float) -> None:
+        wall_t0.append(time.time() + (t0 - time.monotonic()))
+
+    offered = run_blocking(offer_load(spec, offsets, lambda i, _: rec_of[i], on_start=on_start))
+    return offsets, offered.results, recorders, offered.t0, wall_t0[0]
 
 
 class _WorkerPoller(threading.Thread):
@@ -717,10 +611,7 @@ def cmd_autoscale(args: argparse.Namespace) -> dict[str, Any]:
         poller.start()
         time.sleep(2 * args.poll_s)
         try:
-            with asyncio.Runner(loop_factory=_loop_factory()) as runner:
-                offsets, results, recs, t0, wall_t0 = runner.run(
-                    _stepped_load(srv.url, phases, windows, args)
-                )
+            offsets, results, recs, t0, wall_t0 = _stepped_load(srv.url, phases, windows, args)
             time.sleep(2 * args.poll_s)
         finally:
             poller.stop()
@@ -837,20 +728,20 @@ def _autoscale_report(out: dict[str, Any]) -> None:
     for name, r in ph.items():
         print(
             f"| {name} {r['window_s'][0]:g}-{r['window_s'][1]:g} s | {r['offered_rps']:,.0f} | {r['ok']} | "
-            f"{r['failed']} | {r['errors'] or 0} | {_fmt(r['p50_ms'])} | {_fmt(r['p99_ms'])} | "
+            f"{r['failed']} | {r['errors'] or 0} | {cell(r['p50_ms'])} | {cell(r['p99_ms'])} | "
             f"{r['decisions']} ({r['decisions_per_min']:g}) | {r['ready_changes']} ({r['ready_changes_per_min']:g}) |"
         )
     print("\n| metric | value |")
     print("|---|---|")
-    print(f"| step up -> first scale-up decision | {_fmt(out['first_scale_up_decision_s'], 2)} s |")
-    print(f"| step up -> first extra worker ready | {_fmt(out['first_ready_increase_s'], 2)} s |")
+    print(f"| step up -> first scale-up decision | {cell(out['first_scale_up_decision_s'], 2)} s |")
+    print(f"| step up -> first extra worker ready | {cell(out['first_ready_increase_s'], 2)} s |")
     print(
-        f"| step up -> ready count at its peak ({out['ready_peak']}) | {_fmt(out['ready_peak_reached_s'], 2)} s |"
+        f"| step up -> ready count at its peak ({out['ready_peak']}) | {cell(out['ready_peak_reached_s'], 2)} s |"
     )
     step_s = out["back_at_s"] - out["step_at_s"]
-    print(f"| p99 over the step ({step_s:g} s) | {_fmt(out['step_p99_ms'])} ms |")
+    print(f"| p99 over the step ({step_s:g} s) | {cell(out['step_p99_ms'])} ms |")
     print(
-        f"| p99 over the step's last {out['step_last_window_s']:g} s | {_fmt(out['step_last_p99_ms'])} ms |"
+        f"| p99 over the step's last {out['step_last_window_s']:g} s | {cell(out['step_last_p99_ms'])} ms |"
     )
     print(f"| errors during the step | {ph['step']['errors'] or 0} (failed {ph['step']['failed']}) |")
     downs = ", ".join(
@@ -899,7 +790,7 @@ def main() -> int:
     p.add_argument("--poll-s", type=float, default=0.5, help="GET /admin/workers period")
     p.add_argument("--seed", type=int, default=11)
     args = ap.parse_args()
-    signal.signal(signal.SIGTERM, _interrupt)
+    interrupt_on(signal.SIGTERM)
     fn = {
         "scaling": cmd_scaling,
         "priorities": cmd_priorities,
@@ -911,7 +802,7 @@ def main() -> int:
     out = fn[args.cmd](args)
     out["command"] = " ".join([".venv/bin/python", "benchmarks/fleet.py", *sys.argv[1:]])
     out["loadavg_end"] = os.getloadavg()
-    write(args.cmd, out)
+    print(f"JSON: {write_json(OUT_DIR / f'fleet_{args.cmd}.json', out)}")
     return 0
 
 

@@ -20,97 +20,34 @@ Writes .bench/llm_sim.json and prints a markdown summary.
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import signal
-import socket
-import subprocess
-import sys
-import tempfile
 import time
-import urllib.error
-import urllib.request
-from pathlib import Path
 from typing import Any
+
+from harness import OUT_DIR, InferdServer, write_json
 
 from inferd.bench.llm_loadgen import run_llm_load_blocking
 from inferd.bench.llm_report import LLMPhaseReport
 from inferd.bench.llm_workload import LengthDist, LLMLoadSpec
 
-ROOT = Path(__file__).resolve().parent.parent
-OUT_DIR = ROOT / ".bench"
 MODEL_TOML = 'builtin = "sim-llm"\n\n[params.scheduler]\npolicy = "{policy}"\n'
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-class Server:
-    """`inferd serve` serving only sim-llm with one scheduler policy, in its own process group."""
-
-    def __init__(self, policy: str) -> None:
-        self.tmp = tempfile.TemporaryDirectory(prefix=f"llm_sim_{policy}.")
-        repo = Path(self.tmp.name) / "models"
-        (repo / "sim-llm").mkdir(parents=True)
-        (repo / "sim-llm" / "model.toml").write_text(MODEL_TOML.format(policy=policy))
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        OUT_DIR.mkdir(exist_ok=True)
-        self.log_path = OUT_DIR / f"llm_sim_{policy}_server.log"
-        cmd = [sys.executable, "-m", "inferd.cli.main", "serve", "--model-repo", str(repo)]
-        cmd += ["--port", str(self.port), "--no-admin", "--log-level", "WARNING"]
-        with open(self.log_path, "wb") as log:
-            self.proc = subprocess.Popen(
-                cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, start_new_session=True
-            )
-
-    def wait_ready(self, timeout_s: float = 120.0) -> None:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"server exited with {self.proc.returncode}; log: {self.log_path}")
-            try:
-                with urllib.request.urlopen(f"{self.url}/v2/health/ready", timeout=1) as r:
-                    if r.status == 200:
-                        return
-            except (urllib.error.URLError, OSError):
-                pass
-            time.sleep(0.1)
-        raise RuntimeError(f"server not ready within {timeout_s:g} s; log: {self.log_path}")
-
-    def stop(self, grace_s: float = 15.0) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(grace_s)
-            except subprocess.TimeoutExpired:
-                pass
-        try:
-            os.killpg(self.proc.pid, signal.SIGKILL)  # workers too, whatever happened
-        except (ProcessLookupError, PermissionError):
-            pass
-        self.proc.wait()
-        self.tmp.cleanup()
-
-    def __enter__(self) -> Server:
-        try:
-            self.wait_ready()
-        except BaseException:
-            self.stop()
-            raise
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
+def server(policy: str) -> InferdServer:
+    """`inferd serve` serving only sim-llm with one scheduler policy."""
+    return InferdServer(
+        "--no-admin",
+        "--log-level",
+        "WARNING",
+        name=f"llm_sim_{policy}",
+        models={"sim-llm": MODEL_TOML.format(policy=policy)},
+        log_path=OUT_DIR / f"llm_sim_{policy}_server.log",
+    )
 
 
 def run_policy(policy: str, args: argparse.Namespace) -> dict[str, Any]:
-    with Server(policy) as server:
+    with server(policy) as srv:
         spec = LLMLoadSpec(
-            url=server.url,
+            url=srv.url,
             model="sim-llm",
             rate=args.rate,
             duration_s=args.duration,
@@ -156,9 +93,7 @@ def main() -> int:
     ap.add_argument("--policies", default="continuous,static")
     args = ap.parse_args()
     results = {policy: run_policy(policy, args) for policy in args.policies.split(",")}
-    OUT_DIR.mkdir(exist_ok=True)
-    out = OUT_DIR / "llm_sim.json"
-    out.write_text(json.dumps({"args": vars(args), "results": results}, indent=2))
+    out = write_json(OUT_DIR / "llm_sim.json", {"args": vars(args), "results": results}, indent=2)
     print(f"\nwrote {out}\n")
     print(
         "| policy | offered req/s | goodput req/s | good/sent | ok req/s | output tok/s | TTFT ms p50 / p99 "

@@ -28,6 +28,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from procfs import status_kib
+
 T0 = time.perf_counter()
 
 BATCH_SIZES = (1, 8, 16, 32, 64, 128)
@@ -71,17 +73,6 @@ def sentences(n: int, seed: int = 0) -> list[str]:
     return out
 
 
-def rss_mib() -> tuple[float, float]:
-    """(current RSS, peak RSS) of this process in MiB, from /proc."""
-    fields = {}
-    with open("/proc/self/status") as f:
-        for line in f:
-            key, _, value = line.partition(":")
-            if key in ("VmRSS", "VmHWM"):
-                fields[key] = int(value.split()[0]) / 1024
-    return fields.get("VmRSS", 0.0), fields.get("VmHWM", 0.0)
-
-
 def measure(encode: Any, budget_s: float) -> list[dict[str, float]]:
     corpus = sentences(4096)
     rows = []
@@ -116,7 +107,7 @@ def measure(encode: Any, budget_s: float) -> list[dict[str, float]]:
 
 
 def report(runtime: str, start_s: float, first_s: float, rows: list[dict[str, float]], extra: dict) -> None:
-    rss, peak = rss_mib()
+    rss, peak = ((status_kib("self", key) or 0) / 1024 for key in ("VmRSS", "VmHWM"))
     result = {
         "runtime": runtime,
         "start_s": round(start_s, 3),

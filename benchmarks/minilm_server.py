@@ -11,51 +11,29 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
-import signal
-import subprocess
 import sys
-import tempfile
 import time
-import urllib.request
-from pathlib import Path
 
 import aiohttp
+from harness import OUT_DIR, InferdServer, write_json
 
-ROOT = Path(__file__).resolve().parent.parent
 SENTENCES = [
     f"sentence number {i}: inference servers batch requests to use the device well" for i in range(64)
 ]
 
 
-def start(port: int, max_batch: int) -> subprocess.Popen[bytes]:
-    cfg = Path(tempfile.mkdtemp()) / "inferd.toml"
-    cfg.write_text(f"[models.minilm]\nmax_batch_size = {max_batch}\nmax_queue_size = 1024\n")
-    proc = subprocess.Popen(
-        [
-            str(ROOT / ".venv/bin/inferd"),
-            "serve",
-            "--model",
-            "minilm",
-            "--port",
-            str(port),
-            "--config",
-            str(cfg),
-            "--no-admin",
-            "--log-level",
-            "WARNING",
-        ],
-        cwd=ROOT,
+def server(port: int, max_batch: int) -> InferdServer:
+    """`inferd serve` with one minilm worker and this max_batch_size."""
+    config = f"[models.minilm]\nmax_batch_size = {max_batch}\nmax_queue_size = 1024\n"
+    serve = ("--model", "minilm", "--no-admin", "--log-level", "WARNING")
+    return InferdServer(
+        *serve,
+        name=f"minilm_server_{max_batch}",
+        config=config,
+        port=port,
+        ready_timeout_s=60.0,
+        grace_s=30.0,
     )
-    for _ in range(600):
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/v2/health/ready", timeout=1) as r:
-                if r.status == 200:
-                    return proc
-        except OSError:
-            time.sleep(0.1)
-    proc.kill()
-    raise SystemExit("server not ready")
 
 
 async def drive(port: int, clients: int, duration: float, warmup: float) -> dict:
@@ -102,18 +80,14 @@ def main() -> int:
     args = ap.parse_args()
     results = {}
     for max_batch in (1, 32):
-        proc = start(args.port, max_batch)
-        try:
-            results[max_batch] = asyncio.run(drive(args.port, args.clients, args.duration, args.warmup))
-        finally:
-            proc.send_signal(signal.SIGTERM)
-            proc.wait(30)
+        with server(args.port, max_batch) as srv:
+            results[max_batch] = asyncio.run(drive(srv.port, args.clients, args.duration, args.warmup))
         print(f"max_batch_size={max_batch}: {results[max_batch]}")
     gain = results[32]["sentences_per_s"] / results[1]["sentences_per_s"]
     print(f"batching gain through the server ({args.clients} concurrent callers): {gain:.2f}x")
-    out = ROOT / ".bench" / "minilm_server.json"
-    out.parent.mkdir(exist_ok=True)
-    out.write_text(json.dumps({"results": results, "gain": gain, "command": " ".join(sys.argv)}, indent=1))
+    write_json(
+        OUT_DIR / "minilm_server.json", {"results": results, "gain": gain, "command": " ".join(sys.argv)}
+    )
     return 0
 
 

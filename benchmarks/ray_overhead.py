@@ -18,22 +18,30 @@ Writes .bench/ray_overhead.json and prints a markdown summary.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import signal
-import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
+
+from harness import (
+    OUT_DIR,
+    InferdServer,
+    ServerProcess,
+    free_port,
+    http_ok,
+    inferd_command,
+    run_fields,
+    write_json,
+)
+from procfs import processes_mentioning, rss_mib
 
 from inferd.bench.loadgen import LoadSpec, run_load_blocking
 
-ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
 CONFIG = """\
 [models.sim]
@@ -51,24 +59,11 @@ RAY_ENV = {
 TOKEN = "bench-join-token"
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+class SimServer(InferdServer):
+    """Ready when the sim model is (its workers joined), not only the server."""
 
-
-def wait_ready(port: int, proc: subprocess.Popen[bytes], within_s: float = 120.0) -> float:
-    t0 = time.monotonic()
-    while time.monotonic() - t0 < within_s:
-        if proc.poll() is not None:
-            raise SystemExit(f"server exited with {proc.returncode}")
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/v2/models/sim/ready", timeout=1) as r:
-                if r.status == 200:
-                    return time.monotonic() - t0
-        except OSError:
-            time.sleep(0.05)
-    raise SystemExit("server did not become ready")
+    def ready(self) -> bool:
+        return http_ok(f"{self.url}/v2/models/sim/ready")
 
 
 class RayCluster:
@@ -105,21 +100,7 @@ class RayCluster:
 
     def pids(self) -> list[int]:
         """Processes whose command line names this cluster's temp dir, and their descendants."""
-        parent, mine = {}, set()
-        for entry in os.listdir("/proc"):
-            if not entry.isdigit():
-                continue
-            try:
-                stat = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
-                cmd = Path(f"/proc/{entry}/cmdline").read_bytes()
-            except OSError:
-                continue
-            parent[int(entry)] = int(stat[1])
-            if self.temp_dir.encode() in cmd:
-                mine.add(int(entry))
-        while below := {p for p, pp in parent.items() if pp in mine} - mine:
-            mine |= below
-        return sorted(mine)
+        return sorted(processes_mentioning(self.temp_dir))
 
     def stop(self) -> None:
         pids = self.pids()
@@ -133,46 +114,42 @@ class RayCluster:
         shutil.rmtree(self.temp_dir, ignore_errors=True)
 
 
-def rss_mib(pids: list[int]) -> float:
-    total = 0
-    for pid in pids:
-        try:
-            for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-                if line.startswith("VmRSS:"):
-                    total += int(line.split()[1])
-        except OSError:
-            pass
-    return round(total / 1024, 1)
-
-
-def measure(mode: str, args: argparse.Namespace, config: Path, cluster: RayCluster | None) -> dict:
-    port = free_port()
-    cmd = [str(BIN / "inferd"), "serve", "--model", "sim", "--config", str(config), "--port", str(port)]
-    cmd += ["--no-admin", "--log-level", "WARNING"]
-    env = dict(os.environ)
-    extra: list[subprocess.Popen[bytes]] = []
+def launch(mode: str, cluster: RayCluster | None) -> tuple[SimServer, list[ServerProcess]]:
+    """The server for `mode`, and the workers to start beside it (tcp mode)."""
+    serve = ["--model", "sim", "--no-admin", "--log-level", "WARNING"]
+    env: dict[str, str] = {}
+    workers: list[ServerProcess] = []
     if mode == "local":
-        cmd += ["--workers", "2"]
+        serve += ["--workers", "2"]
     elif mode == "tcp":
         worker_port = free_port()
-        cmd += ["--workers", "0", "--worker-port", str(worker_port)]
+        serve += ["--workers", "0", "--worker-port", str(worker_port)]
         env["INFERD_JOIN_TOKEN"] = TOKEN
+        for i in range(2):
+            worker = ["--connect", f"127.0.0.1:{worker_port}", "--model", "sim", "--worker-id", f"tcp-{i}"]
+            worker += ["--log-level", "WARNING"]
+            workers.append(
+                ServerProcess(inferd_command("worker", *worker), name=f"tcp-{i}", env=env, grace_s=30)
+            )
     else:
         assert cluster is not None
-        cmd += ["--workers", "2", "--ray", cluster.address]
+        serve += ["--workers", "2", "--ray", cluster.address]
         env.update(RAY_ENV)
-    server = subprocess.Popen(cmd, cwd=ROOT, env=env)
+    server = SimServer(*serve, name=f"ray_overhead_{mode}", config=CONFIG, env=env, poll_s=0.05, grace_s=60)
+    return server, workers
+
+
+def measure(mode: str, args: argparse.Namespace, cluster: RayCluster | None) -> dict:
+    server, workers = launch(mode, cluster)
+    server.start()
     try:
-        if mode == "tcp":
-            for i in range(2):
-                worker_cmd = [str(BIN / "inferd"), "worker", "--connect", f"127.0.0.1:{worker_port}"]
-                worker_cmd += ["--model", "sim", "--worker-id", f"tcp-{i}", "--log-level", "WARNING"]
-                extra.append(subprocess.Popen(worker_cmd, env=env, cwd=ROOT))
-        ready_s = wait_ready(port, server)
+        for worker in workers:
+            worker.start()
+        ready_s = server.wait_ready()  # the sim model, once its workers joined
         runs = []
         for i in range(args.repeats):
             spec = LoadSpec(
-                url=f"http://127.0.0.1:{port}",
+                url=server.url,
                 model="sim",
                 rate=args.rate,
                 duration_s=args.duration,
@@ -180,26 +157,13 @@ def measure(mode: str, args: argparse.Namespace, config: Path, cluster: RayClust
                 seed=i,
             )
             m = run_load_blocking(spec).measured
-            runs.append(
-                {
-                    "ok": m.ok,
-                    "errors": m.errors,
-                    "mismatched": m.mismatched,
-                    "latency_ms": m.latency_ms,
-                    "overhead_ms": m.overhead_ms,
-                    "queue_ms": m.queue_ms,
-                    "compute_ms": m.compute_ms,
-                    "batch_size": m.batch_size,
-                }
-            )
-        rss = rss_mib(cluster.pids()) if cluster is not None and mode == "ray" else None
-        server_rss = rss_mib([server.pid])
+            runs.append(run_fields(m))
+        rss = round(rss_mib(cluster.pids()), 1) if cluster is not None and mode == "ray" else None
+        server_rss = round(rss_mib([server.pid]), 1)
     finally:
-        server.send_signal(signal.SIGTERM)
-        server.wait(60)
-        for w in extra:
-            w.send_signal(signal.SIGTERM)
-            w.wait(30)
+        server.stop()
+        for worker in workers:
+            worker.stop()
 
     def med(key: str, q: str) -> float:
         return round(statistics.median(r[key][q] or 0.0 for r in runs), 3)
@@ -228,20 +192,16 @@ def main() -> int:
     ap.add_argument("--modes", default="local,tcp,ray")
     args = ap.parse_args()
     modes = args.modes.split(",")
-    tmp = Path(tempfile.mkdtemp(prefix="inferd-bench-"))
-    config = tmp / "sim.toml"
-    config.write_text(CONFIG)
     cluster = RayCluster() if "ray" in modes else None
     results: dict = {"command": " ".join(sys.argv), "rate": args.rate, "modes": {}}
     try:
         if cluster is not None:
             results["ray_start_s"] = round(cluster.start_s, 2)
         for mode in modes:
-            results["modes"][mode] = measure(mode, args, config, cluster)
+            results["modes"][mode] = measure(mode, args, cluster)
     finally:
         if cluster is not None:
             cluster.stop()
-        shutil.rmtree(tmp, ignore_errors=True)
     base = results["modes"].get("local", {}).get("overhead_p50_ms")
     print(
         f"\nsim, no compute, batch of 1, {args.rate:.0f} req/s, {args.repeats} x {args.duration:.0f} s (medians)\n"
@@ -262,9 +222,7 @@ def main() -> int:
             f"\nray start: {results['ray_start_s']} s; cluster RSS with 2 actors: "
             f"{results['modes'].get('ray', {}).get('ray_cluster_rss_mib')} MiB"
         )
-    out = ROOT / ".bench" / "ray_overhead.json"
-    out.parent.mkdir(exist_ok=True)
-    out.write_text(json.dumps(results, indent=2))
+    write_json(OUT_DIR / "ray_overhead.json", results, indent=2)
     return 0
 
 

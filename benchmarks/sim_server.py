@@ -15,83 +15,20 @@ Writes .bench/sim_server.json and prints a markdown summary.
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import signal
 import statistics
-import subprocess
 import sys
-import time
-import urllib.request
-from pathlib import Path
+
+from harness import OUT_DIR, InferdServer, run_fields, write_json
+from procfs import cpu_seconds_since, rss_mib_by_pid
 
 from inferd.bench.loadgen import LoadSpec, run_load_blocking
 
-ROOT = Path(__file__).resolve().parent.parent
-TICK = os.sysconf("SC_CLK_TCK")
-
-
-def proc_tree(pid: int) -> list[int]:
-    out = subprocess.run(
-        ["ps", "-o", "pid=", "--ppid", str(pid)], capture_output=True, text=True, check=False
-    )
-    return [pid] + [int(x) for x in out.stdout.split()]
-
-
-def cpu_s(pids: list[int]) -> float:
-    total = 0
-    for pid in pids:
-        try:
-            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-            total += int(fields[11]) + int(fields[12])
-        except FileNotFoundError:
-            pass
-    return total / TICK
-
-
-def rss_mib(pids: list[int]) -> dict[str, float]:
-    out = {}
-    for pid in pids:
-        try:
-            for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-                if line.startswith("VmRSS:"):
-                    out[str(pid)] = round(int(line.split()[1]) / 1024, 1)
-        except FileNotFoundError:
-            pass
-    return out
-
-
-def start_server(port: int) -> subprocess.Popen[bytes]:
-    proc = subprocess.Popen(
-        [
-            str(ROOT / ".venv" / "bin" / "inferd"),
-            "serve",
-            "--model",
-            "sim",
-            "--port",
-            str(port),
-            "--no-admin",
-            "--log-level",
-            "WARNING",
-        ],
-        cwd=ROOT,
-    )
-    for _ in range(300):
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/v2/health/ready", timeout=1) as r:
-                if r.status == 200:
-                    return proc
-        except OSError:
-            time.sleep(0.1)
-    proc.kill()
-    raise SystemExit("server did not become ready")
-
 
 def run(
-    url: str, rate: float, duration: float, warmup: float, pids: list[int], slo_ms: float | None = None
+    server: InferdServer, rate: float, duration: float, warmup: float, slo_ms: float | None = None
 ) -> dict:
     spec = LoadSpec(
-        url=url,
+        url=server.url,
         model="sim",
         rate=rate,
         duration_s=duration,
@@ -100,26 +37,17 @@ def run(
         slo_ms=slo_ms,
         seed=int(rate),
     )
-    c0 = cpu_s(pids)
+    before = server.cpu_ticks()
     report = run_load_blocking(spec)
-    c1 = cpu_s(pids)
+    server_cpu_s = cpu_seconds_since(before, server.pids())
     m = report.measured
     served = m.ok + sum(m.errors.values())
     total_sent = report.sent
     return {
         "offered": round(m.offered_rps, 1),
         "achieved": round(m.achieved_rps, 1),
-        "ok": m.ok,
-        "errors": m.errors,
-        "mismatched": m.mismatched,
-        "latency_ms": m.latency_ms,
-        "overhead_ms": m.overhead_ms,
-        "queue_ms": m.queue_ms,
-        "compute_ms": m.compute_ms,
-        "batch_size": m.batch_size,
-        "goodput_rps": m.goodput_rps,
-        "rejection_ms": m.rejection_ms,
-        "server_cpu_us_per_request": round(1e6 * (c1 - c0) / max(1, total_sent), 1),
+        **run_fields(m, "goodput_rps", "rejection_ms"),
+        "server_cpu_us_per_request": round(1e6 * server_cpu_s / max(1, total_sent), 1),
         "generator_cpu_us_per_request": round(1e6 * report.generator_cpu_s / max(1, total_sent), 1),
         "served": served,
     }
@@ -147,22 +75,19 @@ def main() -> int:
     ap.add_argument("--low-rate", type=float, default=20.0)
     ap.add_argument("--port", type=int, default=8390)
     args = ap.parse_args()
-    url = f"http://127.0.0.1:{args.port}"
-    server = start_server(args.port)
     results: dict = {"ladder": {}, "command": " ".join(sys.argv)}
-    try:
-        pids = proc_tree(server.pid)
-        results["low_rate"] = run(url, args.low_rate, args.duration, 1.0, pids)
+    serve = ("--model", "sim", "--no-admin", "--log-level", "WARNING")
+    with InferdServer(
+        *serve, name="sim_server", port=args.port, ready_timeout_s=30.0, grace_s=30.0
+    ) as server:
+        results["low_rate"] = run(server, args.low_rate, args.duration, 1.0)
         for rate in [float(x) for x in args.rates.split(",")]:
-            runs = [run(url, rate, args.duration, args.warmup, pids) for _ in range(args.repeats)]
+            runs = [run(server, rate, args.duration, args.warmup) for _ in range(args.repeats)]
             results["ladder"][str(rate)] = runs
-        results["overload"] = run(
-            url, args.overload_rate, args.duration, args.warmup, pids, slo_ms=args.slo_ms
-        )
-        results["rss_mib"] = rss_mib(pids)
-    finally:
-        server.send_signal(signal.SIGTERM)
-        server.wait(30)
+        results["overload"] = run(server, args.overload_rate, args.duration, args.warmup, slo_ms=args.slo_ms)
+        results["rss_mib"] = {
+            str(pid): round(mib, 1) for pid, mib in rss_mib_by_pid(sorted(server.pids())).items()
+        }
     best = 0.0
     print("| offered req/s | achieved (median) | p50 ms | p99 ms | errors | server CPU us/req | mean batch |")
     print("|---|---|---|---|---|---|---|")
@@ -196,9 +121,7 @@ def main() -> int:
         f"{low['overhead_ms'].get('p50')} ms p99 {low['overhead_ms'].get('p99')} ms"
     )
     print(f"RSS MiB (server, worker): {results['rss_mib']}")
-    out = ROOT / ".bench" / "sim_server.json"
-    out.parent.mkdir(exist_ok=True)
-    out.write_text(json.dumps(results, indent=1))
+    write_json(OUT_DIR / "sim_server.json", results)
     return 0
 
 

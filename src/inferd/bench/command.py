@@ -7,14 +7,21 @@ from typing import Annotated
 
 import typer
 
-from inferd.bench.chaos import ChaosSpec
+from inferd.bench.chaos_spec import ChaosSpec
+from inferd.bench.command_line import (
+    ArrivalChoice,
+    ArrivalOption,
+    DurationOption,
+    JsonOption,
+    MaxRequestsOption,
+    PriorityOption,
+    RateOption,
+    WarmupOption,
+    build_spec,
+    emit,
+)
 from inferd.bench.loadgen import LoadSpec, run_load_blocking
 from inferd.bench.report import render, to_json
-
-
-class ArrivalChoice(StrEnum):
-    poisson = "poisson"
-    constant = "constant"
 
 
 class ClientChoice(StrEnum):
@@ -31,15 +38,10 @@ class ChaosChoice(StrEnum):
 def bench(
     url: Annotated[str, typer.Option(help="Base URL of the inferd server.")] = "http://127.0.0.1:8000",
     model: Annotated[str, typer.Option(help="Model name: requests go to /v2/models/MODEL/infer.")] = "sim",
-    rate: Annotated[float, typer.Option(help="Offered load in requests per second (open loop).")] = 100.0,
-    duration: Annotated[float, typer.Option(help="Seconds of the measured window (after warmup).")] = 10.0,
-    warmup: Annotated[
-        float, typer.Option(help="Seconds of load offered first; its results are not in the numbers.")
-    ] = 0.0,
-    arrival: Annotated[
-        ArrivalChoice,
-        typer.Option(help="Arrival process: poisson (exponential gaps) or constant (evenly spaced)."),
-    ] = ArrivalChoice.poisson,
+    rate: RateOption = 100.0,
+    duration: DurationOption = 10.0,
+    warmup: WarmupOption = 0.0,
+    arrival: ArrivalOption = ArrivalChoice.poisson,
     timeout_ms: Annotated[
         float,
         typer.Option(
@@ -51,14 +53,12 @@ def bench(
         bool,
         typer.Option(help="Also send the remaining deadline to the server as X-Request-Timeout-Ms."),
     ] = False,
-    priority: Annotated[str | None, typer.Option(help="Send this value as the X-Priority header.")] = None,
+    priority: PriorityOption = None,
     payload_bytes: Annotated[
         int,
         typer.Option(help="Size of each request's unique INPUT0 string (padded, never truncated)."),
     ] = 32,
-    max_requests: Annotated[
-        int, typer.Option(help="Hard cap on requests sent, warmup included.")
-    ] = 1_000_000,
+    max_requests: MaxRequestsOption = 1_000_000,
     seed: Annotated[
         int, typer.Option(help="Seed for arrival times; also prefixes request ids and payloads.")
     ] = 0,
@@ -108,9 +108,7 @@ def bench(
     chaos_seed: Annotated[
         int | None, typer.Option(help="Seed for the choice of victims [default: --seed].")
     ] = None,
-    json_output: Annotated[
-        bool, typer.Option("--json", help="Print the report as JSON instead of a table.")
-    ] = False,
+    json_output: JsonOption = False,
     histograms: Annotated[
         bool, typer.Option(help="With --json, include the HdrHistogram-encoded latency histogram.")
     ] = False,
@@ -120,8 +118,8 @@ def bench(
     Exits 1 when any answer was misrouted (another caller's id or a wrong digest) or duplicated (an id
     already answered).
     """
-    try:
-        spec = LoadSpec(
+    spec = build_spec(
+        lambda: LoadSpec(
             url=url,
             model=model,
             rate=rate,
@@ -138,7 +136,9 @@ def bench(
             slo_ms=slo_ms,
             client=client.value,
         )
-        chaos_spec = ChaosSpec(
+    )
+    chaos_spec = build_spec(
+        lambda: ChaosSpec(
             mode=chaos.value,
             interval_s=chaos_interval,
             start_s=chaos_start,
@@ -146,12 +146,6 @@ def bench(
             admin_token=admin_token,
             seed=seed if chaos_seed is None else chaos_seed,
         )
-    except ValueError as exc:
-        raise typer.BadParameter(str(exc)) from exc
+    )
     report = run_load_blocking(spec, chaos_spec)
-    if json_output:
-        typer.echo(to_json(report, include_histograms=histograms))
-    else:
-        render(report)
-    if report.mismatched_total > 0:
-        raise typer.Exit(code=1)
+    emit(report, json_output, lambda r: to_json(r, include_histograms=histograms), render)

@@ -7,7 +7,18 @@ from typing import Annotated
 
 import typer
 
-from inferd.bench.command import ArrivalChoice
+from inferd.bench.command_line import (
+    ArrivalChoice,
+    ArrivalOption,
+    DurationOption,
+    JsonOption,
+    MaxRequestsOption,
+    PriorityOption,
+    RateOption,
+    WarmupOption,
+    build_spec,
+    emit,
+)
 from inferd.bench.llm_loadgen import run_llm_load_blocking
 from inferd.bench.llm_report import render, to_json
 from inferd.bench.llm_workload import LengthDist, LLMLoadSpec
@@ -20,17 +31,10 @@ def bench_llm(
         "http://127.0.0.1:8000"
     ),
     model: Annotated[str, typer.Option(help="Model name sent in each request.")] = _SIM_LLM,
-    rate: Annotated[float, typer.Option(help="Offered load in requests per second (open loop).")] = 5.0,
-    duration: Annotated[
-        float, typer.Option(help="Seconds of the measured window (intended send times, after warmup).")
-    ] = 30.0,
-    warmup: Annotated[
-        float, typer.Option(help="Seconds of load offered first; its results are not in the numbers.")
-    ] = 0.0,
-    arrival: Annotated[
-        ArrivalChoice,
-        typer.Option(help="Arrival process: poisson (exponential gaps) or constant (evenly spaced)."),
-    ] = ArrivalChoice.poisson,
+    rate: RateOption = 5.0,
+    duration: DurationOption = 30.0,
+    warmup: WarmupOption = 0.0,
+    arrival: ArrivalOption = ArrivalChoice.poisson,
     prompt_tokens: Annotated[
         str,
         typer.Option(
@@ -40,7 +44,7 @@ def bench_llm(
     output_tokens: Annotated[
         str, typer.Option(help="max_tokens per request: N, or LOW-HIGH for uniform over LOW..HIGH.")
     ] = "128",
-    max_requests: Annotated[int, typer.Option(help="Hard cap on requests sent, warmup included.")] = 100_000,
+    max_requests: MaxRequestsOption = 100_000,
     seed: Annotated[int, typer.Option(help="Seed for arrival times, lengths and prompt words.")] = 0,
     timeout: Annotated[
         float,
@@ -69,17 +73,15 @@ def bench_llm(
             help="Check each stream's text and length against sim_llm_tokens [default: on for sim-llm].",
         ),
     ] = None,
-    priority: Annotated[str | None, typer.Option(help="Send this value as the X-Priority header.")] = None,
-    json_output: Annotated[
-        bool, typer.Option("--json", help="Print the report as JSON instead of a table.")
-    ] = False,
+    priority: PriorityOption = None,
+    json_output: JsonOption = False,
 ) -> None:
     """Open-loop streaming completions (latency from intended send time) with goodput under an SLO.
 
     Exits 1 when any checked stream was wrong (text or token count not sim-llm's documented output).
     """
-    try:
-        spec = LLMLoadSpec(
+    spec = build_spec(
+        lambda: LLMLoadSpec(
             url=url,
             model=model,
             rate=rate,
@@ -97,12 +99,6 @@ def bench_llm(
             check=model == _SIM_LLM if check is None else check,
             priority=priority,
         )
-    except ValueError as exc:
-        raise typer.BadParameter(str(exc)) from exc
+    )
     report = run_llm_load_blocking(spec)
-    if json_output:
-        typer.echo(to_json(report))
-    else:
-        render(report)
-    if report.mismatched_total > 0:
-        raise typer.Exit(code=1)
+    emit(report, json_output, to_json, render)

@@ -24,12 +24,12 @@ from urllib.parse import urlsplit
 import httptools
 import msgspec
 
+from inferd.bench.http_clients import HttpProtocolError
 from inferd.bench.llm_report import SLO, LLMLoadReport, LLMPhaseReport, LLMRecorder, StreamTiming
 from inferd.bench.llm_workload import LLMLoadSpec, PlannedRequest, completion_body, plan_requests
-from inferd.bench.loadgen import _loop_factory
+from inferd.bench.open_loop import run_blocking, sleep_until
 from inferd.models.sim_llm import sim_llm_tokens
 
-_MIN_SLEEP_S = 0.001
 _MAX_EVENT_BYTES = 1 << 20
 _MAX_ERROR_BODY = 64 * 1024
 _EXTRA_CHUNKS = 16
@@ -108,10 +108,6 @@ class SSEStream:
                     return
                 self.chunk_times.append(now)
                 self.text.append(text)
-
-
-class HttpProtocolError(ConnectionError):
-    """The server's bytes are not a valid HTTP/1.1 response."""
 
 
 class _StreamConnection(asyncio.Protocol):
@@ -225,8 +221,7 @@ class _Run:
         now = self.now
         for req in plan:
             intended = self.t0 + req.offset_s
-            while (delay := intended - now()) > 0:  # noqa: ASYNC110 -- a timer may fire early
-                await asyncio.sleep(max(delay, _MIN_SLEEP_S))
+            await sleep_until(intended, now)
             rec = self.measured if req.offset_s >= self.spec.warmup_s else self.warmup
             tg.create_task(self.one(req, intended, rec))
             self.sent += 1
@@ -309,5 +304,4 @@ async def run_llm_load(spec: LLMLoadSpec) -> LLMLoadReport:
 
 def run_llm_load_blocking(spec: LLMLoadSpec) -> LLMLoadReport:
     """Run `run_llm_load` on a fresh event loop (uvloop when installed)."""
-    with asyncio.Runner(loop_factory=_loop_factory()) as runner:
-        return runner.run(run_llm_load(spec))
+    return run_blocking(run_llm_load(spec))

@@ -11,14 +11,12 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass
-from typing import Any, Literal
-from urllib.parse import urlsplit
+from typing import Any
 
 import numpy as np
 
-from inferd.bench.loadgen import LoadSpec, arrival_offsets
-
-Arrival = Literal["poisson", "constant"]
+from inferd.bench.open_loop import Arrival, arrival_checks, arrival_offsets
+from inferd.bench.spec_checks import is_plain_http, require
 
 _PROMPT_WORDS = (
     "alpha bravo charlie delta echo foxtrot golf hotel india juliet kilo lima mike november oscar papa "
@@ -90,21 +88,14 @@ class LLMLoadSpec:
     """Sent as `X-Priority` when set."""
 
     def __post_init__(self) -> None:
-        checks = {
-            "rate must be > 0": self.rate > 0,
-            "duration_s must be > 0": self.duration_s > 0,
-            "warmup_s must be >= 0": self.warmup_s >= 0,
+        checks = arrival_checks(self) | {
             "timeout_s must be > 0": self.timeout_s > 0,
-            "max_requests must be >= 1": self.max_requests >= 1,
             "connections must be >= 1": self.connections >= 1,
             "grace_s must be >= 0": self.grace_s >= 0,
             "ttft_slo_ms and itl_slo_ms must be > 0": self.ttft_slo_ms > 0 and self.itl_slo_ms > 0,
-            "arrival must be 'poisson' or 'constant'": self.arrival in ("poisson", "constant"),
-            "url must be http://HOST[:PORT]": _is_plain_http(self.url),
+            "url must be http://HOST[:PORT]": is_plain_http(self.url),
         }
-        failed = [msg for msg, ok in checks.items() if not ok]
-        if failed:
-            raise ValueError(f"invalid LLMLoadSpec ({'; '.join(failed)}): {self}")
+        require(checks, self)
 
     @property
     def total_s(self) -> float:
@@ -115,15 +106,6 @@ class LLMLoadSpec:
         out["prompt_tokens"] = str(self.prompt_tokens)
         out["output_tokens"] = str(self.output_tokens)
         return out
-
-
-def _is_plain_http(url: str) -> bool:
-    try:
-        parts = urlsplit(url)
-        parts.port  # noqa: B018 -- raises ValueError on a malformed port
-    except ValueError:
-        return False
-    return parts.scheme == "http" and bool(parts.hostname)
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,15 +131,7 @@ def prompt_text(seed: int, i: int, n: int, rng: np.random.Generator) -> str:
 
 def plan_requests(spec: LLMLoadSpec) -> list[PlannedRequest]:
     """Every request of the run, in send order: arrival times as `inferd bench`'s, seeded lengths."""
-    arrivals = LoadSpec(
-        rate=spec.rate,
-        duration_s=spec.duration_s,
-        warmup_s=spec.warmup_s,
-        arrival=spec.arrival,
-        max_requests=spec.max_requests,
-        seed=spec.seed,
-    )
-    offsets = arrival_offsets(arrivals)
+    offsets = arrival_offsets(spec)
     rng = np.random.default_rng([spec.seed, 1])
     prompts = spec.prompt_tokens.sample(rng, len(offsets))
     outputs = spec.output_tokens.sample(rng, len(offsets))
