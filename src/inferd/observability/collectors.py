@@ -86,7 +86,7 @@ def batch_families(snapshots: list[RuntimeStatistics]) -> list[Any]:
     for s in snapshots:
         d = s.detail
         key = [s.name, str(s.version)]
-        depth.add_metric(key, d.queue_depth)
+        depth.add_metric(key, d.queued_items)
         bound.add_metric(key, d.queue_capacity)
         busy.add_metric(key, d.busy_ratio)
         inflight.add_metric(key, sum(w.load for w in s.workers))
