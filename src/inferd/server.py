@@ -64,7 +64,12 @@ class InferenceServer:
         for m in (m for m in models if not is_upstream(m)):
             if is_llm(m):
                 self.llm_runtimes[m.name] = LLMRuntime(
-                    m, self.clock, self.metrics.for_llm(m.name), self.retry_budget
+                    m,
+                    self.clock,
+                    self.kill_worker,
+                    metrics=self.metrics.for_llm(m.name),
+                    retry_budget=self.retry_budget,
+                    heartbeat_timeout_s=config.heartbeat_timeout_s,
                 )
                 continue
             rt = ModelRuntime(
@@ -168,6 +173,9 @@ class InferenceServer:
                     tg.create_task(up.run(), name=f"upstream-{name}") for name, up in self.upstreams.items()
                 ]
                 loops += [
+                    tg.create_task(llm.run(), name=f"llm-{name}") for name, llm in self.llm_runtimes.items()
+                ]
+                loops += [
                     tg.create_task(loop.run(), name=f"autoscale-{name}")
                     for name, loop in self.scaling.items()
                 ]
@@ -213,10 +221,9 @@ class InferenceServer:
             rt.stop_accepting()
             rt.fail_all_queued(ShuttingDown(f"model '{rt.name}' is shutting down"))
         for up in self.upstreams.values():
-            up.stop_accepting()
+            up.stop(ShuttingDown(f"model '{up.name}' is shutting down"))
         for llm in self.llm_runtimes.values():
-            llm.stop_accepting()
-            llm.fail_all(ShuttingDown(f"model '{llm.name}' is shutting down"))
+            llm.stop(ShuttingDown(f"model '{llm.name}' is shutting down"))
         for task in loops:
             task.cancel()
         await self.hub.close()

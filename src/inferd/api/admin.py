@@ -131,7 +131,8 @@ class AdminApi:
             for name, rt in self.server.runtimes.items()
         }
         llm = {
-            name: llm_model_row(rt.ready, rt.statistics()) for name, rt in self.server.llm_runtimes.items()
+            name: llm_model_row(rt.ready, rt.statistics().detail)
+            for name, rt in self.server.llm_runtimes.items()
         }
         return web.json_response(
             {

@@ -54,7 +54,7 @@ class LLMCollector(Collector):
             labels=["model"],
         )
         for rt in self._runtimes():
-            s = rt.statistics()
+            s = rt.statistics().detail
             seqs.add_metric([rt.name, "running"], s.running)
             seqs.add_metric([rt.name, "waiting"], s.waiting)
             streams.add_metric([rt.name], s.streams)

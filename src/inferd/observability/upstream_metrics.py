@@ -89,7 +89,7 @@ class UpstreamCollector(Collector):
         )
         choices = CounterMetricFamily("inferd_upstream_choices", "Upstreams chosen.", labels=["model"])
         for rt in self._runtimes():
-            s = rt.statistics()
+            s = rt.statistics().detail
             for u in s.upstreams:
                 health.add_metric([rt.name, u.upstream], int(u.health))
                 inflight.add_metric([rt.name, u.upstream], u.inflight)
