@@ -66,9 +66,9 @@ class InferenceServer:
                 self.llm_runtimes[m.name] = LLMRuntime(
                     m,
                     self.clock,
-                    self.kill_worker,
-                    metrics=self.metrics.for_llm(m.name),
-                    retry_budget=self.retry_budget,
+                    self.metrics.for_llm(m.name),
+                    self.retry_budget,
+                    kill_worker=self.kill_worker,
                     heartbeat_timeout_s=config.heartbeat_timeout_s,
                 )
                 continue

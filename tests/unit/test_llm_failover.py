@@ -45,7 +45,7 @@ def make_runtime(
 ) -> tuple[LLMRuntime, list[WorkerConnection]]:
     clock = FakeClock()
     params = {"scheduler": {"block_size": 4, **(scheduler or {})}}
-    rt = LLMRuntime(sim_llm_config(params=params), clock, lambda w: None, retry_budget=budget)
+    rt = LLMRuntime(sim_llm_config(params=params), clock, retry_budget=budget, kill_worker=lambda w: None)
     workers = []
     for i in range(n_workers):
         w = WorkerConnection(f"sim-llm-{i}.0", "sim-llm", 100 + i, "local", RecordingWriter())  # type: ignore[arg-type]

@@ -27,7 +27,7 @@ def make(
     clock = FakeClock()
     killed: list[WorkerConnection] = []
     config = sim_llm_config(params={"scheduler": {"block_size": 4}, **(params or {})})
-    rt = LLMRuntime(config, clock, killed.append, heartbeat_timeout_s=heartbeat_timeout_s)
+    rt = LLMRuntime(config, clock, kill_worker=killed.append, heartbeat_timeout_s=heartbeat_timeout_s)
     workers = []
     for i in range(n_workers):
         w = WorkerConnection(f"sim-llm-{i}.0", "sim-llm", 100 + i, "local", RecordingWriter())  # type: ignore[arg-type]
@@ -187,13 +187,13 @@ async def test_a_sequence_past_its_deadline_fails_and_is_aborted_in_its_engine()
 def test_ttft_p90_covers_the_recent_first_tokens_only() -> None:
     rt, workers, _, clock = make(n_workers=1)
     (w,) = workers
-    assert rt.statistics().detail.ttft_p90_s is None
+    assert rt.statistics().detail.ttft_s is None
     for i in range(10):  # first tokens after 0.1 .. 1.0 s
         s = rt.submit([1, i], Generation(max_tokens=4))
         clock.advance(0.1 * (i + 1))
         step(rt, w, {s.seq_id: [3]})
         step(rt, w, {s.seq_id: [4]})  # later tokens are not first tokens
     detail = rt.statistics().detail
-    assert detail.ttft_samples == 10 and detail.ttft_p90_s == pytest.approx(0.9)
+    assert detail.ttft_samples == 10 and detail.ttft_s == pytest.approx(0.9)
     clock.advance(31.0)
-    assert rt.statistics().detail.ttft_p90_s is None
+    assert rt.statistics().detail.ttft_s is None

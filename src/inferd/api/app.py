@@ -28,7 +28,9 @@ from inferd.api.http import (
 )
 from inferd.api.openapi import openapi_document
 from inferd.batching.dispatcher import ItemResult, ModelRuntime
-from inferd.errors import BadRequest, Internal, ServingError
+from inferd.errors import BadRequest, Internal, NotFound, ServingError
+from inferd.llm.runtime import LLMRuntime
+from inferd.llm.upstream import UpstreamRuntime
 from inferd.server import InferenceServer
 
 log = logging.getLogger("inferd.api")
@@ -190,6 +192,17 @@ class Api:
         )
 
     # ---- shared -------------------------------------------------------------------------------------
+    def text_model(self, request: HttpRequest, name: str) -> LLMRuntime | UpstreamRuntime:
+        """The LLM or upstream model `name` for the OpenAI text routes (api.context.ApiContext)."""
+        server = self.server
+        rt = server.llm_runtimes.get(name) or server.upstreams.get(name)
+        if rt is not None:
+            return rt
+        text_models = sorted({*server.llm_runtimes, *server.upstreams})
+        if name in server.runtimes:
+            raise BadRequest(f"model {name!r} does not generate text; text models: {text_models}")
+        raise NotFound(f"unknown model {name!r}; text models served: {text_models}")
+
     def _runtime(self, request: HttpRequest) -> ModelRuntime:
         return self.server.runtime(request.path_params["model"], request.path_params.get("version"))
 

@@ -39,14 +39,14 @@ from inferd.api.http import (
 from inferd.api.openai import openai_error
 from inferd.api.streams import collect, generate, interleave
 from inferd.config import ModelConfig
-from inferd.errors import BadRequest, DeadlineExceeded, NotFound, ServingError
+from inferd.errors import BadRequest, DeadlineExceeded, ServingError
 from inferd.llm.placement import Generation
 from inferd.llm.runtime import LLMRuntime
 from inferd.llm.stream import TokenStream
+from inferd.llm.upstream import UpstreamRuntime
 
 if TYPE_CHECKING:
-    from inferd.api.app import Api
-    from inferd.server import InferenceServer
+    from inferd.api.context import ApiContext
 
 DEFAULT_MAX_TOKENS = 16
 """A completion's length without max_tokens (OpenAI's default; a chat answer's is the rest of the context)."""
@@ -91,21 +91,25 @@ class ChatRequest(_Common, kw_only=True):
     max_completion_tokens: int | None = None
 
 
+class _Named(msgspec.Struct):
+    model: str
+
+
+_named = msgspec.json.Decoder(_Named)
 _completion_decoder = msgspec.json.Decoder(CompletionRequest)
 _chat_decoder = msgspec.json.Decoder(ChatRequest)
 _encoder = msgspec.json.Encoder()
 
 
 # ---- handlers -------------------------------------------------------------------------------------------
-async def completions(api: Api, request: HttpRequest) -> HttpResponse | StreamingResponse:
+async def completions(api: ApiContext, request: HttpRequest) -> HttpResponse | StreamingResponse:
     body = await _read(api, request)
-    if (up := upstream.upstream_for(api.server, body)) is not None:  # served by external engines
-        deadline = request_deadline(api, up.config, request)
-        return await upstream.forward(api, request, up, body, "/completions", deadline)
-    req = decode_json(_completion_decoder, body, "completion request", 'send {"model": ..., "prompt": ...}')
-    rt = llm_runtime(api.server, req.model)
-    prompt = _prompt_text(req.prompt)
+    rt = text_model(api, request, body)
     deadline = request_deadline(api, rt.config, request)
+    if isinstance(rt, UpstreamRuntime):  # served by external engines
+        return await upstream.forward(api, request, rt, body, "/completions", deadline)
+    req = decode_json(_completion_decoder, body, "completion request", 'send {"model": ..., "prompt": ...}')
+    prompt = _prompt_text(req.prompt)
     call = _Call(rt, req, request, deadline, "text_completion", f"cmpl-{uuid.uuid4().hex}")
     streams = await call.start(prompt, req.max_tokens)
     if req.stream:
@@ -120,18 +124,17 @@ async def completions(api: Api, request: HttpRequest) -> HttpResponse | Streamin
     return call.response(choices, streams)
 
 
-async def chat_completions(api: Api, request: HttpRequest) -> HttpResponse | StreamingResponse:
+async def chat_completions(api: ApiContext, request: HttpRequest) -> HttpResponse | StreamingResponse:
     body = await _read(api, request)
-    if (up := upstream.upstream_for(api.server, body)) is not None:  # served by external engines
-        deadline = request_deadline(api, up.config, request)
-        return await upstream.forward(api, request, up, body, "/chat/completions", deadline)
+    rt = text_model(api, request, body)
+    deadline = request_deadline(api, rt.config, request)
+    if isinstance(rt, UpstreamRuntime):  # served by external engines
+        return await upstream.forward(api, request, rt, body, "/chat/completions", deadline)
     req = decode_json(
         _chat_decoder, body, "chat completion request", 'send {"model": ..., "messages": [...]}'
     )
-    rt = llm_runtime(api.server, req.model)
     if not req.messages:
         raise BadRequest("messages is empty: send at least one {role, content} message")
-    deadline = request_deadline(api, rt.config, request)
     prompt = rt.tokenizer.chat_prompt([{"role": m.role, "content": m.content} for m in req.messages])
     call = _Call(rt, req, request, deadline, "chat.completion", f"chatcmpl-{uuid.uuid4().hex}")
     streams = await call.start(prompt, req.max_completion_tokens or req.max_tokens)
@@ -152,16 +155,16 @@ async def chat_completions(api: Api, request: HttpRequest) -> HttpResponse | Str
     return call.response(choices, streams)
 
 
-def llm_runtime(server: InferenceServer, name: str) -> LLMRuntime:
-    rt = server.llm_runtimes.get(name)
-    if rt is not None:
-        return rt
-    if name in server.runtimes:
-        raise BadRequest(f"model {name!r} does not generate text; text models: {sorted(server.llm_runtimes)}")
-    raise NotFound(f"unknown model {name!r}; text models served: {sorted(server.llm_runtimes)}")
+def text_model(api: ApiContext, request: HttpRequest, body: bytes) -> LLMRuntime | UpstreamRuntime:
+    """The model the request names: generated here (LLMRuntime) or forwarded (UpstreamRuntime)."""
+    name = decode_json(_named, body, "completion request", 'send {"model": ..., ...}').model
+    rt = api.text_model(request, name)
+    if not isinstance(rt, LLMRuntime | UpstreamRuntime):
+        raise BadRequest(f"model {name!r} is a {rt.kind} model: it does not generate text")
+    return rt
 
 
-def request_deadline(api: Api, config: ModelConfig, request: HttpRequest) -> float | None:
+def request_deadline(api: ApiContext, config: ModelConfig, request: HttpRequest) -> float | None:
     """The caller's deadline (X-Request-Timeout-Ms, parsed and bounded as on the OIP route), as an
     absolute time on the server's clock; None without one: text generation gets no default deadline."""
     header = request.header(b"x-request-timeout-ms")
@@ -182,7 +185,7 @@ def worker_header(stream: TokenStream) -> list[tuple[bytes, bytes]]:
     return [(b"x-inferd-worker", stream.worker_id.encode())]
 
 
-async def _read(api: Api, request: HttpRequest) -> bytes:
+async def _read(api: ApiContext, request: HttpRequest) -> bytes:
     check_content_type(request, ("application/json", ""))
     return await read_body(request, api.max_body)
 

@@ -24,12 +24,12 @@ from inferd.api.errors import status_of
 from inferd.api.http import ClientGone, decode_json
 from inferd.api.openai import openai_error
 from inferd.errors import ServingError, WorkerDied
-from inferd.llm.upstream import UpstreamReply, UpstreamRuntime, describe
+from inferd.llm.upstream import UpstreamRuntime
+from inferd.llm.upstream_reply import UpstreamReply, describe
 from inferd.routing.upstreams import Outcome, classify_status
 
 if TYPE_CHECKING:
-    from inferd.api.app import Api
-    from inferd.server import InferenceServer
+    from inferd.api.context import ApiContext
 
 log = logging.getLogger("inferd.upstream")
 
@@ -38,10 +38,6 @@ MAX_EVENT_BYTES = 4 * 1024 * 1024
 """An upstream SSE event larger than this breaks the stream (so one bad upstream cannot grow a buffer)."""
 PASSED_HEADERS = (b"retry-after",)
 """Upstream response headers a client may need besides the content type."""
-
-
-class _Named(msgspec.Struct):
-    model: str
 
 
 class _Delta(msgspec.Struct):
@@ -65,26 +61,13 @@ class _Body(msgspec.Struct):
     usage: _Usage | None = None
 
 
-_named = msgspec.json.Decoder(_Named)
 _request = msgspec.json.Decoder(dict[str, Any])
 _body = msgspec.json.Decoder(_Body)
 _encoder = msgspec.json.Encoder()
 
 
-# ---- the branch the completion handlers take --------------------------------------------------------------
-def upstream_for(server: InferenceServer, body: bytes) -> UpstreamRuntime | None:
-    """The upstream-served model a completion request names; None for local models (and for bodies the
-    local decoder will refuse with its own 400)."""
-    if not server.upstreams:
-        return None
-    try:
-        return server.upstreams.get(_named.decode(body).model)
-    except msgspec.DecodeError:
-        return None
-
-
 async def forward(
-    api: Api, request: HttpRequest, rt: UpstreamRuntime, body: bytes, path: str, deadline: float | None
+    api: ApiContext, request: HttpRequest, rt: UpstreamRuntime, body: bytes, path: str, deadline: float | None
 ) -> HttpResponse | StreamingResponse:
     req = decode_json(_request, body, "completion request", 'send {"model": ..., ...}')
     stream = req.get("stream") is True

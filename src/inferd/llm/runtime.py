@@ -67,10 +67,10 @@ class LLMRuntime:
         self,
         config: ModelConfig,
         clock: Clock,
-        kill_worker: KillWorker,
-        *,
         metrics: LLMMetrics | None = None,
         retry_budget: RetryBudget | None = None,
+        *,
+        kill_worker: KillWorker,
         heartbeat_timeout_s: float = 5.0,
     ) -> None:
         self.config = config
@@ -376,7 +376,7 @@ class LLMRuntime:
             prefix_query_tokens=total("prefix_query_tokens"),
             deadline_aborts=self.deadline_aborts,
             hung_workers=self.hung_workers,
-            ttft_p90_s=ttft_p90,
+            ttft_s=ttft_p90,
             ttft_samples=ttft_samples,
             hang_timeout_s=self.hang.timeout_s(),
         )

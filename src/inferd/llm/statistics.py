@@ -44,7 +44,7 @@ class LLMRuntimeStatistics:
     """Sequences ended (and aborted in their engine) because the caller's deadline passed."""
     hung_workers: int = 0
     """Workers killed by the watchdog: no step while sequences ran, or no heartbeat."""
-    ttft_p90_s: float | None = None
+    ttft_s: float | None = None
     """p90 of the time to first token over the last TTFT_WINDOW_S seconds; None: no first token then."""
     ttft_samples: int = 0
     """First tokens in that window."""

@@ -48,6 +48,7 @@ from inferd.errors import (
     ShuttingDown,
     WorkerUnavailable,
 )
+from inferd.llm.upstream_reply import UpstreamReply, UpstreamStatistics, describe
 from inferd.observability.upstream_metrics import UpstreamMetrics
 from inferd.routing.upstreams import (
     RETRYABLE_STATUSES,
@@ -159,28 +160,6 @@ def openai_upstream_config(name: str, environ: Mapping[str, str], **overrides: A
         params=params,
         **overrides,
     )
-
-
-class UpstreamReply:
-    """One upstream's answer, held open while the caller streams it. `close` exactly once gives the slot
-    back with the outcome (a response not read to its end closes its connection: the upstream cancels)."""
-
-    def __init__(self, runtime: UpstreamRuntime, url: str, response: aiohttp.ClientResponse) -> None:
-        self.runtime = runtime
-        self.url = url
-        self.response = response
-        self.status = response.status
-        self._closed = False
-
-    def close(self, outcome: Outcome) -> None:
-        if self._closed:
-            return
-        self._closed = True
-        if outcome is Outcome.SUCCESS:
-            self.response.release()
-        else:
-            self.response.close()
-        self.runtime.release(self.url, outcome)
 
 
 class UpstreamRuntime:
@@ -305,7 +284,7 @@ class UpstreamRuntime:
         except BaseException:  # cancelled: the client went away (or the server is stopping)
             self.release(url, Outcome.IGNORABLE)
             raise
-        return UpstreamReply(self, url, response)
+        return UpstreamReply(self.release, url, response)
 
     def _retry_target(self, tried: list[str]) -> str | None:
         """Another upstream for one more try, if attempts, healthy upstreams and the retry budget allow."""
@@ -367,7 +346,7 @@ class UpstreamRuntime:
             ready_workers=0,
             queued=0,
             in_flight=sum(u.inflight for u in pool.upstreams),
-            detail=pool,
+            detail=UpstreamStatistics.of(pool, self.retries),
         )
 
     def worker_connections(self) -> Sequence[WorkerConnection]:
@@ -391,9 +370,3 @@ class UpstreamRuntime:
 
     async def membership_changed(self) -> None:
         raise Internal(f"model '{self.name}' is served by upstream engines: it has no workers to wait for")
-
-
-def describe(exc: BaseException) -> str:
-    """An aiohttp or timeout error in a few words (TimeoutError's own text is empty)."""
-    text = str(exc)
-    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__

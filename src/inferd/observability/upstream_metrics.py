@@ -97,7 +97,7 @@ class UpstreamCollector(Collector):
                 attempts.add_metric([rt.name, u.upstream, "failure"], u.failures)
                 attempts.add_metric([rt.name, u.upstream, "ignorable"], u.ignorable)
             ejections.add_metric([rt.name], s.ejections)
-            retries.add_metric([rt.name], rt.retries)
+            retries.add_metric([rt.name], s.retries)
             refused.add_metric([rt.name, "full"], s.refused_full)
             refused.add_metric([rt.name, "unavailable"], s.refused_unavailable)
             ties.add_metric([rt.name], s.equal_loads)

@@ -1,0 +1,26 @@
+"""What route modules (openai.py, completions.py, upstream.py) may use of the front end: finding the model
+version that serves a request, deadlines, the clock and the body bound. app.Api implements it; the route
+modules import this protocol, never app.py, so the API package has no import cycle."""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+from inferd.api.asgi import HttpRequest
+from inferd.clock import Clock
+from inferd.runtime.contract import Runtime
+
+
+class ApiContext(Protocol):
+    clock: Clock
+    max_body: int
+
+    def batch_model(self, request: HttpRequest, name: str, version: str | None = None) -> Any:
+        """The batch-kind runtime (ModelRuntime) serving `name`, recorded on the call; 400 for other kinds."""
+        ...
+
+    def text_model(self, request: HttpRequest, name: str) -> Runtime:
+        """The llm- or upstream-kind runtime serving `name`, recorded on the call; 400 for other kinds."""
+        ...
+
+    def deadline(self, rt: Runtime, timeout_us: float | None, header_ms: str | None) -> float | None: ...
