@@ -111,6 +111,9 @@ class Placement:
         """Place a new sequence on the worker `choose` gave."""
         self.live[live.stream.seq_id] = live
         if live.gen.deadline is not None:
+            if len(self._deadlines) > 2 * len(self.live) + 64:  # mostly sequences that ended in time
+                self._deadlines = [(d, s) for d, s in self._deadlines if s in self.live]
+                heapq.heapify(self._deadlines)
             heapq.heappush(self._deadlines, (live.gen.deadline, live.stream.seq_id))
         self.retry_budget.record_requests(1)
         self.place(live, worker)

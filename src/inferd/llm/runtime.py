@@ -315,7 +315,7 @@ class LLMRuntime:
             kind=self.kind,
             ready=self.ready,
             workers=workers,
-            ready_workers=sum(1 for w in workers if w.state == WorkerState.READY.value),
+            ready_workers=sum(1 for w in self.workers if w.state is WorkerState.READY and not w.failure),
             queued=queued,
             in_flight=len(self.placement.live) - queued,
             detail=self._detail(),
