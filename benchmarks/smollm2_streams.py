@@ -44,7 +44,7 @@ TEXT = (
 
 def prompt_of(tokens: int) -> str:
     """A prompt of about `tokens` tokens (cut from TEXT with the model's own tokenizer)."""
-    from inferd.llm.gguf_tokenizer import GGUFTokenizer
+    from inferd.models.gguf_tokenizer import GGUFTokenizer
     from inferd.models.llama_cpp import smollm2_config
 
     tok = GGUFTokenizer.from_config(smollm2_config())

@@ -1,6 +1,8 @@
 """LLM routing, failover and overload through the real server and real sim-llm worker processes.
 
 - a worker SIGKILLed mid-stream: every stream still delivers exactly sim_llm_tokens(prompt, seed, n);
+- a worker SIGSTOPped mid-stream (hung: no step while its sequences run): the watchdog kills it, its
+  streams resume on the other worker, correct to the token, and the supervisor replaces it;
 - prefix affinity: a request sharing a running request's prompt prefix joins its worker (and hits its
   prefix cache) although another worker is idle;
 - overload (RELIABILITY L6): beyond the engines' waiting bounds, a fast 429 with Retry-After before the
@@ -24,7 +26,7 @@ import aiohttp
 import pytest
 
 from inferd.models.sim_llm import sim_llm_tokens
-from tests.conftest import ServerProc, start_server
+from tests.conftest import ServerProc, alive, start_server
 
 SHARED = " ".join(f"w{i}" for i in range(64))
 """A 64-word prompt prefix: 4 full KV blocks of 16 tokens."""
@@ -35,7 +37,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProc]:
     root = tmp_path_factory.mktemp("llm-failover")
     repo = root / "repo"
     models = {
-        "sim-llm": 'builtin = "sim-llm"\nworkers = 2\n[params]\nstep_base_ms = 15.0\n',
+        "sim-llm": 'builtin = "sim-llm"\nworkers = 2\n[params]\nstep_base_ms = 15.0\nhang_timeout_s = 3.0\n',
         "tight": (
             'builtin = "sim-llm"\nworkers = 1\n[params]\nstep_base_ms = 10.0\n'
             "[params.scheduler]\nmax_num_seqs = 4\nmax_waiting_seqs = 2\n"
@@ -169,6 +171,45 @@ async def test_streams_survive_a_worker_killed_mid_stream(server: ServerProc) ->
         assert r.error is None, r.error
         assert r.text == expected(prompt, seed, n)
     assert "moving its" in server.log()
+
+
+async def test_streams_survive_a_stopped_worker_which_is_killed_and_replaced(server: ServerProc) -> None:
+    n_streams, n = 6, 120
+    prompts = [(f"stopped caller {i} waits", 100 + i) for i in range(n_streams)]
+    async with aiohttp.ClientSession() as http:
+        await until(lambda: _n_ready(http, server, "sim-llm", 2))
+        going = asyncio.Event()
+        tasks = [
+            asyncio.ensure_future(
+                complete(
+                    http, server, "sim-llm", p, seed, n, lambda r: len(r.chunk_times) >= 3 and going.set()
+                )
+            )
+            for p, seed in prompts
+        ]
+        await asyncio.wait_for(going.wait(), 20)
+        workers = await llm_workers(http, server, "sim-llm")
+        victim = max(workers, key=lambda w: w["live_sequences"])
+        assert victim["live_sequences"] > 0
+        os.kill(victim["pid"], signal.SIGSTOP)
+        try:
+            results = await asyncio.wait_for(asyncio.gather(*tasks), 60)
+        finally:
+            if alive(victim["pid"]):  # the watchdog did not kill it: let it go on for the teardown
+                os.kill(victim["pid"], signal.SIGCONT)
+        for r, (prompt, seed) in zip(results, prompts, strict=True):
+            assert r.error is None, r.error
+            assert r.text == expected(prompt, seed, n)
+        assert any(r.headers["x-inferd-worker"] == victim["worker_id"] for r in results)
+
+        async def replaced() -> bool:
+            ids = {w["worker_id"] for w in await llm_workers(http, server, "sim-llm")}
+            return len(ids) == 2 and victim["worker_id"] not in ids
+
+        await until(replaced)
+    assert not alive(victim["pid"])
+    assert f"killing LLM worker {victim['worker_id']}" in server.log()
+    assert "hung: no engine step" in server.log()
 
 
 async def test_overload_gives_fast_429_and_running_streams_keep_their_pace(server: ServerProc) -> None:

@@ -1,9 +1,12 @@
 """sim-llm through the real server and its worker process, with the `openai` client: completions and
-chat, streaming and not; each stream is checked against sim_llm_tokens for its own request."""
+chat, streaming and not; each stream is checked against sim_llm_tokens for its own request. Also:
+chat's default length (the rest of the context), and deadlines (504 or an error event, the sequence
+aborted in the engine and its KV blocks freed; none by default)."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 import re
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,9 +23,15 @@ from tests.conftest import ServerProc, start_server
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProc]:
     root = tmp_path_factory.mktemp("llm")
     repo = root / "repo"
-    for name, builtin in (("sim", "sim"), ("sim-llm", "sim-llm")):
+    models = {
+        "sim": 'builtin = "sim"\n',
+        # default_timeout_ms must not cut text generation short: it has no default deadline
+        "sim-llm": 'builtin = "sim-llm"\ndefault_timeout_ms = 200\n',
+        "short": 'builtin = "sim-llm"\n[params]\nmax_model_len = 64\nstep_base_ms = 1.0\n',
+    }
+    for name, toml in models.items():
         (repo / name).mkdir(parents=True)
-        (repo / name / "model.toml").write_text(f'builtin = "{builtin}"\n')
+        (repo / name / "model.toml").write_text(toml)
     s = start_server(root, "--model-repo", str(repo))
     yield s
     assert s.stop() in (0, -15)
@@ -227,3 +236,71 @@ def test_admin_models_reports_llm_engines(server: ServerProc) -> None:
         llm = json.loads(r.read())["llm_models"]["sim-llm"]
     assert llm["ready"] is True and llm["workers"] == 1
     assert 0.0 <= llm["kv_usage"] <= 1.0 and llm["rejected"] == 0
+
+
+def test_chat_without_max_tokens_may_use_the_rest_of_the_context(server: ServerProc) -> None:
+    messages = [{"role": "user", "content": "tell me everything"}]
+    prompt = sim_llm_chat_prompt(messages)
+    prompt_tokens = len(prompt.split())
+    c = client(server)
+    out = c.chat.completions.create(model="short", messages=messages, seed=1)
+    assert out.usage.completion_tokens == 64 - prompt_tokens
+    assert out.choices[0].message.content == expected(prompt, 1, 64 - prompt_tokens)
+    assert out.choices[0].finish_reason == "length"
+    plain = c.completions.create(model="short", prompt="tell me everything", seed=1)
+    assert plain.usage.completion_tokens == 16  # completions keep OpenAI's default of 16
+
+
+async def llm_gauges(server: ServerProc, model: str) -> tuple[float, float]:
+    """(KV usage ratio, running sequences) of the model's engines, as of their last step."""
+    kv = await ametric(server, f'inferd_llm_kv_usage_ratio{{model="{model}"}}')
+    return kv, await ametric(server, f'inferd_llm_sequences{{model="{model}",state="running"}}')
+
+
+async def until_engine_idle(server: ServerProc, model: str) -> None:
+    for _ in range(200):
+        if await llm_gauges(server, model) == (0.0, 0.0):
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"the engine kept KV blocks or sequences: {await llm_gauges(server, model)}")
+
+
+async def test_deadline_is_a_504_and_frees_the_sequence_in_the_engine(server: ServerProc) -> None:
+    aborted_key = 'inferd_llm_sequences_ended_total{model="sim-llm",outcome="aborted"}'
+    aborted_before = await ametric(server, aborted_key)
+    body = {"model": "sim-llm", "prompt": "a story with no end", "max_tokens": 1500}
+    async with aiohttp.ClientSession() as http:
+        headers = {"X-Request-Timeout-Ms": "300"}
+        async with http.post(f"{server.url}/v1/completions", json=body, headers=headers) as r:
+            assert r.status == 504
+            error = (await r.json())["error"]
+    assert error["code"] == "DeadlineExceeded" and "ran past its deadline" in error["message"]
+    await until_engine_idle(server, "sim-llm")
+    assert await ametric(server, aborted_key) == aborted_before + 1
+    assert await ametric(server, 'inferd_llm_streams{model="sim-llm"}') == 0
+
+
+async def test_deadline_mid_stream_is_an_error_event_and_frees_the_kv_blocks(server: ServerProc) -> None:
+    body = {"model": "sim-llm", "prompt": "stream a story", "max_tokens": 1500, "stream": True}
+    events: list[bytes] = []
+    async with aiohttp.ClientSession() as http:
+        headers = {"X-Request-Timeout-Ms": "1500"}
+        async with http.post(f"{server.url}/v1/completions", json=body, headers=headers) as r:
+            assert r.status == 200
+            async for line in r.content:
+                if line.startswith(b"data: "):
+                    events.append(line)
+                if len(events) == 3:
+                    kv_while_running, running = await llm_gauges(server, "sim-llm")
+    assert kv_while_running > 0 and running == 1  # the blocks the deadline must free
+    assert events[-1] == b"data: [DONE]\n"
+    assert json.loads(events[-2][6:])["error"]["code"] == "DeadlineExceeded"
+    text = "".join(json.loads(e[6:])["choices"][0]["text"] for e in events[:-2])
+    words = text.split()
+    assert 3 <= len(words) < 1500 and words == sim_llm_tokens("stream a story", None, len(words))
+    await until_engine_idle(server, "sim-llm")
+
+
+def test_no_default_deadline_cuts_a_long_answer_short(server: ServerProc) -> None:
+    out = client(server).completions.create(model="sim-llm", prompt="take your time", max_tokens=120, seed=2)
+    assert out.choices[0].text == expected("take your time", 2, 120)  # ~0.6 s, past the 200 ms default

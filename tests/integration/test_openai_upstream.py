@@ -5,12 +5,14 @@ and the `openai` client talks to the front one.
 Checked: the text is exactly sim-llm's documented tokens, streaming and not, completions and chat; the
 failing upstreams are retried away and ejected; a dead-only model gives a clear 503; a full one a fast
 429; a client that disconnects cancels the request upstream; the API key from the environment reaches
-the upstream; token timing and upstream gauges are on /metrics.
+the upstream; token timing and upstream gauges are on /metrics; a caller's deadline travels upstream
+as the time left and bounds the call (504, or an error event mid-stream).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import re
@@ -36,11 +38,14 @@ KEY = "test-key-3c1f"
 @dataclass
 class Flaky:
     """An upstream that answers GET /v1/models (so probes pass) and 503s every completion, except for the
-    model "half-stream": two SSE events, then the connection drops mid-body (chunked, no last chunk)."""
+    model "half-stream": two SSE events, then the connection drops mid-body (chunked, no last chunk);
+    and "slow": an answer that takes 10 s (streamed: an event every 0.1 s)."""
 
     url: str
     posts: int = 0
     authorizations: list[str] = field(default_factory=list)
+    timeouts_ms: list[str | None] = field(default_factory=list)
+    """X-Request-Timeout-Ms of each "slow" request."""
 
 
 def start_flaky() -> tuple[Flaky, ThreadingHTTPServer]:
@@ -57,6 +62,11 @@ def start_flaky() -> tuple[Flaky, ThreadingHTTPServer]:
             body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", "0"))))
             if body["model"] == "half-stream":
                 self._half_stream()
+                return
+            if body["model"] == "slow":
+                flaky.timeouts_ms.append(self.headers.get("X-Request-Timeout-Ms"))
+                with contextlib.suppress(OSError):  # the front closes the connection at the deadline
+                    self._slow(body.get("stream") is True)
                 return
             flaky.posts += 1
             flaky.authorizations.append(self.headers.get("Authorization", ""))
@@ -81,6 +91,22 @@ def start_flaky() -> tuple[Flaky, ThreadingHTTPServer]:
             self.wfile.flush()
             time.sleep(0.3)  # the events reach the front before the failure (aiohttp drops unread data)
             self.close_connection = True  # no terminating chunk: the body is cut short
+
+        def _slow(self, stream: bool) -> None:
+            if not stream:
+                time.sleep(10.0)
+                self._answer(200, {"choices": [{"index": 0, "text": "late"}]})
+                return
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.send_header("Transfer-Encoding", "chunked")
+            self.end_headers()
+            for _ in range(100):
+                event = f"data: {json.dumps({'choices': [{'index': 0, 'text': 'tick'}]})}\n\n".encode()
+                self.wfile.write(b"%x\r\n%s\r\n" % (len(event), event))
+                self.wfile.flush()
+                time.sleep(0.1)
+            self.wfile.write(b"0\r\n\r\n")
 
         def log_message(self, *args: object) -> None:
             pass
@@ -120,6 +146,7 @@ def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Servers]:
     write_model(repo, "dead-only", [dead], **common)
     write_model(repo, "tight", [live], max_inflight_per_upstream=1, **common)
     write_model(repo, "broken", [flaky.url], upstream_model="half-stream", probe_interval_s=0.2)
+    write_model(repo, "slow", [flaky.url], upstream_model="slow", probe_interval_s=0.2)
     os.environ[KEY_ENV] = KEY
     try:
         front = start_server(root, "--model-repo", str(repo), "--no-admin")
@@ -289,3 +316,33 @@ async def test_upstream_failing_mid_stream_ends_with_an_error_event(servers: Ser
         f'inferd_upstream_attempts_total{{model="broken",outcome="failure",upstream="{servers.flaky.url}"}}'
     )
     assert metric(servers.front, failures) == 1
+
+
+async def test_a_deadline_travels_upstream_and_bounds_the_call(servers: Servers) -> None:
+    body = {"model": "slow", "prompt": "x", "max_tokens": 5}
+    async with aiohttp.ClientSession() as http:
+        headers = {"X-Request-Timeout-Ms": "500"}
+        async with http.post(f"{servers.front.url}/v1/completions", json=body, headers=headers) as r:
+            assert r.status == 504  # the upstream answers after 10 s
+            error = (await r.json())["error"]
+        assert error["code"] == "DeadlineExceeded" and error["type"] == "server_error"
+        assert 0 < int(servers.flaky.timeouts_ms[-1] or 0) <= 500
+        streamed = {**body, "stream": True}
+        async with http.post(f"{servers.front.url}/v1/completions", json=streamed, headers=headers) as r:
+            assert r.status == 200
+            events = [line async for line in r.content if line.startswith(b"data: ")]
+        assert events[-1] == b"data: [DONE]\n"
+        assert json.loads(events[-2][6:])["error"]["code"] == "DeadlineExceeded"
+        assert all("choices" in json.loads(e[6:]) for e in events[:-2])
+        for bad in ("soon", "0", "600001"):
+            bad_header = {"X-Request-Timeout-Ms": bad}
+            async with http.post(f"{servers.front.url}/v1/completions", json=body, headers=bad_header) as r:
+                assert r.status == 400, bad
+        long = {"model": "tight", "prompt": "a story that takes long", "max_tokens": 1500}
+        async with http.post(f"{servers.front.url}/v1/completions", json=long, headers=headers) as r:
+            assert r.status == 504
+    # the upstream inferd ended the sequence too: its own deadline, or the front closing the connection
+    running = 'inferd_llm_sequences{model="sim-llm",state="running"}'
+    wait_for(lambda: metric(servers.upstream, running) == 0, "the upstream's engine ended the sequence")
+    assert metric(servers.upstream, 'inferd_llm_streams{model="sim-llm"}') == 0
+    assert metric(servers.upstream, 'inferd_llm_kv_usage_ratio{model="sim-llm"}') == 0

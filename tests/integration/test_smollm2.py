@@ -1,17 +1,22 @@
 """smollm2 (SmolLM2-135M-Instruct, GGUF, llama.cpp on the CPU) through the real server and its worker
 process, with the `openai` client: a coherent answer, streaming equal to non-streaming, batched greedy
-decoding equal to one stream at a time, end-of-turn as finish_reason "stop", seeded sampling repeats."""
+decoding equal to one stream at a time, end-of-turn as finish_reason "stop", seeded sampling repeats;
+llama.cpp's own log stays out of the server's output; a GGUF file without a chat template answers chat
+with a 400 saying why."""
 
 from __future__ import annotations
 
 import asyncio
+import shutil
 from collections.abc import Iterator
+from pathlib import Path
 
 import numpy as np
 import openai
 import pytest
 
-from inferd.models.llama_cpp import sample, smollm2_available
+from inferd.models.gguf import gguf_path
+from inferd.models.llama_cpp import sample, smollm2_available, smollm2_config
 from tests.conftest import ServerProc, start_server
 
 pytestmark = pytest.mark.skipif(
@@ -119,3 +124,43 @@ def test_sample_nucleus_keeps_only_the_top_tokens() -> None:
     assert picks == {1}  # token 1 alone holds 0.4 of the mass
     picks = {sample(logits, 1.0, 0.99, rng) for _ in range(400)}
     assert picks == {0, 1, 2}  # token 3 is outside the 0.99 nucleus
+
+
+def test_llama_cpp_log_stays_out_of_the_server_output(server: ServerProc) -> None:
+    ask(server, "Say hi.", temperature=0, max_tokens=4)  # the worker has loaded and run the model
+    stray = [line for line in server.log().splitlines() if line.startswith(("llama_", "load", "print_info"))]
+    assert not stray, stray[:5]
+
+
+def without_chat_template(folder: Path) -> Path:
+    """A copy of smollm2's GGUF file whose chat template key is renamed (same length: every offset in
+    the file stays valid), so llama.cpp finds no template."""
+    source = gguf_path(smollm2_config().params)
+    target = folder / "no-template.gguf"
+    shutil.copyfile(source, target)
+    key = b"tokenizer.chat_template"
+    with open(target, "r+b") as f:
+        head = f.read(4 << 20)
+        at = head.index(key)
+        f.seek(at)
+        f.write(b"tokenizer.chat_templatX")
+    return target
+
+
+def test_chat_with_a_model_without_chat_template_is_a_400(tmp_path: Path) -> None:
+    gguf = without_chat_template(tmp_path)
+    repo = tmp_path / "repo"
+    (repo / "bare").mkdir(parents=True)
+    (repo / "bare" / "model.toml").write_text(
+        f'builtin = "smollm2"\nworkers = 0\n[params]\ngguf = "{gguf}"\n'
+    )
+    s = start_server(tmp_path, "--model-repo", str(repo), "--no-admin", ready_path="/v2/health/live")
+    try:
+        c = client(s)
+        with pytest.raises(openai.BadRequestError) as info:
+            c.chat.completions.create(model="bare", messages=[{"role": "user", "content": "hi"}])
+        assert "has no chat template" in info.value.body["message"]
+        assert "/v1/completions" in info.value.body["message"]
+        assert not [line for line in s.log().splitlines() if line.startswith("llama_")]
+    finally:
+        assert s.stop() in (0, -15)

@@ -38,7 +38,7 @@ def model() -> Iterator[Recording]:
 
 
 def tokens(model: Recording, question: str) -> list[int]:
-    from inferd.llm.gguf_tokenizer import GGUFTokenizer
+    from inferd.models.gguf_tokenizer import GGUFTokenizer
 
     tok = GGUFTokenizer.from_config(model.config)
     messages = [
@@ -103,7 +103,7 @@ def test_greedy_answer_and_slot_reuse(model: Recording) -> None:
             seq.append(out.token)
             text.append(out.token)
         model.release("s")
-    from inferd.llm.gguf_tokenizer import GGUFTokenizer
+    from inferd.models.gguf_tokenizer import GGUFTokenizer
 
     answer = GGUFTokenizer.from_config(model.config).llama.detokenize(text).decode()
     assert "Paris" in answer, answer

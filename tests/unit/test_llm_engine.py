@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 from concurrent.futures import ThreadPoolExecutor
 
-from inferd.api.completions import StopChecker
+from inferd.api.streams import StopChecker
 from inferd.clock import MonotonicClock
 from inferd.llm.engine import LLMEngine, scheduler_config
 from inferd.llm.scheduler import LLMScheduler

@@ -11,8 +11,9 @@ import pytest
 
 from inferd.batching.retry import RetryBudget
 from inferd.clock import FakeClock
-from inferd.errors import Overloaded, WorkerDied, WorkerUnavailable
-from inferd.llm.runtime import Generation, LLMRuntime
+from inferd.errors import Overloaded, ShuttingDown, WorkerDied, WorkerUnavailable
+from inferd.llm.placement import Generation
+from inferd.llm.runtime import LLMRuntime
 from inferd.llm.stream import TokenStream
 from inferd.models.sim_llm import VOCAB, SimTokenizer, sim_llm_config, sim_llm_tokens
 from inferd.worker import protocol as p
@@ -44,7 +45,7 @@ def make_runtime(
 ) -> tuple[LLMRuntime, list[WorkerConnection]]:
     clock = FakeClock()
     params = {"scheduler": {"block_size": 4, **(scheduler or {})}}
-    rt = LLMRuntime(sim_llm_config(params=params), clock, retry_budget=budget)
+    rt = LLMRuntime(sim_llm_config(params=params), clock, retry_budget=budget, kill_worker=lambda w: None)
     workers = []
     for i in range(n_workers):
         w = WorkerConnection(f"sim-llm-{i}.0", "sim-llm", 100 + i, "local", RecordingWriter())  # type: ignore[arg-type]
@@ -89,7 +90,7 @@ def test_refuses_with_overloaded_when_every_ready_worker_queue_is_full() -> None
         rt.submit([1, 2, 3], Generation(max_tokens=4))
     assert info.value.retry_after_s > 0 and "max_waiting_seqs=2" in info.value.message
     assert sum(len(adds(w)) for w in workers) == 4, "the refused request reached a worker"
-    assert rt.statistics().rejected == 1
+    assert rt.statistics().detail.rejected == 1
     first = streams[0]
     step(rt, worker_of(rt, workers, first), {}, admitted=[first.seq_id])  # its engine admitted one
     assert rt.submit([1, 2, 3], Generation(max_tokens=4)).worker_id == first.worker_id
@@ -150,7 +151,7 @@ async def test_started_stream_resumes_on_another_worker_without_gaps_or_duplicat
     step(rt, second, {s.seq_id: [13, 14]})
     step(rt, second, {s.seq_id: [15, 16]}, finish="length")
     assert await drain(s) == [11, 12, 13, 14, 15, 16]
-    assert rt.statistics().moved == 1 and rt.statistics().streams == 0
+    assert rt.statistics().detail.moved == 1 and rt.statistics().detail.streams == 0
 
 
 async def test_unstarted_stream_is_submitted_again_and_late_frames_of_the_dead_worker_are_ignored() -> None:
@@ -173,7 +174,7 @@ async def test_stream_ends_with_worker_died_when_no_worker_is_left() -> None:
     assert (await s.next()).token_ids == (3,)
     with pytest.raises(WorkerDied, match="could not be moved"):
         await s.next()
-    assert rt.statistics().lost == 1
+    assert rt.statistics().detail.lost == 1
 
 
 async def test_stream_ends_with_worker_died_when_the_retry_budget_is_spent() -> None:
@@ -186,14 +187,17 @@ async def test_stream_ends_with_worker_died_when_the_retry_budget_is_spent() -> 
     assert all(not adds(w) for w in workers if w.worker_id != s.worker_id)
 
 
-async def test_streams_of_a_worker_lost_during_shutdown_are_not_moved() -> None:
+async def test_stop_ends_every_stream_and_a_worker_lost_afterwards_moves_nothing() -> None:
     rt, workers = make_runtime()
     s = rt.submit([1, 2], Generation(max_tokens=5))
-    rt.stop_accepting()
+    rt.stop(ShuttingDown("model 'sim-llm' is shutting down"))
     rt.on_worker_lost(worker_of(rt, workers, s), "exit 0")
-    with pytest.raises(WorkerDied, match="shutting down"):
+    with pytest.raises(ShuttingDown, match="shutting down"):
         await s.next()
     assert sum(len(adds(w)) for w in workers) == 1
+    assert not rt.ready
+    with pytest.raises(WorkerUnavailable, match="shutting down"):
+        rt.submit([1, 2], Generation(max_tokens=5))
 
 
 def test_abort_after_a_move_goes_to_the_new_worker() -> None:

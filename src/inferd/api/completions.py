@@ -1,9 +1,18 @@
 """OpenAI-compatible text generation: POST /v1/completions and POST /v1/chat/completions.
 
 parse -> tokenize -> check the context length (400 before scheduling) -> submit to the model's
-LLMRuntime -> stream Server-Sent Events (`data: {json}`, then `data: [DONE]`) or one JSON body.
-Stop strings are matched on the front end, on the generated text; reaching one aborts the sequence.
-A client that disconnects aborts its sequence in the engine.
+LLMRuntime -> stream Server-Sent Events (`data: {json}`, then `data: [DONE]`) or one JSON body
+(api/streams.py turns the token streams into text). A client that disconnects aborts its sequence in
+the engine.
+
+Length: `max_tokens` (chat: `max_completion_tokens` too); without one, a completion stops at 16 tokens
+and a chat answer may use the rest of the context (max_model_len - prompt tokens), as OpenAI's do.
+
+Deadlines: text generation has none by default (a model's default_timeout_ms would cut long answers
+short); a caller's X-Request-Timeout-Ms (in (0, max_timeout_ms], as on the OIP route) applies. Past it,
+the sequence is aborted in its engine (its KV blocks freed) and the caller gets a 504 with an OpenAI
+error object, or, once streaming, an error event and the end of the stream. Models served upstream
+forward the time left.
 """
 
 from __future__ import annotations
@@ -13,7 +22,7 @@ import dataclasses
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 
@@ -21,7 +30,6 @@ from inferd.api import upstream
 from inferd.api.asgi import HttpRequest, HttpResponse, StreamingResponse
 from inferd.api.errors import status_of
 from inferd.api.http import (
-    ClientGone,
     check_content_type,
     decode_json,
     json_response,
@@ -29,20 +37,23 @@ from inferd.api.http import (
     read_body,
 )
 from inferd.api.openai import openai_error
-from inferd.errors import BadRequest, ModelError, NotFound, ServingError, WorkerUnavailable
-from inferd.llm.runtime import Generation, LLMRuntime
+from inferd.api.streams import collect, generate, interleave
+from inferd.config import ModelConfig
+from inferd.errors import BadRequest, DeadlineExceeded, ServingError
+from inferd.llm.placement import Generation
+from inferd.llm.runtime import LLMRuntime
 from inferd.llm.stream import TokenStream
+from inferd.llm.upstream import UpstreamRuntime
 
 if TYPE_CHECKING:
-    from inferd.api.app import Api
-    from inferd.server import InferenceServer
+    from inferd.api.context import ApiContext
 
 DEFAULT_MAX_TOKENS = 16
-T = TypeVar("T")
+"""A completion's length without max_tokens (OpenAI's default; a chat answer's is the rest of the context)."""
 MAX_CHOICES = 16
+"""Most choices (`n`) one request may ask for."""
 MAX_SEED = 2**63 - 1 - MAX_CHOICES
 """Choice i samples with seed + i: every one stays a non-negative 64-bit integer."""
-"""Most choices (`n`) one request may ask for."""
 TOKENIZE_IN_THREAD_CHARS = 64 * 1024
 
 
@@ -80,26 +91,32 @@ class ChatRequest(_Common, kw_only=True):
     max_completion_tokens: int | None = None
 
 
+class _Named(msgspec.Struct):
+    model: str
+
+
+_named = msgspec.json.Decoder(_Named)
 _completion_decoder = msgspec.json.Decoder(CompletionRequest)
 _chat_decoder = msgspec.json.Decoder(ChatRequest)
 _encoder = msgspec.json.Encoder()
 
 
 # ---- handlers -------------------------------------------------------------------------------------------
-async def completions(api: Api, request: HttpRequest) -> HttpResponse | StreamingResponse:
+async def completions(api: ApiContext, request: HttpRequest) -> HttpResponse | StreamingResponse:
     body = await _read(api, request)
-    if (up := upstream.upstream_for(api.server, body)) is not None:  # served by external engines
-        return await upstream.forward(api, request, up, body, "/completions")
+    rt = text_model(api, request, body)
+    deadline = request_deadline(api, rt.config, request)
+    if isinstance(rt, UpstreamRuntime):  # served by external engines
+        return await upstream.forward(api, request, rt, body, "/completions", deadline)
     req = decode_json(_completion_decoder, body, "completion request", 'send {"model": ..., "prompt": ...}')
-    rt = llm_runtime(api.server, req.model)
     prompt = _prompt_text(req.prompt)
-    call = _Call(rt, req, request, "prompt", "text_completion", f"cmpl-{uuid.uuid4().hex}")
+    call = _Call(rt, req, request, deadline, "text_completion", f"cmpl-{uuid.uuid4().hex}")
     streams = await call.start(prompt, req.max_tokens)
     if req.stream:
         return StreamingResponse(
             call.events(streams, _completion_chunk), request.receive, headers=worker_header(streams[0])
         )
-    texts = await _collect(call, streams, request)
+    texts = await collect(rt, streams, call.stops, request)
     choices = [
         {"index": i, "text": text, "logprobs": None, "finish_reason": finish}
         for i, (text, finish) in enumerate(texts)
@@ -107,24 +124,25 @@ async def completions(api: Api, request: HttpRequest) -> HttpResponse | Streamin
     return call.response(choices, streams)
 
 
-async def chat_completions(api: Api, request: HttpRequest) -> HttpResponse | StreamingResponse:
+async def chat_completions(api: ApiContext, request: HttpRequest) -> HttpResponse | StreamingResponse:
     body = await _read(api, request)
-    if (up := upstream.upstream_for(api.server, body)) is not None:  # served by external engines
-        return await upstream.forward(api, request, up, body, "/chat/completions")
+    rt = text_model(api, request, body)
+    deadline = request_deadline(api, rt.config, request)
+    if isinstance(rt, UpstreamRuntime):  # served by external engines
+        return await upstream.forward(api, request, rt, body, "/chat/completions", deadline)
     req = decode_json(
         _chat_decoder, body, "chat completion request", 'send {"model": ..., "messages": [...]}'
     )
-    rt = llm_runtime(api.server, req.model)
     if not req.messages:
         raise BadRequest("messages is empty: send at least one {role, content} message")
     prompt = rt.tokenizer.chat_prompt([{"role": m.role, "content": m.content} for m in req.messages])
-    call = _Call(rt, req, request, "messages", "chat.completion", f"chatcmpl-{uuid.uuid4().hex}")
-    streams = await call.start(prompt, req.max_completion_tokens or req.max_tokens, special=True)
+    call = _Call(rt, req, request, deadline, "chat.completion", f"chatcmpl-{uuid.uuid4().hex}")
+    streams = await call.start(prompt, req.max_completion_tokens or req.max_tokens)
     if req.stream:
         return StreamingResponse(
             call.events(streams, _chat_chunk), request.receive, headers=worker_header(streams[0])
         )
-    texts = await _collect(call, streams, request)
+    texts = await collect(rt, streams, call.stops, request)
     choices = [
         {
             "index": i,
@@ -137,13 +155,28 @@ async def chat_completions(api: Api, request: HttpRequest) -> HttpResponse | Str
     return call.response(choices, streams)
 
 
-def llm_runtime(server: InferenceServer, name: str) -> LLMRuntime:
-    rt = server.llm_runtimes.get(name)
-    if rt is not None:
-        return rt
-    if name in server.runtimes:
-        raise BadRequest(f"model {name!r} does not generate text; text models: {sorted(server.llm_runtimes)}")
-    raise NotFound(f"unknown model {name!r}; text models served: {sorted(server.llm_runtimes)}")
+def text_model(api: ApiContext, request: HttpRequest, body: bytes) -> LLMRuntime | UpstreamRuntime:
+    """The model the request names: generated here (LLMRuntime) or forwarded (UpstreamRuntime)."""
+    name = decode_json(_named, body, "completion request", 'send {"model": ..., ...}').model
+    rt = api.text_model(request, name)
+    if not isinstance(rt, LLMRuntime | UpstreamRuntime):
+        raise BadRequest(f"model {name!r} is a {rt.kind} model: it does not generate text")
+    return rt
+
+
+def request_deadline(api: ApiContext, config: ModelConfig, request: HttpRequest) -> float | None:
+    """The caller's deadline (X-Request-Timeout-Ms, parsed and bounded as on the OIP route), as an
+    absolute time on the server's clock; None without one: text generation gets no default deadline."""
+    header = request.header(b"x-request-timeout-ms")
+    if header is None:
+        return None
+    try:
+        timeout_ms = float(header)
+    except ValueError:
+        raise BadRequest(f"X-Request-Timeout-Ms must be a number of milliseconds, got {header!r}") from None
+    if not 0 < timeout_ms <= config.max_timeout_ms:
+        raise BadRequest(f"timeout of {timeout_ms} ms is outside (0, {config.max_timeout_ms}] ms")
+    return api.clock.now() + timeout_ms / 1000.0
 
 
 def worker_header(stream: TokenStream) -> list[tuple[bytes, bytes]]:
@@ -152,7 +185,7 @@ def worker_header(stream: TokenStream) -> list[tuple[bytes, bytes]]:
     return [(b"x-inferd-worker", stream.worker_id.encode())]
 
 
-async def _read(api: Api, request: HttpRequest) -> bytes:
+async def _read(api: ApiContext, request: HttpRequest) -> bytes:
     check_content_type(request, ("application/json", ""))
     return await read_body(request, api.max_body)
 
@@ -174,34 +207,40 @@ class _Call:
         rt: LLMRuntime,
         req: CompletionRequest | ChatRequest,
         request: HttpRequest,
-        what: str,
+        deadline: float | None,
         obj: str,
         cid: str,
     ):
         self.rt = rt
         self.req = req
         self.request = request
-        self.what = what
+        self.deadline = deadline
+        self.chat = isinstance(req, ChatRequest)
+        self.what = "messages" if self.chat else "prompt"
         self.object = obj
         self.id = cid
         self.created = int(time.time())
         stop = req.stop
         self.stops = [stop] if isinstance(stop, str) else [s for s in (stop or []) if s]
 
-    async def start(self, prompt: str, max_tokens: int | None, special: bool = False) -> list[TokenStream]:
-        """Tokenize, check and submit one sequence per choice (`n`). `special`: the prompt is a rendered
-        chat template whose control tokens must parse as such (a raw completion prompt's text never
-        does). Choice i samples with seed + i (or unseeded when the request has no seed)."""
+    async def start(self, prompt: str, max_tokens: int | None) -> list[TokenStream]:
+        """Tokenize, check and submit one sequence per choice (`n`). A chat prompt is a rendered chat
+        template whose control tokens must parse as such (a raw completion prompt's text never does).
+        Choice i samples with seed + i (or unseeded when the request has no seed)."""
         if not 1 <= self.req.n <= MAX_CHOICES:
             raise BadRequest(f"n must be between 1 and {MAX_CHOICES}, got {self.req.n}")
-        gen = self.generation(DEFAULT_MAX_TOKENS if max_tokens is None else max_tokens)
+        gen = self.generation(max_tokens)
         if len(prompt) > TOKENIZE_IN_THREAD_CHARS:
-            ids = await asyncio.to_thread(self.rt.tokenizer.encode, prompt, special)
+            ids = await asyncio.to_thread(self.rt.tokenizer.encode, prompt, self.chat)
         else:
-            ids = self.rt.tokenizer.encode(prompt, special)
+            ids = self.rt.tokenizer.encode(prompt, self.chat)
         if not ids:
             raise BadRequest(f"the {self.what} is empty: it holds no tokens")
+        if max_tokens is None:
+            gen = dataclasses.replace(gen, max_tokens=self.default_max_tokens(len(ids)))
         self.rt.check_context(len(ids), gen.max_tokens, self.what)
+        if self.deadline is not None and self.rt.clock.now() >= self.deadline:
+            raise DeadlineExceeded(f"the request's deadline passed before its {self.what} was scheduled")
         streams: list[TokenStream] = []
         try:
             for i in range(self.req.n):
@@ -213,9 +252,17 @@ class _Call:
             raise
         return streams
 
-    def generation(self, max_tokens: int) -> Generation:
-        """The request's sampling and scheduling parameters, checked (400 naming the bad one)."""
+    def default_max_tokens(self, prompt_tokens: int) -> int:
+        """Without max_tokens: a chat answer may fill the rest of the context; a completion stops at 16."""
+        if self.chat:
+            return max(1, self.rt.max_model_len - prompt_tokens)
+        return DEFAULT_MAX_TOKENS
+
+    def generation(self, max_tokens: int | None) -> Generation:
+        """The request's sampling and scheduling parameters, checked (400 naming the bad one); without
+        max_tokens, a placeholder that `default_max_tokens` replaces once the prompt is tokenized."""
         req = self.req
+        max_tokens = DEFAULT_MAX_TOKENS if max_tokens is None else max_tokens
         if max_tokens < 1:
             raise BadRequest(f"max_tokens must be at least 1, got {max_tokens}")
         temperature = 1.0 if req.temperature is None else req.temperature
@@ -240,6 +287,7 @@ class _Call:
             priority=parse_priority(req.priority, self.request.header(b"x-priority")),
             tenant=tenant,
             ignore_eos=req.ignore_eos,
+            deadline=self.deadline,
         )
 
     @property
@@ -318,118 +366,3 @@ def _chat_chunk(call: _Call, index: int, text: str, finish: str | None, first: b
     if finish is not None:
         out += call.chunk([{"index": index, "delta": {}, "logprobs": None, "finish_reason": finish}])
     return out
-
-
-async def interleave(iters: list[AsyncIterator[T]]) -> AsyncIterator[tuple[int, T]]:
-    """(index, item) from several async iterators as items arrive; an iterator's error ends it all."""
-    pending = {asyncio.ensure_future(anext(it)): i for i, it in enumerate(iters)}
-    try:
-        while pending:
-            done, _ = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
-            for fut in sorted(done, key=pending.__getitem__):
-                i = pending.pop(fut)
-                try:
-                    item = fut.result()
-                except StopAsyncIteration:
-                    continue
-                pending[asyncio.ensure_future(anext(iters[i]))] = i
-                yield i, item
-    finally:
-        for fut in pending:
-            fut.cancel()
-        await asyncio.gather(*pending, return_exceptions=True)
-
-
-async def _collect(call: _Call, streams: list[TokenStream], request: HttpRequest) -> list[tuple[str, str]]:
-    """Every choice's whole completion, for a non-streaming request; a disconnect aborts the sequences
-    (499)."""
-
-    async def gather(stream: TokenStream) -> tuple[str, str]:
-        parts, finish = [], "length"
-        async for text, reason in generate(call.rt, stream, call.stops):
-            parts.append(text)
-            finish = reason or finish
-        return "".join(parts), finish
-
-    async def disconnected() -> None:
-        while (await request.receive())["type"] != "http.disconnect":
-            pass
-
-    work = asyncio.ensure_future(asyncio.gather(*(gather(s) for s in streams), return_exceptions=True))
-    watch = asyncio.ensure_future(disconnected())
-    try:
-        await asyncio.wait({work, watch}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        gone = not work.done()  # the disconnect watch (or a cancellation) ended the wait
-        for task in (work, watch):
-            task.cancel()
-        await asyncio.gather(work, watch, return_exceptions=True)
-        for stream in streams:
-            call.rt.abort(stream, client_gone=gone)
-    if work.cancelled():
-        raise ClientGone()
-    results = work.result()
-    for r in results:  # every choice was awaited, so no failure goes unretrieved; the first one answers
-        if isinstance(r, BaseException):
-            raise r
-    return results
-
-
-# ---- tokens -> text ---------------------------------------------------------------------------------------
-async def generate(
-    rt: LLMRuntime, stream: TokenStream, stops: list[str]
-) -> AsyncIterator[tuple[str, str | None]]:
-    """(text, finish_reason) pieces of one sequence's output, cut at the first stop string."""
-    checker = StopChecker(stops)
-    text_of = rt.tokenizer.detokenizer()
-    while True:
-        chunk = await stream.next()
-        text = text_of.feed(chunk.token_ids) if chunk.token_ids else ""
-        if chunk.finish_reason is not None:
-            text += text_of.flush()
-        emit, stopped = checker.feed(text)
-        if stopped:
-            rt.abort(stream, client_gone=False)
-            yield emit, "stop"
-            return
-        if chunk.finish_reason is not None:
-            yield emit + checker.rest(), _finish_reason(chunk.finish_reason)
-            return
-        if emit:
-            yield emit, None
-
-
-def _finish_reason(reason: str) -> str:
-    if reason in ("stop", "length"):
-        return reason
-    if reason == "abort":
-        raise WorkerUnavailable("the engine aborted the sequence (shutting down or preempted away)")
-    raise ModelError("the model failed while generating this sequence")
-
-
-class StopChecker:
-    """Finds the first stop string in text that arrives in pieces; holds back a possible partial match."""
-
-    def __init__(self, stops: list[str]) -> None:
-        self.stops = stops
-        self.hold = max((len(s) for s in stops), default=1) - 1
-        self.text = ""
-        self.emitted = 0
-
-    def feed(self, piece: str) -> tuple[str, bool]:
-        """(text safe to emit now, whether a stop string was reached)."""
-        self.text += piece
-        hits = [i for i in (self.text.find(s, self.emitted) for s in self.stops) if i >= 0]
-        if hits:
-            out = self.text[self.emitted : min(hits)]
-            self.emitted = len(self.text)
-            return out, True
-        safe = max(self.emitted, len(self.text) - self.hold)
-        out = self.text[self.emitted : safe]
-        self.emitted = safe
-        return out, False
-
-    def rest(self) -> str:
-        out = self.text[self.emitted :]
-        self.emitted = len(self.text)
-        return out

@@ -5,6 +5,8 @@ parse (the model name; the body stays the client's, with the upstream's model na
 relay Server-Sent Events one event at a time, or the whole JSON body. A client that disconnects closes
 the upstream connection, which cancels the request upstream. Errors inferd decides are in the OpenAI
 shape; an upstream's own error answer (4xx, or 5xx with no other upstream to try) passes through as is.
+A caller's deadline bounds the whole exchange (sent upstream as the time left): past it, a 504, or once
+streaming an error event and the end of the stream; either way the upstream connection is closed.
 """
 
 from __future__ import annotations
@@ -21,13 +23,13 @@ from inferd.api.asgi import HttpRequest, HttpResponse, StreamingResponse
 from inferd.api.errors import status_of
 from inferd.api.http import ClientGone, decode_json
 from inferd.api.openai import openai_error
-from inferd.errors import WorkerDied
-from inferd.llm.upstream import UpstreamReply, UpstreamRuntime, describe
+from inferd.errors import ServingError, WorkerDied
+from inferd.llm.upstream import UpstreamRuntime
+from inferd.llm.upstream_reply import UpstreamReply, describe
 from inferd.routing.upstreams import Outcome, classify_status
 
 if TYPE_CHECKING:
-    from inferd.api.app import Api
-    from inferd.server import InferenceServer
+    from inferd.api.context import ApiContext
 
 log = logging.getLogger("inferd.upstream")
 
@@ -36,10 +38,6 @@ MAX_EVENT_BYTES = 4 * 1024 * 1024
 """An upstream SSE event larger than this breaks the stream (so one bad upstream cannot grow a buffer)."""
 PASSED_HEADERS = (b"retry-after",)
 """Upstream response headers a client may need besides the content type."""
-
-
-class _Named(msgspec.Struct):
-    model: str
 
 
 class _Delta(msgspec.Struct):
@@ -63,31 +61,19 @@ class _Body(msgspec.Struct):
     usage: _Usage | None = None
 
 
-_named = msgspec.json.Decoder(_Named)
 _request = msgspec.json.Decoder(dict[str, Any])
 _body = msgspec.json.Decoder(_Body)
 _encoder = msgspec.json.Encoder()
 
 
-# ---- the branch the completion handlers take --------------------------------------------------------------
-def upstream_for(server: InferenceServer, body: bytes) -> UpstreamRuntime | None:
-    """The upstream-served model a completion request names; None for local models (and for bodies the
-    local decoder will refuse with its own 400)."""
-    if not server.upstreams:
-        return None
-    try:
-        return server.upstreams.get(_named.decode(body).model)
-    except msgspec.DecodeError:
-        return None
-
-
 async def forward(
-    api: Api, request: HttpRequest, rt: UpstreamRuntime, body: bytes, path: str
+    api: ApiContext, request: HttpRequest, rt: UpstreamRuntime, body: bytes, path: str, deadline: float | None
 ) -> HttpResponse | StreamingResponse:
     req = decode_json(_request, body, "completion request", 'send {"model": ..., ...}')
     stream = req.get("stream") is True
-    relay = _Relay(rt, api.clock.now(), client_wants_usage(req))
-    reply = await until_disconnect(request, rt.send(path, upstream_payload(req, rt.upstream_model, stream)))
+    relay = _Relay(rt, api.clock.now(), client_wants_usage(req), deadline)
+    payload = upstream_payload(req, rt.upstream_model, stream)
+    reply = await until_disconnect(request, rt.send(path, payload, deadline))
     if stream and reply.status == 200:
         return StreamingResponse(relay.events(reply), request.receive)
     return await relay.whole(reply, request)
@@ -133,19 +119,26 @@ async def until_disconnect(request: HttpRequest, work: Awaitable[T]) -> T:
 class _Relay:
     """Passes one upstream answer to the client and records its token timing and usage."""
 
-    def __init__(self, rt: UpstreamRuntime, started: float, wants_usage: bool) -> None:
+    def __init__(
+        self, rt: UpstreamRuntime, started: float, wants_usage: bool, deadline: float | None
+    ) -> None:
         self.rt = rt
         self.started = self.last_text_at = started
         self.wants_usage = wants_usage
+        self.deadline = deadline
         self.first = True
 
     async def whole(self, reply: UpstreamReply, request: HttpRequest) -> HttpResponse:
         """A JSON answer (non-streaming, or an error status), read whole, passed through."""
         outcome = Outcome.IGNORABLE
+        bound = asyncio.timeout(self.rt.remaining_s(self.deadline))
         try:
-            data = await until_disconnect(request, reply.response.read())
+            async with bound:
+                data = await until_disconnect(request, reply.response.read())
             outcome = classify_status(reply.status)
         except (aiohttp.ClientError, TimeoutError) as exc:
+            if bound.expired():  # the caller's deadline: closing the connection cancels it upstream
+                raise self.rt.deadline_error(f"while {reply.url} answered") from None
             outcome = Outcome.FAILURE
             raise WorkerDied(f"upstream {reply.url} failed while answering: {describe(exc)}") from None
         finally:
@@ -161,12 +154,14 @@ class _Relay:
         return _Events(self._relay(reply), reply)
 
     async def _relay(self, reply: UpstreamReply) -> AsyncIterator[bytes]:
-        """Each upstream SSE event as soon as it is complete. An upstream failure mid-stream ends the
-        stream with an error event and [DONE] (tokens were already sent: it cannot be retried)."""
+        """Each upstream SSE event as soon as it is complete. An upstream failure mid-stream, or the
+        caller's deadline, ends the stream with an error event and [DONE] (tokens were already sent:
+        it cannot be retried)."""
         events = SSESplitter(MAX_EVENT_BYTES)
         outcome = Outcome.IGNORABLE  # until the stream ends one way or the other: the client left
+        pieces = reply.response.content.iter_any()
         try:
-            async for piece in reply.response.content.iter_any():
+            while (piece := await self._next_piece(pieces, reply)) is not None:
                 for event in events.feed(piece):
                     if self._on_event(event):
                         yield event
@@ -174,11 +169,24 @@ class _Relay:
             self.rt.metrics.finished(self.rt.clock.now() - self.started)
         except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
             outcome = Outcome.FAILURE
-            error = WorkerDied(f"upstream {reply.url} failed mid-stream: {describe(exc)}")
-            yield b"data: " + openai_error(error, status_of(error)[0]) + b"\n\n"
+            yield _error_event(WorkerDied(f"upstream {reply.url} failed mid-stream: {describe(exc)}"))
+            yield b"data: [DONE]\n\n"
+        except ServingError as exc:  # the caller's deadline (the upstream is not at fault)
+            yield _error_event(exc)
             yield b"data: [DONE]\n\n"
         finally:
             reply.close(outcome)
+
+    async def _next_piece(self, pieces: AsyncIterator[bytes], reply: UpstreamReply) -> bytes | None:
+        """The next bytes of the answer (None at its end), within the caller's deadline."""
+        bound = asyncio.timeout(self.rt.remaining_s(self.deadline))
+        try:
+            async with bound:
+                return await anext(pieces, None)
+        except TimeoutError:
+            if bound.expired():
+                raise self.rt.deadline_error(f"while {reply.url} streamed") from None
+            raise
 
     def _on_event(self, event: bytes) -> bool:
         """Record the event's timing and usage; False for the usage chunk of a client that did not ask."""
@@ -250,6 +258,10 @@ def _event_end(buffer: bytes) -> int:
     """Index just past the first blank line ("\\n\\n" or "\\r\\n\\r\\n"), or -1."""
     ends = [i + len(sep) for sep in (b"\n\n", b"\r\n\r\n") if (i := buffer.find(sep)) >= 0]
     return min(ends, default=-1)
+
+
+def _error_event(exc: ServingError) -> bytes:
+    return b"data: " + openai_error(exc, status_of(exc)[0]) + b"\n\n"
 
 
 def _data_of(event: bytes) -> bytes | None:

@@ -13,6 +13,7 @@ from typing import Any, Protocol
 from inferd.config import ConfigError, ModelConfig
 from inferd.llm.plan import SeqOutput, StepPlan
 from inferd.models.base import Model
+from inferd.models.loader import load_model_class
 
 LLM_PLATFORM = "inferd_llm"
 
@@ -57,7 +58,16 @@ class Tokenizer(Protocol):
 
 
 class LLMModel(Model):
-    """Base class of LLM backends. `run_step` runs in the worker's device thread."""
+    """Base class of LLM backends. `run_step` runs in the worker's device thread; `front_end_tokenizer`
+    runs in the front end (which imports the class, never instantiates it)."""
+
+    @classmethod
+    def front_end_tokenizer(cls, config: ModelConfig) -> Tokenizer:
+        """The tokenizer the front end encodes prompts and decodes tokens with for this model."""
+        raise ConfigError(
+            f"model {config.name!r}: {cls.__name__} has no front-end tokenizer: define the classmethod "
+            "front_end_tokenizer(config) returning an inferd.llm.model.Tokenizer"
+        )
 
     def run_step(self, plan: StepPlan, requests: Mapping[str, LLMRequest]) -> dict[str, SeqOutput]:
         """Compute every chunk of `plan`; return a SeqOutput (the sampled token) per sampling chunk."""
@@ -71,15 +81,15 @@ class LLMModel(Model):
 
 
 def tokenizer_for(config: ModelConfig) -> Tokenizer:
-    """The front end's tokenizer of an LLM model: `params.tokenizer` is "sim" (sim-llm's whitespace
-    tokenizer, the default) or "gguf" (the vocabulary and chat template inside the model's GGUF file)."""
-    kind = config.params.get("tokenizer", "sim")
-    if kind == "gguf":
-        from inferd.llm.gguf_tokenizer import GGUFTokenizer
-
-        return GGUFTokenizer.from_config(config)
-    if kind == "sim":
-        from inferd.models.sim_llm import SimTokenizer
-
-        return SimTokenizer()
-    raise ConfigError(f"model {config.name!r}: params.tokenizer is {kind!r}; use 'sim' or 'gguf'")
+    """The front end's tokenizer of an LLM model, from the model class its config names (the backend
+    knows its tokenizer: sim-llm's whitespace words, a GGUF file's vocabulary)."""
+    try:
+        cls = load_model_class(config.implementation)
+    except ValueError as exc:
+        raise ConfigError(f"model {config.name!r}: {exc}") from None
+    if not issubclass(cls, LLMModel):
+        raise ConfigError(
+            f"model {config.name!r} has platform {LLM_PLATFORM!r} but {config.implementation} is not an "
+            "inferd.llm.model.LLMModel"
+        )
+    return cls.front_end_tokenizer(config)

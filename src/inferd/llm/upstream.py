@@ -11,16 +11,20 @@ on real accelerators), so inferd's front end, routing and metrics stand in front
 
 send (acquire the least-loaded healthy upstream -> POST -> one retry elsewhere, under the retry budget, if
 it failed before answering) -> UpstreamReply (the caller streams it, then closes it with the outcome).
+A caller's deadline bounds every attempt, and travels upstream as X-Request-Timeout-Ms (the time left).
 `run` owns the connection pool and probes every upstream with `GET /v1/models` every probe_interval_s.
 The policy (health, ejection, choice, the per-upstream cap) is routing.upstreams.UpstreamPool.
+
+The runtime contract's kind "upstream": it has no workers (`accepts_workers` is False); its worker
+methods refuse or do nothing, and say so.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Mapping, Sequence
+from typing import Any, ClassVar
 
 import aiohttp
 from pydantic import (
@@ -36,16 +40,26 @@ from pydantic import (
 from inferd.batching.retry import RetryBudget
 from inferd.clock import Clock
 from inferd.config import ConfigError, ModelConfig, TensorSpec, describe_validation_error
-from inferd.errors import Overloaded, ShuttingDown, WorkerUnavailable
+from inferd.errors import (
+    DeadlineExceeded,
+    Internal,
+    Overloaded,
+    ServingError,
+    ShuttingDown,
+    WorkerUnavailable,
+)
+from inferd.llm.upstream_reply import UpstreamReply, UpstreamStatistics, describe
 from inferd.observability.upstream_metrics import UpstreamMetrics
 from inferd.routing.health import Health, HealthChange
 from inferd.routing.upstreams import (
     RETRYABLE_STATUSES,
     Outcome,
-    PoolStatistics,
     UpstreamPool,
     classify_status,
 )
+from inferd.runtime.contract import RuntimeStatistics
+from inferd.worker import protocol as p
+from inferd.worker.connection import WorkerConnection
 
 log = logging.getLogger("inferd.upstream")
 
@@ -53,6 +67,7 @@ UPSTREAM_PLATFORM = "openai_upstream"
 MAX_ATTEMPTS = 2
 """A request that failed before any byte reached the client is tried once more, on another upstream."""
 _JSON = {"Content-Type": "application/json"}
+TIMEOUT_HEADER = "X-Request-Timeout-Ms"
 
 
 def is_upstream(config: ModelConfig) -> bool:
@@ -146,29 +161,10 @@ def openai_upstream_config(name: str, environ: Mapping[str, str], **overrides: A
     )
 
 
-class UpstreamReply:
-    """One upstream's answer, held open while the caller streams it. `close` exactly once gives the slot
-    back with the outcome (a response not read to its end closes its connection: the upstream cancels)."""
-
-    def __init__(self, runtime: UpstreamRuntime, url: str, response: aiohttp.ClientResponse) -> None:
-        self.runtime = runtime
-        self.url = url
-        self.response = response
-        self.status = response.status
-        self._closed = False
-
-    def close(self, outcome: Outcome) -> None:
-        if self._closed:
-            return
-        self._closed = True
-        if outcome is Outcome.SUCCESS:
-            self.response.release()
-        else:
-            self.response.close()
-        self.runtime.release(self.url, outcome)
-
-
 class UpstreamRuntime:
+    kind: ClassVar[str] = "upstream"
+    accepts_workers: ClassVar[bool] = False
+
     def __init__(self, config: ModelConfig, clock: Clock, metrics: UpstreamMetrics, budget: RetryBudget):
         self.config = config
         self.name = config.name
@@ -232,10 +228,11 @@ class UpstreamRuntime:
         self._log(self.pool.probed(url, ok, detail))
 
     # ---- requests -------------------------------------------------------------------------------------
-    async def send(self, path: str, payload: bytes) -> UpstreamReply:
+    async def send(self, path: str, payload: bytes, deadline: float | None = None) -> UpstreamReply:
         """POST `payload` to `path` (e.g. "/completions") of the best upstream; one retry on another if the
         first failed before answering (connection error, or 429/5xx). Raises WorkerUnavailable when no
-        upstream answered, Overloaded when every healthy one is full."""
+        upstream answered, Overloaded when every healthy one is full, DeadlineExceeded when `deadline`
+        (the runtime's clock) passed before one answered."""
         session = self._session
         if self._stopping or session is None:
             raise ShuttingDown(f"model '{self.name}' is not forwarding (shutting down or starting)")
@@ -243,7 +240,7 @@ class UpstreamRuntime:
         failures: list[str] = []
         tried = [self.pool.acquire()]
         while True:
-            result = await self._attempt(session, tried[-1], path, payload)
+            result = await self._attempt(session, tried[-1], path, payload, deadline)
             if isinstance(result, UpstreamReply) and result.status not in RETRYABLE_STATUSES:
                 return result
             following = self._retry_target(tried)
@@ -262,18 +259,31 @@ class UpstreamRuntime:
             tried.append(following)
 
     async def _attempt(
-        self, session: aiohttp.ClientSession, url: str, path: str, payload: bytes
+        self, session: aiohttp.ClientSession, url: str, path: str, payload: bytes, deadline: float | None
     ) -> UpstreamReply | str:
-        """The upstream's answer (any status), or what went wrong before it answered."""
+        """The upstream's answer (any status), or what went wrong before it answered. The caller's
+        deadline bounds the wait and is passed on as the time left (the upstream's own deadline)."""
+        headers = _JSON
+        left_s = self.remaining_s(deadline)
+        if left_s is not None:
+            if left_s <= 0:
+                self.release(url, Outcome.IGNORABLE)
+                raise self.deadline_error("before an upstream answered")
+            headers = {**_JSON, TIMEOUT_HEADER: str(max(1, int(left_s * 1000)))}
+        bound = asyncio.timeout(left_s)
         try:
-            response = await session.post(url + path, data=payload, headers=_JSON)
+            async with bound:
+                response = await session.post(url + path, data=payload, headers=headers)
         except (aiohttp.ClientError, TimeoutError) as exc:
+            if bound.expired():  # the caller's deadline, not the upstream's failure
+                self.release(url, Outcome.IGNORABLE)
+                raise self.deadline_error(f"waiting for upstream {url}") from None
             self.release(url, Outcome.FAILURE)
             return f"upstream {url} failed: {describe(exc)}"
         except BaseException:  # cancelled: the client went away (or the server is stopping)
             self.release(url, Outcome.IGNORABLE)
             raise
-        return UpstreamReply(self, url, response)
+        return UpstreamReply(self.release, url, response)
 
     def _retry_target(self, tried: list[str]) -> str | None:
         """Another upstream for one more try, if attempts, healthy upstreams and the retry budget allow."""
@@ -288,6 +298,13 @@ class UpstreamRuntime:
         self.retries += 1
         return following
 
+    def remaining_s(self, deadline: float | None) -> float | None:
+        """Seconds left until `deadline` (the runtime's clock); None without one."""
+        return None if deadline is None else deadline - self.clock.now()
+
+    def deadline_error(self, where: str) -> DeadlineExceeded:
+        return DeadlineExceeded(f"model '{self.name}': the request's deadline passed {where}")
+
     def release(self, url: str, outcome: Outcome) -> None:
         self._log(self.pool.release(url, outcome))
 
@@ -299,15 +316,56 @@ class UpstreamRuntime:
         else:
             log.info("model %s: %s", self.name, change)
 
-    # ---- lifecycle and stats ----------------------------------------------------------------------------
-    def stop_accepting(self) -> None:
+    # ---- the runtime contract: lifecycle, stats, and no workers ----------------------------------------
+    @property
+    def version(self) -> int:
+        return self.config.version
+
+    @property
+    def ready(self) -> bool:
+        """Forwarding (the connection pool is open, not stopping) with an upstream that may take work."""
+        return (
+            not self._stopping
+            and self._session is not None
+            and any(u.health in Health.ROUTABLE for u in self.pool.statistics().upstreams)
+        )
+
+    def stop(self, exc: ServingError) -> None:
+        """Refuse new requests; nothing is queued here (requests in flight finish or fail on their own)."""
         self._stopping = True
 
-    def statistics(self) -> PoolStatistics:
-        return self.pool.statistics()
+    def statistics(self) -> RuntimeStatistics:
+        pool = self.pool.statistics()
+        return RuntimeStatistics(
+            name=self.name,
+            version=self.version,
+            kind=self.kind,
+            ready=self.ready,
+            workers=(),
+            ready_workers=0,
+            queued=0,
+            in_flight=sum(u.inflight for u in pool.upstreams),
+            detail=UpstreamStatistics.of(pool, self.retries),
+        )
 
+    def worker_connections(self) -> Sequence[WorkerConnection]:
+        """None: the upstream engines are not inferd workers."""
+        return ()
 
-def describe(exc: BaseException) -> str:
-    """An aiohttp or timeout error in a few words (TimeoutError's own text is empty)."""
-    text = str(exc)
-    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+    def add_worker(self, worker: WorkerConnection) -> None:
+        raise Internal(
+            f"model '{self.name}' is served by upstream engines and takes no workers "
+            f"(worker {worker.worker_id} offered)"
+        )
+
+    def on_message(self, worker: WorkerConnection, msg: p.Message) -> None:
+        """Never called: no worker is ever added."""
+
+    def drain_worker(self, worker: WorkerConnection) -> None:
+        """Nothing to drain: no worker is ever added."""
+
+    def on_worker_lost(self, worker: WorkerConnection, reason: str) -> None:
+        """Nothing to recover: no worker is ever added."""
+
+    async def membership_changed(self) -> None:
+        raise Internal(f"model '{self.name}' is served by upstream engines: it has no workers to wait for")

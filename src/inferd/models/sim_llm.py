@@ -116,6 +116,10 @@ def sim_llm_config(name: str = "sim-llm", **overrides: Any) -> ModelConfig:
 class SimLLM(LLMModel):
     """Sleeps the cost model's step time; samples the documented deterministic tokens."""
 
+    @classmethod
+    def front_end_tokenizer(cls, config: ModelConfig) -> SimTokenizer:
+        return SimTokenizer()
+
     def load(self) -> None:
         p = self.config.params
         self.base_s = float(p.get("step_base_ms", 5.0)) / 1000.0

@@ -121,7 +121,13 @@ class Worker:
         async with asyncio.TaskGroup() as tg:
             heartbeat = tg.create_task(self._heartbeat(welcome.heartbeat_s))
             runner = tg.create_task(self._run_batches() if self._engine is None else self._run_engine())
-            outcome = await self._receive(reader)
+            receiving = tg.create_task(self._receive(reader))
+            await asyncio.wait({receiving, runner}, return_when=asyncio.FIRST_COMPLETED)
+            if receiving.done():
+                outcome = receiving.result()
+            else:  # an engine finished draining: nothing more to read
+                receiving.cancel()
+                outcome = "drained"
             if outcome == "lost":  # nobody will read results of batches not started yet
                 while not self._batches.empty():
                     self._batches.get_nowait()
@@ -181,7 +187,9 @@ class Worker:
                 await self._batches.put(msg)
             elif isinstance(msg, p.Drain):
                 log.info("worker %s draining", self.worker_id)
-                return "drained"
+                if self._engine is None:
+                    return "drained"
+                self._engine.stop(finish_running=True)  # reading on: aborts of the sequences it finishes
             elif isinstance(msg, (p.AddSequence, p.AbortSequence)) and self._engine is not None:
                 self._engine.submit(msg)
 

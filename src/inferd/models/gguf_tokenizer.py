@@ -12,14 +12,16 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from inferd.config import ConfigError, ModelConfig
-from inferd.models.llama_cpp import gguf_path
+from inferd.errors import BadRequest
+from inferd.models.gguf import gguf_path, route_llama_log
 
 
 class GGUFTokenizer:
-    def __init__(self, llama: Any, template: str | None) -> None:
+    def __init__(self, llama: Any, template: str | None, model: str = "") -> None:
         import llama_cpp
 
         self.llama = llama
+        self.model = model
         self._vocab = llama_cpp.llama_model_get_vocab(llama.model)
         self._pieces: dict[int, bytes] = {}
         self._formatter = None
@@ -59,8 +61,9 @@ class GGUFTokenizer:
             raise ConfigError(
                 f"model {config.name!r} needs llama-cpp-python: run scripts/setup (the `llama` extra)"
             ) from exc
+        route_llama_log()
         llama = llama_cpp.Llama(model_path=str(gguf_path(config.params)), vocab_only=True, verbose=False)
-        return cls(llama, llama.metadata.get("tokenizer.chat_template"))
+        return cls(llama, llama.metadata.get("tokenizer.chat_template"), config.name)
 
     def encode(self, text: str, special: bool = False) -> list[int]:
         """A rendered chat template (`special`) carries its own BOS where the model wants one, so none is
@@ -69,7 +72,11 @@ class GGUFTokenizer:
 
     def chat_prompt(self, messages: Sequence[Mapping[str, Any]]) -> str:
         if self._formatter is None:
-            raise ConfigError("this model's GGUF file has no chat template: use /v1/completions")
+            raise BadRequest(
+                f"model {self.model!r} has no chat template (its GGUF file holds no "
+                "tokenizer.chat_template), so it cannot format chat messages: send a plain prompt to "
+                "/v1/completions instead"
+            )
         return self._formatter(messages=[dict(m) for m in messages]).prompt
 
     def detokenizer(self) -> GGUFDetokenizer:

@@ -1,0 +1,245 @@
+"""Where the live sequences of one LLM model run: choosing a worker (routing + admission), placing a
+sequence there (AddSequence), the per-worker counts admission needs, deadlines, and failover moves.
+
+choose: the ready worker routing (inferd.llm.routing) picks among those whose engine would queue the
+    sequence: each engine bounds its waiting queue (`params.scheduler.max_waiting_seqs`,
+    `max_waiting_prompt_tokens`); the front end counts, per worker, what it has sent and not yet seen
+    admitted (StepDeltas.admitted, or a first delta), so it refuses with Overloaded (429 + Retry-After,
+    before any response starts) exactly when no ready worker's engine would queue the sequence.
+move: failover, which resumes rather than fails. A stream of a lost worker goes to another ready worker
+    (same routing and admission): one that had not received a token is simply submitted again; one that
+    had is resumed from prompt + the tokens the client already has (AddSequence.output), so the new
+    engine continues the same sequence and the client sees no duplicated and no missing token. Each
+    move spends one retry from the server's RetryBudget. With no ready worker with room, or the budget
+    spent, the stream ends with WorkerDied.
+"""
+
+from __future__ import annotations
+
+import heapq
+import logging
+from dataclasses import dataclass
+
+from inferd.batching.queue import INTERACTIVE
+from inferd.batching.retry import RetryBudget
+from inferd.clock import Clock
+from inferd.errors import Overloaded, ServingError, WorkerDied, WorkerUnavailable
+from inferd.llm.kv import BlockHash
+from inferd.llm.plan import SchedulerConfig
+from inferd.llm.routing import PrefixAffinityRouter, WorkerLoad
+from inferd.llm.stream import TokenStream
+from inferd.routing.health import Health
+from inferd.worker import protocol as p
+from inferd.worker.connection import WorkerConnection, WorkerState
+
+log = logging.getLogger("inferd.llm")
+
+
+@dataclass(frozen=True, slots=True)
+class Generation:
+    """How to generate one sequence: what the API request asked for, validated."""
+
+    max_tokens: int
+    seed: int | None = None
+    """None: the backend draws its own (sim-llm uses 0)."""
+    temperature: float = 1.0
+    top_p: float = 1.0
+    priority: int = INTERACTIVE
+    tenant: str = ""
+    """The prefix-cache salt (X-Tenant until the gateway authenticates callers)."""
+    ignore_eos: bool = False
+    deadline: float | None = None
+    """Absolute time (the runtime's clock) past which the sequence is aborted and its stream fails
+    with DeadlineExceeded; None: no deadline."""
+
+
+@dataclass(slots=True, eq=False)
+class Live:
+    """A sequence placed on a worker whose end the front end has not yet seen."""
+
+    stream: TokenStream
+    prompt: list[int]
+    gen: Generation
+    hashes: list[BlockHash]
+    """Its prompt's block names, for routing (again, on failover)."""
+    waiting: bool = False
+    """Sent to its worker, not yet admitted there: counted against that worker's waiting bounds."""
+    moves: int = 0
+    """Times it was placed again after its worker died."""
+
+
+@dataclass(slots=True)
+class Load:
+    """What the front end has placed on one worker."""
+
+    live: int = 0
+    waiting: int = 0
+    waiting_prompt_tokens: int = 0
+    busy_since: float = 0.0
+    """When `live` last went from 0 to 1 (the hang watchdog counts from there)."""
+
+
+class Placement:
+    def __init__(
+        self,
+        name: str,
+        workers: list[WorkerConnection],
+        scheduler: SchedulerConfig,
+        router: PrefixAffinityRouter,
+        retry_budget: RetryBudget,
+        clock: Clock,
+    ) -> None:
+        self.name = name
+        self.workers = workers
+        """The runtime's list of connected workers (shared, not copied)."""
+        self.scheduler = scheduler
+        self.router = router
+        self.retry_budget = retry_budget
+        self.clock = clock
+        self.live: dict[str, Live] = {}
+        self.loads: dict[str, Load] = {}
+        self.step_s = scheduler.initial_step_s
+        """EWMA of the workers' step times, for Retry-After hints."""
+        self.stopping = False
+        self.rejected = 0
+        self.moved = 0
+        self.lost = 0
+        self._deadlines: list[tuple[float, str]] = []
+        """(deadline, seq_id) of live sequences that have one: a heap, earliest first."""
+
+    # ---- placing ----------------------------------------------------------------------------------
+    def start(self, live: Live, worker: WorkerConnection) -> None:
+        """Place a new sequence on the worker `choose` gave."""
+        self.live[live.stream.seq_id] = live
+        if live.gen.deadline is not None:
+            if len(self._deadlines) > 2 * len(self.live) + 64:  # mostly sequences that ended in time
+                self._deadlines = [(d, s) for d, s in self._deadlines if s in self.live]
+                heapq.heapify(self._deadlines)
+            heapq.heappush(self._deadlines, (live.gen.deadline, live.stream.seq_id))
+        self.retry_budget.record_requests(1)
+        self.place(live, worker)
+
+    def choose(self, prompt_tokens: int, hashes: list[BlockHash]) -> WorkerConnection:
+        """The worker for a sequence. Raises WorkerUnavailable (none ready) or Overloaded (no ready
+        worker's queue has room) before anything is sent."""
+        if self.stopping:
+            raise WorkerUnavailable(f"model '{self.name}' is shutting down")
+        ready = [w for w in self.workers if w.state is WorkerState.READY and not w.failure]
+        if not ready:
+            raise WorkerUnavailable(f"model '{self.name}' has no ready worker; retry shortly")
+        choice = self.router.pick([self._view(w) for w in ready], hashes, prompt_tokens)
+        if choice is None:
+            s = self.scheduler
+            raise Overloaded(
+                f"model '{self.name}' is full: no ready worker (of {len(ready)}) can queue a sequence of "
+                f"{prompt_tokens} prompt tokens (max_waiting_seqs={s.max_waiting_seqs}, "
+                f"max_waiting_prompt_tokens={s.max_waiting_prompt_tokens} per worker)",
+                self.retry_after_s(),
+                reason="llm_queue_full",
+            )
+        return next(w for w in ready if w.worker_id == choice.worker_id)
+
+    def _view(self, worker: WorkerConnection) -> WorkerLoad:
+        load = self.loads.get(worker.worker_id, Load())
+        routable = worker.state is WorkerState.READY  # starting, draining or dead: not routable
+        health = Health.READY if routable else Health.DRAINING
+        return WorkerLoad(worker.worker_id, health, load.live, load.waiting, load.waiting_prompt_tokens)
+
+    def place(self, live: Live, worker: WorkerConnection) -> None:
+        """Send the sequence to `worker`, resuming after the tokens its stream already holds."""
+        live.stream.worker_id = worker.worker_id
+        live.waiting = True
+        load = self.loads.setdefault(worker.worker_id, Load())
+        if load.live == 0:
+            load.busy_since = self.clock.now()
+        load.live += 1
+        load.waiting += 1
+        load.waiting_prompt_tokens += len(live.prompt)
+        self.router.record(worker.worker_id, live.hashes)
+        g = live.gen
+        worker.send(
+            p.AddSequence(
+                live.stream.seq_id,
+                live.prompt,
+                g.max_tokens,
+                g.seed,
+                g.priority,
+                g.tenant,
+                g.temperature,
+                g.top_p,
+                g.ignore_eos,
+                output=list(live.stream.generated),
+            )
+        )
+
+    def retry_after_s(self) -> float:
+        """The engines' hint: the steps to prefill the least-queued worker's waiting prompts."""
+        s = self.scheduler
+        queued = min((load.waiting_prompt_tokens for load in self.loads.values()), default=0)
+        return max(s.min_retry_after_s, (queued / s.max_num_batched_tokens + 1) * self.step_s)
+
+    # ---- counting off -----------------------------------------------------------------------------
+    def admitted(self, live: Live) -> None:
+        if not live.waiting:
+            return
+        live.waiting = False
+        load = self.loads.get(live.stream.worker_id)
+        if load is not None:
+            load.waiting -= 1
+            load.waiting_prompt_tokens -= len(live.prompt)
+
+    def end(self, live: Live) -> None:
+        self.admitted(live)
+        del self.live[live.stream.seq_id]
+        load = self.loads.get(live.stream.worker_id)
+        if load is not None:
+            load.live -= 1
+
+    def live_on(self, worker_id: str) -> int:
+        """Sequences placed on the worker whose end the front end has not yet seen."""
+        load = self.loads.get(worker_id)
+        return 0 if load is None else load.live
+
+    def expired(self) -> list[Live]:
+        """Live sequences whose deadline has passed (each returned once)."""
+        now = self.clock.now()
+        out = []
+        while self._deadlines and self._deadlines[0][0] <= now:
+            _, seq_id = heapq.heappop(self._deadlines)
+            live = self.live.get(seq_id)
+            if live is not None:
+                out.append(live)
+        return out
+
+    # ---- failover ---------------------------------------------------------------------------------
+    def forget(self, worker: WorkerConnection) -> list[Live]:
+        """The worker is gone: its counts and its cache with it. Returns its orphaned sequences."""
+        self.loads.pop(worker.worker_id, None)
+        self.router.forget(worker.worker_id)
+        return [live for live in self.live.values() if live.stream.worker_id == worker.worker_id]
+
+    def move(self, live: Live, why: str) -> None:
+        """Place an orphaned sequence on another worker (resuming it), or end its stream with WorkerDied."""
+        live.waiting = False  # its dead worker's counts are gone with it
+        try:
+            target = self.choose(len(live.prompt), live.hashes)
+        except ServingError as exc:
+            self._give_up(live, f"{why}; it could not be moved: {exc.message}")
+            return
+        if not self.retry_budget.try_spend(1):
+            self._give_up(live, f"{why}; the retry budget is spent, so it was not moved")
+            return
+        live.moves += 1
+        self.moved += 1
+        log.debug(
+            "sequence %s moved to %s after %d tokens",
+            live.stream.seq_id,
+            target.worker_id,
+            len(live.stream.generated),
+        )
+        self.place(live, target)
+
+    def _give_up(self, live: Live, message: str) -> None:
+        del self.live[live.stream.seq_id]
+        self.lost += 1
+        live.stream.fail(WorkerDied(message))
