@@ -21,7 +21,7 @@ def test_repository_serves_highest_version(tmp_path: Path) -> None:
     (folder / "model.toml").write_text(
         'max_batch_size = 4\n[[inputs]]\nname="I"\ndatatype="FP32"\n[[outputs]]\nname="O"\ndatatype="FP32"\n'
     )
-    cfg = load_model_folder(folder)
+    (cfg,) = load_model_folder(folder)
     assert cfg.version == 3 and cfg.implementation.endswith("3/model.py:Model")
 
 

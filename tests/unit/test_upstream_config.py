@@ -24,7 +24,7 @@ def test_platform_key_makes_an_upstream_model_without_workers(tmp_path: Path) ->
         'platform = "openai_upstream"\n[params]\nupstreams = ["http://gpu-1:8000/v1/"]\n'
         'upstream_model = "meta-llama/Llama-3.1-8B-Instruct"\n',
     )
-    config = load_model_folder(folder)
+    (config,) = load_model_folder(folder)
     assert is_upstream(config) and config.name == "big" and config.workers == 0
     settings = UpstreamConfig.model_validate(config.params)
     assert settings.upstreams == ("http://gpu-1:8000/v1",)
@@ -33,7 +33,7 @@ def test_platform_key_makes_an_upstream_model_without_workers(tmp_path: Path) ->
 
 def test_builtin_key_works_too(tmp_path: Path) -> None:
     folder = write(tmp_path / "m", 'builtin = "openai-upstream"\n[params]\nupstreams = ["http://a:1/v1"]\n')
-    assert is_upstream(load_model_folder(folder))
+    assert is_upstream(load_model_folder(folder)[0])
 
 
 def test_api_key_comes_from_the_named_variable_and_is_never_logged() -> None:

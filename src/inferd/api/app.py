@@ -26,6 +26,7 @@ from inferd.api.http import (
     wait_for_items,
 )
 from inferd.api.middleware import AccessLog, Accounting, Call, ErrorBody, Errors, Layer, Response, chain
+from inferd.api.oip_metadata import model_metadata
 from inferd.api.openapi import openapi_document
 from inferd.batching.dispatcher import ItemResult
 from inferd.errors import BadRequest, ServingError
@@ -180,7 +181,7 @@ class Api:
         params = call.request.path_params
         rt = self.registry.get(params["model"], params.get("version"))
         versions = self.registry.versions(rt.name)
-        return json_response(oip.encode_json(oip.model_metadata(rt.config, versions)))
+        return json_response(oip.encode_json(model_metadata(rt.config, versions)))
 
     async def model_ready(self, call: Call) -> HttpResponse:
         params = call.request.path_params

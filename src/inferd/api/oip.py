@@ -393,31 +393,5 @@ def _json_numbers(values: np.ndarray) -> list[Any]:
     return values.ravel().tolist()
 
 
-def model_metadata(config: ModelConfig, versions: list[int]) -> dict[str, Any]:
-    """OIP model metadata, plus the model's kind. Only batch models have tensors: LLM and upstream models
-    are served by the OpenAI routes."""
-    meta: dict[str, Any] = {
-        "name": config.name,
-        "versions": [str(v) for v in versions],
-        "platform": config.platform,
-        "kind": config.kind,
-    }
-    if config.kind != "batch":
-        return meta
-    return {
-        **meta,
-        "inputs": [{"name": t.name, "datatype": t.datatype, "shape": [-1, *t.shape]} for t in config.inputs],
-        "outputs": [
-            {"name": t.name, "datatype": t.datatype, "shape": [-1, *t.shape]} for t in config.outputs
-        ],
-        "parameters": {
-            "max_batch_size": config.max_batch_size,
-            "max_wait_ms": config.max_wait_ms,
-            "max_queue_size": config.max_queue_size,
-            "idempotent": config.idempotent,
-        },
-    }
-
-
 def encode_json(obj: Any) -> bytes:
     return _encoder.encode(obj)

@@ -13,16 +13,13 @@ import asyncio
 import math
 from collections import deque
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Literal, Protocol
+from typing import Protocol
 from urllib.parse import urlsplit
 
 import aiohttp
 import httptools
 
-if TYPE_CHECKING:
-    from inferd.bench.loadgen import LoadSpec
-
-Client = Literal["raw", "aiohttp"]
+from inferd.bench.load_spec import LoadSpec
 
 Answer = tuple[int, Mapping[str, str], bytes]
 

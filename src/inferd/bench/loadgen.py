@@ -25,71 +25,11 @@ import numpy as np
 
 from inferd.bench.chaos import ChaosAgent
 from inferd.bench.chaos_spec import ChaosSpec
-from inferd.bench.http_clients import Client, HttpClient, make_client
+from inferd.bench.http_clients import HttpClient, make_client
 from inferd.bench.infer_requests import AnswerChecker, payload_for, request_body, request_id
-from inferd.bench.open_loop import Arrival, arrival_checks, arrival_offsets, run_blocking, sleep_until
+from inferd.bench.load_spec import LoadSpec
+from inferd.bench.open_loop import arrival_offsets, run_blocking, sleep_until
 from inferd.bench.report import LoadReport, PhaseReport, Recorder
-from inferd.bench.spec_checks import is_plain_http, require
-
-_PATH = "/v2/models/{model}/infer"
-
-
-@dataclass(frozen=True)
-class LoadSpec:
-    """What to offer, to whom, and for how long."""
-
-    url: str = "http://127.0.0.1:8000"
-    model: str = "sim"
-    rate: float = 100.0
-    """Offered requests per second."""
-    duration_s: float = 10.0
-    """Length of the measured window."""
-    warmup_s: float = 0.0
-    """Load offered before the measured window; its results are reported apart."""
-    arrival: Arrival = "poisson"
-    timeout_ms: float = 5000.0
-    """Client deadline per request, counted from its intended send time."""
-    send_deadline: bool = False
-    """Also send the remaining deadline as `X-Request-Timeout-Ms`."""
-    priority: str | None = None
-    """Sent as `X-Priority` when set."""
-    payload_bytes: int = 32
-    max_requests: int = 1_000_000
-    seed: int = 0
-    connections: int = 2000
-    """Most TCP connections open at once; a request finding none idle and the limit reached waits."""
-    grace_s: float = 1.0
-    """Extra time after the last deadline before outstanding requests are cancelled."""
-    slo_ms: float | None = None
-    """When set, also report goodput: ok answers within this latency, per second."""
-    client: Client = "raw"
-    """HTTP client: 'raw' (lean keep-alive HTTP/1.1 over asyncio, plain http only) or 'aiohttp'."""
-
-    def __post_init__(self) -> None:
-        checks = arrival_checks(self) | {
-            "timeout_ms must be > 0": self.timeout_ms > 0,
-            "connections must be >= 1": self.connections >= 1,
-            "payload_bytes must be >= 0": self.payload_bytes >= 0,
-            "grace_s must be >= 0": self.grace_s >= 0,
-            "client must be 'raw' or 'aiohttp'": self.client in ("raw", "aiohttp"),
-            "the raw client needs an http:// url with a host": self.client != "raw"
-            or is_plain_http(self.url),
-        }
-        require(checks, self)
-
-    @property
-    def total_s(self) -> float:
-        return self.warmup_s + self.duration_s
-
-    @property
-    def hard_stop_s(self) -> float:
-        """When, from the start, outstanding requests are cancelled: the last deadline plus grace."""
-        return self.total_s + self.timeout_ms / 1000.0 + self.grace_s
-
-    @property
-    def endpoint(self) -> str:
-        return self.url.rstrip("/") + _PATH.format(model=self.model)
-
 
 RecorderFor = Callable[[int, float], Recorder]
 """The recorder of request i, given i and its intended offset from the start of the run."""

@@ -20,7 +20,7 @@ LLM_PLATFORM = "inferd_llm"
 
 def is_llm(config: ModelConfig) -> bool:
     """Whether the model is served by the LLM engine (token streams) rather than the batcher."""
-    return config.platform == LLM_PLATFORM
+    return config.kind == "llm"
 
 
 @dataclass(frozen=True, slots=True)

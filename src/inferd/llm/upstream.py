@@ -72,7 +72,7 @@ TIMEOUT_HEADER = "X-Request-Timeout-Ms"
 
 def is_upstream(config: ModelConfig) -> bool:
     """Whether the model is served by external OpenAI-compatible engines rather than inferd workers."""
-    return config.platform == UPSTREAM_PLATFORM
+    return config.kind == "upstream"
 
 
 class UpstreamConfig(BaseModel):
