@@ -116,8 +116,8 @@ async def test_metrics_exposes_batching_signals(server: ServerProc) -> None:
         "inferd_request_duration_seconds_bucket",
         "inferd_requests_total",
         "inferd_workers",
-        'inferd_worker_batches_total{model="sim",worker="sim-0"}',
-        'inferd_queue_depth_by_priority{model="sim",priority="bulk"}',
+        'inferd_worker_batches_total{model="sim",version="1",worker="sim-0"}',
+        'inferd_queue_depth_by_priority{model="sim",version="1",priority="bulk"}',
     ):
         assert name in text, name
     ok = re.search(r'inferd_requests_total\{model="sim",outcome="ok"\} (\d+)', text)

@@ -23,9 +23,20 @@ from inferd.api.http import (
     json_response,
     parse_priority,
     read_body,
+    request_deadline,
     wait_for_items,
 )
-from inferd.api.middleware import AccessLog, Accounting, Call, ErrorBody, Errors, Layer, Response, chain
+from inferd.api.middleware import (
+    AccessLog,
+    Accounting,
+    Call,
+    ErrorBody,
+    Errors,
+    Layer,
+    ModelVersion,
+    Response,
+    chain,
+)
 from inferd.api.oip_metadata import model_metadata
 from inferd.api.openapi import openapi_document
 from inferd.batching.dispatcher import ItemResult
@@ -124,7 +135,11 @@ class Api:
         self.registry = server.registry
         self.clock = server.clock
         self.max_body = server.config.max_body_bytes
-        self.layers: list[Layer] = [partial(Accounting, metrics=server.metrics, clock=self.clock), Errors]
+        self.layers: list[Layer] = [
+            partial(Accounting, metrics=server.metrics, clock=self.clock),
+            ModelVersion,
+            Errors,
+        ]
         """The middleware chain, outermost first (api/middleware.py); auth, quotas, cache and tracing
         are layers of this list."""
         if server.config.access_log:
@@ -216,7 +231,6 @@ class Api:
             rt.config, results[0].version, req.request_id, req.outputs, [r.outputs for r in results], record
         )
         headers = lifecycle_headers(record)
-        headers.append((b"x-inferd-model-version", str(results[0].version).encode()))
         if header_len is None:
             return json_response(out, headers=headers)
         headers.append((b"inference-header-content-length", str(header_len).encode()))
@@ -224,20 +238,6 @@ class Api:
 
     # ---- shared -------------------------------------------------------------------------------------
     def deadline(self, rt: Runtime, timeout_us: float | None, header_ms: str | None) -> float | None:
-        """The request's absolute deadline: OIP parameters.timeout (us), else X-Request-Timeout-Ms, else the
-        model's default_timeout_ms (None: no deadline)."""
-        timeout_ms: float | None = rt.config.default_timeout_ms
-        if timeout_us is not None:
-            timeout_ms = timeout_us / 1000.0
-        elif header_ms is not None:
-            try:
-                timeout_ms = float(header_ms)
-            except ValueError:
-                raise BadRequest(
-                    f"X-Request-Timeout-Ms must be a number of milliseconds, got {header_ms!r}"
-                ) from None
-        if timeout_ms is None:
-            return None
-        if not 0 < timeout_ms <= rt.config.max_timeout_ms:
-            raise BadRequest(f"timeout of {timeout_ms} ms is outside (0, {rt.config.max_timeout_ms}] ms")
-        return self.clock.now() + timeout_ms / 1000.0
+        """The request's absolute deadline; the model's default_timeout_ms when the caller sets none."""
+        c = rt.config
+        return request_deadline(self.clock, c.max_timeout_ms, timeout_us, header_ms, c.default_timeout_ms)

@@ -35,6 +35,7 @@ from inferd.api.http import (
     json_response,
     parse_priority,
     read_body,
+    request_deadline,
 )
 from inferd.api.openai import openai_error
 from inferd.api.streams import collect, generate, interleave
@@ -105,7 +106,7 @@ _encoder = msgspec.json.Encoder()
 async def completions(api: ApiContext, request: HttpRequest) -> HttpResponse | StreamingResponse:
     body = await _read(api, request)
     rt = text_model(api, request, body)
-    deadline = request_deadline(api, rt.config, request)
+    deadline = text_deadline(api, rt.config, request)
     if isinstance(rt, UpstreamRuntime):  # served by external engines
         return await upstream.forward(api, request, rt, body, "/completions", deadline)
     req = decode_json(_completion_decoder, body, "completion request", 'send {"model": ..., "prompt": ...}')
@@ -127,7 +128,7 @@ async def completions(api: ApiContext, request: HttpRequest) -> HttpResponse | S
 async def chat_completions(api: ApiContext, request: HttpRequest) -> HttpResponse | StreamingResponse:
     body = await _read(api, request)
     rt = text_model(api, request, body)
-    deadline = request_deadline(api, rt.config, request)
+    deadline = text_deadline(api, rt.config, request)
     if isinstance(rt, UpstreamRuntime):  # served by external engines
         return await upstream.forward(api, request, rt, body, "/chat/completions", deadline)
     req = decode_json(
@@ -164,19 +165,11 @@ def text_model(api: ApiContext, request: HttpRequest, body: bytes) -> LLMRuntime
     return rt
 
 
-def request_deadline(api: ApiContext, config: ModelConfig, request: HttpRequest) -> float | None:
-    """The caller's deadline (X-Request-Timeout-Ms, parsed and bounded as on the OIP route), as an
-    absolute time on the server's clock; None without one: text generation gets no default deadline."""
+def text_deadline(api: ApiContext, config: ModelConfig, request: HttpRequest) -> float | None:
+    """The caller's deadline (X-Request-Timeout-Ms); text generation gets no default deadline, so a long
+    answer is never cut short unless the caller asks."""
     header = request.header(b"x-request-timeout-ms")
-    if header is None:
-        return None
-    try:
-        timeout_ms = float(header)
-    except ValueError:
-        raise BadRequest(f"X-Request-Timeout-Ms must be a number of milliseconds, got {header!r}") from None
-    if not 0 < timeout_ms <= config.max_timeout_ms:
-        raise BadRequest(f"timeout of {timeout_ms} ms is outside (0, {config.max_timeout_ms}] ms")
-    return api.clock.now() + timeout_ms / 1000.0
+    return request_deadline(api.clock, config.max_timeout_ms, None, header, None)
 
 
 def worker_header(stream: TokenStream) -> list[tuple[bytes, bytes]]:

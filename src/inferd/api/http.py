@@ -193,3 +193,29 @@ def json_response(
     body: bytes, status: int = 200, headers: list[tuple[bytes, bytes]] | None = None
 ) -> HttpResponse:
     return HttpResponse(body, status, b"application/json", headers or [])
+
+
+def request_deadline(
+    clock: Clock,
+    max_timeout_ms: float,
+    timeout_us: float | None,
+    header_ms: str | None,
+    default_ms: float | None,
+) -> float | None:
+    """A request's absolute deadline on `clock`: OIP parameters.timeout (microseconds, Triton's way), else
+    X-Request-Timeout-Ms, else `default_ms` (None: no deadline). Out-of-range values are a 400."""
+    timeout_ms = default_ms
+    if timeout_us is not None:
+        timeout_ms = timeout_us / 1000.0
+    elif header_ms is not None:
+        try:
+            timeout_ms = float(header_ms)
+        except ValueError:
+            raise BadRequest(
+                f"X-Request-Timeout-Ms must be a number of milliseconds, got {header_ms!r}"
+            ) from None
+    if timeout_ms is None:
+        return None
+    if not 0 < timeout_ms <= max_timeout_ms:
+        raise BadRequest(f"timeout of {timeout_ms} ms is outside (0, {max_timeout_ms}] ms")
+    return clock.now() + timeout_ms / 1000.0

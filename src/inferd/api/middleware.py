@@ -3,7 +3,7 @@
 A layer is a small class holding `inner` (the rest of the chain) that does its work around
 `await self.inner(call)`. `app.py` declares the chain as a list, outermost first, and logs it at start:
 
-    access_log -> accounting -> errors -> route handler
+    access_log -> accounting -> model_version -> errors -> route handler
 
 Authentication, quotas, the response cache and tracing plug in as more layers of the same list. A
 handler records the model version that serves the call in `call.runtime` as soon as it knows it (OIP
@@ -110,6 +110,21 @@ class Accounting:
         requests.observe(call.outcome, self.clock.now() - call.started_at)
         if "rejected" in call.notes:
             requests.rejected(call.notes["rejected"])
+
+
+class ModelVersion:
+    """Every response of a model says which version answered: X-Inferd-Model-Version (OIP bodies also
+    carry model_version)."""
+
+    def __init__(self, inner: Handler) -> None:
+        self.inner = inner
+
+    async def __call__(self, call: Call) -> Response:
+        response = await self.inner(call)
+        rt = call.runtime
+        if rt is not None and response.header(b"x-inferd-model-version") is None:
+            response.headers.append((b"x-inferd-model-version", str(rt.version).encode()))
+        return response
 
 
 class AccessLog:

@@ -85,11 +85,7 @@ async def embeddings(api: ApiContext, request: HttpRequest) -> HttpResponse:
         truncated += bool(result.outputs.get("TRUNCATED", False))
     usage = {"prompt_tokens": tokens, "total_tokens": tokens, "truncated_inputs": truncated}
     out = _encoder.encode({"object": "list", "data": data, "model": req.model, "usage": usage})
-    headers = [
-        (b"x-inferd-truncated-inputs", str(truncated).encode()),
-        (b"x-inferd-model-version", str(rt.version).encode()),
-    ]
-    return json_response(out, headers=headers)
+    return json_response(out, headers=[(b"x-inferd-truncated-inputs", str(truncated).encode())])
 
 
 def _texts(req: EmbeddingsRequest, limit: int) -> list[str]:
