@@ -17,7 +17,7 @@ from inferd.errors import BadRequest, Overloaded
 from inferd.models.sim import sim_config
 from inferd.observability.metrics import Metrics
 from inferd.worker.connection import WorkerConnection
-from tests.property.test_recovery_state_machine import FakeWriter
+from tests.fakes.worker import FakeWriter
 
 ops = st.lists(
     st.one_of(

@@ -25,27 +25,7 @@ from inferd.models.sim import sim_config
 from inferd.observability.metrics import Metrics
 from inferd.worker import protocol as p
 from inferd.worker.connection import WorkerConnection
-
-
-class FakeTransport:
-    def abort(self) -> None:
-        pass
-
-
-class FakeWriter:
-    transport = FakeTransport()
-
-    def __init__(self) -> None:
-        self.closed = False
-
-    def write(self, data: bytes) -> None:
-        assert not self.closed, "a frame was sent to a dead worker"
-
-    def is_closing(self) -> bool:
-        return self.closed
-
-    def close(self) -> None:
-        self.closed = True
+from tests.fakes.worker import FakeWriter
 
 
 class RecoveryMachine(RuleBasedStateMachine):

@@ -3,14 +3,21 @@ worker, the first answer wins, nothing is answered twice or lost, and the queue'
 
 from __future__ import annotations
 
+import asyncio
+
+import pytest
+
 from inferd.batching.dispatcher import ModelRuntime
+from inferd.batching.hedging import HedgeInput, HedgePolicy
+from inferd.batching.queue import QueuedItem
 from inferd.batching.retry import RetryBudget
 from inferd.clock import FakeClock
 from inferd.models.sim import sim_config
 from inferd.observability.metrics import Metrics
+from inferd.routing import OutlierEjector
 from inferd.worker import protocol as p
-from inferd.worker.connection import WorkerConnection
-from tests.property.test_recovery_state_machine import FakeWriter
+from inferd.worker.connection import Batch, WorkerConnection
+from tests.fakes.worker import FakeWriter, fake_connection
 
 
 def runtime(idempotent: bool = True) -> tuple[ModelRuntime, WorkerConnection, WorkerConnection]:
@@ -136,3 +143,93 @@ async def test_failing_the_queue_at_shutdown_keeps_the_count_right() -> None:
 
     rt.fail_all_queued(ShuttingDown("bye"))
     assert len(rt.queue) == 0
+
+
+# ---- the policy alone: a plain object on a fake clock ----------------------------------------------------
+LINE = (0.100, 0.001)
+"""A batch costs 100 ms + 1 ms per item: 104 ms for 4 items, so it is overdue past 312 ms."""
+
+
+def policy(balance_requests: int = 100) -> tuple[HedgePolicy, FakeClock, RetryBudget]:
+    clock = FakeClock()
+    budget = RetryBudget(clock, ratio=0.2, min_per_s=0.0)
+    budget.record_requests(balance_requests)
+    ejector = OutlierEjector(clock)
+    for wid in ("slow", "fast"):
+        ejector.add(wid)
+    for _ in range(3):  # the fleet's reference: 50 ms, so past 150 ms the slow worker is slow for it
+        ejector.observe("fast", 0.050)
+    return HedgePolicy(clock, budget, ejector), clock, budget
+
+
+def batch(batch_id: int, n: int, sent_at: float) -> Batch:
+    loop = asyncio.get_running_loop()
+    items = [QueuedItem(f"{batch_id}-{k}", sent_at, None, loop.create_future()) for k in range(n)]
+    for item in items:
+        item.attempts, item.batch_id = 1, batch_id
+    return Batch(batch_id, items, sent_at, fake_connection("slow", 1))
+
+
+def slow_worker(batches: list[Batch], since: float, **overrides) -> HedgeInput:
+    fields = dict(
+        worker_id="slow",
+        batches=batches,
+        running_since=since,
+        others_ready=True,
+        cost_line=LINE,
+        idempotent=True,
+        max_attempts=3,
+    )
+    return HedgeInput(**{**fields, **overrides})
+
+
+async def test_policy_hedges_past_three_times_the_expected_time_running_and_staged_items() -> None:
+    hedging, clock, budget = policy()
+    running, staged = batch(1, 4, clock.now()), batch(2, 2, clock.now())
+    s = slow_worker([running, staged], clock.now())
+    clock.advance(0.300)
+    assert hedging.decide(s) is None, "slow against the fleet, but not yet 3 x the expected 104 ms"
+    balance = budget.balance()
+    clock.advance(0.050)
+    decision = hedging.decide(s)
+    assert decision is not None
+    assert decision.items == tuple(running.items + staged.items)
+    assert decision.batches == (running, staged) and decision.retried == 4
+    assert decision.age_s == pytest.approx(0.350) and decision.expected_s == pytest.approx(0.104)
+    assert budget.balance() == balance - 4, "running items spend the retry budget; staged ones go free"
+
+
+async def test_policy_leaves_alone_what_it_must_not_hedge() -> None:
+    hedging, clock, _ = policy()
+    running = batch(1, 4, clock.now())
+    since = clock.now()
+    clock.advance(1.0)
+    assert hedging.decide(slow_worker([running], since, idempotent=False)) is None
+    assert hedging.decide(slow_worker([running], since, others_ready=False)) is None
+    assert hedging.decide(slow_worker([running], since, cost_line=None)) is None
+    running.hedged = True
+    assert hedging.decide(slow_worker([running], since)) is None, "a batch is decided on once"
+
+
+async def test_policy_does_not_hedge_a_fleet_wide_slowdown() -> None:
+    hedging, clock, _ = policy()
+    for _ in range(3):
+        hedging.ejector.observe("fast", 1.0)  # the others are as slow now
+    running = batch(1, 4, clock.now())
+    since = clock.now()
+    clock.advance(1.0)
+    assert hedging.decide(slow_worker([running], since)) is None
+
+
+async def test_policy_skips_suspect_items_and_running_items_the_budget_cannot_pay_for() -> None:
+    hedging, clock, budget = policy(balance_requests=0)  # an empty budget
+    running, staged = batch(1, 4, clock.now()), batch(2, 4, clock.now())
+    staged.items[0].crashes = 1  # crashed a worker before: a poison suspect
+    staged.items[1].isolation_round = 1  # being isolated
+    staged.items[2].hedged = True  # a copy already
+    staged.items[3].attempts = 3  # out of attempts
+    clock.advance(1.0)
+    decision = hedging.decide(slow_worker([running, staged], clock.now() - 1.0))
+    assert decision is not None and decision.items == () and decision.retried == 0
+    assert decision.batches == (running, staged), "still marked: decided on once"
+    assert budget.statistics().exhausted_total == 1

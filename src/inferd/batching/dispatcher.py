@@ -317,6 +317,7 @@ class ModelRuntime:
             workers=tuple(self._worker_snapshot(w) for w in state.workers),
             ready_workers=state.ready_workers(),
             queued=len(state.queue) + state.isolated_items(),
+            # owned: a hedged item counts once, in the batch that answers for it now
             in_flight=sum(len(owned(b)) for w in state.workers for b in w.inflight.values()),
             detail=self._batch_statistics(),
         )
@@ -367,7 +368,8 @@ class ModelRuntime:
 
     # ---- the names the server used before the Runtime contract --------------------------------------
     async def watchdog(self) -> None:
-        """The watchdog loop alone (`run` runs it too)."""
+        """The watchdog loop alone. `run` runs it too; a second one is harmless (it finds the same hung
+        workers, already marked, and the same hedged batches) but measures the loop's lag twice."""
         await self._watchdog.run()
 
     def fail_all_queued(self, exc: ServingError) -> None:
