@@ -16,7 +16,7 @@ from inferd.clock import FakeClock
 from inferd.errors import Internal, ShuttingDown, WorkerUnavailable
 from inferd.models.sim import sim_config
 from inferd.observability.metrics import Metrics
-from inferd.routing import EjectionState
+from inferd.routing import Health
 from inferd.runtime.contract import Runtime, RuntimeStatistics
 from inferd.worker import protocol as p
 from inferd.worker.connection import WorkerConnection
@@ -84,7 +84,7 @@ async def test_statistics_count_queued_isolated_and_in_flight_items() -> None:
         latency_s=rt.balancer.prior_latency_s,
         ejection=rt.ejection_status(survivor),
     )
-    assert w.detail.ejection.state is EjectionState.IN
+    assert w.detail.ejection.health is Health.READY
 
     rt.clock.advance(0.05)
     rt.on_batch_done(survivor, done(survivor))

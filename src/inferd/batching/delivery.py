@@ -21,7 +21,7 @@ from inferd.worker import protocol as p
 from inferd.worker.connection import Batch, WorkerConnection
 
 if TYPE_CHECKING:
-    from inferd.batching.dispatch import Routing
+    from inferd.batching.worker_choice import Routing
 
 log = logging.getLogger("inferd.dispatcher")
 

@@ -18,7 +18,7 @@ from typing import Any, ClassVar
 
 from inferd.batching.admission import DrainEstimator, check_admission
 from inferd.batching.delivery import Delivery, ItemResult, fail, owned, settle
-from inferd.batching.dispatch import Dispatcher, Routing
+from inferd.batching.dispatch import Dispatcher
 from inferd.batching.hedging import HedgePolicy
 from inferd.batching.membership import Membership
 from inferd.batching.mix import MixPolicy
@@ -29,6 +29,7 @@ from inferd.batching.retry import RetryBudget
 from inferd.batching.state import ModelState
 from inferd.batching.statistics import BatchStatistics, BatchWorkerDetail
 from inferd.batching.watchdog import KillWorker, Watchdog
+from inferd.batching.worker_choice import Routing
 from inferd.clock import Clock
 from inferd.config import ModelConfig
 from inferd.errors import DeadlineExceeded, Internal, Overloaded, ServingError, WorkerUnavailable

@@ -7,8 +7,8 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from inferd.batching.dispatch import Routing
 from inferd.batching.state import ModelState
+from inferd.batching.worker_choice import Routing
 from inferd.worker import protocol as p
 from inferd.worker.connection import Batch, WorkerConnection, WorkerState
 

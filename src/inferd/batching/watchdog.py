@@ -10,9 +10,9 @@ import logging
 import time
 from collections.abc import Callable
 
-from inferd.batching.dispatch import Routing
 from inferd.batching.hedging import HedgeDecision, HedgeInput, HedgePolicy
 from inferd.batching.state import ModelState
+from inferd.batching.worker_choice import Routing
 from inferd.worker.connection import WorkerConnection, WorkerState
 
 log = logging.getLogger("inferd.dispatcher")
