@@ -84,7 +84,7 @@ def ready_status(server: ServerProc) -> int:
 def batches_in_flight(server: ServerProc) -> float:
     with urllib.request.urlopen(f"{server.url}/metrics", timeout=5) as r:
         text = r.read().decode()
-    return float(text.split('inferd_inflight_batches{model="sim"} ')[1].split()[0])
+    return float(text.split('inferd_inflight_batches{model="sim",version="1"} ')[1].split()[0])
 
 
 def test_sigterm_turns_ready_503_while_requests_are_still_served_then_exits_0(tmp_path: Path) -> None:

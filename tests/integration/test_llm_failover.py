@@ -112,7 +112,7 @@ async def prefix_hit_tokens(http: aiohttp.ClientSession, server: ServerProc, mod
     async with http.get(f"{server.url}/metrics") as r:
         text = await r.text()
     found = re.search(
-        rf'^inferd_llm_prefix_cache_hit_tokens_total{{model="{model}"}} ([0-9.e+]+)$', text, re.M
+        rf'^inferd_llm_prefix_cache_hit_tokens_total{{model="{model}",version="1"}} ([0-9.e+]+)$', text, re.M
     )
     assert found, "inferd_llm_prefix_cache_hit_tokens_total missing from /metrics"
     return float(found.group(1))

@@ -39,8 +39,8 @@ def metric(text: str, name: str) -> float:
 
 def test_prefix_cache_counters_count_the_shared_full_blocks(server: ServerProc) -> None:
     hits, queries = (
-        'inferd_llm_prefix_cache_hit_tokens_total{model="sim-llm"}',
-        'inferd_llm_prefix_cache_query_tokens_total{model="sim-llm"}',
+        'inferd_llm_prefix_cache_hit_tokens_total{model="sim-llm",version="1"}',
+        'inferd_llm_prefix_cache_query_tokens_total{model="sim-llm",version="1"}',
     )
     before = scrape(server)
     shared = " ".join(f"w{i}" for i in range(2 * BLOCK_SIZE))  # two full blocks
@@ -55,7 +55,7 @@ def test_prefix_cache_counters_count_the_shared_full_blocks(server: ServerProc) 
 
 def test_prefix_cache_never_crosses_tenants(server: ServerProc) -> None:
     """The same prompt from another tenant (X-Tenant) hits nothing; from the same tenant it hits."""
-    hits = 'inferd_llm_prefix_cache_hit_tokens_total{model="sim-llm"}'
+    hits = 'inferd_llm_prefix_cache_hit_tokens_total{model="sim-llm",version="1"}'
     prompt = " ".join(f"t{i}" for i in range(2 * BLOCK_SIZE)) + " tail"
     c = openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0)
 
@@ -86,7 +86,7 @@ def test_every_llm_metric_of_the_issue_is_exported(server: ServerProc) -> None:
         "inferd_llm_prefix_cache_query_tokens_total",
         "inferd_llm_preemptions_total",
     ):
-        assert metric(text, f'{name}{{model="sim-llm"}}') >= 0
+        assert metric(text, f'{name}{{model="sim-llm",version="1"}}') >= 0
     for state in ("running", "waiting"):
-        assert metric(text, f'inferd_llm_sequences{{model="sim-llm",state="{state}"}}') == 0
-    assert metric(text, 'inferd_generation_tokens_total{model="sim-llm"}') >= 4
+        assert metric(text, f'inferd_llm_sequences{{model="sim-llm",state="{state}",version="1"}}') == 0
+    assert metric(text, 'inferd_generation_tokens_total{model="sim-llm",version="1"}') >= 4

@@ -183,8 +183,8 @@ def test_unknown_and_non_llm_models(server: ServerProc) -> None:
 
 
 async def test_disconnect_mid_stream_aborts_the_sequence(server: ServerProc) -> None:
-    aborted_key = 'inferd_llm_sequences_ended_total{model="sim-llm",outcome="aborted"}'
-    gone_key = 'inferd_llm_client_aborts_total{model="sim-llm"}'
+    aborted_key = 'inferd_llm_sequences_ended_total{model="sim-llm",outcome="aborted",version="1"}'
+    gone_key = 'inferd_llm_client_aborts_total{model="sim-llm",version="1"}'
     aborted_before = await ametric(server, aborted_key)
     gone_before = await ametric(server, gone_key)
     body = {"model": "sim-llm", "prompt": "a long story", "max_tokens": 1500, "stream": True}
@@ -206,8 +206,8 @@ async def test_disconnect_mid_stream_aborts_the_sequence(server: ServerProc) -> 
         await asyncio.sleep(0.05)
     assert aborted == aborted_before + 1, "the engine never aborted the sequence of the client that left"
     assert await ametric(server, gone_key) == gone_before + 1
-    assert await ametric(server, 'inferd_llm_sequences{model="sim-llm",state="running"}') == 0
-    assert await ametric(server, 'inferd_llm_streams{model="sim-llm"}') == 0
+    assert await ametric(server, 'inferd_llm_sequences{model="sim-llm",state="running",version="1"}') == 0
+    assert await ametric(server, 'inferd_llm_streams{model="sim-llm",version="1"}') == 0
 
 
 def test_default_models_include_sim_llm_and_smollm2(tmp_path: Path) -> None:
@@ -218,13 +218,18 @@ def test_default_models_include_sim_llm_and_smollm2(tmp_path: Path) -> None:
 
 async def test_token_timing_metrics(server: ServerProc) -> None:
     client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused")
-    before = await ametric(server, 'inferd_time_to_first_token_seconds_count{model="sim-llm"}')
+    before = await ametric(server, 'inferd_time_to_first_token_seconds_count{model="sim-llm",version="1"}')
     stream = client.completions.create(model="sim-llm", prompt="time me please", max_tokens=6, stream=True)
     assert sum(1 for _ in stream) >= 6
-    assert await ametric(server, 'inferd_time_to_first_token_seconds_count{model="sim-llm"}') == before + 1
-    assert await ametric(server, 'inferd_inter_token_latency_seconds_count{model="sim-llm"}') >= 5
-    assert await ametric(server, 'inferd_llm_request_duration_seconds_count{model="sim-llm"}') >= 1
-    assert await ametric(server, 'inferd_generation_tokens_total{model="sim-llm"}') >= 6
+    assert (
+        await ametric(server, 'inferd_time_to_first_token_seconds_count{model="sim-llm",version="1"}')
+        == before + 1
+    )
+    assert await ametric(server, 'inferd_inter_token_latency_seconds_count{model="sim-llm",version="1"}') >= 5
+    assert (
+        await ametric(server, 'inferd_llm_request_duration_seconds_count{model="sim-llm",version="1"}') >= 1
+    )
+    assert await ametric(server, 'inferd_generation_tokens_total{model="sim-llm",version="1"}') >= 6
 
 
 def test_admin_models_reports_llm_engines(server: ServerProc) -> None:
@@ -253,8 +258,8 @@ def test_chat_without_max_tokens_may_use_the_rest_of_the_context(server: ServerP
 
 async def llm_gauges(server: ServerProc, model: str) -> tuple[float, float]:
     """(KV usage ratio, running sequences) of the model's engines, as of their last step."""
-    kv = await ametric(server, f'inferd_llm_kv_usage_ratio{{model="{model}"}}')
-    return kv, await ametric(server, f'inferd_llm_sequences{{model="{model}",state="running"}}')
+    kv = await ametric(server, f'inferd_llm_kv_usage_ratio{{model="{model}",version="1"}}')
+    return kv, await ametric(server, f'inferd_llm_sequences{{model="{model}",state="running",version="1"}}')
 
 
 async def until_engine_idle(server: ServerProc, model: str) -> None:
@@ -266,7 +271,7 @@ async def until_engine_idle(server: ServerProc, model: str) -> None:
 
 
 async def test_deadline_is_a_504_and_frees_the_sequence_in_the_engine(server: ServerProc) -> None:
-    aborted_key = 'inferd_llm_sequences_ended_total{model="sim-llm",outcome="aborted"}'
+    aborted_key = 'inferd_llm_sequences_ended_total{model="sim-llm",outcome="aborted",version="1"}'
     aborted_before = await ametric(server, aborted_key)
     body = {"model": "sim-llm", "prompt": "a story with no end", "max_tokens": 1500}
     async with aiohttp.ClientSession() as http:
@@ -277,7 +282,7 @@ async def test_deadline_is_a_504_and_frees_the_sequence_in_the_engine(server: Se
     assert error["code"] == "DeadlineExceeded" and "ran past its deadline" in error["message"]
     await until_engine_idle(server, "sim-llm")
     assert await ametric(server, aborted_key) == aborted_before + 1
-    assert await ametric(server, 'inferd_llm_streams{model="sim-llm"}') == 0
+    assert await ametric(server, 'inferd_llm_streams{model="sim-llm",version="1"}') == 0
 
 
 async def test_deadline_mid_stream_is_an_error_event_and_frees_the_kv_blocks(server: ServerProc) -> None:

@@ -180,7 +180,7 @@ def metric(server: ServerProc, name: str) -> float:
 
 
 def gauge(server: ServerProc, name: str, model: str, upstream: str) -> float:
-    return metric(server, f'{name}{{model="{model}",upstream="{upstream}"}}')
+    return metric(server, f'{name}{{model="{model}",upstream="{upstream}",version="1"}}')
 
 
 def wait_for(check, what: str, timeout_s: float = 10.0) -> None:
@@ -200,14 +200,12 @@ def test_completion_through_the_front_is_the_upstreams_tokens(servers: Servers) 
         out = client(servers).completions.create(model="up", prompt=prompt, max_tokens=7, seed=i)
         assert out.choices[0].text == expected(prompt, i, 7)
         assert out.usage.completion_tokens == 7
-    assert metric(servers.front, 'inferd_upstream_retries_total{model="up"}') >= 1
+    assert metric(servers.front, 'inferd_upstream_retries_total{model="up",version="1"}') >= 1
     assert servers.flaky.posts >= 1, "the flaky upstream never got a request: retries were not exercised"
     assert set(servers.flaky.authorizations) == {f"Bearer {KEY}"}
     wait_for(lambda: gauge(servers.front, "inferd_upstream_health", "up", servers.dead) == 0, "dead ejected")
     assert gauge(servers.front, "inferd_upstream_health", "up", servers.flaky.url) == 0, "flaky not ejected"
-    failures = (
-        f'inferd_upstream_attempts_total{{model="up",outcome="failure",upstream="{servers.flaky.url}"}}'
-    )
+    failures = f'inferd_upstream_attempts_total{{model="up",outcome="failure",upstream="{servers.flaky.url}",version="1"}}'
     assert metric(servers.front, failures) >= 1
 
 
@@ -257,7 +255,7 @@ def test_upstream_errors_pass_through_in_openai_shape(servers: Servers) -> None:
 
 
 async def test_full_upstream_gives_a_fast_429_and_disconnect_cancels_upstream(servers: Servers) -> None:
-    aborts = 'inferd_llm_client_aborts_total{model="sim-llm"}'
+    aborts = 'inferd_llm_client_aborts_total{model="sim-llm",version="1"}'
     aborts_before = metric(servers.upstream, aborts)
     body = {"model": "tight", "prompt": "a very long story", "max_tokens": 1500, "stream": True}
     async with aiohttp.ClientSession() as http:
@@ -280,24 +278,24 @@ async def test_full_upstream_gives_a_fast_429_and_disconnect_cancels_upstream(se
         assert time.monotonic() < deadline, "the upstream never saw the client leave"
         await asyncio.sleep(0.05)
     assert metric(servers.upstream, aborts) == aborts_before + 1
-    assert metric(servers.upstream, 'inferd_llm_streams{model="sim-llm"}') == 0
+    assert metric(servers.upstream, 'inferd_llm_streams{model="sim-llm",version="1"}') == 0
     assert (
         gauge(servers.front, "inferd_upstream_inflight_requests", "tight", f"{servers.upstream.url}/v1") == 0
     )
 
 
 def test_token_timing_metrics_of_upstream_models(servers: Servers) -> None:
-    ttft = 'inferd_time_to_first_token_seconds_count{model="up"}'
-    generated = 'inferd_generation_tokens_total{model="up"}'
+    ttft = 'inferd_time_to_first_token_seconds_count{model="up",version="1"}'
+    generated = 'inferd_generation_tokens_total{model="up",version="1"}'
     before = scrape(servers.front)
     ttft_before = metric(servers.front, ttft) if ttft in before else 0.0
     generated_before = metric(servers.front, generated) if generated in before else 0.0
     stream = client(servers).completions.create(model="up", prompt="time me", max_tokens=6, stream=True)
     assert sum(1 for _ in stream) == 6
     assert metric(servers.front, ttft) == ttft_before + 1
-    assert metric(servers.front, 'inferd_inter_token_latency_seconds_count{model="up"}') >= 5
+    assert metric(servers.front, 'inferd_inter_token_latency_seconds_count{model="up",version="1"}') >= 5
     assert metric(servers.front, generated) == generated_before + 6
-    assert metric(servers.front, 'inferd_llm_request_duration_seconds_count{model="up"}') >= 1
+    assert metric(servers.front, 'inferd_llm_request_duration_seconds_count{model="up",version="1"}') >= 1
 
 
 async def test_upstream_failing_mid_stream_ends_with_an_error_event(servers: Servers) -> None:
@@ -312,9 +310,7 @@ async def test_upstream_failing_mid_stream_ends_with_an_error_event(servers: Ser
     error = json.loads(events[2][6:])["error"]
     assert error["code"] == "WorkerDied" and servers.flaky.url in error["message"]
     assert events[3] == b"data: [DONE]\n"
-    failures = (
-        f'inferd_upstream_attempts_total{{model="broken",outcome="failure",upstream="{servers.flaky.url}"}}'
-    )
+    failures = f'inferd_upstream_attempts_total{{model="broken",outcome="failure",upstream="{servers.flaky.url}",version="1"}}'
     assert metric(servers.front, failures) == 1
 
 
@@ -342,7 +338,7 @@ async def test_a_deadline_travels_upstream_and_bounds_the_call(servers: Servers)
         async with http.post(f"{servers.front.url}/v1/completions", json=long, headers=headers) as r:
             assert r.status == 504
     # the upstream inferd ended the sequence too: its own deadline, or the front closing the connection
-    running = 'inferd_llm_sequences{model="sim-llm",state="running"}'
+    running = 'inferd_llm_sequences{model="sim-llm",state="running",version="1"}'
     wait_for(lambda: metric(servers.upstream, running) == 0, "the upstream's engine ended the sequence")
-    assert metric(servers.upstream, 'inferd_llm_streams{model="sim-llm"}') == 0
-    assert metric(servers.upstream, 'inferd_llm_kv_usage_ratio{model="sim-llm"}') == 0
+    assert metric(servers.upstream, 'inferd_llm_streams{model="sim-llm",version="1"}') == 0
+    assert metric(servers.upstream, 'inferd_llm_kv_usage_ratio{model="sim-llm",version="1"}') == 0

@@ -117,10 +117,10 @@ async def test_metrics_exposes_batching_signals(server: ServerProc) -> None:
         "inferd_requests_total",
         "inferd_workers",
         'inferd_worker_batches_total{model="sim",version="1",worker="sim-0"}',
-        'inferd_queue_depth_by_priority{model="sim",version="1",priority="bulk"}',
+        'inferd_queue_depth_by_priority{model="sim",priority="bulk",version="1"}',
     ):
         assert name in text, name
-    ok = re.search(r'inferd_requests_total\{model="sim",outcome="ok"\} (\d+)', text)
+    ok = re.search(r'inferd_requests_total\{model="sim",outcome="ok",version="1"\} (\d+)', text)
     assert ok and int(float(ok.group(1))) >= 1
 
 

@@ -31,8 +31,8 @@ async def test_sigterm_drains_in_flight_requests_and_leaves_no_orphans(tmp_path:
         for _ in range(200):
             async with http.get(f"{server.url}/metrics") as r:
                 text = await r.text()
-            queued = float(text.split('inferd_queue_depth{model="sim"} ')[1].split()[0])
-            inflight = float(text.split('inferd_inflight_batches{model="sim"} ')[1].split()[0])
+            queued = float(text.split('inferd_queue_depth{model="sim",version="1"} ')[1].split()[0])
+            inflight = float(text.split('inferd_inflight_batches{model="sim",version="1"} ')[1].split()[0])
             if queued + 10 * inflight >= 30:
                 break
             await asyncio.sleep(0.01)

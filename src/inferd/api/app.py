@@ -84,7 +84,7 @@ def create_app(server: InferenceServer) -> AsgiApp:
     log.info(
         "request chain: %s",
         " -> ".join(
-            type(layer).__name__ if not isinstance(layer, partial) else layer.func.__name__
+            getattr(layer, "__name__", None) or layer.func.__name__  # type: ignore[attr-defined]
             for layer in api.layers
         ),
     )

@@ -114,6 +114,7 @@ class FleetControl:
         return {"model": model, "from": old.version, "to": new_config.version, "replaced": replaced}
 
     async def _roll(self, model: str, old: Runtime, config: ModelConfig) -> int:
+        self.registry.set_default(model, old.version)  # pinned: the new version is not the default yet
         new = self.host.add_version(config)
         old_slots = list(self.launcher.live_slots(model, old.version))
         log.info(
