@@ -255,6 +255,19 @@ async def test_overload_gives_fast_429_and_running_streams_keep_their_pace(serve
     during = [g for g, t in zip(gaps, w.chunk_times[1:], strict=False) if flood_start <= t <= flood_end]
     assert during, "the flood ended before the witness produced another token"
     assert statistics.median(during) <= 3 * statistics.median(before) + 0.01
+    async with aiohttp.ClientSession() as http, http.get(f"{server.url}/metrics") as r:
+        text = await r.text()
+    # LLM refusals are accounted like every other model's: by outcome, and by reason
+    rejected = re.search(
+        r'^inferd_requests_total\{model="tight",outcome="rejected",version="1"\} (\S+)$', text, re.M
+    )
+    reason = re.search(
+        r'^inferd_requests_rejected_total\{model="tight",reason="llm_queue_full",version="1"\} (\S+)$',
+        text,
+        re.M,
+    )
+    assert rejected and float(rejected.group(1)) >= len(refused)
+    assert reason and float(reason.group(1)) >= len(refused)
 
 
 async def _n_ready(http: aiohttp.ClientSession, server: ServerProc, model: str, n: int) -> bool:

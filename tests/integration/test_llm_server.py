@@ -45,10 +45,13 @@ def expected(prompt: str, seed: int | None, n: int) -> str:
     return " ".join(sim_llm_tokens(prompt, seed, n))
 
 
-async def ametric(server: ServerProc, name: str) -> float:
+async def ametric(server: ServerProc, name: str, absent: float | None = None) -> float:
+    """A sample's value; `absent` when the series does not exist yet (else that fails the test)."""
     async with aiohttp.ClientSession() as http, http.get(f"{server.url}/metrics") as r:
         text = await r.text()
     found = re.search(rf"^{re.escape(name)} ([0-9.e+-]+)$", text, re.M)
+    if found is None and absent is not None:
+        return absent
     assert found, f"{name} not in /metrics"
     return float(found.group(1))
 
@@ -288,6 +291,8 @@ async def test_deadline_is_a_504_and_frees_the_sequence_in_the_engine(server: Se
 async def test_deadline_mid_stream_is_an_error_event_and_frees_the_kv_blocks(server: ServerProc) -> None:
     body = {"model": "sim-llm", "prompt": "stream a story", "max_tokens": 1500, "stream": True}
     events: list[bytes] = []
+    cut = 'inferd_requests_total{model="sim-llm",outcome="deadline",version="1"}'
+    cut_before = await ametric(server, cut, absent=0.0)
     async with aiohttp.ClientSession() as http:
         headers = {"X-Request-Timeout-Ms": "1500"}
         async with http.post(f"{server.url}/v1/completions", json=body, headers=headers) as r:
@@ -304,6 +309,7 @@ async def test_deadline_mid_stream_is_an_error_event_and_frees_the_kv_blocks(ser
     words = text.split()
     assert 3 <= len(words) < 1500 and words == sim_llm_tokens("stream a story", None, len(words))
     await until_engine_idle(server, "sim-llm")
+    assert await ametric(server, cut) == cut_before + 1  # the stream is accounted as cut by its deadline
 
 
 def test_no_default_deadline_cuts_a_long_answer_short(server: ServerProc) -> None:

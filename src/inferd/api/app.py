@@ -164,6 +164,8 @@ class Api:
     ) -> Runtime:
         """The runtime serving `name` at `version` (None: the default), if its kind serves this route;
         recorded on the call for accounting. Unknown models get a 404 listing every model."""
+        if version is None:  # the OpenAI routes have no version in the path: a header may pick one
+            version = request.header(b"x-inferd-model-version")
         rt = self.registry.get(name, version)
         call: Call | None = request.scope.get("inferd.call")
         if call is not None:
@@ -175,7 +177,7 @@ class Api:
 
     def text_model(self, request: HttpRequest, name: str) -> Runtime:
         """An LLM or upstream model for the OpenAI text routes (X-Inferd-Model-Version may pin a version)."""
-        return self.resolve(request, name, request.header(b"x-inferd-model-version"), TEXT_KINDS)
+        return self.resolve(request, name, None, TEXT_KINDS)
 
     def batch_model(self, request: HttpRequest, name: str, version: str | None = None) -> Any:
         return self.resolve(request, name, version, ("batch",))

@@ -37,6 +37,7 @@ from inferd.api.http import (
     read_body,
     request_deadline,
 )
+from inferd.api.middleware import record_stream_error
 from inferd.api.openai import openai_error
 from inferd.api.streams import collect, generate, interleave
 from inferd.config import ModelConfig
@@ -329,6 +330,7 @@ class _Call:
             client_gone = False
         except ServingError as exc:  # after streaming began: an error event, then the end
             client_gone = False  # the other choices end because this one failed, not the client
+            record_stream_error(self.request, exc)
             yield b"data: " + openai_error(exc, status_of(exc)[0]) + b"\n\n"
         finally:
             for stream in streams:

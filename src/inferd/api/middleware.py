@@ -47,6 +47,14 @@ class Call:
     """Per-call values layers hand each other (e.g. a tenant, a trace id)."""
 
 
+def record_stream_error(request: HttpRequest, exc: ServingError) -> None:
+    """A stream ended with an error event after its response began (a deadline, a worker lost): the call
+    is accounted with that error's outcome, not as ok."""
+    call: Call | None = request.scope.get("inferd.call")
+    if call is not None:
+        call.outcome = status_of(exc)[1]
+
+
 Handler = Callable[[Call], Awaitable[Response]]
 Layer = Callable[[Handler], Handler]
 
