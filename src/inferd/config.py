@@ -93,6 +93,20 @@ VersionPolicy = Literal["latest", "all"] | LatestVersions | SpecificVersions
 or {specific = [1, 3]}."""
 
 _PLATFORM_KINDS = {"inferd_llm": "llm", "openai_upstream": "upstream"}
+BATCH_ONLY = frozenset(
+    {
+        "inputs",
+        "outputs",
+        "max_batch_size",
+        "max_wait_ms",
+        "preferred_batch_sizes",
+        "max_queue_size",
+        "mixed_batch_cost_ratio",
+        "batch_timeout_s",
+        "max_items_per_request",
+    }
+)
+"""Settings only the batch kind reads."""
 
 
 class ModelConfig(_Frozen):
@@ -144,10 +158,10 @@ class ModelConfig(_Frozen):
     """Scale this model's local workers from batching-aware signals (None: a fixed `workers`)."""
     max_items_per_request: int = Field(default=1024, ge=1, le=1_000_000)
     """Largest batch dimension one request may carry."""
-    inputs: tuple[TensorSpec, ...] = Field(min_length=1)
-    """Input tensors, per item."""
-    outputs: tuple[TensorSpec, ...] = Field(min_length=1)
-    """Output tensors, per item."""
+    inputs: tuple[TensorSpec, ...] = ()
+    """Input tensors, per item (batch models; LLM and upstream models have none)."""
+    outputs: tuple[TensorSpec, ...] = ()
+    """Output tensors, per item (batch models)."""
     params: dict[str, Any] = Field(default_factory=dict)
     """Model-specific settings, handed to the model class."""
 
@@ -158,6 +172,22 @@ class ModelConfig(_Frozen):
         if isinstance(data, dict) and "kind" not in data and data.get("platform") in _PLATFORM_KINDS:
             return {**data, "kind": _PLATFORM_KINDS[data["platform"]]}
         return data
+
+    @model_validator(mode="after")
+    def _kind_checks(self) -> ModelConfig:
+        """Tensors and batching knobs belong to batch models: another kind that sets them is refused,
+        so nobody tunes a setting that nothing reads."""
+        if self.kind == "batch":
+            if not self.inputs or not self.outputs:
+                raise ValueError("a batch model declares its tensors: add [[inputs]] and [[outputs]]")
+            return self
+        given = sorted(BATCH_ONLY & self.model_fields_set)
+        if given:
+            raise ValueError(
+                f"{given} are batch-model settings; a {self.kind} model does not read them: remove them "
+                "(LLM models size their steps with params.scheduler, e.g. max_num_seqs)"
+            )
+        return self
 
     @model_validator(mode="after")
     def _cross_checks(self) -> ModelConfig:

@@ -23,6 +23,7 @@ from inferd.config import ModelConfig, ServerConfig
 from inferd.errors import ShuttingDown
 from inferd.fleet.control import FleetControl, repository_loader
 from inferd.fleet.scaling import ScalingLoop, scaling_policy
+from inferd.llm.params import LLMParams
 from inferd.llm.runtime import LLMRuntime
 from inferd.llm.upstream import UpstreamConfig, UpstreamRuntime
 from inferd.observability.collectors import RuntimeCollector
@@ -76,7 +77,12 @@ def builtin_kinds() -> KindRegistry:
     return KindRegistry(
         [
             Kind("batch", _batch_runtime, routes="POST /v2/models/{model}/infer (OIP), /v1/embeddings"),
-            Kind("llm", _llm_runtime, routes="POST /v1/chat/completions or /v1/completions (OpenAI)"),
+            Kind(
+                "llm",
+                _llm_runtime,
+                params=LLMParams,
+                routes="POST /v1/chat/completions or /v1/completions (OpenAI)",
+            ),
             Kind(
                 "upstream",
                 _upstream_runtime,

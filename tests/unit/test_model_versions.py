@@ -92,8 +92,9 @@ def test_platform_stays_an_alias_of_the_kind() -> None:
     base = {"name": "x", "implementation": "a:B", "inputs": [{"name": "A", "datatype": "FP32"}]}
     base["outputs"] = base["inputs"]
     assert ModelConfig(**base).kind == "batch"
-    assert ModelConfig(**base, platform="openai_upstream").kind == "upstream"
-    assert ModelConfig(**base, platform="inferd_llm").kind == "llm"
+    text = {"name": "x", "implementation": "a:B"}
+    assert ModelConfig(**text, platform="openai_upstream").kind == "upstream"
+    assert ModelConfig(**text, platform="inferd_llm").kind == "llm"
 
 
 @dataclass
@@ -133,3 +134,33 @@ def test_registry_resolves_versions_and_the_default() -> None:
         reg.get("a", "7")
     with pytest.raises(ValueError, match="twice"):
         reg.add(fake("b", 1))  # type: ignore[arg-type]
+
+
+def test_llm_models_have_no_tensors_and_refuse_batch_settings(tmp_path: Path) -> None:
+    folder = write_model(tmp_path, 'builtin = "sim-llm"\n')
+    (llm,) = load_model_folder(folder)
+    assert llm.kind == "llm" and llm.inputs == () and llm.outputs == ()
+    (folder / "model.toml").write_text('builtin = "sim-llm"\nmax_batch_size = 8\n')
+    with pytest.raises(ConfigError, match=r"\['max_batch_size'\] are batch-model settings.*max_num_seqs"):
+        load_model_folder(folder)
+
+
+def test_a_batch_model_without_tensors_is_refused_with_the_fix(tmp_path: Path) -> None:
+    folder = write_model(tmp_path, "max_batch_size = 8\n", versions=(1,))
+    with pytest.raises(ConfigError, match=r"add \[\[inputs\]\] and \[\[outputs\]\]"):
+        load_model_folder(folder)
+
+
+def test_each_kind_checks_its_typed_params_at_start() -> None:
+    from inferd.models.repository import builtin_config
+    from inferd.server import builtin_kinds
+
+    kinds = builtin_kinds()
+    assert kinds.check(builtin_config("sim-llm")).name == "llm"
+    with pytest.raises(ConfigError, match=r"params of llm model 'sim-llm': scheduler\.max_num_seqs"):
+        kinds.check(builtin_config("sim-llm", params={"scheduler": {"max_num_seqs": 0}}))
+    odd = builtin_config("sim").model_copy(update={"kind": "search"})
+    with pytest.raises(
+        ConfigError, match=r"unknown model kind \"search\": use one of \['batch', 'llm', 'upstream'\]"
+    ):
+        kinds.check(odd)

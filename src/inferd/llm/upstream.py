@@ -39,7 +39,7 @@ from pydantic import (
 
 from inferd.batching.retry import RetryBudget
 from inferd.clock import Clock
-from inferd.config import ConfigError, ModelConfig, TensorSpec, describe_validation_error
+from inferd.config import ConfigError, ModelConfig, describe_validation_error
 from inferd.errors import (
     DeadlineExceeded,
     Internal,
@@ -154,8 +154,7 @@ def openai_upstream_config(name: str, environ: Mapping[str, str], **overrides: A
         name=name,
         implementation="inferd.llm.upstream:UpstreamRuntime",
         platform=UPSTREAM_PLATFORM,
-        inputs=(TensorSpec(name="PROMPT", datatype="BYTES", shape=()),),
-        outputs=(TensorSpec(name="TEXT", datatype="BYTES", shape=()),),
+        kind="upstream",
         params=params,
         **overrides,
     )

@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from inferd.config import ConfigError, ModelConfig, TensorSpec
+from inferd.config import ConfigError, ModelConfig
 from inferd.llm.model import LLMModel, LLMRequest
 from inferd.llm.plan import SeqOutput, StepPlan
 from inferd.llm.sequence import FinishReason
@@ -110,8 +110,7 @@ def smollm2_config(name: str = "smollm2", **overrides: Any) -> ModelConfig:
         name=name,
         implementation="inferd.models.llama_cpp:LlamaCppLLM",
         platform="inferd_llm",
-        inputs=(TensorSpec(name="PROMPT", datatype="BYTES", shape=()),),
-        outputs=(TensorSpec(name="TEXT", datatype="BYTES", shape=()),),
+        kind="llm",
         params=params,
         **overrides,
     )

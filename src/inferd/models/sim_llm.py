@@ -25,7 +25,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from inferd.config import ModelConfig, TensorSpec
+from inferd.config import ModelConfig
 from inferd.llm.model import LLMModel, LLMRequest
 from inferd.llm.plan import SeqOutput, StepPlan
 
@@ -101,13 +101,11 @@ def sim_llm_config(name: str = "sim-llm", **overrides: Any) -> ModelConfig:
         "max_model_len": 2048,
         **overrides.pop("params", {}),
     }
-    overrides.setdefault("max_batch_size", 128)
     return ModelConfig(
         name=name,
         implementation="inferd.models.sim_llm:SimLLM",
         platform="inferd_llm",
-        inputs=(TensorSpec(name="PROMPT", datatype="BYTES", shape=()),),
-        outputs=(TensorSpec(name="TEXT", datatype="BYTES", shape=()),),
+        kind="llm",
         params=params,
         **overrides,
     )
