@@ -104,7 +104,9 @@ async def test_item_expiring_in_queue_gets_504(server: ServerProc) -> None:
 async def test_client_disconnect_withdraws_queued_request(server: ServerProc) -> None:
     url = f"{server.url}/v2/models/sim/infer"
     async with aiohttp.ClientSession() as http:
-        before = await metric(http, server.url, r'inferd_requests_total\{model="sim",outcome="cancelled"\}')
+        before = await metric(
+            http, server.url, r'inferd_requests_total\{model="sim",outcome="cancelled",version="1"\}'
+        )
         fill = [asyncio.ensure_future(http.post(url, json=body([f"d{i}"]))) for i in range(20)]
         async with aiohttp.ClientSession() as other:
             leaving = asyncio.ensure_future(other.post(url, json=body(["gone"])))
@@ -112,8 +114,10 @@ async def test_client_disconnect_withdraws_queued_request(server: ServerProc) ->
             leaving.cancel()
         for f in fill:
             (await f).release()
-        after = await metric(http, server.url, r'inferd_requests_total\{model="sim",outcome="cancelled"\}')
-        depth = await metric(http, server.url, r'inferd_queue_depth\{model="sim"\}')
+        after = await metric(
+            http, server.url, r'inferd_requests_total\{model="sim",outcome="cancelled",version="1"\}'
+        )
+        depth = await metric(http, server.url, r'inferd_queue_depth\{model="sim",version="1"\}')
     assert after == before + 1
     assert depth == 0
 
@@ -363,7 +367,7 @@ async def test_interactive_requests_overtake_queued_bulk_work(server: ServerProc
 
         bulk = [asyncio.ensure_future(call(f"bulk{i}", "bulk", i % 2 == 0)) for i in range(30)]
         for _ in range(100):  # wait until the bulk work is queued
-            if await metric(http, server.url, r'inferd_queue_depth\{model="sim"\}') >= 10:
+            if await metric(http, server.url, r'inferd_queue_depth\{model="sim",version="1"\}') >= 10:
                 break
             await asyncio.sleep(0.01)
         inter = await asyncio.gather(*(call(f"inter{i}", "interactive", i == 0) for i in range(5)))
