@@ -7,7 +7,6 @@ The hot path needs only a header lookup, a bounded body read and two send() call
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import re
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -15,10 +14,11 @@ from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from typing import Any
 
+from inferd.api.disconnect import ClientGone, Receive, until_disconnect
+
 log = logging.getLogger("inferd.api")
 
 Scope = dict[str, Any]
-Receive = Callable[[], Awaitable[dict[str, Any]]]
 Send = Callable[[dict[str, Any]], Awaitable[None]]
 
 
@@ -79,8 +79,9 @@ class HttpResponse:
 class StreamingResponse:
     """A response whose body is an async iterator of chunks (Server-Sent Events), sent as they come.
 
-    While it streams, a watcher reads receive() for `http.disconnect`: when the client goes away the
-    body iterator is cancelled and closed, so its `finally` runs (the LLM routes abort the sequence there).
+    While it streams, receive() is watched for `http.disconnect` (until_disconnect): when the client goes
+    away the body iterator is cancelled and closed, so its `finally` runs (the LLM routes abort the
+    sequence there).
     """
 
     __slots__ = ("_on_close", "body", "content_type", "headers", "receive", "status")
@@ -112,28 +113,18 @@ class StreamingResponse:
 
     async def _stream(self, send: Send) -> None:
         headers = [(b"content-type", self.content_type), (b"cache-control", b"no-cache"), *self.headers]
-        pump = asyncio.ensure_future(self._pump(send, headers))
-        watch = asyncio.ensure_future(self._watch_disconnect())
         try:
-            await asyncio.wait({pump, watch}, return_when=asyncio.FIRST_COMPLETED)
+            await until_disconnect(self.receive, self._pump(send, headers))
+        except (ClientGone, OSError):  # the client went away (OSError: while a chunk was sent)
+            log.debug("client left a %s stream before its end", self.content_type.decode())
         finally:
-            for task in (pump, watch):
-                task.cancel()
-            await asyncio.gather(pump, watch, return_exceptions=True)
             await self.body.aclose()  # type: ignore[attr-defined]
-        error = pump.exception() if pump.done() and not pump.cancelled() else None
-        if error is not None and not isinstance(error, OSError):  # OSError: the client went away
-            raise error
 
     async def _pump(self, send: Send, headers: list[tuple[bytes, bytes]]) -> None:
         await send({"type": "http.response.start", "status": self.status, "headers": headers})
         async for chunk in self.body:
             await send({"type": "http.response.body", "body": chunk, "more_body": True})
         await send({"type": "http.response.body", "body": b"", "more_body": False})
-
-    async def _watch_disconnect(self) -> None:
-        while (await self.receive())["type"] != "http.disconnect":
-            pass
 
     def header(self, name: bytes) -> bytes | None:
         for k, v in self.headers:

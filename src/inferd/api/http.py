@@ -10,17 +10,13 @@ from typing import Any, TypeVar
 import msgspec
 
 from inferd.api.asgi import HttpRequest, HttpResponse
+from inferd.api.disconnect import ClientGone, until_disconnect
 from inferd.batching.dispatcher import ModelRuntime
 from inferd.batching.queue import BULK, INTERACTIVE, PRIORITY_NAMES, QueuedItem
 from inferd.clock import Clock
 from inferd.errors import BadRequest, PayloadTooLarge, UnsupportedMediaType
 
 T = TypeVar("T")
-
-
-class ClientGone(Exception):
-    """The caller disconnected while its request was queued or running."""
-
 
 JSON_TYPES = ("application/json", "application/octet-stream", "")
 
@@ -141,52 +137,22 @@ async def wait_for_items(
     runtime: ModelRuntime, items: list[QueuedItem], deadline: float | None, clock: Clock, request: HttpRequest
 ) -> list[Any]:
     """Wait for every item's result. At the deadline the items are expired (504); if the client
-    disconnects they are withdrawn (detected from DISCONNECT_WATCH_AFTER_S on)."""
-    loop = asyncio.get_running_loop()
+    disconnects (watched from DISCONNECT_WATCH_AFTER_S on) or the wait is cancelled, they are withdrawn."""
     futures = [i.reply for i in items]
     waiter: asyncio.Future[Any] = futures[0] if len(futures) == 1 else asyncio.gather(*futures)
-    watch = _DisconnectWatch(runtime, items, request)
-    timers = [loop.call_later(DISCONNECT_WATCH_AFTER_S, watch.start)]
+    expiry = None
     if deadline is not None:
-        timers.append(loop.call_at(loop.time() + (deadline - clock.now()), runtime.expire, items))
+        loop = asyncio.get_running_loop()
+        expiry = loop.call_at(loop.time() + (deadline - clock.now()), runtime.expire, items)
     try:
-        result = await waiter
-    except asyncio.CancelledError:
-        if watch.disconnected:
-            raise ClientGone() from None
+        result = await until_disconnect(request.receive, waiter, DISCONNECT_WATCH_AFTER_S)
+    except (asyncio.CancelledError, ClientGone):
         runtime.withdraw(items)
         raise
     finally:
-        for timer in timers:
-            timer.cancel()
-        watch.stop()
+        if expiry is not None:
+            expiry.cancel()
     return [result] if len(futures) == 1 else result
-
-
-class _DisconnectWatch:
-    """A receive() task that withdraws the request's items when the client goes away."""
-
-    __slots__ = ("disconnected", "items", "request", "runtime", "task")
-
-    def __init__(self, runtime: ModelRuntime, items: list[QueuedItem], request: HttpRequest) -> None:
-        self.runtime = runtime
-        self.items = items
-        self.request = request
-        self.task: asyncio.Task[Any] | None = None
-        self.disconnected = False
-
-    def start(self) -> None:
-        self.task = asyncio.get_running_loop().create_task(self.request.receive())
-        self.task.add_done_callback(self._done)
-
-    def _done(self, task: asyncio.Task[Any]) -> None:
-        if not task.cancelled():
-            self.disconnected = True
-            self.runtime.withdraw(self.items)
-
-    def stop(self) -> None:
-        if self.task is not None:
-            self.task.cancel()
 
 
 def json_response(

@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator
 from typing import TypeVar
 
 from inferd.api.asgi import HttpRequest
-from inferd.api.http import ClientGone
+from inferd.api.disconnect import until_disconnect
 from inferd.errors import ModelError, WorkerUnavailable
 from inferd.llm.runtime import LLMRuntime
 from inferd.llm.stream import TokenStream
@@ -52,24 +52,14 @@ async def collect(
             finish = reason or finish
         return "".join(parts), finish
 
-    async def disconnected() -> None:
-        while (await request.receive())["type"] != "http.disconnect":
-            pass
-
-    work = asyncio.ensure_future(asyncio.gather(*(gather(s) for s in streams), return_exceptions=True))
-    watch = asyncio.ensure_future(disconnected())
+    gone = True  # until every choice has ended: a disconnect (499) or a cancellation ended the wait
     try:
-        await asyncio.wait({work, watch}, return_when=asyncio.FIRST_COMPLETED)
+        work = asyncio.gather(*(gather(s) for s in streams), return_exceptions=True)
+        results = await until_disconnect(request.receive, work)
+        gone = False
     finally:
-        gone = not work.done()  # the disconnect watch (or a cancellation) ended the wait
-        for task in (work, watch):
-            task.cancel()
-        await asyncio.gather(work, watch, return_exceptions=True)
         for stream in streams:
             rt.abort(stream, client_gone=gone)
-    if work.cancelled():
-        raise ClientGone()
-    results = work.result()
     for r in results:  # every choice was awaited, so no failure goes unretrieved; the first one answers
         if isinstance(r, BaseException):
             raise r

@@ -13,15 +13,16 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Awaitable
-from typing import TYPE_CHECKING, Any, TypeVar
+from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING, Any
 
 import aiohttp
 import msgspec
 
 from inferd.api.asgi import HttpRequest, HttpResponse, StreamingResponse
+from inferd.api.disconnect import until_disconnect
 from inferd.api.errors import status_of
-from inferd.api.http import ClientGone, decode_json
+from inferd.api.http import decode_json
 from inferd.api.openai import openai_error
 from inferd.errors import ServingError, WorkerDied
 from inferd.llm.upstream import UpstreamRuntime
@@ -33,7 +34,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("inferd.upstream")
 
-T = TypeVar("T")
 MAX_EVENT_BYTES = 4 * 1024 * 1024
 """An upstream SSE event larger than this breaks the stream (so one bad upstream cannot grow a buffer)."""
 PASSED_HEADERS = (b"retry-after",)
@@ -73,7 +73,7 @@ async def forward(
     stream = req.get("stream") is True
     relay = _Relay(rt, api.clock.now(), client_wants_usage(req), deadline)
     payload = upstream_payload(req, rt.upstream_model, stream)
-    reply = await until_disconnect(request, rt.send(path, payload, deadline))
+    reply = await until_disconnect(request.receive, rt.send(path, payload, deadline))
     if stream and reply.status == 200:
         return StreamingResponse(relay.events(reply), request.receive)
     return await relay.whole(reply, request)
@@ -92,27 +92,6 @@ def upstream_payload(req: dict[str, Any], model: str, stream: bool) -> bytes:
     if stream and (options is None or isinstance(options, dict)):
         out["stream_options"] = {**(options or {}), "include_usage": True}
     return _encoder.encode(out)
-
-
-async def until_disconnect(request: HttpRequest, work: Awaitable[T]) -> T:
-    """`work`'s result; if the client disconnects first, `work` is cancelled and ClientGone raised (499)."""
-
-    async def disconnected() -> None:
-        while (await request.receive())["type"] != "http.disconnect":
-            pass
-
-    task = asyncio.ensure_future(work)
-    watch = asyncio.ensure_future(disconnected())
-    try:
-        await asyncio.wait({task, watch}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        watch.cancel()
-        if not task.done():
-            task.cancel()
-        await asyncio.gather(task, watch, return_exceptions=True)
-    if task.cancelled():
-        raise ClientGone()
-    return task.result()
 
 
 # ---- one forwarded request ----------------------------------------------------------------------------------
@@ -134,7 +113,7 @@ class _Relay:
         bound = asyncio.timeout(self.rt.remaining_s(self.deadline))
         try:
             async with bound:
-                data = await until_disconnect(request, reply.response.read())
+                data = await until_disconnect(request.receive, reply.response.read())
             outcome = classify_status(reply.status)
         except (aiohttp.ClientError, TimeoutError) as exc:
             if bound.expired():  # the caller's deadline: closing the connection cancels it upstream
