@@ -61,6 +61,28 @@ def test_models_lists_llm_and_batch_models(server: ServerProc) -> None:
     assert {"sim", "sim-llm"} <= ids
 
 
+async def test_llm_metadata_says_its_kind_and_oip_infer_names_the_openai_routes(server: ServerProc) -> None:
+    async with aiohttp.ClientSession() as http:
+        async with http.get(f"{server.url}/v2/models/sim-llm") as r:
+            meta = await r.json()
+        assert meta == {"name": "sim-llm", "versions": ["1"], "platform": "inferd_llm", "kind": "llm"}
+        body = {"inputs": [{"name": "PROMPT", "shape": [1], "datatype": "BYTES", "data": ["hi"]}]}
+        async with http.post(f"{server.url}/v2/models/sim-llm/infer", json=body) as r:
+            assert r.status == 400
+            assert "/v1/chat/completions" in (await r.json())["error"]
+        async with http.post(f"{server.url}/v1/completions", json={"model": "nope", "prompt": "x"}) as r:
+            assert r.status == 404
+            message = (await r.json())["error"]["message"]
+        assert "'sim'" in message and "'sim-llm'" in message  # every model, whatever its kind
+        async with http.post(f"{server.url}/v1/completions", json={"model": "sim", "prompt": "x"}) as r:
+            assert r.status == 400
+            assert "batch model" in (await r.json())["error"]["message"]
+        async with http.post(
+            f"{server.url}/v1/completions", json={"model": "sim-llm", "prompt": "a b", "max_tokens": 2}
+        ) as r:
+            assert r.status == 200 and r.headers["X-Inferd-Model-Version"] == "1"
+
+
 def test_completion_text_is_the_documented_tokens(server: ServerProc) -> None:
     out = client(server).completions.create(
         model="sim-llm", prompt="the quick brown fox", max_tokens=12, seed=7

@@ -23,6 +23,7 @@ from inferd.api.asgi import HttpRequest, HttpResponse, StreamingResponse
 from inferd.api.disconnect import until_disconnect
 from inferd.api.errors import status_of
 from inferd.api.http import decode_json
+from inferd.api.middleware import record_stream_error
 from inferd.api.openai import openai_error
 from inferd.errors import ServingError, WorkerDied
 from inferd.llm.upstream import UpstreamRuntime
@@ -75,7 +76,7 @@ async def forward(
     payload = upstream_payload(req, rt.upstream_model, stream)
     reply = await until_disconnect(request.receive, rt.send(path, payload, deadline))
     if stream and reply.status == 200:
-        return StreamingResponse(relay.events(reply), request.receive)
+        return StreamingResponse(relay.events(reply, request), request.receive)
     return await relay.whole(reply, request)
 
 
@@ -129,10 +130,10 @@ class _Relay:
         ctype = reply.response.headers.get("Content-Type", "application/json").encode("latin-1")
         return HttpResponse(data, reply.status, ctype, headers)
 
-    def events(self, reply: UpstreamReply) -> AsyncIterator[bytes]:
-        return _Events(self._relay(reply), reply)
+    def events(self, reply: UpstreamReply, request: HttpRequest) -> AsyncIterator[bytes]:
+        return _Events(self._relay(reply, request), reply)
 
-    async def _relay(self, reply: UpstreamReply) -> AsyncIterator[bytes]:
+    async def _relay(self, reply: UpstreamReply, request: HttpRequest) -> AsyncIterator[bytes]:
         """Each upstream SSE event as soon as it is complete. An upstream failure mid-stream, or the
         caller's deadline, ends the stream with an error event and [DONE] (tokens were already sent:
         it cannot be retried)."""
@@ -148,9 +149,12 @@ class _Relay:
             self.rt.metrics.finished(self.rt.clock.now() - self.started)
         except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
             outcome = Outcome.FAILURE
-            yield _error_event(WorkerDied(f"upstream {reply.url} failed mid-stream: {describe(exc)}"))
+            died = WorkerDied(f"upstream {reply.url} failed mid-stream: {describe(exc)}")
+            record_stream_error(request, died)
+            yield _error_event(died)
             yield b"data: [DONE]\n\n"
         except ServingError as exc:  # the caller's deadline (the upstream is not at fault)
+            record_stream_error(request, exc)
             yield _error_event(exc)
             yield b"data: [DONE]\n\n"
         finally:
