@@ -7,6 +7,10 @@ Phases (each inferd configuration runs in its own `inferd serve`, started and st
              (ignore_eos, greedy): aggregate output tokens/s and inter-token latency percentiles;
   prefill    200-token prompts at 8 concurrent streams, chunked prefill on (64 tokens per step, the
              default) and off (a whole prompt in one step): TTFT and ITL percentiles.
+  contention 130-token prompts, for each llama.cpp thread count (the default, then 1 and 2): one stream
+             and 8 streams on a quiet machine, then 8 streams while a CPU hog spins on core 1
+             (`taskset -c 1`): the contended ITL p99 against the quiet one, and 8 streams' tokens/s
+             against one stream's.
 
 Times are measured by the client from the moment it sends each request; ITL is the gap between
 consecutive SSE chunks of one stream (one token each).
@@ -22,6 +26,8 @@ import argparse
 import asyncio
 import json
 import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -52,9 +58,11 @@ def prompt_of(tokens: int) -> str:
     return tok.llama.detokenize(ids).decode("utf-8", "ignore")
 
 
-def server(name: str, scheduler: dict[str, Any]) -> InferdServer:
-    """`inferd serve` serving only smollm2 with the given scheduler settings."""
-    lines = ['builtin = "smollm2"', "", "[params.scheduler]"]
+def server(name: str, scheduler: dict[str, Any], params: dict[str, Any] | None = None) -> InferdServer:
+    """`inferd serve` serving only smollm2 with the given scheduler settings (and other params)."""
+    lines = ['builtin = "smollm2"', "", "[params]"]
+    lines += [f"{k} = {json.dumps(v)}" for k, v in (params or {}).items()]
+    lines += ["", "[params.scheduler]"]
     lines += [f"{k} = {json.dumps(v)}" for k, v in scheduler.items()]
     return InferdServer(
         "--no-admin",
@@ -150,6 +158,28 @@ def summarize(results: list[dict], wall: float, streams: int) -> dict[str, Any]:
     }
 
 
+def contention(prompt: str, rounds: int, params: dict[str, Any]) -> dict[str, Any]:
+    """One configuration: 1 and 8 streams quiet, then 8 streams beside a CPU hog pinned to core 1."""
+    with server("contention", {}, params) as s:
+        single = asyncio.run(closed_loop(s.url, prompt, 64, 1, 3))
+        quiet = asyncio.run(closed_loop(s.url, prompt, 64, 8, rounds))
+        hog = subprocess.Popen(["taskset", "-c", "1", sys.executable, "-c", "while True: pass"])
+        try:
+            busy = asyncio.run(closed_loop(s.url, prompt, 64, 8, rounds))
+        finally:
+            hog.kill()
+            hog.wait()
+    out = {
+        "single_tokens_per_s": single["tokens_per_s"],
+        "quiet_8": quiet,
+        "hogged_8": busy,
+        "speedup_8_vs_1": round(quiet["tokens_per_s"] / single["tokens_per_s"], 2),
+        "itl_p99_ratio_hogged_vs_quiet": round(busy["itl_ms"]["p99"] / quiet["itl_ms"]["p99"], 2),
+    }
+    print("contention", json.dumps(params), json.dumps(out), flush=True)
+    return out
+
+
 def llama_cpp_single(prompt: str, max_tokens: int, repeats: int, path: Path) -> dict[str, Any]:
     """llama-cpp-python's high-level API, one request at a time, in this process, on every core."""
     from llama_cpp import Llama
@@ -209,6 +239,15 @@ def main() -> None:
                 label = name if not jitter else f"{name}, outputs 48-80"
                 out["prefill"][label] = r
                 print(label, json.dumps(r), flush=True)
+    if "contention" in phases:
+        out["contention"] = {
+            label: contention(prompt_of(130), args.rounds, params)
+            for label, params in (
+                ("default", {}),
+                ("n_threads=1", {"n_threads": 1}),
+                ("n_threads=2", {"n_threads": 2}),
+            )
+        }
     write_json(OUT_DIR / "smollm2_streams.json", out, indent=2)
     report(out)
 

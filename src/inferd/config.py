@@ -181,7 +181,10 @@ class ModelConfig(_Frozen):
             if not self.inputs or not self.outputs:
                 raise ValueError("a batch model declares its tensors: add [[inputs]] and [[outputs]]")
             return self
-        given = sorted(BATCH_ONLY & self.model_fields_set)
+        fields = type(self).model_fields
+        given = sorted(
+            f for f in BATCH_ONLY if getattr(self, f) != fields[f].get_default(call_default_factory=True)
+        )
         if given:
             raise ValueError(
                 f"{given} are batch-model settings; a {self.kind} model does not read them: remove them "
