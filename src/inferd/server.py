@@ -34,7 +34,7 @@ from inferd.runtime.kinds import Kind, KindRegistry, RuntimeContext
 from inferd.runtime.registry import ModelRegistry
 from inferd.worker.connection import WorkerConnection
 from inferd.worker.hub import WorkerHub
-from inferd.worker.launcher import Launcher
+from inferd.worker.launcher import Launcher, WorkerSlot
 from inferd.worker.supervisor import Supervisor
 
 if TYPE_CHECKING:
@@ -176,10 +176,9 @@ class InferenceServer:
     def has_workers(self, kind: str) -> bool:
         return self.kinds.get(kind).has_workers
 
-    def _count_restart(self, slot: object) -> None:
-        model = getattr(slot, "model", None)
-        if model in self.registry:
-            self.metrics.worker_restarted(model)
+    def _count_restart(self, slot: WorkerSlot) -> None:
+        if slot.model in self.registry:
+            self.metrics.worker_restarted(slot.model)
 
     # ---- lifecycle ------------------------------------------------------------------------------------
     @contextlib.asynccontextmanager

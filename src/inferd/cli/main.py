@@ -20,6 +20,21 @@ app = typer.Typer(
 )
 
 
+def check_models(models: list[ModelConfig]) -> None:
+    """Every model's kind is known and its typed params and [autoscale] fit it: refused before start."""
+    from inferd.fleet.scaling import check_autoscalable
+    from inferd.server import builtin_kinds
+
+    kinds = builtin_kinds()
+    for m in models:
+        kind = kinds.check(m)
+        if m.autoscale is not None:
+            try:
+                check_autoscalable(kind.name)
+            except ConfigError as exc:
+                raise ConfigError(f"model {m.name!r}: {exc}") from None
+
+
 def resolve_models(config: ServerConfig) -> list[ModelConfig]:
     from inferd.models.repository import apply_overrides, default_models, load_repository
 
@@ -144,11 +159,12 @@ def serve(
         if cfg.ray_address and importlib.util.find_spec("ray") is None:
             raise ConfigError("--ray (ray_address) needs Ray: pip install 'inferd[ray]'")
         models = resolve_models(cfg)
+        check_models(models)
         check_ports_free(cfg)
     except ConfigError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from None
-    from inferd.runner import run_server
+    from inferd.runner import run_server  # imports the server: only once the config is known good
 
     logging.basicConfig(
         level=cfg.log_level, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s %(message)s"
@@ -167,6 +183,12 @@ def worker(
     model_repo: Annotated[
         Path | None,
         typer.Option(help="This host's copy of the model repository, for models served from one."),
+    ] = None,
+    model_version: Annotated[
+        int | None,
+        typer.Option(
+            help="The model version to serve when several are served side by side [default: the default one]."
+        ),
     ] = None,
     log_level: Annotated[str, typer.Option(help="DEBUG, INFO, WARNING or ERROR.")] = "INFO",
 ) -> None:
@@ -196,6 +218,8 @@ def worker(
     ]
     if model_repo is not None:
         args += ["--model-repo", str(model_repo)]
+    if model_version is not None:
+        args += ["--model-version", str(model_version)]
     raise typer.Exit(worker_main(args))
 
 

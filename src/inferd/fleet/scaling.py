@@ -12,6 +12,7 @@ from collections import deque
 from typing import Any
 
 from inferd.clock import Clock
+from inferd.config import ConfigError
 from inferd.fleet.autoscaler import Autoscaler, AutoscalerConfig, Decision
 from inferd.fleet.control import FleetControl
 from inferd.fleet.demand import BatchDemand, CurvePoint, LLMDemand, LLMObservation, Observation
@@ -24,12 +25,16 @@ HISTORY = 20
 """Fleet changes kept for the admin API."""
 
 
+def check_autoscalable(kind: str) -> None:
+    """Only kinds whose workers are ours scale: an [autoscale] table on another is a start-up error."""
+    if kind not in ("batch", "llm"):
+        raise ConfigError(f"[autoscale] is set on a {kind} model, which has no workers of ours: remove it")
+
+
 def scaling_policy(kind: str, config: AutoscalerConfig, clock: Clock) -> Autoscaler:
-    if kind == "llm":
-        return Autoscaler(config, clock, LLMDemand(config))
-    if kind == "batch":
-        return Autoscaler(config, clock, BatchDemand(config))
-    raise ValueError(f"{kind} models cannot autoscale: they have no workers of ours")
+    check_autoscalable(kind)
+    demand = LLMDemand(config) if kind == "llm" else BatchDemand(config)
+    return Autoscaler(config, clock, demand)
 
 
 class ScalingLoop:
