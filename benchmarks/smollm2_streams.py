@@ -206,6 +206,11 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--phases", default="runtimes,streams,prefill")
     ap.add_argument("--rounds", type=int, default=3, help="requests per client in each closed-loop run")
+    ap.add_argument(
+        "--threads",
+        default="default,1,2",
+        help="contention phase: llama.cpp thread counts ('default': unset)",
+    )
     args = ap.parse_args()
     phases = set(args.phases.split(","))
     out: dict[str, Any] = {"cpus": os.cpu_count()}
@@ -240,14 +245,11 @@ def main() -> None:
                 out["prefill"][label] = r
                 print(label, json.dumps(r), flush=True)
     if "contention" in phases:
-        out["contention"] = {
-            label: contention(prompt_of(130), args.rounds, params)
-            for label, params in (
-                ("default", {}),
-                ("n_threads=1", {"n_threads": 1}),
-                ("n_threads=2", {"n_threads": 2}),
-            )
-        }
+        out["contention"] = {}
+        for threads in args.threads.split(","):
+            params = {} if threads == "default" else {"n_threads": int(threads)}
+            label = "default" if threads == "default" else f"n_threads={threads}"
+            out["contention"][label] = contention(prompt_of(130), args.rounds, params)
     write_json(OUT_DIR / "smollm2_streams.json", out, indent=2)
     report(out)
 
