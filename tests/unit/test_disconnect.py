@@ -84,6 +84,7 @@ async def test_work_that_finishes_first_returns_its_value_and_stops_the_watch() 
         return await work.run()
 
     assert await until_disconnect(client.receive, finish_once_watched()) == "answer"
+    await asyncio.sleep(0)  # the cancelled watcher ends on the loop's next turn
     assert client.cancelled, "the watcher's receive() was left running"
     assert not work.cancelled
     assert other_tasks(before) == []

@@ -17,7 +17,7 @@ from inferd import __version__
 from inferd.api import completions as completion_routes
 from inferd.api import oip
 from inferd.api import openai as openai_routes
-from inferd.api.asgi import AsgiApp, HttpRequest, HttpResponse, Router
+from inferd.api.asgi import AsgiApp, HttpRequest, HttpResponse, Router, StreamingResponse
 from inferd.api.http import (
     check_content_type,
     json_response,
@@ -153,8 +153,18 @@ class Api:
 
         async def route(request: HttpRequest) -> Response:
             call = Call(request, error_body)
-            request.scope["inferd.call"] = call
-            return await run(call)
+            scope = request.scope
+            scope["inferd.call"] = call  # for the route modules; removed after, so no cycle outlives it
+            try:
+                response = await run(call)
+            except BaseException:
+                scope.pop("inferd.call", None)
+                raise
+            if isinstance(response, StreamingResponse):
+                response.on_close(lambda: scope.pop("inferd.call", None))
+            else:
+                scope.pop("inferd.call", None)
+            return response
 
         return route
 

@@ -105,6 +105,7 @@ class Delivery:
         worker.busy_s += msg.compute_s
         self.last_completion = now
         self._busy.append((now, msg.compute_s))
+        self._trim_busy(now)  # bounded whether or not anyone reads busy_ratio()
         self.state.estimator.observe_batch(len(batch.items), now - batch.sent_at)
         self.state.metrics.observe_batch_done(msg.compute_s, "model_error" if msg.batch_error else "ok")
 
@@ -186,10 +187,13 @@ class Delivery:
         busy = len(s.queue) > 0 or bool(s.isolation) or any(w.inflight for w in s.workers)
         return busy and s.clock.now() - self.last_completion > s.config.progress_timeout_s
 
+    def _trim_busy(self, now: float) -> None:
+        while self._busy and self._busy[0][0] < now - BUSY_WINDOW_S:
+            self._busy.popleft()
+
     def busy_ratio(self) -> float:
         """Share of the last BUSY_WINDOW_S the model's devices spent computing."""
         now = self.state.clock.now()
-        while self._busy and self._busy[0][0] < now - BUSY_WINDOW_S:
-            self._busy.popleft()
+        self._trim_busy(now)
         workers = max(1, len(self.state.workers))
         return min(1.0, sum(c for _, c in self._busy) / (BUSY_WINDOW_S * workers))
