@@ -24,7 +24,9 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
+import logging
 import os
+import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -37,6 +39,9 @@ from inferd.llm.plan import SeqOutput, StepPlan
 from inferd.llm.sequence import FinishReason
 from inferd.models.gguf import SMOLLM2_GGUF, gguf_path, package_folder, route_llama_log
 from inferd.models.gguf_tokenizer import GGUFTokenizer
+from inferd.models.llama_threads import SAMPLE_S, CpuWatch, ThreadPolicy, usable_cores
+
+log = logging.getLogger("inferd.llama_cpp")
 
 GREEDY_BELOW = 1e-5
 """Temperatures below this sample greedily (dividing logits by them overflows)."""
@@ -149,7 +154,9 @@ class LlamaCppLLM(LLMModel):
             )
         self.n_batch = sched.max_num_batched_tokens + self.n_seq_max
         """The scheduler's budget, plus room for tokens a slot lost (see the module docstring)."""
-        threads = int(params.get("n_threads", 0)) or (os.cpu_count() or 1)
+        fixed = int(params.get("n_threads", 0))
+        threads = fixed or usable_cores()
+        self._threads = _Threads(threads, adapt=not fixed)
 
         llama_cpp.llama_backend_init()
         route_llama_log()
@@ -208,6 +215,7 @@ class LlamaCppLLM(LLMModel):
                 self.batch.logits[n - 1] = True
                 sampling.append((chunk.seq_id, n - 1, len(held)))
         self.batch.n_tokens = n
+        self._threads.adapt(self.ll, self.ctx)
         rc = self.ll.llama_decode(self.ctx, self.batch)
         if rc != 0:  # every sequence of the step ends with an error: its slot no longer matches its plan
             for chunk in plan.chunks:
@@ -273,6 +281,36 @@ class LlamaCppLLM(LLMModel):
             self.ll.llama_free(self.ctx)
             self.ll.llama_model_free(self.model)
             self.ctx = None
+
+
+class _Threads:
+    """llama.cpp's thread count: fixed (params.n_threads), or adapted to the cores the machine's other
+    processes leave free (models/llama_threads.py), looked at every SAMPLE_S between steps."""
+
+    def __init__(self, threads: int, adapt: bool) -> None:
+        self.current = threads
+        self.policy = ThreadPolicy(threads) if adapt else None
+        self.watch = CpuWatch()
+        self.next_look = time.monotonic() + SAMPLE_S
+        self.watch.sample()
+
+    def adapt(self, ll: Any, ctx: Any) -> None:
+        if self.policy is None or time.monotonic() < self.next_look:
+            return
+        self.next_look = time.monotonic() + SAMPLE_S
+        others = self.watch.sample()
+        if others is None:
+            return
+        threads = self.policy.decide(others)
+        if threads != self.current:
+            log.info(
+                "llama.cpp threads %d -> %d (other processes busy on %.1f cores)",
+                self.current,
+                threads,
+                others,
+            )
+            ll.llama_set_n_threads(ctx, threads, threads)
+            self.current = threads
 
 
 def sample(logits: np.ndarray, temperature: float, top_p: float, rng: np.random.Generator) -> int:
