@@ -12,7 +12,7 @@ from types import FrameType
 import uvicorn
 
 from inferd.api.app import create_app
-from inferd.config import ModelConfig, ServerConfig
+from inferd.config import BATCH_ONLY, ModelConfig, ServerConfig
 from inferd.server import InferenceServer
 
 log = logging.getLogger("inferd")
@@ -68,8 +68,9 @@ def build_uvicorn(cfg: ServerConfig, models: list[ModelConfig]) -> tuple[uvicorn
 
 
 def run_server(cfg: ServerConfig, models: list[ModelConfig]) -> None:
-    for m in models:
-        log.info("model %s v%d: %s", m.name, m.version, m.model_dump_json(exclude={"inputs", "outputs"}))
+    for m in models:  # tensors are long; batching settings mean nothing to other kinds
+        skip = {"inputs", "outputs"} if m.kind == "batch" else set(BATCH_ONLY)
+        log.info("model %s v%d: %s", m.name, m.version, m.model_dump_json(exclude=skip))
     log.info("server config: %s", cfg.model_dump_json())
     userver, _ = build_uvicorn(cfg, models)
     # Long-lived objects (modules, config, app) leave the GC's view, and young-generation collections

@@ -141,9 +141,8 @@ def _available_versions(
     if not isinstance(tables, dict) or not all(str(k).isdigit() and int(k) >= 1 for k in tables):
         raise ConfigError(f"{toml_path}: [versions.N] tables need whole version numbers N >= 1")
     numbers = set(folders)
-    if builtin:  # a built-in needs no code: its versions are its folders and its [versions.N] tables
-        numbers |= {int(k) for k in tables}
-        return sorted(numbers) or [1]
+    if builtin:  # a built-in needs no code: its version folders (else version 1) and its [versions.N]
+        return sorted((numbers or {1}) | {int(k) for k in tables})
     missing = sorted(int(k) for k in tables if int(k) not in folders)
     if missing:
         raise ConfigError(f"{toml_path}: [versions.{missing[0]}] has no version folder {missing[0]}/")
