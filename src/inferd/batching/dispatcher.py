@@ -149,15 +149,18 @@ class ModelRuntime:
         reserve = max(self.config.max_batch_size, self.queue.max_size // 4)
         return max(1, self.queue.max_size - reserve)
 
-    def precheck(self, priority: int = INTERACTIVE) -> None:
-        """Cheap checks before the body is read: no worker, or no room even for one item."""
+    def precheck(self, priority: int = INTERACTIVE) -> int:
+        """Cheap checks before the body is read: no worker, or no room even for one item. Returns the
+        ready workers it counted (the admission check reuses them)."""
         if self._state.stopping:
             raise WorkerUnavailable(f"model '{self.name}' is shutting down")
-        if self.ready_workers == 0:
+        ready = self.ready_workers
+        if ready == 0:
             raise WorkerUnavailable(f"model '{self.name}' has no ready worker; retry shortly")
         self._check_loop_lag(priority)
         if len(self.queue) >= self.capacity(priority):
-            self._check_room(1, None, priority)
+            self._check_room(1, None, priority, ready)
+        return ready
 
     def _check_loop_lag(self, priority: int) -> None:
         """The front end's CPU is saturated: refuse before reading the body (bulk first), or the excess
@@ -170,7 +173,7 @@ class ModelRuntime:
                 reason="front_end_saturated",
             )
 
-    def _check_room(self, n: int, deadline: float | None, priority: int) -> None:
+    def _check_room(self, n: int, deadline: float | None, priority: int, ready: int) -> None:
         check_admission(
             self.name,
             len(self.queue),
@@ -179,15 +182,15 @@ class ModelRuntime:
             self.clock.now(),
             deadline,
             self.estimator,
-            self.ready_workers,
+            ready,
         )
 
     def enqueue(
         self, payloads: Sequence[Any], deadline: float | None, priority: int = INTERACTIVE
     ) -> list[QueuedItem]:
         """Admit and queue one request's items. Raises Overloaded or WorkerUnavailable."""
-        self.precheck(priority)
-        self._check_room(len(payloads), deadline, priority)
+        ready = self.precheck(priority)
+        self._check_room(len(payloads), deadline, priority, ready)
         now = self.clock.now()
         loop = asyncio.get_running_loop()
         items = [
