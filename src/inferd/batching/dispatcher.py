@@ -350,25 +350,13 @@ class ModelRuntime:
         )
 
     def _worker_snapshot(self, w: WorkerConnection) -> WorkerSnapshot:
-        return WorkerSnapshot(
-            worker_id=w.worker_id,
-            model=w.model,
-            version=w.version,
-            state=w.state.value,
-            pid=w.pid,
-            host=w.host,
-            completed=w.completed_batches,
-            load=len(w.inflight),
-            busy_s=w.busy_s,
-            last_progress_at=w.last_progress,
-            last_heartbeat_at=w.last_heartbeat,
-            detail=BatchWorkerDetail(
-                slot_id=w.slot_id,
-                inflight_batches=len(w.inflight),
-                latency_s=self.balancer.latency_s(w.worker_id),
-                ejection=self.ejection_status(w),
-            ),
+        detail = BatchWorkerDetail(
+            slot_id=w.slot_id,
+            inflight_batches=len(w.inflight),
+            latency_s=self.balancer.latency_s(w.worker_id),
+            ejection=self.ejection_status(w),
         )
+        return WorkerSnapshot.of(w, len(w.inflight), detail)
 
     # ---- the names the server used before the Runtime contract --------------------------------------
     async def watchdog(self) -> None:

@@ -333,20 +333,7 @@ class LLMRuntime:
             unadmitted=load.waiting,
             failure=w.failure,
         )
-        return WorkerSnapshot(
-            worker_id=w.worker_id,
-            model=w.model,
-            version=w.version,
-            state=w.state.value,
-            pid=w.pid,
-            host=w.host,
-            completed=w.completed_batches,
-            load=load.live,
-            busy_s=w.busy_s,
-            last_progress_at=w.last_progress,
-            last_heartbeat_at=w.last_heartbeat,
-            detail=detail,
-        )
+        return WorkerSnapshot.of(w, load.live, detail)
 
     def _detail(self) -> LLMRuntimeStatistics:
         stats = list(self._stats.values())

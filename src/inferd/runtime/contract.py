@@ -42,6 +42,24 @@ class WorkerSnapshot:
     detail: Any = None
     """Kind-specific, frozen: e.g. the batch kind's latency and ejection record."""
 
+    @classmethod
+    def of(cls, w: WorkerConnection, load: int, detail: Any = None) -> WorkerSnapshot:
+        """The connection's common fields, with the kind's own load and detail."""
+        return cls(
+            worker_id=w.worker_id,
+            model=w.model,
+            version=w.version,
+            state=w.state.value,
+            pid=w.pid,
+            host=w.host,
+            completed=w.completed_batches,
+            load=load,
+            busy_s=w.busy_s,
+            last_progress_at=w.last_progress,
+            last_heartbeat_at=w.last_heartbeat,
+            detail=detail,
+        )
+
 
 @dataclass(frozen=True, slots=True)
 class RuntimeStatistics:
