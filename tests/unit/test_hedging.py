@@ -138,10 +138,9 @@ async def test_an_item_is_hedged_once_and_never_while_under_suspicion() -> None:
 async def test_failing_the_queue_at_shutdown_keeps_the_count_right() -> None:
     rt, _slow, _fast = runtime()
     rt.enqueue([b"a", b"b", b"c"], None)
-    rt.stop_accepting()
     from inferd.errors import ShuttingDown
 
-    rt.fail_all_queued(ShuttingDown("bye"))
+    rt.stop(ShuttingDown("bye"))
     assert len(rt.queue) == 0
 
 

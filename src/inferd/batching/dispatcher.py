@@ -117,10 +117,6 @@ class ModelRuntime:
         return self._state.config.version
 
     @property
-    def served_version(self) -> int:
-        return self.version
-
-    @property
     def ready_workers(self) -> int:
         return self._state.ready_workers()
 
@@ -357,15 +353,3 @@ class ModelRuntime:
             ejection=self.ejection_status(w),
         )
         return WorkerSnapshot.of(w, len(w.inflight), detail)
-
-    # ---- the names the server used before the Runtime contract --------------------------------------
-    async def watchdog(self) -> None:
-        """The watchdog loop alone. `run` runs it too; a second one is harmless (it finds the same hung
-        workers, already marked, and the same hedged batches) but measures the loop's lag twice."""
-        await self._watchdog.run()
-
-    def fail_all_queued(self, exc: ServingError) -> None:
-        self._delivery.fail_waiting(exc)
-
-    def stop_accepting(self) -> None:
-        self._state.stopping = True

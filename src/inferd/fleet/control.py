@@ -22,7 +22,7 @@ from inferd.errors import BadRequest, NotFound
 from inferd.models.repository import apply_overrides, load_model_version
 from inferd.runtime.contract import Runtime
 from inferd.runtime.registry import ModelRegistry
-from inferd.worker.connection import WorkerConnection, WorkerState
+from inferd.worker.connection import WorkerConnection, WorkerState, slot_of
 from inferd.worker.launcher import Launcher, WorkerSlot
 
 log = logging.getLogger("inferd.fleet")
@@ -79,7 +79,7 @@ class FleetControl:
                     workers,
                 )
             elif workers < len(live):
-                victims = sorted(live, key=lambda s: self._load(rt, s))[: len(live) - workers]
+                victims = _least_loaded(rt, live)[: len(live) - workers]
                 log.info(
                     "model %s v%d: scaling down from %d to %d local workers (draining %s)",
                     model,
@@ -187,17 +187,21 @@ class FleetControl:
                     return
                 await asyncio.sleep(poll_s)
 
-    def _load_of(self, rt: Runtime) -> dict[str, int]:
-        return {w.worker_id: w.load for w in rt.statistics().workers}
-
-    def _load(self, rt: Runtime, slot: WorkerSlot) -> tuple[int, int]:
-        w = _worker(rt, slot)
-        return (0, -slot.index) if w is None else (1 + self._load_of(rt).get(w.worker_id, 0), -slot.index)
-
     def _lock(self, model: str) -> asyncio.Lock:
         if model not in self.registry:
             raise NotFound(f"unknown model {model!r}; served models: {self.registry.names()}")
         return self._locks.setdefault(model, asyncio.Lock())
+
+
+def _least_loaded(rt: Runtime, slots: list[WorkerSlot]) -> list[WorkerSlot]:
+    """Slots by what their workers hold, from one snapshot: still-starting ones first, newest first."""
+    loads = {slot_of(w.worker_id): w.load for w in rt.statistics().workers}
+
+    def key(slot: WorkerSlot) -> tuple[int, int]:
+        load = loads.get(slot.worker_id)
+        return (0, -slot.index) if load is None else (1 + load, -slot.index)
+
+    return sorted(slots, key=key)
 
 
 def _worker(rt: Runtime, slot: WorkerSlot) -> WorkerConnection | None:

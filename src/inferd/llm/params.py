@@ -4,8 +4,9 @@ path, sim-llm's step costs, llama.cpp threads) are the backend's own and pass th
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from inferd.config import ConfigError, ModelConfig, describe_validation_error
 from inferd.llm.plan import SchedulerConfig
 from inferd.llm.routing import RoutingConfig
 
@@ -21,3 +22,11 @@ class LLMParams(BaseModel):
     """How sequences spread over the model's workers."""
     hang_timeout_s: float | None = Field(default=None, gt=0.0, le=3600.0)
     """No engine step for this long while sequences run: the worker is killed (None: from step times)."""
+
+
+def llm_params(config: ModelConfig) -> LLMParams:
+    """The model's params as LLMParams (checked at start too: here the error names the model)."""
+    try:
+        return LLMParams.model_validate(config.params)
+    except ValidationError as exc:
+        raise ConfigError(describe_validation_error(f"params of llm model {config.name!r}", exc)) from None

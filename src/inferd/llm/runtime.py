@@ -32,12 +32,12 @@ from inferd.errors import (
     from_wire,
 )
 from inferd.llm.model import Tokenizer, tokenizer_for
+from inferd.llm.params import llm_params
 from inferd.llm.placement import Generation, Live, Load, Placement
-from inferd.llm.plan import SchedulerConfig
-from inferd.llm.routing import PrefixAffinityRouter, RoutingConfig
+from inferd.llm.routing import PrefixAffinityRouter
 from inferd.llm.statistics import LLMRuntimeStatistics, LLMWorkerStatistics, TTFTWindow
 from inferd.llm.stream import TokenStream
-from inferd.llm.watchdog import HangPolicy, WorkerProgress, hang_timeout_setting
+from inferd.llm.watchdog import HangPolicy, WorkerProgress
 from inferd.observability.metrics import LLMMetrics
 from inferd.runtime.contract import RuntimeStatistics, WorkerSnapshot
 from inferd.worker import protocol as p
@@ -80,18 +80,17 @@ class LLMRuntime:
         self.kill_worker = kill_worker
         """Kills a hung or silent worker (the server's: SIGKILL a local child, drop a remote one)."""
         self.tokenizer: Tokenizer = tokenizer_for(config)
-        self.max_model_len = int(config.params.get("max_model_len", 2048))
-        self.scheduler_config = SchedulerConfig(**config.params.get("scheduler", {}))
-        self.router = PrefixAffinityRouter(
-            RoutingConfig(**config.params.get("routing", {})), self.scheduler_config, clock
-        )
+        params = llm_params(config)
+        self.max_model_len = params.max_model_len
+        self.scheduler_config = params.scheduler
+        self.router = PrefixAffinityRouter(params.routing, self.scheduler_config, clock)
         self.retry_budget = retry_budget or RetryBudget(clock)
         """Shared with the batch models (the server's), so failovers cannot multiply load."""
         self.workers: list[WorkerConnection] = []
         self.placement = Placement(
             self.name, self.workers, self.scheduler_config, self.router, self.retry_budget, clock
         )
-        self.hang = HangPolicy(clock, hang_timeout_setting(self.name, config.params), heartbeat_timeout_s)
+        self.hang = HangPolicy(clock, params.hang_timeout_s, heartbeat_timeout_s)
         self.ttft = TTFTWindow(clock)
         self._stats: dict[str, p.LLMStats] = {}
         self._membership = asyncio.Event()

@@ -15,29 +15,13 @@ slowest of the model's last HANG_STEPS steps, never under HANG_MIN_S (before any
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
 
 from inferd.clock import Clock
-from inferd.config import ConfigError
 
 HANG_MIN_S = 5.0
 HANG_STEP_FACTOR = 10.0
 HANG_STEPS = 256
-
-
-def hang_timeout_setting(name: str, params: Mapping[str, Any]) -> float | None:
-    """`params.hang_timeout_s`: seconds, or absent for the default derived from step times."""
-    value = params.get("hang_timeout_s")
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value <= 3600:
-        raise ConfigError(
-            f"model {name!r}: params.hang_timeout_s is {value!r}; write seconds in (0, 3600], or leave it "
-            "out to derive it from step times"
-        )
-    return float(value)
 
 
 @dataclass(frozen=True, slots=True)

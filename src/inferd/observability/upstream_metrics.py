@@ -14,22 +14,14 @@ from typing import Any
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-from inferd.observability.metrics import Metrics
+from inferd.observability.metrics import LLMMetrics
 from inferd.runtime.contract import RuntimeStatistics
 
 
-class UpstreamMetrics:
-    """Token timing of one upstream-served model, with label children bound once. The front end sees
-    SSE events, not tokens: each event with text counts as one token step for the inter-token latency,
-    and token counts come from the upstream's usage (asked for on every stream)."""
-
-    def __init__(self, m: Metrics, model: str, version: int = 1) -> None:
-        labels = (model, str(version))
-        self._ttft = m.ttft.labels(*labels)
-        self._itl = m.itl.labels(*labels)
-        self._e2e = m.e2e.labels(*labels)
-        self._prompt = m.prompt_tokens.labels(*labels)
-        self._generated = m.generation_tokens.labels(*labels)
+class UpstreamMetrics(LLMMetrics):
+    """Token timing of one upstream-served model, in the same series as local LLM models. The front end
+    sees SSE events, not tokens: each event with text counts as one token step for the inter-token
+    latency, and token counts come from the upstream's usage (asked for on every stream)."""
 
     def text_event(self, since_previous_s: float, first: bool) -> None:
         """An event carrying text arrived `since_previous_s` after the previous one (or the request)."""
@@ -38,9 +30,6 @@ class UpstreamMetrics:
     def usage(self, prompt_tokens: int, completion_tokens: int) -> None:
         self._prompt.inc(prompt_tokens)
         self._generated.inc(completion_tokens)
-
-    def finished(self, duration_s: float) -> None:
-        self._e2e.observe(duration_s)
 
 
 def upstream_families(snapshots: Iterable[RuntimeStatistics]) -> list[Any]:

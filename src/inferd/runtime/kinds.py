@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
@@ -84,7 +83,3 @@ class KindRegistry:
     def names(self) -> list[str]:
         return sorted(self._kinds)
 
-
-def typed_params(config: ModelConfig, model: type[BaseModel]) -> Any:
-    """A model's params as its kind's typed model (already checked at start)."""
-    return model.model_validate(config.params)

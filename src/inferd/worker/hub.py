@@ -86,7 +86,7 @@ class WorkerHub:
         if not isinstance(hello, p.Hello):
             return None, None
         refusal, runtime = self._resolve(hello)
-        if refusal:
+        if runtime is None:
             log.warning(
                 "refused worker %s (pid %d) for model %s: %s",
                 hello.worker_id,
@@ -97,7 +97,6 @@ class WorkerHub:
             writer.write(p.encode_frame(p.Welcome(accepted=False, reason=refusal)))
             await writer.drain()
             return None, None
-        assert runtime is not None
         conn = WorkerConnection(
             hello.worker_id, hello.model, hello.pid, hello.host, writer, connected_at=self.clock.now()
         )
