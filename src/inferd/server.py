@@ -170,9 +170,6 @@ class InferenceServer:
         Called from a signal handler: it only sets a flag."""
         self.shutting_down = True
 
-    def runtime(self, name: str, version: int | str | None = None) -> Runtime:
-        return self.registry.get(name, version)
-
     def has_workers(self, kind: str) -> bool:
         return self.kinds.get(kind).has_workers
 
