@@ -81,7 +81,10 @@ def test_every_lock_was_made_from_the_current_dependency_tables() -> None:
     stale = [
         name for name in LOCKS if (REQ / name).read_text().split("\n", 1)[0] != f"# inputs-sha256: {digest}"
     ]
-    assert not stale, f"pyproject.toml's dependency tables changed since {stale} were locked: {RELOCK}"
+    assert not stale, (
+        f"{', '.join(stale)} no longer match what they are locked from (pyproject.toml's dependency "
+        f"tables, scripts/build-llama's VERSION, the pins in scripts/lock): {RELOCK}"
+    )
 
 
 def test_every_locked_requirement_is_pinned_and_hashed() -> None:
