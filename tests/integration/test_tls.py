@@ -205,6 +205,16 @@ def test_admin_api_serves_over_tls(server: TlsServer, certs: Certs) -> None:
     workers = admin_workers(server, certs)
     assert [w["model"] for w in workers] == ["sim"]
     assert f"admin API on https://127.0.0.1:{server.admin_port}" in server.log()
+    status = subprocess.run(  # the tools: --admin-url https://..., the CA from SSL_CERT_FILE
+        [sys.executable, "-m", "inferd.cli.main", "status", "--admin-url", server.admin_url, "--json"],
+        env={**os.environ, "SSL_CERT_FILE": str(certs.ca)},
+        capture_output=True,
+        text=True,
+        timeout=30,
+        cwd=ROOT,
+    )
+    assert status.returncode == 0, status.stderr
+    assert [w["model"] for w in json.loads(status.stdout)["workers"]["workers"]] == ["sim"]
 
 
 def test_workers_join_over_tls_with_the_ca_file_or_the_pinned_certificate(

@@ -130,10 +130,11 @@ class RayLauncher(Launcher[ActorProcess]):
             self.address = f"{ray.util.get_node_ip_address()}:{port}"
         self._actor_class = ray.remote(WorkerActor).options(**self._actor_options())
         log.info(
-            "Ray cluster at %s: each worker actor holds one %s; actors connect to %s",
+            "Ray cluster at %s: each worker actor holds one %s; actors connect to %s (%s)",
             self.ray_address,
             self.resource,
             self.address,
+            "TLS" if "--ca-pem" in self.transport_args else "plain TCP",
         )
 
     def _actor_options(self) -> dict[str, Any]:
