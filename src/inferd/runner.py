@@ -11,6 +11,7 @@ from types import FrameType
 
 import uvicorn
 
+from inferd import tls
 from inferd.api.app import create_app
 from inferd.config import BATCH_ONLY, ModelConfig, ServerConfig
 from inferd.server import InferenceServer
@@ -63,6 +64,7 @@ def build_uvicorn(cfg: ServerConfig, models: list[ModelConfig]) -> tuple[uvicorn
         timeout_graceful_shutdown=30,
         backlog=4096,
         log_config=None,
+        **tls.uvicorn_options(cfg),
     )
     return GracefulServer(ucfg, server.begin_shutdown, cfg.shutdown_grace_s), server
 
