@@ -248,6 +248,37 @@ class ServerConfig(_Frozen):
     max_body_bytes: int = Field(default=8 * 1024 * 1024, ge=1024, le=1024**3)
     """Largest request body; a larger one gets 413 with Connection: close, after the rest of it is read
     and dropped (up to max(64 MiB, 4 x this) and 1 s; one announced larger is refused unread)."""
+    header_timeout_s: float = Field(default=10.0, gt=0.0, le=600.0)
+    """Total time a client has to send a request head, counted from when the connection opens (first
+    request) or from the first byte of the next request on a keep-alive connection; then 408 (or a plain
+    close when nothing of the request came) and the connection closes. A total, not an idle timeout, so
+    a client trickling one header line every few seconds is cut off too."""
+    body_timeout_s: float = Field(default=60.0, gt=0.0, le=3600.0)
+    """Total time a client has to send a request body once its head is complete; then 408 (when no
+    response has started) and the connection closes."""
+    max_header_bytes: int = Field(default=16 * 1024, ge=1024, le=1024**2)
+    """Largest request head (request line and header lines); a larger one gets 431 and the connection
+    closes."""
+    max_header_count: int = Field(default=100, ge=8, le=10_000)
+    """Most header lines in one request; more get 431."""
+    max_connections: int = Field(default=4096, ge=1, le=1_000_000)
+    """Most connections this front-end process holds open; the next ones are answered 429 with
+    Retry-After and closed, without reaching the app."""
+    max_connections_per_ip: int | None = Field(default=2048, ge=1, le=1_000_000)
+    """Most open connections from one client address (None: no per-address cap); the next ones are
+    answered 429 with Retry-After and closed. Behind a proxy every client shares its address: raise this
+    to max_connections there."""
+    keep_alive_timeout_s: float = Field(default=30.0, gt=0.0, le=3600.0)
+    """An idle keep-alive connection is closed after this long without a new request."""
+    max_requests_per_connection: int | None = Field(default=None, ge=1, le=100_000_000)
+    """After this many requests a connection's last response says Connection: close (None: no limit)."""
+    admission_rate_per_s: float | None = Field(default=None, gt=0.0, le=10_000_000.0)
+    """Requests per second the front end lets through to the app (a token bucket; None: no limit).
+    Requests over it get 429 with an honest Retry-After as soon as their head is parsed, before the app
+    runs and before their body is read: cheap enough that a flood past the process's own CPU is refused
+    instead of queueing unseen in the kernel's accept queue."""
+    admission_burst: int | None = Field(default=None, ge=1, le=10_000_000)
+    """Requests admitted at once above the rate (the bucket's size; None: one second's worth)."""
     access_log: bool = False
     """Log one line per request with its lifecycle record (costly at high rates)."""
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
