@@ -121,9 +121,7 @@ async def test_trickling_heads_are_cut_at_the_head_deadline_while_normal_clients
     connector = aiohttp.TCPConnector(limit=4)
     async with aiohttp.ClientSession(timeout=timeout, connector=connector) as http:
         async with asyncio.TaskGroup() as tg:
-            normal = [
-                tg.create_task(normal_client(http, slow_server.url, f"n{i}", done)) for i in range(4)
-            ]
+            normal = [tg.create_task(normal_client(http, slow_server.url, f"n{i}", done)) for i in range(4)]
             attackers = [tg.create_task(trickle(ip, slow_server.port, stop_at)) for ip in addresses]
             try:
                 answers = await asyncio.gather(*attackers)

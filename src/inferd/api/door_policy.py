@@ -75,8 +75,8 @@ class TokenBucket:
         now = self.clock.now()
         self.tokens = min(self.burst, self.tokens + (now - self.at) * self.rate)
         self.at = now
-        if self.tokens >= 1.0:
-            self.tokens -= 1.0
+        if self.tokens >= 1.0 - 1e-9:  # a token refilled to the instant, less float rounding
+            self.tokens = max(0.0, self.tokens - 1.0)
             return None
         return (1.0 - self.tokens) / self.rate
 
