@@ -5,6 +5,7 @@ requests past the caps are refused at once with 429, none left waiting."""
 from __future__ import annotations
 
 import asyncio
+import json
 import re
 import time
 from collections.abc import Iterator
@@ -64,6 +65,15 @@ async def read_to_eof(reader: asyncio.StreamReader, timeout_s: float) -> bytes:
     """Everything the server sends until it closes; raises TimeoutError if it does not close in time."""
     async with asyncio.timeout(timeout_s):
         return await reader.read()
+
+
+async def read_response(reader: asyncio.StreamReader) -> tuple[int, bytes, bytes]:
+    """One response with a Content-Length from a keep-alive connection: status, head, body."""
+    async with asyncio.timeout(15):
+        head = await reader.readuntil(b"\r\n\r\n")
+        length = re.search(rb"content-length: (\d+)", head, re.IGNORECASE)
+        assert length is not None, head
+        return status_of(head), head, await reader.readexactly(int(length.group(1)))
 
 
 def status_of(response: bytes) -> int:
@@ -192,12 +202,7 @@ async def test_a_silent_connection_is_closed_and_a_keep_alive_one_gets_408_on_a_
     reader, writer = await asyncio.open_connection("127.0.0.1", slow_server.port)
     try:
         writer.write(b"GET /v2/health/live HTTP/1.1\r\nHost: x\r\n\r\n")
-        async with asyncio.timeout(10):
-            head = await reader.readuntil(b"\r\n\r\n")
-            assert status_of(head) == 200
-            length = re.search(rb"content-length: (\d+)", head, re.IGNORECASE)
-            assert length is not None
-            await reader.readexactly(int(length.group(1)))
+        assert (await read_response(reader))[0] == 200
         writer.write(b"GET /v2/health/live HTTP/1.1\r\nHost: x\r\n")
         answer = await read_to_eof(reader, 15)
     finally:
@@ -265,3 +270,25 @@ async def test_the_admission_rate_refuses_before_the_body_is_read(capped_server:
     statuses = [status_of(a) for a in answers]
     assert set(statuses) <= {429, 408}, sorted(set(statuses))  # refused at once, or out of body time
     assert 429 in statuses
+
+
+async def test_a_keep_alive_connection_carries_on_after_a_429_with_its_body_skipped(
+    capped_server: ServerProc,
+) -> None:
+    port = capped_server.port
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    statuses = []
+    try:
+        for i in range(80):
+            body = json.dumps(infer_json(f"k{i}")).encode()
+            writer.write(infer_head(port, body, close=False) + body)
+            status, head, answer = await read_response(reader)
+            statuses.append(status)
+            assert b"connection: close" not in head.lower()
+            if status == 200:
+                assert sim_digest("sim", 1, f"k{i}") in json.loads(answer)["outputs"][0]["data"]
+            if status == 429 and statuses.count(200) > 0 and i > 40:
+                break
+    finally:
+        writer.close()
+    assert set(statuses) <= {200, 429} and 429 in statuses and 200 in statuses

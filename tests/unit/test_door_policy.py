@@ -9,6 +9,8 @@ from inferd.api.door_policy import REPORT_EVERY_S, DoorLimits, DoorPolicy, Token
 from inferd.clock import FakeClock
 from inferd.errors import HeaderTooLarge, Overloaded, RateLimited, RequestTimeout
 
+INFER = b"/v2/models/sim/infer"
+
 
 def policy(clock: FakeClock | None = None, **limits: object) -> DoorPolicy:
     return DoorPolicy(DoorLimits(**limits), clock or FakeClock())  # type: ignore[arg-type]
@@ -59,16 +61,16 @@ def test_a_head_over_the_byte_or_line_limit_is_refused(size: int, count: int, re
 def test_the_admission_rate_lets_the_burst_through_then_one_per_token() -> None:
     clock = FakeClock()
     door = policy(clock, admission_rate_per_s=10.0, admission_burst=3)
-    assert [door.admit() for _ in range(3)] == [None, None, None]
-    refusal = door.admit()
+    assert [door.admit(INFER) for _ in range(3)] == [None, None, None]
+    refusal = door.admit(INFER)
     assert isinstance(refusal, RateLimited)
     assert refusal.retry_after_s == pytest.approx(0.1)  # honest: one token comes in 1/rate
     clock.advance(0.05)
-    late = door.admit()
+    late = door.admit(INFER)
     assert isinstance(late, RateLimited) and late.retry_after_s == pytest.approx(0.05)
     clock.advance(0.05)
-    assert door.admit() is None
-    assert door.admit() is not None
+    assert door.admit(INFER) is None
+    assert door.admit(INFER) is not None
     assert door.statistics().refused == {"rate": 3}
 
 
@@ -76,12 +78,19 @@ def test_the_admission_burst_defaults_to_one_second_of_rate_and_never_grows_past
     clock = FakeClock()
     door = policy(clock, admission_rate_per_s=5.0)
     clock.advance(60.0)  # idle time does not save more than the burst
-    assert sum(door.admit() is None for _ in range(20)) == 5
+    assert sum(door.admit(INFER) is None for _ in range(20)) == 5
+
+
+def test_probes_and_scrapes_pass_the_admission_rate_free() -> None:
+    door = policy(admission_rate_per_s=1.0, admission_burst=1)
+    assert door.admit(INFER) is None and door.admit(INFER) is not None
+    for target in (b"/v2/health/ready", b"/v2/health/live", b"/metrics", b"/metrics?x=1"):
+        assert door.admit(target) is None
 
 
 def test_no_admission_rate_admits_everything() -> None:
     door = policy()
-    assert all(door.admit() is None for _ in range(10_000))
+    assert all(door.admit(INFER) is None for _ in range(10_000))
 
 
 def test_a_token_bucket_needs_a_positive_rate_and_a_whole_token() -> None:

@@ -15,6 +15,8 @@ from inferd.errors import HeaderTooLarge, Overloaded, RateLimited, RequestTimeou
 
 REPORT_EVERY_S = 10.0
 """Refusals are logged at most this often (with the counts so far)."""
+UNMETERED = (b"/v2/health/", b"/metrics")
+"""Request targets the admission rate never refuses (liveness and readiness probes, metrics)."""
 CONNECTION_RETRY_AFTER_S = 1.0
 """Retry-After of a connection refused at a connection cap: slots free as other clients finish."""
 
@@ -140,9 +142,11 @@ class DoorPolicy:
             )
         return None
 
-    def admit(self) -> ServingError | None:
-        """A complete request head, before the app and before its body: the admission rate."""
-        if self.bucket is None:
+    def admit(self, target: bytes) -> ServingError | None:
+        """A complete request head for `target` (the request line's path and query), before the app and
+        before its body: the admission rate. Health probes and metrics scrapes pass free, so a flood
+        does not make the server look dead to its orchestrator."""
+        if self.bucket is None or target.startswith(UNMETERED):
             return None
         wait_s = self.bucket.take()
         if wait_s is None:

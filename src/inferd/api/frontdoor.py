@@ -44,12 +44,13 @@ def _refusal_body(exc: ServingError) -> tuple[int, list[tuple[bytes, bytes]], by
     return status, headers + error_headers(exc), body
 
 
-def canned_response(exc: ServingError) -> bytes:
-    """A whole HTTP/1.1 response for `exc` that closes the connection, written without the app."""
+def canned_response(exc: ServingError, close: bool = True) -> bytes:
+    """A whole HTTP/1.1 response for `exc`, written without the app."""
     status, headers, body = _refusal_body(exc)
     head = [f"HTTP/1.1 {status} {HTTPStatus(status).phrase}".encode()]
     head += [name + b": " + value for name, value in headers]
-    head.append(b"connection: close")
+    if close:
+        head.append(b"connection: close")
     return b"\r\n".join(head) + b"\r\n\r\n" + body
 
 
@@ -82,6 +83,10 @@ class FrontDoorProtocol(HttpToolsProtocol):
         self._header_count = 0
         self._requests = 0
         self._refusal: ServingError | None = None
+        """A head refused inside a parser callback."""
+        self._refused: ServingError | None = None
+        """A connection refused at a cap, answered when its first bytes come."""
+        self._skip_body = False
         self._closing = False
 
     # connection events
@@ -90,8 +95,9 @@ class FrontDoorProtocol(HttpToolsProtocol):
         super().connection_made(transport)
         self._ip = self.client[0] if self.client else ""
         refusal = self.door.connect(self._ip)
-        if refusal is not None:
-            self._close_with(refusal)
+        if refusal is not None:  # answered when the request comes: clients drop unasked-for bytes
+            self._refused = refusal
+            self._timer = self.loop.call_later(LINGER_S, transport.close)
             return
         self._counted = True
         self._in_head = True
@@ -107,6 +113,9 @@ class FrontDoorProtocol(HttpToolsProtocol):
     def data_received(self, data: bytes) -> None:
         if self._closing:
             return  # lingering after a refusal: dropped
+        if self._refused is not None:
+            self._close_with(self._refused)
+            return
         self._unset_keepalive_if_required()
         was_in_head = self._in_head
         try:
@@ -158,24 +167,42 @@ class FrontDoorProtocol(HttpToolsProtocol):
         self._cancel_timer()
         self._in_head = self._head_begun = False
         self._requests += 1
-        refusal = self.door.admit()
+        refusal = self.door.admit(self.url)
         if refusal is None:
             super().on_headers_complete()
-        else:
-            self._report()
+            if not self.door.keep_alive(self._requests):
+                self.cycle.keep_alive = False
+        elif self.cycle is None or self.cycle.response_complete:
+            self._refuse_request(refusal)
+        else:  # pipelined behind a request still running: answered in turn, by a stand-in app
             app, self.app = self.app, refusal_app(refusal)
             try:
                 super().on_headers_complete()
             finally:
                 self.app = app
-        if self.cycle is not None and not self.door.keep_alive(self._requests):
-            self.cycle.keep_alive = False
-        if not self.pipeline:  # a pipelined request's body is read only once it runs
+        if not self.pipeline and not self._closing:  # a pipelined body is read once its request runs
             self._arm(self.door.limits.body_timeout_s, self._body_expired)
+
+    def on_body(self, body: bytes) -> None:
+        if not self._skip_body:
+            super().on_body(body)
 
     def on_message_complete(self) -> None:
         self._cancel_timer()
+        if self._skip_body:  # a refused request's body has gone by: the connection is idle again
+            self._skip_body = False
+            self.on_response_complete()
+            return
         super().on_message_complete()
+
+    def _refuse_request(self, exc: ServingError) -> None:
+        """Answer a refused request at once, without the app; its body, if any, is skipped unread."""
+        self._report()
+        if self.parser.should_keep_alive() and self.door.keep_alive(self._requests):
+            self.transport.write(canned_response(exc, close=False))
+            self._skip_body = True
+        else:
+            self._close_with(exc)
 
     # deadlines and refusals
 
