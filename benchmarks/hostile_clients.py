@@ -22,10 +22,11 @@ import statistics
 import subprocess
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 from harness import OUT_DIR, InferdServer, run_fields, write_json
-from procfs import RssSampler, rss_mib
+from procfs import RssSampler, cpu_seconds_since, rss_mib
 
 from inferd.bench.loadgen import LoadSpec, run_load_blocking
 
@@ -42,14 +43,35 @@ per_item_ms = 0.0
 """~100 req/s: a batch of up to 20 every 200 ms; at most 3 batches queued (0.6 s of waiting)."""
 
 
-def load(url: str, rate: float, duration_s: float, model: str = "sim", **kw: Any) -> dict[str, Any]:
-    spec = LoadSpec(url=url, model=model, rate=rate, duration_s=duration_s, seed=int(rate), **kw)
+def listen_overflows() -> int:
+    """Connections the kernel dropped from full accept queues, machine-wide (this network namespace)."""
+    names, values = [line.split() for line in Path("/proc/net/netstat").read_text().splitlines()[:2]]
+    return int(values[names.index("ListenOverflows")])
+
+
+def load(
+    server: InferdServer, rate: float, duration_s: float, model: str = "sim", connections: int = 2000
+) -> dict[str, Any]:
+    """Open-loop load; with the server's CPU seconds (server and workers), the generator's, and the
+    accept-queue overflows meanwhile."""
+    spec = LoadSpec(
+        url=server.url,
+        model=model,
+        rate=rate,
+        duration_s=duration_s,
+        seed=int(rate),
+        connections=connections,
+    )
+    before, overflows = server.cpu_ticks(), listen_overflows()
     report = run_load_blocking(spec)
     m = report.measured
     return {
         "offered": round(m.offered_rps, 1),
         **run_fields(m, "achieved_rps", "rejection_ms", "send_lag_ms"),
         "sent": report.sent,
+        "server_cpu_s": round(cpu_seconds_since(before, server.pids()), 2),
+        "generator_cpu_s": round(report.generator_cpu_s, 2),
+        "listen_overflows": listen_overflows() - overflows,
     }
 
 
@@ -108,14 +130,14 @@ async def attack(port: int, conns: int, seconds: float) -> dict[str, Any]:
 
 def slowloris(args: argparse.Namespace) -> dict[str, Any]:
     with InferdServer("--model", "sim", *SERVE, name="hostile-slowloris", grace_s=30.0) as server:
-        load(server.url, args.normal_rate, 3.0)  # warm-up
-        baseline = load(server.url, args.normal_rate, args.normal_s)
+        load(server, args.normal_rate, 3.0)  # warm-up
+        baseline = load(server, args.normal_rate, args.normal_s)
         seconds = args.normal_s + 15.0
         cmd = [sys.executable, __file__, "--attack", str(server.port), str(args.attackers), str(seconds)]
         attacker = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
         try:
             time.sleep(3.0)  # every attacker connected and trickling
-            attacked = load(server.url, args.normal_rate, args.normal_s)
+            attacked = load(server, args.normal_rate, args.normal_s)
             out, _ = attacker.communicate(timeout=seconds + 30)
         finally:
             if attacker.poll() is None:
@@ -129,12 +151,12 @@ def slowloris(args: argparse.Namespace) -> dict[str, Any]:
 def flood_device(args: argparse.Namespace) -> dict[str, Any]:
     models = {"slowsim": SLOW_SIM}
     with InferdServer(*SERVE, models=models, name="hostile-device", grace_s=30.0) as server:
-        load(server.url, args.device_rate, 5.0, model="slowsim")  # warm-up, and the queue fills
+        load(server, args.device_rate, 5.0, model="slowsim")  # warm-up, and the queue fills
         pids = server.pids()
         before = {"server": rss_mib([server.pid]), "all": rss_mib(pids)}
         sampler = RssSampler({server.pid})
         sampler.start()
-        result = load(server.url, args.device_rate, args.flood_s, model="slowsim")
+        result = load(server, args.device_rate, args.flood_s, model="slowsim")
         peak = sampler.finish()
         after = {"server": rss_mib([server.pid]), "all": rss_mib(server.pids())}
     result["rss_mib"] = {"before": before, "after": after, "server_peak": round(peak, 1)}
@@ -142,11 +164,12 @@ def flood_device(args: argparse.Namespace) -> dict[str, Any]:
     return result
 
 
-def flood_front(args: argparse.Namespace, *limit: str) -> dict[str, Any]:
+def flood_front(args: argparse.Namespace, connections: int, *limit: str) -> dict[str, Any]:
     with InferdServer("--model", "sim", *SERVE, *limit, name="hostile-front", grace_s=30.0) as server:
-        load(server.url, args.front_rate, 2.0)  # warm-up
-        result = load(server.url, args.front_rate, args.front_s)
+        load(server, args.front_rate, 2.0, connections=connections)  # warm-up
+        result = load(server, args.front_rate, args.front_s, connections=connections)
     result["limit"] = " ".join(limit)
+    result["client_connections"] = connections
     return result
 
 
@@ -196,8 +219,8 @@ def main() -> int:
     results["slowloris"] = slowloris(args)
     results["flood_device"] = flood_device(args)
     results["flood_front"] = [
-        flood_front(args, "--admission-rate-per-s", str(args.admission_rate)),
-        flood_front(args, "--max-connections", str(args.max_connections)),
+        flood_front(args, 2000, "--admission-rate-per-s", str(args.admission_rate)),
+        flood_front(args, 10 * args.max_connections, "--max-connections", str(args.max_connections)),
     ]
     write_json(OUT_DIR / "hostile_clients.json", results)
     summary(results)

@@ -8,6 +8,7 @@ import asyncio
 import json
 import re
 import time
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -292,3 +293,11 @@ async def test_a_keep_alive_connection_carries_on_after_a_429_with_its_body_skip
     finally:
         writer.close()
     assert set(statuses) <= {200, 429} and 429 in statuses and 200 in statuses
+
+
+def test_the_refusals_are_counted_in_the_metrics(capped_server: ServerProc) -> None:
+    with urllib.request.urlopen(f"{capped_server.url}/metrics", timeout=10) as r:
+        text = r.read().decode()
+    counts = dict(re.findall(r'^inferd_frontdoor_refused_total\{reason="(\w+)"\} (\S+)$', text, re.M))
+    assert float(counts["rate"]) > 0 and float(counts["connections"]) > 0, counts
+    assert re.search(r"^inferd_frontdoor_connections \d", text, re.M)

@@ -21,6 +21,8 @@ from http import HTTPStatus
 from typing import Any
 
 import httptools
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from inferd.api.door_policy import DoorPolicy
@@ -261,3 +263,26 @@ class FrontDoorProtocol(HttpToolsProtocol):
 def front_door_protocol(door: DoorPolicy) -> type[FrontDoorProtocol]:
     """The protocol class to pass as `uvicorn.Config(http=...)`: every connection shares `door`."""
     return type("FrontDoorProtocol", (FrontDoorProtocol,), {"door": door})
+
+
+class DoorCollector(Collector):
+    """The front door's open connections and refusals, read from its policy at scrape time."""
+
+    def __init__(self, door: DoorPolicy) -> None:
+        self._door = door
+
+    def describe(self) -> list[Any]:
+        return []
+
+    def collect(self) -> list[Any]:
+        stats = self._door.statistics()
+        open_ = GaugeMetricFamily("inferd_frontdoor_connections", "Open HTTP connections (counted in).")
+        open_.add_metric([], stats.open_connections)
+        refused = CounterMetricFamily(
+            "inferd_frontdoor_refused",
+            "Requests and connections refused or cut off by the front door, by reason.",
+            labels=["reason"],
+        )
+        for reason, count in sorted(stats.refused.items()):
+            refused.add_metric([reason], count)
+        return [open_, refused]
