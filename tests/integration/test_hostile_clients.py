@@ -37,6 +37,7 @@ def slow_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProc
     )
     yield s
     assert s.stop() in (0, -15)
+    assert not re.search("Traceback|Fatal error|Invalid HTTP", s.log()), s.log()[-3000:]
 
 
 @pytest.fixture(scope="module")
@@ -47,6 +48,7 @@ def capped_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerPr
     )
     yield s
     assert s.stop() in (0, -15)
+    assert not re.search("Traceback|Fatal error|Invalid HTTP", s.log()), s.log()[-3000:]
 
 
 def infer_json(text: str) -> dict:
@@ -78,7 +80,10 @@ async def read_response(reader: asyncio.StreamReader) -> tuple[int, bytes, bytes
 
 
 def status_of(response: bytes) -> int:
-    return int(response.split(b" ", 2)[1]) if response.startswith(b"HTTP/1.1 ") else 0
+    """The status of the one response in `response` (0 when there is none, or more than one)."""
+    if not response.startswith(b"HTTP/1.1 ") or response.count(b"HTTP/1.1 ") > 1:
+        return 0
+    return int(response.split(b" ", 2)[1])
 
 
 async def trickle(ip: str, port: int, stop_at: float) -> bytes:

@@ -36,7 +36,7 @@ LINGER_S = 2.0
 
 
 class _HeadRefused(Exception):
-    """Stops the parser inside a header callback; the refusal itself waits in the protocol."""
+    """Stops the parser inside a callback; the refusal itself waits in the protocol (or was sent)."""
 
 
 def _refusal_body(exc: ServingError) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
@@ -129,6 +129,8 @@ class FrontDoorProtocol(HttpToolsProtocol):
                 self._unsupported_upgrade_warning()
             return
         except httptools.HttpParserError:
+            if self._closing:  # a callback answered, closed and stopped the parser on purpose
+                return
             if self._refusal is not None:
                 self._close_with(self._refusal)
                 return
@@ -205,6 +207,7 @@ class FrontDoorProtocol(HttpToolsProtocol):
             self._skip_body = True
         else:
             self._close_with(exc)
+            raise _HeadRefused  # nothing more of this connection is parsed
 
     # deadlines and refusals
 
@@ -225,7 +228,7 @@ class FrontDoorProtocol(HttpToolsProtocol):
     def _body_expired(self) -> None:
         self._timer = None
         exc = self.door.body_timed_out()
-        started = self.cycle is not None and self.cycle.response_started
+        started = self._skip_body or (self.cycle is not None and self.cycle.response_started)
         self._close_with(None if started else exc)
 
     def _close_with(self, exc: ServingError | None) -> None:
