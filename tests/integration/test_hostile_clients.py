@@ -194,6 +194,28 @@ async def test_heads_over_the_size_or_line_limits_get_431(slow_server: ServerPro
         assert b"request head too large" in answer
 
 
+async def test_pipelined_requests_with_bodies_larger_than_the_head_limit_are_served(
+    slow_server: ServerProc,
+) -> None:
+    port = slow_server.port
+    texts = [f"{i}" * 20_000 for i in range(3)]
+    bodies = [json.dumps(infer_json(t)).encode() for t in texts]
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        data = b"".join(infer_head(port, b, close=False) + b for b in bodies)
+        split = len(data) - len(bodies[-1]) - 40  # the first read ends inside the last request's head
+        writer.write(data[:split])
+        await writer.drain()
+        await asyncio.sleep(0.3)
+        writer.write(data[split:])
+        for text in texts:
+            status, _, answer = await read_response(reader)
+            assert status == 200, answer[:200]
+            assert json.loads(answer)["outputs"][0]["data"] == [sim_digest("sim", 1, text)]
+    finally:
+        writer.close()
+
+
 async def test_a_slow_body_gets_408_at_the_body_deadline(slow_server: ServerProc) -> None:
     head = infer_head(slow_server.port, b"x" * 100, close=False)
     answer = await raw_exchange(slow_server.port, head + b"{" * 10)

@@ -23,7 +23,7 @@ from typing import Any
 import httptools
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
 
 from inferd.api.door_policy import DoorPolicy
 from inferd.api.errors import error_headers, status_of
@@ -83,6 +83,7 @@ class FrontDoorProtocol(HttpToolsProtocol):
         self._raw_head = 0
         self._parsed_head = 0
         self._header_count = 0
+        self._completed_in_feed = False
         self._requests = 0
         self._refusal: ServingError | None = None
         """A head refused inside a parser callback."""
@@ -90,6 +91,7 @@ class FrontDoorProtocol(HttpToolsProtocol):
         """A connection refused at a cap, answered when its first bytes come."""
         self._skip_body = False
         self._closing = False
+        self._running: RequestResponseCycle | None = None
 
     # connection events
 
@@ -119,7 +121,7 @@ class FrontDoorProtocol(HttpToolsProtocol):
             self._close_with(self._refused)
             return
         self._unset_keepalive_if_required()
-        was_in_head = self._in_head
+        self._completed_in_feed = False
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserUpgrade:
@@ -139,7 +141,7 @@ class FrontDoorProtocol(HttpToolsProtocol):
             self.send_400_response(msg)
             return
         if self._in_head:  # a head still incomplete: its bytes so far, buffered by the parser
-            if was_in_head:
+            if not self._completed_in_feed:  # else this head began after a request in the same data
                 self._raw_head += len(data)
             refusal = self.door.check_head(max(self._raw_head, self._parsed_head), self._header_count)
             if refusal is not None:
@@ -193,11 +195,16 @@ class FrontDoorProtocol(HttpToolsProtocol):
 
     def on_message_complete(self) -> None:
         self._cancel_timer()
+        self._completed_in_feed = True
         if self._skip_body:  # a refused request's body has gone by: the connection is idle again
             self._skip_body = False
             self.on_response_complete()
             return
         super().on_message_complete()
+
+    def _start_asgi_task(self, cycle: RequestResponseCycle, app: Any) -> None:
+        self._running = cycle  # the one request the app runs now (self.cycle may be a later, queued one)
+        super()._start_asgi_task(cycle, app)
 
     def _refuse_request(self, exc: ServingError) -> None:
         """Answer a refused request at once, without the app; its body, if any, is skipped unread."""
@@ -237,10 +244,10 @@ class FrontDoorProtocol(HttpToolsProtocol):
         self._closing = True
         if exc is not None:
             self._report()
-        cycle = self.cycle
-        if cycle is not None and not cycle.response_complete:
-            cycle.disconnected = True  # the app's receive() gets http.disconnect, its send() is dropped
-            cycle.message_event.set()
+        for cycle in (self._running, self.cycle, *(c for c, _ in self.pipeline)):
+            if cycle is not None and not cycle.response_complete:
+                cycle.disconnected = True  # the app's receive() gets http.disconnect, its send() is dropped
+                cycle.message_event.set()
         transport = self.transport
         if transport.is_closing():
             return
