@@ -4,7 +4,8 @@
   connections from 127.0.0.2-127.0.0.255 trickle one header line every 2 s (reconnecting whenever the
   server closes them; server defaults: header_timeout_s = 10);
 * flood past the device: --device-rate req/s for --flood-s on a sim of ~100 req/s (base_ms = 200,
-  max_batch_size = 20, one worker): statuses, refusal latency, answers in the window, RSS growth;
+  max_batch_size = 20, one worker), each request sending its 5 s deadline (X-Request-Timeout-Ms):
+  statuses, refusal latency, answers in the window, RSS growth;
 * flood past the front end: --front-rate req/s against admission_rate_per_s = --admission-rate, and
   against max_connections = --max-connections: statuses, refusal latency, timeouts.
 
@@ -34,13 +35,11 @@ SERVE = ("--no-admin", "--log-level", "WARNING")
 SLOW_SIM = """builtin = "sim"
 workers = 1
 max_batch_size = 20
-max_wait_ms = 5
-max_queue_size = 60
 [params]
 base_ms = 200.0
 per_item_ms = 0.0
 """
-"""~100 req/s: a batch of up to 20 every 200 ms; at most 3 batches queued (0.6 s of waiting)."""
+"""~100 req/s: a batch of up to 20 every 200 ms, on one worker; queue and admission at their defaults."""
 
 
 def listen_overflows() -> int:
@@ -50,10 +49,15 @@ def listen_overflows() -> int:
 
 
 def load(
-    server: InferdServer, rate: float, duration_s: float, model: str = "sim", connections: int = 2000
+    server: InferdServer,
+    rate: float,
+    duration_s: float,
+    model: str = "sim",
+    connections: int = 2000,
+    send_deadline: bool = False,
 ) -> dict[str, Any]:
-    """Open-loop load; with the server's CPU seconds (server and workers), the generator's, and the
-    accept-queue overflows meanwhile."""
+    """Open-loop load (5 s client deadline); with the server's CPU seconds (server and workers), the
+    generator's, and the accept-queue overflows meanwhile."""
     spec = LoadSpec(
         url=server.url,
         model=model,
@@ -61,6 +65,7 @@ def load(
         duration_s=duration_s,
         seed=int(rate),
         connections=connections,
+        send_deadline=send_deadline,
     )
     before, overflows = server.cpu_ticks(), listen_overflows()
     report = run_load_blocking(spec)
@@ -151,12 +156,12 @@ def slowloris(args: argparse.Namespace) -> dict[str, Any]:
 def flood_device(args: argparse.Namespace) -> dict[str, Any]:
     models = {"slowsim": SLOW_SIM}
     with InferdServer(*SERVE, models=models, name="hostile-device", grace_s=30.0) as server:
-        load(server, args.device_rate, 5.0, model="slowsim")  # warm-up, and the queue fills
+        load(server, args.device_rate, 5.0, model="slowsim", send_deadline=True)  # warm-up
         pids = server.pids()
         before = {"server": rss_mib([server.pid]), "all": rss_mib(pids)}
         sampler = RssSampler({server.pid})
         sampler.start()
-        result = load(server, args.device_rate, args.flood_s, model="slowsim")
+        result = load(server, args.device_rate, args.flood_s, model="slowsim", send_deadline=True)
         peak = sampler.finish()
         after = {"server": rss_mib([server.pid]), "all": rss_mib(server.pids())}
     result["rss_mib"] = {"before": before, "after": after, "server_peak": round(peak, 1)}
