@@ -7,6 +7,7 @@ import pytest
 
 from inferd.api.door_policy import REPORT_EVERY_S, DoorLimits, DoorPolicy, TokenBucket
 from inferd.clock import FakeClock
+from inferd.config import ServerConfig
 from inferd.errors import HeaderTooLarge, Overloaded, RateLimited, RequestTimeout
 
 INFER = b"/v2/models/sim/infer"
@@ -123,3 +124,24 @@ def test_refusals_are_reported_at_most_once_per_period() -> None:
     assert not door.report_due()
     clock.advance(0.001)
     assert door.report_due()
+
+
+def test_the_limits_are_read_from_the_server_config_with_the_same_defaults() -> None:
+    assert DoorLimits.of(ServerConfig()) == DoorLimits()
+    cfg = ServerConfig(
+        header_timeout_s=3.0,
+        body_timeout_s=4.0,
+        max_header_bytes=2048,
+        max_header_count=9,
+        max_connections=10,
+        max_connections_per_ip=None,
+        keep_alive_timeout_s=5.0,
+        max_requests_per_connection=7,
+        admission_rate_per_s=50.0,
+        admission_burst=8,
+    )
+    limits = DoorLimits.of(cfg)
+    assert {f: getattr(limits, f) for f in DoorLimits.__slots__} == {
+        f: getattr(cfg, f) for f in DoorLimits.__slots__
+    }
+    assert limits != DoorLimits()
