@@ -8,7 +8,6 @@ import asyncio
 import json
 import re
 import time
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -322,9 +321,29 @@ async def test_a_keep_alive_connection_carries_on_after_a_429_with_its_body_skip
     assert set(statuses) <= {200, 429} and 429 in statuses and 200 in statuses
 
 
-def test_the_refusals_are_counted_in_the_metrics(capped_server: ServerProc) -> None:
-    with urllib.request.urlopen(f"{capped_server.url}/metrics", timeout=10) as r:
-        text = r.read().decode()
+async def test_with_the_cap_held_open_the_next_connection_is_refused_and_counted(
+    capped_server: ServerProc,
+) -> None:
+    port, held = capped_server.port, []
+    refused = b""
+    try:
+        for _ in range(200):  # 64, plus any the server still holds from before
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            held.append(writer)
+            writer.write(b"GET /v2/health/live HTTP/1.1\r\nHost: x\r\n\r\n")
+            status, head, body = await read_response(reader)
+            if status == 429:
+                refused = head + body
+                break
+            assert status == 200
+    finally:
+        for writer in held:
+            writer.close()
+    assert b"too many connections: 64 open, the limit is 64" in refused, refused
+    assert len(held) <= 65
+    await asyncio.gather(*(one_request(port, i) for i in range(45)))  # past the admission burst
+    async with aiohttp.ClientSession() as http, http.get(f"{capped_server.url}/metrics") as r:
+        text = await r.text()
     counts = dict(re.findall(r'^inferd_frontdoor_refused_total\{reason="(\w+)"\} (\S+)$', text, re.M))
     assert float(counts["rate"]) > 0 and float(counts["connections"]) > 0, counts
     assert re.search(r"^inferd_frontdoor_connections \d", text, re.M)
