@@ -19,6 +19,7 @@ from pydantic import (
 )
 
 from inferd.fleet.autoscaler_config import AutoscalerConfig
+from inferd.listener_config import ListenerSettings
 
 Datatype = Literal[
     "BOOL",
@@ -225,8 +226,8 @@ def admin_port_for(http_port: int) -> int:
     return 0 if http_port == 0 else http_port + 1
 
 
-class ServerConfig(_Frozen):
-    """Settings of `inferd serve`."""
+class ServerConfig(ListenerSettings, _Frozen):
+    """Settings of `inferd serve` (its listeners' limits and TLS come from ListenerSettings)."""
 
     host: str = "127.0.0.1"
     """Address the HTTP API listens on."""
@@ -292,33 +293,6 @@ class ServerConfig(_Frozen):
     ray_resource: str | None = None
     """The Ray resource each worker actor holds one of: None takes GPU when the cluster has GPUs, else the
     custom resource inferd_device (start CPU-only nodes with --resources='{"inferd_device": N}')."""
-    ssl_certfile: Path | None = None
-    """PEM certificate (chain) of the HTTP and admin APIs (and of the worker port, unless it has its
-    own); with ssl_keyfile, they speak TLS (1.2 or newer) only."""
-    ssl_keyfile: Path | None = None
-    """PEM private key of ssl_certfile."""
-    worker_ssl_certfile: Path | None = None
-    """PEM certificate (chain) of the worker port; None: ssl_certfile. It must name the address workers
-    connect to (their --connect host, or worker_host for Ray actors) as a subjectAltName."""
-    worker_ssl_keyfile: Path | None = None
-    """PEM private key of worker_ssl_certfile. Ray worker actors trust worker_ssl_certfile (or ssl_certfile)
-    itself, sent to each as PEM text."""
-    insecure: bool = False
-    """Let workers join with their token over plain TCP on a worker_host that is not loopback (only on a
-    network you trust; the workers need --insecure too). Loopback never needs it."""
-
-    @model_validator(mode="after")
-    def _tls_pairs(self) -> ServerConfig:
-        """A certificate without its key (or a key without its certificate) is refused, naming the fix."""
-        for cert, key in (("ssl_certfile", "ssl_keyfile"), ("worker_ssl_certfile", "worker_ssl_keyfile")):
-            if (getattr(self, cert) is None) != (getattr(self, key) is None):
-                given, missing = (cert, key) if getattr(self, key) is None else (key, cert)
-                flag = "--" + missing.replace("_", "-")
-                raise ValueError(
-                    f"{given} is set without {missing}: pass {flag} too (TLS needs both), or neither"
-                )
-        return self
-
     def table(self, name: str) -> Any:
         """A registered component table: the file's, else the component model's defaults."""
         if name not in TABLES:

@@ -112,6 +112,31 @@ def serve(
             "[default: 5]; 0: drain at once."
         ),
     ] = None,
+    header_timeout_s: Annotated[
+        float | None,
+        typer.Option(
+            help="Total seconds a client has to send a request head (from connect, or from the first "
+            "byte of the next request on a keep-alive connection) before 408 and close [default: 10]."
+        ),
+    ] = None,
+    max_connections: Annotated[
+        int | None,
+        typer.Option(help="Most open connections; the next ones get 429 and are closed [default: 4096]."),
+    ] = None,
+    max_connections_per_ip: Annotated[
+        int | None,
+        typer.Option(
+            help="Most open connections from one client address; the next ones get 429 and are "
+            "closed [default: 2048]. Behind a proxy, raise it to --max-connections."
+        ),
+    ] = None,
+    admission_rate_per_s: Annotated[
+        float | None,
+        typer.Option(
+            help="Requests per second let through to the app; the excess gets 429 with Retry-After "
+            "as soon as its head is parsed [default: no limit]."
+        ),
+    ] = None,
     ray: Annotated[
         str | None,
         typer.Option(
@@ -183,6 +208,10 @@ def serve(
                 "worker_ssl_certfile": worker_ssl_certfile,
                 "worker_ssl_keyfile": worker_ssl_keyfile,
                 "insecure": True if insecure else None,
+                "header_timeout_s": header_timeout_s,
+                "max_connections": max_connections,
+                "max_connections_per_ip": max_connections_per_ip,
+                "admission_rate_per_s": admission_rate_per_s,
             },
         )
         if no_admin:
