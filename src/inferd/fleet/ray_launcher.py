@@ -126,7 +126,7 @@ class RayLauncher(Launcher[ActorProcess]):
             logging.getLogger("ray._private.worker").addFilter(_NotMainThreadNotice())
             await asyncio.to_thread(ray.init, address=self.ray_address, **kwargs)
         host, _, port = self.address.rpartition(":")
-        if host in ("0.0.0.0", "::", "[::]", ""):  # listening everywhere: give actors a routable address
+        if host in ("0.0.0.0", "::", "[::]", ""):  # listening everywhere: give actors a routable address  # nosec B104
             self.address = f"{ray.util.get_node_ip_address()}:{port}"
         self._actor_class = ray.remote(WorkerActor).options(**self._actor_options())
         log.info(
