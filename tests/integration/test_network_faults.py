@@ -1,0 +1,330 @@
+"""Network faults between the router and a remote worker: partition, delay, loss, flapping, late results.
+
+The remote worker (`inferd worker --connect`) runs in a network namespace of its own (tests/netns.py),
+the router listens on the host end of the veth pair, and a local worker beside the router takes over what
+the remote one held. nftables rules inside the namespace drop packets; a userspace relay (tests/relay.py)
+adds delay or holds the worker's data. Clients send unique inputs; `sim` answers sha256-derived digests,
+so every answer is checked against its own request, and the model logs each execution
+(tests/counting_sim.py). Needs root, `ip` and `nft` (scripts/setup --test): without them the tests fail.
+
+Each test prints one line of figures ("netfault ..."); run with -s to see them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections import Counter
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+
+import pytest
+
+from inferd.models.sim import sim_digest
+from tests.conftest import ROOT, ServerProc, free_port, start_server
+from tests.netns import NetNs
+from tests.relay import Relay
+
+TOKEN = "join-secret-for-network-faults"
+HEARTBEAT_TIMEOUT_S = 2.0
+"""The router's heartbeat_timeout_s here (workers beat every second)."""
+REMOTE = "remote-1"
+BASE_MS = 100.0
+"""Cost of one sim batch: long enough that the remote worker always holds a batch under load. The batch
+timeout is set far above it, so that silence (the heartbeat timeout), not a hung batch, gives a
+partitioned worker away."""
+
+
+# ---- argv: the one place that says how router and worker are started ----------------------------------
+def router_args(config: Path, worker_host: str, worker_port: int, local_workers: int) -> list[str]:
+    """`inferd serve` arguments (start_server adds the ports); transport flags such as TLS go here."""
+    return [
+        "--config",
+        str(config),
+        "--model",
+        "sim",
+        "--workers",
+        str(local_workers),
+        "--worker-host",
+        worker_host,
+        "--worker-port",
+        str(worker_port),
+    ]
+
+
+def worker_argv(connect: str) -> list[str]:
+    """`inferd worker` command line; transport flags such as TLS go here."""
+    command = [sys.executable, "-m", "inferd.cli.main", "worker"]
+    return [*command, "--connect", connect, "--model", "sim", "--worker-id", REMOTE]
+
+
+def write_config(tmp_path: Path, idempotent: bool) -> tuple[Path, Path]:
+    exec_log = tmp_path / "executions.log"
+    config = tmp_path / "inferd.toml"
+    config.write_text(
+        f"""
+[server]
+heartbeat_timeout_s = {HEARTBEAT_TIMEOUT_S}
+
+[models.sim]
+implementation = "tests.counting_sim:CountingSim"
+idempotent = {"true" if idempotent else "false"}
+max_batch_size = 4
+max_wait_ms = 5.0
+batch_timeout_s = 10.0
+params = {{ base_ms = {BASE_MS}, per_item_ms = 0.0, exec_log = "{exec_log}" }}
+"""
+    )
+    return config, exec_log
+
+
+# ---- the fleet under test ---------------------------------------------------------------------------------
+@dataclass
+class Fleet:
+    router: ServerProc
+    ns: NetNs
+    worker: subprocess.Popen[bytes]
+    exec_log: Path
+    relay: Relay | None
+
+    def executions(self) -> Counter[str]:
+        """How many times each input ran, on any worker (warm-up excluded)."""
+        text = self.exec_log.read_text() if self.exec_log.exists() else ""
+        return Counter(line.split(" ", 1)[1] for line in text.splitlines() if not line.endswith(" warmup"))
+
+    def events(self, pattern: str, after: float = 0.0) -> list[tuple[float, str]]:
+        """Router log lines matching `pattern`, with their wall-clock time, logged after `after`."""
+        found = []
+        for line in self.router.log().splitlines():
+            m = re.match(r"(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) ", line)
+            if m and re.search(pattern, line):
+                t = datetime.strptime(m.group(1), "%Y-%m-%d %H:%M:%S,%f").timestamp()
+                if t >= after:
+                    found.append((t, line))
+        return found
+
+    def wait_event(self, pattern: str, after: float, within_s: float) -> float:
+        """When the router logged `pattern` (after `after`), waiting up to `within_s` for it."""
+        wait_for(lambda: bool(self.events(pattern, after)), within_s, f"router log line /{pattern}/")
+        return self.events(pattern, after)[0][0]
+
+    def held_batches(self, after: float) -> int:
+        """How many batches the remote worker held when the router gave it up (after `after`)."""
+        self.wait_event(LOST, after, 10)
+        m = re.search(LOST, self.events(LOST, after)[0][1])
+        assert m is not None
+        return int(m.group(1))
+
+    def wait_remote_ready(self, after: float, within_s: float) -> float:
+        return self.wait_event(rf"worker {REMOTE} \(pid \d+\) of model sim v\d+ is ready", after, within_s)
+
+
+KILLED = rf"killing worker {REMOTE} .*went silent"
+LOST = rf"worker {REMOTE} \(pid \d+\) of model sim lost: .*; (\d+) batch\(es\) in flight"
+
+
+def wait_for(predicate: Callable[[], bool], within_s: float, what: str) -> None:
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"no {what} within {within_s}s")
+
+
+@contextmanager
+def fleet(
+    tmp_path: Path, *, idempotent: bool = True, local_workers: int = 1, relay_delay_s: float | None = None
+) -> Iterator[Fleet]:
+    """Router (with `local_workers` beside it) on the host end of a fresh veth pair, one remote worker in
+    the namespace, optionally through a relay; everything is torn down whatever happens."""
+    config, exec_log = write_config(tmp_path, idempotent)
+    with ExitStack() as stack:
+        ns = stack.enter_context(NetNs())
+        worker_port = free_port()
+        router = start_server(
+            tmp_path,
+            *router_args(config, ns.host_addr, worker_port, local_workers),
+            ready_path="/v2/health/live",
+        )
+        stack.callback(router.stop)
+        connect_port, relay = worker_port, None
+        if relay_delay_s is not None:
+            relay = stack.enter_context(Relay((ns.host_addr, 0), (ns.host_addr, worker_port), relay_delay_s))
+            connect_port = relay.start()
+        log = stack.enter_context(open(tmp_path / "remote-worker.log", "wb"))
+        worker = subprocess.Popen(
+            ns.argv(worker_argv(f"{ns.host_addr}:{connect_port}")),
+            env={**os.environ, "INFERD_JOIN_TOKEN": TOKEN},
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            cwd=ROOT,
+        )
+        stack.callback(stop_process, worker)
+        f = Fleet(router, ns, worker, exec_log, relay)
+        f.wait_remote_ready(0.0, 60)
+        yield f
+
+
+def stop_process(proc: subprocess.Popen[bytes]) -> None:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(5)
+
+
+@pytest.fixture(autouse=True)
+def join_token(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("INFERD_JOIN_TOKEN", TOKEN)
+
+
+# ---- clients ------------------------------------------------------------------------------------------------
+@dataclass
+class Answer:
+    text: str
+    status: int
+    body: str
+    """OUTPUT0 for a 200, else the error message."""
+
+
+@dataclass
+class Load:
+    """Closed-loop clients, each sending unique inputs one after another: bounded in count and in time."""
+
+    url: str
+    tag: str
+    clients: int = 6
+    max_requests: int = 3000
+    answers: list[Answer] = field(default_factory=list)
+    unanswered: list[str] = field(default_factory=list)
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+    _sent: int = 0
+    _threads: list[threading.Thread] = field(default_factory=list)
+
+    def __enter__(self) -> Load:
+        self._threads = [threading.Thread(target=self._client, daemon=True) for _ in range(self.clients)]
+        for t in self._threads:
+            t.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        for t in self._threads:
+            t.join(40)
+
+    def answered(self) -> int:
+        with self._lock:
+            return len(self.answers)
+
+    def _next(self) -> str | None:
+        with self._lock:
+            if self._stop.is_set() or self._sent >= self.max_requests:
+                return None
+            self._sent += 1
+            return f"{self.tag}-{self._sent}"
+
+    def _client(self) -> None:
+        while (text := self._next()) is not None:
+            answer = infer(self.url, text)
+            with self._lock:
+                if answer is None:
+                    self.unanswered.append(text)
+                else:
+                    self.answers.append(answer)
+
+
+def infer(url: str, text: str) -> Answer | None:
+    body = json.dumps(
+        {"inputs": [{"name": "INPUT0", "shape": [1], "datatype": "BYTES", "data": [text]}]}
+    ).encode()
+    req = urllib.request.Request(
+        f"{url}/v2/models/sim/infer", data=body, headers={"Content-Type": "application/json"}
+    )
+    try:
+        with urllib.request.urlopen(req, timeout=40) as r:
+            return Answer(text, r.status, json.loads(r.read())["outputs"][0]["data"][0])
+    except urllib.error.HTTPError as exc:
+        return Answer(text, exc.code, exc.read().decode(errors="replace"))
+    except OSError:
+        return None
+
+
+@dataclass(frozen=True)
+class Tally:
+    sent: int
+    ok: int
+    refused: int
+    lost: int
+    duplicated: int
+    misrouted: int
+
+
+def tally(load: Load) -> Tally:
+    """Every request sent got exactly one answer; a 200's digest is its own input's."""
+    per_input = Counter(a.text for a in load.answers)
+    ok = [a for a in load.answers if a.status == 200]
+    return Tally(
+        sent=load._sent,
+        ok=len(ok),
+        refused=sum(1 for a in load.answers if a.status != 200),
+        lost=load._sent - len(per_input),
+        duplicated=sum(n - 1 for n in per_input.values()),
+        misrouted=sum(1 for a in ok if a.body != sim_digest("sim", 1, a.text)),
+    )
+
+
+def report(fault: str, t: Tally, **figures: float) -> None:
+    extra = " ".join(f"{k}={v:.2f}" if isinstance(v, float) else f"{k}={v}" for k, v in figures.items())
+    print(
+        f"\nnetfault {fault}: sent={t.sent} ok={t.ok} refused={t.refused} lost={t.lost} "
+        f"duplicated={t.duplicated} misrouted={t.misrouted} {extra}"
+    )
+
+
+def assert_exactly_once(t: Tally, load: Load) -> None:
+    assert t.lost == 0 and not load.unanswered, f"unanswered requests: {load.unanswered[:5]}"
+    assert t.duplicated == 0
+    assert t.misrouted == 0, [a for a in load.answers if a.status == 200][:5]
+    assert t.sent == t.ok + t.refused
+
+
+def wait_answers(load: Load, n: int, within_s: float = 30) -> None:
+    target = load.answered() + n
+    wait_for(lambda: load.answered() >= target, within_s, f"{n} more answers")
+
+
+# ---- the faults -------------------------------------------------------------------------------------------------
+def test_partition_is_detected_and_held_batches_rerun_and_worker_rejoins(tmp_path: Path) -> None:
+    with fleet(tmp_path) as f, Load(f.router.url, "partition") as load:
+        wait_answers(load, 40)
+        cut = time.time()
+        f.ns.partition()
+        killed = f.wait_event(KILLED, cut, 3 * HEARTBEAT_TIMEOUT_S)
+        held = f.held_batches(cut)
+        wait_answers(load, 40)  # the local worker carries on alone
+        healed = time.time()
+        f.ns.heal()
+        rejoined = f.wait_remote_ready(healed, 30)
+        wait_answers(load, 40)
+    t = tally(load)
+    report("partition", t, held_batches=held, detect_s=killed - cut, rejoin_s=rejoined - healed)
+    assert_exactly_once(t, load)
+    assert t.refused == 0, [a for a in load.answers if a.status != 200][:3]
+    assert held >= 1, "under load the remote worker held a batch when the partition began"
+    assert killed - cut <= HEARTBEAT_TIMEOUT_S + 2.0, "silence detected within the heartbeat timeout"
+    assert max(f.executions().values()) >= 2, "a held batch ran again on the local worker"
