@@ -1,12 +1,19 @@
 """A network namespace joined to the host by a veth pair, with nftables faults inside it.
 
 The worker under test runs inside the namespace; the router listens on the host end of the veth. Faults
-are nftables rules in the namespace's own table (its input and output hooks), matching only traffic to
-and from the host end, so nothing else on the machine is touched:
+are nftables rules in the namespace's own table, matching only traffic to and from the host end, so
+nothing else on the machine is touched:
 
 * partition: drop everything;
 * loss: drop a random share of packets, each way (``numgen random mod 100 < N``);
 * heal: flush the rules.
+
+Packets lost on a wire must look lost to the sender's TCP too (retransmission with exponential backoff).
+Incoming packets are dropped in the input hook: the router's TCP never learns. An outgoing packet dropped
+in the output hook would be a local drop the worker's own TCP sees (it then retries every 500 ms, without
+backoff), so outgoing packets are marked instead, and the mark routes them into a sink: a second veth
+pair inside the namespace whose far end discards them (they are addressed to a MAC nobody has). The
+worker's TCP sees them leave and never acknowledged, as on a real network.
 
 Names are unique per instance, and `close` removes the namespace (and with it the veth pair and the
 table) even when a test failed half-way. A missing `ip` or `nft` is an error, never a skip.
@@ -20,6 +27,8 @@ import subprocess
 from collections.abc import Sequence
 
 TABLE = "inferd_fault"
+SINK_MARK = "0x1"
+SINK_TABLE = "100"
 
 
 def require_tools(*tools: str) -> None:
@@ -55,7 +64,8 @@ class NetNs:
         require_tools("ip", "nft")
         tag = secrets.token_hex(4)
         self.name = f"inferd-nf-{tag}"
-        self.host_if, self.ns_if = f"nfh{tag}", f"nfw{tag}"  # interface names: 15 characters at most
+        # interface names: 15 characters at most
+        self.host_if, self.ns_if, self.sink_if = f"nfh{tag}", f"nfw{tag}", f"nfs{tag}"
         self.host_addr, self.ns_addr = _free_subnet()
         self._created = False
 
@@ -104,11 +114,11 @@ class NetNs:
 
     # ---- faults ------------------------------------------------------------------------------------------
     def partition(self) -> None:
-        """Drop every packet between the namespace and the host end."""
+        """Lose every packet between the namespace and the host end."""
         self._drop("")
 
     def loss(self, percent: int) -> None:
-        """Drop `percent` % of the packets each way, at random."""
+        """Lose `percent` % of the packets each way, at random."""
         self._drop(f"numgen random mod 100 < {percent} ")
 
     def heal(self) -> None:
@@ -118,7 +128,7 @@ class NetNs:
     def _drop(self, match: str) -> None:
         self.heal()
         self.nft(f"add rule inet {TABLE} incoming ip saddr {self.host_addr} {match}drop")
-        self.nft(f"add rule inet {TABLE} outgoing ip daddr {self.host_addr} {match}drop")
+        self.nft(f"add rule inet {TABLE} outgoing ip daddr {self.host_addr} {match}meta mark set {SINK_MARK}")
 
     def rules(self) -> str:
         return _run(*self.argv(["nft", "list", "table", "inet", TABLE]))

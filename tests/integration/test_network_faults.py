@@ -98,10 +98,15 @@ class Fleet:
     exec_log: Path
     relay: Relay | None
 
-    def executions(self) -> Counter[str]:
-        """How many times each input ran, on any worker (warm-up excluded)."""
+    def runs(self) -> list[tuple[int, float, str]]:
+        """Every execution of an input, on any worker (warm-up excluded): (pid, wall time, input)."""
         text = self.exec_log.read_text() if self.exec_log.exists() else ""
-        return Counter(line.split(" ", 1)[1] for line in text.splitlines() if not line.endswith(" warmup"))
+        rows = (line.split(" ", 2) for line in text.splitlines())
+        return [(int(pid), float(t), item) for pid, t, item in rows if item != "warmup"]
+
+    def executions(self) -> Counter[str]:
+        """How many times each input ran."""
+        return Counter(item for _, _, item in self.runs())
 
     def events(self, pattern: str, after: float = 0.0) -> list[tuple[float, str]]:
         """Router log lines matching `pattern`, with their wall-clock time, logged after `after`."""
@@ -127,10 +132,25 @@ class Fleet:
         return int(m.group(1))
 
     def wait_remote_ready(self, after: float, within_s: float) -> float:
-        return self.wait_event(rf"worker {REMOTE} \(pid \d+\) of model sim v\d+ is ready", after, within_s)
+        """When the remote worker registered (after `after`)."""
+        return self.wait_event(READY, after, within_s)
+
+    def wait_remote_run(self, after: float, within_s: float) -> float:
+        """When the remote worker first ran a batch after `after`: it serves again."""
+
+        def first() -> float | None:
+            return min(
+                (at for pid, at, _ in self.runs() if pid == self.worker.pid and at > after), default=None
+            )
+
+        wait_for(lambda: first() is not None, within_s, "batch run by the remote worker")
+        served = first()
+        assert served is not None
+        return served
 
 
-KILLED = rf"killing worker {REMOTE} .*went silent"
+KILLED = rf"killing worker {REMOTE} "
+READY = rf"worker {REMOTE} \(pid \d+\) of model sim v\d+ is ready"
 LOST = rf"worker {REMOTE} \(pid \d+\) of model sim lost: .*; (\d+) batch\(es\) in flight"
 
 
@@ -199,6 +219,7 @@ class Answer:
     status: int
     body: str
     """OUTPUT0 for a 200, else the error message."""
+    latency_s: float
 
 
 @dataclass
@@ -231,6 +252,10 @@ class Load:
         with self._lock:
             return len(self.answers)
 
+    def finish(self, within_s: float = 60) -> None:
+        """Wait until all `max_requests` got their answer (or failed)."""
+        wait_for(lambda: len(self.answers) + len(self.unanswered) >= self.max_requests, within_s, "answers")
+
     def _next(self) -> str | None:
         with self._lock:
             if self._stop.is_set() or self._sent >= self.max_requests:
@@ -255,11 +280,13 @@ def infer(url: str, text: str) -> Answer | None:
     req = urllib.request.Request(
         f"{url}/v2/models/sim/infer", data=body, headers={"Content-Type": "application/json"}
     )
+    t0 = time.monotonic()
     try:
         with urllib.request.urlopen(req, timeout=40) as r:
-            return Answer(text, r.status, json.loads(r.read())["outputs"][0]["data"][0])
+            output = json.loads(r.read())["outputs"][0]["data"][0]
+            return Answer(text, r.status, output, time.monotonic() - t0)
     except urllib.error.HTTPError as exc:
-        return Answer(text, exc.code, exc.read().decode(errors="replace"))
+        return Answer(text, exc.code, exc.read().decode(errors="replace"), time.monotonic() - t0)
     except OSError:
         return None
 
@@ -328,3 +355,111 @@ def test_partition_is_detected_and_held_batches_rerun_and_worker_rejoins(tmp_pat
     assert held >= 1, "under load the remote worker held a batch when the partition began"
     assert killed - cut <= HEARTBEAT_TIMEOUT_S + 2.0, "silence detected within the heartbeat timeout"
     assert max(f.executions().values()) >= 2, "a held batch ran again on the local worker"
+
+
+def test_delay_of_200ms_each_way_slows_answers_but_kills_nothing(tmp_path: Path) -> None:
+    with fleet(tmp_path, local_workers=0, relay_delay_s=0.2) as f, Load(f.router.url, "delay", 4, 40) as load:
+        load.finish()
+    t = tally(load)
+    fastest = min(a.latency_s for a in load.answers)
+    kills = len(f.events(KILLED))
+    report("delay", t, fastest_s=fastest, kills=kills)
+    assert_exactly_once(t, load)
+    assert t.refused == 0
+    assert fastest >= 0.4, "every batch crossed the relay both ways (2 x 200 ms)"
+    assert kills == 0, "a steady 200 ms delay is not silence: heartbeats arrive late but regularly"
+
+
+def test_five_percent_loss_each_way_loses_no_answer(tmp_path: Path) -> None:
+    with fleet(tmp_path) as f:
+        f.ns.loss(5)
+        with Load(f.router.url, "loss") as load:
+            wait_answers(load, 200, within_s=40)
+        f.ns.heal()
+    t = tally(load)
+    remote_runs = sum(1 for pid, _, _ in f.runs() if pid == f.worker.pid)
+    kills = len(f.events(KILLED))
+    report("loss", t, remote_runs=remote_runs, kills=kills)
+    assert_exactly_once(t, load)
+    assert t.refused == 0, [a for a in load.answers if a.status != 200][:3]
+    assert remote_runs > 0, "the remote worker served over the lossy link"
+
+
+FLAPS = ((0.5, 0.5), (3.0, 0.5), (0.5, 0.5), (3.0, 0.8))
+"""(partitioned, healed) seconds: short cuts under the heartbeat timeout, long ones over it."""
+
+
+def test_flapping_link_loses_no_answer_and_the_worker_serves_again(tmp_path: Path) -> None:
+    with fleet(tmp_path) as f, Load(f.router.url, "flap") as load:
+        wait_answers(load, 20)
+        start = time.time()
+        for down_s, up_s in FLAPS:
+            f.ns.partition()
+            time.sleep(down_s)
+            f.ns.heal()
+            time.sleep(up_s)
+        healed = time.time() - FLAPS[-1][1]
+        served = f.wait_remote_run(healed, 30)
+        wait_answers(load, 20)
+    t = tally(load)
+    kills = len(f.events(KILLED, start))
+    joins = len(f.events(READY, start))
+    report("flapping", t, kills=kills, rejoins=joins, serves_again_s=served - healed)
+    assert_exactly_once(t, load)
+    assert t.refused == 0, [a for a in load.answers if a.status != 200][:3]
+    assert kills >= 1 and joins >= 1, "a long cut outlasted the heartbeat timeout; the worker came back"
+
+
+def test_results_late_on_a_dead_connection_are_discarded(tmp_path: Path) -> None:
+    with fleet(tmp_path, relay_delay_s=0.0) as f, Load(f.router.url, "late", 16) as load:
+        assert f.relay is not None
+        wait_answers(load, 40)
+        held_at = time.time()
+        f.relay.hold()  # the router hears nothing more from the worker; the worker still hears it
+        killed = f.wait_event(KILLED, held_at, 3 * HEARTBEAT_TIMEOUT_S)
+        f.held_batches(held_at)
+        wait_answers(load, 40)
+        late = f.relay.statistics().held_bytes
+        released = time.time()
+        f.relay.release()
+        wait_for(lambda: f.relay.statistics().discarded_bytes > 0, 10, "discarded late bytes")
+        rejoined = f.wait_remote_ready(released, 30)
+        wait_answers(load, 20)
+    t = tally(load)
+    # a batch that started 50 ms before the hold finished (100 ms) after it: its result was held too
+    held_runs = {item for pid, at, item in f.runs() if pid == f.worker.pid and held_at - 0.05 <= at <= killed}
+    counts = f.executions()
+    report(
+        "late results",
+        t,
+        late_bytes=late,
+        held_items=len(held_runs),
+        detect_s=killed - held_at,
+        rejoin_s=rejoined - released,
+    )
+    assert_exactly_once(t, load)
+    assert t.refused == 0
+    assert held_runs, "the remote worker ran batches whose results the relay held"
+    assert all(counts[item] == 2 for item in held_runs), "each held result was computed again elsewhere"
+
+
+def test_a_model_that_is_not_idempotent_answers_503_and_never_runs_twice(tmp_path: Path) -> None:
+    with fleet(tmp_path, idempotent=False, relay_delay_s=0.0) as f, Load(f.router.url, "once", 16) as load:
+        assert f.relay is not None
+        wait_answers(load, 40)
+        held_at = time.time()
+        f.relay.hold()  # an asymmetric partition: the worker runs every batch it gets, unheard
+        f.wait_event(KILLED, held_at, 3 * HEARTBEAT_TIMEOUT_S)
+        held = f.held_batches(held_at)
+        wait_answers(load, 40)
+        released = time.time()
+        f.relay.release()
+        f.wait_remote_ready(released, 30)
+        wait_answers(load, 20)
+    t = tally(load)
+    refused = [a for a in load.answers if a.status != 200]
+    counts = f.executions()
+    report("not idempotent", t, held_batches=held, max_runs=max(counts.values()))
+    assert_exactly_once(t, load)
+    assert refused and all(a.status == 503 and "not idempotent" in a.body for a in refused), refused[:3]
+    assert max(counts.values()) == 1, [item for item, n in counts.items() if n > 1]
