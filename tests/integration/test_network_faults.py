@@ -358,7 +358,7 @@ def test_partition_is_detected_and_held_batches_rerun_and_worker_rejoins(tmp_pat
 
 
 def test_delay_of_200ms_each_way_slows_answers_but_kills_nothing(tmp_path: Path) -> None:
-    with fleet(tmp_path, local_workers=0, relay_delay_s=0.2) as f, Load(f.router.url, "delay", 4, 40) as load:
+    with fleet(tmp_path, local_workers=0, relay_delay_s=0.2) as f, Load(f.router.url, "delay", 4, 24) as load:
         load.finish()
     t = tally(load)
     fastest = min(a.latency_s for a in load.answers)
