@@ -3,35 +3,31 @@
 The remote worker (`inferd worker --connect`) runs in a network namespace of its own (tests/netns.py),
 the router listens on the host end of the veth pair, and a local worker beside the router takes over what
 the remote one held. nftables rules inside the namespace drop packets; a userspace relay (tests/relay.py)
-adds delay or holds the worker's data. Clients send unique inputs; `sim` answers sha256-derived digests,
-so every answer is checked against its own request, and the model logs each execution
-(tests/counting_sim.py). Needs root, `ip` and `nft` (scripts/setup --test): without them the tests fail.
+adds delay or holds the worker's data. Clients send unique inputs and `sim` answers sha256-derived
+digests, so every answer is checked against its own request (tests/checked_load.py); the model logs each
+execution (tests/counting_sim.py), so re-runs are counted. Needs root, `ip` and `nft` (scripts/setup --test): without them the tests fail.
 
 Each test prints one line of figures ("netfault ..."); run with -s to see them.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import signal
 import subprocess
 import sys
-import threading
 import time
-import urllib.error
-import urllib.request
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
 import pytest
 
-from inferd.models.sim import sim_digest
+from tests.checked_load import Load, assert_exactly_once, report, tally, wait_answers, wait_for
 from tests.conftest import ROOT, ServerProc, free_port, start_server
 from tests.netns import NetNs
 from tests.relay import Relay
@@ -154,15 +150,6 @@ READY = rf"worker {REMOTE} \(pid \d+\) of model sim v\d+ is ready"
 LOST = rf"worker {REMOTE} \(pid \d+\) of model sim lost: .*; (\d+) batch\(es\) in flight"
 
 
-def wait_for(predicate: Callable[[], bool], within_s: float, what: str) -> None:
-    deadline = time.monotonic() + within_s
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"no {what} within {within_s}s")
-
-
 @contextmanager
 def fleet(
     tmp_path: Path, *, idempotent: bool = True, local_workers: int = 1, relay_delay_s: float | None = None
@@ -210,129 +197,6 @@ def stop_process(proc: subprocess.Popen[bytes]) -> None:
 @pytest.fixture(autouse=True)
 def join_token(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("INFERD_JOIN_TOKEN", TOKEN)
-
-
-# ---- clients ------------------------------------------------------------------------------------------------
-@dataclass
-class Answer:
-    text: str
-    status: int
-    body: str
-    """OUTPUT0 for a 200, else the error message."""
-    latency_s: float
-
-
-@dataclass
-class Load:
-    """Closed-loop clients, each sending unique inputs one after another: bounded in count and in time."""
-
-    url: str
-    tag: str
-    clients: int = 6
-    max_requests: int = 3000
-    answers: list[Answer] = field(default_factory=list)
-    unanswered: list[str] = field(default_factory=list)
-    _stop: threading.Event = field(default_factory=threading.Event)
-    _lock: threading.Lock = field(default_factory=threading.Lock)
-    _sent: int = 0
-    _threads: list[threading.Thread] = field(default_factory=list)
-
-    def __enter__(self) -> Load:
-        self._threads = [threading.Thread(target=self._client, daemon=True) for _ in range(self.clients)]
-        for t in self._threads:
-            t.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        for t in self._threads:
-            t.join(40)
-
-    def answered(self) -> int:
-        with self._lock:
-            return len(self.answers)
-
-    def finish(self, within_s: float = 60) -> None:
-        """Wait until all `max_requests` got their answer (or failed)."""
-        wait_for(lambda: len(self.answers) + len(self.unanswered) >= self.max_requests, within_s, "answers")
-
-    def _next(self) -> str | None:
-        with self._lock:
-            if self._stop.is_set() or self._sent >= self.max_requests:
-                return None
-            self._sent += 1
-            return f"{self.tag}-{self._sent}"
-
-    def _client(self) -> None:
-        while (text := self._next()) is not None:
-            answer = infer(self.url, text)
-            with self._lock:
-                if answer is None:
-                    self.unanswered.append(text)
-                else:
-                    self.answers.append(answer)
-
-
-def infer(url: str, text: str) -> Answer | None:
-    body = json.dumps(
-        {"inputs": [{"name": "INPUT0", "shape": [1], "datatype": "BYTES", "data": [text]}]}
-    ).encode()
-    req = urllib.request.Request(
-        f"{url}/v2/models/sim/infer", data=body, headers={"Content-Type": "application/json"}
-    )
-    t0 = time.monotonic()
-    try:
-        with urllib.request.urlopen(req, timeout=40) as r:
-            output = json.loads(r.read())["outputs"][0]["data"][0]
-            return Answer(text, r.status, output, time.monotonic() - t0)
-    except urllib.error.HTTPError as exc:
-        return Answer(text, exc.code, exc.read().decode(errors="replace"), time.monotonic() - t0)
-    except OSError:
-        return None
-
-
-@dataclass(frozen=True)
-class Tally:
-    sent: int
-    ok: int
-    refused: int
-    lost: int
-    duplicated: int
-    misrouted: int
-
-
-def tally(load: Load) -> Tally:
-    """Every request sent got exactly one answer; a 200's digest is its own input's."""
-    per_input = Counter(a.text for a in load.answers)
-    ok = [a for a in load.answers if a.status == 200]
-    return Tally(
-        sent=load._sent,
-        ok=len(ok),
-        refused=sum(1 for a in load.answers if a.status != 200),
-        lost=load._sent - len(per_input),
-        duplicated=sum(n - 1 for n in per_input.values()),
-        misrouted=sum(1 for a in ok if a.body != sim_digest("sim", 1, a.text)),
-    )
-
-
-def report(fault: str, t: Tally, **figures: float) -> None:
-    extra = " ".join(f"{k}={v:.2f}" if isinstance(v, float) else f"{k}={v}" for k, v in figures.items())
-    print(
-        f"\nnetfault {fault}: sent={t.sent} ok={t.ok} refused={t.refused} lost={t.lost} "
-        f"duplicated={t.duplicated} misrouted={t.misrouted} {extra}"
-    )
-
-
-def assert_exactly_once(t: Tally, load: Load) -> None:
-    assert t.lost == 0 and not load.unanswered, f"unanswered requests: {load.unanswered[:5]}"
-    assert t.duplicated == 0
-    assert t.misrouted == 0, [a for a in load.answers if a.status == 200][:5]
-    assert t.sent == t.ok + t.refused
-
-
-def wait_answers(load: Load, n: int, within_s: float = 30) -> None:
-    target = load.answered() + n
-    wait_for(lambda: load.answered() >= target, within_s, f"{n} more answers")
 
 
 # ---- the faults -------------------------------------------------------------------------------------------------
