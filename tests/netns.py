@@ -21,6 +21,7 @@ table) even when a test failed half-way. A missing `ip` or `nft` is an error, ne
 
 from __future__ import annotations
 
+import re
 import secrets
 import shutil
 import subprocess
@@ -127,8 +128,15 @@ class NetNs:
 
     def _drop(self, match: str) -> None:
         self.heal()
-        self.nft(f"add rule inet {TABLE} incoming ip saddr {self.host_addr} {match}drop")
-        self.nft(f"add rule inet {TABLE} outgoing ip daddr {self.host_addr} {match}meta mark set {SINK_MARK}")
+        self.nft(f"add rule inet {TABLE} incoming ip saddr {self.host_addr} {match}counter drop")
+        self.nft(
+            f"add rule inet {TABLE} outgoing ip daddr {self.host_addr} {match}counter meta mark set {SINK_MARK}"
+        )
 
-    def rules(self) -> str:
-        return _run(*self.argv(["nft", "list", "table", "inet", TABLE]))
+    def lost_packets(self) -> tuple[int, int]:
+        """Packets the current fault has dropped so far: (from the host end, to the host end)."""
+        counts = []
+        for chain in ("incoming", "outgoing"):
+            listing = _run(*self.argv(["nft", "list", "chain", "inet", TABLE, chain]))
+            counts.append(sum(int(n) for n in re.findall(r"counter packets (\d+)", listing)))
+        return counts[0], counts[1]
