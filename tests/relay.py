@@ -41,7 +41,7 @@ class _Pipe:
 
     def __init__(
         self, relay: Relay, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, upstream: bool
-    ):
+    ) -> None:
         self.relay, self.reader, self.writer, self.upstream = relay, reader, writer, upstream
         self.chunks: deque[tuple[float, bytes]] = deque()
         self.more = asyncio.Event()
@@ -173,8 +173,8 @@ class Relay:
         up_w.transport.abort()
 
     async def _shutdown(self) -> None:
-        assert self._server is not None
-        self._server.close()
+        if self._server is not None:
+            self._server.close()
         for task in list(self._tasks):
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
