@@ -97,8 +97,8 @@ class Fleet:
     def runs(self) -> list[tuple[int, float, str]]:
         """Every execution of an input, on any worker (warm-up excluded): (pid, wall time, input)."""
         text = self.exec_log.read_text() if self.exec_log.exists() else ""
-        rows = (line.split(" ", 2) for line in text.splitlines())
-        return [(int(pid), float(t), item) for pid, t, item in rows if item != "warmup"]
+        rows = [line.split(" ", 2) for line in text.splitlines()]  # a line being written may be partial
+        return [(int(r[0]), float(r[1]), r[2]) for r in rows if len(r) == 3 and r[2] != "warmup"]
 
     def executions(self) -> Counter[str]:
         """How many times each input ran."""
