@@ -268,7 +268,9 @@ async def test_kill_hits_a_ready_local_worker_of_the_model_at_each_interval(stub
     assert [inj["n"] for inj in c.injections] == [0, 1, 2], c
     assert c.skipped == {} and c.admin_errors == {}
     for k, inj in enumerate(c.injections):
-        assert 0.3 + 0.5 * k <= inj["at_s"] < 0.3 + 0.5 * k + 1.0  # from the measured window's start (loose: loaded CI)
+        assert (
+            0.3 + 0.5 * k <= inj["at_s"] < 0.3 + 0.5 * k + 1.0
+        )  # from the measured window's start (loose: loaded CI)
         assert inj["signal"] == "SIGKILL" and inj["ready_before"] == 3  # the remote one counts too
     pids = [inj["pid"] for inj in c.injections]
     assert len(set(pids)) == 3

@@ -2,7 +2,8 @@
 has its items retried, isolated or failed (batching/recovery.py decides which).
 
 deliver (settle each item) <- on_batch_done -> recover (model error: isolate / fail)
-recover_lost (a worker's running batch: retry / isolate / fail; its staged batch: back to the queue)
+recover_lost (a worker's running batch: retry / isolate / fail; its staged batch: back to the queue, or
+fail when the model is not idempotent)
 """
 
 from __future__ import annotations
@@ -144,7 +145,8 @@ class Delivery:
     # ---- recover -------------------------------------------------------------------------------------
     def recover_lost(self, worker: WorkerConnection, batches: list[Batch], reason: str) -> None:
         """The batches a lost worker held (running first): the running one is recovered (retry, isolate
-        or fail), a batch staged behind it goes back to the head of the queue untouched."""
+        or fail), a batch staged behind it goes back to the head of the queue untouched (or fails, for a
+        model that is not idempotent: the worker may have run it)."""
         if not batches:
             self.state.wake.set()
             return
@@ -156,16 +158,14 @@ class Delivery:
         kind = FailureKind.HANG if worker.failure else FailureKind.CRASH
         running, staged = batches[0], batches[1:]
         self.state.metrics.batch_failed(kind.value)
-        staged_items = [i for b in staged for i in owned(b)]
-        for item in staged_items:
-            item.attempts -= 1  # sent, never run
-        self.state.queue.push_front(staged_items)
         detail = f"worker {worker.worker_id} {worker.failure or reason}"
+        self.apply(self.recovery.on_staged_lost([i for b in staged for i in owned(b)], detail))
         self.apply(self.recovery.on_failure(owned(running), kind, detail))
         self.state.wake.set()
 
     def apply(self, plan: RecoveryPlan) -> None:
         metrics = self.state.metrics
+        self.state.queue.push_front(plan.requeue)
         if plan.retry:
             self.state.queue.push_front(plan.retry)
             metrics.retried_items(len(plan.retry))

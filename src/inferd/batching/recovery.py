@@ -10,6 +10,9 @@
 * A model exception is deterministic for its input: the batch is isolated the same way, and the
   isolated failing input is answered with the model's error, never retried.
 * A model that is not idempotent is never run twice: its callers get WorkerDied.
+* Batches staged behind the running one on a lost worker go back to the queue, their attempt not counted:
+  a crashed worker never started them. A worker cut off by the network may have run them all, though, so
+  for a model that is not idempotent they fail like the running batch.
 """
 
 from __future__ import annotations
@@ -34,6 +37,8 @@ class RecoveryPlan:
     """Back to the head of the queue, in their original order."""
     isolate: list[list[QueuedItem]] = field(default_factory=list)
     """Groups to run as batches of their own, ahead of the queue."""
+    requeue: list[QueuedItem] = field(default_factory=list)
+    """Back to the head of the queue, in their original order, as never run (not counted as retries)."""
     fail: list[tuple[QueuedItem, ServingError]] = field(default_factory=list)
     budget_exhausted: bool = False
 
@@ -97,6 +102,21 @@ class RecoveryPolicy:
                     ),
                 )
             )
+        return plan
+
+    def on_staged_lost(self, items: list[QueuedItem], detail: str) -> RecoveryPlan:
+        """`items`: the unanswered items of the batches a lost worker held behind its running one."""
+        plan = RecoveryPlan()
+        if self.idempotent:
+            for item in items:
+                item.attempts -= 1  # sent, maybe never run: not an attempt
+            plan.requeue = items
+            return plan
+        err = (
+            f"the worker holding this request's batch was lost ({detail}) and may have run it; model "
+            f"'{self.model}' is not idempotent, so it is not retried"
+        )
+        plan.fail = [(item, WorkerDied(err)) for item in items]
         return plan
 
     def _model_error(self, items: list[QueuedItem], detail: str, plan: RecoveryPlan) -> RecoveryPlan:
