@@ -1,0 +1,31 @@
+"""Hypothesis settings of the fuzz tests, chosen by HYPOTHESIS_PROFILE (read only here, by tests).
+
+- "fuzz-ci" (the default): a short pass, about a minute for every fuzz test together.
+- "fuzz-long": many more examples per test; run it by hand (docs/reliability.md, "Fuzzing").
+
+Each fuzz test takes `fuzz(scale)`: its share of the profile's examples (slow targets ask for fewer),
+so the other hypothesis tests of a session keep their own settings.
+"""
+
+from __future__ import annotations
+
+import os
+
+from hypothesis import HealthCheck, settings
+
+_EXAMPLES = {"ci": 200, "long": 20_000}
+_PROFILE = os.environ.get("HYPOTHESIS_PROFILE", "ci").removeprefix("fuzz-")
+if _PROFILE not in _EXAMPLES:
+    _PROFILE = "ci"
+LONG = _PROFILE == "long"
+
+
+def fuzz(scale: float = 1.0) -> settings:
+    """Settings for one fuzz test: `scale` x the profile's example count, no per-example deadline (a loaded
+    2-core box would flake), the pytest-timeout of the file bounds the whole test instead."""
+    return settings(
+        max_examples=max(10, int(_EXAMPLES[_PROFILE] * scale)),
+        deadline=None,
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much],
+        derandomize=not LONG,
+    )
