@@ -87,7 +87,8 @@ json_scalars = st.one_of(
     st.text(max_size=6),
 )
 json_values = st.recursive(
-    json_scalars, lambda inner: st.lists(inner, max_size=5) | st.dictionaries(st.text(max_size=4), inner, max_size=3),
+    json_scalars,
+    lambda inner: st.lists(inner, max_size=5) | st.dictionaries(st.text(max_size=4), inner, max_size=3),
     max_leaves=30,
 )
 shapes = st.lists(st.integers(min_value=-2, max_value=2**40), max_size=5) | st.lists(
@@ -160,7 +161,9 @@ def test_structured_binary_requests_only_raise_bad_request(
 @st.composite
 def valid_int32_bytes_request(draw: st.DrawFn) -> tuple[dict[str, object], list[list[int]], list[str]]:
     n = draw(st.integers(1, 8))
-    a = draw(st.lists(st.lists(st.integers(-(2**31), 2**31 - 1), min_size=2, max_size=2), min_size=n, max_size=n))
+    a = draw(
+        st.lists(st.lists(st.integers(-(2**31), 2**31 - 1), min_size=2, max_size=2), min_size=n, max_size=n)
+    )
     b = draw(st.lists(st.text(max_size=8), min_size=n, max_size=n))
     req = {
         "inputs": [
