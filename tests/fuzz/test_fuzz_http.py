@@ -60,7 +60,9 @@ headers = st.lists(
                 b"x-inferd-model-version",
             ]
         ),
-        st.one_of(header_values, st.sampled_from(["application/json", "text/plain", "application/json; x=1"])),
+        st.one_of(
+            header_values, st.sampled_from(["application/json", "text/plain", "application/json; x=1"])
+        ),
     ).map(lambda kv: (kv[0], kv[1].encode("latin-1"))),
     max_size=3,
 )

@@ -1,0 +1,93 @@
+"""Fuzzing the SSE splitter of the upstream relay: on any byte stream cut into any pieces, it gives back the
+events the SSE specification defines (lines end with CRLF, LF or CR; a blank line ends an event), the same
+events whatever the cuts, each byte exactly once, and only ValueError once an event outgrows its bound."""
+
+from __future__ import annotations
+
+import re
+import time
+
+import pytest
+from hypothesis import example, given
+from hypothesis import strategies as st
+
+from inferd.api.upstream import SSESplitter
+from tests.fuzz.profiles import fuzz
+
+pytestmark = pytest.mark.timeout(60)
+
+_TERMINATOR = re.compile(rb"\r\n|\n|\r")
+
+
+def reference_events(stream: bytes) -> list[bytes]:
+    """The complete events of `stream` (which must not end in a line terminator), by the spec's line rules:
+    an event ends with a blank line (a line terminator right where a line begins)."""
+    events, start, line_start = [], 0, 0
+    for m in _TERMINATOR.finditer(stream):
+        if m.start() == line_start:
+            events.append(stream[start : m.end()])
+            start = m.end()
+        line_start = m.end()
+    return events
+
+
+def cut(stream: bytes, points: list[int]) -> list[bytes]:
+    marks = sorted({min(p, len(stream)) for p in points})
+    return [stream[a:b] for a, b in zip([0, *marks], [*marks, len(stream)], strict=True)]
+
+
+sse_bytes = st.lists(
+    st.sampled_from([b"\n", b"\r", b"\r\n", b"data: ", b"x", b"{}", b":", b"[DONE]", b"\xff"]), max_size=40
+).map(b"".join)
+
+
+@fuzz()
+@given(sse_bytes, st.lists(st.integers(0, 200), max_size=12))
+@example(b"data: a\r\rdata: b\n\r\nx", [8])
+@example(b"data: a\r\n\r\nx", [8, 9, 10])
+@example(b"a\r\r\nx", [2])
+def test_any_cut_gives_the_events_the_spec_defines(body: bytes, points: list[int]) -> None:
+    stream = body + b"x"  # ends in data, so every complete event is decided
+    splitter = SSESplitter(1 << 20)
+    out = [event for piece in cut(stream, points) for event in splitter.feed(piece)]
+    assert out == reference_events(stream)
+    assert stream.startswith(b"".join(out))
+
+
+@fuzz()
+@given(st.binary(max_size=400), st.lists(st.integers(0, 400), max_size=12), st.integers(1, 64))
+def test_raw_bytes_only_raise_value_error_past_the_bound(body: bytes, points: list[int], bound: int) -> None:
+    splitter = SSESplitter(bound)
+    out: list[bytes] = []
+    try:
+        for piece in cut(body, points):
+            out += splitter.feed(piece)
+    except ValueError as exc:
+        assert f"exceeds {bound} bytes" in str(exc)
+        return
+    assert body.startswith(b"".join(out))
+
+
+def test_cr_only_line_endings_end_events() -> None:
+    """A blank line made of bare CRs (allowed by the SSE spec) ends an event; it once grew the buffer to
+    its bound and failed the stream."""
+    splitter = SSESplitter(1 << 20)
+    assert splitter.feed(b"data: 1\r\rdata: 2\r\r") == [b"data: 1\r\r"]
+    assert splitter.feed(b"x") == [b"data: 2\r\r"]
+
+
+def test_mixed_line_endings_end_events() -> None:
+    splitter = SSESplitter(1 << 20)
+    assert splitter.feed(b"data: 1\n\r\ndata: 2\r\n\nx") == [b"data: 1\n\r\n", b"data: 2\r\n\n"]
+
+
+def test_an_event_fed_a_byte_at_a_time_is_not_rescanned_from_its_start() -> None:
+    """Splitting is linear in the stream: a large event arriving in small pieces is not searched again from
+    its first byte at every piece (which took seconds for one 4 MiB event)."""
+    splitter = SSESplitter(1 << 23)
+    piece = b"x" * 16
+    started = time.process_time()
+    for _ in range(256 * 1024):  # 4 MiB in 16-byte pieces
+        splitter.feed(piece)
+    assert splitter.feed(b"\n\n") == [piece * 256 * 1024 + b"\n\n"]
+    assert time.process_time() - started < 20
