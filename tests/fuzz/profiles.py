@@ -13,7 +13,7 @@ import os
 
 from hypothesis import HealthCheck, settings
 
-_EXAMPLES = {"ci": 200, "long": 20_000}
+_EXAMPLES = {"ci": 200, "long": 5_000}
 _PROFILE = os.environ.get("HYPOTHESIS_PROFILE", "ci").removeprefix("fuzz-")
 if _PROFILE not in _EXAMPLES:
     _PROFILE = "ci"
