@@ -19,7 +19,10 @@ pytestmark = pytest.mark.timeout(120)
 APP = make_app()
 
 model_names = st.sampled_from([*MODELS, "nope", "sim%20x", "\u00e9", "a" * 300])
-versions = st.sampled_from(["1", "2", "0", "-1", "latest", "99999999999999999999"])
+versions = st.one_of(
+    st.sampled_from(["1", "2", "0", "-1", "latest", "99999999999999999999", "\u00b2", "\u0661", "1_0"]),
+    st.text(max_size=4).filter(lambda v: v and "/" not in v),
+)
 
 
 @st.composite
@@ -45,7 +48,9 @@ def paths(draw: st.DrawFn) -> tuple[str, str]:
 
 
 header_values = st.one_of(
-    st.sampled_from(["", "0", "-1", "1e309", "nan", "inf", "100", "bulk", "interactive", "2", " 7 "]),
+    st.sampled_from(
+        ["", "0", "-1", "1e309", "nan", "inf", "100", "bulk", "interactive", "2", " 7 ", "\u00b2", "1_0", "1"]
+    ),
     st.text(alphabet=st.characters(min_codepoint=32, max_codepoint=255), max_size=12),
 )
 headers = st.lists(
@@ -107,7 +112,9 @@ def openai_body(draw: st.DrawFn) -> dict[str, object]:
         "stop": st.one_of(st.text(max_size=3), st.lists(st.text(max_size=3), max_size=3), json_leaf),
         "stream": st.one_of(st.booleans(), json_leaf),
         "stream_options": st.one_of(st.fixed_dictionaries({"include_usage": st.booleans()}), json_any),
-        "priority": st.one_of(st.sampled_from(["bulk", "interactive", "3"]), json_leaf),
+        "priority": st.one_of(
+            st.sampled_from(["bulk", "interactive", "3", "\u00b2", "\u0663", " 1"]), json_leaf
+        ),
         "encoding_format": st.one_of(st.sampled_from(["float", "base64"]), json_leaf),
         "dimensions": st.one_of(st.integers(-1, 1000), json_leaf),
         "ignore_eos": st.one_of(st.booleans(), json_leaf),
@@ -136,6 +143,12 @@ def exchange(method: str, path: str, body: bytes, extra: list[tuple[bytes, bytes
 @example(("GET", "/v2/models/nope/ready"), [], b"")
 @example(("POST", "/v1/completions"), [], b'{"model":"sim-llm","prompt":"hi"}')
 @example(("POST", "/v1/embeddings"), [], b'{"model":"sim","input":"hi"}')
+@example(("POST", "/v2/models/sim/infer"), [(b"x-priority", b"\xb2")], b"{}")
+@example(("GET", "/v2/models/sim/versions/\u00b2"), [], b"")
+@example(
+    ("POST", "/v1/completions"), [(b"x-inferd-model-version", b"\xb2")], b'{"model":"sim-llm","prompt":"x"}'
+)
+@example(("POST", "/v1/completions"), [], b'{"model":"sim-llm","prompt":"x","priority":"\\u00b2"}')
 def test_http_answers_are_documented_and_never_500(
     route: tuple[str, str], extra: list[tuple[bytes, bytes]], body: bytes
 ) -> None:
@@ -149,3 +162,35 @@ def test_text_requests_to_a_real_model_never_500(
 ) -> None:
     body["model"] = "sim-llm"
     exchange("POST", path, json.dumps(body).encode(), extra)
+
+
+def test_non_ascii_digits_in_priority_and_version_are_bad_requests() -> None:
+    """'\u00b2' (latin-1 byte 0xb2 in a header) is a digit to str.isdigit() but not to int(): a priority or
+    version spelled with it once answered 500."""
+    cases = [
+        ("POST", "/v2/models/sim/infer", [(b"x-priority", b"\xb2")], b"{}", 400),
+        ("POST", "/v1/completions", [], b'{"model":"sim-llm","prompt":"x","priority":"\\u00b2"}', 400),
+        ("GET", "/v2/models/sim/versions/\u00b2", [], b"", 404),
+        (
+            "POST",
+            "/v1/completions",
+            [(b"x-inferd-model-version", b"\xb2")],
+            b'{"model":"sim-llm","prompt":"x"}',
+            404,
+        ),
+    ]
+    for method, path, extra, body, status in cases:
+        answer = asyncio.run(call(APP, method, path, body, extra))
+        assert answer.status == status, (path, answer.body)
+        check_conforms(method, path, answer)
+
+
+def test_admin_version_query_with_a_non_ascii_digit_is_a_bad_request() -> None:
+    from aiohttp.test_utils import make_mocked_request
+
+    from inferd.api.admin import _version
+    from inferd.errors import BadRequest
+
+    with pytest.raises(BadRequest, match="whole number"):
+        _version(make_mocked_request("POST", "/admin/models/sim/update?version=%C2%B2"))
+    assert _version(make_mocked_request("POST", "/admin/models/sim/update?version=2")) == 2

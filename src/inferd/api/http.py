@@ -31,7 +31,7 @@ def parse_priority(param: object, header: str | None) -> int:
         name = value.strip().lower()
         if name in PRIORITY_NAMES:
             return PRIORITY_NAMES[name]
-        if name.isdigit():
+        if name.isascii() and name.isdigit():  # '\u00b2'.isdigit(), but int() refuses it
             value = int(name)
     if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
         return INTERACTIVE if value <= 1 else BULK
