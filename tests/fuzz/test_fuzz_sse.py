@@ -4,6 +4,7 @@ events whatever the cuts, each byte exactly once, and only ValueError once an ev
 
 from __future__ import annotations
 
+import json
 import re
 import time
 
@@ -11,7 +12,8 @@ import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from inferd.api.upstream import SSESplitter
+from inferd.api.upstream import SSESplitter, _Relay
+from inferd.clock import FakeClock
 from tests.fuzz.profiles import fuzz
 
 pytestmark = pytest.mark.timeout(60)
@@ -91,3 +93,63 @@ def test_an_event_fed_a_byte_at_a_time_is_not_rescanned_from_its_start() -> None
         splitter.feed(piece)
     assert splitter.feed(b"\n\n") == [piece * 256 * 1024 + b"\n\n"]
     assert time.process_time() - started < 20
+
+
+class _Metrics:
+    def __init__(self) -> None:
+        self.tokens: list[tuple[int, int]] = []
+        self.text_events = 0
+
+    def usage(self, prompt: int, completion: int) -> None:
+        self.tokens.append((prompt, completion))
+
+    def text_event(self, gap_s: float, first: bool) -> None:
+        self.text_events += 1
+
+
+class _Runtime:
+    """What the relay reads of an UpstreamRuntime while it accounts an event."""
+
+    name = "up"
+
+    def __init__(self) -> None:
+        self.metrics = _Metrics()
+        self.clock = FakeClock()
+
+
+json_leaf = st.one_of(
+    st.none(), st.booleans(), st.integers(-(2**70), 2**70), st.floats(allow_nan=False), st.text(max_size=5)
+)
+json_any = st.recursive(
+    json_leaf,
+    lambda inner: (
+        st.lists(inner, max_size=3)
+        | st.dictionaries(
+            st.sampled_from(
+                ["choices", "usage", "text", "delta", "content", "prompt_tokens", "completion_tokens", "x"]
+            ),
+            inner,
+            max_size=3,
+        )
+    ),
+    max_leaves=15,
+)
+event_data = st.one_of(
+    json_any.map(lambda v: json.dumps(v).encode()),
+    st.binary(max_size=60),
+    st.integers(1, 5000).map(lambda depth: b'{"x":' + b"[" * depth),
+)
+
+
+@fuzz()
+@given(event_data, st.booleans(), st.sampled_from([b"data: ", b"data:", b"event: x\ndata: ", b""]))
+@example(b'{"x":' + b"[" * 100_000, True, b"data: ")
+def test_any_upstream_event_is_accounted_or_passed_through(
+    data: bytes, wants_usage: bool, prefix: bytes
+) -> None:
+    """The relay reads usage and text timing off each event; an event it cannot read passes through as it
+    came (an upstream's deeply nested JSON once escaped as RecursionError and broke the client's stream)."""
+    rt = _Runtime()
+    relay = _Relay(rt, 0.0, wants_usage, None)  # type: ignore[arg-type]
+    assert relay._on_event(prefix + data + b"\n\n") in (True, False)
+    assert all(isinstance(p, int) and isinstance(c, int) for p, c in rt.metrics.tokens)
