@@ -153,3 +153,10 @@ def test_any_upstream_event_is_accounted_or_passed_through(
     relay = _Relay(rt, 0.0, wants_usage, None)  # type: ignore[arg-type]
     assert relay._on_event(prefix + data + b"\n\n") in (True, False)
     assert all(isinstance(p, int) and isinstance(c, int) for p, c in rt.metrics.tokens)
+
+
+def test_an_upstream_event_nested_too_deeply_passes_through_unread() -> None:
+    rt = _Runtime()
+    relay = _Relay(rt, 0.0, False, None)  # type: ignore[arg-type]
+    assert relay._on_event(b'data: {"x":' + b"[" * 100_000 + b"\n\n") is True
+    assert rt.metrics.tokens == []

@@ -190,10 +190,7 @@ class _Relay:
         """The parsed chunk or response, its usage counted; None if it is not a completion at all."""
         try:
             body = _body.decode(data)
-        except (
-            msgspec.DecodeError,
-            RecursionError,
-        ):  # not ours to judge: the client gets the bytes as they came
+        except (msgspec.DecodeError, RecursionError):  # not ours to judge: the bytes pass as they came
             log.debug("model %s: upstream sent an event that is not a completion chunk", self.rt.name)
             return None
         if body.usage is not None:
