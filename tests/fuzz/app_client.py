@@ -22,12 +22,14 @@ from inferd.models.sim_llm import sim_llm_config
 from inferd.server import InferenceServer
 
 MODELS = ("sim", "sim-llm")
+MAX_BODY_BYTES = 1024
+"""The smallest body limit a server takes, so fuzzed bodies reach the 413 path too."""
 
 
 def make_app() -> AsgiApp:
     """The whole front end with the embedded sim and sim-llm models and no workers: every request is
     parsed and checked as in production, then answered 503 (no ready worker) if it got that far."""
-    config = ServerConfig(admin_port=None, workers=0)
+    config = ServerConfig(admin_port=None, workers=0, max_body_bytes=MAX_BODY_BYTES)
     server = InferenceServer(config, [sim_config(), sim_llm_config()], spawn_workers=False)
     return create_app(server)
 
@@ -40,17 +42,22 @@ class Answer:
 
 
 async def call(
-    app: AsgiApp, method: str, path: str, body: bytes = b"", headers: list[tuple[bytes, bytes]] | None = None
+    app: AsgiApp,
+    method: str,
+    path: str,
+    body: bytes = b"",
+    headers: list[tuple[bytes, bytes]] | None = None,
+    cuts: list[int] | None = None,
 ) -> Answer:
-    """One request through the ASGI app; the body is sent in one message."""
-    sent = False
+    """One request through the ASGI app; the body is sent in one message, or cut at `cuts`."""
+    marks = sorted({min(c, len(body)) for c in cuts or []})
+    pieces = [body[a:b] for a, b in zip([0, *marks], [*marks, len(body)], strict=True)]
     out: dict[str, Any] = {"body": b""}
 
     async def receive() -> dict[str, Any]:
-        nonlocal sent
-        if not sent:
-            sent = True
-            return {"type": "http.request", "body": body, "more_body": False}
+        if pieces:
+            piece = pieces.pop(0)
+            return {"type": "http.request", "body": piece, "more_body": bool(pieces)}
         await asyncio.Event().wait()  # the client never leaves during the call
         raise AssertionError("unreachable")
 

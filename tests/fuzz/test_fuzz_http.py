@@ -128,31 +128,38 @@ def openai_body(draw: st.DrawFn) -> dict[str, object]:
 
 bodies = st.one_of(
     st.binary(max_size=300),
+    st.integers(1000, 5000).map(lambda n: b'{"model":"sim-llm","prompt":"' + b"x" * n + b'"}'),
     openai_body().map(lambda b: json.dumps(b).encode()),
     json_any.map(lambda b: json.dumps(b).encode()),
 )
 
 
-def exchange(method: str, path: str, body: bytes, extra: list[tuple[bytes, bytes]]) -> None:
-    answer = asyncio.run(call(APP, method, path, body, extra))
+def exchange(
+    method: str, path: str, body: bytes, extra: list[tuple[bytes, bytes]], cuts: list[int] | None = None
+) -> None:
+    answer = asyncio.run(call(APP, method, path, body, extra, cuts))
     check_conforms(method, path, answer)
 
 
 @fuzz(2)
-@given(paths(), headers, bodies)
-@example(("GET", "/v2/models/nope/ready"), [], b"")
-@example(("POST", "/v1/completions"), [], b'{"model":"sim-llm","prompt":"hi"}')
-@example(("POST", "/v1/embeddings"), [], b'{"model":"sim","input":"hi"}')
-@example(("POST", "/v2/models/sim/infer"), [(b"x-priority", b"\xb2")], b"{}")
-@example(("GET", "/v2/models/sim/versions/\u00b2"), [], b"")
+@given(paths(), headers, bodies, st.lists(st.integers(0, 6000), max_size=4))
+@example(("GET", "/v2/models/nope/ready"), [], b"", [])
+@example(("POST", "/v1/completions"), [], b'{"model":"sim-llm","prompt":"hi"}', [])
+@example(("POST", "/v1/embeddings"), [], b'{"model":"sim","input":"hi"}', [])
+@example(("POST", "/v2/models/sim/infer"), [(b"x-priority", b"\xb2")], b"{}", [])
+@example(("GET", "/v2/models/sim/versions/\u00b2"), [], b"", [])
 @example(
-    ("POST", "/v1/completions"), [(b"x-inferd-model-version", b"\xb2")], b'{"model":"sim-llm","prompt":"x"}'
+    ("POST", "/v1/completions"),
+    [(b"x-inferd-model-version", b"\xb2")],
+    b'{"model":"sim-llm","prompt":"x"}',
+    [],
 )
-@example(("POST", "/v1/completions"), [], b'{"model":"sim-llm","prompt":"x","priority":"\\u00b2"}')
+@example(("POST", "/v1/completions"), [], b'{"model":"sim-llm","prompt":"' + b"x" * 2000 + b'"}', [10, 1500])
+@example(("POST", "/v1/completions"), [], b'{"model":"sim-llm","prompt":"x","priority":"\\u00b2"}', [])
 def test_http_answers_are_documented_and_never_500(
-    route: tuple[str, str], extra: list[tuple[bytes, bytes]], body: bytes
+    route: tuple[str, str], extra: list[tuple[bytes, bytes]], body: bytes, cuts: list[int]
 ) -> None:
-    exchange(route[0], route[1], body, extra)
+    exchange(route[0], route[1], body, extra, cuts)
 
 
 @fuzz(2)
