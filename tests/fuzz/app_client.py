@@ -49,10 +49,12 @@ async def call(
     headers: list[tuple[bytes, bytes]] | None = None,
     cuts: list[int] | None = None,
 ) -> Answer:
-    """One request through the ASGI app; the body is sent in one message, or cut at `cuts`."""
+    """One request through the ASGI app; the body is sent in one message with its Content-Length, or
+    cut at `cuts` into several messages without one (chunked transfer)."""
     marks = sorted({min(c, len(body)) for c in cuts or []})
     pieces = [body[a:b] for a, b in zip([0, *marks], [*marks, len(body)], strict=True)]
     out: dict[str, Any] = {"body": b""}
+    length = [] if cuts else [(b"content-length", str(len(body)).encode())]  # cut: sent chunked
 
     async def receive() -> dict[str, Any]:
         if pieces:
@@ -72,7 +74,7 @@ async def call(
         "type": "http",
         "method": method,
         "path": path,
-        "headers": [(b"content-length", str(len(body)).encode()), *(headers or [])],
+        "headers": [*length, *(headers or [])],
     }
     async with asyncio.timeout(10):
         await app(scope, receive, send)
