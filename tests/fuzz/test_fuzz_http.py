@@ -201,3 +201,25 @@ def test_admin_version_query_with_a_non_ascii_digit_is_a_bad_request() -> None:
     with pytest.raises(BadRequest, match="whole number"):
         _version(make_mocked_request("POST", "/admin/models/sim/update?version=%C2%B2"))
     assert _version(make_mocked_request("POST", "/admin/models/sim/update?version=2")) == 2
+
+
+async def test_a_body_over_the_limit_in_its_last_message_is_refused_without_waiting_for_more() -> None:
+    """The body's last message crossed the limit: the 413 comes at once. The drain once asked for another
+    message, which never comes before the client leaves, and held the 413 for DRAIN_MAX_S."""
+    from inferd.api.asgi import HttpRequest
+    from inferd.api.http import read_body
+    from inferd.errors import PayloadTooLarge
+
+    messages = [
+        {"type": "http.request", "body": b"x" * 600, "more_body": True},
+        {"type": "http.request", "body": b"x" * 600, "more_body": False},
+    ]
+
+    async def receive() -> dict[str, object]:
+        assert messages, "receive() called after the body's last message"
+        return messages.pop(0)
+
+    request = HttpRequest({"method": "POST", "path": "/v1/completions", "headers": []}, receive, {})
+    with pytest.raises(PayloadTooLarge):
+        await read_body(request, 1024)
+    assert request.close_connection

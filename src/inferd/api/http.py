@@ -111,7 +111,9 @@ async def read_body(request: HttpRequest, limit: int) -> bytes:
 
 async def _drain(request: HttpRequest, received: int, drain_limit: int) -> None:
     """Read and drop the rest of the body until it ends, `drain_limit` bytes were received in all, or
-    DRAIN_MAX_S passed, whichever comes first."""
+    DRAIN_MAX_S passed, whichever comes first (at once if the body has ended)."""
+    if request.body_ended:  # the limit was crossed by the last message: nothing is left to drop
+        return
     try:
         async with asyncio.timeout(DRAIN_MAX_S):
             async for chunk in request.chunks():
