@@ -20,6 +20,11 @@ if _PROFILE not in _EXAMPLES:
 LONG = _PROFILE == "long"
 
 
+def time_limit(ci_s: int) -> int:
+    """A fuzz file's pytest-timeout: `ci_s` in the short pass, 30 times that in the long one."""
+    return ci_s * 30 if LONG else ci_s
+
+
 def fuzz(scale: float = 1.0) -> settings:
     """Settings for one fuzz test: `scale` x the profile's example count, no per-example deadline (a loaded
     2-core box would flake), the pytest-timeout of the file bounds the whole test instead."""

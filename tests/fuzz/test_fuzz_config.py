@@ -15,9 +15,9 @@ from hypothesis import strategies as st
 
 from inferd.config import ConfigError, load_server_config
 from inferd.models.repository import load_model_folder
-from tests.fuzz.profiles import fuzz
+from tests.fuzz.profiles import fuzz, time_limit
 
-pytestmark = pytest.mark.timeout(90)
+pytestmark = pytest.mark.timeout(time_limit(90))
 
 
 def toml_value(value: Any) -> str:

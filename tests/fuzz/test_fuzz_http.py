@@ -12,9 +12,9 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 
 from tests.fuzz.app_client import MODELS, call, check_conforms, make_app
-from tests.fuzz.profiles import fuzz
+from tests.fuzz.profiles import fuzz, time_limit
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = pytest.mark.timeout(time_limit(120))
 
 APP = make_app()
 

@@ -17,9 +17,9 @@ from inferd.config import ModelConfig, TensorSpec
 from inferd.errors import BadRequest
 from inferd.models.sim import sim_config
 from inferd.tensors import DATATYPES, NUMPY_DTYPES
-from tests.fuzz.profiles import fuzz
+from tests.fuzz.profiles import fuzz, time_limit
 
-pytestmark = pytest.mark.timeout(60)
+pytestmark = pytest.mark.timeout(time_limit(60))
 
 
 def _config(*inputs: TensorSpec) -> ModelConfig:

@@ -14,9 +14,9 @@ from hypothesis import strategies as st
 from inferd.api import completions, openai, upstream
 from inferd.api.http import decode_json
 from inferd.errors import BadRequest
-from tests.fuzz.profiles import fuzz
+from tests.fuzz.profiles import fuzz, time_limit
 
-pytestmark = pytest.mark.timeout(60)
+pytestmark = pytest.mark.timeout(time_limit(60))
 
 DECODERS = [
     completions._named,

@@ -13,9 +13,9 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 
 from inferd.worker import protocol as p
-from tests.fuzz.profiles import fuzz
+from tests.fuzz.profiles import fuzz, time_limit
 
-pytestmark = pytest.mark.timeout(60)
+pytestmark = pytest.mark.timeout(time_limit(60))
 
 
 def read_all(data: bytes) -> list[p.Message]:

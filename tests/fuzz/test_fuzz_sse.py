@@ -14,9 +14,9 @@ from hypothesis import strategies as st
 
 from inferd.api.upstream import SSESplitter, _Relay
 from inferd.clock import FakeClock
-from tests.fuzz.profiles import fuzz
+from tests.fuzz.profiles import fuzz, time_limit
 
-pytestmark = pytest.mark.timeout(60)
+pytestmark = pytest.mark.timeout(time_limit(60))
 
 _TERMINATOR = re.compile(rb"\r\n|\n|\r")
 
