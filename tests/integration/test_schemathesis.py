@@ -20,13 +20,13 @@ from schemathesis.specs.openapi.checks import response_schema_conformance, statu
 
 from tests.conftest import ServerProc, start_server
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
-
 MODELS = ("sim", "sim-llm", "minilm")
 ROUTE_MODELS = {"infer": ["sim", "minilm"], "text": ["sim-llm"], "embeddings": ["minilm"]}
 """The model names generated for each kind of route (other names are fuzzed in-process, tests/fuzz)."""
 EXAMPLES = int(os.environ.get("INFERD_SCHEMATHESIS_EXAMPLES", "80"))
 """Examples per API operation (18 operations); the default keeps the whole test well under 90 s."""
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(120 + EXAMPLES)]
 TIMEOUT_HEADER = {"X-Request-Timeout-Ms": "1500"}
 """Every generated request carries a deadline, so a long generation ends in a documented 504."""
 
