@@ -1,7 +1,8 @@
-"""Schemathesis against a real `inferd serve` (sim and sim-llm, one worker each): requests generated from the
-served /openapi.json (valid and invalid ones) never get a 5xx other than 503/504, and every answer's status
-and body match the document. The document is fetched from the server; only its model names are pinned to
-the served ones (and generation lengths kept short), so the requests reach the models instead of 404s."""
+"""Schemathesis against a real `inferd serve` (sim, sim-llm and minilm, one worker each): requests generated
+from the served /openapi.json never get a 5xx other than 503/504, and every answer's status and body match
+the document (checks not_a_server_error, status_code_conformance, response_schema_conformance). The
+document is fetched from the server; only its model names are pinned to the served ones per route (and
+generation lengths kept short), so the requests reach the models instead of 404s."""
 
 from __future__ import annotations
 
