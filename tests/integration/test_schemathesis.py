@@ -15,6 +15,8 @@ from typing import Any
 import pytest
 import schemathesis
 from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from schemathesis import GenerationMode
 from schemathesis.checks import not_a_server_error
 from schemathesis.config import SchemathesisConfig
 from schemathesis.specs.openapi.checks import response_schema_conformance, status_code_conformance
@@ -88,7 +90,11 @@ def test_generated_requests_get_documented_answers(api_schema: Any) -> None:
     for result in api_schema.get_all_operations():
         operation = result.ok()
 
-        @given(case=operation.as_strategy())
+        cases = st.one_of(
+            operation.as_strategy(GenerationMode.POSITIVE), operation.as_strategy(GenerationMode.NEGATIVE)
+        )
+
+        @given(case=cases)
         @settings(
             max_examples=EXAMPLES,
             deadline=None,
