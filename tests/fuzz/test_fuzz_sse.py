@@ -12,7 +12,7 @@ import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from inferd.api.upstream import SSESplitter, _Relay
+from inferd.api.upstream import SSESplitter, _header, _Relay
 from inferd.clock import FakeClock
 from tests.fuzz.profiles import fuzz, time_limit
 
@@ -160,3 +160,22 @@ def test_an_upstream_event_nested_too_deeply_passes_through_unread() -> None:
     relay = _Relay(rt, 0.0, False, None)  # type: ignore[arg-type]
     assert relay._on_event(b'data: {"x":' + b"[" * 100_000 + b"\n\n") is True
     assert rt.metrics.tokens == []
+
+
+class _Reply:
+    """What the relay reads of an upstream reply's headers (aiohttp decodes header bytes as UTF-8 with
+    surrogateescape)."""
+
+    def __init__(self, headers: dict[str, str]) -> None:
+        self.response = self
+        self.headers = headers
+
+
+@fuzz()
+@given(st.binary(min_size=1, max_size=40).filter(lambda b: not (set(b) & {0, 10, 13})))
+@example("text/plain; charset=\u20ac".encode())
+def test_upstream_header_values_pass_through_as_the_bytes_that_came(raw: bytes) -> None:
+    """An upstream header value outside latin-1 (a UTF-8 '\u20ac' in Content-Type or Retry-After) once raised
+    UnicodeEncodeError on its way to the client: a 500 for a whole answer."""
+    reply = _Reply({"content-type": raw.decode("utf-8", "surrogateescape")})
+    assert _header(reply, b"content-type") == raw  # type: ignore[arg-type]

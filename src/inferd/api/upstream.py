@@ -128,7 +128,7 @@ class _Relay:
             self._account(data)
             self.rt.metrics.finished(self.rt.clock.now() - self.started)
         headers = [(k, v) for k in PASSED_HEADERS if (v := _header(reply, k)) is not None]
-        ctype = reply.response.headers.get("Content-Type", "application/json").encode("latin-1")
+        ctype = _header(reply, b"content-type") or b"application/json"
         return HttpResponse(data, reply.status, ctype, headers)
 
     def events(self, reply: UpstreamReply, request: HttpRequest) -> AsyncIterator[bytes]:
@@ -271,4 +271,4 @@ def _data_of(event: bytes) -> bytes | None:
 
 def _header(reply: UpstreamReply, name: bytes) -> bytes | None:
     value = reply.response.headers.get(name.decode())
-    return None if value is None else value.encode("latin-1")
+    return None if value is None else value.encode("utf-8", "surrogateescape")  # the bytes aiohttp read
