@@ -130,3 +130,49 @@ def test_upstream_payload_keeps_the_request_and_names_the_upstream_model(
     }
     if stream and (req.get("stream_options") is None or isinstance(req.get("stream_options"), dict)):
         assert sent["stream_options"]["include_usage"] is True
+
+
+class _RefusingTemplate:
+    """A tokenizer whose chat template refuses some messages, as Hugging Face templates do."""
+
+    def chat_prompt(self, messages: list[dict[str, object]]) -> str:
+        for m in messages:
+            if m["role"] not in ("system", "user", "assistant"):
+                raise ValueError(f"role {m['role']!r} is not supported")
+            assert isinstance(m["content"], str)  # null content arrives as empty text
+        return "".join(f"{m['role']}: {m['content']}\n" for m in messages)
+
+
+messages = st.lists(
+    st.builds(
+        completions.ChatMessage,
+        st.one_of(st.sampled_from(["system", "user", "assistant"]), st.text(max_size=6)),
+        st.one_of(st.none(), st.text(max_size=10)),
+    ),
+    max_size=4,
+)
+
+
+@fuzz(0.5)
+@given(messages)
+def test_chat_messages_format_or_raise_bad_request(msgs: list[completions.ChatMessage]) -> None:
+    try:
+        prompt = completions.chat_prompt(_RefusingTemplate(), "m", msgs)  # type: ignore[arg-type]
+    except BadRequest as exc:
+        assert "cannot format these messages" in exc.message
+        return
+    assert prompt.count("\n") == len(msgs)
+
+
+def test_null_content_with_the_smollm2_chat_template_is_empty_text() -> None:
+    """OpenAI allows `"content": null`; smollm2's chat template concatenated it and raised TypeError (a
+    500)."""
+    from inferd.models.llama_cpp import smollm2_available, smollm2_config
+    from inferd.models.loader import load_model_class
+
+    if not smollm2_available():
+        pytest.skip("llama-cpp-python or the SmolLM2 GGUF file is missing (scripts/setup)")
+    config = smollm2_config()
+    tokenizer = load_model_class(config.implementation).front_end_tokenizer(config)  # type: ignore[attr-defined]
+    prompt = completions.chat_prompt(tokenizer, "smollm2", [completions.ChatMessage("user", None)])
+    assert prompt.endswith("<|im_start|>user\n<|im_end|>\n<|im_start|>assistant\n")
