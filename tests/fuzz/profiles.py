@@ -1,7 +1,7 @@
 """Hypothesis settings of the fuzz tests, chosen by HYPOTHESIS_PROFILE (read only here, by tests).
 
-- "fuzz-ci" (the default): a short pass, about a minute for every fuzz test together.
-- "fuzz-long": many more examples per test; run it by hand (docs/reliability.md, "Fuzzing").
+- "ci" (the default): a short pass, under a minute for every fuzz test together.
+- "long": many more examples per test; run it by hand (docs/reliability.md, "Fuzzing").
 
 Each fuzz test takes `fuzz(scale)`: its share of the profile's examples (slow targets ask for fewer),
 so the other hypothesis tests of a session keep their own settings.
@@ -13,7 +13,7 @@ import os
 
 from hypothesis import HealthCheck, settings
 
-_EXAMPLES = {"ci": 200, "long": 5_000}
+_EXAMPLES = {"ci": 400, "long": 5_000}
 _PROFILE = os.environ.get("HYPOTHESIS_PROFILE", "ci").removeprefix("fuzz-")
 if _PROFILE not in _EXAMPLES:
     _PROFILE = "ci"
