@@ -19,6 +19,7 @@ from pydantic import (
 )
 
 from inferd.fleet.autoscaler_config import AutoscalerConfig
+from inferd.listener_config import ListenerSettings
 
 Datatype = Literal[
     "BOOL",
@@ -225,8 +226,8 @@ def admin_port_for(http_port: int) -> int:
     return 0 if http_port == 0 else http_port + 1
 
 
-class ServerConfig(_Frozen):
-    """Settings of `inferd serve`."""
+class ServerConfig(ListenerSettings, _Frozen):
+    """Settings of `inferd serve` (its listeners' limits and TLS come from ListenerSettings)."""
 
     host: str = "127.0.0.1"
     """Address the HTTP API listens on."""
@@ -292,7 +293,6 @@ class ServerConfig(_Frozen):
     ray_resource: str | None = None
     """The Ray resource each worker actor holds one of: None takes GPU when the cluster has GPUs, else the
     custom resource inferd_device (start CPU-only nodes with --resources='{"inferd_device": N}')."""
-
     def table(self, name: str) -> Any:
         """A registered component table: the file's, else the component model's defaults."""
         if name not in TABLES:

@@ -44,6 +44,14 @@ class Unauthorized(ClientError):
     pass
 
 
+class HeaderTooLarge(ClientError):
+    """The request head is over the size or header-count limit."""
+
+
+class RequestTimeout(ClientError):
+    """The client did not send its request head, or its body, in time."""
+
+
 class RateLimited(ClientError):
     def __init__(self, message: str, retry_after_s: float) -> None:
         super().__init__(message)

@@ -8,10 +8,16 @@ import signal
 import time
 from collections.abc import Callable
 from types import FrameType
+from typing import Any
 
 import uvicorn
+from prometheus_client import CollectorRegistry
 
+from inferd import tls
 from inferd.api.app import create_app
+from inferd.api.door_policy import DoorLimits, DoorPolicy
+from inferd.api.frontdoor import DoorCollector, front_door_protocol
+from inferd.clock import MonotonicClock
 from inferd.config import BATCH_ONLY, ModelConfig, ServerConfig
 from inferd.server import InferenceServer
 
@@ -47,6 +53,19 @@ class GracefulServer(uvicorn.Server):
         return await super().on_tick(counter)
 
 
+def front_door_options(cfg: ServerConfig, metrics: CollectorRegistry) -> dict[str, Any]:
+    """uvicorn.Config arguments of the front door: the httptools protocol with the connection caps,
+    head and body deadlines, head size limits and admission rate of `cfg` (api/frontdoor.py); its
+    counts go to `metrics`."""
+    door = DoorPolicy(DoorLimits.of(cfg), MonotonicClock())
+    metrics.register(DoorCollector(door))
+    return {
+        "http": front_door_protocol(door),
+        "ws": "none",
+        "timeout_keep_alive": cfg.keep_alive_timeout_s,
+    }
+
+
 def build_uvicorn(cfg: ServerConfig, models: list[ModelConfig]) -> tuple[uvicorn.Server, InferenceServer]:
     server = InferenceServer(cfg, models)
     app = create_app(server)
@@ -55,14 +74,14 @@ def build_uvicorn(cfg: ServerConfig, models: list[ModelConfig]) -> tuple[uvicorn
         host=cfg.host,
         port=cfg.port,
         loop="uvloop",
-        http="httptools",
         lifespan="on",
         access_log=False,
         log_level=cfg.log_level.lower(),
-        timeout_keep_alive=30,
+        **front_door_options(cfg, server.metrics.registry),
         timeout_graceful_shutdown=30,
         backlog=4096,
         log_config=None,
+        **tls.uvicorn_options(cfg),
     )
     return GracefulServer(ucfg, server.begin_shutdown, cfg.shutdown_grace_s), server
 

@@ -15,6 +15,7 @@ import time
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
+from inferd import tls
 from inferd.api.admin import AdminApi, AdminTarget
 from inferd.batching.dispatcher import ModelRuntime
 from inferd.batching.retry import RetryBudget
@@ -132,7 +133,12 @@ class InferenceServer:
             from inferd.fleet.ray_launcher import RayLauncher
 
             self.ray_launcher = RayLauncher(
-                config.ray_address, self._token, config.log_level, resource=config.ray_resource
+                config.ray_address,
+                self._token,
+                config.log_level,
+                resource=config.ray_resource,
+                ca_pem=tls.worker_ca_pem(config),
+                insecure=config.insecure,
             )
             self.supervisor = self.ray_launcher
         self.supervisor.restart_hooks.append(self._count_restart)
@@ -197,16 +203,25 @@ class InferenceServer:
             token,
         )
         if self.config.admin_port is not None:
-            self.admin_port = await self.admin.start(self.config.admin_host, self.config.admin_port)
+            http_tls = tls.http_context(self.config)
+            self.admin_port = await self.admin.start(self.config.admin_host, self.config.admin_port, http_tls)
+        worker_tls = tls.worker_port_context(self.config) if self._joins_over_tcp else None
         if self.config.worker_port is not None:
-            self.worker_port = await self.hub.listen_tcp(self.config.worker_host, self.config.worker_port)
-            log.info("workers on other hosts connect at %s:%d", self.config.worker_host, self.worker_port)
+            self.worker_port = await self.hub.listen_tcp(
+                self.config.worker_host, self.config.worker_port, worker_tls
+            )
+            log.info(
+                "workers on other hosts connect at %s:%d (%s)",
+                self.config.worker_host,
+                self.worker_port,
+                "TLS" if worker_tls else "plain TCP",
+            )
         if self.ray_launcher is not None:  # Ray actors join over TCP (a free port unless one is set)
             from inferd.fleet.ray_launcher import check_reachable
 
             await check_reachable(self.ray_launcher.ray_address)  # fails startup: the server exits
             if self.worker_port is None:
-                self.worker_port = await self.hub.listen_tcp(self.config.worker_host, 0)
+                self.worker_port = await self.hub.listen_tcp(self.config.worker_host, 0, worker_tls)
             self.ray_launcher.address = f"{self.config.worker_host}:{self.worker_port}"
         self._log_models()
         try:
@@ -226,6 +241,10 @@ class InferenceServer:
         finally:
             self._group = None
             shutil.rmtree(self._socket_dir, ignore_errors=True)
+
+    @property
+    def _joins_over_tcp(self) -> bool:
+        return self.config.worker_port is not None or self.ray_launcher is not None
 
     def _log_models(self) -> None:
         rows = [

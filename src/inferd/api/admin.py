@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hmac
 import logging
+import ssl
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, is_dataclass
@@ -63,13 +64,15 @@ class AdminApi:
         )
         return app
 
-    async def start(self, host: str, port: int) -> int:
+    async def start(self, host: str, port: int, tls: ssl.SSLContext | None = None) -> int:
+        """Listen on host:port, over TLS (the HTTP API's certificate) when `tls` is given."""
         self._runner = web.AppRunner(self.app(), access_log=None, handle_signals=False)
         await self._runner.setup()
-        site = web.TCPSite(self._runner, host, port)
+        site = web.TCPSite(self._runner, host, port, ssl_context=tls)
         await site.start()
         bound = self._runner.addresses[0][1]
-        log.info("admin API on http://%s:%d%s", host, bound, " (token required)" if self.token else "")
+        scheme = "https" if tls else "http"
+        log.info("admin API on %s://%s:%d%s", scheme, host, bound, " (token required)" if self.token else "")
         return bound
 
     async def stop(self) -> None:

@@ -76,7 +76,7 @@ class ModelRuntime:
             config.name,
             balancer or P2CBalancer(MAX_INFLIGHT),
             ejector or OutlierEjector(clock),
-            rng or random.Random(0),  # seeded: routing replays the same way; inject another to vary
+            rng or random.Random(0),  # seeded: routing replays the same way; inject another to vary  # nosec B311
         )
         self._state = state
         self._routing = routing

@@ -41,7 +41,7 @@ def _post(url: str, token: str | None, timeout_s: float) -> dict[str, Any]:
     headers = {"Authorization": f"Bearer {token}"} if token else {}
     request = urllib.request.Request(url, data=b"", headers=headers, method="POST")
     try:
-        with urllib.request.urlopen(request, timeout=timeout_s) as response:
+        with urllib.request.urlopen(request, timeout=timeout_s) as response:  # nosec B310  # http(s): ports.admin_url
             return json.loads(response.read())
     except urllib.error.HTTPError as exc:
         try:

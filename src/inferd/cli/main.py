@@ -12,6 +12,7 @@ import typer
 
 from inferd.cli.ports import check_ports_free
 from inferd.config import ConfigError, ModelConfig, ServerConfig, load_server_config
+from inferd.tls import check_server_tls
 
 app = typer.Typer(
     add_completion=False,
@@ -111,6 +112,31 @@ def serve(
             "[default: 5]; 0: drain at once."
         ),
     ] = None,
+    header_timeout_s: Annotated[
+        float | None,
+        typer.Option(
+            help="Total seconds a client has to send a request head (from connect, or from the first "
+            "byte of the next request on a keep-alive connection) before 408 and close [default: 10]."
+        ),
+    ] = None,
+    max_connections: Annotated[
+        int | None,
+        typer.Option(help="Most open connections; the next ones get 429 and are closed [default: 4096]."),
+    ] = None,
+    max_connections_per_ip: Annotated[
+        int | None,
+        typer.Option(
+            help="Most open connections from one client address; the next ones get 429 and are "
+            "closed [default: 2048]. Behind a proxy, raise it to --max-connections."
+        ),
+    ] = None,
+    admission_rate_per_s: Annotated[
+        float | None,
+        typer.Option(
+            help="Requests per second let through to the app; the excess gets 429 with Retry-After "
+            "as soon as its head is parsed [default: no limit]."
+        ),
+    ] = None,
     ray: Annotated[
         str | None,
         typer.Option(
@@ -127,6 +153,31 @@ def serve(
             help="Ray resource each worker actor holds one of (default: GPU if the cluster has any, else inferd_device)."
         ),
     ] = None,
+    ssl_certfile: Annotated[
+        Path | None,
+        typer.Option(
+            help="PEM certificate (chain): the HTTP and admin APIs (and the worker port) speak TLS >= 1.2 only."
+        ),
+    ] = None,
+    ssl_keyfile: Annotated[Path | None, typer.Option(help="PEM private key of --ssl-certfile.")] = None,
+    worker_ssl_certfile: Annotated[
+        Path | None,
+        typer.Option(
+            help="PEM certificate of the worker port [default: --ssl-certfile]; it must name the address "
+            "workers connect to as a subjectAltName."
+        ),
+    ] = None,
+    worker_ssl_keyfile: Annotated[
+        Path | None, typer.Option(help="PEM private key of --worker-ssl-certfile.")
+    ] = None,
+    insecure: Annotated[
+        bool,
+        typer.Option(
+            "--insecure",
+            help="Let workers join over plain TCP on a --worker-host that is not loopback (a trusted "
+            "network only; the workers need --insecure too).",
+        ),
+    ] = False,
 ) -> None:
     """Serve models over HTTP (KServe OIP v2 and OpenAI-compatible embeddings).
 
@@ -152,6 +203,15 @@ def serve(
                 "ray_address": ray,
                 "ray_resource": ray_resource,
                 "shutdown_grace_s": shutdown_grace_s,
+                "ssl_certfile": ssl_certfile,
+                "ssl_keyfile": ssl_keyfile,
+                "worker_ssl_certfile": worker_ssl_certfile,
+                "worker_ssl_keyfile": worker_ssl_keyfile,
+                "insecure": True if insecure else None,
+                "header_timeout_s": header_timeout_s,
+                "max_connections": max_connections,
+                "max_connections_per_ip": max_connections_per_ip,
+                "admission_rate_per_s": admission_rate_per_s,
             },
         )
         if no_admin:
@@ -161,6 +221,7 @@ def serve(
         models = resolve_models(cfg)
         check_models(models)
         check_ports_free(cfg)
+        check_server_tls(cfg)
     except ConfigError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from None
@@ -190,6 +251,21 @@ def worker(
             help="The model version to serve when several are served side by side [default: the default one]."
         ),
     ] = None,
+    ca_file: Annotated[
+        Path | None,
+        typer.Option(
+            help="Join over TLS, verifying the router's certificate against this CA (PEM); the "
+            "certificate must name the --connect host as a subjectAltName."
+        ),
+    ] = None,
+    insecure: Annotated[
+        bool,
+        typer.Option(
+            "--insecure",
+            help="Allow plain TCP (the join token in the clear) to a router that is not on loopback; "
+            "the router needs --insecure too.",
+        ),
+    ] = False,
     log_level: Annotated[str, typer.Option(help="DEBUG, INFO, WARNING or ERROR.")] = "INFO",
 ) -> None:
     """Run one worker (one device) that joins a router over TCP and registers again whenever the
@@ -220,6 +296,10 @@ def worker(
         args += ["--model-repo", str(model_repo)]
     if model_version is not None:
         args += ["--model-version", str(model_version)]
+    if ca_file is not None:
+        args += ["--ca-file", str(ca_file)]
+    if insecure:
+        args.append("--insecure")
     raise typer.Exit(worker_main(args))
 
 

@@ -25,6 +25,8 @@ def admin_url(explicit: str | None, host: str | None, port: int | None) -> str:
             raise ConfigError(
                 "pass either --admin-url or --host/--port (the server's HTTP address), not both"
             )
+        if not explicit.lower().startswith(("http://", "https://")):  # urlopen would also read file:// URLs
+            raise ConfigError(f"--admin-url {explicit!r} is not an http:// or https:// URL")
         return explicit
     http_port = DEFAULT_PORT if port is None else port
     if http_port == 0:

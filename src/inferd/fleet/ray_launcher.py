@@ -17,6 +17,12 @@ Ray only places and runs the actors: the slots, the worker's bootstrap (the same
 arguments a local worker gets, called inside the actor) and the restart loop with its backoff are
 worker.launcher's, shared with the local Supervisor.
 
+With TLS on the worker port (--ssl-certfile, or --worker-ssl-certfile), each actor gets the worker port's
+certificate as PEM text in its arguments and trusts it as it is: the certificate must name the address
+the actors connect to (worker_host, or this node's address for 0.0.0.0) as a subjectAltName. Without
+TLS, actors join over plain TCP: on a loopback worker_host as always, elsewhere only with --insecure
+(passed on to the actors).
+
 Ray is an optional extra (`pip install inferd[ray]`); this module is imported only when --ray is used.
 The cluster's nodes need inferd installed (same version) in the Python environment their workers use.
 """
@@ -94,9 +100,13 @@ class RayLauncher(Launcher[ActorProcess]):
         env: Mapping[str, str] | None = None,
         backoff: Backoff = RESTART_BACKOFF,
         healthy_after_s: float = 10.0,
+        ca_pem: str = "",
+        insecure: bool = False,
     ) -> None:
         super().__init__(address, token, log_level, env=env, backoff=backoff, healthy_after_s=healthy_after_s)
         self.ray_address = ray_address
+        self.transport_args = actor_transport_args(ca_pem, insecure)
+        """How each actor joins: TLS verified against `ca_pem`, or plain TCP (--insecure off loopback)."""
         self.resource = resource
         """The resource each actor holds one of: None picks GPU when the cluster has GPUs, else
         inferd_device; "GPU" always asks for num_gpus=1."""
@@ -116,14 +126,15 @@ class RayLauncher(Launcher[ActorProcess]):
             logging.getLogger("ray._private.worker").addFilter(_NotMainThreadNotice())
             await asyncio.to_thread(ray.init, address=self.ray_address, **kwargs)
         host, _, port = self.address.rpartition(":")
-        if host in ("0.0.0.0", "::", "[::]", ""):  # listening everywhere: give actors a routable address
+        if host in ("0.0.0.0", "::", "[::]", ""):  # listening everywhere: give actors a routable address  # nosec B104
             self.address = f"{ray.util.get_node_ip_address()}:{port}"
         self._actor_class = ray.remote(WorkerActor).options(**self._actor_options())
         log.info(
-            "Ray cluster at %s: each worker actor holds one %s; actors connect to %s",
+            "Ray cluster at %s: each worker actor holds one %s; actors connect to %s (%s)",
             self.ray_address,
             self.resource,
             self.address,
+            "TLS" if "--ca-pem" in self.transport_args else "plain TCP",
         )
 
     def _actor_options(self) -> dict[str, Any]:
@@ -157,7 +168,7 @@ class RayLauncher(Launcher[ActorProcess]):
 
     async def _start(self, slot: WorkerSlot, bootstrap: WorkerBootstrap) -> ActorProcess:
         actor = self._actor_class.remote()
-        return ActorProcess(actor, actor.serve.remote(bootstrap.args(slot)))
+        return ActorProcess(actor, actor.serve.remote([*bootstrap.args(slot), *self.transport_args]))
 
     async def _wait(self, slot: WorkerSlot, process: ActorProcess) -> WorkerExit:
         """Until the actor's `serve` returns or the actor dies; then its device is freed."""
@@ -211,6 +222,14 @@ class RayLauncher(Launcher[ActorProcess]):
         with contextlib.suppress(TimeoutError, RayError):
             async with asyncio.timeout(grace_s):
                 await asyncio.to_thread(ray.shutdown)
+
+
+def actor_transport_args(ca_pem: str, insecure: bool) -> list[str]:
+    """The worker arguments that make an actor join over TLS, trusting `ca_pem` (PEM text: the actor's
+    node need not hold the server's files), or over plain TCP where the server allows it (--insecure)."""
+    if ca_pem:
+        return ["--ca-pem", ca_pem]
+    return ["--insecure"] if insecure else []
 
 
 def _awaitable(ref: Any) -> asyncio.Future[Any]:

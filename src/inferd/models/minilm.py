@@ -108,7 +108,7 @@ class MiniLMModel(Model):
         # tokenizer.json ships with truncation at 128 and fixed padding; sentence-transformers uses 256
         # and pads to the longest item of the batch.
         tokenizer.enable_truncation(max_length=self.max_length, stride=0, strategy="longest_first")
-        tokenizer.enable_padding(direction="right", pad_id=0, pad_type_id=0, pad_token="[PAD]")
+        tokenizer.enable_padding(direction="right", pad_id=0, pad_type_id=0, pad_token="[PAD]")  # nosec B106  # a token
         self.tokenizer = tokenizer
 
         options = ort.SessionOptions()

@@ -69,7 +69,7 @@ class SimModel(Model):
         self.jitter = float(p.get("jitter_ratio", 0.0))
         self.fail_prefix = str(p.get("fail_prefix", "!fail")).encode()
         self.crash_prefix = str(p.get("crash_prefix", "!crash")).encode()
-        self.rng = random.Random(int(p.get("seed", 0)))
+        self.rng = random.Random(int(p.get("seed", 0)))  # nosec B311  # simulated jitter, not secrets
         self.prefix = f"{self.config.name}:{self.config.version}:".encode()
         time.sleep(float(p.get("load_ms", 0.0)) / 1000.0)
 

@@ -96,8 +96,8 @@ def sim_llm_chat_prompt(messages: Sequence[Mapping[str, Any]]) -> str:
 def sim_llm_config(name: str = "sim-llm", **overrides: Any) -> ModelConfig:
     params = {
         "step_base_ms": 5.0,
-        "per_token_ms": 0.05,
-        "per_context_token_ms": 0.0005,
+        "per_token_ms": 0.05,  # nosec B105  # a time per token, not a password
+        "per_context_token_ms": 0.0005,  # nosec B105  # a time per token, not a password
         "max_model_len": 2048,
         **overrides.pop("params", {}),
     }

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import hmac
 import logging
+import ssl
 from collections.abc import Callable
 
 from inferd.clock import Clock
@@ -44,8 +45,12 @@ class WorkerHub:
     async def listen_unix(self, path: str) -> None:
         self._servers.append(await asyncio.start_unix_server(self._handle, path=path, limit=2**20))
 
-    async def listen_tcp(self, host: str, port: int) -> int:
-        server = await asyncio.start_server(self._handle, host, port, limit=2**20)
+    async def listen_tcp(self, host: str, port: int, tls: ssl.SSLContext | None = None) -> int:
+        """Workers on other hosts join here: over TLS with `tls` (a handshake that fails, e.g. a worker
+        that does not trust the certificate, only ends that connection), else over plain TCP."""
+        server = await asyncio.start_server(
+            self._handle, host, port, limit=2**20, ssl=tls, ssl_handshake_timeout=10.0 if tls else None
+        )
         self._servers.append(server)
         return server.sockets[0].getsockname()[1]
 

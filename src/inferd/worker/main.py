@@ -15,6 +15,7 @@ import inspect
 import logging
 import os
 import socket
+import ssl
 import sys
 import time
 import uuid
@@ -23,8 +24,9 @@ from pathlib import Path
 
 import msgspec
 
+from inferd import tls
 from inferd.clock import MonotonicClock
-from inferd.config import ModelConfig
+from inferd.config import ConfigError, ModelConfig
 from inferd.llm.engine import LLMEngine, new_scheduler, scheduler_config
 from inferd.llm.model import LLMModel
 from inferd.models.base import Model
@@ -46,8 +48,11 @@ class Worker:
         reconnect: bool = False,
         model_repo: Path | None = None,
         model_version: int = 0,
+        tls_context: ssl.SSLContext | None = None,
     ) -> None:
         self.address = address
+        self.tls = tls_context
+        """Verifies the front end (TCP only); None: plain TCP, or a Unix socket."""
         self.model_name = model
         self.model_version = model_version
         """The version to serve; 0: the model's default version."""
@@ -73,6 +78,15 @@ class Worker:
         while True:
             try:
                 outcome = await self._session()
+            except ssl.SSLCertVerificationError as exc:  # retrying cannot fix it: the operator must
+                log.error(
+                    "worker %s: the front end at %s is not trusted: %s; pass --ca-file with the CA that "
+                    "signed its certificate, which must name the --connect host as a subjectAltName",
+                    self.worker_id,
+                    self.address,
+                    exc.verify_message or exc,
+                )
+                outcome = "refused"
             except (OSError, p.ConnectionClosed) as exc:
                 outcome = "lost"
                 log.warning(
@@ -87,7 +101,7 @@ class Worker:
 
     async def _session(self) -> str:
         """One connection: register, (re)load if needed, then receive -> run -> deliver until it ends."""
-        reader, writer = await p.open_connection(self.address)
+        reader, writer = await p.open_connection(self.address, self.tls)
         self._writer = writer
         self._send(
             p.Hello(
@@ -259,6 +273,21 @@ class Worker:
             await self._writer.drain()
 
 
+def transport(address: str, ca_file: Path | None, ca_pem: str, insecure: bool) -> ssl.SSLContext | None:
+    """How the worker reaches its front end: a Unix socket, TLS verified against the CA, or plain TCP
+    (loopback, or --insecure); ConfigError naming the fix otherwise."""
+    try:
+        kind, target = p.parse_address(address)
+    except ValueError as exc:
+        raise ConfigError(f"--connect: {exc}") from None
+    if kind == "unix":
+        return None
+    context = tls.client_context(ca_file, ca_pem) if ca_file is not None or ca_pem else None
+    assert isinstance(target, tuple)
+    tls.check_worker_transport(address, target[0], tls=context is not None, insecure=insecure)
+    return context
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="inferd-worker", description="Run one inferd worker (one device).")
     parser.add_argument("--connect", required=True, help="front end address: unix:/path or HOST:PORT")
@@ -282,6 +311,18 @@ def main(argv: list[str] | None = None) -> int:
         default=0,
         help="the model version to serve, when several are served side by side (default: the default one)",
     )
+    parser.add_argument(
+        "--ca-file",
+        type=Path,
+        default=None,
+        help="join over TLS, verifying the front end against this CA (PEM)",
+    )
+    parser.add_argument("--ca-pem", default="", help="the same CA as PEM text (Ray actors)")
+    parser.add_argument(
+        "--insecure",
+        action="store_true",
+        help="allow plain TCP to a front end that is not on loopback (it needs --insecure too)",
+    )
     parser.add_argument("--log-level", default="INFO")
     args = parser.parse_args(argv)
     logging.basicConfig(
@@ -289,6 +330,11 @@ def main(argv: list[str] | None = None) -> int:
         stream=sys.stderr,
         format="%(asctime)s %(levelname)s %(name)s[%(process)d] %(message)s",
     )
+    try:
+        tls_context = transport(args.connect, args.ca_file, args.ca_pem, args.insecure)
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     worker = Worker(
         args.connect,
         args.model,
@@ -297,6 +343,7 @@ def main(argv: list[str] | None = None) -> int:
         reconnect=args.reconnect,
         model_repo=args.model_repo,
         model_version=args.model_version,
+        tls_context=tls_context,
     )
     try:
         import uvloop

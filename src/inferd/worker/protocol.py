@@ -10,6 +10,7 @@ and warms up -> Ready -> RunBatch / BatchDone, Heartbeat every heartbeat_s -> Dr
 from __future__ import annotations
 
 import asyncio
+import ssl
 import struct
 from typing import Any
 
@@ -235,10 +236,13 @@ def parse_address(address: str) -> tuple[str, str | tuple[str, int]]:
     return "tcp", (host.strip("[]") or "127.0.0.1", int(port))
 
 
-async def open_connection(address: str) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+async def open_connection(
+    address: str, tls: ssl.SSLContext | None = None
+) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    """A Unix socket, or TCP (over TLS with `tls`, the host checked against the server's certificate)."""
     kind, target = parse_address(address)
     if kind == "unix":
         assert isinstance(target, str)
         return await asyncio.open_unix_connection(target, limit=2**20)
     assert isinstance(target, tuple)
-    return await asyncio.open_connection(target[0], target[1], limit=2**20)
+    return await asyncio.open_connection(target[0], target[1], limit=2**20, ssl=tls)
