@@ -315,6 +315,13 @@ def load_server_config(
             ) from None
         except tomllib.TOMLDecodeError as exc:
             raise ConfigError(f"config file {path} is not valid TOML: {exc}") from None
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ConfigError(f"config file {path} cannot be read as UTF-8 text: {exc}") from None
+        for table in ("server", "models"):
+            if not isinstance(raw.get(table, {}), dict):
+                raise ConfigError(
+                    f"config file {path}: {table} must be a table ([{table}]), got {raw[table]!r}"
+                )
         unknown = set(raw) - {"server", "models"} - set(TABLES)
         if unknown:
             raise ConfigError(

@@ -176,7 +176,7 @@ def _version(request: web.Request) -> int | None:
     raw = request.query.get("version")
     if raw is None or raw == "":
         return None
-    if not raw.isdigit() or int(raw) < 1:
+    if not (raw.isascii() and raw.isdigit()) or int(raw) < 1:
         raise BadRequest(f"version must be a whole number >= 1, got {raw!r}")
     return int(raw)
 

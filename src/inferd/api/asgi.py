@@ -23,7 +23,16 @@ Send = Callable[[dict[str, Any]], Awaitable[None]]
 
 
 class HttpRequest:
-    __slots__ = ("_headers", "close_connection", "method", "path", "path_params", "receive", "scope")
+    __slots__ = (
+        "_headers",
+        "body_ended",
+        "close_connection",
+        "method",
+        "path",
+        "path_params",
+        "receive",
+        "scope",
+    )
 
     def __init__(self, scope: Scope, receive: Receive, path_params: dict[str, str]) -> None:
         self.scope = scope
@@ -34,6 +43,8 @@ class HttpRequest:
         self._headers: dict[bytes, bytes] | None = None
         self.close_connection = False
         """Set when the request's body was not read to its end: the response closes the connection."""
+        self.body_ended = False
+        """Set once `chunks` has read the body's last message: nothing more comes until a disconnect."""
 
     def header(self, name: bytes) -> str | None:
         """Header value by lower-case name (the last one wins if repeated)."""
@@ -43,15 +54,14 @@ class HttpRequest:
         return None if value is None else value.decode("latin-1")
 
     async def chunks(self):
-        while True:
+        while not self.body_ended:
             message = await self.receive()
             if message["type"] == "http.disconnect":
                 raise ConnectionAbortedError("client disconnected while sending the body")
+            self.body_ended = not message.get("more_body", False)  # known before the last chunk is used
             chunk = message.get("body", b"")
             if chunk:
                 yield chunk
-            if not message.get("more_body", False):
-                return
 
 
 @dataclass(slots=True)

@@ -21,12 +21,10 @@ _U32 = struct.Struct("<I")
 
 
 def split_body(body: bytes, header_length: str) -> tuple[bytes, memoryview]:
-    try:
-        n = int(header_length)
-    except ValueError:
-        raise BadRequest(
-            f"Inference-Header-Content-Length must be an integer, got {header_length!r}"
-        ) from None
+    digits = header_length.strip()
+    if not (digits.isascii() and digits.isdigit()):  # int() would take '+8', '1_0' and non-ASCII digits
+        raise BadRequest(f"Inference-Header-Content-Length must be an integer, got {header_length!r}")
+    n = int(digits)
     if not 0 < n <= len(body):
         raise BadRequest(f"Inference-Header-Content-Length is {n} but the body has {len(body)} bytes")
     return body[:n], memoryview(body)[n:]

@@ -42,6 +42,7 @@ from inferd.api.openai import openai_error
 from inferd.api.streams import collect, generate, interleave
 from inferd.config import ModelConfig
 from inferd.errors import BadRequest, DeadlineExceeded, ServingError
+from inferd.llm.model import Tokenizer
 from inferd.llm.placement import Generation
 from inferd.llm.runtime import LLMRuntime
 from inferd.llm.stream import TokenStream
@@ -137,7 +138,7 @@ async def chat_completions(api: ApiContext, request: HttpRequest) -> HttpRespons
     )
     if not req.messages:
         raise BadRequest("messages is empty: send at least one {role, content} message")
-    prompt = rt.tokenizer.chat_prompt([{"role": m.role, "content": m.content} for m in req.messages])
+    prompt = chat_prompt(rt.tokenizer, rt.name, req.messages)
     call = _Call(rt, req, request, deadline, "chat.completion", f"chatcmpl-{uuid.uuid4().hex}")
     streams = await call.start(prompt, req.max_completion_tokens or req.max_tokens)
     if req.stream:
@@ -182,6 +183,19 @@ def worker_header(stream: TokenStream) -> list[tuple[bytes, bytes]]:
 async def _read(api: ApiContext, request: HttpRequest) -> bytes:
     check_content_type(request, ("application/json", ""))
     return await read_body(request, api.max_body)
+
+
+def chat_prompt(tokenizer: Tokenizer, model: str, messages: list[ChatMessage]) -> str:
+    """The messages through the model's chat template (a null content is empty text). A template that
+    refuses them (an unknown role, roles out of the order it wants) is a 400 naming the reason."""
+    try:
+        return tokenizer.chat_prompt([{"role": m.role, "content": m.content or ""} for m in messages])
+    except ServingError:
+        raise
+    except Exception as exc:  # the template's own checks (raise_exception) or its failure on these messages
+        raise BadRequest(
+            f"model {model!r} cannot format these messages with its chat template: {exc}"
+        ) from None
 
 
 def _prompt_text(prompt: str | list[Any]) -> str:

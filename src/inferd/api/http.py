@@ -31,7 +31,7 @@ def parse_priority(param: object, header: str | None) -> int:
         name = value.strip().lower()
         if name in PRIORITY_NAMES:
             return PRIORITY_NAMES[name]
-        if name.isdigit():
+        if name.isascii() and name.isdigit():  # '\u00b2'.isdigit(), but int() refuses it
             value = int(name)
     if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
         return INTERACTIVE if value <= 1 else BULK
@@ -111,7 +111,9 @@ async def read_body(request: HttpRequest, limit: int) -> bytes:
 
 async def _drain(request: HttpRequest, received: int, drain_limit: int) -> None:
     """Read and drop the rest of the body until it ends, `drain_limit` bytes were received in all, or
-    DRAIN_MAX_S passed, whichever comes first."""
+    DRAIN_MAX_S passed, whichever comes first (at once if the body has ended)."""
+    if request.body_ended:  # the limit was crossed by the last message: nothing is left to drop
+        return
     try:
         async with asyncio.timeout(DRAIN_MAX_S):
             async for chunk in request.chunks():

@@ -13,13 +13,33 @@ from inferd.api.oip import InferRequest, InferResponse
 from inferd.api.openai import EmbeddingsRequest
 
 _ERROR = {"type": "object", "properties": {"error": {"type": "string"}}, "required": ["error"]}
+"""An error of the OIP routes (and of /metrics, /openapi.json): {"error": message}."""
+_OPENAI_ERROR = {
+    "type": "object",
+    "properties": {
+        "error": {
+            "type": "object",
+            "properties": {
+                "message": {"type": "string"},
+                "type": {"type": "string"},
+                "param": {"type": ["string", "null"]},
+                "code": {"type": ["string", "null"]},
+            },
+            "required": ["message", "type"],
+        }
+    },
+    "required": ["error"],
+}
+"""An error of the OpenAI routes (/v1/...), in OpenAI's shape."""
 
 
 def _json_body(ref: str) -> dict[str, Any]:
     return {"required": True, "content": {"application/json": {"schema": {"$ref": ref}}}}
 
 
-def _responses(ok: dict[str, Any] | None = None, *codes: int) -> dict[str, Any]:
+def _responses(
+    ok: dict[str, Any] | None = None, *codes: int, error: dict[str, Any] = _ERROR
+) -> dict[str, Any]:
     out: dict[str, Any] = {"200": ok or {"description": "OK"}}
     texts = {
         400: "Bad request (the message names the problem)",
@@ -32,7 +52,7 @@ def _responses(ok: dict[str, Any] | None = None, *codes: int) -> dict[str, Any]:
         504: "Deadline exceeded",
     }
     for code in codes:
-        out[str(code)] = {"description": texts[code], "content": {"application/json": {"schema": _ERROR}}}
+        out[str(code)] = {"description": texts[code], "content": {"application/json": {"schema": error}}}
     return out
 
 
@@ -68,30 +88,33 @@ def openapi_document() -> dict[str, Any]:
         ),
     }
     health = {"responses": {"200": {"description": "true"}, "503": {"description": "false"}}}
+    model_health = {"responses": {**_responses(None, 404), **health["responses"]}}
+    text = (400, 404, 413, 415, 422, 429, 503, 504)
     paths: dict[str, Any] = {
         "/v2/health/live": {"get": {"summary": "Server live", **health}},
         "/v2/health/ready": {"get": {"summary": "Server ready (every model has a warm worker)", **health}},
         "/v2": {"get": {"summary": "Server metadata", "responses": _responses()}},
         "/v1/models": {"get": {"summary": "Every served model (OpenAI shape)", "responses": _responses()}},
+        "/openapi.json": {"get": {"summary": "This document", "responses": _responses()}},
         "/v1/embeddings": {
             "post": {
                 "summary": "Sentence embeddings (OpenAI shape)",
                 "requestBody": _json_body("#/components/schemas/EmbeddingsRequest"),
-                "responses": _responses(None, 400, 404, 413, 415, 429, 503, 504),
+                "responses": _responses(None, 400, 404, 413, 415, 429, 503, 504, error=_OPENAI_ERROR),
             }
         },
         "/v1/completions": {
             "post": {
                 "summary": "Text completion (OpenAI shape); `stream: true` answers Server-Sent Events",
                 "requestBody": _json_body("#/components/schemas/CompletionRequest"),
-                "responses": _responses(None, 400, 404, 413, 415, 429, 503),
+                "responses": _responses(None, *text, error=_OPENAI_ERROR),
             }
         },
         "/v1/chat/completions": {
             "post": {
                 "summary": "Chat completion (OpenAI shape); `stream: true` answers Server-Sent Events",
                 "requestBody": _json_body("#/components/schemas/ChatRequest"),
-                "responses": _responses(None, 400, 404, 413, 415, 429, 503),
+                "responses": _responses(None, *text, error=_OPENAI_ERROR),
             }
         },
         "/metrics": {"get": {"summary": "Prometheus metrics", "responses": _responses()}},
@@ -102,7 +125,7 @@ def openapi_document() -> dict[str, Any]:
         paths[base] = {
             "get": {"summary": "Model metadata", "parameters": params, "responses": _responses(None, 404)}
         }
-        paths[base + "/ready"] = {"get": {"summary": "Model ready", "parameters": params, **health}}
+        paths[base + "/ready"] = {"get": {"summary": "Model ready", "parameters": params, **model_health}}
         paths[base + "/infer"] = {"post": {**infer, "parameters": params}}
     return {
         "openapi": "3.1.0",

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
@@ -127,7 +128,7 @@ class _Relay:
             self._account(data)
             self.rt.metrics.finished(self.rt.clock.now() - self.started)
         headers = [(k, v) for k in PASSED_HEADERS if (v := _header(reply, k)) is not None]
-        ctype = reply.response.headers.get("Content-Type", "application/json").encode("latin-1")
+        ctype = _header(reply, b"content-type") or b"application/json"
         return HttpResponse(data, reply.status, ctype, headers)
 
     def events(self, reply: UpstreamReply, request: HttpRequest) -> AsyncIterator[bytes]:
@@ -189,7 +190,7 @@ class _Relay:
         """The parsed chunk or response, its usage counted; None if it is not a completion at all."""
         try:
             body = _body.decode(data)
-        except msgspec.DecodeError:  # not ours to judge: the client gets the bytes as they came
+        except (msgspec.DecodeError, RecursionError):  # not ours to judge: the bytes pass as they came
             log.debug("model %s: upstream sent an event that is not a completion chunk", self.rt.name)
             return None
         if body.usage is not None:
@@ -217,30 +218,43 @@ class _Events:
 
 
 class SSESplitter:
-    """Cuts a byte stream into whole Server-Sent Events (each ending with a blank line, kept)."""
+    """Cuts a byte stream into whole Server-Sent Events, each ending with its blank line (kept). Lines end
+    with CRLF, LF or a lone CR, as the SSE specification allows. Each byte is scanned once, however small
+    the pieces an event arrives in."""
 
     def __init__(self, max_event_bytes: int) -> None:
         self.max_event_bytes = max_event_bytes
-        self._buffer = b""
+        self._buffer = bytearray()
+        self._scanned = 0
+        """Bytes of the buffer already cut into lines."""
+        self._line_start = 0
+        """Where the line being read begins: a line terminator found here ends a blank line."""
 
     def feed(self, piece: bytes) -> list[bytes]:
-        self._buffer += piece
-        events = []
-        while True:
-            end = _event_end(self._buffer)
-            if end < 0:
+        buf = self._buffer
+        buf += piece
+        events: list[bytes] = []
+        cut = 0
+        while (found := _LINE_END.search(buf, self._scanned)) is not None:
+            if found.end() == len(buf) and found.group() == b"\r":  # maybe the first half of a CRLF
+                self._scanned = found.start()
                 break
-            events.append(self._buffer[:end])
-            self._buffer = self._buffer[end:]
-        if len(self._buffer) > self.max_event_bytes:
+            if found.start() == self._line_start:  # a blank line ends the event
+                events.append(bytes(buf[cut : found.end()]))
+                cut = found.end()
+            self._scanned = self._line_start = found.end()
+        else:
+            self._scanned = len(buf)
+        if cut:
+            del buf[:cut]
+            self._scanned -= cut
+            self._line_start -= cut
+        if len(buf) > self.max_event_bytes:
             raise ValueError(f"an upstream event exceeds {self.max_event_bytes} bytes")
         return events
 
 
-def _event_end(buffer: bytes) -> int:
-    """Index just past the first blank line ("\\n\\n" or "\\r\\n\\r\\n"), or -1."""
-    ends = [i + len(sep) for sep in (b"\n\n", b"\r\n\r\n") if (i := buffer.find(sep)) >= 0]
-    return min(ends, default=-1)
+_LINE_END = re.compile(rb"\r\n|\n|\r")
 
 
 def _error_event(exc: ServingError) -> bytes:
@@ -250,11 +264,11 @@ def _error_event(exc: ServingError) -> bytes:
 def _data_of(event: bytes) -> bytes | None:
     """The data of a one-line `data:` event (what OpenAI-compatible engines send), else None."""
     line = event.strip()
-    if not line.startswith(b"data:") or b"\n" in line:
+    if not line.startswith(b"data:") or b"\n" in line or b"\r" in line:
         return None
     return line[5:].strip()
 
 
 def _header(reply: UpstreamReply, name: bytes) -> bytes | None:
     value = reply.response.headers.get(name.decode())
-    return None if value is None else value.encode("latin-1")
+    return None if value is None else value.encode("utf-8", "surrogateescape")  # the bytes aiohttp read

@@ -95,13 +95,15 @@ def load_model_folder(folder: Path, only: int | str | None = None) -> list[Model
         raw = tomllib.loads(toml_path.read_text())
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{toml_path} is not valid TOML: {exc}") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{toml_path} cannot be read as UTF-8 text: {exc}") from None
     raw.setdefault("name", folder.name)
     builtin = raw.pop("builtin", None)
     if builtin is None and raw.get("platform") == "openai_upstream":
         builtin = "openai-upstream"
     class_name = raw.pop("class", "Model")
     tables = raw.pop("versions", {})
-    folders = {int(d.name): d for d in folder.iterdir() if d.is_dir() and d.name.isdigit()}
+    folders = {int(d.name): d for d in folder.iterdir() if d.is_dir() and _is_number(d.name)}
     try:
         available = _available_versions(toml_path, folders, tables, builtin is not None)
         if only is None:
@@ -138,7 +140,7 @@ def load_model_folder(folder: Path, only: int | str | None = None) -> list[Model
 def _available_versions(
     toml_path: Path, folders: dict[int, Path], tables: dict[str, Any], builtin: bool
 ) -> list[int]:
-    if not isinstance(tables, dict) or not all(str(k).isdigit() and int(k) >= 1 for k in tables):
+    if not isinstance(tables, dict) or not all(_is_number(k) and int(k) >= 1 for k in tables):
         raise ConfigError(f"{toml_path}: [versions.N] tables need whole version numbers N >= 1")
     numbers = set(folders)
     if builtin:  # a built-in needs no code: its version folders (else version 1) and its [versions.N]
@@ -162,8 +164,8 @@ def select_versions(policy: Any, available: list[int], where: Path | str) -> lis
         return highest_first
     if isinstance(policy, dict) and set(policy) == {"latest"} and isinstance(policy["latest"], int):
         return highest_first[: max(1, policy["latest"])]
-    if isinstance(policy, dict) and set(policy) == {"specific"} and isinstance(policy["specific"], list):
-        wanted = sorted({int(v) for v in policy["specific"]}, reverse=True)
+    if isinstance(policy, dict) and set(policy) == {"specific"} and _whole_numbers(policy["specific"]):
+        wanted = sorted(set(policy["specific"]), reverse=True)
         absent = [v for v in wanted if v not in available]
         if absent or not wanted:
             raise ConfigError(
@@ -175,6 +177,15 @@ def select_versions(policy: Any, available: list[int], where: Path | str) -> lis
         f'{where}: version_policy must be "latest", "all", {{ latest = N }} or {{ specific = [1, 3] }}, '
         f"got {policy!r}"
     )
+
+
+def _is_number(name: str) -> bool:
+    """A version number as folder names and [versions.N] keys spell it: ASCII digits only."""
+    return name.isascii() and name.isdigit()
+
+
+def _whole_numbers(values: Any) -> bool:
+    return isinstance(values, list) and all(isinstance(v, int) and not isinstance(v, bool) for v in values)
 
 
 def check_default_version(configs: list[ModelConfig], where: Path | str) -> None:

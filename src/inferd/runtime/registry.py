@@ -86,6 +86,6 @@ class ModelRegistry:
 def _version_number(version: int | str) -> int:
     if isinstance(version, int):
         return version
-    if not version.isdigit():
+    if not (version.isascii() and version.isdigit()):  # int() refuses '\u00b2', a digit to isdigit()
         raise NotFound(f"model version {version!r} is not a version number")
     return int(version)

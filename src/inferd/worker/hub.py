@@ -87,7 +87,7 @@ class WorkerHub:
         self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
     ) -> tuple[WorkerConnection | None, Runtime | None]:
         async with asyncio.timeout(10.0):
-            hello = await p.read_message(reader)
+            hello = await p.read_message(reader, p.MAX_HELLO_BYTES)
         if not isinstance(hello, p.Hello):
             return None, None
         refusal, runtime = self._resolve(hello)

@@ -21,6 +21,8 @@ PROTOCOL_VERSION = 2
 """Bumped whenever a message changes shape; a worker of another protocol is refused at Hello, with the
 reason (both sides must run the same inferd version). 2: Hello.version (versions side by side)."""
 MAX_FRAME_BYTES = 512 * 1024 * 1024
+MAX_HELLO_BYTES = 64 * 1024
+"""Largest first frame (Hello) of a connection: a peer is not trusted with large frames before its token."""
 _LEN = struct.Struct(">I")
 _EXT_NDARRAY = 1
 _EXT_OBJARRAY = 2
@@ -172,7 +174,7 @@ def _enc_hook(obj: Any) -> Any:
 def _ext_hook(code: int, data: memoryview) -> Any:
     if code == _EXT_NDARRAY:
         (hlen,) = _LEN.unpack_from(data, 0)
-        dtype, shape = msgspec.msgpack.decode(data[4 : 4 + hlen])
+        dtype, shape = msgspec.msgpack.decode(data[4 : 4 + hlen], type=tuple[str, list[int]])
         return np.frombuffer(data[4 + hlen :], dtype=np.dtype(dtype)).reshape(shape).copy()
     if code == _EXT_OBJARRAY:
         shape, flat = msgspec.msgpack.decode(data)
@@ -195,15 +197,33 @@ class ConnectionClosed(Exception):
     pass
 
 
-async def read_message(reader: asyncio.StreamReader) -> Message:
+class ProtocolError(ConnectionClosed):
+    """A frame that is no message of this protocol: the connection is dropped."""
+
+
+_MALFORMED = (msgspec.DecodeError, ValueError, TypeError, struct.error, RecursionError)
+"""What decoding a malformed frame raises (an array ext's header or bytes that do not fit included)."""
+
+
+def decode_message(body: bytes) -> Message:
+    """One frame's message; ProtocolError (naming the problem) if the bytes are not one."""
+    try:
+        return _decoder.decode(body)
+    except _MALFORMED as exc:
+        raise ProtocolError(f"malformed worker frame of {len(body)} bytes: {exc}") from None
+
+
+async def read_message(reader: asyncio.StreamReader, max_bytes: int = MAX_FRAME_BYTES) -> Message:
+    """The next message; ConnectionClosed when the peer is gone or sent a frame over `max_bytes` or one that
+    does not decode (ProtocolError)."""
     try:
         (size,) = _LEN.unpack(await reader.readexactly(4))
-        if size > MAX_FRAME_BYTES:
-            raise ConnectionClosed(f"frame of {size} bytes exceeds the {MAX_FRAME_BYTES} byte limit")
+        if size > max_bytes:
+            raise ProtocolError(f"frame of {size} bytes exceeds the {max_bytes} byte limit")
         body = await reader.readexactly(size)
     except (asyncio.IncompleteReadError, ConnectionError) as exc:
         raise ConnectionClosed(str(exc) or "connection closed") from None
-    return _decoder.decode(body)
+    return decode_message(body)
 
 
 def parse_address(address: str) -> tuple[str, str | tuple[str, int]]:
