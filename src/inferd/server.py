@@ -124,6 +124,7 @@ class InferenceServer:
             self.clock,
             tokens=(self._token, join),
             load_timeout_s=config.worker_start_timeout_s,
+            silence_timeout_s=config.heartbeat_timeout_s,
         )
         self._socket_dir = tempfile.mkdtemp(prefix="inferd-")
         self.worker_address = f"unix:{os.path.join(self._socket_dir, 'workers.sock')}"

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import socket
 
 import numpy as np
 import pytest
 
 from inferd.config import ModelConfig, TensorSpec
 from inferd.worker import protocol as p
+from inferd.worker.main import give_up_when_silent
 from inferd.worker.outputs import OutputError, convert_outputs
 
 
@@ -63,3 +65,25 @@ def test_wrong_output_count_fails_the_batch() -> None:
         convert_outputs(cfg(), [{"V": [1, 2], "N": 3}], 2)
     with pytest.raises(OutputError, match="expected a list"):
         convert_outputs(cfg(), None, 2)
+
+
+async def test_a_worker_over_tcp_gives_up_when_unacknowledged_for_the_front_ends_silence_timeout() -> None:
+    """The front end says its heartbeat timeout in Welcome; the worker's TCP connection then ends itself
+    when what it sends stays unacknowledged that long (TCP_USER_TIMEOUT), so a partitioned worker learns
+    it was given up and rejoins once the network heals. Unix sockets and an unsaid timeout are left be."""
+    assert p.decode_message(p.encode_frame(p.Welcome(accepted=True, silence_timeout_s=2.5))[4:]) == p.Welcome(
+        accepted=True, silence_timeout_s=2.5
+    )
+    server = await asyncio.start_server(lambda r, w: None, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    _, writer = await asyncio.open_connection("127.0.0.1", port)
+    sock = writer.get_extra_info("socket")
+    try:
+        give_up_when_silent(writer, 0.0)
+        assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT) == 0
+        give_up_when_silent(writer, 2.5)
+        assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT) == 2500
+    finally:
+        writer.close()
+        server.close()
+        await server.wait_closed()

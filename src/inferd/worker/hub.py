@@ -30,12 +30,15 @@ class WorkerHub:
         clock: Clock,
         tokens: tuple[str, ...] = (),
         load_timeout_s: float = 120.0,
+        silence_timeout_s: float = 0.0,
     ) -> None:
         self.registry = registry
         self.clock = clock
         self.tokens = tuple(t for t in tokens if t)
         """Accepted join tokens (the local workers' own, and the one for remote workers); none: open."""
         self.load_timeout_s = load_timeout_s
+        self.silence_timeout_s = silence_timeout_s
+        """The runtimes' heartbeat timeout, told to workers in Welcome (see Welcome.silence_timeout_s)."""
         self.connections: set[WorkerConnection] = set()
         self.load_failures: dict[str, str] = {}
         self._servers: list[asyncio.Server] = []
@@ -108,7 +111,14 @@ class WorkerHub:
         self.connections.add(conn)
         config_json = runtime.config.model_dump_json().encode()
         writer.write(
-            p.encode_frame(p.Welcome(accepted=True, model_config_json=config_json, heartbeat_s=HEARTBEAT_S))
+            p.encode_frame(
+                p.Welcome(
+                    accepted=True,
+                    model_config_json=config_json,
+                    heartbeat_s=HEARTBEAT_S,
+                    silence_timeout_s=self.silence_timeout_s,
+                )
+            )
         )
         await writer.drain()
         async with asyncio.timeout(self.load_timeout_s):

@@ -37,6 +37,10 @@ from inferd.worker.outputs import OutputError, convert_outputs
 
 log = logging.getLogger("inferd.worker")
 
+JOIN_TIMEOUT_S = 5.0
+"""Most time one attempt to join (connect, TLS handshake, Hello -> Welcome) may take; an attempt caught in
+a partition is abandoned and retried, so a worker rejoins within seconds of the network healing."""
+
 
 class Worker:
     def __init__(
@@ -101,19 +105,22 @@ class Worker:
 
     async def _session(self) -> str:
         """One connection: register, (re)load if needed, then receive -> run -> deliver until it ends."""
-        reader, writer = await p.open_connection(self.address, self.tls)
-        self._writer = writer
-        self._send(
-            p.Hello(
-                worker_id=self.worker_id,
-                model=self.model_name,
-                pid=os.getpid(),
-                host=socket.gethostname(),
-                token=self.token,
-                version=self.model_version,
+        async with asyncio.timeout(JOIN_TIMEOUT_S):  # TimeoutError is an OSError: the attempt is "lost"
+            reader, writer = await p.open_connection(self.address, self.tls)
+            self._writer = writer
+            self._send(
+                p.Hello(
+                    worker_id=self.worker_id,
+                    model=self.model_name,
+                    pid=os.getpid(),
+                    host=socket.gethostname(),
+                    token=self.token,
+                    version=self.model_version,
+                )
             )
-        )
-        welcome = await p.read_message(reader)
+            welcome = await p.read_message(reader)
+        if isinstance(welcome, p.Welcome):
+            give_up_when_silent(writer, welcome.silence_timeout_s)
         if not isinstance(welcome, p.Welcome) or not welcome.accepted:
             reason = getattr(welcome, "reason", "unexpected reply")
             log.error("front end refused worker %s: %s", self.worker_id, reason)
@@ -269,8 +276,19 @@ class Worker:
 
     async def _flush(self) -> None:
         assert self._writer is not None
-        with contextlib.suppress(ConnectionError):
+        with contextlib.suppress(OSError):  # a reset, or unacknowledged too long: _receive sees it too
             await self._writer.drain()
+
+
+def give_up_when_silent(writer: asyncio.StreamWriter, timeout_s: float) -> None:
+    """Over TCP, let the kernel end the connection when what we send (heartbeats, every second) stays
+    unacknowledged for the front end's own heartbeat timeout: a partitioned worker then finds out when
+    the front end gives it up, and rejoins as soon as the network heals."""
+    sock = writer.get_extra_info("socket")
+    option = getattr(socket, "TCP_USER_TIMEOUT", None)
+    if timeout_s <= 0 or sock is None or option is None or sock.family == socket.AF_UNIX:
+        return
+    sock.setsockopt(socket.IPPROTO_TCP, option, int(timeout_s * 1000))
 
 
 def transport(address: str, ca_file: Path | None, ca_pem: str, insecure: bool) -> ssl.SSLContext | None:

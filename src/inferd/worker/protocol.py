@@ -44,6 +44,11 @@ class Welcome(msgspec.Struct, tag="welcome"):
     reason: str = ""
     model_config_json: bytes = b""
     heartbeat_s: float = 1.0
+    silence_timeout_s: float = 0.0
+    """How long the front end waits for a silent worker before giving it up (0: not said). A worker
+    over TCP gives up on a connection whose data stays unacknowledged this long (TCP_USER_TIMEOUT):
+    after a partition heals it then reconnects at once, instead of waiting out TCP's retransmission
+    backoff (up to two minutes) on a connection the front end has already closed."""
 
 
 class Ready(msgspec.Struct, tag="ready"):
@@ -221,7 +226,7 @@ async def read_message(reader: asyncio.StreamReader, max_bytes: int = MAX_FRAME_
         if size > max_bytes:
             raise ProtocolError(f"frame of {size} bytes exceeds the {max_bytes} byte limit")
         body = await reader.readexactly(size)
-    except (asyncio.IncompleteReadError, ConnectionError) as exc:
+    except (asyncio.IncompleteReadError, OSError) as exc:  # OSError: reset, or timed out (TCP_USER_TIMEOUT)
         raise ConnectionClosed(str(exc) or "connection closed") from None
     return decode_message(body)
 
