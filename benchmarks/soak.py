@@ -6,7 +6,7 @@ The configuration is light on CPU (the device is a sleep): `sim` at 200 ms + 1 m
 at most 20, 2 workers, so about 2 x 20 / 0.22 s = 180 req/s at full batches. First measure what it
 sustains (a step test, no chaos), then soak at 70% of that:
 
-    .venv/bin/python benchmarks/soak.py capacity [--rates 100,130,160,180,200] [--duration 20]
+    .venv/bin/python benchmarks/soak.py capacity [--rates 100,140,160,180,200] [--duration 20]
     .venv/bin/python benchmarks/soak.py run --capacity 180 [--load 0.7] [--duration 1800]
 
 `run` offers load with `inferd bench --chaos kill` (a separate process, so the load generator's work is
@@ -316,7 +316,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="mode", required=True)
     cap = sub.add_parser("capacity", help="step test without chaos")
-    cap.add_argument("--rates", default="100,130,160,180,200")
+    cap.add_argument("--rates", default="100,140,160,180,200")
     cap.add_argument("--duration", type=float, default=20.0)
     cap.add_argument("--warmup", type=float, default=5.0)
     cap.add_argument("--slo-ms", type=float, default=1000.0)
