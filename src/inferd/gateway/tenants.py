@@ -1,0 +1,72 @@
+"""Tenants as the config file declares them: `[tenants.NAME]` tables.
+
+A tenant is identified by its API keys (stored only as SHA-256 digests), may call only the models it
+lists, and carries its share (`weight`) and its limits. The authenticated tenant of a call is
+`call.notes["tenant"]` (a `Tenant`), set by the auth layer; layers after it (quotas, cache, fairness)
+read it from there. With no tenant configured, calls carry no tenant and nothing is enforced.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from datetime import datetime
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+_HEX64 = re.compile(r"^[0-9a-f]{64}$")
+
+
+class KeyDigest(BaseModel):
+    """One key as `{ sha256 = "<hex>", expires = 2027-01-01T00:00:00Z }` (a bare hex string is a key that
+    never expires)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    sha256: str
+    expires: datetime | None = None
+
+
+class TenantConfig(BaseModel):
+    """One `[tenants.NAME]` table."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    api_key_sha256: tuple[str | KeyDigest, ...] = ()
+    """Lowercase hex SHA-256 of each key's UTF-8 bytes (`inferd keys new TENANT` prints a key and its
+    line); keys are never stored in clear. Two keys at once allow rotation."""
+    models: tuple[str, ...] = ()
+    """The models this tenant may call (empty: every model); anything else is a 403."""
+    weight: float = Field(default=1.0, gt=0.0, le=1_000_000.0)
+    """Share of queue room and batch slots against other tenants in the same priority class."""
+    requests_per_s: float | None = Field(default=None, gt=0.0)
+    """Sustained request rate (a token bucket; None: unlimited)."""
+    burst: int | None = Field(default=None, ge=1)
+    """Requests allowed at once above the rate (None: one second's worth)."""
+    tokens_per_min: int | None = Field(default=None, ge=1)
+    """LLM tokens per minute, reserved at admission as prompt + max_tokens, the unused part refunded."""
+    max_concurrency: int | None = Field(default=None, ge=1)
+    """Most requests of this tenant in flight at once."""
+
+    @field_validator("api_key_sha256")
+    @classmethod
+    def _hex_digests(cls, keys: tuple[str | KeyDigest, ...]) -> tuple[str | KeyDigest, ...]:
+        for key in keys:
+            digest = key if isinstance(key, str) else key.sha256
+            if not _HEX64.match(digest):
+                raise ValueError(
+                    f"api_key_sha256 entry {digest[:12]!r}... is not 64 lowercase hex digits: put the "
+                    "SHA-256 of the key there (`inferd keys new TENANT` prints the line), never the key"
+                )
+        return keys
+
+
+@dataclass(frozen=True, slots=True)
+class Tenant:
+    """The authenticated caller of one request."""
+
+    name: str
+    config: TenantConfig
+
+    def may_call(self, model: str) -> bool:
+        return not self.config.models or model in self.config.models
