@@ -1,0 +1,106 @@
+"""The response cache in a real `inferd serve` with `sim` at cache = { enabled = true }.
+
+Tenant isolation is tested in-process (tests/unit/test_response_cache.py, through the hook that reads
+`call.notes["tenant"]`); a two-key test over HTTP needs the authentication layer that sets it."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from collections.abc import Iterator
+
+import aiohttp
+import pytest
+
+from inferd.models.sim import sim_digest
+from tests.conftest import ServerProc, start_server
+
+BASE_MS = 200  # long enough that two requests sent together overlap the first one's computation
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProc]:
+    tmp = tmp_path_factory.mktemp("cache")
+    config = tmp / "inferd.toml"
+    config.write_text(
+        f"[models.sim]\ncache = {{ enabled = true, ttl_s = 600 }}\nparams = {{ base_ms = {BASE_MS} }}\n"
+    )
+    s = start_server(tmp, "--model", "sim", "--config", str(config))
+    yield s
+    assert s.stop() in (0, -15)
+
+
+def body(rid: str, texts: list[str]) -> dict:
+    return {
+        "id": rid,
+        "inputs": [{"name": "INPUT0", "shape": [len(texts)], "datatype": "BYTES", "data": texts}],
+    }
+
+
+async def infer(http: aiohttp.ClientSession, server: ServerProc, payload: dict) -> tuple[int, dict, dict]:
+    async with http.post(f"{server.url}/v2/models/sim/infer", json=payload) as r:
+        return r.status, await r.json(), {k.lower(): v for k, v in r.headers.items()}
+
+
+async def test_repeat_is_a_hit_with_the_same_outputs_and_the_callers_own_id(server: ServerProc) -> None:
+    async with aiohttp.ClientSession() as http:
+        s1, first, h1 = await infer(http, server, body("caller-1", ["alpha", "beta"]))
+        s2, second, h2 = await infer(http, server, body("caller-2", ["alpha", "beta"]))
+    assert (s1, s2) == (200, 200)
+    assert (h1["x-inferd-cache"], h2["x-inferd-cache"]) == ("miss", "hit")
+    assert (first["id"], second["id"]) == ("caller-1", "caller-2")
+    assert second["outputs"] == first["outputs"]
+    assert first["outputs"][0]["data"] == [sim_digest("sim", 1, "alpha"), sim_digest("sim", 1, "beta")]
+    assert (first["parameters"]["cache"], second["parameters"]["cache"]) == ("miss", "hit")
+    assert h2["x-inferd-batch-id"] == h1["x-inferd-batch-id"]  # the hit reports the run that computed it
+    assert float(h1["x-inferd-compute-ms"]) >= BASE_MS
+
+
+async def test_different_inputs_miss_and_the_ids_and_output_spelling_do_not_matter(
+    server: ServerProc,
+) -> None:
+    async with aiohttp.ClientSession() as http:
+        _, _, h1 = await infer(http, server, body("a", ["gamma"]))
+        _, _, h2 = await infer(http, server, body("b", ["delta"]))
+        _, _, h3 = await infer(http, server, body("c", ["gamma", "delta"]))
+        _, _, h4 = await infer(http, server, {**body("d", ["gamma"]), "outputs": [{"name": "OUTPUT0"}]})
+    assert [h["x-inferd-cache"] for h in (h1, h2, h3)] == ["miss", "miss", "miss"]
+    assert h4["x-inferd-cache"] == "hit"  # naming sim's only output asks for what the default returns
+
+
+async def test_identical_concurrent_requests_run_once(server: ServerProc) -> None:
+    async with aiohttp.ClientSession() as http:
+        replies = await asyncio.gather(*(infer(http, server, body(f"c{i}", ["epsilon"])) for i in range(2)))
+    assert sorted(h["x-inferd-cache"] for _, _, h in replies) == ["hit", "miss"]
+    assert len({h["x-inferd-batch-id"] for _, _, h in replies}) == 1
+    assert [b["id"] for _, b, _ in replies] == ["c0", "c1"]
+
+
+async def test_failed_answers_are_bypass_and_never_cached(server: ServerProc) -> None:
+    async with aiohttp.ClientSession() as http:
+        s1, _, h1 = await infer(http, server, body("f1", ["!fail now"]))
+        s2, _, h2 = await infer(http, server, body("f2", ["!fail now"]))
+        s3, _, h3 = await infer(
+            http, server, {"inputs": [{"name": "INPUT0", "shape": [1], "datatype": "FP32", "data": [1]}]}
+        )
+    assert s1 == s2 != 200
+    assert (h1["x-inferd-cache"], h2["x-inferd-cache"]) == ("bypass", "bypass")
+    assert (s3, h3["x-inferd-cache"]) == (400, "bypass")
+
+
+async def test_metrics_count_results_and_what_is_held(server: ServerProc) -> None:
+    async with aiohttp.ClientSession() as http:
+        await infer(http, server, body("m1", ["zeta"]))
+        await infer(http, server, body("m2", ["zeta"]))
+        async with http.get(f"{server.url}/metrics") as r:
+            text = await r.text()
+
+    def sample(name: str, labels: str) -> float:
+        match = re.search(rf"^{name}\{{{labels}\}} (\S+)$", text, re.M)
+        assert match, f"{name}{{{labels}}} not in /metrics"
+        return float(match.group(1))
+
+    assert sample("inferd_cache_requests_total", 'model="sim",result="hit"') >= 1
+    assert sample("inferd_cache_requests_total", 'model="sim",result="miss"') >= 1
+    assert sample("inferd_cache_entries", 'model="sim"') >= 1
+    assert sample("inferd_cache_bytes", 'model="sim"') > 0
