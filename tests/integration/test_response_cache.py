@@ -24,8 +24,9 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProc]:
     config = tmp / "inferd.toml"
     config.write_text(
         f"[models.sim]\ncache = {{ enabled = true, ttl_s = 600 }}\nparams = {{ base_ms = {BASE_MS} }}\n"
+        "[models.sim-llm]\ncache = { enabled = true }\n"
     )
-    s = start_server(tmp, "--model", "sim", "--config", str(config))
+    s = start_server(tmp, "--model", "sim", "--model", "sim-llm", "--config", str(config))
     yield s
     assert s.stop() in (0, -15)
 
@@ -104,3 +105,34 @@ async def test_metrics_count_results_and_what_is_held(server: ServerProc) -> Non
     assert sample("inferd_cache_requests_total", 'model="sim",result="miss"') >= 1
     assert sample("inferd_cache_entries", 'model="sim"') >= 1
     assert sample("inferd_cache_bytes", 'model="sim"') > 0
+
+
+async def complete(
+    http: aiohttp.ClientSession, server: ServerProc, path: str, **fields: object
+) -> tuple[dict, str]:
+    payload = {"model": "sim-llm", "max_tokens": 8, **fields}
+    async with http.post(f"{server.url}/v1/{path}", json=payload) as r:
+        assert r.status == 200, await r.text()
+        cache = r.headers["x-inferd-cache"]
+        return (await r.json() if not fields.get("stream") else {"raw": await r.text()}), cache
+
+
+async def test_deterministic_text_generation_is_cached_with_its_own_id(server: ServerProc) -> None:
+    async with aiohttp.ClientSession() as http:
+        first, c1 = await complete(http, server, "completions", prompt="the cache", temperature=0)
+        second, c2 = await complete(http, server, "completions", prompt="the cache", temperature=0)
+        chat = {"messages": [{"role": "user", "content": "hello"}], "seed": 7, "temperature": 1.0}
+        third, c3 = await complete(http, server, "chat/completions", **chat)
+        fourth, c4 = await complete(http, server, "chat/completions", **chat)
+    assert (c1, c2, c3, c4) == ("miss", "hit", "miss", "hit")
+    assert second["choices"] == first["choices"] and second["usage"] == first["usage"]
+    assert second["id"] != first["id"]
+    assert fourth["choices"] == third["choices"] and fourth["id"] != third["id"]
+
+
+async def test_sampled_or_streamed_generation_bypasses_the_cache(server: ServerProc) -> None:
+    async with aiohttp.ClientSession() as http:
+        _, sampled = await complete(http, server, "completions", prompt="p", temperature=0.7)
+        _, unseeded = await complete(http, server, "completions", prompt="p", seed=-1)
+        _, streamed = await complete(http, server, "completions", prompt="p", temperature=0, stream=True)
+    assert (sampled, unseeded, streamed) == ("bypass", "bypass", "bypass")
