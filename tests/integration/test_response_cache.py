@@ -14,19 +14,31 @@ import pytest
 
 from inferd.models.sim import sim_digest
 from tests.conftest import ServerProc, start_server
+from tests.fakes.hash_embedder import embed as embed_text
 
 BASE_MS = 200  # long enough that two requests sent together overlap the first one's computation
+
+
+REPO = {
+    "sim": f'builtin = "sim"\ncache = {{ enabled = true, ttl_s = 600 }}\n[params]\nbase_ms = {BASE_MS}\n',
+    "sim-llm": 'builtin = "sim-llm"\ncache = { enabled = true }\n',
+    "embedder": """cache = { enabled = true }
+inputs = [{ name = "TEXT", datatype = "BYTES" }]
+outputs = [{ name = "EMBEDDING", datatype = "FP32", shape = [8] }, { name = "TOKENS", datatype = "INT32" }]
+""",
+}
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProc]:
     tmp = tmp_path_factory.mktemp("cache")
-    config = tmp / "inferd.toml"
-    config.write_text(
-        f"[models.sim]\ncache = {{ enabled = true, ttl_s = 600 }}\nparams = {{ base_ms = {BASE_MS} }}\n"
-        "[models.sim-llm]\ncache = { enabled = true }\n"
+    for name, toml in REPO.items():
+        (tmp / "models" / name / "1").mkdir(parents=True)
+        (tmp / "models" / name / "model.toml").write_text(toml)
+    (tmp / "models" / "embedder" / "1" / "model.py").write_text(
+        "from tests.fakes.hash_embedder import HashEmbedder as Model  # noqa: F401\n"
     )
-    s = start_server(tmp, "--model", "sim", "--model", "sim-llm", "--config", str(config))
+    s = start_server(tmp, "--model-repo", str(tmp / "models"))
     yield s
     assert s.stop() in (0, -15)
 
@@ -136,3 +148,22 @@ async def test_sampled_or_streamed_generation_bypasses_the_cache(server: ServerP
         _, unseeded = await complete(http, server, "completions", prompt="p", seed=-1)
         _, streamed = await complete(http, server, "completions", prompt="p", temperature=0, stream=True)
     assert (sampled, unseeded, streamed) == ("bypass", "bypass", "bypass")
+
+
+async def test_embeddings_are_cached_per_text_list_and_encoding(server: ServerProc) -> None:
+    async with aiohttp.ClientSession() as http:
+
+        async def embed(texts: list[str], encoding: str = "float") -> tuple[dict, str]:
+            payload = {"model": "embedder", "input": texts, "encoding_format": encoding}
+            async with http.post(f"{server.url}/v1/embeddings", json=payload) as r:
+                assert r.status == 200, await r.text()
+                return await r.json(), r.headers["x-inferd-cache"]
+
+        first, c1 = await embed(["one fish", "two fish"])
+        second, c2 = await embed(["one fish", "two fish"])
+        _, c3 = await embed(["two fish", "one fish"])
+        _, c4 = await embed(["one fish", "two fish"], "base64")
+    assert (c1, c2, c3, c4) == ("miss", "hit", "miss", "miss")
+    assert second == first
+    assert first["data"][1]["embedding"] == pytest.approx(embed_text(b"two fish").tolist())
+    assert first["usage"]["prompt_tokens"] == 4
