@@ -59,7 +59,7 @@ class Gateway:
         self.served = served
         self.wall_now = wall_now
         self.gate = build_gate(config, served(), wall_now)
-        self._log("tenants", self.gate)
+        self._log("gateway:", self.gate)
 
     def current(self) -> Gate:
         return self.gate
