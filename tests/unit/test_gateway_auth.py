@@ -223,7 +223,11 @@ def test_the_presented_key_is_the_header_bytes_as_sent() -> None:
 # ---- models a tenant may call ----------------------------------------------------------------------------
 def test_a_model_outside_the_list_is_403_and_an_unknown_one_404_naming_only_allowed_models() -> None:
     beta = Tenant("beta", tenants()["beta"])
-    served = ["minilm", "sim", "sim-llm"]
+    names = ["minilm", "sim", "sim-llm"]
+
+    def served() -> list[str]:
+        return names
+
     check_model(beta, "sim", served)
     check_model(None, "anything", served)  # no tenants: the registry decides
     with pytest.raises(Forbidden, match=r"'beta' may not call model 'sim-llm'; it may call: \['sim'\]"):
@@ -233,7 +237,7 @@ def test_a_model_outside_the_list_is_403_and_an_unknown_one_404_naming_only_allo
     alpha = Tenant("alpha", tenants()["alpha"])
     with pytest.raises(NotFound, match=r"\['minilm', 'sim', 'sim-llm'\]"):
         check_model(alpha, "nope", served)
-    assert allowed_models(beta, served) == ["sim"] and allowed_models(alpha, served) == served
+    assert allowed_models(beta, names) == ["sim"] and allowed_models(alpha, names) == names
 
 
 # ---- reload --------------------------------------------------------------------------------------------

@@ -182,7 +182,7 @@ class Api:
         if version is None:  # the OpenAI routes have no version in the path: a header may pick one
             version = request.header(b"x-inferd-model-version")
         call: Call | None = request.scope.get("inferd.call")
-        check_model(tenant_of(call), name, self.registry.names())
+        check_model(tenant_of(call), name, self.registry.names)
         rt = self.registry.get(name, version)
         if call is not None:
             call.runtime = rt
@@ -212,14 +212,14 @@ class Api:
 
     async def model_metadata(self, call: Call) -> HttpResponse:
         params = call.request.path_params
-        check_model(tenant_of(call), params["model"], self.registry.names())
+        check_model(tenant_of(call), params["model"], self.registry.names)
         rt = self.registry.get(params["model"], params.get("version"))
         versions = self.registry.versions(rt.name)
         return json_response(oip.encode_json(model_metadata(rt.config, versions)))
 
     async def model_ready(self, call: Call) -> HttpResponse:
         params = call.request.path_params
-        check_model(tenant_of(call), params["model"], self.registry.names())
+        check_model(tenant_of(call), params["model"], self.registry.names)
         rt = self.registry.get(params["model"], params.get("version"))
         ready = rt.ready and not self.server.shutting_down
         return HttpResponse(status=200 if ready else 503, content_type=None)

@@ -83,11 +83,12 @@ def tenant_of(call: Call | None) -> Tenant | None:
     return tenant
 
 
-def check_model(tenant: Tenant | None, name: str, served: list[str]) -> None:
+def check_model(tenant: Tenant | None, name: str, served_names: Callable[[], list[str]]) -> None:
     """The tenant may call `name`: else 404 when it is not served (naming only the tenant's models), or
     403. No tenant: nothing to check (the registry's own 404 names every model)."""
     if tenant is None:
         return
+    served = served_names()
     if name not in served:
         raise NotFound(f"unknown model {name!r}; served models: {allowed_models(tenant, served)}")
     if not tenant.may_call(name):
