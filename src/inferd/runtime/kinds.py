@@ -82,3 +82,4 @@ class KindRegistry:
 
     def names(self) -> list[str]:
         return sorted(self._kinds)
+
