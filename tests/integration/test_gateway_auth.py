@@ -61,7 +61,11 @@ def config_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def server(config_path: Path) -> Iterator[ServerProc]:
     root = config_path.parent
     config_path.write_text(tenants_toml(KEY_A))
-    s = start_server(root, "--model-repo", str(make_repo(root)), "--config", str(config_path))
+    s = start_server(
+        root,
+        *("--model-repo", str(make_repo(root)), "--config", str(config_path)),
+        *("--access-log", "--log-level", "DEBUG"),  # every line a request could leave in the log
+    )
     yield s
     assert s.stop() in (0, -15)
 
@@ -213,7 +217,12 @@ def test_reload_by_sighup_and_admin_swaps_keys_and_refuses_a_broken_file(
 
 
 def test_no_key_ever_reaches_the_log_or_a_response_body(server: ServerProc) -> None:
+    for key in ALL_KEYS:
+        infer(server, "sim", bearer(key))
+        infer(server, "sim-llm", {"X-API-Key": key})
+        http(server, "GET", "/metrics", {"Authorization": f"Basic {key}"})
     log = server.log()
+    assert "/v2/models/sim/infer status=401" in log and "/v2/models/sim/infer status=200" in log
     assert "tenants ['alpha', 'beta']" in log  # the gateway did log its settings
     for key in ALL_KEYS:
         assert key not in log

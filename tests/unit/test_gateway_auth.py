@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from prometheus_client import CollectorRegistry
 from typer.testing import CliRunner
 
 from inferd.api.asgi import HttpRequest, HttpResponse
@@ -19,7 +20,15 @@ from inferd.api.oip import encode_json
 from inferd.cli.main import app as cli_app
 from inferd.config import ConfigError, load_server_config
 from inferd.errors import Forbidden, NotFound, ServingError
-from inferd.gateway.auth import Auth, allowed_models, check_model, presented_key
+from inferd.gateway.auth import (
+    Auth,
+    TenantRequests,
+    allowed_models,
+    check_model,
+    presented_key,
+    tenant_counter,
+    tenant_of,
+)
 from inferd.gateway.config import GatewayConfig, check_tenants, tenants_of
 from inferd.gateway.keys import KEY_PREFIX, KeyDirectory, KeyStatus, key_digest, new_key
 from inferd.gateway.reload import Gate, Gateway, build_gate
@@ -218,6 +227,29 @@ def test_the_presented_key_is_the_header_bytes_as_sent() -> None:
     assert key is not None
     d = KeyDirectory({"u": TenantConfig(api_key_sha256=(key_digest("ik-é"),))}, WallClock(0))
     assert d.check(key).status is KeyStatus.OK
+
+
+async def test_tenant_requests_count_authenticated_calls_by_their_final_outcome() -> None:
+    registry = CollectorRegistry()
+    counter = tenant_counter(registry)
+
+    async def handler(call: Call) -> HttpResponse:
+        check_model(tenant_of(call), "sim-llm", lambda: ["sim", "sim-llm"])
+        return HttpResponse(b"served")
+
+    run = chain(
+        [partial(TenantRequests, counter=counter), Errors, partial(Auth, gate=lambda: gate())], handler
+    )
+    for headers in ({"X-API-Key": KEY_A}, {"X-API-Key": KEY_A}, {"X-API-Key": KEY_B}, {}, {"X-API-Key": "x"}):
+        await run(Call(request("/v1/chat/completions", headers), error_body))
+
+    def count(tenant: str, outcome: str) -> float | None:
+        return registry.get_sample_value(
+            "inferd_tenant_requests_total", {"tenant": tenant, "outcome": outcome}
+        )
+
+    assert count("alpha", "ok") == 2 and count("beta", "forbidden") == 1
+    assert count("beta", "ok") is None and count("", "unauthorized") is None  # no tenant: not counted
 
 
 # ---- models a tenant may call ----------------------------------------------------------------------------
