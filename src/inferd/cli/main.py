@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 import logging
 import sys
+import time
 from pathlib import Path
 from typing import Annotated
 
@@ -12,8 +13,7 @@ import typer
 
 from inferd.cli.ports import check_ports_free
 from inferd.config import ConfigError, ModelConfig, ServerConfig, load_server_config
-from inferd.gateway.config import check_tenants, tenants_of  # also registers [gateway] and [tenants.NAME]
-from inferd.gateway.keys import KeyDirectory
+from inferd.gateway.reload import build_gate  # also registers the [gateway] and [tenants.NAME] tables
 from inferd.tls import check_server_tls
 
 app = typer.Typer(
@@ -40,9 +40,7 @@ def check_models(models: list[ModelConfig]) -> None:
 
 def check_gateway(config: ServerConfig, models: list[ModelConfig]) -> None:
     """Tenants list only served models, and no key digest belongs to two tenants: refused before start."""
-    tenants = tenants_of(config)
-    check_tenants(tenants, [m.name for m in models])
-    KeyDirectory(tenants, lambda: 0.0)
+    build_gate(config, [m.name for m in models], time.time)
 
 
 def resolve_models(config: ServerConfig) -> list[ModelConfig]:
