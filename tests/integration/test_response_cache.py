@@ -1,7 +1,5 @@
-"""The response cache in a real `inferd serve` with `sim` at cache = { enabled = true }.
-
-Tenant isolation is tested in-process (tests/unit/test_response_cache.py, through the hook that reads
-`call.notes["tenant"]`); a two-key test over HTTP needs the authentication layer that sets it."""
+"""The response cache in a real `inferd serve` with `sim`, `sim-llm` and a tiny embedder at
+cache = { enabled = true }; and a second server with two tenants, whose answers never cross."""
 
 from __future__ import annotations
 
@@ -12,6 +10,7 @@ from collections.abc import Iterator
 import aiohttp
 import pytest
 
+from inferd.gateway.keys import key_digest, new_key
 from inferd.models.sim import sim_digest
 from tests.conftest import ServerProc, start_server
 from tests.fakes.hash_embedder import embed as embed_text
@@ -167,3 +166,37 @@ async def test_embeddings_are_cached_per_text_list_and_encoding(server: ServerPr
     assert second == first
     assert first["data"][1]["embedding"] == pytest.approx(embed_text(b"two fish").tolist())
     assert first["usage"]["prompt_tokens"] == 4
+
+
+KEY_A, KEY_B = new_key(), new_key()
+
+
+@pytest.fixture(scope="module")
+def tenant_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProc]:
+    tmp = tmp_path_factory.mktemp("cache-tenants")
+    (tmp / "models" / "sim" / "1").mkdir(parents=True)
+    (tmp / "models" / "sim" / "model.toml").write_text(REPO["sim"])
+    (tmp / "inferd.toml").write_text(
+        f'[tenants.alpha]\napi_key_sha256 = ["{key_digest(KEY_A)}"]\n'
+        f'[tenants.beta]\napi_key_sha256 = ["{key_digest(KEY_B)}"]\n'
+    )
+    s = start_server(tmp, "--model-repo", str(tmp / "models"), "--config", str(tmp / "inferd.toml"))
+    yield s
+    assert s.stop() in (0, -15)
+
+
+async def test_one_tenants_answer_never_serves_another(tenant_server: ServerProc) -> None:
+    async with aiohttp.ClientSession() as http:
+
+        async def ask(key: str, rid: str) -> tuple[dict, str]:
+            url = f"{tenant_server.url}/v2/models/sim/infer"
+            async with http.post(url, json=body(rid, ["secret"]), headers={"X-API-Key": key}) as r:
+                assert r.status == 200, await r.text()
+                return await r.json(), r.headers["x-inferd-cache"]
+
+        (a1, ca1), (a2, ca2) = await ask(KEY_A, "a1"), await ask(KEY_A, "a2")
+        (b1, cb1), (b2, cb2) = await ask(KEY_B, "b1"), await ask(KEY_B, "b2")
+    assert (ca1, ca2, cb1, cb2) == ("miss", "hit", "miss", "hit")
+    assert [r["id"] for r in (a1, a2, b1, b2)] == ["a1", "a2", "b1", "b2"]
+    assert a1["parameters"]["batch_id"] != b1["parameters"]["batch_id"]  # beta's answer was computed anew
+    assert b2["outputs"] == a1["outputs"]  # the same deterministic answer, from beta's own entry

@@ -6,8 +6,8 @@ The `CacheResult` layer of the middleware chain then labels every response of a 
 with `X-Inferd-Cache: hit | miss | bypass` and counts it; "bypass" is anything not answered through the
 cache: errors (a failed answer is never stored), and routes or requests that cannot be cached.
 
-The tenant in the key is the caller's (`call.notes["tenant"]`, set by the authentication layer; ""
-without tenants), so one tenant's answers never serve another. One store per served model version;
+The tenant in the key is the caller's (`call.notes["tenant"]`, set by the Auth layer; "" without
+tenants), so one tenant's answers never serve another. One store per served model version;
 when a version stops being served its store is emptied and dropped.
 """
 
@@ -21,8 +21,8 @@ from inferd.api.asgi import HttpRequest
 from inferd.api.middleware import Call, Handler, Response
 from inferd.clock import Clock
 from inferd.errors import DeadlineExceeded
+from inferd.gateway.auth import tenant_of
 from inferd.gateway.cache import Lookup, ResponseCache, request_key
-from inferd.gateway.tenants import Tenant
 from inferd.observability.cache_metrics import CacheMetrics
 from inferd.runtime.contract import Runtime
 from inferd.runtime.registry import ModelRegistry
@@ -30,12 +30,6 @@ from inferd.runtime.registry import ModelRegistry
 V = TypeVar("V")
 NOTE = "cache"
 """call.notes key of the cache result of a call ("hit" or "miss"; absent: bypass)."""
-
-
-def tenant_of(call: Call | None) -> str:
-    """The caller's tenant name; "" for anonymous callers (no tenants configured)."""
-    tenant = call.notes.get("tenant") if call is not None else None
-    return tenant.name if isinstance(tenant, Tenant) else ""
 
 
 class CacheHook:
@@ -59,7 +53,8 @@ class CacheHook:
         flight is bounded by its own deadline (504)."""
         call: Call | None = request.scope.get("inferd.call")
         store = self.store_for(rt)
-        key = request_key(tenant_of(call), rt.name, rt.version, canonical)
+        tenant = tenant_of(call)  # None: no tenants configured (anonymous callers share "")
+        key = request_key(tenant.name if tenant else "", rt.name, rt.version, canonical)
         try:
             async with asyncio.timeout(None if deadline is None else max(0.0, deadline - self.clock.now())):
                 value, lookup = await store.get_or_compute(key, compute)

@@ -42,6 +42,7 @@ from inferd.api.openai import openai_error
 from inferd.api.streams import collect, generate, interleave
 from inferd.config import ModelConfig
 from inferd.errors import BadRequest, DeadlineExceeded, ServingError
+from inferd.gateway.auth import tenant_of
 from inferd.llm.model import Tokenizer
 from inferd.llm.placement import Generation
 from inferd.llm.runtime import LLMRuntime
@@ -279,9 +280,7 @@ class _Call:
             seed = None  # -1 and other negatives mean "no seed" (llama.cpp's convention)
         if seed is not None and seed > MAX_SEED:
             raise BadRequest(f"seed must be at most {MAX_SEED} (or negative for none), got {seed}")
-        tenant = self.request.header(b"x-tenant") or ""
-        if len(tenant) > 256:
-            raise BadRequest(f"X-Tenant is {len(tenant)} characters long; at most 256")
+        tenant = self.tenant()
         return Generation(
             max_tokens=max_tokens,
             seed=seed,
@@ -293,6 +292,17 @@ class _Call:
             deadline=self.deadline,
         )
 
+    def tenant(self) -> str:
+        """The prefix-cache salt: the authenticated tenant when tenants are configured (X-Tenant is then
+        ignored), else X-Tenant."""
+        authenticated = tenant_of(self.request.scope.get("inferd.call"))
+        if authenticated is not None:
+            return authenticated.name
+        tenant = self.request.header(b"x-tenant") or ""
+        if len(tenant) > 256:
+            raise BadRequest(f"X-Tenant is {len(tenant)} characters long; at most 256")
+        return tenant
+
     @property
     def include_usage(self) -> bool:
         return self.req.stream_options is not None and self.req.stream_options.include_usage
@@ -302,16 +312,13 @@ class _Call:
         done = sum(s.completion_tokens for s in streams)
         return {"prompt_tokens": prompt, "completion_tokens": done, "total_tokens": prompt + done}
 
+    def body(self, obj: str, choices: list[dict[str, Any]], usage: dict[str, int] | None) -> bytes:
+        fields = {"id": self.id, "object": obj, "created": self.created, "model": self.req.model}
+        return _encoder.encode({**fields, "choices": choices, "usage": usage})
+
     def chunk(self, choices: list[dict[str, Any]], usage: dict[str, int] | None = None) -> bytes:
-        body = {
-            "id": self.id,
-            "object": self.object + ("" if self.object == "text_completion" else ".chunk"),
-            "created": self.created,
-            "model": self.req.model,
-            "choices": choices,
-            "usage": usage,
-        }
-        return b"data: " + _encoder.encode(body) + b"\n\n"
+        obj = self.object + ("" if self.object == "text_completion" else ".chunk")
+        return b"data: " + self.body(obj, choices, usage) + b"\n\n"
 
     async def answer(
         self, api: ApiContext, prompt: str, max_tokens: int | None, choice: MakeChoice
@@ -337,15 +344,8 @@ class _Call:
         else:
             answer, _ = await compute()
         choices, usage, worker = answer
-        body = {
-            "id": self.id,
-            "object": self.object,
-            "created": self.created,
-            "model": req.model,
-            "choices": choices,
-            "usage": usage,
-        }
-        return json_response(_encoder.encode(body), headers=[(b"x-inferd-worker", worker.encode())])
+        body = self.body(self.object, choices, usage)
+        return json_response(body, headers=[(b"x-inferd-worker", worker.encode())])
 
     async def events(self, streams: list[TokenStream], make: MakeChunk) -> AsyncIterator[bytes]:
         """The SSE body: every choice's pieces as they come (each choice's own order kept). Its
