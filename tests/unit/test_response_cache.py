@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 from prometheus_client import CollectorRegistry
 
-from inferd.api.asgi import HttpRequest
-from inferd.api.cache_hook import CacheHook
+from inferd.api.asgi import HttpRequest, HttpResponse
+from inferd.api.cache_hook import CacheHook, CacheResult
 from inferd.api.middleware import Call
 from inferd.clock import FakeClock
 from inferd.config import ModelConfig, TensorSpec
@@ -303,3 +303,35 @@ async def test_a_waiting_caller_is_bounded_by_its_own_deadline() -> None:
         await h.hook.answer(request_of(None), rt, "x", slow, h.clock.now())  # type: ignore[arg-type]
     release.set()
     assert await leader == ("late", "miss")
+
+
+async def test_result_layer_labels_only_cache_enabled_models() -> None:
+    prometheus = CollectorRegistry()
+    cached, plain = FakeRuntime("sim", 1, sim_config()), FakeRuntime("plain", 1, sim_config())
+    plain.config = plain.config.model_copy(update={"cache": CacheConfig()})
+
+    async def handler(call: Call) -> HttpResponse:
+        call.runtime = call.notes.pop("serve")
+        return HttpResponse(content_type=None)
+
+    layer = CacheResult(handler, CacheMetrics(prometheus))
+
+    async def header(rt: FakeRuntime, note: str | None) -> bytes | None:
+        call = Call(request_of(None), lambda exc, status: b"")
+        call.notes["serve"] = rt
+        if note is not None:
+            call.notes["cache"] = note
+        return (await layer(call)).header(b"x-inferd-cache")
+
+    assert await header(plain, None) is None
+    assert await header(cached, None) == b"bypass"  # nothing answered through the cache
+    assert await header(cached, "hit") == b"hit"
+    counted = {
+        r: prometheus.get_sample_value("inferd_cache_requests_total", {"model": "sim", "result": r})
+        for r in ("hit", "bypass")
+    }
+    assert counted == {"hit": 1.0, "bypass": 1.0}
+    assert (
+        prometheus.get_sample_value("inferd_cache_requests_total", {"model": "plain", "result": "bypass"})
+        is None
+    )
