@@ -19,6 +19,7 @@ from pydantic import (
 )
 
 from inferd.fleet.autoscaler_config import AutoscalerConfig
+from inferd.gateway.cache_config import CacheConfig
 from inferd.listener_config import ListenerSettings
 
 Datatype = Literal[
@@ -157,6 +158,8 @@ class ModelConfig(_Frozen):
     """With work queued or running and no batch completed for this long, the model is not ready."""
     autoscale: AutoscalerConfig | None = None
     """Scale this model's local workers from batching-aware signals (None: a fixed `workers`)."""
+    cache: CacheConfig = CacheConfig()
+    """Exact-match response cache, e.g. `cache = { enabled = true, ttl_s = 60 }` (off by default)."""
     max_items_per_request: int = Field(default=1024, ge=1, le=1_000_000)
     """Largest batch dimension one request may carry."""
     inputs: tuple[TensorSpec, ...] = ()

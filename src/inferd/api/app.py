@@ -18,6 +18,7 @@ from inferd.api import completions as completion_routes
 from inferd.api import oip
 from inferd.api import openai as openai_routes
 from inferd.api.asgi import AsgiApp, HttpRequest, HttpResponse, Router, StreamingResponse
+from inferd.api.cache_hook import CacheHook, CacheResult
 from inferd.api.http import (
     check_content_type,
     json_response,
@@ -42,12 +43,15 @@ from inferd.api.openapi import openapi_document
 from inferd.batching.dispatcher import ItemResult
 from inferd.errors import BadRequest, ServingError
 from inferd.gateway.auth import Auth, TenantRequests, allowed_models, check_model, tenant_counter, tenant_of
+from inferd.gateway.cache import encoded_size
 from inferd.runtime.contract import Runtime
 from inferd.server import InferenceServer
 
 log = logging.getLogger("inferd.api")
 
 TEXT_KINDS = ("llm", "upstream")
+Answer = tuple[int, list[dict[str, Any]], dict[str, Any]]
+"""An OIP answer before encoding: the version that ran it, per-item outputs, the lifecycle record."""
 
 
 def oip_error(exc: ServingError, status: int) -> bytes:
@@ -136,11 +140,13 @@ class Api:
         self.registry = server.registry
         self.clock = server.clock
         self.max_body = server.config.max_body_bytes
+        self.cache = CacheHook(self.registry, server.metrics.cache, self.clock)
         tenant_requests = tenant_counter(server.metrics.registry)
         self.layers: list[Layer] = [
             partial(Accounting, metrics=server.metrics, clock=self.clock),
             partial(TenantRequests, counter=tenant_requests),
             ModelVersion,
+            partial(CacheResult, metrics=server.metrics.cache),
             Errors,
             partial(Auth, gate=server.gateway.current),
         ]
@@ -245,12 +251,26 @@ class Api:
         body = await read_body(request, self.max_body)
         req = oip.decode_request(body, request.header(b"inference-header-content-length"), rt.config)
         deadline = self.deadline(rt, req.timeout_us, request.header(b"x-request-timeout-ms"))
-        items = rt.enqueue(req.items, deadline, parse_priority(req.priority, header_priority))
-        results: list[ItemResult] = await wait_for_items(rt, items, deadline, self.clock, request)
-        record = lifecycle(results)
-        out, header_len = oip.encode_response(
-            rt.config, results[0].version, req.request_id, req.outputs, [r.outputs for r in results], record
-        )
+        priority = parse_priority(req.priority, header_priority)
+
+        async def run() -> Answer:
+            items = rt.enqueue(req.items, deadline, priority)
+            results: list[ItemResult] = await wait_for_items(rt, items, deadline, self.clock, request)
+            return results[0].version, [r.outputs for r in results], lifecycle(results)
+
+        async def compute() -> tuple[Answer, int]:
+            answer = await run()
+            return answer, encoded_size(answer[1])
+
+        if rt.config.cache.enabled:  # the same answer for the same inputs and requested outputs
+            canonical = ("oip", req.items, [spec.name for spec, _ in req.outputs])
+            (version, rows, record), lookup = await self.cache.answer(
+                request, rt, canonical, compute, deadline
+            )
+            record = {**record, "cache": lookup}  # a hit's record is that of the run that computed it
+        else:
+            version, rows, record = await run()
+        out, header_len = oip.encode_response(rt.config, version, req.request_id, req.outputs, rows, record)
         headers = lifecycle_headers(record)
         if header_len is None:
             return json_response(out, headers=headers)

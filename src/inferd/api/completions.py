@@ -115,17 +115,12 @@ async def completions(api: ApiContext, request: HttpRequest) -> HttpResponse | S
     req = decode_json(_completion_decoder, body, "completion request", 'send {"model": ..., "prompt": ...}')
     prompt = _prompt_text(req.prompt)
     call = _Call(rt, req, request, deadline, "text_completion", f"cmpl-{uuid.uuid4().hex}")
+    if not req.stream:
+        return await call.answer(api, prompt, req.max_tokens, _text_choice)
     streams = await call.start(prompt, req.max_tokens)
-    if req.stream:
-        return StreamingResponse(
-            call.events(streams, _completion_chunk), request.receive, headers=worker_header(streams[0])
-        )
-    texts = await collect(rt, streams, call.stops, request)
-    choices = [
-        {"index": i, "text": text, "logprobs": None, "finish_reason": finish}
-        for i, (text, finish) in enumerate(texts)
-    ]
-    return call.response(choices, streams)
+    return StreamingResponse(
+        call.events(streams, _completion_chunk), request.receive, headers=worker_header(streams[0])
+    )
 
 
 async def chat_completions(api: ApiContext, request: HttpRequest) -> HttpResponse | StreamingResponse:
@@ -141,22 +136,22 @@ async def chat_completions(api: ApiContext, request: HttpRequest) -> HttpRespons
         raise BadRequest("messages is empty: send at least one {role, content} message")
     prompt = chat_prompt(rt.tokenizer, rt.name, req.messages)
     call = _Call(rt, req, request, deadline, "chat.completion", f"chatcmpl-{uuid.uuid4().hex}")
-    streams = await call.start(prompt, req.max_completion_tokens or req.max_tokens)
-    if req.stream:
-        return StreamingResponse(
-            call.events(streams, _chat_chunk), request.receive, headers=worker_header(streams[0])
-        )
-    texts = await collect(rt, streams, call.stops, request)
-    choices = [
-        {
-            "index": i,
-            "message": {"role": "assistant", "content": text},
-            "finish_reason": finish,
-            "logprobs": None,
-        }
-        for i, (text, finish) in enumerate(texts)
-    ]
-    return call.response(choices, streams)
+    max_tokens = req.max_completion_tokens or req.max_tokens
+    if not req.stream:
+        return await call.answer(api, prompt, max_tokens, _chat_choice)
+    streams = await call.start(prompt, max_tokens)
+    return StreamingResponse(
+        call.events(streams, _chat_chunk), request.receive, headers=worker_header(streams[0])
+    )
+
+
+def _text_choice(i: int, text: str, finish: str | None) -> dict[str, Any]:
+    return {"index": i, "text": text, "logprobs": None, "finish_reason": finish}
+
+
+def _chat_choice(i: int, text: str, finish: str | None) -> dict[str, Any]:
+    message = {"role": "assistant", "content": text}
+    return {"index": i, "message": message, "finish_reason": finish, "logprobs": None}
 
 
 def text_model(api: ApiContext, request: HttpRequest, body: bytes) -> LLMRuntime | UpstreamRuntime:
@@ -317,27 +312,40 @@ class _Call:
         done = sum(s.completion_tokens for s in streams)
         return {"prompt_tokens": prompt, "completion_tokens": done, "total_tokens": prompt + done}
 
-    def chunk(self, choices: list[dict[str, Any]], usage: dict[str, int] | None = None) -> bytes:
-        body = {
-            "id": self.id,
-            "object": self.object + ("" if self.object == "text_completion" else ".chunk"),
-            "created": self.created,
-            "model": self.req.model,
-            "choices": choices,
-            "usage": usage,
-        }
-        return b"data: " + _encoder.encode(body) + b"\n\n"
+    def body(self, obj: str, choices: list[dict[str, Any]], usage: dict[str, int] | None) -> bytes:
+        fields = {"id": self.id, "object": obj, "created": self.created, "model": self.req.model}
+        return _encoder.encode({**fields, "choices": choices, "usage": usage})
 
-    def response(self, choices: list[dict[str, Any]], streams: list[TokenStream]) -> HttpResponse:
-        body = {
-            "id": self.id,
-            "object": self.object,
-            "created": self.created,
-            "model": self.req.model,
-            "choices": choices,
-            "usage": self.usage(streams),
-        }
-        return json_response(_encoder.encode(body), headers=worker_header(streams[0]))
+    def chunk(self, choices: list[dict[str, Any]], usage: dict[str, int] | None = None) -> bytes:
+        obj = self.object + ("" if self.object == "text_completion" else ".chunk")
+        return b"data: " + self.body(obj, choices, usage) + b"\n\n"
+
+    async def answer(
+        self, api: ApiContext, prompt: str, max_tokens: int | None, choice: MakeChoice
+    ) -> HttpResponse:
+        """One JSON body: generated, or the response cache's when the model's is enabled and the request
+        is deterministic (temperature 0 or a seed); the id and `created` are always this call's own."""
+
+        async def compute() -> tuple[Answer, int]:
+            streams = await self.start(prompt, max_tokens)
+            texts = await collect(self.rt, streams, self.stops, self.request)
+            choices = [choice(i, text, finish) for i, (text, finish) in enumerate(texts)]
+            answer = (choices, self.usage(streams), streams[0].worker_id)
+            return answer, len(_encoder.encode(answer))
+
+        req = self.req
+        if self.rt.config.cache.enabled and (
+            req.temperature == 0 or (req.seed is not None and req.seed >= 0)
+        ):
+            g = self.generation(max_tokens)  # what changes the text; never the deadline or priority
+            canonical = (self.object, prompt, max_tokens, g.seed, g.temperature, g.top_p, g.ignore_eos)
+            canonical += (req.n, self.stops)
+            answer, _ = await api.cache.answer(self.request, self.rt, canonical, compute, self.deadline)
+        else:
+            answer, _ = await compute()
+        choices, usage, worker = answer
+        body = self.body(self.object, choices, usage)
+        return json_response(body, headers=[(b"x-inferd-worker", worker.encode())])
 
     async def events(self, streams: list[TokenStream], make: MakeChunk) -> AsyncIterator[bytes]:
         """The SSE body: every choice's pieces as they come (each choice's own order kept). Its
@@ -363,6 +371,9 @@ class _Call:
 
 
 MakeChunk = Callable[[_Call, int, str, "str | None", bool], bytes]
+MakeChoice = Callable[[int, str, "str | None"], dict[str, Any]]
+Answer = tuple[list[dict[str, Any]], dict[str, int], str]
+"""A JSON answer before its id: the choices, the usage, the worker that generated it."""
 
 
 def _completion_chunk(call: _Call, index: int, text: str, finish: str | None, first: bool) -> bytes:

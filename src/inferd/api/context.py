@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any, Protocol
 
 from inferd.api.asgi import HttpRequest
+from inferd.api.cache_hook import CacheHook
 from inferd.clock import Clock
 from inferd.runtime.contract import Runtime
 
@@ -14,6 +15,8 @@ from inferd.runtime.contract import Runtime
 class ApiContext(Protocol):
     clock: Clock
     max_body: int
+    cache: CacheHook
+    """The response cache's entry point for routes that can be cached."""
 
     def batch_model(self, request: HttpRequest, name: str, version: str | None = None) -> Any:
         """The batch-kind runtime (ModelRuntime) serving `name`, recorded on the call; 400 for other kinds."""

@@ -4,7 +4,7 @@ OpenAI shape. Text generation lives in api/completions.py."""
 from __future__ import annotations
 
 import base64
-from typing import Literal
+from typing import Any, Literal
 
 import msgspec
 import numpy as np
@@ -64,10 +64,24 @@ async def embeddings(api: ApiContext, request: HttpRequest) -> HttpResponse:
         )
     rt.precheck()
     deadline = api.deadline(rt, None, request.header(b"x-request-timeout-ms"))
-    items = rt.enqueue(
-        [t.encode() for t in texts], deadline, parse_priority(None, request.header(b"x-priority"))
-    )
-    results = await wait_for_items(rt, items, deadline, api.clock, request)
+    priority = parse_priority(None, request.header(b"x-priority"))
+
+    async def compute() -> tuple[tuple[bytes, int], int]:
+        items = rt.enqueue([t.encode() for t in texts], deadline, priority)
+        results = await wait_for_items(rt, items, deadline, api.clock, request)
+        body, truncated = _encode(req, results)
+        return (body, truncated), len(body)
+
+    if rt.config.cache.enabled:  # the same vectors for the same texts, in the same encoding
+        (out, truncated), _ = await api.cache.answer(
+            request, rt, ("embeddings", texts, req.encoding_format), compute, deadline
+        )
+    else:
+        (out, truncated), _ = await compute()
+    return json_response(out, headers=[(b"x-inferd-truncated-inputs", str(truncated).encode())])
+
+
+def _encode(req: EmbeddingsRequest, results: list[Any]) -> tuple[bytes, int]:
     data = []
     tokens = truncated = 0
     for index, result in enumerate(results):
@@ -81,8 +95,7 @@ async def embeddings(api: ApiContext, request: HttpRequest) -> HttpResponse:
         tokens += int(result.outputs.get("TOKENS", 0))
         truncated += bool(result.outputs.get("TRUNCATED", False))
     usage = {"prompt_tokens": tokens, "total_tokens": tokens, "truncated_inputs": truncated}
-    out = _encoder.encode({"object": "list", "data": data, "model": req.model, "usage": usage})
-    return json_response(out, headers=[(b"x-inferd-truncated-inputs", str(truncated).encode())])
+    return _encoder.encode({"object": "list", "data": data, "model": req.model, "usage": usage}), truncated
 
 
 def _texts(req: EmbeddingsRequest, limit: int) -> list[str]:

@@ -10,6 +10,8 @@ from collections.abc import Iterable
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
+from inferd.observability.cache_metrics import CacheMetrics
+
 LATENCY_BUCKETS = (
     0.001,
     0.0025,
@@ -145,6 +147,7 @@ class Metrics:
             ["model", "version"],
             registry=r,
         )
+        self.cache = CacheMetrics(r)
         self._requests: dict[tuple[str, int], RequestMetrics] = {}
 
     def requests_for(self, name: str, version: int) -> RequestMetrics:
