@@ -234,7 +234,7 @@ class QuotaPolicy:
             else:
                 buckets = (*buckets, (bucket, tokens))
         leases = state.leases
-        if self.limits.max_concurrency is not None:
+        if self.limits.max_concurrency is not None or tokens is not None:  # (a refund needs the lease)
             leases = (*leases, (lease_id, now + self.lease_us))
         grant = Grant(lease_id=lease_id, tokens=tokens or 0, bucket=bucket)
         return replace(state, tat_us=tat, buckets=buckets, leases=leases), grant
