@@ -39,7 +39,9 @@ class RedisServer:
     def start(self) -> None:
         binary = shutil.which("redis-server")
         if binary is None:
-            pytest.fail("redis-server is not installed: run scripts/setup --test (it installs Debian's redis-server)")
+            pytest.fail(
+                "redis-server is not installed: run scripts/setup --test (it installs Debian's redis-server)"
+            )
         args = ["--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
         self.proc = subprocess.Popen([binary, *args], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         deadline = time.monotonic() + START_TIMEOUT_S
