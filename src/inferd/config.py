@@ -293,6 +293,10 @@ class ServerConfig(ListenerSettings, _Frozen):
     ray_resource: str | None = None
     """The Ray resource each worker actor holds one of: None takes GPU when the cluster has GPUs, else the
     custom resource inferd_device (start CPU-only nodes with --resources='{"inferd_device": N}')."""
+    config_path: Path | None = None
+    """The --config file these settings came from (None: none); re-read when the gateway reloads its
+    tenants and keys (SIGHUP, POST /admin/reload)."""
+
     def table(self, name: str) -> Any:
         """A registered component table: the file's, else the component model's defaults."""
         if name not in TABLES:
@@ -329,6 +333,7 @@ def load_server_config(
                 + "".join(f", [{t}]" for t in sorted(TABLES))
             )
         data.update(raw.get("server", {}))
+        data["config_path"] = path
         data["model_overrides"] = raw.get("models", {})
         data["tables"] = {name: _component_table(name, raw[name]) for name in raw if name in TABLES}
     data.update({k: v for k, v in overrides.items() if v is not None})

@@ -41,7 +41,11 @@ class UnsupportedMediaType(ClientError):
 
 
 class Unauthorized(ClientError):
-    pass
+    """No valid credential: a missing, unknown or expired API key."""
+
+
+class Forbidden(ClientError):
+    """A valid credential that does not allow this call (a model outside the tenant's list)."""
 
 
 class HeaderTooLarge(ClientError):

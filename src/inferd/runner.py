@@ -1,12 +1,15 @@
-"""Run the server under uvicorn (uvloop + httptools) until SIGINT/SIGTERM, then drain."""
+"""Run the server under uvicorn (uvloop + httptools) until SIGINT/SIGTERM, then drain; SIGHUP reloads the
+gateway's tenants and API keys from the --config file."""
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import logging
 import signal
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from types import FrameType
 from typing import Any
 
@@ -28,14 +31,41 @@ class GracefulServer(uvicorn.Server):
     """uvicorn's server with a grace period on SIGTERM: `on_terminate` turns readiness to 503 at once,
     the listener keeps accepting and serving for `grace_s` so probes and load balancers see it, then
     uvicorn's own shutdown starts (stop accepting, finish in-flight requests, lifespan drain) and the
-    process exits 0. Ctrl-C, or a second SIGTERM, ends the grace period at once."""
+    process exits 0. Ctrl-C, or a second SIGTERM, ends the grace period at once.
 
-    def __init__(self, config: uvicorn.Config, on_terminate: Callable[[], None], grace_s: float) -> None:
+    SIGHUP calls `on_hangup` (the gateway's reload) from the event loop, at the next tick."""
+
+    def __init__(
+        self,
+        config: uvicorn.Config,
+        on_terminate: Callable[[], None],
+        grace_s: float,
+        on_hangup: Callable[[], None] | None = None,
+    ) -> None:
         super().__init__(config)
         self.on_terminate = on_terminate
         self.grace_s = grace_s
+        self.on_hangup = on_hangup
         self.exit_at: float | None = None
         self._announced = False
+        self._hangup = False
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        """uvicorn's SIGINT/SIGTERM handlers, and SIGHUP's (restored on exit, as uvicorn does)."""
+        if self.on_hangup is None or threading.current_thread() is not threading.main_thread():
+            with super().capture_signals():
+                yield
+            return
+        previous = signal.signal(signal.SIGHUP, self.handle_hangup)
+        try:
+            with super().capture_signals():
+                yield
+        finally:
+            signal.signal(signal.SIGHUP, previous)
+
+    def handle_hangup(self, sig: int, frame: FrameType | None) -> None:
+        self._hangup = True  # a signal handler: the reload itself runs on the event loop (on_tick)
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         if sig != signal.SIGTERM or self.exit_at is not None:
@@ -45,6 +75,9 @@ class GracefulServer(uvicorn.Server):
         self.exit_at = time.monotonic() + self.grace_s
 
     async def on_tick(self, counter: int) -> bool:
+        if self._hangup and self.on_hangup is not None:
+            self._hangup = False
+            self.on_hangup()
         if self.exit_at is not None and not self._announced:
             self._announced = True
             log.info("SIGTERM: not ready; serving %.1f s more, then draining", self.grace_s)
@@ -83,7 +116,8 @@ def build_uvicorn(cfg: ServerConfig, models: list[ModelConfig]) -> tuple[uvicorn
         log_config=None,
         **tls.uvicorn_options(cfg),
     )
-    return GracefulServer(ucfg, server.begin_shutdown, cfg.shutdown_grace_s), server
+    userver = GracefulServer(ucfg, server.begin_shutdown, cfg.shutdown_grace_s, server.gateway.reload_or_log)
+    return userver, server
 
 
 def run_server(cfg: ServerConfig, models: list[ModelConfig]) -> None:

@@ -24,6 +24,7 @@ from inferd.config import ModelConfig, ServerConfig
 from inferd.errors import ShuttingDown
 from inferd.fleet.control import FleetControl, repository_loader
 from inferd.fleet.scaling import ScalingLoop, scaling_policy
+from inferd.gateway.reload import Gateway
 from inferd.llm.params import LLMParams
 from inferd.llm.runtime import LLMRuntime
 from inferd.llm.upstream import UpstreamConfig, UpstreamRuntime
@@ -117,6 +118,8 @@ class InferenceServer:
         for m in models:
             self.registry.add(self.kinds.get(m.kind).make_runtime(m, self.context))
         self.metrics.registry.register(RuntimeCollector(self.registry))
+        self.gateway = Gateway(config, self.registry.names)
+        """Tenants and API keys (gateway/reload.py): the API's auth layer reads its current gate."""
         self._token = secrets.token_hex(16)
         join = config.join_token.get_secret_value() if config.join_token else ""
         self.hub = WorkerHub(
@@ -200,6 +203,7 @@ class InferenceServer:
                 self.clock,
                 self.kill_worker,
                 self.find_worker,
+                self.gateway.reload,
             ),
             token,
         )

@@ -19,6 +19,7 @@ from aiohttp import web
 
 from inferd.batching.retry import RetryBudget
 from inferd.clock import Clock
+from inferd.config import ConfigError
 from inferd.errors import BadRequest, NotFound
 from inferd.fleet.control import FleetControl
 from inferd.fleet.scaling import ScalingLoop
@@ -42,6 +43,8 @@ class AdminTarget:
     clock: Clock
     kill_worker: Callable[[WorkerConnection], None]
     find_worker: Callable[[str], tuple[Runtime, WorkerConnection]]
+    reload: Callable[[], Mapping[str, Any]] | None = None
+    """Re-read the config file's tenants, keys and [gateway] table (ConfigError: refused whole)."""
 
 
 class AdminApi:
@@ -60,6 +63,7 @@ class AdminApi:
                 web.post("/admin/workers/{worker_id}/restart", self.restart),
                 web.post("/admin/models/{model}/scale", self.scale),
                 web.post("/admin/models/{model}/update", self.update),
+                web.post("/admin/reload", self.reload),
             ]
         )
         return app
@@ -160,6 +164,19 @@ class AdminApi:
         highest; lower versions roll back), worker by worker. Answers when done."""
         model = request.match_info["model"]
         return web.json_response(await self.target.fleet.rolling_update(model, _version(request)))
+
+    async def reload(self, request: web.Request) -> web.Response:
+        """POST /admin/reload: re-read the --config file and swap in its tenants, API keys and [gateway]
+        table at once; a file that does not validate is refused whole (400 with the reason) and the
+        running settings stay."""
+        if self.target.reload is None:
+            raise NotFound("this server has nothing to reload")
+        try:
+            summary = self.target.reload()
+        except ConfigError as exc:
+            log.warning("admin reload refused, the running tenants and keys stay: %s", exc)
+            raise BadRequest(f"config not reloaded: {exc}") from None
+        return web.json_response({"reloaded": True, **summary})
 
     async def restart(self, request: web.Request) -> web.Response:
         """Graceful by default (drain, exit, replaced by the supervisor); ?force=true kills it now."""

@@ -41,6 +41,7 @@ from inferd.api.oip_metadata import model_metadata
 from inferd.api.openapi import openapi_document
 from inferd.batching.dispatcher import ItemResult
 from inferd.errors import BadRequest, ServingError
+from inferd.gateway.auth import Auth, TenantRequests, allowed_models, check_model, tenant_counter, tenant_of
 from inferd.runtime.contract import Runtime
 from inferd.server import InferenceServer
 
@@ -135,13 +136,16 @@ class Api:
         self.registry = server.registry
         self.clock = server.clock
         self.max_body = server.config.max_body_bytes
+        tenant_requests = tenant_counter(server.metrics.registry)
         self.layers: list[Layer] = [
             partial(Accounting, metrics=server.metrics, clock=self.clock),
+            partial(TenantRequests, counter=tenant_requests),
             ModelVersion,
             Errors,
+            partial(Auth, gate=server.gateway.current),
         ]
-        """The middleware chain, outermost first (api/middleware.py); auth, quotas, cache and tracing
-        are layers of this list."""
+        """The middleware chain, outermost first (api/middleware.py); quotas, cache and tracing are
+        layers of this list, after Auth (which sets call.notes["tenant"])."""
         if server.config.access_log:
             self.layers.insert(0, partial(AccessLog, clock=self.clock))
 
@@ -173,11 +177,13 @@ class Api:
         self, request: HttpRequest, name: str, version: str | None, kinds: tuple[str, ...]
     ) -> Runtime:
         """The runtime serving `name` at `version` (None: the default), if its kind serves this route;
-        recorded on the call for accounting. Unknown models get a 404 listing every model."""
+        recorded on the call for accounting. Unknown models get a 404 listing every model (with
+        tenants: every model the caller may call); a model outside the tenant's list a 403."""
         if version is None:  # the OpenAI routes have no version in the path: a header may pick one
             version = request.header(b"x-inferd-model-version")
-        rt = self.registry.get(name, version)
         call: Call | None = request.scope.get("inferd.call")
+        check_model(tenant_of(call), name, self.registry.names)
+        rt = self.registry.get(name, version)
         if call is not None:
             call.runtime = rt
         if rt.kind not in kinds:
@@ -206,18 +212,21 @@ class Api:
 
     async def model_metadata(self, call: Call) -> HttpResponse:
         params = call.request.path_params
+        check_model(tenant_of(call), params["model"], self.registry.names)
         rt = self.registry.get(params["model"], params.get("version"))
         versions = self.registry.versions(rt.name)
         return json_response(oip.encode_json(model_metadata(rt.config, versions)))
 
     async def model_ready(self, call: Call) -> HttpResponse:
         params = call.request.path_params
+        check_model(tenant_of(call), params["model"], self.registry.names)
         rt = self.registry.get(params["model"], params.get("version"))
         ready = rt.ready and not self.server.shutting_down
         return HttpResponse(status=200 if ready else 503, content_type=None)
 
     async def list_models(self, call: Call) -> HttpResponse:
-        return openai_routes.list_models(self.registry, self.server.started_at)
+        names = allowed_models(tenant_of(call), self.registry.names())
+        return openai_routes.list_models(names, self.server.started_at)
 
     async def metrics(self, call: Call) -> HttpResponse:
         body = generate_latest(self.server.metrics.registry)

@@ -42,6 +42,7 @@ from inferd.api.openai import openai_error
 from inferd.api.streams import collect, generate, interleave
 from inferd.config import ModelConfig
 from inferd.errors import BadRequest, DeadlineExceeded, ServingError
+from inferd.gateway.auth import tenant_of
 from inferd.llm.model import Tokenizer
 from inferd.llm.placement import Generation
 from inferd.llm.runtime import LLMRuntime
@@ -284,9 +285,7 @@ class _Call:
             seed = None  # -1 and other negatives mean "no seed" (llama.cpp's convention)
         if seed is not None and seed > MAX_SEED:
             raise BadRequest(f"seed must be at most {MAX_SEED} (or negative for none), got {seed}")
-        tenant = self.request.header(b"x-tenant") or ""
-        if len(tenant) > 256:
-            raise BadRequest(f"X-Tenant is {len(tenant)} characters long; at most 256")
+        tenant = self.tenant()
         return Generation(
             max_tokens=max_tokens,
             seed=seed,
@@ -297,6 +296,17 @@ class _Call:
             ignore_eos=req.ignore_eos,
             deadline=self.deadline,
         )
+
+    def tenant(self) -> str:
+        """The prefix-cache salt: the authenticated tenant when tenants are configured (X-Tenant is then
+        ignored), else X-Tenant."""
+        authenticated = tenant_of(self.request.scope.get("inferd.call"))
+        if authenticated is not None:
+            return authenticated.name
+        tenant = self.request.header(b"x-tenant") or ""
+        if len(tenant) > 256:
+            raise BadRequest(f"X-Tenant is {len(tenant)} characters long; at most 256")
+        return tenant
 
     @property
     def include_usage(self) -> bool:

@@ -7,6 +7,7 @@ import math
 from inferd.errors import (
     BadRequest,
     DeadlineExceeded,
+    Forbidden,
     HeaderTooLarge,
     ModelError,
     NotFound,
@@ -25,6 +26,7 @@ from inferd.errors import (
 _STATUS: list[tuple[type[ServingError], int, str]] = [
     (BadRequest, 400, "bad_request"),
     (Unauthorized, 401, "unauthorized"),
+    (Forbidden, 403, "forbidden"),
     (NotFound, 404, "not_found"),
     (RequestTimeout, 408, "request_timeout"),
     (PayloadTooLarge, 413, "too_large"),
@@ -49,6 +51,8 @@ def status_of(exc: ServingError) -> tuple[int, str]:
 
 
 def error_headers(exc: ServingError) -> list[tuple[bytes, bytes]]:
+    if isinstance(exc, Unauthorized):
+        return [(b"www-authenticate", b"Bearer")]
     retry_after = getattr(exc, "retry_after_s", None)
     if retry_after is None:
         return []

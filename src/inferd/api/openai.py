@@ -20,7 +20,6 @@ from inferd.api.http import (
     wait_for_items,
 )
 from inferd.errors import BadRequest, ServingError
-from inferd.runtime.registry import ModelRegistry
 
 
 class EmbeddingsRequest(msgspec.Struct):
@@ -42,11 +41,9 @@ def openai_error(exc: ServingError, status: int) -> bytes:
     return _encoder.encode({"error": {"message": exc.message, "type": kind, "param": None, "code": exc.code}})
 
 
-def list_models(registry: ModelRegistry, started_at: float) -> HttpResponse:
+def list_models(names: list[str], started_at: float) -> HttpResponse:
     created = int(started_at)
-    data = [
-        {"id": name, "object": "model", "created": created, "owned_by": "inferd"} for name in registry.names()
-    ]
+    data = [{"id": name, "object": "model", "created": created, "owned_by": "inferd"} for name in names]
     return json_response(_encoder.encode({"object": "list", "data": data}))
 
 

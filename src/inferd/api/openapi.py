@@ -43,6 +43,8 @@ def _responses(
     out: dict[str, Any] = {"200": ok or {"description": "OK"}}
     texts = {
         400: "Bad request (the message names the problem)",
+        401: "Missing, unknown or expired API key (only when tenants are configured; WWW-Authenticate set)",
+        403: "The caller's tenant may not use this model",
         404: "Unknown model or version",
         413: "Body too large",
         415: "Unsupported content type",
@@ -51,7 +53,9 @@ def _responses(
         503: "No ready worker",
         504: "Deadline exceeded",
     }
-    for code in codes:
+    if codes and 404 in codes:  # every model route is keyed, and limited to the tenant's models
+        codes = (*codes, 401, 403)
+    for code in sorted(set(codes)):
         out[str(code)] = {"description": texts[code], "content": {"application/json": {"schema": error}}}
     return out
 
@@ -91,11 +95,18 @@ def openapi_document() -> dict[str, Any]:
     model_health = {"responses": {**_responses(None, 404), **health["responses"]}}
     text = (400, 404, 413, 415, 422, 429, 503, 504)
     paths: dict[str, Any] = {
-        "/v2/health/live": {"get": {"summary": "Server live", **health}},
-        "/v2/health/ready": {"get": {"summary": "Server ready (every model has a warm worker)", **health}},
-        "/v2": {"get": {"summary": "Server metadata", "responses": _responses()}},
-        "/v1/models": {"get": {"summary": "Every served model (OpenAI shape)", "responses": _responses()}},
-        "/openapi.json": {"get": {"summary": "This document", "responses": _responses()}},
+        "/v2/health/live": {"get": {"summary": "Server live", "security": [], **health}},
+        "/v2/health/ready": {
+            "get": {"summary": "Server ready (every model has a warm worker)", "security": [], **health}
+        },
+        "/v2": {"get": {"summary": "Server metadata", "responses": _responses(None, 401)}},
+        "/v1/models": {
+            "get": {
+                "summary": "Every model the caller may use (OpenAI shape)",
+                "responses": _responses(None, 401, error=_OPENAI_ERROR),
+            }
+        },
+        "/openapi.json": {"get": {"summary": "This document", "security": [], "responses": _responses()}},
         "/v1/embeddings": {
             "post": {
                 "summary": "Sentence embeddings (OpenAI shape)",
@@ -117,7 +128,12 @@ def openapi_document() -> dict[str, Any]:
                 "responses": _responses(None, *text, error=_OPENAI_ERROR),
             }
         },
-        "/metrics": {"get": {"summary": "Prometheus metrics", "responses": _responses()}},
+        "/metrics": {
+            "get": {
+                "summary": "Prometheus metrics (keyed only with [gateway] metrics_require_key = true)",
+                "responses": _responses(None, 401),
+            }
+        },
     }
     for version in (False, True):
         base = "/v2/models/{model}" + ("/versions/{version}" if version else "")
@@ -131,5 +147,13 @@ def openapi_document() -> dict[str, Any]:
         "openapi": "3.1.0",
         "info": {"title": "inferd", "version": __version__},
         "paths": paths,
-        "components": {"schemas": components},
+        # With tenants configured, a key as a bearer token or in X-API-Key; without, none ({}).
+        "security": [{}, {"bearer": []}, {"apiKey": []}],
+        "components": {
+            "schemas": components,
+            "securitySchemes": {
+                "bearer": {"type": "http", "scheme": "bearer"},
+                "apiKey": {"type": "apiKey", "in": "header", "name": "X-API-Key"},
+            },
+        },
     }

@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 import logging
 import sys
+import time
 from pathlib import Path
 from typing import Annotated
 
@@ -12,6 +13,7 @@ import typer
 
 from inferd.cli.ports import check_ports_free
 from inferd.config import ConfigError, ModelConfig, ServerConfig, load_server_config
+from inferd.gateway.reload import build_gate  # also registers the [gateway] and [tenants.NAME] tables
 from inferd.tls import check_server_tls
 
 app = typer.Typer(
@@ -34,6 +36,11 @@ def check_models(models: list[ModelConfig]) -> None:
                 check_autoscalable(kind.name)
             except ConfigError as exc:
                 raise ConfigError(f"model {m.name!r}: {exc}") from None
+
+
+def check_gateway(config: ServerConfig, models: list[ModelConfig]) -> None:
+    """Tenants list only served models, and no key digest belongs to two tenants: refused before start."""
+    build_gate(config, [m.name for m in models], time.time)
 
 
 def resolve_models(config: ServerConfig) -> list[ModelConfig]:
@@ -220,6 +227,7 @@ def serve(
             raise ConfigError("--ray (ray_address) needs Ray: pip install 'inferd[ray]'")
         models = resolve_models(cfg)
         check_models(models)
+        check_gateway(cfg, models)
         check_ports_free(cfg)
         check_server_tls(cfg)
     except ConfigError as exc:
@@ -305,12 +313,14 @@ def worker(
 
 def _register_tools() -> None:
     from inferd.cli.fleet_cmds import drain, scale, update
+    from inferd.cli.keys import keys_app
     from inferd.cli.status import status
 
     app.command("status")(status)
     app.command("drain")(drain)
     app.command("scale")(scale)
     app.command("update")(update)
+    app.add_typer(keys_app, name="keys")
 
 
 _register_tools()

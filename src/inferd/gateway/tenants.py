@@ -51,12 +51,12 @@ class TenantConfig(BaseModel):
     @field_validator("api_key_sha256")
     @classmethod
     def _hex_digests(cls, keys: tuple[str | KeyDigest, ...]) -> tuple[str | KeyDigest, ...]:
-        for key in keys:
+        for number, key in enumerate(keys, 1):
             digest = key if isinstance(key, str) else key.sha256
-            if not _HEX64.match(digest):
+            if not _HEX64.match(digest):  # not echoed: it may be a key pasted by mistake
                 raise ValueError(
-                    f"api_key_sha256 entry {digest[:12]!r}... is not 64 lowercase hex digits: put the "
-                    "SHA-256 of the key there (`inferd keys new TENANT` prints the line), never the key"
+                    f"api_key_sha256 entry {number} is not 64 lowercase hex digits: put the SHA-256 of "
+                    "the key there (`inferd keys new TENANT` prints the line), never the key"
                 )
         return keys
 

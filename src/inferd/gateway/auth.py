@@ -1,0 +1,134 @@
+"""Who is calling: the `Auth` layer of the request chain, and the tenant checks on models.
+
+With any `[tenants.NAME]` configured, every data-plane route needs an API key, as `Authorization:
+Bearer KEY` (what OpenAI clients send) or `X-API-Key: KEY`. The key names the tenant (`X-Tenant` is
+then ignored); the layer sets `call.notes["tenant"]` for the layers after it and the handlers. A missing,
+unknown or expired key is a 401 with `WWW-Authenticate: Bearer`; a model outside the tenant's `models`
+is a 403, and the unknown-model 404 names only the models the tenant may call. The health routes and
+/openapi.json stay open, and /metrics too unless `[gateway] metrics_require_key = true`. With no tenant
+configured nothing is enforced and calls carry no tenant.
+
+Keys are never logged nor echoed: error messages say what was wrong, never what was sent.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from prometheus_client import CollectorRegistry, Counter
+
+from inferd.api.asgi import StreamingResponse
+from inferd.api.middleware import Call, Handler, Response
+from inferd.errors import Forbidden, NotFound, Unauthorized
+from inferd.gateway.keys import KeyStatus
+from inferd.gateway.reload import Gate
+from inferd.gateway.tenants import Tenant
+
+OPEN_PATHS = frozenset({"/openapi.json", "/v2/health/live", "/v2/health/ready"})
+"""Routes that never need a key (probes, the API description)."""
+METRICS_PATH = "/metrics"
+
+_REFUSALS = {
+    KeyStatus.MISSING: "an API key is required: send `Authorization: Bearer KEY` or `X-API-Key: KEY`",
+    KeyStatus.UNKNOWN: "the API key is not valid",
+    KeyStatus.EXPIRED: "the API key has expired: ask for a new one",
+}
+
+
+def presented_key(call: Call) -> str | None:
+    """The key the caller sent: a Bearer credential, else X-API-Key (None: neither)."""
+    request = call.request
+    raw = None
+    authorization = request.header(b"authorization")
+    if authorization:
+        scheme, _, credential = authorization.strip().partition(" ")
+        if scheme.lower() == "bearer":
+            raw = credential.strip()
+    if not raw:
+        raw = (request.header(b"x-api-key") or "").strip()
+    if not raw:
+        return None
+    return raw.encode("latin-1").decode("utf-8", "surrogateescape")  # the header's bytes, as sent
+
+
+def needs_key(gate: Gate, path: str) -> bool:
+    if not gate.enforced or path in OPEN_PATHS:
+        return False
+    return path != METRICS_PATH or gate.config.metrics_require_key
+
+
+class Auth:
+    """Authenticates each call against the current gate (swapped whole on reload: a call sees one
+    consistent set of tenants and keys)."""
+
+    def __init__(self, inner: Handler, gate: Callable[[], Gate]) -> None:
+        self.inner = inner
+        self.gate = gate
+
+    async def __call__(self, call: Call) -> Response:
+        gate = self.gate()
+        if needs_key(gate, call.request.path):
+            found = gate.directory.check(presented_key(call))
+            if found.tenant is None:
+                raise Unauthorized(_REFUSALS[found.status])
+            call.notes["tenant"] = found.tenant
+        return await self.inner(call)
+
+
+def tenant_of(call: Call | None) -> Tenant | None:
+    """The authenticated tenant of a call (None: no tenants configured, or an open route)."""
+    if call is None:
+        return None
+    tenant: Tenant | None = call.notes.get("tenant")
+    return tenant
+
+
+def check_model(tenant: Tenant | None, name: str, served_names: Callable[[], list[str]]) -> None:
+    """The tenant may call `name`: else 404 when it is not served (naming only the tenant's models), or
+    403. No tenant: nothing to check (the registry's own 404 names every model)."""
+    if tenant is None:
+        return
+    served = served_names()
+    if name not in served:
+        raise NotFound(f"unknown model {name!r}; served models: {allowed_models(tenant, served)}")
+    if not tenant.may_call(name):
+        raise Forbidden(
+            f"tenant {tenant.name!r} may not call model {name!r}; it may call: {allowed_models(tenant, served)}"
+        )
+
+
+def allowed_models(tenant: Tenant | None, served: list[str]) -> list[str]:
+    return [name for name in served if tenant is None or tenant.may_call(name)]
+
+
+def tenant_counter(registry: CollectorRegistry) -> Counter:
+    return Counter(
+        "inferd_tenant_requests_total",
+        "Authenticated requests by tenant and final outcome.",
+        ["tenant", "outcome"],
+        registry=registry,
+    )
+
+
+class TenantRequests:
+    """`inferd_tenant_requests_total{tenant, outcome}`: every authenticated call, by its final outcome
+    (a stream when it ends). Tenants come from the config file, so the label set is bounded. Sits
+    outside the error layer, where the outcome is known."""
+
+    def __init__(self, inner: Handler, counter: Counter) -> None:
+        self.inner = inner
+        self.counter = counter
+
+    async def __call__(self, call: Call) -> Response:
+        response = await self.inner(call)
+        if tenant_of(call) is not None:
+            if isinstance(response, StreamingResponse):
+                response.on_close(lambda: self._count(call))
+            else:
+                self._count(call)
+        return response
+
+    def _count(self, call: Call) -> None:
+        tenant = tenant_of(call)
+        if tenant is not None:
+            self.counter.labels(tenant.name, call.outcome).inc()

@@ -1,0 +1,93 @@
+"""The gateway's identity settings as one value (`Gate`: tenants, keys, the [gateway] table), and
+`Gateway`, which holds the current one and swaps it whole when the config file is re-read (SIGHUP,
+POST /admin/reload). A file that fails validation is refused whole: the running gate stays."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from inferd.config import ConfigError, ServerConfig, load_server_config
+from inferd.gateway.config import GatewayConfig, check_tenants, gateway_config, tenants_of
+from inferd.gateway.keys import KeyDirectory
+
+log = logging.getLogger("inferd.gateway")
+
+
+@dataclass(frozen=True, slots=True)
+class Gate:
+    """Tenants, their keys and the [gateway] settings, as read from one version of the config file."""
+
+    directory: KeyDirectory
+    config: GatewayConfig
+
+    @property
+    def enforced(self) -> bool:
+        """Any tenant configured: data-plane routes need a key."""
+        return bool(self.directory.tenants)
+
+    def summary(self) -> dict[str, Any]:
+        """What an operator may see (names and counts; never keys nor digests)."""
+        return {
+            "tenants": sorted(self.directory.tenants),
+            "keys": len(self.directory),
+            "gateway": self.config.model_dump(),
+        }
+
+
+def build_gate(config: ServerConfig, served: Iterable[str], wall_now: Callable[[], float]) -> Gate:
+    """The gate of a validated config; ConfigError when a tenant lists a model that is not served or two
+    tenants share a key."""
+    tenants = tenants_of(config)
+    check_tenants(tenants, served)
+    return Gate(KeyDirectory(tenants, wall_now), gateway_config(config))
+
+
+class Gateway:
+    """The current gate. `served` lists the served model names (checked against tenants' lists)."""
+
+    def __init__(
+        self,
+        config: ServerConfig,
+        served: Callable[[], list[str]],
+        wall_now: Callable[[], float] = time.time,
+    ) -> None:
+        self.config_path = config.config_path
+        self.served = served
+        self.wall_now = wall_now
+        self.gate = build_gate(config, served(), wall_now)
+        self._log("gateway:", self.gate)
+
+    def current(self) -> Gate:
+        return self.gate
+
+    def reload(self) -> dict[str, Any]:
+        """Re-read and validate the whole config file, then swap the gate in one assignment; raises
+        ConfigError (and keeps the running gate) when the file is not valid."""
+        if self.config_path is None:
+            raise ConfigError("the server was started without --config: there is no file to reload")
+        config = load_server_config(self.config_path, {})
+        gate = build_gate(config, self.served(), self.wall_now)
+        self.gate = gate
+        self._log(f"reloaded {self.config_path}:", gate)
+        return gate.summary()
+
+    def reload_or_log(self) -> None:
+        """SIGHUP: reload, or log why the file was refused."""
+        try:
+            self.reload()
+        except ConfigError as exc:
+            log.error("SIGHUP: config not reloaded, the running tenants and keys stay: %s", exc)
+
+    @staticmethod
+    def _log(what: str, gate: Gate) -> None:
+        if gate.enforced:
+            names = sorted(gate.directory.tenants)
+            log.info(
+                "%s %d tenants %s, %d keys: API keys required", what, len(names), names, len(gate.directory)
+            )
+        else:
+            log.info("%s none configured: no API key required", what)
