@@ -213,7 +213,7 @@ async def test_store_down_fails_open_and_logs_once(caplog: pytest.LogCaptureFixt
         assert caplog.text.count("quota store unreachable") == 1
         assert "admitted without quotas" in caplog.text
         stats = quotas.statistics()
-        assert (stats.admitted_without_store, stats.store_errors, stats.store_up) == (3, 6, False)
+        assert (stats.admitted_without_store, stats.store_errors, stats.store_up) == (3, 3, False)
         store.up = True
         assert (await quotas.admit(LIMITED, tokens=100)).allowed
         assert not (await quotas.admit(LIMITED, tokens=1)).allowed
@@ -230,3 +230,22 @@ async def test_store_down_fails_closed_with_a_retryable_overloaded() -> None:
 
 def test_without_redis_url_the_store_is_in_process() -> None:
     assert isinstance(open_quota_store(QuotaSettings(), FakeClock()), InProcessStore)
+
+
+async def test_release_reaches_the_store_only_for_a_grant_it_holds() -> None:
+    clock = FakeClock()
+    store = DownStore(clock)
+    store.up = True
+    quotas = TenantQuotas(store, QuotaSettings(), clock)
+    rate_only = Tenant("rate", TenantConfig(requests_per_s=5.0))
+    decision = await quotas.admit(rate_only, tokens=10)
+    assert decision.grant is not None and not decision.grant.held
+    store.up = False
+    await quotas.release(rate_only, decision.grant, used_tokens=1)
+    assert quotas.statistics().store_errors == 0
+    store.up = True
+    held = await quotas.admit(LIMITED, tokens=10)
+    assert held.grant is not None and held.grant.held
+    store.up = False
+    await quotas.release(LIMITED, held.grant, used_tokens=1)
+    assert quotas.statistics().store_errors == 1

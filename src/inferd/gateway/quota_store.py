@@ -137,7 +137,7 @@ class TenantQuotas:
     async def release(self, tenant: Tenant, grant: Grant, used_tokens: int | None = None) -> None:
         """End an admitted request: free its concurrency lease and refund its unused tokens. When the
         store is unreachable the lease expires after lease_s instead (logged)."""
-        if not _limited(tenant.config):
+        if not grant.held:
             return
         policy = self._policy(tenant)
 

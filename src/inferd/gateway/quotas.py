@@ -86,6 +86,9 @@ class Grant:
     """Tokens reserved (0 when the route or the tenant has no tokens limit)."""
     bucket: int | None = None
     """The tokens window bucket the reservation went to, for the refund."""
+    held: bool = False
+    """The state holds a lease for it (a concurrency slot or a refundable reservation): `release` must
+    reach the state. False: releasing changes nothing."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -234,9 +237,10 @@ class QuotaPolicy:
             else:
                 buckets = (*buckets, (bucket, tokens))
         leases = state.leases
-        if self.limits.max_concurrency is not None or tokens is not None:  # (a refund needs the lease)
+        held = self.limits.max_concurrency is not None or tokens is not None  # (a refund needs the lease)
+        if held:
             leases = (*leases, (lease_id, now + self.lease_us))
-        grant = Grant(lease_id=lease_id, tokens=tokens or 0, bucket=bucket)
+        grant = Grant(lease_id=lease_id, tokens=tokens or 0, bucket=bucket, held=held)
         return replace(state, tat_us=tat, buckets=buckets, leases=leases), grant
 
     def _requests_wait(self, state: QuotaState, now: int) -> int:
