@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
+import redis.asyncio as aioredis
 
 from inferd.errors import Overloaded
 from inferd.gateway.quota_store import QuotaSettings, TenantQuotas
@@ -179,4 +180,18 @@ async def test_a_hung_redis_counts_as_down_after_the_timeout(redis_server: Redis
             redis_server.proc.send_signal(signal.SIGCONT)
         assert decision.allowed and quotas.statistics().store_errors == 1
     finally:
+        await store.close()
+
+
+async def test_a_tenants_key_expires_once_its_state_no_longer_matters(redis_server: RedisServer) -> None:  # noqa: F811
+    settings = QuotaSettings(redis_url=redis_server.url, lease_s=5.0)
+    store = RedisStore(redis_server.url)
+    quotas = TenantQuotas(store, settings)
+    client = aioredis.Redis.from_url(redis_server.url)
+    try:
+        assert (await quotas.admit(Tenant("solo", TenantConfig(tokens_per_min=100)), tokens=10)).allowed
+        ttl_ms = await client.pttl(f"{settings.key_prefix}solo")
+        assert 61_000 < ttl_ms <= 62_000  # the tokens window (61 s) outlives the 5 s lease, plus 1 s
+    finally:
+        await client.aclose()
         await store.close()
