@@ -110,7 +110,8 @@ class QuotaDecision:
     """Set when allowed: hand it back to `release` when the request ends."""
     retry_after_s: float | None = None
     """Refused: the wait after which the same request is admitted if nothing else changes (> 0); None
-    when it never can be (it alone asks more than tokens_per_min)."""
+    when it never can be (it alone asks more than tokens_per_min). Refused by concurrency alone, it is
+    when the oldest lease expires: a guarantee, though a release usually comes much sooner."""
     refused_by: tuple[str, ...] = ()
     """Refused: the limits that refused it ("requests", "tokens", "concurrency")."""
     requests: LimitStatus | None = None
