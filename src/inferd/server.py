@@ -118,7 +118,7 @@ class InferenceServer:
         for m in models:
             self.registry.add(self.kinds.get(m.kind).make_runtime(m, self.context))
         self.metrics.registry.register(RuntimeCollector(self.registry))
-        self.gateway = Gateway(config, self.registry.names)
+        self.gateway = Gateway(config, self.registry.names, context_lengths=self._context_lengths)
         """Tenants and API keys (gateway/reload.py): the API's auth layer reads its current gate."""
         self._token = secrets.token_hex(16)
         join = config.join_token.get_secret_value() if config.join_token else ""
@@ -246,6 +246,10 @@ class InferenceServer:
         finally:
             self._group = None
             shutil.rmtree(self._socket_dir, ignore_errors=True)
+
+    def _context_lengths(self) -> dict[str, int]:
+        """Each LLM model's context length: the longest request it accepts (for tenants' token quotas)."""
+        return {rt.name: getattr(rt, "max_model_len", 0) for rt in self.registry if rt.kind == "llm"}
 
     @property
     def _joins_over_tcp(self) -> bool:

@@ -44,6 +44,7 @@ from inferd.batching.dispatcher import ItemResult
 from inferd.errors import BadRequest, ServingError
 from inferd.gateway.auth import Auth, TenantRequests, allowed_models, check_model, tenant_counter, tenant_of
 from inferd.gateway.cache import encoded_size
+from inferd.gateway.quota_layer import Quotas
 from inferd.runtime.contract import Runtime
 from inferd.server import InferenceServer
 
@@ -149,6 +150,7 @@ class Api:
             partial(CacheResult, metrics=server.metrics.cache),
             Errors,
             partial(Auth, gate=server.gateway.current),
+            partial(Quotas, engine=lambda: server.gateway.quotas),
         ]
         """The middleware chain, outermost first (api/middleware.py); quotas, cache and tracing are
         layers of this list, after Auth (which sets call.notes["tenant"])."""

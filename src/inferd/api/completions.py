@@ -43,6 +43,7 @@ from inferd.api.streams import collect, generate, interleave
 from inferd.config import ModelConfig
 from inferd.errors import BadRequest, DeadlineExceeded, ServingError
 from inferd.gateway.auth import tenant_of
+from inferd.gateway.quota_layer import reserve_tokens
 from inferd.llm.model import Tokenizer
 from inferd.llm.placement import Generation
 from inferd.llm.runtime import LLMRuntime
@@ -246,6 +247,7 @@ class _Call:
         if self.deadline is not None and self.rt.clock.now() >= self.deadline:
             raise DeadlineExceeded(f"the request's deadline passed before its {self.what} was scheduled")
         streams: list[TokenStream] = []
+        await reserve_tokens(self.request, len(ids) + self.req.n * gen.max_tokens, streams)
         try:
             for i in range(self.req.n):
                 seed = None if gen.seed is None else gen.seed + i

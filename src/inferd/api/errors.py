@@ -51,12 +51,16 @@ def status_of(exc: ServingError) -> tuple[int, str]:
 
 
 def error_headers(exc: ServingError) -> list[tuple[bytes, bytes]]:
+    """Retry-After (and its exact value in ms) for retryable refusals, WWW-Authenticate for a 401, and
+    whatever a layer attached as `extra_headers` (e.g. the quota layer's x-ratelimit-*)."""
+    extra: list[tuple[bytes, bytes]] = list(getattr(exc, "extra_headers", ()))
     if isinstance(exc, Unauthorized):
-        return [(b"www-authenticate", b"Bearer")]
+        return [(b"www-authenticate", b"Bearer"), *extra]
     retry_after = getattr(exc, "retry_after_s", None)
     if retry_after is None:
-        return []
+        return extra
     return [
         (b"retry-after", str(max(1, math.ceil(retry_after))).encode()),
         (b"x-inferd-retry-after-ms", f"{retry_after * 1000:.0f}".encode()),
+        *extra,
     ]

@@ -6,16 +6,17 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 
-from pydantic import BaseModel, ConfigDict, Field, RootModel, field_validator
+from pydantic import ConfigDict, Field, RootModel, field_validator
 
 from inferd.config import ConfigError, ServerConfig, register_table
+from inferd.gateway.quota_store import QuotaSettings
 from inferd.gateway.tenants import TenantConfig
 
 TENANT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,63}$")
 
 
-class GatewayConfig(BaseModel):
-    """The `[gateway]` table."""
+class GatewayConfig(QuotaSettings):
+    """The `[gateway]` table: the quota store's settings (QuotaSettings) and the ones below."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 

@@ -96,7 +96,7 @@ class QuotaStatistics:
     store_up: bool
 
 
-def _limited(config: TenantConfig) -> bool:
+def limited(config: TenantConfig) -> bool:
     return any(
         value is not None for value in (config.requests_per_s, config.tokens_per_min, config.max_concurrency)
     )
@@ -118,7 +118,7 @@ class TenantQuotas:
         (a decision with retry_after_s). Raises Overloaded when the store is unreachable and
         on_store_error is "closed"."""
         lease_id = secrets.token_hex(8)
-        if not _limited(tenant.config):
+        if not limited(tenant.config):
             return QuotaDecision(allowed=True, at_s=self._clock.now(), grant=Grant(lease_id))
         policy = self._policy(tenant)
 

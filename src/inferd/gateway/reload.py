@@ -6,13 +6,17 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from inferd.config import ConfigError, ServerConfig, load_server_config
 from inferd.gateway.config import GatewayConfig, check_tenants, gateway_config, tenants_of
 from inferd.gateway.keys import KeyDirectory
+from inferd.gateway.quota_store import TenantQuotas
+from inferd.gateway.quotas import check_quota_config
+from inferd.gateway.redis_store import open_quota_store
+from inferd.gateway.tenants import Tenant
 
 log = logging.getLogger("inferd.gateway")
 
@@ -38,11 +42,20 @@ class Gate:
         }
 
 
-def build_gate(config: ServerConfig, served: Iterable[str], wall_now: Callable[[], float]) -> Gate:
-    """The gate of a validated config; ConfigError when a tenant lists a model that is not served or two
-    tenants share a key."""
+def build_gate(
+    config: ServerConfig,
+    served: Iterable[str],
+    wall_now: Callable[[], float],
+    context_lengths: Mapping[str, int] | None = None,
+) -> Gate:
+    """The gate of a validated config; ConfigError when a tenant lists a model that is not served, two
+    tenants share a key, or a tenant's tokens_per_min is below the longest request one of its models
+    accepts (`context_lengths`: the LLM models' context lengths)."""
     tenants = tenants_of(config)
     check_tenants(tenants, served)
+    for name, tenant in tenants.items():
+        lengths = [n for model, n in (context_lengths or {}).items() if Tenant(name, tenant).may_call(model)]
+        check_quota_config({name: tenant}, max(lengths, default=0))
     return Gate(KeyDirectory(tenants, wall_now), gateway_config(config))
 
 
@@ -54,11 +67,16 @@ class Gateway:
         config: ServerConfig,
         served: Callable[[], list[str]],
         wall_now: Callable[[], float] = time.time,
+        context_lengths: Callable[[], Mapping[str, int]] = dict,
     ) -> None:
         self.config_path = config.config_path
         self.served = served
         self.wall_now = wall_now
-        self.gate = build_gate(config, served(), wall_now)
+        self.context_lengths = context_lengths
+        self.gate = build_gate(config, served(), wall_now, context_lengths())
+        self.quotas = TenantQuotas(open_quota_store(self.gate.config), self.gate.config)
+        """The quota engine; its store (in process, or Redis at [gateway] redis_url) is chosen at start:
+        a reload changes tenants' limits, not where quota state lives."""
         self._log("gateway:", self.gate)
 
     def current(self) -> Gate:
@@ -70,7 +88,7 @@ class Gateway:
         if self.config_path is None:
             raise ConfigError("the server was started without --config: there is no file to reload")
         config = load_server_config(self.config_path, {})
-        gate = build_gate(config, self.served(), self.wall_now)
+        gate = build_gate(config, self.served(), self.wall_now, self.context_lengths())
         self.gate = gate
         self._log(f"reloaded {self.config_path}:", gate)
         return gate.summary()
