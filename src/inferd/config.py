@@ -20,6 +20,7 @@ from pydantic import (
 
 from inferd.fleet.autoscaler_config import AutoscalerConfig
 from inferd.gateway.cache_config import CacheConfig
+from inferd.gateway.traffic_config import TrafficConfig
 from inferd.listener_config import ListenerSettings
 
 Datatype = Literal[
@@ -160,6 +161,8 @@ class ModelConfig(_Frozen):
     """Scale this model's local workers from batching-aware signals (None: a fixed `workers`)."""
     cache: CacheConfig = CacheConfig()
     """Exact-match response cache, e.g. `cache = { enabled = true, ttl_s = 60 }` (off by default)."""
+    traffic: TrafficConfig = TrafficConfig()
+    """Canary, A/B, shadow and fallback between versions and models (gateway/traffic_config.py)."""
     max_items_per_request: int = Field(default=1024, ge=1, le=1_000_000)
     """Largest batch dimension one request may carry."""
     inputs: tuple[TensorSpec, ...] = ()
