@@ -207,6 +207,7 @@ class InferenceServer:
                 self.kill_worker,
                 self.find_worker,
                 self.gateway.reload,
+                traffic=self.traffic.statistics,
             ),
             token,
         )

@@ -18,6 +18,7 @@ import pytest
 
 from inferd.models.sim import sim_digest
 from tests.conftest import ROOT, ServerProc, start_server
+from tests.integration.test_fleet import admin
 
 COMMON = """builtin = "sim"
 workers = 1
@@ -137,7 +138,13 @@ async def test_a_failing_canary_is_rolled_back_and_unversioned_traffic_returns_t
         assert failures > 0
         after = await asyncio.gather(*(infer(http, server, "failing", f"xafter{i}") for i in range(60)))
         text = await metrics(http, server)
+        traffic = await admin(http, server, "/admin/traffic")
     assert {(status, version) for status, version, _ in after} == {(200, "1")}
+    (event,) = [e for e in traffic["history"] if e["model"] == "failing"]
+    assert event["event"] == "rolled_back" and event["version"] == 2
+    assert "canary error ratio" in event["reason"] and event["at"] > 0
+    split = next(s for s in traffic["splits"] if s["model"] == "failing")
+    assert split["state"] == "rolled_back" and split["weights"] == {"1": 1.0, "2": 0.0}
     assert 'inferd_traffic_weight{model="failing",version="2"} 0.0' in text
     assert 'inferd_traffic_weight{model="failing",version="1"} 1.0' in text
     log = server.log()
