@@ -66,6 +66,8 @@ def test_a_canary_or_arm_version_that_is_not_served_is_refused_naming_the_served
         check_traffic(configs({"ab": {"arms": {"1": 0.5, "4": 0.5}}}))
     with pytest.raises(ConfigError, match="shadow version 5 is not served"):
         check_traffic(configs({"shadow": {"version": 5}}))
+    with pytest.raises(ConfigError, match="canary version 1 is the default version; set default_version"):
+        check_traffic(configs({"canary": {"version": 1}}))
     check_traffic(configs({"canary": {"version": 2}}))
 
 
@@ -183,3 +185,12 @@ def test_the_judge_rolls_back_on_p99_only_when_worse_than_the_baseline() -> None
     breach = judge.verdict()
     assert breach is not None and breach.signal == "p99_ms"
     assert "canary p99 250.0 ms" in breach.reason and "bound 100 ms" in breach.reason
+
+
+def test_a_split_version_retired_since_start_sends_its_requests_to_the_default() -> None:
+    clock = FakeClock()
+    traffic, prom = traffic_of({"canary": {"version": 2, "weight": 1.0}}, clock)
+    assert traffic.choose("m", None, no_header) == 2
+    traffic.registry.remove("m", 2)  # a rolling update retired it
+    assert {traffic.choose("m", None, no_header) for _ in range(20)} == {1}
+    assert prom.get_sample_value("inferd_traffic_assignments_total", {"model": "m", "version": "1"}) == 20

@@ -58,7 +58,13 @@ def check_traffic(models: Iterable[ModelConfig]) -> None:
     for name, configs in by_name.items():
         served = sorted(configs)
         pinned = next((c.default_version for c in configs.values() if c.default_version), None)
-        traffic = configs[pinned if pinned in configs else served[-1]].traffic
+        default = pinned if pinned in configs else served[-1]
+        traffic = configs[default].traffic
+        if traffic.canary is not None and traffic.canary.version == default:
+            raise ConfigError(
+                f"model {name!r}: the traffic canary version {default} is the default version; set "
+                f"default_version to the version it is compared with (served versions: {served})"
+            )
         named = []
         if traffic.canary is not None:
             named.append(("canary", traffic.canary.version))
@@ -97,7 +103,9 @@ class Traffic:
         self.history: deque[TrafficEvent] = deque(maxlen=HISTORY)
         for name, split in self.splits.items():
             self._publish_weights(name, split)
-            log.info("traffic split for %r: %s", name, split.statistics(registry.default_version(name)))
+            stats = split.statistics(registry.default_version(name))
+            shares = ", ".join(f"v{v} {w:g}" for v, w in sorted(stats.weights.items()))
+            log.info("traffic: %s split for %r: %s", stats.mode, name, shares)
 
     def choose(self, name: str, tenant: str | None, header: Callable[[bytes], str | None]) -> int | None:
         """The version for a request to `name` that names no version (None: the default, no split)."""
@@ -112,7 +120,10 @@ class Traffic:
                 key = tenant
             else:
                 key = header(ab.sticky_by[len("header:") :].lower().encode())
-        version = split.pick(self.registry.default_version(name), key)
+        default = self.registry.default_version(name)
+        version = split.pick(default, key)
+        if version not in self.registry.versions(name):  # retired since start (an update): the default
+            version = default
         self.metrics.assigned(name, version)
         return version
 
