@@ -22,8 +22,9 @@ ERROR_OUTCOMES = frozenset({"model_error", "internal", "unavailable", "worker_di
 """Outcomes (api/errors.py labels) that count against a version: it failed or could not answer in time.
 Client errors, refusals under load (429) and cancelled calls say nothing about the version."""
 
-MAX_SAMPLES = 100_000
-"""Outcomes kept per side; at rates where the long window holds more, it covers the newest ones."""
+MAX_SAMPLES = 20_000
+"""Outcomes kept per side (a look sorts at most this many latencies, a few ms, once a second); at rates
+where the long window holds more, it covers the newest ones."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,10 +78,12 @@ class _Outcomes:
         while self.samples and self.samples[0][0] < since:
             self.samples.popleft()
 
-    def window(self, since: float) -> WindowStats:
-        latencies = [lat for at, _, lat in self.samples if at >= since]
-        errors = sum(1 for at, err, _ in self.samples if at >= since and err)
-        return WindowStats(len(latencies), errors, _p99(latencies) * 1000.0)
+    def window(self, since: float, p99: bool) -> WindowStats:
+        """The outcomes since `since`; the p99 only when asked (it sorts them)."""
+        inside = [(err, lat) for at, err, lat in self.samples if at >= since]
+        errors = sum(1 for err, _ in inside if err)
+        p99_ms = _p99([lat for _, lat in inside]) * 1000.0 if p99 else 0.0
+        return WindowStats(len(inside), errors, p99_ms)
 
 
 def _p99(latencies: list[float]) -> float:
@@ -110,10 +113,11 @@ class CanaryJudge:
         self._canary.trim(long_since)
         self._baseline.trim(long_since)
         starts = (now - r.short_window_s, now - r.long_window_s)
-        canary = (self._canary.window(starts[0]), self._canary.window(starts[1]))
+        p99 = r.max_p99_ms is not None
+        canary = (self._canary.window(starts[0], p99), self._canary.window(starts[1], p99))
         if any(w.requests < r.min_requests for w in canary):
             return None
-        baseline = (self._baseline.window(starts[0]), self._baseline.window(starts[1]))
+        baseline = (self._baseline.window(starts[0], p99), self._baseline.window(starts[1], p99))
         if r.max_error_ratio is not None and all(
             c.error_ratio > r.max_error_ratio and c.error_ratio > b.error_ratio
             for c, b in zip(canary, baseline, strict=True)
