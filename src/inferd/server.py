@@ -25,6 +25,7 @@ from inferd.errors import ShuttingDown
 from inferd.fleet.control import FleetControl, repository_loader
 from inferd.fleet.scaling import ScalingLoop, scaling_policy
 from inferd.gateway.reload import Gateway
+from inferd.gateway.traffic_control import Traffic
 from inferd.llm.params import LLMParams
 from inferd.llm.runtime import LLMRuntime
 from inferd.llm.upstream import UpstreamConfig, UpstreamRuntime
@@ -118,6 +119,8 @@ class InferenceServer:
         for m in models:
             self.registry.add(self.kinds.get(m.kind).make_runtime(m, self.context))
         self.metrics.registry.register(RuntimeCollector(self.registry))
+        self.traffic = Traffic(self.registry, self.clock, self.metrics.traffic)
+        """Canary and A/B splits of requests that name no version (gateway/traffic_control.py)."""
         self.gateway = Gateway(config, self.registry.names, context_lengths=self._context_lengths)
         """Tenants and API keys (gateway/reload.py): the API's auth layer reads its current gate."""
         self._token = secrets.token_hex(16)
@@ -204,6 +207,7 @@ class InferenceServer:
                 self.kill_worker,
                 self.find_worker,
                 self.gateway.reload,
+                traffic=self.traffic.statistics,
             ),
             token,
         )

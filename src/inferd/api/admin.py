@@ -45,6 +45,8 @@ class AdminTarget:
     find_worker: Callable[[str], tuple[Runtime, WorkerConnection]]
     reload: Callable[[], Mapping[str, Any]] | None = None
     """Re-read the config file's tenants, keys and [gateway] table (ConfigError: refused whole)."""
+    traffic: Callable[[], Any] | None = None
+    """The traffic splits' snapshot: weights, state, rollback and promotion history."""
 
 
 class AdminApi:
@@ -64,6 +66,7 @@ class AdminApi:
                 web.post("/admin/models/{model}/scale", self.scale),
                 web.post("/admin/models/{model}/update", self.update),
                 web.post("/admin/reload", self.reload),
+                web.get("/admin/traffic", self.traffic),
             ]
         )
         return app
@@ -109,6 +112,11 @@ class AdminApi:
             for w in stats.workers
         ]
         return web.json_response({"workers": rows, "time": time.time()})
+
+    async def traffic(self, request: web.Request) -> web.Response:
+        """Canary and A/B splits now, and why canaries were rolled back or promoted (newest last)."""
+        snapshot = self.target.traffic() if self.target.traffic is not None else None
+        return web.json_response(_plain(snapshot) if snapshot is not None else {"splits": [], "history": []})
 
     async def models(self, request: web.Request) -> web.Response:
         t = self.target

@@ -144,7 +144,7 @@ class Api:
         self.cache = CacheHook(self.registry, server.metrics.cache, self.clock)
         tenant_requests = tenant_counter(server.metrics.registry)
         self.layers: list[Layer] = [
-            partial(Accounting, metrics=server.metrics, clock=self.clock),
+            partial(Accounting, metrics=server.metrics, clock=self.clock, observe=server.traffic.observe),
             partial(TenantRequests, counter=tenant_requests),
             ModelVersion,
             partial(CacheResult, metrics=server.metrics.cache),
@@ -190,7 +190,10 @@ class Api:
         if version is None:  # the OpenAI routes have no version in the path: a header may pick one
             version = request.header(b"x-inferd-model-version")
         call: Call | None = request.scope.get("inferd.call")
-        check_model(tenant_of(call), name, self.registry.names)
+        tenant = tenant_of(call)
+        check_model(tenant, name, self.registry.names)
+        if version is None:  # a canary or A/B split may send it to another version than the default
+            version = self.server.traffic.choose(name, tenant.name if tenant else None, request.header)
         rt = self.registry.get(name, version)
         if call is not None:
             call.runtime = rt

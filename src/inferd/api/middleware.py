@@ -96,10 +96,18 @@ class Accounting:
     the model and version that served it; refusals also by reason. A stream is counted when it ends,
     with the outcome its handler recorded (e.g. a deadline that cut it)."""
 
-    def __init__(self, inner: Handler, metrics: Metrics, clock: Clock) -> None:
+    def __init__(
+        self,
+        inner: Handler,
+        metrics: Metrics,
+        clock: Clock,
+        observe: Callable[[Runtime, str, float], None] | None = None,
+    ) -> None:
         self.inner = inner
         self.metrics = metrics
         self.clock = clock
+        self.observe = observe
+        """Also told each call's version, outcome and latency (the traffic splits' canary judge)."""
 
     async def __call__(self, call: Call) -> Response:
         call.started_at = self.clock.now()
@@ -114,15 +122,18 @@ class Accounting:
         rt = call.runtime
         if rt is None:  # refused before a model was known (bad route, unknown model): no model label
             return
+        latency_s = self.clock.now() - call.started_at
         requests = self.metrics.requests_for(rt.name, rt.version)
-        requests.observe(call.outcome, self.clock.now() - call.started_at)
+        requests.observe(call.outcome, latency_s)
+        if self.observe is not None:
+            self.observe(rt, call.outcome, latency_s)
         if "rejected" in call.notes:
             requests.rejected(call.notes["rejected"])
 
 
 class ModelVersion:
-    """Every response of a model says which version answered: X-Inferd-Model-Version (OIP bodies also
-    carry model_version)."""
+    """Every response of a model says which model and version answered: X-Inferd-Model and
+    X-Inferd-Model-Version (OIP bodies also carry model_version)."""
 
     def __init__(self, inner: Handler) -> None:
         self.inner = inner
@@ -132,6 +143,8 @@ class ModelVersion:
         rt = call.runtime
         if rt is not None and response.header(b"x-inferd-model-version") is None:
             response.headers.append((b"x-inferd-model-version", str(rt.version).encode()))
+        if rt is not None and response.header(b"x-inferd-model") is None:
+            response.headers.append((b"x-inferd-model", rt.name.encode()))
         return response
 
 

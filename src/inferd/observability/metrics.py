@@ -11,6 +11,7 @@ from collections.abc import Iterable
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
 from inferd.observability.cache_metrics import CacheMetrics
+from inferd.observability.traffic_metrics import TrafficMetrics
 
 LATENCY_BUCKETS = (
     0.001,
@@ -148,6 +149,7 @@ class Metrics:
             registry=r,
         )
         self.cache = CacheMetrics(r)
+        self.traffic = TrafficMetrics(r)
         self._requests: dict[tuple[str, int], RequestMetrics] = {}
 
     def requests_for(self, name: str, version: int) -> RequestMetrics:

@@ -1,0 +1,182 @@
+"""`Traffic`: the server's traffic splits, one `TrafficSplit` per model whose default version's config
+has a canary or an A/B table. The API asks it which version answers a request that names none
+(`Traffic.choose`, from `Api.resolve`), the accounting layer feeds it each call's outcome
+(`Traffic.observe`), and it carries out the splits' decisions: a promoted canary becomes the default
+version, a rolled-back one goes to weight 0; each is logged once with its reason, counted in
+`inferd_traffic_*` metrics and kept in a history that `statistics()` returns.
+
+The splits are read at start from each model's default version; a reload of the gateway does not
+rebuild them (a rolled-back canary stays at 0 until the server starts again with its config).
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from collections import deque
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+from inferd.clock import Clock
+from inferd.config import ConfigError, ModelConfig
+from inferd.gateway.traffic import Decision, Promote, RolledBack, SplitStatistics, TrafficSplit
+from inferd.observability.traffic_metrics import TrafficMetrics
+from inferd.runtime.contract import Runtime
+from inferd.runtime.registry import ModelRegistry
+
+log = logging.getLogger("inferd.traffic")
+
+HISTORY = 50
+"""Rollbacks and promotions kept for `inferd status` and the admin API."""
+
+
+@dataclass(frozen=True, slots=True)
+class TrafficEvent:
+    model: str
+    version: int
+    event: str
+    """"rolled_back", "promoted" or "step"."""
+    reason: str
+    at: float
+    """Wall-clock time (Unix seconds)."""
+
+
+@dataclass(frozen=True, slots=True)
+class TrafficStatistics:
+    splits: tuple[SplitStatistics, ...]
+    history: tuple[TrafficEvent, ...]
+    """Newest last."""
+
+
+def check_traffic(models: Iterable[ModelConfig]) -> None:
+    """Every version a model's traffic table (its default version's) names is served; else a
+    ConfigError naming the served versions and the fix."""
+    by_name: dict[str, dict[int, ModelConfig]] = {}
+    for m in models:
+        by_name.setdefault(m.name, {})[m.version] = m
+    for name, configs in by_name.items():
+        served = sorted(configs)
+        pinned = next((c.default_version for c in configs.values() if c.default_version), None)
+        default = pinned if pinned in configs else served[-1]
+        traffic = configs[default].traffic
+        if traffic.canary is not None and traffic.canary.version == default:
+            raise ConfigError(
+                f"model {name!r}: the traffic canary version {default} is the default version; set "
+                f"default_version to the version it is compared with (served versions: {served})"
+            )
+        named = []
+        if traffic.canary is not None:
+            named.append(("canary", traffic.canary.version))
+        if traffic.ab is not None:
+            named.extend(("ab arm", v) for v in traffic.ab.arms)
+        if traffic.shadow is not None:
+            named.append(("shadow", traffic.shadow.version))
+        for what, version in named:
+            if version not in served:
+                raise ConfigError(
+                    f"model {name!r}: the traffic {what} version {version} is not served (served "
+                    f"versions: {served}); serve it (a version folder or [versions.{version}] with "
+                    f'version_policy = "all" or specific) or change the traffic table'
+                )
+
+
+class Traffic:
+    def __init__(
+        self,
+        registry: ModelRegistry,
+        clock: Clock,
+        metrics: TrafficMetrics,
+        rng: random.Random | None = None,
+        wall_clock: Callable[[], float] = time.time,
+    ) -> None:
+        check_traffic(rt.config for rt in registry)
+        self.registry = registry
+        self.metrics = metrics
+        self.wall_clock = wall_clock
+        rng = rng or random.Random()
+        self.splits: dict[str, TrafficSplit] = {
+            rt.name: TrafficSplit(rt.name, rt.config.traffic, clock, random.Random(rng.random()))
+            for rt in registry.defaults()
+            if rt.config.traffic.canary is not None or rt.config.traffic.ab is not None
+        }
+        self.history: deque[TrafficEvent] = deque(maxlen=HISTORY)
+        for name, split in self.splits.items():
+            self._publish_weights(name, split)
+            stats = split.statistics(registry.default_version(name))
+            shares = ", ".join(f"v{v} {w:g}" for v, w in sorted(stats.weights.items()))
+            log.info("traffic: %s split for %r: %s", stats.mode, name, shares)
+
+    def choose(self, name: str, tenant: str | None, header: Callable[[bytes], str | None]) -> int | None:
+        """The version for a request to `name` that names no version (None: the default, no split)."""
+        split = self.splits.get(name)
+        if split is None:
+            return None
+        self._apply(split.advance())
+        key = None
+        ab = split.config.ab
+        if ab is not None:
+            if ab.sticky_by == "tenant":
+                key = tenant
+            else:
+                key = header(ab.sticky_by[len("header:") :].lower().encode())
+        default = self.registry.default_version(name)
+        version = split.pick(default, key)
+        if version not in self.registry.versions(name):  # retired since start (an update): the default
+            version = default
+        self.metrics.assigned(name, version)
+        return version
+
+    def observe(self, rt: Runtime, outcome: str, latency_s: float) -> None:
+        """One finished call of a model version (from the accounting layer)."""
+        split = self.splits.get(rt.name)
+        if split is not None:
+            default = self.registry.default_version(rt.name)
+            self._apply(split.record(rt.version, default, outcome, latency_s))
+
+    def _apply(self, decision: Decision | None) -> None:
+        if decision is None:
+            return
+        split = self.splits[decision.model]
+        if isinstance(decision, RolledBack):
+            log.warning(
+                "traffic: canary %r version %d rolled back to weight 0: %s",
+                decision.model,
+                decision.version,
+                decision.reason,
+            )
+            self.metrics.rolled_back(decision.model)
+            self._event(decision.model, decision.version, "rolled_back", decision.reason)
+        elif isinstance(decision, Promote):
+            previous = self.registry.default_version(decision.model)
+            self.registry.set_default(decision.model, decision.version)
+            log.info(
+                "traffic: canary %r version %d reached weight 1.0 and is the default version (was %d)",
+                decision.model,
+                decision.version,
+                previous,
+            )
+            self._event(decision.model, decision.version, "promoted", f"default version was {previous}")
+        else:
+            log.info(
+                "traffic: canary %r version %d moves to weight %g",
+                decision.model,
+                decision.version,
+                decision.weight,
+            )
+            self._event(decision.model, decision.version, "step", f"weight {decision.weight:g}")
+        self._publish_weights(decision.model, split)
+
+    def _event(self, model: str, version: int, event: str, reason: str) -> None:
+        self.history.append(TrafficEvent(model, version, event, reason, self.wall_clock()))
+
+    def _publish_weights(self, name: str, split: TrafficSplit) -> None:
+        stats = split.statistics(self.registry.default_version(name))
+        for version in self.registry.versions(name):
+            self.metrics.weight(name, version, stats.weights.get(version, 0.0))
+
+    def statistics(self) -> TrafficStatistics:
+        splits = tuple(
+            split.statistics(self.registry.default_version(name)) for name, split in self.splits.items()
+        )
+        return TrafficStatistics(splits, tuple(self.history))
