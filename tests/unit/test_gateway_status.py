@@ -229,3 +229,24 @@ def test_status_shows_tenants_and_cache_tables_only_when_they_have_rows() -> Non
     )
     assert "quota store: UNREACHABLE, 4 errors" in down and "refused (503)" in down
     assert "response cache" not in down
+
+
+# ---- inferd bench --header (how the gateway overhead benchmark sends its key) -----------------------
+async def test_bench_sends_extra_headers_and_never_shows_their_values() -> None:
+    from inferd.bench.http_clients import RawClient
+    from inferd.bench.load_spec import LoadSpec
+    from inferd.bench.loadgen import spec_dict
+    from inferd.bench.spec_checks import parse_header
+
+    header = parse_header(f"Authorization:  Bearer {KEY} ")
+    assert header == ("Authorization", f"Bearer {KEY}")
+    spec = LoadSpec(url="http://127.0.0.1:9", headers=(header, parse_header("X-Tenant-Hint: a:b")))
+    request = RawClient(spec, lambda: 0.0).build(b"{}", 1.0)
+    assert f"\r\nAuthorization: Bearer {KEY}\r\nX-Tenant-Hint: a:b\r\n".encode() in request
+    assert KEY not in repr(spec)
+    assert spec_dict(spec)["headers"] == ["Authorization", "X-Tenant-Hint"]
+    for bad in ("no colon here", ": value"):
+        with pytest.raises(ValueError, match="Name: value"):
+            parse_header(bad)
+    with pytest.raises(ValueError, match="CR or LF"):
+        LoadSpec(headers=(("X-A", "v\r\nX-Injected: 1"),))
