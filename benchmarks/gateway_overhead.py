@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import signal
 import statistics
 import sys
@@ -32,6 +33,7 @@ import urllib.request
 from typing import Any
 
 from harness import OUT_DIR, InferdServer, interrupt_on, run_fields, write_json
+from procfs import cpu_seconds_since, cpu_ticks
 
 from inferd.bench.loadgen import LoadSpec, run_load_blocking
 from inferd.clock import MonotonicClock
@@ -67,8 +69,16 @@ def run(
         seed=seed,  # request ids and payloads differ between runs: no run hits another's answers
         headers=headers,
     )
-    m = run_load_blocking(spec).measured
-    return {"achieved": round(m.achieved_rps, 1), **run_fields(m)}
+    before = cpu_ticks({server.pid})
+    report = run_load_blocking(spec)
+    front_end_s = cpu_seconds_since(before, {server.pid})
+    m = report.measured
+    return {
+        "achieved": round(m.achieved_rps, 1),
+        "front_end_cpu_us_per_request": round(1e6 * front_end_s / max(1, report.sent), 1),
+        "load_average_1m": os.getloadavg()[0],
+        **run_fields(m),
+    }
 
 
 def probe(server: InferdServer, key: str | None) -> tuple[int, str | None]:
@@ -111,12 +121,17 @@ def summary(r: dict) -> str:
     return (
         f"{r['achieved']:.0f} ok/s, errors {sum(r['errors'].values())}, latency p50/p99 "
         f"{r['latency_ms']['p50']:.2f}/{r['latency_ms']['p99']:.2f} ms, overhead p50/p99 "
-        f"{r['overhead_ms']['p50']:.2f}/{r['overhead_ms']['p99']:.2f} ms"
+        f"{r['overhead_ms']['p50']:.2f}/{r['overhead_ms']['p99']:.2f} ms, front end CPU "
+        f"{r['front_end_cpu_us_per_request']:.0f} us/req, load average {r['load_average_1m']:.1f}"
     )
 
 
 def median(runs: list[dict], field: str, q: str) -> float:
     return statistics.median(r[field][q] for r in runs)
+
+
+def cpu(runs: list[dict]) -> float:
+    return statistics.median(r["front_end_cpu_us_per_request"] for r in runs)
 
 
 def per_call_us(n: int, step: Any) -> float:
@@ -172,24 +187,29 @@ def main() -> int:
     steps = in_process(args.calls)
     runs = over_http(args)
     result: dict[str, Any] = {"command": " ".join(sys.argv), "in_process": steps, "runs": runs}
-    print("\n| | latency p50 ms | latency p99 ms | overhead p50 ms | overhead p99 ms | errors |")
-    print("|---|---|---|---|---|---|")
+    print(
+        "\n| | latency p50 ms | latency p99 ms | overhead p50 ms | overhead p99 ms | front end CPU us/req | errors |"
+    )
+    print("|---|---|---|---|---|---|---|")
     for name, label in (("off", "(a) gateway off"), ("on", "(b) key + quota + cache miss")):
         r = runs[name]
         errors = sum(sum(x["errors"].values()) for x in r)
         print(
             f"| {label} | {median(r, 'latency_ms', 'p50'):.2f} | {median(r, 'latency_ms', 'p99'):.2f} | "
-            f"{median(r, 'overhead_ms', 'p50'):.2f} | {median(r, 'overhead_ms', 'p99'):.2f} | {errors} |"
+            f"{median(r, 'overhead_ms', 'p50'):.2f} | {median(r, 'overhead_ms', 'p99'):.2f} | "
+            f"{cpu(r):.0f} | {errors} |"
         )
     added = {
         f"{field}_{q}": round(median(runs["on"], field, q) - median(runs["off"], field, q), 3)
         for field in ("latency_ms", "overhead_ms")
         for q in ("p50", "p99")
     }
-    result["added_ms"] = added
+    added["front_end_cpu_us_per_request"] = round(cpu(runs["on"]) - cpu(runs["off"]), 1)
+    result["added"] = added
     print(
         f"| added (b - a) | {added['latency_ms_p50']:+.2f} | {added['latency_ms_p99']:+.2f} | "
-        f"{added['overhead_ms_p50']:+.2f} | {added['overhead_ms_p99']:+.2f} | |"
+        f"{added['overhead_ms_p50']:+.2f} | {added['overhead_ms_p99']:+.2f} | "
+        f"{added['front_end_cpu_us_per_request']:+.0f} | |"
     )
     print("\nin process, us per request: " + ", ".join(f"{k} {v:.1f}" for k, v in steps.items()))
     write_json(OUT_DIR / "gateway_overhead.json", result)
