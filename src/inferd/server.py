@@ -17,6 +17,8 @@ from typing import TYPE_CHECKING, Any
 
 from inferd import tls
 from inferd.api.admin import AdminApi, AdminTarget
+from inferd.api.admin_gateway import GatewayView
+from inferd.api.cache_hook import CacheHook
 from inferd.batching.dispatcher import ModelRuntime
 from inferd.batching.retry import RetryBudget
 from inferd.clock import Clock, MonotonicClock
@@ -24,6 +26,7 @@ from inferd.config import ModelConfig, ServerConfig
 from inferd.errors import ShuttingDown
 from inferd.fleet.control import FleetControl, repository_loader
 from inferd.fleet.scaling import ScalingLoop, scaling_policy
+from inferd.gateway.auth import tenant_counter
 from inferd.gateway.reload import Gateway
 from inferd.gateway.traffic_control import Traffic
 from inferd.llm.params import LLMParams
@@ -31,6 +34,7 @@ from inferd.llm.runtime import LLMRuntime
 from inferd.llm.upstream import UpstreamConfig, UpstreamRuntime
 from inferd.observability.collectors import RuntimeCollector
 from inferd.observability.metrics import Metrics
+from inferd.observability.quota_metrics import QuotaCollector
 from inferd.observability.upstream_metrics import UpstreamMetrics
 from inferd.runtime.contract import Runtime
 from inferd.runtime.kinds import Kind, KindRegistry, RuntimeContext
@@ -123,6 +127,10 @@ class InferenceServer:
         """Canary and A/B splits of requests that name no version (gateway/traffic_control.py)."""
         self.gateway = Gateway(config, self.registry.names, context_lengths=self._context_lengths)
         """Tenants and API keys (gateway/reload.py): the API's auth layer reads its current gate."""
+        self.tenant_requests = tenant_counter(self.metrics.registry)
+        self.metrics.registry.register(QuotaCollector(lambda: self.gateway.quotas))
+        self.cache = CacheHook(self.registry, self.metrics.cache, self.clock)
+        """The response cache's stores (api/cache_hook.py), one per cache-enabled model version."""
         self._token = secrets.token_hex(16)
         join = config.join_token.get_secret_value() if config.join_token else ""
         self.hub = WorkerHub(
@@ -207,6 +215,7 @@ class InferenceServer:
                 self.kill_worker,
                 self.find_worker,
                 self.gateway.reload,
+                gateway=GatewayView(self.gateway, self.tenant_requests, self.cache.statistics),
                 traffic=self.traffic.statistics,
             ),
             token,

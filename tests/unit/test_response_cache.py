@@ -314,7 +314,7 @@ async def test_result_layer_labels_only_cache_enabled_models() -> None:
         call.runtime = call.notes.pop("serve")
         return HttpResponse(content_type=None)
 
-    layer = CacheResult(handler, CacheMetrics(prometheus))
+    layer = CacheResult(handler, CacheHook(ModelRegistry(), CacheMetrics(prometheus), FakeClock()))
 
     async def header(rt: FakeRuntime, note: str | None) -> bytes | None:
         call = Call(request_of(None), lambda exc, status: b"")

@@ -1,5 +1,6 @@
 """The admin API, on its own port: list workers and models (every kind, every served version), drain or
-restart a worker, scale a model, roll it to any version.
+restart a worker, scale a model, roll it to any version; the gateway's tenants and response cache
+(api/admin_gateway.py).
 
 Protected by a bearer token when INFERD_ADMIN_TOKEN is set. Served by aiohttp's web server, which runs
 inside the front end's event loop without taking over its signal handling.
@@ -17,6 +18,7 @@ from typing import Any
 
 from aiohttp import web
 
+from inferd.api.admin_gateway import GatewayView, cache_page, tenants_page
 from inferd.batching.retry import RetryBudget
 from inferd.clock import Clock
 from inferd.config import ConfigError
@@ -45,6 +47,8 @@ class AdminTarget:
     find_worker: Callable[[str], tuple[Runtime, WorkerConnection]]
     reload: Callable[[], Mapping[str, Any]] | None = None
     """Re-read the config file's tenants, keys and [gateway] table (ConfigError: refused whole)."""
+    gateway: GatewayView | None = None
+    """Tenants, quotas and the response cache, for GET /admin/tenants and GET /admin/cache."""
     traffic: Callable[[], Any] | None = None
     """The traffic splits' snapshot: weights, state, rollback and promotion history."""
 
@@ -66,6 +70,9 @@ class AdminApi:
                 web.post("/admin/models/{model}/scale", self.scale),
                 web.post("/admin/models/{model}/update", self.update),
                 web.post("/admin/reload", self.reload),
+                # the gateway's state, one page per concern
+                web.get("/admin/tenants", self.tenants),
+                web.get("/admin/cache", self.cache),
                 web.get("/admin/traffic", self.traffic),
             ]
         )
@@ -185,6 +192,19 @@ class AdminApi:
             log.warning("admin reload refused, the running tenants and keys stay: %s", exc)
             raise BadRequest(f"config not reloaded: {exc}") from None
         return web.json_response({"reloaded": True, **summary})
+
+    async def tenants(self, request: web.Request) -> web.Response:
+        """GET /admin/tenants: each tenant's limits, key count, quota decisions and requests by outcome."""
+        return web.json_response(tenants_page(self._gateway()))
+
+    async def cache(self, request: web.Request) -> web.Response:
+        """GET /admin/cache: the response cache per model (hits, misses, bypass, entries, bytes)."""
+        return web.json_response(cache_page(self._gateway()))
+
+    def _gateway(self) -> GatewayView:
+        if self.target.gateway is None:
+            raise NotFound("this server has no gateway to report on")
+        return self.target.gateway
 
     async def restart(self, request: web.Request) -> web.Response:
         """Graceful by default (drain, exit, replaced by the supervisor); ?force=true kills it now."""

@@ -18,7 +18,7 @@ from inferd.api import completions as completion_routes
 from inferd.api import oip
 from inferd.api import openai as openai_routes
 from inferd.api.asgi import AsgiApp, HttpRequest, HttpResponse, Router, StreamingResponse
-from inferd.api.cache_hook import CacheHook, CacheResult
+from inferd.api.cache_hook import CacheResult
 from inferd.api.http import (
     check_content_type,
     json_response,
@@ -42,7 +42,7 @@ from inferd.api.oip_metadata import model_metadata
 from inferd.api.openapi import openapi_document
 from inferd.batching.dispatcher import ItemResult
 from inferd.errors import BadRequest, ServingError
-from inferd.gateway.auth import Auth, TenantRequests, allowed_models, check_model, tenant_counter, tenant_of
+from inferd.gateway.auth import Auth, TenantRequests, allowed_models, check_model, tenant_of
 from inferd.gateway.cache import encoded_size
 from inferd.gateway.quota_layer import Quotas
 from inferd.runtime.contract import Runtime
@@ -141,13 +141,12 @@ class Api:
         self.registry = server.registry
         self.clock = server.clock
         self.max_body = server.config.max_body_bytes
-        self.cache = CacheHook(self.registry, server.metrics.cache, self.clock)
-        tenant_requests = tenant_counter(server.metrics.registry)
+        self.cache = server.cache
         self.layers: list[Layer] = [
             partial(Accounting, metrics=server.metrics, clock=self.clock, observe=server.traffic.observe),
-            partial(TenantRequests, counter=tenant_requests),
+            partial(TenantRequests, counter=server.tenant_requests),
             ModelVersion,
-            partial(CacheResult, metrics=server.metrics.cache),
+            partial(CacheResult, hook=self.cache),
             Errors,
             partial(Auth, gate=server.gateway.current),
             partial(Quotas, engine=lambda: server.gateway.quotas),

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from inferd.api.asgi import HttpRequest
@@ -30,6 +31,31 @@ from inferd.runtime.registry import ModelRegistry
 V = TypeVar("V")
 NOTE = "cache"
 """call.notes key of the cache result of a call ("hit" or "miss"; absent: bypass)."""
+RESULTS = ("hit", "miss", "bypass")
+
+
+@dataclass(frozen=True, slots=True)
+class ModelCacheStatistics:
+    """One cache-enabled model (all its served versions): its responses by cache result, as
+    X-Inferd-Cache labelled them, and what its stores hold."""
+
+    model: str
+    hits: int
+    misses: int
+    bypass: int
+    """Responses not answered through the cache: errors and requests that cannot be cached."""
+    entries: int
+    bytes: int
+    coalesced: int
+    """Hits that waited for an identical request in flight."""
+    evictions: int
+    expirations: int
+
+    @property
+    def hit_ratio(self) -> float | None:
+        """Hits over hits and misses (bypassed responses never asked the cache); None before any."""
+        asked = self.hits + self.misses
+        return self.hits / asked if asked else None
 
 
 class CacheHook:
@@ -39,6 +65,8 @@ class CacheHook:
         self.clock = clock
         self._stores: dict[tuple[str, int], ResponseCache[Any]] = {}
         self._served: dict[str, list[int]] = {}
+        self._results: dict[str, dict[str, int]] = {}
+        """Responses by cache result, per model (the served models: a bounded set)."""
 
     async def answer(
         self,
@@ -81,18 +109,46 @@ class CacheHook:
             store = self._stores[(rt.name, rt.version)] = ResponseCache(rt.config.cache, self.clock)
         return store
 
+    def count(self, model: str, result: str) -> None:
+        """One response of a cache-enabled model, by its cache result (hit, miss or bypass)."""
+        counts = self._results.get(model)
+        if counts is None:
+            counts = self._results[model] = dict.fromkeys(RESULTS, 0)
+        counts[result] += 1
+        self.metrics.request(model, result)
+
+    def statistics(self) -> tuple[ModelCacheStatistics, ...]:
+        """Every model that answered through the cache or holds a store, by name."""
+        models = sorted({name for name, _ in self._stores} | set(self._results))
+        return tuple(self._model_statistics(model) for model in models)
+
+    def _model_statistics(self, model: str) -> ModelCacheStatistics:
+        stores = [s.statistics() for (name, _), s in self._stores.items() if name == model]
+        counts = self._results.get(model, dict.fromkeys(RESULTS, 0))
+        return ModelCacheStatistics(
+            model=model,
+            hits=counts["hit"],
+            misses=counts["miss"],
+            bypass=counts["bypass"],
+            entries=sum(s.entries for s in stores),
+            bytes=sum(s.bytes for s in stores),
+            coalesced=sum(s.coalesced for s in stores),
+            evictions=sum(s.evictions for s in stores),
+            expirations=sum(s.expirations for s in stores),
+        )
+
     def _report(self, model: str) -> None:
         stats = [s.statistics() for (name, _), s in self._stores.items() if name == model]
         self.metrics.held(model, sum(s.entries for s in stats), sum(s.bytes for s in stats))
 
 
 class CacheResult:
-    """X-Inferd-Cache on every response of a cache-enabled model (errors included: "bypass"), and
-    inferd_cache_requests_total by result."""
+    """X-Inferd-Cache on every response of a cache-enabled model (errors included: "bypass"), counted
+    by result (`CacheHook.count`: its statistics and inferd_cache_requests_total)."""
 
-    def __init__(self, inner: Handler, metrics: CacheMetrics) -> None:
+    def __init__(self, inner: Handler, hook: CacheHook) -> None:
         self.inner = inner
-        self.metrics = metrics
+        self.hook = hook
 
     async def __call__(self, call: Call) -> Response:
         response = await self.inner(call)
@@ -100,5 +156,5 @@ class CacheResult:
         if rt is not None and rt.config.cache.enabled:
             result = call.notes.get(NOTE, "bypass")
             response.headers.append((b"x-inferd-cache", result.encode()))
-            self.metrics.request(rt.name, result)
+            self.hook.count(rt.name, result)
         return response

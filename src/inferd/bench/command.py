@@ -22,6 +22,7 @@ from inferd.bench.command_line import (
 )
 from inferd.bench.loadgen import LoadSpec, run_load_blocking
 from inferd.bench.report import render, to_json
+from inferd.bench.spec_checks import parse_header
 
 
 class ClientChoice(StrEnum):
@@ -54,6 +55,13 @@ def bench(
         typer.Option(help="Also send the remaining deadline to the server as X-Request-Timeout-Ms."),
     ] = False,
     priority: PriorityOption = None,
+    header: Annotated[
+        list[str] | None,
+        typer.Option(
+            help='Send this header with every request, as "Name: value" (repeatable), e.g. '
+            '--header "Authorization: Bearer KEY"; values are never printed.'
+        ),
+    ] = None,
     payload_bytes: Annotated[
         int,
         typer.Option(help="Size of each request's unique INPUT0 string (padded, never truncated)."),
@@ -129,6 +137,7 @@ def bench(
             timeout_ms=timeout_ms,
             send_deadline=send_deadline,
             priority=priority,
+            headers=tuple(parse_header(h) for h in header or ()),
             payload_bytes=payload_bytes,
             max_requests=max_requests,
             seed=seed,

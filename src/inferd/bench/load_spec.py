@@ -3,11 +3,11 @@ clients share."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 from inferd.bench.open_loop import Arrival, arrival_checks
-from inferd.bench.spec_checks import is_plain_http, require
+from inferd.bench.spec_checks import header_ok, is_plain_http, require
 
 Client = Literal["raw", "aiohttp"]
 
@@ -33,6 +33,9 @@ class LoadSpec:
     """Also send the remaining deadline as `X-Request-Timeout-Ms`."""
     priority: str | None = None
     """Sent as `X-Priority` when set."""
+    headers: tuple[tuple[str, str], ...] = field(default=(), repr=False)
+    """More request headers, (name, value), sent with every request (`--header "Name: value"`); kept
+    out of the repr and the report by value, as they may hold API keys."""
     payload_bytes: int = 32
     max_requests: int = 1_000_000
     seed: int = 0
@@ -54,6 +57,9 @@ class LoadSpec:
             "client must be 'raw' or 'aiohttp'": self.client in ("raw", "aiohttp"),
             "the raw client needs an http:// url with a host": self.client != "raw"
             or is_plain_http(self.url),
+            "a header name must be a token and no header may hold CR or LF": all(
+                header_ok(name, value) for name, value in self.headers
+            ),
         }
         require(checks, self)
 

@@ -183,7 +183,10 @@ async def run_load(spec: LoadSpec, chaos: ChaosSpec | None = None) -> LoadReport
 
 
 def spec_dict(spec: LoadSpec) -> dict[str, Any]:
-    return {name: getattr(spec, name) for name in spec.__dataclass_fields__}
+    """The spec as the report shows it: extra headers by name only (their values may be API keys)."""
+    shown = {name: getattr(spec, name) for name in spec.__dataclass_fields__}
+    shown["headers"] = [name for name, _ in spec.headers]
+    return shown
 
 
 def run_load_blocking(spec: LoadSpec, chaos: ChaosSpec | None = None) -> LoadReport:

@@ -3,6 +3,7 @@ one `ValueError` that lists every failed one."""
 
 from __future__ import annotations
 
+import re
 from urllib.parse import urlsplit
 
 
@@ -21,3 +22,22 @@ def is_plain_http(url: str) -> bool:
     except ValueError:
         return False
     return parts.scheme == "http" and bool(parts.hostname)
+
+
+_TOKEN = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")
+
+
+def header_ok(name: str, value: str) -> bool:
+    """A header name that is an HTTP token, and a value without CR, LF or NUL (no header injection)."""
+    return bool(_TOKEN.match(name)) and not any(c in value for c in "\r\n\0")
+
+
+def parse_header(raw: str) -> tuple[str, str]:
+    """`"Name: value"` as (name, value), both stripped; ValueError when there is no colon or no name (the
+    text is not echoed: it may hold a key)."""
+    name, colon, value = raw.partition(":")
+    if not colon:
+        raise ValueError("a --header is 'Name: value': no colon found")
+    if not name.strip():
+        raise ValueError("a --header is 'Name: value': no name before the colon")
+    return name.strip(), value.strip()

@@ -1,7 +1,8 @@
 """`inferd status`: the admin API's worker and model lists as tables, once or every N seconds.
 
-Reads GET /admin/workers and GET /admin/models (src/inferd/api/admin.py). Exits 1, with a message that
-says what to do, when the admin API cannot be reached or refuses the token.
+Reads GET /admin/workers and GET /admin/models (src/inferd/api/admin.py), and the gateway's
+GET /admin/tenants and GET /admin/cache when the server has them (cli/gateway_status.py). Exits 1, with
+a message that says what to do, when the admin API cannot be reached or refuses the token.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from rich.table import Table
 from rich.text import Text
 
 from inferd.cli import ports
+from inferd.cli.gateway_status import gateway_parts
 from inferd.config import ConfigError
 
 FETCH_TIMEOUT_S = 5.0
@@ -36,14 +38,34 @@ STATE_STYLES = {
 class AdminUnavailable(Exception):
     """The admin API could not be read; the message names the URL and says what to do."""
 
+    def __init__(self, message: str, status: int | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        """The HTTP status it answered, when it answered one."""
+
 
 @dataclass(frozen=True, slots=True)
 class AdminSnapshot:
     workers: dict[str, Any]
     models: dict[str, Any]
+    tenants: dict[str, Any] | None = None
+    """GET /admin/tenants (None: the server has no such page)."""
+    cache: dict[str, Any] | None = None
+    """GET /admin/cache (None: the server has no such page)."""
 
     def as_json(self) -> str:
-        return json.dumps({"workers": self.workers, "models": self.models})
+        pages = {"workers": self.workers, "models": self.models, "tenants": self.tenants, "cache": self.cache}
+        return json.dumps({name: page for name, page in pages.items() if page is not None})
+
+
+def fetch_optional(url: str, token: str | None) -> dict[str, Any] | None:
+    """A page that older servers, or servers without it, answer 404: None then."""
+    try:
+        return fetch_json(url, token)
+    except AdminUnavailable as exc:
+        if exc.status == 404:
+            return None
+        raise
 
 
 def fetch_json(url: str, token: str | None, timeout_s: float = FETCH_TIMEOUT_S) -> dict[str, Any]:
@@ -61,7 +83,7 @@ def fetch_json(url: str, token: str | None, timeout_s: float = FETCH_TIMEOUT_S) 
                 f"{url} answered 401 Unauthorized: {hint}; pass --token or set INFERD_ADMIN_TOKEN "
                 "to the server's admin token"
             ) from None
-        raise AdminUnavailable(f"{url} answered HTTP {exc.code} {exc.reason}") from None
+        raise AdminUnavailable(f"{url} answered HTTP {exc.code} {exc.reason}", exc.code) from None
     except (urllib.error.URLError, OSError) as exc:
         reason = getattr(exc, "reason", exc)
         raise AdminUnavailable(
@@ -83,6 +105,8 @@ def fetch_snapshot(admin_url: str, token: str | None) -> AdminSnapshot:
     return AdminSnapshot(
         workers=fetch_json(f"{base}/admin/workers", token),
         models=fetch_json(f"{base}/admin/models", token),
+        tenants=fetch_optional(f"{base}/admin/tenants", token),
+        cache=fetch_optional(f"{base}/admin/cache", token),
     )
 
 
@@ -218,6 +242,7 @@ def render_snapshot(snapshot: AdminSnapshot, admin_url: str, error: str | None =
             )
         ),
         Text(retry_budget_line(snapshot.models.get("retry_budget"))),
+        *gateway_parts(snapshot.tenants, snapshot.cache),
         Text(f"from {admin_url} at {time.strftime('%H:%M:%S')}", style="dim"),
     ]
     if error is not None:

@@ -88,12 +88,27 @@ class QuotaSettings(BaseModel):
 
 
 @dataclass(frozen=True, slots=True)
+class TenantUsage:
+    """One limited tenant's quota decisions on this front end."""
+
+    admitted: int = 0
+    refused: int = 0
+    admitted_without_store: int = 0
+    """Admitted unchecked while the store was unreachable (on_store_error = "open")."""
+    in_flight: int = 0
+    """Admitted requests of this front end not yet released (with a shared store, other front ends'
+    requests count against max_concurrency too)."""
+
+
+@dataclass(frozen=True, slots=True)
 class QuotaStatistics:
     admitted: int
     refused: int
     store_errors: int
     admitted_without_store: int
     store_up: bool
+    tenants: tuple[tuple[str, TenantUsage], ...] = ()
+    """(tenant name, its usage), by name; only tenants with a limit pass through the engine."""
 
 
 def limited(config: TenantConfig) -> bool:
@@ -112,6 +127,9 @@ class TenantQuotas:
         self._policies: dict[str, QuotaPolicy] = {}
         self._store_up = True
         self._counts = {"admitted": 0, "refused": 0, "store_errors": 0, "admitted_without_store": 0}
+        self._tenants: dict[str, dict[str, int]] = {}
+        self._in_flight: dict[str, set[str]] = {}
+        """Lease ids of each tenant's admitted requests not yet released, on this front end."""
 
     async def admit(self, tenant: Tenant, tokens: int | None = None) -> QuotaDecision:
         """Admit one request of `tenant` (`tokens`: prompt + max_tokens on LLM routes) or refuse it
@@ -131,12 +149,15 @@ class TenantQuotas:
         except StoreUnavailable as exc:
             return self._without_store(tenant, lease_id, exc)
         self._store_back()
-        self._counts["admitted" if decision.allowed else "refused"] += 1
+        result = "admitted" if decision.allowed else "refused"
+        self._counts[result] += 1
+        self._count(tenant, result, decision.grant)
         return decision
 
     async def release(self, tenant: Tenant, grant: Grant, used_tokens: int | None = None) -> None:
         """End an admitted request: free its concurrency lease and refund its unused tokens. When the
         store is unreachable the lease expires after lease_s instead (logged)."""
+        self._in_flight.get(tenant.name, set()).discard(grant.lease_id)
         if not grant.held:
             return
         policy = self._policy(tenant)
@@ -152,7 +173,23 @@ class TenantQuotas:
         self._store_back()
 
     def statistics(self) -> QuotaStatistics:
-        return QuotaStatistics(store_up=self._store_up, **self._counts)
+        tenants = tuple(
+            (name, TenantUsage(**counts, in_flight=len(self._in_flight.get(name, ()))))
+            for name, counts in sorted(self._tenants.items())
+        )
+        return QuotaStatistics(store_up=self._store_up, tenants=tenants, **self._counts)
+
+    def _count(self, tenant: Tenant, result: str, grant: Grant | None) -> None:
+        """Per-tenant counts (tenants come from the config file: a bounded set); `grant`: an admitted
+        request, in flight until released."""
+        counts = self._tenants.get(tenant.name)
+        if counts is None:
+            counts = self._tenants[tenant.name] = dict.fromkeys(
+                ("admitted", "refused", "admitted_without_store"), 0
+            )
+        counts[result] += 1
+        if grant is not None:
+            self._in_flight.setdefault(tenant.name, set()).add(grant.lease_id)
 
     def _policy(self, tenant: Tenant) -> QuotaPolicy:
         policy = self._policies.get(tenant.name)
@@ -174,7 +211,9 @@ class TenantQuotas:
                 reason="quota_store",
             ) from exc
         self._counts["admitted_without_store"] += 1
-        return QuotaDecision(allowed=True, at_s=self._clock.now(), grant=Grant(lease_id))
+        grant = Grant(lease_id)
+        self._count(tenant, "admitted_without_store", grant)
+        return QuotaDecision(allowed=True, at_s=self._clock.now(), grant=grant)
 
     def _store_down(self, exc: StoreUnavailable) -> None:
         self._counts["store_errors"] += 1
