@@ -124,7 +124,8 @@ def run_server(cfg: ServerConfig, models: list[ModelConfig]) -> None:
     for m in models:  # tensors are long; batching settings mean nothing to other kinds
         skip = {"inputs", "outputs"} if m.kind == "batch" else set(BATCH_ONLY)
         log.info("model %s v%d: %s", m.name, m.version, m.model_dump_json(exclude=skip))
-    log.info("server config: %s", cfg.model_dump_json())
+    # Components' tables are named, not dumped: [tenants.*] hold key digests, which stay out of logs.
+    log.info("server config: %s; tables: %s", cfg.model_dump_json(exclude={"tables"}), sorted(cfg.tables))
     userver, _ = build_uvicorn(cfg, models)
     # Long-lived objects (modules, config, app) leave the GC's view, and young-generation collections
     # run less often: per-request garbage is freed by reference counting, and each collection pass
