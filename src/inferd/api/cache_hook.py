@@ -67,6 +67,7 @@ class CacheHook:
         self._served: dict[str, list[int]] = {}
         self._results: dict[str, dict[str, int]] = {}
         """Responses by cache result, per model (the served models: a bounded set)."""
+        metrics.watch(self.statistics)
 
     async def answer(
         self,
@@ -90,8 +91,6 @@ class CacheHook:
             raise DeadlineExceeded(
                 f"deadline passed while waiting for an identical request to model '{rt.name}'"
             ) from None
-        finally:
-            self._report(rt.name)
         if call is not None:
             call.notes[NOTE] = lookup
         return value, lookup
@@ -136,10 +135,6 @@ class CacheHook:
             evictions=sum(s.evictions for s in stores),
             expirations=sum(s.expirations for s in stores),
         )
-
-    def _report(self, model: str) -> None:
-        stats = [s.statistics() for (name, _), s in self._stores.items() if name == model]
-        self.metrics.held(model, sum(s.entries for s in stats), sum(s.bytes for s in stats))
 
 
 class CacheResult:

@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge
+from collections.abc import Callable, Iterable
+from typing import Any, Protocol
+
+from prometheus_client import CollectorRegistry, Counter
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
 
 RESULTS = ("hit", "miss", "bypass")
 
@@ -15,12 +20,7 @@ class CacheMetrics:
             ["model", "result"],
             registry=registry,
         )
-        self.entries = Gauge(
-            "inferd_cache_entries", "Answers held by the response cache.", ["model"], registry=registry
-        )
-        self.bytes = Gauge(
-            "inferd_cache_bytes", "Bytes of answers held by the response cache.", ["model"], registry=registry
-        )
+        self._registry = registry
         self._requests: dict[tuple[str, str], Counter] = {}
 
     def request(self, model: str, result: str) -> None:
@@ -29,6 +29,33 @@ class CacheMetrics:
             child = self._requests[(model, result)] = self.requests.labels(model, result)
         child.inc()
 
-    def held(self, model: str, entries: int, nbytes: int) -> None:
-        self.entries.labels(model).set(entries)
-        self.bytes.labels(model).set(nbytes)
+    def watch(self, statistics: Callable[[], Iterable[Held]]) -> None:
+        """What the stores hold (inferd_cache_entries, inferd_cache_bytes), read from `statistics` at
+        scrape time: nothing on the request path."""
+        self._registry.register(_HeldCollector(statistics))
+
+
+class Held(Protocol):
+    model: str
+    entries: int
+    bytes: int
+
+
+class _HeldCollector(Collector):
+    def __init__(self, statistics: Callable[[], Iterable[Held]]) -> None:
+        self._statistics = statistics
+
+    def describe(self) -> list[Any]:
+        return []
+
+    def collect(self) -> list[Any]:
+        entries = GaugeMetricFamily(
+            "inferd_cache_entries", "Answers held by the response cache.", labels=["model"]
+        )
+        held = GaugeMetricFamily(
+            "inferd_cache_bytes", "Bytes of answers held by the response cache.", labels=["model"]
+        )
+        for model in self._statistics():
+            entries.add_metric([model.model], model.entries)
+            held.add_metric([model.model], model.bytes)
+        return [entries, held]
