@@ -22,13 +22,16 @@ request retried that much later, with nothing else changed, is admitted.
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
+import msgspec
+
 from inferd.config import ConfigError
 from inferd.gateway.tenants import TenantConfig
+
+_json = msgspec.json.Encoder()
 
 US = 1_000_000
 BUCKET_US = US
@@ -60,15 +63,15 @@ class QuotaState:
     """The latest time seen: time never goes back for this state, whatever clock the caller has."""
 
     def encode(self) -> str:
-        return json.dumps(
-            {"t": self.tat_us, "b": self.buckets, "l": self.leases, "n": self.last_us}, separators=(",", ":")
-        )
+        return _json.encode(
+            {"t": self.tat_us, "b": self.buckets, "l": self.leases, "n": self.last_us}
+        ).decode()
 
     @classmethod
     def decode(cls, raw: str | bytes | None) -> QuotaState:
         if not raw:
             return cls()
-        data = json.loads(raw)
+        data = msgspec.json.decode(raw)
         return cls(
             tat_us=int(data["t"]),
             buckets=tuple((int(i), int(n)) for i, n in data["b"]),
