@@ -167,6 +167,10 @@ class Shadows:
     def in_flight(self) -> int:
         return len(self._tasks)
 
+    async def settle(self) -> None:
+        """Returns once every copy running now has ended."""
+        await asyncio.gather(*list(self._tasks), return_exceptions=True)
+
     async def close(self) -> None:
         """Cancel every copy still running and wait for them (server shutdown); no new ones start."""
         self._closed = True
