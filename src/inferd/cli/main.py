@@ -24,8 +24,10 @@ app = typer.Typer(
 
 
 def check_models(models: list[ModelConfig]) -> None:
-    """Every model's kind is known and its typed params and [autoscale] fit it: refused before start."""
+    """Every model's kind is known and its typed params and [autoscale] fit it, and its traffic.fallback
+    names a served model of a kind that serves its routes: refused before start."""
     from inferd.fleet.scaling import check_autoscalable
+    from inferd.gateway.fallback import check_fallbacks
     from inferd.server import builtin_kinds
 
     kinds = builtin_kinds()
@@ -36,6 +38,7 @@ def check_models(models: list[ModelConfig]) -> None:
                 check_autoscalable(kind.name)
             except ConfigError as exc:
                 raise ConfigError(f"model {m.name!r}: {exc}") from None
+    check_fallbacks(models, lambda name: {m.kind for m in models if m.name == name})
 
 
 def check_gateway(config: ServerConfig, models: list[ModelConfig]) -> None:
