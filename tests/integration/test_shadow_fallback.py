@@ -32,6 +32,8 @@ ACME, FREE, ONLY_SIM = new_key(), new_key(), new_key()
 FALLBACK_REPO = {
     "sim": 'builtin = "sim"\nworkers = 0\ntraffic = { fallback = "sim-b" }\n[params]\nbase_ms = 1.0\n',
     "sim-b": 'builtin = "sim"\nworkers = 1\n[params]\nbase_ms = 1.0\n',
+    "chat": 'builtin = "sim-llm"\nworkers = 0\ntraffic = { fallback = "chat-b" }\n',
+    "chat-b": 'builtin = "sim-llm"\nworkers = 1\n',
 }
 TENANTS = f"""
 [tenants.acme]
@@ -93,7 +95,8 @@ def fallback_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server
     repo = write_repo(root, FALLBACK_REPO)
     s = start_server(root, "--model-repo", str(repo), "--config", str(config), ready_path="/v2/health/live")
     try:
-        wait_ready(s, "/v2/models/sim-b/ready", FREE)  # sim never is: no worker
+        for ready in ("sim-b", "chat-b"):  # sim and chat never are: no worker
+            wait_ready(s, f"/v2/models/{ready}/ready", FREE)
         yield s
     finally:
         s.stop()
@@ -137,6 +140,26 @@ async def test_a_model_without_workers_is_answered_by_its_fallback_flagged(
         metric(text, "inferd_fallback_requests_total", reason="unavailable") == 3
     )  # then the breaker opened
     assert metric(text, "inferd_fallback_requests_total", reason="breaker_open") == 3
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_an_llm_route_falls_back_to_another_llm(fallback_server: ServerProc, stream: bool) -> None:
+    server = fallback_server
+    auth = {"Authorization": f"Bearer {FREE}"}
+    request = {"model": "chat", "messages": [{"role": "user", "content": "a b c"}], "max_tokens": 3}
+    async with aiohttp.ClientSession() as http:
+        for _ in range(4):
+            async with http.post(
+                f"{server.url}/v1/chat/completions", json={**request, "stream": stream}, headers=auth
+            ) as r:
+                text = await r.text()
+                assert r.status == 200, text
+                assert r.headers["X-Inferd-Fallback"] == "chat-b" and r.headers["X-Inferd-Model"] == "chat-b"
+                assert r.headers["X-Inferd-Model-Version"] == "1"
+                assert ("data: [DONE]" in text) if stream else ('"finish_reason"' in text)
+        async with http.get(f"{server.url}/metrics") as r:
+            metrics = await r.text()
+    assert metric(metrics, "inferd_fallback_requests_total", model="chat", fallback="chat-b") >= 4
 
 
 async def test_a_tenants_quota_429_is_never_handed_to_the_fallback(fallback_server: ServerProc) -> None:

@@ -128,6 +128,11 @@ def lifecycle(results: list[ItemResult]) -> dict[str, Any]:
     }
 
 
+def fallback_headers(rt: Runtime) -> list[tuple[bytes, bytes]]:
+    """An answer given by a model's fallback names it (X-Inferd-Model-Version names its version)."""
+    return [(b"x-inferd-fallback", rt.name.encode()), (b"x-inferd-model", rt.name.encode())]
+
+
 def lifecycle_headers(record: dict[str, Any]) -> list[tuple[bytes, bytes]]:
     return [
         (b"x-inferd-queue-ms", str(record["queue_ms"]).encode()),
@@ -275,7 +280,7 @@ class Api:
         headers: list[tuple[bytes, bytes]] = []
         if rt is not primary:
             record = {**record, "fallback": rt.name}
-            headers = [(b"x-inferd-fallback", rt.name.encode()), (b"x-inferd-model", rt.name.encode())]
+            headers = fallback_headers(rt)
         elif (shadow := self.server.shadows.target(rt)) is not None:
             self.server.shadows.mirror(shadow, rows, partial(self.shadow_copy, req.items))
         out, header_len = oip.encode_response(rt.config, version, req.request_id, req.outputs, rows, record)
@@ -325,7 +330,32 @@ class Api:
             raise
         return [r.outputs for r in results]
 
-    def fallback_for(self, call: Call, primary: Runtime) -> Runtime | None:
+    async def answer_with_fallback(
+        self, request: HttpRequest, primary: Runtime, answer: Callable[[Runtime], Awaitable[Response]]
+    ) -> Response:
+        """`answer(primary)`, or `answer(fallback)` when the primary refuses it for want of capacity (or
+        its breaker is open); a fallback's answer is flagged. For routes that admit in one step."""
+        call: Call | None = request.scope.get("inferd.call")
+        fallback = self.fallback_for(call, primary)
+        if fallback is None:
+            return await answer(primary)
+        if self.fallbacks.ask_primary(primary, fallback):
+            try:
+                response = await answer(primary)
+            except ServingError as exc:
+                if not falls_back(exc):
+                    raise
+                self.fallbacks.refused(primary, fallback, exc)
+            else:
+                self.fallbacks.admitted(primary)
+                return response
+        if call is not None:
+            call.runtime = fallback
+        response = await answer(fallback)
+        response.headers.extend(fallback_headers(fallback))
+        return response
+
+    def fallback_for(self, call: Call | None, primary: Runtime) -> Runtime | None:
         """The primary's fallback, if its model has one the caller may call."""
         fallback = self.fallbacks.target(primary)
         tenant = tenant_of(call)

@@ -162,19 +162,27 @@ class Fallbacks:
         raised as it is."""
         if fallback is None:
             return primary, attempt(primary)
-        breaker = self.breaker(primary.name)
-        if not breaker.allow():
-            self._count(primary, fallback, "breaker_open")
-            return fallback, attempt(fallback)
-        try:
-            value = attempt(primary)
-        except ServingError as exc:
-            if not falls_back(exc):
-                raise
-            self.refused(primary, fallback, exc)
-            return fallback, attempt(fallback)
-        breaker.success()
-        return primary, value
+        if self.ask_primary(primary, fallback):
+            try:
+                value = attempt(primary)
+            except ServingError as exc:
+                if not falls_back(exc):
+                    raise
+                self.refused(primary, fallback, exc)
+            else:
+                self.admitted(primary)
+                return primary, value
+        return fallback, attempt(fallback)
+
+    def ask_primary(self, primary: Runtime, fallback: Runtime) -> bool:
+        """Whether to try the primary at all (its breaker is not open); else the fallback takes it."""
+        if self.breaker(primary.name).allow():
+            return True
+        self._count(primary, fallback, "breaker_open")
+        return False
+
+    def admitted(self, primary: Runtime) -> None:
+        self.breaker(primary.name).success()
 
     def refused(self, primary: Runtime, fallback: Runtime, exc: ServingError) -> None:
         """The primary refused a request that `fallback` now takes (also later than `admit`, e.g. at
