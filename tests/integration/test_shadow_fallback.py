@@ -25,15 +25,21 @@ import pytest
 from inferd.gateway.keys import key_digest, new_key
 from inferd.models.sim import sim_digest
 from tests.conftest import ROOT, ServerProc, start_server
+from tests.fakes.hash_embedder import embed
 from tests.integration.test_fleet import until
 
 ACME, FREE, ONLY_SIM = new_key(), new_key(), new_key()
 
+EMBEDDER = """inputs = [{ name = "TEXT", datatype = "BYTES" }]
+outputs = [{ name = "EMBEDDING", datatype = "FP32", shape = [8] }, { name = "TOKENS", datatype = "INT32" }]
+"""
 FALLBACK_REPO = {
     "sim": 'builtin = "sim"\nworkers = 0\ntraffic = { fallback = "sim-b" }\n[params]\nbase_ms = 1.0\n',
     "sim-b": 'builtin = "sim"\nworkers = 1\n[params]\nbase_ms = 1.0\n',
     "chat": 'builtin = "sim-llm"\nworkers = 0\ntraffic = { fallback = "chat-b" }\n',
     "chat-b": 'builtin = "sim-llm"\nworkers = 1\n',
+    "emb": EMBEDDER + 'workers = 0\ntraffic = { fallback = "emb-b" }\n',
+    "emb-b": EMBEDDER + "workers = 1\n",
 }
 TENANTS = f"""
 [tenants.acme]
@@ -93,9 +99,14 @@ def fallback_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server
     config = root / "inferd.toml"
     config.write_text(TENANTS)
     repo = write_repo(root, FALLBACK_REPO)
+    for name in ("emb", "emb-b"):
+        (repo / name / "1").mkdir()
+        (repo / name / "1" / "model.py").write_text(
+            "from tests.fakes.hash_embedder import HashEmbedder as Model  # noqa: F401\n"
+        )
     s = start_server(root, "--model-repo", str(repo), "--config", str(config), ready_path="/v2/health/live")
     try:
-        for ready in ("sim-b", "chat-b"):  # sim and chat never are: no worker
+        for ready in ("sim-b", "chat-b", "emb-b"):  # the others never are: no worker
             wait_ready(s, f"/v2/models/{ready}/ready", FREE)
         yield s
     finally:
@@ -160,6 +171,19 @@ async def test_an_llm_route_falls_back_to_another_llm(fallback_server: ServerPro
         async with http.get(f"{server.url}/metrics") as r:
             metrics = await r.text()
     assert metric(metrics, "inferd_fallback_requests_total", model="chat", fallback="chat-b") >= 4
+
+
+async def test_embeddings_fall_back_to_another_embedder(fallback_server: ServerProc) -> None:
+    server = fallback_server
+    auth = {"Authorization": f"Bearer {FREE}"}
+    async with aiohttp.ClientSession() as http:
+        async with http.post(
+            f"{server.url}/v1/embeddings", json={"model": "emb", "input": ["a b", "c"]}, headers=auth
+        ) as r:
+            out = await r.json()
+            assert r.status == 200, out
+            assert r.headers["X-Inferd-Fallback"] == "emb-b" and r.headers["X-Inferd-Model"] == "emb-b"
+    assert [d["embedding"] for d in out["data"]] == [embed(b"a b").tolist(), embed(b"c").tolist()]
 
 
 async def test_a_tenants_quota_429_is_never_handed_to_the_fallback(fallback_server: ServerProc) -> None:
