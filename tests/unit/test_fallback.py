@@ -145,7 +145,7 @@ def test_admit_hands_a_refused_request_to_the_fallback_and_the_breaker_skips_the
     primary.refuse = None
     clock.advance(5.0)
     assert fallbacks.admit(primary, target, lambda r: r.precheck())[0] is primary  # type: ignore[arg-type]
-    assert fallbacks.breaker("sim").state is BreakerState.CLOSED
+    assert fallbacks.breaker(primary)  # type: ignore[arg-type].state is BreakerState.CLOSED
 
 
 def test_a_quota_refusal_is_raised_and_a_queue_429_does_not_open_the_breaker() -> None:
@@ -159,7 +159,7 @@ def test_a_quota_refusal_is_raised_and_a_queue_429_does_not_open_the_breaker() -
     primary.refuse = Overloaded("queue full", 1.0, reason="queue_full")
     for _ in range(3):
         assert fallbacks.admit(primary, other, lambda r: r.precheck())[0] is other  # type: ignore[arg-type]
-    assert fallbacks.breaker("sim").state is BreakerState.CLOSED  # overload is per request, not an outage
+    assert fallbacks.breaker(primary)  # type: ignore[arg-type].state is BreakerState.CLOSED  # overload is per request, not an outage
 
 
 def test_one_hop_only_the_fallbacks_refusal_is_raised() -> None:

@@ -8,7 +8,7 @@ llm_queue_full or deadline; a 503, `WorkerUnavailable`) is answered by the fallb
 version instead. A tenant's own quota 429 (reason "quota") never falls back: the Quotas layer refuses it
 before the model is asked. One hop only: the fallback's own `fallback` is never followed.
 
-A `Breaker` per model keeps an unavailable primary from being asked on every request: after
+A `Breaker` per served version keeps an unavailable primary from being asked on every request: after
 `failures` consecutive 503s it opens and requests go straight to the fallback; after `cool_down_s` one
 request probes the primary again (half-open); an admission closes it.
 """
@@ -137,7 +137,7 @@ class Fallbacks:
         self.counter = counter
         self.failures = failures
         self.cool_down_s = cool_down_s
-        self._breakers: dict[str, Breaker] = {}
+        self._breakers: dict[tuple[str, int], Breaker] = {}
 
     def target(self, primary: Runtime) -> Runtime | None:
         """The fallback's default version, if the primary's model has one served (read from the
@@ -148,10 +148,12 @@ class Fallbacks:
         fallback = self.registry.get(name)
         return fallback if fallback.kind in ROUTE_KINDS.get(primary.kind, ()) else None
 
-    def breaker(self, model: str) -> Breaker:
-        breaker = self._breakers.get(model)
+    def breaker(self, primary: Runtime) -> Breaker:
+        """The breaker of one served version (each version has its own workers)."""
+        key = (primary.name, primary.version)
+        breaker = self._breakers.get(key)
         if breaker is None:
-            breaker = self._breakers[model] = Breaker(self.clock, self.failures, self.cool_down_s)
+            breaker = self._breakers[key] = Breaker(self.clock, self.failures, self.cool_down_s)
         return breaker
 
     def admit(
@@ -176,19 +178,19 @@ class Fallbacks:
 
     def ask_primary(self, primary: Runtime, fallback: Runtime) -> bool:
         """Whether to try the primary at all (its breaker is not open); else the fallback takes it."""
-        if self.breaker(primary.name).allow():
+        if self.breaker(primary).allow():
             return True
         self._count(primary, fallback, "breaker_open")
         return False
 
     def admitted(self, primary: Runtime) -> None:
-        self.breaker(primary.name).success()
+        self.breaker(primary).success()
 
     def refused(self, primary: Runtime, fallback: Runtime, exc: ServingError) -> None:
         """The primary refused a request that `fallback` now takes (also later than `admit`, e.g. at
         enqueue): a 503 counts towards opening its breaker."""
         if isinstance(exc, WorkerUnavailable):
-            self.breaker(primary.name).failure()
+            self.breaker(primary).failure()
         self._count(primary, fallback, reason_of(exc))
 
     def _count(self, primary: Runtime, fallback: Runtime, reason: str) -> None:
