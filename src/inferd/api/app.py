@@ -309,11 +309,8 @@ class Api:
         # the same answer for the same inputs and requested outputs
         canonical = ("oip", req.items, [spec.name for spec, _ in req.outputs])
         (version, rows, record), lookup = await self.cache.answer(request, rt, canonical, compute, deadline)
-        return (
-            version,
-            rows,
-            {**record, "cache": lookup},
-        )  # a hit's record is that of the run that computed it
+        # a hit's record is that of the run that computed it
+        return version, rows, {**record, "cache": lookup}
 
     async def shadow_copy(self, payloads: list[Any], rt: Any, timeout_s: float) -> list[dict[str, Any]]:
         """A shadow copy of a request's items on `rt`, at bulk priority (shed first), bounded by
