@@ -11,6 +11,7 @@ request counters see only the primary's requests."""
 
 from __future__ import annotations
 
+import asyncio
 import re
 import subprocess
 import sys
@@ -36,6 +37,8 @@ outputs = [{ name = "EMBEDDING", datatype = "FP32", shape = [8] }, { name = "TOK
 FALLBACK_REPO = {
     "sim": 'builtin = "sim"\nworkers = 0\ntraffic = { fallback = "sim-b" }\n[params]\nbase_ms = 1.0\n',
     "sim-b": 'builtin = "sim"\nworkers = 1\n[params]\nbase_ms = 1.0\n',
+    "busy": 'builtin = "sim"\nworkers = 1\nmax_batch_size = 1\nmax_queue_size = 1\n'
+    'traffic = { fallback = "sim-b" }\n[params]\nbase_ms = 300.0\n',
     "chat": 'builtin = "sim-llm"\nworkers = 0\ntraffic = { fallback = "chat-b" }\n',
     "chat-b": 'builtin = "sim-llm"\nworkers = 1\n',
     "emb": EMBEDDER + 'workers = 0\ntraffic = { fallback = "emb-b" }\n',
@@ -106,7 +109,7 @@ def fallback_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server
         )
     s = start_server(root, "--model-repo", str(repo), "--config", str(config), ready_path="/v2/health/live")
     try:
-        for ready in ("sim-b", "chat-b", "emb-b"):  # the others never are: no worker
+        for ready in ("sim-b", "chat-b", "emb-b", "busy"):  # the others never are: no worker
             wait_ready(s, f"/v2/models/{ready}/ready", FREE)
         yield s
     finally:
@@ -151,6 +154,29 @@ async def test_a_model_without_workers_is_answered_by_its_fallback_flagged(
         metric(text, "inferd_fallback_requests_total", reason="unavailable") == 3
     )  # then the breaker opened
     assert metric(text, "inferd_fallback_requests_total", reason="breaker_open") == 3
+
+
+async def test_a_full_queue_hands_the_overflow_to_the_fallback(fallback_server: ServerProc) -> None:
+    server = fallback_server
+    auth = {"Authorization": f"Bearer {FREE}"}
+
+    async def one(http: aiohttp.ClientSession, i: int) -> tuple[int, str | None]:
+        async with http.post(f"{server.url}/v2/models/busy/infer", json=body(f"b{i}"), headers=auth) as r:
+            out = await r.json()
+            assert r.status == 200, out
+            digest = sim_digest(out["model_name"], 1, f"b{i}")
+            assert out["outputs"][0]["data"] == [digest]
+            return r.status, r.headers.get("X-Inferd-Fallback")
+
+    async with aiohttp.ClientSession() as http:  # 8 at once: busy holds one batch of 1 and queues 1
+        answers = await asyncio.gather(*(one(http, i) for i in range(8)))
+        async with http.get(f"{server.url}/metrics") as r:
+            text = await r.text()
+    flags = [flag for _, flag in answers]
+    assert None in flags and "sim-b" in flags
+    assert metric(text, "inferd_fallback_requests_total", model="busy", reason="queue_full") == flags.count(
+        "sim-b"
+    )
 
 
 @pytest.mark.parametrize("stream", [False, True])
