@@ -6,8 +6,8 @@ answer; a tenant's own quota 429 is never handed over. A fallback to a model tha
 the start with an error naming the fix.
 
 Shadow: sim v1 and v2 side by side with `shadow = { version = 2, fraction = 1.0 }`: every answer is
-v1's; v2 runs a copy of each, compared in inferd_shadow_requests_total; the response cache and the
-request counters see only the primary's requests."""
+v1's; v2 runs a copy of each, compared in inferd_shadow_requests_total; the response cache, the
+request counters and the tenant's quota see only the primary's requests."""
 
 from __future__ import annotations
 
@@ -254,21 +254,31 @@ def test_an_unknown_fallback_stops_the_start_naming_the_fix(tmp_path: Path) -> N
 @pytest.fixture
 def shadowed(tmp_path: Path) -> Iterator[ServerProc]:
     repo = write_repo(tmp_path, {"sim": SHADOW_MODEL})
-    s = start_server(tmp_path, "--model-repo", str(repo))
-    yield s
-    s.stop()
+    config = tmp_path / "inferd.toml"
+    config.write_text(
+        f'[tenants.acme]\napi_key_sha256 = ["{key_digest(ACME)}"]\nrequests_per_s = 0.01\nburst = 8\n'
+    )
+    s = start_server(
+        tmp_path, "--model-repo", str(repo), "--config", str(config), ready_path="/v2/health/live"
+    )
+    try:
+        wait_ready(s, "/v2/health/ready", ACME)
+        yield s
+    finally:
+        s.stop()
 
 
 async def test_shadow_copies_run_on_v2_and_never_reach_callers_the_cache_or_the_counters(
     shadowed: ServerProc,
 ) -> None:
     server = shadowed
-    n = 8
-    async with aiohttp.ClientSession() as http:
+    n = 8  # the tenant's whole burst: a copy charged to it would leave the last request refused
+    async with aiohttp.ClientSession(headers={"Authorization": f"Bearer {ACME}"}) as http:
         for i in range(n):
             async with http.post(f"{server.url}/v2/models/sim/infer", json=body(f"s{i}")) as r:
                 out = await r.json()
                 assert r.status == 200, out
+                assert r.headers["x-ratelimit-remaining-requests"] == str(n - 1 - i)
                 assert r.headers["X-Inferd-Model-Version"] == "1" and out["model_version"] == "1"
                 assert out["outputs"][0]["data"] == [sim_digest("sim", 1, f"s{i}")]
                 assert r.headers["X-Inferd-Cache"] == "miss"
