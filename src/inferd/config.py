@@ -265,6 +265,8 @@ class ServerConfig(ListenerSettings, _Frozen):
     """Retries may add at most this share of recent requests (on top of the floor below)."""
     retry_budget_min_per_s: float = Field(default=10.0, ge=0.0, le=100_000.0)
     """Retries per second always allowed, whatever the request rate."""
+    shadow_max_in_flight: int = Field(default=64, ge=0, le=100_000)
+    """Shadow copies (a model's `traffic.shadow`) running at once; a copy over it is dropped."""
     heartbeat_timeout_s: float = Field(default=5.0, gt=0.0, le=600.0)
     """A worker silent for this long (no heartbeat, no result) is killed and replaced."""
     admin_token: SecretStr | None = None

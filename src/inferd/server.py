@@ -27,7 +27,9 @@ from inferd.errors import ShuttingDown
 from inferd.fleet.control import FleetControl, repository_loader
 from inferd.fleet.scaling import ScalingLoop, scaling_policy
 from inferd.gateway.auth import tenant_counter
+from inferd.gateway.fallback import check_fallbacks
 from inferd.gateway.reload import Gateway
+from inferd.gateway.shadow import Shadows
 from inferd.gateway.traffic_control import Traffic
 from inferd.llm.params import LLMParams
 from inferd.llm.runtime import LLMRuntime
@@ -125,6 +127,9 @@ class InferenceServer:
         self.metrics.registry.register(RuntimeCollector(self.registry))
         self.traffic = Traffic(self.registry, self.clock, self.metrics.traffic)
         """Canary and A/B splits of requests that name no version (gateway/traffic_control.py)."""
+        check_fallbacks((rt.config for rt in self.registry.defaults()), self._kinds_of)
+        self.shadows = Shadows(self.registry, self.metrics.shadow_requests, config.shadow_max_in_flight)
+        """Shadow copies of requests (a model's traffic.shadow): cancelled at shutdown."""
         self.gateway = Gateway(config, self.registry.names, context_lengths=self._context_lengths)
         """Tenants and API keys (gateway/reload.py): the API's auth layer reads its current gate."""
         self.tenant_requests = tenant_counter(self.metrics.registry)
@@ -260,6 +265,9 @@ class InferenceServer:
             self._group = None
             shutil.rmtree(self._socket_dir, ignore_errors=True)
 
+    def _kinds_of(self, name: str) -> set[str]:
+        return {rt.kind for rt in self.registry if rt.name == name}
+
     def _context_lengths(self) -> dict[str, int]:
         """Each LLM model's context length: the longest request it accepts (for tenants' token quotas)."""
         return {rt.name: getattr(rt, "max_model_len", 0) for rt in self.registry if rt.kind == "llm"}
@@ -320,6 +328,7 @@ class InferenceServer:
 
     async def _shutdown(self, loops: list[asyncio.Task[None]], supervisor: asyncio.Task[None]) -> None:
         self.shutting_down = True
+        await self.shadows.close()
         for rt in self.registry:
             rt.stop(ShuttingDown(f"model '{rt.name}' is shutting down"))
         for task in [*loops, *self._tasks.values()]:

@@ -6,6 +6,7 @@ Routes: OIP v2 (health, metadata, infer with Triton's binary extension), OpenAI 
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 from functools import partial
@@ -41,9 +42,11 @@ from inferd.api.middleware import (
 from inferd.api.oip_metadata import model_metadata
 from inferd.api.openapi import openapi_document
 from inferd.batching.dispatcher import ItemResult
-from inferd.errors import BadRequest, ServingError
+from inferd.batching.queue import BULK
+from inferd.errors import BadRequest, DeadlineExceeded, ServingError
 from inferd.gateway.auth import Auth, TenantRequests, allowed_models, check_model, tenant_of
 from inferd.gateway.cache import encoded_size
+from inferd.gateway.fallback import Fallbacks, falls_back
 from inferd.gateway.quota_layer import Quotas
 from inferd.runtime.contract import Runtime
 from inferd.server import InferenceServer
@@ -125,6 +128,11 @@ def lifecycle(results: list[ItemResult]) -> dict[str, Any]:
     }
 
 
+def fallback_headers(rt: Runtime) -> list[tuple[bytes, bytes]]:
+    """An answer given by a model's fallback names it (X-Inferd-Model-Version names its version)."""
+    return [(b"x-inferd-fallback", rt.name.encode()), (b"x-inferd-model", rt.name.encode())]
+
+
 def lifecycle_headers(record: dict[str, Any]) -> list[tuple[bytes, bytes]]:
     return [
         (b"x-inferd-queue-ms", str(record["queue_ms"]).encode()),
@@ -142,6 +150,7 @@ class Api:
         self.clock = server.clock
         self.max_body = server.config.max_body_bytes
         self.cache = server.cache
+        self.fallbacks = Fallbacks(self.registry, self.clock, server.metrics.fallback_requests)
         self.layers: list[Layer] = [
             partial(Accounting, metrics=server.metrics, clock=self.clock, observe=server.traffic.observe),
             partial(TenantRequests, counter=server.tenant_requests),
@@ -248,14 +257,45 @@ class Api:
     # ---- inference ----------------------------------------------------------------------------------
     async def infer(self, call: Call) -> HttpResponse:
         request = call.request
-        rt = self.batch_model(request, request.path_params["model"], request.path_params.get("version"))
+        primary = self.batch_model(request, request.path_params["model"], request.path_params.get("version"))
+        fallback = self.fallback_for(call, primary)
         header_priority = request.header(b"x-priority")
-        rt.precheck(parse_priority(None, header_priority))  # 503 / 429 decided before the body is read
+        first_priority = parse_priority(None, header_priority)
+        # 503 / 429 decided before the body is read; a model that cannot take it hands it to its fallback
+        rt, _ = self.fallbacks.admit(primary, fallback, lambda r: r.precheck(first_priority))
+        call.runtime = rt
         check_content_type(request)
         body = await read_body(request, self.max_body)
-        req = oip.decode_request(body, request.header(b"inference-header-content-length"), rt.config)
+        header_length = request.header(b"inference-header-content-length")
+        req = oip.decode_request(body, header_length, rt.config)
         deadline = self.deadline(rt, req.timeout_us, request.header(b"x-request-timeout-ms"))
         priority = parse_priority(req.priority, header_priority)
+        try:
+            version, rows, record = await self.oip_answer(request, rt, req, deadline, priority)
+        except ServingError as exc:  # refused at enqueue (queue full, deadline unmeetable)
+            if rt is not primary or fallback is None or not falls_back(exc):
+                raise
+            self.fallbacks.refused(primary, fallback, exc)
+            rt = call.runtime = fallback
+            req = oip.decode_request(body, header_length, rt.config)
+            version, rows, record = await self.oip_answer(request, rt, req, deadline, priority)
+        headers: list[tuple[bytes, bytes]] = []
+        if rt is not primary:
+            record = {**record, "fallback": rt.name}
+            headers = fallback_headers(rt)
+        elif (shadow := self.server.shadows.target(rt)) is not None:
+            self.server.shadows.mirror(shadow, rows, partial(self.shadow_copy, req.items))
+        out, header_len = oip.encode_response(rt.config, version, req.request_id, req.outputs, rows, record)
+        headers += lifecycle_headers(record)
+        if header_len is None:
+            return json_response(out, headers=headers)
+        headers.append((b"inference-header-content-length", str(header_len).encode()))
+        return HttpResponse(out, 200, b"application/octet-stream", headers)
+
+    async def oip_answer(
+        self, request: HttpRequest, rt: Runtime, req: Any, deadline: float | None, priority: int
+    ) -> Answer:
+        """Queue an OIP request's items on `rt` and wait (through the response cache when it is on)."""
 
         async def run() -> Answer:
             items = rt.enqueue(req.items, deadline, priority)
@@ -266,20 +306,61 @@ class Api:
             answer = await run()
             return answer, encoded_size(answer[1])
 
-        if rt.config.cache.enabled:  # the same answer for the same inputs and requested outputs
-            canonical = ("oip", req.items, [spec.name for spec, _ in req.outputs])
-            (version, rows, record), lookup = await self.cache.answer(
-                request, rt, canonical, compute, deadline
-            )
-            record = {**record, "cache": lookup}  # a hit's record is that of the run that computed it
-        else:
-            version, rows, record = await run()
-        out, header_len = oip.encode_response(rt.config, version, req.request_id, req.outputs, rows, record)
-        headers = lifecycle_headers(record)
-        if header_len is None:
-            return json_response(out, headers=headers)
-        headers.append((b"inference-header-content-length", str(header_len).encode()))
-        return HttpResponse(out, 200, b"application/octet-stream", headers)
+        if not rt.config.cache.enabled:
+            return await run()
+        # the same answer for the same inputs and requested outputs
+        canonical = ("oip", req.items, [spec.name for spec, _ in req.outputs])
+        (version, rows, record), lookup = await self.cache.answer(request, rt, canonical, compute, deadline)
+        # a hit's record is that of the run that computed it
+        return version, rows, {**record, "cache": lookup}
+
+    async def shadow_copy(self, payloads: list[Any], rt: Any, timeout_s: float) -> list[dict[str, Any]]:
+        """A shadow copy of a request's items on `rt`, at bulk priority (shed first), bounded by
+        `timeout_s`; no cache, no quota, no client connection."""
+        items = rt.enqueue(payloads, self.clock.now() + timeout_s, BULK)
+        try:
+            async with asyncio.timeout(timeout_s):
+                results = await asyncio.gather(*(item.reply for item in items))
+        except TimeoutError:
+            rt.withdraw(items)
+            raise DeadlineExceeded(f"shadow copy on model '{rt.name}' took over {timeout_s} s") from None
+        except BaseException:
+            rt.withdraw(items)
+            raise
+        return [r.outputs for r in results]
+
+    async def answer_with_fallback(
+        self, request: HttpRequest, primary: Runtime, answer: Callable[[Runtime], Awaitable[Response]]
+    ) -> Response:
+        """`answer(primary)`, or `answer(fallback)` when the primary refuses it for want of capacity (or
+        its breaker is open); a fallback's answer is flagged. For routes that admit in one step."""
+        call: Call | None = request.scope.get("inferd.call")
+        fallback = self.fallback_for(call, primary)
+        if fallback is None:
+            return await answer(primary)
+        if self.fallbacks.ask_primary(primary, fallback):
+            try:
+                response = await answer(primary)
+            except ServingError as exc:
+                if not falls_back(exc):
+                    raise
+                self.fallbacks.refused(primary, fallback, exc)
+            else:
+                self.fallbacks.admitted(primary)
+                return response
+        if call is not None:
+            call.runtime = fallback
+        response = await answer(fallback)
+        response.headers.extend(fallback_headers(fallback))
+        return response
+
+    def fallback_for(self, call: Call | None, primary: Runtime) -> Runtime | None:
+        """The primary's fallback, if its model has one the caller may call."""
+        fallback = self.fallbacks.target(primary)
+        tenant = tenant_of(call)
+        if fallback is None or (tenant is not None and not tenant.may_call(fallback.name)):
+            return None
+        return fallback
 
     # ---- shared -------------------------------------------------------------------------------------
     def deadline(self, rt: Runtime, timeout_us: float | None, header_ms: str | None) -> float | None:

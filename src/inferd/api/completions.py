@@ -39,12 +39,13 @@ from inferd.api.http import (
 )
 from inferd.api.middleware import record_stream_error
 from inferd.api.openai import openai_error
+from inferd.api.prompts import chat_prompt
+from inferd.api.prompts import prompt_text as _prompt_text
 from inferd.api.streams import collect, generate, interleave
 from inferd.config import ModelConfig
 from inferd.errors import BadRequest, DeadlineExceeded, ServingError
 from inferd.gateway.auth import tenant_of
 from inferd.gateway.quota_layer import reserve_tokens
-from inferd.llm.model import Tokenizer
 from inferd.llm.placement import Generation
 from inferd.llm.runtime import LLMRuntime
 from inferd.llm.stream import TokenStream
@@ -52,6 +53,8 @@ from inferd.llm.upstream import UpstreamRuntime
 
 if TYPE_CHECKING:
     from inferd.api.context import ApiContext
+
+Response = HttpResponse | StreamingResponse
 
 DEFAULT_MAX_TOKENS = 16
 """A completion's length without max_tokens (OpenAI's default; a chat answer's is the rest of the context)."""
@@ -109,7 +112,11 @@ _encoder = msgspec.json.Encoder()
 # ---- handlers -------------------------------------------------------------------------------------------
 async def completions(api: ApiContext, request: HttpRequest) -> HttpResponse | StreamingResponse:
     body = await _read(api, request)
-    rt = text_model(api, request, body)
+    primary = text_model(api, request, body)
+    return await api.answer_with_fallback(request, primary, lambda rt: _complete(api, request, body, rt))
+
+
+async def _complete(api: ApiContext, request: HttpRequest, body: bytes, rt: Any) -> Response:
     deadline = text_deadline(api, rt.config, request)
     if isinstance(rt, UpstreamRuntime):  # served by external engines
         return await upstream.forward(api, request, rt, body, "/completions", deadline)
@@ -126,7 +133,11 @@ async def completions(api: ApiContext, request: HttpRequest) -> HttpResponse | S
 
 async def chat_completions(api: ApiContext, request: HttpRequest) -> HttpResponse | StreamingResponse:
     body = await _read(api, request)
-    rt = text_model(api, request, body)
+    primary = text_model(api, request, body)
+    return await api.answer_with_fallback(request, primary, lambda rt: _chat(api, request, body, rt))
+
+
+async def _chat(api: ApiContext, request: HttpRequest, body: bytes, rt: Any) -> Response:
     deadline = text_deadline(api, rt.config, request)
     if isinstance(rt, UpstreamRuntime):  # served by external engines
         return await upstream.forward(api, request, rt, body, "/chat/completions", deadline)
@@ -180,27 +191,6 @@ def worker_header(stream: TokenStream) -> list[tuple[bytes, bytes]]:
 async def _read(api: ApiContext, request: HttpRequest) -> bytes:
     check_content_type(request, ("application/json", ""))
     return await read_body(request, api.max_body)
-
-
-def chat_prompt(tokenizer: Tokenizer, model: str, messages: list[ChatMessage]) -> str:
-    """The messages through the model's chat template (a null content is empty text). A template that
-    refuses them (an unknown role, roles out of the order it wants) is a 400 naming the reason."""
-    try:
-        return tokenizer.chat_prompt([{"role": m.role, "content": m.content or ""} for m in messages])
-    except ServingError:
-        raise
-    except Exception as exc:  # the template's own checks (raise_exception) or its failure on these messages
-        raise BadRequest(
-            f"model {model!r} cannot format these messages with its chat template: {exc}"
-        ) from None
-
-
-def _prompt_text(prompt: str | list[Any]) -> str:
-    if isinstance(prompt, str):
-        return prompt
-    if len(prompt) == 1 and isinstance(prompt[0], str):
-        return prompt[0]
-    raise BadRequest("prompt must be one string (lists of prompts and token ids are not supported yet)")
 
 
 # ---- one call ---------------------------------------------------------------------------------------------

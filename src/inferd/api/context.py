@@ -4,9 +4,10 @@ modules import this protocol, never app.py, so the API package has no import cyc
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
-from inferd.api.asgi import HttpRequest
+from inferd.api.asgi import HttpRequest, HttpResponse, StreamingResponse
 from inferd.api.cache_hook import CacheHook
 from inferd.clock import Clock
 from inferd.runtime.contract import Runtime
@@ -27,3 +28,12 @@ class ApiContext(Protocol):
         ...
 
     def deadline(self, rt: Runtime, timeout_us: float | None, header_ms: str | None) -> float | None: ...
+
+    async def answer_with_fallback(
+        self,
+        request: HttpRequest,
+        primary: Runtime,
+        answer: Callable[[Runtime], Awaitable[HttpResponse | StreamingResponse]],
+    ) -> HttpResponse | StreamingResponse:
+        """`answer` on the primary, or on the model's fallback when the primary has no room or no worker."""
+        ...

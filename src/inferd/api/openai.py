@@ -9,7 +9,7 @@ from typing import Any, Literal
 import msgspec
 import numpy as np
 
-from inferd.api.asgi import HttpRequest, HttpResponse
+from inferd.api.asgi import HttpRequest, HttpResponse, StreamingResponse
 from inferd.api.context import ApiContext
 from inferd.api.http import (
     check_content_type,
@@ -47,19 +47,24 @@ def list_models(names: list[str], started_at: float) -> HttpResponse:
     return json_response(_encoder.encode({"object": "list", "data": data}))
 
 
-async def embeddings(api: ApiContext, request: HttpRequest) -> HttpResponse:
+async def embeddings(api: ApiContext, request: HttpRequest) -> HttpResponse | StreamingResponse:
     check_content_type(request, ("application/json", ""))
     body = await read_body(request, api.max_body)
     req = decode_json(_decoder, body, "embeddings request", 'send {"model": ..., "input": ...}')
-    rt = api.batch_model(request, req.model)
+    primary = api.batch_model(request, req.model)
+    return await api.answer_with_fallback(request, primary, lambda rt: _embed(api, request, req, rt))
+
+
+async def _embed(api: ApiContext, request: HttpRequest, req: EmbeddingsRequest, rt: Any) -> HttpResponse:
+    """The embeddings of `req` by `rt` (the model it names, or that model's fallback)."""
     texts = _texts(req, rt.config.max_items_per_request)
     spec_in, spec_out = rt.config.inputs, {t.name for t in rt.config.outputs}
     if len(spec_in) != 1 or spec_in[0].datatype != "BYTES" or "EMBEDDING" not in spec_out:
-        raise BadRequest(f"model {req.model!r} does not produce embeddings (it has no EMBEDDING output)")
+        raise BadRequest(f"model {rt.name!r} does not produce embeddings (it has no EMBEDDING output)")
     dims = next(t.shape for t in rt.config.outputs if t.name == "EMBEDDING")
     if req.dimensions is not None and (len(dims) != 1 or req.dimensions != dims[0]):
         raise BadRequest(
-            f"model {req.model!r} produces {list(dims)}-dimensional embeddings; "
+            f"model {rt.name!r} produces {list(dims)}-dimensional embeddings; "
             f"dimensions={req.dimensions} is not supported"
         )
     rt.precheck()

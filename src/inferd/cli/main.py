@@ -24,9 +24,11 @@ app = typer.Typer(
 
 
 def check_models(models: list[ModelConfig]) -> None:
-    """Every model's kind is known, its typed params and [autoscale] fit it, and its traffic table names
-    served versions: refused before start."""
+    """Every model's kind is known, its typed params and [autoscale] fit it, its traffic table names
+    served versions, and its traffic.fallback names a served model of a kind that serves its routes:
+    refused before start."""
     from inferd.fleet.scaling import check_autoscalable
+    from inferd.gateway.fallback import check_fallbacks
     from inferd.gateway.traffic_control import check_traffic
     from inferd.server import builtin_kinds
 
@@ -39,6 +41,7 @@ def check_models(models: list[ModelConfig]) -> None:
             except ConfigError as exc:
                 raise ConfigError(f"model {m.name!r}: {exc}") from None
     check_traffic(models)
+    check_fallbacks(models, lambda name: {m.kind for m in models if m.name == name})
 
 
 def check_gateway(config: ServerConfig, models: list[ModelConfig]) -> None:

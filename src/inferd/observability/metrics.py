@@ -150,6 +150,20 @@ class Metrics:
         )
         self.cache = CacheMetrics(r)
         self.traffic = TrafficMetrics(r)
+        self.shadow_requests = Counter(
+            "inferd_shadow_requests_total",
+            "Shadow copies of requests, by the version that ran them and how their answer compared with "
+            "the primary's: same, different, error (failed or shed), dropped (over the shadow budget).",
+            ["model", "version", "result"],
+            registry=r,
+        )
+        self.fallback_requests = Counter(
+            "inferd_fallback_requests_total",
+            "Requests answered by a fallback model, by the model that could not take them, the model "
+            "that answered, and why (unavailable, queue_full, deadline, breaker_open).",
+            ["model", "fallback", "reason"],
+            registry=r,
+        )
         self._requests: dict[tuple[str, int], RequestMetrics] = {}
 
     def requests_for(self, name: str, version: int) -> RequestMetrics:
