@@ -41,10 +41,12 @@ from inferd.api.middleware import (
 from inferd.api.oip_metadata import model_metadata
 from inferd.api.openapi import openapi_document
 from inferd.batching.dispatcher import ItemResult
+from inferd.batching.fairness import NO_TENANT, TenantShare
 from inferd.errors import BadRequest, ServingError
 from inferd.gateway.auth import Auth, TenantRequests, allowed_models, check_model, tenant_counter, tenant_of
 from inferd.gateway.cache import encoded_size
 from inferd.gateway.quota_layer import Quotas
+from inferd.gateway.tenants import Tenant
 from inferd.runtime.contract import Runtime
 from inferd.server import InferenceServer
 
@@ -101,6 +103,11 @@ def _not_found(path: str, other_method: bool) -> HttpResponse:
     if other_method:
         return json_response(oip.encode_json({"error": f"method not allowed on {path}"}), 405)
     return json_response(oip.encode_json({"error": f"no route {path}"}), 404)
+
+
+def tenant_share(tenant: Tenant | None) -> TenantShare:
+    """The caller's lane and weight in a batch model's queue (batching/fairness.py)."""
+    return NO_TENANT if tenant is None else TenantShare(tenant.name, tenant.config.weight)
 
 
 def lifecycle(results: list[ItemResult]) -> dict[str, Any]:
@@ -248,7 +255,8 @@ class Api:
         request = call.request
         rt = self.batch_model(request, request.path_params["model"], request.path_params.get("version"))
         header_priority = request.header(b"x-priority")
-        rt.precheck(parse_priority(None, header_priority))  # 503 / 429 decided before the body is read
+        share = tenant_share(tenant_of(call))
+        rt.precheck(parse_priority(None, header_priority), share)  # 503 / 429 before the body is read
         check_content_type(request)
         body = await read_body(request, self.max_body)
         req = oip.decode_request(body, request.header(b"inference-header-content-length"), rt.config)
@@ -256,7 +264,7 @@ class Api:
         priority = parse_priority(req.priority, header_priority)
 
         async def run() -> Answer:
-            items = rt.enqueue(req.items, deadline, priority)
+            items = rt.enqueue(req.items, deadline, priority, share)
             results: list[ItemResult] = await wait_for_items(rt, items, deadline, self.clock, request)
             return results[0].version, [r.outputs for r in results], lifecycle(results)
 
