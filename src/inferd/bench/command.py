@@ -108,6 +108,13 @@ def bench(
     chaos_seed: Annotated[
         int | None, typer.Option(help="Seed for the choice of victims [default: --seed].")
     ] = None,
+    header: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="Send this header with every request, as 'Name: value' (repeatable), e.g. "
+            "'Authorization: Bearer KEY'."
+        ),
+    ] = None,
     json_output: JsonOption = False,
     histograms: Annotated[
         bool, typer.Option(help="With --json, include the HdrHistogram-encoded latency histogram.")
@@ -129,6 +136,7 @@ def bench(
             timeout_ms=timeout_ms,
             send_deadline=send_deadline,
             priority=priority,
+            headers=parse_headers(header or []),
             payload_bytes=payload_bytes,
             max_requests=max_requests,
             seed=seed,
@@ -149,3 +157,14 @@ def bench(
     )
     report = run_load_blocking(spec, chaos_spec)
     emit(report, json_output, lambda r: to_json(r, include_histograms=histograms), render)
+
+
+def parse_headers(values: list[str]) -> tuple[tuple[str, str], ...]:
+    """'Name: value' options as (name, value) pairs; a value without ':' is a usage error."""
+    pairs = []
+    for value in values:
+        name, sep, rest = value.partition(":")
+        if not sep or not name.strip():
+            raise typer.BadParameter(f"--header {value!r} must be 'Name: value'")
+        pairs.append((name.strip(), rest.strip()))
+    return tuple(pairs)

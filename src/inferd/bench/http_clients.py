@@ -36,7 +36,8 @@ class HttpClient(Protocol):
 
 
 def _extra_headers(spec: LoadSpec) -> dict[str, str]:
-    return {"X-Priority": spec.priority} if spec.priority is not None else {}
+    extra = {"X-Priority": spec.priority} if spec.priority is not None else {}
+    return extra | dict(spec.headers)
 
 
 class AiohttpClient:

@@ -33,6 +33,8 @@ class LoadSpec:
     """Also send the remaining deadline as `X-Request-Timeout-Ms`."""
     priority: str | None = None
     """Sent as `X-Priority` when set."""
+    headers: tuple[tuple[str, str], ...] = ()
+    """More request headers, e.g. `("Authorization", "Bearer KEY")` for a tenant's API key."""
     payload_bytes: int = 32
     max_requests: int = 1_000_000
     seed: int = 0
@@ -51,6 +53,9 @@ class LoadSpec:
             "connections must be >= 1": self.connections >= 1,
             "payload_bytes must be >= 0": self.payload_bytes >= 0,
             "grace_s must be >= 0": self.grace_s >= 0,
+            "header names must be tokens and values one line": all(
+                k.strip() and ":" not in k and not any(c in k + v for c in "\r\n") for k, v in self.headers
+            ),
             "client must be 'raw' or 'aiohttp'": self.client in ("raw", "aiohttp"),
             "the raw client needs an http:// url with a host": self.client != "raw"
             or is_plain_http(self.url),
