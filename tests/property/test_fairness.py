@@ -50,6 +50,7 @@ class FairQueueMachine(RuleBasedStateMachine):
         self.q = RequestQueue(MAX)
         self.weights: dict[str, float] = {}
         self.where: dict[int, str] = {}
+        self.retried: set[int] = set()
         self.items: dict[int, QueuedItem] = {}
         self.seq = itertools.count()
         self.slots = {(p, t): 0 for p in (INTERACTIVE, BULK) for t in NAMES}
@@ -84,7 +85,13 @@ class FairQueueMachine(RuleBasedStateMachine):
         for item in q.displace(priority, taken):
             assert self.where[id(item)] == "queued"
             self.where[id(item)] = "displaced"
-            newer = [i for i in q.live_items() if i.tenant is item.tenant and i.payload > item.payload]
+            newer = [  # retried items go back to the head of the lane: they give way last
+                i
+                for i in q.live_items()
+                if (i.tenant.name, i.priority) == (item.tenant.name, priority)
+                and id(i) not in self.retried
+                and i.payload > item.payload
+            ]
             assert not newer and item.priority == priority, "displaced an item that was not the newest"
         now = self.clock.now()
         for _ in range(n):
@@ -127,6 +134,7 @@ class FairQueueMachine(RuleBasedStateMachine):
         self.q.push_front(back)
         for item in back:
             self.where[id(item)] = "queued"
+            self.retried.add(id(item))
 
     @rule(dt=st.floats(0.1, 2.0))
     def advance(self, dt: float) -> None:

@@ -68,9 +68,10 @@ class FairOrder:
         return dict(self._weight)
 
     def join(self, tenant: str, weight: float) -> None:
-        """`tenant` has items waiting now (a no-op if it already had)."""
-        self._weight[tenant] = weight  # the latest weight: a reload applies from the next pick
+        """`tenant` has items waiting now (a no-op if it already had): a changed weight (a config
+        reload) applies from the next time it becomes backlogged."""
         if tenant not in self._pass:
+            self._weight[tenant] = weight
             self._pass[tenant] = min(self._pass.values(), default=self._vtime)
 
     def leave(self, tenant: str) -> None:

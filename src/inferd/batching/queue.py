@@ -99,9 +99,11 @@ class _Lanes:
             lane.appendleft(item)
         else:
             lane.append(item)
-        self.held[name] = self.held.get(name, 0) + 1
+        held = self.held.get(name, 0)
+        self.held[name] = held + 1
         self.live += 1
-        self.order.join(name, item.tenant.weight)
+        if not held:
+            self.order.join(name, item.tenant.weight)
 
     def dropped(self, item: QueuedItem) -> None:
         """A queued item left its lane (taken, withdrawn or displaced): count it off."""
@@ -114,7 +116,8 @@ class _Lanes:
 
     def take(self, size: int, now: float, batch: list[QueuedItem], expired: list[QueuedItem]) -> None:
         while self.live and len(batch) < size:
-            name = self.order.next()
+            alone = len(self.held) == 1  # one tenant waiting (always, without tenants): plain FIFO
+            name = next(iter(self.held)) if alone else self.order.next()
             lane = self.lanes[name]
             item = lane.popleft()
             while item.state is not ItemState.QUEUED:  # the tenant holds a live item: it comes
@@ -125,7 +128,8 @@ class _Lanes:
             else:
                 item.state = ItemState.RUNNING
                 batch.append(item)
-                self.order.charge(name)
+                if not alone:  # a lone tenant's pass is never compared: charging it changes nothing
+                    self.order.charge(name)
             self.dropped(item)
 
     def newest(self, name: str, count: int) -> list[QueuedItem]:
