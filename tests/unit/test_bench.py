@@ -21,7 +21,7 @@ import typer
 from aiohttp import web
 from typer.testing import CliRunner
 
-from inferd.bench.command import bench
+from inferd.bench.command import bench, parse_headers
 from inferd.bench.http_clients import RawClient
 from inferd.bench.infer_requests import payload_for, request_body, request_id
 from inferd.bench.loadgen import LoadSpec, run_load
@@ -475,6 +475,28 @@ async def test_raw_client_sends_priority_and_remaining_deadline(raw_server: Call
         assert b"\r\nX-Priority: high\r\n" in request
         remaining = int(request.split(b"X-Request-Timeout-Ms: ")[1].split(b"\r\n")[0])
         assert 700 <= remaining <= 800
+
+
+async def test_raw_client_sends_extra_headers(raw_server: Callable[..., Any]) -> None:
+    def reply(i: int, body: bytes) -> tuple[bytes, bool]:
+        answer = ok_answer(body)
+        return http_response(answer, f"Content-Length: {len(answer)}"), False
+
+    server = await raw_server(reply)
+    s = spec(server.url, duration_s=0.05, headers=(("Authorization", "Bearer ik-x"),))
+    assert (await run_load(s)).measured.ok == 10
+    assert all(b"\r\nAuthorization: Bearer ik-x\r\n" in r for r in server.requests)
+
+
+def test_header_option_needs_name_and_value() -> None:
+    assert parse_headers(["Authorization: Bearer k", "X-A:b"]) == (
+        ("Authorization", "Bearer k"),
+        ("X-A", "b"),
+    )
+    with pytest.raises(typer.BadParameter, match="must be 'Name: value'"):
+        parse_headers(["no-colon"])
+    with pytest.raises(ValueError, match="header names"):
+        LoadSpec(headers=(("X-A", "b\r\nEvil: 1"),))
 
 
 # --- the command ---
