@@ -13,7 +13,7 @@ import asyncio
 import itertools
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import event, given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
@@ -79,6 +79,8 @@ class FairQueueMachine(RuleBasedStateMachine):
             return
         if n <= cap - len(q):
             assert taken == {}
+        if taken:
+            event("displaced")
         for victim, k in taken.items():  # each item given up came from a tenant over its share
             assert victim != tenant
             assert held[victim] - k + 1 > shares[victim] - 1e-9
@@ -166,6 +168,8 @@ class FairQueueMachine(RuleBasedStateMachine):
                 wi, wj = self.weights[i], self.weights[j]
                 gap = (self.slots[(p, i)] - bi) / wi - (self.slots[(p, j)] - bj) / wj
                 assert abs(gap) <= 1 / wi + 1 / wj + 1e-9, (p, i, j, gap)
+                if self.slots[(p, i)] > bi and self.slots[(p, j)] > bj:
+                    event("two backlogged tenants both served")
 
 
 FairQueueMachine.TestCase.settings = settings(max_examples=300, stateful_step_count=60, deadline=None)
@@ -253,3 +257,77 @@ async def test_a_tenant_over_its_share_waits_for_room_as_before() -> None:
         assert isinstance(item.reply.exception(), Overloaded)
     rt.withdraw(items)
     await asyncio.sleep(0)
+
+
+RUNTIME_TENANTS = {"a": TenantShare("a", 1.0), "b": TenantShare("b", 2.0), "": NO_TENANT}
+
+
+def arrivals(kind: str, sizes: st.SearchStrategy[int]) -> st.SearchStrategy[tuple[str, str, int, int]]:
+    return st.tuples(st.just(kind), st.sampled_from(sorted(RUNTIME_TENANTS)), sizes, st.sampled_from([0, 1]))
+
+
+runtime_ops = st.lists(
+    st.one_of(
+        arrivals("arrive", st.integers(1, 6)),
+        arrivals("arrive", st.integers(1, 6)),
+        arrivals("flood", st.integers(10, 20)),  # one request after another until refused
+        st.tuples(st.just("cut"), st.just(""), st.integers(1, 10), st.just(0)),
+    ),
+    max_size=80,
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(ops=runtime_ops)
+def test_runtime_refuses_room_only_over_share_and_answers_every_item_once(ops: list[tuple]) -> None:
+    """The real admission (precheck and enqueue, both classes, the bulk reserve): a refusal for room
+    means the tenant would go over its share; every admitted item ends in exactly one place."""
+
+    async def scenario() -> None:
+        rt = make_runtime(queue_size=16)  # bulk may fill 6 of it
+        admitted: list[QueuedItem] = []
+        cut: list[QueuedItem] = []
+
+        def arrive(name: str, n: int, priority: int) -> bool:
+            tenant = RUNTIME_TENANTS[name]
+            held = rt.queue.held_in(priority)
+            waiting = {t for t, c in held.items() if c} | {tenant.name}
+            weights = {t: RUNTIME_TENANTS[t].weight for t in waiting}
+            room = rt.capacity(priority) - (len(rt.queue) - rt.queue.live_in(priority))
+            share = room * tenant.weight / sum(weights.values())
+            try:
+                admitted.extend(rt.enqueue([b"x"] * n, None, priority, tenant))
+            except Overloaded as exc:
+                event("refused for room")
+                assert exc.reason == "queue_full"
+                assert len(rt.queue) + n > rt.capacity(priority), "refused with room free"
+                assert held.get(tenant.name, 0) + n > share - 1e-9, "refused within its share"
+                return False
+            finally:
+                assert len(rt.queue) <= rt.capacity(INTERACTIVE)
+            return True
+
+        for kind, name, n, priority in ops:
+            if kind == "cut":
+                batch, expired = rt.queue.cut(n, rt.clock.now())
+                assert not expired and len(batch) <= n
+                cut.extend(batch)
+            elif kind == "arrive":
+                arrive(name, n, priority)
+            else:
+                for _ in range(n):
+                    if not arrive(name, 1, priority):
+                        break
+        live = {id(i) for i in rt.queue.live_items()}
+        displaced = {
+            id(i) for i in admitted if i.reply.done() and isinstance(i.reply.exception(), Overloaded)
+        }
+        ran = {id(i) for i in cut}
+        if displaced:
+            event("items displaced")
+        assert len(live) + len(displaced) + len(ran) == len(admitted), "an item lost or in two places"
+        assert not (live & displaced) and not (live & ran) and not (ran & displaced)
+        rt.withdraw(admitted)
+        await asyncio.sleep(0)
+
+    asyncio.run(scenario())
