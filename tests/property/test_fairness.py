@@ -248,7 +248,7 @@ async def test_a_flooding_tenant_gives_way_and_gets_the_429s() -> None:
 async def test_a_tenant_over_its_share_waits_for_room_as_before() -> None:
     rt = make_runtime()
     a, b = TenantShare("a", 3.0), TenantShare("b", 1.0)
-    items = rt.enqueue([b"a"] * 40, None, INTERACTIVE, a)
+    items = [i for _ in range(40) for i in rt.enqueue([b"a"], None, INTERACTIVE, a)]
     items += rt.enqueue([b"b"] * 10, None, INTERACTIVE, b)  # share 40 * 1/4 = 10
     with pytest.raises(Overloaded, match="tenant 'b' already holds 10"):
         rt.enqueue([b"b"], None, INTERACTIVE, b)
@@ -331,3 +331,17 @@ def test_runtime_refuses_room_only_over_share_and_answers_every_item_once(ops: l
         await asyncio.sleep(0)
 
     asyncio.run(scenario())
+
+
+async def test_a_request_gives_way_whole() -> None:
+    """Displacing part of a multi-item request takes its other items out too: the request fails as a
+    whole (429) and none of its items runs for nobody."""
+    rt = make_runtime()
+    a, b = TenantShare("a", 1.0), TenantShare("b", 1.0)
+    requests = [rt.enqueue([b"a"] * 4, None, INTERACTIVE, a) for _ in range(10)]  # the whole queue
+    mine = rt.enqueue([b"b"], None, INTERACTIVE, b)  # needs one place: A's newest request goes
+    assert all(isinstance(i.reply.exception(), Overloaded) for i in requests[-1])
+    assert not any(i.reply.done() for r in requests[:-1] for i in r)
+    assert rt.queue.held_in(INTERACTIVE) == {"a": 36, "b": 1}
+    rt.withdraw([i for r in requests for i in r] + mine)
+    await asyncio.sleep(0)

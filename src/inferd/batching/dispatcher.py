@@ -11,6 +11,7 @@ This module wires those parts together and is the one other modules use; it admi
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import random
 from collections.abc import Coroutine, Sequence
@@ -101,6 +102,7 @@ class ModelRuntime:
         self.ejector = routing.ejector
         self.max_loop_lag_s = MAX_LOOP_LAG_S
         self.enqueued_total = 0
+        self._requests = itertools.count(1)
         """Items admitted since start (the autoscaler's arrival rate)."""
 
     # ---- identity and readiness ----------------------------------------------------------------------
@@ -207,8 +209,17 @@ class ModelRuntime:
             self._displace(priority, taken, tenant, ready)
         now = self.clock.now()
         loop = asyncio.get_running_loop()
+        request = next(self._requests)
         items = [
-            QueuedItem(payload, now, deadline, loop.create_future(), priority=priority, tenant=tenant)
+            QueuedItem(
+                payload,
+                now,
+                deadline,
+                loop.create_future(),
+                priority=priority,
+                tenant=tenant,
+                request=request,
+            )
             for payload in payloads
         ]
         for item in items:

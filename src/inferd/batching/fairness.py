@@ -20,8 +20,10 @@ the class, t included; room: what the class may hold), by displacing the newest 
 that are over their shares. There are always enough: the others hold held - held_t items against shares
 of room - share_t, so their excess is at least held + n - room, exactly the items missing. So a tenant
 within its share is never refused for queue room, and the tenant that floods the queue is the one
-whose requests are refused (429). A request that would take its tenant over its share waits for room as
-before. With one tenant (no tenants configured) its share is the whole room: nothing changes.
+whose requests are refused (429). Each item given up comes from a tenant over its share at that moment;
+the rest of that item's request goes with it (the request fails as a whole, so its other items would
+only run for nobody). A request that would take its tenant over its share waits for room as before.
+With one tenant (no tenants configured) its share is the whole room: nothing changes.
 """
 
 from __future__ import annotations

@@ -65,6 +65,8 @@ class QueuedItem:
     """Already sent to a second worker once because its first was slow: never hedged again."""
     tenant: TenantShare = NO_TENANT
     """Whose request this is: its lane in the queue and its weight there."""
+    request: int = 0
+    """Items of one request share it (0: not known), so they give up their places together."""
 
     def __post_init__(self) -> None:
         if not self.first_enqueued_at:
@@ -133,15 +135,19 @@ class _Lanes:
             self.dropped(item)
 
     def newest(self, name: str, count: int) -> list[QueuedItem]:
-        """Take out the newest `count` live items of tenant `name`."""
+        """Take out the newest `count` live items of tenant `name`, and the rest of the last one's
+        request (the request fails as a whole: its other items would only run for nobody)."""
         lane = self.lanes[name]
         out: list[QueuedItem] = []
-        while len(out) < count:
-            item = lane.pop()
-            if item.state is ItemState.QUEUED:
-                item.state = ItemState.WITHDRAWN
-                out.append(item)
-                self.dropped(item)
+        while lane:
+            tail = lane[-1]
+            if tail.state is ItemState.QUEUED:
+                if len(out) >= count and not (tail.request and tail.request == out[-1].request):
+                    break
+                tail.state = ItemState.WITHDRAWN
+                out.append(tail)
+                self.dropped(tail)
+            lane.pop()
         return out
 
     def oldest_at(self) -> float | None:
