@@ -26,6 +26,7 @@ from inferd.bench.http_clients import RawClient
 from inferd.bench.infer_requests import payload_for, request_body, request_id
 from inferd.bench.loadgen import LoadSpec, run_load
 from inferd.bench.open_loop import arrival_offsets
+from inferd.bench.spec_checks import parse_header
 from inferd.models.sim import sim_digest
 
 Rule = Callable[[int], bool]
@@ -475,6 +476,26 @@ async def test_raw_client_sends_priority_and_remaining_deadline(raw_server: Call
         assert b"\r\nX-Priority: high\r\n" in request
         remaining = int(request.split(b"X-Request-Timeout-Ms: ")[1].split(b"\r\n")[0])
         assert 700 <= remaining <= 800
+
+
+async def test_raw_client_sends_extra_headers(raw_server: Callable[..., Any]) -> None:
+    def reply(i: int, body: bytes) -> tuple[bytes, bool]:
+        answer = ok_answer(body)
+        return http_response(answer, f"Content-Length: {len(answer)}"), False
+
+    server = await raw_server(reply)
+    s = spec(server.url, duration_s=0.05, headers=(("Authorization", "Bearer ik-x"),))
+    assert (await run_load(s)).measured.ok == 10
+    assert all(b"\r\nAuthorization: Bearer ik-x\r\n" in r for r in server.requests)
+
+
+def test_header_option_needs_name_and_value() -> None:
+    assert parse_header("Authorization: Bearer k") == ("Authorization", "Bearer k")
+    assert parse_header("X-A:b") == ("X-A", "b")
+    with pytest.raises(ValueError, match="no colon"):
+        parse_header("no-colon")
+    with pytest.raises(ValueError, match="CR or LF"):
+        LoadSpec(headers=(("X-A", "b\r\nEvil: 1"),))
 
 
 # --- the command ---

@@ -42,12 +42,14 @@ from inferd.api.middleware import (
 from inferd.api.oip_metadata import model_metadata
 from inferd.api.openapi import openapi_document
 from inferd.batching.dispatcher import ItemResult
+from inferd.batching.fairness import NO_TENANT, TenantShare
 from inferd.batching.queue import BULK
 from inferd.errors import BadRequest, DeadlineExceeded, ServingError
 from inferd.gateway.auth import Auth, TenantRequests, allowed_models, check_model, tenant_of
 from inferd.gateway.cache import encoded_size
 from inferd.gateway.fallback import Fallbacks, falls_back
 from inferd.gateway.quota_layer import Quotas
+from inferd.gateway.tenants import Tenant
 from inferd.runtime.contract import Runtime
 from inferd.server import InferenceServer
 
@@ -104,6 +106,11 @@ def _not_found(path: str, other_method: bool) -> HttpResponse:
     if other_method:
         return json_response(oip.encode_json({"error": f"method not allowed on {path}"}), 405)
     return json_response(oip.encode_json({"error": f"no route {path}"}), 404)
+
+
+def tenant_share(tenant: Tenant | None) -> TenantShare:
+    """The caller's lane and weight in a batch model's queue (batching/fairness.py)."""
+    return NO_TENANT if tenant is None else TenantShare(tenant.name, tenant.config.weight)
 
 
 def lifecycle(results: list[ItemResult]) -> dict[str, Any]:
@@ -261,8 +268,9 @@ class Api:
         fallback = self.fallback_for(call, primary)
         header_priority = request.header(b"x-priority")
         first_priority = parse_priority(None, header_priority)
+        share = tenant_share(tenant_of(call))
         # 503 / 429 decided before the body is read; a model that cannot take it hands it to its fallback
-        rt, _ = self.fallbacks.admit(primary, fallback, lambda r: r.precheck(first_priority))
+        rt, _ = self.fallbacks.admit(primary, fallback, lambda r: r.precheck(first_priority, share))
         call.runtime = rt
         check_content_type(request)
         body = await read_body(request, self.max_body)
@@ -271,14 +279,14 @@ class Api:
         deadline = self.deadline(rt, req.timeout_us, request.header(b"x-request-timeout-ms"))
         priority = parse_priority(req.priority, header_priority)
         try:
-            version, rows, record = await self.oip_answer(request, rt, req, deadline, priority)
+            version, rows, record = await self.oip_answer(request, rt, req, deadline, priority, share)
         except ServingError as exc:  # refused at enqueue (queue full, deadline unmeetable)
             if rt is not primary or fallback is None or not falls_back(exc):
                 raise
             self.fallbacks.refused(primary, fallback, exc)
             rt = call.runtime = fallback
             req = oip.decode_request(body, header_length, rt.config)
-            version, rows, record = await self.oip_answer(request, rt, req, deadline, priority)
+            version, rows, record = await self.oip_answer(request, rt, req, deadline, priority, share)
         headers: list[tuple[bytes, bytes]] = []
         if rt is not primary:
             record = {**record, "fallback": rt.name}
@@ -293,12 +301,18 @@ class Api:
         return HttpResponse(out, 200, b"application/octet-stream", headers)
 
     async def oip_answer(
-        self, request: HttpRequest, rt: Runtime, req: Any, deadline: float | None, priority: int
+        self,
+        request: HttpRequest,
+        rt: Runtime,
+        req: Any,
+        deadline: float | None,
+        priority: int,
+        share: TenantShare = NO_TENANT,
     ) -> Answer:
         """Queue an OIP request's items on `rt` and wait (through the response cache when it is on)."""
 
         async def run() -> Answer:
-            items = rt.enqueue(req.items, deadline, priority)
+            items = rt.enqueue(req.items, deadline, priority, share)
             results: list[ItemResult] = await wait_for_items(rt, items, deadline, self.clock, request)
             return results[0].version, [r.outputs for r in results], lifecycle(results)
 

@@ -11,6 +11,7 @@ This module wires those parts together and is the one other modules use; it admi
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import random
 from collections.abc import Coroutine, Sequence
@@ -19,6 +20,7 @@ from typing import Any, ClassVar
 from inferd.batching.admission import DrainEstimator, check_admission
 from inferd.batching.delivery import Delivery, ItemResult, fail, owned, settle
 from inferd.batching.dispatch import Dispatcher
+from inferd.batching.fairness import NO_TENANT, TenantShare, gave_way, over_share
 from inferd.batching.hedging import HedgePolicy
 from inferd.batching.membership import Membership
 from inferd.batching.mix import MixPolicy
@@ -100,6 +102,7 @@ class ModelRuntime:
         self.ejector = routing.ejector
         self.max_loop_lag_s = MAX_LOOP_LAG_S
         self.enqueued_total = 0
+        self._requests = itertools.count(1)
         """Items admitted since start (the autoscaler's arrival rate)."""
 
     # ---- identity and readiness ----------------------------------------------------------------------
@@ -145,9 +148,9 @@ class ModelRuntime:
         reserve = max(self.config.max_batch_size, self.queue.max_size // 4)
         return max(1, self.queue.max_size - reserve)
 
-    def precheck(self, priority: int = INTERACTIVE) -> int:
-        """Cheap checks before the body is read: no worker, or no room even for one item. Returns the
-        ready workers it counted (the admission check reuses them)."""
+    def precheck(self, priority: int = INTERACTIVE, tenant: TenantShare = NO_TENANT) -> int:
+        """Cheap checks before the body is read: no worker, or no room even for one item of `tenant`.
+        Returns the ready workers it counted (the admission check reuses them)."""
         if self._state.stopping:
             raise WorkerUnavailable(f"model '{self.name}' is shutting down")
         ready = self.ready_workers
@@ -155,7 +158,7 @@ class ModelRuntime:
             raise WorkerUnavailable(f"model '{self.name}' has no ready worker; retry shortly")
         self._check_loop_lag(priority)
         if len(self.queue) >= self.capacity(priority):
-            self._check_room(1, None, priority, ready)
+            self._check_room(1, None, priority, ready, tenant)
         return ready
 
     def _check_loop_lag(self, priority: int) -> None:
@@ -169,28 +172,54 @@ class ModelRuntime:
                 reason="front_end_saturated",
             )
 
-    def _check_room(self, n: int, deadline: float | None, priority: int, ready: int) -> None:
+    def _check_room(
+        self, n: int, deadline: float | None, priority: int, ready: int, tenant: TenantShare
+    ) -> dict[str, int]:
+        """Raise Overloaded unless `n` items of `tenant` fit by the deadline; returns the newest items of
+        which tenants must give up their place for them (batching/fairness.py)."""
+        capacity = self.capacity(priority)
+        taken = self.queue.room_for(tenant, n, priority, capacity)
+        if taken is None and tenant != NO_TENANT:
+            held = self.queue.held_in(priority).get(tenant.name, 0)
+            drain = self.estimator.drain_time_s(len(self.queue), ready)
+            raise over_share(self.name, len(self.queue), capacity, tenant, held, drain)
         check_admission(
             self.name,
-            len(self.queue),
-            self.capacity(priority),
+            len(self.queue) - sum((taken or {}).values()),
+            capacity,
             n,
             self.clock.now(),
             deadline,
             self.estimator,
             ready,
         )
+        return taken or {}
 
     def enqueue(
-        self, payloads: Sequence[Any], deadline: float | None, priority: int = INTERACTIVE
+        self,
+        payloads: Sequence[Any],
+        deadline: float | None,
+        priority: int = INTERACTIVE,
+        tenant: TenantShare = NO_TENANT,
     ) -> list[QueuedItem]:
         """Admit and queue one request's items. Raises Overloaded or WorkerUnavailable."""
-        ready = self.precheck(priority)
-        self._check_room(len(payloads), deadline, priority, ready)
+        ready = self.precheck(priority, tenant)
+        taken = self._check_room(len(payloads), deadline, priority, ready, tenant)
+        if taken:
+            self._displace(priority, taken, tenant, ready)
         now = self.clock.now()
         loop = asyncio.get_running_loop()
+        request = next(self._requests)
         items = [
-            QueuedItem(payload, now, deadline, loop.create_future(), priority=priority)
+            QueuedItem(
+                payload,
+                now,
+                deadline,
+                loop.create_future(),
+                priority=priority,
+                tenant=tenant,
+                request=request,
+            )
             for payload in payloads
         ]
         for item in items:
@@ -199,6 +228,13 @@ class ModelRuntime:
         self.enqueued_total += len(items)
         self._state.wake.set()
         return items
+
+    def _displace(self, priority: int, taken: dict[str, int], tenant: TenantShare, ready: int) -> None:
+        """The queue is full and `tenant` is within its share: the newest items of the tenants over
+        their shares give up their places (429)."""
+        drain = self.estimator.drain_time_s(len(self.queue), ready)
+        for item in self.queue.displace(priority, taken):
+            fail(self.queue, item, gave_way(self.name, item.tenant, tenant, drain))
 
     def withdraw(self, items: Sequence[QueuedItem]) -> None:
         """The caller left: queued items never reach a worker; running ones are answered to nobody."""

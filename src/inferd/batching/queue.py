@@ -1,7 +1,11 @@
 """The bounded per-model queue of batch items. No I/O; the caller passes `now`.
 
 Items are withdrawn lazily (a caller that leaves marks its item; the cut skips it), so withdrawal is
-O(1). The physical deque is compacted when dead entries pile up, so it stays bounded too.
+O(1). The physical deques are compacted when dead entries pile up, so they stay bounded too.
+
+Inside a priority class each tenant has its own FIFO lane; the cut serves the lanes in weighted fair
+order and a full queue makes room for a tenant within its share (batching/fairness.py). Without tenants
+there is one lane per class: plain FIFO.
 """
 
 from __future__ import annotations
@@ -11,6 +15,8 @@ from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
+
+from inferd.batching.fairness import NO_TENANT, FairOrder, TenantShare, displacement
 
 
 class ItemState(enum.Enum):
@@ -57,6 +63,10 @@ class QueuedItem:
     older batch on a slow worker: only the owning batch's loss recovers it."""
     hedged: bool = False
     """Already sent to a second worker once because its first was slow: never hedged again."""
+    tenant: TenantShare = NO_TENANT
+    """Whose request this is: its lane in the queue and its weight there."""
+    request: int = 0
+    """Items of one request share it (0: not known), so they give up their places together."""
 
     def __post_init__(self) -> None:
         if not self.first_enqueued_at:
@@ -72,11 +82,100 @@ class QueueStatistics:
     max_size: int
 
 
+class _Lanes:
+    """One priority class: a FIFO lane of items per tenant, served in `FairOrder`."""
+
+    def __init__(self) -> None:
+        self.lanes: dict[str, deque[QueuedItem]] = {}
+        self.held: dict[str, int] = {}
+        """Live items per tenant (tenants with none are absent)."""
+        self.order = FairOrder()
+        self.live = 0
+
+    def add(self, item: QueuedItem, front: bool = False) -> None:
+        name = item.tenant.name
+        lane = self.lanes.get(name)
+        if lane is None:
+            lane = self.lanes[name] = deque()
+        if front:
+            lane.appendleft(item)
+        else:
+            lane.append(item)
+        held = self.held.get(name, 0)
+        self.held[name] = held + 1
+        self.live += 1
+        if not held:
+            self.order.join(name, item.tenant.weight)
+
+    def dropped(self, item: QueuedItem) -> None:
+        """A queued item left its lane (taken, withdrawn or displaced): count it off."""
+        name = item.tenant.name
+        self.live -= 1
+        self.held[name] -= 1
+        if not self.held[name]:
+            del self.held[name], self.lanes[name]  # what is left in the lane is dead
+            self.order.leave(name)
+
+    def take(self, size: int, now: float, batch: list[QueuedItem], expired: list[QueuedItem]) -> None:
+        while self.live and len(batch) < size:
+            alone = len(self.held) == 1  # one tenant waiting (always, without tenants): plain FIFO
+            name = next(iter(self.held)) if alone else self.order.next()
+            lane = self.lanes[name]
+            item = lane.popleft()
+            while item.state is not ItemState.QUEUED:  # the tenant holds a live item: it comes
+                item = lane.popleft()
+            if item.deadline is not None and item.deadline <= now:
+                item.state = ItemState.EXPIRED  # uses no slot: not charged
+                expired.append(item)
+            else:
+                item.state = ItemState.RUNNING
+                batch.append(item)
+                if not alone:  # a lone tenant's pass is never compared: charging it changes nothing
+                    self.order.charge(name)
+            self.dropped(item)
+
+    def newest(self, name: str, count: int) -> list[QueuedItem]:
+        """Take out the newest `count` live items of tenant `name`, and the rest of the last one's
+        request (the request fails as a whole: its other items would only run for nobody)."""
+        lane = self.lanes[name]
+        out: list[QueuedItem] = []
+        while lane:
+            tail = lane[-1]
+            if tail.state is ItemState.QUEUED:
+                if len(out) >= count and not (tail.request and tail.request == out[-1].request):
+                    break
+                tail.state = ItemState.WITHDRAWN
+                out.append(tail)
+                self.dropped(tail)
+            lane.pop()
+        return out
+
+    def oldest_at(self) -> float | None:
+        heads = []
+        for lane in self.lanes.values():
+            while lane and lane[0].state is not ItemState.QUEUED:
+                lane.popleft()
+            if lane:
+                heads.append(lane[0].enqueued_at)
+        return min(heads) if heads else None
+
+    def items(self) -> list[QueuedItem]:
+        return [i for lane in self.lanes.values() for i in lane if i.state is ItemState.QUEUED]
+
+    def physical(self) -> int:
+        return sum(len(lane) for lane in self.lanes.values())
+
+    def compact(self) -> None:
+        for name, lane in self.lanes.items():
+            self.lanes[name] = deque(i for i in lane if i.state is ItemState.QUEUED)
+
+
 class RequestQueue:
-    """FIFO of live items with a hard bound on their number, in two priority classes.
+    """Live items with a hard bound on their number, in two priority classes.
 
     Interactive items (class 0) always leave before bulk ones (class 1): a cut takes interactive work
     first and fills the space it leaves with bulk work, so interactive work never waits behind bulk.
+    Within a class each tenant's items leave in FIFO order, tenants in weighted fair order.
     """
 
     CLASSES = (INTERACTIVE, BULK)
@@ -85,110 +184,89 @@ class RequestQueue:
         if max_size < 1:
             raise ValueError(f"max_size must be >= 1, got {max_size}")
         self.max_size = max_size
-        self._classes: tuple[deque[QueuedItem], deque[QueuedItem]] = (deque(), deque())
-        self._live = [0, 0]
+        self._classes = (_Lanes(), _Lanes())
         self.last_arrival: list[float | None] = [None, None]
         """Per class, when its latest new item arrived (retries put back do not count)."""
 
     def __len__(self) -> int:
-        return self._live[0] + self._live[1]
+        return self._classes[0].live + self._classes[1].live
 
     def live_in(self, priority: int) -> int:
-        return self._live[priority]
+        return self._classes[priority].live
+
+    def held_in(self, priority: int) -> dict[str, int]:
+        """Live items per tenant in a class (a copy)."""
+        return dict(self._classes[priority].held)
 
     def statistics(self) -> QueueStatistics:
-        return QueueStatistics(len(self), sum(len(q) for q in self._classes), self.max_size)
+        return QueueStatistics(len(self), sum(c.physical() for c in self._classes), self.max_size)
 
     def live_items(self) -> list[QueuedItem]:
-        """The queued items in the order they would leave (a copy: for inspection, not the hot path)."""
-        return [i for q in self._classes for i in q if i.state is ItemState.QUEUED]
+        """The queued items, by class, tenant and age (a copy: for inspection, not the hot path)."""
+        return [i for c in self._classes for i in c.items()]
 
     def free(self) -> int:
         return self.max_size - len(self)
 
     def oldest_at(self) -> float | None:
-        heads = []
-        for q in self._classes:
-            self._trim_head(q)
-            if q:
-                heads.append(q[0].enqueued_at)
+        heads = [t for t in (c.oldest_at() for c in self._classes) if t is not None]
         return min(heads) if heads else None
 
     def oldest_in(self, priority: int) -> float | None:
-        q = self._classes[priority]
-        self._trim_head(q)
-        return q[0].enqueued_at if q else None
+        return self._classes[priority].oldest_at()
 
     def push(self, item: QueuedItem) -> None:
         if len(self) >= self.max_size:
             raise OverflowError(f"queue full ({len(self)}/{self.max_size}): admit before pushing")
         item.state = ItemState.QUEUED
-        self._classes[item.priority].append(item)
-        self._live[item.priority] += 1
+        self._classes[item.priority].add(item)
         self.last_arrival[item.priority] = item.enqueued_at
 
     def push_front(self, items: Iterable[QueuedItem]) -> None:
-        """Put items back at the head of their class, in their original order (retries). May exceed the
+        """Put items back at the head of their lane, in their original order (retries). May exceed the
         bound transiently: these items were admitted before and are owed an answer."""
         for item in reversed(list(items)):
             item.state = ItemState.QUEUED
-            self._classes[item.priority].appendleft(item)
-            self._live[item.priority] += 1
+            self._classes[item.priority].add(item, front=True)
+
+    def room_for(self, tenant: TenantShare, n: int, priority: int, capacity: int) -> dict[str, int] | None:
+        """Can `n` items of `tenant` join class `priority`, which may fill the queue up to `capacity`?
+        {}: they fit; None: they do not; else how many newest items of which tenants must make room
+        (batching/fairness.py `displacement`)."""
+        lanes = self._classes[priority]
+        room = capacity - (len(self) - lanes.live)  # the other class's items take room too
+        return displacement(tenant, n, capacity - len(self), room, lanes.held, lanes.order.weights())
+
+    def displace(self, priority: int, taken: dict[str, int]) -> list[QueuedItem]:
+        """Take out the newest items `room_for` named; the caller answers them (they are WITHDRAWN)."""
+        lanes = self._classes[priority]
+        return [item for name, count in taken.items() for item in lanes.newest(name, count)]
 
     def withdraw(self, item: QueuedItem) -> bool:
         """Remove a queued item (its caller left or timed out). False if it was not queued."""
         if item.state is not ItemState.QUEUED:
             return False
         item.state = ItemState.WITHDRAWN
-        self._live[item.priority] -= 1
-        q = self._classes[item.priority]
-        if len(q) > 2 * self.max_size + 64:
-            self._classes = tuple(  # type: ignore[assignment]
-                deque(i for i in c if i.state is ItemState.QUEUED) for c in self._classes
-            )
+        lanes = self._classes[item.priority]
+        lanes.dropped(item)
+        lane = lanes.lanes.get(item.tenant.name)
+        if lane is not None and len(lane) > 2 * self.max_size + 64:
+            lanes.compact()
         return True
 
     def cut(self, size: int, now: float) -> tuple[list[QueuedItem], list[QueuedItem]]:
-        """Take up to `size` live items, interactive first, each class from its head. Items whose deadline
+        """Take up to `size` live items, interactive first, each class in fair order. Items whose deadline
         has passed are taken out too, into the second list, so they never occupy a batch slot."""
         batch: list[QueuedItem] = []
         expired: list[QueuedItem] = []
-        for priority in self.CLASSES:
-            self._take(priority, size, now, batch, expired)
+        for lanes in self._classes:
+            lanes.take(size, now, batch, expired)
         return batch, expired
-
-    def _take(
-        self,
-        priority: int,
-        size: int,
-        now: float,
-        batch: list[QueuedItem],
-        expired: list[QueuedItem],
-    ) -> None:
-        items = self._classes[priority]
-        while items and len(batch) < size:
-            item = items.popleft()
-            if item.state is not ItemState.QUEUED:
-                continue
-            self._live[priority] -= 1
-            if item.deadline is not None and item.deadline <= now:
-                item.state = ItemState.EXPIRED
-                expired.append(item)
-                continue
-            item.state = ItemState.RUNNING
-            batch.append(item)
 
     def drain_all(self) -> list[QueuedItem]:
         """Take out every live item (shutdown, model unavailable)."""
         live = self.live_items()
-        for q in self._classes:
-            q.clear()
-        self._live = [0, 0]
+        self._classes = (_Lanes(), _Lanes())
         for item in live:
             item.state = ItemState.WITHDRAWN  # out of the queue: nothing may count it off again
         return live
-
-    @staticmethod
-    def _trim_head(items: deque[QueuedItem]) -> None:
-        while items and items[0].state is not ItemState.QUEUED:
-            items.popleft()
