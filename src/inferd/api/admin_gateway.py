@@ -33,9 +33,9 @@ def tenants_page(view: GatewayView) -> dict[str, Any]:
     gate = view.gateway.current()
     quotas = view.gateway.quotas.statistics()
     usage = dict(quotas.tenants)
-    requests = requests_by_tenant(view.tenant_requests)
+    outcomes = requests_by_tenant(view.tenant_requests)
     tenants = {
-        name: tenant_row(tenant.config, usage.get(name), requests.get(name, {}))
+        name: tenant_row(tenant.config, usage.get(name), outcomes.get(name, {}))
         for name, tenant in sorted(gate.directory.tenants.items())
     }
     return {

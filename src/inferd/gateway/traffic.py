@@ -88,7 +88,7 @@ class TrafficSplit:
         self.model = model
         self.config = config
         self.clock = clock
-        self.rng = rng or random.Random()
+        self.rng = rng or random.Random()  # nosec B311  # splits traffic, guards no secret
         canary = config.canary
         self._schedule: tuple[float, ...] = (canary.steps or (canary.weight,)) if canary is not None else ()
         self._started = clock.now()

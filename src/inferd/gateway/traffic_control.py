@@ -94,9 +94,9 @@ class Traffic:
         self.registry = registry
         self.metrics = metrics
         self.wall_clock = wall_clock
-        rng = rng or random.Random()
+        rng = rng or random.Random()  # nosec B311  # splits traffic, guards no secret
         self.splits: dict[str, TrafficSplit] = {
-            rt.name: TrafficSplit(rt.name, rt.config.traffic, clock, random.Random(rng.random()))
+            rt.name: TrafficSplit(rt.name, rt.config.traffic, clock, random.Random(rng.random()))  # nosec B311
             for rt in registry.defaults()
             if rt.config.traffic.canary is not None or rt.config.traffic.ab is not None
         }
