@@ -45,11 +45,10 @@ from inferd.batching.dispatcher import ItemResult
 from inferd.batching.fairness import NO_TENANT, TenantShare
 from inferd.batching.queue import BULK
 from inferd.errors import BadRequest, DeadlineExceeded, ServingError
-from inferd.gateway.auth import Auth, TenantRequests, allowed_models, check_model, tenant_of
+from inferd.gateway.auth import Auth, TenantRequests, allowed_models, check_model, tenant_of, tenant_share
 from inferd.gateway.cache import encoded_size
 from inferd.gateway.fallback import Fallbacks, falls_back
 from inferd.gateway.quota_layer import Quotas
-from inferd.gateway.tenants import Tenant
 from inferd.runtime.contract import Runtime
 from inferd.server import InferenceServer
 
@@ -106,11 +105,6 @@ def _not_found(path: str, other_method: bool) -> HttpResponse:
     if other_method:
         return json_response(oip.encode_json({"error": f"method not allowed on {path}"}), 405)
     return json_response(oip.encode_json({"error": f"no route {path}"}), 404)
-
-
-def tenant_share(tenant: Tenant | None) -> TenantShare:
-    """The caller's lane and weight in a batch model's queue (batching/fairness.py)."""
-    return NO_TENANT if tenant is None else TenantShare(tenant.name, tenant.config.weight)
 
 
 def lifecycle(results: list[ItemResult]) -> dict[str, Any]:

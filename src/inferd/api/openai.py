@@ -20,6 +20,7 @@ from inferd.api.http import (
     wait_for_items,
 )
 from inferd.errors import BadRequest, ServingError
+from inferd.gateway.auth import tenant_of, tenant_share
 
 
 class EmbeddingsRequest(msgspec.Struct):
@@ -67,12 +68,13 @@ async def _embed(api: ApiContext, request: HttpRequest, req: EmbeddingsRequest, 
             f"model {rt.name!r} produces {list(dims)}-dimensional embeddings; "
             f"dimensions={req.dimensions} is not supported"
         )
-    rt.precheck()
-    deadline = api.deadline(rt, None, request.header(b"x-request-timeout-ms"))
     priority = parse_priority(None, request.header(b"x-priority"))
+    share = tenant_share(tenant_of(request.scope.get("inferd.call")))  # the tenant's lane in the queue
+    rt.precheck(priority, share)
+    deadline = api.deadline(rt, None, request.header(b"x-request-timeout-ms"))
 
     async def compute() -> tuple[tuple[bytes, int], int]:
-        items = rt.enqueue([t.encode() for t in texts], deadline, priority)
+        items = rt.enqueue([t.encode() for t in texts], deadline, priority, share)
         results = await wait_for_items(rt, items, deadline, api.clock, request)
         body, truncated = _encode(req, results)
         return (body, truncated), len(body)

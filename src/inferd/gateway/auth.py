@@ -19,6 +19,7 @@ from prometheus_client import CollectorRegistry, Counter
 
 from inferd.api.asgi import StreamingResponse
 from inferd.api.middleware import Call, Handler, Response
+from inferd.batching.fairness import NO_TENANT, TenantShare
 from inferd.errors import Forbidden, NotFound, Unauthorized
 from inferd.gateway.keys import KeyStatus
 from inferd.gateway.reload import Gate
@@ -95,6 +96,11 @@ def check_model(tenant: Tenant | None, name: str, served_names: Callable[[], lis
         raise Forbidden(
             f"tenant {tenant.name!r} may not call model {name!r}; it may call: {allowed_models(tenant, served)}"
         )
+
+
+def tenant_share(tenant: Tenant | None) -> TenantShare:
+    """The caller's lane and weight in a batch model's queue (batching/fairness.py)."""
+    return NO_TENANT if tenant is None else TenantShare(tenant.name, tenant.config.weight)
 
 
 def allowed_models(tenant: Tenant | None, served: list[str]) -> list[str]:
