@@ -56,7 +56,26 @@ def test_tools_derive_the_admin_url_from_the_http_address() -> None:
     assert admin_url("http://h:1234", None, None) == "http://h:1234"
 
 
-def test_an_admin_port_in_use_is_refused_naming_the_fix(listening: int) -> None:
+@pytest.fixture
+def admin_listening() -> Iterator[int]:
+    """A port something listens on, whose port - 1 was free (the HTTP port of the server under test)."""
+    for _ in range(100):
+        with socket.socket() as held:
+            held.bind(("127.0.0.1", 0))
+            port = held.getsockname()[1]
+            with socket.socket() as probe:
+                try:
+                    probe.bind(("127.0.0.1", port - 1))
+                except OSError:
+                    continue
+            held.listen()
+            yield port
+            return
+    raise AssertionError("no listening port with a free port below it found")
+
+
+def test_an_admin_port_in_use_is_refused_naming_the_fix(admin_listening: int) -> None:
+    listening = admin_listening
     cfg = load_server_config(None, {"port": listening - 1}, environ={})
     with pytest.raises(ConfigError) as err:
         check_ports_free(cfg)
