@@ -30,12 +30,16 @@ CONCURRENCY_RETRY_S = 1.0
 policy cannot foresee (its own bound is the lease expiry, minutes away)."""
 
 
+def header_pairs(headers: dict[str, str]) -> list[tuple[bytes, bytes]]:
+    return [(k.encode(), v.encode()) for k, v in headers.items()]
+
+
 class QuotaExceeded(Overloaded):
     """A tenant over one of its limits (429), with OpenAI's x-ratelimit-* headers."""
 
     def __init__(self, message: str, retry_after_s: float, headers: dict[str, str]) -> None:
         super().__init__(message, retry_after_s, reason="quota")
-        self.extra_headers = [(k.encode(), v.encode()) for k, v in headers.items()]
+        self.extra_headers = header_pairs(headers)
 
 
 class QuotaTicket:
@@ -104,12 +108,12 @@ class Quotas:
         except ServingError as exc:
             await ticket.release()
             if not isinstance(exc, QuotaExceeded):
-                exc.extra_headers = [(k.encode(), v.encode()) for k, v in ticket.headers().items()]
+                exc.extra_headers = header_pairs(ticket.headers())
             raise
         except BaseException:
             await ticket.release()
             raise
-        response.headers.extend((k.encode(), v.encode()) for k, v in ticket.headers().items())
+        response.headers.extend(header_pairs(ticket.headers()))
         if isinstance(response, StreamingResponse):
             response.on_close(lambda: self._release_later(ticket))
         else:
