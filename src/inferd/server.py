@@ -15,9 +15,11 @@ import time
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
+import msgspec
+
 from inferd import tls
 from inferd.api.admin import AdminApi, AdminTarget
-from inferd.api.admin_gateway import GatewayView
+from inferd.api.admin_gateway import GatewayView, tenants_page
 from inferd.api.cache_hook import CacheHook
 from inferd.batching.dispatcher import ModelRuntime
 from inferd.batching.retry import RetryBudget
@@ -35,6 +37,7 @@ from inferd.llm.params import LLMParams
 from inferd.llm.runtime import LLMRuntime
 from inferd.llm.upstream import UpstreamConfig, UpstreamRuntime
 from inferd.observability.collectors import RuntimeCollector
+from inferd.observability.console_feed import ConsoleFeed
 from inferd.observability.metrics import Metrics
 from inferd.observability.quota_metrics import QuotaCollector
 from inferd.observability.upstream_metrics import UpstreamMetrics
@@ -181,6 +184,13 @@ class InferenceServer:
             for rt in self.registry.defaults()
             if rt.config.autoscale
         }
+        self.console = ConsoleFeed(
+            self.metrics.registry,
+            lambda: [rt.statistics() for rt in self.registry],
+            self.clock,
+            time.time,
+            extras=self._console_extras,
+        )
         self._tasks: dict[tuple[str, int], asyncio.Task[None]] = {}
         self._group: asyncio.TaskGroup | None = None
         self.admin: AdminApi | None = None
@@ -198,6 +208,12 @@ class InferenceServer:
 
     def has_workers(self, kind: str) -> bool:
         return self.kinds.get(kind).has_workers
+
+    def _console_extras(self) -> dict[str, Any]:
+        """The console's tenants (limits, quota use) and traffic splits: what /admin/tenants and
+        /admin/traffic show (the console needs the admin token whenever tenants exist)."""
+        view = GatewayView(self.gateway, self.tenant_requests, self.cache.statistics)
+        return {"tenants": tenants_page(view), "traffic": msgspec.to_builtins(self.traffic.statistics())}
 
     def _count_restart(self, slot: WorkerSlot) -> None:
         if slot.model in self.registry:
@@ -256,6 +272,7 @@ class InferenceServer:
                     tg.create_task(loop.run(), name=f"autoscale-{name}")
                     for name, loop in self.scaling.items()
                 ]
+                loops.append(tg.create_task(self.console.run(), name="console"))
                 supervisor = tg.create_task(self.supervisor.run(), name="supervisor")
                 try:
                     yield

@@ -20,6 +20,7 @@ from inferd.api import oip
 from inferd.api import openai as openai_routes
 from inferd.api.asgi import AsgiApp, HttpRequest, HttpResponse, Router, StreamingResponse
 from inferd.api.cache_hook import CacheResult
+from inferd.api.console import ConsoleAccess, add_console_routes
 from inferd.api.http import (
     check_content_type,
     json_response,
@@ -91,6 +92,8 @@ def create_app(server: InferenceServer) -> AsgiApp:
     )
     add("GET", "/metrics", api.metrics)
     add("GET", "/openapi.json", api.openapi)
+    token = server.config.admin_token.get_secret_value() if server.config.admin_token else None
+    add_console_routes(r, server.console, ConsoleAccess(token, lambda: server.gateway.current().enforced))
     log.info(
         "request chain: %s",
         " -> ".join(

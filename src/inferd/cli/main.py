@@ -321,8 +321,10 @@ def _register_tools() -> None:
     from inferd.cli.fleet_cmds import drain, scale, update
     from inferd.cli.keys import keys_app
     from inferd.cli.status import status
+    from inferd.cli.top import top
 
     app.command("status")(status)
+    app.command("top")(top)
     app.command("drain")(drain)
     app.command("scale")(scale)
     app.command("update")(update)
