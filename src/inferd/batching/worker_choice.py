@@ -8,7 +8,7 @@ import random
 
 from inferd.routing import Candidate, EjectionRecord, Health, HealthChange, OutlierEjector, P2CBalancer
 from inferd.worker import protocol as p
-from inferd.worker.connection import WorkerConnection, WorkerState
+from inferd.worker.connection import MAX_INFLIGHT, WorkerConnection, WorkerState
 
 log = logging.getLogger("inferd.dispatcher")
 
@@ -32,15 +32,22 @@ class Routing:
         Ejected workers sit out (unless all are: then they work rather than stall the model); a probing
         worker takes one batch at a time; nobody goes over the balancer's per-worker cap."""
         ready = [w for w in workers if w.state is WorkerState.READY]
-        pool = [w for w in ready if self.ejector.health(w.worker_id) is not Health.EJECTED] or ready
-        fits = [w for w in pool if self.balancer.eligible(self.candidate(w))]
-        idle = [w for w in fits if w.idle]
-        staging = [w for w in fits if w.stage_free and self.ejector.health(w.worker_id) is Health.READY]
+        if all(len(w.inflight) >= MAX_INFLIGHT for w in ready):
+            return [], []  # the common case under load, and the cheap one: nobody has a free slot
+        health = {w.worker_id: self.ejector.health(w.worker_id) for w in ready}
+        pool = [w for w in ready if health[w.worker_id] is not Health.EJECTED] or ready
+        fits = [w for w in pool if self.balancer.eligible(self._candidate(w, health[w.worker_id]))]
+        idle = [w for w in fits if not w.inflight]
+        staging = [w for w in fits if 0 < len(w.inflight) < MAX_INFLIGHT and health[w.worker_id] is Health.READY]
         return idle, staging
 
     def candidate(self, worker: WorkerConnection) -> Candidate:
         """A ready worker as the balancer sees it: suspect while probing (or ejected with the whole fleet)."""
-        in_service = self.ejector.health(worker.worker_id) is Health.READY
+        return self._candidate(worker, self.ejector.health(worker.worker_id))
+
+    @staticmethod
+    def _candidate(worker: WorkerConnection, health: Health) -> Candidate:
+        in_service = health is Health.READY
         return Candidate(
             worker.worker_id, Health.READY if in_service else Health.PROBING, len(worker.inflight)
         )
