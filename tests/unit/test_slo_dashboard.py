@@ -60,3 +60,24 @@ def test_the_dashboard_is_grafana_json_with_unique_panel_ids() -> None:
     assert len(ids) == len(set(ids))
     assert {v["name"] for v in doc["templating"]["list"]} == {"datasource", "model"}
     assert all(t["datasource"]["uid"] == "${datasource}" for p in doc["panels"] for t in p.get("targets", []))
+
+
+def test_every_dashboard_query_is_valid_promql(tmp_path: Path) -> None:
+    """promtool parses each query (Grafana's variables filled in) as a recording rule's expression."""
+    from tests.unit.test_slo_rules import run_promtool
+
+    filled = [
+        q.replace("$__rate_interval", "5m").replace("$__range", "1d").replace("$model", ".*")
+        for q in queries()
+        if not q.startswith("label_values(")
+    ]
+    rules = {
+        "groups": [
+            {"name": "dashboard", "rules": [{"record": f"q{i}", "expr": q} for i, q in enumerate(filled)]}
+        ]
+    }
+    path = tmp_path / "queries.yml"
+    path.write_text(json.dumps(rules))  # JSON is YAML
+    checked = run_promtool("check", "rules", str(path))
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    assert f"SUCCESS: {len(filled)} rules found" in checked.stdout
