@@ -47,10 +47,10 @@ def test_out_of_range_values_are_refused_naming_the_fix(table: dict[str, float],
 def test_ttft_and_itl_are_refused_on_a_model_that_does_not_stream_tokens() -> None:
     with pytest.raises(ValidationError, match=r"ttft_ms and itl_ms apply to LLM models.*'batch'.*remove"):
         ModelConfig(**BATCH, slo={"ttft_ms": 300, "itl_ms": 40})
-    chat = ModelConfig(**LLM, slo={"latency_ms": None, "ttft_ms": 300, "itl_ms": 40})
+    chat = ModelConfig(**LLM, slo={"latency_ms": 5000, "ttft_ms": 300, "itl_ms": 40})
     assert chat.slo is not None
-    assert [o.slo for o in chat.slo.objectives()] == ["availability", "ttft", "itl"]
-    assert chat.slo.objectives()[1].threshold_s == pytest.approx(0.3)
+    assert [o.slo for o in chat.slo.objectives()] == ["availability", "latency", "ttft", "itl"]
+    assert chat.slo.objectives()[2].threshold_s == pytest.approx(0.3)
 
 
 def test_model_slos_keeps_the_models_that_set_a_table_with_the_highest_versions() -> None:

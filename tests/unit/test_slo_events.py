@@ -136,7 +136,7 @@ def test_models_without_an_slo_table_export_no_events(clock: FakeClock) -> None:
 
 
 def test_llm_tokens_feed_the_ttft_and_itl_slos_and_their_buckets(clock: FakeClock) -> None:
-    m = Metrics({"chat": SloConfig(latency_ms=None, ttft_ms=300, itl_ms=40)}, clock)
+    m = Metrics({"chat": SloConfig(latency_ms=5000, ttft_ms=300, itl_ms=40)}, clock)
     llm = m.for_llm("chat")
     llm.tokens(1, 0.25, first=True)  # good first token
     llm.tokens(4, 0.12, first=False)  # 30 ms apart: 4 good

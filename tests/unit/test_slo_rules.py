@@ -19,7 +19,7 @@ from inferd.observability.slo_rules import BURN_ALERTS, rules_document, rules_ya
 DATA = Path(__file__).resolve().parents[1] / "data" / "slo"
 RULES_TEST_SLOS = {
     "sim": SloConfig(latency_ms=100),
-    "chat": SloConfig(latency_ms=None, ttft_ms=300, itl_ms=40),
+    "chat": SloConfig(latency_ms=5000, ttft_ms=300, itl_ms=40),
 }
 """The SLOs tests/data/slo/rules_test.yml was written for."""
 
@@ -36,8 +36,12 @@ def run_promtool(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_each_model_slo_gets_three_burn_alerts_at_its_own_budget() -> None:
-    doc = rules_document({"sim": SloConfig(availability=0.99, latency_ms=None)})
-    records, alerts = (g["rules"] for g in doc["groups"])
+    doc = rules_document({"sim": SloConfig(availability=0.99)})
+    records, all_alerts = (g["rules"] for g in doc["groups"])
+    assert [(a["labels"]["slo"], a["alert"]) for a in all_alerts] == [
+        (slo, b.alert) for slo in ("availability", "latency") for b in BURN_ALERTS
+    ]
+    alerts = all_alerts[:3]
     assert [r["record"] for r in records] == [
         f"inferd:slo_error_ratio:rate{w}" for w in ("5m", "30m", "1h", "6h", "3d")
     ]

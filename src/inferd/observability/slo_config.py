@@ -64,9 +64,9 @@ class SloConfig(BaseModel):
     availability: float = 0.999
     """Share of requests that must not fail on the server's side (5xx, 504 deadlines, overload 429s).
     A tenant's quota 429s, other 4xx and clients that went away are not events."""
-    latency_ms: float | None = 200.0
+    latency_ms: float = 200.0
     """A successful request is good when its response (a stream: its last byte) took at most this long;
-    None: no latency SLO (e.g. LLM models, which have ttft_ms and itl_ms)."""
+    LLM models take a whole generation's budget here, and judge the stream with ttft_ms and itl_ms."""
     latency_target: float = 0.99
     """Share of latency (and ttft, itl) events that must be good."""
     ttft_ms: float | None = None
