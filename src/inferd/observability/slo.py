@@ -66,11 +66,13 @@ class ModelSlo:
     def __init__(self, events: Counter, model: str, objectives: tuple[Objective, ...], clock: Clock) -> None:
         self.model = model
         self.objectives = {o.slo: o for o in objectives}
+        # indexed by `good` (False 0, True 1): the bad child first
         self._events = {
             o.slo: (events.labels(model, o.slo, "bad"), events.labels(model, o.slo, "good"))
             for o in objectives
         }
         self._counts = {o.slo: [0, 0] for o in objectives}
+        """[bad, good] events since start, for statistics()."""
         span_s = max(SHORT_WINDOWS_S.values())
         self._windows = {o.slo: BurnWindow(clock, o.error_budget, span_s) for o in objectives}
 
