@@ -40,6 +40,7 @@ from inferd.observability.collectors import RuntimeCollector
 from inferd.observability.console_feed import ConsoleFeed
 from inferd.observability.metrics import Metrics
 from inferd.observability.quota_metrics import QuotaCollector
+from inferd.observability.slo_config import model_slos
 from inferd.observability.upstream_metrics import UpstreamMetrics
 from inferd.runtime.contract import Runtime
 from inferd.runtime.kinds import Kind, KindRegistry, RuntimeContext
@@ -118,7 +119,7 @@ class InferenceServer:
         self.config = config
         self.clock = clock or MonotonicClock()
         self.started_at = time.time()
-        self.metrics = Metrics()
+        self.metrics = Metrics(model_slos(models), self.clock)
         self.kinds = kinds or builtin_kinds()
         for m in models:
             self.kinds.check(m)

@@ -125,6 +125,7 @@ class Accounting:
         latency_s = self.clock.now() - call.started_at
         requests = self.metrics.requests_for(rt.name, rt.version)
         requests.observe(call.outcome, latency_s)
+        self.metrics.slo.request(rt.name, call.outcome, call.notes.get("rejected"), latency_s)
         if self.observe is not None:
             self.observe(rt, call.outcome, latency_s)
         if "rejected" in call.notes:

@@ -320,6 +320,7 @@ def worker(
 def _register_tools() -> None:
     from inferd.cli.fleet_cmds import drain, scale, update
     from inferd.cli.keys import keys_app
+    from inferd.cli.slo import slo_app
     from inferd.cli.status import status
     from inferd.cli.top import top
 
@@ -329,6 +330,7 @@ def _register_tools() -> None:
     app.command("scale")(scale)
     app.command("update")(update)
     app.add_typer(keys_app, name="keys")
+    app.add_typer(slo_app, name="slo")
 
 
 _register_tools()
