@@ -124,7 +124,7 @@ class LLMRuntime:
         Overloaded (no ready worker's queue has room) before anything is sent."""
         hashes = self.router.block_hashes(prompt, gen.tenant)
         try:
-            worker = self.placement.choose(len(prompt), hashes)
+            worker = self.placement.choose(len(prompt), hashes, gen)
         except Overloaded:
             self.placement.rejected += 1
             raise
