@@ -64,6 +64,9 @@ class LoadFailed(msgspec.Struct, tag="load_failed"):
 class RunBatch(msgspec.Struct, tag="run"):
     batch_id: int
     items: list[Any]
+    traceparent: str = ""
+    """W3C traceparent of the batch's inferd.batch span ("": not traced). Added within protocol 2: a
+    peer that predates it ignores it, and a frame without it decodes to ""."""
 
 
 class BatchDone(msgspec.Struct, tag="done"):
@@ -103,6 +106,8 @@ class AddSequence(msgspec.Struct, tag="llm_add"):
     output: list[int] = []
     """Tokens already generated for this sequence on a worker that died: the engine resumes after them
     (recomputing prompt + output), and max_tokens counts them."""
+    traceparent: str = ""
+    """W3C traceparent of the request's span ("": not traced); optional within protocol 2, as in RunBatch."""
 
 
 class AbortSequence(msgspec.Struct, tag="llm_abort"):
