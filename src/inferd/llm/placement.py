@@ -28,6 +28,7 @@ from inferd.llm.kv import BlockHash
 from inferd.llm.plan import SchedulerConfig
 from inferd.llm.routing import PrefixAffinityRouter, WorkerLoad
 from inferd.llm.stream import TokenStream
+from inferd.observability import tracing
 from inferd.routing.health import Health
 from inferd.worker import protocol as p
 from inferd.worker.connection import WorkerConnection, WorkerState
@@ -169,6 +170,7 @@ class Placement:
                 g.top_p,
                 g.ignore_eos,
                 output=list(live.stream.generated),
+                traceparent=tracing.traceparent(live.stream.trace),
             )
         )
 
@@ -231,6 +233,7 @@ class Placement:
             return
         live.moves += 1
         self.moved += 1
+        tracing.event(live.stream.trace, "resumed", {"worker_id": target.worker_id, "moves": live.moves})
         log.debug(
             "sequence %s moved to %s after %d tokens",
             live.stream.seq_id,

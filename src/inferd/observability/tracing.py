@@ -204,19 +204,33 @@ def event(span: Span | None, name: str, attributes: dict[str, Any] | None = None
         span.add_event(name, attributes or {})
 
 
+def stream_events(span: Span, worker_id: str, first: bool, last: bool, tokens: int) -> None:
+    """A token stream's first_token and finished events (with the worker generating it)."""
+    if first:
+        span.add_event("first_token", {"worker_id": worker_id})
+    if last:
+        span.add_event("finished", {"worker_id": worker_id, "completion_tokens": tokens})
+
+
 @contextlib.contextmanager
-def _client_span(name: str, headers: dict[str, str] | None, attributes: dict[str, Any]) -> Iterator[Span]:
+def _client_span(name: str, headers: dict[str, str], attributes: dict[str, Any]) -> Iterator[dict[str, str]]:
     with _tracer.start_as_current_span(name, kind=trace.SpanKind.CLIENT, attributes=attributes) as span:
-        if headers is not None and span.is_recording():
-            _propagator.inject(headers)
-        yield span
+        if not span.is_recording():
+            yield headers
+            return
+        headers = dict(headers)
+        _propagator.inject(headers)
+        yield headers
 
 
-def upstream(model: str, url: str, headers: dict[str, str]) -> contextlib.AbstractContextManager[Any]:
-    """An inferd.upstream span around one call to an upstream model API; its traceparent (and
-    tracestate) are put in `headers`, so the upstream continues the trace. No-op when tracing is off."""
+def upstream(
+    model: str, url: str, headers: dict[str, str]
+) -> contextlib.AbstractContextManager[dict[str, str]]:
+    """An inferd.upstream span around one call to an upstream model API (until its answer's head);
+    yields the headers to send: `headers`, plus the span's traceparent (and tracestate) when the trace
+    is sampled, so the upstream continues it. `headers` itself is never changed."""
     if not ENABLED:
-        return _NO_SPAN
+        return contextlib.nullcontext(headers)
     return _client_span("inferd.upstream", headers, {"model": model, "url.full": url})
 
 
