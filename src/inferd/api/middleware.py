@@ -157,7 +157,7 @@ class ModelVersion:
 class AccessLog:
     """One line per request (a sampled share of them) with its outcome and lifecycle record: queue wait,
     batch id and size, compute time, attempts (the X-Inferd-* headers). Off by default: costly at high
-    rates. Its fields are structured (`fields`): JSON logs carry them as keys."""
+    rates. JSON logs carry its fields as keys (`fields`)."""
 
     def __init__(self, inner: Handler, clock: Clock, sample: float = 1.0) -> None:
         self.inner = inner
@@ -180,7 +180,7 @@ class AccessLog:
             "path": call.request.path,
             "status": response.status,
             "outcome": call.outcome,
-            "version": rt.version if rt is not None else "-",
+            "model_version": f"{rt.name}:{rt.version}" if rt is not None else "-",
             "ms": round((self.clock.now() - start) * 1000, 3),
             "queue_ms": h(b"x-inferd-queue-ms"),
             "batch_id": h(b"x-inferd-batch-id"),
@@ -189,6 +189,9 @@ class AccessLog:
             "attempts": h(b"x-inferd-attempts"),
         }
         access_log.info(
-            "%s %s %d", call.request.method, call.request.path, response.status, extra={"fields": fields}
+            "%s %s status=%d outcome=%s model=%s ms=%.2f queue_ms=%s batch_id=%s batch_size=%s "
+            "compute_ms=%s attempts=%s",
+            *fields.values(),
+            extra={"fields": fields},
         )
         return response

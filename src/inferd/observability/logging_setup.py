@@ -90,8 +90,8 @@ class Redactor:
 
 
 class ContextFormatter(logging.Formatter):
-    """text: the classic line, then key=value for the request's context fields and any `fields` extra;
-    json: one object per line with the same keys."""
+    """text: the classic line, then key=value for the request's context fields; json: one object per
+    line with those keys, and the keys of the record's `fields` extra (the access log's)."""
 
     def __init__(self, fmt: str, redact: Redactor) -> None:
         super().__init__("%(asctime)s %(levelname)s %(name)s[%(process)d] %(message)s")
@@ -105,9 +105,8 @@ class ContextFormatter(logging.Formatter):
             line = json.dumps(self._object(record, fields, extra), default=str, separators=(",", ":"))
         else:
             line = super().format(record)
-            pairs = {**fields, **(extra or {})}
-            if pairs:
-                line += " " + " ".join(f"{k}={v}" for k, v in pairs.items())
+            if fields:
+                line += " " + " ".join(f"{k}={v}" for k, v in fields.items())
         return self.redact(line)
 
     def _object(
