@@ -39,7 +39,7 @@ def record(message: str, *args: object, fields: dict | None = None) -> logging.L
 
 
 def test_lines_carry_the_requests_context_as_text_and_as_json() -> None:
-    token = CURRENT.set(RequestLog("req-1", lambda: ("alpha", "sim")))
+    token = CURRENT.set(RequestLog("req-1", None, lambda _: ("alpha", "sim")))
     try:
         text = ContextFormatter("text", Redactor()).format(record("hello %s", "there"))
         obj = json.loads(ContextFormatter("json", Redactor()).format(record("hi", fields={"status": 200})))
