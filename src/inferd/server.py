@@ -151,7 +151,9 @@ class InferenceServer:
         )
         self._socket_dir = tempfile.mkdtemp(prefix="inferd-")
         self.worker_address = f"unix:{os.path.join(self._socket_dir, 'workers.sock')}"
-        self.supervisor: Launcher[Any] = Supervisor(self.worker_address, self._token, config.log_level)
+        self.supervisor: Launcher[Any] = Supervisor(
+            self.worker_address, self._token, config.log_level, extra_args=config.observability.worker_args()
+        )
         self.ray_launcher: RayLauncher | None = None
         if config.ray_address:  # workers as Ray actors; they join over the TCP worker port
             from inferd.fleet.ray_launcher import RayLauncher

@@ -42,6 +42,7 @@ from inferd.api.middleware import (
 )
 from inferd.api.oip_metadata import model_metadata
 from inferd.api.openapi import openapi_document
+from inferd.api.request_context import RequestContext
 from inferd.batching.dispatcher import ItemResult
 from inferd.batching.fairness import NO_TENANT, TenantShare
 from inferd.batching.queue import BULK
@@ -50,6 +51,7 @@ from inferd.gateway.auth import Auth, TenantRequests, allowed_models, check_mode
 from inferd.gateway.cache import encoded_size
 from inferd.gateway.fallback import Fallbacks, falls_back
 from inferd.gateway.quota_layer import Quotas
+from inferd.observability.logging_setup import accept_request_id, current_request_id
 from inferd.runtime.contract import Runtime
 from inferd.server import InferenceServer
 
@@ -61,7 +63,7 @@ Answer = tuple[int, list[dict[str, Any]], dict[str, Any]]
 
 
 def oip_error(exc: ServingError, status: int) -> bytes:
-    return oip.encode_json({"error": exc.message})
+    return oip.encode_json({"error": exc.message, "request_id": current_request_id()})
 
 
 def create_app(server: InferenceServer) -> AsgiApp:
@@ -72,7 +74,7 @@ def create_app(server: InferenceServer) -> AsgiApp:
     def add(
         method: str, path: str, handler: Callable[[Call], Awaitable[Response]], errors: ErrorBody = oip_error
     ) -> None:
-        r.add(method, path, api.endpoint(handler, errors))
+        r.add(method, path, api.endpoint(handler, errors, path))
 
     add("GET", "/v2/health/live", api.live)
     add("GET", "/v2/health/ready", api.ready)
@@ -104,10 +106,12 @@ def create_app(server: InferenceServer) -> AsgiApp:
     return AsgiApp(r, server.running, _not_found)
 
 
-def _not_found(path: str, other_method: bool) -> HttpResponse:
-    if other_method:
-        return json_response(oip.encode_json({"error": f"method not allowed on {path}"}), 405)
-    return json_response(oip.encode_json({"error": f"no route {path}"}), 404)
+def _not_found(request: HttpRequest, other_method: bool) -> HttpResponse:
+    request_id = accept_request_id(request.header(b"x-request-id"))
+    path = request.path
+    message = f"method not allowed on {path}" if other_method else f"no route {path}"
+    body = oip.encode_json({"error": message, "request_id": request_id})
+    return json_response(body, 405 if other_method else 404, [(b"x-request-id", request_id.encode())])
 
 
 def lifecycle(results: list[ItemResult]) -> dict[str, Any]:
@@ -167,16 +171,18 @@ class Api:
         """The middleware chain, outermost first (api/middleware.py); quotas, cache and tracing are
         layers of this list, after Auth (which sets call.notes["tenant"])."""
         if server.config.access_log:
-            self.layers.insert(0, partial(AccessLog, clock=self.clock))
+            sample = server.config.observability.access_log_sample
+            self.layers.insert(0, partial(AccessLog, clock=self.clock, sample=sample))
+        self.layers.insert(0, RequestContext)
 
     def endpoint(
-        self, handler: Callable[[Call], Awaitable[Response]], error_body: ErrorBody
+        self, handler: Callable[[Call], Awaitable[Response]], error_body: ErrorBody, path: str = ""
     ) -> Callable[[HttpRequest], Awaitable[Response]]:
-        """A route: every request passes the whole chain, then `handler`."""
+        """A route (`path`, its template): every request passes the whole chain, then `handler`."""
         run = chain(self.layers, handler)
 
         async def route(request: HttpRequest) -> Response:
-            call = Call(request, error_body)
+            call = Call(request, error_body, route=path)
             scope = request.scope
             scope["inferd.call"] = call  # for the route modules; removed after, so no cycle outlives it
             try:

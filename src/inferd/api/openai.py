@@ -21,6 +21,7 @@ from inferd.api.http import (
 )
 from inferd.errors import BadRequest, ServingError
 from inferd.gateway.auth import tenant_of, tenant_share
+from inferd.observability.logging_setup import current_request_id
 
 
 class EmbeddingsRequest(msgspec.Struct):
@@ -39,7 +40,8 @@ def openai_error(exc: ServingError, status: int) -> bytes:
     kind = "invalid_request_error" if status < 500 else "server_error"
     if status == 429:
         kind = "rate_limit_error" if exc.code == "RateLimited" else "overloaded_error"
-    return _encoder.encode({"error": {"message": exc.message, "type": kind, "param": None, "code": exc.code}})
+    error = {"message": exc.message, "type": kind, "param": None, "code": exc.code}
+    return _encoder.encode({"error": {**error, "request_id": current_request_id()}})
 
 
 def list_models(names: list[str], started_at: float) -> HttpResponse:
