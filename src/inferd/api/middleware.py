@@ -168,7 +168,7 @@ class AccessLog:
     async def __call__(self, call: Call) -> Response:
         start = self.clock.now()
         response = await self.inner(call)
-        if self.sample < 1.0 and random.random() >= self.sample:
+        if self.sample < 1.0 and random.random() >= self.sample:  # nosec B311  # log sampling, not secrets
             return response
 
         def h(name: bytes) -> str:
