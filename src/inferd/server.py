@@ -129,7 +129,9 @@ class InferenceServer:
         self.traffic = Traffic(self.registry, self.clock, self.metrics.traffic)
         """Canary and A/B splits of requests that name no version (gateway/traffic_control.py)."""
         check_fallbacks((rt.config for rt in self.registry.defaults()), self._kinds_of)
-        self.shadows = Shadows(self.registry, self.metrics.shadow_requests, config.shadow_max_in_flight)
+        self.shadows = Shadows(
+            self.registry, self.metrics.shadow_requests, config.shadow_max_in_flight, clock=self.clock
+        )
         """Shadow copies of requests (a model's traffic.shadow): cancelled at shutdown."""
         self.gateway = Gateway(config, self.registry.names, context_lengths=self._context_lengths)
         """Tenants and API keys (gateway/reload.py): the API's auth layer reads its current gate."""
