@@ -5,6 +5,7 @@ no raw request, and an unreachable Redis answers "bypass" without asking again f
 from __future__ import annotations
 
 import re
+import signal
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -24,8 +25,8 @@ from tests.redis_server import RedisServer, redis_server  # noqa: F401  (the fix
 class FrontEnd:
     """One front end's store of model "sim" v1, and the store errors it heard of."""
 
-    def __init__(self, url: str, clock: FakeClock, **settings: Any) -> None:
-        self.client = RedisCacheClient(url, clock, timeout_ms=1000)
+    def __init__(self, url: str, clock: FakeClock, timeout_ms: int = 1000, **settings: Any) -> None:
+        self.client = RedisCacheClient(url, clock, timeout_ms)
         self.errors: list[BaseException] = []
         config = CacheConfig(enabled=True, store="redis", **settings)
         self.store: RedisResponseCache[Any] = RedisResponseCache(
@@ -137,3 +138,23 @@ def test_a_redis_store_without_redis_url_is_refused_naming_the_fix() -> None:
         check_cache_stores([model], None)
     check_cache_stores([model], "redis://127.0.0.1:6379/0")
     check_cache_stores([model.model_copy(update={"cache": CacheConfig(store="redis")})], None)  # disabled
+
+
+async def test_a_hung_redis_times_out_once_then_is_bypassed_until_it_answers_again(
+    redis_server: RedisServer,  # noqa: F811
+) -> None:
+    clock = FakeClock()
+    front = FrontEnd(redis_server.url, clock, timeout_ms=200)
+    assert await front.ask("a") == ("a:1", "miss")
+    assert redis_server.proc is not None
+    redis_server.proc.send_signal(signal.SIGSTOP)
+    try:
+        assert await front.ask("a") == ("a:2", "bypass")  # one timeout
+        assert await front.ask("a") == ("a:3", "bypass")  # left alone: no second timeout
+        assert len(front.errors) == 1 and "Timeout" in type(front.errors[0]).__name__
+    finally:
+        redis_server.proc.send_signal(signal.SIGCONT)
+    clock.advance(RETRY_AFTER_S)
+    assert await front.ask("a") == ("a:1", "hit")
+    assert front.client.health.up
+    await front.client.close()
