@@ -13,14 +13,14 @@ The `{...}` hash tag keeps one model version's keys in one Redis Cluster slot.
 Values. The answer encoded with msgpack (numpy arrays as an extension type; never pickle, so a
 shared Redis cannot make a front end run code), stored with a Redis TTL of `ttl_s`.
 
-Bounds. Each model version has a sorted set of its entries scored by last use (Redis server time,
-one clock for every front end), a hash of their sizes and a byte counter. The store script adds an
-entry and then pops the least recently used until `max_entries` and `max_bytes` hold again, all
-atomically on the Redis server; so the bounds hold per model version across front ends, as the
-memory store's do in one. An entry that expired on its own is dropped from the bookkeeping when it is
-next read, or by the store script once unused for `ttl_s`; until then it still counts against the
-bounds (the bounds err on the side of evicting early). Redis's own `maxmemory` stays the operator's
-backstop for the whole instance.
+Bounds. Each model version has a sorted set of its entries scored by last use (Redis server time in
+microseconds, one clock for every front end), a hash of their sizes and a byte counter. The store script
+adds an entry and then pops the least recently used until `max_entries` and `max_bytes` hold again, all
+atomically on the Redis server; so the bounds hold per model version across front ends, as the memory
+store's do in one. An entry that expired on its own is dropped from the bookkeeping when it is next
+read, or by the store script once unused for `ttl_s`; until then it still counts against the bounds (the
+bounds err on the side of evicting early). Redis's own `maxmemory` stays the operator's backstop for the
+whole instance.
 
 Outages. A Redis error or timeout (`[gateway] redis_timeout_ms`) is counted per model
 (inferd_cache_store_errors_total) and the request is answered without the cache ("bypass"); for
@@ -65,7 +65,7 @@ if not value then
   return 1
 end
 local t = redis.call('TIME')
-redis.call('ZADD', KEYS[2], 'XX', t[1] * 1000 + math.floor(t[2] / 1000), KEYS[1])
+redis.call('ZADD', KEYS[2], 'XX', t[1] * 1000000 + t[2], KEYS[1])
 return value
 """
 """KEYS: entry, lru, sizes, bytes. The value (refreshed as most recently used), else 0 (absent) or 1
@@ -80,7 +80,7 @@ local function forget(key)
   return redis.call('DECRBY', KEYS[4], size)
 end
 local t = redis.call('TIME')
-local now = t[1] * 1000 + math.floor(t[2] / 1000)
+local now = t[1] * 1000000 + t[2]
 local ttl = tonumber(ARGV[2])
 local old = redis.call('HGET', KEYS[3], KEYS[1])
 if old then
@@ -91,7 +91,7 @@ redis.call('ZADD', KEYS[2], now, KEYS[1])
 redis.call('HSET', KEYS[3], KEYS[1], ARGV[5])
 local total = redis.call('INCRBY', KEYS[4], ARGV[5])
 local expired = 0
-for _, key in ipairs(redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', now - ttl, 'LIMIT', 0, ARGV[6])) do
+for _, key in ipairs(redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', now - ttl * 1000, 'LIMIT', 0, ARGV[6])) do
   total = forget(key)
   expired = expired + 1
 end
