@@ -7,15 +7,18 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
+import sys
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from inferd.gateway.keys import key_digest, new_key
-from tests.conftest import ServerProc, start_server
+from tests.conftest import ROOT, ServerProc, start_server
 from tests.redis_server import RedisServer
 
 KEY_A, KEY_B = new_key(), new_key()
@@ -116,3 +119,20 @@ def test_with_redis_gone_requests_are_answered_without_the_cache(
     assert [h["x-inferd-cache"] for _, h, _ in results] == ["bypass"] * 3
     assert metric(one, "inferd_cache_store_errors_total", 'model="sim"') > before
     assert metric(one, "inferd_cache_requests_total", 'model="sim",result="bypass"') >= 2
+
+
+def test_a_redis_store_without_redis_url_stops_the_start_naming_the_fix(tmp_path: Path) -> None:
+    (tmp_path / "inferd.toml").write_text('[models.sim.cache]\nenabled = true\nstore = "redis"\n')
+    args = ["serve", "--port", "0", "--model", "sim", "--config", str(tmp_path / "inferd.toml")]
+    proc = subprocess.run(
+        [sys.executable, "-m", "inferd.cli.main", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.startswith(
+        "error: model 'sim' has cache.store = \"redis\" but [gateway] redis_url is not set: "
+        'set [gateway] redis_url = "redis://HOST:6379/0", or use cache.store = "memory"'
+    ), proc.stderr
