@@ -29,6 +29,7 @@ from inferd.errors import ShuttingDown
 from inferd.fleet.control import FleetControl, repository_loader
 from inferd.fleet.scaling import ScalingLoop, scaling_policy
 from inferd.gateway.auth import tenant_counter
+from inferd.gateway.config import gateway_config
 from inferd.gateway.fallback import check_fallbacks
 from inferd.gateway.reload import Gateway
 from inferd.gateway.shadow import Shadows
@@ -132,13 +133,18 @@ class InferenceServer:
         self.traffic = Traffic(self.registry, self.clock, self.metrics.traffic)
         """Canary and A/B splits of requests that name no version (gateway/traffic_control.py)."""
         check_fallbacks((rt.config for rt in self.registry.defaults()), self._kinds_of)
-        self.shadows = Shadows(self.registry, self.metrics.shadow_requests, config.shadow_max_in_flight)
+        self.shadows = Shadows(
+            self.registry, self.metrics.shadow_requests, config.shadow_max_in_flight, clock=self.clock
+        )
         """Shadow copies of requests (a model's traffic.shadow): cancelled at shutdown."""
         self.gateway = Gateway(config, self.registry.names, context_lengths=self._context_lengths)
         """Tenants and API keys (gateway/reload.py): the API's auth layer reads its current gate."""
         self.tenant_requests = tenant_counter(self.metrics.registry)
         self.metrics.registry.register(QuotaCollector(lambda: self.gateway.quotas))
-        self.cache = CacheHook(self.registry, self.metrics.cache, self.clock)
+        gateway = gateway_config(config)
+        self.cache = CacheHook(
+            self.registry, self.metrics.cache, self.clock, gateway.redis_url, gateway.redis_timeout_ms
+        )
         """The response cache's stores (api/cache_hook.py), one per cache-enabled model version."""
         self._token = secrets.token_hex(16)
         join = config.join_token.get_secret_value() if config.join_token else ""
@@ -349,6 +355,7 @@ class InferenceServer:
     async def _shutdown(self, loops: list[asyncio.Task[None]], supervisor: asyncio.Task[None]) -> None:
         self.shutting_down = True
         await self.shadows.close()
+        await self.cache.close()
         for rt in self.registry:
             rt.stop(ShuttingDown(f"model '{rt.name}' is shutting down"))
         for task in [*loops, *self._tasks.values()]:

@@ -6,7 +6,6 @@ Routes: OIP v2 (health, metadata, infer with Triton's binary extension), OpenAI 
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 from functools import partial
@@ -45,8 +44,7 @@ from inferd.api.openapi import openapi_document
 from inferd.api.request_context import RequestContext
 from inferd.batching.dispatcher import ItemResult
 from inferd.batching.fairness import NO_TENANT, TenantShare
-from inferd.batching.queue import BULK
-from inferd.errors import BadRequest, DeadlineExceeded, ServingError
+from inferd.errors import BadRequest, ServingError
 from inferd.gateway.auth import Auth, TenantRequests, allowed_models, check_model, tenant_of, tenant_share
 from inferd.gateway.cache import encoded_size
 from inferd.gateway.fallback import Fallbacks, falls_back
@@ -158,6 +156,7 @@ class Api:
         self.clock = server.clock
         self.max_body = server.config.max_body_bytes
         self.cache = server.cache
+        self.shadows = server.shadows
         self.fallbacks = Fallbacks(self.registry, self.clock, server.metrics.fallback_requests)
         self.layers: list[Layer] = [
             partial(Accounting, metrics=server.metrics, clock=self.clock, observe=server.traffic.observe),
@@ -294,8 +293,8 @@ class Api:
         if rt is not primary:
             record = {**record, "fallback": rt.name}
             headers = fallback_headers(rt)
-        elif (shadow := self.server.shadows.target(rt)) is not None:
-            self.server.shadows.mirror(shadow, rows, partial(self.shadow_copy, req.items))
+        elif (shadow := self.shadows.target(rt)) is not None:
+            self.shadows.mirror(shadow, rows, partial(self.shadows.copy_items, req.items))
         out, header_len = oip.encode_response(rt.config, version, req.request_id, req.outputs, rows, record)
         headers += lifecycle_headers(record)
         if header_len is None:
@@ -330,21 +329,6 @@ class Api:
         (version, rows, record), lookup = await self.cache.answer(request, rt, canonical, compute, deadline)
         # a hit's record is that of the run that computed it
         return version, rows, {**record, "cache": lookup}
-
-    async def shadow_copy(self, payloads: list[Any], rt: Any, timeout_s: float) -> list[dict[str, Any]]:
-        """A shadow copy of a request's items on `rt`, at bulk priority (shed first), bounded by
-        `timeout_s`; no cache, no quota, no client connection."""
-        items = rt.enqueue(payloads, self.clock.now() + timeout_s, BULK)
-        try:
-            async with asyncio.timeout(timeout_s):
-                results = await asyncio.gather(*(item.reply for item in items))
-        except TimeoutError:
-            rt.withdraw(items)
-            raise DeadlineExceeded(f"shadow copy on model '{rt.name}' took over {timeout_s} s") from None
-        except BaseException:
-            rt.withdraw(items)
-            raise
-        return [r.outputs for r in results]
 
     async def answer_with_fallback(
         self, request: HttpRequest, primary: Runtime, answer: Callable[[Runtime], Awaitable[Response]]

@@ -51,8 +51,13 @@ def check_models(models: list[ModelConfig]) -> None:
 
 
 def check_gateway(config: ServerConfig, models: list[ModelConfig]) -> None:
-    """Tenants list only served models, and no key digest belongs to two tenants: refused before start."""
+    """Tenants list only served models, no key digest belongs to two tenants, and a model caching in
+    Redis has [gateway] redis_url: refused before start."""
+    from inferd.gateway.config import gateway_config
+    from inferd.gateway.redis_cache import check_cache_stores
+
     build_gate(config, [m.name for m in models], time.time)
+    check_cache_stores(models, gateway_config(config).redis_url)
 
 
 def resolve_models(config: ServerConfig) -> list[ModelConfig]:
