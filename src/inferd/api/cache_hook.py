@@ -24,6 +24,7 @@ from inferd.clock import Clock
 from inferd.errors import DeadlineExceeded
 from inferd.gateway.auth import tenant_of
 from inferd.gateway.cache import Lookup, ResponseCache, request_key
+from inferd.gateway.cache_config import CacheConfig
 from inferd.observability.cache_metrics import CacheMetrics
 from inferd.runtime.contract import Runtime
 from inferd.runtime.registry import ModelRegistry
@@ -107,6 +108,20 @@ class CacheHook:
         if store is None or store.config is not rt.config.cache:
             store = self._stores[(rt.name, rt.version)] = ResponseCache(rt.config.cache, self.clock)
         return store
+
+    def reconfigure(self, model: str, version: int, config: CacheConfig) -> int:
+        """A reload changed a served version's cache setting: its store takes the new ttl and bounds
+        (`ResponseCache.reconfigure`), or is emptied and dropped when caching is off. Returns how many
+        answers were dropped."""
+        store = self._stores.get((model, version))
+        if store is None:
+            return 0
+        if not config.enabled:
+            del self._stores[(model, version)]
+            dropped = store.statistics().entries
+            store.clear()
+            return dropped
+        return store.reconfigure(config)
 
     def count(self, model: str, result: str) -> None:
         """One response of a cache-enabled model, by its cache result (hit, miss or bypass)."""
