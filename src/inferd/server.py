@@ -133,11 +133,11 @@ class InferenceServer:
         """Shadow copies of requests (a model's traffic.shadow): cancelled at shutdown."""
         self.cache = CacheHook(self.registry, self.metrics.cache, self.clock)
         """The response cache's stores (api/cache_hook.py), one per cache-enabled model version."""
-        models = ModelSettings(
+        settings = ModelSettings(
             self.registry, self.traffic, self.cache, config.model_overrides, own_settings(config)
         )
         self.gateway = Gateway(
-            config, self.registry.names, context_lengths=self._context_lengths, models=models
+            config, self.registry.names, context_lengths=self._context_lengths, models=settings
         )
         """Tenants and API keys (gateway/reload.py): the API's auth layer reads its current gate; a
         reload also re-reads the models' traffic and cache tables."""

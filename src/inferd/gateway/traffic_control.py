@@ -144,7 +144,9 @@ class Traffic:
             self._publish_weights(name, split)
             stats = split.statistics(default)
             shares = ", ".join(f"v{v} {w:g}" for v, w in sorted(stats.weights.items()))
-            what = f"{stats.mode} split replaced: {shares}" + (", steps restart" if config.canary else "")
+            what = f"{stats.mode} split replaced: {shares}" + (
+                ", steps restart" if config.canary and config.canary.steps else ""
+            )
         log.info("traffic: reload: %r %s", name, what)
         self._event(name, (split.canary_version or default) if split else default, "reloaded", what)
         return what
