@@ -111,7 +111,8 @@ def test_a_reload_changes_the_canary_weight_and_the_cache_ttl_on_the_next_reques
     put(w.store(), "new")
 
     answer = w.reload(
-        "[models.sim]\nmax_wait_ms = 5\ntraffic = { canary = { version = 2, weight = 0.3 } }\n"
+        "[models.sim]\nmax_wait_ms = 5\n"
+        "traffic = { canary = { version = 2, steps = [0.3, 0.6], step_interval_s = 60 } }\n"
         "cache = { enabled = true, ttl_s = 15 }\n"
     )
 
@@ -124,7 +125,7 @@ def test_a_reload_changes_the_canary_weight_and_the_cache_ttl_on_the_next_reques
     (split,) = w.traffic.statistics().splits
     assert (split.step, split.weights, split.state) == (0, {1: 0.7, 2: 0.3}, "active")
     assert w.weight(2) == 0.3
-    assert w.registry.get("sim", 2).config.traffic.canary.weight == 0.3  # type: ignore[union-attr]
+    assert w.registry.get("sim", 2).config.traffic.canary.steps == (0.3, 0.6)  # type: ignore[union-attr]
     # "old" was computed 20 s ago: past the new 15 s ttl; "new" has 15 s left, then goes
     assert held(w.store(), "old") is None and held(w.store(), "new") == "new"
     w.clock.advance(15.0)
@@ -231,3 +232,9 @@ def test_settings_that_need_a_restart_are_reported_and_not_applied(tmp_path: Pat
     assert answer["changed"]["needs_restart"] == ["models.sim.max_wait_ms", "models.sim.workers"]
     assert answer["changed"]["traffic"] == {} and answer["changed"]["cache"] == {}
     assert w.registry.get("sim", 1).config is before and before.max_wait_ms == 5
+    again = w.reload(START.replace("max_wait_ms = 5", "max_wait_ms = 50\nworkers = 3"))
+    assert again["changed"]["needs_restart"] == [
+        "models.sim.max_wait_ms",
+        "models.sim.workers",
+    ]  # still waiting
+    assert w.reload(START)["changed"]["needs_restart"] == []  # back to what runs

@@ -51,6 +51,7 @@ class ModelChanges:
     """A validated file's effect on the served models, not yet applied."""
 
     overrides: dict[str, dict[str, Any]]
+    """The [models.*] tables the running configs are built from once applied."""
     configs: dict[tuple[str, int], ModelConfig] = field(default_factory=dict)
     """(model, version) -> its new config, for the versions whose traffic or cache table changed."""
     traffic: tuple[str, ...] = ()
@@ -107,7 +108,7 @@ class ModelSettings:
         running = {(rt.name, rt.version): rt.config for rt in self.registry}
         changed = {k: c for k, c in candidates.items() if c is not running[k]}
         return ModelChanges(
-            overrides=new,
+            overrides=self._applied(new),
             configs=changed,
             traffic=tuple(
                 sorted({n for (n, v), c in changed.items() if c.traffic != running[(n, v)].traffic})
@@ -155,6 +156,17 @@ class ModelSettings:
                 f"[models.{running.name}]: its model's own settings cannot be read again ({exc}); keep the "
                 "table in the file or fix the model's folder"
             ) from None
+
+    def _applied(self, new: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+        """The tables the running configs will have been built from: the file's live keys, the running
+        values of the rest (so a change waiting for a restart is reported again on the next reload)."""
+        applied: dict[str, dict[str, Any]] = {}
+        for name in set(new) | set(self.overrides):
+            old = {k: v for k, v in self.overrides.get(name, {}).items() if k not in LIVE}
+            table = {**old, **{k: v for k, v in new.get(name, {}).items() if k in LIVE}}
+            if table:
+                applied[name] = table
+        return applied
 
     def _needs_restart(self, new: dict[str, dict[str, Any]]) -> tuple[str, ...]:
         missing = object()
