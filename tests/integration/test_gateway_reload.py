@@ -80,7 +80,7 @@ async def v2_share(http: aiohttp.ClientSession, server: ServerProc, tag: str, n:
 async def test_every_inference_route_names_its_model_and_version_streamed_or_not(server: ServerProc) -> None:
     routes: list[tuple[str, dict[str, Any], str]] = [
         ("/v2/models/canary/versions/2/infer", body("h"), "canary"),
-        ("/v2/models/canary/infer", body("h", name="WRONG"), "canary"),  # refused by the route: a 400
+        ("/v2/models/canary/versions/1/infer", body("h", name="WRONG"), "canary"),  # refused: a 400
         ("/v1/embeddings", {"model": "emb", "input": ["a b"]}, "emb"),
         ("/v1/completions", {"model": "chat", "prompt": "hi", "max_tokens": 2}, "chat"),
         ("/v1/completions", {"model": "chat", "prompt": "hi", "max_tokens": 2, "stream": True}, "chat"),
@@ -94,10 +94,10 @@ async def test_every_inference_route_names_its_model_and_version_streamed_or_not
     async with aiohttp.ClientSession() as http:
         for path, payload, model in routes:
             async with http.post(f"{server.url}{path}", json=payload) as r:
-                await r.read()
-                assert r.status in (200, 400), (path, r.status)
+                text = await r.text()
+                assert r.status in (200, 400), (path, r.status, text)
                 assert r.headers["X-Inferd-Model"] == model, path
-                version = "2" if "versions/2" in path else "1"
+                version = "2" if "versions/2" in path else "1"  # the split applies to neither
                 assert r.headers["X-Inferd-Model-Version"] == version, path
                 if payload.get("stream"):
                     assert r.headers["Content-Type"].startswith("text/event-stream")
