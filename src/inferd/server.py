@@ -31,6 +31,7 @@ from inferd.fleet.scaling import ScalingLoop, scaling_policy
 from inferd.gateway.auth import tenant_counter
 from inferd.gateway.config import gateway_config
 from inferd.gateway.fallback import check_fallbacks
+from inferd.gateway.model_reload import ModelSettings, own_settings
 from inferd.gateway.reload import Gateway
 from inferd.gateway.shadow import Shadows
 from inferd.gateway.traffic_control import Traffic
@@ -137,15 +138,21 @@ class InferenceServer:
             self.registry, self.metrics.shadow_requests, config.shadow_max_in_flight, clock=self.clock
         )
         """Shadow copies of requests (a model's traffic.shadow): cancelled at shutdown."""
-        self.gateway = Gateway(config, self.registry.names, context_lengths=self._context_lengths)
-        """Tenants and API keys (gateway/reload.py): the API's auth layer reads its current gate."""
-        self.tenant_requests = tenant_counter(self.metrics.registry)
-        self.metrics.registry.register(QuotaCollector(lambda: self.gateway.quotas))
         gateway = gateway_config(config)
         self.cache = CacheHook(
             self.registry, self.metrics.cache, self.clock, gateway.redis_url, gateway.redis_timeout_ms
         )
         """The response cache's stores (api/cache_hook.py), one per cache-enabled model version."""
+        settings = ModelSettings(
+            self.registry, self.traffic, self.cache, config.model_overrides, own_settings(config)
+        )
+        self.gateway = Gateway(
+            config, self.registry.names, context_lengths=self._context_lengths, models=settings
+        )
+        """Tenants and API keys (gateway/reload.py): the API's auth layer reads its current gate; a
+        reload also re-reads the models' traffic and cache tables."""
+        self.tenant_requests = tenant_counter(self.metrics.registry)
+        self.metrics.registry.register(QuotaCollector(lambda: self.gateway.quotas))
         self._token = secrets.token_hex(16)
         join = config.join_token.get_secret_value() if config.join_token else ""
         self.hub = WorkerHub(

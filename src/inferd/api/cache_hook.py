@@ -27,6 +27,7 @@ from inferd.clock import Clock
 from inferd.errors import DeadlineExceeded
 from inferd.gateway.auth import tenant_of
 from inferd.gateway.cache import Lookup, ResponseCache, request_key
+from inferd.gateway.cache_config import CacheConfig
 from inferd.gateway.redis_cache import RedisCacheClient, RedisResponseCache, check_cache_stores, redis_url_for
 from inferd.observability.cache_metrics import CacheMetrics
 from inferd.runtime.contract import Runtime
@@ -142,6 +143,20 @@ class CacheHook:
         """Close the Redis connection, if one was opened (server shutdown)."""
         if self._redis is not None:
             await self._redis.close()
+
+    def reconfigure(self, model: str, version: int, config: CacheConfig) -> int:
+        """A reload changed a served version's cache setting: its store takes the new ttl and bounds
+        (`ResponseCache.reconfigure`), or is emptied and dropped when caching is off. Returns how many
+        answers were dropped."""
+        store = self._stores.get((model, version))
+        if store is None:
+            return 0
+        if not config.enabled or config.store != store.config.store:  # a new store is made on next use
+            del self._stores[(model, version)]
+            dropped = store.statistics().entries
+            store.clear()
+            return dropped
+        return store.reconfigure(config)
 
     def count(self, model: str, result: str) -> None:
         """One response of a cache-enabled model, by its cache result (hit, miss or bypass)."""

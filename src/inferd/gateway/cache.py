@@ -145,6 +145,22 @@ class ResponseCache(Generic[V]):
         self._entries.clear()
         self._bytes = 0
 
+    def reconfigure(self, config: CacheConfig) -> int:
+        """A reload's new settings: each answer now expires ttl_s after it was computed (a shorter ttl
+        never serves one past it) and the new bounds evict the least recently used. Returns how many
+        answers were dropped."""
+        shift, now, before = config.ttl_s - self.config.ttl_s, self.clock.now(), len(self._entries)
+        self.config = config
+        for entry in self._entries.values():
+            entry.expires_at += shift
+        for key in [k for k, e in self._entries.items() if now >= e.expires_at]:
+            self._remove(key)
+            self._expirations += 1
+        while len(self._entries) > config.max_entries or self._bytes > config.max_bytes:
+            self._remove(next(iter(self._entries)))
+            self._evictions += 1
+        return before - len(self._entries)
+
     def _remove(self, key: CacheKey) -> None:
         self._bytes -= self._entries.pop(key).size
 
