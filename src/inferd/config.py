@@ -22,6 +22,8 @@ from inferd.fleet.autoscaler_config import AutoscalerConfig
 from inferd.gateway.cache_config import CacheConfig
 from inferd.gateway.traffic_config import TrafficConfig
 from inferd.listener_config import ListenerSettings
+from inferd.observability.settings import ObservabilitySettings
+from inferd.observability.slo_config import SloConfig
 
 Datatype = Literal[
     "BOOL",
@@ -163,6 +165,9 @@ class ModelConfig(_Frozen):
     """Exact-match response cache, e.g. `cache = { enabled = true, ttl_s = 60 }` (off by default)."""
     traffic: TrafficConfig = TrafficConfig()
     """Canary, A/B, shadow and fallback between versions and models (gateway/traffic_config.py)."""
+    slo: SloConfig | None = None
+    """Service level objectives, e.g. `slo = { availability = 0.999, latency_ms = 200 }`
+    (observability/slo_config.py); None: no SLO events, burn rates or alerting rules for this model."""
     max_items_per_request: int = Field(default=1024, ge=1, le=1_000_000)
     """Largest batch dimension one request may carry."""
     inputs: tuple[TensorSpec, ...] = ()
@@ -197,6 +202,12 @@ class ModelConfig(_Frozen):
                 f"{given} are batch-model settings; a {self.kind} model does not read them: remove them "
                 "(LLM models size their steps with params.scheduler, e.g. max_num_seqs)"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _slo_kind(self) -> ModelConfig:
+        if self.slo is not None:
+            self.slo.check_kind(self.kind)
         return self
 
     @model_validator(mode="after")
@@ -259,6 +270,8 @@ class ServerConfig(ListenerSettings, _Frozen):
     """Log one line per request with its lifecycle record (costly at high rates)."""
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
     """Log level of the server and its workers."""
+    observability: ObservabilitySettings = Field(default_factory=ObservabilitySettings)
+    """Log format, access-log sampling and trace export, of the server and its workers."""
     worker_start_timeout_s: float = Field(default=120.0, gt=0, le=3600)
     """How long a worker may take to load and warm up before it counts as failed."""
     retry_budget_ratio: float = Field(default=0.2, ge=0.0, le=1.0)

@@ -29,7 +29,9 @@ from inferd.errors import ShuttingDown
 from inferd.fleet.control import FleetControl, repository_loader
 from inferd.fleet.scaling import ScalingLoop, scaling_policy
 from inferd.gateway.auth import tenant_counter
+from inferd.gateway.config import gateway_config
 from inferd.gateway.fallback import check_fallbacks
+from inferd.gateway.model_reload import ModelSettings, own_settings
 from inferd.gateway.reload import Gateway
 from inferd.gateway.shadow import Shadows
 from inferd.gateway.traffic_control import Traffic
@@ -40,6 +42,7 @@ from inferd.observability.collectors import RuntimeCollector
 from inferd.observability.console_feed import ConsoleFeed
 from inferd.observability.metrics import Metrics
 from inferd.observability.quota_metrics import QuotaCollector
+from inferd.observability.slo_config import model_slos
 from inferd.observability.upstream_metrics import UpstreamMetrics
 from inferd.runtime.contract import Runtime
 from inferd.runtime.kinds import Kind, KindRegistry, RuntimeContext
@@ -118,7 +121,7 @@ class InferenceServer:
         self.config = config
         self.clock = clock or MonotonicClock()
         self.started_at = time.time()
-        self.metrics = Metrics()
+        self.metrics = Metrics(model_slos(models), self.clock)
         self.kinds = kinds or builtin_kinds()
         for m in models:
             self.kinds.check(m)
@@ -131,14 +134,25 @@ class InferenceServer:
         self.traffic = Traffic(self.registry, self.clock, self.metrics.traffic)
         """Canary and A/B splits of requests that name no version (gateway/traffic_control.py)."""
         check_fallbacks((rt.config for rt in self.registry.defaults()), self._kinds_of)
-        self.shadows = Shadows(self.registry, self.metrics.shadow_requests, config.shadow_max_in_flight)
+        self.shadows = Shadows(
+            self.registry, self.metrics.shadow_requests, config.shadow_max_in_flight, clock=self.clock
+        )
         """Shadow copies of requests (a model's traffic.shadow): cancelled at shutdown."""
-        self.gateway = Gateway(config, self.registry.names, context_lengths=self._context_lengths)
-        """Tenants and API keys (gateway/reload.py): the API's auth layer reads its current gate."""
+        gateway = gateway_config(config)
+        self.cache = CacheHook(
+            self.registry, self.metrics.cache, self.clock, gateway.redis_url, gateway.redis_timeout_ms
+        )
+        """The response cache's stores (api/cache_hook.py), one per cache-enabled model version."""
+        settings = ModelSettings(
+            self.registry, self.traffic, self.cache, config.model_overrides, own_settings(config)
+        )
+        self.gateway = Gateway(
+            config, self.registry.names, context_lengths=self._context_lengths, models=settings
+        )
+        """Tenants and API keys (gateway/reload.py): the API's auth layer reads its current gate; a
+        reload also re-reads the models' traffic and cache tables."""
         self.tenant_requests = tenant_counter(self.metrics.registry)
         self.metrics.registry.register(QuotaCollector(lambda: self.gateway.quotas))
-        self.cache = CacheHook(self.registry, self.metrics.cache, self.clock)
-        """The response cache's stores (api/cache_hook.py), one per cache-enabled model version."""
         self._token = secrets.token_hex(16)
         join = config.join_token.get_secret_value() if config.join_token else ""
         self.hub = WorkerHub(
@@ -150,7 +164,9 @@ class InferenceServer:
         )
         self._socket_dir = tempfile.mkdtemp(prefix="inferd-")
         self.worker_address = f"unix:{os.path.join(self._socket_dir, 'workers.sock')}"
-        self.supervisor: Launcher[Any] = Supervisor(self.worker_address, self._token, config.log_level)
+        self.supervisor: Launcher[Any] = Supervisor(
+            self.worker_address, self._token, config.log_level, extra_args=config.observability.worker_args()
+        )
         self.ray_launcher: RayLauncher | None = None
         if config.ray_address:  # workers as Ray actors; they join over the TCP worker port
             from inferd.fleet.ray_launcher import RayLauncher
@@ -346,6 +362,7 @@ class InferenceServer:
     async def _shutdown(self, loops: list[asyncio.Task[None]], supervisor: asyncio.Task[None]) -> None:
         self.shutting_down = True
         await self.shadows.close()
+        await self.cache.close()
         for rt in self.registry:
             rt.stop(ShuttingDown(f"model '{rt.name}' is shutting down"))
         for task in [*loops, *self._tasks.values()]:

@@ -44,7 +44,7 @@ from inferd.api.prompts import prompt_text as _prompt_text
 from inferd.api.streams import collect, generate, interleave
 from inferd.config import ModelConfig
 from inferd.errors import BadRequest, DeadlineExceeded, ServingError
-from inferd.gateway.auth import tenant_of
+from inferd.gateway.auth import tenant_of, tenant_share
 from inferd.gateway.quota_layer import reserve_tokens
 from inferd.llm.placement import Generation
 from inferd.llm.runtime import LLMRuntime
@@ -280,6 +280,7 @@ class _Call:
             top_p=top_p,
             priority=parse_priority(req.priority, self.request.header(b"x-priority")),
             tenant=tenant,
+            weight=tenant_share(tenant_of(self.request.scope.get("inferd.call"))).weight,
             ignore_eos=req.ignore_eos,
             deadline=self.deadline,
         )

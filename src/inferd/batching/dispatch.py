@@ -2,6 +2,9 @@
 
 schedule (policy.decide) -> cut (queue, under the mix cap) -> choose (p2c among free workers) -> send
 
+A busy worker's staging slot is filled only near the end of its running batch (policy.stage_time), so
+the staged batch is cut from what has arrived by then.
+
 `Dispatcher` is the loop that cuts batches, retried (isolated) work first; the choice of worker is
 `Routing`'s (batching/worker_choice.py).
 """
@@ -15,11 +18,12 @@ import logging
 
 from inferd.batching.delivery import fail
 from inferd.batching.mix import MixInput, MixPolicy
-from inferd.batching.policy import BatchPolicy
+from inferd.batching.policy import BatchPolicy, stage_time
 from inferd.batching.queue import BULK, INTERACTIVE, ItemState, QueuedItem
 from inferd.batching.state import ModelState
 from inferd.batching.worker_choice import Routing
 from inferd.errors import DeadlineExceeded
+from inferd.observability import tracing
 from inferd.worker.connection import Batch, WorkerConnection, WorkerState
 
 log = logging.getLogger("inferd.dispatcher")
@@ -58,12 +62,17 @@ class Dispatcher:
             if self.state.isolation and (idle or staging):  # retried work first, to any free slot
                 self._dispatch_isolated(self.routing.choose(idle or staging), now)
                 continue
-            decision = self.policy.decide(now, len(queue), queue.oldest_at(), len(idle), len(staging))
+            times = {w.worker_id: self._stage_time(w) for w in staging}
+            stage_at = min(times.values(), default=None)
+            decision = self.policy.decide(
+                now, len(queue), queue.oldest_at(), len(idle), len(staging), stage_at
+            )
             if not decision.size:
                 return decision.wake_at
             if not decision.idle and queue.live_in(INTERACTIVE) < decision.size:
                 return None  # stage only all-interactive batches: interactive work never waits behind bulk
-            worker = self.routing.choose(idle if decision.idle else staging)
+            due = [w for w in staging if times[w.worker_id] <= now]
+            worker = self.routing.choose(idle if decision.idle else due)
             items, expired = self._cut_for(worker, decision.size, now)
             self._expire_cut(expired, now)
             self._send(worker, items, now)
@@ -88,6 +97,14 @@ class Dispatcher:
             )
             size = min(size, cap)
         return queue.cut(size, now)
+
+    def _stage_time(self, worker: WorkerConnection) -> float:
+        """When the busy worker's staging slot may be filled: near the expected end of its running batch."""
+        estimator = self.state.estimator
+        line = estimator.cost_line()
+        running = sum(len(b.items) for b in worker.inflight.values())
+        expected = estimator.batch_latency_s if line is None else line[0] + line[1] * running
+        return stage_time(worker.running_since, expected)
 
     def _other_finishes(self, worker: WorkerConnection, line: tuple[float, float]) -> list[float]:
         """When the other busy workers are expected to finish what they hold (from the cost line)."""
@@ -124,6 +141,8 @@ class Dispatcher:
             item.attempts += 1
             item.state = ItemState.RUNNING
             item.batch_id = batch.batch_id
+        if tracing.ENABLED:
+            batch.span = tracing.start_batch(batch.batch_id, items, worker.worker_id, self.state.name, now)
         worker.send_batch(batch)
         self.state.metrics.observe_batch_cut(
             len(items), self.state.config.max_batch_size, [now - i.enqueued_at for i in items]

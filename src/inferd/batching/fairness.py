@@ -69,6 +69,10 @@ class FairOrder:
     def weights(self) -> dict[str, float]:
         return dict(self._weight)
 
+    def pass_of(self, tenant: str) -> float:
+        """A backlogged tenant's virtual time (for inspection)."""
+        return self._pass[tenant]
+
     def join(self, tenant: str, weight: float) -> None:
         """`tenant` has items waiting now (a no-op if it already had): a changed weight (a config
         reload) applies from the next time it becomes backlogged."""

@@ -8,7 +8,11 @@ The rules (ROADMAP Part 1, "what measuring the peers taught us"):
   When a worker frees and the oldest item has already waited `max_wait`, the batch goes at once:
   no fresh window is opened.
 * A busy worker with a free staging slot takes only a full batch (hiding the IPC round trip without
-  cutting small batches while the device is busy: they keep filling instead).
+  cutting small batches while the device is busy: they keep filling instead), and only near the end of
+  its running batch (`stage_at`: STAGE_LEAD before its expected finish). A batch staged as soon as the
+  running one starts would be fixed a whole batch early: an item arriving meanwhile (a light tenant's,
+  which fair order puts in the very next cut) would wait for the rest of the running batch, all of the
+  staged one, then its own. Staged late, the cut takes it, and the lead still hides the round trip.
 """
 
 from __future__ import annotations
@@ -28,6 +32,19 @@ class CutDecision:
 
 NOTHING = CutDecision(0)
 
+STAGE_LEAD_FRACTION = 0.1
+"""A batch is staged this fraction of the running batch's expected duration before its finish ..."""
+STAGE_LEAD_MIN_S = 0.01
+"""... but never later than this before it (the round trip and the worker's decoding of the batch)."""
+
+
+def stage_time(running_since: float, expected_s: float | None) -> float:
+    """When a busy worker whose running batch started at `running_since` and should take `expected_s`
+    (None: not measured yet, stage at once) may have its next batch staged."""
+    if expected_s is None:
+        return running_since
+    return running_since + expected_s - max(STAGE_LEAD_MIN_S, STAGE_LEAD_FRACTION * expected_s)
+
 
 class BatchPolicy:
     def __init__(self, max_batch_size: int, max_wait_s: float, preferred_batch_sizes: tuple[int, ...] = ()):
@@ -40,10 +57,17 @@ class BatchPolicy:
         self.preferred = tuple(sorted({p for p in preferred_batch_sizes if 1 <= p <= max_batch_size}))
 
     def decide(
-        self, now: float, queued: int, oldest_at: float | None, idle_workers: int, stage_slots: int
+        self,
+        now: float,
+        queued: int,
+        oldest_at: float | None,
+        idle_workers: int,
+        stage_slots: int,
+        stage_at: float | None = None,
     ) -> CutDecision:
         """`queued` live items, the oldest enqueued at `oldest_at`; `idle_workers` have nothing running,
-        `stage_slots` are free staging slots on busy workers."""
+        `stage_slots` are free staging slots on busy workers, the first of which may be filled from
+        `stage_at` (`stage_time`; None: now)."""
         if queued <= 0 or oldest_at is None:
             return NOTHING
         full = min(queued, self.max_batch_size)
@@ -58,6 +82,8 @@ class BatchPolicy:
                 return CutDecision(preferred)
             return CutDecision(0, wake_at=due_at)
         if stage_slots > 0 and queued >= self.max_batch_size:
+            if stage_at is not None and now < stage_at:
+                return CutDecision(0, wake_at=stage_at)
             return CutDecision(self.max_batch_size, idle=False)
         return NOTHING
 

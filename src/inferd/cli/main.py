@@ -3,17 +3,23 @@
 from __future__ import annotations
 
 import importlib.util
-import logging
-import sys
 import time
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
+from inferd.cli.observability_flags import (
+    AccessLogSample,
+    LogFormat,
+    TraceEndpoint,
+    TraceSample,
+    observability_settings,
+)
 from inferd.cli.ports import check_ports_free
 from inferd.config import ConfigError, ModelConfig, ServerConfig, load_server_config
 from inferd.gateway.reload import build_gate  # also registers the [gateway] and [tenants.NAME] tables
+from inferd.observability.logging_setup import set_up_process
 from inferd.tls import check_server_tls
 
 app = typer.Typer(
@@ -45,8 +51,13 @@ def check_models(models: list[ModelConfig]) -> None:
 
 
 def check_gateway(config: ServerConfig, models: list[ModelConfig]) -> None:
-    """Tenants list only served models, and no key digest belongs to two tenants: refused before start."""
+    """Tenants list only served models, no key digest belongs to two tenants, and a model caching in
+    Redis has [gateway] redis_url: refused before start."""
+    from inferd.gateway.config import gateway_config
+    from inferd.gateway.redis_cache import check_cache_stores
+
     build_gate(config, [m.name for m in models], time.time)
+    check_cache_stores(models, gateway_config(config).redis_url)
 
 
 def resolve_models(config: ServerConfig) -> list[ModelConfig]:
@@ -117,6 +128,10 @@ def serve(
     log_level: Annotated[
         str | None, typer.Option(help="DEBUG, INFO, WARNING or ERROR [default: INFO].")
     ] = None,
+    log_format: LogFormat = None,
+    access_log_sample: AccessLogSample = None,
+    trace_endpoint: TraceEndpoint = None,
+    trace_sample: TraceSample = None,
     shutdown_grace_s: Annotated[
         float | None,
         typer.Option(
@@ -199,6 +214,9 @@ def serve(
     API of the server on port 9000 by the same rule. A port in use is reported at start with the fix.
     """
     try:
+        observe = observability_settings(log_format, access_log_sample, trace_endpoint, trace_sample)
+        if access_log_sample is not None and access_log is None:
+            access_log = True
         cfg = load_server_config(
             config,
             {
@@ -225,6 +243,7 @@ def serve(
                 "max_connections": max_connections,
                 "max_connections_per_ip": max_connections_per_ip,
                 "admission_rate_per_s": admission_rate_per_s,
+                "observability": observe,
             },
         )
         if no_admin:
@@ -241,9 +260,8 @@ def serve(
         raise typer.Exit(2) from None
     from inferd.runner import run_server  # imports the server: only once the config is known good
 
-    logging.basicConfig(
-        level=cfg.log_level, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s %(message)s"
-    )
+    secrets = [s.get_secret_value() for s in (cfg.join_token, cfg.admin_token) if s is not None]
+    set_up_process(cfg.observability, cfg.log_level, "server", secrets)
     run_server(cfg, models)
 
 
@@ -281,6 +299,8 @@ def worker(
         ),
     ] = False,
     log_level: Annotated[str, typer.Option(help="DEBUG, INFO, WARNING or ERROR.")] = "INFO",
+    log_format: LogFormat = None,
+    trace_endpoint: TraceEndpoint = None,
 ) -> None:
     """Run one worker (one device) that joins a router over TCP and registers again whenever the
     router restarts. Stop it with SIGTERM or Ctrl-C."""
@@ -314,12 +334,16 @@ def worker(
         args += ["--ca-file", str(ca_file)]
     if insecure:
         args.append("--insecure")
+    args += ["--log-format", log_format or "text"]
+    if trace_endpoint:
+        args += ["--trace-endpoint", trace_endpoint]
     raise typer.Exit(worker_main(args))
 
 
 def _register_tools() -> None:
     from inferd.cli.fleet_cmds import drain, scale, update
     from inferd.cli.keys import keys_app
+    from inferd.cli.slo import slo_app
     from inferd.cli.status import status
     from inferd.cli.top import top
 
@@ -329,6 +353,7 @@ def _register_tools() -> None:
     app.command("scale")(scale)
     app.command("update")(update)
     app.add_typer(keys_app, name="keys")
+    app.add_typer(slo_app, name="slo")
 
 
 _register_tools()

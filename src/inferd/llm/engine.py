@@ -100,7 +100,7 @@ class LLMEngine:
                 continue
             try:
                 self.scheduler.add(
-                    msg.seq_id, msg.prompt, msg.max_tokens, msg.tenant, msg.priority, msg.output
+                    msg.seq_id, msg.prompt, msg.max_tokens, msg.tenant, msg.priority, msg.output, msg.weight
                 )
             except ServingError as exc:
                 notes.append(p.SeqDelta(msg.seq_id, finish_reason="error", error=(exc.code, exc.message)))

@@ -12,14 +12,22 @@ move: failover, which resumes rather than fails. A stream of a lost worker goes 
     engine continues the same sequence and the client sees no duplicated and no missing token. Each
     move spends one retry from the server's RetryBudget. With no ready worker with room, or the budget
     spent, the stream ends with WorkerDied.
+fair room: inside a priority class a worker's waiting room is shared by tenant weight, as a batch
+    model's queue is (batching/fairness.py `displacement`): while no ready worker has free room, a
+    sequence whose tenant stays within its share of a worker's room takes it by displacing the newest
+    waiting sequences of tenants over theirs (their streams fail with Overloaded, their sequences are
+    aborted in the engine before the new one arrives). So a flooding tenant gets the 429s, not the
+    others. The engine then admits its waiting tenants in weighted fair order (inferd.llm.waiting).
 """
 
 from __future__ import annotations
 
 import heapq
 import logging
-from dataclasses import dataclass
+from collections.abc import Iterator
+from dataclasses import dataclass, field
 
+from inferd.batching.fairness import TenantShare, displacement, gave_way
 from inferd.batching.queue import INTERACTIVE
 from inferd.batching.retry import RetryBudget
 from inferd.clock import Clock
@@ -28,6 +36,7 @@ from inferd.llm.kv import BlockHash
 from inferd.llm.plan import SchedulerConfig
 from inferd.llm.routing import PrefixAffinityRouter, WorkerLoad
 from inferd.llm.stream import TokenStream
+from inferd.observability import tracing
 from inferd.routing.health import Health
 from inferd.worker import protocol as p
 from inferd.worker.connection import WorkerConnection, WorkerState
@@ -46,11 +55,17 @@ class Generation:
     top_p: float = 1.0
     priority: int = INTERACTIVE
     tenant: str = ""
-    """The prefix-cache salt (X-Tenant until the gateway authenticates callers)."""
+    """The prefix-cache salt and the tenant's lane (the authenticated tenant, else X-Tenant)."""
+    weight: float = 1.0
+    """The tenant's weight: its share of waiting room and admissions inside the priority class."""
     ignore_eos: bool = False
     deadline: float | None = None
     """Absolute time (the runtime's clock) past which the sequence is aborted and its stream fails
     with DeadlineExceeded; None: no deadline."""
+
+    @property
+    def share(self) -> TenantShare:
+        return TenantShare(self.tenant, self.weight)
 
 
 @dataclass(slots=True, eq=False)
@@ -69,6 +84,29 @@ class Live:
 
 
 @dataclass(slots=True)
+class Waiting:
+    """One priority class's sequences on a worker not yet admitted there, per tenant."""
+
+    seqs: dict[str, int] = field(default_factory=dict)
+    tokens: dict[str, int] = field(default_factory=dict)
+    weights: dict[str, float] = field(default_factory=dict)
+
+    def add(self, share: TenantShare, tokens: int) -> None:
+        self.seqs[share.name] = self.seqs.get(share.name, 0) + 1
+        self.tokens[share.name] = self.tokens.get(share.name, 0) + tokens
+        self.weights[share.name] = share.weight
+
+    def remove(self, tenant: str, tokens: int) -> None:
+        self.seqs[tenant] -= 1
+        self.tokens[tenant] -= tokens
+        if not self.seqs[tenant]:
+            del self.seqs[tenant], self.tokens[tenant], self.weights[tenant]
+
+    def total(self) -> tuple[int, int]:
+        return sum(self.seqs.values()), sum(self.tokens.values())
+
+
+@dataclass(slots=True)
 class Load:
     """What the front end has placed on one worker."""
 
@@ -77,6 +115,8 @@ class Load:
     waiting_prompt_tokens: int = 0
     busy_since: float = 0.0
     """When `live` last went from 0 to 1 (the hang watchdog counts from there)."""
+    classes: tuple[Waiting, Waiting] = field(default_factory=lambda: (Waiting(), Waiting()))
+    """The waiting ones per priority class and tenant (fair room)."""
 
 
 class Placement:
@@ -102,6 +142,7 @@ class Placement:
         """EWMA of the workers' step times, for Retry-After hints."""
         self.stopping = False
         self.rejected = 0
+        """Sequences refused with Overloaded: at submission, or displaced from a worker's waiting room."""
         self.moved = 0
         self.lost = 0
         self._deadlines: list[tuple[float, str]] = []
@@ -119,16 +160,19 @@ class Placement:
         self.retry_budget.record_requests(1)
         self.place(live, worker)
 
-    def choose(self, prompt_tokens: int, hashes: list[BlockHash]) -> WorkerConnection:
+    def choose(self, prompt_tokens: int, hashes: list[BlockHash], gen: Generation) -> WorkerConnection:
         """The worker for a sequence. Raises WorkerUnavailable (none ready) or Overloaded (no ready
-        worker's queue has room) before anything is sent."""
+        worker's queue has room, not even within the tenant's share) before anything is sent."""
         if self.stopping:
             raise WorkerUnavailable(f"model '{self.name}' is shutting down")
         ready = [w for w in self.workers if w.state is WorkerState.READY and not w.failure]
         if not ready:
             raise WorkerUnavailable(f"model '{self.name}' has no ready worker; retry shortly")
         choice = self.router.pick([self._view(w) for w in ready], hashes, prompt_tokens)
-        if choice is None:
+        if choice is not None:
+            return next(w for w in ready if w.worker_id == choice.worker_id)
+        worker = self._make_room(ready, prompt_tokens, gen)
+        if worker is None:
             s = self.scheduler
             raise Overloaded(
                 f"model '{self.name}' is full: no ready worker (of {len(ready)}) can queue a sequence of "
@@ -137,7 +181,63 @@ class Placement:
                 self.retry_after_s(),
                 reason="llm_queue_full",
             )
-        return next(w for w in ready if w.worker_id == choice.worker_id)
+        return worker
+
+    def _make_room(
+        self, ready: list[WorkerConnection], prompt_tokens: int, gen: Generation
+    ) -> WorkerConnection | None:
+        """The ready worker where `gen`'s tenant fits within its share by displacing the fewest waiting
+        sequences of tenants over theirs, after displacing them; None: it fits on none."""
+        best: tuple[WorkerConnection, list[Live]] | None = None
+        for w in ready:
+            victims = self._victims(w.worker_id, prompt_tokens, gen)
+            if victims is not None and (best is None or len(victims) < len(best[1])):
+                best = (w, victims)
+        if best is None:
+            return None
+        worker, victims = best
+        for live in victims:
+            self.end(live)
+            self.rejected += 1
+            live.stream.fail(gave_way(self.name, live.gen.share, gen.share, self.retry_after_s()))
+            worker.send(p.AbortSequence(live.stream.seq_id))
+        return worker
+
+    def _victims(self, worker_id: str, prompt_tokens: int, gen: Generation) -> list[Live] | None:
+        """The newest waiting sequences on the worker to displace so `gen`'s fits within its tenant's
+        share of the class's room, in sequences and in prompt tokens; None: it would exceed its share."""
+        load = self.loads.get(worker_id) or Load()
+        s = self.scheduler
+        mine = load.classes[gen.priority]
+        seqs, tokens = mine.total()
+        others = (load.waiting - seqs, load.waiting_prompt_tokens - tokens)  # the other class's room
+        free = (s.max_waiting_seqs - load.waiting, s.max_waiting_prompt_tokens - load.waiting_prompt_tokens)
+        room = (s.max_waiting_seqs - others[0], s.max_waiting_prompt_tokens - others[1])
+        by_seqs = displacement(gen.share, 1, free[0], room[0], mine.seqs, mine.weights)
+        by_tokens = displacement(gen.share, prompt_tokens, free[1], room[1], mine.tokens, mine.weights)
+        if by_seqs is None or by_tokens is None:
+            return None
+        victims = []
+        for tenant in sorted(by_seqs.keys() | by_tokens.keys()):
+            need_seqs, need_tokens = by_seqs.get(tenant, 0), by_tokens.get(tenant, 0)
+            for live in self._newest_waiting(worker_id, tenant, gen.priority):
+                if need_seqs <= 0 and need_tokens <= 0:
+                    break
+                victims.append(live)
+                need_seqs -= 1
+                need_tokens -= len(live.prompt)
+        return victims
+
+    def _newest_waiting(self, worker_id: str, tenant: str, priority: int) -> Iterator[Live]:
+        for live in reversed(self.live.values()):
+            g = live.gen
+            if (
+                live.waiting
+                and live.stream.worker_id == worker_id
+                and g.tenant == tenant
+                and g.priority == priority
+            ):
+                yield live
 
     def _view(self, worker: WorkerConnection) -> WorkerLoad:
         load = self.loads.get(worker.worker_id, Load())
@@ -155,8 +255,9 @@ class Placement:
         load.live += 1
         load.waiting += 1
         load.waiting_prompt_tokens += len(live.prompt)
-        self.router.record(worker.worker_id, live.hashes)
         g = live.gen
+        load.classes[g.priority].add(g.share, len(live.prompt))
+        self.router.record(worker.worker_id, live.hashes)
         worker.send(
             p.AddSequence(
                 live.stream.seq_id,
@@ -169,6 +270,8 @@ class Placement:
                 g.top_p,
                 g.ignore_eos,
                 output=list(live.stream.generated),
+                weight=g.weight,
+                traceparent=tracing.traceparent(live.stream.trace),
             )
         )
 
@@ -187,6 +290,7 @@ class Placement:
         if load is not None:
             load.waiting -= 1
             load.waiting_prompt_tokens -= len(live.prompt)
+            load.classes[live.gen.priority].remove(live.gen.tenant, len(live.prompt))
 
     def end(self, live: Live) -> None:
         self.admitted(live)
@@ -222,7 +326,7 @@ class Placement:
         """Place an orphaned sequence on another worker (resuming it), or end its stream with WorkerDied."""
         live.waiting = False  # its dead worker's counts are gone with it
         try:
-            target = self.choose(len(live.prompt), live.hashes)
+            target = self.choose(len(live.prompt), live.hashes, live.gen)
         except ServingError as exc:
             self._give_up(live, f"{why}; it could not be moved: {exc.message}")
             return
@@ -231,6 +335,7 @@ class Placement:
             return
         live.moves += 1
         self.moved += 1
+        tracing.event(live.stream.trace, "resumed", {"worker_id": target.worker_id, "moves": live.moves})
         log.debug(
             "sequence %s moved to %s after %d tokens",
             live.stream.seq_id,

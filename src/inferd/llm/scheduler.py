@@ -9,7 +9,8 @@ Each step, in this order, under `max_num_batched_tokens` and `max_num_seqs`:
    prefilling, then new admissions from the head of that class's waiting queue. A long prompt is
    split over several steps (chunked prefill). Admission stops at the first sequence that cannot
    be admitted, so nobody overtakes the head of a class, and bulk is never admitted while an
-   interactive sequence waits.
+   interactive sequence waits. Inside a class the tenants take turns by weight (llm/waiting.py):
+   the head is the next tenant's oldest sequence, so a tenant's backlog never delays another's.
 
 A sequence whose next tokens need a KV block when none is free preempts (recompute) the
 lowest-priority, most recently admitted running sequence, possibly itself: its blocks are freed, it
@@ -20,7 +21,6 @@ interactive admission may also preempt running bulk sequences, for blocks or for
 
 from __future__ import annotations
 
-from collections import deque
 from collections.abc import Mapping
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass, field
@@ -39,6 +39,7 @@ from inferd.llm.plan import (
     StepPlan,
 )
 from inferd.llm.sequence import FinishReason, SeqStatus, Sequence
+from inferd.llm.waiting import WaitingClass
 
 
 @dataclass(slots=True)
@@ -69,7 +70,7 @@ class LLMScheduler:
         self.clock = clock
         self.kv = KVCacheManager(config.num_blocks, config.block_size, config.enable_prefix_caching)
         self._seqs: dict[str, Sequence] = {}
-        self._waiting: tuple[deque[Sequence], deque[Sequence]] = (deque(), deque())
+        self._waiting = (WaitingClass(), WaitingClass())
         self._running: list[Sequence] = []
         self._outstanding: StepPlan | None = None
         self._scheduled_at = 0.0
@@ -94,9 +95,11 @@ class LLMScheduler:
         tenant: str = "",
         priority: int = INTERACTIVE,
         output: Seq[int] = (),
+        weight: float = 1.0,
     ) -> None:
         """Queue a new sequence. `output`: tokens it already generated elsewhere (resumed after its
-        worker died); they count towards `max_tokens` and are recomputed like a preempted sequence's."""
+        worker died); they count towards `max_tokens` and are recomputed like a preempted sequence's.
+        `weight`: the tenant's, for its share of admissions inside the class."""
         self._check_request(seq_id, prompt, max_tokens, priority)
         if len(output) >= max_tokens:
             raise BadRequest(
@@ -116,10 +119,12 @@ class LLMScheduler:
                 self._retry_after_s(),
                 "max_waiting_prompt_tokens",
             )
-        seq = Sequence(seq_id, tuple(prompt), max_tokens, tenant, priority, self._arrivals, list(output))
+        seq = Sequence(
+            seq_id, tuple(prompt), max_tokens, tenant, priority, self._arrivals, list(output), weight=weight
+        )
         self._arrivals += 1
         self._seqs[seq_id] = seq
-        self._waiting[priority].append(seq)
+        self._waiting[priority].add(seq)
         self._waiting_new += 1
         self._waiting_prompt_tokens += len(prompt)
 
@@ -153,7 +158,7 @@ class LLMScheduler:
 
     def waiting_ids(self) -> list[str]:
         """Waiting sequences in admission order (a copy, for inspection)."""
-        return [s.seq_id for q in self._waiting for s in q]
+        return [s.seq_id for q in self._waiting for s in q.in_order()]
 
     def running_ids(self) -> list[str]:
         return [s.seq_id for s in self._running]
@@ -198,8 +203,7 @@ class LLMScheduler:
     def _admit_class(self, cls: int, step: _Step) -> bool:
         """Admit from the head of one class; False if its head had to stay (so lower classes wait)."""
         queue = self._waiting[cls]
-        while queue:
-            seq = queue[0]
+        while (seq := queue.head()) is not None:
             if seq.seq_id in step.preempted or step.budget == 0 or not self._seat_for(seq, step):
                 return False
             seq.extend_hashes(self.config.block_size)
@@ -212,7 +216,7 @@ class LLMScheduler:
                 if victim is None:
                     return False
                 self._preempt(victim, step)
-            queue.popleft()
+            queue.pop(seq)
             self._start(seq, hit.num_tokens)
             step.take(seq, n)
             step.admitted.append(seq.seq_id)
@@ -253,7 +257,7 @@ class LLMScheduler:
         seq.num_computed = 0
         seq.preemptions += 1
         self._preemptions += 1
-        self._waiting[seq.priority].appendleft(seq)
+        self._waiting[seq.priority].put_back(seq)
         step.preempted.append(seq.seq_id)
 
     def _build_plan(self, step: _Step) -> StepPlan:
@@ -329,8 +333,7 @@ class LLMScheduler:
     def _finish(self, seq: Sequence, reason: FinishReason) -> None:
         if seq.status is SeqStatus.RUNNING:
             self._running.remove(seq)
-        elif seq in self._waiting[seq.priority]:
-            self._waiting[seq.priority].remove(seq)
+        elif self._waiting[seq.priority].remove(seq):
             if seq.status is SeqStatus.WAITING:
                 self._waiting_new -= 1
                 self._waiting_prompt_tokens -= len(seq.prompt)

@@ -59,7 +59,7 @@ class Sequence:
     priority: int = INTERACTIVE
     """INTERACTIVE (0) or BULK (1)."""
     arrival: int = 0
-    """Order of `add()`; FIFO within a priority class."""
+    """Order of `add()`; FIFO within a tenant's lane of a priority class."""
     output: list[int] = field(default_factory=list)
     status: SeqStatus = SeqStatus.WAITING
     finish_reason: FinishReason | None = None
@@ -70,6 +70,8 @@ class Sequence:
     preemptions: int = 0
     block_hashes: list[BlockHash] = field(default_factory=list)
     """Names of the full blocks of prompt + output, extended as tokens arrive."""
+    weight: float = 1.0
+    """The tenant's weight: its share of admissions while other tenants wait too (llm/waiting.py)."""
 
     @property
     def num_tokens(self) -> int:

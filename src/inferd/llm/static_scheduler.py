@@ -9,7 +9,7 @@ Each member reserves KV blocks for its prompt plus `max_tokens` at admission, th
 preallocate for the longest possible output. A batch therefore never runs out of blocks and never
 preempts; a sequence that does not fit waits for the next batch. Within a batch everything else is the
 continuous scheduler's: decodes first, prefill chunked under `max_num_batched_tokens`, interactive
-before bulk, FIFO within a class.
+before bulk, tenants taking turns by weight within a class.
 """
 
 from __future__ import annotations
@@ -34,14 +34,13 @@ class StaticBatchScheduler(LLMScheduler):
             return False  # mid-flight, or a higher class still waits: nobody overtakes it
         queue = self._waiting[cls]
         block_size = self.config.block_size
-        while queue and len(self._running) < self.config.max_num_seqs:
-            seq = queue[0]
+        while (seq := queue.head()) is not None and len(self._running) < self.config.max_num_seqs:
             seq.extend_hashes(block_size)
             hit = self.kv.find_prefix(seq.block_hashes, seq.num_tokens)
             reserved = seq.num_tokens + seq.max_tokens - len(seq.output)
             if not self.kv.admit(seq.seq_id, hit, reserved):
                 return False
-            queue.popleft()
+            queue.pop(seq)
             self._start(seq, hit.num_tokens)
             step.take(seq, min(seq.num_pending, step.budget))
             step.admitted.append(seq.seq_id)

@@ -6,11 +6,14 @@ thousands of requests per second.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
+from inferd.clock import Clock, MonotonicClock
 from inferd.observability.cache_metrics import CacheMetrics
+from inferd.observability.slo import SloMetrics
+from inferd.observability.slo_config import SloConfig, thresholds_s
 from inferd.observability.traffic_metrics import TrafficMetrics
 
 LATENCY_BUCKETS = (
@@ -38,8 +41,16 @@ BATCH_BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 80, 96, 100, 128, 256, 512, 102
 RATIO_BUCKETS = (0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 1.0)
 
 
+def latency_buckets(slos: Mapping[str, SloConfig], slo: str) -> tuple[float, ...]:
+    """LATENCY_BUCKETS plus a bucket at exactly each configured threshold of `slo`, so a histogram
+    answers "what share was within the SLO" without interpolation."""
+    return tuple(sorted(set(LATENCY_BUCKETS) | set(thresholds_s(dict(slos), slo))))
+
+
 class Metrics:
-    def __init__(self) -> None:
+    def __init__(self, slos: Mapping[str, SloConfig] | None = None, clock: Clock | None = None) -> None:
+        """`slos`: model name -> its [slo] table (observability/slo_config.py model_slos)."""
+        slos = slos or {}
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
         self.requests = Counter(
@@ -58,7 +69,7 @@ class Metrics:
             "inferd_request_duration_seconds",
             "Time from request arrival to response, by model and outcome.",
             ["model", "version", "outcome"],
-            buckets=LATENCY_BUCKETS,
+            buckets=latency_buckets(slos, "latency"),
             registry=r,
         )
         self.queue_wait = Histogram(
@@ -122,14 +133,14 @@ class Metrics:
             "inferd_time_to_first_token_seconds",
             "From an LLM request's arrival to its first token reaching the front end.",
             ["model", "version"],
-            buckets=LATENCY_BUCKETS,
+            buckets=latency_buckets(slos, "ttft"),
             registry=r,
         )
         self.itl = Histogram(
             "inferd_inter_token_latency_seconds",
             "Between consecutive tokens of one stream, as the front end receives them.",
             ["model", "version"],
-            buckets=LATENCY_BUCKETS,
+            buckets=latency_buckets(slos, "itl"),
             registry=r,
         )
         self.e2e = Histogram(
@@ -164,6 +175,8 @@ class Metrics:
             ["model", "fallback", "reason"],
             registry=r,
         )
+        self.slo = SloMetrics(r, slos, clock or MonotonicClock())
+        """SLI events and short-window burn rates of the models with an [slo] table."""
         self._requests: dict[tuple[str, int], RequestMetrics] = {}
 
     def requests_for(self, name: str, version: int) -> RequestMetrics:
@@ -267,6 +280,7 @@ class LLMMetrics:
         self._e2e = m.e2e.labels(*labels)
         self._prompt = m.prompt_tokens.labels(*labels)
         self._generated = m.generation_tokens.labels(*labels)
+        self._slo = m.slo.for_model(model)
 
     def submitted(self, prompt_tokens: int) -> None:
         self._prompt.inc(prompt_tokens)
@@ -276,8 +290,12 @@ class LLMMetrics:
         self._generated.inc(n)
         if first:
             self._ttft.observe(since_previous_s)
+            if self._slo is not None:
+                self._slo.first_token(since_previous_s)
         elif n:
             self._itl.observe(since_previous_s / n)
+            if self._slo is not None:
+                self._slo.tokens(n, since_previous_s / n)
 
     def finished(self, duration_s: float) -> None:
         self._e2e.observe(duration_s)

@@ -31,6 +31,9 @@ from inferd.llm.engine import LLMEngine, new_scheduler, scheduler_config
 from inferd.llm.model import LLMModel
 from inferd.models.base import Model
 from inferd.models.loader import instantiate
+from inferd.observability import tracing
+from inferd.observability.logging_setup import set_up_process
+from inferd.observability.settings import from_environment
 from inferd.worker import protocol as p
 from inferd.worker.connection import MAX_INFLIGHT
 from inferd.worker.outputs import OutputError, convert_outputs
@@ -217,7 +220,8 @@ class Worker:
     async def _run_batches(self) -> None:
         while (batch := await self._batches.get()) is not None:
             self.running = 1
-            done = await self._run_one(batch)
+            with tracing.compute(batch.traceparent, batch.batch_id, len(batch.items), self.worker_id):
+                done = await self._run_one(batch)
             self.running = 0
             self.completed += 1
             self._send(done)
@@ -342,12 +346,17 @@ def main(argv: list[str] | None = None) -> int:
         help="allow plain TCP to a front end that is not on loopback (it needs --insecure too)",
     )
     parser.add_argument("--log-level", default="INFO")
+    parser.add_argument("--log-format", choices=("text", "json"), default="text")
+    parser.add_argument("--trace-endpoint", default=None, help="export spans to this OTLP/HTTP collector")
+    parser.add_argument("--service-name", default=None, help="service.name of the spans (OTEL_SERVICE_NAME)")
     args = parser.parse_args(argv)
-    logging.basicConfig(
-        level=args.log_level,
-        stream=sys.stderr,
-        format="%(asctime)s %(levelname)s %(name)s[%(process)d] %(message)s",
+    observe = from_environment(
+        os.environ,
+        log_format=args.log_format,
+        trace_endpoint=args.trace_endpoint,
+        service_name=args.service_name,
     )
+    set_up_process(observe, args.log_level, "worker", [args.token])
     try:
         tls_context = transport(args.connect, args.ca_file, args.ca_pem, args.insecure)
     except ConfigError as exc:

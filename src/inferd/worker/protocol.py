@@ -17,9 +17,10 @@ from typing import Any
 import msgspec
 import numpy as np
 
-PROTOCOL_VERSION = 2
+PROTOCOL_VERSION = 3
 """Bumped whenever a message changes shape; a worker of another protocol is refused at Hello, with the
-reason (both sides must run the same inferd version). 2: Hello.version (versions side by side)."""
+reason (both sides must run the same inferd version). 2: Hello.version (versions side by side).
+3: AddSequence.weight (tenants' shares of LLM admissions)."""
 MAX_FRAME_BYTES = 512 * 1024 * 1024
 MAX_HELLO_BYTES = 64 * 1024
 """Largest first frame (Hello) of a connection: a peer is not trusted with large frames before its token."""
@@ -64,6 +65,9 @@ class LoadFailed(msgspec.Struct, tag="load_failed"):
 class RunBatch(msgspec.Struct, tag="run"):
     batch_id: int
     items: list[Any]
+    traceparent: str = ""
+    """W3C traceparent of the batch's inferd.batch span ("": not traced). Optional: a
+    peer that predates it ignores it, and a frame without it decodes to ""."""
 
 
 class BatchDone(msgspec.Struct, tag="done"):
@@ -103,6 +107,10 @@ class AddSequence(msgspec.Struct, tag="llm_add"):
     output: list[int] = []
     """Tokens already generated for this sequence on a worker that died: the engine resumes after them
     (recomputing prompt + output), and max_tokens counts them."""
+    weight: float = 1.0
+    """The tenant's weight: its share of the engine's admissions while other tenants' sequences wait."""
+    traceparent: str = ""
+    """W3C traceparent of the request's span ("": not traced); optional, as in RunBatch."""
 
 
 class AbortSequence(msgspec.Struct, tag="llm_abort"):
