@@ -32,13 +32,18 @@ class Routing:
         Ejected workers sit out (unless all are: then they work rather than stall the model); a probing
         worker takes one batch at a time; nobody goes over the balancer's per-worker cap."""
         ready = [w for w in workers if w.state is WorkerState.READY]
-        if all(len(w.inflight) >= MAX_INFLIGHT for w in ready):
+        open_ = [w for w in ready if len(w.inflight) < MAX_INFLIGHT]
+        if not open_:
             return [], []  # the common case under load, and the cheap one: nobody has a free slot
-        health = {w.worker_id: self.ejector.health(w.worker_id) for w in ready}
-        pool = [w for w in ready if health[w.worker_id] is not Health.EJECTED] or ready
+        health_of = self.ejector.health
+        health = {w.worker_id: health_of(w.worker_id) for w in open_}
+        # only workers with a free slot can take a batch: the others' health matters only to know whether
+        # every ready worker is ejected (then they all work), and that stops at the first one in service
+        everyone_out = all(health_of(w.worker_id) is Health.EJECTED for w in ready)
+        pool = open_ if everyone_out else [w for w in open_ if health[w.worker_id] is not Health.EJECTED]
         fits = [w for w in pool if self.balancer.eligible(self._candidate(w, health[w.worker_id]))]
         idle = [w for w in fits if not w.inflight]
-        staging = [w for w in fits if 0 < len(w.inflight) < MAX_INFLIGHT and health[w.worker_id] is Health.READY]
+        staging = [w for w in fits if w.inflight and health[w.worker_id] is Health.READY]
         return idle, staging
 
     def candidate(self, worker: WorkerConnection) -> Candidate:

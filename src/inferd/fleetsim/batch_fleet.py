@@ -39,6 +39,10 @@ from inferd.worker.connection import WorkerConnection
 WATCHDOG_EVERY_S = 0.1
 """How often the runtime's watchdog runs (hedges, hung workers), as the server's does."""
 OUTPUT = "0" * 32
+DISPATCH_QUANTUM_S = 0.001
+"""The default time resolution of arrivals' dispatch: arrivals within this much of each other share one
+dispatch pass, as requests read in one turn of the server's event loop do; completions and the batch
+policy's own wake-ups dispatch at once."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,6 +71,7 @@ class FleetSpec:
     failures: list[Failure] = field(default_factory=list)
     restart_s: float = 2.0
     seed: int = 0
+    dispatch_quantum_s: float = DISPATCH_QUANTUM_S
 
 
 class SimDevice:
@@ -118,6 +123,7 @@ class Frontend:
         )
         self.free_at = 0.0
         self.wake_at: float | None = None
+        self.pass_pending = False
         self.devices: list[SimDevice] = []
         self.lost = False
 
@@ -139,6 +145,9 @@ class BatchFleet:
         self.items: list[QueuedItem | None] = [None] * n
         self.owner = np.full(n, -1, dtype=np.int32)
         self.batches = 0
+        self.full_batch = math.inf if spec.model.preferred_batch_sizes else spec.model.max_batch_size
+        """Below this many queued items an arrival cannot make the batch policy cut sooner than the
+        wake-up it asked for (with preferred sizes it can: every arrival dispatches)."""
         self.batched_items = 0
         self.restarts = 0
         self.frontends = [Frontend(self, i) for i in range(spec.frontends)]
@@ -241,7 +250,11 @@ class BatchFleet:
             return
         self.items[rid] = item
         self.owner[rid] = fe.index
-        self.dispatch(fe)
+        if fe.wake_at is not None and len(fe.rt.queue) < self.full_batch:
+            return  # BatchPolicy cuts below a full batch only at its wake-up, which is already due
+        if not fe.pass_pending:
+            fe.pass_pending = True
+            self.events.at(self.clock.now() + self.spec.dispatch_quantum_s, self._pass, fe)
 
     def dispatch(self, fe: Frontend) -> None:
         if fe.lost:
@@ -250,6 +263,10 @@ class BatchFleet:
         if wake_at is not None and (fe.wake_at is None or wake_at < fe.wake_at):
             fe.wake_at = wake_at
             self.events.at(wake_at, self._wake, fe)
+
+    def _pass(self, fe: Frontend) -> None:
+        fe.pass_pending = False
+        self.dispatch(fe)
 
     def _wake(self, fe: Frontend) -> None:
         fe.wake_at = None
