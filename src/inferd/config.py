@@ -288,6 +288,9 @@ class ServerConfig(ListenerSettings, _Frozen):
     listener; 0: drain at once. A second SIGTERM (or Ctrl-C) ends the grace period early."""
     cache_dir: Path | None = None
     """Where one-time model conversions are cached (default ~/.cache/inferd)."""
+    data_dir: Path = Field(default_factory=lambda: default_data_dir())
+    """Where search indexes keep their logs, snapshots and settings (default $XDG_DATA_HOME/inferd, else
+    ~/.local/share/inferd); an index created through the API is served again from here after a restart."""
     model_overrides: dict[str, dict[str, Any]] = Field(default_factory=dict)
     """Per-model setting overrides, from [models.NAME] tables of the config file."""
     ray_address: str | None = None
@@ -310,6 +313,13 @@ class ServerConfig(ListenerSettings, _Frozen):
         if name not in TABLES:
             raise KeyError(f"no component registered the config table [{name}]")
         return self.tables.get(name) or TABLES[name]()
+
+
+def default_data_dir(environ: Mapping[str, str] | None = None) -> Path:
+    """The per-user data folder: $XDG_DATA_HOME/inferd, else ~/.local/share/inferd."""
+    env = os.environ if environ is None else environ
+    base = env.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
+    return Path(base) / "inferd"
 
 
 def load_server_config(

@@ -183,6 +183,13 @@ def serve(
     worker_ssl_keyfile: Annotated[
         Path | None, typer.Option(help="PEM private key of --worker-ssl-certfile.")
     ] = None,
+    data_dir: Annotated[
+        Path | None,
+        typer.Option(
+            help="Where search indexes keep their data [default: $XDG_DATA_HOME/inferd or "
+            "~/.local/share/inferd]."
+        ),
+    ] = None,
     insecure: Annotated[
         bool,
         typer.Option(
@@ -225,6 +232,7 @@ def serve(
                 "max_connections": max_connections,
                 "max_connections_per_ip": max_connections_per_ip,
                 "admission_rate_per_s": admission_rate_per_s,
+                "data_dir": data_dir,
             },
         )
         if no_admin:
