@@ -116,3 +116,7 @@ class SeqGap(Internal):
 
 class CorruptSnapshot(Internal):
     """A snapshot directory that is missing files or whose contents do not check out."""
+
+
+class CorruptLog(Internal):
+    """A write-ahead log file whose header is not ours (a torn tail is cut, never reported)."""
