@@ -41,6 +41,7 @@ from inferd.api.middleware import (
 )
 from inferd.api.oip_metadata import model_metadata
 from inferd.api.openapi import openapi_document
+from inferd.api.search_routes import add_search_routes
 from inferd.batching.dispatcher import ItemResult
 from inferd.batching.fairness import NO_TENANT, TenantShare
 from inferd.batching.queue import BULK
@@ -89,6 +90,7 @@ def create_app(server: InferenceServer) -> AsgiApp:
         lambda call: completion_routes.chat_completions(api, call.request),
         oai,
     )
+    add_search_routes(add, server)
     add("GET", "/metrics", api.metrics)
     add("GET", "/openapi.json", api.openapi)
     log.info(

@@ -124,9 +124,7 @@ class Replica:
             log.exception("shard %d op %s failed", self.shard, msg.op)
             return self._reply(msg.call_id, error=("Internal", f"{type(exc).__name__}: {exc}"))
 
-    def _reply(
-        self, call_id: int, body: bytes = b"", error: tuple[str, str] | None = None
-    ) -> p.ShardReply:
+    def _reply(self, call_id: int, body: bytes = b"", error: tuple[str, str] | None = None) -> p.ShardReply:
         index = self.index
         return p.ShardReply(
             call_id,

@@ -101,7 +101,7 @@ def parse_documents(body: bytes, fields: dict[str, FieldType]) -> list[Document]
     raw = json_object(body, "documents request")
     docs = raw.get("documents")
     if set(raw) - {"documents"}:
-        raise BadRequest(f'documents request has unknown keys {sorted(set(raw) - {"documents"})}')
+        raise BadRequest(f"documents request has unknown keys {sorted(set(raw) - {'documents'})}")
     if not isinstance(docs, list) or not docs:
         raise BadRequest('"documents" must be a non-empty list of {"id", "text", "title", "fields"}')
     if len(docs) > MAX_BATCH_DOCUMENTS:
@@ -142,8 +142,10 @@ def _document(raw: Any, i: int, fields: dict[str, FieldType]) -> Document:
     for name, value in values.items():
         kind = fields.get(name)
         if kind is None:
-            raise BadRequest(f"{where} (id {doc_id!r}) has field {name!r}, which the index does not declare "
-                             f"(declared: {sorted(fields)})")
+            raise BadRequest(
+                f"{where} (id {doc_id!r}) has field {name!r}, which the index does not declare "
+                f"(declared: {sorted(fields)})"
+            )
         if not isinstance(value, _FIELD_TYPES[kind]) or (kind != "bool" and isinstance(value, bool)):
             raise BadRequest(f"{where} (id {doc_id!r}): field {name!r} is {kind}, got {value!r}")
     return Document(id=doc_id, text=text, title=title, fields=values)

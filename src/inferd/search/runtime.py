@@ -14,10 +14,10 @@ import itertools
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import ClassVar
 
 from inferd.config import ModelConfig
-from inferd.errors import ServingError, ShuttingDown, WorkerDied, from_wire
+from inferd.errors import ServingError, WorkerDied, from_wire
 from inferd.runtime.contract import RuntimeStatistics, WorkerSnapshot
 from inferd.runtime.kinds import RuntimeContext
 from inferd.search import wire
@@ -254,6 +254,7 @@ class SearchRuntime:
             self.drain_worker(replica.conn)
             return
         replica.phase = ReplicaPhase.SERVING
+        self._changed()  # a serving replica: the index may be ready now
 
     def _pump(self, replica: Replica) -> None:
         shard_log = self.logs[replica.shard]
@@ -281,9 +282,14 @@ class SearchRuntime:
             now = self.clock.now()
             for replica in list(self.replicas.values()):
                 conn = replica.conn
-                if conn.state is not WorkerState.DEAD and now - conn.last_heartbeat > self.heartbeat_timeout_s:
+                if (
+                    conn.state is not WorkerState.DEAD
+                    and now - conn.last_heartbeat > self.heartbeat_timeout_s
+                ):
                     conn.failure = "no heartbeat"
-                    log.warning("replica %s silent for %.1fs: killing it", conn.worker_id, now - conn.last_heartbeat)
+                    log.warning(
+                        "replica %s silent for %.1fs: killing it", conn.worker_id, now - conn.last_heartbeat
+                    )
                     self.kill_worker(conn)
 
     async def _snapshots(self) -> None:
@@ -328,4 +334,3 @@ class SearchRuntime:
         self._membership.set()
         self._membership = asyncio.Event()
         self._notify()
-

@@ -152,7 +152,9 @@ class IndexService:
         if cached is not None:
             return {**cached, "took_ms": _ms_since(started), "cached": True}
         mode, vector, degraded = await self._vector(req, deadline)
-        query = ShardQuery(text=req.query, vector=vector, k=_shard_k(req.k, mode), mode=mode, filter=req.filter)
+        query = ShardQuery(
+            text=req.query, vector=vector, k=_shard_k(req.k, mode), mode=mode, filter=req.filter
+        )
         results = await self.scatter.gather(query, min_seq, deadline)
         answered = [r for r in results if r is not None]
         if not answered:
