@@ -49,7 +49,12 @@ def call(url: str, method: str = "GET", body: Any = None, timeout_s: float = 30.
 
 
 def doc(i: int, word: str = "", **fields: Any) -> dict[str, Any]:
-    return {"id": f"d{i}", "title": f"title {i}", "text": f"document number{i} {word}".strip(), "fields": fields}
+    return {
+        "id": f"d{i}",
+        "title": f"title {i}",
+        "text": f"document number{i} {word}".strip(),
+        "fields": fields,
+    }
 
 
 def wait_serving(url: str, index: str, replicas: list[int], timeout_s: float = 60.0) -> dict[str, Any]:

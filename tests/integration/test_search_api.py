@@ -22,7 +22,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProc]:
 def test_declared_index_is_served_from_the_start(server: ServerProc) -> None:
     body = wait_serving(server.url, "docs", [2, 2])
     assert (body["shards"], body["replicas"], body["documents"]) == (2, 2, 0)
-    status, listing = call(f"{server.url}/v1/indexes")
+    _, listing = call(f"{server.url}/v1/indexes")
     assert [i["name"] for i in listing["indexes"]] == ["docs"]
 
 
