@@ -125,6 +125,13 @@ def describe(rt: Any) -> dict[str, Any]:
         "applied_seq": [s.applied_seq for s in shards],
         "seq": [s.durable_seq for s in shards],
         "serving_replicas": [s.serving for s in shards],
+        "workers": [
+            [
+                {"worker": r.worker_id, "pid": r.pid, "phase": r.phase, "applied_seq": r.applied_seq}
+                for r in s.replicas
+            ]
+            for s in shards
+        ],
         "embedder": {"model": rt.params.embedder, "state": stats.service.embedder},
         "settings": rt.params.model_dump(),
     }

@@ -56,6 +56,7 @@ class Replica:
 @dataclass(frozen=True, slots=True)
 class ReplicaSnapshot:
     worker_id: str
+    pid: int
     shard: int
     phase: str
     applied_seq: int

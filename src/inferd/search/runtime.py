@@ -124,8 +124,8 @@ class SearchRuntime:
         )
 
     @staticmethod
-    def _row(r: Replica) -> tuple[str, int, str, int, int, int]:
-        return (r.worker_id, r.shard, r.phase.value, r.applied_seq, r.documents, r.load)
+    def _row(r: Replica) -> tuple[str, int, int, str, int, int, int]:
+        return (r.worker_id, r.conn.pid, r.shard, r.phase.value, r.applied_seq, r.documents, r.load)
 
     async def run(self) -> None:
         try:

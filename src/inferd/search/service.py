@@ -35,6 +35,9 @@ from inferd.search.types import Delete, Document, Op, ShardHit, ShardQuery, Upse
 INGEST_TIMEOUT_S = 120.0
 VISIBLE_WAIT_S = 2.0
 RESULT_CACHE_ENTRIES = 2048
+EMBED_BUDGET_S = 0.25
+"""Most a query waits for its vector (and at most half its time): an embedder slower than this counts as
+overloaded, and the search goes on lexically (degraded: ["dense"])."""
 
 
 class Cluster(ShardCalls, Protocol):
@@ -179,7 +182,7 @@ class IndexService:
                 if req.mode == "dense":
                     raise unavailable(ValueError(f"index {self.cluster.name!r} has no embedder"))
             return "lexical", None, []
-        budget = max(0.0, deadline - self.clock.now()) / 2  # leave the shards half the time at least
+        budget = min(EMBED_BUDGET_S, max(0.0, deadline - self.clock.now()) / 2)
         try:
             return req.mode, await self.embedder.query(req.query, self.clock.now() + budget), []
         except ServingError as exc:
