@@ -335,6 +335,11 @@ def _register_tools() -> None:
     app.command("scale")(scale)
     app.command("update")(update)
     app.add_typer(keys_app, name="keys")
+    from inferd.cli.search_cmds import bench_search, index_app, plan_app
+
+    app.add_typer(index_app, name="index")
+    app.add_typer(plan_app, name="plan")
+    app.command("bench-search")(bench_search)
 
 
 _register_tools()
