@@ -109,3 +109,14 @@ def test_openapi_lists_the_search_routes(server: ServerProc) -> None:
     assert {"/v1/indexes/{name}", "/v1/indexes/{name}/search", "/v1/indexes/{name}/documents"} <= set(
         doc_["paths"]
     )
+
+
+def test_metrics_and_the_admin_api_show_the_index(server: ServerProc) -> None:
+    import urllib.request
+
+    with urllib.request.urlopen(f"{server.url}/metrics", timeout=10) as r:
+        assert r.status == 200
+        assert 'model="docs"' in r.read().decode()
+    _, models = call(f"{server.admin_url}/admin/models")
+    assert models["other_models"]["docs"]["kind"] == "search"
+    assert [s["shard"] for s in models["other_models"]["docs"]["detail"]["shards"]] == [0, 1]
