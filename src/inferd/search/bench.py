@@ -88,12 +88,26 @@ async def run_bench(spec: BenchSpec) -> BenchReport:
     base = f"{spec.url.rstrip('/')}/v1/indexes/{spec.index}"
     timeout = aiohttp.ClientTimeout(total=spec.timeout_ms / 1000 + 30)
     async with aiohttp.ClientSession(timeout=timeout) as http:
+        await until_applied(http, base)
         if spec.qrels:
             report.quality = await quality(http, base, spec)
         await load(http, base, spec, report)
         async with http.get(base) as r:
             report.index_state = await r.json()
     return report
+
+
+async def until_applied(http: aiohttp.ClientSession, base: str, timeout_s: float = 600.0) -> None:
+    """Until every shard's replicas applied its whole log (measure the index, not a replica catching up)."""
+    async with asyncio.timeout(timeout_s):
+        while True:
+            async with http.get(base) as r:
+                state = await r.json()
+            if r.status != 200:
+                raise RuntimeError(f"index state: {r.status} {state}")
+            if state["applied_seq"] == state["seq"]:
+                return
+            await asyncio.sleep(0.5)
 
 
 async def quality(http: aiohttp.ClientSession, base: str, spec: BenchSpec) -> dict[str, float]:

@@ -110,7 +110,10 @@ class Embedder:
         rt = self.find_model(self.model)
         if rt.kind != "batch":
             raise ModelError(f"embedder {self.model!r} is a {rt.kind} model, not a batch embedding model")
-        items = rt.enqueue([t.encode() for t in texts], deadline, priority)
+        # No deadline for the batcher's admission: its estimate follows the batches it saw (long document
+        # batches at ingest), and a refusal would never let it see a short query batch again. This
+        # method owns the deadline: past it the items are withdrawn.
+        items = rt.enqueue([t.encode() for t in texts], None, priority)
         try:
             async with asyncio.timeout_at(self._loop_time(deadline)):
                 results = await asyncio.gather(*(item.reply for item in items))
