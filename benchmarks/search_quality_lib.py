@@ -27,7 +27,9 @@ from inferd.search.types import IndexSettings, LogEntry, ShardQuery, Upsert
 
 ROOT = Path(__file__).resolve().parents[1]
 # ../shared/data/ir beside the checkout (or the nearest ancestor's shared/, for a worktree)
-DATA = next((p / "shared" / "data" / "ir" for p in ROOT.parents if (p / "shared" / "data" / "ir").is_dir()), ROOT)
+DATA = next(
+    (p / "shared" / "data" / "ir" for p in ROOT.parents if (p / "shared" / "data" / "ir").is_dir()), ROOT
+)
 BASELINES = {"cranfield": (0.351, 0.705), "cisi": (0.350, 0.428), "med": (0.665, 0.773)}
 SHARDS = 2
 DEPTH = 100
@@ -77,7 +79,9 @@ def run(collection: Collection, shards: list[ShardIndex], qvecs: np.ndarray | No
         runs["lexical"][qid] = [h.id for h in lexical]
         runs["dense"][qid] = [h.id for h in dense]
         runs["hybrid"][qid] = [h.id for h in hybrid]
-    out = {kind: evaluate(r, collection) for kind, r in runs.items() if qvecs is not None or kind == "lexical"}
+    out = {
+        kind: evaluate(r, collection) for kind, r in runs.items() if qvecs is not None or kind == "lexical"
+    }
     out["latency_ms_mean"] = 1000 * float(np.mean(latency))  # type: ignore[assignment]
     return out
 
@@ -99,7 +103,9 @@ def main() -> None:
             qvecs = embed(list(collection.queries.values()), args.cache, f"{name}-queries")
         shards = build(collection, vectors)
         result = run(collection, shards, qvecs)
-        result["baseline"] = dict(zip(("ndcg@10", "recall@100"), BASELINES.get(name, (None, None)), strict=True))
+        result["baseline"] = dict(
+            zip(("ndcg@10", "recall@100"), BASELINES.get(name, (None, None)), strict=True)
+        )
         report[name] = result
         print(name, json.dumps(result, indent=1), flush=True)
 

@@ -8,6 +8,7 @@ import math
 from collections import Counter
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -89,8 +90,22 @@ def test_top_k_is_best_first_with_ties_to_the_lower_slot():
 
 doc_ids = st.sampled_from([f"d{i}" for i in range(8)])
 texts = st.lists(st.sampled_from(WORDS), min_size=0, max_size=7).map(" ".join)
+
+
+def unit_vector(seed: int) -> bytes:
+    v = np.random.default_rng(seed).normal(size=4).astype("<f4")
+    return (v / np.linalg.norm(v)).tobytes()
+
+
+upserts = st.builds(
+    lambda i, t, title, seed: Upsert(doc=Document(id=i, text=t, title=title), vector=unit_vector(seed)),
+    doc_ids,
+    texts,
+    texts,
+    st.integers(0, 10**6),
+)
 ops = st.one_of(
-    st.builds(lambda i, t, title: Upsert(doc=Document(id=i, text=t, title=title)), doc_ids, texts, texts),
+    upserts,
     st.builds(lambda i: Delete(id=i), doc_ids),
 )
 
@@ -113,6 +128,16 @@ def live_documents(op_list: list) -> dict[str, Document]:
     for op in op_list:
         if isinstance(op, Upsert):
             live[op.doc.id] = op.doc
+        else:
+            live.pop(op.id, None)
+    return live
+
+
+def last_upserts(op_list: list) -> dict[str, Upsert]:
+    live: dict[str, Upsert] = {}
+    for op in op_list:
+        if isinstance(op, Upsert):
+            live[op.doc.id] = op
         else:
             live.pop(op.id, None)
     return live
@@ -144,6 +169,16 @@ def test_any_order_of_upserts_and_deletes_scores_like_an_index_rebuilt_from_scra
     assert shard.documents == len(live)
     for doc_id in {f"d{i}" for i in range(8)}:
         assert shard.get(doc_id) == live.get(doc_id)
+    probe = unit_vector(7)
+    dense = shard.search(ShardQuery(vector=probe, k=100, mode="dense")).dense
+    exact = sorted(
+        (
+            (-float(np.frombuffer(probe, "<f4") @ np.frombuffer(u.vector, "<f4")), d)
+            for d, u in last_upserts(op_list).items()
+        )
+    )
+    assert {h.id for h in dense} == {d for _, d in exact}  # every live vector, by exact score
+    assert [h.score for h in dense] == pytest.approx([-score for score, _ in exact], abs=1e-6)
     for query in queries:
         got, want, fresh = (
             lexical_scores(shard, query),

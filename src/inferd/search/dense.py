@@ -46,6 +46,7 @@ class DenseIndex:
         self.graph_slot = np.zeros(0, dtype=np.int64)  # graph id -> slot
         self._graph_live = np.zeros(0, dtype=bool)  # graph id -> not removed
         self._graph_dead = 0
+        self._live_bits: np.ndarray | None = None  # packed _graph_live for faiss, rebuilt after a change
         self._slot_place: dict[int, int] = {}  # slot -> graph id (>= 0) or ~fresh index (< 0)
         self._fresh = np.zeros((fresh_limit, dim), dtype=np.float32)  # rows 0..fresh_rows-1 in use
         self._fresh_slot = np.full(fresh_limit, -1, dtype=np.int64)  # row -> slot, -1 once removed
@@ -80,6 +81,7 @@ class DenseIndex:
         if place >= 0:
             self._graph_live[place] = False
             self._graph_dead += 1
+            self._live_bits = None
             if self._graph_dead > self.rebuild_fraction * self.graph.ntotal:
                 self.rebuild()
         else:
@@ -101,6 +103,7 @@ class DenseIndex:
         self._graph_live = grown(self._graph_live, size)
         self.graph_slot[first:size] = slots
         self._graph_live[first:size] = True
+        self._live_bits = None
         for offset, slot in enumerate(slots.tolist()):
             self._slot_place[slot] = first + offset
 
@@ -115,6 +118,7 @@ class DenseIndex:
         self.graph_slot = np.zeros(0, dtype=np.int64)
         self._graph_live = np.zeros(0, dtype=bool)
         self._graph_dead = 0
+        self._live_bits = None
         self._slot_place = {}
         if len(live):
             self._append_to_graph(vectors, slots)
@@ -167,7 +171,7 @@ class DenseIndex:
         ok = self._graph_live[:total]
         if allowed is not None:
             ok = ok & allowed[np.maximum(self.graph_slot[:total], 0)]
-        matching = int(np.count_nonzero(ok)) if (allowed is not None or self._graph_dead) else total
+        matching = int(np.count_nonzero(ok)) if allowed is not None else total - self._graph_dead
         if matching == 0:
             return EMPTY
         if allowed is not None and matching <= self.exact_limit:
@@ -176,7 +180,7 @@ class DenseIndex:
         params.efSearch = max(self.ef_search, k)
         bitmap = None
         if matching < total:
-            bitmap = np.packbits(ok, bitorder="little")
+            bitmap = self._bits(ok, filtered=allowed is not None)
             params.sel = faiss.IDSelectorBitmap(total, faiss.swig_ptr(bitmap))
         scores, ids = self.graph.search(query, min(k, matching), params=params)
         del bitmap  # kept alive until faiss is done with it
@@ -184,6 +188,14 @@ class DenseIndex:
         if int(np.count_nonzero(hit)) < min(k, matching):  # the walk missed some: answer exactly
             return self._exact(query, np.flatnonzero(ok), k)
         return self.graph_slot[ids[0][hit]], scores[0][hit]
+
+    def _bits(self, ok: np.ndarray, filtered: bool) -> np.ndarray:
+        """`ok` packed for faiss's IDSelectorBitmap; the unfiltered (live only) one is cached."""
+        if filtered:
+            return np.packbits(ok, bitorder="little")
+        if self._live_bits is None:
+            self._live_bits = np.packbits(ok, bitorder="little")
+        return self._live_bits
 
     def _exact(self, query: np.ndarray, ids: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
         scores = self.graph.reconstruct_batch(ids) @ query[0]
@@ -206,6 +218,7 @@ class DenseIndex:
         self.graph_slot = np.asarray(state["graph_slot"], dtype=np.int64).copy()
         self._graph_live = np.asarray(state["graph_live"], dtype=bool).copy()
         self._graph_dead = int(np.count_nonzero(~self._graph_live))
+        self._live_bits = None
         self._slot_place = {int(self.graph_slot[i]): int(i) for i in np.flatnonzero(self._graph_live)}
         self._fresh_slot[:] = -1
         self._fresh_rows = 0
