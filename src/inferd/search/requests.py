@@ -132,8 +132,6 @@ def _document(raw: Any, i: int, fields: dict[str, FieldType]) -> Document:
     text, title = raw.get("text", ""), raw.get("title", "")
     if not isinstance(text, str) or not isinstance(title, str):
         raise BadRequest(f"{where} (id {doc_id!r}): text and title must be strings")
-    if not (text.strip() or title.strip()):
-        raise BadRequest(f"{where} (id {doc_id!r}) has no text and no title")
     if len(text) + len(title) > MAX_DOCUMENT_CHARS:
         raise PayloadTooLarge(f"{where} (id {doc_id!r}) is over {MAX_DOCUMENT_CHARS} characters")
     values = raw.get("fields", {})
