@@ -47,6 +47,8 @@ from inferd.observability.upstream_metrics import UpstreamMetrics
 from inferd.runtime.contract import Runtime
 from inferd.runtime.kinds import Kind, KindRegistry, RuntimeContext
 from inferd.runtime.registry import ModelRegistry
+from inferd.search.kind import search_kind
+from inferd.search.store import IndexStore
 from inferd.worker.connection import WorkerConnection
 from inferd.worker.hub import WorkerHub
 from inferd.worker.launcher import Launcher, WorkerSlot
@@ -105,6 +107,7 @@ def builtin_kinds() -> KindRegistry:
                 has_workers=False,
                 routes="POST /v1/chat/completions or /v1/completions (OpenAI)",
             ),
+            search_kind(),
         ]
     )
 
@@ -123,11 +126,14 @@ class InferenceServer:
         self.started_at = time.time()
         self.metrics = Metrics(model_slos(models), self.clock)
         self.kinds = kinds or builtin_kinds()
+        models = [*models, *IndexStore(config.data_dir).stored({m.name for m in models})]
         for m in models:
             self.kinds.check(m)
         self.retry_budget = RetryBudget(self.clock, config.retry_budget_ratio, config.retry_budget_min_per_s)
-        self.context = RuntimeContext(config, self.clock, self.metrics, self.retry_budget, self.kill_worker)
         self.registry = ModelRegistry()
+        self.context = RuntimeContext(
+            config, self.clock, self.metrics, self.retry_budget, self.kill_worker, self.registry.get
+        )
         for m in models:
             self.registry.add(self.kinds.get(m.kind).make_runtime(m, self.context))
         self.metrics.registry.register(RuntimeCollector(self.registry))

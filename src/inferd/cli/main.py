@@ -198,6 +198,13 @@ def serve(
     worker_ssl_keyfile: Annotated[
         Path | None, typer.Option(help="PEM private key of --worker-ssl-certfile.")
     ] = None,
+    data_dir: Annotated[
+        Path | None,
+        typer.Option(
+            help="Where search indexes keep their data [default: $XDG_DATA_HOME/inferd or "
+            "~/.local/share/inferd]."
+        ),
+    ] = None,
     insecure: Annotated[
         bool,
         typer.Option(
@@ -244,6 +251,7 @@ def serve(
                 "max_connections_per_ip": max_connections_per_ip,
                 "admission_rate_per_s": admission_rate_per_s,
                 "observability": observe,
+                "data_dir": data_dir,
             },
         )
         if no_admin:
@@ -354,6 +362,11 @@ def _register_tools() -> None:
     app.command("update")(update)
     app.add_typer(keys_app, name="keys")
     app.add_typer(slo_app, name="slo")
+    from inferd.cli.search_cmds import bench_search, index_app, plan_app
+
+    app.add_typer(index_app, name="index")
+    app.add_typer(plan_app, name="plan")
+    app.command("bench-search")(bench_search)
 
 
 _register_tools()

@@ -128,6 +128,14 @@ class Worker:
             reason = getattr(welcome, "reason", "unexpected reply")
             log.error("front end refused worker %s: %s", self.worker_id, reason)
             return "refused"
+        raw_config = msgspec.json.decode(welcome.model_config_json, type=dict)
+        if raw_config.get("kind") == "search":  # a shard replica (search/replica.py), not a model
+            from inferd.search.replica import serve_replica
+
+            version = raw_config["version"]
+            outcome = await serve_replica(self.worker_id, reader, writer, version, welcome.heartbeat_s)
+            writer.close()
+            return outcome
         if welcome.model_config_json != self._config_json or self.model is None:
             config = self._localize(ModelConfig(**msgspec.json.decode(welcome.model_config_json, type=dict)))
             self.model = await self._load(config)

@@ -20,7 +20,8 @@ import numpy as np
 PROTOCOL_VERSION = 3
 """Bumped whenever a message changes shape; a worker of another protocol is refused at Hello, with the
 reason (both sides must run the same inferd version). 2: Hello.version (versions side by side).
-3: AddSequence.weight (tenants' shares of LLM admissions)."""
+3: AddSequence.weight (tenants' shares of LLM admissions); search shard replicas (ShardAssign,
+ShardCall, ShardReply; the other messages are unchanged)."""
 MAX_FRAME_BYTES = 512 * 1024 * 1024
 MAX_HELLO_BYTES = 64 * 1024
 """Largest first frame (Hello) of a connection: a peer is not trusted with large frames before its token."""
@@ -156,6 +157,39 @@ class StepDeltas(msgspec.Struct, tag="llm_step"):
     """Sequences the step admitted (left the waiting queue): the front end's admission counts them off."""
 
 
+# ---- search shard replicas (models of kind "search"): one ShardAssign, then ShardCall / ShardReply
+
+
+class ShardAssign(msgspec.Struct, tag="shard_assign"):
+    """Serve this shard: load its snapshot from `snapshot_dir` if there is one (else start empty), then
+    answer ShardReply(call_id=0) with the seq it holds; the front end ships the log from there."""
+
+    shard: int
+    settings: bytes
+    """The index settings (IndexSettings as MessagePack)."""
+    snapshot_dir: str
+
+
+class ShardCall(msgspec.Struct, tag="shard_call"):
+    """One operation on the replica's shard, run in arrival order: "apply" (body: log entries),
+    "search" (body: a ShardQuery), "get" (body: a document id), "snapshot" (write one to snapshot_dir)."""
+
+    call_id: int
+    op: str
+    body: bytes = b""
+
+
+class ShardReply(msgspec.Struct, tag="shard_reply"):
+    call_id: int
+    """The call answered; 0: the answer to ShardAssign."""
+    applied_seq: int
+    documents: int
+    body: bytes = b""
+    """The op's result as MessagePack (a ShardResult, a Document or None, the snapshot's seq)."""
+    error: tuple[str, str] | None = None
+    """(code, message) when the op failed."""
+
+
 Message = (
     Hello
     | Welcome
@@ -168,6 +202,9 @@ Message = (
     | AddSequence
     | AbortSequence
     | StepDeltas
+    | ShardAssign
+    | ShardCall
+    | ShardReply
 )
 
 
