@@ -78,7 +78,7 @@ class ReplicaChooser:
     `min_seq`); counts how often the two loads tie (whether the load signal does anything)."""
 
     def __init__(self, rng: random.Random | None = None) -> None:
-        self.rng = rng or random.Random()
+        self.rng = rng or random.Random()  # nosec B311  # replica choice, not secrets
         self.choices = 0
         self.ties = 0
 
