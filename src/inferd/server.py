@@ -16,6 +16,7 @@ from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
 import msgspec
+from prometheus_client import generate_latest
 
 from inferd import tls
 from inferd.api.admin import AdminApi, AdminTarget
@@ -28,6 +29,8 @@ from inferd.config import ModelConfig, ServerConfig
 from inferd.errors import ShuttingDown
 from inferd.fleet.control import FleetControl, repository_loader
 from inferd.fleet.scaling import ScalingLoop, scaling_policy
+from inferd.frontends.metrics import scrape_all, serve_registry
+from inferd.frontends.plan import FrontendPlan
 from inferd.gateway.auth import tenant_counter
 from inferd.gateway.fallback import check_fallbacks
 from inferd.gateway.reload import Gateway
@@ -115,8 +118,13 @@ class InferenceServer:
         clock: Clock | None = None,
         spawn_workers: bool = True,
         kinds: KindRegistry | None = None,
+        frontend: FrontendPlan | None = None,
     ) -> None:
         self.config = config
+        self.frontend = frontend
+        """This process's place among several front ends (`--frontends N`); None: the only one. Only
+        the owner (index 0) runs the local workers and the autoscaler."""
+        spawn_workers = spawn_workers and (frontend is None or frontend.is_owner)
         self.clock = clock or MonotonicClock()
         self.started_at = time.time()
         self.metrics = Metrics(model_slos(models), self.clock)
@@ -140,7 +148,7 @@ class InferenceServer:
         self.metrics.registry.register(QuotaCollector(lambda: self.gateway.quotas))
         self.cache = CacheHook(self.registry, self.metrics.cache, self.clock)
         """The response cache's stores (api/cache_hook.py), one per cache-enabled model version."""
-        self._token = secrets.token_hex(16)
+        self._token = frontend.token if frontend else secrets.token_hex(16)
         join = config.join_token.get_secret_value() if config.join_token else ""
         self.hub = WorkerHub(
             self.registry,
@@ -149,9 +157,14 @@ class InferenceServer:
             load_timeout_s=config.worker_start_timeout_s,
             silence_timeout_s=config.heartbeat_timeout_s,
         )
-        self._socket_dir = tempfile.mkdtemp(prefix="inferd-")
-        self.worker_address = f"unix:{os.path.join(self._socket_dir, 'workers.sock')}"
-        self.supervisor: Launcher[Any] = Supervisor(self.worker_address, self._token, config.log_level)
+        self._socket_dir = frontend.socket_dir if frontend else tempfile.mkdtemp(prefix="inferd-")
+        self.worker_address = (
+            frontend.worker_address(frontend.index)
+            if frontend
+            else f"unix:{os.path.join(self._socket_dir, 'workers.sock')}"
+        )
+        local_workers = frontend.worker_addresses() if frontend else self.worker_address
+        self.supervisor: Launcher[Any] = Supervisor(local_workers, self._token, config.log_level)
         self.ray_launcher: RayLauncher | None = None
         if config.ray_address:  # workers as Ray actors; they join over the TCP worker port
             from inferd.fleet.ray_launcher import RayLauncher
@@ -183,7 +196,7 @@ class InferenceServer:
                 scaling_policy(rt.kind, rt.config.autoscale, self.clock),
             )
             for rt in self.registry.defaults()
-            if rt.config.autoscale
+            if rt.config.autoscale and (frontend is None or frontend.is_owner)
         }
         self.console = ConsoleFeed(
             self.metrics.registry,
@@ -207,6 +220,12 @@ class InferenceServer:
         Called from a signal handler: it only sets a flag."""
         self.shutting_down = True
 
+    async def metrics_text(self) -> bytes:
+        """The exposition of /metrics: the whole server's, with several front ends (frontends/metrics.py)."""
+        if self.frontend is None:
+            return generate_latest(self.metrics.registry)
+        return await scrape_all(self.frontend, self.metrics.registry)
+
     def has_workers(self, kind: str) -> bool:
         return self.kinds.get(kind).has_workers
 
@@ -225,6 +244,11 @@ class InferenceServer:
     async def running(self) -> AsyncIterator[None]:
         """Start listening for workers, the runtimes' loops and the local workers; stop them on exit."""
         await self.hub.listen_unix(self.worker_address[len("unix:") :])
+        peers = None
+        if self.frontend is not None:  # the other front ends read this one's metrics here
+            peers = await serve_registry(
+                self.frontend.metrics_path(self.frontend.index), self.metrics.registry
+            )
         token = self.config.admin_token.get_secret_value() if self.config.admin_token else None
         self.admin = AdminApi(
             AdminTarget(
@@ -281,7 +305,10 @@ class InferenceServer:
                     await self._shutdown(loops, supervisor)
         finally:
             self._group = None
-            shutil.rmtree(self._socket_dir, ignore_errors=True)
+            if peers is not None:
+                peers.close()
+            if self.frontend is None:  # several front ends share the parent's folder
+                shutil.rmtree(self._socket_dir, ignore_errors=True)
 
     def _kinds_of(self, name: str) -> set[str]:
         return {rt.kind for rt in self.registry if rt.name == name}

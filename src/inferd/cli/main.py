@@ -86,6 +86,14 @@ def serve(
         ),
     ] = None,
     model: Annotated[list[str] | None, typer.Option(help="Serve only this model (repeatable).")] = None,
+    frontends: Annotated[
+        int | None,
+        typer.Option(
+            help="Front-end processes sharing the HTTP port (SO_REUSEPORT) and the workers [default: 1]; "
+            "front end 0 runs the local workers, the admin API and the autoscaler. With --worker-port P, "
+            "front end i takes remote workers on P + i."
+        ),
+    ] = None,
     admin_port: Annotated[
         int | None,
         typer.Option(
@@ -206,6 +214,7 @@ def serve(
                 "port": port,
                 "model_repo": model_repo,
                 "workers": workers,
+                "frontends": frontends,
                 "models": tuple(model) if model else None,
                 "access_log": access_log,
                 "log_level": log_level,
@@ -229,6 +238,8 @@ def serve(
         )
         if no_admin:
             cfg = cfg.model_copy(update={"admin_port": None})
+        if cfg.ray_address and cfg.frontends > 1:
+            raise ConfigError("--ray runs with one front end: drop --frontends (or set it to 1)")
         if cfg.ray_address and importlib.util.find_spec("ray") is None:
             raise ConfigError("--ray (ray_address) needs Ray: pip install 'inferd[ray]'")
         models = resolve_models(cfg)
