@@ -126,19 +126,19 @@ def build_uvicorn(
 
 
 def run_server(cfg: ServerConfig, models: list[ModelConfig]) -> None:
+    """One front end, this process (several: frontends/parent.py)."""
+    log_config(cfg, models)
+    userver, _ = build_uvicorn(cfg, models)
+    _settle_heap()
+    userver.run()
+
+
+def log_config(cfg: ServerConfig, models: list[ModelConfig]) -> None:
     for m in models:  # tensors are long; batching settings mean nothing to other kinds
         skip = {"inputs", "outputs"} if m.kind == "batch" else set(BATCH_ONLY)
         log.info("model %s v%d: %s", m.name, m.version, m.model_dump_json(exclude=skip))
     # Components' tables are named, not dumped: [tenants.*] hold key digests, which stay out of logs.
     log.info("server config: %s; tables: %s", cfg.model_dump_json(exclude={"tables"}), sorted(cfg.tables))
-    if cfg.frontends > 1:
-        from inferd.frontends.parent import run_frontends
-
-        run_frontends(cfg, models)
-        return
-    userver, _ = build_uvicorn(cfg, models)
-    _settle_heap()
-    userver.run()
 
 
 def serve_frontend(

@@ -255,7 +255,12 @@ def serve(
     logging.basicConfig(
         level=cfg.log_level, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s %(message)s"
     )
-    run_server(cfg, models)
+    if cfg.frontends > 1:
+        from inferd.frontends.parent import run_frontends
+
+        run_frontends(cfg, models)
+    else:
+        run_server(cfg, models)
 
 
 @app.command()

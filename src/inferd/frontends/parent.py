@@ -129,4 +129,7 @@ def _serve(cfg: ServerConfig, models: list[ModelConfig], plan: FrontendPlan, hol
 
 
 def run_frontends(cfg: ServerConfig, models: list[ModelConfig]) -> int:
+    from inferd.runner import log_config
+
+    log_config(cfg, models)
     return Frontends(cfg, models).run()
