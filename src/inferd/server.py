@@ -31,6 +31,7 @@ from inferd.fleet.control import FleetControl, repository_loader
 from inferd.fleet.scaling import ScalingLoop, scaling_policy
 from inferd.frontends.metrics import scrape_all, serve_registry
 from inferd.frontends.plan import FrontendPlan
+from inferd.frontends.readiness import await_ready
 from inferd.gateway.auth import tenant_counter
 from inferd.gateway.fallback import check_fallbacks
 from inferd.gateway.reload import Gateway
@@ -300,7 +301,8 @@ class InferenceServer:
                 loops.append(tg.create_task(self.console.run(), name="console"))
                 supervisor = tg.create_task(self.supervisor.run(), name="supervisor")
                 try:
-                    await self._await_workers()
+                    if self.frontend is not None:  # one of several: listen once workers are here
+                        await await_ready(lambda: self.ready, self.config.worker_start_timeout_s)
                     yield
                 finally:
                     await self._shutdown(loops, supervisor)
@@ -310,17 +312,6 @@ class InferenceServer:
                 peers.close()
             if self.frontend is None:  # several front ends share the parent's folder
                 shutil.rmtree(self._socket_dir, ignore_errors=True)
-
-    async def _await_workers(self, poll_s: float = 0.02) -> None:
-        """One of several front ends listens (uvicorn waits for this lifespan step) only once every model
-        has a ready worker, or after worker_start_timeout_s: the kernel sends a front end on the shared
-        port its share of connections as soon as it listens, and a restarted one would refuse them."""
-        if self.frontend is None:
-            return
-        with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(self.config.worker_start_timeout_s):
-                while not self.ready:
-                    await asyncio.sleep(poll_s)
 
     def _kinds_of(self, name: str) -> set[str]:
         return {rt.kind for rt in self.registry if rt.name == name}

@@ -82,4 +82,3 @@ class KindRegistry:
 
     def names(self) -> list[str]:
         return sorted(self._kinds)
-
