@@ -22,6 +22,7 @@ from inferd.fleet.autoscaler_config import AutoscalerConfig
 from inferd.gateway.cache_config import CacheConfig
 from inferd.gateway.traffic_config import TrafficConfig
 from inferd.listener_config import ListenerSettings
+from inferd.observability.settings import ObservabilitySettings
 from inferd.observability.slo_config import SloConfig
 
 Datatype = Literal[
@@ -269,6 +270,8 @@ class ServerConfig(ListenerSettings, _Frozen):
     """Log one line per request with its lifecycle record (costly at high rates)."""
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
     """Log level of the server and its workers."""
+    observability: ObservabilitySettings = Field(default_factory=ObservabilitySettings)
+    """Log format, access-log sampling and trace export, of the server and its workers."""
     worker_start_timeout_s: float = Field(default=120.0, gt=0, le=3600)
     """How long a worker may take to load and warm up before it counts as failed."""
     retry_budget_ratio: float = Field(default=0.2, ge=0.0, le=1.0)

@@ -7,10 +7,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
 import secrets
 import shutil
-import tempfile
 import time
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
@@ -30,10 +28,12 @@ from inferd.errors import ShuttingDown
 from inferd.fleet.control import FleetControl, repository_loader
 from inferd.fleet.scaling import ScalingLoop, scaling_policy
 from inferd.frontends.metrics import scrape_all, serve_registry
-from inferd.frontends.plan import FrontendPlan
+from inferd.frontends.plan import FrontendPlan, worker_sockets
 from inferd.frontends.readiness import await_ready
 from inferd.gateway.auth import tenant_counter
+from inferd.gateway.config import gateway_config
 from inferd.gateway.fallback import check_fallbacks
+from inferd.gateway.model_reload import ModelSettings, own_settings
 from inferd.gateway.reload import Gateway
 from inferd.gateway.shadow import Shadows
 from inferd.gateway.traffic_control import Traffic
@@ -141,14 +141,25 @@ class InferenceServer:
         self.traffic = Traffic(self.registry, self.clock, self.metrics.traffic)
         """Canary and A/B splits of requests that name no version (gateway/traffic_control.py)."""
         check_fallbacks((rt.config for rt in self.registry.defaults()), self._kinds_of)
-        self.shadows = Shadows(self.registry, self.metrics.shadow_requests, config.shadow_max_in_flight)
+        self.shadows = Shadows(
+            self.registry, self.metrics.shadow_requests, config.shadow_max_in_flight, clock=self.clock
+        )
         """Shadow copies of requests (a model's traffic.shadow): cancelled at shutdown."""
-        self.gateway = Gateway(config, self.registry.names, context_lengths=self._context_lengths)
-        """Tenants and API keys (gateway/reload.py): the API's auth layer reads its current gate."""
+        gateway = gateway_config(config)
+        self.cache = CacheHook(
+            self.registry, self.metrics.cache, self.clock, gateway.redis_url, gateway.redis_timeout_ms
+        )
+        """The response cache's stores (api/cache_hook.py), one per cache-enabled model version."""
+        settings = ModelSettings(
+            self.registry, self.traffic, self.cache, config.model_overrides, own_settings(config)
+        )
+        self.gateway = Gateway(
+            config, self.registry.names, context_lengths=self._context_lengths, models=settings
+        )
+        """Tenants and API keys (gateway/reload.py): the API's auth layer reads its current gate; a
+        reload also re-reads the models' traffic and cache tables."""
         self.tenant_requests = tenant_counter(self.metrics.registry)
         self.metrics.registry.register(QuotaCollector(lambda: self.gateway.quotas))
-        self.cache = CacheHook(self.registry, self.metrics.cache, self.clock)
-        """The response cache's stores (api/cache_hook.py), one per cache-enabled model version."""
         self._token = frontend.token if frontend else secrets.token_hex(16)
         join = config.join_token.get_secret_value() if config.join_token else ""
         self.hub = WorkerHub(
@@ -158,14 +169,10 @@ class InferenceServer:
             load_timeout_s=config.worker_start_timeout_s,
             silence_timeout_s=config.heartbeat_timeout_s,
         )
-        self._socket_dir = frontend.socket_dir if frontend else tempfile.mkdtemp(prefix="inferd-")
-        self.worker_address = (
-            frontend.worker_address(frontend.index)
-            if frontend
-            else f"unix:{os.path.join(self._socket_dir, 'workers.sock')}"
+        self._socket_dir, self.worker_address, local_workers = worker_sockets(frontend)
+        self.supervisor: Launcher[Any] = Supervisor(
+            local_workers, self._token, config.log_level, extra_args=config.observability.worker_args()
         )
-        local_workers = frontend.worker_addresses() if frontend else self.worker_address
-        self.supervisor: Launcher[Any] = Supervisor(local_workers, self._token, config.log_level)
         self.ray_launcher: RayLauncher | None = None
         if config.ray_address:  # workers as Ray actors; they join over the TCP worker port
             from inferd.fleet.ray_launcher import RayLauncher
@@ -377,6 +384,7 @@ class InferenceServer:
     async def _shutdown(self, loops: list[asyncio.Task[None]], supervisor: asyncio.Task[None]) -> None:
         self.shutting_down = True
         await self.shadows.close()
+        await self.cache.close()
         for rt in self.registry:
             rt.stop(ShuttingDown(f"model '{rt.name}' is shutting down"))
         for task in [*loops, *self._tasks.values()]:

@@ -122,7 +122,7 @@ def test_missing_unknown_and_expired_keys_get_401_in_each_apis_error_shape(serve
     for headers in ({}, bearer(WRONG), {"X-API-Key": KEY_EXPIRED}, {"X-Tenant": "alpha"}):
         status, got, body = infer(server, "sim", headers)
         assert status == 401 and got["www-authenticate"] == "Bearer"
-        assert set(json.loads(body)) == {"error"} and isinstance(json.loads(body)["error"], str)
+        assert set(json.loads(body)) == {"error", "request_id"} and isinstance(json.loads(body)["error"], str)
         status, got, body = http(server, "POST", "/v1/chat/completions", headers, {"model": "sim-llm"})
         assert status == 401 and got["www-authenticate"] == "Bearer"
         error = json.loads(body)["error"]

@@ -113,7 +113,9 @@ def test_tokens_are_reserved_then_refunded_and_concurrency_is_capped(
     assert status == 200, body
     prompt = body["usage"]["prompt_tokens"]
     assert headers["x-ratelimit-limit-tokens"] == str(CONTEXT)
-    assert int(headers["x-ratelimit-remaining-tokens"]) == CONTEXT - prompt - 8, "prompt + max_tokens reserved"
+    assert int(headers["x-ratelimit-remaining-tokens"]) == CONTEXT - prompt - 8, (
+        "prompt + max_tokens reserved"
+    )
     # The longest request the context allows no longer fits what the first one used in this minute.
     status, headers, body = chat(b, TOK, max_tokens=CONTEXT - prompt - 1)
     assert status == 429, body

@@ -4,6 +4,7 @@ quota decisions metric, and `inferd status`'s tenants and cache tables."""
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import FrozenInstanceError
 from pathlib import Path
 
@@ -229,6 +230,61 @@ def test_status_shows_tenants_and_cache_tables_only_when_they_have_rows() -> Non
     )
     assert "quota store: UNREACHABLE, 4 errors" in down and "refused (503)" in down
     assert "response cache" not in down
+
+
+def test_status_shows_each_split_with_its_weights_canary_step_and_state_and_the_history() -> None:
+    assert gateway_parts(None, None, {"splits": [], "history": []}) == []
+    traffic = {
+        "splits": [
+            {
+                "model": "sim",
+                "mode": "canary",
+                "weights": {"1": 0.5, "2": 0.5},
+                "canary_version": 2,
+                "step": 1,
+                "state": "active",
+                "steps": [0.1, 0.5, 1.0],
+            },
+            {
+                "model": "failing",
+                "mode": "canary",
+                "weights": {"1": 1.0, "2": 0.0},
+                "canary_version": 2,
+                "step": 0,
+                "state": "rolled_back",
+                "steps": [0.3],
+            },
+            {
+                "model": "ab",
+                "mode": "ab",
+                "weights": {"10": 0.25, "2": 0.75},
+                "canary_version": None,
+                "step": 0,
+                "state": "active",
+                "steps": [],
+            },
+        ],
+        "history": [
+            {"model": "sim", "version": 2, "event": "step", "reason": "weight 0.5", "at": 1_800_000_000.0},
+            {
+                "model": "failing",
+                "version": 2,
+                "event": "rolled_back",
+                "reason": "canary error ratio 0.400 over the bound 0.1",
+                "at": 1_800_000_060.0,
+            },
+        ],
+    }
+    out = render(gateway_parts(None, None, traffic))
+    rows = {line.split()[1]: line for line in out.splitlines() if line.startswith("│")}
+    assert "canary" in rows["sim"] and "v1 0.5, v2 0.5" in rows["sim"]
+    assert "2/3 (0.1 > 0.5 > 1)" in rows["sim"] and "active" in rows["sim"]
+    assert "rolled_back" in rows["failing"] and "fixed" in rows["failing"] and "v1 1, v2 0" in rows["failing"]
+    assert "v2 0.75, v10 0.25" in rows["ab"]  # versions in numeric order
+    history = out[out.index("traffic history") :].splitlines()
+    assert "sim v2  step: weight 0.5" in history[1]
+    assert "failing v2  rolled_back: canary error ratio 0.400 over the bound 0.1" in history[2]
+    assert time.strftime("%Y-%m-%d %H:%M", time.localtime(1_800_000_060.0)) in history[2]
 
 
 # ---- inferd bench --header (how the gateway overhead benchmark sends its key) -----------------------

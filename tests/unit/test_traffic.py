@@ -115,7 +115,7 @@ def test_a_failing_canary_is_rolled_back_with_a_metric_a_log_line_and_a_history_
     assert prom.get_sample_value("inferd_traffic_rollbacks_total", {"model": "m"}) == 1
     assert prom.get_sample_value("inferd_traffic_weight", {"model": "m", "version": "2"}) == 0.0
     assert prom.get_sample_value("inferd_traffic_weight", {"model": "m", "version": "1"}) == 1.0
-    (line,) = [r.getMessage() for r in caplog.records]
+    (line,) = [r.getMessage() for r in caplog.records if "rolled back" in r.getMessage()]
     assert "canary 'm' version 2 rolled back to weight 0: canary error ratio 1.000" in line
     (event,) = traffic.statistics().history
     assert (event.model, event.version, event.event, event.at) == ("m", 2, "rolled_back", 5.0)

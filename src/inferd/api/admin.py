@@ -46,7 +46,8 @@ class AdminTarget:
     kill_worker: Callable[[WorkerConnection], None]
     find_worker: Callable[[str], tuple[Runtime, WorkerConnection]]
     reload: Callable[[], Mapping[str, Any]] | None = None
-    """Re-read the config file's tenants, keys and [gateway] table (ConfigError: refused whole)."""
+    """Re-read the config file's tenants, keys, [gateway] table and the models' traffic and cache tables
+    (ConfigError: refused whole)."""
     gateway: GatewayView | None = None
     """Tenants, quotas and the response cache, for GET /admin/tenants and GET /admin/cache."""
     traffic: Callable[[], Any] | None = None
@@ -181,15 +182,16 @@ class AdminApi:
         return web.json_response(await self.target.fleet.rolling_update(model, _version(request)))
 
     async def reload(self, request: web.Request) -> web.Response:
-        """POST /admin/reload: re-read the --config file and swap in its tenants, API keys and [gateway]
-        table at once; a file that does not validate is refused whole (400 with the reason) and the
-        running settings stay."""
+        """POST /admin/reload: re-read the --config file and swap in its tenants, API keys, [gateway]
+        table and the models' traffic and cache tables at once (the answer's `changed` says what
+        changed and what needs a restart); a file that does not validate is refused whole (400 with the
+        reason) and the running settings stay."""
         if self.target.reload is None:
             raise NotFound("this server has nothing to reload")
         try:
             summary = self.target.reload()
         except ConfigError as exc:
-            log.warning("admin reload refused, the running tenants and keys stay: %s", exc)
+            log.warning("admin reload refused, the running tenants, keys and models stay: %s", exc)
             raise BadRequest(f"config not reloaded: {exc}") from None
         return web.json_response({"reloaded": True, **summary})
 

@@ -6,7 +6,6 @@ Routes: OIP v2 (health, metadata, infer with Triton's binary extension), OpenAI 
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 from functools import partial
@@ -42,14 +41,15 @@ from inferd.api.middleware import (
 )
 from inferd.api.oip_metadata import model_metadata
 from inferd.api.openapi import openapi_document
+from inferd.api.request_context import RequestContext
 from inferd.batching.dispatcher import ItemResult
 from inferd.batching.fairness import NO_TENANT, TenantShare
-from inferd.batching.queue import BULK
-from inferd.errors import BadRequest, DeadlineExceeded, ServingError
+from inferd.errors import BadRequest, ServingError
 from inferd.gateway.auth import Auth, TenantRequests, allowed_models, check_model, tenant_of, tenant_share
 from inferd.gateway.cache import encoded_size
 from inferd.gateway.fallback import Fallbacks, falls_back
 from inferd.gateway.quota_layer import Quotas
+from inferd.observability.logging_setup import accept_request_id, current_request_id
 from inferd.runtime.contract import Runtime
 from inferd.server import InferenceServer
 
@@ -61,7 +61,7 @@ Answer = tuple[int, list[dict[str, Any]], dict[str, Any]]
 
 
 def oip_error(exc: ServingError, status: int) -> bytes:
-    return oip.encode_json({"error": exc.message})
+    return oip.encode_json({"error": exc.message, "request_id": current_request_id()})
 
 
 def create_app(server: InferenceServer) -> AsgiApp:
@@ -72,7 +72,7 @@ def create_app(server: InferenceServer) -> AsgiApp:
     def add(
         method: str, path: str, handler: Callable[[Call], Awaitable[Response]], errors: ErrorBody = oip_error
     ) -> None:
-        r.add(method, path, api.endpoint(handler, errors))
+        r.add(method, path, api.endpoint(handler, errors, path))
 
     add("GET", "/v2/health/live", api.live)
     add("GET", "/v2/health/ready", api.ready)
@@ -104,10 +104,12 @@ def create_app(server: InferenceServer) -> AsgiApp:
     return AsgiApp(r, server.running, _not_found)
 
 
-def _not_found(path: str, other_method: bool) -> HttpResponse:
-    if other_method:
-        return json_response(oip.encode_json({"error": f"method not allowed on {path}"}), 405)
-    return json_response(oip.encode_json({"error": f"no route {path}"}), 404)
+def _not_found(request: HttpRequest, other_method: bool) -> HttpResponse:
+    request_id = accept_request_id(request.header(b"x-request-id"))
+    path = request.path
+    message = f"method not allowed on {path}" if other_method else f"no route {path}"
+    body = oip.encode_json({"error": message, "request_id": request_id})
+    return json_response(body, 405 if other_method else 404, [(b"x-request-id", request_id.encode())])
 
 
 def lifecycle(results: list[ItemResult]) -> dict[str, Any]:
@@ -154,6 +156,7 @@ class Api:
         self.clock = server.clock
         self.max_body = server.config.max_body_bytes
         self.cache = server.cache
+        self.shadows = server.shadows
         self.fallbacks = Fallbacks(self.registry, self.clock, server.metrics.fallback_requests)
         self.layers: list[Layer] = [
             partial(Accounting, metrics=server.metrics, clock=self.clock, observe=server.traffic.observe),
@@ -167,16 +170,18 @@ class Api:
         """The middleware chain, outermost first (api/middleware.py); quotas, cache and tracing are
         layers of this list, after Auth (which sets call.notes["tenant"])."""
         if server.config.access_log:
-            self.layers.insert(0, partial(AccessLog, clock=self.clock))
+            sample = server.config.observability.access_log_sample
+            self.layers.insert(0, partial(AccessLog, clock=self.clock, sample=sample))
+        self.layers.insert(0, RequestContext)
 
     def endpoint(
-        self, handler: Callable[[Call], Awaitable[Response]], error_body: ErrorBody
+        self, handler: Callable[[Call], Awaitable[Response]], error_body: ErrorBody, path: str = ""
     ) -> Callable[[HttpRequest], Awaitable[Response]]:
-        """A route: every request passes the whole chain, then `handler`."""
+        """A route (`path`, its template): every request passes the whole chain, then `handler`."""
         run = chain(self.layers, handler)
 
         async def route(request: HttpRequest) -> Response:
-            call = Call(request, error_body)
+            call = Call(request, error_body, route=path)
             scope = request.scope
             scope["inferd.call"] = call  # for the route modules; removed after, so no cycle outlives it
             try:
@@ -288,8 +293,8 @@ class Api:
         if rt is not primary:
             record = {**record, "fallback": rt.name}
             headers = fallback_headers(rt)
-        elif (shadow := self.server.shadows.target(rt)) is not None:
-            self.server.shadows.mirror(shadow, rows, partial(self.shadow_copy, req.items))
+        elif (shadow := self.shadows.target(rt)) is not None:
+            self.shadows.mirror(shadow, rows, partial(self.shadows.copy_items, req.items))
         out, header_len = oip.encode_response(rt.config, version, req.request_id, req.outputs, rows, record)
         headers += lifecycle_headers(record)
         if header_len is None:
@@ -324,21 +329,6 @@ class Api:
         (version, rows, record), lookup = await self.cache.answer(request, rt, canonical, compute, deadline)
         # a hit's record is that of the run that computed it
         return version, rows, {**record, "cache": lookup}
-
-    async def shadow_copy(self, payloads: list[Any], rt: Any, timeout_s: float) -> list[dict[str, Any]]:
-        """A shadow copy of a request's items on `rt`, at bulk priority (shed first), bounded by
-        `timeout_s`; no cache, no quota, no client connection."""
-        items = rt.enqueue(payloads, self.clock.now() + timeout_s, BULK)
-        try:
-            async with asyncio.timeout(timeout_s):
-                results = await asyncio.gather(*(item.reply for item in items))
-        except TimeoutError:
-            rt.withdraw(items)
-            raise DeadlineExceeded(f"shadow copy on model '{rt.name}' took over {timeout_s} s") from None
-        except BaseException:
-            rt.withdraw(items)
-            raise
-        return [r.outputs for r in results]
 
     async def answer_with_fallback(
         self, request: HttpRequest, primary: Runtime, answer: Callable[[Runtime], Awaitable[Response]]

@@ -181,7 +181,7 @@ class AsgiApp:
         self,
         router: Router,
         lifespan: Callable[[], AbstractAsyncContextManager[None]],
-        not_found: Callable[[str, bool], HttpResponse],
+        not_found: Callable[[HttpRequest, bool], HttpResponse],
     ) -> None:
         self.router = router
         self.lifespan = lifespan
@@ -190,10 +190,10 @@ class AsgiApp:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
             handler, params, other = self.router.match(scope["method"], scope["path"])
-            if handler is None:
-                await self.not_found(scope["path"], other).send(send)
-                return
             request = HttpRequest(scope, receive, params)
+            if handler is None:
+                await self.not_found(request, other).send(send)
+                return
             response = await handler(request)
             if request.close_connection:
                 response.headers.append((b"connection", b"close"))

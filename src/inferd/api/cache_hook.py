@@ -8,7 +8,10 @@ cache: errors (a failed answer is never stored), and routes or requests that can
 
 The tenant in the key is the caller's (`call.notes["tenant"]`, set by the Auth layer; "" without
 tenants), so one tenant's answers never serve another. One store per served model version;
-when a version stops being served its store is emptied and dropped.
+when a version stops being served its store is emptied and dropped. A model with
+`cache.store = "redis"` keeps its answers in the Redis of `[gateway] redis_url`, shared by every front
+end (gateway/redis_cache.py); its store errors answer "bypass" and count in
+inferd_cache_store_errors_total.
 """
 
 from __future__ import annotations
@@ -24,6 +27,8 @@ from inferd.clock import Clock
 from inferd.errors import DeadlineExceeded
 from inferd.gateway.auth import tenant_of
 from inferd.gateway.cache import Lookup, ResponseCache, request_key
+from inferd.gateway.cache_config import CacheConfig
+from inferd.gateway.redis_cache import RedisCacheClient, RedisResponseCache, check_cache_stores, redis_url_for
 from inferd.observability.cache_metrics import CacheMetrics
 from inferd.runtime.contract import Runtime
 from inferd.runtime.registry import ModelRegistry
@@ -50,6 +55,8 @@ class ModelCacheStatistics:
     """Hits that waited for an identical request in flight."""
     evictions: int
     expirations: int
+    store_errors: int = 0
+    """Errors of the shared store (cache.store = "redis"); each such request was answered "bypass"."""
 
     @property
     def hit_ratio(self) -> float | None:
@@ -59,10 +66,22 @@ class ModelCacheStatistics:
 
 
 class CacheHook:
-    def __init__(self, registry: ModelRegistry, metrics: CacheMetrics, clock: Clock) -> None:
+    def __init__(
+        self,
+        registry: ModelRegistry,
+        metrics: CacheMetrics,
+        clock: Clock,
+        redis_url: str | None = None,
+        redis_timeout_ms: int = 250,
+    ) -> None:
+        """`redis_url` (`[gateway] redis_url`): where models with cache.store = "redis" keep their
+        answers; such a model without it is a ConfigError."""
+        check_cache_stores((rt.config for rt in registry), redis_url)
         self.registry = registry
         self.metrics = metrics
         self.clock = clock
+        self._redis_url, self._redis_timeout_ms = redis_url, redis_timeout_ms
+        self._redis: RedisCacheClient | None = None
         self._stores: dict[tuple[str, int], ResponseCache[Any]] = {}
         self._served: dict[str, list[int]] = {}
         self._results: dict[str, dict[str, int]] = {}
@@ -105,8 +124,39 @@ class CacheHook:
                 self._stores.pop((name, version)).clear()
         store = self._stores.get((rt.name, rt.version))
         if store is None or store.config is not rt.config.cache:
-            store = self._stores[(rt.name, rt.version)] = ResponseCache(rt.config.cache, self.clock)
+            store = self._stores[(rt.name, rt.version)] = self._new_store(rt)
         return store
+
+    def _new_store(self, rt: Runtime) -> ResponseCache[Any]:
+        config = rt.config.cache
+        if config.store == "memory":
+            return ResponseCache(config, self.clock)
+        if self._redis is None:
+            url = redis_url_for(rt.name, self._redis_url)
+            self._redis = RedisCacheClient(url, self.clock, self._redis_timeout_ms)
+        model = rt.name
+        return RedisResponseCache(
+            config, self.clock, self._redis, (model, rt.version), lambda _: self.metrics.store_error(model)
+        )
+
+    async def close(self) -> None:
+        """Close the Redis connection, if one was opened (server shutdown)."""
+        if self._redis is not None:
+            await self._redis.close()
+
+    def reconfigure(self, model: str, version: int, config: CacheConfig) -> int:
+        """A reload changed a served version's cache setting: its store takes the new ttl and bounds
+        (`ResponseCache.reconfigure`), or is emptied and dropped when caching is off. Returns how many
+        answers were dropped."""
+        store = self._stores.get((model, version))
+        if store is None:
+            return 0
+        if not config.enabled or config.store != store.config.store:  # a new store is made on next use
+            del self._stores[(model, version)]
+            dropped = store.statistics().entries
+            store.clear()
+            return dropped
+        return store.reconfigure(config)
 
     def count(self, model: str, result: str) -> None:
         """One response of a cache-enabled model, by its cache result (hit, miss or bypass)."""
@@ -134,6 +184,7 @@ class CacheHook:
             coalesced=sum(s.coalesced for s in stores),
             evictions=sum(s.evictions for s in stores),
             expirations=sum(s.expirations for s in stores),
+            store_errors=sum(s.store_errors for s in stores),
         )
 
 

@@ -10,6 +10,7 @@ from typing import Any, Protocol
 from inferd.api.asgi import HttpRequest, HttpResponse, StreamingResponse
 from inferd.api.cache_hook import CacheHook
 from inferd.clock import Clock
+from inferd.gateway.shadow import Shadows
 from inferd.runtime.contract import Runtime
 
 
@@ -18,6 +19,8 @@ class ApiContext(Protocol):
     max_body: int
     cache: CacheHook
     """The response cache's entry point for routes that can be cached."""
+    shadows: Shadows
+    """Shadow copies of sampled requests (a model's traffic.shadow), for routes that mirror them."""
 
     def batch_model(self, request: HttpRequest, name: str, version: str | None = None) -> Any:
         """The batch-kind runtime (ModelRuntime) serving `name`, recorded on the call; 400 for other kinds."""

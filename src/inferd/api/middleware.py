@@ -3,9 +3,10 @@
 A layer is a small class holding `inner` (the rest of the chain) that does its work around
 `await self.inner(call)`. `app.py` declares the chain as a list, outermost first, and logs it at start:
 
-    access_log -> accounting -> model_version -> errors -> route handler
+    request_context -> access_log -> accounting -> model_version -> errors -> route handler
 
-Authentication, quotas, the response cache and tracing plug in as more layers of the same list. A
+Authentication, quotas and the response cache plug in as more layers of the same list; the first layer
+(api/request_context.py) gives the call its request id, its log context and its trace span. A
 handler records the model version that serves the call in `call.runtime` as soon as it knows it (OIP
 routes from the path, OpenAI routes from the body), so accounting counts every request of every kind.
 """
@@ -13,6 +14,7 @@ routes from the path, OpenAI routes from the body), so accounting counts every r
 from __future__ import annotations
 
 import logging
+import random
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -43,6 +45,10 @@ class Call:
     """The model version serving the call, once the handler has resolved it."""
     outcome: str = "ok"
     started_at: float = 0.0
+    route: str = ""
+    """The route's path template (e.g. /v2/models/{model}/infer)."""
+    request_id: str = ""
+    """X-Request-Id: the caller's if it is well-formed, else one made up (api/request_context.py)."""
     notes: dict[str, Any] = field(default_factory=dict)
     """Per-call values layers hand each other (e.g. a tenant, a trace id)."""
 
@@ -150,34 +156,43 @@ class ModelVersion:
 
 
 class AccessLog:
-    """One line per request with its lifecycle record (off by default: costly at high rates)."""
+    """One line per request (a sampled share of them) with its outcome and lifecycle record: queue wait,
+    batch id and size, compute time, attempts (the X-Inferd-* headers). Off by default: costly at high
+    rates. JSON logs carry its fields as keys (`fields`)."""
 
-    def __init__(self, inner: Handler, clock: Clock) -> None:
+    def __init__(self, inner: Handler, clock: Clock, sample: float = 1.0) -> None:
         self.inner = inner
         self.clock = clock
+        self.sample = sample
 
     async def __call__(self, call: Call) -> Response:
         start = self.clock.now()
         response = await self.inner(call)
+        if self.sample < 1.0 and random.random() >= self.sample:  # nosec B311  # log sampling, not secrets
+            return response
 
         def h(name: bytes) -> str:
             value = response.header(name)
             return value.decode() if value else "-"
 
         rt = call.runtime
+        fields = {
+            "method": call.request.method,
+            "path": call.request.path,
+            "status": response.status,
+            "outcome": call.outcome,
+            "model_version": f"{rt.name}:{rt.version}" if rt is not None else "-",
+            "ms": round((self.clock.now() - start) * 1000, 3),
+            "queue_ms": h(b"x-inferd-queue-ms"),
+            "batch_id": h(b"x-inferd-batch-id"),
+            "batch_size": h(b"x-inferd-batch-size"),
+            "compute_ms": h(b"x-inferd-compute-ms"),
+            "attempts": h(b"x-inferd-attempts"),
+        }
         access_log.info(
             "%s %s status=%d outcome=%s model=%s ms=%.2f queue_ms=%s batch_id=%s batch_size=%s "
             "compute_ms=%s attempts=%s",
-            call.request.method,
-            call.request.path,
-            response.status,
-            call.outcome,
-            f"{rt.name}:{rt.version}" if rt is not None else "-",
-            (self.clock.now() - start) * 1000,
-            h(b"x-inferd-queue-ms"),
-            h(b"x-inferd-batch-id"),
-            h(b"x-inferd-batch-size"),
-            h(b"x-inferd-compute-ms"),
-            h(b"x-inferd-attempts"),
+            *fields.values(),
+            extra={"fields": fields},
         )
         return response

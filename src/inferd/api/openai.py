@@ -1,9 +1,11 @@
 """OpenAI-compatible routes: POST /v1/embeddings and GET /v1/models (batch and LLM models). Errors in the
-OpenAI shape. Text generation lives in api/completions.py."""
+OpenAI shape. Text generation lives in api/completions.py. A model's traffic.shadow also gets a sampled
+copy of its embeddings requests (gateway/shadow.py), compared vector by vector with the answer."""
 
 from __future__ import annotations
 
 import base64
+from functools import partial
 from typing import Any, Literal
 
 import msgspec
@@ -21,6 +23,8 @@ from inferd.api.http import (
 )
 from inferd.errors import BadRequest, ServingError
 from inferd.gateway.auth import tenant_of, tenant_share
+from inferd.gateway.shadow import Rows, Shadows
+from inferd.observability.logging_setup import current_request_id
 
 
 class EmbeddingsRequest(msgspec.Struct):
@@ -39,7 +43,8 @@ def openai_error(exc: ServingError, status: int) -> bytes:
     kind = "invalid_request_error" if status < 500 else "server_error"
     if status == 429:
         kind = "rate_limit_error" if exc.code == "RateLimited" else "overloaded_error"
-    return _encoder.encode({"error": {"message": exc.message, "type": kind, "param": None, "code": exc.code}})
+    error = {"message": exc.message, "type": kind, "param": None, "code": exc.code}
+    return _encoder.encode({"error": {**error, "request_id": current_request_id()}})
 
 
 def list_models(names: list[str], started_at: float) -> HttpResponse:
@@ -53,12 +58,52 @@ async def embeddings(api: ApiContext, request: HttpRequest) -> HttpResponse | St
     body = await read_body(request, api.max_body)
     req = decode_json(_decoder, body, "embeddings request", 'send {"model": ..., "input": ...}')
     primary = api.batch_model(request, req.model)
-    return await api.answer_with_fallback(request, primary, lambda rt: _embed(api, request, req, rt))
+    return await api.answer_with_fallback(request, primary, lambda rt: _embed(api, request, req, rt, primary))
 
 
-async def _embed(api: ApiContext, request: HttpRequest, req: EmbeddingsRequest, rt: Any) -> HttpResponse:
-    """The embeddings of `req` by `rt` (the model it names, or that model's fallback)."""
+async def _embed(
+    api: ApiContext, request: HttpRequest, req: EmbeddingsRequest, rt: Any, primary: Any
+) -> HttpResponse:
+    """The embeddings of `req` by `rt` (the model it names, `primary`, or that model's fallback)."""
     texts = _texts(req, rt.config.max_items_per_request)
+    _check_embedder(rt, req)
+    priority = parse_priority(None, request.header(b"x-priority"))
+    share = tenant_share(tenant_of(request.scope.get("inferd.call")))  # the tenant's lane in the queue
+    rt.precheck(priority, share)
+    deadline = api.deadline(rt, None, request.header(b"x-request-timeout-ms"))
+
+    async def compute() -> tuple[tuple[bytes, int], int]:
+        items = rt.enqueue([t.encode() for t in texts], deadline, priority, share)
+        results = await wait_for_items(rt, items, deadline, api.clock, request)
+        body, truncated = _encode(req, [r.outputs for r in results])
+        return (body, truncated), len(body)
+
+    if rt.config.cache.enabled:  # the same vectors for the same texts, in the same encoding
+        (out, truncated), _ = await api.cache.answer(
+            request, rt, ("embeddings", texts, req.encoding_format), compute, deadline
+        )
+    else:
+        (out, truncated), _ = await compute()
+    if rt is primary and (shadow := api.shadows.target(rt)) is not None:
+        api.shadows.mirror(shadow, out, partial(_shadow_copy, api.shadows, req, texts), same_embeddings)
+    return json_response(out, headers=[(b"x-inferd-truncated-inputs", str(truncated).encode())])
+
+
+async def _shadow_copy(
+    shadows: Shadows, req: EmbeddingsRequest, texts: list[str], rt: Any, timeout_s: float
+) -> bytes:
+    """The body `rt` (the shadow version) would have answered; never cached or charged to the tenant."""
+    _check_embedder(rt, req)
+    return _encode(req, await shadows.copy_items([t.encode() for t in texts], rt, timeout_s))[0]
+
+
+def same_embeddings(primary: bytes, shadow: bytes) -> bool:
+    """The same vectors in the same order (the usage may differ)."""
+    a, b = msgspec.json.decode(primary), msgspec.json.decode(shadow)
+    return [d["embedding"] for d in a["data"]] == [d["embedding"] for d in b["data"]]
+
+
+def _check_embedder(rt: Any, req: EmbeddingsRequest) -> None:
     spec_in, spec_out = rt.config.inputs, {t.name for t in rt.config.outputs}
     if len(spec_in) != 1 or spec_in[0].datatype != "BYTES" or "EMBEDDING" not in spec_out:
         raise BadRequest(f"model {rt.name!r} does not produce embeddings (it has no EMBEDDING output)")
@@ -68,39 +113,21 @@ async def _embed(api: ApiContext, request: HttpRequest, req: EmbeddingsRequest, 
             f"model {rt.name!r} produces {list(dims)}-dimensional embeddings; "
             f"dimensions={req.dimensions} is not supported"
         )
-    priority = parse_priority(None, request.header(b"x-priority"))
-    share = tenant_share(tenant_of(request.scope.get("inferd.call")))  # the tenant's lane in the queue
-    rt.precheck(priority, share)
-    deadline = api.deadline(rt, None, request.header(b"x-request-timeout-ms"))
-
-    async def compute() -> tuple[tuple[bytes, int], int]:
-        items = rt.enqueue([t.encode() for t in texts], deadline, priority, share)
-        results = await wait_for_items(rt, items, deadline, api.clock, request)
-        body, truncated = _encode(req, results)
-        return (body, truncated), len(body)
-
-    if rt.config.cache.enabled:  # the same vectors for the same texts, in the same encoding
-        (out, truncated), _ = await api.cache.answer(
-            request, rt, ("embeddings", texts, req.encoding_format), compute, deadline
-        )
-    else:
-        (out, truncated), _ = await compute()
-    return json_response(out, headers=[(b"x-inferd-truncated-inputs", str(truncated).encode())])
 
 
-def _encode(req: EmbeddingsRequest, results: list[Any]) -> tuple[bytes, int]:
+def _encode(req: EmbeddingsRequest, rows: Rows) -> tuple[bytes, int]:
     data = []
     tokens = truncated = 0
-    for index, result in enumerate(results):
-        vector = np.asarray(result.outputs["EMBEDDING"], dtype=np.float32)
+    for index, outputs in enumerate(rows):
+        vector = np.asarray(outputs["EMBEDDING"], dtype=np.float32)
         emb: object = (
             base64.b64encode(vector.tobytes()).decode()
             if req.encoding_format == "base64"
             else vector.tolist()
         )
         data.append({"object": "embedding", "index": index, "embedding": emb})
-        tokens += int(result.outputs.get("TOKENS", 0))
-        truncated += bool(result.outputs.get("TRUNCATED", False))
+        tokens += int(outputs.get("TOKENS", 0))
+        truncated += bool(outputs.get("TRUNCATED", False))
     usage = {"prompt_tokens": tokens, "total_tokens": tokens, "truncated_inputs": truncated}
     return _encoder.encode({"object": "list", "data": data, "model": req.model, "usage": usage}), truncated
 

@@ -12,8 +12,12 @@ from inferd.api.completions import ChatRequest, CompletionRequest
 from inferd.api.oip import InferRequest, InferResponse
 from inferd.api.openai import EmbeddingsRequest
 
-_ERROR = {"type": "object", "properties": {"error": {"type": "string"}}, "required": ["error"]}
-"""An error of the OIP routes (and of /metrics, /openapi.json): {"error": message}."""
+_ERROR = {
+    "type": "object",
+    "properties": {"error": {"type": "string"}, "request_id": {"type": ["string", "null"]}},
+    "required": ["error"],
+}
+"""An error of the OIP routes (and of /metrics, /openapi.json): {"error": message, "request_id": id}."""
 _OPENAI_ERROR = {
     "type": "object",
     "properties": {
@@ -24,6 +28,7 @@ _OPENAI_ERROR = {
                 "type": {"type": "string"},
                 "param": {"type": ["string", "null"]},
                 "code": {"type": ["string", "null"]},
+                "request_id": {"type": ["string", "null"]},
             },
             "required": ["message", "type"],
         }

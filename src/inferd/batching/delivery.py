@@ -18,6 +18,7 @@ from inferd.batching.queue import ItemState, QueuedItem, RequestQueue
 from inferd.batching.recovery import FailureKind, RecoveryPlan, RecoveryPolicy
 from inferd.batching.state import ModelState
 from inferd.errors import ModelError, ModelOutputError, ServingError, WorkerUnavailable
+from inferd.observability import tracing
 from inferd.worker import protocol as p
 from inferd.worker.connection import Batch, WorkerConnection
 
@@ -87,6 +88,8 @@ class Delivery:
             log.warning("worker %s answered unknown batch %d; ignored", worker.worker_id, msg.batch_id)
             return
         self._record_completion(worker, batch, msg)
+        if batch.span is not None:
+            tracing.end_batch(batch.span, msg.compute_s, msg.batch_error and msg.batch_error[1])
         if msg.batch_error is not None and msg.batch_error[0] == "ModelOutputError":
             for item in owned(batch):  # a broken contract, not a bad input: nothing to isolate
                 self.fail(item, ModelOutputError(msg.batch_error[1]))
@@ -156,6 +159,9 @@ class Delivery:
                     self.fail(item, WorkerUnavailable(f"model '{self.state.name}' is shutting down"))
             return
         kind = FailureKind.HANG if worker.failure else FailureKind.CRASH
+        for batch in batches:
+            if batch.span is not None:
+                tracing.end_batch(batch.span, None, f"worker {worker.worker_id} lost: {reason}")
         running, staged = batches[0], batches[1:]
         self.state.metrics.batch_failed(kind.value)
         detail = f"worker {worker.worker_id} {worker.failure or reason}"

@@ -24,6 +24,7 @@ from inferd.batching.queue import BULK, INTERACTIVE, ItemState, QueuedItem
 from inferd.batching.state import ModelState
 from inferd.batching.worker_choice import Routing
 from inferd.errors import DeadlineExceeded
+from inferd.observability import tracing
 from inferd.worker.connection import Batch, WorkerConnection, WorkerState
 
 log = logging.getLogger("inferd.dispatcher")
@@ -149,6 +150,8 @@ class Dispatcher:
             item.attempts += 1
             item.state = ItemState.RUNNING
             item.batch_id = batch.batch_id
+        if tracing.ENABLED:
+            batch.span = tracing.start_batch(batch.batch_id, items, worker.worker_id, self.state.name, now)
         worker.send_batch(batch)
         self.state.metrics.observe_batch_cut(
             len(items), self.state.config.max_batch_size, [now - i.enqueued_at for i in items]

@@ -35,6 +35,7 @@ from inferd.batching.worker_choice import Routing
 from inferd.clock import Clock
 from inferd.config import ModelConfig
 from inferd.errors import DeadlineExceeded, Internal, Overloaded, ServingError, WorkerUnavailable
+from inferd.observability import tracing
 from inferd.observability.metrics import ModelMetrics
 from inferd.routing import EjectionRecord, OutlierEjector, P2CBalancer
 from inferd.runtime.contract import RuntimeStatistics, WorkerSnapshot
@@ -210,6 +211,7 @@ class ModelRuntime:
         now = self.clock.now()
         loop = asyncio.get_running_loop()
         request = next(self._requests)
+        trace = tracing.recording_span() if tracing.ENABLED else None
         items = [
             QueuedItem(
                 payload,
@@ -219,6 +221,7 @@ class ModelRuntime:
                 priority=priority,
                 tenant=tenant,
                 request=request,
+                trace=trace,
             )
             for payload in payloads
         ]

@@ -67,6 +67,8 @@ class QueuedItem:
     """Whose request this is: its lane in the queue and its weight there."""
     request: int = 0
     """Items of one request share it (0: not known), so they give up their places together."""
+    trace: Any = None
+    """The request's span when tracing is on and its trace is sampled (observability/tracing.py)."""
 
     def __post_init__(self) -> None:
         if not self.first_enqueued_at:

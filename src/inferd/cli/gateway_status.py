@@ -1,8 +1,10 @@
-"""The gateway's tables of `inferd status`: tenants (GET /admin/tenants) and the response cache
-(GET /admin/cache), each shown only when it has rows."""
+"""The gateway's tables of `inferd status`: tenants (GET /admin/tenants), the response cache
+(GET /admin/cache) and traffic splits with their history (GET /admin/traffic), each shown only when it
+has rows."""
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from rich.console import RenderableType
@@ -91,9 +93,60 @@ def quota_store_line(store: dict[str, Any] | None) -> str | None:
     )
 
 
-def gateway_parts(tenants: dict[str, Any] | None, cache: dict[str, Any] | None) -> list[RenderableType]:
-    """The tenants and cache tables (and a quota store warning), each when there is something to show.
-    Traffic splitting's state goes after these."""
+TRAFFIC_STYLES = {"active": "green", "rolled_back": "red", "promoted": "cyan"}
+HISTORY_SHOWN = 10
+"""The newest traffic events `inferd status` lists."""
+
+
+def _shares(weights: dict[str, Any]) -> str:
+    return ", ".join(f"v{v} {w:g}" for v, w in sorted(weights.items(), key=lambda kv: int(kv[0])))
+
+
+def _step(split: dict[str, Any]) -> str:
+    steps = split.get("steps") or []
+    if split.get("mode") != "canary":
+        return "-"
+    if len(steps) < 2:
+        return "fixed"
+    return f"{int(split.get('step', 0)) + 1}/{len(steps)} (" + " > ".join(f"{s:g}" for s in steps) + ")"
+
+
+def traffic_table(splits: list[dict[str, Any]]) -> Table:
+    """One row per split: its mode, the versions' shares now, the canary's step and state."""
+    table = Table(title="traffic", title_justify="left")
+    for header in ("model", "mode", "weights", "canary", "canary weight", "step", "state"):
+        table.add_column(header, justify="right" if header == "canary weight" else "left")
+    for s in sorted(splits, key=lambda s: str(s.get("model"))):
+        weights = dict(s.get("weights") or {})
+        canary = s.get("canary_version")
+        state = str(s.get("state", "-"))
+        table.add_row(
+            _cell(s.get("model")),
+            _cell(s.get("mode")),
+            _shares(weights),
+            "-" if canary is None else f"v{canary}",
+            "-" if canary is None else f"{weights.get(str(canary), 0.0):g}",
+            _step(s),
+            Text(state, style=TRAFFIC_STYLES.get(state, "")),
+        )
+    return table
+
+
+def traffic_history_lines(history: list[dict[str, Any]]) -> list[str]:
+    """The newest traffic events (rollbacks, promotions, steps, reloads): when, which version, why."""
+    lines = []
+    for e in history[-HISTORY_SHOWN:]:
+        at = e.get("at")
+        when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(at)) if isinstance(at, int | float) else "-"
+        lines.append(f"  {when}  {e.get('model')} v{e.get('version')}  {e.get('event')}: {e.get('reason')}")
+    return ["traffic history (newest last):", *lines] if lines else []
+
+
+def gateway_parts(
+    tenants: dict[str, Any] | None, cache: dict[str, Any] | None, traffic: dict[str, Any] | None = None
+) -> list[RenderableType]:
+    """The tenants, cache and traffic tables (and a quota store warning, the traffic history), each
+    when there is something to show."""
     parts: list[RenderableType] = []
     if tenants and tenants.get("tenants"):
         parts.append(tenants_table(dict(tenants["tenants"])))
@@ -101,4 +154,8 @@ def gateway_parts(tenants: dict[str, Any] | None, cache: dict[str, Any] | None) 
             parts.append(Text(line, style="bold red"))
     if cache and cache.get("models"):
         parts.append(cache_table(dict(cache["models"])))
+    if traffic and traffic.get("splits"):
+        parts.append(traffic_table(list(traffic["splits"])))
+    if traffic:
+        parts.extend(Text(line) for line in traffic_history_lines(list(traffic.get("history") or [])))
     return parts

@@ -3,17 +3,23 @@
 from __future__ import annotations
 
 import importlib.util
-import logging
-import sys
 import time
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
+from inferd.cli.observability_flags import (
+    AccessLogSample,
+    LogFormat,
+    TraceEndpoint,
+    TraceSample,
+    observability_settings,
+)
 from inferd.cli.ports import check_ports_free
 from inferd.config import ConfigError, ModelConfig, ServerConfig, load_server_config
 from inferd.gateway.reload import build_gate  # also registers the [gateway] and [tenants.NAME] tables
+from inferd.observability.logging_setup import set_up_process
 from inferd.tls import check_server_tls
 
 app = typer.Typer(
@@ -45,8 +51,13 @@ def check_models(models: list[ModelConfig]) -> None:
 
 
 def check_gateway(config: ServerConfig, models: list[ModelConfig]) -> None:
-    """Tenants list only served models, and no key digest belongs to two tenants: refused before start."""
+    """Tenants list only served models, no key digest belongs to two tenants, and a model caching in
+    Redis has [gateway] redis_url: refused before start."""
+    from inferd.gateway.config import gateway_config
+    from inferd.gateway.redis_cache import check_cache_stores
+
     build_gate(config, [m.name for m in models], time.time)
+    check_cache_stores(models, gateway_config(config).redis_url)
 
 
 def resolve_models(config: ServerConfig) -> list[ModelConfig]:
@@ -125,6 +136,10 @@ def serve(
     log_level: Annotated[
         str | None, typer.Option(help="DEBUG, INFO, WARNING or ERROR [default: INFO].")
     ] = None,
+    log_format: LogFormat = None,
+    access_log_sample: AccessLogSample = None,
+    trace_endpoint: TraceEndpoint = None,
+    trace_sample: TraceSample = None,
     shutdown_grace_s: Annotated[
         float | None,
         typer.Option(
@@ -207,6 +222,9 @@ def serve(
     API of the server on port 9000 by the same rule. A port in use is reported at start with the fix.
     """
     try:
+        observe = observability_settings(log_format, access_log_sample, trace_endpoint, trace_sample)
+        if access_log_sample is not None and access_log is None:
+            access_log = True
         cfg = load_server_config(
             config,
             {
@@ -234,6 +252,7 @@ def serve(
                 "max_connections": max_connections,
                 "max_connections_per_ip": max_connections_per_ip,
                 "admission_rate_per_s": admission_rate_per_s,
+                "observability": observe,
             },
         )
         if no_admin:
@@ -252,9 +271,8 @@ def serve(
         raise typer.Exit(2) from None
     from inferd.runner import run_server  # imports the server: only once the config is known good
 
-    logging.basicConfig(
-        level=cfg.log_level, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s %(message)s"
-    )
+    secrets = [s.get_secret_value() for s in (cfg.join_token, cfg.admin_token) if s is not None]
+    set_up_process(cfg.observability, cfg.log_level, "server", secrets)
     if cfg.frontends > 1:
         from inferd.frontends.parent import run_frontends
 
@@ -297,6 +315,8 @@ def worker(
         ),
     ] = False,
     log_level: Annotated[str, typer.Option(help="DEBUG, INFO, WARNING or ERROR.")] = "INFO",
+    log_format: LogFormat = None,
+    trace_endpoint: TraceEndpoint = None,
 ) -> None:
     """Run one worker (one device) that joins a router over TCP and registers again whenever the
     router restarts. Stop it with SIGTERM or Ctrl-C."""
@@ -330,6 +350,9 @@ def worker(
         args += ["--ca-file", str(ca_file)]
     if insecure:
         args.append("--insecure")
+    args += ["--log-format", log_format or "text"]
+    if trace_endpoint:
+        args += ["--trace-endpoint", trace_endpoint]
     raise typer.Exit(worker_main(args))
 
 

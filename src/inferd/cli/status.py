@@ -1,7 +1,8 @@
 """`inferd status`: the admin API's worker and model lists as tables, once or every N seconds.
 
 Reads GET /admin/workers and GET /admin/models (src/inferd/api/admin.py), and the gateway's
-GET /admin/tenants and GET /admin/cache when the server has them (cli/gateway_status.py). Exits 1, with
+GET /admin/tenants, GET /admin/cache and GET /admin/traffic when the server has them
+(cli/gateway_status.py). Exits 1, with
 a message that says what to do, when the admin API cannot be reached or refuses the token.
 """
 
@@ -52,9 +53,17 @@ class AdminSnapshot:
     """GET /admin/tenants (None: the server has no such page)."""
     cache: dict[str, Any] | None = None
     """GET /admin/cache (None: the server has no such page)."""
+    traffic: dict[str, Any] | None = None
+    """GET /admin/traffic (None: the server has no such page)."""
 
     def as_json(self) -> str:
-        pages = {"workers": self.workers, "models": self.models, "tenants": self.tenants, "cache": self.cache}
+        pages = {
+            "workers": self.workers,
+            "models": self.models,
+            "tenants": self.tenants,
+            "cache": self.cache,
+            "traffic": self.traffic,
+        }
         return json.dumps({name: page for name, page in pages.items() if page is not None})
 
 
@@ -107,6 +116,7 @@ def fetch_snapshot(admin_url: str, token: str | None) -> AdminSnapshot:
         models=fetch_json(f"{base}/admin/models", token),
         tenants=fetch_optional(f"{base}/admin/tenants", token),
         cache=fetch_optional(f"{base}/admin/cache", token),
+        traffic=fetch_optional(f"{base}/admin/traffic", token),
     )
 
 
@@ -242,7 +252,7 @@ def render_snapshot(snapshot: AdminSnapshot, admin_url: str, error: str | None =
             )
         ),
         Text(retry_budget_line(snapshot.models.get("retry_budget"))),
-        *gateway_parts(snapshot.tenants, snapshot.cache),
+        *gateway_parts(snapshot.tenants, snapshot.cache, snapshot.traffic),
         Text(f"from {admin_url} at {time.strftime('%H:%M:%S')}", style="dim"),
     ]
     if error is not None:

@@ -4,6 +4,7 @@ of the local workers. Computed once by the parent and handed to every front end.
 from __future__ import annotations
 
 import os
+import tempfile
 from dataclasses import dataclass
 
 
@@ -33,3 +34,13 @@ class FrontendPlan:
 
     def at(self, index: int) -> FrontendPlan:
         return FrontendPlan(index, self.count, self.socket_dir, self.token)
+
+
+def worker_sockets(plan: FrontendPlan | None) -> tuple[str, str, str]:
+    """(socket folder, where this front end takes local workers, what local workers connect to). One
+    front end: a folder of its own; several: the parent's, and the workers join every front end."""
+    if plan is None:
+        folder = tempfile.mkdtemp(prefix="inferd-")
+        address = f"unix:{os.path.join(folder, 'workers.sock')}"
+        return folder, address, address
+    return plan.socket_dir, plan.worker_address(plan.index), plan.worker_addresses()

@@ -10,7 +10,10 @@ by another caller's deadline, disconnect or bad luck; its own deadline still bou
 Keys (`CacheKey`) carry the tenant, the model, the served version and a BLAKE2b digest of the canonical
 request (`request_key`). The tenant and version are fields of the key itself, not only inputs of the
 digest, so an entry stored under one tenant can never answer another, even on a digest collision.
-Only the memory store exists; a shared store (Redis) would implement the same lookup/store surface.
+`ResponseCache` keeps its answers in memory; `RedisResponseCache` (gateway/redis_cache.py) overrides
+`fetch` and `keep` to share them between front ends through Redis. Single-flight stays in process
+either way. A store that cannot be reached raises `StoreUnavailable` from `fetch`: the caller's answer
+is then computed without the cache ("bypass").
 """
 
 from __future__ import annotations
@@ -29,7 +32,11 @@ from inferd.clock import Clock
 from inferd.gateway.cache_config import CacheConfig
 
 V = TypeVar("V")
-Lookup = Literal["hit", "miss"]
+Lookup = Literal["hit", "miss", "bypass"]
+
+
+class StoreUnavailable(Exception):
+    """The cache's shared store could not be reached: answer without the cache."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,6 +89,8 @@ class CacheStatistics:
     evictions: int
     expirations: int
     in_flight: int
+    store_errors: int = 0
+    """Errors of a shared store (gateway/redis_cache.py); the memory store has none."""
 
 
 _MISSING: Any = object()
@@ -136,8 +145,32 @@ class ResponseCache(Generic[V]):
         self._entries.clear()
         self._bytes = 0
 
+    def reconfigure(self, config: CacheConfig) -> int:
+        """A reload's new settings: each answer now expires ttl_s after it was computed (a shorter ttl
+        never serves one past it) and the new bounds evict the least recently used. Returns how many
+        answers were dropped."""
+        shift, now, before = config.ttl_s - self.config.ttl_s, self.clock.now(), len(self._entries)
+        self.config = config
+        for entry in self._entries.values():
+            entry.expires_at += shift
+        for key in [k for k, e in self._entries.items() if now >= e.expires_at]:
+            self._remove(key)
+            self._expirations += 1
+        while len(self._entries) > config.max_entries or self._bytes > config.max_bytes:
+            self._remove(next(iter(self._entries)))
+            self._evictions += 1
+        return before - len(self._entries)
+
     def _remove(self, key: CacheKey) -> None:
         self._bytes -= self._entries.pop(key).size
+
+    async def fetch(self, key: CacheKey) -> V | None:
+        """`lookup`, awaited by single-flight; a shared store reads over the network here."""
+        return self.lookup(key)
+
+    async def keep(self, key: CacheKey, value: V, size: int) -> None:
+        """`store`, awaited by single-flight; a shared store writes over the network here."""
+        self.store(key, value, size)
 
     # ---- single-flight ------------------------------------------------------------------------------
     async def get_or_compute(
@@ -146,13 +179,18 @@ class ResponseCache(Generic[V]):
         """The stored answer ("hit"), the answer of an identical computation in flight ("hit", after
         waiting for it), or this caller's own computation ("miss"), which `compute` returns with its
         size and which is stored. If the leader fails, its error goes to its caller only and each
-        follower tries again."""
+        follower tries again. A store that cannot be reached answers with `compute` alone ("bypass")."""
         while True:
-            value = self.lookup(key)
-            if value is not None:
-                self._hits += 1
-                return value, "hit"
             flight = self._flights.get(key)
+            if flight is None:
+                try:
+                    value = await self.fetch(key)
+                except StoreUnavailable:
+                    return (await compute())[0], "bypass"
+                if value is not None:
+                    self._hits += 1
+                    return value, "hit"
+                flight = self._flights.get(key)  # one may have started while a shared store answered
             if flight is None:
                 self._misses += 1
                 return await self._lead(key, compute), "miss"
@@ -168,8 +206,8 @@ class ResponseCache(Generic[V]):
         outcome: Any = _MISSING  # stays so on error or cancellation: followers then try again
         try:
             value, size = await compute()
-            self.store(key, value, size)
             outcome = value
+            await self.keep(key, value, size)
             return value
         finally:
             del self._flights[key]

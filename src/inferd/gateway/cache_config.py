@@ -1,9 +1,12 @@
-"""The per-model `cache` setting: `cache = { enabled = true, ttl_s = 60, max_entries = 10000 }`.
+"""The per-model `cache` setting: `cache = { enabled = true, ttl_s = 60, max_entries = 10000 }`, and
+`store = "redis"` to share the answers between front ends through `[gateway] redis_url`.
 
 Kept apart from the cache itself (it imports only pydantic) so config.py can import it without a cycle.
 """
 
 from __future__ import annotations
+
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -23,3 +26,6 @@ class CacheConfig(BaseModel):
     """Most answers kept; the least recently used go first."""
     max_bytes: int = Field(default=64 * 1024 * 1024, ge=1024, le=64 * 1024**3)
     """Most bytes of answers kept (their encoded size); an answer larger than this is never kept."""
+    store: Literal["memory", "redis"] = "memory"
+    """Where the answers live: "memory" (this front end's own) or "redis" (shared by every front end
+    on `[gateway] redis_url`, gateway/redis_cache.py; needs the inferd[redis] extra)."""

@@ -1,6 +1,8 @@
 """The gateway's identity settings as one value (`Gate`: tenants, keys, the [gateway] table), and
 `Gateway`, which holds the current one and swaps it whole when the config file is re-read (SIGHUP,
-POST /admin/reload). A file that fails validation is refused whole: the running gate stays."""
+POST /admin/reload), together with the served models' traffic and cache tables (gateway/model_reload.py).
+The whole file is validated first; a file that fails is refused whole: the running gate, splits and
+caches stay. The answer says what changed, and which [models.NAME] settings wait for a restart."""
 
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ from typing import Any
 from inferd.config import ConfigError, ServerConfig, load_server_config
 from inferd.gateway.config import GatewayConfig, check_tenants, gateway_config, tenants_of
 from inferd.gateway.keys import KeyDirectory
+from inferd.gateway.model_reload import ModelSettings
 from inferd.gateway.quota_store import TenantQuotas
 from inferd.gateway.quotas import check_quota_config
 from inferd.gateway.redis_store import open_quota_store
@@ -59,6 +62,16 @@ def build_gate(
     return Gate(KeyDirectory(tenants, wall_now), gateway_config(config))
 
 
+def tenant_changes(old: Gate, new: Gate) -> dict[str, list[str]]:
+    """Tenants added, removed, or whose table (keys, limits, models) changed."""
+    before, after = old.directory.tenants, new.directory.tenants
+    return {
+        "added": sorted(set(after) - set(before)),
+        "removed": sorted(set(before) - set(after)),
+        "changed": sorted(n for n in set(before) & set(after) if before[n].config != after[n].config),
+    }
+
+
 class Gateway:
     """The current gate. `served` lists the served model names (checked against tenants' lists)."""
 
@@ -68,8 +81,11 @@ class Gateway:
         served: Callable[[], list[str]],
         wall_now: Callable[[], float] = time.time,
         context_lengths: Callable[[], Mapping[str, int]] = dict,
+        models: ModelSettings | None = None,
     ) -> None:
         self.config_path = config.config_path
+        self.models = models
+        """The served models' live tables (traffic, cache); None: a reload leaves the models alone."""
         self.served = served
         self.wall_now = wall_now
         self.context_lengths = context_lengths
@@ -88,17 +104,23 @@ class Gateway:
         if self.config_path is None:
             raise ConfigError("the server was started without --config: there is no file to reload")
         config = load_server_config(self.config_path, {})
+        changes = self.models.plan(config.model_overrides) if self.models is not None else None
         gate = build_gate(config, self.served(), self.wall_now, self.context_lengths())
+        # everything validated: swap (nothing below raises)
+        summary = {**gate.summary(), "changed": {"tenants": tenant_changes(self.gate, gate)}}
+        if self.models is not None and changes is not None:
+            summary["changed"] |= self.models.apply(changes)
         self.gate = gate
         self._log(f"reloaded {self.config_path}:", gate)
-        return gate.summary()
+        log.info("reload: changed %s", summary["changed"])
+        return summary
 
     def reload_or_log(self) -> None:
         """SIGHUP: reload, or log why the file was refused."""
         try:
             self.reload()
         except ConfigError as exc:
-            log.error("SIGHUP: config not reloaded, the running tenants and keys stay: %s", exc)
+            log.error("SIGHUP: config not reloaded, the running tenants, keys and models stay: %s", exc)
 
     @staticmethod
     def _log(what: str, gate: Gate) -> None:

@@ -4,6 +4,12 @@ answer is compared with the primary's, never returned.
     [models.sim.traffic]
     shadow = { version = 2, fraction = 0.2 }
 
+Routes: OIP infer (outputs compared tensor by tensor, `same_outputs`) and OpenAI /v1/embeddings
+(vectors compared, api/openai.py). A route asks `target(rt)` once it has the primary's answer, and
+hands `mirror` that answer, how to run the copy (`copy_items` queues the request's items) and how
+to compare the two. Text generation has no shadow: its answers are token streams of a different
+runtime kind, and only deterministic ones could be compared at all.
+
 The copy starts after the primary has answered, as a task of its own that the primary's response never
 waits for. It goes through no layer of the request chain: it is never cached, never charged to the
 tenant, and it is queued at bulk priority, so an overloaded queue sheds it before any caller's work.
@@ -19,12 +25,14 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 from prometheus_client import Counter
 
-from inferd.errors import ServingError
+from inferd.batching.queue import BULK
+from inferd.clock import Clock, MonotonicClock
+from inferd.errors import DeadlineExceeded, ServingError
 from inferd.runtime.contract import Runtime
 from inferd.runtime.registry import ModelRegistry
 
@@ -33,6 +41,9 @@ log = logging.getLogger("inferd.shadow")
 DEFAULT_MAX_IN_FLIGHT = 64
 DEFAULT_TIMEOUT_S = 30.0
 """How long one copy may take before it is withdrawn and counted as an error."""
+
+T = TypeVar("T")
+Rows = list[dict[str, Any]]
 
 
 class ShadowSampler:
@@ -99,8 +110,10 @@ class Shadows:
         counter: Counter,
         max_in_flight: int = DEFAULT_MAX_IN_FLIGHT,
         timeout_s: float = DEFAULT_TIMEOUT_S,
+        clock: Clock | None = None,
     ) -> None:
         self.registry = registry
+        self.clock = clock or MonotonicClock()
         self.counter = counter
         self.budget = ShadowBudget(max_in_flight)
         self.timeout_s = timeout_s
@@ -126,17 +139,20 @@ class Shadows:
     def mirror(
         self,
         shadow: Runtime,
-        primary_rows: list[dict[str, Any]],
-        run: Callable[[Runtime, float], Awaitable[list[dict[str, Any]]]],
+        primary: T,
+        run: Callable[[Runtime, float], Awaitable[T]],
+        same: Callable[[T, T], bool] = same_outputs,  # type: ignore[assignment]
     ) -> None:
-        """Start `run(shadow, timeout_s)` as a task of its own, and compare its rows with the primary's
-        when it ends. Returns at once; over the budget the copy is dropped."""
+        """Start `run(shadow, timeout_s)` as a task of its own, and compare its answer with the primary's
+        (`same(primary, copy)`, by default OIP rows) when it ends. Returns at once; over the budget the
+        copy is dropped."""
         labels = (shadow.name, str(shadow.version))
         if not self.budget.try_acquire():
             self.counter.labels(*labels, "dropped").inc()
             return
         task = asyncio.get_running_loop().create_task(
-            self._run(labels, primary_rows, lambda: run(shadow, self.timeout_s)), name=f"shadow-{shadow.name}"
+            self._run(labels, lambda: run(shadow, self.timeout_s), lambda copy: same(primary, copy)),
+            name=f"shadow-{shadow.name}",
         )
         self._tasks.add(task)
         task.add_done_callback(self._done)
@@ -146,22 +162,36 @@ class Shadows:
         self._tasks.discard(task)
         self.budget.release()
 
+    async def copy_items(self, payloads: list[Any], rt: Any, timeout_s: float) -> Rows:
+        """The outputs of a request's items run on `rt` (a batch runtime) at bulk priority (shed first),
+        bounded by `timeout_s`; no cache, no quota, no client connection."""
+        items = rt.enqueue(payloads, self.clock.now() + timeout_s, BULK)
+        try:
+            async with asyncio.timeout(timeout_s):
+                results = await asyncio.gather(*(item.reply for item in items))
+        except TimeoutError:
+            rt.withdraw(items)
+            raise DeadlineExceeded(f"shadow copy on model '{rt.name}' took over {timeout_s} s") from None
+        except BaseException:
+            rt.withdraw(items)
+            raise
+        return [r.outputs for r in results]
+
     async def _run(
         self,
         labels: tuple[str, str],
-        primary_rows: list[dict[str, Any]],
-        copy: Callable[[], Awaitable[list[dict[str, Any]]]],
+        copy: Callable[[], Awaitable[T]],
+        same: Callable[[T], bool],
     ) -> None:
         try:
-            rows = await copy()
+            verdict = "same" if same(await copy()) else "different"
         except ServingError as exc:
             log.debug("shadow copy on %s v%s failed: %s", *labels, exc.message)
-            self.counter.labels(*labels, "error").inc()
+            verdict = "error"
         except Exception:
             log.exception("shadow copy on %s v%s failed", *labels)
-            self.counter.labels(*labels, "error").inc()
-        else:
-            self.counter.labels(*labels, "same" if same_outputs(primary_rows, rows) else "different").inc()
+            verdict = "error"
+        self.counter.labels(*labels, verdict).inc()
 
     @property
     def in_flight(self) -> int:

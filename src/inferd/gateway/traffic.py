@@ -73,6 +73,8 @@ class SplitStatistics:
     step: int
     state: str
     """"active", "rolled_back", "promoted" (canary) or "active" (A/B)."""
+    steps: tuple[float, ...] = ()
+    """The canary's weights, step by step (`step` indexes them); () without a canary."""
 
 
 def sticky_fraction(model: str, key: str) -> float:
@@ -169,4 +171,4 @@ class TrafficSplit:
         if canary is None:
             return SplitStatistics(self.model, "none", {default: 1.0}, None, 0, self.state)
         weights = {default: 1.0 - self.weight, canary: self.weight} if canary != default else {canary: 1.0}
-        return SplitStatistics(self.model, "canary", weights, canary, self._step, self.state)
+        return SplitStatistics(self.model, "canary", weights, canary, self._step, self.state, self._schedule)

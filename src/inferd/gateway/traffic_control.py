@@ -5,8 +5,10 @@ has a canary or an A/B table. The API asks it which version answers a request th
 version, a rolled-back one goes to weight 0; each is logged once with its reason, counted in
 `inferd_traffic_*` metrics and kept in a history that `statistics()` returns.
 
-The splits are read at start from each model's default version; a reload of the gateway does not
-rebuild them (a rolled-back canary stays at 0 until the server starts again with its config).
+The splits are read at start from each model's default version. A reload of the config file that
+changes a model's canary, rollback or A/B table (`Traffic.reload`) replaces its split: a canary starts
+again at its first step (a rolled-back one at its weight again). A reload that leaves them as they were
+keeps the split's state, rolled back included. The history and the per-version counters always stay.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from dataclasses import dataclass
 from inferd.clock import Clock
 from inferd.config import ConfigError, ModelConfig
 from inferd.gateway.traffic import Decision, Promote, RolledBack, SplitStatistics, TrafficSplit
+from inferd.gateway.traffic_config import TrafficConfig
 from inferd.observability.traffic_metrics import TrafficMetrics
 from inferd.runtime.contract import Runtime
 from inferd.runtime.registry import ModelRegistry
@@ -36,7 +39,7 @@ class TrafficEvent:
     model: str
     version: int
     event: str
-    """"rolled_back", "promoted" or "step"."""
+    """"rolled_back", "promoted", "step" or "reloaded" (the config file changed the table)."""
     reason: str
     at: float
     """Wall-clock time (Unix seconds)."""
@@ -47,6 +50,15 @@ class TrafficStatistics:
     splits: tuple[SplitStatistics, ...]
     history: tuple[TrafficEvent, ...]
     """Newest last."""
+
+
+def _splits(config: TrafficConfig) -> bool:
+    return config.canary is not None or config.ab is not None
+
+
+def _split_part(config: TrafficConfig) -> tuple[object, ...]:
+    """What a split is built from (shadow and fallback are read per request, elsewhere)."""
+    return (config.canary, config.rollback, config.ab)
 
 
 def check_traffic(models: Iterable[ModelConfig]) -> None:
@@ -94,11 +106,12 @@ class Traffic:
         self.registry = registry
         self.metrics = metrics
         self.wall_clock = wall_clock
-        rng = rng or random.Random()  # nosec B311  # splits traffic, guards no secret
+        self.clock = clock
+        self.rng = rng or random.Random()  # nosec B311  # splits traffic, guards no secret
         self.splits: dict[str, TrafficSplit] = {
-            rt.name: TrafficSplit(rt.name, rt.config.traffic, clock, random.Random(rng.random()))  # nosec B311
+            rt.name: self._split(rt.name, rt.config.traffic)
             for rt in registry.defaults()
-            if rt.config.traffic.canary is not None or rt.config.traffic.ab is not None
+            if _splits(rt.config.traffic)
         }
         self.history: deque[TrafficEvent] = deque(maxlen=HISTORY)
         for name, split in self.splits.items():
@@ -106,6 +119,37 @@ class Traffic:
             stats = split.statistics(registry.default_version(name))
             shares = ", ".join(f"v{v} {w:g}" for v, w in sorted(stats.weights.items()))
             log.info("traffic: %s split for %r: %s", stats.mode, name, shares)
+
+    def _split(self, name: str, config: TrafficConfig) -> TrafficSplit:
+        return TrafficSplit(name, config, self.clock, random.Random(self.rng.random()))  # nosec B311
+
+    def reload(self, name: str) -> str:
+        """The traffic table of `name`'s default version changed on a reload (its runtimes' configs hold
+        the new one): a changed canary, rollback or A/B table replaces the split; an unchanged one keeps
+        its state (only shadow or fallback changed). Returns what happened, for the reload's answer."""
+        config = self.registry.get(name).config.traffic
+        split = self.splits.get(name)
+        if split is not None and _split_part(split.config) == _split_part(config):
+            return "split unchanged (shadow or fallback changed)"
+        default = self.registry.default_version(name)
+        if not _splits(config):
+            if split is None:
+                return "no split (shadow or fallback changed)"
+            del self.splits[name]
+            what = "split removed: unversioned requests go to the default version"
+            for version in self.registry.versions(name):
+                self.metrics.weight(name, version, 1.0 if version == default else 0.0)
+        else:
+            split = self.splits[name] = self._split(name, config)
+            self._publish_weights(name, split)
+            stats = split.statistics(default)
+            shares = ", ".join(f"v{v} {w:g}" for v, w in sorted(stats.weights.items()))
+            what = f"{stats.mode} split replaced: {shares}" + (
+                ", steps restart" if config.canary and config.canary.steps else ""
+            )
+        log.info("traffic: reload: %r %s", name, what)
+        self._event(name, (split.canary_version or default) if split else default, "reloaded", what)
+        return what
 
     def choose(self, name: str, tenant: str | None, header: Callable[[bytes], str | None]) -> int | None:
         """The version for a request to `name` that names no version (None: the default, no split)."""

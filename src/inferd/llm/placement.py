@@ -36,6 +36,7 @@ from inferd.llm.kv import BlockHash
 from inferd.llm.plan import SchedulerConfig
 from inferd.llm.routing import PrefixAffinityRouter, WorkerLoad
 from inferd.llm.stream import TokenStream
+from inferd.observability import tracing
 from inferd.routing.health import Health
 from inferd.worker import protocol as p
 from inferd.worker.connection import WorkerConnection, WorkerState
@@ -270,6 +271,7 @@ class Placement:
                 g.ignore_eos,
                 output=list(live.stream.generated),
                 weight=g.weight,
+                traceparent=tracing.traceparent(live.stream.trace),
             )
         )
 
@@ -333,6 +335,7 @@ class Placement:
             return
         live.moves += 1
         self.moved += 1
+        tracing.event(live.stream.trace, "resumed", {"worker_id": target.worker_id, "moves": live.moves})
         log.debug(
             "sequence %s moved to %s after %d tokens",
             live.stream.seq_id,

@@ -38,6 +38,7 @@ from inferd.llm.routing import PrefixAffinityRouter
 from inferd.llm.statistics import LLMRuntimeStatistics, LLMWorkerStatistics, TTFTWindow
 from inferd.llm.stream import TokenStream
 from inferd.llm.watchdog import HangPolicy, WorkerProgress
+from inferd.observability import tracing
 from inferd.observability.metrics import LLMMetrics
 from inferd.runtime.contract import RuntimeStatistics, WorkerSnapshot
 from inferd.worker import protocol as p
@@ -130,6 +131,7 @@ class LLMRuntime:
             raise
         stream = TokenStream(f"{self.name}-{next(_seq_ids)}", worker.worker_id, len(prompt))
         stream.submitted_at = stream.last_token_at = self.clock.now()
+        stream.trace = tracing.recording_span() if tracing.ENABLED else None
         if self.metrics is not None:
             self.metrics.submitted(len(prompt))
         self.placement.start(Live(stream, prompt, gen, hashes), worker)
@@ -193,6 +195,8 @@ class LLMRuntime:
 
     def _observe_tokens(self, stream: TokenStream, n: int, now: float, last: bool) -> None:
         first = n > 0 and stream.completion_tokens == 0
+        if stream.trace is not None:
+            tracing.stream_events(stream.trace, stream.worker_id, first, last, stream.completion_tokens + n)
         if first:
             self.ttft.observe(now - stream.submitted_at)
         if self.metrics is None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass
+from typing import Any
 
 from inferd.errors import ServingError
 
@@ -36,6 +37,8 @@ class TokenStream:
         self._ready = asyncio.Event()
         self.ended = False
         """The engine has ended the sequence (finished, aborted or failed): nothing to abort."""
+        self.trace: Any = None
+        """The request's span when tracing is on and its trace is sampled: it gets the stream's events."""
 
     def push(self, token_ids: list[int], finish_reason: str | None) -> None:
         self._pending.extend(token_ids)

@@ -49,6 +49,7 @@ from inferd.errors import (
     WorkerUnavailable,
 )
 from inferd.llm.upstream_reply import UpstreamReply, UpstreamStatistics, describe
+from inferd.observability import tracing
 from inferd.observability.upstream_metrics import UpstreamMetrics
 from inferd.routing.health import Health, HealthChange
 from inferd.routing.upstreams import (
@@ -271,8 +272,9 @@ class UpstreamRuntime:
             headers = {**_JSON, TIMEOUT_HEADER: str(max(1, int(left_s * 1000)))}
         bound = asyncio.timeout(left_s)
         try:
-            async with bound:
-                response = await session.post(url + path, data=payload, headers=headers)
+            with tracing.upstream(self.name, url + path, headers) as sent:  # sent: + its traceparent
+                async with bound:
+                    response = await session.post(url + path, data=payload, headers=sent)
         except (aiohttp.ClientError, TimeoutError) as exc:
             if bound.expired():  # the caller's deadline, not the upstream's failure
                 self.release(url, Outcome.IGNORABLE)

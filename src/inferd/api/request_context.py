@@ -1,0 +1,92 @@
+"""The first layer of the chain: who a request is, for the logs, the traces and the caller.
+
+- X-Request-Id: the caller's when it is 1..128 characters of [A-Za-z0-9._:-], else a new one; returned
+  on every response, and named in every error body (`request_id`).
+- The log context (observability/logging_setup.RequestLog): every line written for the request carries
+  its request_id, tenant and model (and trace_id, span_id).
+- With tracing on, the inferd.request span (continuing the caller's traceparent), current while the
+  request is handled and ended when its response (or its stream) ends.
+
+Tracing off, a request pays a request id, a contextvar set and reset, and one header.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from functools import partial
+
+from inferd.api.asgi import StreamingResponse
+from inferd.api.middleware import Call, Handler, Response
+from inferd.observability import tracing
+from inferd.observability.logging_setup import CURRENT, RequestLog, accept_request_id
+
+
+def describe(call: Call) -> tuple[str | None, str | None]:
+    """(tenant, model) of the call, once known."""
+    tenant = call.notes.get("tenant")
+    rt = call.runtime
+    return (tenant.name if tenant is not None else None), (rt.name if rt is not None else None)
+
+
+def _leave(log_token: object, span_token: object | None = None) -> None:
+    """Restore the task's context (a stream's end runs in the request's own task)."""
+    with contextlib.suppress(ValueError):
+        if span_token is not None:
+            tracing.leave(span_token)
+        CURRENT.reset(log_token)  # type: ignore[arg-type]
+
+
+class RequestContext:
+    def __init__(self, inner: Handler) -> None:
+        self.inner = inner
+
+    async def __call__(self, call: Call) -> Response:
+        call.request_id = request_id = accept_request_id(call.request.header(b"x-request-id"))
+        log_token = CURRENT.set(RequestLog(request_id, call, describe))
+        if tracing.ENABLED:
+            return await self._traced(call, log_token)
+        try:
+            response = await self.inner(call)
+        except BaseException:
+            CURRENT.reset(log_token)
+            raise
+        response.headers.append((b"x-request-id", request_id.encode()))
+        if isinstance(response, StreamingResponse):
+            response.on_close(partial(_leave, log_token))
+        else:
+            CURRENT.reset(log_token)
+        return response
+
+    async def _traced(self, call: Call, log_token: object) -> Response:
+        request = call.request
+        span = tracing.start_request(request.method, call.route, request.header)
+        span_token = tracing.enter(span)
+        try:
+            response = await self.inner(call)
+        except BaseException:
+            self._finish(call, span, 499)
+            _leave(log_token, span_token)
+            raise
+        response.headers.append((b"x-request-id", call.request_id.encode()))
+        if isinstance(response, StreamingResponse):
+            response.on_close(partial(self._finish, call, span, response.status))
+            response.on_close(partial(_leave, log_token, span_token))
+        else:
+            self._finish(call, span, response.status)
+            _leave(log_token, span_token)
+        return response
+
+    @staticmethod
+    def _finish(call: Call, span: tracing.Span, status: int) -> None:
+        tenant, model = describe(call)
+        rt = call.runtime
+        attributes = {
+            "route": call.route,
+            "model": model,
+            "version": rt.version if rt is not None else None,
+            "tenant": tenant,
+            "priority": call.request.header(b"x-priority") or "interactive",
+            "outcome": call.outcome,
+            "request_id": call.request_id,
+        }
+        tracing.finish_request(span, status, attributes)

@@ -1,0 +1,268 @@
+"""The deployment files: every Kustomize overlay under deploy/ renders with `kubectl kustomize` and each
+object it renders is valid for Kubernetes 1.31 (kubernetes-validate, strict: unknown fields fail), the
+custom resources against the schemas vendored in deploy/schemas/; the manifests use inferd's real
+flags, health routes and metric names; the Dockerfile keeps its invariants (pinned base, hashed locks,
+non-root user). kubectl is required: scripts/setup --test installs it."""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+import shutil
+import subprocess
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import kubernetes_validate
+import pytest
+import typer.main
+import yaml
+
+from inferd.cli.main import app
+
+ROOT = Path(__file__).resolve().parents[2]
+DEPLOY = ROOT / "deploy"
+KUBERNETES_VERSION = "1.31.0"
+RENDERED = ["overlays/cpu-demo", "overlays/gpu", "ray", "prometheus-adapter"]
+CUSTOM = {
+    ("monitoring.coreos.com/v1", "ServiceMonitor"): "servicemonitor-monitoring-v1.json",
+    ("ray.io/v1", "RayCluster"): "raycluster-ray-v1.json",
+}
+
+
+@cache
+def render(overlay: str) -> tuple[dict[str, Any], ...]:
+    kubectl = shutil.which("kubectl")
+    if kubectl is None:
+        pytest.fail("kubectl is not installed: run scripts/setup --test (it installs kubernetes-client)")
+    done = subprocess.run(
+        [kubectl, "kustomize", str(DEPLOY / overlay)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, f"kubectl kustomize {overlay} failed:\n{done.stderr}"
+    return tuple(d for d in yaml.safe_load_all(done.stdout) if d)
+
+
+def validate(doc: dict[str, Any]) -> None:
+    """kubernetes-validate for built-in kinds; the vendored schema (and each pod template as a core/v1
+    PodTemplate) for custom resources. Raises on the first problem."""
+    schema_file = CUSTOM.get((doc["apiVersion"], doc["kind"]))
+    if schema_file is None:
+        kubernetes_validate.validate(doc, KUBERNETES_VERSION, strict=True)
+        return
+    schema = json.loads((DEPLOY / "schemas" / schema_file).read_text())
+    jsonschema.Draft202012Validator(schema).validate(doc)
+    for i, template in enumerate(pod_templates(doc)):
+        wrapped = {
+            "apiVersion": "v1",
+            "kind": "PodTemplate",
+            "metadata": {"name": f"t{i}"},
+            "template": template,
+        }
+        kubernetes_validate.validate(wrapped, KUBERNETES_VERSION, strict=True)
+
+
+def pod_templates(doc: dict[str, Any]) -> list[dict[str, Any]]:
+    if doc["kind"] != "RayCluster":
+        return []
+    spec = doc["spec"]
+    return [spec["headGroupSpec"]["template"], *(g["template"] for g in spec.get("workerGroupSpecs", []))]
+
+
+def find(docs: tuple[dict[str, Any], ...], kind: str, name: str) -> dict[str, Any]:
+    (doc,) = [d for d in docs if d["kind"] == kind and d["metadata"]["name"] == name]
+    return doc
+
+
+def container(deployment: dict[str, Any]) -> dict[str, Any]:
+    (c,) = deployment["spec"]["template"]["spec"]["containers"]
+    return c
+
+
+@pytest.mark.parametrize("overlay", RENDERED)
+def test_every_rendered_object_is_valid(overlay: str) -> None:
+    docs = render(overlay)
+    assert docs
+    for doc in docs:
+        try:
+            validate(doc)
+        except (jsonschema.ValidationError, kubernetes_validate.utils.SchemaNotFoundError) as exc:
+            pytest.fail(f"{overlay}: {doc['kind']}/{doc['metadata']['name']}: {getattr(exc, 'message', exc)}")
+
+
+@pytest.mark.parametrize(
+    ("kind", "mutate"),
+    [
+        ("Deployment", lambda d: d["spec"]["template"]["spec"]["containers"][0].update(readinesProbe={})),
+        ("ServiceMonitor", lambda d: d["spec"]["endpoints"][0].update(intervall="15s")),
+        ("ServiceMonitor", lambda d: d["spec"]["endpoints"][0].update(interval="15 seconds")),
+        ("HorizontalPodAutoscaler", lambda d: d["spec"].pop("scaleTargetRef")),
+    ],
+)
+def test_validation_rejects_a_broken_object(kind: str, mutate: Any) -> None:
+    doc = copy.deepcopy(next(d for d in render("overlays/cpu-demo") if d["kind"] == kind))
+    mutate(doc)
+    with pytest.raises(jsonschema.ValidationError):
+        validate(doc)
+
+
+def test_a_broken_ray_pod_template_is_rejected() -> None:
+    doc = copy.deepcopy(find(render("ray"), "RayCluster", "inferd-ray"))
+    doc["spec"]["workerGroupSpecs"][0]["template"]["spec"]["containers"][0]["gpus"] = 1
+    with pytest.raises(jsonschema.ValidationError):
+        validate(doc)
+
+
+@pytest.mark.parametrize("overlay", ["overlays/cpu-demo", "overlays/gpu", "ray"])
+def test_front_end_probes_health_routes_and_drains_on_stop(overlay: str) -> None:
+    deployment = find(render(overlay), "Deployment", "inferd")
+    c = container(deployment)
+    assert c["readinessProbe"]["httpGet"]["path"] == "/v2/health/ready"
+    assert c["livenessProbe"]["httpGet"]["path"] == "/v2/health/live"
+    assert c["args"][0] == "serve" and "--host=0.0.0.0" in c["args"]
+    grace = float(next(a for a in c["args"] if a.startswith("--shutdown-grace-s=")).split("=")[1])
+    pre_stop_s = float(c["lifecycle"]["preStop"]["exec"]["command"][1])
+    # preStop, then inferd's grace period, then uvicorn's 30 s drain must fit before SIGKILL
+    assert deployment["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] >= pre_stop_s + grace + 30
+    assert deployment["spec"]["template"]["spec"]["securityContext"]["runAsNonRoot"] is True
+
+
+def test_gpu_workers_hold_a_gpu_and_join_with_secrets_over_tls() -> None:
+    docs = render("overlays/gpu")
+    router, worker = (
+        container(find(docs, "Deployment", "inferd")),
+        container(find(docs, "Deployment", "inferd-worker")),
+    )
+    assert worker["resources"]["limits"]["nvidia.com/gpu"] == "1"
+    env = {e["name"]: e for e in worker["env"]}
+    assert env["INFERD_JOIN_TOKEN"]["valueFrom"]["secretKeyRef"]["name"] == "inferd-join-token"
+    assert {e["name"] for e in router["env"]} >= {"INFERD_JOIN_TOKEN", "INFERD_ADMIN_TOKEN"}
+    connect = next(a for a in worker["args"] if a.startswith("--connect="))
+    host, port = connect.removeprefix("--connect=").split(":")
+    assert find(docs, "Service", host)["spec"]["ports"][0]["port"] == int(port)
+    assert any(a.startswith("--ca-file=") for a in worker["args"])
+    assert any(a.startswith("--worker-ssl-certfile=") for a in router["args"])
+    assert "--insecure" not in router["args"] + worker["args"]
+    assert worker["lifecycle"]["preStop"]["exec"]["command"][:2] == ["inferd", "drain"]
+
+
+def cli_options(command: str) -> set[str]:
+    click_app = typer.main.get_command(app)
+    return {opt for p in click_app.commands[command].params for opt in p.opts}  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("overlay", ["overlays/cpu-demo", "overlays/gpu", "ray"])
+def test_manifest_arguments_are_real_cli_flags(overlay: str) -> None:
+    for doc in render(overlay):
+        if doc["kind"] != "Deployment":
+            continue
+        args = container(doc)["args"]
+        flags = {a.split("=")[0] for a in args[1:] if a.startswith("--")}
+        unknown = flags - cli_options(args[0])
+        assert not unknown, (
+            f"{overlay} {doc['metadata']['name']}: `inferd {args[0]}` has no {sorted(unknown)}"
+        )
+
+
+def inferd_metric_names() -> set[str]:
+    sources = (ROOT / "src" / "inferd" / "observability").glob("*.py")
+    return {m for f in sources for m in re.findall(r'"(inferd_[a-z_]+)"', f.read_text())}
+
+
+@pytest.mark.parametrize("overlay", ["overlays/cpu-demo", "overlays/gpu"])
+def test_autoscalers_use_metrics_inferd_exports_and_the_adapter_serves(overlay: str) -> None:
+    (adapter,) = render("prometheus-adapter")
+    rules = yaml.safe_load(adapter["data"]["config.yaml"])
+    served = {
+        "Pods": " ".join(r["seriesQuery"] for r in rules["rules"]),
+        "External": " ".join(r["seriesQuery"] for r in rules["externalRules"]),
+    }
+    hpas = [d for d in render(overlay) if d["kind"] == "HorizontalPodAutoscaler"]
+    assert hpas
+    for hpa in hpas:
+        for metric in hpa["spec"]["metrics"]:
+            name = metric[metric["type"].lower()]["metric"]["name"]
+            assert name in inferd_metric_names()
+            assert name in served[metric["type"]]
+
+
+def test_disruption_budgets_select_pods_of_their_overlay() -> None:
+    for overlay in ("overlays/cpu-demo", "overlays/gpu"):
+        docs = render(overlay)
+        pdbs = [d for d in docs if d["kind"] == "PodDisruptionBudget"]
+        assert pdbs
+        for pdb in pdbs:
+            wanted = pdb["spec"]["selector"]["matchLabels"]
+            assert any(
+                d["kind"] == "Deployment"
+                and wanted.items() <= d["spec"]["template"]["metadata"]["labels"].items()
+                for d in docs
+            )
+
+
+# ---- the Dockerfile ------------------------------------------------------------------------------------
+
+
+def dockerfile_lines() -> list[str]:
+    text = (ROOT / "Dockerfile").read_text().replace("\\\n", " ")
+    return [line.strip() for line in text.splitlines() if line.strip() and not line.strip().startswith("#")]
+
+
+def test_dockerfile_base_is_a_pinned_build_argument() -> None:
+    lines = dockerfile_lines()
+    (base,) = [line for line in lines if line.startswith("ARG BASE=")]
+    image = base.removeprefix("ARG BASE=")
+    tag = image.split("@")[0].rpartition(":")[2]
+    assert "@sha256:" in image or re.fullmatch(r"\d+\.\d+\.\d+-[a-z-]+", tag), f"unpinned base image {image}"
+    froms = [line for line in lines if line.startswith("FROM ")]
+    assert froms and all(f.split()[1] in ("${BASE}", "build") for f in froms)
+
+
+def test_dockerfile_runs_as_a_non_root_user() -> None:
+    users = [line.split()[1] for line in dockerfile_lines() if line.startswith("USER ")]
+    assert users, "no USER instruction: the image would run as root"
+    uid = users[-1].split(":")[0]
+    assert uid.isdigit() and int(uid) != 0  # numeric: Kubernetes' runAsNonRoot can check it
+
+
+def test_dockerfile_installs_only_hash_checked_locks() -> None:
+    installs = [c for line in dockerfile_lines() for c in line.split("&&") if "pip install" in c]
+    assert installs
+    for command in installs:
+        if " -r " in command:
+            assert "--require-hashes" in command, command
+            lock = command.split(" -r ")[1].split()[0].strip('"')
+            assert lock.startswith(("requirements/", "$LOCK")), command
+        else:  # only inferd itself, from the build context, without resolving anything
+            assert "--no-deps" in command and command.rstrip().endswith(" ."), command
+    lock_arg = next(line for line in dockerfile_lines() if line.startswith("ARG LOCK="))
+    for name in {
+        lock_arg.removeprefix("ARG LOCK="),
+        *re.findall(r"requirements/[\w.-]+\.txt", "\n".join(installs)),
+    }:
+        text = (ROOT / name).read_text()
+        pins = re.findall(r"^[A-Za-z0-9][\w.-]*==", text, flags=re.M)
+        assert pins and len(pins) == len(
+            re.findall(r"^[A-Za-z0-9][^\n]*\\\n\s+--hash=sha256:", text, flags=re.M)
+        )
+
+
+def test_dockerignore_keeps_what_the_dockerfile_copies() -> None:
+    allowed = {
+        line[1:].rstrip("/")
+        for line in (ROOT / ".dockerignore").read_text().splitlines()
+        if line.startswith("!")
+    }
+    copied = [
+        line.split()[1:-1] for line in dockerfile_lines() if line.startswith("COPY ") and "--from" not in line
+    ]
+    assert copied
+    for sources in copied:
+        for src in sources:
+            assert src.rstrip("/") in allowed, f"COPY {src}: excluded by .dockerignore"
