@@ -268,6 +268,9 @@ class ServerConfig(ListenerSettings, _Frozen):
     """Retries per second always allowed, whatever the request rate."""
     shadow_max_in_flight: int = Field(default=64, ge=0, le=100_000)
     """Shadow copies (a model's `traffic.shadow`) running at once; a copy over it is dropped."""
+    frontends: int = Field(default=1, ge=1, le=64)
+    """Front-end processes sharing the HTTP port (SO_REUSEPORT) and the workers; the first one owns the
+    local workers, the admin API and the autoscaler (docs/architecture.md, "More than one front end")."""
     heartbeat_timeout_s: float = Field(default=5.0, gt=0.0, le=600.0)
     """A worker silent for this long (no heartbeat, no result) is killed and replaced."""
     admin_token: SecretStr | None = None

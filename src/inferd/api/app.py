@@ -11,7 +11,7 @@ from collections.abc import Awaitable, Callable
 from functools import partial
 from typing import Any
 
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST
 
 from inferd import __version__
 from inferd.api import completions as completion_routes
@@ -259,7 +259,7 @@ class Api:
         return openai_routes.list_models(names, self.server.started_at)
 
     async def metrics(self, call: Call) -> HttpResponse:
-        body = generate_latest(self.server.metrics.registry)
+        body = await self.server.metrics_text()
         return HttpResponse(body, content_type=CONTENT_TYPE_LATEST.encode())
 
     async def openapi(self, call: Call) -> HttpResponse:
