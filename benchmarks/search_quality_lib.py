@@ -36,6 +36,8 @@ DEPTH = 100
 
 
 def embed(texts: list[str], cache: Path, tag: str) -> np.ndarray:
+    """MiniLM embeddings of `texts`, cached per chunk of 256 (an interrupted run resumes). Texts are
+    embedded in length order so a batch pads to similar lengths."""
     digest = hashlib.sha256("\x00".join(texts).encode()).hexdigest()[:16]
     path = cache / f"{tag}-{digest}.npy"
     if path.exists():
@@ -44,8 +46,19 @@ def embed(texts: list[str], cache: Path, tag: str) -> np.ndarray:
 
     model = MiniLMModel(minilm_config())
     model.load()
-    out = np.concatenate([model.embed(texts[i : i + 32])[0] for i in range(0, len(texts), 32)])
+    order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
+    out = np.zeros((len(texts), 384), dtype=np.float32)
     cache.mkdir(parents=True, exist_ok=True)
+    for start in range(0, len(order), 256):
+        rows = order[start : start + 256]
+        part = cache / f"{tag}-{digest}-part{start}.npy"
+        if part.exists():
+            out[rows] = np.load(part)
+            continue
+        chunk = [texts[i] for i in rows]
+        vectors = np.concatenate([model.embed(chunk[j : j + 32])[0] for j in range(0, len(chunk), 32)])
+        np.save(part, vectors)
+        out[rows] = vectors
     np.save(path, out)
     return out
 
