@@ -24,6 +24,8 @@ from inferd.gateway.traffic_config import TrafficConfig
 from inferd.listener_config import ListenerSettings
 from inferd.observability.settings import ObservabilitySettings
 from inferd.observability.slo_config import SloConfig
+from inferd.paths import default_data_dir
+from inferd.version_policy import VersionPolicy
 
 Datatype = Literal[
     "BOOL",
@@ -82,20 +84,6 @@ class TensorSpec(_Frozen):
                 )
         return shape
 
-
-class LatestVersions(_Frozen):
-    latest: int = Field(ge=1, le=64)
-    """Serve the N highest versions."""
-
-
-class SpecificVersions(_Frozen):
-    specific: tuple[int, ...] = Field(min_length=1)
-    """Serve exactly these versions."""
-
-
-VersionPolicy = Literal["latest", "all"] | LatestVersions | SpecificVersions
-"""Which of a model's versions are served, as in Triton: "latest" (the highest), "all", {latest = N}
-or {specific = [1, 3]}."""
 
 _PLATFORM_KINDS = {"inferd_llm": "llm", "openai_upstream": "upstream"}
 BATCH_ONLY = frozenset(
@@ -280,6 +268,9 @@ class ServerConfig(ListenerSettings, _Frozen):
     """Retries per second always allowed, whatever the request rate."""
     shadow_max_in_flight: int = Field(default=64, ge=0, le=100_000)
     """Shadow copies (a model's `traffic.shadow`) running at once; a copy over it is dropped."""
+    frontends: int = Field(default=1, ge=1, le=64)
+    """Front-end processes sharing the HTTP port (SO_REUSEPORT) and the workers; the first one owns the
+    local workers, the admin API and the autoscaler (docs/architecture.md, "More than one front end")."""
     heartbeat_timeout_s: float = Field(default=5.0, gt=0.0, le=600.0)
     """A worker silent for this long (no heartbeat, no result) is killed and replaced."""
     admin_token: SecretStr | None = None
@@ -301,6 +292,9 @@ class ServerConfig(ListenerSettings, _Frozen):
     listener; 0: drain at once. A second SIGTERM (or Ctrl-C) ends the grace period early."""
     cache_dir: Path | None = None
     """Where one-time model conversions are cached (default ~/.cache/inferd)."""
+    data_dir: Path = Field(default_factory=lambda: default_data_dir())
+    """Where search indexes keep their logs, snapshots and settings (default: paths.default_data_dir); an
+    index created through the API is served again from here after a restart."""
     model_overrides: dict[str, dict[str, Any]] = Field(default_factory=dict)
     """Per-model setting overrides, from [models.NAME] tables of the config file."""
     ray_address: str | None = None

@@ -32,6 +32,10 @@ class NotFound(ClientError):
     """Unknown model, version or route."""
 
 
+class Conflict(ClientError):
+    """The request contradicts what exists (an index of that name with other settings)."""
+
+
 class PayloadTooLarge(ClientError):
     pass
 

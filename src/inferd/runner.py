@@ -6,7 +6,9 @@ from __future__ import annotations
 import contextlib
 import gc
 import logging
+import os
 import signal
+import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -22,6 +24,7 @@ from inferd.api.door_policy import DoorLimits, DoorPolicy
 from inferd.api.frontdoor import DoorCollector, front_door_protocol
 from inferd.clock import MonotonicClock
 from inferd.config import BATCH_ONLY, ModelConfig, ServerConfig
+from inferd.frontends.plan import FrontendPlan
 from inferd.server import InferenceServer
 
 log = logging.getLogger("inferd")
@@ -99,8 +102,10 @@ def front_door_options(cfg: ServerConfig, metrics: CollectorRegistry) -> dict[st
     }
 
 
-def build_uvicorn(cfg: ServerConfig, models: list[ModelConfig]) -> tuple[uvicorn.Server, InferenceServer]:
-    server = InferenceServer(cfg, models)
+def build_uvicorn(
+    cfg: ServerConfig, models: list[ModelConfig], frontend: FrontendPlan | None = None
+) -> tuple[uvicorn.Server, InferenceServer]:
+    server = InferenceServer(cfg, models, frontend=frontend)
     app = create_app(server)
     ucfg = uvicorn.Config(
         app,
@@ -121,16 +126,35 @@ def build_uvicorn(cfg: ServerConfig, models: list[ModelConfig]) -> tuple[uvicorn
 
 
 def run_server(cfg: ServerConfig, models: list[ModelConfig]) -> None:
+    """One front end, this process (several: frontends/parent.py)."""
+    log_config(cfg, models)
+    userver, _ = build_uvicorn(cfg, models)
+    _settle_heap()
+    userver.run()
+
+
+def log_config(cfg: ServerConfig, models: list[ModelConfig]) -> None:
     for m in models:  # tensors are long; batching settings mean nothing to other kinds
         skip = {"inputs", "outputs"} if m.kind == "batch" else set(BATCH_ONLY)
         log.info("model %s v%d: %s", m.name, m.version, m.model_dump_json(exclude=skip))
     # Components' tables are named, not dumped: [tenants.*] hold key digests, which stay out of logs.
     log.info("server config: %s; tables: %s", cfg.model_dump_json(exclude={"tables"}), sorted(cfg.tables))
-    userver, _ = build_uvicorn(cfg, models)
+
+
+def serve_frontend(
+    cfg: ServerConfig, models: list[ModelConfig], plan: FrontendPlan, sock: socket.socket
+) -> None:
+    """One of several front ends (frontends/parent.py), on its own SO_REUSEPORT socket."""
+    userver, _ = build_uvicorn(cfg, models, plan)
+    log.info("front end %d of %d (pid %d) serving on port %d", plan.index, plan.count, os.getpid(), cfg.port)
+    _settle_heap()
+    userver.run(sockets=[sock])
+
+
+def _settle_heap() -> None:
     # Long-lived objects (modules, config, app) leave the GC's view, and young-generation collections
     # run less often: per-request garbage is freed by reference counting, and each collection pass
     # would otherwise show up as a latency spike at thousands of requests per second.
     gc.collect()
     gc.freeze()
     gc.set_threshold(20_000, 20, 50)
-    userver.run()

@@ -7,27 +7,28 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
 import secrets
 import shutil
-import tempfile
 import time
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
 import msgspec
+from prometheus_client import generate_latest
 
 from inferd import tls
 from inferd.api.admin import AdminApi, AdminTarget
 from inferd.api.admin_gateway import GatewayView, tenants_page
 from inferd.api.cache_hook import CacheHook
-from inferd.batching.dispatcher import ModelRuntime
 from inferd.batching.retry import RetryBudget
 from inferd.clock import Clock, MonotonicClock
 from inferd.config import ModelConfig, ServerConfig
 from inferd.errors import ShuttingDown
 from inferd.fleet.control import FleetControl, repository_loader
 from inferd.fleet.scaling import ScalingLoop, scaling_policy
+from inferd.frontends.metrics import scrape_all, serve_registry
+from inferd.frontends.plan import FrontendPlan, worker_sockets
+from inferd.frontends.readiness import await_ready
 from inferd.gateway.auth import tenant_counter
 from inferd.gateway.config import gateway_config
 from inferd.gateway.fallback import check_fallbacks
@@ -35,18 +36,16 @@ from inferd.gateway.model_reload import ModelSettings, own_settings
 from inferd.gateway.reload import Gateway
 from inferd.gateway.shadow import Shadows
 from inferd.gateway.traffic_control import Traffic
-from inferd.llm.params import LLMParams
-from inferd.llm.runtime import LLMRuntime
-from inferd.llm.upstream import UpstreamConfig, UpstreamRuntime
 from inferd.observability.collectors import RuntimeCollector
 from inferd.observability.console_feed import ConsoleFeed
 from inferd.observability.metrics import Metrics
 from inferd.observability.quota_metrics import QuotaCollector
 from inferd.observability.slo_config import model_slos
-from inferd.observability.upstream_metrics import UpstreamMetrics
+from inferd.runtime.builtin import builtin_kinds
 from inferd.runtime.contract import Runtime
-from inferd.runtime.kinds import Kind, KindRegistry, RuntimeContext
+from inferd.runtime.kinds import KindRegistry, RuntimeContext
 from inferd.runtime.registry import ModelRegistry
+from inferd.search.store import IndexStore
 from inferd.worker.connection import WorkerConnection
 from inferd.worker.hub import WorkerHub
 from inferd.worker.launcher import Launcher, WorkerSlot
@@ -58,57 +57,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("inferd.server")
 
 
-def _batch_runtime(config: ModelConfig, ctx: RuntimeContext) -> Runtime:
-    return ModelRuntime(
-        config,
-        ctx.clock,
-        ctx.metrics.for_model(config.name, config.version),
-        ctx.retry_budget,
-        ctx.kill_worker,
-        heartbeat_timeout_s=ctx.server.heartbeat_timeout_s,
-    )
-
-
-def _llm_runtime(config: ModelConfig, ctx: RuntimeContext) -> Runtime:
-    return LLMRuntime(
-        config,
-        ctx.clock,
-        ctx.metrics.for_llm(config.name, config.version),
-        ctx.retry_budget,
-        kill_worker=ctx.kill_worker,
-        heartbeat_timeout_s=ctx.server.heartbeat_timeout_s,
-    )
-
-
-def _upstream_runtime(config: ModelConfig, ctx: RuntimeContext) -> Runtime:
-    """An upstream-served model, with a retry budget of its own (its failures are its upstreams')."""
-    budget = RetryBudget(ctx.clock, ctx.server.retry_budget_ratio, ctx.server.retry_budget_min_per_s)
-    return UpstreamRuntime(
-        config, ctx.clock, UpstreamMetrics(ctx.metrics, config.name, config.version), budget
-    )
-
-
-def builtin_kinds() -> KindRegistry:
-    return KindRegistry(
-        [
-            Kind("batch", _batch_runtime, routes="POST /v2/models/{model}/infer (OIP), /v1/embeddings"),
-            Kind(
-                "llm",
-                _llm_runtime,
-                params=LLMParams,
-                routes="POST /v1/chat/completions or /v1/completions (OpenAI)",
-            ),
-            Kind(
-                "upstream",
-                _upstream_runtime,
-                params=UpstreamConfig,
-                has_workers=False,
-                routes="POST /v1/chat/completions or /v1/completions (OpenAI)",
-            ),
-        ]
-    )
-
-
 class InferenceServer:
     def __init__(
         self,
@@ -117,17 +65,25 @@ class InferenceServer:
         clock: Clock | None = None,
         spawn_workers: bool = True,
         kinds: KindRegistry | None = None,
+        frontend: FrontendPlan | None = None,
     ) -> None:
         self.config = config
+        self.frontend = frontend
+        """This process's place among several front ends (`--frontends N`); None: the only one. Only
+        the owner (index 0) runs the local workers and the autoscaler."""
+        spawn_workers = spawn_workers and (frontend is None or frontend.is_owner)
         self.clock = clock or MonotonicClock()
         self.started_at = time.time()
         self.metrics = Metrics(model_slos(models), self.clock)
         self.kinds = kinds or builtin_kinds()
+        models = [*models, *IndexStore(config.data_dir).stored({m.name for m in models})]
         for m in models:
             self.kinds.check(m)
         self.retry_budget = RetryBudget(self.clock, config.retry_budget_ratio, config.retry_budget_min_per_s)
-        self.context = RuntimeContext(config, self.clock, self.metrics, self.retry_budget, self.kill_worker)
         self.registry = ModelRegistry()
+        self.context = RuntimeContext(
+            config, self.clock, self.metrics, self.retry_budget, self.kill_worker, self.registry.get
+        )
         for m in models:
             self.registry.add(self.kinds.get(m.kind).make_runtime(m, self.context))
         self.metrics.registry.register(RuntimeCollector(self.registry))
@@ -153,7 +109,7 @@ class InferenceServer:
         reload also re-reads the models' traffic and cache tables."""
         self.tenant_requests = tenant_counter(self.metrics.registry)
         self.metrics.registry.register(QuotaCollector(lambda: self.gateway.quotas))
-        self._token = secrets.token_hex(16)
+        self._token = frontend.token if frontend else secrets.token_hex(16)
         join = config.join_token.get_secret_value() if config.join_token else ""
         self.hub = WorkerHub(
             self.registry,
@@ -162,10 +118,9 @@ class InferenceServer:
             load_timeout_s=config.worker_start_timeout_s,
             silence_timeout_s=config.heartbeat_timeout_s,
         )
-        self._socket_dir = tempfile.mkdtemp(prefix="inferd-")
-        self.worker_address = f"unix:{os.path.join(self._socket_dir, 'workers.sock')}"
+        self._socket_dir, self.worker_address, local_workers = worker_sockets(frontend)
         self.supervisor: Launcher[Any] = Supervisor(
-            self.worker_address, self._token, config.log_level, extra_args=config.observability.worker_args()
+            local_workers, self._token, config.log_level, extra_args=config.observability.worker_args()
         )
         self.ray_launcher: RayLauncher | None = None
         if config.ray_address:  # workers as Ray actors; they join over the TCP worker port
@@ -198,7 +153,7 @@ class InferenceServer:
                 scaling_policy(rt.kind, rt.config.autoscale, self.clock),
             )
             for rt in self.registry.defaults()
-            if rt.config.autoscale
+            if rt.config.autoscale and (frontend is None or frontend.is_owner)
         }
         self.console = ConsoleFeed(
             self.metrics.registry,
@@ -222,6 +177,12 @@ class InferenceServer:
         Called from a signal handler: it only sets a flag."""
         self.shutting_down = True
 
+    async def metrics_text(self) -> bytes:
+        """The exposition of /metrics: the whole server's, with several front ends (frontends/metrics.py)."""
+        if self.frontend is None:
+            return generate_latest(self.metrics.registry)
+        return await scrape_all(self.frontend, self.metrics.registry)
+
     def has_workers(self, kind: str) -> bool:
         return self.kinds.get(kind).has_workers
 
@@ -240,6 +201,11 @@ class InferenceServer:
     async def running(self) -> AsyncIterator[None]:
         """Start listening for workers, the runtimes' loops and the local workers; stop them on exit."""
         await self.hub.listen_unix(self.worker_address[len("unix:") :])
+        peers = None
+        if self.frontend is not None:  # the other front ends read this one's metrics here
+            peers = await serve_registry(
+                self.frontend.metrics_path(self.frontend.index), self.metrics.registry
+            )
         token = self.config.admin_token.get_secret_value() if self.config.admin_token else None
         self.admin = AdminApi(
             AdminTarget(
@@ -291,12 +257,17 @@ class InferenceServer:
                 loops.append(tg.create_task(self.console.run(), name="console"))
                 supervisor = tg.create_task(self.supervisor.run(), name="supervisor")
                 try:
+                    if self.frontend is not None:  # one of several: listen once workers are here
+                        await await_ready(lambda: self.ready, self.config.worker_start_timeout_s)
                     yield
                 finally:
                     await self._shutdown(loops, supervisor)
         finally:
             self._group = None
-            shutil.rmtree(self._socket_dir, ignore_errors=True)
+            if peers is not None:
+                peers.close()
+            if self.frontend is None:  # several front ends share the parent's folder
+                shutil.rmtree(self._socket_dir, ignore_errors=True)
 
     def _kinds_of(self, name: str) -> set[str]:
         return {rt.kind for rt in self.registry if rt.name == name}

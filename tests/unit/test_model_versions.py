@@ -159,8 +159,11 @@ def test_each_kind_checks_its_typed_params_at_start() -> None:
     assert kinds.check(builtin_config("sim-llm")).name == "llm"
     with pytest.raises(ConfigError, match=r"params of llm model 'sim-llm': scheduler\.max_num_seqs"):
         kinds.check(builtin_config("sim-llm", params={"scheduler": {"max_num_seqs": 0}}))
-    odd = builtin_config("sim").model_copy(update={"kind": "search"})
+    odd = builtin_config("sim").model_copy(update={"kind": "vector"})
     with pytest.raises(
-        ConfigError, match=r"unknown model kind \"search\": use one of \['batch', 'llm', 'upstream'\]"
+        ConfigError,
+        match=r"unknown model kind \"vector\": use one of \['batch', 'llm', 'search', 'upstream'\]",
     ):
         kinds.check(odd)
+    with pytest.raises(ConfigError, match=r"params of search model 'docs': shards"):
+        kinds.check(builtin_config("search", name="docs").model_copy(update={"params": {"shards": 0}}))

@@ -261,6 +261,8 @@ def worker_row(stats: RuntimeStatistics, w: WorkerSnapshot, now: float, restarts
         row["inflight_batches"] = w.load
         row["latency_ms"] = round(1000 * d.latency_s, 1)
         row["ejection"] = _ejection(d.ejection, now)
+        row["credits"] = d.credits
+        row["batch_high_water"] = d.high_water
     return row
 
 

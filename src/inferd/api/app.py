@@ -11,7 +11,7 @@ from collections.abc import Awaitable, Callable
 from functools import partial
 from typing import Any
 
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST
 
 from inferd import __version__
 from inferd.api import completions as completion_routes
@@ -42,6 +42,7 @@ from inferd.api.middleware import (
 from inferd.api.oip_metadata import model_metadata
 from inferd.api.openapi import openapi_document
 from inferd.api.request_context import RequestContext
+from inferd.api.search_routes import add_search_routes
 from inferd.batching.dispatcher import ItemResult
 from inferd.batching.fairness import NO_TENANT, TenantShare
 from inferd.errors import BadRequest, ServingError
@@ -90,6 +91,7 @@ def create_app(server: InferenceServer) -> AsgiApp:
         lambda call: completion_routes.chat_completions(api, call.request),
         oai,
     )
+    add_search_routes(add, server)
     add("GET", "/metrics", api.metrics)
     add("GET", "/openapi.json", api.openapi)
     token = server.config.admin_token.get_secret_value() if server.config.admin_token else None
@@ -257,7 +259,7 @@ class Api:
         return openai_routes.list_models(names, self.server.started_at)
 
     async def metrics(self, call: Call) -> HttpResponse:
-        body = generate_latest(self.server.metrics.registry)
+        body = await self.server.metrics_text()
         return HttpResponse(body, content_type=CONTENT_TYPE_LATEST.encode())
 
     async def openapi(self, call: Call) -> HttpResponse:

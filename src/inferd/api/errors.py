@@ -6,6 +6,7 @@ import math
 
 from inferd.errors import (
     BadRequest,
+    Conflict,
     DeadlineExceeded,
     Forbidden,
     HeaderTooLarge,
@@ -28,6 +29,7 @@ _STATUS: list[tuple[type[ServingError], int, str]] = [
     (Unauthorized, 401, "unauthorized"),
     (Forbidden, 403, "forbidden"),
     (NotFound, 404, "not_found"),
+    (Conflict, 409, "conflict"),
     (RequestTimeout, 408, "request_timeout"),
     (PayloadTooLarge, 413, "too_large"),
     (UnsupportedMediaType, 415, "bad_request"),

@@ -11,6 +11,7 @@ from inferd import __version__
 from inferd.api.completions import ChatRequest, CompletionRequest
 from inferd.api.oip import InferRequest, InferResponse
 from inferd.api.openai import EmbeddingsRequest
+from inferd.api.search_openapi import search_paths
 
 _ERROR = {
     "type": "object",
@@ -148,6 +149,7 @@ def openapi_document() -> dict[str, Any]:
         }
         paths[base + "/ready"] = {"get": {"summary": "Model ready", "parameters": params, **model_health}}
         paths[base + "/infer"] = {"post": {**infer, "parameters": params}}
+    paths.update(search_paths(_responses))
     return {
         "openapi": "3.1.0",
         "info": {"title": "inferd", "version": __version__},

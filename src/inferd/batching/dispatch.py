@@ -16,6 +16,7 @@ import contextlib
 import itertools
 import logging
 
+from inferd.batching.credit_demand import report_demand
 from inferd.batching.delivery import fail
 from inferd.batching.mix import MixInput, MixPolicy
 from inferd.batching.policy import BatchPolicy, stage_time
@@ -45,6 +46,7 @@ class Dispatcher:
         wake = self.state.wake
         while True:
             wake_at = self.dispatch_due()
+            self.report_demand()
             wake.clear()
             if wake_at is None:
                 await wake.wait()
@@ -76,6 +78,13 @@ class Dispatcher:
             items, expired = self._cut_for(worker, decision.size, now)
             self._expire_cut(expired, now)
             self._send(worker, items, now)
+
+    def report_demand(self) -> None:
+        """Tell shared workers what is left queued, and give back slots this front end cannot use."""
+        queue = self.state.queue
+        oldest_at = queue.oldest_at()
+        age_s = 0.0 if oldest_at is None else self.state.clock.now() - oldest_at
+        report_demand(self.state.workers, len(queue) + len(self.state.isolation), age_s)
 
     def _cut_for(
         self, worker: WorkerConnection, size: int, now: float

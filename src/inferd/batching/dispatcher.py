@@ -330,6 +330,8 @@ class ModelRuntime:
     def on_message(self, worker: WorkerConnection, msg: p.Message) -> None:
         if isinstance(msg, p.BatchDone):
             self.on_batch_done(worker, msg)
+        elif isinstance(msg, p.Credit):  # the hub counted the slots: the dispatcher may use them
+            self._state.wake.set()
         else:
             log.warning(
                 "worker %s of model %s sent %s, which a batch model does not expect; ignored",
@@ -390,5 +392,7 @@ class ModelRuntime:
             inflight_batches=len(w.inflight),
             latency_s=self.balancer.latency_s(w.worker_id),
             ejection=self.ejection_status(w),
+            credits=w.credits,
+            high_water=w.high_water,
         )
         return WorkerSnapshot.of(w, len(w.inflight), detail)

@@ -53,3 +53,7 @@ class BatchWorkerDetail:
     latency_s: float
     """The balancer's latency EWMA for it (the fleet median while it has none)."""
     ejection: EjectionRecord
+    credits: int | None = None
+    """Batch slots the worker granted this front end and it has not used (None: no credits)."""
+    high_water: int = 0
+    """The most batches the worker held at once, from all its front ends (1 running + 1 staged: 2)."""

@@ -97,6 +97,14 @@ def serve(
         ),
     ] = None,
     model: Annotated[list[str] | None, typer.Option(help="Serve only this model (repeatable).")] = None,
+    frontends: Annotated[
+        int | None,
+        typer.Option(
+            help="Front-end processes sharing the HTTP port (SO_REUSEPORT) and the workers [default: 1]; "
+            "front end 0 runs the local workers, the admin API and the autoscaler. With --worker-port P, "
+            "front end i takes remote workers on P + i."
+        ),
+    ] = None,
     admin_port: Annotated[
         int | None,
         typer.Option(
@@ -198,6 +206,13 @@ def serve(
     worker_ssl_keyfile: Annotated[
         Path | None, typer.Option(help="PEM private key of --worker-ssl-certfile.")
     ] = None,
+    data_dir: Annotated[
+        Path | None,
+        typer.Option(
+            help="Where search indexes keep their data [default: $XDG_DATA_HOME/inferd or "
+            "~/.local/share/inferd]."
+        ),
+    ] = None,
     insecure: Annotated[
         bool,
         typer.Option(
@@ -224,6 +239,7 @@ def serve(
                 "port": port,
                 "model_repo": model_repo,
                 "workers": workers,
+                "frontends": frontends,
                 "models": tuple(model) if model else None,
                 "access_log": access_log,
                 "log_level": log_level,
@@ -244,10 +260,13 @@ def serve(
                 "max_connections_per_ip": max_connections_per_ip,
                 "admission_rate_per_s": admission_rate_per_s,
                 "observability": observe,
+                "data_dir": data_dir,
             },
         )
         if no_admin:
             cfg = cfg.model_copy(update={"admin_port": None})
+        if cfg.ray_address and cfg.frontends > 1:
+            raise ConfigError("--ray runs with one front end: drop --frontends (or set it to 1)")
         if cfg.ray_address and importlib.util.find_spec("ray") is None:
             raise ConfigError("--ray (ray_address) needs Ray: pip install 'inferd[ray]'")
         models = resolve_models(cfg)
@@ -262,82 +281,12 @@ def serve(
 
     secrets = [s.get_secret_value() for s in (cfg.join_token, cfg.admin_token) if s is not None]
     set_up_process(cfg.observability, cfg.log_level, "server", secrets)
-    run_server(cfg, models)
+    if cfg.frontends > 1:
+        from inferd.frontends.parent import run_frontends
 
-
-@app.command()
-def worker(
-    connect: Annotated[str, typer.Option(help="Router address HOST:PORT (its --worker-port).")],
-    model: Annotated[str, typer.Option(help="Name of the model this worker serves.")],
-    token: Annotated[
-        str | None, typer.Option(help="Join token; default: the INFERD_JOIN_TOKEN environment variable.")
-    ] = None,
-    worker_id: Annotated[str | None, typer.Option(help="Worker id (default: HOSTNAME-PID).")] = None,
-    model_repo: Annotated[
-        Path | None,
-        typer.Option(help="This host's copy of the model repository, for models served from one."),
-    ] = None,
-    model_version: Annotated[
-        int | None,
-        typer.Option(
-            help="The model version to serve when several are served side by side [default: the default one]."
-        ),
-    ] = None,
-    ca_file: Annotated[
-        Path | None,
-        typer.Option(
-            help="Join over TLS, verifying the router's certificate against this CA (PEM); the "
-            "certificate must name the --connect host as a subjectAltName."
-        ),
-    ] = None,
-    insecure: Annotated[
-        bool,
-        typer.Option(
-            "--insecure",
-            help="Allow plain TCP (the join token in the clear) to a router that is not on loopback; "
-            "the router needs --insecure too.",
-        ),
-    ] = False,
-    log_level: Annotated[str, typer.Option(help="DEBUG, INFO, WARNING or ERROR.")] = "INFO",
-    log_format: LogFormat = None,
-    trace_endpoint: TraceEndpoint = None,
-) -> None:
-    """Run one worker (one device) that joins a router over TCP and registers again whenever the
-    router restarts. Stop it with SIGTERM or Ctrl-C."""
-    import os
-    import socket
-
-    from inferd.worker.main import main as worker_main
-
-    join = token if token is not None else os.environ.get("INFERD_JOIN_TOKEN", "")
-    if not join:
-        typer.echo("error: no join token: pass --token or set INFERD_JOIN_TOKEN (the router's)", err=True)
-        raise typer.Exit(2)
-    args = [
-        "--connect",
-        connect,
-        "--model",
-        model,
-        "--token",
-        join,
-        "--reconnect",
-        "--log-level",
-        log_level,
-        "--worker-id",
-        worker_id or f"{socket.gethostname()}-{os.getpid()}",
-    ]
-    if model_repo is not None:
-        args += ["--model-repo", str(model_repo)]
-    if model_version is not None:
-        args += ["--model-version", str(model_version)]
-    if ca_file is not None:
-        args += ["--ca-file", str(ca_file)]
-    if insecure:
-        args.append("--insecure")
-    args += ["--log-format", log_format or "text"]
-    if trace_endpoint:
-        args += ["--trace-endpoint", trace_endpoint]
-    raise typer.Exit(worker_main(args))
+        run_frontends(cfg, models)
+    else:
+        run_server(cfg, models)
 
 
 def _register_tools() -> None:
@@ -346,14 +295,21 @@ def _register_tools() -> None:
     from inferd.cli.slo import slo_app
     from inferd.cli.status import status
     from inferd.cli.top import top
+    from inferd.cli.worker_cmd import worker
 
     app.command("status")(status)
+    app.command("worker")(worker)
     app.command("top")(top)
     app.command("drain")(drain)
     app.command("scale")(scale)
     app.command("update")(update)
     app.add_typer(keys_app, name="keys")
     app.add_typer(slo_app, name="slo")
+    from inferd.cli.search_cmds import bench_search, index_app, plan_app
+
+    app.add_typer(index_app, name="index")
+    app.add_typer(plan_app, name="plan")
+    app.command("bench-search")(bench_search)
 
 
 _register_tools()

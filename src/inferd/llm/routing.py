@@ -15,12 +15,17 @@ A plain object with an injected clock and no I/O; the LLMRuntime drives it.
   where load is live sequences and min_load is the least-loaded candidate's. The least-loaded worker
   is always within the cap, so affinity can skew load by at most the cap and never builds a hot spot.
 * Within the cap: the healthier worker wins (READY over PROBING), then the longest remembered prefix,
-  then the lower load, then fewer queued prompt tokens, then the order given. With all workers READY and
-  no prefix remembered anywhere this is plain least-loaded.
+  then the prompt's home worker, then the lower load, then fewer queued prompt tokens, then the order
+  given. With all workers READY and no full block in the prompt this is plain least-loaded.
+* The home worker of a prompt is the candidate that ranks first by rendezvous hashing of its first
+  block's name with the worker ids (`home`): computed, not remembered, so every front end of a server
+  (`--frontends N`, each with its own memory) sends prompts that share a first block to the same
+  worker, and a worker that leaves moves only its own prompts.
 """
 
 from __future__ import annotations
 
+import hashlib
 import math
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -87,6 +92,16 @@ class RoutingStatistics:
     """Requests no routable worker had room for."""
 
 
+def home(worker_ids: Sequence[str], block: BlockHash) -> str | None:
+    """Rendezvous hashing: the worker whose digest with the block's name is highest (the same in every
+    process: no salted hash())."""
+
+    def score(worker_id: str) -> bytes:
+        return hashlib.blake2b(block + b"\0" + worker_id.encode(), digest_size=8).digest()
+
+    return max(worker_ids, key=score, default=None)
+
+
 class PrefixAffinityRouter:
     def __init__(self, config: RoutingConfig, scheduler: SchedulerConfig, clock: Clock) -> None:
         self.config = config
@@ -135,8 +150,17 @@ class PrefixAffinityRouter:
         now = self.clock.now()
         scored = [(self._cached(w.worker_id, hashes, now), w) for w in candidates]
         within = [(n, i, w) for i, (n, w) in enumerate(scored) if w.live_seqs + 1 <= limit]
+        home_id = home([w.worker_id for _, _, w in within], hashes[0]) if hashes else None
         best_n, _, best = min(
-            within, key=lambda t: (-t[2].health, -t[0], t[2].live_seqs, t[2].waiting_prompt_tokens, t[1])
+            within,
+            key=lambda t: (
+                -t[2].health,
+                -t[0],
+                t[2].worker_id != home_id,
+                t[2].live_seqs,
+                t[2].waiting_prompt_tokens,
+                t[1],
+            ),
         )
         capped = any(n > best_n and w.live_seqs + 1 > limit for n, w in scored)
         self._count(best, best_n, capped, candidates)

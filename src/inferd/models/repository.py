@@ -24,7 +24,7 @@ from inferd.config import ConfigError, ModelConfig, describe_validation_error
 
 log = logging.getLogger("inferd.models")
 
-BUILTINS = ("sim", "minilm", "sim-llm", "smollm2", "llama-cpp", "openai-upstream")
+BUILTINS = ("sim", "minilm", "sim-llm", "smollm2", "llama-cpp", "openai-upstream", "search")
 
 
 def builtin_config(kind: str, name: str | None = None, **overrides: Any) -> ModelConfig:
@@ -44,6 +44,10 @@ def builtin_config(kind: str, name: str | None = None, **overrides: Any) -> Mode
         from inferd.models.llama_cpp import smollm2_config
 
         return smollm2_config(name=name or kind, **overrides)
+    if kind == "search":  # a search index: its [search] table holds the settings, no code
+        from inferd.search.config import search_config
+
+        return search_config(name, **overrides)
     if kind == "openai-upstream":  # reads the upstreams' API key from the variable params.api_key_env names
         from inferd.llm.upstream import openai_upstream_config
 
@@ -101,6 +105,8 @@ def load_model_folder(folder: Path, only: int | str | None = None) -> list[Model
     builtin = raw.pop("builtin", None)
     if builtin is None and raw.get("platform") == "openai_upstream":
         builtin = "openai-upstream"
+    if builtin is None and raw.get("kind") == "search":
+        builtin = "search"
     class_name = raw.pop("class", "Model")
     tables = raw.pop("versions", {})
     folders = {int(d.name): d for d in folder.iterdir() if d.is_dir() and _is_number(d.name)}

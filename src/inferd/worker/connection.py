@@ -26,7 +26,8 @@ class WorkerState(enum.Enum):
 WorkerState.TERMINAL = frozenset({WorkerState.DEAD})
 
 MAX_INFLIGHT = 2
-"""One batch running on the device and at most one staged behind it."""
+"""One batch running on the device and at most one staged behind it (a worker without credits: the
+front end assumes both slots are its own)."""
 
 
 def slot_of(worker_id: str) -> str:
@@ -66,6 +67,17 @@ class WorkerConnection:
     failure: str = ""
     """Why the front end is killing this worker ('hang', 'no heartbeat'); empty while healthy."""
     inflight: dict[int, Batch] = field(default_factory=dict)
+    credits: int | None = None
+    """Batches the worker granted and this front end has not sent yet (worker/credits.py); None: a
+    worker of an older inferd, which takes MAX_INFLIGHT batches from this front end."""
+    worker_idle: bool = True
+    """As the worker last said (Credit): nothing of any front end's runs on it."""
+    shared: bool = False
+    """The worker serves other front ends too: it grants on Demand, and slots unused go back."""
+    demand_sent: int = 0
+    """Queued items last reported to the worker (Demand) since the last batch sent there."""
+    high_water: int = 0
+    """The most batches the worker has held at once, from all its front ends (its heartbeat)."""
 
     @property
     def slot_id(self) -> str:
@@ -74,13 +86,35 @@ class WorkerConnection:
 
     @property
     def idle(self) -> bool:
-        return self.state is WorkerState.READY and not self.inflight
+        """A batch sent now would run at once."""
+        if self.state is not WorkerState.READY or self.inflight:
+            return False
+        return self.credits is None or (self.credits > 0 and (self.worker_idle or not self.shared))
 
     @property
     def stage_free(self) -> bool:
-        return self.state is WorkerState.READY and 0 < len(self.inflight) < MAX_INFLIGHT
+        """A batch sent now would be staged behind a running one."""
+        if self.state is not WorkerState.READY:
+            return False
+        if self.credits is None:
+            return 0 < len(self.inflight) < MAX_INFLIGHT
+        return self.credits > 0 and not self.idle
+
+    def on_credit(self, msg: p.Credit, now: float) -> None:
+        """The worker granted slots, or its state changed."""
+        if self.credits is None:
+            return
+        if self.worker_idle and not msg.idle and not self.inflight:
+            self.running_since = now  # another front end's batch started: staging times count from it
+        self.credits += msg.granted
+        self.worker_idle = msg.idle
+        self.shared = msg.shared
 
     def send_batch(self, batch: Batch) -> None:
+        if self.credits is not None:
+            self.credits -= 1
+            self.worker_idle = False
+            self.demand_sent = 0
         if not self.inflight:
             self.running_since = batch.sent_at
         self.inflight[batch.batch_id] = batch

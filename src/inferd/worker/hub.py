@@ -106,7 +106,13 @@ class WorkerHub:
             await writer.drain()
             return None, None
         conn = WorkerConnection(
-            hello.worker_id, hello.model, hello.pid, hello.host, writer, connected_at=self.clock.now()
+            hello.worker_id,
+            hello.model,
+            hello.pid,
+            hello.host,
+            writer,
+            connected_at=self.clock.now(),
+            credits=0 if hello.credits else None,
         )
         self.connections.add(conn)
         config_json = runtime.config.model_dump_json().encode()
@@ -117,6 +123,7 @@ class WorkerHub:
                     model_config_json=config_json,
                     heartbeat_s=HEARTBEAT_S,
                     silence_timeout_s=self.silence_timeout_s,
+                    credits=hello.credits,
                 )
             )
         )
@@ -162,6 +169,10 @@ class WorkerHub:
             msg = await p.read_message(reader)
             if isinstance(msg, p.Heartbeat):
                 conn.last_heartbeat = self.clock.now()
+                conn.high_water = msg.high_water
+            elif isinstance(msg, p.Credit):
+                conn.on_credit(msg, self.clock.now())
+                runtime.on_message(conn, msg)
             elif isinstance(msg, p.LoadFailed):
                 raise p.ConnectionClosed(f"worker failed: {msg.message}")
             else:

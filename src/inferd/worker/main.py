@@ -1,9 +1,12 @@
 """The worker process: owns one device, runs one model, one batch at a time.
 
     python -m inferd.worker.main --connect unix:/run/inferd.sock --model sim [--token T]
+    python -m inferd.worker.main --connect a:9000,b:9000 ...   (one worker shared by two front ends)
 
-Loop: receive -> run -> deliver, with a heartbeat beside it. A sync predict_batch runs in a thread so
-heartbeats and the next (staged) batch keep flowing while the device is busy.
+Per front end: join -> receive (batches, demand, sequences), with a heartbeat beside it. The device
+(worker/device.py) runs one batch at a time for all of them: run -> deliver; a sync predict_batch runs in
+a thread so heartbeats and the next (staged) batch keep flowing while the device is busy. The credit
+ledger (worker/credits.py) keeps the worker at 1 running + 1 staged batch whichever front ends sent them.
 """
 
 from __future__ import annotations
@@ -11,32 +14,27 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import inspect
 import logging
 import os
 import socket
 import ssl
 import sys
-import time
 import uuid
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import msgspec
 
 from inferd import tls
 from inferd.clock import MonotonicClock
-from inferd.config import ConfigError, ModelConfig
-from inferd.llm.engine import LLMEngine, new_scheduler, scheduler_config
-from inferd.llm.model import LLMModel
-from inferd.models.base import Model
-from inferd.models.loader import instantiate
+from inferd.config import ConfigError
+from inferd.llm.engine import LLMEngine
 from inferd.observability import tracing
 from inferd.observability.logging_setup import set_up_process
 from inferd.observability.settings import from_environment
 from inferd.worker import protocol as p
-from inferd.worker.connection import MAX_INFLIGHT
-from inferd.worker.outputs import OutputError, convert_outputs
+from inferd.worker.credits import CAP, CreditLedger
+from inferd.worker.device import Device
+from inferd.worker.fronts import FrontLink, SequenceOwners, give_up_when_silent, split_addresses
 
 log = logging.getLogger("inferd.worker")
 
@@ -57,61 +55,82 @@ class Worker:
         model_version: int = 0,
         tls_context: ssl.SSLContext | None = None,
     ) -> None:
-        self.address = address
+        self.addresses = split_addresses(address)
+        """The front ends this worker serves (one, or several sharing it)."""
         self.tls = tls_context
-        """Verifies the front end (TCP only); None: plain TCP, or a Unix socket."""
+        """Verifies the front ends (TCP only); None: plain TCP, or Unix sockets."""
         self.model_name = model
         self.model_version = model_version
         """The version to serve; 0: the model's default version."""
         self.token = token
         self.worker_id = worker_id
         self.reconnect = reconnect
-        self.model_repo = model_repo
         self.completed = 0
         self.running = 0
-        self.model: Model | None = None
-        self.config: ModelConfig | None = None
-        self._config_json = b""
-        self._batches: asyncio.Queue[p.RunBatch | None] = asyncio.Queue(maxsize=MAX_INFLIGHT + 1)
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="inferd-device")
-        self._writer: asyncio.StreamWriter | None = None
+        self.device = Device(worker_id, model_repo)
+        self.ledger = CreditLedger(MonotonicClock())
+        """The batch slots (1 running + 1 staged) granted to the front ends: the cap holds across them."""
+        self.links: dict[int, FrontLink] = {}
+        """Front ends joined and ready, by their place in --connect."""
+        self.owners = SequenceOwners(lambda: self.links)
+        self._batches: asyncio.Queue[tuple[FrontLink, p.RunBatch] | None] = asyncio.Queue(maxsize=CAP + 1)
         self._engine: LLMEngine | None = None
         """The continuous-batching engine, when the model is an LLM (instead of the batch loop)."""
+        self._draining = False
+        self._finished = asyncio.Event()
+        """The device has stopped (drained): every link ends."""
 
     async def run(self) -> int:
-        """Serve the front end. A local worker (a child of `inferd serve`) exits when its front end goes;
-        a remote one (`inferd worker`) reconnects and registers again, keeping its loaded model."""
+        """Serve the front ends. A local worker (a child of `inferd serve`) exits when its first front end
+        (the one that runs it) goes and rejoins the others when they restart; a remote one (`inferd
+        worker`) rejoins every front end that restarts, keeping its loaded model."""
+        async with asyncio.TaskGroup() as tg:
+            device = tg.create_task(self._run_device())
+            links = [
+                tg.create_task(self._link(i, a, self.reconnect or i > 0))
+                for i, a in enumerate(self.addresses)
+            ]
+            watched = links if self.reconnect else links[:1]
+            await asyncio.wait(watched, return_when=asyncio.ALL_COMPLETED)
+            outcome = "drained" if self._draining else watched[0].result()
+            for task in links:
+                task.cancel()
+            self._stop_device(finish=outcome == "drained")
+            if not self.device.loaded.is_set():
+                device.cancel()
+        return {"drained": 0, "lost": 0, "refused": 2, "load_failed": 3}[outcome]
+
+    async def _link(self, index: int, address: str, reconnect: bool) -> str:
+        """One front end: join it, serve it, and (with `reconnect`) join it again when it goes."""
         delay_s = 0.2
         while True:
             try:
-                outcome = await self._session()
+                outcome = await self._session(index, address)
             except ssl.SSLCertVerificationError as exc:  # retrying cannot fix it: the operator must
                 log.error(
                     "worker %s: the front end at %s is not trusted: %s; pass --ca-file with the CA that "
                     "signed its certificate, which must name the --connect host as a subjectAltName",
                     self.worker_id,
-                    self.address,
+                    address,
                     exc.verify_message or exc,
                 )
                 outcome = "refused"
             except (OSError, p.ConnectionClosed) as exc:
                 outcome = "lost"
-                log.warning(
-                    "worker %s: cannot reach the front end at %s: %s", self.worker_id, self.address, exc
-                )
-            if outcome in ("drained", "refused", "load_failed") or not self.reconnect:
-                return {"drained": 0, "lost": 0, "refused": 2, "load_failed": 3}[outcome]
+                log.warning("worker %s: cannot reach the front end at %s: %s", self.worker_id, address, exc)
+            if outcome in ("drained", "refused", "load_failed") or not reconnect or self._draining:
+                return outcome
             if outcome == "served":
                 delay_s = 0.2
             await asyncio.sleep(delay_s)
             delay_s = min(2.0, delay_s * 2)
 
-    async def _session(self) -> str:
-        """One connection: register, (re)load if needed, then receive -> run -> deliver until it ends."""
+    async def _session(self, index: int, address: str) -> str:
+        """One connection: register, (re)load if needed, then receive until it ends."""
         async with asyncio.timeout(JOIN_TIMEOUT_S):  # TimeoutError is an OSError: the attempt is "lost"
-            reader, writer = await p.open_connection(self.address, self.tls)
-            self._writer = writer
-            self._send(
+            reader, writer = await p.open_connection(address, self.tls)
+            link = FrontLink(index, address, writer)
+            link.send(
                 p.Hello(
                     worker_id=self.worker_id,
                     model=self.model_name,
@@ -119,200 +138,189 @@ class Worker:
                     host=socket.gethostname(),
                     token=self.token,
                     version=self.model_version,
+                    credits=True,
                 )
             )
             welcome = await p.read_message(reader)
-        if isinstance(welcome, p.Welcome):
+        try:
+            refusal = self._refusal(welcome)
+            if refusal:
+                log.error("worker %s and the front end at %s: %s", self.worker_id, address, refusal)
+                return "refused"
+            assert isinstance(welcome, p.Welcome)
             give_up_when_silent(writer, welcome.silence_timeout_s)
-        if not isinstance(welcome, p.Welcome) or not welcome.accepted:
-            reason = getattr(welcome, "reason", "unexpected reply")
-            log.error("front end refused worker %s: %s", self.worker_id, reason)
-            return "refused"
-        if welcome.model_config_json != self._config_json or self.model is None:
-            config = self._localize(ModelConfig(**msgspec.json.decode(welcome.model_config_json, type=dict)))
-            self.model = await self._load(config)
-            if self.model is None:
+            raw_config = msgspec.json.decode(welcome.model_config_json, type=dict)
+            if raw_config.get("kind") == "search":  # a shard replica (search/replica.py), not a model
+                from inferd.search.replica import serve_replica
+
+                return await serve_replica(
+                    self.worker_id, reader, writer, raw_config["version"], welcome.heartbeat_s
+                )
+            if not await self.device.ensure_loaded(link, welcome):
                 return "load_failed"
-            self._config_json = welcome.model_config_json
-        else:
-            assert self.config is not None
-            self._send(p.Ready(version=self.config.version, load_s=0.0, warmup_s=0.0))
-            log.info(
-                "worker %s registered again with %s (model already loaded)", self.worker_id, self.address
+            self._start_engine()
+            return await self._serve(link, reader, welcome)
+        finally:
+            link.close()
+
+    def _refusal(self, welcome: p.Message) -> str:
+        if not isinstance(welcome, p.Welcome) or not welcome.accepted:
+            return f"refused: {getattr(welcome, 'reason', 'unexpected reply')}"
+        if not welcome.credits and not self.ledger.accepts_legacy():
+            return (
+                "this front end (an older inferd) takes no batch credits, so it cannot share a worker "
+                "with other front ends; upgrade it, or give it workers of its own"
             )
-        self._batches = asyncio.Queue(maxsize=MAX_INFLIGHT + 1)  # the front end sends at most MAX_INFLIGHT
-        self._engine = self._new_engine()
-        async with asyncio.TaskGroup() as tg:
-            heartbeat = tg.create_task(self._heartbeat(welcome.heartbeat_s))
-            runner = tg.create_task(self._run_batches() if self._engine is None else self._run_engine())
-            receiving = tg.create_task(self._receive(reader))
-            await asyncio.wait({receiving, runner}, return_when=asyncio.FIRST_COMPLETED)
-            if receiving.done():
-                outcome = receiving.result()
-            else:  # an engine finished draining: nothing more to read
-                receiving.cancel()
-                outcome = "drained"
-            if outcome == "lost":  # nobody will read results of batches not started yet
-                while not self._batches.empty():
-                    self._batches.get_nowait()
-            await self._batches.put(None)
-            if self._engine is not None:
-                self._engine.stop(finish_running=outcome == "drained")
-            await runner
-            heartbeat.cancel()
-        writer.close()
+        return ""
+
+    async def _serve(self, link: FrontLink, reader: asyncio.StreamReader, welcome: p.Welcome) -> str:
+        link.credits = welcome.credits
+        self.ledger.join(link.index, legacy=not welcome.credits)
+        self.links[link.index] = link
+        self._grant()
+        outcome = "lost"
+        try:
+            async with asyncio.TaskGroup() as tg:
+                heartbeat = tg.create_task(self._heartbeat(link, welcome.heartbeat_s))
+                receiving = tg.create_task(self._receive(link, reader))
+                finished = tg.create_task(self._finished.wait())
+                await asyncio.wait({receiving, finished}, return_when=asyncio.FIRST_COMPLETED)
+                outcome = receiving.result() if receiving.done() else "drained"
+                if outcome == "drained":  # deliver what the device holds first
+                    await self._finished.wait()
+                for task in (heartbeat, receiving, finished):
+                    task.cancel()
+        finally:
+            self._detach(link)
+        await link.flush()
         return outcome
 
-    def _localize(self, config: ModelConfig) -> ModelConfig:
-        """A model file path from another host's repository, mapped into this worker's --model-repo."""
-        target, _, cls = config.implementation.rpartition(":")
-        if not target.endswith(".py") or Path(target).is_file() or self.model_repo is None:
-            return config
-        local = self.model_repo / config.name / str(config.version) / "model.py"
-        return config.model_copy(update={"implementation": f"{local}:{cls}"})
+    def _detach(self, link: FrontLink) -> None:
+        """The link ended: its unused slots come back; batches it sent that have not started are dropped
+        (nobody reads their results), its LLM sequences aborted."""
+        self.links.pop(link.index, None)
+        self.ledger.leave(link.index)
+        link.closed = True
+        if self._engine is not None:
+            for abort in self.owners.release(link.index):
+                self._engine.submit(abort)
+        self._grant()
 
-    async def _load(self, config: ModelConfig) -> Model | None:
-        loop = asyncio.get_running_loop()
-        t0 = time.perf_counter()
-        try:
-            model = instantiate(config)
-            await loop.run_in_executor(self._executor, model.load)
-            t1 = time.perf_counter()
-            warm = model.warmup_inputs()
-            if warm:
-                result = await self._predict(model, warm)
-                convert_outputs(config, result, len(warm))
-        except Exception as exc:  # a model that fails to load is reported, not crashed on
-            log.exception("model %s failed to load", config.name)
-            self._send(p.LoadFailed(message=f"{type(exc).__name__}: {exc}"))
-            await self._flush()
-            return None
-        t2 = time.perf_counter()
-        self.config = config
-        self._send(p.Ready(version=config.version, load_s=t1 - t0, warmup_s=t2 - t1))
-        log.info(
-            "worker %s ready: model %s v%d loaded in %.2fs, warm-up %.3fs",
-            self.worker_id,
-            config.name,
-            config.version,
-            t1 - t0,
-            t2 - t1,
-        )
-        return model
-
-    async def _receive(self, reader: asyncio.StreamReader) -> str:
+    async def _receive(self, link: FrontLink, reader: asyncio.StreamReader) -> str:
         while True:
             try:
                 msg = await p.read_message(reader)
             except p.ConnectionClosed:
-                log.info("worker %s: the front end closed the connection", self.worker_id)
+                log.info("worker %s: the front end at %s closed the connection", self.worker_id, link.address)
                 return "lost"
             if isinstance(msg, p.RunBatch):
-                await self._batches.put(msg)
+                self.ledger.received(link.index)
+                self._grant()
+                await self._batches.put((link, msg))
+            elif isinstance(msg, p.Demand):
+                self.ledger.report(link.index, msg.queued, msg.oldest_age_s, msg.returned)
+                self._grant()
             elif isinstance(msg, p.Drain):
                 log.info("worker %s draining", self.worker_id)
+                self._draining = True
+                self._stop_device(finish=True)
                 if self._engine is None:
-                    return "drained"
-                self._engine.stop(finish_running=True)  # reading on: aborts of the sequences it finishes
+                    return "drained"  # reading on for an engine: aborts of the sequences it finishes
             elif isinstance(msg, (p.AddSequence, p.AbortSequence)) and self._engine is not None:
-                self._engine.submit(msg)
+                self._engine.submit(self.owners.inbound(link, msg))
+
+    def _grant(self) -> None:
+        """Hand out free batch slots, and tell front ends holding slots when the worker's state changed."""
+        if self._draining or self._engine is not None:  # an LLM engine batches continuously: no slots
+            return
+        grants = self.ledger.grant()
+        state = (self.ledger.idle, self.ledger.shared)
+        for index, link in self.links.items():
+            if not link.credits:
+                continue
+            granted = grants.get(index, 0)
+            holds = self.ledger.outstanding(index) > 0
+            if granted or (link.told != state and (holds or link.told is None or link.told[1] != state[1])):
+                link.send(p.Credit(granted, *state))
+                link.told = state
+
+    # ---- the device: one batch at a time, or the LLM engine ---------------------------------------------
+    def _start_engine(self) -> None:
+        if self._engine is None:
+            self._engine = self.device.new_engine(self.owners)
+
+    async def _run_device(self) -> None:
+        await self.device.loaded.wait()
+        self._start_engine()
+        if self._engine is not None:
+            await self._engine.run()
+            await self.owners.flush()
+        else:
+            await self._run_batches()
+        self._finished.set()
 
     async def _run_batches(self) -> None:
-        while (batch := await self._batches.get()) is not None:
-            self.running = 1
-            with tracing.compute(batch.traceparent, batch.batch_id, len(batch.items), self.worker_id):
-                done = await self._run_one(batch)
-            self.running = 0
-            self.completed += 1
-            self._send(done)
-            await self._flush()
+        while (entry := await self._batches.get()) is not None:
+            link, batch = entry
+            if not link.closed:
+                self.running = 1
+                with tracing.compute(batch.traceparent, batch.batch_id, len(batch.items), self.worker_id):
+                    done = await self.device.run_one(batch)
+                self.running = 0
+                self.completed += 1
+                link.send(done)
+            self.ledger.finished()
+            self._grant()
+            await link.flush()
 
-    async def _run_one(self, batch: p.RunBatch) -> p.BatchDone:
-        start = time.perf_counter()
-        assert self.model is not None and self.config is not None
-        try:
-            outputs = await self._predict(self.model, batch.items)
-            converted, errors = convert_outputs(self.config, outputs, len(batch.items))
-        except OutputError as exc:
-            return p.BatchDone(
-                batch.batch_id, time.perf_counter() - start, batch_error=("ModelOutputError", str(exc))
-            )
-        except Exception as exc:  # the model raised: its callers get a ModelError naming it
-            message = f"model '{self.config.name}' raised {type(exc).__name__}: {exc}"
-            log.warning("batch %d failed: %s", batch.batch_id, message)
-            return p.BatchDone(
-                batch.batch_id, time.perf_counter() - start, batch_error=("ModelError", message)
-            )
-        item_errors = {i: ("ModelError", m) for i, m in errors.items()}
-        return p.BatchDone(
-            batch.batch_id, time.perf_counter() - start, outputs=converted, item_errors=item_errors
-        )
+    def _stop_device(self, finish: bool) -> None:
+        """Drained: finish what the device holds. Lost: drop what has not started."""
+        if self._engine is not None:
+            self._engine.stop(finish_running=finish)
+            return
+        if not finish:
+            while not self._batches.empty():
+                self._batches.get_nowait()
+        with contextlib.suppress(asyncio.QueueFull):
+            self._batches.put_nowait(None)
 
-    # ---- LLM models: the engine loop instead of the batch loop ----------------------------------------
-    def _new_engine(self) -> LLMEngine | None:
-        if not isinstance(self.model, LLMModel):
-            return None
-        assert self.config is not None
-        scheduler = new_scheduler(scheduler_config(self.config.params), MonotonicClock())
-        return LLMEngine(self.model, scheduler, self._send, self._flush, self._executor)
-
-    async def _run_engine(self) -> None:
-        assert self._engine is not None
-        await self._engine.run()
-        await self._flush()
-
-    async def _predict(self, model: Model, items: list) -> object:
-        if inspect.iscoroutinefunction(model.predict_batch):
-            return await model.predict_batch(items)
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._executor, model.predict_batch, items)
-
-    async def _heartbeat(self, interval_s: float) -> None:
+    async def _heartbeat(self, link: FrontLink, interval_s: float) -> None:
         while True:
             await asyncio.sleep(interval_s)
-            self._send(p.Heartbeat(running=self.running, completed_batches=self.completed))
-            await self._flush()
-
-    def _send(self, msg: p.Message) -> None:
-        assert self._writer is not None
-        if not self._writer.is_closing():
-            self._writer.write(p.encode_frame(msg))
-
-    async def _flush(self) -> None:
-        assert self._writer is not None
-        with contextlib.suppress(OSError):  # a reset, or unacknowledged too long: _receive sees it too
-            await self._writer.drain()
-
-
-def give_up_when_silent(writer: asyncio.StreamWriter, timeout_s: float) -> None:
-    """Over TCP, let the kernel end the connection when what we send (heartbeats, every second) stays
-    unacknowledged for the front end's own heartbeat timeout: a partitioned worker then finds out when
-    the front end gives it up, and rejoins as soon as the network heals."""
-    sock = writer.get_extra_info("socket")
-    option = getattr(socket, "TCP_USER_TIMEOUT", None)
-    if timeout_s <= 0 or sock is None or option is None or sock.family == socket.AF_UNIX:
-        return
-    sock.setsockopt(socket.IPPROTO_TCP, option, int(timeout_s * 1000))
+            link.send(
+                p.Heartbeat(
+                    running=self.running,
+                    completed_batches=self.completed,
+                    high_water=self.ledger.high_water,
+                )
+            )
+            await link.flush()
 
 
 def transport(address: str, ca_file: Path | None, ca_pem: str, insecure: bool) -> ssl.SSLContext | None:
-    """How the worker reaches its front end: a Unix socket, TLS verified against the CA, or plain TCP
-    (loopback, or --insecure); ConfigError naming the fix otherwise."""
+    """How the worker reaches its front ends (`address`: one, or a comma list): Unix sockets, TLS
+    verified against the CA, or plain TCP (loopback, or --insecure); ConfigError naming the fix otherwise."""
     try:
-        kind, target = p.parse_address(address)
+        targets = [p.parse_address(a) for a in split_addresses(address)]
     except ValueError as exc:
         raise ConfigError(f"--connect: {exc}") from None
-    if kind == "unix":
+    tcp = [(a, t) for a, (kind, t) in zip(split_addresses(address), targets, strict=True) if kind == "tcp"]
+    if not tcp:
         return None
     context = tls.client_context(ca_file, ca_pem) if ca_file is not None or ca_pem else None
-    assert isinstance(target, tuple)
-    tls.check_worker_transport(address, target[0], tls=context is not None, insecure=insecure)
+    for a, target in tcp:
+        assert isinstance(target, tuple)
+        tls.check_worker_transport(a, target[0], tls=context is not None, insecure=insecure)
     return context
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="inferd-worker", description="Run one inferd worker (one device).")
-    parser.add_argument("--connect", required=True, help="front end address: unix:/path or HOST:PORT")
+    parser.add_argument(
+        "--connect",
+        required=True,
+        help="front end address: unix:/path or HOST:PORT; several, comma-separated, share the worker",
+    )
     parser.add_argument("--model", required=True, help="name of the model this worker serves")
     parser.add_argument("--token", default="", help="join token, if the front end requires one")
     parser.add_argument("--worker-id", default="", help="worker id (default: random)")

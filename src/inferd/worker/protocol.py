@@ -5,6 +5,13 @@ One frame per batch, never per request. numpy arrays travel as MessagePack ext t
 
 Sequence: worker connects -> Hello -> front end answers Welcome (with the model config) -> worker loads
 and warms up -> Ready -> RunBatch / BatchDone, Heartbeat every heartbeat_s -> Drain or Stop.
+
+Credits (a worker shared by several front ends): when both Hello.credits and Welcome.credits are set,
+the worker grants batch slots (Credit) and the front end sends a RunBatch only against one, reporting
+what it has queued (Demand). Negotiated by those two fields, not by PROTOCOL_VERSION: a peer of an
+older inferd leaves them False and the connection runs as before (the front end may hold two batches
+on the worker); a worker joined to several front ends refuses such a front end (it could not keep its
+cap).
 """
 
 from __future__ import annotations
@@ -20,7 +27,8 @@ import numpy as np
 PROTOCOL_VERSION = 3
 """Bumped whenever a message changes shape; a worker of another protocol is refused at Hello, with the
 reason (both sides must run the same inferd version). 2: Hello.version (versions side by side).
-3: AddSequence.weight (tenants' shares of LLM admissions)."""
+3: AddSequence.weight (tenants' shares of LLM admissions); search shard replicas (ShardAssign,
+ShardCall, ShardReply; the other messages are unchanged)."""
 MAX_FRAME_BYTES = 512 * 1024 * 1024
 MAX_HELLO_BYTES = 64 * 1024
 """Largest first frame (Hello) of a connection: a peer is not trusted with large frames before its token."""
@@ -38,6 +46,9 @@ class Hello(msgspec.Struct, tag="hello"):
     protocol: int = PROTOCOL_VERSION
     version: int = 0
     """The model version this worker serves; 0: the model's default version."""
+    credits: bool = False
+    """The worker grants batch slots (Credit): its cap of 1 running + 1 staged batch holds across all
+    the front ends it serves."""
 
 
 class Welcome(msgspec.Struct, tag="welcome"):
@@ -50,6 +61,8 @@ class Welcome(msgspec.Struct, tag="welcome"):
     over TCP gives up on a connection whose data stays unacknowledged this long (TCP_USER_TIMEOUT):
     after a partition heals it then reconnects at once, instead of waiting out TCP's retransmission
     backoff (up to two minutes) on a connection the front end has already closed."""
+    credits: bool = False
+    """The front end sends batches only against the worker's Credit grants (when Hello.credits)."""
 
 
 class Ready(msgspec.Struct, tag="ready"):
@@ -83,6 +96,8 @@ class BatchDone(msgspec.Struct, tag="done"):
 class Heartbeat(msgspec.Struct, tag="hb"):
     running: int
     completed_batches: int
+    high_water: int = 0
+    """The most batches the worker has held at once (running + staged, from all its front ends)."""
 
 
 class Drain(msgspec.Struct, tag="drain"):
@@ -156,6 +171,63 @@ class StepDeltas(msgspec.Struct, tag="llm_step"):
     """Sequences the step admitted (left the waiting queue): the front end's admission counts them off."""
 
 
+# ---- search shard replicas (models of kind "search"): one ShardAssign, then ShardCall / ShardReply
+
+
+class ShardAssign(msgspec.Struct, tag="shard_assign"):
+    """Serve this shard: load its snapshot from `snapshot_dir` if there is one (else start empty), then
+    answer ShardReply(call_id=0) with the seq it holds; the front end ships the log from there."""
+
+    shard: int
+    settings: bytes
+    """The index settings (IndexSettings as MessagePack)."""
+    snapshot_dir: str
+
+
+class ShardCall(msgspec.Struct, tag="shard_call"):
+    """One operation on the replica's shard, run in arrival order: "apply" (body: log entries),
+    "search" (body: a ShardQuery), "get" (body: a document id), "snapshot" (write one to snapshot_dir)."""
+
+    call_id: int
+    op: str
+    body: bytes = b""
+
+
+class ShardReply(msgspec.Struct, tag="shard_reply"):
+    call_id: int
+    """The call answered; 0: the answer to ShardAssign."""
+    applied_seq: int
+    documents: int
+    body: bytes = b""
+    """The op's result as MessagePack (a ShardResult, a Document or None, the snapshot's seq)."""
+    error: tuple[str, str] | None = None
+    """(code, message) when the op failed."""
+
+
+# ---- Credits: a worker's batch slots, granted to the front ends it serves (Hello/Welcome.credits)
+
+
+class Credit(msgspec.Struct, tag="credit"):
+    """Worker -> front end: `granted` more batches the front end may send now (each one of the worker's
+    slots: 1 running + 1 staged, across all its front ends); 0 only updates the state below."""
+
+    granted: int
+    idle: bool
+    """Nothing runs on the worker now: a batch sent runs at once (else it is staged)."""
+    shared: bool
+    """Other front ends use the worker too: slots are granted on Demand, and a front end gives back
+    those it cannot use at once (a worker serving one front end grants it every free slot)."""
+
+
+class Demand(msgspec.Struct, tag="demand"):
+    """Front end -> worker: what it has queued for the model (the worker grants free slots to the
+    front end whose oldest item has waited longest), and slots it gives back unused."""
+
+    queued: int
+    oldest_age_s: float = 0.0
+    returned: int = 0
+
+
 Message = (
     Hello
     | Welcome
@@ -168,6 +240,11 @@ Message = (
     | AddSequence
     | AbortSequence
     | StepDeltas
+    | ShardAssign
+    | ShardCall
+    | ShardReply
+    | Credit
+    | Demand
 )
 
 

@@ -1,0 +1,125 @@
+"""Front ends: does splitting the arrivals over two front-end processes shrink the batches?
+
+Starts `inferd serve --frontends N` itself for N = 1 and N = 2, with only `sim` (base_ms = 20,
+per_item_ms = 0.2, max_batch_size = 64) on --workers workers (2), and offers the same open-loop load to
+each (`inferd bench --rate R`, new connections spread over the front ends by SO_REUSEPORT). Reads the
+mean batch size from the server's /metrics (`inferd_batch_size`, summed over the `frontend` label)
+before and after the measured window, so only its batches count.
+
+The claim: at the same load, the mean batch size with 2 front ends stays >= 80% of one front end's
+(each worker grants its staged slot to the front end whose oldest item has waited longest, so each
+front end's batch carries what arrived while the other's ran).
+
+    python benchmarks/frontends.py [--rate 1500] [--duration 10] [--warmup 2]
+
+Exits 1 when an answer was misrouted or duplicated, 2 when a server could not be started.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import subprocess
+import sys
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+from harness import OUT_DIR, InferdServer, ServerNotReady, cell, inferd_command, interrupt_on, write_json
+
+CONFIG = """\
+[models.sim]
+max_batch_size = 64
+max_queue_size = 512
+
+[models.sim.params]
+base_ms = 20.0
+per_item_ms = 0.2
+"""
+
+
+def batch_totals(url: str) -> tuple[float, float]:
+    """(batches, items) cut so far, over every front end."""
+    with urllib.request.urlopen(f"{url}/metrics", timeout=10) as r:
+        text = r.read().decode()
+    count = total = 0.0
+    for line in text.splitlines():
+        if line.startswith("inferd_batch_size_count{"):
+            count += float(line.rpartition(" ")[2])
+        elif line.startswith("inferd_batch_size_sum{"):
+            total += float(line.rpartition(" ")[2])
+    return count, total
+
+
+def bench(url: str, args: argparse.Namespace) -> dict[str, Any]:
+    cmd = inferd_command(
+        "bench", "--url", url, "--rate", str(args.rate), "--duration", str(args.duration),
+        "--warmup", str(args.warmup), "--timeout-ms", "5000", "--connections", "256",
+        "--seed", "7", "--json",
+    )  # fmt: skip
+    proc = subprocess.run(cmd, capture_output=True, timeout=args.warmup + args.duration + 60, check=False)
+    if not proc.stdout.strip():
+        raise RuntimeError(f"bench printed nothing: {proc.stderr.decode()[-2000:]}")
+    return json.loads(proc.stdout)
+
+
+def run(frontends: int, args: argparse.Namespace, log_path: Path) -> dict[str, Any]:
+    server = InferdServer(
+        "--model", "sim", "--no-admin", "--log-level", "WARNING", "--workers", str(args.workers),
+        "--frontends", str(frontends), name=f"frontends_{frontends}", config=CONFIG, log_path=log_path,
+    )  # fmt: skip
+    with server:
+        before = batch_totals(server.url)
+        report = bench(server.url, args)
+        after = batch_totals(server.url)
+    batches, items = after[0] - before[0], after[1] - before[1]
+    m = report["measured"]
+    return {
+        "frontends": frontends,
+        "offered_rps": m["offered_rps"],
+        "achieved_rps": m["achieved_rps"],
+        "ok": m["ok"],
+        "errors": {k: v for k, v in m["errors"].items() if v},
+        "latency_ms": m["latency_ms"],
+        "batches": batches,
+        "mean_batch_size": items / batches if batches else None,
+        "mismatched": report["mismatched_total"],
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    parser.add_argument("--rate", type=float, default=1500.0, help="offered req/s, the same for both runs")
+    parser.add_argument("--duration", type=float, default=10.0, help="seconds of each measured window")
+    parser.add_argument("--warmup", type=float, default=2.0, help="seconds of load before it")
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--json-out", type=Path, default=OUT_DIR / "frontends.json")
+    args = parser.parse_args()
+    interrupt_on(signal.SIGTERM)
+    log_path = args.json_out.with_name("frontends_server.log")
+    runs = []
+    for n in (1, 2):
+        try:
+            runs.append(run(n, args, log_path))
+        except ServerNotReady as exc:
+            print(f"error: {exc}")
+            return 2
+    print("| front ends | offered req/s | ok req/s | errors | p50 ms | p99 ms | batches | mean batch size |")
+    print("|---:|---:|---:|---|---:|---:|---:|---:|")
+    for r in runs:
+        lat = r["latency_ms"]
+        print(
+            f"| {r['frontends']} | {cell(r['offered_rps'], 0)} | {cell(r['achieved_rps'])} | "
+            f"{r['errors'] or '-'} | {cell(lat.get('p50'))} | {cell(lat.get('p99'))} | "
+            f"{r['batches']:,.0f} | {cell(r['mean_batch_size'], 1)} |"
+        )
+    one, two = runs[0]["mean_batch_size"], runs[1]["mean_batch_size"]
+    ratio = two / one if one and two else None
+    print(f"\nmean batch size, 2 front ends / 1: {cell(ratio, 2)} (claim: >= 0.80)")
+    write_json(args.json_out, {"runs": runs, "ratio": ratio, "args": vars(args) | {"json_out": ""}})
+    return 1 if any(r["mismatched"] for r in runs) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,150 @@
+"""The search API (JSON): indexes, their documents, and search. Each handler reads top to bottom:
+parse -> the index's service (search/service.py) or administration (search/indexes.py) -> encode.
+
+    PUT    /v1/indexes/{name}                  create, or verify the settings (201 / 200 / 409)
+    GET    /v1/indexes                         every index
+    GET    /v1/indexes/{name}                  documents, shards, replicas, applied_seq per shard, ...
+    DELETE /v1/indexes/{name}
+    POST   /v1/indexes/{name}/documents        {"documents": [{id, text, title, fields}]} -> {"seq": [...]}
+    GET    /v1/indexes/{name}/documents/{id}
+    DELETE /v1/indexes/{name}/documents/{id}
+    POST   /v1/indexes/{name}/search           {"query", "k", "mode", "filter", "timeout_ms"}
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import msgspec
+
+from inferd.api.asgi import HttpRequest, HttpResponse
+from inferd.api.http import check_content_type, json_response, read_body
+from inferd.api.middleware import Call
+from inferd.errors import BadRequest
+from inferd.gateway.auth import allowed_models, check_model, tenant_of
+from inferd.search.config import parse_params
+from inferd.search.indexes import IndexAdmin
+from inferd.search.requests import json_object, parse_documents, parse_search
+from inferd.search.store import IndexStore
+
+Add = Callable[[str, str, Callable[[Call], Awaitable[Any]]], None]
+_json = msgspec.json.Encoder()
+GET_TIMEOUT_S = 5.0
+
+
+def add_search_routes(add: Add, server: Any) -> None:
+    routes = SearchRoutes(server)
+    add("PUT", "/v1/indexes/{name}", routes.put_index)
+    add("GET", "/v1/indexes", routes.list_indexes)
+    add("GET", "/v1/indexes/{name}", routes.get_index)
+    add("DELETE", "/v1/indexes/{name}", routes.delete_index)
+    add("POST", "/v1/indexes/{name}/documents", routes.post_documents)
+    add("GET", "/v1/indexes/{name}/documents/{id}", routes.get_document)
+    add("DELETE", "/v1/indexes/{name}/documents/{id}", routes.delete_document)
+    add("POST", "/v1/indexes/{name}/search", routes.search)
+
+
+class SearchRoutes:
+    def __init__(self, server: Any) -> None:
+        self.server = server
+        self.admin = IndexAdmin(server, IndexStore(server.config.data_dir))
+        self.max_body = server.config.max_body_bytes
+
+    def index(self, call: Call) -> Any:
+        """The index the path names (404 when unknown; 403 outside the caller's tenant)."""
+        name = call.request.path_params["name"]
+        check_model(tenant_of(call), name, lambda: self.server.registry.names("search"))
+        rt = self.admin.find(name)
+        call.runtime = rt
+        return rt
+
+    async def body(self, request: HttpRequest) -> bytes:
+        check_content_type(request, ("application/json", ""))
+        return await read_body(request, self.max_body)
+
+    # ---- indexes -------------------------------------------------------------------------------------
+    async def put_index(self, call: Call) -> HttpResponse:
+        name = call.request.path_params["name"]
+        check_model(tenant_of(call), name, lambda: [name])  # a tenant creates only names it may use
+        raw = json_object(await self.body(call.request), "index settings")
+        params = parse_params(raw.get("settings", raw), f"settings of index {name!r}")
+        if not _valid_name(name):
+            raise BadRequest(f"index name {name!r}: use 1-64 letters, digits, '_', '.' or '-'")
+        created = await self.admin.create(name, params)
+        call.runtime = self.server.registry.get(name)
+        return _answer(describe(call.runtime), 201 if created else 200)
+
+    async def list_indexes(self, call: Call) -> HttpResponse:
+        names = allowed_models(tenant_of(call), self.server.registry.names("search"))
+        return _answer({"indexes": [describe(self.server.registry.get(n)) for n in names]})
+
+    async def get_index(self, call: Call) -> HttpResponse:
+        return _answer(describe(self.index(call)))
+
+    async def delete_index(self, call: Call) -> HttpResponse:
+        rt = self.index(call)
+        await self.admin.delete(rt.name)
+        return _answer({"deleted": rt.name})
+
+    # ---- documents -----------------------------------------------------------------------------------
+    async def post_documents(self, call: Call) -> HttpResponse:
+        rt = self.index(call)
+        docs = parse_documents(await self.body(call.request), rt.params.fields)
+        seq = await rt.index.upsert(docs)
+        return _answer({"seq": seq, "documents": len(docs)})
+
+    async def get_document(self, call: Call) -> HttpResponse:
+        rt = self.index(call)
+        doc = await rt.index.get(call.request.path_params["id"], rt.clock.now() + GET_TIMEOUT_S)
+        return _answer({"id": doc.id, "text": doc.text, "title": doc.title, "fields": doc.fields})
+
+    async def delete_document(self, call: Call) -> HttpResponse:
+        rt = self.index(call)
+        doc_id = call.request.path_params["id"]
+        await rt.index.get(doc_id, rt.clock.now() + GET_TIMEOUT_S)  # 404 when there is none
+        return _answer({"seq": await rt.index.delete(doc_id), "deleted": doc_id})
+
+    # ---- search --------------------------------------------------------------------------------------
+    async def search(self, call: Call) -> HttpResponse:
+        rt = self.index(call)
+        req = parse_search(await self.body(call.request), rt.params.fields, rt.params.shards)
+        return _answer(await rt.index.search(req))
+
+
+def describe(rt: Any) -> dict[str, Any]:
+    """An index as GET /v1/indexes/{name} shows it."""
+    stats = rt.statistics().detail
+    shards = stats.shards
+    return {
+        "name": rt.name,
+        "ready": rt.ready,
+        "documents": sum(s.documents for s in shards),
+        "shards": rt.params.shards,
+        "replicas": rt.params.replicas,
+        "applied_seq": [s.applied_seq for s in shards],
+        "seq": [s.durable_seq for s in shards],
+        "serving_replicas": [s.serving for s in shards],
+        "workers": [
+            [
+                {"worker": r.worker_id, "pid": r.pid, "phase": r.phase, "applied_seq": r.applied_seq}
+                for r in s.replicas
+            ]
+            for s in shards
+        ],
+        "embedder": {"model": rt.params.embedder, "state": stats.service.embedder},
+        "settings": rt.params.model_dump(),
+    }
+
+
+def _answer(body: dict[str, Any], status: int = 200) -> HttpResponse:
+    return json_response(_json.encode(body), status)
+
+
+def _valid_name(name: str) -> bool:
+    return (
+        0 < len(name) <= 64
+        and name[0].isalnum()
+        and all(c.isalnum() or c in "_.-" for c in name)
+        and name.isascii()
+    )

@@ -1,0 +1,153 @@
+"""`inferd index load`, `inferd bench-search` and `inferd plan search`: search through the HTTP API."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+index_app = typer.Typer(no_args_is_help=True, help="Search indexes: load documents.")
+plan_app = typer.Typer(no_args_is_help=True, help="Capacity plans from saved benchmark profiles.")
+
+Url = Annotated[str, typer.Option(help="Base URL of the server's HTTP API.")]
+
+
+def _call(url: str, method: str, body: Any, timeout_s: float = 300.0) -> tuple[int, Any]:
+    if not url.startswith(("http://", "https://")):
+        raise typer.BadParameter(f"--url must be an http:// or https:// address, got {url!r}")
+    data = json.dumps(body).encode()
+    req = urllib.request.Request(url, data=data, method=method, headers={"content-type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout_s) as r:  # nosec B310  # http(s) only: checked above
+            return r.status, json.loads(r.read() or b"null")
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read() or b"null")
+    except OSError as exc:
+        typer.echo(f"error: cannot reach {url}: {exc}", err=True)
+        raise typer.Exit(1) from None
+
+
+@index_app.command("load")
+def load(
+    name: Annotated[str, typer.Argument(help="The index.")],
+    file: Annotated[Path, typer.Argument(help="Documents, one JSON object a line: id, text, title, fields.")],
+    url: Url = "http://127.0.0.1:8000",
+    batch: Annotated[int, typer.Option(help="Documents per request (at most 1000).")] = 256,
+    create: Annotated[
+        str | None,
+        typer.Option(help="Create the index first with these settings (JSON, e.g. '{\"shards\": 2}')."),
+    ] = None,
+) -> None:
+    """Load a JSON-lines file of documents into an index, with a progress bar."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeRemainingColumn
+
+    from inferd.search.bench import read_jsonl
+
+    base = f"{url.rstrip('/')}/v1/indexes/{name}"
+    if create is not None:
+        status, answer = _call(base, "PUT", json.loads(create))
+        if status not in (200, 201):
+            typer.echo(f"error: creating index {name}: {status} {answer}", err=True)
+            raise typer.Exit(1)
+    docs = [
+        {k: d[k] for k in ("id", "text", "title", "fields") if d.get(k) is not None} | {"id": str(d["id"])}
+        for d in read_jsonl(file)
+    ]
+    seq: list[int] = []
+    with Progress(
+        *Progress.get_default_columns()[:1], BarColumn(), MofNCompleteColumn(), TimeRemainingColumn()
+    ) as bar:
+        task = bar.add_task(f"loading {name}", total=len(docs))
+        for i in range(0, len(docs), batch):
+            status, answer = _call(f"{base}/documents", "POST", {"documents": docs[i : i + batch]})
+            if status != 200:
+                typer.echo(f"error: batch at line {i + 1}: {status} {answer}", err=True)
+                raise typer.Exit(1)
+            seq = answer["seq"]
+            bar.advance(task, len(docs[i : i + batch]))
+    typer.echo(json.dumps({"index": name, "documents": len(docs), "seq": seq}))
+
+
+def bench_search(
+    index: Annotated[str, typer.Argument(help="The index to search.")],
+    url: Url = "http://127.0.0.1:8000",
+    queries: Annotated[Path | None, typer.Option(help="Queries, JSON lines {id, text}.")] = None,
+    qrels: Annotated[
+        Path | None, typer.Option(help="Judgements, JSON lines {query_id, doc_id, relevance}.")
+    ] = None,
+    collection: Annotated[
+        Path | None, typer.Option(help="A judged collection folder (its queries.jsonl and qrels.jsonl).")
+    ] = None,
+    rate: Annotated[float, typer.Option(help="Searches per second (Poisson arrivals).")] = 50.0,
+    duration_s: Annotated[float, typer.Option(help="Seconds of load.")] = 10.0,
+    k: Annotated[int, typer.Option(help="Hits per search under load.")] = 10,
+    mode: Annotated[str, typer.Option(help="hybrid, lexical or dense.")] = "hybrid",
+    timeout_ms: Annotated[float, typer.Option(help="Each search's timeout_ms.")] = 1000.0,
+    kill_at_s: Annotated[
+        float | None, typer.Option(help="SIGKILL a replica of shard 0 at this second.")
+    ] = None,
+    slow_at_s: Annotated[
+        float | None, typer.Option(help="SIGSTOP a replica of shard 0 at this second.")
+    ] = None,
+    slow_s: Annotated[float, typer.Option(help="How long the stopped replica stays stopped.")] = 2.0,
+    out: Annotated[
+        Path | None, typer.Option(help="Save the report (the profile `inferd plan search` reads).")
+    ] = None,
+) -> None:
+    """Open-loop load and quality (nDCG@10, Recall@100) through the search API; HDR latencies."""
+    from inferd.search.bench import BenchSpec, read_qrels, read_queries, run_bench
+
+    if collection is not None:
+        queries, qrels = collection / "queries.jsonl", collection / "qrels.jsonl"
+    if queries is None:
+        typer.echo("error: give --queries FILE (or --collection DIR)", err=True)
+        raise typer.Exit(2)
+    spec = BenchSpec(
+        url,
+        index,
+        read_queries(queries),
+        read_qrels(qrels) if qrels is not None else {},
+        rate=rate,
+        duration_s=duration_s,
+        k=k,
+        mode=mode,
+        timeout_ms=timeout_ms,
+        kill_at_s=kill_at_s,
+        slow_at_s=slow_at_s,
+        slow_s=slow_s,
+    )
+    report = asyncio.run(run_bench(spec)).to_json()
+    if out is not None:
+        out.write_text(report)
+    typer.echo(report)
+
+
+@plan_app.command("search")
+def plan_search_cmd(
+    profile: Annotated[Path, typer.Option(help="A saved `inferd bench-search --out` report.")],
+    docs: Annotated[float, typer.Option(help="Documents to hold, e.g. 1e9.")] = 1e9,
+    qps: Annotated[float, typer.Option(help="Searches per second to serve, e.g. 1e6.")] = 1e6,
+    dim: Annotated[int, typer.Option(help="Vector length.")] = 384,
+    recall: Annotated[float, typer.Option(help="Wanted HNSW recall@10 against exact search.")] = 0.95,
+    shard_memory_gib: Annotated[float, typer.Option(help="Memory of one replica process.")] = 64.0,
+    text_bytes: Annotated[int, typer.Option(help="Stored text and postings per document.")] = 1024,
+) -> None:
+    """Shards, replicas and memory for a search workload (the arithmetic: docs/search-capacity.md)."""
+    from inferd.search.plan import load_profile, plan_search
+
+    plan = plan_search(
+        load_profile(profile),
+        docs,
+        qps,
+        dim,
+        recall,
+        shard_memory_gib=shard_memory_gib,
+        text_bytes=text_bytes,
+        profile_name=str(profile),
+    )
+    typer.echo(plan.table())

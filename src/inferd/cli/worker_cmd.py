@@ -1,0 +1,84 @@
+"""`inferd worker`: one worker process that joins a router (or several front ends) over TCP."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from inferd.cli.observability_flags import LogFormat, TraceEndpoint
+
+
+def worker(
+    connect: Annotated[str, typer.Option(help="Router address HOST:PORT (its --worker-port).")],
+    model: Annotated[str, typer.Option(help="Name of the model this worker serves.")],
+    token: Annotated[
+        str | None, typer.Option(help="Join token; default: the INFERD_JOIN_TOKEN environment variable.")
+    ] = None,
+    worker_id: Annotated[str | None, typer.Option(help="Worker id (default: HOSTNAME-PID).")] = None,
+    model_repo: Annotated[
+        Path | None,
+        typer.Option(help="This host's copy of the model repository, for models served from one."),
+    ] = None,
+    model_version: Annotated[
+        int | None,
+        typer.Option(
+            help="The model version to serve when several are served side by side [default: the default one]."
+        ),
+    ] = None,
+    ca_file: Annotated[
+        Path | None,
+        typer.Option(
+            help="Join over TLS, verifying the router's certificate against this CA (PEM); the "
+            "certificate must name the --connect host as a subjectAltName."
+        ),
+    ] = None,
+    insecure: Annotated[
+        bool,
+        typer.Option(
+            "--insecure",
+            help="Allow plain TCP (the join token in the clear) to a router that is not on loopback; "
+            "the router needs --insecure too.",
+        ),
+    ] = False,
+    log_level: Annotated[str, typer.Option(help="DEBUG, INFO, WARNING or ERROR.")] = "INFO",
+    log_format: LogFormat = None,
+    trace_endpoint: TraceEndpoint = None,
+) -> None:
+    """Run one worker (one device) that joins a router over TCP and registers again whenever the
+    router restarts. Stop it with SIGTERM or Ctrl-C."""
+    import os
+    import socket
+
+    from inferd.worker.main import main as worker_main
+
+    join = token if token is not None else os.environ.get("INFERD_JOIN_TOKEN", "")
+    if not join:
+        typer.echo("error: no join token: pass --token or set INFERD_JOIN_TOKEN (the router's)", err=True)
+        raise typer.Exit(2)
+    args = [
+        "--connect",
+        connect,
+        "--model",
+        model,
+        "--token",
+        join,
+        "--reconnect",
+        "--log-level",
+        log_level,
+        "--worker-id",
+        worker_id or f"{socket.gethostname()}-{os.getpid()}",
+    ]
+    if model_repo is not None:
+        args += ["--model-repo", str(model_repo)]
+    if model_version is not None:
+        args += ["--model-version", str(model_version)]
+    if ca_file is not None:
+        args += ["--ca-file", str(ca_file)]
+    if insecure:
+        args.append("--insecure")
+    args += ["--log-format", log_format or "text"]
+    if trace_endpoint:
+        args += ["--trace-endpoint", trace_endpoint]
+    raise typer.Exit(worker_main(args))

@@ -1,0 +1,1 @@
+"""More than one front-end process: `inferd serve --frontends N` (plan, parent, child, merged metrics)."""

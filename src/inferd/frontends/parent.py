@@ -1,0 +1,135 @@
+"""`inferd serve --frontends N`: a small parent process runs N front ends on one port and restarts any
+that dies.
+
+* Each front end is a process of its own (forked) with its own event loop, its own listening socket
+  bound with SO_REUSEPORT to the same address (the kernel spreads new connections over them), and its
+  own worker socket; the local workers join every front end (`--connect` lists them all).
+* Front end 0 is the owner: it runs the local workers (supervisor), the admin API, the autoscaler and
+  rolling updates. The others serve requests only.
+* A front end that dies takes only its own connections (and their requests) with it; the parent starts
+  it again and the workers rejoin it. When the owner dies its workers exit with it, and the new owner
+  starts new ones.
+* SIGTERM, SIGINT and SIGHUP go to every front end; the parent exits once they all have.
+
+The parent holds a socket bound to the port (never listening) so that the port stays the server's
+while a front end restarts, and so that port 0 names one free port for all of them.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import os
+import secrets
+import shutil
+import signal
+import socket
+import tempfile
+import time
+from multiprocessing.process import BaseProcess
+from types import FrameType
+
+from inferd.config import ModelConfig, ServerConfig
+from inferd.frontends.plan import FrontendPlan
+
+log = logging.getLogger("inferd.frontends")
+
+RESTART_DELAY_S = 0.5
+"""How long the parent waits before starting a front end that died again."""
+
+
+def reuseport_socket(host: str, port: int) -> socket.socket:
+    """A TCP socket bound to (host, port) with SO_REUSEPORT: every front end binds one, and the kernel
+    spreads new connections over those listening."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    sock.bind((host, port))
+    return sock
+
+
+def frontend_config(cfg: ServerConfig, index: int) -> ServerConfig:
+    """Front end `index`'s settings: only the owner serves the admin API; each one's worker port (for
+    workers on other hosts) is the configured one + its index."""
+    if index == 0:
+        return cfg
+    worker_port = None if cfg.worker_port is None else cfg.worker_port + index
+    return cfg.model_copy(update={"admin_port": None, "worker_port": worker_port})
+
+
+class Frontends:
+    def __init__(self, cfg: ServerConfig, models: list[ModelConfig]) -> None:
+        self.socket_dir = tempfile.mkdtemp(prefix="inferd-")
+        self.plan = FrontendPlan(0, cfg.frontends, self.socket_dir, secrets.token_hex(16))
+        self.holder = reuseport_socket(cfg.host, cfg.port)
+        self.cfg = cfg.model_copy(update={"port": self.holder.getsockname()[1]})
+        self.models = models
+        self.context = multiprocessing.get_context("fork")
+        self.procs: dict[int, BaseProcess] = {}
+        self.stopping = False
+
+    def run(self) -> int:
+        log.info("%d front ends on %s:%d (owner: front end 0)", self.plan.count, self.cfg.host, self.cfg.port)
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            signal.signal(sig, self._forward)
+        try:
+            for index in range(self.plan.count):
+                self._start(index)
+            self._watch()
+        finally:
+            shutil.rmtree(self.socket_dir, ignore_errors=True)
+            self.holder.close()
+        return 0
+
+    def _start(self, index: int) -> None:
+        proc = self.context.Process(
+            target=_serve, args=(self.cfg, self.models, self.plan.at(index), self.holder), daemon=False
+        )
+        proc.start()
+        self.procs[index] = proc
+        log.info("front end %d started (pid %s)", index, proc.pid)
+
+    def _watch(self) -> None:
+        died_at: dict[int, float] = {}
+        while self.procs:
+            time.sleep(0.1)
+            for index, proc in list(self.procs.items()):
+                if proc.is_alive():
+                    continue
+                del self.procs[index]
+                if self.stopping:
+                    continue
+                log.warning(
+                    "front end %d (pid %s) exited with %s; starting it again", index, proc.pid, proc.exitcode
+                )
+                now = time.monotonic()
+                if now - died_at.get(index, -RESTART_DELAY_S * 10) < RESTART_DELAY_S * 10:
+                    time.sleep(RESTART_DELAY_S)  # dying over and over: do not spin
+                died_at[index] = now
+                self._start(index)
+
+    def _forward(self, sig: int, frame: FrameType | None) -> None:
+        if sig != signal.SIGHUP:
+            self.stopping = True
+        for proc in self.procs.values():
+            if proc.pid is not None and proc.is_alive():
+                os.kill(proc.pid, sig)
+
+
+def _serve(cfg: ServerConfig, models: list[ModelConfig], plan: FrontendPlan, holder: socket.socket) -> None:
+    """A front end's process: its own socket on the shared port, then the server as with one."""
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_DFL)
+    holder.close()
+    from inferd.runner import serve_frontend
+
+    sock = reuseport_socket(cfg.host, cfg.port)
+    serve_frontend(frontend_config(cfg, plan.index), models, plan, sock)
+
+
+def run_frontends(cfg: ServerConfig, models: list[ModelConfig]) -> int:
+    from inferd.runner import log_config
+
+    log_config(cfg, models)
+    return Frontends(cfg, models).run()

@@ -1,0 +1,20 @@
+"""When one of several front ends starts listening."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Callable
+
+
+async def await_ready(ready: Callable[[], bool], timeout_s: float, poll_s: float = 0.02) -> None:
+    """Return once `ready()` (every model has a ready worker) or after `timeout_s`.
+
+    A front end among several listens only then (uvicorn awaits the lifespan's startup before it
+    listens): the kernel sends a listener on the shared port its share of new connections at once, and
+    a front end with no worker yet (a restarted one: workers rejoin it within a backoff step) would
+    refuse them all with 503."""
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(timeout_s):
+            while not ready():  # noqa: ASYNC110 - readiness is computed from several runtimes: polled
+                await asyncio.sleep(poll_s)

@@ -1,0 +1,188 @@
+"""`inferd bench-search`: quality and open-loop load against a running server's search API.
+
+1. Quality (when qrels are given): every judged query once, k = 100, closed loop; nDCG@10 and Recall@100
+   of the answers (search/quality.py's metrics).
+2. Load: Poisson arrivals at `rate` for `duration_s`, fixed before the run (a slow server does not slow
+   the sender: latency counts from the intended send time); queries drawn from the file in order.
+   Latencies go to an HDR histogram; every answer's status, coverage and degraded flags are counted.
+3. Faults (local servers): at `kill_at_s` one replica of shard 0 is SIGKILLed; at `slow_at_s` one is
+   stopped (SIGSTOP) for `slow_s` seconds, then resumed.
+
+The report is JSON; saved with --out it is the profile `inferd plan search` reads.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import time
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import numpy as np
+from hdrh.histogram import HdrHistogram
+
+from inferd.search.quality import Qrels, ndcg_at, recall_at
+
+
+@dataclass(frozen=True)
+class BenchSpec:
+    url: str
+    index: str
+    queries: list[tuple[str, str]]
+    qrels: Qrels
+    rate: float = 50.0
+    duration_s: float = 10.0
+    k: int = 10
+    mode: str = "hybrid"
+    timeout_ms: float = 1000.0
+    seed: int = 0
+    kill_at_s: float | None = None
+    slow_at_s: float | None = None
+    slow_s: float = 2.0
+
+
+@dataclass
+class BenchReport:
+    index: str
+    mode: str
+    rate: float
+    duration_s: float
+    sent: int = 0
+    statuses: dict[str, int] = field(default_factory=dict)
+    partial: int = 0
+    degraded: int = 0
+    latency_ms: dict[str, float] = field(default_factory=dict)
+    achieved_qps: float = 0.0
+    quality: dict[str, float] = field(default_factory=dict)
+    faults: list[str] = field(default_factory=list)
+    index_state: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=2, sort_keys=True)
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    with open(path, encoding="utf-8") as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def read_queries(path: Path) -> list[tuple[str, str]]:
+    return [(str(q["id"]), q["text"]) for q in read_jsonl(path)]
+
+
+def read_qrels(path: Path) -> Qrels:
+    qrels: Qrels = {}
+    for j in read_jsonl(path):
+        qrels.setdefault(str(j["query_id"]), {})[str(j["doc_id"])] = int(j["relevance"])
+    return qrels
+
+
+async def run_bench(spec: BenchSpec) -> BenchReport:
+    report = BenchReport(spec.index, spec.mode, spec.rate, spec.duration_s)
+    base = f"{spec.url.rstrip('/')}/v1/indexes/{spec.index}"
+    timeout = aiohttp.ClientTimeout(total=spec.timeout_ms / 1000 + 30)
+    async with aiohttp.ClientSession(timeout=timeout) as http:
+        await until_applied(http, base)
+        if spec.qrels:
+            report.quality = await quality(http, base, spec)
+        await load(http, base, spec, report)
+        async with http.get(base) as r:
+            report.index_state = await r.json()
+    return report
+
+
+async def until_applied(http: aiohttp.ClientSession, base: str, timeout_s: float = 600.0) -> None:
+    """Until every shard's replicas applied its whole log (measure the index, not a replica catching up)."""
+    async with asyncio.timeout(timeout_s):
+        while True:
+            async with http.get(base) as r:
+                state = await r.json()
+            if r.status != 200:
+                raise RuntimeError(f"index state: {r.status} {state}")
+            if state["applied_seq"] == state["seq"]:
+                return
+            await asyncio.sleep(0.5)
+
+
+async def quality(http: aiohttp.ClientSession, base: str, spec: BenchSpec) -> dict[str, float]:
+    """nDCG@10 and Recall@100 over the judged queries (relevance <= 0 is not relevant)."""
+    judged = [(q, text) for q, text in spec.queries if any(r > 0 for r in spec.qrels.get(q, {}).values())]
+    ndcg, recall = [], []
+    for qid, text in judged:
+        body = {"query": text[:4096], "k": 100, "mode": spec.mode, "timeout_ms": max(spec.timeout_ms, 5000)}
+        async with http.post(f"{base}/search", json=body) as r:
+            answer = await r.json()
+        ranked = [h["id"] for h in answer.get("hits", [])]
+        ndcg.append(ndcg_at(ranked, spec.qrels[qid], 10))
+        recall.append(recall_at(ranked, spec.qrels[qid], 100))
+    n = len(judged)
+    return {"queries": n, "ndcg@10": sum(ndcg) / n if n else 0.0, "recall@100": sum(recall) / n if n else 0.0}
+
+
+async def load(http: aiohttp.ClientSession, base: str, spec: BenchSpec, report: BenchReport) -> None:
+    rng = np.random.default_rng(spec.seed)
+    count = max(1, int(spec.rate * spec.duration_s))
+    offsets = np.cumsum(rng.exponential(1 / spec.rate, size=count))
+    histogram = HdrHistogram(1, 120_000_000, 3)
+    statuses: Counter[str] = Counter()
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+
+    async def one(i: int, at: float) -> None:
+        text = spec.queries[i % len(spec.queries)][1][:4096]
+        body = {"query": text, "k": spec.k, "mode": spec.mode, "timeout_ms": spec.timeout_ms}
+        try:
+            async with http.post(f"{base}/search", json=body) as r:
+                answer = await r.json()
+                statuses[str(r.status)] += 1
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            statuses[type(exc).__name__] += 1
+            return
+        histogram.record_value(max(1, int((loop.time() - at) * 1e6)))
+        coverage = answer.get("coverage", {})
+        report.partial += coverage.get("answered", 0) < coverage.get("shards", 0)
+        report.degraded += bool(answer.get("degraded"))
+
+    async with asyncio.TaskGroup() as tg:
+        tg.create_task(faults(base, spec, report, http))
+        for i, offset in enumerate(offsets):
+            at = start + float(offset)
+            await asyncio.sleep(max(0.0, at - loop.time()))
+            tg.create_task(one(i, at))
+    elapsed = loop.time() - start
+    report.sent = count
+    report.statuses = dict(statuses)
+    report.achieved_qps = round(histogram.get_total_count() / elapsed, 2) if elapsed > 0 else 0.0
+    report.latency_ms = {
+        f"p{p:g}": histogram.get_value_at_percentile(p) / 1000 for p in (50, 90, 99, 99.9)
+    } | {"max": histogram.get_max_value() / 1000}
+
+
+async def faults(base: str, spec: BenchSpec, report: BenchReport, http: aiohttp.ClientSession) -> None:
+    """Kill, or stop for a while, one replica of shard 0 (a local server's worker process)."""
+    t0 = time.monotonic()
+    for at, how in sorted(
+        [(spec.kill_at_s, "kill"), (spec.slow_at_s, "slow")], key=lambda x: x[0] if x[0] is not None else 0
+    ):
+        if at is None:
+            continue
+        await asyncio.sleep(max(0.0, at - (time.monotonic() - t0)))
+        async with http.get(base) as r:
+            workers = (await r.json())["workers"][0]
+        if not workers:
+            report.faults.append(f"{how}: shard 0 has no replica")
+            continue
+        pid = workers[0]["pid"]
+        if how == "kill":
+            os.kill(pid, signal.SIGKILL)
+        else:
+            os.kill(pid, signal.SIGSTOP)
+            await asyncio.sleep(spec.slow_s)
+            os.kill(pid, signal.SIGCONT)
+        report.faults.append(f"{how} replica {workers[0]['worker']} (pid {pid}) at {at:.1f}s")

@@ -1,0 +1,101 @@
+"""Creating and deleting search indexes while the server runs (PUT and DELETE /v1/indexes/{name}).
+
+PUT is create-or-verify: a new name is created (its settings saved in data_dir first, so it is served
+again after a restart; then its runtime and its shards x replicas workers start); an existing index with
+the same settings answers as it is; one with other settings is a Conflict naming them. DELETE retires
+the workers, stops the runtime and removes the index's data. An index declared in the model repository
+is deleted there, not through the API.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any, Protocol
+
+from inferd.config import ModelConfig
+from inferd.errors import Conflict, NotFound
+from inferd.runtime.contract import Runtime
+from inferd.runtime.registry import ModelRegistry
+from inferd.search.config import SearchParams, index_config, params_of
+from inferd.search.store import SETTINGS_FILE, IndexStore
+
+log = logging.getLogger("inferd.search")
+
+READY_WAIT_S = 30.0
+"""How long PUT waits for a new index's replicas (each shard's first) before it answers."""
+
+
+class Server(Protocol):
+    """What index administration needs of the composition root (server.py)."""
+
+    registry: ModelRegistry
+    supervisor: Any
+
+    def add_version(self, config: ModelConfig) -> Runtime: ...
+
+    def remove_version(self, name: str, version: int) -> None: ...
+
+
+class IndexAdmin:
+    def __init__(self, server: Server, store: IndexStore) -> None:
+        self.server = server
+        self.store = store
+        self._lock = asyncio.Lock()
+
+    def find(self, name: str) -> Any:
+        """The search runtime serving index `name`; NotFound naming the indexes there are."""
+        registry = self.server.registry
+        if name not in registry or registry.get(name).kind != "search":
+            raise NotFound(f"no index {name!r}; indexes: {registry.names('search')}")
+        return registry.get(name)
+
+    async def create(self, name: str, params: SearchParams) -> bool:
+        """True when created, False when it exists with these settings; Conflict otherwise."""
+        async with self._lock:
+            registry = self.server.registry
+            if name in registry:
+                rt = registry.get(name)
+                if rt.kind != "search":
+                    raise Conflict(f"{name!r} is a {rt.kind} model, not an index: pick another name")
+                have = params_of(rt.config)
+                if have != params:
+                    diff = {
+                        k: {"have": v, "asked": getattr(params, k)}
+                        for k, v in have.model_dump().items()
+                        if v != getattr(params, k)
+                    }
+                    raise Conflict(f"index {name!r} exists with other settings: {diff}")
+                return False
+            config = index_config(name, params)
+            self.store.save(name, params)  # first: a crash from here on serves it again at start
+            rt = self.server.add_version(config)
+            self.server.supervisor.add(name, config.workers, None)
+            log.info("index %s created: %s", name, params.model_dump())
+        await self._until_ready(rt)
+        return True
+
+    @staticmethod
+    async def _until_ready(rt: Runtime) -> None:
+        """Until every shard has a serving replica (bounded: the answer then says ready: false)."""
+        try:
+            async with asyncio.timeout(READY_WAIT_S):
+                while not rt.ready:
+                    await rt.membership_changed()
+        except TimeoutError:
+            log.warning("index %s is not ready %.0f s after its creation", rt.name, READY_WAIT_S)
+
+    async def delete(self, name: str) -> None:
+        async with self._lock:
+            rt = self.find(name)
+            if not (self.store.folder(name) / SETTINGS_FILE).is_file():
+                raise Conflict(
+                    f"index {name!r} is declared in the model repository: remove its folder there instead"
+                )
+            supervisor = self.server.supervisor
+            for slot in supervisor.live_slots(name):
+                supervisor.retire(slot)
+                supervisor.kill(slot.incarnation)
+            self.server.remove_version(name, rt.version)
+            self.store.remove(name)
+            log.info("index %s deleted", name)

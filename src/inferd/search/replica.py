@@ -1,0 +1,158 @@
+"""The worker side of a search model: one process holds one replica of one shard (a ShardIndex).
+
+worker/main.py hands the connection here when its model's kind is "search". The front end assigns a
+shard (ShardAssign): the replica loads the shard's latest snapshot, if any, and says which seq it holds;
+the front end then ships the log entries after it, in seq order (ShardCall "apply"), and sends searches,
+gets and snapshot orders the same way. Calls run one at a time, in arrival order, on one thread: a
+search sees every entry shipped before it, and heartbeats keep flowing while the shard works.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from inferd.errors import ServingError
+from inferd.search import wire
+from inferd.search.shard import ShardIndex
+from inferd.search.types import IndexSettings
+from inferd.worker import protocol as p
+
+log = logging.getLogger("inferd.search.replica")
+
+MAX_QUEUED_CALLS = 256
+"""Calls read ahead of the one running; past it the socket is not read (the front end bounds its own)."""
+
+
+class Replica:
+    def __init__(self, worker_id: str, writer: asyncio.StreamWriter) -> None:
+        self.worker_id = worker_id
+        self.writer = writer
+        self.index: ShardIndex | None = None
+        self.shard = -1
+        self.snapshot_dir: Path | None = None
+        self.completed = 0
+        self._calls: asyncio.Queue[p.ShardAssign | p.ShardCall | None] = asyncio.Queue(MAX_QUEUED_CALLS)
+        self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="inferd-shard")
+
+    async def serve(self, reader: asyncio.StreamReader, version: int, heartbeat_s: float) -> str:
+        """Until the front end drains us ("drained") or goes away ("lost")."""
+        self._send(p.Ready(version=version, load_s=0.0, warmup_s=0.0))
+        try:
+            async with asyncio.TaskGroup() as tg:
+                beat = tg.create_task(self._heartbeat(heartbeat_s))
+                runner = tg.create_task(self._run())
+                outcome = await self._receive(reader)
+                await self._calls.put(None)
+                await runner
+                beat.cancel()
+        finally:
+            self._thread.shutdown(wait=False, cancel_futures=True)
+        return outcome
+
+    async def _receive(self, reader: asyncio.StreamReader) -> str:
+        while True:
+            try:
+                msg = await p.read_message(reader)
+            except p.ConnectionClosed:
+                return "lost"
+            if isinstance(msg, p.Drain):
+                return "drained"
+            if isinstance(msg, (p.ShardAssign, p.ShardCall)):
+                await self._calls.put(msg)
+
+    async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
+        while (msg := await self._calls.get()) is not None:
+            if isinstance(msg, p.ShardAssign):
+                reply = await loop.run_in_executor(self._thread, self._assign, msg)
+            else:
+                reply = await loop.run_in_executor(self._thread, self._call, msg)
+            self.completed += 1
+            self._send(reply)
+            with contextlib.suppress(OSError):
+                await self.writer.drain()
+
+    # ---- on the shard's thread ---------------------------------------------------------------------------
+    def _assign(self, msg: p.ShardAssign) -> p.ShardReply:
+        settings: IndexSettings = wire.settings(msg.settings)
+        self.shard, self.snapshot_dir = msg.shard, Path(msg.snapshot_dir)
+        t0 = time.perf_counter()
+        try:
+            self.index = ShardIndex.load(self.snapshot_dir, settings)
+            how = "from its snapshot"
+        except (FileNotFoundError, ServingError) as exc:  # none yet, or unusable: the log rebuilds it
+            if self.snapshot_dir.exists():
+                log.warning("shard %d snapshot at %s not used: %s", msg.shard, self.snapshot_dir, exc)
+            self.index = ShardIndex(settings)
+            how = "empty"
+        log.info(
+            "replica %s serves shard %d, %s at seq %d (%d documents) in %.2fs",
+            self.worker_id,
+            msg.shard,
+            how,
+            self.index.applied_seq,
+            self.index.documents,
+            time.perf_counter() - t0,
+        )
+        return self._reply(0)
+
+    def _call(self, msg: p.ShardCall) -> p.ShardReply:
+        if self.index is None:
+            return self._reply(msg.call_id, error=("Internal", "no shard assigned yet"))
+        try:
+            if msg.op == "apply":
+                for entry in wire.entries(msg.body):
+                    self.index.apply(entry)
+                return self._reply(msg.call_id)
+            if msg.op == "search":
+                return self._reply(msg.call_id, wire.encode(self.index.search(wire.query(msg.body))))
+            if msg.op == "get":
+                return self._reply(msg.call_id, wire.encode(self.index.get(wire.text(msg.body))))
+            if msg.op == "snapshot" and self.snapshot_dir is not None:
+                seq = self.index.applied_seq
+                self.index.save(self.snapshot_dir)
+                return self._reply(msg.call_id, wire.encode(seq))
+            return self._reply(msg.call_id, error=("BadRequest", f"unknown shard op {msg.op!r}"))
+        except ServingError as exc:
+            return self._reply(msg.call_id, error=(exc.code, exc.message))
+        except Exception as exc:  # a failing op is reported to its caller, never crashes the replica
+            log.exception("shard %d op %s failed", self.shard, msg.op)
+            return self._reply(msg.call_id, error=("Internal", f"{type(exc).__name__}: {exc}"))
+
+    def _reply(self, call_id: int, body: bytes = b"", error: tuple[str, str] | None = None) -> p.ShardReply:
+        index = self.index
+        return p.ShardReply(
+            call_id,
+            applied_seq=index.applied_seq if index else 0,
+            documents=index.documents if index else 0,
+            body=body,
+            error=error,
+        )
+
+    # ---- the connection ------------------------------------------------------------------------------
+    async def _heartbeat(self, interval_s: float) -> None:
+        while True:
+            await asyncio.sleep(interval_s)
+            self._send(p.Heartbeat(running=int(not self._calls.empty()), completed_batches=self.completed))
+            with contextlib.suppress(OSError):
+                await self.writer.drain()
+
+    def _send(self, msg: p.Message) -> None:
+        if not self.writer.is_closing():
+            self.writer.write(p.encode_frame(msg))
+
+
+async def serve_replica(
+    worker_id: str,
+    reader: asyncio.StreamReader,
+    writer: asyncio.StreamWriter,
+    version: int,
+    heartbeat_s: float,
+) -> str:
+    """worker/main.py's entry for a search model's worker: serve one connection, return its outcome."""
+    return await Replica(worker_id, writer).serve(reader, version, heartbeat_s)

@@ -1,0 +1,98 @@
+"""The front end's view of a search index's replicas: which shard each serves, how far it has applied
+the shard's log, what it holds in flight; and the choice of a replica for a read (power of two choices
+on load among the fresh ones). Plain objects, no I/O."""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import random
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from inferd.worker.connection import WorkerConnection, WorkerState
+
+
+class ReplicaPhase(enum.Enum):
+    ASSIGNING = "assigning"
+    """Told its shard; loading the snapshot."""
+    SERVING = "serving"
+    """Applying the log as it is shipped, answering reads."""
+    GONE = "gone"
+
+    TERMINAL: frozenset[ReplicaPhase]
+
+
+ReplicaPhase.TERMINAL = frozenset({ReplicaPhase.GONE})
+
+
+@dataclass(eq=False)
+class Replica:
+    conn: WorkerConnection
+    shard: int
+    phase: ReplicaPhase = ReplicaPhase.ASSIGNING
+    applied_seq: int = 0
+    """The last seq it has applied (from its replies)."""
+    shipped_seq: int = 0
+    """The last seq sent to it (applied once its apply call answers)."""
+    documents: int = 0
+    pending: dict[int, asyncio.Future] = field(default_factory=dict)
+    """Calls sent and not answered yet (call id -> the caller's future)."""
+    reads: int = 0
+
+    @property
+    def worker_id(self) -> str:
+        return self.conn.worker_id
+
+    @property
+    def readable(self) -> bool:
+        return self.phase is ReplicaPhase.SERVING and self.conn.state is WorkerState.READY
+
+    @property
+    def load(self) -> int:
+        return len(self.pending)
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaSnapshot:
+    worker_id: str
+    pid: int
+    shard: int
+    phase: str
+    applied_seq: int
+    documents: int
+    in_flight: int
+
+
+def least_served_shard(shards: int, replicas: Iterable[Replica]) -> int:
+    """The shard a joining replica should serve: the one with the fewest live replicas (lowest first)."""
+    counts = [0] * shards
+    for r in replicas:
+        if r.phase is not ReplicaPhase.GONE:
+            counts[r.shard] += 1
+    return min(range(shards), key=lambda s: (counts[s], s))
+
+
+class ReplicaChooser:
+    """Power of two choices among a shard's readable replicas, preferring fresh ones (applied at least
+    `min_seq`); counts how often the two loads tie (whether the load signal does anything)."""
+
+    def __init__(self, rng: random.Random | None = None) -> None:
+        self.rng = rng or random.Random()  # nosec B311  # replica choice, not secrets
+        self.choices = 0
+        self.ties = 0
+
+    def choose(self, candidates: list[Replica], min_seq: int, exclude: set[Replica]) -> Replica | None:
+        live = [r for r in candidates if r.readable and r not in exclude]
+        if not live:
+            return None
+        fresh = [r for r in live if r.applied_seq >= min_seq]
+        pool = fresh or [max(live, key=lambda r: r.applied_seq)]  # none fresh: the freshest answers
+        self.choices += 1
+        if len(pool) == 1:
+            return pool[0]
+        a, b = self.rng.sample(pool, 2)
+        if a.load == b.load:
+            self.ties += 1
+            return a
+        return a if a.load < b.load else b

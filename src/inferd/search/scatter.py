@@ -1,0 +1,113 @@
+"""Scatter a query to one replica of each shard and gather what answers by the deadline.
+
+Per shard: pick a replica (power of two choices on load among the fresh ones); if it has not answered
+after the shard's observed p95, hedge to a second replica within the hedge budget (5% extra shard
+requests); if one fails (it died, it refused), ask another while time is left. Every shard has the
+request's deadline (less a small margin to fuse and answer); a shard that has not answered by then is
+left out of the coverage, never an error.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from typing import Protocol
+
+from inferd.clock import Clock
+from inferd.errors import ServingError
+from inferd.search import wire
+from inferd.search.hedge import HedgePolicy
+from inferd.search.replicas import Replica, ReplicaChooser
+from inferd.search.types import ShardQuery, ShardResult
+from inferd.worker import protocol as p
+
+GATHER_MARGIN_S = 0.003
+"""Time kept back from each shard's deadline to fuse the lists and answer."""
+
+
+class ShardCalls(Protocol):
+    """What the scatter needs of the runtime (search/runtime.py)."""
+
+    def shard_replicas(self, shard: int) -> list[Replica]: ...
+
+    def call(self, replica: Replica, op: str, body: bytes) -> tuple[int, asyncio.Future[p.ShardReply]]: ...
+
+    @staticmethod
+    def forget(replica: Replica, call_id: int) -> None: ...
+
+    @staticmethod
+    def answer(reply: p.ShardReply) -> bytes: ...
+
+
+class Scatter:
+    def __init__(self, calls: ShardCalls, hedge: HedgePolicy, chooser: ReplicaChooser, clock: Clock) -> None:
+        self.calls = calls
+        self.hedge = hedge
+        self.chooser = chooser
+        self.clock = clock
+        self.failures = 0
+        """Shard calls that failed (a replica died or refused) and were asked elsewhere."""
+
+    async def gather(
+        self, query: ShardQuery, min_seq: Sequence[int], deadline: float
+    ) -> list[ShardResult | None]:
+        """Each shard's result, or None where no replica answered by the deadline."""
+        body = wire.encode(query)
+        async with asyncio.TaskGroup() as tg:
+            tasks = [
+                tg.create_task(self.ask(shard, "search", body, seq, deadline))
+                for shard, seq in enumerate(min_seq)
+            ]
+        return [wire.result(t.result()) if t.result() is not None else None for t in tasks]
+
+    async def ask(self, shard: int, op: str, body: bytes, min_seq: int, deadline: float) -> bytes | None:
+        """One shard's answer body, or None by the deadline. Hedged and failed over."""
+        candidates = self.calls.shard_replicas(shard)
+        tried: set[Replica] = set()
+        flight: dict[asyncio.Future[p.ShardReply], tuple[Replica, int, float]] = {}
+        hedged = False
+        try:
+            while True:
+                if not flight or (not hedged and self._hedge_due(shard, flight)):
+                    replica = self.chooser.choose(candidates, min_seq, tried)
+                    if replica is None and not flight:
+                        return None  # no live replica left to ask
+                    if flight:  # a hedge: at most one per shard request, within the budget
+                        hedged = True
+                        if replica is not None and not self.hedge.try_hedge():
+                            replica = None
+                    elif not tried:
+                        self.hedge.started()
+                    if replica is not None:
+                        tried.add(replica)
+                        call_id, fut = self.calls.call(replica, op, body)
+                        flight[fut] = (replica, call_id, self.clock.now())
+                wait_s = self._wait_s(shard, flight, hedged, deadline)
+                if wait_s <= 0:
+                    return None
+                done, _ = await asyncio.wait(flight, timeout=wait_s, return_when=asyncio.FIRST_COMPLETED)
+                for fut in done:
+                    replica, call_id, sent = flight.pop(fut)
+                    self.calls.forget(replica, call_id)
+                    try:
+                        result = self.calls.answer(fut.result())
+                    except ServingError:
+                        self.failures += 1
+                        continue
+                    self.hedge.observe(shard, self.clock.now() - sent)
+                    return result
+        finally:
+            for replica, call_id, _ in flight.values():
+                self.calls.forget(replica, call_id)
+
+    def _hedge_due(self, shard: int, flight: dict) -> bool:
+        oldest = min(sent for _, _, sent in flight.values())
+        return self.clock.now() - oldest >= self.hedge.delay_s(shard)
+
+    def _wait_s(self, shard: int, flight: dict, hedged: bool, deadline: float) -> float:
+        now = self.clock.now()
+        left = deadline - GATHER_MARGIN_S - now
+        if hedged or not flight:
+            return left
+        oldest = min(sent for _, _, sent in flight.values())
+        return min(left, max(0.0, oldest + self.hedge.delay_s(shard) - now) + 1e-4)

@@ -1,0 +1,230 @@
+"""A search index's write and query paths (the API calls these; search/runtime.py holds the replicas).
+
+Writes: the batch is checked whole (search/requests.py), embedded through the batcher, split by shard
+(a hash of the id), and appended to each shard's log by its one writer (fsync before the answer). The
+answer waits (up to VISIBLE_WAIT_S) until a replica of every shard written has applied the write, and
+reads prefer replicas that applied every write acknowledged before they began: a search sees every
+write acknowledged before it started (read-your-writes) while such a replica lives. A `min_seq` in the
+search (the `seq` a write returned) asks for the same guarantee explicitly.
+
+Reads: embed the query (unless lexical), scatter to one replica per shard (search/scatter.py), merge
+each list across shards, fuse (reciprocal rank fusion), and cache complete answers by generation.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import time
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from inferd.errors import NotFound, ServingError, WorkerUnavailable
+from inferd.runtime.kinds import RuntimeContext
+from inferd.search import fusion, wire
+from inferd.search.caches import LRU, CacheStatistics
+from inferd.search.config import SearchParams
+from inferd.search.embedder import Embedder, unavailable
+from inferd.search.hedge import HedgePolicy, HedgeStatistics
+from inferd.search.replicas import ReplicaChooser
+from inferd.search.requests import SearchRequest
+from inferd.search.scatter import Scatter, ShardCalls
+from inferd.search.sequencer import ShardLog
+from inferd.search.types import Delete, Document, Op, ShardHit, ShardQuery, Upsert
+
+INGEST_TIMEOUT_S = 120.0
+VISIBLE_WAIT_S = 2.0
+RESULT_CACHE_ENTRIES = 2048
+EMBED_BUDGET_S = 0.25
+"""Most a query waits for its vector (and at most half its time): an embedder slower than this counts as
+overloaded, and the search goes on lexically (degraded: ["dense"])."""
+
+
+class Cluster(ShardCalls, Protocol):
+    name: str
+    params: SearchParams
+    logs: list[ShardLog]
+    generation: int
+
+    def appended(self, shard: int) -> None: ...
+
+    def readable(self, shard: int) -> bool: ...
+
+    async def wait_progress(self) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class ServiceStatistics:
+    searches: int
+    degraded: int
+    partial: int
+    embedder: str
+    hedge: HedgeStatistics
+    query_vectors: CacheStatistics
+    results: CacheStatistics
+    choice_ties: int
+    shard_failures: int
+
+
+def shard_of(doc_id: str, shards: int) -> int:
+    return int.from_bytes(hashlib.blake2b(doc_id.encode(), digest_size=8).digest(), "big") % shards
+
+
+class IndexService:
+    def __init__(self, cluster: Cluster, ctx: RuntimeContext) -> None:
+        self.cluster = cluster
+        self.params = cluster.params
+        self.clock = ctx.clock
+        self.embedder = (
+            None
+            if self.params.lexical_only or ctx.find_model is None
+            else Embedder(self.params.embedder, self.params.dim, ctx.find_model, ctx.clock)
+        )
+        self.hedge = HedgePolicy(ctx.clock, self.params.shards)
+        self.chooser = ReplicaChooser()
+        self.scatter = Scatter(cluster, self.hedge, self.chooser, ctx.clock)
+        self.results: LRU[tuple[Any, ...], dict[str, Any]] = LRU(RESULT_CACHE_ENTRIES)
+        self.searches = self.degraded = self.partial = 0
+
+    # ---- writes ----------------------------------------------------------------------------------------
+    async def upsert(self, docs: list[Document]) -> list[int]:
+        """Log the documents (replacing those with the same ids); the shards' seqs once durable."""
+        vectors: list[bytes | None] = [None] * len(docs)
+        if self.embedder is not None:
+            texts = [f"{d.title}\n{d.text}" if d.title else d.text for d in docs]
+            try:
+                vectors = list(await self.embedder.documents(texts, self.clock.now() + INGEST_TIMEOUT_S))
+            except ServingError as exc:
+                raise WorkerUnavailable(
+                    f"documents are embedded by {self.params.embedder!r}, which failed: {exc.message}; "
+                    "nothing was written, retry the batch"
+                ) from None
+        ops: dict[int, list[Op]] = {}
+        for doc, vector in zip(docs, vectors, strict=True):
+            ops.setdefault(shard_of(doc.id, self.params.shards), []).append(Upsert(doc=doc, vector=vector))
+        return await self._write(ops)
+
+    async def delete(self, doc_id: str) -> list[int]:
+        return await self._write({shard_of(doc_id, self.params.shards): [Delete(id=doc_id)]})
+
+    async def _write(self, ops: dict[int, list[Op]]) -> list[int]:
+        async with asyncio.TaskGroup() as tg:
+            appends = {s: tg.create_task(self.cluster.logs[s].append(o)) for s, o in ops.items()}
+        for shard in appends:
+            self.cluster.appended(shard)
+        self.cluster.generation += 1
+        self.results.clear()
+        written = {s: t.result() for s, t in appends.items()}
+        await self._until_visible(written)
+        return self.seqs()
+
+    def seqs(self) -> list[int]:
+        return [lg.durable_seq for lg in self.cluster.logs]
+
+    async def _until_visible(self, written: dict[int, int]) -> None:
+        """Until a replica of each shard written applied it (bounded: the write is durable anyway)."""
+        try:
+            async with asyncio.timeout(VISIBLE_WAIT_S):
+                while not all(self._applied(s, seq) for s, seq in written.items()):
+                    await self.cluster.wait_progress()
+        except TimeoutError:
+            pass
+
+    def _applied(self, shard: int, seq: int) -> bool:
+        return any(r.readable and r.applied_seq >= seq for r in self.cluster.shard_replicas(shard))
+
+    # ---- reads -----------------------------------------------------------------------------------------
+    async def get(self, doc_id: str, deadline: float) -> Document:
+        shard = shard_of(doc_id, self.params.shards)
+        body = wire.encode(doc_id)
+        answer = await self.scatter.ask(shard, "get", body, self.cluster.logs[shard].durable_seq, deadline)
+        if answer is None:
+            raise WorkerUnavailable(f"no replica of shard {shard} of index {self.cluster.name!r} answered")
+        doc = wire.document(answer)
+        if doc is None:
+            raise NotFound(f"index {self.cluster.name!r} has no document {doc_id!r}")
+        return doc
+
+    async def search(self, req: SearchRequest) -> dict[str, Any]:
+        started = time.perf_counter()
+        self.searches += 1
+        deadline = self.clock.now() + req.timeout_ms / 1000
+        min_seq = req.min_seq or tuple(self.seqs())
+        key = (self.cluster.generation, req.query, req.k, req.mode, req.filter_key)
+        cached = self.results.get(key)
+        if cached is not None:
+            return {**cached, "took_ms": _ms_since(started), "cached": True}
+        mode, vector, degraded = await self._vector(req, deadline)
+        query = ShardQuery(
+            text=req.query, vector=vector, k=_shard_k(req.k, mode), mode=mode, filter=req.filter
+        )
+        results = await self.scatter.gather(query, min_seq, deadline)
+        answered = [r for r in results if r is not None]
+        if not answered:
+            raise WorkerUnavailable(self._nobody_answered(req.timeout_ms))
+        hits = self._fuse(mode, answered, req.k)
+        body = {
+            "hits": [{"id": h.id, "score": h.score, "title": h.title} for h in hits],
+            "coverage": {"shards": len(results), "answered": len(answered)},
+            "degraded": degraded,
+            "mode": mode,
+        }
+        if len(answered) < len(results):
+            self.partial += 1
+        elif not degraded:
+            self.results.put(key, body)
+        return {**body, "took_ms": _ms_since(started)}
+
+    async def _vector(self, req: SearchRequest, deadline: float) -> tuple[Any, bytes | None, list[str]]:
+        """The mode to run, the query vector, and what is degraded."""
+        if req.mode == "lexical" or self.embedder is None:
+            if req.mode != "lexical" and self.embedder is None:
+                if req.mode == "dense":
+                    raise unavailable(ValueError(f"index {self.cluster.name!r} has no embedder"))
+            return "lexical", None, []
+        budget = min(EMBED_BUDGET_S, max(0.0, deadline - self.clock.now()) / 2)
+        try:
+            return req.mode, await self.embedder.query(req.query, self.clock.now() + budget), []
+        except ServingError as exc:
+            if req.mode == "dense":
+                raise unavailable(exc) from None
+            self.degraded += 1
+            return "lexical", None, ["dense"]
+
+    def _fuse(self, mode: str, answered: list[Any], k: int) -> list[ShardHit]:
+        lexical = fusion.merge([r.lexical for r in answered], _shard_k(k, mode))
+        dense = fusion.merge([r.dense for r in answered], _shard_k(k, mode))
+        if mode == "lexical":
+            return lexical[:k]
+        if mode == "dense":
+            return dense[:k]
+        return fusion.rrf(lexical, dense, k, rrf_k=self.params.rrf_k, weights=self.params.weights)
+
+    def _nobody_answered(self, timeout_ms: float) -> str:
+        down = [s for s in range(self.params.shards) if not self.cluster.readable(s)]
+        why = f"shards {down} have no live replica" if down else "the replicas were too slow"
+        return f"no shard of index {self.cluster.name!r} answered within {timeout_ms:.0f} ms: {why}"
+
+    def statistics(self) -> ServiceStatistics:
+        health = self.embedder.health.state.value if self.embedder else "none"
+        vectors = self.embedder.cache.statistics() if self.embedder else LRU(0).statistics()
+        return ServiceStatistics(
+            self.searches,
+            self.degraded,
+            self.partial,
+            health,
+            self.hedge.statistics(),
+            vectors,
+            self.results.statistics(),
+            self.chooser.ties,
+            self.scatter.failures,
+        )
+
+
+def _shard_k(k: int, mode: str) -> int:
+    """Each shard's list length: deeper for hybrid, so fusion sees what either list ranks high."""
+    return min(2 * k, 1000) if mode == "hybrid" else k
+
+
+def _ms_since(started: float) -> float:
+    return round((time.perf_counter() - started) * 1000, 3)

@@ -1,0 +1,158 @@
+"""A worker's batch slots, shared by the front ends it serves. A plain object: an injected clock, no I/O.
+
+The worker holds at most CAP batches (1 running on the device + 1 staged behind it) in total, whichever
+front ends sent them. It keeps that cap by granting slots (protocol.Credit): a front end sends a batch
+only against a slot it was granted, so
+
+    held batches + slots granted and not yet used <= CAP        (at every moment)
+
+* One front end: it is granted every free slot at once, unasked (no round trip: the front end sees the
+  worker as it always has, two batches in flight).
+* Several: a free slot goes to a front end that reported queued work (protocol.Demand) and holds no
+  unused slot, the one whose oldest item has waited longest first (ties: the fuller queue). Each front
+  end's batches then carry what arrived while the others' ran, so splitting arrivals over front ends
+  does not shrink batches. A front end gives back slots it cannot use at once (its queue is empty).
+* A front end that leaves gives its unused slots back; batches it sent still run (and still count)
+  until they finish.
+* Front ends of an older inferd (no credits) may send two batches at any time: such a front end is
+  only served alone (`accepts_legacy`).
+
+`high_water` is the most batches ever held at once: what a test reads to check the cap.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable
+from dataclasses import dataclass
+
+from inferd.clock import Clock
+
+CAP = 2
+"""One batch running on the device and at most one staged behind it."""
+
+
+@dataclass(slots=True)
+class FrontDemand:
+    """What the worker knows of one front end."""
+
+    legacy: bool = False
+    """An older front end that takes no credits (it assumes CAP slots of its own)."""
+    outstanding: int = 0
+    """Slots granted and not yet used (or given back)."""
+    queued: int = 0
+    oldest_age_s: float = 0.0
+    reported_at: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class CreditStatistics:
+    fronts: int
+    held: int
+    outstanding: int
+    high_water: int
+    granted: int
+    returned: int
+
+
+class CreditLedger:
+    def __init__(self, clock: Clock, cap: int = CAP) -> None:
+        if cap < 1:
+            raise ValueError(f"cap must be >= 1, got {cap}")
+        self.clock = clock
+        self.cap = cap
+        self.held = 0
+        """Batches received and not yet finished (running + staged)."""
+        self.high_water = 0
+        self._fronts: dict[Hashable, FrontDemand] = {}
+        self._granted = self._returned = 0
+
+    # ---- membership ------------------------------------------------------------------------------------
+    def accepts_legacy(self) -> bool:
+        """Whether a front end without credits may join now: only when it would be served alone."""
+        return not self._fronts
+
+    def join(self, front: Hashable, legacy: bool = False) -> None:
+        if legacy and self._fronts:
+            raise ValueError("a front end without credits can only be served alone")
+        self._fronts[front] = FrontDemand(legacy=legacy)
+
+    def leave(self, front: Hashable) -> None:
+        """The front end is gone: its unused slots come back (its batches still held run on)."""
+        self._fronts.pop(front, None)
+
+    @property
+    def shared(self) -> bool:
+        return len(self._fronts) > 1
+
+    @property
+    def idle(self) -> bool:
+        return self.held == 0
+
+    def fronts(self) -> list[Hashable]:
+        return list(self._fronts)
+
+    def outstanding(self, front: Hashable) -> int:
+        d = self._fronts.get(front)
+        return 0 if d is None else d.outstanding
+
+    # ---- events ----------------------------------------------------------------------------------------
+    def report(self, front: Hashable, queued: int, oldest_age_s: float, returned: int = 0) -> None:
+        """The front end's Demand: what it has queued, and slots it gives back unused."""
+        d = self._fronts.get(front)
+        if d is None:
+            return
+        back = max(0, min(returned, d.outstanding))
+        d.outstanding -= back
+        self._returned += back
+        d.queued = max(0, queued)
+        d.oldest_age_s = max(0.0, oldest_age_s)
+        d.reported_at = self.clock.now()
+
+    def received(self, front: Hashable) -> None:
+        """A batch arrived from the front end: it used one of its slots (a legacy front end has its own)."""
+        d = self._fronts.get(front)
+        if d is not None and d.outstanding > 0:
+            d.outstanding -= 1
+        if d is not None and not d.legacy:
+            d.queued = 0  # the batch took its queue; it reports again if items remain
+        self.held += 1
+        self.high_water = max(self.high_water, self.held)
+
+    def finished(self) -> None:
+        """A held batch finished (or was dropped unstarted): its slot is free."""
+        self.held = max(0, self.held - 1)
+
+    def free(self) -> int:
+        if any(d.legacy for d in self._fronts.values()):
+            return 0
+        return self.cap - self.held - sum(d.outstanding for d in self._fronts.values())
+
+    def grant(self) -> dict[Hashable, int]:
+        """Hand out the free slots now; returns who was granted how many (already counted as theirs)."""
+        free = self.free()
+        if free <= 0 or not self._fronts:
+            return {}
+        if not self.shared:
+            (front, d), *_ = self._fronts.items()
+            d.outstanding += free
+            self._granted += free
+            return {front: free}
+        now = self.clock.now()
+        wanting = [(f, d) for f, d in self._fronts.items() if d.queued > 0 and d.outstanding == 0]
+        wanting.sort(key=lambda fd: (-(fd[1].oldest_age_s + now - fd[1].reported_at), -fd[1].queued))
+        out: dict[Hashable, int] = {}
+        for front, d in wanting[:free]:
+            d.outstanding += 1
+            out[front] = 1
+        self._granted += len(out)
+        return out
+
+    def statistics(self) -> CreditStatistics:
+        return CreditStatistics(
+            len(self._fronts),
+            self.held,
+            sum(d.outstanding for d in self._fronts.values()),
+            self.high_water,
+            self._granted,
+            self._returned,
+        )

@@ -1,0 +1,123 @@
+"""`inferd serve --frontends 2`: two front-end processes on one port, sharing two local workers.
+
+* /metrics answers for the whole server whichever front end takes the scrape;
+* each worker, fed by both front ends at once, never holds more than 1 running + 1 staged batch (the
+  high-water mark its heartbeat reports);
+* SIGKILL one front end under checked load: only requests it held fail (a connection error), no answer
+  is wrong or duplicated, the other front end goes on and the parent starts the killed one again.
+
+Bounded: one server for the module, loads capped in count and time."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+import urllib.request
+from collections.abc import Iterator
+
+import pytest
+
+from tests.checked_load import Load, tally, wait_for
+from tests.conftest import ServerProc, alive, child_pids, start_server
+
+CONFIG = """
+[models.sim]
+max_batch_size = 4
+max_queue_size = 64
+max_wait_ms = 2.0
+
+[models.sim.params]
+base_ms = 15.0
+per_item_ms = 0.5
+"""
+"""Small batches, so that a front end often has a full batch to stage: two front ends that ignored the
+worker's credits would hold up to 4 batches on it."""
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProc]:
+    root = tmp_path_factory.mktemp("frontends")
+    path = root / "inferd.toml"
+    path.write_text(CONFIG)
+    proc = start_server(root, "--model", "sim", "--workers", "2", "--frontends", "2", "--config", str(path))
+    try:
+        wait_for(lambda: len(ready_workers(proc)) == 2, 30, "two ready workers")
+        yield proc
+    finally:
+        proc.stop()
+
+
+def get_json(url: str) -> dict:
+    with urllib.request.urlopen(url, timeout=10) as r:
+        return json.loads(r.read())
+
+
+def ready_workers(server: ServerProc) -> list[dict]:
+    return [w for w in get_json(f"{server.admin_url}/admin/workers")["workers"] if w["state"] == "ready"]
+
+
+def scrape(server: ServerProc) -> dict[str, float]:
+    """Sample line -> value, of one /metrics scrape (a new connection: either front end answers)."""
+    with urllib.request.urlopen(f"{server.url}/metrics", timeout=10) as r:
+        text = r.read().decode()
+    out = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            name, _, value = line.rpartition(" ")
+            out[name] = float(value)
+    return out
+
+
+def ok_requests(sample: dict[str, float], frontend: str) -> float:
+    return sum(
+        v
+        for k, v in sample.items()
+        if k.startswith("inferd_requests_total{") and f'frontend="{frontend}"' in k and 'outcome="ok"' in k
+    )
+
+
+def frontend_pids(server: ServerProc) -> tuple[int, int]:
+    """(owner, other): the owner is the front end whose children are the workers."""
+    pids = [p for p in child_pids(server.proc.pid) if alive(p)]
+    assert len(pids) == 2, f"expected two front ends, found {pids}"
+    owner = [p for p in pids if child_pids(p)]
+    assert len(owner) == 1, f"one front end should run the workers: {pids}"
+    return owner[0], next(p for p in pids if p != owner[0])
+
+
+def test_metrics_cover_both_front_ends_and_a_shared_worker_keeps_its_batch_cap(server: ServerProc) -> None:
+    with Load(server.url, "cap", clients=32, max_requests=2500, max_s=40) as load:
+        load.finish(within_s=60)
+    t = tally(load)
+    assert t.misrouted == 0 and t.duplicated == 0 and t.lost == 0, t
+    for _ in range(4):  # each scrape may land on either front end: every one holds both
+        sample = scrape(server)
+        assert sample['inferd_frontend_up{frontend="0"}'] == 1.0
+        assert sample['inferd_frontend_up{frontend="1"}'] == 1.0
+        assert ok_requests(sample, "0") > 0 and ok_requests(sample, "1") > 0
+        assert ok_requests(sample, "0") + ok_requests(sample, "1") >= t.ok
+    time.sleep(1.5)  # the workers' next heartbeat carries their high-water mark
+    workers = ready_workers(server)
+    assert all(w["credits"] is not None for w in workers), workers
+    marks = [w["batch_high_water"] for w in workers]
+    assert all(1 <= m <= 2 for m in marks), marks
+
+
+def test_sigkill_of_one_front_end_fails_only_its_own_requests(server: ServerProc) -> None:
+    owner, victim = frontend_pids(server)
+    clients = 8
+    with Load(server.url, "kill", clients=clients, max_requests=1500, max_s=40) as load:
+        wait_for(lambda: load.answered() >= 300, 30, "300 answers before the kill")
+        os.kill(victim, signal.SIGKILL)
+        killed_at = load.answered()
+        load.finish(within_s=60)
+    t = tally(load)
+    assert t.misrouted == 0 and t.duplicated == 0, t
+    assert t.lost <= clients, f"only requests in flight at the front end killed may fail: {t}"
+    assert t.refused == 0, [(a.status, a.body) for a in load.answers if a.status != 200][:5]
+    assert t.ok - killed_at >= 500, f"the server stopped answering after the kill: {t}"
+    assert alive(owner)
+    wait_for(lambda: len([p for p in child_pids(server.proc.pid) if alive(p)]) == 2, 20, "a new front end")
+    wait_for(lambda: scrape(server).get('inferd_frontend_up{frontend="1"}') == 1.0, 20, "front end 1 back")

@@ -1,0 +1,145 @@
+"""The search service's plain policies: hedging within its budget, the embedder breaker, replica choice,
+the caches, request checks and the sequencer's group commit."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from inferd.clock import FakeClock
+from inferd.errors import BadRequest, PayloadTooLarge
+from inferd.search.caches import LRU
+from inferd.search.embedder import EmbedderHealth, EmbedderState
+from inferd.search.hedge import HedgePolicy
+from inferd.search.replicas import Replica, ReplicaChooser, ReplicaPhase, least_served_shard
+from inferd.search.requests import MAX_BATCH_DOCUMENTS, parse_documents, parse_search
+from inferd.search.sequencer import ShardLog
+from inferd.search.service import shard_of
+from inferd.search.types import Delete, Document, Upsert
+from inferd.worker.connection import WorkerState
+
+FIELDS = {"lang": "keyword", "year": "int"}
+
+
+def test_hedges_never_exceed_five_percent_of_requests_plus_the_burst() -> None:
+    policy = HedgePolicy(FakeClock(), shards=1, ratio=0.05, burst=2.0)
+    granted = 0
+    for _ in range(1000):
+        policy.started()
+        granted += policy.try_hedge()
+    assert granted <= 0.05 * 1000 + 2
+    assert granted >= 0.05 * 1000 - 2
+    assert policy.statistics().denied == 1000 - granted
+
+
+def test_hedge_delay_follows_the_shards_p95_once_it_has_samples() -> None:
+    policy = HedgePolicy(FakeClock(), shards=2, min_samples=20, initial_delay_s=0.05)
+    assert policy.delay_s(0) == 0.05
+    for i in range(100):
+        policy.observe(0, 0.001 * (i + 1))  # 1..100 ms
+    assert policy.delay_s(0) == pytest.approx(0.095, abs=0.002)
+    assert policy.delay_s(1) == 0.05  # the other shard still has no samples
+
+
+def test_breaker_skips_the_embedder_while_down_and_probes_once_per_interval() -> None:
+    clock = FakeClock()
+    health = EmbedderHealth(clock, probe_interval_s=1.0)
+    assert health.allow()
+    health.failure("no ready worker")
+    assert health.state is EmbedderState.DOWN
+    assert not health.allow()
+    clock.advance(1.0)
+    assert health.allow()  # the probe
+    assert not health.allow()  # only one per interval
+    health.success()
+    assert health.state is EmbedderState.UP and health.allow()
+
+
+def replica(shard: int, seq: int, load: int = 0) -> Replica:
+    conn = SimpleNamespace(worker_id=f"w{shard}-{seq}-{load}", state=WorkerState.READY)
+    r = Replica(conn, shard, ReplicaPhase.SERVING, applied_seq=seq)  # type: ignore[arg-type]
+    r.pending = {i: None for i in range(load)}  # type: ignore[misc]
+    return r
+
+
+def test_choice_prefers_fresh_replicas_then_the_lower_load() -> None:
+    stale, fresh_busy, fresh_idle = replica(0, 3), replica(0, 9, load=5), replica(0, 9, load=0)
+    chooser = ReplicaChooser(random.Random(1))
+    picks = {chooser.choose([stale, fresh_busy, fresh_idle], 9, set()) for _ in range(50)}
+    assert picks == {fresh_idle}
+    assert chooser.choose([stale], 9, set()) is stale  # none fresh: the freshest answers
+    assert chooser.choose([stale], 9, {stale}) is None
+
+
+def test_a_joining_replica_takes_the_shard_with_fewest_replicas() -> None:
+    assert least_served_shard(3, [replica(0, 0), replica(0, 0), replica(2, 0)]) == 1
+
+
+def test_lru_evicts_the_least_recently_used() -> None:
+    cache: LRU[str, int] = LRU(2)
+    cache.put("a", 1)
+    cache.put("b", 2)
+    assert cache.get("a") == 1
+    cache.put("c", 3)
+    assert cache.get("b") is None and cache.get("a") == 1 and cache.get("c") == 3
+
+
+@pytest.mark.parametrize(
+    ("body", "named"),
+    [
+        (b'{"query": "x", "k": 0}', '"k"'),
+        (b'{"query": "x", "k": true}', '"k"'),
+        (b'{"query": "  "}', '"query"'),
+        (b'{"query": "x", "mode": "semantic"}', '"mode"'),
+        (b'{"query": "x", "timeout_ms": 0}', "timeout_ms"),
+        (b'{"query": "x", "min_seq": [1]}', "min_seq"),
+        (b'{"query": "x", "filter": {"lang": {"in": "en"}}}', "lang"),
+        (b'{"query": "x", "top": 3}', "top"),
+        (b"[1]", "JSON object"),
+        (b"{", "not valid JSON"),
+    ],
+)
+def test_bad_searches_name_the_problem(body: bytes, named: str) -> None:
+    with pytest.raises(BadRequest, match=named):
+        parse_search(body, FIELDS, shards=2)
+
+
+def test_documents_are_checked_whole() -> None:
+    ok = parse_documents(b'{"documents": [{"id": "a", "text": "t", "fields": {"year": 3}}]}', FIELDS)
+    assert ok == [Document(id="a", text="t", fields={"year": 3})]
+    with pytest.raises(BadRequest, match="same id 'a'"):
+        parse_documents(b'{"documents": [{"id": "a", "text": "t"}, {"id": "a", "text": "u"}]}', FIELDS)
+    with pytest.raises(BadRequest, match="field 'year' is int"):
+        parse_documents(b'{"documents": [{"id": "a", "text": "t", "fields": {"year": true}}]}', FIELDS)
+    with pytest.raises(BadRequest, match="does not declare"):
+        parse_documents(b'{"documents": [{"id": "a", "text": "t", "fields": {"x": 1}}]}', FIELDS)
+    many = b'{"documents": [' + b",".join([b'{"id": "a", "text": "t"}'] * (MAX_BATCH_DOCUMENTS + 1)) + b"]}"
+    with pytest.raises(PayloadTooLarge):
+        parse_documents(many, FIELDS)
+
+
+def test_documents_spread_over_every_shard_stably() -> None:
+    shards = [shard_of(f"doc-{i}", 4) for i in range(400)]
+    assert set(shards) == {0, 1, 2, 3}
+    assert shards == [shard_of(f"doc-{i}", 4) for i in range(400)]
+
+
+async def test_concurrent_writers_share_group_commits_and_get_consecutive_seqs(tmp_path: Path) -> None:
+    log = ShardLog(0, tmp_path / "shard-0" / "wal")
+    ops = [[Upsert(doc=Document(id=f"d{i}", text="t"))] for i in range(20)]
+    seqs = await asyncio.gather(*(log.append(o) for o in ops))
+    assert sorted(seqs) == list(range(1, 21))
+    assert log.writes < 20  # writers waiting behind a write went into the next one
+    assert [e.seq for e in log.entries_after(0, 100)] == list(range(1, 21))
+    await log.snapshotted(15, keep_after=17)
+    assert [e.seq for e in log.entries_after(17, 100)] == [18, 19, 20]
+    assert log.entries_after(10, 100) is None  # behind the tail: reload the snapshot
+    log.close()
+    reopened = ShardLog(0, tmp_path / "shard-0" / "wal")
+    assert reopened.durable_seq == 20 and reopened.first_seq == 16
+    assert await reopened.append([Delete(id="d1")]) == 21
+    reopened.close()
