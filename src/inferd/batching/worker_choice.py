@@ -8,7 +8,7 @@ import random
 
 from inferd.routing import Candidate, EjectionRecord, Health, HealthChange, OutlierEjector, P2CBalancer
 from inferd.worker import protocol as p
-from inferd.worker.connection import MAX_INFLIGHT, WorkerConnection, WorkerState
+from inferd.worker.connection import WorkerConnection, WorkerState
 
 log = logging.getLogger("inferd.dispatcher")
 
@@ -32,7 +32,7 @@ class Routing:
         Ejected workers sit out (unless all are: then they work rather than stall the model); a probing
         worker takes one batch at a time; nobody goes over the balancer's per-worker cap."""
         ready = [w for w in workers if w.state is WorkerState.READY]
-        open_ = [w for w in ready if len(w.inflight) < MAX_INFLIGHT]
+        open_ = [w for w in ready if w.idle or w.stage_free]
         if not open_:
             return [], []  # the common case under load, and the cheap one: nobody has a free slot
         health_of = self.ejector.health
@@ -42,8 +42,8 @@ class Routing:
         everyone_out = all(health_of(w.worker_id) is Health.EJECTED for w in ready)
         pool = open_ if everyone_out else [w for w in open_ if health[w.worker_id] is not Health.EJECTED]
         fits = [w for w in pool if self.balancer.eligible(self._candidate(w, health[w.worker_id]))]
-        idle = [w for w in fits if not w.inflight]
-        staging = [w for w in fits if w.inflight and health[w.worker_id] is Health.READY]
+        idle = [w for w in fits if w.idle]
+        staging = [w for w in fits if w.stage_free and health[w.worker_id] is Health.READY]
         return idle, staging
 
     def candidate(self, worker: WorkerConnection) -> Candidate:

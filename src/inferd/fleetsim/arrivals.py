@@ -88,7 +88,9 @@ def _trace(path: Path, duration_s: float) -> np.ndarray:
                 try:
                     times.append(float(json.loads(line)["t"]))
                 except (ValueError, KeyError, TypeError):
-                    raise ConfigError(f"{path}:{number}: each line must be a JSON object with a number t") from None
+                    raise ConfigError(
+                        f"{path}:{number}: each line must be a JSON object with a number t"
+                    ) from None
     except OSError as exc:
         raise ConfigError(f"cannot read the trace {path}: {exc}") from None
     out = np.sort(np.asarray(times, dtype=float))

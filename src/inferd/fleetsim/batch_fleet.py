@@ -145,6 +145,7 @@ class BatchFleet:
         self.items: list[QueuedItem | None] = [None] * n
         self.owner = np.full(n, -1, dtype=np.int32)
         self.batches = 0
+        self.batched_squares = 0
         self.full_batch = math.inf if spec.model.preferred_batch_sizes else spec.model.max_batch_size
         """Below this many queued items an arrival cannot make the batch policy cut sooner than the
         wake-up it asked for (with preferred sizes it can: every arrival dispatches)."""
@@ -211,6 +212,7 @@ class BatchFleet:
         fe.rt.on_batch_done(device.conn, p.BatchDone(batch_id, cost, [OUTPUT] * len(items)))
         self.batches += 1
         self.batched_items += len(items)
+        self.batched_squares += len(items) * len(items)
         now = self.clock.now()
         for item in items:
             rid = item.payload
@@ -324,6 +326,10 @@ class BatchFleet:
         self.events.run_until(end + drain)
         self._settle_failures()
         return SimReport.build(self, end)
+
+    @property
+    def events_processed(self) -> int:
+        return self.events.processed
 
     def _settle_failures(self) -> None:
         """Requests whose future holds an error (expired, worker died, retries exhausted) failed."""

@@ -14,6 +14,7 @@ import json
 import math
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 from inferd.config import ConfigError
 
@@ -90,3 +91,62 @@ def fit_cost_line(points: dict[int, tuple[int, float, float]]) -> tuple[float, f
         if line > 0:
             squares += (total_sq - 2 * line * total_s + count * line * line) / (line * line)
     return base, slope, math.sqrt(max(0.0, squares) / total)
+
+
+def profile_from_phase(phase: Any, name: str, source: str, frontend_s: float = 0.0) -> BatchProfile:
+    """A profile fitted on one measured phase of `inferd bench` (bench/report.py PhaseReport): the cost
+    line and jitter from its answers' batch sizes and compute times, the median framework overhead, and
+    the front end's CPU per request when it was measured (else 0)."""
+    points = {
+        int(n): (answers / int(n), total / int(n), squares / int(n))
+        for n, (answers, total, squares) in phase.batch_costs.items()
+        if int(n) > 0
+    }
+    base, per_item, cv = fit_cost_line(points)
+    overhead_ms = phase.overhead_ms.get("p50") or 0.0
+    return BatchProfile(
+        name=name,
+        base_s=round(base, 6),
+        per_item_s=round(per_item, 8),
+        jitter_cv=round(cv, 4),
+        overhead_s=round(overhead_ms / 1000.0, 6),
+        frontend_s=round(frontend_s, 7),
+        source=source,
+    )
+
+
+def server_cpu_s(url: str) -> float | None:
+    """The server's front-end CPU seconds so far (`process_cpu_seconds_total` on its /metrics; with several
+    front ends, their sum), or None when it does not say."""
+    import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    try:
+        with urllib.request.urlopen(f"{url.rstrip('/')}/metrics", timeout=5) as r:  # nosec B310  # the bench's http(s) URL
+            text = r.read().decode()
+    except OSError:
+        return None
+    samples = [
+        s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+        if s.name == "process_cpu_seconds_total"
+    ]
+    return sum(samples) if samples else None
+
+
+def save_measured_profile(
+    path: Path, report: Any, url: str, model: str, rate: float, duration_s: float, cpu_before: float | None
+) -> BatchProfile:
+    """`inferd bench --save-profile`: fit the measured phase and write the profile."""
+    import socket
+
+    cpu_after = server_cpu_s(url)
+    per_request = 0.0
+    if cpu_before is not None and cpu_after is not None and report.sent:
+        per_request = (cpu_after - cpu_before) / report.sent
+    source = f"measured: inferd bench --model {model} --rate {rate:g} --duration {duration_s:g} on {socket.gethostname()}"
+    profile = profile_from_phase(report.measured, f"{model}@{socket.gethostname()}", source, per_request)
+    profile.save(path)
+    return profile

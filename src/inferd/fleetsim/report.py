@@ -7,12 +7,9 @@ from __future__ import annotations
 import enum
 import math
 from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import numpy as np
-
-if TYPE_CHECKING:
-    from inferd.fleetsim.batch_fleet import BatchFleet
 
 
 class Outcome(enum.IntEnum):
@@ -24,6 +21,21 @@ class Outcome(enum.IntEnum):
     """5xx, expired, or the front end was lost."""
     TIMEOUT = 4
     """Answered after the client's deadline, or never."""
+
+
+class FinishedRun(Protocol):
+    """What a finished simulation holds (batch_fleet.BatchFleet)."""
+
+    spec: Any
+    outcome: np.ndarray
+    done_at: np.ndarray
+    batches: int
+    batched_items: int
+    batched_squares: int
+    restarts: int
+
+    @property
+    def events_processed(self) -> int: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,6 +52,9 @@ class SimReport:
     failed: int
     timeouts: int
     mean_batch_size: float
+    """Items per batch, over batches."""
+    answer_batch_size: float
+    """The batch size an answer saw, averaged over answers (what `inferd bench` reports as its mean)."""
     restarts: int
     events: int
 
@@ -47,14 +62,16 @@ class SimReport:
         return asdict(self)
 
     @classmethod
-    def build(cls, fleet: BatchFleet, end_s: float) -> SimReport:
+    def build(cls, fleet: FinishedRun, end_s: float) -> SimReport:
         spec = fleet.spec
         arrivals = spec.arrivals
         window = arrivals >= spec.warmup_s
         measured_s = max(1e-9, end_s - spec.warmup_s)
         outcome = fleet.outcome.copy()
         latency = fleet.done_at - arrivals + spec.profile.overhead_s
-        late = (outcome == Outcome.OK) & (spec.timeout_s is not None) & (latency > (spec.timeout_s or math.inf))
+        late = (
+            (outcome == Outcome.OK) & (spec.timeout_s is not None) & (latency > (spec.timeout_s or math.inf))
+        )
         outcome[late] = Outcome.TIMEOUT
         outcome[outcome == Outcome.PENDING] = Outcome.TIMEOUT
         ok = window & (outcome == Outcome.OK)
@@ -73,8 +90,9 @@ class SimReport:
             failed=int((window & (outcome == Outcome.FAILED)).sum()),
             timeouts=int((window & (outcome == Outcome.TIMEOUT)).sum()),
             mean_batch_size=round(fleet.batched_items / fleet.batches, 3) if fleet.batches else 0.0,
+            answer_batch_size=round(fleet.batched_squares / fleet.batched_items, 3) if fleet.batches else 0.0,
             restarts=fleet.restarts,
-            events=fleet.events.processed,
+            events=fleet.events_processed,
         )
 
 
