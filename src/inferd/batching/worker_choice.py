@@ -32,15 +32,27 @@ class Routing:
         Ejected workers sit out (unless all are: then they work rather than stall the model); a probing
         worker takes one batch at a time; nobody goes over the balancer's per-worker cap."""
         ready = [w for w in workers if w.state is WorkerState.READY]
-        pool = [w for w in ready if self.ejector.health(w.worker_id) is not Health.EJECTED] or ready
-        fits = [w for w in pool if self.balancer.eligible(self.candidate(w))]
+        open_ = [w for w in ready if w.idle or w.stage_free]
+        if not open_:
+            return [], []  # the common case under load, and the cheap one: nobody has a free slot
+        health_of = self.ejector.health
+        health = {w.worker_id: health_of(w.worker_id) for w in open_}
+        # only workers with a free slot can take a batch: the others' health matters only to know whether
+        # every ready worker is ejected (then they all work), and that stops at the first one in service
+        everyone_out = all(health_of(w.worker_id) is Health.EJECTED for w in ready)
+        pool = open_ if everyone_out else [w for w in open_ if health[w.worker_id] is not Health.EJECTED]
+        fits = [w for w in pool if self.balancer.eligible(self._candidate(w, health[w.worker_id]))]
         idle = [w for w in fits if w.idle]
-        staging = [w for w in fits if w.stage_free and self.ejector.health(w.worker_id) is Health.READY]
+        staging = [w for w in fits if w.stage_free and health[w.worker_id] is Health.READY]
         return idle, staging
 
     def candidate(self, worker: WorkerConnection) -> Candidate:
         """A ready worker as the balancer sees it: suspect while probing (or ejected with the whole fleet)."""
-        in_service = self.ejector.health(worker.worker_id) is Health.READY
+        return self._candidate(worker, self.ejector.health(worker.worker_id))
+
+    @staticmethod
+    def _candidate(worker: WorkerConnection, health: Health) -> Candidate:
+        in_service = health is Health.READY
         return Candidate(
             worker.worker_id, Health.READY if in_service else Health.PROBING, len(worker.inflight)
         )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from enum import StrEnum
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -23,6 +24,7 @@ from inferd.bench.command_line import (
 from inferd.bench.loadgen import LoadSpec, run_load_blocking
 from inferd.bench.report import render, to_json
 from inferd.bench.spec_checks import parse_header
+from inferd.fleetsim.profiles import save_measured_profile, server_cpu_s
 
 
 class ClientChoice(StrEnum):
@@ -116,6 +118,13 @@ def bench(
     chaos_seed: Annotated[
         int | None, typer.Option(help="Seed for the choice of victims [default: --seed].")
     ] = None,
+    save_profile: Annotated[
+        Path | None,
+        typer.Option(
+            help="Fit a device profile for `inferd fleet-sim` (cost line from the answers' batch sizes and "
+            "compute times, overhead, the server's CPU per request from its /metrics) and write it here."
+        ),
+    ] = None,
     json_output: JsonOption = False,
     histograms: Annotated[
         bool, typer.Option(help="With --json, include the HdrHistogram-encoded latency histogram.")
@@ -156,5 +165,8 @@ def bench(
             seed=seed if chaos_seed is None else chaos_seed,
         )
     )
+    cpu_before = server_cpu_s(url) if save_profile else None
     report = run_load_blocking(spec, chaos_spec)
+    if save_profile is not None:
+        save_measured_profile(save_profile, report, url, model, rate, duration, cpu_before)
     emit(report, json_output, lambda r: to_json(r, include_histograms=histograms), render)

@@ -46,6 +46,9 @@ class Recorder:
         self.send_lag_us = _histogram()
         self.rejection_us = _histogram()
         self.batch_size = _histogram(highest=1_000_000)
+        self.batch_costs: dict[int, list[float]] = {}
+        """Batch size -> [answers, summed compute s, summed squared compute s] (each answer of a batch
+        reports it once): what `--save-profile` fits a device's cost line to."""
         self.errors: Counter[str] = Counter()
         self.mismatches: Counter[str] = Counter()
         self.sent = 0
@@ -90,6 +93,11 @@ class Recorder:
             self.overhead_us.record_value(max(0, int(overhead)))
         if batch is not None:
             self.batch_size.record_value(max(0, int(batch)))
+            if compute_ms is not None:
+                cost = self.batch_costs.setdefault(int(batch), [0, 0.0, 0.0])
+                cost[0] += 1
+                cost[1] += compute_ms / 1000.0
+                cost[2] += (compute_ms / 1000.0) ** 2
         if attempts is not None and attempts > 1:
             self.retried += 1
 
@@ -131,6 +139,8 @@ class PhaseReport:
     """Latency of 429/503 answers (from intended send time): how fast overload is refused."""
     latency_hdr: str
     """The latency histogram (us), HdrHistogram-encoded, for merging runs."""
+    batch_costs: dict[int, list[float]]
+    """Batch size -> [answers, summed compute s, summed squared compute s] (Recorder.batch_costs)."""
 
     @classmethod
     def from_recorder(cls, rec: Recorder, window_s: float) -> PhaseReport:
@@ -159,6 +169,7 @@ class PhaseReport:
             send_lag_ms=_ms(rec.send_lag_us, 50, 99),
             rejection_ms=_ms(rec.rejection_us, 50, 99),
             latency_hdr=rec.latency_us.encode().decode() if rec.latency_us.get_total_count() else "",
+            batch_costs={n: list(c) for n, c in sorted(rec.batch_costs.items())},
         )
 
     @property

@@ -293,11 +293,13 @@ def _register_tools() -> None:
     from inferd.cli.fleet_cmds import drain, scale, update
     from inferd.cli.keys import keys_app
     from inferd.cli.slo import slo_app
+    from inferd.cli.fleet_sim import fleet_sim_app
     from inferd.cli.status import status
     from inferd.cli.top import top
     from inferd.cli.worker_cmd import worker
 
     app.command("status")(status)
+    app.add_typer(fleet_sim_app, name="fleet-sim")
     app.command("worker")(worker)
     app.command("top")(top)
     app.command("drain")(drain)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry, Counter, Histogram, ProcessCollector
 
 from inferd.clock import Clock, MonotonicClock
 from inferd.observability.cache_metrics import CacheMetrics
@@ -53,6 +53,7 @@ class Metrics:
         slos = slos or {}
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
+        ProcessCollector(registry=r)  # process_cpu_seconds_total etc.: the front end's own CPU and memory
         self.requests = Counter(
             "inferd_requests_total",
             "Logical requests by final outcome.",

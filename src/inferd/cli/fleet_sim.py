@@ -1,0 +1,157 @@
+"""`inferd fleet-sim`: simulate a fleet on a virtual clock with inferd's own runtime and policies
+(src/inferd/fleetsim/), and `validate` the simulator against real runs on this machine."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from inferd.config import ConfigError
+from inferd.fleetsim.arrivals import ArrivalSpec, arrival_times
+from inferd.fleetsim.batch_fleet import Failure, FleetSpec, simulate
+from inferd.fleetsim.profiles import BatchProfile
+from inferd.models.sim import sim_config
+
+fleet_sim_app = typer.Typer(help=__doc__, no_args_is_help=True)
+
+
+def parse_failure(kind: str, raw: str) -> Failure:
+    """'VALUE@SECONDS': kill 0.1@20 (a share of the devices), slow 10@5 (one device's slowdown),
+    lose-frontend 0@30 (a front end's index)."""
+    value, sep, at = raw.partition("@")
+    try:
+        number, at_s = float(value), float(at)
+    except ValueError:
+        raise typer.BadParameter(f"--{kind} takes VALUE@SECONDS, e.g. 0.1@20; got {raw!r}") from None
+    if not sep or at_s < 0:
+        raise typer.BadParameter(f"--{kind} takes VALUE@SECONDS with SECONDS >= 0; got {raw!r}")
+    if kind == "kill":
+        return Failure("kill", at_s, fraction=number)
+    if kind == "slow":
+        return Failure("slow", at_s, factor=number)
+    return Failure("lose_frontend", at_s, index=int(number))
+
+
+@fleet_sim_app.command()
+def run(
+    devices: Annotated[int, typer.Option(min=1, help="Devices (workers).")] = 4,
+    frontends: Annotated[
+        int, typer.Option(min=1, help="Front-end processes; arrivals split round-robin.")
+    ] = 1,
+    rate: Annotated[float, typer.Option(help="Mean arrival rate, requests/s.")] = 1000.0,
+    arrivals: Annotated[str, typer.Option(help="poisson, gamma, diurnal or trace.")] = "poisson",
+    cv: Annotated[float, typer.Option(help="gamma: coefficient of variation of the gaps.")] = 1.0,
+    amplitude: Annotated[float, typer.Option(help="diurnal: relative swing of the rate.")] = 0.5,
+    period_s: Annotated[float, typer.Option(help="diurnal: period in seconds.")] = 60.0,
+    trace: Annotated[Path | None, typer.Option(help='trace: a JSONL file of {"t": seconds} lines.')] = None,
+    duration: Annotated[float, typer.Option(help="Virtual seconds of arrivals.")] = 30.0,
+    warmup: Annotated[float, typer.Option(help="Virtual seconds left out of the report.")] = 2.0,
+    profile: Annotated[
+        Path | None, typer.Option(help="Device profile JSON (inferd bench --save-profile).")
+    ] = None,
+    base_ms: Annotated[float, typer.Option(help="Without --profile: a batch's fixed cost.")] = 20.0,
+    per_item_ms: Annotated[float, typer.Option(help="Without --profile: each item's cost.")] = 0.1,
+    max_batch_size: Annotated[int, typer.Option(min=1)] = 100,
+    max_wait_ms: Annotated[float, typer.Option(min=0.0)] = 10.0,
+    max_queue_size: Annotated[int | None, typer.Option(min=1, help="Default: 4 full batches.")] = None,
+    kill: Annotated[
+        list[str] | None, typer.Option(help="SHARE@SECONDS: kill that share of the devices.")
+    ] = None,
+    slow: Annotated[
+        list[str] | None, typer.Option(help="FACTOR@SECONDS: one device becomes that much slower.")
+    ] = None,
+    lose_frontend: Annotated[
+        list[str] | None, typer.Option(help="INDEX@SECONDS: that front end dies.")
+    ] = None,
+    seed: int = 0,
+    json_output: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
+) -> None:
+    """Simulate a batch model's fleet: throughput, latency percentiles, outcomes, mean batch size."""
+    try:
+        device = (
+            BatchProfile.load(profile)
+            if profile is not None
+            else BatchProfile(
+                "given", base_ms / 1000, per_item_ms / 1000, source="given: --base-ms/--per-item-ms"
+            )
+        )
+        times = arrival_times(ArrivalSpec(arrivals, rate, cv, amplitude, period_s, trace, seed), duration)
+    except ConfigError as exc:
+        raise typer.BadParameter(str(exc)) from None
+    overrides = {} if max_queue_size is None else {"max_queue_size": max_queue_size}
+    model = sim_config(max_batch_size=max_batch_size, max_wait_ms=max_wait_ms, **overrides)
+    failures = [
+        parse_failure(k, raw)
+        for k, values in (("kill", kill), ("slow", slow), ("lose-frontend", lose_frontend))
+        for raw in values or ()
+    ]
+    spec = FleetSpec(model, device, devices, times, frontends, warmup, failures=failures, seed=seed)
+    started = time.perf_counter()
+    report = simulate(spec)
+    wall = time.perf_counter() - started
+    out = {
+        **report.to_dict(),
+        "wall_s": round(wall, 2),
+        "profile": device.name,
+        "profile_source": device.source,
+    }
+    if json_output:
+        typer.echo(json.dumps(out))
+        return
+    table = Table(title=f"fleet-sim: {devices} devices, {frontends} front end(s), {arrivals} {rate:g} req/s")
+    table.add_column("")
+    table.add_column("value", justify="right")
+    for key, value in out.items():
+        table.add_row(key, str(value))
+    Console().print(table)
+
+
+@fleet_sim_app.command()
+def validate(
+    quick: Annotated[
+        bool, typer.Option("--quick", help="A reduced set (1 and 2 workers), a few minutes.")
+    ] = False,
+    duration: Annotated[float, typer.Option(help="Measured seconds of each real run.")] = 12.0,
+    warmup: Annotated[float, typer.Option(help="Warmup seconds of each run.")] = 2.0,
+    json_output: Annotated[bool, typer.Option("--json", help="Print the results as JSON.")] = False,
+) -> None:
+    """Run small cases for real and simulated; exit 1 when a case is outside its tolerance
+    (throughput 5%, p99 20%)."""
+    from inferd.fleetsim.validate import to_json
+    from inferd.fleetsim.validate import validate as run_validation
+
+    results = run_validation(quick, duration, warmup)
+    if json_output:
+        typer.echo(to_json(results))
+    else:
+        table = Table(title="fleet-sim validate: real vs simulated")
+        for header in (
+            "case",
+            "load",
+            "rate",
+            "real rps",
+            "sim rps",
+            "err",
+            "real p99",
+            "sim p99",
+            "err",
+            "real batch",
+            "sim batch",
+            "ok",
+        ):
+            table.add_column(header, justify="right")
+        for r in results:
+            table.add_row(
+                r.case, f"{r.load:.0%}", f"{r.rate:g}", f"{r.real_rps:g}", f"{r.sim_rps:g}", f"{r.throughput_error:.1%}",
+                f"{r.real_p99_ms}", f"{r.sim_p99_ms}", "-" if r.p99_error is None else f"{r.p99_error:.1%}",
+                f"{r.real_batch}", f"{r.sim_batch}", "yes" if r.ok else "NO",
+            )  # fmt: skip
+        Console().print(table)
+    if not all(r.ok for r in results):
+        raise typer.Exit(1)

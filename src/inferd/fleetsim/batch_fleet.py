@@ -1,0 +1,353 @@
+"""A fleet of batch-model devices behind one or more front ends, simulated on a virtual clock.
+
+Each front end is inferd's own `ModelRuntime` (batching/dispatcher.py), built as the server builds it:
+its queue, admission, batch policy, mix policy, power-of-two-choices balancer, outlier ejector,
+hedging watchdog and recovery run unchanged. Only the edges are simulated:
+- a device is the writer of a real `WorkerConnection`: a batch sent to it runs for the profile's cost
+  (one at a time, the staged one after), then the runtime gets the worker's `BatchDone`;
+- the front end's own CPU is a FIFO server taking `frontend_s` per request, and every answer gets the
+  profile's `overhead_s` (HTTP and IPC);
+- the supervisor brings a killed device back after `restart_s`.
+
+Front ends split the arrivals round-robin, as a connection-balancing load balancer would, and each has its
+own share of the devices (a front end that is lost fails what it held; its devices join the others).
+`ModelRuntime.enqueue` creates asyncio futures, so `run` is called inside a running event loop
+(`simulate` does that); nothing awaits them and no task runs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from inferd.batching.dispatcher import ModelRuntime
+from inferd.batching.queue import QueuedItem
+from inferd.batching.retry import RetryBudget
+from inferd.clock import FakeClock
+from inferd.config import ModelConfig
+from inferd.errors import Overloaded, ServingError
+from inferd.fleetsim.events import EventQueue
+from inferd.fleetsim.profiles import BatchProfile
+from inferd.fleetsim.report import Outcome, SimReport
+from inferd.observability.metrics import Metrics
+from inferd.worker import protocol as p
+from inferd.worker.connection import WorkerConnection
+
+WATCHDOG_EVERY_S = 0.1
+"""How often the runtime's watchdog runs (hedges, hung workers), as the server's does."""
+OUTPUT = "0" * 32
+DISPATCH_QUANTUM_S = 0.001
+"""The default time resolution of arrivals' dispatch: arrivals within this much of each other share one
+dispatch pass, as requests read in one turn of the server's event loop do; completions and the batch
+policy's own wake-ups dispatch at once."""
+
+
+@dataclass(frozen=True, slots=True)
+class Failure:
+    """At `at_s`: kill `fraction` of the devices ("kill"), slow one device by `factor` ("slow"), or lose
+    front end number `index` ("lose_frontend")."""
+
+    kind: str
+    at_s: float
+    fraction: float = 0.0
+    factor: float = 1.0
+    index: int = 0
+
+
+@dataclass(slots=True)
+class FleetSpec:
+    model: ModelConfig
+    profile: BatchProfile
+    devices: int
+    arrivals: np.ndarray
+    """Intended request times, seconds from the start."""
+    frontends: int = 1
+    warmup_s: float = 0.0
+    timeout_s: float | None = None
+    """The client's deadline per request (not sent to the server): later answers count as timeouts."""
+    failures: list[Failure] = field(default_factory=list)
+    restart_s: float = 2.0
+    seed: int = 0
+    dispatch_quantum_s: float = DISPATCH_QUANTUM_S
+
+
+class SimDevice:
+    """One device and its worker process: the writer of its WorkerConnection."""
+
+    def __init__(self, fleet: BatchFleet, frontend: Frontend, worker_id: str, slowdown: float = 1.0) -> None:
+        self.fleet = fleet
+        self.frontend = frontend
+        self.slowdown = slowdown
+        self.dead = False
+        self.free_at = 0.0
+        self.scheduled: set[int] = set()
+        self.conn = WorkerConnection(worker_id, fleet.model.name, 0, "sim", self)  # type: ignore[arg-type]
+        self.conn.version = fleet.model.version
+        self.transport = self
+
+    # the StreamWriter surface WorkerConnection uses
+    def write(self, data: bytes) -> None:
+        fleet = self.fleet
+        now = fleet.clock.now()
+        for batch_id, batch in self.conn.inflight.items():
+            if batch_id in self.scheduled:
+                continue
+            self.scheduled.add(batch_id)
+            cost = fleet.cost(len(batch.items)) * self.slowdown
+            start = max(now, self.free_at)
+            self.free_at = start + cost
+            fleet.events.at(self.free_at, fleet.finish, self, batch_id, cost)
+
+    def is_closing(self) -> bool:
+        return self.dead
+
+    def close(self) -> None:
+        self.dead = True
+
+    def abort(self) -> None:
+        self.dead = True
+
+
+class Frontend:
+    def __init__(self, fleet: BatchFleet, index: int) -> None:
+        self.index = index
+        self.rt = ModelRuntime(
+            fleet.model,
+            fleet.clock,
+            fleet.metrics.for_model(fleet.model.name),
+            RetryBudget(fleet.clock, 0.1, 10.0),
+            kill_worker=fleet.kill_hung,
+        )
+        self.free_at = 0.0
+        self.wake_at: float | None = None
+        self.pass_pending = False
+        self.devices: list[SimDevice] = []
+        self.lost = False
+
+
+class BatchFleet:
+    def __init__(self, spec: FleetSpec) -> None:
+        self.spec = spec
+        self.model = spec.model
+        self.profile = spec.profile
+        self.clock = FakeClock(0.0)
+        self.events = EventQueue(self.clock)
+        self.metrics = Metrics()
+        self.rng = np.random.default_rng(spec.seed)
+        self._noise = self.rng.standard_normal(1 << 16)
+        self._noise_at = 0
+        n = spec.arrivals.size
+        self.done_at = np.full(n, math.nan)
+        self.outcome = np.zeros(n, dtype=np.int8)
+        self.items: list[QueuedItem | None] = [None] * n
+        self.owner = np.full(n, -1, dtype=np.int32)
+        self.batches = 0
+        self.batched_squares = 0
+        self.full_batch = math.inf if spec.model.preferred_batch_sizes else spec.model.max_batch_size
+        """Below this many queued items an arrival cannot make the batch policy cut sooner than the
+        wake-up it asked for (with preferred sizes it can: every arrival dispatches)."""
+        self.batched_items = 0
+        self.restarts = 0
+        self.frontends = [Frontend(self, i) for i in range(spec.frontends)]
+        for d in range(spec.devices):
+            self.start_device(self.frontends[d % spec.frontends], f"{self.model.name}-{d}.0")
+
+    # ---- the device cost model --------------------------------------------------------------------------
+    def cost(self, n: int) -> float:
+        cost = self.profile.batch_s(n)
+        if self.profile.jitter_cv:
+            self._noise_at = (self._noise_at + 1) & 0xFFFF
+            cost *= max(0.05, 1.0 + self.profile.jitter_cv * self._noise[self._noise_at])
+        return cost
+
+    # ---- devices ---------------------------------------------------------------------------------------
+    def start_device(self, fe: Frontend, worker_id: str, slowdown: float = 1.0) -> SimDevice:
+        device = SimDevice(self, fe, worker_id, slowdown)
+        fe.devices.append(device)
+        fe.rt.add_worker(device.conn)
+        self.dispatch(fe)
+        return device
+
+    def kill(self, device: SimDevice, reason: str) -> None:
+        """The device's process dies: its connection is lost, the supervisor restarts it later."""
+        if device.dead:
+            return
+        device.dead = True
+        fe = device.frontend
+        fe.devices.remove(device)
+        fe.rt.on_worker_lost(device.conn, reason)
+        slot, _, generation = device.conn.worker_id.rpartition(".")
+        self.events.at(
+            self.clock.now() + self.spec.restart_s, self.restart, slot, int(generation) + 1, device.slowdown
+        )
+        self.dispatch(fe)
+
+    def kill_hung(self, conn: WorkerConnection) -> None:
+        for fe in self.frontends:
+            for device in fe.devices:
+                if device.conn is conn:
+                    self.events.at(self.clock.now(), self.kill, device, "killed by the watchdog")
+                    return
+
+    def restart(self, slot: str, generation: int, slowdown: float) -> None:
+        live = [fe for fe in self.frontends if not fe.lost]
+        if not live:
+            return
+        self.restarts += 1
+        fe = min(live, key=lambda f: len(f.devices))
+        self.start_device(fe, f"{slot}.{generation}", slowdown)
+
+    def finish(self, device: SimDevice, batch_id: int, cost: float) -> None:
+        if device.dead:
+            return
+        batch = device.conn.inflight.get(batch_id)
+        device.scheduled.discard(batch_id)
+        if batch is None:
+            return
+        items = batch.items
+        fe = device.frontend
+        fe.rt.on_batch_done(device.conn, p.BatchDone(batch_id, cost, [OUTPUT] * len(items)))
+        self.batches += 1
+        self.batched_items += len(items)
+        self.batched_squares += len(items) * len(items)
+        now = self.clock.now()
+        for item in items:
+            rid = item.payload
+            reply = item.reply
+            if self.outcome[rid] == Outcome.PENDING and reply.done() and reply.exception() is None:
+                self.done_at[rid] = now
+                self.outcome[rid] = Outcome.OK
+                self.items[rid] = None
+        self.dispatch(fe)
+
+    # ---- front ends --------------------------------------------------------------------------------------
+    def arrive(self, rid: int) -> None:
+        live = [fe for fe in self.frontends if not fe.lost]
+        if rid + 1 < self.spec.arrivals.size:
+            self.events.at(float(self.spec.arrivals[rid + 1]), self.arrive, rid + 1)
+        if not live:
+            self.outcome[rid] = Outcome.FAILED
+            return
+        fe = live[rid % len(live)]
+        now = self.clock.now()
+        start = max(now, fe.free_at)
+        fe.free_at = start + self.profile.frontend_s
+        if fe.free_at > now + self.profile.frontend_s:  # the front end's CPU is behind: wait for it
+            self.events.at(fe.free_at, self.admit, fe, rid)
+        else:
+            self.admit(fe, rid)
+
+    def admit(self, fe: Frontend, rid: int) -> None:
+        if fe.lost:
+            self.outcome[rid] = Outcome.FAILED
+            return
+        try:
+            (item,) = fe.rt.enqueue([rid], None)
+        except ServingError as exc:
+            self.outcome[rid] = Outcome.REJECTED if isinstance(exc, Overloaded) else Outcome.FAILED
+            self.done_at[rid] = self.clock.now()
+            return
+        self.items[rid] = item
+        self.owner[rid] = fe.index
+        if fe.wake_at is not None and len(fe.rt.queue) < self.full_batch:
+            return  # BatchPolicy cuts below a full batch only at its wake-up, which is already due
+        if not fe.pass_pending:
+            fe.pass_pending = True
+            self.events.at(self.clock.now() + self.spec.dispatch_quantum_s, self._pass, fe)
+
+    def dispatch(self, fe: Frontend) -> None:
+        if fe.lost:
+            return
+        wake_at = fe.rt.dispatch_due()
+        if wake_at is not None and (fe.wake_at is None or wake_at < fe.wake_at):
+            fe.wake_at = wake_at
+            self.events.at(wake_at, self._wake, fe)
+
+    def _pass(self, fe: Frontend) -> None:
+        fe.pass_pending = False
+        self.dispatch(fe)
+
+    def _wake(self, fe: Frontend) -> None:
+        fe.wake_at = None
+        self.dispatch(fe)
+
+    def watchdog(self) -> None:
+        now = self.clock.now()
+        for fe in self.frontends:
+            if fe.lost:
+                continue
+            for device in fe.devices:
+                device.conn.last_heartbeat = now
+            fe.rt.check_workers()
+            self.dispatch(fe)
+        self.events.at(now + WATCHDOG_EVERY_S, self.watchdog)
+
+    # ---- failures ----------------------------------------------------------------------------------------
+    def inject(self, failure: Failure) -> None:
+        devices = [d for fe in self.frontends for d in fe.devices if not d.dead]
+        if failure.kind == "kill":
+            count = math.ceil(failure.fraction * len(devices))
+            for device in devices[:count]:
+                self.kill(device, "killed (simulated failure)")
+        elif failure.kind == "slow" and devices:
+            devices[0].slowdown = failure.factor
+        elif failure.kind == "lose_frontend":
+            self.lose_frontend(self.frontends[failure.index % len(self.frontends)])
+        else:
+            raise ValueError(f"unknown failure kind {failure.kind!r}")
+
+    def lose_frontend(self, fe: Frontend) -> None:
+        """Its requests fail (the clients see a broken connection); its devices join the others."""
+        fe.lost = True
+        now = self.clock.now()
+        for rid in np.flatnonzero((self.owner == fe.index) & (self.outcome == Outcome.PENDING)):
+            self.outcome[rid] = Outcome.FAILED
+            self.done_at[rid] = now
+            self.items[rid] = None
+        for device in list(fe.devices):
+            device.dead = True
+            slot, _, generation = device.conn.worker_id.rpartition(".")
+            self.events.at(now, self.restart, slot, int(generation) + 1, device.slowdown)
+        fe.devices.clear()
+
+    # ---- running -------------------------------------------------------------------------------------------
+    def run(self) -> SimReport:
+        spec = self.spec
+        end = float(spec.arrivals[-1]) if spec.arrivals.size else 0.0
+        if spec.arrivals.size:
+            self.events.at(float(spec.arrivals[0]), self.arrive, 0)
+        self.events.at(0.0, self.watchdog)
+        for failure in spec.failures:
+            self.events.at(failure.at_s, self.inject, failure)
+        drain = 10.0 if spec.timeout_s is None else spec.timeout_s
+        self.events.run_until(end + drain)
+        self._settle_failures()
+        return SimReport.build(self, end)
+
+    @property
+    def events_processed(self) -> int:
+        return self.events.processed
+
+    def _settle_failures(self) -> None:
+        """Requests whose future holds an error (expired, worker died, retries exhausted) failed."""
+        for rid, item in enumerate(self.items):
+            if item is None or self.outcome[rid] != Outcome.PENDING:
+                continue
+            if item.reply.done():
+                self.outcome[rid] = Outcome.FAILED
+
+
+def simulate(spec: FleetSpec) -> SimReport:
+    """Run the fleet inside a private event loop (the runtime creates futures; no task ever runs)."""
+
+    async def main() -> SimReport:
+        return BatchFleet(spec).run()
+
+    loop = asyncio.new_event_loop()
+    try:
+        return loop.run_until_complete(main())
+    finally:
+        loop.close()

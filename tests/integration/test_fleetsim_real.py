@@ -1,0 +1,48 @@
+"""The simulator against the real thing on this machine: `inferd fleet-sim validate --quick` passes
+(throughput within 5%, p99 within 20% at 50% and 80% load, for 1 and 2 workers), and changing one policy
+parameter (the batch policy's max wait) moves the simulation and a real server the same way."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from inferd.bench.load_spec import LoadSpec
+from inferd.bench.loadgen import run_load_blocking
+from inferd.bench.open_loop import arrival_offsets
+from inferd.fleetsim.batch_fleet import FleetSpec, simulate
+from inferd.fleetsim.validate import Case, calibrate, real_server
+
+pytestmark = pytest.mark.slow
+
+
+def test_fleet_sim_validate_quick_passes() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "inferd.cli.main", "fleet-sim", "validate", "--quick", "--duration", "8", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_a_longer_max_wait_grows_batches_and_latency_in_simulation_and_for_real(tmp_path: Path) -> None:
+    base = Case("sim", 1, 20.0, 0.1, max_wait_ms=5.0)  # mostly idle at 50 req/s: the wait decides
+    measured = {}
+    for wait_ms in (5.0, 60.0):
+        case = replace(base, max_wait_ms=wait_ms)
+        with real_server(case, tmp_path) as (url, pid):
+            profile = calibrate(case, url, pid, 4.0)
+            spec = LoadSpec(url=url, rate=50.0, duration_s=8.0, warmup_s=1.0, seed=11)
+            real = run_load_blocking(spec).measured
+        arrivals = np.asarray(arrival_offsets(spec), dtype=float)
+        sim = simulate(FleetSpec(case.model(), profile, 1, arrivals, warmup_s=1.0, seed=11))
+        measured[wait_ms] = (real.batch_size["mean"], real.latency_ms["p50"], sim.answer_batch_size, sim.p50_ms)
+    (real_b1, real_p1, sim_b1, sim_p1), (real_b2, real_p2, sim_b2, sim_p2) = measured[5.0], measured[60.0]
+    assert real_b2 > real_b1 and sim_b2 > sim_b1, measured
+    assert real_p2 > real_p1 and sim_p2 > sim_p1, measured
