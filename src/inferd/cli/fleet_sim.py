@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import time
 from pathlib import Path
 from typing import Annotated
@@ -13,6 +14,7 @@ from rich.console import Console
 from rich.table import Table
 
 from inferd.config import ConfigError
+from inferd.fleet.autoscaler_config import AutoscalerConfig
 from inferd.fleetsim.arrivals import ArrivalSpec, arrival_times
 from inferd.fleetsim.batch_fleet import Failure, FleetSpec, simulate
 from inferd.fleetsim.profiles import BatchProfile
@@ -69,10 +71,18 @@ def run(
     lose_frontend: Annotated[
         list[str] | None, typer.Option(help="INDEX@SECONDS: that front end dies.")
     ] = None,
+    autoscale: Annotated[
+        bool, typer.Option(help="Run the server's autoscaler on the fleet (one front end).")
+    ] = False,
+    min_devices: Annotated[int, typer.Option(min=0, help="--autoscale: fewest devices.")] = 1,
+    max_devices: Annotated[int, typer.Option(min=1, help="--autoscale: most devices.")] = 8,
     seed: int = 0,
     json_output: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
 ) -> None:
     """Simulate a batch model's fleet: throughput, latency percentiles, outcomes, mean batch size."""
+    logging.getLogger("inferd").setLevel(
+        logging.ERROR
+    )  # the runtime's own lines (workers lost...) are expected here
     try:
         device = (
             BatchProfile.load(profile)
@@ -91,7 +101,10 @@ def run(
         for k, values in (("kill", kill), ("slow", slow), ("lose-frontend", lose_frontend))
         for raw in values or ()
     ]
-    spec = FleetSpec(model, device, devices, times, frontends, warmup, failures=failures, seed=seed)
+    scaling = AutoscalerConfig(min_workers=min_devices, max_workers=max_devices) if autoscale else None
+    spec = FleetSpec(
+        model, device, devices, times, frontends, warmup, failures=failures, seed=seed, autoscale=scaling
+    )
     started = time.perf_counter()
     report = simulate(spec)
     wall = time.perf_counter() - started

@@ -29,9 +29,11 @@ from inferd.batching.retry import RetryBudget
 from inferd.clock import FakeClock
 from inferd.config import ModelConfig
 from inferd.errors import Overloaded, ServingError
+from inferd.fleet.autoscaler_config import AutoscalerConfig
 from inferd.fleetsim.events import EventQueue
 from inferd.fleetsim.profiles import BatchProfile
 from inferd.fleetsim.report import Outcome, SimReport
+from inferd.fleetsim.scaling import SimScaling
 from inferd.observability.metrics import Metrics
 from inferd.worker import protocol as p
 from inferd.worker.connection import WorkerConnection
@@ -71,6 +73,8 @@ class FleetSpec:
     failures: list[Failure] = field(default_factory=list)
     restart_s: float = 2.0
     seed: int = 0
+    autoscale: AutoscalerConfig | None = None
+    """Drive the server's autoscaler (fleetsim/scaling.py); one front end."""
     dispatch_quantum_s: float = DISPATCH_QUANTUM_S
 
 
@@ -82,6 +86,7 @@ class SimDevice:
         self.frontend = frontend
         self.slowdown = slowdown
         self.dead = False
+        self.draining = False
         self.free_at = 0.0
         self.scheduled: set[int] = set()
         self.conn = WorkerConnection(worker_id, fleet.model.name, 0, "sim", self)  # type: ignore[arg-type]
@@ -154,6 +159,9 @@ class BatchFleet:
         self.frontends = [Frontend(self, i) for i in range(spec.frontends)]
         for d in range(spec.devices):
             self.start_device(self.frontends[d % spec.frontends], f"{self.model.name}-{d}.0")
+        if spec.autoscale is not None and spec.frontends != 1:
+            raise ValueError("the simulated autoscaler runs with one front end (the owner's)")
+        self.scaling = None if spec.autoscale is None else SimScaling(self, spec.autoscale)
 
     # ---- the device cost model --------------------------------------------------------------------------
     def cost(self, n: int) -> float:
@@ -185,6 +193,23 @@ class BatchFleet:
         )
         self.dispatch(fe)
 
+    def drain_one(self, fe: Frontend) -> None:
+        """Scale down by one: the least loaded device takes no new batch and leaves once it is idle."""
+        live = [d for d in fe.devices if not d.draining and not d.dead]
+        if not live:
+            return
+        device = min(live, key=lambda d: len(d.conn.inflight))
+        device.draining = True
+        fe.rt.drain_worker(device.conn)
+        if not device.conn.inflight:
+            self.retire(device)
+
+    def retire(self, device: SimDevice) -> None:
+        """A drained device's process exits: its connection closes with nothing in flight."""
+        device.dead = True
+        device.frontend.devices.remove(device)
+        device.frontend.rt.on_worker_lost(device.conn, "drained")
+
     def kill_hung(self, conn: WorkerConnection) -> None:
         for fe in self.frontends:
             for device in fe.devices:
@@ -214,6 +239,8 @@ class BatchFleet:
         self.batched_items += len(items)
         self.batched_squares += len(items) * len(items)
         now = self.clock.now()
+        if device.draining and not device.conn.inflight:
+            self.retire(device)
         for item in items:
             rid = item.payload
             reply = item.reply
@@ -320,6 +347,8 @@ class BatchFleet:
         if spec.arrivals.size:
             self.events.at(float(spec.arrivals[0]), self.arrive, 0)
         self.events.at(0.0, self.watchdog)
+        if self.scaling is not None:
+            self.events.at(self.scaling.interval_s, self.scaling.tick)
         for failure in spec.failures:
             self.events.at(failure.at_s, self.inject, failure)
         drain = 10.0 if spec.timeout_s is None else spec.timeout_s

@@ -57,6 +57,10 @@ class SimReport:
     """The batch size an answer saw, averaged over answers (what `inferd bench` reports as its mean)."""
     restarts: int
     events: int
+    devices_min: int = 0
+    """With the autoscaler: the fewest and most devices it ran, and how many times it changed the count."""
+    devices_max: int = 0
+    scale_changes: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -93,7 +97,17 @@ class SimReport:
             answer_batch_size=round(fleet.batched_squares / fleet.batched_items, 3) if fleet.batches else 0.0,
             restarts=fleet.restarts,
             events=fleet.events_processed,
+            **_scaling(getattr(fleet, "scaling", None), spec.devices),
         )
+
+
+def _scaling(scaling: Any, devices: int) -> dict[str, int]:
+    seen = [devices, *scaling.devices_seen] if scaling is not None else [devices]
+    return {
+        "devices_min": min(seen),
+        "devices_max": max(seen),
+        "scale_changes": 0 if scaling is None else scaling.changes,
+    }
 
 
 def _r(value: Any) -> float | None:
