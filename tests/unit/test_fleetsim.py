@@ -125,3 +125,20 @@ def test_the_servers_autoscaler_grows_the_fleet_under_load_and_shrinks_it_after(
     assert report.devices_max >= 3  # 1,500 req/s needs three devices of 500
     assert report.scale_changes >= 3  # up, then down again
     assert report.ok + report.rejected + report.failed == report.requests and report.failed == 0
+
+
+def test_tenants_quotas_refuse_only_the_tenant_over_its_rate_and_weights_share_the_queue() -> None:
+    from inferd.fleetsim.tenants import SimTenant
+    from inferd.gateway.tenants import TenantConfig
+
+    times = arrival_times(ArrivalSpec("poisson", 1500, seed=4), 20.0)  # 1.5x the devices' capacity
+    tenants = [
+        SimTenant("flood", 0.9, TenantConfig(requests_per_s=900.0, burst=100)),  # sends 1,350 req/s
+        SimTenant("light", 0.1, TenantConfig()),  # sends 150 req/s, unlimited
+    ]
+    report = simulate(FleetSpec(sim_config(), DEVICE, 2, times, warmup_s=2.0, tenants=tenants))
+    flood, light = report.tenants["flood"], report.tenants["light"]  # type: ignore[index]
+    assert flood["limited"] > 0.25 * flood["requests"]  # ~450 of its 1,350 req/s over its quota
+    assert light["limited"] == 0
+    assert report.limited == flood["limited"]
+    assert light["ok"] >= 0.99 * light["requests"]  # its fair share of the queue: no 429 for it

@@ -18,6 +18,8 @@ from inferd.fleet.autoscaler_config import AutoscalerConfig
 from inferd.fleetsim.arrivals import ArrivalSpec, arrival_times
 from inferd.fleetsim.batch_fleet import Failure, FleetSpec, simulate
 from inferd.fleetsim.profiles import BatchProfile
+from inferd.fleetsim.tenants import SimTenant
+from inferd.gateway.tenants import TenantConfig
 from inferd.models.sim import sim_config
 
 fleet_sim_app = typer.Typer(help=__doc__, no_args_is_help=True)
@@ -38,6 +40,20 @@ def parse_failure(kind: str, raw: str) -> Failure:
     if kind == "slow":
         return Failure("slow", at_s, factor=number)
     return Failure("lose_frontend", at_s, index=int(number))
+
+
+def parse_tenant(raw: str) -> SimTenant:
+    parts = raw.split(":")
+    try:
+        name, share = parts[0], float(parts[1])
+        rate = float(parts[2]) if len(parts) > 2 and parts[2] else None
+        burst = int(parts[3]) if len(parts) > 3 and parts[3] else None
+        weight = float(parts[4]) if len(parts) > 4 and parts[4] else 1.0
+        return SimTenant(name, share, TenantConfig(requests_per_s=rate, burst=burst, weight=weight))
+    except (IndexError, ValueError) as exc:
+        raise typer.BadParameter(
+            f"--tenant takes NAME:SHARE[:REQUESTS_PER_S[:BURST[:WEIGHT]]]; got {raw!r} ({exc})"
+        ) from None
 
 
 @fleet_sim_app.command()
@@ -76,6 +92,12 @@ def run(
     ] = False,
     min_devices: Annotated[int, typer.Option(min=0, help="--autoscale: fewest devices.")] = 1,
     max_devices: Annotated[int, typer.Option(min=1, help="--autoscale: most devices.")] = 8,
+    tenant: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="NAME:SHARE[:REQUESTS_PER_S[:BURST[:WEIGHT]]] (repeatable): who sends the arrivals."
+        ),
+    ] = None,
     seed: int = 0,
     json_output: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
 ) -> None:
@@ -105,6 +127,7 @@ def run(
     spec = FleetSpec(
         model, device, devices, times, frontends, warmup, failures=failures, seed=seed, autoscale=scaling
     )
+    spec.tenants = [parse_tenant(raw) for raw in tenant or ()]
     started = time.perf_counter()
     report = simulate(spec)
     wall = time.perf_counter() - started

@@ -24,7 +24,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from inferd.batching.dispatcher import ModelRuntime
-from inferd.batching.queue import QueuedItem
+from inferd.batching.fairness import NO_TENANT
+from inferd.batching.queue import INTERACTIVE, QueuedItem
 from inferd.batching.retry import RetryBudget
 from inferd.clock import FakeClock
 from inferd.config import ModelConfig
@@ -34,6 +35,7 @@ from inferd.fleetsim.events import EventQueue
 from inferd.fleetsim.profiles import BatchProfile
 from inferd.fleetsim.report import Outcome, SimReport
 from inferd.fleetsim.scaling import SimScaling
+from inferd.fleetsim.tenants import SimTenant, SimTenants
 from inferd.observability.metrics import Metrics
 from inferd.worker import protocol as p
 from inferd.worker.connection import WorkerConnection
@@ -74,6 +76,8 @@ class FleetSpec:
     restart_s: float = 2.0
     seed: int = 0
     autoscale: AutoscalerConfig | None = None
+    tenants: list[SimTenant] = field(default_factory=list)
+    """Who sends the arrivals, with their quotas and weights (fleetsim/tenants.py); none: no tenants."""
     """Drive the server's autoscaler (fleetsim/scaling.py); one front end."""
     dispatch_quantum_s: float = DISPATCH_QUANTUM_S
 
@@ -162,6 +166,7 @@ class BatchFleet:
         if spec.autoscale is not None and spec.frontends != 1:
             raise ValueError("the simulated autoscaler runs with one front end (the owner's)")
         self.scaling = None if spec.autoscale is None else SimScaling(self, spec.autoscale)
+        self.tenants = SimTenants(spec.tenants, n, spec.seed) if spec.tenants else None
 
     # ---- the device cost model --------------------------------------------------------------------------
     def cost(self, n: int) -> float:
@@ -248,6 +253,8 @@ class BatchFleet:
                 self.done_at[rid] = now
                 self.outcome[rid] = Outcome.OK
                 self.items[rid] = None
+                if self.tenants is not None:
+                    self.tenants.release(rid, now)
         self.dispatch(fe)
 
     # ---- front ends --------------------------------------------------------------------------------------
@@ -271,8 +278,13 @@ class BatchFleet:
         if fe.lost:
             self.outcome[rid] = Outcome.FAILED
             return
+        share = NO_TENANT if self.tenants is None else self.tenants.admit(rid, self.clock.now())
+        if share is None:  # the tenant's own quota: a 429 from the gateway, before the queue
+            self.outcome[rid] = Outcome.LIMITED
+            self.done_at[rid] = self.clock.now()
+            return
         try:
-            (item,) = fe.rt.enqueue([rid], None)
+            (item,) = fe.rt.enqueue([rid], None, INTERACTIVE, share)
         except ServingError as exc:
             self.outcome[rid] = Outcome.REJECTED if isinstance(exc, Overloaded) else Outcome.FAILED
             self.done_at[rid] = self.clock.now()
@@ -365,8 +377,9 @@ class BatchFleet:
         for rid, item in enumerate(self.items):
             if item is None or self.outcome[rid] != Outcome.PENDING:
                 continue
-            if item.reply.done():
-                self.outcome[rid] = Outcome.FAILED
+            if item.reply.done():  # a displaced request (a tenant within its share took its place) is a 429
+                refused = isinstance(item.reply.exception(), Overloaded)
+                self.outcome[rid] = Outcome.REJECTED if refused else Outcome.FAILED
 
 
 def simulate(spec: FleetSpec) -> SimReport:

@@ -21,6 +21,8 @@ class Outcome(enum.IntEnum):
     """5xx, expired, or the front end was lost."""
     TIMEOUT = 4
     """Answered after the client's deadline, or never."""
+    LIMITED = 5
+    """429 from the tenant's own quota (the gateway, before the queue)."""
 
 
 class FinishedRun(Protocol):
@@ -61,6 +63,10 @@ class SimReport:
     """With the autoscaler: the fewest and most devices it ran, and how many times it changed the count."""
     devices_max: int = 0
     scale_changes: int = 0
+    limited: int = 0
+    """Refused by their tenant's quota."""
+    tenants: dict[str, Any] | None = None
+    """Per tenant: requests, ok, limited, p99_ms."""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -98,6 +104,12 @@ class SimReport:
             restarts=fleet.restarts,
             events=fleet.events_processed,
             **_scaling(getattr(fleet, "scaling", None), spec.devices),
+            limited=int((window & (outcome == Outcome.LIMITED)).sum()),
+            tenants=None
+            if getattr(fleet, "tenants", None) is None
+            else fleet.tenants.summary(
+                outcome == Outcome.OK, outcome == Outcome.LIMITED, latency * 1000.0, window
+            ),  # type: ignore[attr-defined]
         )
 
 
