@@ -86,7 +86,9 @@ class LLMEngine:
             plan = self.scheduler.schedule()
             outputs, compute_s = await self._run(plan)
             deltas = self.scheduler.apply(plan, outputs)
-            await self._deliver(notes + [self._wire(d) for d in deltas], compute_s, plan.admitted)
+            await self._deliver(
+                notes + [self._wire(d) for d in deltas], compute_s, plan.admitted, plan.preempted
+            )
 
     def _receive(self) -> list[p.SeqDelta]:
         """Apply queued messages; return refusals and aborts to report."""
@@ -123,12 +125,16 @@ class LLMEngine:
         return outputs, time.perf_counter() - start
 
     async def _deliver(
-        self, deltas: list[p.SeqDelta], compute_s: float, admitted: tuple[str, ...] = ()
+        self,
+        deltas: list[p.SeqDelta],
+        compute_s: float,
+        admitted: tuple[str, ...] = (),
+        preempted: tuple[str, ...] = (),
     ) -> None:
         for d in deltas:
             if d.finish_reason is not None:
                 self._release(d.seq_id)
-        self.send(p.StepDeltas(compute_s, deltas, self._stats(), list(admitted)))
+        self.send(p.StepDeltas(compute_s, deltas, self._stats(), list(admitted), list(preempted)))
         await self.flush()  # backpressure: a slow front end slows the engine, never grows a buffer
 
     async def _idle(self) -> None:
