@@ -51,6 +51,8 @@ BASE_SLACK = 0.1
 """Share of latency_ms always left to what the policy cannot see ..."""
 SLACK_PER_NINE = 0.05
 """... plus this much per nine of latency_target (a stricter target leaves more room for jitter)."""
+TIME_TOLERANCE_S = 1e-6
+"""A batch due within this much of now is cut now."""
 WAIT_BASE_FRACTION = 0.5
 """An idle worker waits for company at most this share of the batch's base cost a (from its oldest item)."""
 
@@ -91,6 +93,8 @@ class SloBatchPolicy:
         self._arrived = arrived
         self.arrivals = ArrivalRate(slo.latency_ms / 1000.0)
         self.drained = 0
+        self._promised: tuple[float, float] | None = None
+        """(oldest_at, due_at) of the wake-up last asked for: at it that batch is cut."""
 
     def decide(
         self,
@@ -117,9 +121,12 @@ class SloBatchPolicy:
     def slo_size(self, line: CostLine) -> int:
         """The largest n <= max_batch_size with cost(n) <= budget (at least 1)."""
         base, per_item = line
-        if per_item <= 0:
+        room = self.budget_s - base
+        if room <= per_item:
+            return 1
+        if room >= per_item * self.max_batch_size:
             return self.max_batch_size
-        return max(1, min(self.max_batch_size, int((self.budget_s - base) / per_item)))
+        return max(1, int(room / per_item))
 
     def size_for(self, start: float, queued: int, oldest_at: float, line: CostLine) -> tuple[int, bool]:
         """(the size of a batch starting at `start`, whether it drains a lost backlog)."""
@@ -141,8 +148,12 @@ class SloBatchPolicy:
         due_at = min(
             self.due_at(now, queued, oldest_at, line, rate), oldest_at + WAIT_BASE_FRACTION * line[0]
         )
-        if now >= due_at:
+        if self._promised is not None and self._promised[0] == oldest_at:
+            due_at = min(due_at, self._promised[1])  # a wake-up asked for cuts, whatever the rate did since
+        if now >= due_at - TIME_TOLERANCE_S:
+            self._promised = None
             return CutDecision(queued)
+        self._promised = (oldest_at, due_at)
         return CutDecision(0, wake_at=due_at)
 
     def due_at(self, now: float, queued: int, oldest_at: float, line: CostLine, rate: float) -> float:
