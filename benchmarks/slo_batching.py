@@ -143,17 +143,23 @@ def main() -> int:
     ap.add_argument("--warmup", type=float, default=2.0)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--sim-only", action="store_true")
+    ap.add_argument("--fixed", help="SIZExWAIT_MS: skip the simulation, run this fixed setting for real")
     args = ap.parse_args()
-    results: dict[str, Any] = {"command": " ".join(sys.argv), "sim": sim_part(args)}
-    sim = results["sim"]
-    best = sim["best_fixed"]
-    size, wait = best.split("x")
-    print(
-        f"| simulated, gamma CV {args.cv:g} at {args.rate:g} req/s | goodput (answers <= {args.latency_ms:g} ms)/s |"
-    )
-    print("|---|---|")
-    print(f"| best fixed ({size} x {wait} ms of {len(sim['grid'])}) | {sim['grid'][best]['goodput_rps']} |")
-    print(f"| SLO policy (hard cap {args.hard_cap}) | {sim['slo']['goodput_rps']} |")
+    results: dict[str, Any] = {"command": " ".join(sys.argv)}
+    if args.fixed:
+        size, wait = args.fixed.split("x")
+    else:
+        sim = results["sim"] = sim_part(args)
+        best = sim["best_fixed"]
+        size, wait = best.split("x")
+        print(
+            f"| simulated, gamma CV {args.cv:g} at {args.rate:g} req/s | goodput (<= {args.latency_ms:g} ms)/s |"
+        )
+        print("|---|---|")
+        print(
+            f"| best fixed ({size} x {wait} ms, of {len(sim['grid'])}) | {sim['grid'][best]['goodput_rps']} |"
+        )
+        print(f"| SLO policy (hard cap {args.hard_cap}) | {sim['slo']['goodput_rps']} |")
     if not args.sim_only:
         results["real"] = {
             "fixed": real_run(args, int(size), float(wait), "fixed"),
