@@ -155,9 +155,13 @@ class BatchFleet:
         self.owner = np.full(n, -1, dtype=np.int32)
         self.batches = 0
         self.batched_squares = 0
-        self.full_batch = math.inf if spec.model.preferred_batch_sizes else spec.model.max_batch_size
+        self.full_batch = (
+            0
+            if spec.model.preferred_batch_sizes or spec.model.batching == "slo"
+            else spec.model.max_batch_size
+        )
         """Below this many queued items an arrival cannot make the batch policy cut sooner than the
-        wake-up it asked for (with preferred sizes it can: every arrival dispatches)."""
+        wake-up it asked for (with preferred sizes or SLO batching it can: every arrival dispatches)."""
         self.batched_items = 0
         self.restarts = 0
         self.frontends = [Frontend(self, i) for i in range(spec.frontends)]
