@@ -305,7 +305,9 @@ async def test_goodput_counts_only_answers_within_the_slo(stub: Stub) -> None:
 async def test_raw_client_keeps_connections_alive(stub: Stub) -> None:
     m = (await run_load(spec(stub.url))).measured
     assert m.ok == 100
-    assert len(stub.behaviour.peers) <= 4  # 200 req/s of ~1 ms answers: a few connections, reused
+    # 200 req/s of ~1 ms answers: a few connections, reused (a handful on a quiet machine; a loaded one
+    # lets more requests overlap, so a new connection now and then: still far fewer than requests)
+    assert len(stub.behaviour.peers) <= 12
 
 
 async def test_raw_client_reconnects_when_the_server_closes_connections(stub: Stub) -> None:
