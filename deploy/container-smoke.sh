@@ -5,20 +5,24 @@
 #
 #   deploy/container-smoke.sh [IMAGE]        default IMAGE: localhost/inferd:dev
 #   ENGINE=docker deploy/container-smoke.sh  (default: podman)
-#   ENGINE_ARGS="--runtime runc ..."         extra engine options (docs/deploy.md: a sandboxed host)
+#   ENGINE_ARGS="--runtime runc ..."         extra engine options, before the command (docs/deploy.md:
+#                                            a sandboxed host)
+#   RUN_ARGS="--ulimit nofile=1024:1024 ..." extra `run` options
 #
-# Build the image first (docs/deploy.md); the build compiles llama.cpp, minutes on a small machine, which
-# is why this is a manual check and not part of the test suite.
+# Build the image first (docs/deploy.md); the full build compiles llama.cpp, tens of minutes on a small
+# machine, which is why this is a manual check and not part of the test suite. It checks the slim image
+# (WITH_LLAMA=0) as well: neither check needs smollm2.
 set -euo pipefail
 IMAGE="${1:-localhost/inferd:dev}"
 ENGINE="${ENGINE:-podman}"
 PORT="${PORT:-18000}"
 read -r -a extra <<<"${ENGINE_ARGS:-}"
+read -r -a run_extra <<<"${RUN_ARGS:-}"
 name="inferd-smoke-$$"
 cleanup() { "$ENGINE" "${extra[@]}" rm -f "$name" >/dev/null 2>&1 || true; }
 trap cleanup EXIT
 start=$SECONDS
-"$ENGINE" "${extra[@]}" run -d --name "$name" --read-only --tmpfs /tmp -p "127.0.0.1:$PORT:8000" "$IMAGE" >/dev/null
+"$ENGINE" "${extra[@]}" run "${run_extra[@]}" -d --name "$name" --read-only --tmpfs /tmp -p "127.0.0.1:$PORT:8000" "$IMAGE" >/dev/null
 for _ in $(seq 1 180); do  # bounded: 180 x 1 s
     if curl -sf "http://127.0.0.1:$PORT/v2/health/ready" >/dev/null; then
         echo "ready after $((SECONDS - start)) s"
