@@ -68,10 +68,12 @@ print(weights_path({**smollm2_config().params, 'cache_dir': '/opt/inferd-cache'}
 # ---- runtime ------------------------------------------------------------------------------------------
 FROM ${BASE} AS runtime
 ENV DEBIAN_FRONTEND=noninteractive
-# libgomp1: llama.cpp's OpenMP threads (a few hundred kB; kept in both variants, one layer for both)
+# libgomp1: llama.cpp's OpenMP threads (a few hundred kB; kept in both variants, one layer for both).
+# /var/cache/apt/*.bin: apt's package caches (75 MB), which bases without the Debian image's docker-clean
+# apt configuration (an mmdebstrap one) would otherwise keep
 RUN apt-get update -q \
     && apt-get install -y -q --no-install-recommends libgomp1 \
-    && rm -rf /var/lib/apt/lists/* \
+    && rm -rf /var/lib/apt/lists/* /var/cache/apt/*.bin \
     && useradd --system --uid 10001 --user-group --home-dir /home/inferd --create-home --shell /usr/sbin/nologin inferd
 COPY --from=build /opt/inferd /opt/inferd
 COPY --from=models --chown=10001:10001 /opt/inferd-cache /home/inferd/.cache/inferd

@@ -36,9 +36,15 @@ for _ in $(seq 1 180); do  # bounded: 180 x 1 s
     sleep 1
 done
 curl -sf "http://127.0.0.1:$PORT/v2/health/ready" >/dev/null || { "$ENGINE" "${extra[@]}" logs "$name" | tail -30; echo "error: not ready in 180 s" >&2; exit 1; }
-curl -sf "http://127.0.0.1:$PORT/v2/models/sim/infer" -H 'Content-Type: application/json' \
-    -d '{"inputs": [{"name": "INPUT0", "shape": [1], "datatype": "BYTES", "data": ["hello"]}]}' | head -c 200; echo
-curl -sf "http://127.0.0.1:$PORT/v1/embeddings" -H 'Content-Type: application/json' \
-    -d '{"model": "minilm", "input": ["a cat sat on the mat"]}' | head -c 120; echo
+# whole answers first, then their start: `curl | head -c` would fail the script (curl's write error 23
+# under pipefail) whenever the answer is longer than what head keeps
+infer=$(curl -sf "http://127.0.0.1:$PORT/v2/models/sim/infer" -H 'Content-Type: application/json' \
+    -d '{"inputs": [{"name": "INPUT0", "shape": [1], "datatype": "BYTES", "data": ["hello"]}]}')
+echo "${infer:0:200}"
+[[ "$infer" == *'"name":"OUTPUT0"'* ]] || { echo "error: no OUTPUT0 in sim's answer" >&2; exit 1; }
+embedding=$(curl -sf "http://127.0.0.1:$PORT/v1/embeddings" -H 'Content-Type: application/json' \
+    -d '{"model": "minilm", "input": ["a cat sat on the mat"]}')
+echo "${embedding:0:120}"
+[[ "$embedding" == *'"embedding":['* ]] || { echo "error: no embedding in minilm's answer" >&2; exit 1; }
 "$ENGINE" "${extra[@]}" exec "$name" id
 echo "ok"
