@@ -11,7 +11,7 @@
 #                     its venv module works: docs/deploy.md builds one offline with mmdebstrap.
 #   LOCK              the dependency lock to install: requirements/lock.txt (serving), or
 #                     requirements/lock-test.txt for an image that also holds Ray (KubeRay example)
-#   WITH_LLAMA        1 (default): llama-cpp-python, compiled from source (tens of minutes on 2 cores), and
+#   WITH_LLAMA        1 (default): llama-cpp-python, compiled from source (about 20 minutes on 2 cores), and
 #                     the smollm2 model; 0: neither, and the server serves sim, minilm and sim-llm (it
 #                     leaves smollm2 out by itself when llama_cpp is not importable)
 #   LLAMA_CMAKE_ARGS  llama.cpp's CPU flags: AVX2 (x86-64-v3), not the build machine's own, so the image

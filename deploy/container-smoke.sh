@@ -9,7 +9,7 @@
 #                                            a sandboxed host)
 #   RUN_ARGS="--ulimit nofile=1024:1024 ..." extra `run` options
 #
-# Build the image first (docs/deploy.md); the full build compiles llama.cpp, tens of minutes on a small
+# Build the image first (docs/deploy.md); the full build compiles llama.cpp, about 20 minutes on a small
 # machine, which is why this is a manual check and not part of the test suite. It checks the slim image
 # (WITH_LLAMA=0) as well: neither check needs smollm2.
 set -euo pipefail
