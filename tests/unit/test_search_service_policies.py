@@ -4,6 +4,7 @@ the caches, request checks and the sequencer's group commit."""
 from __future__ import annotations
 
 import asyncio
+import os
 import random
 from pathlib import Path
 from types import SimpleNamespace
@@ -13,12 +14,15 @@ import pytest
 from inferd.clock import FakeClock
 from inferd.errors import BadRequest, PayloadTooLarge
 from inferd.search.caches import LRU
+from inferd.search.config import parse_params
 from inferd.search.embedder import EmbedderHealth, EmbedderState
 from inferd.search.hedge import HedgePolicy
+from inferd.search.indexes import IndexAdmin, worker_cap
 from inferd.search.replicas import Replica, ReplicaChooser, ReplicaPhase, least_served_shard
 from inferd.search.requests import MAX_BATCH_DOCUMENTS, parse_documents, parse_search
 from inferd.search.sequencer import ShardLog
 from inferd.search.service import shard_of
+from inferd.search.store import IndexStore
 from inferd.search.types import Delete, Document, Upsert
 from inferd.worker.connection import WorkerState
 
@@ -143,3 +147,36 @@ async def test_concurrent_writers_share_group_commits_and_get_consecutive_seqs(t
     assert reopened.durable_seq == 20 and reopened.first_seq == 16
     assert await reopened.append([Delete(id="d1")]) == 21
     reopened.close()
+
+
+class _NoServer:
+    """A composition root that fails the test if an index is started."""
+
+    registry = None
+    supervisor = None
+
+    def add_version(self, config: object) -> None:
+        raise AssertionError("a refused index must start nothing")
+
+
+@pytest.mark.parametrize(
+    ("settings", "named"),
+    [
+        ({"shards": 65}, "shards"),
+        ({"replicas": 9}, "replicas"),
+        ({"shards": 1000, "replicas": 1000}, "shards"),
+    ],
+)
+def test_index_settings_cap_shards_and_replicas(settings: dict, named: str) -> None:
+    with pytest.raises(BadRequest, match=named):
+        parse_params(settings, "settings of index 'big'")
+
+
+async def test_an_index_over_the_machines_process_cap_is_refused_before_anything_starts(
+    tmp_path: Path,
+) -> None:
+    assert worker_cap(2) == 16 and worker_cap(64) == 256 and worker_cap(None) == 16
+    admin = IndexAdmin(_NoServer(), IndexStore(tmp_path), max_workers=worker_cap(2))  # type: ignore[arg-type]
+    with pytest.raises(BadRequest, match=r"64 shards x 8 replicas = 512 worker processes.*at most 16"):
+        await admin.create("big", parse_params({"shards": 64, "replicas": 8}, "settings"))
+    assert not os.listdir(tmp_path)  # nothing saved either

@@ -35,8 +35,9 @@ class SearchParams(BaseModel):
 
     shards: int = Field(default=2, ge=1, le=64)
     """Documents are spread over this many shards by a hash of their id."""
-    replicas: int = Field(default=2, ge=1, le=16)
-    """Worker processes holding a copy of each shard."""
+    replicas: int = Field(default=2, ge=1, le=8)
+    """Worker processes holding a copy of each shard (the index runs shards x replicas processes; the
+    API caps that product per machine: search/indexes.py)."""
     embedder: str = Field(default="minilm", min_length=1, max_length=64)
     """The batch model that embeds documents and queries (its EMBEDDING output); "none": lexical only."""
     dim: int = Field(default=384, ge=1, le=4096)

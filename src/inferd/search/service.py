@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from inferd.errors import NotFound, ServingError, WorkerUnavailable
+from inferd.observability import tracing
 from inferd.runtime.kinds import RuntimeContext
 from inferd.search import fusion, wire
 from inferd.search.caches import LRU, CacheStatistics
@@ -162,7 +163,8 @@ class IndexService:
         answered = [r for r in results if r is not None]
         if not answered:
             raise WorkerUnavailable(self._nobody_answered(req.timeout_ms))
-        hits = self._fuse(mode, answered, req.k)
+        with tracing.span("inferd.search.fuse", mode=mode, shards=len(answered)):
+            hits = self._fuse(mode, answered, req.k)
         body = {
             "hits": [{"id": h.id, "score": h.score, "title": h.title} for h in hits],
             "coverage": {"shards": len(results), "answered": len(answered)},
@@ -184,7 +186,9 @@ class IndexService:
             return "lexical", None, []
         budget = min(EMBED_BUDGET_S, max(0.0, deadline - self.clock.now()) / 2)
         try:
-            return req.mode, await self.embedder.query(req.query, self.clock.now() + budget), []
+            with tracing.span("inferd.search.embed", model=self.embedder.model):  # records a failure
+                vector = await self.embedder.query(req.query, self.clock.now() + budget)
+            return req.mode, vector, []
         except ServingError as exc:
             if req.mode == "dense":
                 raise unavailable(exc) from None
