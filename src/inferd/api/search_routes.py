@@ -133,9 +133,19 @@ def describe(rt: Any) -> dict[str, Any]:
             ]
             for s in shards
         ],
-        "embedder": {"model": rt.params.embedder, "state": stats.service.embedder},
+        "embedder": {"model": rt.params.embedder, "state": stats.service.embedder, **_versions(stats)},
+        "hedge": {"requests": stats.service.hedge.requests, "hedges": stats.service.hedge.hedges},
         "settings": rt.params.model_dump(),
     }
+
+
+def _versions(stats: Any) -> dict[str, Any]:
+    """The embedder version of the index's vectors, and a running re-embed (search/reembed.py)."""
+    re = stats.service.reembed
+    if re is None:
+        return {}
+    running = None if re.target is None else {"to": re.target, "documents": re.reembedded}
+    return {"version": re.version, "reembedding": running}
 
 
 def _answer(body: dict[str, Any], status: int = 200) -> HttpResponse:

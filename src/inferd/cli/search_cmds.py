@@ -95,6 +95,16 @@ def bench_search(
         float | None, typer.Option(help="SIGSTOP a replica of shard 0 at this second.")
     ] = None,
     slow_s: Annotated[float, typer.Option(help="How long the stopped replica stays stopped.")] = 2.0,
+    slow_factor: Annotated[
+        float | None,
+        typer.Option(help="Slow the replica this many times (run 1/F of the time) instead of stopping it."),
+    ] = None,
+    result_cache: Annotated[
+        bool, typer.Option("--result-cache/--no-result-cache", help="Let searches use the result cache.")
+    ] = True,
+    fresh_queries: Annotated[
+        bool, typer.Option(help="Make every search's text unique, so each query is embedded (uncached).")
+    ] = False,
     out: Annotated[
         Path | None, typer.Option(help="Save the report (the profile `inferd plan search` reads).")
     ] = None,
@@ -120,6 +130,9 @@ def bench_search(
         kill_at_s=kill_at_s,
         slow_at_s=slow_at_s,
         slow_s=slow_s,
+        slow_factor=slow_factor,
+        result_cache=result_cache,
+        fresh_queries=fresh_queries,
     )
     report = asyncio.run(run_bench(spec)).to_json()
     if out is not None:

@@ -63,6 +63,9 @@ class DenseIndex:
         """Live vectors."""
         return len(self._slot_place)
 
+    def has(self, slot: int) -> bool:
+        return slot in self._slot_place
+
     def add(self, slot: int, vector: np.ndarray) -> None:
         if slot in self._slot_place:
             raise ValueError(f"slot {slot} already has a vector")
