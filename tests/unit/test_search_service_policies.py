@@ -4,6 +4,7 @@ the caches, request checks and the sequencer's group commit."""
 from __future__ import annotations
 
 import asyncio
+import math
 import os
 import random
 from pathlib import Path
@@ -79,6 +80,30 @@ def test_choice_prefers_fresh_replicas_then_the_lower_load() -> None:
     assert chooser.choose([stale], 9, {stale}) is None
 
 
+def test_choice_avoids_a_slow_replica_then_tries_it_again_once_its_estimate_decays() -> None:
+    fast, slow = replica(0, 9, load=3), replica(0, 9)
+    fast.observe(0.002, now=0.0)
+    slow.observe(0.040, now=0.0)  # idle, but 10x slower: 4 x 2 ms in flight still beats 1 x 40 ms
+    chooser = ReplicaChooser(random.Random(1))
+    assert {chooser.choose([fast, slow], 9, set(), now=0.0) for _ in range(20)} == {fast}
+    fast.observe(0.002, now=4.0)
+    assert chooser.choose([fast, slow], 9, set(), now=4.0) is slow  # 40 ms x e^-4 < 4 x 2 ms: a probe
+    slow.observe(0.001, now=4.0)  # it recovered: the decayed estimate (0.7 ms) rises to its answer
+    assert slow.latency_s == 0.001 and slow.expected_s(4.0) < 0.040 * math.exp(-3)
+    assert chooser.choose([fast, slow], 9, set(), now=4.0) is slow  # and it takes its share again
+
+
+def test_a_slower_answer_counts_whole_and_an_unanswered_call_only_raises_the_estimate() -> None:
+    r = replica(0, 0)
+    r.observe(0.010, now=0.0)
+    r.observe(0.030, now=0.0)
+    assert r.latency_s == 0.030  # a peak is taken whole
+    r.observe(0.005, now=0.0, lower_bound=True)  # given up after 5 ms: says nothing new
+    assert r.latency_s == 0.030
+    r.observe(0.050, now=0.0, lower_bound=True)
+    assert r.latency_s == 0.050
+
+
 def test_a_joining_replica_takes_the_shard_with_fewest_replicas() -> None:
     assert least_served_shard(3, [replica(0, 0), replica(0, 0), replica(2, 0)]) == 1
 
@@ -103,6 +128,7 @@ def test_lru_evicts_the_least_recently_used() -> None:
         (b'{"query": "x", "min_seq": [1]}', "min_seq"),
         (b'{"query": "x", "filter": {"lang": {"in": "en"}}}', "lang"),
         (b'{"query": "x", "top": 3}', "top"),
+        (b'{"query": "x", "cache": 0}', '"cache"'),
         (b"[1]", "JSON object"),
         (b"{", "not valid JSON"),
     ],
@@ -110,6 +136,11 @@ def test_lru_evicts_the_least_recently_used() -> None:
 def test_bad_searches_name_the_problem(body: bytes, named: str) -> None:
     with pytest.raises(BadRequest, match=named):
         parse_search(body, FIELDS, shards=2)
+
+
+def test_a_search_may_skip_the_result_cache() -> None:
+    assert parse_search(b'{"query": "x"}', FIELDS, shards=2).cache is True
+    assert parse_search(b'{"query": "x", "cache": false}', FIELDS, shards=2).cache is False
 
 
 def test_documents_are_checked_whole() -> None:

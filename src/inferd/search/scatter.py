@@ -1,10 +1,10 @@
 """Scatter a query to one replica of each shard and gather what answers by the deadline.
 
-Per shard: pick a replica (power of two choices on load among the fresh ones); if it has not answered
-after the shard's observed p95, hedge to a second replica within the hedge budget (5% extra shard
-requests); if one fails (it died, it refused), ask another while time is left. Every shard has the
-request's deadline (less a small margin to fuse and answer); a shard that has not answered by then is
-left out of the coverage, never an error.
+Per shard: pick a replica (power of two choices among the fresh ones, on calls in flight times their
+latency); if it has not answered after the shard's observed p95, hedge to a second replica within the
+hedge budget (5% extra shard requests); if one fails (it died, it refused), ask another while time is
+left. Every shard has the request's deadline (less a small margin to fuse and answer); a shard that has
+not answered by then is left out of the coverage, never an error.
 """
 
 from __future__ import annotations
@@ -79,7 +79,7 @@ class Scatter:
         try:
             while True:
                 if not flight or (not hedged and self._hedge_due(shard, flight)):
-                    replica = self.chooser.choose(candidates, min_seq, tried)
+                    replica = self.chooser.choose(candidates, min_seq, tried, self.clock.now())
                     if replica is None and not flight:
                         return None  # no live replica left to ask
                     if flight:  # a hedge: at most one per shard request, within the budget
@@ -104,12 +104,16 @@ class Scatter:
                         self.failures += 1
                         tracing.end_span(span, outcome="failed", error=exc.code)
                         continue
-                    self.hedge.observe(shard, self.clock.now() - sent)
+                    now = self.clock.now()
+                    self.hedge.observe(shard, now - sent)
+                    replica.observe(now - sent, now)
                     tracing.end_span(span, outcome="answered")
                     return result
         finally:
-            for replica, call_id, _, span in flight.values():
+            now = self.clock.now()
+            for replica, call_id, sent, span in flight.values():
                 self.calls.forget(replica, call_id)
+                replica.observe(now - sent, now, lower_bound=True)  # unanswered for this long
                 tracing.end_span(span, outcome="abandoned")  # the other copy answered, or the deadline
 
     def _send(self, shard: int, op: str, body: bytes, replica: Replica, flight: dict, failover: bool) -> None:
