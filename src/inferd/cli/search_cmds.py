@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -64,13 +65,28 @@ def load(
     ) as bar:
         task = bar.add_task(f"loading {name}", total=len(docs))
         for i in range(0, len(docs), batch):
-            status, answer = _call(f"{base}/documents", "POST", {"documents": docs[i : i + batch]})
+            status, answer = _post_batch(f"{base}/documents", docs[i : i + batch])
             if status != 200:
                 typer.echo(f"error: batch at line {i + 1}: {status} {answer}", err=True)
                 raise typer.Exit(1)
             seq = answer["seq"]
             bar.advance(task, len(docs[i : i + batch]))
     typer.echo(json.dumps({"index": name, "documents": len(docs), "seq": seq}))
+
+
+LOAD_RETRIES = 3
+"""A batch answered 503 (nothing written: the embedder failed or was busy) is sent again this often."""
+
+
+def _post_batch(url: str, docs: list[dict[str, Any]]) -> tuple[int, Any]:
+    """One batch, sent again after 1, 2, 4 s while it is answered 503 (safe: an upsert replaces)."""
+    for attempt in range(LOAD_RETRIES + 1):
+        status, answer = _call(url, "POST", {"documents": docs})
+        if status != 503 or attempt == LOAD_RETRIES:
+            return status, answer
+        typer.echo(f"retrying a batch in {2**attempt} s: {answer}", err=True)
+        time.sleep(2**attempt)
+    return status, answer
 
 
 def bench_search(
