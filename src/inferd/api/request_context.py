@@ -45,21 +45,26 @@ class RequestContext:
         log_token = CURRENT.set(RequestLog(request_id, call, describe))
         if tracing.ENABLED:
             return await self._traced(call, log_token)
+        return await self._untraced(call, log_token)
+
+    async def _untraced(self, call: Call, log_token: object) -> Response:
         try:
             response = await self.inner(call)
         except BaseException:
-            CURRENT.reset(log_token)
+            CURRENT.reset(log_token)  # type: ignore[arg-type]
             raise
-        response.headers.append((b"x-request-id", request_id.encode()))
+        response.headers.append((b"x-request-id", call.request_id.encode()))
         if isinstance(response, StreamingResponse):
             response.on_close(partial(_leave, log_token))
         else:
-            CURRENT.reset(log_token)
+            CURRENT.reset(log_token)  # type: ignore[arg-type]
         return response
 
     async def _traced(self, call: Call, log_token: object) -> Response:
         request = call.request
         span = tracing.start_request(request.method, call.route, request.header)
+        if span is None:  # left out by the sampler: served as if tracing were off
+            return await self._untraced(call, log_token)
         span_token = tracing.enter(span)
         try:
             response = await self.inner(call)

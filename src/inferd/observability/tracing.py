@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
@@ -70,10 +71,23 @@ def configure(settings: ObservabilitySettings, role: str, sampler: str | None = 
     ENABLED = True
 
 
+_ROOT_RATIO: float | None = None
+"""With a ratio sampler, the share of requests that start a trace, decided by `start_request` before
+any span exists: an unsampled request then costs one random draw, not a non-recording span, a context
+and the sampler's own work (+22% of front-end CPU at 1% sampling when the SDK decided)."""
+_ROOT_FOLLOWS_PARENT = True
+"""parentbased_traceidratio: a caller's traceparent decides; traceidratio: the ratio decides always."""
+
+
 def _sampler(name: str, settings: ObservabilitySettings) -> Any:
     from opentelemetry.sdk.trace import sampling
 
+    global _ROOT_RATIO, _ROOT_FOLLOWS_PARENT
     ratio = settings.trace_sample_ratio
+    if name in ("traceidratio", "parentbased_traceidratio"):  # the ratio is applied in start_request
+        _ROOT_RATIO, _ROOT_FOLLOWS_PARENT = ratio, name == "parentbased_traceidratio"
+        return sampling.ParentBased(sampling.ALWAYS_ON) if _ROOT_FOLLOWS_PARENT else sampling.ALWAYS_ON
+    _ROOT_RATIO = None
     return {
         "always_on": lambda: sampling.ALWAYS_ON,
         "always_off": lambda: sampling.ALWAYS_OFF,
@@ -93,10 +107,17 @@ def shutdown() -> None:
 
 
 # ---- the request span (front end) ----------------------------------------------------------------------
-def start_request(method: str, route: str, header: Callable[[bytes], str | None]) -> Span:
-    """The inferd.request span, continuing the caller's traceparent/tracestate when it sent one."""
+def start_request(method: str, route: str, header: Callable[[bytes], str | None]) -> Span | None:
+    """The inferd.request span, continuing the caller's traceparent/tracestate when it sent one; None
+    when the ratio sampler leaves the request out (nothing of it is traced)."""
     carrier = {}
     parent = header(b"traceparent")
+    if (
+        _ROOT_RATIO is not None
+        and (parent is None or not _ROOT_FOLLOWS_PARENT)
+        and random.random() >= _ROOT_RATIO  # nosec B311  # trace sampling, not secrets
+    ):
+        return None
     if parent is not None:
         carrier["traceparent"] = parent
         state = header(b"tracestate")
