@@ -155,3 +155,12 @@ def validate(
         Console().print(table)
     if not all(r.ok for r in results):
         raise typer.Exit(1)
+
+
+def _register_llm() -> None:
+    from inferd.cli.fleet_sim_llm import run_llm
+
+    fleet_sim_app.command("llm")(run_llm)
+
+
+_register_llm()
