@@ -39,10 +39,14 @@ def run_llm(
     shared_prefix: Annotated[int, typer.Option(help="Leading prompt tokens all requests share.")] = 0,
     profile: Annotated[
         Path | None,
-        typer.Option(help=f"LLM device profile JSON (inferd bench-llm --save-profile); default: {BUNDLED[0]}."),
+        typer.Option(
+            help=f"LLM device profile JSON (inferd bench-llm --save-profile); default: {BUNDLED[0]}."
+        ),
     ] = None,
     ttft_slo_ms: Annotated[float, typer.Option(help="Goodput SLO on time to first token.")] = 1000.0,
-    itl_slo_ms: Annotated[float, typer.Option(help="Goodput SLO on each stream's p99 inter-token gap.")] = 100.0,
+    itl_slo_ms: Annotated[
+        float, typer.Option(help="Goodput SLO on each stream's p99 inter-token gap.")
+    ] = 100.0,
     seed: int = 0,
     json_output: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
 ) -> None:
@@ -70,7 +74,9 @@ def run_llm(
     if json_output:
         typer.echo(json.dumps(out))
         return
-    table = Table(title=f"fleet-sim llm: {devices} devices, {frontends} front end(s), {arrivals} {rate:g} req/s")
+    table = Table(
+        title=f"fleet-sim llm: {devices} devices, {frontends} front end(s), {arrivals} {rate:g} req/s"
+    )
     table.add_column("")
     table.add_column("value", justify="right")
     for key, value in out.items():

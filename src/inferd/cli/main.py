@@ -291,9 +291,9 @@ def serve(
 
 def _register_tools() -> None:
     from inferd.cli.fleet_cmds import drain, scale, update
+    from inferd.cli.fleet_sim import fleet_sim_app
     from inferd.cli.keys import keys_app
     from inferd.cli.slo import slo_app
-    from inferd.cli.fleet_sim import fleet_sim_app
     from inferd.cli.status import status
     from inferd.cli.top import top
     from inferd.cli.worker_cmd import worker

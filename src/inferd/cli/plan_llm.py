@@ -19,9 +19,11 @@ def plan_llm_cmd(
     itl_p99_ms: Annotated[float, typer.Option(help="Target p99 inter-token latency.")] = 100.0,
     device_profile: Annotated[
         Path | None,
-        typer.Option(help="LLM device profile (inferd bench-llm --save-profile); default: the bundled "
-                     "published H100 / Llama-3-8B one."),
-    ] = None,  # fmt: skip
+        typer.Option(
+            help="LLM device profile (inferd bench-llm --save-profile); default: the bundled "
+            "published H100 / Llama-3-8B one."
+        ),
+    ] = None,
     device_cost_per_hour: Annotated[
         float | None, typer.Option(help="Price of one device per hour (prices the plan).")
     ] = None,
@@ -30,7 +32,9 @@ def plan_llm_cmd(
         bool, typer.Option("--check/--no-check", help="Simulate a slice of the plan token by token.")
     ] = True,
     slice_devices: Annotated[int, typer.Option(min=1, help="Devices in the simulated slice.")] = 4,
-    json_output: Annotated[bool, typer.Option("--json", help="The plan as JSON (schema inferd.plan/1).")] = False,
+    json_output: Annotated[
+        bool, typer.Option("--json", help="The plan as JSON (schema inferd.plan/1).")
+    ] = False,
 ) -> None:
     """The fleet an LLM workload needs, with the arithmetic step by step (docs/capacity.md)."""
     from inferd.cli.fleet_sim_llm import load_llm_profile
@@ -64,7 +68,9 @@ def plan_llm_cmd(
     for i, step in enumerate(report.reasoning, 1):
         typer.echo(f"  {i}. {step}")
     if report.check is not None:
-        typer.echo(f"check: {report.check['slice_devices']} devices simulated for {report.check['duration_s']:g} s:")
+        typer.echo(
+            f"check: {report.check['slice_devices']} devices simulated for {report.check['duration_s']:g} s:"
+        )
         for run in report.check["runs"]:
             typer.echo(
                 f"  {run['rate_per_device']} req/s/device: TTFT p99 {run['ttft_p99_ms']} ms, ITL p99 "

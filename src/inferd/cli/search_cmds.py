@@ -136,7 +136,9 @@ def plan_search_cmd(
     recall: Annotated[float, typer.Option(help="Wanted HNSW recall@10 against exact search.")] = 0.95,
     shard_memory_gib: Annotated[float, typer.Option(help="Memory of one replica process.")] = 64.0,
     text_bytes: Annotated[int, typer.Option(help="Stored text and postings per document.")] = 1024,
-    json_output: Annotated[bool, typer.Option("--json", help="The plan as JSON (schema inferd.plan/1).")] = False,
+    json_output: Annotated[
+        bool, typer.Option("--json", help="The plan as JSON (schema inferd.plan/1).")
+    ] = False,
 ) -> None:
     """Shards, replicas and memory for a search workload (the arithmetic: docs/search-capacity.md)."""
     from inferd.search.plan import load_profile, plan_search

@@ -258,7 +258,9 @@ class LLMFleet:
                 self.tokens[rid] += len(delta.token_ids)
             stream = self.streams[rid]
             if stream.ended:  # type: ignore[attr-defined]
-                self._end(delta.seq_id, rid, delta.error is None and delta.finish_reason in ("length", "stop"))
+                self._end(
+                    delta.seq_id, rid, delta.error is None and delta.finish_reason in ("length", "stop")
+                )
         if len(self.gaps.buffer) > 1_000_000:
             self.gaps.flush()
 

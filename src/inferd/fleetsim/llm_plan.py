@@ -70,7 +70,7 @@ class DeviceAt:
 
 
 def device_at(profile: LLMProfile, t: LLMTargets, rate: float) -> DeviceAt:
-    P, O = t.prompt_tokens, t.output_tokens
+    P, O = t.prompt_tokens, t.output_tokens  # noqa: E741  # the docstring's names
     a, b, c = profile.step_base_s, profile.per_token_s, profile.per_context_token_s
     k = b * (P + O) + c * (P + O * (P + O / 2))
     load = rate * k
@@ -81,9 +81,7 @@ def device_at(profile: LLMProfile, t: LLMTargets, rate: float) -> DeviceAt:
     prefill = min(j99 * P, max(0.0, budget - decoding))
     step99 = a + b * (decoding + prefill) + c * (decoding * (P + O / 2) + prefill)
     ttft = 2 * step99 + profile.overhead_s + profile.frontend_s
-    return DeviceAt(
-        rate, k, step, decoding, decoding * (P + O), j99, step99, 1000 * step99, 1000 * ttft
-    )
+    return DeviceAt(rate, k, step, decoding, decoding * (P + O), j99, step99, 1000 * step99, 1000 * ttft)
 
 
 def fits(profile: LLMProfile, t: LLMTargets, d: DeviceAt) -> str | None:
@@ -192,18 +190,27 @@ def plan_llm(
             round(per_hour / (out_tps * 3600) * 1e6, 4),
             "devices only, per million output tokens; front-end cores and memory not priced",
         )
-    reasoning = _reasoning(profile, t, analytic, binding, d, devices, fe_cpu, fe_rps, frontends, cores, memory, cost)
+    reasoning = _reasoning(
+        profile, t, analytic, binding, d, devices, fe_cpu, fe_rps, frontends, cores, memory, cost
+    )
     return PlanReport(
         kind="llm",
         inputs={
-            "rps": t.rps, "prompt_tokens": t.prompt_tokens, "output_tokens": t.output_tokens,
-            "ttft_p99_ms": t.ttft_p99_ms, "itl_p99_ms": t.itl_p99_ms,
+            "rps": t.rps,
+            "prompt_tokens": t.prompt_tokens,
+            "output_tokens": t.output_tokens,
+            "ttft_p99_ms": t.ttft_p99_ms,
+            "itl_p99_ms": t.itl_p99_ms,
             "device_cost_per_hour": t.device_cost_per_hour,
-        },  # fmt: skip
+        },
         resources=Resources(
-            devices, frontends, frontends + devices, cores, round(memory, 1),
+            devices,
+            frontends,
+            frontends + devices,
+            cores,
+            round(memory, 1),
             round(devices * profile.device_memory_gib, 1),
-        ),  # fmt: skip
+        ),
         reasoning=reasoning,
         profile={"name": profile.name, "source": profile.source},
         details={
@@ -227,7 +234,7 @@ def _reasoning(
     profile: LLMProfile, t: LLMTargets, analytic: DeviceAt, binding: str, d: DeviceAt, devices: int,
     fe_cpu: float, fe_rps: float, frontends: int, cores: int, memory: float, cost: Cost | None,
 ) -> list[str]:  # fmt: skip
-    P, O = t.prompt_tokens, t.output_tokens
+    P, O = t.prompt_tokens, t.output_tokens  # noqa: E741  # the docstring's names
     a, b, c = profile.step_base_s, profile.per_token_s, profile.per_context_token_s
     steps = [
         f"profile {profile.name}: step_s = {a * 1000:.3f} ms + {b * 1e6:.3f} us x tokens + "
@@ -242,7 +249,9 @@ def _reasoning(
         f"(<= {t.ttft_p99_ms:g})",
     ]
     if d.rate != analytic.rate:
-        steps.append(f"the simulated slice missed an SLO at that rate: lowered to r = {d.rate:.2f} req/s per device")
+        steps.append(
+            f"the simulated slice missed an SLO at that rate: lowered to r = {d.rate:.2f} req/s per device"
+        )
     else:
         steps.append("the simulated slice (check) met the SLOs at that rate")
     steps += [

@@ -77,7 +77,9 @@ class LLMProfile:
     @classmethod
     def from_dict(cls, raw: dict[str, Any], where: str) -> LLMProfile:
         if raw.get("kind") != "llm":
-            raise ConfigError(f"device profile {where} is a {raw.get('kind', 'batch')!r} profile, not an llm one")
+            raise ConfigError(
+                f"device profile {where} is a {raw.get('kind', 'batch')!r} profile, not an llm one"
+            )
         fields = set(cls.__dataclass_fields__)
         unknown = sorted(set(raw) - fields - {"notes"})
         if unknown:
@@ -106,32 +108,64 @@ def bundled(name: str = BUNDLED[0]) -> LLMProfile:
     return LLMProfile.from_dict(json.loads(text), f"bundled {name}")
 
 
-def fit_llm_steps(
-    ttft_points: list[tuple[int, float]], itl_mean_s: float, tokens_per_s: float
-) -> tuple[float, float]:
-    """(step_base_s, per_token_s) from what `inferd bench-llm` measures, context folded into the per-token
-    term (per_context_token_s = 0):
+def fit_llm_steps(ttft_fit: tuple[float, ...], itl_mean_s: float, tokens_per_s: float) -> tuple[float, float]:
+    """(step_base_s, per_token_s) from what `inferd bench-llm` measures on one device, context folded into
+    the per-token term (per_context_token_s = 0):
 
-    - per_token_s: the slope of TTFT against prompt length (least squares over the requests' (prompt
-      tokens, TTFT) pairs): a longer prompt costs its extra prefill tokens and nothing else;
-    - step_base_s: from the mean ITL, which is the mean step time while streams decode: a step computes
-      tokens_per_s x step tokens (prompt and output) on average, so
-      mean_step = base + per_token x tokens_per_s x mean_step, i.e.
-      base = mean_step x (1 - per_token x tokens_per_s).
-    With all prompts one length the slope is unknown: per_token_s is then 0 and base the mean step."""
-    per_token = 0.0
-    if len(ttft_points) > 1:
-        n = len(ttft_points)
-        mx = sum(x for x, _ in ttft_points) / n
-        my = sum(y for _, y in ttft_points) / n
-        sxx = sum((x - mx) ** 2 for x, _ in ttft_points)
-        sxy = sum((x - mx) * (y - my) for x, y in ttft_points)
-        per_token = max(0.0, sxy / sxx) if sxx > 0 else 0.0
+    - per_token_s: the slope of TTFT against prompt length, by least squares over the ok streams
+      (`ttft_fit`: n, sum x, sum y, sum xx, sum xy): a longer prompt costs its extra prefill tokens;
+    - step_base_s: from the mean ITL, the mean step time while streams decode: a step computes
+      tokens_per_s x mean_step tokens (prompt and output) on average, so
+      mean_step = base + per_token x tokens_per_s x mean_step, i.e. base = mean_step (1 - per_token x tokens_per_s).
+    With every prompt one length the slope is unknown (0) and the base is the mean step; a slope that
+    leaves under 10% of the step for the base (queueing grew with prompt length) is cut to that."""
+    n, sx, sy, sxx, sxy = (list(ttft_fit) + [0.0] * 5)[:5]
+    denominator = n * sxx - sx * sx
+    per_token = max(0.0, (n * sxy - sx * sy) / denominator) if n > 1 and denominator > 0 else 0.0
     base = itl_mean_s * (1.0 - per_token * tokens_per_s)
-    if base < 0.1 * itl_mean_s:  # the slope overstates (queueing grew with prompt length): keep the mean step
+    if base < 0.1 * itl_mean_s:
         base = 0.1 * itl_mean_s
         per_token = 0.9 / tokens_per_s if tokens_per_s > 0 else 0.0
     return base, per_token
+
+
+def profile_from_llm_run(
+    phase: Any,
+    name: str,
+    source: str,
+    devices: int,
+    cpu_per_request_s: float | None,
+    scheduler: dict[str, Any],
+) -> LLMProfile:
+    """A profile fitted on one measured phase of `inferd bench-llm` (bench/llm_report.py LLMPhaseReport)
+    against `devices` workers. The front end's measured CPU per request (if known) is split into
+    DEFAULT_FRONTEND_S per request and the rest per streamed token. The serving overhead is the TTFT
+    line's intercept less the 1.5 mean steps a new request waits on average (the step in progress, then
+    its own prefill step)."""
+    itl_mean_s = (phase.itl_ms.get("mean") or 0.0) / 1000.0
+    if itl_mean_s <= 0 or not phase.ok:
+        raise ValueError("the run has no inter-token gaps to fit: offer more load or longer outputs")
+    tokens_per_s = (phase.prompt_tokens + phase.output_tokens) / phase.span_s / devices
+    base, per_token = fit_llm_steps(phase.ttft_fit, itl_mean_s, tokens_per_s)
+    n, sx, sy = phase.ttft_fit[:3]
+    intercept = sy / n - per_token * sx / n
+    overhead = max(0.0, intercept - 1.5 * itl_mean_s)
+    frontend_s, frontend_token_s = DEFAULT_FRONTEND_S, 0.0
+    if cpu_per_request_s is not None and phase.ok:
+        per_request = min(cpu_per_request_s, DEFAULT_FRONTEND_S)
+        mean_output = phase.output_tokens / phase.ok
+        frontend_s = per_request
+        frontend_token_s = max(0.0, cpu_per_request_s - per_request) / max(1.0, mean_output)
+    return LLMProfile(
+        name=name,
+        step_base_s=round(base, 6),
+        per_token_s=round(per_token, 9),
+        overhead_s=round(overhead, 6),
+        frontend_s=round(frontend_s, 7),
+        frontend_token_s=round(frontend_token_s, 8),
+        scheduler=scheduler,
+        source=source,
+    )
 
 
 def poisson_quantile(mean: float, q: float) -> int:

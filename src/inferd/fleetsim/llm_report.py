@@ -42,7 +42,9 @@ class GapHistogram:
         if not self.buffer:
             return
         values = np.maximum(np.asarray(self.buffer), 10.0 ** _DECADES[0])
-        index = np.clip(((np.log10(values) - _DECADES[0]) * _PER_DECADE).astype(np.int64), 0, self.counts.size - 1)
+        index = np.clip(
+            ((np.log10(values) - _DECADES[0]) * _PER_DECADE).astype(np.int64), 0, self.counts.size - 1
+        )
         self.counts += np.bincount(index, minlength=self.counts.size)
         self.buffer = []
 
