@@ -131,7 +131,9 @@ def test_the_planned_rate_meets_every_target_and_the_fleet_is_sized_by_it() -> N
     assert poisson_quantile(d.rate * d.step_s, 0.99) == d.j99
     plan = plan_llm(profile, t, check=False)
     assert plan.resources.devices == math.ceil(100_000 / d.rate)
-    fe_rps = 0.7 / (profile.frontend_s + 200 * profile.frontend_token_s)
+    fe_rps = 0.7 / (
+        profile.frontend_s + 500 * profile.frontend_prompt_token_s + 200 * profile.frontend_token_s
+    )
     assert plan.resources.frontends == math.ceil(100_000 / fe_rps) + 1
     assert plan.resources.cores == plan.resources.frontends + 2 * plan.resources.devices
     per_hour = plan.resources.devices * 2.0

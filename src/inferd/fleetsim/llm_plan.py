@@ -18,7 +18,8 @@ tokens and outputs of O, a profile step_s = a + b x tokens + c x context, and co
   - then the simulation of `slice_devices` devices at r each: if the SLOs miss there, r drops by 10% and
     the slice runs again (at most 4 times).
 Fleet: devices = ceil(rps / r); front ends = ceil(rps / (frontend_utilisation / cpu per request)) + 1
-(cpu per request = frontend_s + O x frontend_token_s; the spare survives the loss of one).
+(cpu per request = frontend_s + P x frontend_prompt_token_s + O x frontend_token_s; the spare
+survives the loss of one).
 """
 
 from __future__ import annotations
@@ -176,7 +177,7 @@ def plan_llm(
         raise ValueError(f"one device cannot meet the targets at any rate (binding: {binding})")
     d, sim = checked_rate(profile, t, analytic, slice_devices, duration_s) if check else (analytic, None)
     devices = math.ceil(t.rps / d.rate)
-    fe_cpu = profile.frontend_s + t.output_tokens * profile.frontend_token_s
+    fe_cpu = profile.frontend_cpu_s(t.prompt_tokens, t.output_tokens)
     fe_rps = t.frontend_utilisation / fe_cpu
     frontends = math.ceil(t.rps / fe_rps) + 1
     cores = frontends + devices * t.cores_per_device
@@ -191,7 +192,7 @@ def plan_llm(
             "devices only, per million output tokens; front-end cores and memory not priced",
         )
     reasoning = _reasoning(
-        profile, t, analytic, binding, d, devices, fe_cpu, fe_rps, frontends, cores, memory, cost
+        profile, t, analytic, binding, d, devices, fe_cpu, fe_rps, frontends, cores, memory, cost, check
     )
     return PlanReport(
         kind="llm",
@@ -232,7 +233,7 @@ def plan_llm(
 
 def _reasoning(
     profile: LLMProfile, t: LLMTargets, analytic: DeviceAt, binding: str, d: DeviceAt, devices: int,
-    fe_cpu: float, fe_rps: float, frontends: int, cores: int, memory: float, cost: Cost | None,
+    fe_cpu: float, fe_rps: float, frontends: int, cores: int, memory: float, cost: Cost | None, checked: bool,
 ) -> list[str]:  # fmt: skip
     P, O = t.prompt_tokens, t.output_tokens  # noqa: E741  # the docstring's names
     a, b, c = profile.step_base_s, profile.per_token_s, profile.per_context_token_s
@@ -248,7 +249,9 @@ def _reasoning(
         f"ITL p99 ~ {analytic.itl_p99_ms:.1f} ms (<= {t.itl_p99_ms:g}), TTFT p99 ~ {analytic.ttft_p99_ms:.1f} ms "
         f"(<= {t.ttft_p99_ms:g})",
     ]
-    if d.rate != analytic.rate:
+    if not checked:
+        steps.append("not checked by simulation (--no-check): the rate is the arithmetic's alone")
+    elif d.rate != analytic.rate:
         steps.append(
             f"the simulated slice missed an SLO at that rate: lowered to r = {d.rate:.2f} req/s per device"
         )
@@ -257,7 +260,8 @@ def _reasoning(
     steps += [
         f"devices = ceil({t.rps:g} / {d.rate:.2f}) = {devices:,} ({d.rate * O:,.0f} output tokens/s each, "
         f"{t.rps * O:,.0f} in all)",
-        f"front-end CPU per request = {profile.frontend_s * 1e6:.1f} us + {O} x "
+        f"front-end CPU per request = {profile.frontend_s * 1e6:.1f} us + {P} x "
+        f"{profile.frontend_prompt_token_s * 1e6:.2f} us per prompt token + {O} x "
         f"{profile.frontend_token_s * 1e6:.2f} us per streamed token = {fe_cpu * 1e6:.1f} us; at "
         f"{t.frontend_utilisation:.0%} CPU one front end takes {fe_rps:,.0f} req/s; "
         f"front ends = ceil({t.rps:g} / {fe_rps:,.0f}) + 1 spare = {frontends}",

@@ -50,6 +50,8 @@ class LLMProfile:
     """Front-end CPU per request (parse, route, open the stream)."""
     frontend_token_s: float = 0.0
     """Front-end CPU per streamed token (one SSE chunk each while the client keeps up)."""
+    frontend_prompt_token_s: float = 0.0
+    """Front-end CPU per prompt token (tokenizing the prompt)."""
     max_model_len: int = 4096
     scheduler: dict[str, Any] = field(default_factory=dict)
     """The engine's budgets: inferd.llm.plan.SchedulerConfig fields."""
@@ -62,6 +64,14 @@ class LLMProfile:
 
     def step_s(self, tokens: int, context: int) -> float:
         return self.step_base_s + self.per_token_s * tokens + self.per_context_token_s * context
+
+    def frontend_cpu_s(self, prompt_tokens: int, output_tokens: int) -> float:
+        """Front-end CPU seconds one request costs."""
+        return (
+            self.frontend_s
+            + prompt_tokens * self.frontend_prompt_token_s
+            + output_tokens * self.frontend_token_s
+        )
 
     def kv_tokens(self) -> int:
         """Tokens of KV cache one device holds (num_blocks x block_size)."""
