@@ -181,3 +181,26 @@ def _run(fleet: LLMFleet):  # type: ignore[no-untyped-def]
         return fleet.run()
 
     return asyncio.run(main())
+
+
+def test_the_commands_print_a_simulation_and_a_plan_as_json() -> None:
+    from typer.testing import CliRunner
+
+    from inferd.cli.main import app
+
+    runner = CliRunner()
+    sim = runner.invoke(
+        app,
+        ["fleet-sim", "llm", "--devices", "1", "--rate", "5", "--duration", "4", "--warmup", "1", "--json"],
+    )
+    assert sim.exit_code == 0, sim.output
+    out = json.loads(sim.output)
+    assert out["ok"] == out["requests"] > 0 and out["profile_source"].startswith("published")
+    plan = runner.invoke(
+        app, ["plan", "llm", "--rps", "1000", "--no-check", "--device-cost-per-hour", "2", "--json"]
+    )
+    assert plan.exit_code == 0, plan.output
+    report = json.loads(plan.output)
+    assert (
+        report["schema"] == SCHEMA and report["resources"]["devices"] > 0 and report["cost"]["per_hour"] > 0
+    )
