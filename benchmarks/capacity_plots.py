@@ -19,8 +19,6 @@ import tempfile
 from dataclasses import asdict, replace
 from pathlib import Path
 
-import numpy as np
-
 from inferd.fleetsim.llm_plan import LLMTargets, simulate_slice
 from inferd.fleetsim.llm_profile import bundled
 from inferd.fleetsim.validate import Case, run_case
@@ -112,15 +110,15 @@ def main() -> None:
     data = json.loads(path.read_text()) if path.exists() else {}
     with tempfile.TemporaryDirectory(prefix="inferd-capacity-") as tmp:
         parts = args.only or ["sim", "sim_llm", "h100"]
-        if "sim" in parts:
-            data["sim"] = batch_points(args.duration, Path(tmp))
-        if "sim_llm" in parts:
-            data["sim_llm"] = llm_points(args.duration, Path(tmp))
-        if "h100" in parts:
-            data["h100"] = h100_points()
-    path.write_text(
-        json.dumps(data, indent=1, default=lambda v: float(v) if isinstance(v, np.floating) else str(v))
-    )
+        for part, run in (
+            ("sim", lambda: batch_points(args.duration, Path(tmp))),
+            ("sim_llm", lambda: llm_points(args.duration, Path(tmp))),
+            ("h100", h100_points),
+        ):
+            if part in parts:
+                data[part] = run()
+                print(f"{part}: {json.dumps(data[part], default=str)}", flush=True)
+                path.write_text(json.dumps(data, indent=1, default=str))
     plot(data, args.out)
 
 

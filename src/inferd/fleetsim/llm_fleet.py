@@ -12,6 +12,9 @@ runtime's `on_message`. Only the edges are simulated:
 - the front end's CPU is a FIFO server taking `frontend_s` per request; the first token and the end
   of each stream get the profile's `overhead_s` (HTTP, IPC).
 
+Front ends split the arrivals round-robin and each has its own share of the devices. A device the hang
+watchdog kills stays down (no failures are injected here).
+
 `LLMRuntime.submit` creates asyncio events in token streams, so `run` is called inside a running event
 loop (`simulate_llm` does that); nothing awaits them and no task runs.
 """
@@ -37,6 +40,7 @@ from inferd.llm.params import llm_params
 from inferd.llm.placement import Generation
 from inferd.llm.plan import SeqOutput, StepPlan
 from inferd.llm.runtime import LLMRuntime
+from inferd.llm.stream import TokenStream
 from inferd.models.sim_llm import sim_llm_config
 from inferd.worker import protocol as p
 from inferd.worker.connection import WorkerConnection
@@ -160,7 +164,7 @@ class LLMFleet:
         self.measured = (spec.arrivals >= spec.warmup_s).tolist()
         self.gaps = GapHistogram()
         self.rid_of: dict[str, int] = {}
-        self.streams: dict[int, object] = {}
+        self.streams: dict[int, TokenStream] = {}
         self.steps = 0
         self.step_tokens = 0
         self.step_seconds = 0.0
@@ -257,7 +261,7 @@ class LLMFleet:
                 self.last_at[rid] = now
                 self.tokens[rid] += len(delta.token_ids)
             stream = self.streams[rid]
-            if stream.ended:  # type: ignore[attr-defined]
+            if stream.ended:
                 self._end(
                     delta.seq_id, rid, delta.error is None and delta.finish_reason in ("length", "stop")
                 )
@@ -290,8 +294,8 @@ class LLMFleet:
         self.events.at(0.0, self.watchdog)
         self.events.run_until(end + spec.drain_s)
         for rid, stream in list(self.streams.items()):  # failed without a delta: deadline, lost, displaced
-            if stream.ended:  # type: ignore[attr-defined]
-                self._end(stream.seq_id, rid, False)  # type: ignore[attr-defined]
+            if stream.ended:
+                self._end(stream.seq_id, rid, False)
         return build_report(self, spec.warmup_s, end)
 
 
