@@ -23,7 +23,7 @@ from inferd.gateway.cache_config import CacheConfig
 from inferd.gateway.traffic_config import TrafficConfig
 from inferd.listener_config import ListenerSettings
 from inferd.observability.settings import ObservabilitySettings
-from inferd.observability.slo_config import SloConfig
+from inferd.observability.slo_config import SloConfig, check_slo_batching
 from inferd.paths import default_data_dir
 from inferd.version_policy import VersionPolicy
 
@@ -97,6 +97,7 @@ BATCH_ONLY = frozenset(
         "mixed_batch_cost_ratio",
         "batch_timeout_s",
         "max_items_per_request",
+        "batching",
     }
 )
 """Settings only the batch kind reads."""
@@ -122,6 +123,10 @@ class ModelConfig(_Frozen):
     """Free-form platform string reported in OIP model metadata."""
     max_batch_size: int = Field(default=100, ge=1, le=4096)
     """The most items one batch may hold."""
+    batching: Literal["fixed", "slo"] = "fixed"
+    """"fixed": cut at max_batch_size or max_wait_ms. "slo": size and wait chosen online from the [slo]
+    latency_ms, the measured cost line and the arrival rate; max_batch_size is then the device's hard
+    limit and max_wait_ms is ignored once the cost line is measured (batching/slo_policy.py)."""
     max_wait_ms: float = Field(default=10.0, ge=0.0, le=10_000.0)
     """How long the oldest queued item may wait for company while a worker is free."""
     preferred_batch_sizes: tuple[int, ...] = ()
@@ -196,6 +201,7 @@ class ModelConfig(_Frozen):
     def _slo_kind(self) -> ModelConfig:
         if self.slo is not None:
             self.slo.check_kind(self.kind)
+        check_slo_batching(self.batching, self.slo)
         return self
 
     @model_validator(mode="after")

@@ -81,7 +81,7 @@ def test_diurnal_arrivals_follow_the_curve_and_traces_are_read(tmp_path: Path) -
     trace.write_text("\n".join(json.dumps({"t": t, "size": 1}) for t in (0.5, 0.1, 3.0, 99.0)) + "\n")
     assert arrival_times(ArrivalSpec("trace", trace=trace), 10.0).tolist() == [0.1, 0.5, 3.0]
     trace.write_text('{"time": 1}\n')
-    with pytest.raises(ConfigError, match="trace.jsonl:1"):
+    with pytest.raises(ConfigError, match=r"trace\.jsonl:1"):
         arrival_times(ArrivalSpec("trace", trace=trace), 10.0)
 
 
@@ -104,3 +104,41 @@ def test_profiles_round_trip_and_bad_ones_are_refused(tmp_path: Path) -> None:
     path.write_text(json.dumps({"name": "x", "base_s": 0.1, "per_item_s": 0.0, "speed": 3}))
     with pytest.raises(ConfigError, match="unknown fields"):
         BatchProfile.load(path)
+
+
+def test_the_servers_autoscaler_grows_the_fleet_under_load_and_shrinks_it_after() -> None:
+    from inferd.fleet.autoscaler_config import AutoscalerConfig
+
+    low = arrival_times(ArrivalSpec("poisson", 100, seed=1), 60)
+    high = 60 + arrival_times(ArrivalSpec("poisson", 1500, seed=2), 60)
+    after = 120 + arrival_times(ArrivalSpec("poisson", 100, seed=3), 200)
+    times = np.concatenate([low, high, after])
+    config = AutoscalerConfig(
+        min_workers=1,
+        max_workers=8,
+        scale_up_cooldown_s=5,
+        scale_down_cooldown_s=20,
+        scale_down_stabilization_s=20,
+    )
+    report = simulate(FleetSpec(sim_config(), DEVICE, 1, times, autoscale=config, restart_s=2.0))
+    assert report.devices_min == 1
+    assert report.devices_max >= 3  # 1,500 req/s needs three devices of 500
+    assert report.scale_changes >= 3  # up, then down again
+    assert report.ok + report.rejected + report.failed == report.requests and report.failed == 0
+
+
+def test_tenants_quotas_refuse_only_the_tenant_over_its_rate_and_weights_share_the_queue() -> None:
+    from inferd.fleetsim.tenants import SimTenant
+    from inferd.gateway.tenants import TenantConfig
+
+    times = arrival_times(ArrivalSpec("poisson", 1500, seed=4), 20.0)  # 1.5x the devices' capacity
+    tenants = [
+        SimTenant("flood", 0.9, TenantConfig(requests_per_s=900.0, burst=100)),  # sends 1,350 req/s
+        SimTenant("light", 0.1, TenantConfig()),  # sends 150 req/s, unlimited
+    ]
+    report = simulate(FleetSpec(sim_config(), DEVICE, 2, times, warmup_s=2.0, tenants=tenants))
+    flood, light = report.tenants["flood"], report.tenants["light"]  # type: ignore[index]
+    assert flood["limited"] > 0.25 * flood["requests"]  # ~450 of its 1,350 req/s over its quota
+    assert light["limited"] == 0
+    assert report.limited == flood["limited"]
+    assert light["ok"] >= 0.99 * light["requests"]  # its fair share of the queue: no 429 for it

@@ -124,3 +124,13 @@ async def test_a_step_that_raises_ends_its_sequences_with_an_error_and_the_engin
     finishes = {d.seq_id: d.finish_reason for s in sent for d in s.deltas if d.finish_reason}
     assert finishes == {"bad": "error", "good": "length"}
     assert [VOCAB[t] for t in tokens_by_seq(sent)["good"]] == sim_llm_tokens("three four", 2, 3)
+
+
+async def test_a_step_that_preempts_says_which_sequences_it_preempted() -> None:
+    # 4 blocks of 4 tokens: two sequences of 6-token prompts growing to 16 tokens cannot both keep their KV
+    adds = [p.AddSequence(f"s{i}", list(range(1, 7)), 10) for i in range(2)]
+    steps = await run_engine(adds, {"scheduler": {"block_size": 4, "num_blocks": 4}})
+    preempted = [seq for step in steps for seq in step.preempted]
+    assert preempted, "no step preempted: the KV pool was not short"
+    assert set(preempted) <= {"s0", "s1"}
+    assert all(len(tokens) == 10 for tokens in tokens_by_seq(steps).values())  # recomputed, nothing lost

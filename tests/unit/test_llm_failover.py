@@ -231,3 +231,19 @@ async def test_engine_refuses_a_resume_with_nothing_left_to_generate() -> None:
     steps = await run_engine([p.AddSequence("r", [1, 2], 2, output=[3, 4])])
     (delta,) = [d for s in steps for d in s.deltas]
     assert delta.finish_reason == "error" and delta.error is not None and "nothing left" in delta.error[1]
+
+
+def test_a_preempted_sequence_gets_a_preempted_event_on_its_trace() -> None:
+    class Span:
+        def __init__(self) -> None:
+            self.events: list[tuple[str, dict]] = []
+
+        def add_event(self, name: str, attributes: dict) -> None:
+            self.events.append((name, attributes))
+
+    rt, workers = make_runtime()
+    s = rt.submit([1, 2, 3], Generation(max_tokens=4))
+    s.trace = Span()  # type: ignore[assignment]
+    w = worker_of(rt, workers, s)
+    rt.on_step(w, p.StepDeltas(0.01, [], p.LLMStats(), [s.seq_id], [s.seq_id]))
+    assert s.trace.events == [("preempted", {"worker_id": w.worker_id})]  # type: ignore[attr-defined]

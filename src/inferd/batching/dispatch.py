@@ -19,7 +19,7 @@ import logging
 from inferd.batching.credit_demand import report_demand
 from inferd.batching.delivery import fail
 from inferd.batching.mix import MixInput, MixPolicy
-from inferd.batching.policy import BatchPolicy, stage_time
+from inferd.batching.policy import CutPolicy, stage_time
 from inferd.batching.queue import BULK, INTERACTIVE, ItemState, QueuedItem
 from inferd.batching.state import ModelState
 from inferd.batching.worker_choice import Routing
@@ -35,7 +35,7 @@ _batch_ids = itertools.count(1)
 class Dispatcher:
     """Cuts batches when the batching policy says they are due and sends each to a chosen worker."""
 
-    def __init__(self, state: ModelState, routing: Routing, policy: BatchPolicy, mix: MixPolicy) -> None:
+    def __init__(self, state: ModelState, routing: Routing, policy: CutPolicy, mix: MixPolicy) -> None:
         self.state = state
         self.routing = routing
         self.policy = policy

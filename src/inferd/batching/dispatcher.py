@@ -24,10 +24,10 @@ from inferd.batching.fairness import NO_TENANT, TenantShare, gave_way, over_shar
 from inferd.batching.hedging import HedgePolicy
 from inferd.batching.membership import Membership
 from inferd.batching.mix import MixPolicy
-from inferd.batching.policy import BatchPolicy
 from inferd.batching.queue import BULK, INTERACTIVE, QueuedItem, RequestQueue
 from inferd.batching.recovery import RecoveryPolicy
 from inferd.batching.retry import RetryBudget
+from inferd.batching.slo_policy import batch_policy
 from inferd.batching.state import ModelState
 from inferd.batching.statistics import BatchStatistics, BatchWorkerDetail
 from inferd.batching.watchdog import KillWorker, Watchdog
@@ -86,7 +86,7 @@ class ModelRuntime:
         self._dispatcher = Dispatcher(
             state,
             routing,
-            BatchPolicy(config.max_batch_size, config.max_wait_s, config.preferred_batch_sizes),
+            batch_policy(config, state.estimator, lambda: self.enqueued_total),
             MixPolicy(config.max_batch_size, config.mixed_batch_cost_ratio),
         )
         self._delivery = Delivery(

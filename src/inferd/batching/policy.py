@@ -18,6 +18,7 @@ The rules (ROADMAP Part 1, "what measuring the peers taught us"):
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Protocol
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,6 +45,21 @@ def stage_time(running_since: float, expected_s: float | None) -> float:
     if expected_s is None:
         return running_since
     return running_since + expected_s - max(STAGE_LEAD_MIN_S, STAGE_LEAD_FRACTION * expected_s)
+
+
+class CutPolicy(Protocol):
+    """What the Dispatcher asks when a batch may be due: BatchPolicy (fixed size and wait) or
+    SloBatchPolicy (batching/slo_policy.py: both chosen from the latency SLO)."""
+
+    def decide(
+        self,
+        now: float,
+        queued: int,
+        oldest_at: float | None,
+        idle_workers: int,
+        stage_slots: int,
+        stage_at: float | None = None,
+    ) -> CutDecision: ...
 
 
 class BatchPolicy:

@@ -11,6 +11,7 @@ import typer
 from inferd.bench.chaos_spec import ChaosSpec
 from inferd.bench.command_line import (
     ArrivalChoice,
+    ArrivalCvOption,
     ArrivalOption,
     DurationOption,
     JsonOption,
@@ -45,6 +46,7 @@ def bench(
     duration: DurationOption = 10.0,
     warmup: WarmupOption = 0.0,
     arrival: ArrivalOption = ArrivalChoice.poisson,
+    arrival_cv: ArrivalCvOption = 3.0,
     timeout_ms: Annotated[
         float,
         typer.Option(
@@ -143,6 +145,7 @@ def bench(
             duration_s=duration,
             warmup_s=warmup,
             arrival=arrival.value,
+            arrival_cv=arrival_cv,
             timeout_ms=timeout_ms,
             send_deadline=send_deadline,
             priority=priority,

@@ -14,6 +14,7 @@ import typer
 class ArrivalChoice(StrEnum):
     poisson = "poisson"
     constant = "constant"
+    gamma = "gamma"
 
 
 RateOption = Annotated[float, typer.Option(help="Offered load in requests per second (open loop).")]
@@ -25,7 +26,13 @@ WarmupOption = Annotated[
 ]
 ArrivalOption = Annotated[
     ArrivalChoice,
-    typer.Option(help="Arrival process: poisson (exponential gaps) or constant (evenly spaced)."),
+    typer.Option(
+        help="Arrival process: poisson (exponential gaps), constant (evenly spaced) or gamma (gamma gaps "
+        "with --arrival-cv, e.g. 3 for bursts)."
+    ),
+]
+ArrivalCvOption = Annotated[
+    float, typer.Option(help="gamma arrivals: coefficient of variation of the gaps (1 is Poisson).")
 ]
 MaxRequestsOption = Annotated[int, typer.Option(help="Hard cap on requests sent, warmup included.")]
 PriorityOption = Annotated[str | None, typer.Option(help="Send this value as the X-Priority header.")]

@@ -69,6 +69,8 @@ class LLMLoadSpec:
     warmup_s: float = 0.0
     """Load offered before the measured window; its results are reported apart."""
     arrival: Arrival = "poisson"
+    arrival_cv: float = 3.0
+    """gamma arrivals: the coefficient of variation of the gaps."""
     prompt_tokens: LengthDist = LengthDist(128, 128)
     output_tokens: LengthDist = LengthDist(128, 128)
     """Sent as `max_tokens`. sim-llm never stops early, so it generates exactly this many."""

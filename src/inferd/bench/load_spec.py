@@ -27,6 +27,8 @@ class LoadSpec:
     warmup_s: float = 0.0
     """Load offered before the measured window; its results are reported apart."""
     arrival: Arrival = "poisson"
+    arrival_cv: float = 3.0
+    """gamma arrivals: the coefficient of variation of the gaps."""
     timeout_ms: float = 5000.0
     """Client deadline per request, counted from its intended send time."""
     send_deadline: bool = False

@@ -1,5 +1,5 @@
 """What the open-loop generators (`inferd bench`, `inferd bench-llm`) share: the arrival schedule, fixed
-before the run (Poisson or constant arrivals), the wait for each intended send time, and the event loop
+before the run (Poisson, gamma or constant arrivals), the wait for each intended send time, and the event loop
 they run on.
 """
 
@@ -12,7 +12,8 @@ from typing import Any, Literal, Protocol, TypeVar
 
 import numpy as np
 
-Arrival = Literal["poisson", "constant"]
+Arrival = Literal["poisson", "constant", "gamma"]
+ARRIVALS = ("poisson", "constant", "gamma")
 
 MIN_SLEEP_S = 0.001
 """Shortest dispatcher sleep: loop timers tick in milliseconds, and uvloop turns a shorter sleep into a
@@ -37,6 +38,11 @@ class ArrivalPlan(Protocol):
     def arrival(self) -> Arrival: ...
 
     @property
+    def arrival_cv(self) -> float:
+        """gamma: the coefficient of variation of the gaps (1 is Poisson, 3 bursty)."""
+        ...
+
+    @property
     def seed(self) -> int: ...
 
     @property
@@ -50,7 +56,8 @@ def arrival_checks(plan: ArrivalPlan) -> dict[str, bool]:
         "duration_s must be > 0": plan.duration_s > 0,
         "warmup_s must be >= 0": plan.warmup_s >= 0,
         "max_requests must be >= 1": plan.max_requests >= 1,
-        "arrival must be 'poisson' or 'constant'": plan.arrival in ("poisson", "constant"),
+        "arrival must be 'poisson', 'constant' or 'gamma'": plan.arrival in ARRIVALS,
+        "arrival_cv must be > 0": plan.arrival_cv > 0,
     }
 
 
@@ -61,14 +68,40 @@ def arrival_offsets(plan: ArrivalPlan) -> list[float]:
         n = min(plan.max_requests, math.ceil(total * plan.rate))
         return [i / plan.rate for i in range(n)]
     rng = np.random.default_rng(plan.seed)
-    expected = total * plan.rate
+    if plan.arrival == "gamma":
+        gaps = gamma_gaps(rng, plan.rate, plan.arrival_cv)
+    else:
+        gaps = exponential_gaps(rng, plan.rate)
+    return renewal_times(gaps, plan.rate, total, plan.max_requests).tolist()
+
+
+Gaps = Callable[[int], np.ndarray]
+"""n -> n gaps between arrivals, in seconds."""
+
+
+def exponential_gaps(rng: np.random.Generator, rate: float) -> Gaps:
+    """Poisson arrivals at `rate`."""
+    return lambda n: rng.exponential(1.0 / rate, n)
+
+
+def gamma_gaps(rng: np.random.Generator, rate: float, cv: float) -> Gaps:
+    """Gamma-distributed gaps with mean 1 / rate and coefficient of variation `cv` (cv 3: bursty)."""
+    shape = 1.0 / (cv * cv)
+    scale = 1.0 / (rate * shape)
+    return lambda n: rng.gamma(shape, scale, n)
+
+
+def renewal_times(gaps: Gaps, rate: float, total_s: float, max_n: int | None = None) -> np.ndarray:
+    """Arrival times in [0, total_s) from successive gaps (at most `max_n`), drawn in chunks; the same
+    gaps give the same times (`inferd bench` and the fleet simulator share this)."""
+    expected = total_s * rate
     chunk = int(expected + 6 * math.sqrt(expected) + 16)
-    times = np.cumsum(rng.exponential(1.0 / plan.rate, size=chunk))
-    while times[-1] < total and times.size < plan.max_requests:
-        more = np.cumsum(rng.exponential(1.0 / plan.rate, size=chunk)) + times[-1]
-        times = np.concatenate((times, more))
-    times = times[times < total][: plan.max_requests]
-    return times.tolist()
+    limit = max_n if max_n is not None else math.inf
+    times = np.cumsum(gaps(chunk))
+    while times[-1] < total_s and times.size < limit:
+        times = np.concatenate((times, times[-1] + np.cumsum(gaps(chunk))))
+    times = times[times < total_s]
+    return times if max_n is None else times[:max_n]
 
 
 async def sleep_until(t: float, now: Callable[[], float]) -> None:

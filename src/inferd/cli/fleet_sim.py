@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import time
 from pathlib import Path
 from typing import Annotated
@@ -13,9 +14,12 @@ from rich.console import Console
 from rich.table import Table
 
 from inferd.config import ConfigError
+from inferd.fleet.autoscaler_config import AutoscalerConfig
 from inferd.fleetsim.arrivals import ArrivalSpec, arrival_times
 from inferd.fleetsim.batch_fleet import Failure, FleetSpec, simulate
 from inferd.fleetsim.profiles import BatchProfile
+from inferd.fleetsim.tenants import SimTenant
+from inferd.gateway.tenants import TenantConfig
 from inferd.models.sim import sim_config
 
 fleet_sim_app = typer.Typer(help=__doc__, no_args_is_help=True)
@@ -36,6 +40,20 @@ def parse_failure(kind: str, raw: str) -> Failure:
     if kind == "slow":
         return Failure("slow", at_s, factor=number)
     return Failure("lose_frontend", at_s, index=int(number))
+
+
+def parse_tenant(raw: str) -> SimTenant:
+    parts = raw.split(":")
+    try:
+        name, share = parts[0], float(parts[1])
+        rate = float(parts[2]) if len(parts) > 2 and parts[2] else None
+        burst = int(parts[3]) if len(parts) > 3 and parts[3] else None
+        weight = float(parts[4]) if len(parts) > 4 and parts[4] else 1.0
+        return SimTenant(name, share, TenantConfig(requests_per_s=rate, burst=burst, weight=weight))
+    except (IndexError, ValueError) as exc:
+        raise typer.BadParameter(
+            f"--tenant takes NAME:SHARE[:REQUESTS_PER_S[:BURST[:WEIGHT]]]; got {raw!r} ({exc})"
+        ) from None
 
 
 @fleet_sim_app.command()
@@ -69,10 +87,24 @@ def run(
     lose_frontend: Annotated[
         list[str] | None, typer.Option(help="INDEX@SECONDS: that front end dies.")
     ] = None,
+    autoscale: Annotated[
+        bool, typer.Option(help="Run the server's autoscaler on the fleet (one front end).")
+    ] = False,
+    min_devices: Annotated[int, typer.Option(min=0, help="--autoscale: fewest devices.")] = 1,
+    max_devices: Annotated[int, typer.Option(min=1, help="--autoscale: most devices.")] = 8,
+    tenant: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="NAME:SHARE[:REQUESTS_PER_S[:BURST[:WEIGHT]]] (repeatable): who sends the arrivals."
+        ),
+    ] = None,
     seed: int = 0,
     json_output: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
 ) -> None:
     """Simulate a batch model's fleet: throughput, latency percentiles, outcomes, mean batch size."""
+    logging.getLogger("inferd").setLevel(
+        logging.ERROR
+    )  # the runtime's own lines (workers lost...) are expected here
     try:
         device = (
             BatchProfile.load(profile)
@@ -91,7 +123,11 @@ def run(
         for k, values in (("kill", kill), ("slow", slow), ("lose-frontend", lose_frontend))
         for raw in values or ()
     ]
-    spec = FleetSpec(model, device, devices, times, frontends, warmup, failures=failures, seed=seed)
+    scaling = AutoscalerConfig(min_workers=min_devices, max_workers=max_devices) if autoscale else None
+    spec = FleetSpec(
+        model, device, devices, times, frontends, warmup, failures=failures, seed=seed, autoscale=scaling
+    )
+    spec.tenants = [parse_tenant(raw) for raw in tenant or ()]
     started = time.perf_counter()
     report = simulate(spec)
     wall = time.perf_counter() - started
@@ -116,7 +152,7 @@ def run(
 def validate(
     quick: Annotated[
         bool,
-        typer.Option("--quick", help="A reduced set (sim at 1 and 2 workers, sim-llm at 2), a few minutes."),
+        typer.Option("--quick", help="A reduced set (sim at 1 and 2 workers; no sim-llm), a few minutes."),
     ] = False,
     duration: Annotated[float, typer.Option(help="Measured seconds of each real run.")] = 12.0,
     warmup: Annotated[float, typer.Option(help="Warmup seconds of each run.")] = 2.0,
@@ -128,7 +164,7 @@ def validate(
     from inferd.fleetsim.validate import validate as run_validation
     from inferd.fleetsim.validate_llm import validate_llm
 
-    results = run_validation(quick, duration, warmup) + validate_llm(duration, warmup)
+    results = run_validation(quick, duration, warmup) + ([] if quick else validate_llm(duration, warmup))
     if json_output:
         typer.echo(to_json(results))
     else:

@@ -8,7 +8,7 @@ arrays (millions of arrivals are generated in one call).
   thinning;
 - trace: a JSONL file of {"t": seconds} lines (other fields ignored), sorted.
 
-The same seed gives the same arrivals. `inferd bench` draws its Poisson schedule the same way
+The same seed gives the same arrivals. `inferd bench` draws its Poisson and gamma schedules the same way
 (bench/open_loop.py arrival_offsets), which validation uses directly.
 """
 
@@ -21,6 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
+from inferd.bench.open_loop import exponential_gaps, gamma_gaps, renewal_times
 from inferd.config import ConfigError
 
 KINDS = ("poisson", "gamma", "diurnal", "trace")
@@ -57,25 +58,14 @@ def arrival_times(spec: ArrivalSpec, duration_s: float) -> np.ndarray:
         return _trace(spec.trace, duration_s)
     if spec.kind == "diurnal":
         peak = spec.rate * (1 + spec.amplitude)
-        times = _renewal(rng, lambda n: rng.exponential(1.0 / peak, n), peak, duration_s)
+        times = renewal_times(exponential_gaps(rng, peak), peak, duration_s)
         keep = rng.random(times.size) * peak <= spec.rate * (
             1 + spec.amplitude * np.sin(2 * math.pi * times / spec.period_s)
         )
         return times[keep]
     if spec.kind == "gamma":
-        shape = 1.0 / (spec.cv * spec.cv)
-        scale = 1.0 / (spec.rate * shape)
-        return _renewal(rng, lambda n: rng.gamma(shape, scale, n), spec.rate, duration_s)
-    return _renewal(rng, lambda n: rng.exponential(1.0 / spec.rate, n), spec.rate, duration_s)
-
-
-def _renewal(rng: np.random.Generator, gaps, rate: float, duration_s: float) -> np.ndarray:  # type: ignore[no-untyped-def]
-    expected = duration_s * rate
-    chunk = int(expected + 6 * math.sqrt(expected) + 16)
-    times = np.cumsum(gaps(chunk))
-    while times[-1] < duration_s:
-        times = np.concatenate((times, times[-1] + np.cumsum(gaps(chunk))))
-    return times[times < duration_s]
+        return renewal_times(gamma_gaps(rng, spec.rate, spec.cv), spec.rate, duration_s)
+    return renewal_times(exponential_gaps(rng, spec.rate), spec.rate, duration_s)
 
 
 def _trace(path: Path, duration_s: float) -> np.ndarray:

@@ -24,14 +24,18 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from inferd.batching.dispatcher import ModelRuntime
-from inferd.batching.queue import QueuedItem
+from inferd.batching.fairness import NO_TENANT
+from inferd.batching.queue import INTERACTIVE, QueuedItem
 from inferd.batching.retry import RetryBudget
 from inferd.clock import FakeClock
 from inferd.config import ModelConfig
 from inferd.errors import Overloaded, ServingError
+from inferd.fleet.autoscaler_config import AutoscalerConfig
 from inferd.fleetsim.events import EventQueue
 from inferd.fleetsim.profiles import BatchProfile
 from inferd.fleetsim.report import Outcome, SimReport
+from inferd.fleetsim.scaling import SimScaling
+from inferd.fleetsim.tenants import SimTenant, SimTenants
 from inferd.observability.metrics import Metrics
 from inferd.worker import protocol as p
 from inferd.worker.connection import WorkerConnection
@@ -71,6 +75,10 @@ class FleetSpec:
     failures: list[Failure] = field(default_factory=list)
     restart_s: float = 2.0
     seed: int = 0
+    autoscale: AutoscalerConfig | None = None
+    tenants: list[SimTenant] = field(default_factory=list)
+    """Who sends the arrivals, with their quotas and weights (fleetsim/tenants.py); none: no tenants."""
+    """Drive the server's autoscaler (fleetsim/scaling.py); one front end."""
     dispatch_quantum_s: float = DISPATCH_QUANTUM_S
 
 
@@ -82,6 +90,7 @@ class SimDevice:
         self.frontend = frontend
         self.slowdown = slowdown
         self.dead = False
+        self.draining = False
         self.free_at = 0.0
         self.scheduled: set[int] = set()
         self.conn = WorkerConnection(worker_id, fleet.model.name, 0, "sim", self)  # type: ignore[arg-type]
@@ -146,14 +155,22 @@ class BatchFleet:
         self.owner = np.full(n, -1, dtype=np.int32)
         self.batches = 0
         self.batched_squares = 0
-        self.full_batch = math.inf if spec.model.preferred_batch_sizes else spec.model.max_batch_size
+        self.full_batch = (
+            0
+            if spec.model.preferred_batch_sizes or spec.model.batching == "slo"
+            else spec.model.max_batch_size
+        )
         """Below this many queued items an arrival cannot make the batch policy cut sooner than the
-        wake-up it asked for (with preferred sizes it can: every arrival dispatches)."""
+        wake-up it asked for (with preferred sizes or SLO batching it can: every arrival dispatches)."""
         self.batched_items = 0
         self.restarts = 0
         self.frontends = [Frontend(self, i) for i in range(spec.frontends)]
         for d in range(spec.devices):
             self.start_device(self.frontends[d % spec.frontends], f"{self.model.name}-{d}.0")
+        if spec.autoscale is not None and spec.frontends != 1:
+            raise ValueError("the simulated autoscaler runs with one front end (the owner's)")
+        self.scaling = None if spec.autoscale is None else SimScaling(self, spec.autoscale)
+        self.tenants = SimTenants(spec.tenants, n, spec.seed) if spec.tenants else None
 
     # ---- the device cost model --------------------------------------------------------------------------
     def cost(self, n: int) -> float:
@@ -185,6 +202,23 @@ class BatchFleet:
         )
         self.dispatch(fe)
 
+    def drain_one(self, fe: Frontend) -> None:
+        """Scale down by one: the least loaded device takes no new batch and leaves once it is idle."""
+        live = [d for d in fe.devices if not d.draining and not d.dead]
+        if not live:
+            return
+        device = min(live, key=lambda d: len(d.conn.inflight))
+        device.draining = True
+        fe.rt.drain_worker(device.conn)
+        if not device.conn.inflight:
+            self.retire(device)
+
+    def retire(self, device: SimDevice) -> None:
+        """A drained device's process exits: its connection closes with nothing in flight."""
+        device.dead = True
+        device.frontend.devices.remove(device)
+        device.frontend.rt.on_worker_lost(device.conn, "drained")
+
     def kill_hung(self, conn: WorkerConnection) -> None:
         for fe in self.frontends:
             for device in fe.devices:
@@ -214,6 +248,8 @@ class BatchFleet:
         self.batched_items += len(items)
         self.batched_squares += len(items) * len(items)
         now = self.clock.now()
+        if device.draining and not device.conn.inflight:
+            self.retire(device)
         for item in items:
             rid = item.payload
             reply = item.reply
@@ -221,6 +257,8 @@ class BatchFleet:
                 self.done_at[rid] = now
                 self.outcome[rid] = Outcome.OK
                 self.items[rid] = None
+                if self.tenants is not None:
+                    self.tenants.release(rid, now)
         self.dispatch(fe)
 
     # ---- front ends --------------------------------------------------------------------------------------
@@ -244,8 +282,13 @@ class BatchFleet:
         if fe.lost:
             self.outcome[rid] = Outcome.FAILED
             return
+        share = NO_TENANT if self.tenants is None else self.tenants.admit(rid, self.clock.now())
+        if share is None:  # the tenant's own quota: a 429 from the gateway, before the queue
+            self.outcome[rid] = Outcome.LIMITED
+            self.done_at[rid] = self.clock.now()
+            return
         try:
-            (item,) = fe.rt.enqueue([rid], None)
+            (item,) = fe.rt.enqueue([rid], None, INTERACTIVE, share)
         except ServingError as exc:
             self.outcome[rid] = Outcome.REJECTED if isinstance(exc, Overloaded) else Outcome.FAILED
             self.done_at[rid] = self.clock.now()
@@ -320,6 +363,8 @@ class BatchFleet:
         if spec.arrivals.size:
             self.events.at(float(spec.arrivals[0]), self.arrive, 0)
         self.events.at(0.0, self.watchdog)
+        if self.scaling is not None:
+            self.events.at(self.scaling.interval_s, self.scaling.tick)
         for failure in spec.failures:
             self.events.at(failure.at_s, self.inject, failure)
         drain = 10.0 if spec.timeout_s is None else spec.timeout_s
@@ -336,8 +381,9 @@ class BatchFleet:
         for rid, item in enumerate(self.items):
             if item is None or self.outcome[rid] != Outcome.PENDING:
                 continue
-            if item.reply.done():
-                self.outcome[rid] = Outcome.FAILED
+            if item.reply.done():  # a displaced request (a tenant within its share took its place) is a 429
+                refused = isinstance(item.reply.exception(), Overloaded)
+                self.outcome[rid] = Outcome.REJECTED if refused else Outcome.FAILED
 
 
 def simulate(spec: FleetSpec) -> SimReport:

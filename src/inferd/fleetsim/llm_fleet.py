@@ -129,7 +129,7 @@ class SimLLMDevice:
     def finish(self, plan: StepPlan, outputs: dict, notes: list[p.SeqDelta], cost: float) -> None:
         if self.dead:
             return
-        self.engine.post(notes + self.engine.apply(plan, outputs), cost, plan.admitted)
+        self.engine.post(notes + self.engine.apply(plan, outputs), cost, plan.admitted, plan.preempted)
         self.step()
 
     def receive_step(self, msg: p.Message) -> None:

@@ -21,6 +21,8 @@ class Outcome(enum.IntEnum):
     """5xx, expired, or the front end was lost."""
     TIMEOUT = 4
     """Answered after the client's deadline, or never."""
+    LIMITED = 5
+    """429 from the tenant's own quota (the gateway, before the queue)."""
 
 
 class FinishedRun(Protocol):
@@ -57,6 +59,14 @@ class SimReport:
     """The batch size an answer saw, averaged over answers (what `inferd bench` reports as its mean)."""
     restarts: int
     events: int
+    devices_min: int = 0
+    """With the autoscaler: the fewest and most devices it ran, and how many times it changed the count."""
+    devices_max: int = 0
+    scale_changes: int = 0
+    limited: int = 0
+    """Refused by their tenant's quota."""
+    tenants: dict[str, Any] | None = None
+    """Per tenant: requests, ok, limited, p99_ms."""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -93,7 +103,23 @@ class SimReport:
             answer_batch_size=round(fleet.batched_squares / fleet.batched_items, 3) if fleet.batches else 0.0,
             restarts=fleet.restarts,
             events=fleet.events_processed,
+            **_scaling(getattr(fleet, "scaling", None), spec.devices),
+            limited=int((window & (outcome == Outcome.LIMITED)).sum()),
+            tenants=None
+            if getattr(fleet, "tenants", None) is None
+            else fleet.tenants.summary(
+                outcome == Outcome.OK, outcome == Outcome.LIMITED, latency * 1000.0, window
+            ),  # type: ignore[attr-defined]
         )
+
+
+def _scaling(scaling: Any, devices: int) -> dict[str, int]:
+    seen = [devices, *scaling.devices_seen] if scaling is not None else [devices]
+    return {
+        "devices_min": min(seen),
+        "devices_max": max(seen),
+        "scale_changes": 0 if scaling is None else scaling.changes,
+    }
 
 
 def _r(value: Any) -> float | None:

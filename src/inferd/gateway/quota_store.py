@@ -28,10 +28,15 @@ from inferd.errors import Overloaded
 from inferd.gateway.quotas import Grant, QuotaDecision, QuotaPolicy, QuotaState
 from inferd.gateway.tenants import Tenant, TenantConfig
 
+EMPTY_STATE = QuotaState()
+
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
-Step = Callable[[str | None, float], tuple[T, str | None]]
+Step = Callable[[QuotaState, float], tuple[T, QuotaState | None]]
+"""One atomic change of a tenant's state (given the empty state when there is none); None drops it.
+A shared store encodes the state on its way out and decodes it on its way in; the in-process store
+keeps the value itself."""
 """(current state or None, the store's time in seconds) -> (result, new state or None to delete)."""
 
 
@@ -53,10 +58,10 @@ class InProcessStore:
 
     def __init__(self, clock: Clock) -> None:
         self._clock = clock
-        self._data: dict[str, str] = {}
+        self._data: dict[str, QuotaState] = {}
 
     async def update(self, key: str, step: Step[T], keep_s: float) -> T:
-        result, new = step(self._data.get(key), self._clock.now())
+        result, new = step(self._data.get(key) or EMPTY_STATE, self._clock.now())
         if new is None:
             self._data.pop(key, None)
         else:
@@ -140,9 +145,8 @@ class TenantQuotas:
             return QuotaDecision(allowed=True, at_s=self._clock.now(), grant=Grant(lease_id))
         policy = self._policy(tenant)
 
-        def step(raw: str | None, now: float) -> tuple[QuotaDecision, str | None]:
-            decision, state = policy.admit(QuotaState.decode(raw), now, lease_id, tokens)
-            return decision, state.encode()
+        def step(state: QuotaState, now: float) -> tuple[QuotaDecision, QuotaState | None]:
+            return policy.admit(state, now, lease_id, tokens)
 
         try:
             decision = await self.store.update(self._key(tenant), step, policy.keep_s())
@@ -162,8 +166,8 @@ class TenantQuotas:
             return
         policy = self._policy(tenant)
 
-        def step(raw: str | None, now: float) -> tuple[None, str | None]:
-            return None, policy.release(QuotaState.decode(raw), now, grant, used_tokens).encode()
+        def step(state: QuotaState, now: float) -> tuple[None, QuotaState | None]:
+            return None, policy.release(state, now, grant, used_tokens)
 
         try:
             await self.store.update(self._key(tenant), step, policy.keep_s())

@@ -21,6 +21,7 @@ from inferd.clock import Clock, MonotonicClock
 from inferd.config import ConfigError
 from inferd.errors import Overloaded
 from inferd.gateway.quota_store import InProcessStore, QuotaSettings, QuotaStore, Step, StoreUnavailable, T
+from inferd.gateway.quotas import QuotaState
 
 log = logging.getLogger(__name__)
 
@@ -79,8 +80,10 @@ class RedisStore:
         try:
             for _ in range(MAX_ATTEMPTS):
                 raw, secs, micros = await self._read(keys=[key])
-                result, new = step(raw, int(secs) + int(micros) / 1_000_000)
-                if await self._cas(keys=[key], args=[raw or "", new or "", keep_ms]):
+                result, new = step(QuotaState.decode(raw), int(secs) + int(micros) / 1_000_000)
+                if await self._cas(
+                    keys=[key], args=[raw or "", "" if new is None else new.encode(), keep_ms]
+                ):
                     return result
                 self.conflicts += 1
         except self._unreachable as exc:

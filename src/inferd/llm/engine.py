@@ -85,7 +85,7 @@ class LLMEngine:
                 continue
             plan = self.scheduler.schedule()
             outputs, compute_s = await self._run(plan)
-            await self._deliver(notes + self.apply(plan, outputs), compute_s, plan.admitted)
+            await self._deliver(notes + self.apply(plan, outputs), compute_s, plan.admitted, plan.preempted)
 
     # ---- the loop's synchronous steps (the fleet simulator drives them on a virtual clock) ---------
     def receive(self) -> list[p.SeqDelta]:
@@ -126,17 +126,27 @@ class LLMEngine:
         """The scheduler records the step's outputs; its deltas, as they go on the wire."""
         return [self._wire(d) for d in self.scheduler.apply(plan, outputs)]
 
-    def post(self, deltas: list[p.SeqDelta], compute_s: float, admitted: tuple[str, ...] = ()) -> None:
+    def post(
+        self,
+        deltas: list[p.SeqDelta],
+        compute_s: float,
+        admitted: tuple[str, ...] = (),
+        preempted: tuple[str, ...] = (),
+    ) -> None:
         """Release the sequences that ended and send the step's StepDeltas."""
         for d in deltas:
             if d.finish_reason is not None:
                 self._release(d.seq_id)
-        self.send(p.StepDeltas(compute_s, deltas, self._stats(), list(admitted)))
+        self.send(p.StepDeltas(compute_s, deltas, self._stats(), list(admitted), list(preempted)))
 
     async def _deliver(
-        self, deltas: list[p.SeqDelta], compute_s: float, admitted: tuple[str, ...] = ()
+        self,
+        deltas: list[p.SeqDelta],
+        compute_s: float,
+        admitted: tuple[str, ...] = (),
+        preempted: tuple[str, ...] = (),
     ) -> None:
-        self.post(deltas, compute_s, admitted)
+        self.post(deltas, compute_s, admitted, preempted)
         await self.flush()  # backpressure: a slow front end slows the engine, never grows a buffer
 
     async def _idle(self) -> None:

@@ -179,6 +179,10 @@ class LLMRuntime:
             live = live_table.get(seq_id)
             if live is not None and live.stream.worker_id == worker.worker_id:
                 self.placement.admitted(live)
+        for seq_id in msg.preempted:  # traced requests get a "preempted" event (KV freed, recomputed later)
+            live = live_table.get(seq_id)
+            if live is not None and live.stream.trace is not None:
+                tracing.event(live.stream.trace, "preempted", {"worker_id": worker.worker_id})
         for delta in msg.deltas:
             live = live_table.get(delta.seq_id)
             if live is None or live.stream.worker_id != worker.worker_id:  # client left, or moved

@@ -98,6 +98,14 @@ class SloConfig(BaseModel):
                 f"{kind!r}: remove {', '.join(given)} from its [slo] table, or use latency_ms"
             )
 
+    def check_batching(self) -> None:
+        """`batching = "slo"` sizes batches from latency_ms: a default nobody chose is not enough."""
+        if "latency_ms" not in self.model_fields_set:
+            raise ValueError(
+                'batching = "slo" sizes batches from the latency SLO, and this model\'s [slo] table sets no '
+                'latency_ms: add one, e.g. slo = { latency_ms = 100 }, or use batching = "fixed"'
+            )
+
     def objectives(self) -> tuple[Objective, ...]:
         """The SLOs this table sets, in SLO_NAMES order."""
         found = [Objective("availability", self.availability)]
@@ -107,6 +115,18 @@ class SloConfig(BaseModel):
             if ms is not None:
                 found.append(Objective(slo, self.latency_target, ms / 1000.0))
         return tuple(found)
+
+
+def check_slo_batching(batching: str, slo: SloConfig | None) -> None:
+    """A model with `batching = "slo"` needs an [slo] table that sets latency_ms."""
+    if batching != "slo":
+        return
+    if slo is None:
+        raise ValueError(
+            'batching = "slo" sizes batches from the latency SLO, and this model has no [slo] table: add '
+            'one with latency_ms, e.g. slo = { latency_ms = 100 }, or use batching = "fixed"'
+        )
+    slo.check_batching()
 
 
 class ServedVersion(Protocol):

@@ -169,6 +169,9 @@ class StepDeltas(msgspec.Struct, tag="llm_step"):
     stats: LLMStats
     admitted: list[str] = []
     """Sequences the step admitted (left the waiting queue): the front end's admission counts them off."""
+    preempted: list[str] = []
+    """Sequences the step preempted (their KV blocks freed; recomputed when readmitted): the front end
+    marks it on their traces. Optional: a peer that predates it sends none."""
 
 
 # ---- search shard replicas (models of kind "search"): one ShardAssign, then ShardCall / ShardReply
