@@ -76,6 +76,22 @@ def test_put_creates_verifies_and_refuses_other_settings(server: ServerProc) -> 
     assert call(url)[0] == 404
 
 
+def test_a_search_with_cache_false_skips_the_result_cache(server: ServerProc) -> None:
+    url, body = f"{server.url}/v1/indexes/docs/search", {"query": "zebra", "mode": "lexical"}
+    call(url, "POST", body)
+    assert call(url, "POST", body)[1].get("cached") is True
+    status, fresh = call(url, "POST", {**body, "cache": False})
+    assert status == 200 and "cached" not in fresh
+
+
+def test_an_index_too_big_for_the_machine_is_refused_and_starts_nothing(server: ServerProc) -> None:
+    status, answer = call(f"{server.url}/v1/indexes/huge", "PUT", {"shards": 64, "replicas": 8})
+    assert status == 400, answer
+    assert "64 shards x 8 replicas = 512 worker processes" in answer["error"]
+    assert call(f"{server.url}/v1/indexes/huge")[0] == 404
+    assert call(f"{server.url}/v1/indexes/huge", "PUT", {"replicas": 100})[0] == 400
+
+
 @pytest.mark.parametrize(
     ("path", "body", "status", "named"),
     [

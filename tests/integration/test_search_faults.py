@@ -63,6 +63,10 @@ def test_sigkill_during_ingest_loses_no_acknowledged_document(tmp_path: Path) ->
     server = serve(tmp_path, 1, "--port", str(server.port))
     try:
         state = wait_serving(server.url, "docs", [1, 1])
+        deadline = time.monotonic() + 30
+        while state["applied_seq"] != state["seq"] and time.monotonic() < deadline:  # replaying its log
+            time.sleep(0.05)
+            state = call(f"{server.url}/v1/indexes/docs")[1]
         assert len(acked) <= state["documents"] <= len(acked) + 10  # at most the batch in flight more
         for doc_id in acked:
             n = int(doc_id[1:])

@@ -15,6 +15,7 @@ import pytest
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 from tests.conftest import ServerProc, start_server
+from tests.integration.search_fixtures import model_repo, wait_serving
 
 CALLER_TRACE = "0af7651916cd43dd8448eb211c80319c"
 CALLER_SPAN = "b7ad6b7169203331"
@@ -128,3 +129,38 @@ def test_spans_of_front_end_and_worker_continue_the_callers_trace(
     with receiver.lock:
         traces = {span.trace_id.hex() for _, span in receiver.spans}  # type: ignore[attr-defined]
     assert traces == {CALLER_TRACE}, "the unsampled request left no span"
+
+
+def test_a_search_has_embed_shard_and_fuse_spans_under_its_request(
+    tmp_path: Path, receiver: Receiver, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("OTEL_BSP_SCHEDULE_DELAY", "100")
+    repo = model_repo(tmp_path, replicas=1)
+    s = start_server(
+        tmp_path, "--model-repo", str(repo), "--data-dir", str(tmp_path / "data"),
+        "--trace-endpoint", receiver.url, "--trace-sample", "0",
+    )  # fmt: skip
+    try:
+        wait_serving(s.url, "docs", [1, 1])
+        req = urllib.request.Request(
+            f"{s.url}/v1/indexes/docs/search",
+            data=json.dumps({"query": "zebra", "mode": "hybrid"}).encode(),
+            headers={
+                "Content-Type": "application/json",
+                "traceparent": f"00-{CALLER_TRACE}-{CALLER_SPAN}-01",
+            },
+        )
+        with urllib.request.urlopen(req, timeout=10) as r:
+            assert json.loads(r.read())["coverage"] == {"shards": 2, "answered": 2}
+        names = {"inferd.request", "inferd.search.embed", "inferd.search.shard", "inferd.search.fuse"}
+        found = receiver.wait_for(CALLER_TRACE, names, within_s=20)
+    finally:
+        assert s.stop() in (0, -15)
+    assert names <= set(found), f"spans seen in the caller's trace: {sorted(found)}"
+    request = found["inferd.request"][0][1]
+    shards = [span for _, span in found["inferd.search.shard"]]
+    for span in [found["inferd.search.embed"][0][1], found["inferd.search.fuse"][0][1], *shards]:
+        assert span.parent_span_id == request.span_id  # type: ignore[attr-defined]
+    attrs = [{a.key: a.value for a in span.attributes} for span in shards]  # type: ignore[attr-defined]
+    assert sorted(a["shard"].int_value for a in attrs) == [0, 1]
+    assert all(a["outcome"].string_value == "answered" and not a["hedge"].bool_value for a in attrs)

@@ -211,3 +211,15 @@ async def test_run_also_runs_the_watchdog_that_kills_a_hung_worker() -> None:
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
+
+
+def test_the_batch_timeout_allows_a_full_batch_when_small_batches_dominate_the_average() -> None:
+    # one-item queries at 10 ms between occasional 32-item document batches at 3 s (an embedder serving
+    # a search index): 10x the average alone would call the next document batch hung
+    rt = runtime(max_batch=32)
+    for i in range(200):
+        rt.estimator.observe_batch(1, 0.01)
+        if i % 40 == 0:
+            rt.estimator.observe_batch(32, 3.0)
+    assert rt.estimator.batch_latency_s is not None and 10 * rt.estimator.batch_latency_s < 3.0
+    assert rt.batch_timeout_s() >= 30.0

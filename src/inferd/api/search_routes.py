@@ -13,6 +13,7 @@ parse -> the index's service (search/service.py) or administration (search/index
 
 from __future__ import annotations
 
+import os
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -24,7 +25,7 @@ from inferd.api.middleware import Call
 from inferd.errors import BadRequest
 from inferd.gateway.auth import allowed_models, check_model, tenant_of
 from inferd.search.config import parse_params
-from inferd.search.indexes import IndexAdmin
+from inferd.search.indexes import IndexAdmin, worker_cap
 from inferd.search.requests import json_object, parse_documents, parse_search
 from inferd.search.store import IndexStore
 
@@ -48,7 +49,7 @@ def add_search_routes(add: Add, server: Any) -> None:
 class SearchRoutes:
     def __init__(self, server: Any) -> None:
         self.server = server
-        self.admin = IndexAdmin(server, IndexStore(server.config.data_dir))
+        self.admin = IndexAdmin(server, IndexStore(server.config.data_dir), worker_cap(os.cpu_count()))
         self.max_body = server.config.max_body_bytes
 
     def index(self, call: Call) -> Any:
@@ -132,9 +133,19 @@ def describe(rt: Any) -> dict[str, Any]:
             ]
             for s in shards
         ],
-        "embedder": {"model": rt.params.embedder, "state": stats.service.embedder},
+        "embedder": {"model": rt.params.embedder, "state": stats.service.embedder, **_versions(stats)},
+        "hedge": {"requests": stats.service.hedge.requests, "hedges": stats.service.hedge.hedges},
         "settings": rt.params.model_dump(),
     }
+
+
+def _versions(stats: Any) -> dict[str, Any]:
+    """The embedder version of the index's vectors, and a running re-embed (search/reembed.py)."""
+    re = stats.service.reembed
+    if re is None:
+        return {}
+    running = None if re.target is None else {"to": re.target, "documents": re.reembedded}
+    return {"version": re.version, "reembedding": running}
 
 
 def _answer(body: dict[str, Any], status: int = 200) -> HttpResponse:

@@ -72,12 +72,18 @@ class Watchdog:
             self.kill_worker(w)
 
     def batch_timeout_s(self) -> float:
-        """The configured batch timeout, else 10x the measured batch latency (at least 1 s; 30 s before
-        any batch was measured)."""
+        """The configured batch timeout, else 10x the longest of the measured batch latency, a full batch's
+        latency from the cost line and the slowest batch-size bucket measured (at least 1 s; 30 s before
+        any batch was measured). The large batches count because mixed traffic (one-item queries between 32-item document batches) drives the
+        average far below what a large batch legitimately takes."""
         if self.state.config.batch_timeout_s is not None:
             return self.state.config.batch_timeout_s
-        latency = self.state.estimator.batch_latency_s
-        return 30.0 if latency is None else max(1.0, 10.0 * latency)
+        estimator = self.state.estimator
+        if estimator.batch_latency_s is None:
+            return 30.0
+        largest = max((latency for _, latency in estimator.curve()), default=0.0)  # by batch-size bucket
+        expected = max(estimator.batch_latency_s, estimator.full_batch_latency_s() or 0.0, largest)
+        return max(1.0, 10.0 * expected)
 
     def _hedge_if_slow(self, worker: WorkerConnection) -> None:
         config = self.state.config

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -64,13 +65,28 @@ def load(
     ) as bar:
         task = bar.add_task(f"loading {name}", total=len(docs))
         for i in range(0, len(docs), batch):
-            status, answer = _call(f"{base}/documents", "POST", {"documents": docs[i : i + batch]})
+            status, answer = _post_batch(f"{base}/documents", docs[i : i + batch])
             if status != 200:
                 typer.echo(f"error: batch at line {i + 1}: {status} {answer}", err=True)
                 raise typer.Exit(1)
             seq = answer["seq"]
             bar.advance(task, len(docs[i : i + batch]))
     typer.echo(json.dumps({"index": name, "documents": len(docs), "seq": seq}))
+
+
+LOAD_RETRIES = 3
+"""A batch answered 503 (nothing written: the embedder failed or was busy) is sent again this often."""
+
+
+def _post_batch(url: str, docs: list[dict[str, Any]]) -> tuple[int, Any]:
+    """One batch, sent again after 1, 2, 4 s while it is answered 503 (safe: an upsert replaces)."""
+    for attempt in range(LOAD_RETRIES + 1):
+        status, answer = _call(url, "POST", {"documents": docs})
+        if status != 503 or attempt == LOAD_RETRIES:
+            return status, answer
+        typer.echo(f"retrying a batch in {2**attempt} s: {answer}", err=True)
+        time.sleep(2**attempt)
+    return status, answer
 
 
 def bench_search(
@@ -95,6 +111,16 @@ def bench_search(
         float | None, typer.Option(help="SIGSTOP a replica of shard 0 at this second.")
     ] = None,
     slow_s: Annotated[float, typer.Option(help="How long the stopped replica stays stopped.")] = 2.0,
+    slow_factor: Annotated[
+        float | None,
+        typer.Option(help="Slow the replica this many times (run 1/F of the time) instead of stopping it."),
+    ] = None,
+    result_cache: Annotated[
+        bool, typer.Option("--result-cache/--no-result-cache", help="Let searches use the result cache.")
+    ] = True,
+    fresh_queries: Annotated[
+        bool, typer.Option(help="Make every search's text unique, so each query is embedded (uncached).")
+    ] = False,
     out: Annotated[
         Path | None, typer.Option(help="Save the report (the profile `inferd plan search` reads).")
     ] = None,
@@ -120,6 +146,9 @@ def bench_search(
         kill_at_s=kill_at_s,
         slow_at_s=slow_at_s,
         slow_s=slow_s,
+        slow_factor=slow_factor,
+        result_cache=result_cache,
+        fresh_queries=fresh_queries,
     )
     report = asyncio.run(run_bench(spec)).to_json()
     if out is not None:

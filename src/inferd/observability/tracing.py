@@ -7,6 +7,9 @@
         inferd.worker.compute recorded and exported by the worker process itself (its own resource,
                               its own process.pid), a child of the batch through RunBatch.traceparent
       inferd.upstream         a call to an upstream model API, its traceparent sent in the call's headers
+      inferd.search.embed     a search's query embedding (search/service.py), then one
+      inferd.search.shard     per shard call (hedge = true on a hedge), then
+      inferd.search.fuse      merging and fusing the shards' lists
     LLM requests get events on their request span: first_token, resumed (failover), finished.
 
 Off by default and then nearly free: every hook in a hot path reads the module-level `ENABLED` first,
@@ -240,6 +243,26 @@ def span(name: str, **attributes: Any) -> contextlib.AbstractContextManager[Any]
     if not ENABLED:
         return _NO_SPAN
     return _tracer.start_as_current_span(name, attributes=attributes)
+
+
+def start_span(name: str, **attributes: Any) -> Span | None:
+    """A span named `name`, a child of the current one, that the caller ends itself (`end_span`): for
+    work that does not fit one `with` block (a shard call answered in a wait loop). None when tracing
+    is off or the trace is not sampled."""
+    if not ENABLED:
+        return None
+    span = _tracer.start_span(name, attributes=attributes)
+    if span.is_recording():
+        return span
+    span.end()
+    return None
+
+
+def end_span(span: Span | None, **attributes: Any) -> None:
+    """End a `start_span` span (None: nothing to do), with these attributes added."""
+    if span is not None:
+        span.set_attributes(attributes)
+        span.end()
 
 
 def log_ids() -> tuple[str, str] | None:

@@ -31,8 +31,9 @@ class RuntimeContext:
     """Shared by the models whose workers are ours: failovers cannot multiply load."""
     kill_worker: Callable[[WorkerConnection], None]
     """Kill a hung or silent worker (a local child by SIGKILL, a Ray actor with ray.kill)."""
-    find_model: Callable[[str], Runtime] | None = None
-    """The served default version of a model by name (a search index finds its embedder with it)."""
+    find_model: Callable[..., Runtime] | None = None
+    """The registry's `get(name, version=None)`: a served version of a model, by default its default
+    version (a search index finds its embedder with it)."""
 
 
 RuntimeFactory = Callable[[ModelConfig, RuntimeContext], Runtime]

@@ -6,7 +6,11 @@
    the sender: latency counts from the intended send time); queries drawn from the file in order.
    Latencies go to an HDR histogram; every answer's status, coverage and degraded flags are counted.
 3. Faults (local servers): at `kill_at_s` one replica of shard 0 is SIGKILLed; at `slow_at_s` one is
-   stopped (SIGSTOP) for `slow_s` seconds, then resumed.
+   stopped (SIGSTOP) for `slow_s` seconds, then resumed; with `slow_factor` F it is instead slowed F
+   times for `slow_s` seconds: stopped and resumed every 50 ms so that it runs 1/F of the time.
+4. Caches: `result_cache=False` asks every search to skip the result cache (`"cache": false`; query
+   vectors stay cached); `fresh_queries` makes every search's text unique (a token no document holds is
+   appended), so each one is embedded: the uncached cost.
 
 The report is JSON; saved with --out it is the profile `inferd plan search` reads.
 """
@@ -45,6 +49,9 @@ class BenchSpec:
     kill_at_s: float | None = None
     slow_at_s: float | None = None
     slow_s: float = 2.0
+    slow_factor: float | None = None
+    result_cache: bool = True
+    fresh_queries: bool = False
 
 
 @dataclass
@@ -61,6 +68,8 @@ class BenchReport:
     achieved_qps: float = 0.0
     quality: dict[str, float] = field(default_factory=dict)
     faults: list[str] = field(default_factory=list)
+    hedge: dict[str, float] = field(default_factory=dict)
+    """Shard requests and hedges during the load (from the index's counters)."""
     index_state: dict[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> str:
@@ -91,10 +100,18 @@ async def run_bench(spec: BenchSpec) -> BenchReport:
         await until_applied(http, base)
         if spec.qrels:
             report.quality = await quality(http, base, spec)
+        before = await state(http, base)
         await load(http, base, spec, report)
-        async with http.get(base) as r:
-            report.index_state = await r.json()
+        report.index_state = await state(http, base)
+        requests = report.index_state["hedge"]["requests"] - before["hedge"]["requests"]
+        hedges = report.index_state["hedge"]["hedges"] - before["hedge"]["hedges"]
+        report.hedge = {"requests": requests, "hedges": hedges, "share": hedges / max(1, requests)}
     return report
+
+
+async def state(http: aiohttp.ClientSession, base: str) -> dict[str, Any]:
+    async with http.get(base) as r:
+        return await r.json()
 
 
 async def until_applied(http: aiohttp.ClientSession, base: str, timeout_s: float = 600.0) -> None:
@@ -135,8 +152,12 @@ async def load(http: aiohttp.ClientSession, base: str, spec: BenchSpec, report: 
     start = loop.time()
 
     async def one(i: int, at: float) -> None:
-        text = spec.queries[i % len(spec.queries)][1][:4096]
+        text = spec.queries[i % len(spec.queries)][1][:4000]
+        if spec.fresh_queries:
+            text = f"{text} zqx{i}"
         body = {"query": text, "k": spec.k, "mode": spec.mode, "timeout_ms": spec.timeout_ms}
+        if not spec.result_cache:
+            body["cache"] = False
         try:
             async with http.post(f"{base}/search", json=body) as r:
                 answer = await r.json()
@@ -181,8 +202,24 @@ async def faults(base: str, spec: BenchSpec, report: BenchReport, http: aiohttp.
         pid = workers[0]["pid"]
         if how == "kill":
             os.kill(pid, signal.SIGKILL)
-        else:
+        elif spec.slow_factor is None:
             os.kill(pid, signal.SIGSTOP)
             await asyncio.sleep(spec.slow_s)
             os.kill(pid, signal.SIGCONT)
+        else:
+            await slow_down(pid, spec.slow_factor, spec.slow_s)
+            how = f"slow x{spec.slow_factor:g} for {spec.slow_s:g}s"
         report.faults.append(f"{how} replica {workers[0]['worker']} (pid {pid}) at {at:.1f}s")
+
+
+async def slow_down(pid: int, factor: float, seconds: float, period_s: float = 0.05) -> None:
+    """Let the process run 1/factor of the time for `seconds`: SIGCONT, run, SIGSTOP, wait, every period."""
+    end = time.monotonic() + seconds
+    try:
+        while time.monotonic() < end:
+            os.kill(pid, signal.SIGCONT)
+            await asyncio.sleep(period_s / factor)
+            os.kill(pid, signal.SIGSTOP)
+            await asyncio.sleep(period_s * (1 - 1 / factor))
+    finally:
+        os.kill(pid, signal.SIGCONT)

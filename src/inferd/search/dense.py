@@ -63,6 +63,9 @@ class DenseIndex:
         """Live vectors."""
         return len(self._slot_place)
 
+    def has(self, slot: int) -> bool:
+        return slot in self._slot_place
+
     def add(self, slot: int, vector: np.ndarray) -> None:
         if slot in self._slot_place:
             raise ValueError(f"slot {slot} already has a vector")
@@ -156,7 +159,7 @@ class DenseIndex:
         rows = np.flatnonzero(ok)
         if not len(rows):
             return EMPTY
-        scores = self._fresh[rows] @ query[0]
+        scores = _dot(self._fresh[rows], query[0])
         if len(rows) > k:
             top = np.argpartition(-scores, k - 1)[:k]
             rows, scores = rows[top], scores[top]
@@ -198,7 +201,7 @@ class DenseIndex:
         return self._live_bits
 
     def _exact(self, query: np.ndarray, ids: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
-        scores = self.graph.reconstruct_batch(ids) @ query[0]
+        scores = _dot(self.graph.reconstruct_batch(ids), query[0])
         top = np.argsort(-scores, kind="stable")[:k]
         return self.graph_slot[ids[top]], scores[top]
 
@@ -230,3 +233,12 @@ class DenseIndex:
             "graph_dead": self._graph_dead,
             "fresh": int(np.count_nonzero(self._fresh_slot[: self._fresh_rows] >= 0)),
         }
+
+
+def _dot(matrix: np.ndarray, vector: np.ndarray) -> np.ndarray:
+    """matrix @ vector on this thread: einsum's own loop, not BLAS. A replica answers one query at a time,
+    and numpy's multi-threaded OpenBLAS spends ~10x the CPU of the product spinning its threads, which
+    every other process on the machine pays for (measured on a busy 2-core machine: a 2048 x 384 float32
+    product, 1.86 ms CPU with `@` vs 0.17 ms with einsum; a dense search of a 1,966-document shard,
+    5.25 ms CPU before, 0.41 ms after)."""
+    return np.einsum("ij,j->i", matrix, vector)

@@ -22,6 +22,7 @@ from inferd.batching.queue import BULK, INTERACTIVE
 from inferd.clock import Clock
 from inferd.errors import DeadlineExceeded, ModelError, ServingError, WorkerUnavailable
 from inferd.search.caches import LRU
+from inferd.search.types import Document
 
 log = logging.getLogger("inferd.search")
 
@@ -65,22 +66,44 @@ class EmbedderHealth:
             log.warning("embedder unavailable (%s): searching lexically until it answers again", reason)
 
 
+def embed_text(doc: Document) -> str:
+    """What a document's vector is computed from."""
+    return f"{doc.title}\n{doc.text}" if doc.title else doc.text
+
+
 class Embedder:
     def __init__(
         self,
         model: str,
         dim: int,
-        find_model: Callable[[str], Any],
+        find_model: Callable[..., Any],
         clock: Clock,
         cache_entries: int = 4096,
     ) -> None:
         self.model = model
         self.dim = dim
         self.find_model = find_model
-        """The registry's lookup: the embedder's current default-version runtime (a batch model)."""
+        """The registry's lookup `(name, version=None)`: a served version's runtime (a batch model)."""
         self.clock = clock
         self.health = EmbedderHealth(clock)
         self.cache: LRU[str, bytes] = LRU(cache_entries)
+        self.version: int | None = None
+        """The embedder version of the index's vectors: queries are embedded by it (None: not known
+        yet, the served default). search/reembed.py moves it when the served version changes."""
+        self.target: int | None = None
+        """The version a running re-embed moves to: new documents are embedded by it too."""
+
+    def served_version(self) -> int | None:
+        """The embedder's default version now (None while the model is not served)."""
+        try:
+            return int(self.find_model(self.model).version)
+        except ServingError:
+            return None
+
+    def promote(self, version: int) -> None:
+        """The index's vectors are `version`'s now: so are the queries' (cached vectors are dropped)."""
+        self.version, self.target = version, None
+        self.cache.clear()
 
     async def query(self, text: str, deadline: float) -> bytes:
         """The query's vector (cached); raises the embedder's ServingError (recorded by the breaker), or
@@ -91,7 +114,7 @@ class Embedder:
         if not self.health.allow():
             raise WorkerUnavailable(f"embedder {self.model!r} is down ({self.health.reason})")
         try:
-            (vector,) = await self._embed([text], deadline, INTERACTIVE)
+            (vector,) = await self._embed([text], deadline, INTERACTIVE, self.version)
         except ServingError as exc:
             self.health.failure(exc.message)
             raise
@@ -99,15 +122,23 @@ class Embedder:
         self.cache.put(text, vector)
         return vector
 
-    async def documents(self, texts: Sequence[str], deadline: float, chunk: int = 64) -> list[bytes]:
-        """Every text's vector, in order (chunks queued together at bulk priority)."""
+    async def documents(
+        self, texts: Sequence[str], deadline: float, version: int | None, chunk: int = 64
+    ) -> list[bytes]:
+        """Every text's vector by embedder `version` (None: the default), in order (chunks queued
+        together at bulk priority). NotFound when that version is not served."""
         chunks = [texts[i : i + chunk] for i in range(0, len(texts), chunk)]
-        async with asyncio.TaskGroup() as tg:
-            tasks = [tg.create_task(self._embed(c, deadline, BULK)) for c in chunks]
+        try:
+            async with asyncio.TaskGroup() as tg:
+                tasks = [tg.create_task(self._embed(c, deadline, BULK, version)) for c in chunks]
+        except* ServingError as group:  # the first chunk's error, as the caller catches it
+            raise group.exceptions[0] from None
         return [v for t in tasks for v in t.result()]
 
-    async def _embed(self, texts: Sequence[str], deadline: float, priority: int) -> list[bytes]:
-        rt = self.find_model(self.model)
+    async def _embed(
+        self, texts: Sequence[str], deadline: float, priority: int, version: int | None
+    ) -> list[bytes]:
+        rt = self.find_model(self.model, version)
         if rt.kind != "batch":
             raise ModelError(f"embedder {self.model!r} is a {rt.kind} model, not a batch embedding model")
         # No deadline for the batcher's admission: its estimate follows the batches it saw (long document

@@ -14,7 +14,7 @@ import logging
 from typing import Any, Protocol
 
 from inferd.config import ModelConfig
-from inferd.errors import Conflict, NotFound
+from inferd.errors import BadRequest, Conflict, NotFound
 from inferd.runtime.contract import Runtime
 from inferd.runtime.registry import ModelRegistry
 from inferd.search.config import SearchParams, index_config, params_of
@@ -22,6 +22,11 @@ from inferd.search.store import SETTINGS_FILE, IndexStore
 
 log = logging.getLogger("inferd.search")
 
+WORKERS_PER_CPU = 8
+"""An API-created index runs at most this many shard replica processes per CPU of the machine..."""
+MIN_WORKER_CAP = 16
+"""... and at least this many may always be asked for (a small machine still takes a 4 x 2 index)."""
+MAX_WORKER_CAP = 256
 READY_WAIT_S = 30.0
 """How long PUT waits for a new index's replicas (each shard's first) before it answers."""
 
@@ -37,10 +42,17 @@ class Server(Protocol):
     def remove_version(self, name: str, version: int) -> None: ...
 
 
+def worker_cap(cpus: int | None) -> int:
+    """How many shard x replica processes one PUT may start on a machine with `cpus` CPUs."""
+    return min(MAX_WORKER_CAP, max(MIN_WORKER_CAP, WORKERS_PER_CPU * (cpus or 1)))
+
+
 class IndexAdmin:
-    def __init__(self, server: Server, store: IndexStore) -> None:
+    def __init__(self, server: Server, store: IndexStore, max_workers: int) -> None:
         self.server = server
         self.store = store
+        self.max_workers = max_workers
+        """The most shard replica processes one index created through the API may run."""
         self._lock = asyncio.Lock()
 
     def find(self, name: str) -> Any:
@@ -51,7 +63,15 @@ class IndexAdmin:
         return registry.get(name)
 
     async def create(self, name: str, params: SearchParams) -> bool:
-        """True when created, False when it exists with these settings; Conflict otherwise."""
+        """True when created, False when it exists with these settings; Conflict otherwise. BadRequest,
+        before anything starts, when the index would run more than `max_workers` processes."""
+        workers = params.shards * params.replicas
+        if workers > self.max_workers:
+            raise BadRequest(
+                f"index {name!r} asks for {params.shards} shards x {params.replicas} replicas = {workers} "
+                f"worker processes; this server starts at most {self.max_workers} for one index "
+                f"({WORKERS_PER_CPU} per CPU, at least {MIN_WORKER_CAP}): use fewer shards or replicas"
+            )
         async with self._lock:
             registry = self.server.registry
             if name in registry:

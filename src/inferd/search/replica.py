@@ -111,6 +111,9 @@ class Replica:
                 return self._reply(msg.call_id)
             if msg.op == "search":
                 return self._reply(msg.call_id, wire.encode(self.index.search(wire.query(msg.body))))
+            if msg.op == "unvectored":  # a re-embed's next page (search/reembed.py)
+                cursor, limit = wire.pair(msg.body)
+                return self._reply(msg.call_id, wire.encode(self.index.unvectored(cursor, limit)))
             if msg.op == "get":
                 return self._reply(msg.call_id, wire.encode(self.index.get(wire.text(msg.body))))
             if msg.op == "snapshot" and self.snapshot_dir is not None:

@@ -1,16 +1,23 @@
 """The front end's view of a search index's replicas: which shard each serves, how far it has applied
-the shard's log, what it holds in flight; and the choice of a replica for a read (power of two choices
-on load among the fresh ones). Plain objects, no I/O."""
+the shard's log, what it holds in flight, how fast it answers; and the choice of a replica for a read
+(power of two choices on load among the fresh ones). Plain objects, no I/O."""
 
 from __future__ import annotations
 
 import asyncio
 import enum
+import math
 import random
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from inferd.worker.connection import WorkerConnection, WorkerState
+
+LATENCY_WEIGHT = 0.3
+"""Weight of a new latency in a replica's moving average (a higher one than the average counts whole)."""
+LATENCY_DECAY_S = 1.0
+"""A replica's latency estimate decays with the time since its last sample (e-fold per second), so a
+replica avoided for being slow is tried again after a while, and a recovered one gets its load back."""
 
 
 class ReplicaPhase(enum.Enum):
@@ -39,6 +46,26 @@ class Replica:
     pending: dict[int, asyncio.Future] = field(default_factory=dict)
     """Calls sent and not answered yet (call id -> the caller's future)."""
     reads: int = 0
+    latency_s: float = 0.0
+    """Peak moving average of its read latency (a slower sample is taken whole, a faster one averaged)."""
+    sampled_at: float = -math.inf
+
+    def observe(self, latency_s: float, now: float, lower_bound: bool = False) -> None:
+        """A read answered after `latency_s`; or, with `lower_bound`, was given up unanswered after that
+        long (it counts only when it raises the estimate)."""
+        current = self.expected_s(now)
+        if lower_bound and latency_s <= current:
+            return
+        self.latency_s = max(latency_s, current + LATENCY_WEIGHT * (latency_s - current))
+        self.sampled_at = now
+
+    def expected_s(self, now: float) -> float:
+        """The latency estimate, decayed with the time since its last sample."""
+        return self.latency_s * math.exp(-max(0.0, now - self.sampled_at) / LATENCY_DECAY_S)
+
+    def cost(self, now: float) -> float:
+        """What a read sent now is expected to wait: (calls in flight + 1) x the latency estimate."""
+        return (self.load + 1) * self.expected_s(now)
 
     @property
     def worker_id(self) -> str:
@@ -75,14 +102,18 @@ def least_served_shard(shards: int, replicas: Iterable[Replica]) -> int:
 
 class ReplicaChooser:
     """Power of two choices among a shard's readable replicas, preferring fresh ones (applied at least
-    `min_seq`); counts how often the two loads tie (whether the load signal does anything)."""
+    `min_seq`), then the lower cost (calls in flight + 1, times the latency estimate: a slow replica is
+    avoided even when nothing is in flight); counts how often the two costs tie (whether the load
+    signal does anything)."""
 
     def __init__(self, rng: random.Random | None = None) -> None:
         self.rng = rng or random.Random()  # nosec B311  # replica choice, not secrets
         self.choices = 0
         self.ties = 0
 
-    def choose(self, candidates: list[Replica], min_seq: int, exclude: set[Replica]) -> Replica | None:
+    def choose(
+        self, candidates: list[Replica], min_seq: int, exclude: set[Replica], now: float = 0.0
+    ) -> Replica | None:
         live = [r for r in candidates if r.readable and r not in exclude]
         if not live:
             return None
@@ -92,7 +123,8 @@ class ReplicaChooser:
         if len(pool) == 1:
             return pool[0]
         a, b = self.rng.sample(pool, 2)
-        if a.load == b.load:
+        cost_a, cost_b = a.cost(now), b.cost(now)
+        if cost_a == cost_b:
             self.ties += 1
-            return a
-        return a if a.load < b.load else b
+            return a if a.load <= b.load else b
+        return a if cost_a < cost_b else b

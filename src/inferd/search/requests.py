@@ -41,6 +41,8 @@ class SearchRequest:
     timeout_ms: float
     min_seq: tuple[int, ...] | None
     """Read-your-writes: only replicas that applied at least these seqs (per shard) answer if any can."""
+    cache: bool = True
+    """False: answer without the result cache (query vectors are still cached), e.g. to measure search."""
 
 
 def json_object(body: bytes, what: str) -> dict[str, Any]:
@@ -55,9 +57,14 @@ def json_object(body: bytes, what: str) -> dict[str, Any]:
 
 def parse_search(body: bytes, fields: dict[str, FieldType], shards: int) -> SearchRequest:
     raw = json_object(body, "search request")
-    unknown = sorted(set(raw) - {"query", "k", "mode", "filter", "timeout_ms", "min_seq"})
+    unknown = sorted(set(raw) - {"query", "k", "mode", "filter", "timeout_ms", "min_seq", "cache"})
     if unknown:
-        raise BadRequest(f"search request has unknown keys {unknown}: use query, k, mode, filter, timeout_ms")
+        raise BadRequest(
+            f"search request has unknown keys {unknown}: use query, k, mode, filter, timeout_ms, min_seq, cache"
+        )
+    cache = raw.get("cache", True)
+    if not isinstance(cache, bool):
+        raise BadRequest(f'"cache" must be true or false, got {cache!r}')
     query = raw.get("query")
     if not isinstance(query, str) or not query.strip():
         raise BadRequest('"query" must be a non-empty string')
@@ -84,6 +91,7 @@ def parse_search(body: bytes, fields: dict[str, FieldType], shards: int) -> Sear
         json.dumps(raw_filter, sort_keys=True),
         float(timeout_ms),
         _min_seq(raw.get("min_seq"), shards),
+        cache,
     )
 
 

@@ -132,6 +132,8 @@ class SearchRuntime:
             async with asyncio.TaskGroup() as tg:
                 tg.create_task(self._watch())
                 tg.create_task(self._snapshots())
+                if self.index.reembedder is not None:
+                    tg.create_task(self.index.reembedder.run())
         finally:
             for lg in self.logs:
                 lg.close()

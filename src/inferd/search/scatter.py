@@ -1,20 +1,21 @@
 """Scatter a query to one replica of each shard and gather what answers by the deadline.
 
-Per shard: pick a replica (power of two choices on load among the fresh ones); if it has not answered
-after the shard's observed p95, hedge to a second replica within the hedge budget (5% extra shard
-requests); if one fails (it died, it refused), ask another while time is left. Every shard has the
-request's deadline (less a small margin to fuse and answer); a shard that has not answered by then is
-left out of the coverage, never an error.
+Per shard: pick a replica (power of two choices among the fresh ones, on calls in flight times their
+latency); if it has not answered after the shard's observed p95, hedge to a second replica within the
+hedge budget (5% extra shard requests); if one fails (it died, it refused), ask another while time is
+left. Every shard has the request's deadline (less a small margin to fuse and answer); a shard that has
+not answered by then is left out of the coverage, never an error.
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 from inferd.clock import Clock
 from inferd.errors import ServingError
+from inferd.observability import tracing
 from inferd.search import wire
 from inferd.search.hedge import HedgePolicy
 from inferd.search.replicas import Replica, ReplicaChooser
@@ -23,6 +24,15 @@ from inferd.worker import protocol as p
 
 GATHER_MARGIN_S = 0.003
 """Time kept back from each shard's deadline to fuse the lists and answer."""
+
+
+class Flight(NamedTuple):
+    """A shard call in flight."""
+
+    replica: Replica
+    call_id: int
+    sent: float
+    span: tracing.Span | None
 
 
 class ShardCalls(Protocol):
@@ -64,12 +74,12 @@ class Scatter:
         """One shard's answer body, or None by the deadline. Hedged and failed over."""
         candidates = self.calls.shard_replicas(shard)
         tried: set[Replica] = set()
-        flight: dict[asyncio.Future[p.ShardReply], tuple[Replica, int, float]] = {}
+        flight: dict[asyncio.Future[p.ShardReply], Flight] = {}
         hedged = False
         try:
             while True:
                 if not flight or (not hedged and self._hedge_due(shard, flight)):
-                    replica = self.chooser.choose(candidates, min_seq, tried)
+                    replica = self.chooser.choose(candidates, min_seq, tried, self.clock.now())
                     if replica is None and not flight:
                         return None  # no live replica left to ask
                     if flight:  # a hedge: at most one per shard request, within the budget
@@ -79,29 +89,52 @@ class Scatter:
                     elif not tried:
                         self.hedge.started()
                     if replica is not None:
+                        self._send(shard, op, body, replica, flight, failover=bool(tried) and not flight)
                         tried.add(replica)
-                        call_id, fut = self.calls.call(replica, op, body)
-                        flight[fut] = (replica, call_id, self.clock.now())
                 wait_s = self._wait_s(shard, flight, hedged, deadline)
                 if wait_s <= 0:
                     return None
                 done, _ = await asyncio.wait(flight, timeout=wait_s, return_when=asyncio.FIRST_COMPLETED)
                 for fut in done:
-                    replica, call_id, sent = flight.pop(fut)
+                    replica, call_id, sent, span = flight.pop(fut)
                     self.calls.forget(replica, call_id)
                     try:
                         result = self.calls.answer(fut.result())
-                    except ServingError:
+                    except ServingError as exc:
                         self.failures += 1
+                        tracing.end_span(span, outcome="failed", error=exc.code)
                         continue
-                    self.hedge.observe(shard, self.clock.now() - sent)
+                    now = self.clock.now()
+                    self.hedge.observe(shard, now - sent)
+                    replica.observe(now - sent, now)
+                    tracing.end_span(span, outcome="answered")
                     return result
         finally:
-            for replica, call_id, _ in flight.values():
+            now = self.clock.now()
+            for replica, call_id, sent, span in flight.values():
                 self.calls.forget(replica, call_id)
+                replica.observe(now - sent, now, lower_bound=True)  # unanswered for this long
+                tracing.end_span(span, outcome="abandoned")  # the other copy answered, or the deadline
+
+    def _send(self, shard: int, op: str, body: bytes, replica: Replica, flight: dict, failover: bool) -> None:
+        """One call to one replica (a hedge when another is in flight), with its inferd.search.shard span."""
+        span = tracing.start_span(
+            "inferd.search.shard",
+            shard=shard,
+            op=op,
+            replica=replica.worker_id,
+            hedge=bool(flight),
+            failover=failover,
+        )
+        try:
+            call_id, fut = self.calls.call(replica, op, body)
+        except ServingError as exc:
+            tracing.end_span(span, outcome="failed", error=exc.code)
+            raise
+        flight[fut] = Flight(replica, call_id, self.clock.now(), span)
 
     def _hedge_due(self, shard: int, flight: dict) -> bool:
-        oldest = min(sent for _, _, sent in flight.values())
+        oldest = min(f.sent for f in flight.values())
         return self.clock.now() - oldest >= self.hedge.delay_s(shard)
 
     def _wait_s(self, shard: int, flight: dict, hedged: bool, deadline: float) -> float:
@@ -109,5 +142,5 @@ class Scatter:
         left = deadline - GATHER_MARGIN_S - now
         if hedged or not flight:
             return left
-        oldest = min(sent for _, _, sent in flight.values())
+        oldest = min(f.sent for f in flight.values())
         return min(left, max(0.0, oldest + self.hedge.delay_s(shard) - now) + 1e-4)

@@ -20,16 +20,19 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from inferd.errors import NotFound, ServingError, WorkerUnavailable
+from inferd.observability import tracing
 from inferd.runtime.kinds import RuntimeContext
 from inferd.search import fusion, wire
 from inferd.search.caches import LRU, CacheStatistics
 from inferd.search.config import SearchParams
-from inferd.search.embedder import Embedder, unavailable
+from inferd.search.embedder import Embedder, embed_text, unavailable
 from inferd.search.hedge import HedgePolicy, HedgeStatistics
+from inferd.search.reembed import Reembedder, ReembedStatistics
 from inferd.search.replicas import ReplicaChooser
 from inferd.search.requests import SearchRequest
 from inferd.search.scatter import Scatter, ShardCalls
 from inferd.search.sequencer import ShardLog
+from inferd.search.store import IndexStore
 from inferd.search.types import Delete, Document, Op, ShardHit, ShardQuery, Upsert
 
 INGEST_TIMEOUT_S = 120.0
@@ -45,6 +48,7 @@ class Cluster(ShardCalls, Protocol):
     params: SearchParams
     logs: list[ShardLog]
     generation: int
+    store: IndexStore
 
     def appended(self, shard: int) -> None: ...
 
@@ -64,6 +68,7 @@ class ServiceStatistics:
     results: CacheStatistics
     choice_ties: int
     shard_failures: int
+    reembed: ReembedStatistics | None
 
 
 def shard_of(doc_id: str, shards: int) -> int:
@@ -85,24 +90,52 @@ class IndexService:
         self.scatter = Scatter(cluster, self.hedge, self.chooser, ctx.clock)
         self.results: LRU[tuple[Any, ...], dict[str, Any]] = LRU(RESULT_CACHE_ENTRIES)
         self.searches = self.degraded = self.partial = 0
+        self.reembedder = (
+            None
+            if self.embedder is None
+            else Reembedder(
+                cluster, self.embedder, self.scatter.ask, cluster.store, ctx.clock, self._results_changed
+            )
+        )
+        """Moves the index's vectors to the embedder's served version when it changes (reembed.py)."""
 
     # ---- writes ----------------------------------------------------------------------------------------
     async def upsert(self, docs: list[Document]) -> list[int]:
         """Log the documents (replacing those with the same ids); the shards' seqs once durable."""
-        vectors: list[bytes | None] = [None] * len(docs)
-        if self.embedder is not None:
-            texts = [f"{d.title}\n{d.text}" if d.title else d.text for d in docs]
-            try:
-                vectors = list(await self.embedder.documents(texts, self.clock.now() + INGEST_TIMEOUT_S))
-            except ServingError as exc:
-                raise WorkerUnavailable(
-                    f"documents are embedded by {self.params.embedder!r}, which failed: {exc.message}; "
-                    "nothing was written, retry the batch"
-                ) from None
+        try:
+            vectors, next_vectors = await self._document_vectors(docs)
+        except ServingError as exc:
+            raise WorkerUnavailable(
+                f"documents are embedded by {self.params.embedder!r}, which failed: {exc.message}; "
+                "nothing was written, retry the batch"
+            ) from None
         ops: dict[int, list[Op]] = {}
-        for doc, vector in zip(docs, vectors, strict=True):
-            ops.setdefault(shard_of(doc.id, self.params.shards), []).append(Upsert(doc=doc, vector=vector))
+        for doc, vector, next_vector in zip(docs, vectors, next_vectors, strict=True):
+            upsert = Upsert(doc=doc, vector=vector, next_vector=next_vector)
+            ops.setdefault(shard_of(doc.id, self.params.shards), []).append(upsert)
         return await self._write(ops)
+
+    async def _document_vectors(self, docs: list[Document]) -> tuple[list[Any], list[Any]]:
+        """Each document's vector by the index's embedder version, and by a running re-embed's target."""
+        none: list[bytes | None] = [None] * len(docs)
+        if self.embedder is None:
+            return none, none
+        texts = [embed_text(d) for d in docs]
+        deadline = self.clock.now() + INGEST_TIMEOUT_S
+        target = self.embedder.target
+        try:
+            vectors: list[Any] = await self.embedder.documents(texts, deadline, self.embedder.version)
+        except NotFound:
+            if target is None:
+                raise
+            vectors = none  # the old version is retired: these wait for the re-embed's promote
+        if target is None:
+            return vectors, none
+        return vectors, await self.embedder.documents(texts, deadline, target)
+
+    def _results_changed(self) -> None:
+        self.cluster.generation += 1
+        self.results.clear()
 
     async def delete(self, doc_id: str) -> list[int]:
         return await self._write({shard_of(doc_id, self.params.shards): [Delete(id=doc_id)]})
@@ -112,8 +145,7 @@ class IndexService:
             appends = {s: tg.create_task(self.cluster.logs[s].append(o)) for s, o in ops.items()}
         for shard in appends:
             self.cluster.appended(shard)
-        self.cluster.generation += 1
-        self.results.clear()
+        self._results_changed()
         written = {s: t.result() for s, t in appends.items()}
         await self._until_visible(written)
         return self.seqs()
@@ -151,7 +183,7 @@ class IndexService:
         deadline = self.clock.now() + req.timeout_ms / 1000
         min_seq = req.min_seq or tuple(self.seqs())
         key = (self.cluster.generation, req.query, req.k, req.mode, req.filter_key)
-        cached = self.results.get(key)
+        cached = self.results.get(key) if req.cache else None
         if cached is not None:
             return {**cached, "took_ms": _ms_since(started), "cached": True}
         mode, vector, degraded = await self._vector(req, deadline)
@@ -162,7 +194,8 @@ class IndexService:
         answered = [r for r in results if r is not None]
         if not answered:
             raise WorkerUnavailable(self._nobody_answered(req.timeout_ms))
-        hits = self._fuse(mode, answered, req.k)
+        with tracing.span("inferd.search.fuse", mode=mode, shards=len(answered)):
+            hits = self._fuse(mode, answered, req.k)
         body = {
             "hits": [{"id": h.id, "score": h.score, "title": h.title} for h in hits],
             "coverage": {"shards": len(results), "answered": len(answered)},
@@ -171,7 +204,7 @@ class IndexService:
         }
         if len(answered) < len(results):
             self.partial += 1
-        elif not degraded:
+        elif not degraded and req.cache:
             self.results.put(key, body)
         return {**body, "took_ms": _ms_since(started)}
 
@@ -184,7 +217,9 @@ class IndexService:
             return "lexical", None, []
         budget = min(EMBED_BUDGET_S, max(0.0, deadline - self.clock.now()) / 2)
         try:
-            return req.mode, await self.embedder.query(req.query, self.clock.now() + budget), []
+            with tracing.span("inferd.search.embed", model=self.embedder.model):  # records a failure
+                vector = await self.embedder.query(req.query, self.clock.now() + budget)
+            return req.mode, vector, []
         except ServingError as exc:
             if req.mode == "dense":
                 raise unavailable(exc) from None
@@ -218,6 +253,7 @@ class IndexService:
             self.results.statistics(),
             self.chooser.ties,
             self.scatter.failures,
+            self.reembedder.statistics() if self.reembedder else None,
         )
 
 

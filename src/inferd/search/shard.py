@@ -30,11 +30,16 @@ from inferd.search.types import (
     Document,
     IndexSettings,
     LogEntry,
+    Op,
+    Reembed,
+    Revector,
     SeqGap,
     ShardHit,
     ShardQuery,
     ShardResult,
+    UnvectoredPage,
     Upsert,
+    content_digest,
 )
 
 SNAPSHOT_FORMAT = 1
@@ -58,16 +63,24 @@ class ShardIndex:
         self.compact_min_dead = compact_min_dead
         self._lexical_fresh_limit = lexical_fresh_limit
         self._lexical = LexicalIndex(settings.k1, settings.b, fresh_limit=lexical_fresh_limit)
-        self._dense = DenseIndex(
-            settings.dim,
-            m=settings.hnsw_m,
-            ef_construction=settings.ef_construction,
-            ef_search=settings.ef_search,
-            fresh_limit=dense_fresh_limit,
-        )
+        self._dense_fresh_limit = dense_fresh_limit
+        self._dense = self._new_dense()
+        self.dense_version = 0
+        """The embedder version of the searched vectors (set by a re-embed's promote; 0: not recorded)."""
+        self._next: DenseIndex | None = None  # the vectors of a running re-embed
+        self.next_version = 0
         self._columns = FieldColumns(settings.fields)
         self._docs: list[Document | None] = []  # slot -> document (None once tombstoned)
         self._slot_of: dict[str, int] = {}
+
+    def _new_dense(self) -> DenseIndex:
+        return DenseIndex(
+            self.settings.dim,
+            m=self.settings.hnsw_m,
+            ef_construction=self.settings.ef_construction,
+            ef_search=self.settings.ef_search,
+            fresh_limit=self._dense_fresh_limit,
+        )
 
     @property
     def documents(self) -> int:
@@ -91,16 +104,28 @@ class ShardIndex:
                 applied_seq=self.applied_seq,
                 got=entry.seq,
             )
-        vectors = [self._vector(op.vector) if isinstance(op, Upsert) else None for op in entry.ops]
-        for op, vector in zip(entry.ops, vectors, strict=True):
+        vectors = [self._op_vectors(op) for op in entry.ops]
+        for op, (vector, next_vector) in zip(entry.ops, vectors, strict=True):
             if isinstance(op, Upsert):
-                self._upsert(op.doc, vector)
+                self._upsert(op.doc, vector, next_vector)
             elif isinstance(op, Delete):
                 self._delete(op.id)
+            elif isinstance(op, Revector):
+                self._revector(op.id, op.digest, next_vector)
+            elif isinstance(op, Reembed):
+                self._reembed(op)
         self.applied_seq = entry.seq
         dead = len(self._docs) - len(self._slot_of)
         if dead >= self.compact_min_dead and dead > self.compact_fraction * len(self._docs):
             self.compact()
+
+    def _op_vectors(self, op: Op) -> tuple[np.ndarray | None, np.ndarray | None]:
+        """An op's vector and next-space vector, checked."""
+        if isinstance(op, Upsert):
+            return self._vector(op.vector), self._vector(op.next_vector)
+        if isinstance(op, Revector):
+            return None, self._vector(op.vector)
+        return None, None
 
     def _vector(self, raw: bytes | None) -> np.ndarray | None:
         if raw is None:
@@ -109,14 +134,18 @@ class ShardIndex:
             raise BadRequest(f"vector has {len(raw)} bytes; this index wants {self.settings.dim} float32s")
         return np.frombuffer(raw, dtype="<f4")
 
-    def _upsert(self, doc: Document, vector: np.ndarray | None, merge: bool = True) -> None:
+    def _upsert(
+        self, doc: Document, vector: np.ndarray | None, next_vector: np.ndarray | None = None
+    ) -> None:
         self._delete(doc.id)
         tokens = tokenize(document_text(doc.title, doc.text), self.settings.stopwords)
-        slot = self._lexical.add(tokens, merge=merge)
+        slot = self._lexical.add(tokens)
         self._docs.append(doc)
         self._columns.add(slot, doc.fields)
         if vector is not None:
             self._dense.add(slot, vector)
+        if next_vector is not None and self._next is not None:
+            self._next.add(slot, next_vector)
         self._slot_of[doc.id] = slot
 
     def _delete(self, doc_id: str) -> None:
@@ -125,7 +154,41 @@ class ShardIndex:
             return
         self._lexical.remove(slot)
         self._dense.remove(slot)
+        if self._next is not None:
+            self._next.remove(slot)
         self._docs[slot] = None
+
+    # --- re-embedding (the embedder's served version changed) ---------------------------------------
+
+    def _revector(self, doc_id: str, digest: bytes, vector: np.ndarray | None) -> None:
+        slot = self._slot_of.get(doc_id)
+        doc = None if slot is None else self._docs[slot]
+        if self._next is None or slot is None or doc is None or content_digest(doc) != digest:
+            return  # no re-embed running, or the document was deleted or changed since it was read
+        self._next.remove(slot)
+        if vector is not None:
+            self._next.add(slot, vector)
+
+    def _reembed(self, op: Reembed) -> None:
+        if op.action == "begin" and (self._next is None or self.next_version != op.version):
+            self._next, self.next_version = self._new_dense(), op.version
+        elif op.action == "promote" and self._next is not None and self.next_version == op.version:
+            self._dense, self.dense_version = self._next, op.version
+            self._next, self.next_version = None, 0
+        elif op.action == "abandon":
+            self._next, self.next_version = None, 0
+
+    def unvectored(self, cursor: int, limit: int) -> UnvectoredPage:
+        """Live documents from slot `cursor` on that have no vector in the re-embed's space yet."""
+        docs: list[Document] = []
+        slot = cursor
+        while slot < len(self._docs) and len(docs) < limit and self._next is not None:
+            doc = self._docs[slot]
+            if doc is not None and not self._next.has(slot):
+                docs.append(doc)
+            slot += 1
+        done = self._next is None or slot >= len(self._docs)
+        return UnvectoredPage(docs=docs, cursor=slot, done=done, dense_version=self.dense_version)
 
     def compact(self) -> None:
         """Drop tombstoned slots: renumber the live ones in order and rebuild BM25 from them."""
@@ -142,6 +205,8 @@ class ShardIndex:
         self._lexical.merge()
         self._columns.renumber(keep)
         self._dense.renumber(new_slot)
+        if self._next is not None:
+            self._next.renumber(new_slot)
         self._docs = docs  # type: ignore[assignment]
         self._slot_of = {doc.id: i for i, doc in enumerate(docs)}  # type: ignore[union-attr]
 
@@ -180,14 +245,16 @@ class ShardIndex:
 
     def save(self, directory: Path) -> None:
         """Write a snapshot of this shard (atomic: snapshot.py) holding applied_seq."""
-        dense = self._dense.state()
-        files = {
-            "docs.msgpack": _docs_encoder.encode(self._docs),
-            "graph.faiss": dense["graph"].tobytes(),
-            "graph_slot.npy": _npy(dense["graph_slot"]),
-            "graph_live.npy": _npy(dense["graph_live"]),
+        files = {"docs.msgpack": _docs_encoder.encode(self._docs), **_dense_files(self._dense, "")}
+        if self._next is not None:
+            files.update(_dense_files(self._next, "next_"))
+        meta = {
+            "format": SNAPSHOT_FORMAT,
+            "dim": self.settings.dim,
+            "documents": self.documents,
+            "dense_version": self.dense_version,
+            "next_version": self.next_version if self._next is not None else None,
         }
-        meta = {"format": SNAPSHOT_FORMAT, "dim": self.settings.dim, "documents": self.documents}
         snapshot.write(directory, self.applied_seq, files, meta)
 
     @classmethod
@@ -204,13 +271,11 @@ class ShardIndex:
         for doc in docs:
             shard._restore(doc)
         shard._lexical.merge()
-        shard._dense.load_state(
-            {
-                "graph": np.frombuffer(files["graph.faiss"], dtype=np.uint8),
-                "graph_slot": _from_npy(files["graph_slot.npy"]),
-                "graph_live": _from_npy(files["graph_live.npy"]),
-            }
-        )
+        shard._dense.load_state(_dense_state(files, ""))
+        shard.dense_version = int(meta.get("dense_version") or 0)
+        if meta.get("next_version") is not None:
+            shard._next, shard.next_version = shard._new_dense(), int(meta["next_version"])
+            shard._next.load_state(_dense_state(files, "next_"))
         shard.applied_seq = applied_seq
         return shard
 
@@ -227,6 +292,23 @@ class ShardIndex:
         self._columns.add(slot, doc.fields)
         self._docs.append(doc)
         self._slot_of[doc.id] = slot
+
+
+def _dense_files(dense: DenseIndex, prefix: str) -> dict[str, bytes]:
+    state = dense.state()
+    return {
+        f"{prefix}graph.faiss": state["graph"].tobytes(),
+        f"{prefix}graph_slot.npy": _npy(state["graph_slot"]),
+        f"{prefix}graph_live.npy": _npy(state["graph_live"]),
+    }
+
+
+def _dense_state(files: dict[str, bytes], prefix: str) -> dict[str, np.ndarray]:
+    return {
+        "graph": np.frombuffer(files[f"{prefix}graph.faiss"], dtype=np.uint8),
+        "graph_slot": _from_npy(files[f"{prefix}graph_slot.npy"]),
+        "graph_live": _from_npy(files[f"{prefix}graph_live.npy"]),
+    }
 
 
 def _npy(array: np.ndarray) -> bytes:

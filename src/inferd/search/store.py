@@ -23,6 +23,8 @@ from inferd.search.config import SearchParams, index_config, parse_params
 log = logging.getLogger("inferd.search")
 
 SETTINGS_FILE = "index.json"
+EMBEDDER_FILE = "embedder.json"
+"""The embedder version of an index's vectors, and the one a running re-embed moves to."""
 
 
 class IndexStore:
@@ -44,14 +46,29 @@ class IndexStore:
     def save(self, name: str, params: SearchParams) -> None:
         """Record an API-created index (atomically: temp file, fsync, rename) so it is served again after
         a restart."""
+        self._write(name, SETTINGS_FILE, params.model_dump())
+
+    def embedder_versions(self, name: str) -> tuple[int | None, int | None]:
+        """(the version of the index's vectors, the version a running re-embed moves to); None: unknown."""
+        try:
+            with open(self.folder(name) / EMBEDDER_FILE) as f:
+                state = json.load(f)
+        except FileNotFoundError:
+            return None, None
+        return state.get("version"), state.get("target")
+
+    def save_embedder_versions(self, name: str, version: int | None, target: int | None) -> None:
+        self._write(name, EMBEDDER_FILE, {"version": version, "target": target})
+
+    def _write(self, name: str, file: str, value: object) -> None:
         folder = self.folder(name)
         folder.mkdir(parents=True, exist_ok=True)
-        tmp = folder / f".{SETTINGS_FILE}.tmp"
+        tmp = folder / f".{file}.tmp"
         with open(tmp, "w") as f:
-            json.dump(params.model_dump(), f, sort_keys=True)
+            json.dump(value, f, sort_keys=True)
             f.flush()
             os.fsync(f.fileno())
-        os.replace(tmp, folder / SETTINGS_FILE)
+        os.replace(tmp, folder / file)
         _fsync_dir(folder)
 
     def remove(self, name: str) -> None:

@@ -5,6 +5,7 @@ Vectors travel as bytes: float32 little-endian, L2-normalised, `dim * 4` bytes l
 
 from __future__ import annotations
 
+import hashlib
 from typing import Literal
 
 import msgspec
@@ -45,18 +46,54 @@ class Document(msgspec.Struct, frozen=True, kw_only=True):
     fields: dict[str, FieldValue] = msgspec.field(default_factory=dict)
 
 
+def content_digest(doc: Document) -> bytes:
+    """What a re-embed's vector was computed from (a Revector applies only while it still matches)."""
+    return hashlib.blake2b(f"{doc.title}\n{doc.text}".encode(), digest_size=16).digest()
+
+
 class Upsert(msgspec.Struct, frozen=True, kw_only=True, tag="upsert"):
-    """Insert or replace the document with this id. `vector`: float32 LE, L2-normalised, dim*4 bytes."""
+    """Insert or replace the document with this id. `vector`: float32 LE, L2-normalised, dim*4 bytes.
+    `next_vector`: its vector by the embedder version a re-embed is moving to (kept while one runs)."""
 
     doc: Document
     vector: bytes | None = None
+    next_vector: bytes | None = None
 
 
 class Delete(msgspec.Struct, frozen=True, kw_only=True, tag="delete"):
     id: str
 
 
-Op = Upsert | Delete
+class Revector(msgspec.Struct, frozen=True, kw_only=True, tag="revector"):
+    """A re-embed's vector for the live document `id`, kept only while its content still has `digest`
+    (a document changed since it was read came with its own next_vector)."""
+
+    id: str
+    digest: bytes
+    vector: bytes
+
+
+class Reembed(msgspec.Struct, frozen=True, kw_only=True, tag="reembed"):
+    """A re-embed of the shard's vectors by embedder `version`: "begin" opens the next vector space,
+    "promote" makes it the one searched, "abandon" drops it."""
+
+    action: Literal["begin", "promote", "abandon"]
+    version: int
+
+
+Op = Upsert | Delete | Revector | Reembed
+
+
+class UnvectoredPage(msgspec.Struct, frozen=True, kw_only=True):
+    """A page of live documents without a vector in the re-embed's space (ShardIndex.unvectored)."""
+
+    docs: list[Document]
+    cursor: int
+    """Where the next page starts (a slot; slots renumber on compaction, so a re-embed repeats its
+    passes until one finds nothing)."""
+    done: bool
+    dense_version: int
+    """The embedder version of the vectors searched (0: none recorded)."""
 
 
 class LogEntry(msgspec.Struct, frozen=True, kw_only=True):

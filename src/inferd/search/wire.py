@@ -5,7 +5,14 @@ from __future__ import annotations
 
 import msgspec
 
-from inferd.search.types import Document, IndexSettings, LogEntry, ShardQuery, ShardResult
+from inferd.search.types import (
+    Document,
+    IndexSettings,
+    LogEntry,
+    ShardQuery,
+    ShardResult,
+    UnvectoredPage,
+)
 
 _enc = msgspec.msgpack.Encoder()
 _entries = msgspec.msgpack.Decoder(list[LogEntry])
@@ -15,6 +22,8 @@ _document = msgspec.msgpack.Decoder(Document | None)
 _settings = msgspec.msgpack.Decoder(IndexSettings)
 _int = msgspec.msgpack.Decoder(int)
 _str = msgspec.msgpack.Decoder(str)
+_page = msgspec.msgpack.Decoder(UnvectoredPage)
+_pair = msgspec.msgpack.Decoder(tuple[int, int])
 
 
 def encode(value: object) -> bytes:
@@ -47,3 +56,11 @@ def number(body: bytes) -> int:
 
 def text(body: bytes) -> str:
     return _str.decode(body)
+
+
+def page(body: bytes) -> UnvectoredPage:
+    return _page.decode(body)
+
+
+def pair(body: bytes) -> tuple[int, int]:
+    return _pair.decode(body)
