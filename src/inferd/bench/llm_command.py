@@ -3,7 +3,8 @@ TPOT, e2e, tokens/s and goodput under an SLO; check every sim-llm stream against
 
 from __future__ import annotations
 
-from typing import Annotated
+from pathlib import Path
+from typing import Annotated, Any
 
 import typer
 
@@ -22,6 +23,7 @@ from inferd.bench.command_line import (
 from inferd.bench.llm_loadgen import run_llm_load_blocking
 from inferd.bench.llm_report import render, to_json
 from inferd.bench.llm_workload import LengthDist, LLMLoadSpec
+from inferd.fleetsim.profiles import server_cpu_s
 
 _SIM_LLM = "sim-llm"
 
@@ -75,6 +77,19 @@ def bench_llm(
     ] = None,
     priority: PriorityOption = None,
     json_output: JsonOption = False,
+    save_profile: Annotated[
+        Path | None,
+        typer.Option(
+            help="Fit an LLM device profile (step cost, serving overhead, front-end CPU) on the measured "
+            "phase and save it as JSON for `inferd fleet-sim llm` and `inferd plan llm`."
+        ),
+    ] = None,
+    devices: Annotated[
+        int,
+        typer.Option(
+            min=1, help="With --save-profile: the LLM workers behind the URL (the fit is per device)."
+        ),
+    ] = 1,
 ) -> None:
     """Open-loop streaming completions (latency from intended send time) with goodput under an SLO.
 
@@ -100,5 +115,29 @@ def bench_llm(
             priority=priority,
         )
     )
+    cpu_before = server_cpu_s(url) if save_profile else None
     report = run_llm_load_blocking(spec)
+    if save_profile is not None:
+        save_llm_profile(save_profile, report, spec, devices, cpu_before)
     emit(report, json_output, to_json, render)
+
+
+def save_llm_profile(
+    path: Path, report: Any, spec: LLMLoadSpec, devices: int, cpu_before: float | None
+) -> None:
+    """`--save-profile`: fit the measured phase (fleetsim/llm_profile.py profile_from_llm_run) and write it."""
+    import socket
+
+    from inferd.fleetsim.llm_profile import profile_from_llm_run
+
+    cpu_after = server_cpu_s(spec.url)
+    per_request = None
+    if cpu_before is not None and cpu_after is not None and report.sent:
+        per_request = (cpu_after - cpu_before) / report.sent
+    source = (
+        f"measured: inferd bench-llm --model {spec.model} --rate {spec.rate:g} --duration {spec.duration_s:g} "
+        f"--prompt-tokens {spec.prompt_tokens} --output-tokens {spec.output_tokens} against {devices} "
+        f"device(s) on {socket.gethostname()}; engine budgets: inferd's defaults (edit `scheduler`)"
+    )
+    name = f"{spec.model}@{socket.gethostname()}"
+    profile_from_llm_run(report.measured, name, source, devices, per_request, {}).save(path)

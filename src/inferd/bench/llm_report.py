@@ -121,6 +121,9 @@ class LLMRecorder:
         self.output_tokens = 0
         self.prompt_tokens = 0
         self.last_end = window_start
+        self.ttft_fit = [0.0] * 5
+        """n, sum x, sum y, sum xx, sum xy of (prompt tokens, TTFT s): its least-squares line is what
+        `--save-profile` takes the per-token cost from."""
 
     def send_lag(self, lag_s: float) -> None:
         self.sent += 1
@@ -140,6 +143,12 @@ class LLMRecorder:
         self.last_end = max(self.last_end, ended_at)
         _record(self.ttft_us, t.ttft_s)
         _record(self.e2e_us, t.e2e_s)
+        fit = self.ttft_fit
+        fit[0] += 1
+        fit[1] += prompt_tokens
+        fit[2] += t.ttft_s
+        fit[3] += prompt_tokens * prompt_tokens
+        fit[4] += prompt_tokens * t.ttft_s
         for gap in t.itls_s:
             _record(self.itl_us, gap)
         tpot = t.tpot_s
@@ -179,6 +188,8 @@ class LLMPhaseReport:
     tpot_ms: dict[str, float | None]
     e2e_ms: dict[str, float | None]
     send_lag_ms: dict[str, float | None]
+    ttft_fit: tuple[float, ...] = ()
+    """n, sum x, sum y, sum xx, sum xy of the ok streams' (prompt tokens, TTFT seconds)."""
 
     @classmethod
     def from_recorder(cls, rec: LLMRecorder) -> LLMPhaseReport:
@@ -205,6 +216,7 @@ class LLMPhaseReport:
             tpot_ms=percentiles_ms(rec.tpot_us),
             e2e_ms=percentiles_ms(rec.e2e_us),
             send_lag_ms=percentiles_ms(rec.send_lag_us),
+            ttft_fit=tuple(rec.ttft_fit),
         )
 
     def to_dict(self) -> dict[str, Any]:

@@ -151,18 +151,20 @@ def run(
 @fleet_sim_app.command()
 def validate(
     quick: Annotated[
-        bool, typer.Option("--quick", help="A reduced set (1 and 2 workers), a few minutes.")
+        bool,
+        typer.Option("--quick", help="A reduced set (sim at 1 and 2 workers; no sim-llm), a few minutes."),
     ] = False,
     duration: Annotated[float, typer.Option(help="Measured seconds of each real run.")] = 12.0,
     warmup: Annotated[float, typer.Option(help="Warmup seconds of each run.")] = 2.0,
     json_output: Annotated[bool, typer.Option("--json", help="Print the results as JSON.")] = False,
 ) -> None:
     """Run small cases for real and simulated; exit 1 when a case is outside its tolerance
-    (throughput 5%, p99 20%)."""
+    (throughput 5%, p99 20%: of latency for sim, of whole-request latency for sim-llm)."""
     from inferd.fleetsim.validate import to_json
     from inferd.fleetsim.validate import validate as run_validation
+    from inferd.fleetsim.validate_llm import validate_llm
 
-    results = run_validation(quick, duration, warmup)
+    results = run_validation(quick, duration, warmup) + ([] if quick else validate_llm(duration, warmup))
     if json_output:
         typer.echo(to_json(results))
     else:
@@ -191,3 +193,12 @@ def validate(
         Console().print(table)
     if not all(r.ok for r in results):
         raise typer.Exit(1)
+
+
+def _register_llm() -> None:
+    from inferd.cli.fleet_sim_llm import run_llm
+
+    fleet_sim_app.command("llm")(run_llm)
+
+
+_register_llm()

@@ -307,8 +307,10 @@ def _register_tools() -> None:
     app.command("update")(update)
     app.add_typer(keys_app, name="keys")
     app.add_typer(slo_app, name="slo")
+    from inferd.cli.plan_llm import plan_llm_cmd
     from inferd.cli.search_cmds import bench_search, index_app, plan_app
 
+    plan_app.command("llm")(plan_llm_cmd)
     app.add_typer(index_app, name="index")
     app.add_typer(plan_app, name="plan")
     app.command("bench-search")(bench_search)

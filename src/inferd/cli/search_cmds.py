@@ -165,6 +165,9 @@ def plan_search_cmd(
     recall: Annotated[float, typer.Option(help="Wanted HNSW recall@10 against exact search.")] = 0.95,
     shard_memory_gib: Annotated[float, typer.Option(help="Memory of one replica process.")] = 64.0,
     text_bytes: Annotated[int, typer.Option(help="Stored text and postings per document.")] = 1024,
+    json_output: Annotated[
+        bool, typer.Option("--json", help="The plan as JSON (schema inferd.plan/1).")
+    ] = False,
 ) -> None:
     """Shards, replicas and memory for a search workload (the arithmetic: docs/search-capacity.md)."""
     from inferd.search.plan import load_profile, plan_search
@@ -179,4 +182,9 @@ def plan_search_cmd(
         text_bytes=text_bytes,
         profile_name=str(profile),
     )
+    if json_output:
+        from inferd.fleetsim.plan_schema import search_report
+
+        typer.echo(search_report(plan).to_json())
+        return
     typer.echo(plan.table())

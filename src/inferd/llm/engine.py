@@ -72,7 +72,7 @@ class LLMEngine:
     # ---- the loop -------------------------------------------------------------------------------------
     async def run(self) -> None:
         while True:
-            notes = self._receive()
+            notes = self.receive()
             if self._stopping == "lost":
                 self._abort_all()
                 return
@@ -85,12 +85,10 @@ class LLMEngine:
                 continue
             plan = self.scheduler.schedule()
             outputs, compute_s = await self._run(plan)
-            deltas = self.scheduler.apply(plan, outputs)
-            await self._deliver(
-                notes + [self._wire(d) for d in deltas], compute_s, plan.admitted, plan.preempted
-            )
+            await self._deliver(notes + self.apply(plan, outputs), compute_s, plan.admitted, plan.preempted)
 
-    def _receive(self) -> list[p.SeqDelta]:
+    # ---- the loop's synchronous steps (the fleet simulator drives them on a virtual clock) ---------
+    def receive(self) -> list[p.SeqDelta]:
         """Apply queued messages; return refusals and aborts to report."""
         notes = []
         while self._inbox:
@@ -124,6 +122,23 @@ class LLMEngine:
             outputs = {c.seq_id: SeqOutput(finish=FinishReason.ERROR) for c in plan.chunks}
         return outputs, time.perf_counter() - start
 
+    def apply(self, plan: StepPlan, outputs: dict) -> list[p.SeqDelta]:
+        """The scheduler records the step's outputs; its deltas, as they go on the wire."""
+        return [self._wire(d) for d in self.scheduler.apply(plan, outputs)]
+
+    def post(
+        self,
+        deltas: list[p.SeqDelta],
+        compute_s: float,
+        admitted: tuple[str, ...] = (),
+        preempted: tuple[str, ...] = (),
+    ) -> None:
+        """Release the sequences that ended and send the step's StepDeltas."""
+        for d in deltas:
+            if d.finish_reason is not None:
+                self._release(d.seq_id)
+        self.send(p.StepDeltas(compute_s, deltas, self._stats(), list(admitted), list(preempted)))
+
     async def _deliver(
         self,
         deltas: list[p.SeqDelta],
@@ -131,10 +146,7 @@ class LLMEngine:
         admitted: tuple[str, ...] = (),
         preempted: tuple[str, ...] = (),
     ) -> None:
-        for d in deltas:
-            if d.finish_reason is not None:
-                self._release(d.seq_id)
-        self.send(p.StepDeltas(compute_s, deltas, self._stats(), list(admitted), list(preempted)))
+        self.post(deltas, compute_s, admitted, preempted)
         await self.flush()  # backpressure: a slow front end slows the engine, never grows a buffer
 
     async def _idle(self) -> None:

@@ -1,0 +1,79 @@
+"""`inferd plan llm`: devices, front ends, cores, memory and cost for an LLM workload under TTFT and ITL
+SLOs, from a device profile, checked by simulating a slice (src/inferd/fleetsim/llm_plan.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from inferd.config import ConfigError
+
+
+def plan_llm_cmd(
+    rps: Annotated[float, typer.Option(help="Requests per second to serve.")] = 100_000.0,
+    prompt_tokens: Annotated[int, typer.Option(min=1, help="Prompt tokens per request.")] = 500,
+    output_tokens: Annotated[int, typer.Option(min=1, help="Output tokens per request.")] = 200,
+    ttft_p99_ms: Annotated[float, typer.Option(help="Target p99 time to first token.")] = 1000.0,
+    itl_p99_ms: Annotated[float, typer.Option(help="Target p99 inter-token latency.")] = 100.0,
+    device_profile: Annotated[
+        Path | None,
+        typer.Option(
+            help="LLM device profile (inferd bench-llm --save-profile); default: the bundled "
+            "published H100 / Llama-3-8B one."
+        ),
+    ] = None,
+    device_cost_per_hour: Annotated[
+        float | None, typer.Option(help="Price of one device per hour (prices the plan).")
+    ] = None,
+    max_utilisation: Annotated[float, typer.Option(help="Of a device's saturation rate.")] = 0.85,
+    check: Annotated[
+        bool, typer.Option("--check/--no-check", help="Simulate a slice of the plan token by token.")
+    ] = True,
+    slice_devices: Annotated[int, typer.Option(min=1, help="Devices in the simulated slice.")] = 4,
+    json_output: Annotated[
+        bool, typer.Option("--json", help="The plan as JSON (schema inferd.plan/1).")
+    ] = False,
+) -> None:
+    """The fleet an LLM workload needs, with the arithmetic step by step (docs/capacity.md)."""
+    from inferd.cli.fleet_sim_llm import load_llm_profile
+    from inferd.fleetsim.llm_plan import LLMTargets, plan_llm
+
+    try:
+        profile = load_llm_profile(device_profile)
+        targets = LLMTargets(
+            rps, prompt_tokens, output_tokens, ttft_p99_ms, itl_p99_ms, device_cost_per_hour, max_utilisation
+        )
+        report = plan_llm(profile, targets, check=check, slice_devices=slice_devices)
+    except (ConfigError, ValueError) as exc:
+        raise typer.BadParameter(str(exc)) from None
+    if json_output:
+        typer.echo(report.to_json())
+        return
+    r = report.resources
+    typer.echo(f"plan llm: {rps:g} req/s, {prompt_tokens} prompt + {output_tokens} output tokens, "
+               f"TTFT p99 <= {ttft_p99_ms:g} ms, ITL p99 <= {itl_p99_ms:g} ms")  # fmt: skip
+    typer.echo(f"profile: {report.profile['name']} ({report.profile['source']})")
+    typer.echo(f"  devices:      {r.devices:,}  ({r.device_memory_gib:,.0f} GiB of device memory)")
+    typer.echo(f"  front ends:   {r.frontends:,}")
+    typer.echo(f"  cores:        {r.cores:,}")
+    typer.echo(f"  host memory:  {r.memory_gib:,.0f} GiB")
+    cost = report.cost
+    typer.echo(
+        "  cost:         " + (f"{cost.per_hour:,.2f}/h, {cost.per_million_tokens} per million output tokens"
+                              if cost else "- (pass --device-cost-per-hour)")
+    )  # fmt: skip
+    typer.echo("reasoning:")
+    for i, step in enumerate(report.reasoning, 1):
+        typer.echo(f"  {i}. {step}")
+    if report.check is not None:
+        typer.echo(
+            f"check: {report.check['slice_devices']} devices simulated for {report.check['duration_s']:g} s:"
+        )
+        for run in report.check["runs"]:
+            typer.echo(
+                f"  {run['rate_per_device']} req/s/device: TTFT p99 {run['ttft_p99_ms']} ms, ITL p99 "
+                f"{run['itl_p99_ms']} ms, attainment {run['slo_attainment']}, "
+                f"{'held' if run['held'] else 'MISSED'}"
+            )

@@ -1,0 +1,312 @@
+"""A fleet of LLM devices behind one or more front ends, simulated on a virtual clock, token by token.
+
+Each front end is inferd's own `LLMRuntime` (llm/runtime.py) as the server builds it: its placement and
+admission (llm/placement.py), prefix-aware routing (llm/routing.py), token streams, deadlines, hang
+watchdog and failover run unchanged. Each device is inferd's own engine (llm/engine.py `LLMEngine`:
+its receive / apply / post steps) around inferd's own continuous-batching scheduler and KV cache
+(llm/scheduler.py, llm/kv.py), fed the real wire messages: the runtime's AddSequence and AbortSequence
+frames are decoded off the device's WorkerConnection, and each step's StepDeltas go back to the
+runtime's `on_message`. Only the edges are simulated:
+- the model: each step's tokens come back after the profile's step cost (llm_profile.LLMProfile),
+  with one sampled token per sampling chunk and no early stop (like sim-llm with ignore_eos);
+- the front end's CPU is a FIFO server taking `frontend_s` per request; the first token and the end
+  of each stream get the profile's `overhead_s` (HTTP, IPC).
+
+Front ends split the arrivals round-robin and each has its own share of the devices. A device the hang
+watchdog kills stays down (no failures are injected here).
+
+`LLMRuntime.submit` creates asyncio events in token streams, so `run` is called inside a running event
+loop (`simulate_llm` does that); nothing awaits them and no task runs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from inferd.batching.retry import RetryBudget
+from inferd.clock import FakeClock
+from inferd.errors import Overloaded, ServingError
+from inferd.fleetsim.events import EventQueue
+from inferd.fleetsim.llm_profile import LLMProfile
+from inferd.fleetsim.llm_report import GapHistogram, LLMOutcome, LLMSimReport, build_report
+from inferd.llm.engine import LLMEngine, new_scheduler
+from inferd.llm.model import LLMModel, LLMRequest
+from inferd.llm.params import llm_params
+from inferd.llm.placement import Generation
+from inferd.llm.plan import SeqOutput, StepPlan
+from inferd.llm.runtime import LLMRuntime
+from inferd.llm.stream import TokenStream
+from inferd.models.sim_llm import sim_llm_config
+from inferd.worker import protocol as p
+from inferd.worker.connection import WorkerConnection
+
+WATCHDOG_EVERY_S = 0.1
+"""How often each runtime's watchdog runs (deadlines, hung workers), as the server's does."""
+_TOKEN = SeqOutput(token=0)
+_HEADER = 4
+"""Bytes of a frame's length prefix (worker/protocol.py encode_frame)."""
+
+
+@dataclass(slots=True)
+class LLMFleetSpec:
+    profile: LLMProfile
+    devices: int
+    arrivals: np.ndarray
+    """Intended request times, seconds from the start."""
+    prompt_tokens: np.ndarray
+    output_tokens: np.ndarray
+    """Per request: prompt length and max_tokens (every stream generates exactly that many)."""
+    frontends: int = 1
+    warmup_s: float = 0.0
+    slo: dict[str, float] = field(default_factory=lambda: {"ttft_ms": 1500.0, "itl_ms": 150.0})
+    shared_prefix_tokens: int = 0
+    """Leading prompt tokens every request shares (a system prompt): exercises prefix caching."""
+    timeout_s: float | None = None
+    """Each sequence's deadline (Generation.deadline), from its submission; None: none."""
+    drain_s: float = 60.0
+    """Virtual seconds after the last arrival for streams to finish."""
+    seed: int = 0
+
+
+class CostModelLLM(LLMModel):
+    """The device's model: one token per sampling chunk, no compute; the fleet charges the step cost."""
+
+    def run_step(self, plan: StepPlan, requests: Mapping[str, LLMRequest]) -> dict[str, SeqOutput]:
+        return {c.seq_id: _TOKEN for c in plan.chunks if c.samples}
+
+
+class SimLLMDevice:
+    """One LLM worker: inferd's engine and scheduler, and the writer of the front end's WorkerConnection."""
+
+    def __init__(self, fleet: LLMFleet, runtime: LLMRuntime, worker_id: str) -> None:
+        self.fleet = fleet
+        self.runtime = runtime
+        self.dead = False
+        self.busy = False
+        self.conn = WorkerConnection(worker_id, fleet.config.name, 0, "sim", self)  # type: ignore[arg-type]
+        scheduler = new_scheduler(fleet.scheduler_config, fleet.clock)
+        self.scheduler = scheduler
+        self.engine = LLMEngine(fleet.model, scheduler, self.receive_step, _no_flush, None)  # type: ignore[arg-type]
+        self.transport = self
+
+    # the StreamWriter surface WorkerConnection uses: the runtime's frames to this worker
+    def write(self, data: bytes) -> None:
+        self.engine.submit(p.decode_message(memoryview(data)[_HEADER:]))  # type: ignore[arg-type]
+        if not self.busy:
+            self.busy = True
+            self.fleet.events.at(self.fleet.clock.now(), self.step)
+
+    def is_closing(self) -> bool:
+        return self.dead
+
+    def close(self) -> None:
+        self.dead = True
+
+    def abort(self) -> None:
+        self.dead = True
+
+    # the engine loop: receive -> schedule -> run (the cost model) -> deliver -> idle
+    def step(self) -> None:
+        if self.dead:
+            return
+        engine = self.engine
+        notes = engine.receive()
+        if not self.scheduler.has_work():
+            if notes:
+                engine.post(notes, 0.0)
+            self.busy = False
+            return
+        plan = self.scheduler.schedule()
+        outputs = engine.model.run_step(plan, engine.requests)
+        cost = self.fleet.step_cost(plan)
+        self.fleet.events.at(self.fleet.clock.now() + cost, self.finish, plan, outputs, notes, cost)
+
+    def finish(self, plan: StepPlan, outputs: dict, notes: list[p.SeqDelta], cost: float) -> None:
+        if self.dead:
+            return
+        self.engine.post(notes + self.engine.apply(plan, outputs), cost, plan.admitted, plan.preempted)
+        self.step()
+
+    def receive_step(self, msg: p.Message) -> None:
+        """The engine's StepDeltas, straight into the front end (the socket is not simulated)."""
+        if not self.dead and isinstance(msg, p.StepDeltas):
+            self.runtime.on_message(self.conn, msg)
+            self.fleet.observe(msg)
+
+
+async def _no_flush() -> None:
+    return None
+
+
+class LLMFleet:
+    def __init__(self, spec: LLMFleetSpec) -> None:
+        self.spec = spec
+        self.profile = spec.profile
+        self.clock = FakeClock(0.0)
+        self.events = EventQueue(self.clock)
+        self.config = sim_llm_config(name="llm", params=spec.profile.model_params())
+        self.scheduler_config = llm_params(self.config).scheduler
+        self.model = CostModelLLM(self.config)
+        rng = np.random.default_rng(spec.seed)
+        self._noise = (1.0 + spec.profile.jitter_cv * rng.standard_normal(1 << 16)).clip(0.05).tolist()
+        self._noise_at = 0
+        n = spec.arrivals.size
+        self.first_at = [math.nan] * n
+        self.last_at = [math.nan] * n
+        self.tokens = [0] * n
+        self.over = [0] * n
+        self.outcome = [int(LLMOutcome.PENDING)] * n
+        self.measured = (spec.arrivals >= spec.warmup_s).tolist()
+        self.gaps = GapHistogram()
+        self.rid_of: dict[str, int] = {}
+        self.streams: dict[int, TokenStream] = {}
+        self.steps = 0
+        self.step_tokens = 0
+        self.step_seconds = 0.0
+        self.itl_slo_s = spec.slo["itl_ms"] / 1000
+        self.frontends = [self._runtime() for _ in range(spec.frontends)]
+        self.fe_free_at = [0.0] * spec.frontends
+        self.devices = [
+            self._device(self.frontends[d % spec.frontends], f"llm-{d}.0") for d in range(spec.devices)
+        ]
+
+    def _runtime(self) -> LLMRuntime:
+        return LLMRuntime(
+            self.config, self.clock, None, RetryBudget(self.clock, 0.1, 10.0), kill_worker=self._kill_hung
+        )
+
+    def _device(self, runtime: LLMRuntime, worker_id: str) -> SimLLMDevice:
+        device = SimLLMDevice(self, runtime, worker_id)
+        runtime.add_worker(device.conn)
+        return device
+
+    def _kill_hung(self, conn: WorkerConnection) -> None:
+        for device in self.devices:
+            if device.conn is conn and not device.dead:
+                device.dead = True
+                device.runtime.on_worker_lost(conn, "killed by the watchdog")
+
+    # ---- the device cost model --------------------------------------------------------------------
+    def step_cost(self, plan: StepPlan) -> float:
+        tokens = 0
+        context = 0
+        for c in plan.chunks:
+            n = len(c.token_ids)
+            tokens += n
+            context += c.start + n
+        cost = self.profile.step_s(tokens, context)
+        if self.profile.jitter_cv:
+            self._noise_at = (self._noise_at + 1) & 0xFFFF
+            cost *= self._noise[self._noise_at]
+        self.steps += 1
+        self.step_tokens += tokens
+        self.step_seconds += cost
+        return cost
+
+    # ---- requests -----------------------------------------------------------------------------------
+    def prompt(self, rid: int) -> list[int]:
+        n = int(self.spec.prompt_tokens[rid])
+        shared = min(self.spec.shared_prefix_tokens, n - 1)
+        base = (rid + 1) << 20
+        return [*range(1, shared + 1), *range(base + shared, base + n)]
+
+    def arrive(self, rid: int) -> None:
+        spec = self.spec
+        if rid + 1 < spec.arrivals.size:
+            self.events.at(float(spec.arrivals[rid + 1]), self.arrive, rid + 1)
+        fe = rid % len(self.frontends)
+        now = self.clock.now()
+        start = max(now, self.fe_free_at[fe])
+        self.fe_free_at[fe] = start + self.profile.frontend_s
+        self.events.at(self.fe_free_at[fe], self.submit, fe, rid)
+
+    def submit(self, fe: int, rid: int) -> None:
+        runtime = self.frontends[fe]
+        now = self.clock.now()
+        timeout = self.spec.timeout_s
+        gen = Generation(
+            max_tokens=int(self.spec.output_tokens[rid]),
+            ignore_eos=True,
+            deadline=None if timeout is None else now + timeout,
+        )
+        try:
+            stream = runtime.submit(self.prompt(rid), gen)
+        except ServingError as exc:
+            self.outcome[rid] = LLMOutcome.REJECTED if isinstance(exc, Overloaded) else LLMOutcome.FAILED
+            return
+        self.rid_of[stream.seq_id] = rid
+        self.streams[rid] = stream
+
+    def observe(self, msg: p.StepDeltas) -> None:
+        """Each stream's tokens as its client sees them (TTFT, gaps, the end)."""
+        now = self.clock.now()
+        slo = self.itl_slo_s
+        for delta in msg.deltas:
+            rid = self.rid_of.get(delta.seq_id)
+            if rid is None:
+                continue
+            if delta.token_ids:
+                if self.tokens[rid]:
+                    gap = now - self.last_at[rid]
+                    self.over[rid] += gap > slo
+                    if self.measured[rid]:
+                        self.gaps.buffer.append(gap)
+                else:
+                    self.first_at[rid] = now
+                self.last_at[rid] = now
+                self.tokens[rid] += len(delta.token_ids)
+            stream = self.streams[rid]
+            if stream.ended:
+                self._end(
+                    delta.seq_id, rid, delta.error is None and delta.finish_reason in ("length", "stop")
+                )
+        if len(self.gaps.buffer) > 1_000_000:
+            self.gaps.flush()
+
+    def _end(self, seq_id: str, rid: int, ok: bool) -> None:
+        self.outcome[rid] = LLMOutcome.OK if ok else LLMOutcome.FAILED
+        del self.rid_of[seq_id]
+        del self.streams[rid]
+
+    def watchdog(self) -> None:
+        now = self.clock.now()
+        for device in self.devices:
+            device.conn.last_heartbeat = now
+        for runtime in self.frontends:
+            runtime.expire_deadlines()
+            runtime.check_workers()
+        self.events.at(now + WATCHDOG_EVERY_S, self.watchdog)
+
+    def preemptions(self) -> int:
+        return sum(d.scheduler.statistics().preemptions for d in self.devices)
+
+    # ---- running --------------------------------------------------------------------------------------
+    def run(self) -> LLMSimReport:
+        spec = self.spec
+        end = float(spec.arrivals[-1]) if spec.arrivals.size else 0.0
+        if spec.arrivals.size:
+            self.events.at(float(spec.arrivals[0]), self.arrive, 0)
+        self.events.at(0.0, self.watchdog)
+        self.events.run_until(end + spec.drain_s)
+        for rid, stream in list(self.streams.items()):  # failed without a delta: deadline, lost, displaced
+            if stream.ended:
+                self._end(stream.seq_id, rid, False)
+        return build_report(self, spec.warmup_s, end)
+
+
+def simulate_llm(spec: LLMFleetSpec) -> LLMSimReport:
+    """Run the fleet inside a private event loop (the runtime creates events; no task ever runs)."""
+
+    async def main() -> LLMSimReport:
+        return LLMFleet(spec).run()
+
+    loop = asyncio.new_event_loop()
+    try:
+        return loop.run_until_complete(main())
+    finally:
+        loop.close()

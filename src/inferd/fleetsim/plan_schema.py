@@ -1,0 +1,91 @@
+"""The one JSON schema of `inferd plan ... --json` (plan llm, plan search): what to provision, what it
+costs, why (the arithmetic, step by step), and how it was checked.
+
+    {
+      "schema": "inferd.plan/1",
+      "kind": "llm" | "search",
+      "inputs": {...},                  the workload and targets asked for
+      "resources": {
+        "devices": int,                 accelerators (0: none needed)
+        "frontends": int,               front-end processes
+        "processes": int,               every process: front ends, workers or replicas
+        "cores": int | null,            CPU cores (null: the plan does not say)
+        "memory_gib": float,            host memory
+        "device_memory_gib": float      accelerator memory, summed
+      },
+      "cost": {"per_hour": float, "per_million_tokens": float | null, "note": str} | null,
+      "reasoning": [str, ...],          each step of the arithmetic, in order
+      "check": {...} | null,            a simulation of a slice of the plan, and whether the targets held
+      "profile": {"name": str, "source": str},   where the per-device figures come from
+      "details": {...}                  the kind's own intermediate numbers
+    }
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+SCHEMA = "inferd.plan/1"
+
+
+@dataclass(frozen=True, slots=True)
+class Resources:
+    devices: int
+    frontends: int
+    processes: int
+    cores: int | None
+    memory_gib: float
+    device_memory_gib: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class Cost:
+    per_hour: float
+    per_million_tokens: float | None
+    note: str
+
+
+@dataclass(frozen=True, slots=True)
+class PlanReport:
+    kind: str
+    inputs: dict[str, Any]
+    resources: Resources
+    reasoning: list[str]
+    profile: dict[str, str]
+    details: dict[str, Any] = field(default_factory=dict)
+    cost: Cost | None = None
+    check: dict[str, Any] | None = None
+    schema: str = SCHEMA
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2)
+
+
+def search_report(plan: Any) -> PlanReport:
+    """`inferd plan search`'s plan (inferd.search.plan.Plan) in the shared schema."""
+    d = asdict(plan)
+    return PlanReport(
+        kind="search",
+        inputs={"docs": plan.docs, "qps": plan.qps, "dim": plan.dim, "recall": plan.recall},
+        resources=Resources(
+            devices=0,
+            frontends=0,
+            processes=plan.replica_processes,
+            cores=None,
+            memory_gib=round(plan.memory_tib * 1024, 1),
+        ),
+        reasoning=[
+            f"bytes/doc = {plan.bytes_per_doc}; docs/shard = {plan.docs_per_shard:,}; "
+            f"shards = ceil({plan.docs:g} / {plan.docs_per_shard:,}) = {plan.shards}",
+            f"qps/replica = {plan.qps_per_replica}; replicas/shard = {plan.replicas_per_shard}; "
+            f"processes = {plan.shards} x {plan.replicas_per_shard} = {plan.replica_processes}",
+            f"ef_search {plan.ef_search} for recall {plan.recall} (docs/search-capacity.md)",
+        ],
+        profile={"name": plan.profile, "source": "measured: inferd bench-search --out"},
+        details=d,
+    )

@@ -1,0 +1,206 @@
+"""The LLM fleet simulator: inferd's own LLMRuntime, engine and scheduler driven token by token on a
+virtual clock. Same seed, same run; every stream gets exactly its tokens; steps slow down as the batch
+grows; a full engine queue is refused with 429s by the real placement; shared prefixes hit the KV cache;
+profiles load, round-trip and are fitted back from what bench-llm measures; the planner's arithmetic,
+its JSON schema (shared with plan search) and its simulation check."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from inferd.config import ConfigError
+from inferd.fleetsim.llm_fleet import LLMFleet, LLMFleetSpec, simulate_llm
+from inferd.fleetsim.llm_plan import LLMTargets, device_at, fits, max_rate, plan_llm
+from inferd.fleetsim.llm_profile import LLMProfile, bundled, fit_llm_steps, poisson_quantile
+from inferd.fleetsim.llm_report import GapHistogram
+from inferd.fleetsim.plan_schema import SCHEMA, search_report
+from inferd.fleetsim.profiles import BatchProfile
+from inferd.search.plan import plan_search
+
+DEVICE = LLMProfile(
+    "test",
+    step_base_s=0.005,
+    per_token_s=0.00005,
+    overhead_s=0.001,
+    scheduler={"max_num_seqs": 16, "max_num_batched_tokens": 256, "num_blocks": 512},
+    source="given",
+)
+
+
+def spec(rate: float, devices: int = 2, duration: float = 8.0, prompt: int = 100, output: int = 20, **kw):  # type: ignore[no-untyped-def]
+    rng = np.random.default_rng(3)
+    times = np.cumsum(rng.exponential(1 / rate, int(rate * duration * 2) + 10))
+    times = times[times < duration]
+    n = times.size
+    return LLMFleetSpec(DEVICE, devices, times, np.full(n, prompt), np.full(n, output), warmup_s=1.0, **kw)
+
+
+def test_the_same_seed_gives_the_same_run() -> None:
+    assert simulate_llm(spec(20)) == simulate_llm(spec(20))
+
+
+def test_under_capacity_every_stream_gets_exactly_its_tokens() -> None:
+    s = spec(20)
+    fleet = LLMFleet(s)
+    report = _run(fleet)
+    assert report.rejected == report.failed == report.unfinished == 0
+    assert report.ok == report.requests > 100
+    assert fleet.tokens == [20] * s.arrivals.size
+    assert report.ttft_p50_ms >= 1000 * (
+        DEVICE.step_base_s + 100 * DEVICE.per_token_s
+    )  # one prefill step at least
+    assert report.itl_p50_ms >= 1000 * DEVICE.step_base_s
+    assert report.output_tokens_per_s > 0.8 * 20 * report.offered_rps
+
+
+def test_steps_slow_down_as_the_batch_grows() -> None:
+    light, heavy = simulate_llm(spec(10)), simulate_llm(spec(80))
+    assert heavy.mean_step_tokens > light.mean_step_tokens
+    assert heavy.itl_p50_ms > light.itl_p50_ms
+    assert heavy.ttft_p99_ms > light.ttft_p99_ms
+
+
+def test_a_full_engine_queue_is_refused_by_the_real_placement() -> None:
+    tight = LLMProfile(
+        "tight",
+        0.005,
+        0.00005,
+        scheduler={"max_num_seqs": 4, "max_waiting_seqs": 2, "max_num_batched_tokens": 256},
+    )
+    s = spec(200, devices=1, duration=4.0, output=100)
+    s.profile = tight
+    report = simulate_llm(s)
+    assert report.rejected > 0
+    assert report.ok + report.rejected == report.requests
+
+
+def test_a_shared_prefix_hits_the_kv_cache() -> None:
+    fleet = LLMFleet(spec(20, prompt=200, shared_prefix_tokens=160))
+    _run(fleet)
+    hits = sum(d.scheduler.statistics().prefix_hit_tokens for d in fleet.devices)
+    assert hits > 0.5 * 160 * len(fleet.spec.arrivals)
+
+
+def test_gap_histogram_percentiles_match_numpy() -> None:
+    values = np.random.default_rng(1).lognormal(-4, 0.5, 50_000)
+    h = GapHistogram()
+    h.buffer.extend(values.tolist())
+    for got, want in zip(h.percentiles_ms((50, 99)), np.percentile(values, [50, 99]) * 1000, strict=True):
+        assert got is not None and math.isclose(got, want, rel_tol=0.01)
+
+
+def test_profiles_load_round_trip_and_kinds_are_not_mixed(tmp_path: Path) -> None:
+    published = bundled()
+    assert published.source.startswith("published")
+    assert published.kv_tokens() >= 300_000
+    path = tmp_path / "p.json"
+    DEVICE.save(path)
+    assert LLMProfile.load(path) == DEVICE
+    with pytest.raises(ConfigError, match="not a batch one"):
+        BatchProfile.load(path)
+    BatchProfile("b", 0.1, 0.001).save(path)
+    with pytest.raises(ConfigError, match="not an llm one"):
+        LLMProfile.load(path)
+
+
+def test_step_costs_are_fitted_back_from_ttft_slope_and_mean_itl() -> None:
+    base, per_token, tokens_per_s = 0.005, 0.00005, 3000.0
+    points = [(p, 0.02 + per_token * p) for p in range(50, 500, 7)]
+    sums = (len(points), sum(p for p, _ in points), sum(t for _, t in points),
+            sum(p * p for p, _ in points), sum(p * t for p, t in points))  # fmt: skip
+    mean_step = base / (1 - per_token * tokens_per_s)
+    fitted_base, fitted_per_token = fit_llm_steps(sums, mean_step, tokens_per_s)
+    assert math.isclose(fitted_per_token, per_token, rel_tol=1e-6)
+    assert math.isclose(fitted_base, base, rel_tol=1e-6)
+
+
+def test_the_planned_rate_meets_every_target_and_the_fleet_is_sized_by_it() -> None:
+    t = LLMTargets(100_000, 500, 200, 1000, 100, device_cost_per_hour=2.0)
+    profile = bundled()
+    d, _ = max_rate(profile, t)
+    assert fits(profile, t, d) is None
+    assert fits(profile, t, device_at(profile, t, d.rate * 1.01)) is not None
+    k = profile.per_token_s * 700 + profile.per_context_token_s * (500 + 200 * 600)
+    assert math.isclose(d.k_s, k)
+    assert math.isclose(d.step_s, profile.step_base_s / (1 - d.rate * k))
+    assert poisson_quantile(d.rate * d.step_s, 0.99) == d.j99
+    plan = plan_llm(profile, t, check=False)
+    assert plan.resources.devices == math.ceil(100_000 / d.rate)
+    fe_rps = 0.7 / (
+        profile.frontend_s + 500 * profile.frontend_prompt_token_s + 200 * profile.frontend_token_s
+    )
+    assert plan.resources.frontends == math.ceil(100_000 / fe_rps) + 1
+    assert plan.resources.cores == plan.resources.frontends + 2 * plan.resources.devices
+    per_hour = plan.resources.devices * 2.0
+    assert plan.cost is not None
+    assert math.isclose(plan.cost.per_million_tokens, per_hour / (100_000 * 200 * 3600) * 1e6, rel_tol=1e-3)
+    assert len(plan.reasoning) >= 6 and plan.check is None
+
+
+def test_plan_json_has_one_schema_for_llm_and_search() -> None:
+    llm = json.loads(plan_llm(bundled(), LLMTargets(1000, 500, 200, 1000, 100), check=False).to_json())
+    profile = {"latency_ms": {"p50": 2.0}, "index_state": {"documents": 10_000, "shards": 1}}
+    search = json.loads(search_report(plan_search(profile, 1e6, 1000, 384, 0.95)).to_json())
+    keys = {"schema", "kind", "inputs", "resources", "cost", "reasoning", "check", "profile", "details"}
+    assert set(llm) == set(search) == keys
+    assert llm["schema"] == search["schema"] == SCHEMA
+    assert set(llm["resources"]) == set(search["resources"])
+    assert (llm["kind"], search["kind"]) == ("llm", "search")
+
+
+def test_the_plan_is_checked_by_simulating_a_slice() -> None:
+    t = LLMTargets(200, 100, 20, ttft_p99_ms=500, itl_p99_ms=50)
+    plan = plan_llm(DEVICE, t, check=True, slice_devices=1, duration_s=8.0)
+    check = plan.check
+    assert check is not None and check["simulated"] and check["held"]
+    last = check["runs"][-1]
+    assert last["ttft_p99_ms"] <= 500 and last["itl_p99_ms"] <= 50
+    assert plan.details["rate_per_device"] == last["rate_per_device"]
+
+
+def test_a_slice_that_misses_the_slo_lowers_the_rate() -> None:
+    # at the seat limit (max_num_seqs binds) requests queue for a seat, which the arithmetic leaves out
+    t = LLMTargets(200, 100, 20, ttft_p99_ms=60, itl_p99_ms=50)
+    plan = plan_llm(DEVICE, t, check=True, slice_devices=1, duration_s=8.0)
+    assert plan.check is not None
+    runs = plan.check["runs"]
+    assert len(runs) > 1 and not runs[0]["held"] and runs[0]["ttft_p99_ms"] > 60
+    assert runs[1]["rate_per_device"] == pytest.approx(0.9 * runs[0]["rate_per_device"], rel=1e-3)
+    assert plan.details["rate_per_device"] < plan.details["analytic_rate_per_device"]
+
+
+def _run(fleet: LLMFleet):  # type: ignore[no-untyped-def]
+    import asyncio
+
+    async def main():  # type: ignore[no-untyped-def]
+        return fleet.run()
+
+    return asyncio.run(main())
+
+
+def test_the_commands_print_a_simulation_and_a_plan_as_json() -> None:
+    from typer.testing import CliRunner
+
+    from inferd.cli.main import app
+
+    runner = CliRunner()
+    sim = runner.invoke(
+        app,
+        ["fleet-sim", "llm", "--devices", "1", "--rate", "5", "--duration", "4", "--warmup", "1", "--json"],
+    )
+    assert sim.exit_code == 0, sim.output
+    out = json.loads(sim.output)
+    assert out["ok"] == out["requests"] > 0 and out["profile_source"].startswith("published")
+    plan = runner.invoke(
+        app, ["plan", "llm", "--rps", "1000", "--no-check", "--device-cost-per-hour", "2", "--json"]
+    )
+    assert plan.exit_code == 0, plan.output
+    report = json.loads(plan.output)
+    assert (
+        report["schema"] == SCHEMA and report["resources"]["devices"] > 0 and report["cost"]["per_hour"] > 0
+    )
