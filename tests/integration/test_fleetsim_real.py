@@ -23,7 +23,17 @@ pytestmark = pytest.mark.slow
 
 def test_fleet_sim_validate_quick_passes() -> None:
     done = subprocess.run(
-        [sys.executable, "-m", "inferd.cli.main", "fleet-sim", "validate", "--quick", "--duration", "8", "--json"],
+        [
+            sys.executable,
+            "-m",
+            "inferd.cli.main",
+            "fleet-sim",
+            "validate",
+            "--quick",
+            "--duration",
+            "8",
+            "--json",
+        ],
         capture_output=True,
         text=True,
         timeout=600,
@@ -42,7 +52,12 @@ def test_a_longer_max_wait_grows_batches_and_latency_in_simulation_and_for_real(
             real = run_load_blocking(spec).measured
         arrivals = np.asarray(arrival_offsets(spec), dtype=float)
         sim = simulate(FleetSpec(case.model(), profile, 1, arrivals, warmup_s=1.0, seed=11))
-        measured[wait_ms] = (real.batch_size["mean"], real.latency_ms["p50"], sim.answer_batch_size, sim.p50_ms)
+        measured[wait_ms] = (
+            real.batch_size["mean"],
+            real.latency_ms["p50"],
+            sim.answer_batch_size,
+            sim.p50_ms,
+        )
     (real_b1, real_p1, sim_b1, sim_p1), (real_b2, real_p2, sim_b2, sim_p2) = measured[5.0], measured[60.0]
     assert real_b2 > real_b1 and sim_b2 > sim_b1, measured
     assert real_p2 > real_p1 and sim_p2 > sim_p1, measured
