@@ -72,6 +72,11 @@ class SearchRoutes:
         params = parse_params(raw.get("settings", raw), f"settings of index {name!r}")
         if not _valid_name(name):
             raise BadRequest(f"index name {name!r}: use 1-64 letters, digits, '_', '.' or '-'")
+        if self.server.config.frontends > 1:  # each front end would be a writer of the same logs
+            raise BadRequest(
+                "search indexes need one front end (the one writer of each shard's log): "
+                "serve them with --frontends 1"
+            )
         created = await self.admin.create(name, params)
         call.runtime = self.server.registry.get(name)
         return _answer(describe(call.runtime), 201 if created else 200)
