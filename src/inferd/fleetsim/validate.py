@@ -92,18 +92,14 @@ def _free_port() -> int:
 
 
 @contextlib.contextmanager
-def real_server(case: Case, log_dir: Path) -> Iterator[tuple[str, int]]:
-    """`inferd serve` with only `sim` at the case's cost and workers; yields (url, pid)."""
+def serve(model: str, workers: int, config_toml: str, log_dir: Path) -> Iterator[tuple[str, int]]:
+    """`inferd serve` with only `model`, its workers and a config file; yields (url, pid), stops it after."""
     port = _free_port()
-    config = log_dir / f"fleet-sim-{port}.toml"
-    config.write_text(
-        "[models.sim]\n"
-        f"max_batch_size = {case.max_batch_size}\nmax_wait_ms = {case.max_wait_ms}\n"
-        f"params = {{ base_ms = {case.base_ms}, per_item_ms = {case.per_item_ms} }}\n"
-    )
-    log = (log_dir / f"fleet-sim-{port}.log").open("wb")
+    config = log_dir / f"fleet-sim-{model}-{port}.toml"
+    config.write_text(config_toml)
+    log = (log_dir / f"fleet-sim-{model}-{port}.log").open("wb")
     cmd = [sys.executable, "-m", "inferd.cli.main", "serve", "--port", str(port), "--admin-port", "0"]
-    cmd += ["--model", "sim", "--workers", str(case.workers), "--config", str(config)]
+    cmd += ["--model", model, "--workers", str(workers), "--config", str(config)]
     cmd += ["--shutdown-grace-s", "0"]
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)  # nosec B603  # our own argv
     url = f"http://127.0.0.1:{port}"
@@ -122,6 +118,18 @@ def real_server(case: Case, log_dir: Path) -> Iterator[tuple[str, int]]:
             proc.kill()
             proc.wait()
         log.close()
+
+
+def real_server(case: Case, log_dir: Path) -> contextlib.AbstractContextManager[tuple[str, int]]:
+    """`inferd serve` with only `sim` at the case's cost and workers; yields (url, pid)."""
+    return serve(
+        "sim",
+        case.workers,
+        "[models.sim]\n"
+        f"max_batch_size = {case.max_batch_size}\nmax_wait_ms = {case.max_wait_ms}\n"
+        f"params = {{ base_ms = {case.base_ms}, per_item_ms = {case.per_item_ms} }}\n",
+        log_dir,
+    )
 
 
 def _ready(url: str) -> bool:

@@ -17,11 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import socket
-import subprocess  # nosec B404  # starts `inferd serve` itself (sys.executable), never a shell
-import sys
 import tempfile
-import time
-import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,7 +31,7 @@ from inferd.fleetsim.llm_fleet import LLMFleetSpec, simulate_llm
 from inferd.fleetsim.llm_plan import LLMTargets, max_rate
 from inferd.fleetsim.llm_profile import LLMProfile, profile_from_llm_run
 from inferd.fleetsim.llm_report import LLMSimReport
-from inferd.fleetsim.validate import CaseResult
+from inferd.fleetsim.validate import CaseResult, serve
 
 CALIBRATION_LOAD = 0.3
 
@@ -72,47 +68,11 @@ class LLMCase:
         )
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _ready(url: str) -> bool:
-    try:
-        with urllib.request.urlopen(f"{url}/v2/health/ready", timeout=1) as r:  # nosec B310  # http://127.0.0.1
-            return r.status == 200
-    except OSError:
-        return False
-
-
 @contextlib.contextmanager
 def llm_server(case: LLMCase, log_dir: Path) -> Iterator[str]:
     """`inferd serve` with only sim-llm at the case's costs and workers; yields its URL."""
-    port = _free_port()
-    config = log_dir / f"fleet-sim-llm-{port}.toml"
-    config.write_text(case.config_toml())
-    log = (log_dir / f"fleet-sim-llm-{port}.log").open("wb")
-    cmd = [sys.executable, "-m", "inferd.cli.main", "serve", "--port", str(port), "--admin-port", "0"]
-    cmd += ["--model", "sim-llm", "--workers", str(case.workers), "--config", str(config)]
-    cmd += ["--shutdown-grace-s", "0"]
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)  # nosec B603  # our own argv
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 120
-        while not _ready(url):
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"inferd serve did not become ready; see {log.name}")
-            time.sleep(0.2)
+    with serve("sim-llm", case.workers, case.config_toml(), log_dir) as (url, _):
         yield url
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        log.close()
 
 
 def load_spec(
