@@ -143,7 +143,9 @@ def test_outcomes_of_another_config_are_not_judged() -> None:
 
 
 def test_an_exchange_message_survives_the_wire() -> None:
-    message = Exchange({"m": SplitState("k", 2, "rolled_back", "why")}, {"m": Outcomes("k", [(2, "ok", 0.5)])})
+    message = Exchange(
+        {"m": SplitState("k", 2, "rolled_back", "why")}, {"m": Outcomes("k", [(2, "ok", 0.5)])}
+    )
     assert decode(encode(message)) == message
 
 
