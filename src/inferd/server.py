@@ -51,6 +51,7 @@ from inferd.worker.connection import WorkerConnection
 from inferd.worker.hub import WorkerHub
 from inferd.worker.launcher import Launcher, WorkerSlot
 from inferd.worker.supervisor import Supervisor
+from inferd.worker.survivors import WorkerRecord
 
 if TYPE_CHECKING:
     from inferd.fleet.ray_launcher import RayLauncher
@@ -124,8 +125,14 @@ class InferenceServer:
         )
         self._socket_dir, self.worker_address, local_workers = worker_sockets(frontend)
         self.supervisor: Launcher[Any] = Supervisor(
-            local_workers, self._token, config.log_level, extra_args=config.observability.worker_args()
+            local_workers,
+            self._token,
+            config.log_level,
+            extra_args=[*config.observability.worker_args(), *(["--reconnect"] if frontend else [])],
+            record=WorkerRecord(frontend.workers_record()) if frontend and frontend.is_owner else None,
         )
+        """Several front ends: the local workers outlive an owner that dies, and the next one adopts
+        them (worker/survivors.py)."""
         self.ray_launcher: RayLauncher | None = None
         if config.ray_address:  # workers as Ray actors; they join over the TCP worker port
             from inferd.fleet.ray_launcher import RayLauncher
