@@ -5,6 +5,7 @@ Its workers outlive it, go on serving front end 1, and the owner the parent star
   and while it comes back (a refusal as saturated, 429 with Retry-After, is retried after it: the
   owner's restart takes CPU on a small box);
 * once the owner is back, the same two worker processes serve (none started twice, none lost);
+* an adopted worker that dies is started again by the new owner, and the parent reaps it;
 * after shutdown no worker process is left.
 
 Bounded: one server, loads capped in count and time."""
@@ -199,5 +200,12 @@ def test_sigkill_of_the_owner_leaves_front_end_1_serving_and_its_workers_are_ado
             conn.close()
     assert worker_processes(server) == before  # the same two: adopted, none started twice
     assert "adopted worker sim-0.0" in server.log() and "adopted worker sim-1.0" in server.log()
+    victim = min(before)
+    os.kill(victim, signal.SIGKILL)
+    wait_for(lambda: len(worker_processes(server) - before) == 1, 30, "the adopted worker started again")
+    wait_for(lambda: len(ready_workers(server)) == 2, 30, "two ready workers again")
+    after = worker_processes(server)
+    assert len(after) == 2 and victim not in after, (before, after)
+    wait_for(lambda: not os.path.exists(f"/proc/{victim}"), 10, "the dead worker reaped by the parent")
     server.stop()
-    wait_for(lambda: not any(alive(p) for p in before), 10, "no worker left after shutdown")
+    wait_for(lambda: not any(alive(p) for p in before | after), 10, "no worker left after shutdown")
