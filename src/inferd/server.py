@@ -51,7 +51,6 @@ from inferd.worker.connection import WorkerConnection
 from inferd.worker.hub import WorkerHub
 from inferd.worker.launcher import Launcher, WorkerSlot
 from inferd.worker.supervisor import Supervisor
-from inferd.worker.survivors import WorkerRecord
 
 if TYPE_CHECKING:
     from inferd.fleet.ray_launcher import RayLauncher
@@ -129,7 +128,7 @@ class InferenceServer:
             self._token,
             config.log_level,
             extra_args=[*config.observability.worker_args(), *(["--reconnect"] if frontend else [])],
-            record=WorkerRecord(frontend.workers_record()) if frontend and frontend.is_owner else None,
+            adopt=frontend is not None and frontend.is_owner,
         )
         """Several front ends: the local workers outlive an owner that dies, and the next one adopts
         them (worker/survivors.py)."""

@@ -36,10 +36,6 @@ class FrontendPlan:
         """Where the owner takes the other front ends' canary outcomes (frontends/traffic_sync.py)."""
         return os.path.join(self.socket_dir, "traffic.sock")
 
-    def workers_record(self) -> str:
-        """Where the owner records its local workers, for the next owner to adopt (worker/survivors.py)."""
-        return os.path.join(self.socket_dir, "workers.json")
-
     def at(self, index: int) -> FrontendPlan:
         return FrontendPlan(index, self.count, self.socket_dir, self.token)
 

@@ -2,7 +2,7 @@
 
 The slots, the bootstrap (`python -m inferd.worker.main ...`) and the restart loop with its backoff are
 worker.launcher's, shared with the Ray launcher; this module only starts, awaits and stops child processes.
-With a `record` (several front ends: worker/survivors.py), it also adopts the workers a previous owner
+With `adopt` (several front ends: worker/survivors.py), it first adopts the workers a previous owner
 left running instead of starting new ones.
 """
 
@@ -14,7 +14,7 @@ import logging
 from typing import Any
 
 from inferd.worker.launcher import Launcher, WorkerBootstrap, WorkerExit, WorkerSlot, describe_exit
-from inferd.worker.survivors import Adopted, Survivor, WorkerRecord, runs_as
+from inferd.worker.survivors import Adopted, Survivor, runs_as, survivors
 
 log = logging.getLogger("inferd.supervisor")
 
@@ -35,17 +35,18 @@ class Supervisor(Launcher[LocalProcess]):
         token: str,
         log_level: str,
         *,
-        record: WorkerRecord | None = None,
+        adopt: bool = False,
         **options: Any,
     ) -> None:
         super().__init__(address, token, log_level, **options)
-        self.record = record
-        """Where this supervisor's workers are written down for the next owner; None: one front end."""
-        self._survivors = {s.slot_key: s for s in record.read()} if record is not None else {}
-        """What the previous owner left (read once): adopted by the slots that match, else stopped."""
+        self.adopt = adopt
+        """Adopt the workers a previous owner left at this address (several front ends)."""
+        self._survivors: dict[tuple[str, int, int | None], Survivor] = {}
+        """What the previous owner left, found once at `run`: adopted by the slots that match."""
 
     async def run(self) -> None:
-        self._stop_strays()
+        if self.adopt:
+            self._find_survivors()
         await super().run()
 
     async def _start(self, slot: WorkerSlot, bootstrap: WorkerBootstrap) -> LocalProcess:
@@ -61,7 +62,6 @@ class Supervisor(Launcher[LocalProcess]):
             )
             log.info("started worker %s (pid %d)", slot.worker_id, process.pid)
         slot.process = process
-        self._write_record()
         return process
 
     async def _wait(self, slot: WorkerSlot, process: LocalProcess) -> WorkerExit:
@@ -95,30 +95,14 @@ class Supervisor(Launcher[LocalProcess]):
         while isinstance(proc, Adopted) and proc.returncode is None:  # noqa: ASYNC110
             await asyncio.sleep(ADOPTED_POLL_S / 4)
 
-    def _write_record(self) -> None:
-        if self.record is None:
-            return
-        workers = [
-            Survivor(s.model, s.index, s.version, s.restarts, s.process.pid)
-            for s in self.slots
-            if s.process is not None and s.process.pid
-        ]
-        try:
-            self.record.write(workers)
-        except OSError as exc:
-            log.warning(
-                "cannot record the workers in %s: %s (a restarted owner starts new ones)",
-                self.record.path,
-                exc,
-            )
-
-    def _stop_strays(self) -> None:
-        """The previous owner's workers that no slot of this one takes (their slot is gone): SIGTERM."""
+    def _find_survivors(self) -> None:
+        """The previous owner's workers: the newest of each slot's is kept for adoption; the others,
+        and those of a slot this owner has not (scaled or updated since its config), get SIGTERM."""
         slots = {(s.model, s.index, s.version) for s in self.slots}
-        for key, survivor in list(self._survivors.items()):
-            if key in slots or not runs_as(survivor.pid, survivor.incarnation, self.address):
+        for survivor in survivors(self.address):
+            if survivor.slot_key in slots and survivor.slot_key not in self._survivors:
+                self._survivors[survivor.slot_key] = survivor
                 continue
-            del self._survivors[key]
             log.info(
                 "stopping worker %s (pid %d): no slot of this owner takes it",
                 survivor.incarnation,

@@ -5,28 +5,27 @@ end with `--reconnect`: when the owner dies, its workers go on serving the other
 the owner when the parent starts it again. The parent is the workers' subreaper (frontends/parent.py):
 orphaned, they become its children, and it reaps them.
 
-The owner's supervisor keeps a record of its workers (`WorkerRecord`, a JSON file in the parent's
-socket folder, rewritten at each start): slot, incarnation and pid. A restarted owner reads it and
-adopts each slot's worker that still runs (`Adopted`, watched by pid), instead of starting a second
-one; a recorded worker is its own only if its command line still names the slot's incarnation and
-this server's worker address (a pid can be reused). A survivor that no slot wants is stopped.
+A restarted owner's supervisor finds them (`survivors`): the processes running `inferd.worker.main`
+joined at this server's worker address (a folder of its own, so no other server's), each naming its
+slot and incarnation in `--worker-id MODEL-INDEX.RESTARTS` and `--model-version`. It adopts each slot's
+worker that still runs (`Adopted`, watched by pid and command line) instead of starting a second one;
+a survivor that no slot wants is stopped.
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import os
 import signal
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 log = logging.getLogger("inferd.supervisor")
 
 
 @dataclass(frozen=True, slots=True)
 class Survivor:
-    """One recorded worker: its slot, its incarnation's restart count, its pid."""
+    """A worker found running: its slot, its incarnation's restart count, its pid."""
 
     model: str
     index: int
@@ -43,26 +42,41 @@ class Survivor:
         return f"{self.model}-{self.index}.{self.restarts}"
 
 
-class WorkerRecord:
-    """The owner's workers, in a file that outlives it."""
+def _arguments(pid: int) -> dict[str, str] | None:
+    """A worker process's `--name value` arguments; None for a process that is not a worker."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            args = f.read().decode(errors="replace").split("\0")
+    except OSError:
+        return None
+    if "inferd.worker.main" not in args:
+        return None
+    return {args[i]: args[i + 1] for i in range(len(args) - 1) if args[i].startswith("--")}
 
-    def __init__(self, path: str) -> None:
-        self.path = path
 
-    def read(self) -> list[Survivor]:
-        """What the previous owner recorded ([] when nothing, or a torn file)."""
-        try:
-            with open(self.path) as f:
-                return [Survivor(**row) for row in json.load(f)]
-        except (OSError, ValueError, TypeError):
-            return []
+def _survivor(pid: int, args: dict[str, str]) -> Survivor | None:
+    """The slot a worker's `--worker-id MODEL-INDEX.RESTARTS` names (None: not a slot's id)."""
+    slot, _, restarts = args.get("--worker-id", "").rpartition(".")
+    model, _, index = slot.rpartition("-")
+    version = args.get("--model-version")
+    if not model or not index.isdigit() or not restarts.isdigit() or not (version or "0").isdigit():
+        return None
+    return Survivor(model, int(index), int(version) if version else None, int(restarts), pid)
 
-    def write(self, workers: list[Survivor]) -> None:
-        """Replace the record at once (write, then rename)."""
-        tmp = f"{self.path}.tmp"
-        with open(tmp, "w") as f:
-            json.dump([asdict(w) for w in workers], f)
-        os.replace(tmp, self.path)
+
+def survivors(address: str) -> list[Survivor]:
+    """The workers running that joined at `address`, newest incarnation first."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        args = _arguments(int(entry))
+        if args is None or args.get("--connect") != address or not running(int(entry)):
+            continue
+        survivor = _survivor(int(entry), args)
+        if survivor is not None:
+            found.append(survivor)
+    return sorted(found, key=lambda s: -s.restarts)
 
 
 def running(pid: int) -> bool:
@@ -77,16 +91,11 @@ def running(pid: int) -> bool:
 def runs_as(pid: int, incarnation: str, address: str) -> bool:
     """Whether `pid` is the worker `incarnation` joined at `address` (not another process that got
     its pid since)."""
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            args = f.read().decode(errors="replace").split("\0")
-    except OSError:
-        return False
-    named = {args[i]: args[i + 1] for i in range(len(args) - 1) if args[i].startswith("--")}
+    args = _arguments(pid)
     return (
-        "inferd.worker.main" in args
-        and named.get("--worker-id") == incarnation
-        and named.get("--connect") == address
+        args is not None
+        and args.get("--worker-id") == incarnation
+        and args.get("--connect") == address
         and running(pid)
     )
 
