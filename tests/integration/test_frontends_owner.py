@@ -21,6 +21,7 @@ import time
 import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import pytest
 
@@ -209,3 +210,21 @@ def test_sigkill_of_the_owner_leaves_front_end_1_serving_and_its_workers_are_ado
     wait_for(lambda: not os.path.exists(f"/proc/{victim}"), 10, "the dead worker reaped by the parent")
     server.stop()
     wait_for(lambda: not any(alive(p) for p in before | after), 10, "no worker left after shutdown")
+
+
+def test_a_server_stopped_while_its_owner_is_dead_leaves_no_worker(tmp_path: Path) -> None:
+    config = tmp_path / "inferd.toml"
+    config.write_text(CONFIG)
+    server = start_server(
+        tmp_path, "--model", "sim", "--workers", "2", "--frontends", "2", "--config", str(config)
+    )
+    try:
+        wait_for(lambda: len(ready_workers(server)) == 2, 30, "two ready workers")
+        workers = worker_processes(server)
+        (owner,) = [p for p in child_pids(server.proc.pid) if set(child_pids(p)) & workers]
+        os.kill(owner, signal.SIGKILL)
+        server.proc.send_signal(signal.SIGTERM)  # before the parent starts it again, or just after
+        assert server.proc.wait(30) == 0
+    finally:
+        server.stop()
+    wait_for(lambda: not any(alive(p) for p in workers), 10, "no worker left after shutdown")

@@ -60,8 +60,12 @@ def become_subreaper() -> bool:
 
 def children(pid: int) -> list[int]:
     """The processes whose parent is `pid` (from /proc)."""
+    try:
+        entries = os.listdir("/proc")
+    except OSError:  # no /proc: none found
+        return []
     found = []
-    for entry in os.listdir("/proc"):
+    for entry in entries:
         if not entry.isdigit():
             continue
         try:

@@ -67,7 +67,11 @@ def _survivor(pid: int, args: dict[str, str]) -> Survivor | None:
 def survivors(address: str) -> list[Survivor]:
     """The workers running that joined at `address`, newest incarnation first."""
     found = []
-    for entry in os.listdir("/proc"):
+    try:
+        entries = os.listdir("/proc")
+    except OSError:  # no /proc: nothing to adopt (the previous owner's workers went with it)
+        return []
+    for entry in entries:
         if not entry.isdigit() or int(entry) == os.getpid():
             continue
         args = _arguments(int(entry))
