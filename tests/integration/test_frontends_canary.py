@@ -74,11 +74,11 @@ def infer(conn: http.client.HTTPConnection, text: str, path: str = "") -> tuple[
     return r.status, version
 
 
-def infer_patiently(conn: http.client.HTTPConnection, text: str) -> tuple[int, str | None]:
+def infer_patiently(conn: http.client.HTTPConnection, text: str, path: str = "") -> tuple[int, str | None]:
     """`infer`, again after Retry-After when a front end refused it as saturated (a loaded test box:
     each /metrics scrape merges both front ends' texts on one of them)."""
     for _ in range(5):
-        status, version = infer(conn, text)
+        status, version = infer(conn, text, path)
         if status != 429 or "saturated" not in str(version):
             return status, version
         time.sleep(1.0)
@@ -88,7 +88,7 @@ def infer_patiently(conn: http.client.HTTPConnection, text: str) -> tuple[int, s
 def frontend_of(server: ServerProc, conn: http.client.HTTPConnection, n: int) -> int:
     """Which front end a kept connection reached: the one whose count grew by one pinned request."""
     before = scrape(server)
-    assert infer(conn, f"probe-{n}", "/versions/1") == (200, "1")
+    assert infer_patiently(conn, f"probe-{n}", "/versions/1") == (200, "1")
     after = scrape(server)
     (grew,) = [i for i in (0, 1) if requests_of(after, i) > requests_of(before, i)]
     return grew
