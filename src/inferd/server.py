@@ -29,6 +29,7 @@ from inferd.fleet.scaling import ScalingLoop, scaling_policy
 from inferd.frontends.metrics import scrape_all, serve_registry
 from inferd.frontends.plan import FrontendPlan, worker_sockets
 from inferd.frontends.readiness import await_ready
+from inferd.frontends.traffic_sync import TrafficSync
 from inferd.gateway.auth import tenant_counter
 from inferd.gateway.config import gateway_config
 from inferd.gateway.fallback import check_fallbacks
@@ -87,8 +88,11 @@ class InferenceServer:
         for m in models:
             self.registry.add(self.kinds.get(m.kind).make_runtime(m, self.context))
         self.metrics.registry.register(RuntimeCollector(self.registry))
-        self.traffic = Traffic(self.registry, self.clock, self.metrics.traffic)
+        follower = frontend is not None and not frontend.is_owner
+        self.traffic = Traffic(self.registry, self.clock, self.metrics.traffic, follower=follower)
         """Canary and A/B splits of requests that name no version (gateway/traffic_control.py)."""
+        self.traffic_sync = TrafficSync(frontend, self.traffic) if frontend is not None else None
+        """Several front ends: the owner's canary decisions are every front end's."""
         check_fallbacks((rt.config for rt in self.registry.defaults()), self._kinds_of)
         self.shadows = Shadows(
             self.registry, self.metrics.shadow_requests, config.shadow_max_in_flight, clock=self.clock
@@ -120,8 +124,14 @@ class InferenceServer:
         )
         self._socket_dir, self.worker_address, local_workers = worker_sockets(frontend)
         self.supervisor: Launcher[Any] = Supervisor(
-            local_workers, self._token, config.log_level, extra_args=config.observability.worker_args()
+            local_workers,
+            self._token,
+            config.log_level,
+            extra_args=[*config.observability.worker_args(), *(["--reconnect"] if frontend else [])],
+            adopt=frontend is not None and frontend.is_owner,
         )
+        """Several front ends: the local workers outlive an owner that dies, and the next one adopts
+        them (worker/survivors.py)."""
         self.ray_launcher: RayLauncher | None = None
         if config.ray_address:  # workers as Ray actors; they join over the TCP worker port
             from inferd.fleet.ray_launcher import RayLauncher
@@ -256,6 +266,9 @@ class InferenceServer:
                 ]
                 loops.append(tg.create_task(self.console.run(), name="console"))
                 supervisor = tg.create_task(self.supervisor.run(), name="supervisor")
+                if self.traffic_sync is not None:
+                    await self.traffic_sync.open()
+                    loops.append(tg.create_task(self.traffic_sync.run(), name="traffic-sync"))
                 try:
                     if self.frontend is not None:  # one of several: listen once workers are here
                         await await_ready(lambda: self.ready, self.config.worker_start_timeout_s)

@@ -7,9 +7,11 @@ that dies.
 * Front end 0 is the owner: it runs the local workers (supervisor), the admin API, the autoscaler and
   rolling updates. The others serve requests only.
 * A front end that dies takes only its own connections (and their requests) with it; the parent starts
-  it again and the workers rejoin it. When the owner dies its workers exit with it, and the new owner
-  starts new ones.
-* SIGTERM, SIGINT and SIGHUP go to every front end; the parent exits once they all have.
+  it again and the workers rejoin it. The owner's workers outlive it too (they go on serving the
+  others): the parent is their subreaper (orphaned, they become its children and it reaps them), and
+  the restarted owner adopts them (worker/survivors.py).
+* SIGTERM, SIGINT and SIGHUP go to every front end; the parent exits once they all have, stopping any
+  worker still there (one left by an owner that died while the server stopped).
 
 The parent holds a socket bound to the port (never listening) so that the port stays the server's
 while a front end restarts, and so that port 0 names one free port for all of them.
@@ -17,6 +19,8 @@ while a front end restarts, and so that port 0 names one free port for all of th
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import logging
 import multiprocessing
 import os
@@ -36,6 +40,42 @@ log = logging.getLogger("inferd.frontends")
 
 RESTART_DELAY_S = 0.5
 """How long the parent waits before starting a front end that died again."""
+
+REAP_EVERY = 10
+"""Watch rounds (0.1 s each) between two looks for orphaned workers to reap."""
+
+STRAY_GRACE_S = 5.0
+"""How long workers left at exit get to drain after SIGTERM before SIGKILL."""
+
+PR_SET_CHILD_SUBREAPER = 36
+
+
+def become_subreaper() -> bool:
+    """Orphaned descendants (the workers of an owner that died) become this process's children."""
+    try:
+        return ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+def children(pid: int) -> list[int]:
+    """The processes whose parent is `pid` (from /proc)."""
+    try:
+        entries = os.listdir("/proc")
+    except OSError:  # no /proc: none found
+        return []
+    found = []
+    for entry in entries:
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if int(fields[1]) == pid:
+            found.append(int(entry))
+    return found
 
 
 def reuseport_socket(host: str, port: int) -> socket.socket:
@@ -73,11 +113,14 @@ class Frontends:
         log.info("%d front ends on %s:%d (owner: front end 0)", self.plan.count, self.cfg.host, self.cfg.port)
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             signal.signal(sig, self._forward)
+        if not become_subreaper():
+            log.warning("cannot become the workers' subreaper: the owner's orphaned workers go to init")
         try:
             for index in range(self.plan.count):
                 self._start(index)
             self._watch()
         finally:
+            self._stop_strays()
             shutil.rmtree(self.socket_dir, ignore_errors=True)
             self.holder.close()
         return 0
@@ -92,8 +135,12 @@ class Frontends:
 
     def _watch(self) -> None:
         died_at: dict[int, float] = {}
+        rounds = 0
         while self.procs:
             time.sleep(0.1)
+            rounds += 1
+            if rounds % REAP_EVERY == 0:
+                self._reap()
             for index, proc in list(self.procs.items()):
                 if proc.is_alive():
                     continue
@@ -108,6 +155,37 @@ class Frontends:
                     time.sleep(RESTART_DELAY_S)  # dying over and over: do not spin
                 died_at[index] = now
                 self._start(index)
+
+    def _strays(self) -> list[int]:
+        """Children that are not front ends: workers adopted from an owner that died."""
+        ours = {proc.pid for proc in self.procs.values()}
+        return [pid for pid in children(os.getpid()) if pid not in ours]
+
+    def _reap(self) -> list[int]:
+        """Collect the strays that exited; returns those still running."""
+        left = []
+        for pid in self._strays():
+            with contextlib.suppress(ChildProcessError):
+                if os.waitpid(pid, os.WNOHANG)[0] == 0:
+                    left.append(pid)
+        return left
+
+    def _stop_strays(self) -> None:
+        """At exit: SIGTERM the workers still here, SIGKILL them after STRAY_GRACE_S."""
+        left = self._reap()
+        if not left:
+            return
+        log.warning("stopping %d worker(s) left by an owner that died: %s", len(left), left)
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            for pid in left:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, sig)
+            deadline = time.monotonic() + STRAY_GRACE_S
+            while left and time.monotonic() < deadline:
+                time.sleep(0.05)
+                left = self._reap()
+            if not left:
+                return
 
     def _forward(self, sig: int, frame: FrameType | None) -> None:
         if sig != signal.SIGHUP:

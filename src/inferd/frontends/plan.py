@@ -32,6 +32,10 @@ class FrontendPlan:
     def metrics_path(self, index: int) -> str:
         return os.path.join(self.socket_dir, f"metrics-{index}.sock")
 
+    def traffic_path(self) -> str:
+        """Where the owner takes the other front ends' canary outcomes (frontends/traffic_sync.py)."""
+        return os.path.join(self.socket_dir, "traffic.sock")
+
     def at(self, index: int) -> FrontendPlan:
         return FrontendPlan(index, self.count, self.socket_dir, self.token)
 

@@ -13,6 +13,11 @@ clock and random source, no I/O; decisions (promote, roll back) are returned as 
   a key is drawn at random.
 
 Requests that name a version are never split: the owner consults the split only for those that do not.
+
+With several front ends (`--frontends N`) one split decides for all: the owner front end's (it judges
+every front end's outcomes, `record`, and steps on its clock, `tick`); the others follow it. A split's
+`shared()` state (step, rolled back or promoted, under the key of its config) goes to the other
+front ends, and `merge` moves a split forward to a peer's state, never back (frontends/traffic_sync.py).
 """
 
 from __future__ import annotations
@@ -43,11 +48,9 @@ class RolledBack:
 
     model: str
     version: int
-    breach: Breach
-
-    @property
-    def reason(self) -> str:
-        return self.breach.reason
+    reason: str
+    breach: Breach | None = None
+    """The judge's figures; None when the rollback was decided by another front end (merged)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,6 +80,29 @@ class SplitStatistics:
     """The canary's weights, step by step (`step` indexes them); () without a canary."""
 
 
+@dataclass(frozen=True, slots=True)
+class SplitState:
+    """What one front end's canary split tells the others: how far it went, under which config."""
+
+    key: str
+    """The split's config (canary, rollback, A/B) digest: a state applies only to the same config."""
+    step: int
+    state: str
+    reason: str = ""
+    """Why it was rolled back (the judge's breach), else ""."""
+
+    @property
+    def rank(self) -> tuple[int, int]:
+        """Further along is larger: a final state beats any step; else the higher step."""
+        return (0 if self.state == "active" else 1, self.step)
+
+
+def split_key(config: TrafficConfig) -> str:
+    """The digest of what a split is built from (the same text on every front end)."""
+    text = repr((config.canary, config.rollback, config.ab))
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
 def sticky_fraction(model: str, key: str) -> float:
     """A key's stable place in [0, 1): the same on every front end and every run."""
     digest = hashlib.sha256(f"{model}\0{key}".encode()).digest()
@@ -96,6 +122,9 @@ class TrafficSplit:
         self._started = clock.now()
         self._step = 0
         self.state = "active"
+        self.reason = ""
+        """Why the canary was rolled back, once it is."""
+        self.key = split_key(config)
         self._judge = CanaryJudge(config.rollback, clock) if canary is not None and config.rollback else None
         self._judged_at = float("-inf")
         self._arms = sorted(config.ab.arms.items()) if config.ab is not None else []
@@ -146,14 +175,25 @@ class TrafficSplit:
             return WeightChanged(self.model, canary.version, self._schedule[step])
         return None
 
-    def record(self, version: int, default: int, outcome: str, latency_s: float) -> Decision | None:
-        """One finished call of `version`; RolledBack when the judge finds the canary must go."""
+    def judges(self, version: int, default: int) -> bool:
+        """Whether a finished call of `version` feeds the judge (an active canary with rollback)."""
         canary = self.canary_version
         if self._judge is None or self.state != "active" or canary is None or canary == default:
+            return False
+        return version in (canary, default)
+
+    def record(self, version: int, default: int, outcome: str, latency_s: float) -> Decision | None:
+        """One finished call of `version`; RolledBack when the judge finds the canary must go."""
+        if self._judge is None or not self.judges(version, default):
             return None
-        if version not in (canary, default):
+        self._judge.record(version == self.canary_version, outcome, latency_s)
+        return self.judge()
+
+    def judge(self) -> RolledBack | None:
+        """The judge's look, at most once per JUDGE_INTERVAL_S: RolledBack on a breach."""
+        canary = self.canary_version
+        if self._judge is None or self.state != "active" or canary is None:
             return None
-        self._judge.record(version == canary, outcome, latency_s)
         now = self.clock.now()
         if now - self._judged_at < JUDGE_INTERVAL_S:
             return None
@@ -162,7 +202,31 @@ class TrafficSplit:
         if breach is None:
             return None
         self.state = "rolled_back"
-        return RolledBack(self.model, canary, breach)
+        self.reason = breach.reason
+        return RolledBack(self.model, canary, breach.reason, breach)
+
+    # ---- one decision for several front ends --------------------------------------------------------
+    def shared(self) -> SplitState:
+        return SplitState(self.key, self._step, self.state, self.reason)
+
+    def merge(self, peer: SplitState) -> Decision | None:
+        """Move forward to a peer's state of the same config (never back): its rollback, promotion or
+        later step. The step's clock is set back so that the next step comes a full interval later."""
+        canary = self.config.canary
+        if canary is None or peer.key != self.key or peer.rank <= self.shared().rank:
+            return None
+        if self.state != "active":
+            return None  # final here already: a peer's other final state does not undo it
+        last = len(self._schedule) - 1
+        self._step = min(peer.step, last)
+        if peer.state == "rolled_back":
+            self.state, self.reason = "rolled_back", peer.reason
+            return RolledBack(self.model, canary.version, peer.reason)
+        if peer.state == "promoted":
+            self._step, self.state = last, "promoted"
+            return Promote(self.model, canary.version)
+        self._started = min(self._started, self.clock.now() - self._step * canary.step_interval_s)
+        return WeightChanged(self.model, canary.version, self._schedule[self._step])
 
     def statistics(self, default: int) -> SplitStatistics:
         if self._arms:

@@ -9,6 +9,11 @@ The splits are read at start from each model's default version. A reload of the 
 changes a model's canary, rollback or A/B table (`Traffic.reload`) replaces its split: a canary starts
 again at its first step (a rolled-back one at its weight again). A reload that leaves them as they were
 keeps the split's state, rolled back included. The history and the per-version counters always stay.
+
+With several front ends, the owner's `Traffic` decides for the server and the others are followers
+(`follower=True`): a follower neither steps nor judges, it keeps the outcomes it sees for the owner
+(`take_outcomes`, judged there by `absorb`) and applies the owner's states (`merge`); the owner steps
+on its clock (`tick`). frontends/traffic_sync.py carries both ways.
 """
 
 from __future__ import annotations
@@ -22,7 +27,15 @@ from dataclasses import dataclass
 
 from inferd.clock import Clock
 from inferd.config import ConfigError, ModelConfig
-from inferd.gateway.traffic import Decision, Promote, RolledBack, SplitStatistics, TrafficSplit
+from inferd.gateway.canary_judge import MAX_SAMPLES
+from inferd.gateway.traffic import (
+    Decision,
+    Promote,
+    RolledBack,
+    SplitState,
+    SplitStatistics,
+    TrafficSplit,
+)
 from inferd.gateway.traffic_config import TrafficConfig
 from inferd.observability.traffic_metrics import TrafficMetrics
 from inferd.runtime.contract import Runtime
@@ -43,6 +56,18 @@ class TrafficEvent:
     reason: str
     at: float
     """Wall-clock time (Unix seconds)."""
+
+
+Outcome = tuple[int, str, float]
+"""(version, outcome label, latency in seconds) of one finished call, as a follower sends it."""
+
+
+@dataclass(frozen=True, slots=True)
+class Outcomes:
+    """A follower's outcomes of one model's split since its last sync, under the split's key."""
+
+    key: str
+    outcomes: list[Outcome]
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,8 +126,12 @@ class Traffic:
         metrics: TrafficMetrics,
         rng: random.Random | None = None,
         wall_clock: Callable[[], float] = time.time,
+        follower: bool = False,
     ) -> None:
         check_traffic(rt.config for rt in registry)
+        self.follower = follower
+        """One of several front ends that is not the owner: the owner's splits decide (module doc)."""
+        self._outbox: dict[str, deque[Outcome]] = {}
         self.registry = registry
         self.metrics = metrics
         self.wall_clock = wall_clock
@@ -136,11 +165,13 @@ class Traffic:
             if split is None:
                 return "no split (shadow or fallback changed)"
             del self.splits[name]
+            self._outbox.pop(name, None)
             what = "split removed: unversioned requests go to the default version"
             for version in self.registry.versions(name):
                 self.metrics.weight(name, version, 1.0 if version == default else 0.0)
         else:
             split = self.splits[name] = self._split(name, config)
+            self._outbox.pop(name, None)  # outcomes of the replaced split
             self._publish_weights(name, split)
             stats = split.statistics(default)
             shares = ", ".join(f"v{v} {w:g}" for v, w in sorted(stats.weights.items()))
@@ -156,7 +187,8 @@ class Traffic:
         split = self.splits.get(name)
         if split is None:
             return None
-        self._apply(split.advance())
+        if not self.follower:
+            self._apply(split.advance())
         key = None
         ab = split.config.ab
         if ab is not None:
@@ -174,9 +206,52 @@ class Traffic:
     def observe(self, rt: Runtime, outcome: str, latency_s: float) -> None:
         """One finished call of a model version (from the accounting layer)."""
         split = self.splits.get(rt.name)
-        if split is not None:
-            default = self.registry.default_version(rt.name)
+        if split is None:
+            return
+        default = self.registry.default_version(rt.name)
+        if not self.follower:
             self._apply(split.record(rt.version, default, outcome, latency_s))
+        elif split.judges(rt.version, default):
+            outbox = self._outbox.setdefault(rt.name, deque(maxlen=MAX_SAMPLES))
+            outbox.append((rt.version, outcome, latency_s))
+
+    # ---- one decision for several front ends (frontends/traffic_sync.py) ------------------------------
+    def shared(self) -> dict[str, SplitState]:
+        """Each canary split's state, for the other front ends."""
+        return {name: s.shared() for name, s in self.splits.items() if s.canary_version is not None}
+
+    def merge(self, states: dict[str, SplitState]) -> None:
+        """Move each split forward to another front end's state of the same config (never back)."""
+        for name, state in states.items():
+            split = self.splits.get(name)
+            if split is not None:
+                self._apply(split.merge(state))
+
+    def take_outcomes(self) -> dict[str, Outcomes]:
+        """A follower's outcomes since the last call (the outbox is emptied)."""
+        taken = {
+            name: Outcomes(self.splits[name].key, list(box))
+            for name, box in self._outbox.items()
+            if box and name in self.splits
+        }
+        self._outbox.clear()
+        return taken
+
+    def absorb(self, outcomes: dict[str, Outcomes]) -> None:
+        """The owner judges a follower's outcomes with its own (those of another config are dropped)."""
+        for name, sent in outcomes.items():
+            split = self.splits.get(name)
+            if split is None or split.key != sent.key:
+                continue
+            default = self.registry.default_version(name)
+            for version, outcome, latency_s in sent.outcomes:
+                self._apply(split.record(version, default, outcome, latency_s))
+
+    def tick(self) -> None:
+        """The owner's periodic look: steps due and the judges' verdicts, without waiting for traffic."""
+        for split in list(self.splits.values()):
+            self._apply(split.advance())
+            self._apply(split.judge())
 
     def _apply(self, decision: Decision | None) -> None:
         if decision is None:
@@ -189,7 +264,8 @@ class Traffic:
                 decision.version,
                 decision.reason,
             )
-            self.metrics.rolled_back(decision.model)
+            if decision.breach is not None:  # judged here (a merged one is counted where judged)
+                self.metrics.rolled_back(decision.model)
             self._event(decision.model, decision.version, "rolled_back", decision.reason)
         elif isinstance(decision, Promote):
             previous = self.registry.default_version(decision.model)
