@@ -5,7 +5,8 @@ O(1). The physical deques are compacted when dead entries pile up, so they stay 
 
 Inside a priority class each tenant has its own FIFO lane; the cut serves the lanes in weighted fair
 order and a full queue makes room for a tenant within its share (batching/fairness.py). Without tenants
-there is one lane per class: plain FIFO.
+there is one lane per class: plain FIFO. A cut with `since` (SLO batching only) takes the items enqueued
+at or after it first, from the lanes' tails, and unlinks them there.
 """
 
 from __future__ import annotations
