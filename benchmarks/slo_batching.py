@@ -7,7 +7,7 @@
     under the same gamma arrivals from the open-loop generator (`inferd bench --arrival gamma`), with
     the best fixed setting of (a) and with the SLO policy.
 
-    .venv/bin/python benchmarks/slo_batching.py [--rate 1100] [--latency-ms 100] [--sim-only]
+    .venv/bin/python benchmarks/slo_batching.py [--rate 1100] [--rates 800,1100,1400] [--latency-ms 100] [--sim-only]
 
 Writes .bench/slo_batching.json and prints a markdown summary.
 """
@@ -68,17 +68,33 @@ def simulate(args: argparse.Namespace, times: Any, **model: Any) -> dict[str, An
     }
 
 
-def sim_part(args: argparse.Namespace) -> dict[str, Any]:
-    times = arrival_times(
-        ArrivalSpec("gamma", args.rate, args.cv, seed=args.seed), args.warmup + args.duration
-    )
+def sim_part(args: argparse.Namespace, rate: float) -> dict[str, Any]:
+    """The fixed grid and the SLO policy on the same arrivals at `rate`."""
+    times = arrival_times(ArrivalSpec("gamma", rate, args.cv, seed=args.seed), args.warmup + args.duration)
     grid = {}
     for size in SIZES:
         for wait in WAITS_MS:
             grid[f"{size}x{wait:g}"] = simulate(args, times, max_batch_size=size, max_wait_ms=wait)
     best = max(grid, key=lambda k: grid[k]["goodput_rps"])
+    worst = min(grid, key=lambda k: grid[k]["goodput_rps"])
     slo = simulate(args, times, max_batch_size=args.hard_cap, batching="slo")
-    return {"grid": grid, "best_fixed": best, "slo": slo}
+    return {"rate": rate, "grid": grid, "best_fixed": best, "worst_fixed": worst, "slo": slo}
+
+
+def print_sim(args: argparse.Namespace, runs: list[dict[str, Any]]) -> None:
+    print(
+        f"| offered (gamma CV {args.cv:g}) | best fixed of {len(SIZES) * len(WAITS_MS)} (size x wait ms) "
+        f"| its goodput/s | SLO policy goodput/s | SLO vs best | worst fixed goodput/s |"
+    )
+    print("|---|---|---|---|---|---|")
+    for run in runs:
+        best, worst = run["grid"][run["best_fixed"]], run["grid"][run["worst_fixed"]]
+        slo = run["slo"]["goodput_rps"]
+        delta = 100.0 * (slo - best["goodput_rps"]) / max(best["goodput_rps"], 1e-9)
+        print(
+            f"| {run['rate']:g} req/s ({run['slo']['offered_rps']}) | {run['best_fixed']} "
+            f"| {best['goodput_rps']} | {slo} | {delta:+.1f}% | {worst['goodput_rps']} ({run['worst_fixed']}) |"
+        )
 
 
 MODEL_TOML = """\
@@ -134,6 +150,9 @@ def real_run(args: argparse.Namespace, size: int, wait: float, batching: str) ->
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rate", type=float, default=1100.0)
+    ap.add_argument(
+        "--rates", help="comma-separated rates to simulate (default: --rate); the real run uses --rate"
+    )
     ap.add_argument("--cv", type=float, default=3.0)
     ap.add_argument("--latency-ms", type=float, default=100.0)
     ap.add_argument("--base-ms", type=float, default=20.0)
@@ -149,17 +168,11 @@ def main() -> int:
     if args.fixed:
         size, wait = args.fixed.split("x")
     else:
-        sim = results["sim"] = sim_part(args)
-        best = sim["best_fixed"]
-        size, wait = best.split("x")
-        print(
-            f"| simulated, gamma CV {args.cv:g} at {args.rate:g} req/s | goodput (<= {args.latency_ms:g} ms)/s |"
-        )
-        print("|---|---|")
-        print(
-            f"| best fixed ({size} x {wait} ms, of {len(sim['grid'])}) | {sim['grid'][best]['goodput_rps']} |"
-        )
-        print(f"| SLO policy (hard cap {args.hard_cap}) | {sim['slo']['goodput_rps']} |")
+        rates = [float(r) for r in args.rates.split(",")] if args.rates else [args.rate]
+        runs = results["sim"] = [sim_part(args, rate) for rate in rates]
+        print_sim(args, runs)
+        at_rate = [r for r in runs if r["rate"] == args.rate] or runs  # the real run's rate, if simulated
+        size, wait = at_rate[0]["best_fixed"].split("x")
     if not args.sim_only:
         results["real"] = {
             "fixed": real_run(args, int(size), float(wait), "fixed"),

@@ -75,7 +75,7 @@ class Dispatcher:
                 return None  # stage only all-interactive batches: interactive work never waits behind bulk
             due = [w for w in staging if times[w.worker_id] <= now]
             worker = self.routing.choose(idle if decision.idle else due)
-            items, expired = self._cut_for(worker, decision.size, now)
+            items, expired = self._cut_for(worker, decision.size, now, decision.since)
             self._expire_cut(expired, now)
             self._send(worker, items, now)
 
@@ -87,7 +87,7 @@ class Dispatcher:
         report_demand(self.state.workers, len(queue) + len(self.state.isolation), age_s)
 
     def _cut_for(
-        self, worker: WorkerConnection, size: int, now: float
+        self, worker: WorkerConnection, size: int, now: float, since: float | None
     ) -> tuple[list[QueuedItem], list[QueuedItem]]:
         """Interactive items first, then bulk, up to the mix policy's cap (batching/mix.py)."""
         queue = self.state.queue
@@ -105,7 +105,7 @@ class Dispatcher:
                 )
             )
             size = min(size, cap)
-        return queue.cut(size, now)
+        return queue.cut(size, now, since)
 
     def _stage_time(self, worker: WorkerConnection) -> float:
         """When the busy worker's staging slot may be filled: near the expected end of its running batch."""

@@ -86,7 +86,7 @@ class ModelRuntime:
         self._dispatcher = Dispatcher(
             state,
             routing,
-            batch_policy(config, state.estimator, lambda: self.enqueued_total),
+            batch_policy(config, state.estimator, lambda: self.enqueued_total, state.queue.times_since),
             MixPolicy(config.max_batch_size, config.mixed_batch_cost_ratio),
         )
         self._delivery = Delivery(

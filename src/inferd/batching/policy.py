@@ -23,12 +23,15 @@ from typing import Protocol
 
 @dataclass(frozen=True, slots=True)
 class CutDecision:
-    """`size` > 0: cut that many items now (for an idle worker if `idle`, else for a staging slot).
-    `size` == 0: cut nothing; re-decide at `wake_at` (if set) or on the next event."""
+    """`size` > 0: cut that many items now (for an idle worker if `idle`, else for a staging slot); if
+    `since` is set (SLO batching), the items enqueued at or after it go first, oldest first, and only then
+    the older ones, which can no longer meet the SLO. `size` == 0: cut nothing; re-decide at `wake_at` (if
+    set) or on the next event."""
 
     size: int
     idle: bool = True
     wake_at: float | None = None
+    since: float | None = None
 
 
 NOTHING = CutDecision(0)

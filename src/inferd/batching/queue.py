@@ -5,7 +5,8 @@ O(1). The physical deques are compacted when dead entries pile up, so they stay 
 
 Inside a priority class each tenant has its own FIFO lane; the cut serves the lanes in weighted fair
 order and a full queue makes room for a tenant within its share (batching/fairness.py). Without tenants
-there is one lane per class: plain FIFO.
+there is one lane per class: plain FIFO. A cut with `since` (SLO batching only) takes the items enqueued
+at or after it first, from the lanes' tails, and unlinks them there.
 """
 
 from __future__ import annotations
@@ -136,6 +137,61 @@ class _Lanes:
                     self.order.charge(name)
             self.dropped(item)
 
+    def take_since(
+        self, size: int, now: float, since: float, batch: list[QueuedItem], expired: list[QueuedItem]
+    ) -> None:
+        """As `take`, from the items enqueued at or after `since` only (`fresh`); older ones stay queued."""
+        fresh = {name: deque(items) for name, items in self.fresh(since).items() if items}
+        taken: dict[str, int] = {}
+        while fresh and len(batch) < size:
+            name = next(iter(fresh)) if len(fresh) == 1 else min(fresh, key=self.order.pass_of)
+            item = fresh[name].popleft()
+            if not fresh[name]:
+                del fresh[name]
+            if item.deadline is not None and item.deadline <= now:
+                item.state = ItemState.EXPIRED
+                expired.append(item)
+            else:
+                item.state = ItemState.RUNNING
+                batch.append(item)
+                if len(self.held) > 1:
+                    self.order.charge(name)
+            taken[name] = taken.get(name, 0) + 1
+            self.dropped(item)
+        for name, count in taken.items():
+            self._unlink(name, count)
+
+    def _unlink(self, name: str, count: int) -> None:
+        """Remove the `count` items just taken from the tail part of the lane (a retry may put them back
+        at the head later: the lane must not hold them twice)."""
+        lane = self.lanes.get(name)
+        if lane is None:  # the tenant has nothing left: the lane went with its last item
+            return
+        kept: list[QueuedItem] = []
+        while count and lane:
+            item = lane.pop()
+            if item.state is ItemState.QUEUED:
+                kept.append(item)
+            elif item.state is ItemState.RUNNING or item.state is ItemState.EXPIRED:
+                count -= 1  # one of the items taken (dead entries are dropped on the way)
+        lane.extend(reversed(kept))
+
+    def fresh(self, since: float) -> dict[str, list[QueuedItem]]:
+        """Per tenant, its live items enqueued at or after `since`, oldest first: the lane's tail back to
+        the first live item enqueued before `since` (items put back at the head are never fresh)."""
+        out: dict[str, list[QueuedItem]] = {}
+        for name, lane in self.lanes.items():
+            items: list[QueuedItem] = []
+            for item in reversed(lane):
+                if item.state is not ItemState.QUEUED:
+                    continue
+                if item.enqueued_at < since:
+                    break
+                items.append(item)
+            items.reverse()
+            out[name] = items
+        return out
+
     def newest(self, name: str, count: int) -> list[QueuedItem]:
         """Take out the newest `count` live items of tenant `name`, and the rest of the last one's
         request (the request fails as a whole: its other items would only run for nobody)."""
@@ -256,14 +312,26 @@ class RequestQueue:
             lanes.compact()
         return True
 
-    def cut(self, size: int, now: float) -> tuple[list[QueuedItem], list[QueuedItem]]:
+    def cut(
+        self, size: int, now: float, since: float | None = None
+    ) -> tuple[list[QueuedItem], list[QueuedItem]]:
         """Take up to `size` live items, interactive first, each class in fair order. Items whose deadline
-        has passed are taken out too, into the second list, so they never occupy a batch slot."""
+        has passed are taken out too, into the second list, so they never occupy a batch slot. `since`
+        (SLO batching): the items enqueued at or after it first, oldest first, then the oldest others."""
         batch: list[QueuedItem] = []
         expired: list[QueuedItem] = []
+        if since is not None:
+            for lanes in self._classes:
+                lanes.take_since(size, now, since, batch, expired)
         for lanes in self._classes:
             lanes.take(size, now, batch, expired)
         return batch, expired
+
+    def times_since(self, since: float) -> list[float]:
+        """When the live items that a cut with `since` would choose from were enqueued, oldest first."""
+        times = [i.enqueued_at for c in self._classes for items in c.fresh(since).values() for i in items]
+        times.sort()
+        return times
 
     def drain_all(self) -> list[QueuedItem]:
         """Take out every live item (shutdown, model unavailable)."""
