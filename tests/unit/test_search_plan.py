@@ -48,7 +48,7 @@ def test_one_shard_size_is_costed_step_by_step() -> None:
     assert c.call_ms == pytest.approx(0.7 + c.lexical_ms + c.dense_ms, abs=2e-3)
     assert c.shards == 100
     assert c.replicas_per_shard == math.ceil(1e4 * c.call_ms / 1000 * 1.3)
-    shard_bytes = 100 * 2**20 + n * (2000 + 4 * 384)
+    shard_bytes = 100 * 2**20 + n * 2000  # the profile's bytes a document, at its own dim
     assert c.shard_gib == pytest.approx(shard_bytes / 2**30, abs=0.01)
     assert c.replicas_per_host == min(32, math.floor(100 * 0.7 / c.shard_gib))
     assert c.replica_hosts == math.ceil(c.replica_processes / c.replicas_per_host)
@@ -93,10 +93,26 @@ def test_cheaper_postings_make_larger_shards_pay() -> None:
     assert cheap.hosts < costly.hosts
 
 
-def test_a_fixed_shard_size_is_used_as_given() -> None:
-    plan = plan_search(profile(), SearchTargets(1e9, 1e5, docs_per_shard=2_000_000))
+def test_a_fixed_shard_size_and_ef_are_used_as_given() -> None:
+    plan = plan_search(profile(), SearchTargets(1e9, 1e5, docs_per_shard=2_000_000, ef_search=64))
     assert [c.docs_per_shard for c in plan.considered] == [2_000_000]
-    assert plan.chosen.shards == 500
+    assert (plan.chosen.shards, plan.chosen.ef_search) == (500, 64)
+    with pytest.raises(ConfigError, match="not profiled"):
+        plan_search(profile(), SearchTargets(1e9, 1e5, ef_search=100))
+
+
+def test_a_larger_dim_costs_four_bytes_a_dimension_and_proportional_dense_time() -> None:
+    costs = ShardCosts(profile(), "test")
+    assert costs.bytes_per_doc(768) - costs.bytes_per_doc(384) == 4 * 384
+    assert costs.dense_ms(1e6, 32, 768) == pytest.approx(2 * costs.dense_ms(1e6, 32, 384))
+
+
+def test_a_cost_that_falls_with_size_is_held_at_its_largest_measurement() -> None:
+    from inferd.search.shard_profile import cost_fit
+
+    assert cost_fit([1.0, 2.0], [300.0, 200.0]) == (300.0, 0.0)
+    a, b = cost_fit([1.0, 2.0], [100.0, 200.0])
+    assert (round(a), round(b)) == (0, 100)
 
 
 def test_an_http_bench_report_is_not_a_shard_profile() -> None:

@@ -208,6 +208,9 @@ def plan_search_cmd(
     docs_per_shard: Annotated[
         int | None, typer.Option(help="Fix the shard size (default: the one needing fewest hosts).")
     ] = None,
+    ef_search: Annotated[
+        int | None, typer.Option(help="Fix HNSW ef_search (a profiled one; default: from the recall fit).")
+    ] = None,
     max_call_ms: Annotated[
         float, typer.Option(help="Longest CPU time (service time) of one shard call.")
     ] = 100.0,
@@ -222,7 +225,7 @@ def plan_search_cmd(
 
     targets = SearchTargets(
         docs, qps, dim, recall, mode, host_memory_gib, host_cores, max_call_ms=max_call_ms,
-        docs_per_shard=docs_per_shard,
+        docs_per_shard=docs_per_shard, ef_search=ef_search,
     )  # fmt: skip
     try:
         data, name = load_profile(profile)

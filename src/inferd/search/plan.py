@@ -8,7 +8,8 @@ holds) the arithmetic is (docs/search-capacity.md explains each step):
   call CPU (ms) = per-call overhead (worker protocol, from the HTTP runs)
                   + lexical a + b n  (hybrid, lexical)  + dense a + b ln n at ef (hybrid, dense),
                   dense scaled by dim / profiled dim
-  shard memory  = a + b n bytes (the profile's resident memory per document, vectors at the wanted dim)
+  shard memory  = a + b n bytes (the profile's resident memory per document; 4 bytes a dimension more or
+                  less when the wanted dim differs from the profiled one)
   shards        = ceil(docs / n)
   replicas      = max(2, ceil(qps x call CPU x (1 + headroom)))   a replica searches one query at a time on
                   one core, and every search visits every shard
@@ -51,6 +52,8 @@ class SearchTargets:
     max_call_ms: float = 100.0
     docs_per_shard: int | None = None
     """Fix the shard size instead of choosing it."""
+    ef_search: int | None = None
+    """Fix ef_search (one the profile measured) instead of choosing it from the recall fit."""
 
 
 @dataclass(frozen=True)
@@ -98,7 +101,8 @@ class ShardCosts:
         return min(1.0, f["a"] + f["b_per_ln_doc"] * math.log(at))
 
     def bytes_per_doc(self, dim: int) -> float:
-        return self.profile["fit"]["memory_bytes"]["b_per_doc"] + 4 * dim
+        """Measured at the profile's dim; a float32 vector more or less per dimension of difference."""
+        return self.profile["fit"]["memory_bytes"]["b_per_doc"] + 4 * (dim - self.spec["dim"])
 
     def shard_bytes(self, n: float, dim: int) -> float:
         return self.profile["fit"]["memory_bytes"]["a"] + n * self.bytes_per_doc(dim)
@@ -175,7 +179,7 @@ def candidate_dict(c: Candidate) -> dict[str, Any]:
 
 def candidate(costs: ShardCosts, t: SearchTargets, n: int) -> Candidate | None:
     """The fleet at n documents per shard; None when one shard does not fit a host."""
-    ef = next((ef for ef in costs.efs if costs.recall(n, ef) >= t.recall), costs.efs[-1])
+    ef = t.ef_search or next((ef for ef in costs.efs if costs.recall(n, ef) >= t.recall), costs.efs[-1])
     lexical = costs.lexical_ms(n) if t.mode in ("hybrid", "lexical") else 0.0
     dense = costs.dense_ms(n, ef, t.dim) if t.mode in ("hybrid", "dense") else 0.0
     call_ms = costs.http("call_overhead_cpu_ms") + lexical + dense
@@ -217,6 +221,8 @@ def sizes(t: SearchTargets, smallest: int) -> list[int]:
 
 def plan_search(profile: dict[str, Any], targets: SearchTargets, profile_name: str = "") -> SearchPlan:
     costs = ShardCosts.from_profile(profile, profile_name)
+    if targets.ef_search is not None and targets.ef_search not in costs.efs:
+        raise ConfigError(f"ef_search {targets.ef_search} was not profiled; profiled: {costs.efs}")
     if targets.mode not in ("hybrid", "lexical", "dense"):
         raise ConfigError(f"mode must be hybrid, lexical or dense, not {targets.mode!r}")
     considered = [c for n in sizes(targets, min(costs.spec["sizes"])) if (c := candidate(costs, targets, n))]
@@ -238,7 +244,7 @@ def reasoning(costs: ShardCosts, t: SearchTargets, c: Candidate, considered: lis
         f"profile {costs.name}: shards of {', '.join(f'{n:,}' for n in s['sizes'])} synthetic documents built "
         f"in process ({costs.profile.get('measured_on', '?')}), dim {s['dim']}, HNSW m {s['hnsw_m']} / "
         f"ef_construction {s['ef_construction']}; fits: lexical {lex['a']:.0f} + {lex['b_per_doc'] * 1e3:.4f} "
-        f"x docs/1000 us, memory {mem['a'] / 2**20:.0f} MiB + {mem['b_per_doc']:.0f} B x docs (+ 4 x dim)",
+        f"x docs/1000 us, memory {mem['a'] / 2**20:.0f} MiB + {mem['b_per_doc']:.0f} B x docs",
         f"shard size: {len(considered)} sizes tried, {considered[0].docs_per_shard:,} to "
         f"{considered[-1].docs_per_shard:,} documents; the fewest hosts (call CPU <= {t.max_call_ms:g} ms) at "
         f"{c.docs_per_shard:,} documents a shard"
@@ -246,7 +252,7 @@ def reasoning(costs: ShardCosts, t: SearchTargets, c: Candidate, considered: lis
         f"ef_search {c.ef_search}: recall@10 {dense['recall@10']['a']:.3f} + {dense['recall@10']['b_per_ln_doc']:.4f}"
         f" x ln({c.docs_per_shard:,}) = {c.recall} >= {t.recall}"
         if c.recall >= t.recall
-        else f"ef_search {c.ef_search}: the largest profiled; its fitted recall@10 {c.recall} misses {t.recall}",
+        else f"ef_search {c.ef_search}: its fitted recall@10 {c.recall} misses {t.recall}",
         f"call CPU = {costs.http('call_overhead_cpu_ms')} ms overhead + {c.lexical_ms} ms lexical + {c.dense_ms} "
         f"ms dense (HNSW {dense['cpu_us']['a']:.0f} + {dense['cpu_us']['b_per_ln_doc']:.1f} x ln n us at dim "
         f"{s['dim']}, x {t.dim}/{s['dim']}) = {c.call_ms} ms ({t.mode})",
@@ -263,6 +269,13 @@ def reasoning(costs: ShardCosts, t: SearchTargets, c: Candidate, considered: lis
         f"total: {c.hosts:,} hosts of {t.host_cores} cores / {t.host_memory_gib:g} GiB, {c.cores:,} cores, "
         f"{c.memory_gib / 1024:,.1f} TiB of replica memory (one index copy per replica process)",
     ]
+    if c.docs_per_shard > costs.largest and dense["recall@10"]["b_per_ln_doc"] >= 0:
+        steps.insert(
+            3,
+            f"caution: recall was measured up to {costs.largest:,} documents and did not fall there; the plan "
+            f"assumes it holds at {c.docs_per_shard:,}. It need not: benchmarks/search_ann.py at 1M vectors "
+            "(dim 128, M 16) needed ef_search 128 for 0.956 (docs/search.md); pass --ef-search to plan for more",
+        )
     return steps
 
 

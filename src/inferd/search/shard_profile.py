@@ -13,7 +13,9 @@ size), it measures on one thread (faiss.omp_set_num_threads(1)):
 - the process's resident memory, whose slope over the sizes is the memory per document.
 
 `fit` then fits how each cost grows with the documents per shard: lexical a + b n (postings of the query
-terms grow with n), dense a + b ln n (HNSW visits ~ ef log n nodes), memory a + b n, recall a + b ln n.
+terms grow with n), dense a + b ln n (HNSW visits ~ ef log n nodes), memory a + b n (less the profile's
+own copy of the vectors, 4 x dim bytes a document, kept for the exact answers), recall a + b ln n. A cost
+fit that falls with n (noise) is replaced by the largest measured cost.
 """
 
 from __future__ import annotations
@@ -217,14 +219,21 @@ def linear_fit(x: list[float], y: list[float]) -> tuple[float, float]:
     return float(a), float(b)
 
 
+def cost_fit(x: list[float], y: list[float]) -> tuple[float, float]:
+    """linear_fit, but a cost does not fall as a shard grows: a falling fit (noise on a shared machine)
+    becomes the largest measured cost, constant."""
+    a, b = linear_fit(x, y)
+    return (a, b) if b >= 0 else (max(y), 0.0)
+
+
 def fit(spec: ShardProfileSpec, rows: list[SizeRow]) -> dict[str, Any]:
     n = [float(r.docs) for r in rows]
     ln = [math.log(x) for x in n]
-    lex_a, lex_b = linear_fit(n, [r.lexical_cpu_us for r in rows])
-    mem_a, mem_b = linear_fit(n, [float(r.rss_bytes) for r in rows])
+    lex_a, lex_b = cost_fit(n, [r.lexical_cpu_us for r in rows])
+    mem_a, mem_b = cost_fit(n, [float(r.rss_bytes) for r in rows])
     dense: dict[str, Any] = {}
     for ef in spec.ef_search:
-        cpu_a, cpu_b = linear_fit(ln, [r.dense[ef]["cpu_us"] for r in rows])
+        cpu_a, cpu_b = cost_fit(ln, [r.dense[ef]["cpu_us"] for r in rows])
         rec_a, rec_b = linear_fit(ln, [r.dense[ef]["recall@10"] for r in rows])
         dense[str(ef)] = {
             "cpu_us": {"a": round(cpu_a, 2), "b_per_ln_doc": round(cpu_b, 3)},
