@@ -14,10 +14,16 @@ from inferd.search.shard_profile import SCHEMA, ShardProfileSpec, profile_shards
 
 def profile(lexical_b: float = 0.01, recall_b: float = -0.01) -> dict:
     """Costs in us: lexical 50 + lexical_b x n; dense at ef 32 / 64: 100 / 200 + 10 / 20 x ln n;
-    recall 1.0 / 1.1 + recall_b x ln n; memory 100 MiB + 2,000 B a document (+ 4 x dim)."""
+    recall 1.0 / 1.05 + recall_b x ln n (and measured so at 10,000 and 100,000); memory 100 MiB + 2,000 B a document (+ 4 x dim)."""
+    fitted = {"32": 1.0, "64": 1.05}
+    rows = [
+        {"docs": n, "dense": {ef: {"recall@10": a + recall_b * math.log(n)} for ef, a in fitted.items()}}
+        for n in (10_000, 100_000)
+    ]
     return {
         "schema": SCHEMA,
         "spec": {"sizes": [10_000, 100_000], "dim": 384, "hnsw_m": 16, "ef_construction": 100},
+        "rows": rows,
         "fit": {
             "lexical_cpu_us": {"a": 50.0, "b_per_doc": lexical_b},
             "dense": {
@@ -27,7 +33,7 @@ def profile(lexical_b: float = 0.01, recall_b: float = -0.01) -> dict:
                 },
                 "64": {
                     "cpu_us": {"a": 200.0, "b_per_ln_doc": 20.0},
-                    "recall@10": {"a": 1.1, "b_per_ln_doc": recall_b},
+                    "recall@10": {"a": 1.05, "b_per_ln_doc": recall_b},
                 },
             },
             "memory_bytes": {"a": 100 * 2**20, "b_per_doc": 2000.0},
@@ -65,12 +71,14 @@ def test_a_higher_recall_takes_a_larger_ef_and_costs_more() -> None:
     assert high.dense_ms > low.dense_ms
 
 
-def test_a_recall_fit_that_rises_with_size_gets_no_credit_beyond_the_profile() -> None:
-    rising = profile(recall_b=0.01)
-    rising["fit"]["dense"]["32"]["recall@10"]["a"] = 0.8
-    costs = ShardCosts(rising, "test")
-    assert costs.recall(1e9, 32) == pytest.approx(costs.recall(100_000, 32))
-    assert costs.recall(1e4, 32) < costs.recall(1e5, 32)
+def test_recall_is_interpolated_inside_the_profile_and_never_rises_beyond_it() -> None:
+    costs = ShardCosts(profile(recall_b=-0.01), "test")
+    between = 1.0 - 0.01 * math.log(30_000)
+    assert costs.recall(30_000, 32) == pytest.approx(between)
+    assert costs.recall(1e7, 32) == pytest.approx(1.0 - 0.01 * math.log(1e7))  # the fit, falling
+    rising = profile(recall_b=0.001)
+    rising["fit"]["dense"]["32"]["recall@10"] = {"a": 0.5, "b_per_ln_doc": 0.1}  # a hand-made rising fit
+    assert ShardCosts(rising, "test").recall(1e9, 32) == pytest.approx(1.0 + 0.001 * math.log(100_000))
 
 
 def test_the_plan_is_the_candidate_with_fewest_hosts_and_a_shard_that_fits_a_host() -> None:
@@ -79,7 +87,7 @@ def test_the_plan_is_the_candidate_with_fewest_hosts_and_a_shard_that_fits_a_hos
     assert plan.chosen.hosts == min(c.hosts for c in plan.considered if c.call_ms <= t.max_call_ms)
     for c in plan.considered:  # every considered shard fits one host
         assert c.shard_gib <= 256 * 0.7
-    assert all(c.docs_per_shard < 1e9 for c in plan.considered)  # 1e9 documents do not fit 256 GiB
+    assert max(c.docs_per_shard for c in plan.considered) == 10 * 100_000  # 10x the largest profiled
     report = plan.report()
     assert report.resources.cores == plan.chosen.replica_processes + plan.chosen.frontend_cores
     assert len(report.reasoning) >= 8
@@ -111,6 +119,7 @@ def test_a_cost_that_falls_with_size_is_held_at_its_largest_measurement() -> Non
     from inferd.search.shard_profile import cost_fit
 
     assert cost_fit([1.0, 2.0], [300.0, 200.0]) == (300.0, 0.0)
+    assert cost_fit([1.0, 2.0], [300.0, 200.0], through_zero=True) == (0.0, 300.0)
     a, b = cost_fit([1.0, 2.0], [100.0, 200.0])
     assert (round(a), round(b)) == (0, 100)
 

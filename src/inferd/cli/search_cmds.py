@@ -211,6 +211,9 @@ def plan_search_cmd(
     ef_search: Annotated[
         int | None, typer.Option(help="Fix HNSW ef_search (a profiled one; default: from the recall fit).")
     ] = None,
+    max_extrapolation: Annotated[
+        float, typer.Option(help="Consider shards up to this many times the largest profiled one.")
+    ] = 10.0,
     max_call_ms: Annotated[
         float, typer.Option(help="Longest CPU time (service time) of one shard call.")
     ] = 100.0,
@@ -225,7 +228,7 @@ def plan_search_cmd(
 
     targets = SearchTargets(
         docs, qps, dim, recall, mode, host_memory_gib, host_cores, max_call_ms=max_call_ms,
-        docs_per_shard=docs_per_shard, ef_search=ef_search,
+        docs_per_shard=docs_per_shard, ef_search=ef_search, max_extrapolation=max_extrapolation,
     )  # fmt: skip
     try:
         data, name = load_profile(profile)

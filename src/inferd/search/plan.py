@@ -4,7 +4,9 @@ realistic size (search/shard_profile.py; the bundled one is search/profiles/shar
 For each candidate shard size n (documents per shard; a geometric grid up to what one host's memory
 holds) the arithmetic is (docs/search-capacity.md explains each step):
 
-  ef_search     = the smallest profiled ef whose recall@10, fitted as a + b ln n, reaches the target at n
+  n             <= max_extrapolation (10) x the largest profiled shard
+  ef_search     = the smallest profiled ef whose recall@10 reaches the target at n (interpolated between the
+                  profiled sizes; beyond them a + b ln n through the two largest)
   call CPU (ms) = per-call overhead (worker protocol, from the HTTP runs)
                   + lexical a + b n  (hybrid, lexical)  + dense a + b ln n at ef (hybrid, dense),
                   dense scaled by dim / profiled dim
@@ -30,6 +32,8 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from inferd.config import ConfigError
 from inferd.fleetsim.plan_schema import PlanReport, Resources
 from inferd.search.shard_profile import SCHEMA as PROFILE_SCHEMA
@@ -54,6 +58,8 @@ class SearchTargets:
     """Fix the shard size instead of choosing it."""
     ef_search: int | None = None
     """Fix ef_search (one the profile measured) instead of choosing it from the recall fit."""
+    max_extrapolation: float = 10.0
+    """Shards of at most this many times the largest profiled one are considered."""
 
 
 @dataclass(frozen=True)
@@ -93,12 +99,15 @@ class ShardCosts:
         return max(0.0, f["a"] + f["b_per_ln_doc"] * math.log(n)) / 1000 * dim / self.spec["dim"]
 
     def recall(self, n: float, ef: int) -> float:
-        """Fitted recall at n; never above the fit at the largest profiled size (recall falls with n at a
-        fixed ef on real data: a fit that rises, as on a mixture whose clusters are still filling, gets
-        no credit beyond what was measured)."""
+        """Recall@10 at n documents a shard: interpolated (in ln n) between the profiled sizes, and beyond
+        the largest one the fit through the two largest, never above the largest's measurement (recall
+        falls with n at a fixed ef on real data; on a mixture it can rise while its clusters fill)."""
+        rows = sorted(self.profile["rows"], key=lambda r: r["docs"])
+        measured = [float(r["dense"][str(ef)]["recall@10"]) for r in rows]
+        if n <= rows[-1]["docs"]:
+            return float(np.interp(math.log(n), [math.log(r["docs"]) for r in rows], measured))
         f = self.profile["fit"]["dense"][str(ef)]["recall@10"]
-        at = min(n, self.largest) if f["b_per_ln_doc"] > 0 else n
-        return min(1.0, f["a"] + f["b_per_ln_doc"] * math.log(at))
+        return min(measured[-1], f["a"] + f["b_per_ln_doc"] * math.log(n))
 
     def bytes_per_doc(self, dim: int) -> float:
         """Measured at the profile's dim; a float32 vector more or less per dimension of difference."""
@@ -210,11 +219,12 @@ def candidate(costs: ShardCosts, t: SearchTargets, n: int) -> Candidate | None:
     )
 
 
-def sizes(t: SearchTargets, smallest: int) -> list[int]:
-    """Candidate documents per shard: ~8 a decade from `smallest` to the whole corpus."""
+def sizes(t: SearchTargets, smallest: int, largest: int) -> list[int]:
+    """Candidate documents per shard: ~8 a decade from `smallest` to the whole corpus or
+    max_extrapolation x the largest profiled size, whichever is less."""
     if t.docs_per_shard is not None:
         return [t.docs_per_shard]
-    top = max(smallest, int(t.docs))
+    top = max(smallest, min(int(t.docs), int(largest * t.max_extrapolation)))
     steps = int(math.log10(top / smallest) * 8) + 1
     return sorted({int(float(f"{smallest * 10 ** (i / 8):.2g}")) for i in range(steps)} | {top})
 
@@ -225,7 +235,11 @@ def plan_search(profile: dict[str, Any], targets: SearchTargets, profile_name: s
         raise ConfigError(f"ef_search {targets.ef_search} was not profiled; profiled: {costs.efs}")
     if targets.mode not in ("hybrid", "lexical", "dense"):
         raise ConfigError(f"mode must be hybrid, lexical or dense, not {targets.mode!r}")
-    considered = [c for n in sizes(targets, min(costs.spec["sizes"])) if (c := candidate(costs, targets, n))]
+    considered = [
+        c
+        for n in sizes(targets, min(costs.spec["sizes"]), costs.largest)
+        if (c := candidate(costs, targets, n))
+    ]
     fitting = [c for c in considered if c.call_ms <= targets.max_call_ms] or considered
     if not fitting:
         raise ConfigError(f"no shard of even {min(costs.spec['sizes']):,} documents fits a host's memory")
@@ -269,12 +283,12 @@ def reasoning(costs: ShardCosts, t: SearchTargets, c: Candidate, considered: lis
         f"total: {c.hosts:,} hosts of {t.host_cores} cores / {t.host_memory_gib:g} GiB, {c.cores:,} cores, "
         f"{c.memory_gib / 1024:,.1f} TiB of replica memory (one index copy per replica process)",
     ]
-    if c.docs_per_shard > costs.largest and dense["recall@10"]["b_per_ln_doc"] >= 0:
+    if c.docs_per_shard > costs.largest:
         steps.insert(
             3,
-            f"caution: recall was measured up to {costs.largest:,} documents and did not fall there; the plan "
-            f"assumes it holds at {c.docs_per_shard:,}. It need not: benchmarks/search_ann.py at 1M vectors "
-            "(dim 128, M 16) needed ef_search 128 for 0.956 (docs/search.md); pass --ef-search to plan for more",
+            f"caution: recall was measured up to {costs.largest:,} documents; at {c.docs_per_shard:,} it is "
+            "the fit's extrapolation (benchmarks/search_ann.py at 1M vectors, dim 128, M 16, needed ef_search "
+            "128 for 0.956: docs/search.md); pass --ef-search to plan with a larger one",
         )
     return steps
 

@@ -14,8 +14,10 @@ size), it measures on one thread (faiss.omp_set_num_threads(1)):
 
 `fit` then fits how each cost grows with the documents per shard: lexical a + b n (postings of the query
 terms grow with n), dense a + b ln n (HNSW visits ~ ef log n nodes), memory a + b n (less the profile's
-own copy of the vectors, 4 x dim bytes a document, kept for the exact answers), recall a + b ln n. A cost
-fit that falls with n (noise) is replaced by the largest measured cost.
+own copy of the vectors, 4 x dim bytes a document, kept for the exact answers), recall a + b ln n through
+the two largest sizes (the trend where the plan extrapolates). A cost fit that falls with n (noise) is
+replaced by the largest measured cost (dense: growing from it as ln n), a recall fit that rises by the
+largest size's recall.
 """
 
 from __future__ import annotations
@@ -219,11 +221,22 @@ def linear_fit(x: list[float], y: list[float]) -> tuple[float, float]:
     return float(a), float(b)
 
 
-def cost_fit(x: list[float], y: list[float]) -> tuple[float, float]:
+def cost_fit(x: list[float], y: list[float], through_zero: bool = False) -> tuple[float, float]:
     """linear_fit, but a cost does not fall as a shard grows: a falling fit (noise on a shared machine)
-    becomes the largest measured cost, constant."""
+    becomes the largest measured cost, constant, or with `through_zero` the line from 0 through it (for
+    dense search, whose cost grows as ln n: the largest cost scaled by ln n / ln n of its size)."""
     a, b = linear_fit(x, y)
-    return (a, b) if b >= 0 else (max(y), 0.0)
+    if b >= 0:
+        return a, b
+    top = max(range(len(y)), key=lambda i: y[i])
+    return (0.0, y[top] / x[top]) if through_zero else (y[top], 0.0)
+
+
+def recall_fit(x: list[float], y: list[float]) -> tuple[float, float]:
+    """linear_fit of the recall at the largest sizes; recall does not rise with n at a fixed ef on real
+    data (on a mixture it can while clusters fill), so a rising fit is held at the largest measurement."""
+    a, b = linear_fit(x, y)
+    return (a, b) if b <= 0 else (y[-1], 0.0)
 
 
 def fit(spec: ShardProfileSpec, rows: list[SizeRow]) -> dict[str, Any]:
@@ -233,8 +246,8 @@ def fit(spec: ShardProfileSpec, rows: list[SizeRow]) -> dict[str, Any]:
     mem_a, mem_b = cost_fit(n, [float(r.rss_bytes) for r in rows])
     dense: dict[str, Any] = {}
     for ef in spec.ef_search:
-        cpu_a, cpu_b = cost_fit(ln, [r.dense[ef]["cpu_us"] for r in rows])
-        rec_a, rec_b = linear_fit(ln, [r.dense[ef]["recall@10"] for r in rows])
+        cpu_a, cpu_b = cost_fit(ln, [r.dense[ef]["cpu_us"] for r in rows], through_zero=True)
+        rec_a, rec_b = recall_fit(ln[-2:], [r.dense[ef]["recall@10"] for r in rows[-2:]])
         dense[str(ef)] = {
             "cpu_us": {"a": round(cpu_a, 2), "b_per_ln_doc": round(cpu_b, 3)},
             "recall@10": {"a": round(rec_a, 5), "b_per_ln_doc": round(rec_b, 6)},
