@@ -1,8 +1,8 @@
 """`inferd plan search`: the fleet a search workload needs, from a shard profile measured on shards of
 realistic size (search/shard_profile.py; the bundled one is search/profiles/shards.json).
 
-For each candidate shard size n (documents per shard; a geometric grid up to what one host's memory
-holds) the arithmetic is (docs/search-capacity.md explains each step):
+For each candidate shard size n (documents per shard; a geometric grid, kept where one shard fits a
+host's memory) the arithmetic is (docs/search-capacity.md explains each step):
 
   n             <= max_extrapolation (10) x the largest profiled shard
   ef_search     = the smallest profiled ef whose recall@10 reaches the target at n (interpolated between the
