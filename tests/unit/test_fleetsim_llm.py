@@ -20,7 +20,7 @@ from inferd.fleetsim.llm_profile import LLMProfile, bundled, fit_llm_steps, pois
 from inferd.fleetsim.llm_report import GapHistogram
 from inferd.fleetsim.plan_schema import SCHEMA, search_report
 from inferd.fleetsim.profiles import BatchProfile
-from inferd.search.plan import plan_search
+from inferd.search.plan import SearchTargets, load_profile, plan_search
 
 DEVICE = LLMProfile(
     "test",
@@ -144,8 +144,8 @@ def test_the_planned_rate_meets_every_target_and_the_fleet_is_sized_by_it() -> N
 
 def test_plan_json_has_one_schema_for_llm_and_search() -> None:
     llm = json.loads(plan_llm(bundled(), LLMTargets(1000, 500, 200, 1000, 100), check=False).to_json())
-    profile = {"latency_ms": {"p50": 2.0}, "index_state": {"documents": 10_000, "shards": 1}}
-    search = json.loads(search_report(plan_search(profile, 1e6, 1000, 384, 0.95)).to_json())
+    profile, name = load_profile(None)
+    search = json.loads(search_report(plan_search(profile, SearchTargets(1e6, 1000), name)).to_json())
     keys = {"schema", "kind", "inputs", "resources", "cost", "reasoning", "check", "profile", "details"}
     assert set(llm) == set(search) == keys
     assert llm["schema"] == search["schema"] == SCHEMA

@@ -4,14 +4,12 @@ replica when the first is slow (within the budget), and nothing (not an error) b
 from __future__ import annotations
 
 import asyncio
-import math
 import random
 from types import SimpleNamespace
 
 from inferd.clock import MonotonicClock
 from inferd.errors import WorkerDied, from_wire
 from inferd.search.hedge import HedgePolicy
-from inferd.search.plan import plan_search
 from inferd.search.replicas import Replica, ReplicaChooser, ReplicaPhase
 from inferd.search.scatter import Scatter
 from inferd.worker import protocol as p
@@ -96,17 +94,3 @@ async def test_without_budget_a_hanging_shard_is_left_out_at_the_deadline() -> N
 async def test_a_shard_with_no_replica_answers_nothing_at_once() -> None:
     calls = FakeCalls({})
     assert await ask(scatter(calls)) is None
-
-
-def test_plan_arithmetic_for_a_billion_documents() -> None:
-    profile = {
-        "latency_ms": {"p50": 10.0},
-        "index_state": {"documents": 1_000_000, "shards": 1, "replicas": 1, "settings": {"ef_search": 128}},
-    }
-    plan = plan_search(profile, docs=1e9, qps=1e4, dim=384, recall=0.95, shard_memory_gib=64)
-    assert plan.bytes_per_doc == 384 * 4 + 32 * 2 * 4 + 1024
-    assert plan.docs_per_shard == int(64 * 2**30 * 0.7 // plan.bytes_per_doc)
-    assert plan.shards == -(-1_000_000_000 // plan.docs_per_shard)
-    per_replica = 100.0 / (plan.docs_per_shard / 1_000_000) ** 0.5
-    assert abs(plan.qps_per_replica - per_replica) < 0.01
-    assert plan.replicas_per_shard == max(2, math.ceil(1e4 / plan.qps_per_replica * 1.3))

@@ -90,7 +90,9 @@ def _post_batch(url: str, docs: list[dict[str, Any]]) -> tuple[int, Any]:
 
 
 def bench_search(
-    index: Annotated[str, typer.Argument(help="The index to search.")],
+    index: Annotated[
+        str | None, typer.Argument(help="The index to search (not with --shard-profile).")
+    ] = None,
     url: Url = "http://127.0.0.1:8000",
     queries: Annotated[Path | None, typer.Option(help="Queries, JSON lines {id, text}.")] = None,
     qrels: Annotated[
@@ -121,13 +123,31 @@ def bench_search(
     fresh_queries: Annotated[
         bool, typer.Option(help="Make every search's text unique, so each query is embedded (uncached).")
     ] = False,
-    out: Annotated[
-        Path | None, typer.Option(help="Save the report (the profile `inferd plan search` reads).")
-    ] = None,
+    out: Annotated[Path | None, typer.Option(help="Save the report (JSON).")] = None,
+    shard_profile: Annotated[
+        bool,
+        typer.Option(
+            "--shard-profile",
+            help="Instead: build shards in process at --sizes and measure their per-query CPU and memory "
+            "(the profile `inferd plan search` reads; no server).",
+        ),
+    ] = False,
+    sizes: Annotated[str, typer.Option(help="Documents per profiled shard, comma-separated.")] = (
+        "10000,100000,300000"
+    ),
+    dim: Annotated[int, typer.Option(help="Vector length of the profiled shards.")] = 384,
+    save_profile: Annotated[Path | None, typer.Option(help="Where to save the shard profile.")] = None,
 ) -> None:
-    """Open-loop load and quality (nDCG@10, Recall@100) through the search API; HDR latencies."""
+    """Open-loop load and quality (nDCG@10, Recall@100) through the search API; HDR latencies. With
+    --shard-profile: the per-shard cost profile of `inferd plan search`, measured in process."""
     from inferd.search.bench import BenchSpec, read_qrels, read_queries, run_bench
 
+    if shard_profile:
+        _shard_profile(sizes, dim, save_profile)
+        return
+    if index is None:
+        typer.echo("error: give the INDEX to search (or --shard-profile)", err=True)
+        raise typer.Exit(2)
     if collection is not None:
         queries, qrels = collection / "queries.jsonl", collection / "qrels.jsonl"
     if queries is None:
@@ -156,35 +176,80 @@ def bench_search(
     typer.echo(report)
 
 
+def _shard_profile(sizes: str, dim: int, save_profile: Path | None) -> None:
+    import json
+
+    from inferd.search.shard_profile import ShardProfileSpec, profile_shards
+
+    try:
+        spec = ShardProfileSpec(sizes=tuple(int(float(x)) for x in sizes.split(",")), dim=dim)
+        profile = profile_shards(spec, lambda line: typer.echo(line, err=True))
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from None
+    text = json.dumps(profile, indent=1)
+    if save_profile is not None:
+        save_profile.write_text(text)
+    typer.echo(text)
+
+
 @plan_app.command("search")
 def plan_search_cmd(
-    profile: Annotated[Path, typer.Option(help="A saved `inferd bench-search --out` report.")],
+    profile: Annotated[
+        Path | None,
+        typer.Option(help="A shard profile (inferd bench-search --shard-profile); default: the bundled one."),
+    ] = None,
     docs: Annotated[float, typer.Option(help="Documents to hold, e.g. 1e9.")] = 1e9,
     qps: Annotated[float, typer.Option(help="Searches per second to serve, e.g. 1e6.")] = 1e6,
     dim: Annotated[int, typer.Option(help="Vector length.")] = 384,
     recall: Annotated[float, typer.Option(help="Wanted HNSW recall@10 against exact search.")] = 0.95,
-    shard_memory_gib: Annotated[float, typer.Option(help="Memory of one replica process.")] = 64.0,
-    text_bytes: Annotated[int, typer.Option(help="Stored text and postings per document.")] = 1024,
+    mode: Annotated[str, typer.Option(help="hybrid, lexical or dense.")] = "hybrid",
+    host_memory_gib: Annotated[float, typer.Option(help="Memory of one host.")] = 512.0,
+    host_cores: Annotated[int, typer.Option(min=1, help="Cores of one host.")] = 64,
+    docs_per_shard: Annotated[
+        int | None, typer.Option(help="Fix the shard size (default: the one needing fewest hosts).")
+    ] = None,
+    ef_search: Annotated[
+        int | None, typer.Option(help="Fix HNSW ef_search (a profiled one; default: from the recall fit).")
+    ] = None,
+    max_extrapolation: Annotated[
+        float, typer.Option(help="Consider shards up to this many times the largest profiled one.")
+    ] = 10.0,
+    max_call_ms: Annotated[
+        float, typer.Option(help="Longest CPU time (service time) of one shard call.")
+    ] = 100.0,
     json_output: Annotated[
         bool, typer.Option("--json", help="The plan as JSON (schema inferd.plan/1).")
     ] = False,
 ) -> None:
-    """Shards, replicas and memory for a search workload (the arithmetic: docs/search-capacity.md)."""
-    from inferd.search.plan import load_profile, plan_search
+    """Shard size, shards, replicas, cores, hosts and memory for a search workload, step by step
+    (docs/search-capacity.md)."""
+    from inferd.config import ConfigError
+    from inferd.search.plan import SearchTargets, load_profile, plan_search
 
-    plan = plan_search(
-        load_profile(profile),
-        docs,
-        qps,
-        dim,
-        recall,
-        shard_memory_gib=shard_memory_gib,
-        text_bytes=text_bytes,
-        profile_name=str(profile),
-    )
+    targets = SearchTargets(
+        docs, qps, dim, recall, mode, host_memory_gib, host_cores, max_call_ms=max_call_ms,
+        docs_per_shard=docs_per_shard, ef_search=ef_search, max_extrapolation=max_extrapolation,
+    )  # fmt: skip
+    try:
+        data, name = load_profile(profile)
+        plan = plan_search(data, targets, profile_name=name)
+    except ConfigError as exc:
+        raise typer.BadParameter(str(exc)) from None
+    report = plan.report()
     if json_output:
-        from inferd.fleetsim.plan_schema import search_report
-
-        typer.echo(search_report(plan).to_json())
+        typer.echo(report.to_json())
         return
-    typer.echo(plan.table())
+    c = plan.chosen
+    typer.echo(
+        f"plan search: {docs:g} documents, {qps:g} searches/s ({mode}), dim {dim}, recall@10 >= {recall}"
+    )
+    typer.echo(f"profile: {name}")
+    typer.echo(f"  shards:       {c.shards:,} of {c.docs_per_shard:,} documents ({c.shard_gib} GiB each)")
+    typer.echo(f"  replicas:     {c.replicas_per_shard:,} a shard, {c.replica_processes:,} in all")
+    typer.echo(f"  front end:    {c.frontend_cores:,} cores")
+    typer.echo(f"  cores:        {c.cores:,}")
+    typer.echo(f"  hosts:        {c.hosts:,} ({host_cores} cores, {host_memory_gib:g} GiB each)")
+    typer.echo(f"  memory:       {c.memory_gib / 1024:,.1f} TiB")
+    typer.echo("reasoning:")
+    for i, step in enumerate(report.reasoning, 1):
+        typer.echo(f"  {i}. {step}")

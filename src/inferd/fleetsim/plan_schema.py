@@ -67,25 +67,5 @@ class PlanReport:
 
 
 def search_report(plan: Any) -> PlanReport:
-    """`inferd plan search`'s plan (inferd.search.plan.Plan) in the shared schema."""
-    d = asdict(plan)
-    return PlanReport(
-        kind="search",
-        inputs={"docs": plan.docs, "qps": plan.qps, "dim": plan.dim, "recall": plan.recall},
-        resources=Resources(
-            devices=0,
-            frontends=0,
-            processes=plan.replica_processes,
-            cores=None,
-            memory_gib=round(plan.memory_tib * 1024, 1),
-        ),
-        reasoning=[
-            f"bytes/doc = {plan.bytes_per_doc}; docs/shard = {plan.docs_per_shard:,}; "
-            f"shards = ceil({plan.docs:g} / {plan.docs_per_shard:,}) = {plan.shards}",
-            f"qps/replica = {plan.qps_per_replica}; replicas/shard = {plan.replicas_per_shard}; "
-            f"processes = {plan.shards} x {plan.replicas_per_shard} = {plan.replica_processes}",
-            f"ef_search {plan.ef_search} for recall {plan.recall} (docs/search-capacity.md)",
-        ],
-        profile={"name": plan.profile, "source": "measured: inferd bench-search --out"},
-        details=d,
-    )
+    """`inferd plan search`'s plan (inferd.search.plan.SearchPlan) in the shared schema."""
+    return plan.report()

@@ -12,7 +12,7 @@
    vectors stay cached); `fresh_queries` makes every search's text unique (a token no document holds is
    appended), so each one is embedded: the uncached cost.
 
-The report is JSON; saved with --out it is the profile `inferd plan search` reads.
+The report is JSON (--out saves it). `inferd plan search` reads a shard profile instead (shard_profile.py).
 """
 
 from __future__ import annotations
