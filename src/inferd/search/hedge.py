@@ -5,9 +5,10 @@ replica too (the first answer wins; searches are read-only, so a copy is harmles
 budget that every first request tops up by `ratio` (5%): at most that share of extra shard requests,
 plus a small burst, whatever the latencies do. Until a shard has `min_samples` latencies it hedges after
 `initial_delay_s`. A first request to a replica the chooser marks slow (a probe, search/replicas.py) is
-hedged at once, and may spend the last token: other hedges leave `probe_reserve` tokens for probes, so a
-probe never leaves a search waiting on a slow replica while the budget lasts. (batching/hedging.py decides on whole batches from a fleet cost line and spends the
-shared retry budget; a shard request is one read, so this smaller rule fits it better.)
+hedged at once and may spend the last token: other hedges leave `probe_reserve` tokens for probes, so no
+search waits on a slow replica while the budget lasts. (batching/hedging.py decides on whole batches from
+a fleet cost line and spends the shared retry budget; a shard request is one read, so this smaller rule
+fits it better.)
 """
 
 from __future__ import annotations
