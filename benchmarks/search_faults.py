@@ -98,7 +98,9 @@ def summary(runs: list[dict[str, Any]]) -> list[str]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--url", default="http://127.0.0.1:8747")
     parser.add_argument("--index", default="all-s2r2")
     parser.add_argument("--queries", type=Path, required=True)

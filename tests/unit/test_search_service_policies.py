@@ -4,7 +4,6 @@ the caches, request checks and the sequencer's group commit."""
 from __future__ import annotations
 
 import asyncio
-import math
 import os
 import random
 from pathlib import Path
