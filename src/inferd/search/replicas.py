@@ -19,8 +19,8 @@ LATENCY_DECAY_S = 1.0
 """A replica's latency estimate decays with the time since its last sample (e-fold per second), so a
 replica avoided for being slow is tried again after a while, and a recovered one gets its load back."""
 SLOW_RATIO = 3.0
-"""A replica whose last measured latency is this many times its fastest peer's estimate is slow: it gets
-only probes (see ReplicaChooser) until an answer of its own says otherwise; decay alone never clears it."""
+"""A replica whose latency estimate is this many times its fastest peer's is slow: it gets only probes
+(see ReplicaChooser), and its estimate stops decaying, so only answers of its own can clear it."""
 SLOW_MARGIN_S = 0.002
 """...and at least this much slower (sub-millisecond jitter is not a slow replica)."""
 PROBE_SHARE = 0.01
@@ -62,8 +62,7 @@ class Replica:
 
     def observe(self, latency_s: float, now: float, lower_bound: bool = False) -> None:
         """A read answered after `latency_s`; or, with `lower_bound`, was given up unanswered after that
-        long (it counts only when it raises the estimate). A slow replica's answer is taken whole: it is
-        the one measurement that can clear the verdict."""
+        long (it counts only when it raises the estimate)."""
         current = self.expected_s(now)
         if lower_bound and latency_s <= current:
             return
@@ -119,10 +118,10 @@ class ReplicaChooser:
     avoided even when nothing is in flight); counts how often the two costs tie (whether the load
     signal does anything).
 
-    A replica whose last measured latency is SLOW_RATIO times its fastest peer's estimate is marked slow
-    and left out of the choice: it gets at most PROBE_SHARE of the first requests as probes, one in
+    A replica whose estimate is SLOW_RATIO times its fastest peer's (and SLOW_MARGIN_S more) is marked
+    slow and left out of the choice: it gets at most PROBE_SHARE of the first requests as probes, one in
     flight at a time (a probe is hedged at once, so no search waits on it). Its estimate's decay does
-    not bring it back; an answer of its own does (a probe that answers first)."""
+    not bring it back; answers of its own do (probes that answer first, averaged in)."""
 
     def __init__(self, rng: random.Random | None = None, probe_share: float = PROBE_SHARE) -> None:
         self.rng = rng or random.Random()  # nosec B311  # replica choice, not secrets
