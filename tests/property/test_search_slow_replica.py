@@ -33,7 +33,7 @@ def test_without_the_slow_verdict_the_model_misses_the_target(monkeypatch: pytes
 
 
 def test_a_slowed_replica_gets_few_first_requests_and_its_share_back_after() -> None:
-    model = Model(Scenario(duration_s=24.0))
+    model = Model(Scenario(duration_s=28.0))
     outcome = model.run()
     assert outcome.slow_share < 0.03  # probes (1%) and the calls before it was found slow
     assert outcome.recovered_share > 0.2  # fair share 50%: probes that answer first bring it back

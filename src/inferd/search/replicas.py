@@ -141,7 +141,7 @@ class ReplicaChooser:
         pool = fresh or [max(live, key=lambda r: r.applied_seq)]  # none fresh: the freshest answers
         self.choices += 1
         if len(pool) > 1:
-            pool = self._without_slow(pool, candidates, now, first=not exclude)
+            pool = self._without_slow(pool, candidates, min_seq, now, first=not exclude)
         if len(pool) == 1:
             return pool[0]
         a, b = self.rng.sample(pool, 2)
@@ -152,16 +152,10 @@ class ReplicaChooser:
         return a if cost_a < cost_b else b
 
     def _without_slow(
-        self, pool: list[Replica], candidates: list[Replica], now: float, first: bool
+        self, pool: list[Replica], candidates: list[Replica], min_seq: int, now: float, first: bool
     ) -> list[Replica]:
-        """The pool less its slow replicas (marking them); or a single slow one, as a probe when one is due."""
-        readable = [r for r in candidates if r.readable]
-        best_s = min(r.expected_s(now) for r in readable)
-        for r in readable:
-            slow = r.expected_s(now) > max(SLOW_RATIO * best_s, best_s + SLOW_MARGIN_S)
-            if r.slow and not slow:
-                r.sampled_at = now  # its estimate decays from here, not from its last answer
-            r.slow = slow
+        """The pool less its slow replicas; or a single slow one, as a probe when one is due."""
+        self._judge([r for r in candidates if r.readable and r.applied_seq >= min_seq], now)
         fast = [r for r in pool if not r.slow]
         slow = [r for r in pool if r.slow and r.load == 0]
         if first and slow:
@@ -171,3 +165,17 @@ class ReplicaChooser:
                 self.probes += 1
                 return [self.rng.choice(slow)]
         return fast or pool
+
+    @staticmethod
+    def _judge(peers: list[Replica], now: float) -> None:
+        """Mark each of a shard's fresh replicas slow or not, on their measured (undecayed) estimates:
+        an idle replica's decayed estimate is no yardstick, and one never sampled is not judged."""
+        sampled = [r for r in peers if r.sampled_at > -math.inf]
+        if len(sampled) < 2:
+            return
+        best_s = min(r.latency_s for r in sampled)
+        for r in sampled:
+            slow = r.latency_s > max(SLOW_RATIO * best_s, best_s + SLOW_MARGIN_S)
+            if r.slow and not slow:
+                r.sampled_at = now  # its estimate decays from here, not from its last answer
+            r.slow = slow
