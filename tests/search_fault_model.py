@@ -2,7 +2,7 @@
 
 The very policy objects the front end uses (ReplicaChooser, HedgePolicy, Replica's latency estimate) are
 driven the way search/scatter.py drives them: per shard request, choose a replica, hedge to a second one
-when `HedgePolicy.hedge_delay_s` has passed (within the budget), take the first answer, forget the other
+when `HedgePolicy.delay_s` has passed (within the budget), take the first answer, forget the other
 call (an answered call updates the estimate, an abandoned one is a lower bound). Each replica is one
 worker process: a FIFO server that keeps working on calls the front end has given up on. A search is
 answered when every shard has answered; its latency is the slowest shard's.
