@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from types import SimpleNamespace
 
 from inferd.clock import FakeClock
+from inferd.search import replicas
 from inferd.search.hedge import HedgePolicy
 from inferd.search.replicas import Replica, ReplicaChooser, ReplicaPhase
 from inferd.worker.connection import WorkerState
@@ -264,6 +265,21 @@ def main() -> None:
         print(
             f"{seed:4d}  {base.p99_s * 1e3:17.1f} {base.hedge_share:6.1%}  {slow.p99_s * 1e3:13.1f} {slow.hedge_share:6.1%}"
             f"  {slow.p99_s / base.p99_s:5.2f}  {slow.slow_share:15.1%} {slow.recovered_share:6.1%}"
+        )
+    seeds = range(8)
+    for rate in (100.0, 200.0):
+        base, base_extra = pooled(seeds, slow_factor=1, rate=rate)
+        slow, slow_extra = pooled(seeds, rate=rate)
+        gone, _ = pooled(seeds, slow_factor=1000, rate=rate)
+        ratio, replicas.SLOW_RATIO = replicas.SLOW_RATIO, math.inf
+        try:
+            unjudged, _ = pooled(seeds, rate=rate)
+        finally:
+            replicas.SLOW_RATIO = ratio
+        print(
+            f"{rate:g}/s, 8 seeds pooled: fault-free p99 {base * 1e3:.1f} ms ({base_extra:.1%} hedges); "
+            f"slowed {slow * 1e3:.1f} ({slow / base:.2f}x, {slow_extra:.1%}); slowed 1000x {gone * 1e3:.1f} "
+            f"({gone / base:.2f}x); without the slow verdict {unjudged * 1e3:.1f} ({unjudged / base:.2f}x)"
         )
 
 
