@@ -4,7 +4,6 @@ the caches, request checks and the sequencer's group commit."""
 from __future__ import annotations
 
 import asyncio
-import math
 import os
 import random
 from pathlib import Path
@@ -80,17 +79,39 @@ def test_choice_prefers_fresh_replicas_then_the_lower_load() -> None:
     assert chooser.choose([stale], 9, {stale}) is None
 
 
-def test_choice_avoids_a_slow_replica_then_tries_it_again_once_its_estimate_decays() -> None:
+def test_a_slow_replica_gets_only_probes_until_answers_of_its_own_clear_it() -> None:
     fast, slow = replica(0, 9, load=3), replica(0, 9)
     fast.observe(0.002, now=0.0)
-    slow.observe(0.040, now=0.0)  # idle, but 10x slower: 4 x 2 ms in flight still beats 1 x 40 ms
-    chooser = ReplicaChooser(random.Random(1))
-    assert {chooser.choose([fast, slow], 9, set(), now=0.0) for _ in range(20)} == {fast}
-    fast.observe(0.002, now=4.0)
-    assert chooser.choose([fast, slow], 9, set(), now=4.0) is slow  # 40 ms x e^-4 < 4 x 2 ms: a probe
-    slow.observe(0.001, now=4.0)  # it recovered: the decayed estimate (0.7 ms) rises to its answer
-    assert slow.latency_s == 0.001 and slow.expected_s(4.0) < 0.040 * math.exp(-3)
-    assert chooser.choose([fast, slow], 9, set(), now=4.0) is slow  # and it takes its share again
+    slow.observe(0.040, now=0.0)  # idle, but 20x slower: 4 x 2 ms in flight still beats 1 x 40 ms
+    chooser = ReplicaChooser(random.Random(1), probe_share=0.125)
+    picks = []
+    for step in range(100):  # 10 s: the old decay (e-fold a second) would have brought it back in 3
+        now = step * 0.1
+        fast.observe(0.002, now)
+        picks.append(chooser.choose([fast, slow], 9, set(), now))
+    assert slow.slow and picks.count(slow) == chooser.probes == 12  # probe_share of the first requests
+    slow.pending = {7: None}  # type: ignore[dict-item]  # a probe in flight: no second one
+    assert {chooser.choose([fast, slow], 9, set(), now) for _ in range(30)} == {fast}
+    assert chooser.choose([fast, slow], 9, {fast}, now) is slow  # a failover may still use it
+    slow.pending = {}
+    wins = 0
+    while slow.slow:  # probes that answer as fast as its peer bring its estimate down
+        slow.observe(0.002, now)
+        wins += 1
+        chooser.choose([fast, slow], 9, set(), now)
+    assert 3 <= wins <= 8
+    assert chooser.choose([fast, slow], 9, set(), now) is slow  # and it takes its share again
+
+
+def test_a_probe_is_hedged_at_once_and_may_take_the_last_hedge_token() -> None:
+    fast, slow = replica(0, 9), replica(0, 9)
+    slow.slow = True
+    policy = HedgePolicy(FakeClock(), shards=1, initial_delay_s=0.05, ratio=0.0)
+    assert policy.delay_s(0, slow) == 0.0 and policy.delay_s(0, fast) == 0.05
+    assert policy.try_hedge(fast)  # 2 tokens: an ordinary hedge leaves one for a probe
+    assert not policy.try_hedge(fast)
+    assert policy.try_hedge(slow)
+    assert not policy.try_hedge(slow)
 
 
 def test_a_slower_answer_counts_whole_and_an_unanswered_call_only_raises_the_estimate() -> None:

@@ -4,8 +4,11 @@ A shard's request that has not answered after the shard's observed p95 latency i
 replica too (the first answer wins; searches are read-only, so a copy is harmless). Hedges spend a
 budget that every first request tops up by `ratio` (5%): at most that share of extra shard requests,
 plus a small burst, whatever the latencies do. Until a shard has `min_samples` latencies it hedges after
-`initial_delay_s`. (batching/hedging.py decides on whole batches from a fleet cost line and spends the
-shared retry budget; a shard request is one read, so this smaller rule fits it better.)
+`initial_delay_s`. A first request to a replica the chooser marks slow (a probe, search/replicas.py) is
+hedged at once and may spend the last token: other hedges leave `probe_reserve` tokens for probes, so no
+search waits on a slow replica while the budget lasts. (batching/hedging.py decides on whole batches from
+a fleet cost line and spends the shared retry budget; a shard request is one read, so this smaller rule
+fits it better.)
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from collections import deque
 from dataclasses import dataclass
 
 from inferd.clock import Clock
+from inferd.search.replicas import Replica
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,6 +42,7 @@ class HedgePolicy:
         min_samples: int = 20,
         initial_delay_s: float = 0.05,
         min_delay_s: float = 0.002,
+        probe_reserve: float = 1.0,
     ) -> None:
         self.clock = clock
         self.ratio = ratio
@@ -45,10 +50,11 @@ class HedgePolicy:
         self.min_samples = min_samples
         self.initial_delay_s = initial_delay_s
         self.min_delay_s = min_delay_s
+        self.probe_reserve = probe_reserve
         self._latencies = [deque[float](maxlen=window) for _ in range(shards)]
         self._p95: list[float | None] = [None] * shards
         self._dirty = [False] * shards
-        self._tokens = 1.0
+        self._tokens = 1.0 + probe_reserve
         self.requests = self.hedges = self.denied = 0
 
     def started(self) -> None:
@@ -60,8 +66,11 @@ class HedgePolicy:
         self._latencies[shard].append(latency_s)
         self._dirty[shard] = True
 
-    def delay_s(self, shard: int) -> float:
-        """How long the first request may run before a hedge is worth sending."""
+    def delay_s(self, shard: int, first: Replica | None = None) -> float:
+        """How long the first request (to `first`) may run before a hedge is worth sending: none when it
+        went to a replica the chooser marks slow (a probe), else the shard's p95."""
+        if first is not None and first.slow:
+            return 0.0
         if self._dirty[shard]:
             self._dirty[shard] = False
             samples = sorted(self._latencies[shard])
@@ -71,9 +80,11 @@ class HedgePolicy:
         p95 = self._p95[shard]
         return self.initial_delay_s if p95 is None else max(self.min_delay_s, p95)
 
-    def try_hedge(self) -> bool:
-        """Spend one hedge from the budget; False (counted) when it is spent."""
-        if self._tokens >= 1.0:
+    def try_hedge(self, first: Replica | None = None) -> bool:
+        """Spend one hedge from the budget; False (counted) when it is spent. A hedge of a probe (the
+        first request went to a slow replica) may take the last token; others leave `probe_reserve`."""
+        need = 1.0 if first is not None and first.slow else 1.0 + self.probe_reserve
+        if self._tokens >= need:
             self._tokens -= 1.0
             self.hedges += 1
             return True

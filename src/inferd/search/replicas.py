@@ -18,6 +18,13 @@ LATENCY_WEIGHT = 0.3
 LATENCY_DECAY_S = 1.0
 """A replica's latency estimate decays with the time since its last sample (e-fold per second), so a
 replica avoided for being slow is tried again after a while, and a recovered one gets its load back."""
+SLOW_RATIO = 3.0
+"""A replica whose latency estimate is this many times its fastest peer's is slow: it gets only probes
+(see ReplicaChooser), and its estimate stops decaying, so only answers of its own can clear it."""
+SLOW_MARGIN_S = 0.002
+"""...and at least this much slower (sub-millisecond jitter is not a slow replica)."""
+PROBE_SHARE = 0.01
+"""The share of first requests that may go to slow replicas as probes (one in flight per replica)."""
 
 
 class ReplicaPhase(enum.Enum):
@@ -49,6 +56,9 @@ class Replica:
     latency_s: float = 0.0
     """Peak moving average of its read latency (a slower sample is taken whole, a faster one averaged)."""
     sampled_at: float = -math.inf
+    slow: bool = False
+    """The chooser's verdict (SLOW_RATIO against its peers): only probes go to it, and they are hedged at
+    once (search/hedge.py)."""
 
     def observe(self, latency_s: float, now: float, lower_bound: bool = False) -> None:
         """A read answered after `latency_s`; or, with `lower_bound`, was given up unanswered after that
@@ -60,7 +70,9 @@ class Replica:
         self.sampled_at = now
 
     def expected_s(self, now: float) -> float:
-        """The latency estimate, decayed with the time since its last sample."""
+        """The latency estimate, decayed with the time since its last sample (not while it is slow)."""
+        if self.slow:
+            return self.latency_s
         return self.latency_s * math.exp(-max(0.0, now - self.sampled_at) / LATENCY_DECAY_S)
 
     def cost(self, now: float) -> float:
@@ -104,12 +116,20 @@ class ReplicaChooser:
     """Power of two choices among a shard's readable replicas, preferring fresh ones (applied at least
     `min_seq`), then the lower cost (calls in flight + 1, times the latency estimate: a slow replica is
     avoided even when nothing is in flight); counts how often the two costs tie (whether the load
-    signal does anything)."""
+    signal does anything).
 
-    def __init__(self, rng: random.Random | None = None) -> None:
+    A replica whose estimate is SLOW_RATIO times its fastest peer's (and SLOW_MARGIN_S more) is marked
+    slow and left out of the choice: it gets at most PROBE_SHARE of the first requests as probes, one in
+    flight at a time (a probe is hedged at once, so no search waits on it). Its estimate's decay does
+    not bring it back; answers of its own do (probes that answer first, averaged in)."""
+
+    def __init__(self, rng: random.Random | None = None, probe_share: float = PROBE_SHARE) -> None:
         self.rng = rng or random.Random()  # nosec B311  # replica choice, not secrets
+        self.probe_share = probe_share
         self.choices = 0
         self.ties = 0
+        self.probes = 0
+        self._probe_credit = 0.0
 
     def choose(
         self, candidates: list[Replica], min_seq: int, exclude: set[Replica], now: float = 0.0
@@ -120,6 +140,8 @@ class ReplicaChooser:
         fresh = [r for r in live if r.applied_seq >= min_seq]
         pool = fresh or [max(live, key=lambda r: r.applied_seq)]  # none fresh: the freshest answers
         self.choices += 1
+        if len(pool) > 1:
+            pool = self._without_slow(pool, candidates, min_seq, now, first=not exclude)
         if len(pool) == 1:
             return pool[0]
         a, b = self.rng.sample(pool, 2)
@@ -128,3 +150,32 @@ class ReplicaChooser:
             self.ties += 1
             return a if a.load <= b.load else b
         return a if cost_a < cost_b else b
+
+    def _without_slow(
+        self, pool: list[Replica], candidates: list[Replica], min_seq: int, now: float, first: bool
+    ) -> list[Replica]:
+        """The pool less its slow replicas; or a single slow one, as a probe when one is due."""
+        self._judge([r for r in candidates if r.readable and r.applied_seq >= min_seq], now)
+        fast = [r for r in pool if not r.slow]
+        slow = [r for r in pool if r.slow and r.load == 0]
+        if first and slow:
+            self._probe_credit = min(1.0, self._probe_credit + self.probe_share)
+            if self._probe_credit >= 1.0 or not fast:
+                self._probe_credit = max(0.0, self._probe_credit - 1.0)
+                self.probes += 1
+                return [self.rng.choice(slow)]
+        return fast or pool
+
+    @staticmethod
+    def _judge(peers: list[Replica], now: float) -> None:
+        """Mark each of a shard's fresh replicas slow or not, on their measured (undecayed) estimates:
+        an idle replica's decayed estimate is no yardstick, and one never sampled is not judged."""
+        sampled = [r for r in peers if r.sampled_at > -math.inf]
+        if len(sampled) < 2:
+            return
+        best_s = min(r.latency_s for r in sampled)
+        for r in sampled:
+            slow = r.latency_s > max(SLOW_RATIO * best_s, best_s + SLOW_MARGIN_S)
+            if r.slow and not slow:
+                r.sampled_at = now  # its estimate decays from here, not from its last answer
+            r.slow = slow

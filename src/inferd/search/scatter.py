@@ -84,7 +84,7 @@ class Scatter:
                         return None  # no live replica left to ask
                     if flight:  # a hedge: at most one per shard request, within the budget
                         hedged = True
-                        if replica is not None and not self.hedge.try_hedge():
+                        if replica is not None and not self.hedge.try_hedge(self._first(flight).replica):
                             replica = None
                     elif not tried:
                         self.hedge.started()
@@ -133,14 +133,18 @@ class Scatter:
             raise
         flight[fut] = Flight(replica, call_id, self.clock.now(), span)
 
+    @staticmethod
+    def _first(flight: dict) -> Flight:
+        return min(flight.values(), key=lambda f: f.sent)
+
     def _hedge_due(self, shard: int, flight: dict) -> bool:
-        oldest = min(f.sent for f in flight.values())
-        return self.clock.now() - oldest >= self.hedge.delay_s(shard)
+        first = self._first(flight)
+        return self.clock.now() - first.sent >= self.hedge.delay_s(shard, first.replica)
 
     def _wait_s(self, shard: int, flight: dict, hedged: bool, deadline: float) -> float:
         now = self.clock.now()
         left = deadline - GATHER_MARGIN_S - now
         if hedged or not flight:
             return left
-        oldest = min(f.sent for f in flight.values())
-        return min(left, max(0.0, oldest + self.hedge.delay_s(shard) - now) + 1e-4)
+        first = self._first(flight)
+        return min(left, max(0.0, first.sent + self.hedge.delay_s(shard, first.replica) - now) + 1e-4)
