@@ -26,13 +26,14 @@ from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import aiohttp
 import msgspec
 import numpy as np
 from hdrh.histogram import HdrHistogram
-from yarl import URL
 
+from inferd.search.bench_http import HttpPool
 from inferd.search.quality import Qrels, ndcg_at, recall_at
 
 
@@ -92,7 +93,6 @@ class Answer(msgspec.Struct):
 
 _answer = msgspec.json.Decoder(Answer)
 _body = msgspec.json.Encoder()
-JSON = {"content-type": "application/json"}
 
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:
@@ -171,8 +171,10 @@ async def load(http: aiohttp.ClientSession, base: str, spec: BenchSpec, report: 
     loop = asyncio.get_running_loop()
     start = loop.time()
 
-    url = URL(f"{base}/search")  # parsed once, not per request
+    pool = HttpPool(spec.url)  # the load's own client: kept-alive connections, little CPU per search
+    path = urlsplit(f"{base}/search").path
     bodies = [search_body(text[:4000], spec) for _, text in spec.queries]  # encoded once per query
+    timeout_s = spec.timeout_ms / 1000 + 30
 
     async def one(i: int, at: float) -> None:
         if spec.fresh_queries:
@@ -180,25 +182,28 @@ async def load(http: aiohttp.ClientSession, base: str, spec: BenchSpec, report: 
         else:
             body = bodies[i % len(bodies)]
         try:
-            async with http.post(url, data=body, headers=JSON) as r:
-                raw = await r.read()
-                statuses[str(r.status)] += 1
-        except (aiohttp.ClientError, TimeoutError) as exc:
+            async with asyncio.timeout(timeout_s):
+                status, raw = await pool.post(path, body)
+        except (OSError, TimeoutError) as exc:  # HttpError is an OSError
             statuses[type(exc).__name__] += 1
             return
+        statuses[str(status)] += 1
         histogram.record_value(max(1, int((loop.time() - at) * 1e6)))
-        if r.status != 200:
+        if status != 200:
             return
         answer = _answer.decode(raw)
         report.partial += answer.coverage.answered < answer.coverage.shards
         report.degraded += bool(answer.degraded)
 
-    async with asyncio.TaskGroup() as tg:
-        tg.create_task(faults(base, spec, report, http))
-        for i, offset in enumerate(offsets):
-            at = start + float(offset)
-            await asyncio.sleep(max(0.0, at - loop.time()))
-            tg.create_task(one(i, at))
+    try:
+        async with asyncio.TaskGroup() as tg:
+            tg.create_task(faults(base, spec, report, http))
+            for i, offset in enumerate(offsets):
+                at = start + float(offset)
+                await asyncio.sleep(max(0.0, at - loop.time()))
+                tg.create_task(one(i, at))
+    finally:
+        pool.close()
     elapsed = loop.time() - start
     report.sent = count
     report.statuses = dict(statuses)
