@@ -10,6 +10,7 @@ shared retry budget; a shard request is one read, so this smaller rule fits it b
 
 from __future__ import annotations
 
+import bisect
 from collections import deque
 from dataclasses import dataclass
 
@@ -46,8 +47,9 @@ class HedgePolicy:
         self.initial_delay_s = initial_delay_s
         self.min_delay_s = min_delay_s
         self._latencies = [deque[float](maxlen=window) for _ in range(shards)]
-        self._p95: list[float | None] = [None] * shards
-        self._dirty = [False] * shards
+        self._sorted: list[list[float]] = [[] for _ in range(shards)]
+        """The same window kept in order (bisect per sample, not a sort per p95: a sort of 256 floats
+        per shard call was ~8% of the front end's CPU per search)."""
         self._tokens = 1.0
         self.requests = self.hedges = self.denied = 0
 
@@ -57,18 +59,19 @@ class HedgePolicy:
         self._tokens = min(self.burst, self._tokens + self.ratio)
 
     def observe(self, shard: int, latency_s: float) -> None:
-        self._latencies[shard].append(latency_s)
-        self._dirty[shard] = True
+        window, ordered = self._latencies[shard], self._sorted[shard]
+        if len(window) == window.maxlen:
+            del ordered[bisect.bisect_left(ordered, window[0])]
+        window.append(latency_s)
+        bisect.insort(ordered, latency_s)
+
+    def _p95(self, shard: int) -> float | None:
+        samples = self._sorted[shard]
+        return samples[int(0.95 * (len(samples) - 1))] if len(samples) >= self.min_samples else None
 
     def delay_s(self, shard: int) -> float:
         """How long the first request may run before a hedge is worth sending."""
-        if self._dirty[shard]:
-            self._dirty[shard] = False
-            samples = sorted(self._latencies[shard])
-            self._p95[shard] = (
-                samples[int(0.95 * (len(samples) - 1))] if len(samples) >= self.min_samples else None
-            )
-        p95 = self._p95[shard]
+        p95 = self._p95(shard)
         return self.initial_delay_s if p95 is None else max(self.min_delay_s, p95)
 
     def try_hedge(self) -> bool:
@@ -86,5 +89,5 @@ class HedgePolicy:
             self.hedges,
             self.denied,
             round(self._tokens, 3),
-            tuple(self._p95),
+            tuple(self._p95(s) for s in range(len(self._sorted))),
         )
