@@ -4,8 +4,8 @@ worker/main.py hands the connection here when its model's kind is "search". The 
 shard (ShardAssign): the replica loads the shard's latest snapshot, if any, and says which seq it holds;
 the front end then ships the log entries after it, in seq order (ShardCall "apply"), and sends searches,
 gets and snapshot orders the same way. Calls run one at a time, in arrival order: a search sees every
-entry shipped before it. Short reads (searches and gets whose recent duration is under INLINE_MAX_S) run
-on the event loop as they arrive, when nothing is queued ahead of them: the hand-off to a thread and back
+entry shipped before it. Short reads (searches and gets whose recent CPU time is under INLINE_MAX_S) run
+on the event loop (as they arrive, or as they come up in the queue behind a long call): the hand-off to a thread and back
 cost more CPU than a small shard's search. Everything else runs on the shard's thread, so heartbeats
 keep flowing while the shard works.
 """
@@ -31,7 +31,7 @@ log = logging.getLogger("inferd.search.replica")
 MAX_QUEUED_CALLS = 256
 """Calls read ahead of the one running; past it the socket is not read (the front end bounds its own)."""
 INLINE_MAX_S = 0.005
-"""A read op runs on the event loop while its recent duration stays under this (else on the thread)."""
+"""A read op runs on the event loop while its recent CPU time stays under this (else on the thread)."""
 INLINE_OPS = frozenset({"search", "get"})
 READ_CHUNK = 256 * 1024
 _LEN = struct.Struct(">I")
