@@ -4,10 +4,10 @@ worker/main.py hands the connection here when its model's kind is "search". The 
 shard (ShardAssign): the replica loads the shard's latest snapshot, if any, and says which seq it holds;
 the front end then ships the log entries after it, in seq order (ShardCall "apply"), and sends searches,
 gets and snapshot orders the same way. Calls run one at a time, in arrival order: a search sees every
-entry shipped before it. Short reads (searches and gets whose recent CPU time is under INLINE_MAX_S) run
-on the event loop (as they arrive, or as they come up in the queue behind a long call): the hand-off to a thread and back
-cost more CPU than a small shard's search. Everything else runs on the shard's thread, so heartbeats
-keep flowing while the shard works.
+entry shipped before it. Short reads (searches and gets whose recent CPU time is under INLINE_MAX_S)
+run on the event loop, as they arrive or as they come up in the queue behind a long call: the hand-off
+to a thread and back cost more CPU than a small shard's search. Everything else runs on the shard's
+thread, so heartbeats keep flowing while the shard works.
 """
 
 from __future__ import annotations
