@@ -26,11 +26,14 @@ from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import aiohttp
+import msgspec
 import numpy as np
 from hdrh.histogram import HdrHistogram
 
+from inferd.search.bench_http import HttpPool
 from inferd.search.quality import Qrels, ndcg_at, recall_at
 
 
@@ -76,6 +79,22 @@ class BenchReport:
         return json.dumps(asdict(self), indent=2, sort_keys=True)
 
 
+class Coverage(msgspec.Struct):
+    shards: int = 0
+    answered: int = 0
+
+
+class Answer(msgspec.Struct):
+    """What the load counts of a search's answer (the hits are skipped, not decoded)."""
+
+    coverage: Coverage = msgspec.field(default_factory=Coverage)
+    degraded: list[str] = []
+
+
+_answer = msgspec.json.Decoder(Answer)
+_body = msgspec.json.Encoder()
+
+
 def read_jsonl(path: Path) -> list[dict[str, Any]]:
     with open(path, encoding="utf-8") as f:
         return [json.loads(line) for line in f if line.strip()]
@@ -96,7 +115,8 @@ async def run_bench(spec: BenchSpec) -> BenchReport:
     report = BenchReport(spec.index, spec.mode, spec.rate, spec.duration_s)
     base = f"{spec.url.rstrip('/')}/v1/indexes/{spec.index}"
     timeout = aiohttp.ClientTimeout(total=spec.timeout_ms / 1000 + 30)
-    async with aiohttp.ClientSession(timeout=timeout) as http:
+    # No cookie jar: the API sets none, and every response would be scanned for them.
+    async with aiohttp.ClientSession(timeout=timeout, cookie_jar=aiohttp.DummyCookieJar()) as http:
         await until_applied(http, base)
         if spec.qrels:
             report.quality = await quality(http, base, spec)
@@ -151,31 +171,39 @@ async def load(http: aiohttp.ClientSession, base: str, spec: BenchSpec, report: 
     loop = asyncio.get_running_loop()
     start = loop.time()
 
+    pool = HttpPool(spec.url)  # the load's own client: kept-alive connections, little CPU per search
+    path = urlsplit(f"{base}/search").path
+    bodies = [search_body(text[:4000], spec) for _, text in spec.queries]  # encoded once per query
+    timeout_s = spec.timeout_ms / 1000 + 30
+
     async def one(i: int, at: float) -> None:
-        text = spec.queries[i % len(spec.queries)][1][:4000]
         if spec.fresh_queries:
-            text = f"{text} zqx{i}"
-        body = {"query": text, "k": spec.k, "mode": spec.mode, "timeout_ms": spec.timeout_ms}
-        if not spec.result_cache:
-            body["cache"] = False
+            body = search_body(f"{spec.queries[i % len(spec.queries)][1][:4000]} zqx{i}", spec)
+        else:
+            body = bodies[i % len(bodies)]
         try:
-            async with http.post(f"{base}/search", json=body) as r:
-                answer = await r.json()
-                statuses[str(r.status)] += 1
-        except (aiohttp.ClientError, TimeoutError) as exc:
+            async with asyncio.timeout(timeout_s):
+                status, raw = await pool.post(path, body)
+        except (OSError, TimeoutError) as exc:  # HttpError is an OSError
             statuses[type(exc).__name__] += 1
             return
+        statuses[str(status)] += 1
         histogram.record_value(max(1, int((loop.time() - at) * 1e6)))
-        coverage = answer.get("coverage", {})
-        report.partial += coverage.get("answered", 0) < coverage.get("shards", 0)
-        report.degraded += bool(answer.get("degraded"))
+        if status != 200:
+            return
+        answer = _answer.decode(raw)
+        report.partial += answer.coverage.answered < answer.coverage.shards
+        report.degraded += bool(answer.degraded)
 
-    async with asyncio.TaskGroup() as tg:
-        tg.create_task(faults(base, spec, report, http))
-        for i, offset in enumerate(offsets):
-            at = start + float(offset)
-            await asyncio.sleep(max(0.0, at - loop.time()))
-            tg.create_task(one(i, at))
+    try:
+        async with asyncio.TaskGroup() as tg:
+            tg.create_task(faults(base, spec, report, http))
+            for i, offset in enumerate(offsets):
+                at = start + float(offset)
+                await asyncio.sleep(max(0.0, at - loop.time()))
+                tg.create_task(one(i, at))
+    finally:
+        pool.close()
     elapsed = loop.time() - start
     report.sent = count
     report.statuses = dict(statuses)
@@ -183,6 +211,14 @@ async def load(http: aiohttp.ClientSession, base: str, spec: BenchSpec, report: 
     report.latency_ms = {
         f"p{p:g}": histogram.get_value_at_percentile(p) / 1000 for p in (50, 90, 99, 99.9)
     } | {"max": histogram.get_max_value() / 1000}
+
+
+def search_body(text: str, spec: BenchSpec) -> bytes:
+    """One search's JSON body under load."""
+    body: dict[str, Any] = {"query": text, "k": spec.k, "mode": spec.mode, "timeout_ms": spec.timeout_ms}
+    if not spec.result_cache:
+        body["cache"] = False
+    return _body.encode(body)
 
 
 async def faults(base: str, spec: BenchSpec, report: BenchReport, http: aiohttp.ClientSession) -> None:

@@ -159,7 +159,9 @@ class DenseIndex:
         rows = np.flatnonzero(ok)
         if not len(rows):
             return EMPTY
-        scores = _dot(self._fresh[rows], query[0])
+        # Score every row of the buffer (a view), then pick the live ones: copying the live rows out
+        # first (fancy indexing) moved as many bytes as the product itself.
+        scores = _dot(self._fresh[: self._fresh_rows], query[0])[rows]
         if len(rows) > k:
             top = np.argpartition(-scores, k - 1)[:k]
             rows, scores = rows[top], scores[top]

@@ -3,8 +3,11 @@
 worker/main.py hands the connection here when its model's kind is "search". The front end assigns a
 shard (ShardAssign): the replica loads the shard's latest snapshot, if any, and says which seq it holds;
 the front end then ships the log entries after it, in seq order (ShardCall "apply"), and sends searches,
-gets and snapshot orders the same way. Calls run one at a time, in arrival order, on one thread: a
-search sees every entry shipped before it, and heartbeats keep flowing while the shard works.
+gets and snapshot orders the same way. Calls run one at a time, in arrival order: a search sees every
+entry shipped before it. Short reads (searches and gets whose recent CPU time is under INLINE_MAX_S)
+run on the event loop, as they arrive or as they come up in the queue behind a long call: the hand-off
+to a thread and back cost more CPU than a small shard's search. Everything else runs on the shard's
+thread, so heartbeats keep flowing while the shard works.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import struct
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -26,6 +30,47 @@ log = logging.getLogger("inferd.search.replica")
 
 MAX_QUEUED_CALLS = 256
 """Calls read ahead of the one running; past it the socket is not read (the front end bounds its own)."""
+INLINE_MAX_S = 0.005
+"""A read op runs on the event loop while its recent CPU time stays under this (else on the thread)."""
+INLINE_OPS = frozenset({"search", "get"})
+READ_CHUNK = 256 * 1024
+_LEN = struct.Struct(">I")
+
+
+class InlinePolicy:
+    """Which calls run on the replica's event loop: reads while their CPU time (an EWMA per op; CPU, not
+    wall time, so that a busy machine's preemptions do not count) stays under `max_s`. A read that grew
+    slow (a large shard, a deep k) moves to the thread, and back once its times fall again (they are
+    observed wherever it ran)."""
+
+    def __init__(self, max_s: float = INLINE_MAX_S, alpha: float = 0.2) -> None:
+        self.max_s = max_s
+        self.alpha = alpha
+        self.estimate_s: dict[str, float] = {}
+
+    def inline(self, op: str) -> bool:
+        return op in INLINE_OPS and self.estimate_s.get(op, 0.0) < self.max_s
+
+    def observe(self, op: str, seconds: float) -> None:
+        old = self.estimate_s.get(op)
+        self.estimate_s[op] = seconds if old is None else old + self.alpha * (seconds - old)
+
+
+def split_frames(buf: bytearray, max_bytes: int = p.MAX_FRAME_BYTES) -> list[bytes]:
+    """The whole frames' bodies at the start of `buf`, removed from it (a partial frame stays);
+    ProtocolError for a frame over `max_bytes`."""
+    frames: list[bytes] = []
+    pos, end = 0, len(buf)
+    while end - pos >= 4:
+        (size,) = _LEN.unpack_from(buf, pos)
+        if size > max_bytes:
+            raise p.ProtocolError(f"frame of {size} bytes exceeds the {max_bytes} byte limit")
+        if end - pos - 4 < size:
+            break
+        frames.append(bytes(buf[pos + 4 : pos + 4 + size]))
+        pos += 4 + size
+    del buf[:pos]
+    return frames
 
 
 class Replica:
@@ -38,6 +83,9 @@ class Replica:
         self.completed = 0
         self._calls: asyncio.Queue[p.ShardAssign | p.ShardCall | None] = asyncio.Queue(MAX_QUEUED_CALLS)
         self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="inferd-shard")
+        self._busy = False
+        """A call taken from the queue is running (on the thread): later calls queue behind it."""
+        self.policy = InlinePolicy()
 
     async def serve(self, reader: asyncio.StreamReader, version: int, heartbeat_s: float) -> str:
         """Until the front end drains us ("drained") or goes away ("lost")."""
@@ -55,29 +103,54 @@ class Replica:
         return outcome
 
     async def _receive(self, reader: asyncio.StreamReader) -> str:
+        buf = bytearray()
         while True:
             try:
-                msg = await p.read_message(reader)
-            except p.ConnectionClosed:
+                chunk = await reader.read(READ_CHUNK)
+                if not chunk:
+                    return "lost"
+                buf += chunk
+                frames = split_frames(buf)
+            except (OSError, p.ProtocolError):
                 return "lost"
-            if isinstance(msg, p.Drain):
-                return "drained"
-            if isinstance(msg, (p.ShardAssign, p.ShardCall)):
-                await self._calls.put(msg)
+            for frame in frames:
+                try:
+                    msg = p.decode_message(frame)
+                except p.ProtocolError:
+                    return "lost"
+                if isinstance(msg, p.Drain):
+                    return "drained"
+                if isinstance(msg, p.ShardCall) and self._inline(msg):
+                    self._deliver(self._call(msg))
+                elif isinstance(msg, (p.ShardAssign, p.ShardCall)):
+                    await self._calls.put(msg)
+            with contextlib.suppress(OSError):
+                await self.writer.drain()
+
+    def _inline(self, msg: p.ShardCall) -> bool:
+        """Run it here and now: a short read with nothing ahead of it (arrival order holds)."""
+        return not self._busy and self._calls.empty() and self.policy.inline(msg.op)
 
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
         while (msg := await self._calls.get()) is not None:
+            self._busy = True
             if isinstance(msg, p.ShardAssign):
                 reply = await loop.run_in_executor(self._thread, self._assign, msg)
+            elif self.policy.inline(msg.op):  # queued behind a long call, but short itself
+                reply = self._call(msg)
             else:
                 reply = await loop.run_in_executor(self._thread, self._call, msg)
-            self.completed += 1
-            self._send(reply)
+            self._busy = False
+            self._deliver(reply)
             with contextlib.suppress(OSError):
                 await self.writer.drain()
 
-    # ---- on the shard's thread ---------------------------------------------------------------------------
+    def _deliver(self, reply: p.ShardReply) -> None:
+        self.completed += 1
+        self._send(reply)
+
+    # ---- on the shard's thread (short reads: on the event loop) -------------------------------------------
     def _assign(self, msg: p.ShardAssign) -> p.ShardReply:
         settings: IndexSettings = wire.settings(msg.settings)
         self.shard, self.snapshot_dir = msg.shard, Path(msg.snapshot_dir)
@@ -110,12 +183,18 @@ class Replica:
                     self.index.apply(entry)
                 return self._reply(msg.call_id)
             if msg.op == "search":
-                return self._reply(msg.call_id, wire.encode(self.index.search(wire.query(msg.body))))
+                t0 = time.thread_time()
+                result = self.index.search(wire.query(msg.body))
+                self.policy.observe("search", time.thread_time() - t0)
+                return self._reply(msg.call_id, wire.encode(result))
             if msg.op == "unvectored":  # a re-embed's next page (search/reembed.py)
                 cursor, limit = wire.pair(msg.body)
                 return self._reply(msg.call_id, wire.encode(self.index.unvectored(cursor, limit)))
             if msg.op == "get":
-                return self._reply(msg.call_id, wire.encode(self.index.get(wire.text(msg.body))))
+                t0 = time.thread_time()
+                doc = self.index.get(wire.text(msg.body))
+                self.policy.observe("get", time.thread_time() - t0)
+                return self._reply(msg.call_id, wire.encode(doc))
             if msg.op == "snapshot" and self.snapshot_dir is not None:
                 seq = self.index.applied_seq
                 self.index.save(self.snapshot_dir)

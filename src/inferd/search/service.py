@@ -197,7 +197,7 @@ class IndexService:
         with tracing.span("inferd.search.fuse", mode=mode, shards=len(answered)):
             hits = self._fuse(mode, answered, req.k)
         body = {
-            "hits": [{"id": h.id, "score": h.score, "title": h.title} for h in hits],
+            "hits": hits,  # ShardHits encode as {"id", "score", "title"}
             "coverage": {"shards": len(results), "answered": len(answered)},
             "degraded": degraded,
             "mode": mode,
