@@ -410,7 +410,7 @@ def http_response(body: bytes, *headers: str) -> bytes:
 
 
 async def post_once(url: str, i: int = 0) -> tuple[int, Mapping[str, str], bytes]:
-    raw = RawClient(spec(url), time.monotonic)
+    raw = RawClient.for_spec(spec(url), time.monotonic)
     await raw.start()
     try:
         body = request_body(request_id(0, i), payload_for(0, i, 32))

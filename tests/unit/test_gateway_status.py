@@ -297,7 +297,7 @@ async def test_bench_sends_extra_headers_and_never_shows_their_values() -> None:
     header = parse_header(f"Authorization:  Bearer {KEY} ")
     assert header == ("Authorization", f"Bearer {KEY}")
     spec = LoadSpec(url="http://127.0.0.1:9", headers=(header, parse_header("X-Tenant-Hint: a:b")))
-    request = RawClient(spec, lambda: 0.0).build(b"{}", 1.0)
+    request = RawClient.for_spec(spec, lambda: 0.0).build(b"{}", 1.0)
     assert f"\r\nAuthorization: Bearer {KEY}\r\nX-Tenant-Hint: a:b\r\n".encode() in request
     assert KEY not in repr(spec)
     assert spec_dict(spec)["headers"] == ["Authorization", "X-Tenant-Hint"]

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import ssl
 from collections import deque
 from collections.abc import Callable, Mapping
 from typing import Protocol
@@ -200,17 +201,29 @@ class RawClient:
     the answer still pending, so a late answer can never be read as the next request's.
     """
 
-    def __init__(self, spec: LoadSpec, now: Callable[[], float]) -> None:
-        parts = urlsplit(spec.endpoint)
+    def __init__(
+        self,
+        endpoint: str,
+        now: Callable[[], float],
+        *,
+        connections: int,
+        rate: float,
+        timeout_ms: float,
+        send_deadline: bool = False,
+        headers: Mapping[str, str] | None = None,
+    ) -> None:
+        parts = urlsplit(endpoint)
         self._host = parts.hostname or ""
-        self._port = parts.port or 80
-        self._limit = spec.connections
-        self._prewarm = min(spec.connections, 64, max(1, math.ceil(spec.rate / 500.0)))
-        self._connect_wait_s = min(1.0, spec.timeout_ms / 1000.0)
-        self._send_deadline = spec.send_deadline
+        https = parts.scheme == "https"
+        self._port = parts.port or (443 if https else 80)
+        self._ssl = ssl.create_default_context() if https else None
+        self._limit = connections
+        self._prewarm = min(connections, 64, max(1, math.ceil(rate / 500.0)))
+        self._connect_wait_s = min(1.0, timeout_ms / 1000.0)
+        self._send_deadline = send_deadline
         self._now = now
         head = f"POST {parts.path} HTTP/1.1\r\nHost: {parts.netloc}\r\nContent-Type: application/json\r\n"
-        head += "".join(f"{k}: {v}\r\n" for k, v in _extra_headers(spec).items())
+        head += "".join(f"{k}: {v}\r\n" for k, v in (headers or {}).items())
         self._head = head.encode("latin-1")
         self._loop = asyncio.get_running_loop()
         self._idle: deque[_Connection] = deque()
@@ -218,6 +231,19 @@ class RawClient:
         self._all: set[_Connection] = set()
         self._open = 0
         """Connections open or being opened, against the limit."""
+
+    @classmethod
+    def for_spec(cls, spec: LoadSpec, now: Callable[[], float]) -> RawClient:
+        """The client `inferd bench` sends `spec`'s requests with."""
+        return cls(
+            spec.endpoint,
+            now,
+            connections=spec.connections,
+            rate=spec.rate,
+            timeout_ms=spec.timeout_ms,
+            send_deadline=spec.send_deadline,
+            headers=_extra_headers(spec),
+        )
 
     def build(self, body: bytes, deadline: float) -> bytes:
         """The whole request: request line, headers and body, in one bytes object."""
@@ -299,7 +325,9 @@ class RawClient:
 
     async def _connect(self) -> _Connection:
         loop = self._loop
-        _, conn = await loop.create_connection(lambda: _Connection(loop), self._host, self._port)
+        _, conn = await loop.create_connection(
+            lambda: _Connection(loop), self._host, self._port, ssl=self._ssl
+        )
         self._all.add(conn)
         return conn
 
@@ -335,4 +363,4 @@ def make_client(spec: LoadSpec, now: Callable[[], float]) -> HttpClient:
     """The client `spec.client` names; call from inside the running loop."""
     if spec.client == "aiohttp":
         return AiohttpClient(spec, now)
-    return RawClient(spec, now)
+    return RawClient.for_spec(spec, now)
