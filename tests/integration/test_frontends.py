@@ -115,7 +115,10 @@ def test_sigkill_of_one_front_end_fails_only_its_own_requests(server: ServerProc
         load.finish(within_s=60)
     t = tally(load)
     assert t.misrouted == 0 and t.duplicated == 0, t
-    assert t.lost <= clients, f"only requests in flight at the front end killed may fail: {t}"
+    # Each client has one request in flight; every request opens a new connection. Until the killed
+    # process's listening socket is closed in its teardown, the kernel still hashes new connections to it
+    # (SO_REUSEPORT), and those die with it too: at most one more per client, never an answer lost elsewhere.
+    assert t.lost <= 2 * clients, f"only requests sent to the front end killed may fail: {t}"
     assert t.refused == 0, [(a.status, a.body) for a in load.answers if a.status != 200][:5]
     assert t.ok - killed_at >= 500, f"the server stopped answering after the kill: {t}"
     assert alive(owner)
