@@ -206,12 +206,12 @@ class LLMScheduler:
         """One token each; the common case (its last block has room) inline, the rest (a new block,
         maybe a preemption) through `_schedule_running`."""
         running = SeqStatus.RUNNING
-        grow = self.kv.grow
+        block_size = self.kv.block_size
         tokens = step.tokens
         for seq in decodes:
             if seq.status is not running or step.budget == 0:
                 continue
-            if grow(seq.seq_id, seq.num_computed + 1):
+            if seq.num_computed < len(seq.blocks) * block_size:
                 tokens[seq.seq_id] = 1
                 step.budget -= 1
             else:
@@ -226,6 +226,7 @@ class LLMScheduler:
             self._preempt(victim, step)
             if victim is seq:
                 return
+        seq.blocks = self.kv.blocks_of(seq.seq_id)
         step.take(seq, n)
 
     def _admit_class(self, cls: int, step: _Step) -> bool:
@@ -269,6 +270,7 @@ class LLMScheduler:
             self._waiting_prompt_tokens -= len(seq.prompt)
         seq.status = SeqStatus.RUNNING
         seq.num_computed = hit_tokens
+        seq.blocks = self.kv.blocks_of(seq.seq_id)
         seq.admitted = self._admissions
         self._admissions += 1
         self._running.append(seq)
@@ -280,6 +282,7 @@ class LLMScheduler:
         if seq.seq_id in step.admitted:
             step.admitted.remove(seq.seq_id)
         self.kv.free(seq.seq_id)
+        seq.blocks = ()
         self._running.remove(seq)
         seq.status = SeqStatus.PREEMPTED
         seq.num_computed = 0
@@ -291,7 +294,6 @@ class LLMScheduler:
     def _build_plan(self, step: _Step) -> StepPlan:
         chunks = []
         tokens = step.tokens
-        blocks_of = self.kv.blocks_of
         for seq in self._running:
             n = tokens.get(seq.seq_id)
             if not n:
@@ -299,7 +301,7 @@ class LLMScheduler:
             start = seq.num_computed
             stop = start + n
             samples = stop == seq.prompt_len + len(seq.output)
-            chunks.append(ScheduledChunk(seq.seq_id, start, seq.token_ids(start, stop), blocks_of(seq.seq_id), samples))
+            chunks.append(ScheduledChunk(seq.seq_id, start, seq.token_ids(start, stop), seq.blocks, samples))
         return StepPlan(
             self._steps,
             tuple(chunks),
@@ -339,24 +341,25 @@ class LLMScheduler:
 
     def _record(self, seq: Sequence, chunk: ScheduledChunk, out: SeqOutput | None) -> Delta | None:
         n = len(chunk.token_ids)
-        seq.num_computed += n
+        computed = seq.num_computed = seq.num_computed + n
         token = finish = None
         if out is not None:
             token, finish = out.token, out.finish
+        output = seq.output
         if token is not None:
-            seq.output.append(token)
+            output.append(token)
         elif chunk.samples and finish is None:
             finish = FinishReason.ERROR
         bs = self.kv.block_size
-        if seq.prompt_len + len(seq.output) >= (len(seq.block_hashes) + 1) * bs:
+        if seq.prompt_len + len(output) >= (len(seq.block_hashes) + 1) * bs:
             seq.extend_hashes(bs)  # a block of prompt + output is full: name it
-        if n >= bs or seq.num_computed % bs < n:  # the chunk filled a block: publish its name
-            self.kv.publish_computed(seq.seq_id, seq.block_hashes, seq.num_computed)
-        if finish is None and len(seq.output) >= seq.max_tokens:
+        if n >= bs or computed % bs < n:  # the chunk filled a block: publish its name
+            self.kv.publish_computed(seq.seq_id, seq.block_hashes, computed)
+        if finish is None and len(output) >= seq.max_tokens:
             finish = FinishReason.LENGTH
         if finish is not None:
             self._finish(seq, finish)
-        if token is None and finish is None:
+        elif token is None:
             return None
         return Delta(seq.seq_id, () if token is None else (token,), finish)
 
@@ -368,6 +371,7 @@ class LLMScheduler:
                 self._waiting_new -= 1
                 self._waiting_prompt_tokens -= len(seq.prompt)
         self.kv.free(seq.seq_id)
+        seq.blocks = ()
         seq.status = reason.status
         seq.finish_reason = reason
         self._ended[seq.status] += 1

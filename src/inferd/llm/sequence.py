@@ -72,6 +72,8 @@ class Sequence:
     """Names of the full blocks of prompt + output, extended as tokens arrive."""
     weight: float = 1.0
     """The tenant's weight: its share of admissions while other tenants wait too (llm/waiting.py)."""
+    blocks: tuple[int, ...] = ()
+    """Its KV block table while it runs (the scheduler copies KVCacheManager's whenever it changes)."""
     prompt_len: int = field(init=False, default=0)
     """len(prompt), kept: the scheduler asks for `num_tokens` of every sequence every step."""
 
