@@ -203,8 +203,7 @@ class LLMScheduler:
         return decodes, prefills
 
     def _schedule_decodes(self, decodes: list[Sequence], step: _Step) -> None:
-        """One token each; the common case (its last block has room) inline, the rest (a new block,
-        maybe a preemption) through `_schedule_running`."""
+        """One token each: inline while its last block has room, else `_schedule_running` (grow, preempt)."""
         running = SeqStatus.RUNNING
         block_size = self.kv.block_size
         tokens = step.tokens
@@ -302,13 +301,8 @@ class LLMScheduler:
             stop = start + n
             samples = stop == seq.prompt_len + len(seq.output)
             chunks.append(ScheduledChunk(seq.seq_id, start, seq.token_ids(start, stop), seq.blocks, samples))
-        return StepPlan(
-            self._steps,
-            tuple(chunks),
-            tuple(step.admitted),
-            tuple(step.preempted),
-            self.config.max_num_batched_tokens,
-        )
+        admitted, preempted = tuple(step.admitted), tuple(step.preempted)
+        return StepPlan(self._steps, tuple(chunks), admitted, preempted, self.config.max_num_batched_tokens)
 
     def apply(self, plan: StepPlan, outputs: Mapping[str, SeqOutput]) -> list[Delta]:
         """Record what the engine computed for `plan` and return what to stream. A sequence aborted
