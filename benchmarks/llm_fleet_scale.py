@@ -1,6 +1,7 @@
 """How fast the LLM fleet simulator runs: N devices of the bundled published H100 / Llama-3-8B profile
 at the planned 25.84 req/s each (500 + 200 tokens, Poisson), token by token, for D virtual seconds;
-prints the CPU and wall time every 5 virtual seconds, then the report (docs/capacity.md, "Scale").
+prints the CPU and wall time every 5 virtual seconds, then the report with the output tokens streamed
+and the CPU per output token (docs/capacity.md, "Scale").
 
     .venv/bin/python benchmarks/llm_fleet_scale.py [DEVICES] [SECONDS]     # default 100 60 (~15 CPU-min)
 """
@@ -32,7 +33,7 @@ def main() -> None:
     )  # fmt: skip
     cpu0, wall0 = time.process_time(), time.perf_counter()
 
-    async def run() -> dict:
+    async def run() -> tuple[dict, int]:
         fleet = LLMFleet(spec)
 
         def progress() -> None:
@@ -43,10 +44,12 @@ def main() -> None:
                 fleet.events.at(fleet.clock.now() + 5, progress)
 
         fleet.events.at(5, progress)
-        return fleet.run().to_dict()
+        return fleet.run().to_dict(), sum(fleet.tokens)
 
-    report = asyncio.run(run())
-    print(json.dumps({"cpu_s": time.process_time() - cpu0, "wall_s": time.perf_counter() - wall0, **report}))
+    report, tokens = asyncio.run(run())
+    cpu = time.process_time() - cpu0
+    print(json.dumps({"cpu_s": cpu, "wall_s": time.perf_counter() - wall0, "output_tokens": tokens,
+                      "cpu_us_per_output_token": round(cpu / max(tokens, 1) * 1e6, 2), **report}))  # fmt: skip
 
 
 if __name__ == "__main__":

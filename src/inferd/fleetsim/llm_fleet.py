@@ -246,26 +246,27 @@ class LLMFleet:
         """Each stream's tokens as its client sees them (TTFT, gaps, the end)."""
         now = self.clock.now()
         slo = self.itl_slo_s
+        rid_of, streams, tokens, last_at = self.rid_of, self.streams, self.tokens, self.last_at
+        gaps = self.gaps.buffer
         for delta in msg.deltas:
-            rid = self.rid_of.get(delta.seq_id)
+            rid = rid_of.get(delta.seq_id)
             if rid is None:
                 continue
             if delta.token_ids:
-                if self.tokens[rid]:
-                    gap = now - self.last_at[rid]
+                if tokens[rid]:
+                    gap = now - last_at[rid]
                     self.over[rid] += gap > slo
                     if self.measured[rid]:
-                        self.gaps.buffer.append(gap)
+                        gaps.append(gap)
                 else:
                     self.first_at[rid] = now
-                self.last_at[rid] = now
-                self.tokens[rid] += len(delta.token_ids)
-            stream = self.streams[rid]
-            if stream.ended:
+                last_at[rid] = now
+                tokens[rid] += len(delta.token_ids)
+            if streams[rid].ended:
                 self._end(
                     delta.seq_id, rid, delta.error is None and delta.finish_reason in ("length", "stop")
                 )
-        if len(self.gaps.buffer) > 1_000_000:
+        if len(gaps) > 1_000_000:
             self.gaps.flush()
 
     def _end(self, seq_id: str, rid: int, ok: bool) -> None:

@@ -19,7 +19,7 @@ from concurrent.futures import Executor
 from inferd.clock import Clock
 from inferd.errors import ServingError
 from inferd.llm.model import LLMModel, LLMRequest
-from inferd.llm.plan import Delta, SchedulerConfig, SeqOutput, StepPlan
+from inferd.llm.plan import SchedulerConfig, SeqOutput, StepPlan
 from inferd.llm.scheduler import LLMScheduler
 from inferd.llm.sequence import FinishReason
 from inferd.llm.static_scheduler import StaticBatchScheduler
@@ -124,7 +124,11 @@ class LLMEngine:
 
     def apply(self, plan: StepPlan, outputs: dict) -> list[p.SeqDelta]:
         """The scheduler records the step's outputs; its deltas, as they go on the wire."""
-        return [self._wire(d) for d in self.scheduler.apply(plan, outputs)]
+        wire = p.SeqDelta
+        return [
+            wire(d.seq_id, list(d.token_ids), None if d.finish_reason is None else d.finish_reason.value)
+            for d in self.scheduler.apply(plan, outputs)
+        ]
 
     def post(
         self,
@@ -155,10 +159,6 @@ class LLMEngine:
             await self._wake.wait()
 
     # ---- helpers --------------------------------------------------------------------------------------
-    def _wire(self, delta: Delta) -> p.SeqDelta:
-        finish = None if delta.finish_reason is None else delta.finish_reason.value
-        return p.SeqDelta(delta.seq_id, list(delta.token_ids), finish)
-
     def _release(self, seq_id: str) -> None:
         self.requests.pop(seq_id, None)
         self.model.release(seq_id)

@@ -13,7 +13,6 @@ and which full blocks are cached for reuse. No tensors, no I/O.
 from __future__ import annotations
 
 import hashlib
-import math
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -23,19 +22,9 @@ BlockHash = bytes
 
 def hash_block(parent: BlockHash | None, tokens: Sequence[int], salt: str) -> BlockHash:
     """The name of one full block: stable across processes (sha256, not Python's `hash`)."""
-    h = hashlib.sha256()
-    h.update(parent or b"\x00root")
-    h.update(salt.encode())
-    h.update(b"\x00")
-    h.update(",".join(map(str, tokens)).encode())
+    h = hashlib.sha256(parent or b"\x00root")
+    h.update(f"{salt}\x00{','.join(map(str, tokens))}".encode())
     return h.digest()
-
-
-@dataclass(slots=True, eq=False)
-class Block:
-    block_id: int
-    ref_count: int = 0
-    hash: BlockHash | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,6 +46,11 @@ class BlockPoolStatistics:
 
 
 class BlockPool:
+    """Per block: its reference count and its name (None: unnamed), in two flat lists. The free list
+    is the never-used blocks (`_fresh` onwards, in id order) followed by the released ones (`_free`,
+    least recently freed first): the never-used ones were free from the start, so they go first. A
+    block that was never used costs nothing beyond its two list slots."""
+
     def __init__(self, num_blocks: int, block_size: int) -> None:
         if num_blocks < 1:
             raise ValueError(f"num_blocks must be >= 1, got {num_blocks}")
@@ -64,68 +58,75 @@ class BlockPool:
             raise ValueError(f"block_size must be >= 1, got {block_size}")
         self.num_blocks = num_blocks
         self.block_size = block_size
-        self._blocks = [Block(i) for i in range(num_blocks)]
-        self._free: OrderedDict[int, None] = OrderedDict((i, None) for i in range(num_blocks))
-        """Blocks with ref_count 0, least recently freed first (the eviction order)."""
+        self._refs = [0] * num_blocks
+        self._hashes: list[BlockHash | None] = [None] * num_blocks
+        self._fresh = 0
+        """Blocks `_fresh`.. have never been allocated."""
+        self._free: OrderedDict[int, None] = OrderedDict()
+        """Released blocks with ref_count 0, least recently freed first (after the never-used ones)."""
         self._cached: dict[BlockHash, int] = {}
         self._evictions = 0
 
     @property
     def num_free(self) -> int:
-        return len(self._free)
+        return self.num_blocks - self._fresh + len(self._free)
 
     def statistics(self) -> BlockPoolStatistics:
-        return BlockPoolStatistics(self.num_blocks, len(self._free), len(self._cached), self._evictions)
+        return BlockPoolStatistics(self.num_blocks, self.num_free, len(self._cached), self._evictions)
 
     def ref_count(self, block_id: int) -> int:
-        return self._blocks[block_id].ref_count
+        return self._refs[block_id]
 
     def lookup(self, block_hash: BlockHash) -> int | None:
         return self._cached.get(block_hash)
 
     def touch(self, block_ids: Sequence[int]) -> None:
         """Take a reference on cached blocks (a prefix hit); free ones leave the free list."""
+        refs = self._refs
         for bid in block_ids:
-            block = self._blocks[bid]
-            if block.ref_count == 0:
+            if refs[bid] == 0:
                 del self._free[bid]
-            block.ref_count += 1
+            refs[bid] += 1
 
     def allocate(self, n: int) -> list[int]:
         """`n` fresh blocks, evicting the least recently freed cached ones. The caller checks room."""
-        if n > len(self._free):
-            raise ValueError(f"cannot allocate {n} blocks: {len(self._free)} free of {self.num_blocks}")
-        out = []
-        for _ in range(n):
-            bid, _ = self._free.popitem(last=False)
-            block = self._blocks[bid]
-            if block.hash is not None:
-                if self._cached.get(block.hash) == bid:
-                    del self._cached[block.hash]
-                block.hash = None
+        if n > self.num_free:
+            raise ValueError(f"cannot allocate {n} blocks: {self.num_free} free of {self.num_blocks}")
+        fresh = min(n, self.num_blocks - self._fresh)
+        out = list(range(self._fresh, self._fresh + fresh))
+        self._fresh += fresh
+        refs, hashes, free = self._refs, self._hashes, self._free
+        for bid in out:
+            refs[bid] = 1
+        for _ in range(n - fresh):
+            bid, _ = free.popitem(last=False)
+            block_hash = hashes[bid]
+            if block_hash is not None:
+                if self._cached.get(block_hash) == bid:
+                    del self._cached[block_hash]
+                hashes[bid] = None
                 self._evictions += 1
-            block.ref_count = 1
+            refs[bid] = 1
             out.append(bid)
         return out
 
     def release(self, block_ids: Sequence[int]) -> None:
         """Drop one reference on each block. Pass a sequence's blocks tail first: the tail is then
         evicted first, and the shared head of a prefix stays cached longest."""
+        refs = self._refs
         for bid in block_ids:
-            block = self._blocks[bid]
-            if block.ref_count <= 0:
+            if refs[bid] <= 0:
                 raise ValueError(f"block {bid} released more often than it was taken")
-            block.ref_count -= 1
-            if block.ref_count == 0:
+            refs[bid] -= 1
+            if refs[bid] == 0:
                 self._free[bid] = None
 
     def publish(self, block_id: int, block_hash: BlockHash) -> None:
         """Name a computed full block so later sequences can hit it. If another block already has
         the name (two sequences computed the same prefix at once), this one stays unnamed."""
-        block = self._blocks[block_id]
-        if block.hash is not None or block_hash in self._cached:
+        if self._hashes[block_id] is not None or block_hash in self._cached:
             return
-        block.hash = block_hash
+        self._hashes[block_id] = block_hash
         self._cached[block_hash] = block_id
 
 
@@ -144,15 +145,16 @@ class KVCacheManager:
         self.pool = BlockPool(num_blocks, block_size)
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
-        self._tables: dict[str, list[int]] = {}
+        self._tables: dict[str, tuple[int, ...]] = {}
+        """Each sequence's block table, as handed to the model (rebuilt only when it grows)."""
         self._published: dict[str, int] = {}
         """How many leading blocks of each sequence have been named."""
 
     def blocks_of(self, seq_id: str) -> tuple[int, ...]:
-        return tuple(self._tables.get(seq_id, ()))
+        return self._tables.get(seq_id, ())
 
     def blocks_for(self, num_tokens: int) -> int:
-        return math.ceil(num_tokens / self.block_size)
+        return -(-num_tokens // self.block_size)
 
     def find_prefix(self, block_hashes: Sequence[BlockHash], num_tokens: int) -> PrefixHit:
         """The longest cached prefix of a sequence of `num_tokens` tokens. At least one token is
@@ -181,19 +183,19 @@ class KVCacheManager:
             return False
         self.pool.touch(hit.block_ids)
         new = self.blocks_for(num_tokens) - len(hit.block_ids)
-        self._tables[seq_id] = [*hit.block_ids, *self.pool.allocate(new)]
+        self._tables[seq_id] = (*hit.block_ids, *self.pool.allocate(new))
         self._published[seq_id] = len(hit.block_ids)
         return True
 
     def grow(self, seq_id: str, num_tokens: int) -> bool:
         """Make room for a held sequence to reach `num_tokens` tokens; False if the pool is short."""
         table = self._tables[seq_id]
-        new = self.blocks_for(num_tokens) - len(table)
-        if new <= 0:
+        if num_tokens <= len(table) * self.block_size:  # the common case: its last block has room
             return True
+        new = self.blocks_for(num_tokens) - len(table)
         if new > self.pool.num_free:
             return False
-        table.extend(self.pool.allocate(new))
+        self._tables[seq_id] = (*table, *self.pool.allocate(new))
         return True
 
     def publish_computed(self, seq_id: str, block_hashes: Sequence[BlockHash], num_computed: int) -> None:
@@ -202,9 +204,12 @@ class KVCacheManager:
         if table is None or not self.enable_prefix_caching:
             return
         full = min(num_computed // self.block_size, len(block_hashes), len(table))
-        for i in range(self._published[seq_id], full):
+        published = self._published[seq_id]
+        if full <= published:
+            return
+        for i in range(published, full):
             self.pool.publish(table[i], block_hashes[i])
-        self._published[seq_id] = max(self._published[seq_id], full)
+        self._published[seq_id] = full
 
     def free(self, seq_id: str) -> int:
         """Release every block the sequence holds (tail first); returns how many it held."""

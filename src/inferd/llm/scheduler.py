@@ -24,6 +24,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass, field
+from operator import attrgetter
 
 from inferd.batching.queue import BULK, INTERACTIVE
 from inferd.clock import Clock
@@ -57,9 +58,8 @@ class _Step:
         self.budget += self.tokens.pop(seq.seq_id, 0)
 
 
-def _key(seq: Sequence) -> tuple[int, int]:
-    """Preemption order: the largest key goes first (lowest priority, most recently admitted)."""
-    return (seq.priority, seq.admitted)
+_key = attrgetter("priority", "admitted")
+"""Preemption order: the largest key goes first (lowest priority, most recently admitted)."""
 
 
 class LLMScheduler:
@@ -176,11 +176,11 @@ class LLMScheduler:
             raise RuntimeError(f"step {self._outstanding.step} is still outstanding: apply() it first")
         step = _Step(self.config.max_num_batched_tokens)
         self._running.sort(key=_key)
-        for seq in [s for s in self._running if s.num_pending == 1]:
-            self._schedule_running(seq, step)
+        decodes, prefills = self._split_running()
+        self._schedule_decodes(decodes, step)
         blocked = False
         for cls in self.CLASSES:
-            for seq in [s for s in self._running if s.priority == cls and s.num_pending > 1]:
+            for seq in prefills[cls]:  # those preempted meanwhile are skipped
                 self._schedule_running(seq, step)
             if not blocked:  # a class whose head had to stay keeps every lower class waiting too
                 blocked = not self._admit_class(cls, step)
@@ -188,6 +188,33 @@ class LLMScheduler:
         self._outstanding = plan
         self._scheduled_at = self.clock.now()
         return plan
+
+    def _split_running(self) -> tuple[list[Sequence], tuple[list[Sequence], list[Sequence]]]:
+        """The running sequences, in order: those decoding (1 token pending), and per class those
+        still prefilling. Nothing joins a class's running set before its prefills are scheduled."""
+        decodes: list[Sequence] = []
+        prefills: tuple[list[Sequence], list[Sequence]] = ([], [])
+        for seq in self._running:
+            pending = seq.prompt_len + len(seq.output) - seq.num_computed
+            if pending == 1:
+                decodes.append(seq)
+            elif pending > 1:
+                prefills[seq.priority].append(seq)
+        return decodes, prefills
+
+    def _schedule_decodes(self, decodes: list[Sequence], step: _Step) -> None:
+        """One token each: inline while its last block has room, else `_schedule_running` (grow, preempt)."""
+        running = SeqStatus.RUNNING
+        block_size = self.kv.block_size
+        tokens = step.tokens
+        for seq in decodes:
+            if seq.status is not running or step.budget == 0:
+                continue
+            if seq.num_computed < len(seq.blocks) * block_size:
+                tokens[seq.seq_id] = 1
+                step.budget -= 1
+            else:
+                self._schedule_running(seq, step)
 
     def _schedule_running(self, seq: Sequence, step: _Step) -> None:
         if seq.status is not SeqStatus.RUNNING or step.budget == 0:
@@ -198,6 +225,7 @@ class LLMScheduler:
             self._preempt(victim, step)
             if victim is seq:
                 return
+        seq.blocks = self.kv.blocks_of(seq.seq_id)
         step.take(seq, n)
 
     def _admit_class(self, cls: int, step: _Step) -> bool:
@@ -241,6 +269,7 @@ class LLMScheduler:
             self._waiting_prompt_tokens -= len(seq.prompt)
         seq.status = SeqStatus.RUNNING
         seq.num_computed = hit_tokens
+        seq.blocks = self.kv.blocks_of(seq.seq_id)
         seq.admitted = self._admissions
         self._admissions += 1
         self._running.append(seq)
@@ -252,6 +281,7 @@ class LLMScheduler:
         if seq.seq_id in step.admitted:
             step.admitted.remove(seq.seq_id)
         self.kv.free(seq.seq_id)
+        seq.blocks = ()
         self._running.remove(seq)
         seq.status = SeqStatus.PREEMPTED
         seq.num_computed = 0
@@ -262,27 +292,17 @@ class LLMScheduler:
 
     def _build_plan(self, step: _Step) -> StepPlan:
         chunks = []
+        tokens = step.tokens
         for seq in self._running:
-            n = step.tokens.get(seq.seq_id)
+            n = tokens.get(seq.seq_id)
             if not n:
                 continue
             start = seq.num_computed
-            chunks.append(
-                ScheduledChunk(
-                    seq.seq_id,
-                    start,
-                    seq.token_ids(start, start + n),
-                    self.kv.blocks_of(seq.seq_id),
-                    start + n == seq.num_tokens,
-                )
-            )
-        return StepPlan(
-            self._steps,
-            tuple(chunks),
-            tuple(step.admitted),
-            tuple(step.preempted),
-            self.config.max_num_batched_tokens,
-        )
+            stop = start + n
+            samples = stop == seq.prompt_len + len(seq.output)
+            chunks.append(ScheduledChunk(seq.seq_id, start, seq.token_ids(start, stop), seq.blocks, samples))
+        admitted, preempted = tuple(step.admitted), tuple(step.preempted)
+        return StepPlan(self._steps, tuple(chunks), admitted, preempted, self.config.max_num_batched_tokens)
 
     def apply(self, plan: StepPlan, outputs: Mapping[str, SeqOutput]) -> list[Delta]:
         """Record what the engine computed for `plan` and return what to stream. A sequence aborted
@@ -295,11 +315,12 @@ class LLMScheduler:
         elapsed = self.clock.now() - self._scheduled_at
         self._step_s = 0.8 * self._step_s + 0.2 * elapsed if elapsed > 0 else self._step_s
         deltas = []
+        seqs, running, record = self._seqs, SeqStatus.RUNNING, self._record
         for chunk in plan.chunks:
-            seq = self._seqs.get(chunk.seq_id)
-            if seq is None or seq.status is not SeqStatus.RUNNING:
+            seq = seqs.get(chunk.seq_id)
+            if seq is None or seq.status is not running:
                 continue
-            delta = self._record(seq, chunk, outputs.get(chunk.seq_id))
+            delta = record(seq, chunk, outputs.get(chunk.seq_id))
             if delta is not None:
                 deltas.append(delta)
         return deltas
@@ -313,20 +334,26 @@ class LLMScheduler:
                 raise ValueError(f"token for {seq_id!r} in step {plan.step}, whose chunk does not sample")
 
     def _record(self, seq: Sequence, chunk: ScheduledChunk, out: SeqOutput | None) -> Delta | None:
-        seq.num_computed += len(chunk.token_ids)
-        token = out.token if out else None
-        finish = out.finish if out else None
-        if chunk.samples and token is None and finish is None:
-            finish = FinishReason.ERROR
+        n = len(chunk.token_ids)
+        computed = seq.num_computed = seq.num_computed + n
+        token = finish = None
+        if out is not None:
+            token, finish = out.token, out.finish
+        output = seq.output
         if token is not None:
-            seq.output.append(token)
-        seq.extend_hashes(self.config.block_size)
-        self.kv.publish_computed(seq.seq_id, seq.block_hashes, seq.num_computed)
-        if finish is None and len(seq.output) >= seq.max_tokens:
+            output.append(token)
+        elif chunk.samples and finish is None:
+            finish = FinishReason.ERROR
+        bs = self.kv.block_size
+        if seq.prompt_len + len(output) >= (len(seq.block_hashes) + 1) * bs:
+            seq.extend_hashes(bs)  # a block of prompt + output is full: name it
+        if n >= bs or computed % bs < n:  # the chunk filled a block: publish its name
+            self.kv.publish_computed(seq.seq_id, seq.block_hashes, computed)
+        if finish is None and len(output) >= seq.max_tokens:
             finish = FinishReason.LENGTH
         if finish is not None:
             self._finish(seq, finish)
-        if token is None and finish is None:
+        elif token is None:
             return None
         return Delta(seq.seq_id, () if token is None else (token,), finish)
 
@@ -338,6 +365,7 @@ class LLMScheduler:
                 self._waiting_new -= 1
                 self._waiting_prompt_tokens -= len(seq.prompt)
         self.kv.free(seq.seq_id)
+        seq.blocks = ()
         seq.status = reason.status
         seq.finish_reason = reason
         self._ended[seq.status] += 1

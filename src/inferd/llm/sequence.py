@@ -72,10 +72,17 @@ class Sequence:
     """Names of the full blocks of prompt + output, extended as tokens arrive."""
     weight: float = 1.0
     """The tenant's weight: its share of admissions while other tenants wait too (llm/waiting.py)."""
+    blocks: tuple[int, ...] = ()
+    """Its KV block table while it runs (the scheduler copies KVCacheManager's whenever it changes)."""
+    prompt_len: int = field(init=False, default=0)
+    """len(prompt), kept: the scheduler asks for `num_tokens` of every sequence every step."""
+
+    def __post_init__(self) -> None:
+        self.prompt_len = len(self.prompt)
 
     @property
     def num_tokens(self) -> int:
-        return len(self.prompt) + len(self.output)
+        return self.prompt_len + len(self.output)
 
     @property
     def num_pending(self) -> int:
@@ -83,14 +90,19 @@ class Sequence:
         return self.num_tokens - self.num_computed
 
     def token_ids(self, start: int, stop: int) -> tuple[int, ...]:
-        n = len(self.prompt)
+        n = self.prompt_len
         if stop <= n:
             return self.prompt[start:stop]
-        return (*self.prompt[start:], *self.output[max(0, start - n) : stop - n])
+        if start >= n:
+            return tuple(self.output[start - n : stop - n])
+        return (*self.prompt[start:], *self.output[: stop - n])
 
     def extend_hashes(self, block_size: int) -> None:
-        while (len(self.block_hashes) + 1) * block_size <= self.num_tokens:
-            i = len(self.block_hashes)
-            parent = self.block_hashes[-1] if self.block_hashes else None
+        """Name the full blocks of prompt + output not named yet (each block once, when it fills)."""
+        hashes = self.block_hashes
+        num_tokens = self.prompt_len + len(self.output)
+        while (len(hashes) + 1) * block_size <= num_tokens:
+            i = len(hashes)
+            parent = hashes[-1] if hashes else None
             tokens = self.token_ids(i * block_size, (i + 1) * block_size)
-            self.block_hashes.append(hash_block(parent, tokens, self.tenant))
+            hashes.append(hash_block(parent, tokens, self.tenant))

@@ -20,6 +20,11 @@ class TokenStream:
     """Written by the runtime (push/fail), read by the request handler (next). Bounded by max_tokens:
     the slot holds at most the tokens the sequence may generate."""
 
+    __slots__ = (
+        "_error", "_finish", "_pending", "_ready", "completion_tokens", "ended", "generated",
+        "last_token_at", "prompt_tokens", "seq_id", "submitted_at", "trace", "worker_id",
+    )  # fmt: skip
+
     def __init__(self, seq_id: str, worker_id: str, prompt_tokens: int) -> None:
         self.seq_id = seq_id
         self.worker_id = worker_id
@@ -41,8 +46,8 @@ class TokenStream:
         """The request's span when tracing is on and its trace is sampled: it gets the stream's events."""
 
     def push(self, token_ids: list[int], finish_reason: str | None) -> None:
-        self._pending.extend(token_ids)
-        self.generated.extend(token_ids)
+        self._pending += token_ids
+        self.generated += token_ids
         self.completion_tokens += len(token_ids)
         if finish_reason is not None:
             self._finish = finish_reason
