@@ -91,8 +91,10 @@ def check_admission(
     deadline: float | None,
     estimator: DrainEstimator,
     workers: int,
+    ahead: int | None = None,
 ) -> None:
-    """Raise Overloaded if `n` more items do not fit, or cannot finish by `deadline`."""
+    """Raise Overloaded if `n` more items do not fit, or cannot finish by `deadline`. `ahead`: the queued
+    items that would run before these (default: all of them; SLO batching runs the lost ones after)."""
     if queued + n > capacity:
         drain = estimator.drain_time_s(queued, workers)
         raise Overloaded(
@@ -103,7 +105,7 @@ def check_admission(
         )
     if deadline is None:
         return
-    predicted = estimator.predicted_wait_s(queued + n - 1, workers)
+    predicted = estimator.predicted_wait_s((queued if ahead is None else ahead) + n - 1, workers)
     if predicted is not None and now + predicted > deadline:
         budget_ms = max(0.0, (deadline - now) * 1000.0)
         raise Overloaded(

@@ -27,7 +27,7 @@ from inferd.batching.mix import MixPolicy
 from inferd.batching.queue import BULK, INTERACTIVE, QueuedItem, RequestQueue
 from inferd.batching.recovery import RecoveryPolicy
 from inferd.batching.retry import RetryBudget
-from inferd.batching.slo_policy import batch_policy
+from inferd.batching.slo_policy import batch_policy, queued_ahead
 from inferd.batching.state import ModelState
 from inferd.batching.statistics import BatchStatistics, BatchWorkerDetail
 from inferd.batching.watchdog import KillWorker, Watchdog
@@ -96,6 +96,7 @@ class ModelRuntime:
         self._watchdog = Watchdog(state, routing, hedging, kill_worker, heartbeat_timeout_s)
         self._membership = Membership(state, routing)
         self.queue = state.queue
+        self._ahead = queued_ahead(config, state.queue.times_since)  # None: FIFO, every queued item is ahead
         self.isolation = state.isolation
         self.workers = state.workers
         self.estimator = state.estimator
@@ -184,16 +185,9 @@ class ModelRuntime:
             held = self.queue.held_in(priority).get(tenant.name, 0)
             drain = self.estimator.drain_time_s(len(self.queue), ready)
             raise over_share(self.name, len(self.queue), capacity, tenant, held, drain)
-        check_admission(
-            self.name,
-            len(self.queue) - sum((taken or {}).values()),
-            capacity,
-            n,
-            self.clock.now(),
-            deadline,
-            self.estimator,
-            ready,
-        )
+        queued, now = len(self.queue) - sum((taken or {}).values()), self.clock.now()
+        ahead = None if self._ahead is None or deadline is None else min(queued, self._ahead(now))
+        check_admission(self.name, queued, capacity, n, now, deadline, self.estimator, ready, ahead)
         return taken or {}
 
     def enqueue(

@@ -234,3 +234,15 @@ def batch_policy(
     return SloBatchPolicy(
         config.slo, config.max_batch_size, fixed, estimator.cost_line, arrived, queued_times
     )
+
+
+def queued_ahead(
+    config: ModelConfig, queued_times: Callable[[float], list[float]]
+) -> Callable[[float], int] | None:
+    """For admission's deadline check: how many queued items a new one would wait behind at `now`. SLO
+    batching serves the items that can still meet the SLO (enqueued within its budget) before the lost
+    ones, so only those count; None for the fixed policy (every queued item is ahead, FIFO)."""
+    if config.batching != "slo" or config.slo is None:
+        return None
+    budget = budget_s(config.slo)
+    return lambda now: len(queued_times(now - budget))
