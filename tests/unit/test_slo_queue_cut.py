@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from inferd.batching.fairness import TenantShare
-from inferd.batching.queue import ItemState, QueuedItem, RequestQueue
+from inferd.batching.queue import BULK, ItemState, QueuedItem, RequestQueue
 
 
 def queue_of(times: list[float], size: int = 100) -> tuple[RequestQueue, list[QueuedItem]]:
@@ -113,3 +113,22 @@ def test_every_item_is_queued_taken_or_withdrawn_exactly_once(ops, tenants) -> N
         assert len(live) == len(q) == len(queued)
         assert {i.payload for i in live} == set(queued)
         assert q.statistics().physical <= 2 * 40 + 64 + len(queued)
+
+
+def test_lost_interactive_items_go_before_newer_bulk_items() -> None:
+    q = RequestQueue(20)
+    for n in range(3):
+        q.push(QueuedItem(f"lost-{n}", 0.1 * n, None))  # interactive, enqueued before `since`
+    for n in range(3):
+        q.push(QueuedItem(f"bulk-{n}", 1.0 + 0.1 * n, None, priority=BULK))  # newer, bulk
+    assert q.count_since(0.5) == 3
+    batch, _ = q.cut(4, now=2.0, since=0.5)
+    assert [i.payload for i in batch] == ["lost-0", "lost-1", "lost-2", "bulk-0"]
+
+
+def test_count_since_counts_the_live_items_from_since_on() -> None:
+    q, items = queue_of([0.0, 0.1, 0.5, 0.6, 0.7])
+    assert q.count_since(0.5) == len(q.times_since(0.5)) == 3
+    q.withdraw(items[3])
+    assert q.count_since(0.5) == 2
+    assert q.count_since(0.0) == 4

@@ -96,7 +96,7 @@ class ModelRuntime:
         self._watchdog = Watchdog(state, routing, hedging, kill_worker, heartbeat_timeout_s)
         self._membership = Membership(state, routing)
         self.queue = state.queue
-        self._ahead = queued_ahead(config, state.queue.times_since)  # None: FIFO, every queued item is ahead
+        self._ahead = queued_ahead(config, state.queue.count_since)  # None: FIFO, every queued item is ahead
         self.isolation = state.isolation
         self.workers = state.workers
         self.estimator = state.estimator

@@ -317,15 +317,29 @@ class RequestQueue:
     ) -> tuple[list[QueuedItem], list[QueuedItem]]:
         """Take up to `size` live items, interactive first, each class in fair order. Items whose deadline
         has passed are taken out too, into the second list, so they never occupy a batch slot. `since`
-        (SLO batching): the items enqueued at or after it first, oldest first, then the oldest others."""
+        (SLO batching): within each class, the items enqueued at or after it first, oldest first, then the
+        oldest others; interactive items, lost or not, before bulk ones."""
         batch: list[QueuedItem] = []
         expired: list[QueuedItem] = []
-        if since is not None:
-            for lanes in self._classes:
+        for lanes in self._classes:  # a class's lost items still go before the next class's (bulk) items
+            if since is not None:
                 lanes.take_since(size, now, since, batch, expired)
-        for lanes in self._classes:
             lanes.take(size, now, batch, expired)
         return batch, expired
+
+    def count_since(self, since: float) -> int:
+        """How many live items were enqueued at or after `since` (admission under SLO batching: the items
+        a new one waits behind), counted from the lanes' tails without copying them."""
+        count = 0
+        for lanes in self._classes:
+            for lane in lanes.lanes.values():
+                for item in reversed(lane):
+                    if item.state is not ItemState.QUEUED:
+                        continue
+                    if item.enqueued_at < since:
+                        break
+                    count += 1
+        return count
 
     def times_since(self, since: float) -> list[float]:
         """When the live items that a cut with `since` would choose from were enqueued, oldest first."""

@@ -236,13 +236,11 @@ def batch_policy(
     )
 
 
-def queued_ahead(
-    config: ModelConfig, queued_times: Callable[[float], list[float]]
-) -> Callable[[float], int] | None:
+def queued_ahead(config: ModelConfig, count_since: Callable[[float], int]) -> Callable[[float], int] | None:
     """For admission's deadline check: how many queued items a new one would wait behind at `now`. SLO
     batching serves the items that can still meet the SLO (enqueued within its budget) before the lost
     ones, so only those count; None for the fixed policy (every queued item is ahead, FIFO)."""
     if config.batching != "slo" or config.slo is None:
         return None
     budget = budget_s(config.slo)
-    return lambda now: len(queued_times(now - budget))
+    return lambda now: count_since(now - budget)
