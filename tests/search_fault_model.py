@@ -111,6 +111,8 @@ class ShardRequest:
     calls: dict[int, tuple[Replica, float]] = field(default_factory=dict)
     hedged: bool = False
     done: bool = False
+    probe: bool = False
+    """The chooser made its first request a probe of a slow replica."""
 
 
 @dataclass(eq=False)
@@ -162,7 +164,7 @@ class Model:
             self.at(t, "search", None)
         while self.events:
             t, _, kind, what = heapq.heappop(self.events)
-            self.clock.advance(t - self.clock.now())
+            self.clock.advance(max(0.0, t - self.clock.now()))  # float rounding: never backwards
             getattr(self, f"on_{kind}")(what)
         return self.outcome()
 
@@ -175,6 +177,7 @@ class Model:
         now = self.clock.now()
         replica = self.chooser.choose(self.replicas[req.shard], 0, set(), now)
         assert replica is not None
+        req.probe = self.chooser.probed
         self.hedge.started()
         if req.shard == 0:
             after = now >= self.s.slow_at_s + self.s.slow_s
@@ -187,8 +190,7 @@ class Model:
         self.at(now + self.hedge_delay(req), "hedge", req)
 
     def hedge_delay(self, req: ShardRequest) -> float:
-        (replica, _), *_ = req.calls.values()
-        return self.hedge.delay_s(req.shard, replica)
+        return self.hedge.delay_s(req.shard, req.probe)
 
     def send(self, req: ShardRequest, replica: Replica) -> None:
         now = self.clock.now()
@@ -204,8 +206,7 @@ class Model:
         req.hedged = True
         tried = {r for r, _ in req.calls.values()}
         replica = self.chooser.choose(self.replicas[req.shard], 0, tried, self.clock.now())
-        (first, _), *_ = req.calls.values()
-        if replica is not None and self.hedge.try_hedge(first):
+        if replica is not None and self.hedge.try_hedge(req.probe):
             self.send(req, replica)
 
     def on_answer(self, what: tuple[ShardRequest, int]) -> None:

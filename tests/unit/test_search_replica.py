@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
-from inferd.search.replica import InlinePolicy, split_frames
+from inferd.search.replica import InlinePolicy, Replica, split_frames
 from inferd.worker import protocol as p
 
 
@@ -40,3 +42,61 @@ def test_frames_are_split_whole_and_a_partial_one_is_kept() -> None:
 def test_a_frame_over_the_limit_is_refused() -> None:
     with pytest.raises(p.ProtocolError):
         split_frames(bytearray(p.encode_frame(p.ShardCall(1, "search", b"x" * 100))), max_bytes=50)
+
+
+class FakeWriter:
+    def __init__(self) -> None:
+        self.frames: list[bytes] = []
+
+    def write(self, data: bytes) -> None:
+        self.frames.append(data)
+
+    def is_closing(self) -> bool:
+        return False
+
+    async def drain(self) -> None:
+        return None
+
+
+async def test_a_chunk_of_inline_reads_yields_the_loop_between_slices_and_keeps_arrival_order() -> None:
+    writer = FakeWriter()
+    replica = Replica("w", writer)  # type: ignore[arg-type]
+    replica.inline_slice_s = 0.0  # every inline read uses up a slice
+    reader = asyncio.StreamReader()
+    calls = 20
+    reader.feed_data(b"".join(p.encode_frame(p.ShardCall(i, "search", b"")) for i in range(1, calls + 1)))
+    reader.feed_data(p.encode_frame(p.Drain()))
+    seen: list[int] = []
+
+    async def other_task() -> None:  # a heartbeat's stand-in: how far the reads got each time it ran
+        while replica.completed < calls:
+            seen.append(replica.completed)
+            await asyncio.sleep(0)
+
+    watcher = asyncio.create_task(other_task())
+    assert await replica._receive(reader) == "drained"
+    await watcher
+    replica._thread.shutdown(wait=False)
+    assert any(0 < n < calls for n in seen)  # it ran while the chunk's reads were being answered
+    replies = [p.decode_message(f[4:]) for f in writer.frames]
+    assert [r.call_id for r in replies] == list(range(1, calls + 1))  # in arrival order
+    assert all(r.error == ("Internal", "no shard assigned yet") for r in replies)
+
+
+async def test_inline_reads_within_a_slice_run_back_to_back() -> None:
+    writer = FakeWriter()
+    replica = Replica("w", writer)  # type: ignore[arg-type]
+    replica.inline_slice_s = 3600.0
+    reader = asyncio.StreamReader()
+    reader.feed_data(b"".join(p.encode_frame(p.ShardCall(i, "search", b"")) for i in range(1, 11)))
+    reader.feed_data(p.encode_frame(p.Drain()))
+    seen: list[int] = []
+
+    async def other_task() -> None:
+        seen.append(replica.completed)
+
+    watcher = asyncio.create_task(other_task())
+    assert await replica._receive(reader) == "drained"
+    await watcher
+    replica._thread.shutdown(wait=False)
+    assert seen == [10]  # no yield: the whole chunk was answered before the other task ran

@@ -94,3 +94,16 @@ async def test_without_budget_a_hanging_shard_is_left_out_at_the_deadline() -> N
 async def test_a_shard_with_no_replica_answers_nothing_at_once() -> None:
     calls = FakeCalls({})
     assert await ask(scatter(calls)) is None
+
+
+async def test_a_read_is_never_hedged_or_failed_over_to_a_replica_behind_its_min_seq() -> None:
+    for how in ("hang", "fail"):
+        calls = FakeCalls({"stale": "answer", "fresh": how})
+        stale, fresh = calls.replicas
+        stale.applied_seq, fresh.applied_seq = 5, 10
+        fresh.slow = True  # a slow verdict does not make the only fresh replica's read a probe
+        s = scatter(calls)
+        assert await s.ask(0, "search", b"", 10, s.clock.now() + 0.05) is None  # left out, not stale
+        assert calls.asked == ["fresh"], how
+        assert s.hedge.statistics().hedges == 0
+        assert await s.ask(0, "search", b"", 5, s.clock.now() + 5.0) == b"stale"  # where it is fresh enough

@@ -18,7 +18,13 @@ from inferd.search.config import parse_params
 from inferd.search.embedder import EmbedderHealth, EmbedderState
 from inferd.search.hedge import HedgePolicy
 from inferd.search.indexes import IndexAdmin, worker_cap
-from inferd.search.replicas import Replica, ReplicaChooser, ReplicaPhase, least_served_shard
+from inferd.search.replicas import (
+    SLOW_SAMPLES,
+    Replica,
+    ReplicaChooser,
+    ReplicaPhase,
+    least_served_shard,
+)
 from inferd.search.requests import MAX_BATCH_DOCUMENTS, parse_documents, parse_search
 from inferd.search.sequencer import ShardLog
 from inferd.search.service import shard_of
@@ -82,7 +88,8 @@ def test_choice_prefers_fresh_replicas_then_the_lower_load() -> None:
 def test_a_slow_replica_gets_only_probes_until_answers_of_its_own_clear_it() -> None:
     fast, slow = replica(0, 9, load=3), replica(0, 9)
     fast.observe(0.002, now=0.0)
-    slow.observe(0.040, now=0.0)  # idle, but 20x slower: 4 x 2 ms in flight still beats 1 x 40 ms
+    for _ in range(SLOW_SAMPLES):  # idle, but 20x slower: 4 x 2 ms in flight still beats 1 x 40 ms
+        slow.observe(0.040, now=0.0)
     chooser = ReplicaChooser(random.Random(1), probe_share=0.125)
     picks = []
     for step in range(100):  # 10 s: the old decay (e-fold a second) would have brought it back in 3
@@ -104,14 +111,45 @@ def test_a_slow_replica_gets_only_probes_until_answers_of_its_own_clear_it() -> 
 
 
 def test_a_probe_is_hedged_at_once_and_may_take_the_last_hedge_token() -> None:
-    fast, slow = replica(0, 9), replica(0, 9)
-    slow.slow = True
     policy = HedgePolicy(FakeClock(), shards=1, initial_delay_s=0.05, ratio=0.0)
-    assert policy.delay_s(0, slow) == 0.0 and policy.delay_s(0, fast) == 0.05
-    assert policy.try_hedge(fast)  # 2 tokens: an ordinary hedge leaves one for a probe
-    assert not policy.try_hedge(fast)
-    assert policy.try_hedge(slow)
-    assert not policy.try_hedge(slow)
+    assert policy.delay_s(0, probe=True) == 0.0 and policy.delay_s(0, probe=False) == 0.05
+    assert policy.try_hedge(probe=False)  # 2 tokens: an ordinary hedge leaves one for a probe
+    assert not policy.try_hedge(probe=False)
+    assert policy.try_hedge(probe=True)
+    assert not policy.try_hedge(probe=True)
+
+
+def test_a_slow_replica_holding_the_only_fresh_copy_is_no_probe_and_never_hedged_to_a_stale_one() -> None:
+    stale, fresh = replica(0, 5), replica(0, 10)
+    for _ in range(SLOW_SAMPLES):
+        stale.observe(0.001, now=0.0)
+        fresh.observe(0.040, now=0.0)
+    fresh.slow = True  # judged slow against its peer
+    chooser = ReplicaChooser(random.Random(1))
+    policy = HedgePolicy(FakeClock(), shards=1, initial_delay_s=0.05)
+    assert chooser.choose([stale, fresh], 10, set(), 0.0) is fresh  # the only one holding seq 10
+    assert not chooser.probed and policy.delay_s(0, chooser.probed) == 0.05  # hedged on the p95, not at once
+    assert chooser.choose([stale, fresh], 10, {fresh}, 0.0) is None  # no hedge, no failover to the stale one
+    assert chooser.choose([stale, fresh], 5, {fresh}, 0.0) is stale  # where it holds the read's seq, it may
+    assert chooser.choose([stale], 10, set(), 0.0) is stale  # none fresh at all: the freshest answers
+
+
+def test_one_slow_sample_is_no_slow_verdict_and_a_replica_without_peers_is_not_slow() -> None:
+    a, b = replica(0, 9), replica(0, 9)
+    chooser = ReplicaChooser(random.Random(1))
+    for _ in range(10):
+        a.observe(0.001, now=0.0)
+        b.observe(0.001, now=0.0)
+    b.observe(0.0045, now=0.0)  # one call queued behind a burst
+    chooser.choose([a, b], 9, set(), 0.0)
+    assert not b.slow
+    for _ in range(SLOW_SAMPLES):  # slow answers that persist are a slow replica
+        b.observe(0.010, now=0.0)
+    chooser.choose([a, b], 9, set(), 0.0)
+    assert b.slow
+    a.phase = ReplicaPhase.GONE  # its only peer went: nothing to compare with
+    chooser.choose([a, b], 9, set(), 0.0)
+    assert not b.slow
 
 
 def test_a_slower_answer_counts_whole_and_an_unanswered_call_only_raises_the_estimate() -> None:

@@ -4,7 +4,7 @@ A shard's request that has not answered after the shard's observed p95 latency i
 replica too (the first answer wins; searches are read-only, so a copy is harmless). Hedges spend a
 budget that every first request tops up by `ratio` (5%): at most that share of extra shard requests,
 plus a small burst, whatever the latencies do. Until a shard has `min_samples` latencies it hedges after
-`initial_delay_s`. A first request to a replica the chooser marks slow (a probe, search/replicas.py) is
+`initial_delay_s`. A first request the chooser made a probe of a slow replica (search/replicas.py) is
 hedged at once and may spend the last token: other hedges leave `probe_reserve` tokens for probes, so no
 search waits on a slow replica while the budget lasts. (batching/hedging.py decides on whole batches from
 a fleet cost line and spends the shared retry budget; a shard request is one read, so this smaller rule
@@ -18,7 +18,6 @@ from collections import deque
 from dataclasses import dataclass
 
 from inferd.clock import Clock
-from inferd.search.replicas import Replica
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,18 +74,19 @@ class HedgePolicy:
         samples = self._sorted[shard]
         return samples[int(0.95 * (len(samples) - 1))] if len(samples) >= self.min_samples else None
 
-    def delay_s(self, shard: int, first: Replica | None = None) -> float:
-        """How long the first request (to `first`) may run before a hedge is worth sending: none when it
-        went to a replica the chooser marks slow (a probe), else the shard's p95."""
-        if first is not None and first.slow:
+    def delay_s(self, shard: int, probe: bool = False) -> float:
+        """How long the first request may run before a hedge is worth sending: none when the chooser
+        made it a probe of a slow replica, else the shard's p95."""
+        if probe:
             return 0.0
         p95 = self._p95(shard)
         return self.initial_delay_s if p95 is None else max(self.min_delay_s, p95)
 
-    def try_hedge(self, first: Replica | None = None) -> bool:
+    def try_hedge(self, probe: bool = False) -> bool:
         """Spend one hedge from the budget; False (counted) when it is spent. A hedge of a probe (the
-        first request went to a slow replica) may take the last token; others leave `probe_reserve`."""
-        need = 1.0 if first is not None and first.slow else 1.0 + self.probe_reserve
+        chooser sent the first request to a slow replica) may take the last token; others leave
+        `probe_reserve`."""
+        need = 1.0 if probe else 1.0 + self.probe_reserve
         if self._tokens >= need:
             self._tokens -= 1.0
             self.hedges += 1

@@ -6,7 +6,8 @@ the front end then ships the log entries after it, in seq order (ShardCall "appl
 gets and snapshot orders the same way. Calls run one at a time, in arrival order: a search sees every
 entry shipped before it. Short reads (searches and gets whose recent CPU time is under INLINE_MAX_S)
 run on the event loop, as they arrive or as they come up in the queue behind a long call: the hand-off
-to a thread and back cost more CPU than a small shard's search. Everything else runs on the shard's
+to a thread and back cost more CPU than a small shard's search; they yield the loop every INLINE_SLICE_S
+of such work, so a burst of them does not hold up heartbeats. Everything else runs on the shard's
 thread, so heartbeats keep flowing while the shard works.
 """
 
@@ -33,6 +34,9 @@ MAX_QUEUED_CALLS = 256
 INLINE_MAX_S = 0.005
 """A read op runs on the event loop while its recent CPU time stays under this (else on the thread)."""
 INLINE_OPS = frozenset({"search", "get"})
+INLINE_SLICE_S = 0.002
+"""Inline reads run back to back for at most about this long before the loop is yielded (heartbeats, the
+socket): a chunk of many small reads does not hold the event loop for its whole length."""
 READ_CHUNK = 256 * 1024
 _LEN = struct.Struct(">I")
 
@@ -86,6 +90,10 @@ class Replica:
         self._busy = False
         """A call taken from the queue is running (on the thread): later calls queue behind it."""
         self.policy = InlinePolicy()
+        self.inline_slice_s = INLINE_SLICE_S
+        self._slice_start = time.perf_counter()
+        """When the loop was last yielded here (a read of buffered bytes need not yield): the inline work
+        since then is bounded."""
 
     async def serve(self, reader: asyncio.StreamReader, version: int, heartbeat_s: float) -> str:
         """Until the front end drains us ("drained") or goes away ("lost")."""
@@ -122,10 +130,18 @@ class Replica:
                     return "drained"
                 if isinstance(msg, p.ShardCall) and self._inline(msg):
                     self._deliver(self._call(msg))
+                    await self._yield_if_held()
                 elif isinstance(msg, (p.ShardAssign, p.ShardCall)):
                     await self._calls.put(msg)
             with contextlib.suppress(OSError):
                 await self.writer.drain()
+
+    async def _yield_if_held(self) -> None:
+        """Let the loop run (heartbeats, other connections) once inline work held it a slice's length;
+        the frames after stay in order (each call still checks what is ahead of it)."""
+        if time.perf_counter() - self._slice_start >= self.inline_slice_s:
+            await asyncio.sleep(0)
+            self._slice_start = time.perf_counter()
 
     def _inline(self, msg: p.ShardCall) -> bool:
         """Run it here and now: a short read with nothing ahead of it (arrival order holds)."""
@@ -145,6 +161,7 @@ class Replica:
             self._deliver(reply)
             with contextlib.suppress(OSError):
                 await self.writer.drain()
+            await self._yield_if_held()
 
     def _deliver(self, reply: p.ShardReply) -> None:
         self.completed += 1

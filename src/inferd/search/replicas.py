@@ -8,6 +8,7 @@ import asyncio
 import enum
 import math
 import random
+from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
@@ -23,6 +24,10 @@ SLOW_RATIO = 3.0
 (see ReplicaChooser), and its estimate stops decaying, so only answers of its own can clear it."""
 SLOW_MARGIN_S = 0.002
 """...and at least this much slower (sub-millisecond jitter is not a slow replica)."""
+SLOW_SAMPLES = 3
+"""The verdict judges an average of a replica's answers (not its peak estimate), and is given only when
+its last this many samples were each over the slow line too: one spike (a burst queueing calls) is not
+a slow replica."""
 PROBE_SHARE = 0.01
 """The share of first requests that may go to slow replicas as probes (one in flight per replica)."""
 
@@ -56,14 +61,22 @@ class Replica:
     latency_s: float = 0.0
     """Peak moving average of its read latency (a slower sample is taken whole, a faster one averaged)."""
     sampled_at: float = -math.inf
+    mean_s: float = 0.0
+    """Moving average of its read latency, both ways (what the slow verdict judges)."""
+    recent_s: deque[float] = field(default_factory=lambda: deque(maxlen=SLOW_SAMPLES))
+    """Its last SLOW_SAMPLES latencies (the verdict needs each of them over the slow line)."""
     slow: bool = False
-    """The chooser's verdict (SLOW_RATIO against its peers): only probes go to it, and they are hedged at
-    once (search/hedge.py)."""
+    """The chooser's verdict (SLOW_RATIO against its peers): it gets only probes (search/hedge.py hedges
+    those at once)."""
 
     def observe(self, latency_s: float, now: float, lower_bound: bool = False) -> None:
         """A read answered after `latency_s`; or, with `lower_bound`, was given up unanswered after that
         long (it counts only when it raises the estimate)."""
         current = self.expected_s(now)
+        if not lower_bound or latency_s > self.mean_s:
+            first = not self.recent_s
+            self.mean_s = latency_s if first else self.mean_s + LATENCY_WEIGHT * (latency_s - self.mean_s)
+            self.recent_s.append(latency_s)
         if lower_bound and latency_s <= current:
             return
         self.latency_s = max(latency_s, current + LATENCY_WEIGHT * (latency_s - current))
@@ -116,12 +129,15 @@ class ReplicaChooser:
     """Power of two choices among a shard's readable replicas, preferring fresh ones (applied at least
     `min_seq`), then the lower cost (calls in flight + 1, times the latency estimate: a slow replica is
     avoided even when nothing is in flight); counts how often the two costs tie (whether the load
-    signal does anything).
+    signal does anything). A second request of a read (a hedge, a failover: `exclude` holds the replicas
+    already asked) never goes to a stale replica when one already asked was fresh.
 
-    A replica whose estimate is SLOW_RATIO times its fastest peer's (and SLOW_MARGIN_S more) is marked
-    slow and left out of the choice: it gets at most PROBE_SHARE of the first requests as probes, one in
-    flight at a time (a probe is hedged at once, so no search waits on it). Its estimate's decay does
-    not bring it back; answers of its own do (probes that answer first, averaged in)."""
+    A replica whose average is SLOW_RATIO times its fastest peer's (and SLOW_MARGIN_S more), on each of
+    its last SLOW_SAMPLES answers too, is marked slow and left out of the choice: it gets at most
+    PROBE_SHARE of the first requests as probes, one in flight at a time (`probed` says the last choice
+    was one: the scatter hedges it at once, so no search waits on it). Its estimate's decay does not
+    bring it back; answers of its own do (probes that answer first, averaged in), or having no peer
+    left to compare with."""
 
     def __init__(self, rng: random.Random | None = None, probe_share: float = PROBE_SHARE) -> None:
         self.rng = rng or random.Random()  # nosec B311  # replica choice, not secrets
@@ -129,19 +145,26 @@ class ReplicaChooser:
         self.choices = 0
         self.ties = 0
         self.probes = 0
+        self.probed = False
+        """Whether the last choice was a probe of a slow replica."""
         self._probe_credit = 0.0
 
     def choose(
         self, candidates: list[Replica], min_seq: int, exclude: set[Replica], now: float = 0.0
     ) -> Replica | None:
-        live = [r for r in candidates if r.readable and r not in exclude]
+        self.probed = False
+        readable = [r for r in candidates if r.readable]
+        live = [r for r in readable if r not in exclude]
         if not live:
             return None
         fresh = [r for r in live if r.applied_seq >= min_seq]
+        if not fresh and any(r.applied_seq >= min_seq for r in exclude):
+            return None  # a fresh one was asked: a stale answer would miss an acknowledged write
         pool = fresh or [max(live, key=lambda r: r.applied_seq)]  # none fresh: the freshest answers
         self.choices += 1
+        self._judge(readable, now)
         if len(pool) > 1:
-            pool = self._without_slow(pool, candidates, min_seq, now, first=not exclude)
+            pool = self._without_slow(pool, first=not exclude)
         if len(pool) == 1:
             return pool[0]
         a, b = self.rng.sample(pool, 2)
@@ -151,11 +174,8 @@ class ReplicaChooser:
             return a if a.load <= b.load else b
         return a if cost_a < cost_b else b
 
-    def _without_slow(
-        self, pool: list[Replica], candidates: list[Replica], min_seq: int, now: float, first: bool
-    ) -> list[Replica]:
+    def _without_slow(self, pool: list[Replica], first: bool) -> list[Replica]:
         """The pool less its slow replicas; or a single slow one, as a probe when one is due."""
-        self._judge([r for r in candidates if r.readable and r.applied_seq >= min_seq], now)
         fast = [r for r in pool if not r.slow]
         slow = [r for r in pool if r.slow and r.load == 0]
         if first and slow:
@@ -163,19 +183,22 @@ class ReplicaChooser:
             if self._probe_credit >= 1.0 or not fast:
                 self._probe_credit = max(0.0, self._probe_credit - 1.0)
                 self.probes += 1
+                self.probed = True
                 return [self.rng.choice(slow)]
         return fast or pool
 
     @staticmethod
     def _judge(peers: list[Replica], now: float) -> None:
-        """Mark each of a shard's fresh replicas slow or not, on their measured (undecayed) estimates:
-        an idle replica's decayed estimate is no yardstick, and one never sampled is not judged."""
-        sampled = [r for r in peers if r.sampled_at > -math.inf]
-        if len(sampled) < 2:
-            return
-        best_s = min(r.latency_s for r in sampled)
+        """Mark each of a shard's readable replicas slow or not, on their averages (undecayed: an idle
+        replica's decayed estimate is no yardstick); one never sampled is not judged, and one with no
+        sampled peer is not slow."""
+        sampled = [r for r in peers if r.recent_s]
+        best_s = min((r.mean_s for r in sampled), default=0.0)
         for r in sampled:
-            slow = r.latency_s > max(SLOW_RATIO * best_s, best_s + SLOW_MARGIN_S)
+            line = max(SLOW_RATIO * best_s, best_s + SLOW_MARGIN_S)
+            slow = len(sampled) > 1 and r.mean_s > line
+            if not r.slow:  # a new verdict needs its recent answers slow too, not one spike
+                slow = slow and len(r.recent_s) == SLOW_SAMPLES and min(r.recent_s) > line
             if r.slow and not slow:
                 r.sampled_at = now  # its estimate decays from here, not from its last answer
             r.slow = slow

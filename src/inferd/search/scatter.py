@@ -33,6 +33,8 @@ class Flight(NamedTuple):
     call_id: int
     sent: float
     span: tracing.Span | None
+    probe: bool = False
+    """The chooser made it a probe of a slow replica (hedged at once, may take the last hedge token)."""
 
 
 class ShardCalls(Protocol):
@@ -80,23 +82,25 @@ class Scatter:
             while True:
                 if not flight or (not hedged and self._hedge_due(shard, flight)):
                     replica = self.chooser.choose(candidates, min_seq, tried, self.clock.now())
+                    probe = self.chooser.probed
                     if replica is None and not flight:
-                        return None  # no live replica left to ask
+                        return None  # no live replica left to ask (none fresh, where a fresh one was)
                     if flight:  # a hedge: at most one per shard request, within the budget
                         hedged = True
-                        if replica is not None and not self.hedge.try_hedge(self._first(flight).replica):
+                        if replica is not None and not self.hedge.try_hedge(self._first(flight).probe):
                             replica = None
                     elif not tried:
                         self.hedge.started()
                     if replica is not None:
-                        self._send(shard, op, body, replica, flight, failover=bool(tried) and not flight)
+                        failover = bool(tried) and not flight
+                        self._send(shard, op, body, replica, flight, failover, probe)
                         tried.add(replica)
                 wait_s = self._wait_s(shard, flight, hedged, deadline)
                 if wait_s <= 0:
                     return None
                 done, _ = await asyncio.wait(flight, timeout=wait_s, return_when=asyncio.FIRST_COMPLETED)
                 for fut in done:
-                    replica, call_id, sent, span = flight.pop(fut)
+                    replica, call_id, sent, span, _ = flight.pop(fut)
                     self.calls.forget(replica, call_id)
                     try:
                         result = self.calls.answer(fut.result())
@@ -111,12 +115,14 @@ class Scatter:
                     return result
         finally:
             now = self.clock.now()
-            for replica, call_id, sent, span in flight.values():
+            for replica, call_id, sent, span, _ in flight.values():
                 self.calls.forget(replica, call_id)
                 replica.observe(now - sent, now, lower_bound=True)  # unanswered for this long
                 tracing.end_span(span, outcome="abandoned")  # the other copy answered, or the deadline
 
-    def _send(self, shard: int, op: str, body: bytes, replica: Replica, flight: dict, failover: bool) -> None:
+    def _send(
+        self, shard: int, op: str, body: bytes, replica: Replica, flight: dict, failover: bool, probe: bool
+    ) -> None:
         """One call to one replica (a hedge when another is in flight), with its inferd.search.shard span."""
         span = tracing.start_span(
             "inferd.search.shard",
@@ -131,7 +137,7 @@ class Scatter:
         except ServingError as exc:
             tracing.end_span(span, outcome="failed", error=exc.code)
             raise
-        flight[fut] = Flight(replica, call_id, self.clock.now(), span)
+        flight[fut] = Flight(replica, call_id, self.clock.now(), span, probe)
 
     @staticmethod
     def _first(flight: dict) -> Flight:
@@ -139,7 +145,7 @@ class Scatter:
 
     def _hedge_due(self, shard: int, flight: dict) -> bool:
         first = self._first(flight)
-        return self.clock.now() - first.sent >= self.hedge.delay_s(shard, first.replica)
+        return self.clock.now() - first.sent >= self.hedge.delay_s(shard, first.probe)
 
     def _wait_s(self, shard: int, flight: dict, hedged: bool, deadline: float) -> float:
         now = self.clock.now()
@@ -147,4 +153,4 @@ class Scatter:
         if hedged or not flight:
             return left
         first = self._first(flight)
-        return min(left, max(0.0, first.sent + self.hedge.delay_s(shard, first.replica) - now) + 1e-4)
+        return min(left, max(0.0, first.sent + self.hedge.delay_s(shard, first.probe) - now) + 1e-4)
