@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import secrets
 import shutil
 import time
@@ -50,6 +51,7 @@ from inferd.search.store import IndexStore
 from inferd.worker.connection import WorkerConnection
 from inferd.worker.hub import WorkerHub
 from inferd.worker.launcher import Launcher, WorkerSlot
+from inferd.worker.orphans import server_pids_env
 from inferd.worker.supervisor import Supervisor
 
 if TYPE_CHECKING:
@@ -123,15 +125,17 @@ class InferenceServer:
             silence_timeout_s=config.heartbeat_timeout_s,
         )
         self._socket_dir, self.worker_address, local_workers = worker_sockets(frontend)
+        subreaper = frontend.parent_pid if frontend is not None else 0
         self.supervisor: Launcher[Any] = Supervisor(
             local_workers,
             self._token,
             config.log_level,
-            extra_args=[*config.observability.worker_args(), *(["--reconnect"] if frontend else [])],
-            adopt=frontend is not None and frontend.is_owner,
+            extra_args=[*config.observability.worker_args(), *(["--reconnect"] if subreaper else [])],
+            env=server_pids_env(os.getpid(), subreaper) if subreaper else None,
+            adopt=bool(subreaper) and frontend is not None and frontend.is_owner,
         )
         """Several front ends: the local workers outlive an owner that dies, and the next one adopts
-        them (worker/survivors.py)."""
+        them (worker/survivors.py); they exit once the server is gone (worker/orphans.py)."""
         self.ray_launcher: RayLauncher | None = None
         if config.ray_address:  # workers as Ray actors; they join over the TCP worker port
             from inferd.fleet.ray_launcher import RayLauncher

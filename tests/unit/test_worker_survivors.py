@@ -6,6 +6,7 @@ the others. The "workers" are real processes that only sleep, named like workers
 from __future__ import annotations
 
 import asyncio
+import os
 import subprocess
 import sys
 import time
@@ -97,3 +98,23 @@ async def test_a_restarted_owner_adopts_its_slots_workers_and_stops_the_others(
         with pytest.raises(asyncio.CancelledError):
             await running
     assert await asyncio.to_thread(sleepers[0].wait, 10) == -15  # stopped with the supervisor
+
+
+def test_a_worker_that_cannot_be_signalled_is_logged_not_raised(
+    address: str,
+    sleepers: list[subprocess.Popen[bytes]],
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Another user's process (EPERM) must not abort the supervisor that adopts or stops it."""
+    pid = sleeper(sleepers, address, "m-0.3")
+
+    def refuse(pid: int, sig: int) -> None:
+        raise PermissionError(1, "Operation not permitted")
+
+    monkeypatch.setattr(os, "kill", refuse)
+    adopted = Adopted(pid, "m-0.3", address)
+    adopted.terminate()
+    adopted.kill()
+    assert "cannot signal worker m-0.3" in caplog.text
+    assert adopted.returncode is None  # still running: nothing was sent

@@ -9,7 +9,9 @@ that dies.
 * A front end that dies takes only its own connections (and their requests) with it; the parent starts
   it again and the workers rejoin it. The owner's workers outlive it too (they go on serving the
   others): the parent is their subreaper (orphaned, they become its children and it reaps them), and
-  the restarted owner adopts them (worker/survivors.py).
+  the restarted owner adopts them (worker/survivors.py). Where the parent cannot be their subreaper
+  (no prctl, no /proc), they exit with the owner as with one front end; and once the parent and the
+  owner are both gone, they exit too (worker/orphans.py).
 * SIGTERM, SIGINT and SIGHUP go to every front end; the parent exits once they all have, stopping any
   worker still there (one left by an owner that died while the server stopped).
 
@@ -21,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import dataclasses
 import logging
 import multiprocessing
 import os
@@ -113,8 +116,10 @@ class Frontends:
         log.info("%d front ends on %s:%d (owner: front end 0)", self.plan.count, self.cfg.host, self.cfg.port)
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             signal.signal(sig, self._forward)
-        if not become_subreaper():
-            log.warning("cannot become the workers' subreaper: the owner's orphaned workers go to init")
+        if become_subreaper() and os.path.isdir("/proc"):
+            self.plan = dataclasses.replace(self.plan, parent_pid=os.getpid())
+        else:
+            log.warning("cannot become the workers' subreaper: the owner's workers exit with it")
         try:
             for index in range(self.plan.count):
                 self._start(index)

@@ -17,6 +17,9 @@ class FrontendPlan:
     """The parent's folder for the front ends' Unix sockets (removed by the parent)."""
     token: str
     """The local workers' join token, accepted by every front end."""
+    parent_pid: int = 0
+    """The parent process when it is the local workers' subreaper (and /proc is there): the owner's
+    workers outlive it and the next owner adopts them. 0: they exit with the owner."""
 
     @property
     def is_owner(self) -> bool:
@@ -37,7 +40,7 @@ class FrontendPlan:
         return os.path.join(self.socket_dir, "traffic.sock")
 
     def at(self, index: int) -> FrontendPlan:
-        return FrontendPlan(index, self.count, self.socket_dir, self.token)
+        return FrontendPlan(index, self.count, self.socket_dir, self.token, self.parent_pid)
 
 
 def worker_sockets(plan: FrontendPlan | None) -> tuple[str, str, str]:

@@ -35,6 +35,7 @@ from inferd.worker import protocol as p
 from inferd.worker.credits import CAP, CreditLedger
 from inferd.worker.device import Device
 from inferd.worker.fronts import FrontLink, SequenceOwners, give_up_when_silent, split_addresses
+from inferd.worker.orphans import orphaned
 
 log = logging.getLogger("inferd.worker")
 
@@ -119,6 +120,8 @@ class Worker:
                 outcome = "lost"
                 log.warning("worker %s: cannot reach the front end at %s: %s", self.worker_id, address, exc)
             if outcome in ("drained", "refused", "load_failed") or not reconnect or self._draining:
+                return outcome
+            if orphaned(self.worker_id):  # no front end comes back: let go of the device
                 return outcome
             if outcome == "served":
                 delay_s = 0.2
@@ -324,11 +327,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model", required=True, help="name of the model this worker serves")
     parser.add_argument("--token", default="", help="join token, if the front end requires one")
     parser.add_argument("--worker-id", default="", help="worker id (default: random)")
-    parser.add_argument(
-        "--reconnect",
-        action="store_true",
-        help="when the front end goes away, reconnect and register again (remote workers)",
-    )
+    parser.add_argument("--reconnect", action="store_true", help="rejoin lost front ends (remote workers)")
     parser.add_argument(
         "--model-repo",
         type=Path,

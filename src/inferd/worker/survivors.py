@@ -14,7 +14,6 @@ a survivor that no slot wants is stopped.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import signal
@@ -126,5 +125,9 @@ class Adopted:
 
     def _signal(self, sig: int) -> None:
         if self.returncode is None:
-            with contextlib.suppress(ProcessLookupError):
+            try:
                 os.kill(self.pid, sig)
+            except ProcessLookupError:
+                pass  # gone since
+            except PermissionError as exc:
+                log.warning("cannot signal worker %s (pid %d): %s", self.incarnation, self.pid, exc)
