@@ -4,6 +4,7 @@ Bounded in count (`max_requests`) and in time (`max_s`)."""
 
 from __future__ import annotations
 
+import http.client
 import json
 import threading
 import time
@@ -103,7 +104,7 @@ def infer(url: str, text: str) -> Answer | None:
             return Answer(text, r.status, output, time.monotonic() - t0)
     except urllib.error.HTTPError as exc:
         return Answer(text, exc.code, exc.read().decode(errors="replace"), time.monotonic() - t0)
-    except OSError:
+    except (OSError, http.client.HTTPException):  # connection refused, reset, or cut mid-answer (IncompleteRead)
         return None
 
 
