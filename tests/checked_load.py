@@ -104,7 +104,10 @@ def infer(url: str, text: str) -> Answer | None:
             return Answer(text, r.status, output, time.monotonic() - t0)
     except urllib.error.HTTPError as exc:
         return Answer(text, exc.code, exc.read().decode(errors="replace"), time.monotonic() - t0)
-    except (OSError, http.client.HTTPException):  # connection refused, reset, or cut mid-answer (IncompleteRead)
+    except (
+        OSError,
+        http.client.HTTPException,
+    ):  # connection refused, reset, or cut mid-answer (IncompleteRead)
         return None
 
 
