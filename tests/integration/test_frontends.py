@@ -10,17 +10,16 @@ Bounded: one server for the module, loads capped in count and time."""
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import time
-import urllib.request
 from collections.abc import Iterator
 
 import pytest
 
 from tests.checked_load import Load, tally, wait_for
-from tests.conftest import ServerProc, alive, child_pids, start_server
+from tests.conftest import ServerProc, alive, child_pids
+from tests.frontends_harness import ready_workers, scrape, two_frontends
 
 CONFIG = """
 [models.sim]
@@ -38,36 +37,8 @@ worker's credits would hold up to 4 batches on it."""
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProc]:
-    root = tmp_path_factory.mktemp("frontends")
-    path = root / "inferd.toml"
-    path.write_text(CONFIG)
-    proc = start_server(root, "--model", "sim", "--workers", "2", "--frontends", "2", "--config", str(path))
-    try:
-        wait_for(lambda: len(ready_workers(proc)) == 2, 30, "two ready workers")
+    with two_frontends(tmp_path_factory.mktemp("frontends"), CONFIG) as proc:
         yield proc
-    finally:
-        proc.stop()
-
-
-def get_json(url: str) -> dict:
-    with urllib.request.urlopen(url, timeout=10) as r:
-        return json.loads(r.read())
-
-
-def ready_workers(server: ServerProc) -> list[dict]:
-    return [w for w in get_json(f"{server.admin_url}/admin/workers")["workers"] if w["state"] == "ready"]
-
-
-def scrape(server: ServerProc) -> dict[str, float]:
-    """Sample line -> value, of one /metrics scrape (a new connection: either front end answers)."""
-    with urllib.request.urlopen(f"{server.url}/metrics", timeout=10) as r:
-        text = r.read().decode()
-    out = {}
-    for line in text.splitlines():
-        if line and not line.startswith("#"):
-            name, _, value = line.rpartition(" ")
-            out[name] = float(value)
-    return out
 
 
 def ok_requests(sample: dict[str, float], frontend: str) -> float:

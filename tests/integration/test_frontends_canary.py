@@ -19,6 +19,7 @@ import pytest
 
 from inferd.models.sim import sim_digest
 from tests.conftest import ServerProc, start_server
+from tests.frontends_harness import scrape
 from tests.integration.test_traffic import COMMON, write_repo
 
 FAILING = (
@@ -37,17 +38,6 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProc]:
     s = start_server(root, "--model-repo", str(write_repo(root, {"failing": FAILING})), "--frontends", "2")
     yield s
     assert s.stop() in (0, -15)
-
-
-def scrape(server: ServerProc) -> dict[str, float]:
-    with urllib.request.urlopen(f"{server.url}/metrics", timeout=10) as r:
-        text = r.read().decode()
-    out = {}
-    for line in text.splitlines():
-        if line and not line.startswith("#"):
-            name, _, value = line.rpartition(" ")
-            out[name] = float(value)
-    return out
 
 
 def requests_of(sample: dict[str, float], frontend: int) -> float:

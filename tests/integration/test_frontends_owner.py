@@ -26,8 +26,10 @@ from pathlib import Path
 import pytest
 
 from inferd.models.sim import sim_digest
+from tests import frontends_harness as harness
 from tests.checked_load import wait_for
 from tests.conftest import ServerProc, alive, child_pids, start_server
+from tests.frontends_harness import two_frontends
 
 CONFIG = """
 [models.sim]
@@ -43,24 +45,15 @@ CLIENTS = 3
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProc]:
-    root = tmp_path_factory.mktemp("frontends-owner")
-    path = root / "inferd.toml"
-    path.write_text(CONFIG)
-    proc = start_server(root, "--model", "sim", "--workers", "2", "--frontends", "2", "--config", str(path))
-    try:
-        wait_for(lambda: len(ready_workers(proc)) == 2, 30, "two ready workers")
+    with two_frontends(tmp_path_factory.mktemp("frontends-owner"), CONFIG) as proc:
         yield proc
-    finally:
-        proc.stop()
 
 
 def ready_workers(server: ServerProc) -> list[dict]:
     try:
-        with urllib.request.urlopen(f"{server.admin_url}/admin/workers", timeout=5) as r:
-            workers = json.loads(r.read())["workers"]
+        return harness.ready_workers(server)
     except OSError:
         return []  # the owner (which serves the admin API) is not there
-    return [w for w in workers if w["state"] == "ready"]
 
 
 def worker_processes(server: ServerProc) -> set[int]:
