@@ -55,7 +55,7 @@ async def test_a_draining_llm_worker_finishes_its_sequences_takes_aborts_and_exi
     tokens: dict[str, list[int]] = {}
     finish: dict[str, str] = {}
     for step in steps:
-        for d in step.deltas:
+        for d in step.all_deltas():
             tokens.setdefault(d.seq_id, []).extend(d.token_ids)
             if d.finish_reason:
                 finish[d.seq_id] = d.finish_reason

@@ -16,7 +16,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
 from inferd.clock import FakeClock
 from inferd.llm.plan import SchedulerConfig
-from inferd.llm.routing import PrefixAffinityRouter, RoutingConfig, WorkerLoad
+from inferd.llm.routing import PrefixAffinityRouter, RoutingConfig, WorkerLoad, home
 from inferd.llm.sequence import Sequence
 from inferd.routing.health import Health
 
@@ -128,11 +128,13 @@ def test_another_tenant_and_an_old_memory_do_not_count_as_cached() -> None:
     prompt = PREFIXES[1] + [5]
     r.record("w1", r.block_hashes(prompt, "alice"))
     views = [WorkerLoad("w0", Health.READY, 0), WorkerLoad("w1", Health.READY, 0)]
-    other = r.pick(views, r.block_hashes(prompt, "bob"), len(prompt))
-    assert other is not None and (other.worker_id, other.cached_blocks) == ("w0", 0)
+    bob = r.block_hashes(prompt, "bob")
+    other = r.pick(views, bob, len(prompt))  # nothing cached for bob: his prefix's rendezvous home
+    assert other is not None and (other.worker_id, other.cached_blocks) == (home(["w0", "w1"], bob[0]), 0)
     clock.advance(31.0)
-    stale = r.pick(views, r.block_hashes(prompt, "alice"), len(prompt))
-    assert stale is not None and (stale.worker_id, stale.cached_blocks) == ("w0", 0)
+    alice = r.block_hashes(prompt, "alice")
+    stale = r.pick(views, alice, len(prompt))
+    assert stale is not None and (stale.worker_id, stale.cached_blocks) == (home(["w0", "w1"], alice[0]), 0)
 
 
 def test_memory_per_worker_is_bounded() -> None:

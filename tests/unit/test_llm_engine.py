@@ -39,7 +39,7 @@ async def run_engine(messages: list[p.Message], params: dict | None = None) -> l
 def tokens_by_seq(steps: list[p.StepDeltas]) -> dict[str, list[int]]:
     out: dict[str, list[int]] = {}
     for step in steps:
-        for d in step.deltas:
+        for d in step.all_deltas():
             out.setdefault(d.seq_id, []).extend(d.token_ids)
     return out
 
@@ -52,14 +52,14 @@ async def test_engine_streams_the_documented_tokens_for_every_sequence() -> None
     got = tokens_by_seq(steps)
     for sid, (text, seed, n) in prompts.items():
         assert [VOCAB[t] for t in got[sid]] == sim_llm_tokens(text, seed, n)
-    finishes = {d.seq_id: d.finish_reason for s in steps for d in s.deltas if d.finish_reason}
+    finishes = {d.seq_id: d.finish_reason for s in steps for d in s.all_deltas() if d.finish_reason}
     assert finishes == {sid: "length" for sid in prompts}
     assert steps[-1].stats.finished == 6 and steps[-1].stats.running == 0
 
 
 async def test_abort_ends_the_sequence_and_is_counted() -> None:
     steps = await run_engine([p.AddSequence("a", [1, 2, 3], 500), p.AbortSequence("a")])
-    assert [(d.seq_id, d.finish_reason) for s in steps for d in s.deltas] == [("a", "abort")]
+    assert [(d.seq_id, d.finish_reason) for s in steps for d in s.all_deltas()] == [("a", "abort")]
     assert steps[-1].stats.aborted == 1 and steps[-1].stats.running == 0
 
 
@@ -67,7 +67,7 @@ async def test_sequence_the_scheduler_refuses_gets_an_error_delta() -> None:
     steps = await run_engine(
         [p.AddSequence("big", [1] * 10, 100)], params={"scheduler": {"num_blocks": 2, "block_size": 16}}
     )
-    (delta,) = [d for s in steps for d in s.deltas]
+    (delta,) = [d for s in steps for d in s.all_deltas()]
     assert delta.finish_reason == "error" and delta.error is not None and delta.error[0] == "BadRequest"
 
 
@@ -121,7 +121,7 @@ async def test_a_step_that_raises_ends_its_sequences_with_an_error_and_the_engin
         engine2.submit(p.AddSequence("good", tok.encode("three four"), 3, 2))
         engine2.stop(finish_running=True)
         await engine2.run()
-    finishes = {d.seq_id: d.finish_reason for s in sent for d in s.deltas if d.finish_reason}
+    finishes = {d.seq_id: d.finish_reason for s in sent for d in s.all_deltas() if d.finish_reason}
     assert finishes == {"bad": "error", "good": "length"}
     assert [VOCAB[t] for t in tokens_by_seq(sent)["good"]] == sim_llm_tokens("three four", 2, 3)
 

@@ -224,12 +224,12 @@ async def test_engine_continues_sim_llm_tokens_after_the_resumed_output(k: int) 
     steps = await run_engine([add], {"scheduler": {"block_size": 2}})  # output spans blocks
     assert [VOCAB[t] for t in tokens_by_seq(steps)["r"]] == want[k:]
     assert any("r" in s.admitted for s in steps)
-    assert [d.finish_reason for s in steps for d in s.deltas if d.finish_reason] == ["length"]
+    assert [d.finish_reason for s in steps for d in s.all_deltas() if d.finish_reason] == ["length"]
 
 
 async def test_engine_refuses_a_resume_with_nothing_left_to_generate() -> None:
     steps = await run_engine([p.AddSequence("r", [1, 2], 2, output=[3, 4])])
-    (delta,) = [d for s in steps for d in s.deltas]
+    (delta,) = [d for s in steps for d in s.all_deltas()]
     assert delta.finish_reason == "error" and delta.error is not None and "nothing left" in delta.error[1]
 
 

@@ -129,7 +129,7 @@ class SimLLMDevice:
     def finish(self, plan: StepPlan, outputs: dict, notes: list[p.SeqDelta], cost: float) -> None:
         if self.dead:
             return
-        self.engine.post(notes + self.engine.apply(plan, outputs), cost, plan.admitted, plan.preempted)
+        self.engine.post_step(plan, outputs, notes, cost)
         self.step()
 
     def receive_step(self, msg: p.Message) -> None:
@@ -248,6 +248,21 @@ class LLMFleet:
         slo = self.itl_slo_s
         rid_of, streams, tokens, last_at = self.rid_of, self.streams, self.tokens, self.last_at
         gaps = self.gaps.buffer
+        measured, over = self.measured, self.over
+        for seq_id in msg.decoded_ids:  # one token each, none ends
+            rid = rid_of.get(seq_id)
+            if rid is None:
+                continue
+            if tokens[rid]:
+                gap = now - last_at[rid]
+                if gap > slo:
+                    over[rid] += 1
+                if measured[rid]:
+                    gaps.append(gap)
+            else:
+                self.first_at[rid] = now
+            last_at[rid] = now
+            tokens[rid] += 1
         for delta in msg.deltas:
             rid = rid_of.get(delta.seq_id)
             if rid is None:

@@ -85,7 +85,8 @@ class LLMEngine:
                 continue
             plan = self.scheduler.schedule()
             outputs, compute_s = await self._run(plan)
-            await self._deliver(notes + self.apply(plan, outputs), compute_s, plan.admitted, plan.preempted)
+            self.post_step(plan, outputs, notes, compute_s)
+            await self.flush()  # backpressure: a slow front end slows the engine, never grows a buffer
 
     # ---- the loop's synchronous steps (the fleet simulator drives them on a virtual clock) ---------
     def receive(self) -> list[p.SeqDelta]:
@@ -122,13 +123,15 @@ class LLMEngine:
             outputs = {c.seq_id: SeqOutput(finish=FinishReason.ERROR) for c in plan.chunks}
         return outputs, time.perf_counter() - start
 
-    def apply(self, plan: StepPlan, outputs: dict) -> list[p.SeqDelta]:
-        """The scheduler records the step's outputs; its deltas, as they go on the wire."""
+    def post_step(self, plan: StepPlan, outputs: dict, notes: list[p.SeqDelta], compute_s: float) -> None:
+        """The scheduler records the step's outputs; send them, after `notes` (from `receive`)."""
+        rec = self.scheduler.record(plan, outputs)
         wire = p.SeqDelta
-        return [
-            wire(d.seq_id, list(d.token_ids), None if d.finish_reason is None else d.finish_reason.value)
-            for d in self.scheduler.apply(plan, outputs)
-        ]
+        for d in rec.deltas:
+            notes.append(
+                wire(d.seq_id, list(d.token_ids), None if d.finish_reason is None else d.finish_reason.value)
+            )
+        self.post(notes, compute_s, plan.admitted, plan.preempted, rec.ids, rec.tokens)
 
     def post(
         self,
@@ -136,21 +139,28 @@ class LLMEngine:
         compute_s: float,
         admitted: tuple[str, ...] = (),
         preempted: tuple[str, ...] = (),
+        decoded_ids: list[str] | None = None,
+        decoded_tokens: list[int] | None = None,
     ) -> None:
         """Release the sequences that ended and send the step's StepDeltas."""
         for d in deltas:
             if d.finish_reason is not None:
                 self._release(d.seq_id)
-        self.send(p.StepDeltas(compute_s, deltas, self._stats(), list(admitted), list(preempted)))
+        stats = self._stats()
+        self.send(
+            p.StepDeltas(
+                compute_s,
+                deltas,
+                stats,
+                list(admitted),
+                list(preempted),
+                decoded_ids or [],
+                decoded_tokens or [],
+            )
+        )
 
-    async def _deliver(
-        self,
-        deltas: list[p.SeqDelta],
-        compute_s: float,
-        admitted: tuple[str, ...] = (),
-        preempted: tuple[str, ...] = (),
-    ) -> None:
-        self.post(deltas, compute_s, admitted, preempted)
+    async def _deliver(self, deltas: list[p.SeqDelta], compute_s: float) -> None:
+        self.post(deltas, compute_s)
         await self.flush()  # backpressure: a slow front end slows the engine, never grows a buffer
 
     async def _idle(self) -> None:

@@ -13,6 +13,8 @@ and which full blocks are cached for reuse. No tensors, no I/O.
 from __future__ import annotations
 
 import hashlib
+import sys
+from array import array
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -20,11 +22,18 @@ from dataclasses import dataclass
 BlockHash = bytes
 
 
+_ROOT = b"\x00root"
+_BIG_ENDIAN = sys.byteorder == "big"
+
+
 def hash_block(parent: BlockHash | None, tokens: Sequence[int], salt: str) -> BlockHash:
-    """The name of one full block: stable across processes (sha256, not Python's `hash`)."""
-    h = hashlib.sha256(parent or b"\x00root")
-    h.update(f"{salt}\x00{','.join(map(str, tokens))}".encode())
-    return h.digest()
+    """The name of one full block: stable across processes (sha256, not Python's `hash`), over the
+    parent's name, the salt and the token ids as 8-byte integers (half the cost of formatting them)."""
+    ids = array("q", tokens)
+    if _BIG_ENDIAN:  # the same names on every host
+        ids.byteswap()
+    data = b"".join((parent or _ROOT, salt.encode(), b"\x00", ids.tobytes()))
+    return hashlib.sha256(data).digest()
 
 
 @dataclass(frozen=True, slots=True)

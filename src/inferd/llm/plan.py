@@ -111,6 +111,22 @@ class Delta:
     finish_reason: FinishReason | None
 
 
+@dataclass(slots=True)
+class Recorded:
+    """What one applied step streams. The common case, a sequence that got one token and goes on, is
+    kept as two parallel lists (`ids[i]` got `tokens[i]`), with no object per token: at 128 sequences a
+    step that is most of the engine's and the front end's work per token. `deltas`: the rest (the
+    sequences that ended, with their last token if any)."""
+
+    ids: list[str]
+    tokens: list[int]
+    deltas: list[Delta]
+
+    def as_deltas(self) -> list[Delta]:
+        """Every sequence's delta as one list (the single-token ones first)."""
+        return [*(Delta(i, (t,), None) for i, t in zip(self.ids, self.tokens, strict=True)), *self.deltas]
+
+
 @dataclass(frozen=True, slots=True)
 class SchedulerStatistics:
     running: int

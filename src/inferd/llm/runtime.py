@@ -183,6 +183,16 @@ class LLMRuntime:
             live = live_table.get(seq_id)
             if live is not None and live.stream.trace is not None:
                 tracing.event(live.stream.trace, "preempted", {"worker_id": worker.worker_id})
+        wid, placement, observe = worker.worker_id, self.placement, self.metrics is not None
+        for seq_id, token in zip(msg.decoded_ids, msg.decoded_tokens, strict=True):  # one token, goes on
+            live = live_table.get(seq_id)
+            if live is None or (stream := live.stream).worker_id != wid:
+                continue
+            if live.waiting:
+                placement.admitted(live)
+            if observe or stream.trace is not None or not stream.completion_tokens:
+                self._observe_tokens(stream, 1, now, False)
+            stream.push_token(token)
         for delta in msg.deltas:
             live = live_table.get(delta.seq_id)
             if live is None or live.stream.worker_id != worker.worker_id:  # client left, or moved

@@ -32,6 +32,7 @@ from inferd.errors import BadRequest
 from inferd.llm.kv import KVCacheManager
 from inferd.llm.plan import (
     Delta,
+    Recorded,
     ScheduledChunk,
     SchedulerConfig,
     SchedulerFull,
@@ -299,12 +300,18 @@ class LLMScheduler:
                 continue
             start = seq.num_computed
             stop = start + n
-            samples = stop == seq.prompt_len + len(seq.output)
-            chunks.append(ScheduledChunk(seq.seq_id, start, seq.token_ids(start, stop), seq.blocks, samples))
+            output = seq.output
+            samples = stop == seq.prompt_len + len(output)
+            ids = (output[-1],) if n == 1 and samples and output else seq.token_ids(start, stop)  # a decode
+            chunks.append(ScheduledChunk(seq.seq_id, start, ids, seq.blocks, samples))
         admitted, preempted = tuple(step.admitted), tuple(step.preempted)
         return StepPlan(self._steps, tuple(chunks), admitted, preempted, self.config.max_num_batched_tokens)
 
     def apply(self, plan: StepPlan, outputs: Mapping[str, SeqOutput]) -> list[Delta]:
+        """`record`, as one Delta per sequence."""
+        return self.record(plan, outputs).as_deltas()
+
+    def record(self, plan: StepPlan, outputs: Mapping[str, SeqOutput]) -> Recorded:
         """Record what the engine computed for `plan` and return what to stream. A sequence aborted
         since `schedule()` is skipped; a sampling chunk with no output ends its sequence with ERROR."""
         if plan is not self._outstanding:
@@ -314,16 +321,41 @@ class LLMScheduler:
         self._steps += 1
         elapsed = self.clock.now() - self._scheduled_at
         self._step_s = 0.8 * self._step_s + 0.2 * elapsed if elapsed > 0 else self._step_s
-        deltas = []
-        seqs, running, record = self._seqs, SeqStatus.RUNNING, self._record
+        out = Recorded([], [], [])
+        ids, tokens, seqs, running, bs = (
+            out.ids,
+            out.tokens,
+            self._seqs,
+            SeqStatus.RUNNING,
+            self.kv.block_size,
+        )
         for chunk in plan.chunks:
-            seq = seqs.get(chunk.seq_id)
+            seq_id = chunk.seq_id
+            seq = seqs.get(seq_id)
             if seq is None or seq.status is not running:
                 continue
-            delta = record(seq, chunk, outputs.get(chunk.seq_id))
-            if delta is not None:
-                deltas.append(delta)
-        return deltas
+            n = len(chunk.token_ids)
+            computed = seq.num_computed = seq.num_computed + n
+            got = outputs.get(seq_id)
+            token, finish = (None, None) if got is None else (got.token, got.finish)
+            output = seq.output
+            if token is not None:
+                output.append(token)
+            elif chunk.samples and finish is None:
+                finish = FinishReason.ERROR
+            if seq.prompt_len + len(output) >= (len(seq.block_hashes) + 1) * bs:
+                seq.extend_hashes(bs)  # a block of prompt + output is full: name it
+            if n >= bs or computed % bs < n:  # the chunk filled a block: publish its name
+                self.kv.publish_computed(seq_id, seq.block_hashes, computed)
+            if finish is None and len(output) >= seq.max_tokens:
+                finish = FinishReason.LENGTH
+            if finish is not None:
+                self._finish(seq, finish)
+                out.deltas.append(Delta(seq_id, () if token is None else (token,), finish))
+            elif token is not None:
+                ids.append(seq_id)
+                tokens.append(token)
+        return out
 
     def _check_outputs(self, plan: StepPlan, outputs: Mapping[str, SeqOutput]) -> None:
         samples = {c.seq_id: c.samples for c in plan.chunks}
@@ -332,30 +364,6 @@ class LLMScheduler:
                 raise ValueError(f"output for {seq_id!r}, which step {plan.step} did not schedule")
             if out.token is not None and not samples[seq_id]:
                 raise ValueError(f"token for {seq_id!r} in step {plan.step}, whose chunk does not sample")
-
-    def _record(self, seq: Sequence, chunk: ScheduledChunk, out: SeqOutput | None) -> Delta | None:
-        n = len(chunk.token_ids)
-        computed = seq.num_computed = seq.num_computed + n
-        token = finish = None
-        if out is not None:
-            token, finish = out.token, out.finish
-        output = seq.output
-        if token is not None:
-            output.append(token)
-        elif chunk.samples and finish is None:
-            finish = FinishReason.ERROR
-        bs = self.kv.block_size
-        if seq.prompt_len + len(output) >= (len(seq.block_hashes) + 1) * bs:
-            seq.extend_hashes(bs)  # a block of prompt + output is full: name it
-        if n >= bs or computed % bs < n:  # the chunk filled a block: publish its name
-            self.kv.publish_computed(seq.seq_id, seq.block_hashes, computed)
-        if finish is None and len(output) >= seq.max_tokens:
-            finish = FinishReason.LENGTH
-        if finish is not None:
-            self._finish(seq, finish)
-        elif token is None:
-            return None
-        return Delta(seq.seq_id, () if token is None else (token,), finish)
 
     def _finish(self, seq: Sequence, reason: FinishReason) -> None:
         if seq.status is SeqStatus.RUNNING:

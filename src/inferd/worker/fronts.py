@@ -84,21 +84,35 @@ class SequenceOwners:
             for link in links.values():
                 link.send(msg)
             return
-        deltas: dict[int, list[p.SeqDelta]] = {i: [] for i in links}
-        admitted: dict[int, list[str]] = {i: [] for i in links}
+        out = {i: p.StepDeltas(msg.compute_s, [], msg.stats) for i in links}
+        owners = self._owner
+
+        def local(seq_id: str) -> tuple[p.StepDeltas | None, str]:
+            owner = owners.get(seq_id)
+            return out.get(owner) if owner is not None else None, seq_id.split("/", 1)[1]
+
         for seq_id in msg.admitted:
-            owner = self._owner.get(seq_id)
-            if owner in admitted:
-                admitted[owner].append(seq_id.split("/", 1)[1])
+            to, local_id = local(seq_id)
+            if to is not None:
+                to.admitted.append(local_id)
+        for seq_id in msg.preempted:
+            to, local_id = local(seq_id)
+            if to is not None:
+                to.preempted.append(local_id)
+        for seq_id, token in zip(msg.decoded_ids, msg.decoded_tokens, strict=True):
+            to, local_id = local(seq_id)
+            if to is not None:
+                to.decoded_ids.append(local_id)
+                to.decoded_tokens.append(token)
         for d in msg.deltas:
-            owner = self._owner.get(d.seq_id)
+            to, local_id = local(d.seq_id)
             if d.finish_reason is not None:
-                self._owner.pop(d.seq_id, None)
-            if owner in deltas:
-                d.seq_id = d.seq_id.split("/", 1)[1]
-                deltas[owner].append(d)
+                owners.pop(d.seq_id, None)
+            if to is not None:
+                d.seq_id = local_id
+                to.deltas.append(d)
         for i, link in links.items():
-            link.send(p.StepDeltas(msg.compute_s, deltas[i], msg.stats, admitted[i]))
+            link.send(out[i])
 
     async def flush(self) -> None:
         for link in list(self._links().values()):

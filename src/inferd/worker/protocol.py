@@ -24,11 +24,12 @@ from typing import Any
 import msgspec
 import numpy as np
 
-PROTOCOL_VERSION = 3
+PROTOCOL_VERSION = 4
 """Bumped whenever a message changes shape; a worker of another protocol is refused at Hello, with the
 reason (both sides must run the same inferd version). 2: Hello.version (versions side by side).
 3: AddSequence.weight (tenants' shares of LLM admissions); search shard replicas (ShardAssign,
-ShardCall, ShardReply; the other messages are unchanged)."""
+ShardCall, ShardReply; the other messages are unchanged). 4: StepDeltas.decoded_ids / decoded_tokens
+(single tokens no longer travel as SeqDeltas)."""
 MAX_FRAME_BYTES = 512 * 1024 * 1024
 MAX_HELLO_BYTES = 64 * 1024
 """Largest first frame (Hello) of a connection: a peer is not trusted with large frames before its token."""
@@ -172,6 +173,16 @@ class StepDeltas(msgspec.Struct, tag="llm_step"):
     preempted: list[str] = []
     """Sequences the step preempted (their KV blocks freed; recomputed when readmitted): the front end
     marks it on their traces. Optional: a peer that predates it sends none."""
+    decoded_ids: list[str] = []
+    decoded_tokens: list[int] = []
+    """The common case, side by side: sequence `decoded_ids[i]` got the one token `decoded_tokens[i]`
+    and goes on. No SeqDelta per token: two flat lists encode, decode and stream at a fraction of the
+    cost. `deltas` carries the rest (ends, errors, refusals)."""
+
+    def all_deltas(self) -> list[SeqDelta]:
+        """Every sequence's delta, the single tokens as SeqDeltas too (for inspection, not the hot path)."""
+        one = zip(self.decoded_ids, self.decoded_tokens, strict=True)
+        return [*(SeqDelta(i, [t]) for i, t in one), *self.deltas]
 
 
 # ---- search shard replicas (models of kind "search"): one ShardAssign, then ShardCall / ShardReply
