@@ -240,9 +240,11 @@ class Placement:
                 yield live
 
     def _view(self, worker: WorkerConnection) -> WorkerLoad:
-        load = self.loads.get(worker.worker_id, Load())
+        load = self.loads.get(worker.worker_id)
         routable = worker.state is WorkerState.READY  # starting, draining or dead: not routable
         health = Health.READY if routable else Health.DRAINING
+        if load is None:  # nothing placed there yet
+            return WorkerLoad(worker.worker_id, health, 0, 0, 0)
         return WorkerLoad(worker.worker_id, health, load.live, load.waiting, load.waiting_prompt_tokens)
 
     def place(self, live: Live, worker: WorkerConnection) -> None:

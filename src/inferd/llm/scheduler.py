@@ -293,6 +293,7 @@ class LLMScheduler:
 
     def _build_plan(self, step: _Step) -> StepPlan:
         chunks = []
+        prefills = []
         tokens = step.tokens
         for seq in self._running:
             n = tokens.get(seq.seq_id)
@@ -304,8 +305,12 @@ class LLMScheduler:
             samples = stop == seq.prompt_len + len(output)
             ids = (output[-1],) if n == 1 and samples and output else seq.token_ids(start, stop)  # a decode
             chunks.append(ScheduledChunk(seq.seq_id, start, ids, seq.blocks, samples))
+            if not samples:
+                prefills.append(seq.seq_id)
         admitted, preempted = tuple(step.admitted), tuple(step.preempted)
-        return StepPlan(self._steps, tuple(chunks), admitted, preempted, self.config.max_num_batched_tokens)
+        budget = self.config.max_num_batched_tokens
+        names = frozenset(tokens)
+        return StepPlan(self._steps, tuple(chunks), admitted, preempted, budget, names, frozenset(prefills))
 
     def apply(self, plan: StepPlan, outputs: Mapping[str, SeqOutput]) -> list[Delta]:
         """`record`, as one Delta per sequence."""
@@ -313,22 +318,18 @@ class LLMScheduler:
 
     def record(self, plan: StepPlan, outputs: Mapping[str, SeqOutput]) -> Recorded:
         """Record what the engine computed for `plan` and return what to stream. A sequence aborted
-        since `schedule()` is skipped; a sampling chunk with no output ends its sequence with ERROR."""
+        since `schedule()` is skipped; a sampling chunk with no output ends its sequence with ERROR.
+        An output the plan did not ask for (a model bug) raises ValueError before anything is recorded."""
         if plan is not self._outstanding:
             raise ValueError(f"plan of step {plan.step} is not the outstanding one")
-        self._check_outputs(plan, outputs)
+        plan.check_outputs(outputs)
         self._outstanding = None
         self._steps += 1
         elapsed = self.clock.now() - self._scheduled_at
         self._step_s = 0.8 * self._step_s + 0.2 * elapsed if elapsed > 0 else self._step_s
         out = Recorded([], [], [])
-        ids, tokens, seqs, running, bs = (
-            out.ids,
-            out.tokens,
-            self._seqs,
-            SeqStatus.RUNNING,
-            self.kv.block_size,
-        )
+        ids, tokens, seqs, bs = out.ids, out.tokens, self._seqs, self.kv.block_size
+        running = SeqStatus.RUNNING
         for chunk in plan.chunks:
             seq_id = chunk.seq_id
             seq = seqs.get(seq_id)
@@ -356,14 +357,6 @@ class LLMScheduler:
                 ids.append(seq_id)
                 tokens.append(token)
         return out
-
-    def _check_outputs(self, plan: StepPlan, outputs: Mapping[str, SeqOutput]) -> None:
-        samples = {c.seq_id: c.samples for c in plan.chunks}
-        for seq_id, out in outputs.items():
-            if seq_id not in samples:
-                raise ValueError(f"output for {seq_id!r}, which step {plan.step} did not schedule")
-            if out.token is not None and not samples[seq_id]:
-                raise ValueError(f"token for {seq_id!r} in step {plan.step}, whose chunk does not sample")
 
     def _finish(self, seq: Sequence, reason: FinishReason) -> None:
         if seq.status is SeqStatus.RUNNING:

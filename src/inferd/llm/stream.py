@@ -21,7 +21,7 @@ class TokenStream:
     the slot holds at most the tokens the sequence may generate."""
 
     __slots__ = (
-        "_error", "_finish", "_pending", "_ready", "completion_tokens", "ended", "generated",
+        "_error", "_finish", "_pending", "_ready", "_signalled", "completion_tokens", "ended", "generated",
         "last_token_at", "prompt_tokens", "seq_id", "submitted_at", "trace", "worker_id",
     )  # fmt: skip
 
@@ -40,6 +40,8 @@ class TokenStream:
         self._finish: str | None = None
         self._error: ServingError | None = None
         self._ready = asyncio.Event()
+        self._signalled = False
+        """Mirrors `_ready` being set: a push to a stream already signalled skips the event."""
         self.ended = False
         """The engine has ended the sequence (finished, aborted or failed): nothing to abort."""
         self.trace: Any = None
@@ -52,13 +54,19 @@ class TokenStream:
         if finish_reason is not None:
             self._finish = finish_reason
             self.ended = True
-        self._ready.set()
+        self._signal()
 
     def push_token(self, token: int) -> None:
         """`push([token], None)`, without the list: most of a stream's pushes."""
         self._pending.append(token)
         self.generated.append(token)
         self.completion_tokens += 1
+        if not self._signalled:
+            self._signalled = True
+            self._ready.set()
+
+    def _signal(self) -> None:
+        self._signalled = True
         self._ready.set()
 
     def fail(self, exc: ServingError) -> None:
@@ -66,7 +74,7 @@ class TokenStream:
             return
         self._error = exc
         self.ended = True
-        self._ready.set()
+        self._signal()
 
     async def next(self) -> StreamChunk:
         """Everything that arrived since the last call (waits for something). Raises the stream's error
@@ -77,5 +85,6 @@ class TokenStream:
         chunk = StreamChunk(tuple(self._pending), self._finish if self._error is None else None)
         self._pending = []
         if self._finish is None and self._error is None:
+            self._signalled = False
             self._ready.clear()
         return chunk
