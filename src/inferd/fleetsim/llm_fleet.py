@@ -143,6 +143,21 @@ async def _no_flush() -> None:
     return None
 
 
+class _Track:
+    """One live stream as its client sees it; written back to the fleet's per-request lists when it
+    ends (one small object per token's lookups instead of five long lists)."""
+
+    __slots__ = ("last_at", "measured", "over", "rid", "stream", "tokens")
+
+    def __init__(self, rid: int, stream: TokenStream, measured: bool) -> None:
+        self.rid = rid
+        self.stream = stream
+        self.measured = measured
+        self.tokens = 0
+        self.over = 0
+        self.last_at = math.nan
+
+
 class LLMFleet:
     def __init__(self, spec: LLMFleetSpec) -> None:
         self.spec = spec
@@ -163,8 +178,8 @@ class LLMFleet:
         self.outcome = [int(LLMOutcome.PENDING)] * n
         self.measured = (spec.arrivals >= spec.warmup_s).tolist()
         self.gaps = GapHistogram()
-        self.rid_of: dict[str, int] = {}
-        self.streams: dict[int, TokenStream] = {}
+        self.live: dict[str, _Track] = {}
+        """Streams not yet ended, by sequence id."""
         self.steps = 0
         self.step_tokens = 0
         self.step_seconds = 0.0
@@ -239,55 +254,53 @@ class LLMFleet:
         except ServingError as exc:
             self.outcome[rid] = LLMOutcome.REJECTED if isinstance(exc, Overloaded) else LLMOutcome.FAILED
             return
-        self.rid_of[stream.seq_id] = rid
-        self.streams[rid] = stream
+        self.live[stream.seq_id] = _Track(rid, stream, self.measured[rid])
 
     def observe(self, msg: p.StepDeltas) -> None:
         """Each stream's tokens as its client sees them (TTFT, gaps, the end)."""
         now = self.clock.now()
         slo = self.itl_slo_s
-        rid_of, streams, tokens, last_at = self.rid_of, self.streams, self.tokens, self.last_at
-        gaps = self.gaps.buffer
-        measured, over = self.measured, self.over
+        live, first_at, gaps = self.live, self.first_at, self.gaps.buffer
         for seq_id in msg.decoded_ids:  # one token each, none ends
-            rid = rid_of.get(seq_id)
-            if rid is None:
+            t = live.get(seq_id)
+            if t is None:
                 continue
-            if tokens[rid]:
-                gap = now - last_at[rid]
+            if t.tokens:
+                gap = now - t.last_at
                 if gap > slo:
-                    over[rid] += 1
-                if measured[rid]:
+                    t.over += 1
+                if t.measured:
                     gaps.append(gap)
             else:
-                self.first_at[rid] = now
-            last_at[rid] = now
-            tokens[rid] += 1
+                first_at[t.rid] = now
+            t.last_at = now
+            t.tokens += 1
         for delta in msg.deltas:
-            rid = rid_of.get(delta.seq_id)
-            if rid is None:
+            t = live.get(delta.seq_id)
+            if t is None:
                 continue
             if delta.token_ids:
-                if tokens[rid]:
-                    gap = now - last_at[rid]
-                    self.over[rid] += gap > slo
-                    if self.measured[rid]:
+                if t.tokens:
+                    gap = now - t.last_at
+                    t.over += gap > slo
+                    if t.measured:
                         gaps.append(gap)
                 else:
-                    self.first_at[rid] = now
-                last_at[rid] = now
-                tokens[rid] += len(delta.token_ids)
-            if streams[rid].ended:
-                self._end(
-                    delta.seq_id, rid, delta.error is None and delta.finish_reason in ("length", "stop")
-                )
+                    first_at[t.rid] = now
+                t.last_at = now
+                t.tokens += len(delta.token_ids)
+            if t.stream.ended:
+                self._end(t, delta.error is None and delta.finish_reason in ("length", "stop"))
         if len(gaps) > 1_000_000:
             self.gaps.flush()
 
-    def _end(self, seq_id: str, rid: int, ok: bool) -> None:
-        self.outcome[rid] = LLMOutcome.OK if ok else LLMOutcome.FAILED
-        del self.rid_of[seq_id]
-        del self.streams[rid]
+    def _end(self, t: _Track, ok: bool) -> None:
+        self.outcome[t.rid] = LLMOutcome.OK if ok else LLMOutcome.FAILED
+        del self.live[t.stream.seq_id]
+        self._write_back(t)
+
+    def _write_back(self, t: _Track) -> None:
+        self.tokens[t.rid], self.last_at[t.rid], self.over[t.rid] = t.tokens, t.last_at, t.over
 
     def watchdog(self) -> None:
         now = self.clock.now()
@@ -309,9 +322,11 @@ class LLMFleet:
             self.events.at(float(spec.arrivals[0]), self.arrive, 0)
         self.events.at(0.0, self.watchdog)
         self.events.run_until(end + spec.drain_s)
-        for rid, stream in list(self.streams.items()):  # failed without a delta: deadline, lost, displaced
-            if stream.ended:
-                self._end(stream.seq_id, rid, False)
+        for t in list(self.live.values()):
+            if t.stream.ended:  # failed without a delta: deadline, lost, displaced
+                self._end(t, False)
+            else:
+                self._write_back(t)
         return build_report(self, spec.warmup_s, end)
 
 
