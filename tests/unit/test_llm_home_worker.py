@@ -3,6 +3,9 @@ memory (two front ends) send prompts sharing a first block to the same worker.""
 
 from __future__ import annotations
 
+import hashlib
+from collections import Counter
+
 from inferd.clock import FakeClock
 from inferd.llm.plan import SchedulerConfig
 from inferd.llm.routing import PrefixAffinityRouter, RoutingConfig, WorkerLoad, home
@@ -30,3 +33,11 @@ def test_a_leaving_worker_moves_only_its_own_prompts() -> None:
     after = {b: home(ids[:-1], b) for b in blocks}
     moved = [b for b in blocks if before[b] != after[b]]
     assert moved and all(before[b] == "w4" for b in moved)
+
+
+def test_homes_spread_evenly_over_the_workers() -> None:
+    ids = [f"llm-{i}.0" for i in range(8)]
+    blocks = [hashlib.sha256(str(i).encode()).digest() for i in range(16_000)]
+    counts = Counter(home(ids, b) for b in blocks)
+    assert set(counts) == set(ids)
+    assert max(counts.values()) < 1.1 * 2_000 and min(counts.values()) > 0.9 * 2_000

@@ -25,12 +25,15 @@ A plain object with an injected clock and no I/O; the LLMRuntime drives it.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import math
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
+from operator import attrgetter
 
+import msgspec
 from pydantic import BaseModel, ConfigDict, Field
 
 from inferd.clock import Clock
@@ -56,9 +59,9 @@ class RoutingConfig(BaseModel):
     """A block sent this long ago no longer counts as cached on its worker."""
 
 
-@dataclass(frozen=True, slots=True)
-class WorkerLoad:
-    """What the router needs to know about one worker at the moment of choosing."""
+class WorkerLoad(msgspec.Struct, frozen=True, gc=False):
+    """What the router needs to know about one worker at the moment of choosing (a msgspec Struct: one
+    is built per worker per request, in C)."""
 
     worker_id: str
     health: Health
@@ -92,14 +95,35 @@ class RoutingStatistics:
     """Requests no routable worker had room for."""
 
 
+_M64 = (1 << 64) - 1
+_by_load = attrgetter("live_seqs", "waiting_prompt_tokens")
+
+
+@functools.lru_cache(maxsize=4096)
+def _worker_key(worker_id: str) -> int:
+    return int.from_bytes(hashlib.blake2b(worker_id.encode(), digest_size=8).digest(), "little")
+
+
+def _rendezvous(worker_key: int, block_key: int) -> int:
+    """splitmix64's finaliser over the two keys: a well-mixed 64-bit score, integer arithmetic only
+    (a blake2b per worker per request cost 5x as much)."""
+    x = worker_key ^ block_key
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _M64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _M64
+    return x ^ (x >> 31)
+
+
 def home(worker_ids: Sequence[str], block: BlockHash) -> str | None:
-    """Rendezvous hashing: the worker whose digest with the block's name is highest (the same in every
+    """Rendezvous hashing: the worker whose score with the block's name is highest (the same in every
     process: no salted hash())."""
-
-    def score(worker_id: str) -> bytes:
-        return hashlib.blake2b(block + b"\0" + worker_id.encode(), digest_size=8).digest()
-
-    return max(worker_ids, key=score, default=None)
+    block_key = int.from_bytes(block[:8], "little")
+    best: str | None = None
+    best_score = -1
+    for worker_id in worker_ids:
+        score = _rendezvous(_worker_key(worker_id), block_key)
+        if score > best_score:
+            best, best_score = worker_id, score
+    return best
 
 
 class PrefixAffinityRouter:
@@ -141,28 +165,28 @@ class PrefixAffinityRouter:
     def pick(
         self, workers: Sequence[WorkerLoad], hashes: Sequence[BlockHash], prompt_tokens: int
     ) -> Choice | None:
-        """The worker for a new sequence, or None when no routable worker has room for it."""
-        candidates = [w for w in workers if w.health in Health.ROUTABLE and self.has_room(w, prompt_tokens)]
+        """The worker for a new sequence, or None when no routable worker has room for it. The rule of
+        the module docstring, in a few passes over the workers (it runs for every request)."""
+        s = self.scheduler
+        max_seqs, max_tokens = s.max_waiting_seqs, s.max_waiting_prompt_tokens - prompt_tokens
+        routable = Health.ROUTABLE
+        candidates = [
+            w
+            for w in workers
+            if w.health in routable and w.waiting_seqs < max_seqs and w.waiting_prompt_tokens <= max_tokens
+        ]
         if not candidates:
             self._full += 1
             return None
-        limit = self.cap(min(w.live_seqs for w in candidates))
-        now = self.clock.now()
-        scored = [(self._cached(w.worker_id, hashes, now), w) for w in candidates]
-        within = [(n, i, w) for i, (n, w) in enumerate(scored) if w.live_seqs + 1 <= limit]
-        home_id = home([w.worker_id for _, _, w in within], hashes[0]) if hashes else None
-        best_n, _, best = min(
-            within,
-            key=lambda t: (
-                -t[2].health,
-                -t[0],
-                t[2].worker_id != home_id,
-                t[2].live_seqs,
-                t[2].waiting_prompt_tokens,
-                t[1],
-            ),
-        )
-        capped = any(n > best_n and w.live_seqs + 1 > limit for n, w in scored)
+        limit = self.cap(min([w.live_seqs for w in candidates]))
+        cached = self._cached_all(candidates, hashes)
+        within = [i for i, w in enumerate(candidates) if w.live_seqs < limit]  # has the least loaded
+        top = max((candidates[i].health, cached[i]) for i in within)
+        tied = [candidates[i] for i in within if (candidates[i].health, cached[i]) == top]
+        home_id = home([candidates[i].worker_id for i in within], hashes[0]) if hashes else None
+        best = next((w for w in tied if w.worker_id == home_id), None) or min(tied, key=_by_load)
+        best_n = top[1]
+        capped = any(n > best_n and w.live_seqs >= limit for n, w in zip(cached, candidates, strict=True))
         self._count(best, best_n, capped, candidates)
         return Choice(best.worker_id, best_n, capped)
 
@@ -170,7 +194,20 @@ class PrefixAffinityRouter:
         self._choices += 1
         self._hits += cached > 0
         self._capped += capped
-        self._ties += any(w is not best and w.live_seqs == best.live_seqs for w in candidates)
+        live = best.live_seqs
+        self._ties += any(w is not best and w.live_seqs == live for w in candidates)
+
+    def _cached_all(self, candidates: list[WorkerLoad], hashes: Sequence[BlockHash]) -> list[int]:
+        """`_cached` of each candidate; most hold none of the prompt's first block, settled in one lookup."""
+        if not hashes:
+            return [0] * len(candidates)
+        now, ttl, first, sent = self.clock.now(), self.config.affinity_ttl_s, hashes[0], self._sent
+        out = []
+        for w in candidates:
+            blocks = sent.get(w.worker_id)
+            at = blocks.get(first) if blocks else None
+            out.append(0 if at is None or now - at > ttl else self._cached(w.worker_id, hashes, now))
+        return out
 
     def _cached(self, worker_id: str, hashes: Sequence[BlockHash], now: float) -> int:
         """Leading blocks of `hashes` sent to the worker within the TTL."""
