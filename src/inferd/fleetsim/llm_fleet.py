@@ -48,6 +48,8 @@ from inferd.worker.connection import WorkerConnection
 WATCHDOG_EVERY_S = 0.1
 """How often each runtime's watchdog runs (deadlines, hung workers), as the server's does."""
 _TOKEN = SeqOutput(token=0)
+_FILLER = [1 + i % 250 for i in range(1 << 17)]
+"""Prompt tokens other than each request's unique one (a longer prompt builds its own)."""
 _HEADER = 4
 """Bytes of a frame's length prefix (worker/protocol.py encode_frame)."""
 
@@ -225,10 +227,13 @@ class LLMFleet:
 
     # ---- requests -----------------------------------------------------------------------------------
     def prompt(self, rid: int) -> list[int]:
+        """The shared prefix, then a token no other request has, then filler. Block names chain, so
+        every block from the unique token on is this request's alone. Filler and prefix are small ints
+        (CPython's cached ones): 25,000 live prompts of 500 tokens then hold no int objects of their own."""
         n = int(self.spec.prompt_tokens[rid])
         shared = min(self.spec.shared_prefix_tokens, n - 1)
-        base = (rid + 1) << 20
-        return [*range(1, shared + 1), *range(base + shared, base + n)]
+        filler = _FILLER if n <= len(_FILLER) else [1 + i % 250 for i in range(n)]
+        return [*filler[:shared], (rid + 1) << 20, *filler[shared + 1 : n]]
 
     def arrive(self, rid: int) -> None:
         spec = self.spec

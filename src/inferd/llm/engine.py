@@ -99,15 +99,16 @@ class LLMEngine:
                     self._release(msg.seq_id)
                     notes.append(p.SeqDelta(msg.seq_id, finish_reason="abort"))
                 continue
+            prompt = tuple(msg.prompt)  # one copy, shared by the scheduler's Sequence and the request
             try:
                 self.scheduler.add(
-                    msg.seq_id, msg.prompt, msg.max_tokens, msg.tenant, msg.priority, msg.output, msg.weight
+                    msg.seq_id, prompt, msg.max_tokens, msg.tenant, msg.priority, msg.output, msg.weight
                 )
             except ServingError as exc:
                 notes.append(p.SeqDelta(msg.seq_id, finish_reason="error", error=(exc.code, exc.message)))
                 continue
             self.requests[msg.seq_id] = LLMRequest(
-                msg.seq_id, tuple(msg.prompt), msg.seed, msg.temperature, msg.top_p, msg.ignore_eos
+                msg.seq_id, prompt, msg.seed, msg.temperature, msg.top_p, msg.ignore_eos
             )
         return notes
 
