@@ -98,7 +98,11 @@ class SimLLMDevice:
 
     # the StreamWriter surface WorkerConnection uses: the runtime's frames to this worker
     def write(self, data: bytes) -> None:
-        self.engine.submit(p.decode_message(memoryview(data)[_HEADER:]))  # type: ignore[arg-type]
+        msg = p.decode_message(memoryview(data)[_HEADER:])
+        live = self.runtime.placement.live.get(getattr(msg, "seq_id", ""))
+        if live is not None:  # the front end's own id object: every lookup per token is by identity
+            msg.seq_id = live.stream.seq_id  # type: ignore[union-attr]
+        self.engine.submit(msg)  # type: ignore[arg-type]
         if not self.busy:
             self.busy = True
             self.fleet.events.at(self.fleet.clock.now(), self.step)

@@ -21,7 +21,7 @@ class TokenStream:
     the slot holds at most the tokens the sequence may generate."""
 
     __slots__ = (
-        "_error", "_finish", "_pending", "_ready", "_signalled", "completion_tokens", "ended", "generated",
+        "_error", "_finish", "_ready", "_signalled", "_taken", "completion_tokens", "ended", "generated",
         "last_token_at", "prompt_tokens", "seq_id", "submitted_at", "trace", "worker_id",
     )  # fmt: skip
 
@@ -36,7 +36,8 @@ class TokenStream:
         """Front-end clock times, for time to first token and inter-token latency."""
         self.generated: list[int] = []
         """Every token delivered so far: a failover resumes the sequence after them."""
-        self._pending: list[int] = []
+        self._taken = 0
+        """How many of them `next` has handed out (the rest are pending)."""
         self._finish: str | None = None
         self._error: ServingError | None = None
         self._ready = asyncio.Event()
@@ -48,7 +49,6 @@ class TokenStream:
         """The request's span when tracing is on and its trace is sampled: it gets the stream's events."""
 
     def push(self, token_ids: list[int], finish_reason: str | None) -> None:
-        self._pending += token_ids
         self.generated += token_ids
         self.completion_tokens += len(token_ids)
         if finish_reason is not None:
@@ -58,7 +58,6 @@ class TokenStream:
 
     def push_token(self, token: int) -> None:
         """`push([token], None)`, without the list: most of a stream's pushes."""
-        self._pending.append(token)
         self.generated.append(token)
         self.completion_tokens += 1
         if not self._signalled:
@@ -80,10 +79,11 @@ class TokenStream:
         """Everything that arrived since the last call (waits for something). Raises the stream's error
         once its tokens have been taken."""
         await self._ready.wait()
-        if not self._pending and self._error is not None:
+        generated = self.generated
+        if self._taken == len(generated) and self._error is not None:
             raise self._error
-        chunk = StreamChunk(tuple(self._pending), self._finish if self._error is None else None)
-        self._pending = []
+        chunk = StreamChunk(tuple(generated[self._taken :]), self._finish if self._error is None else None)
+        self._taken = len(generated)
         if self._finish is None and self._error is None:
             self._signalled = False
             self._ready.clear()
