@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import random
 from collections import OrderedDict
+from collections.abc import Mapping
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -20,9 +21,9 @@ from hypothesis import strategies as st
 from inferd.clock import FakeClock
 from inferd.errors import ServingError
 from inferd.llm.kv import BlockPool, hash_block
-from inferd.llm.plan import Delta, ScheduledChunk, SchedulerConfig, SeqOutput
+from inferd.llm.plan import Delta, Recorded, ScheduledChunk, SchedulerConfig, SeqOutput, StepPlan
 from inferd.llm.scheduler import LLMScheduler, _Step
-from inferd.llm.sequence import FinishReason, Sequence
+from inferd.llm.sequence import FinishReason, SeqStatus, Sequence
 from inferd.llm.static_scheduler import StaticBatchScheduler
 
 
@@ -33,7 +34,25 @@ class _GeneralPaths:
         for seq in decodes:
             self._schedule_running(seq, step)  # type: ignore[attr-defined]
 
-    def _record(self, seq: Sequence, chunk: ScheduledChunk, out: SeqOutput | None) -> Delta | None:
+    def record(self, plan: StepPlan, outputs: Mapping[str, SeqOutput]) -> Recorded:
+        """Chunk by chunk through `_record_one`; single tokens that go on into the columns."""
+        self._close_step(plan, outputs)  # type: ignore[attr-defined]
+        out = Recorded([], [], [])
+        for chunk in plan.chunks:
+            seq = self._seqs.get(chunk.seq_id)  # type: ignore[attr-defined]
+            if seq is None or seq.status is not SeqStatus.RUNNING:
+                continue
+            delta = self._record_one(seq, chunk, outputs.get(chunk.seq_id))
+            if delta is None:
+                continue
+            if delta.finish_reason is None and len(delta.token_ids) == 1:
+                out.ids.append(delta.seq_id)
+                out.tokens.append(delta.token_ids[0])
+            else:
+                out.deltas.append(delta)
+        return out
+
+    def _record_one(self, seq: Sequence, chunk: ScheduledChunk, out: SeqOutput | None) -> Delta | None:
         seq.num_computed += len(chunk.token_ids)
         token = out.token if out else None
         finish = out.finish if out else None

@@ -9,10 +9,11 @@ import asyncio
 import pytest
 
 from inferd.clock import FakeClock
-from inferd.errors import DeadlineExceeded
+from inferd.errors import DeadlineExceeded, WorkerDied
 from inferd.llm.placement import Generation
 from inferd.llm.runtime import LLMRuntime
 from inferd.llm.statistics import LLMRuntimeStatistics, LLMWorkerStatistics
+from inferd.llm.stream import TokenStream
 from inferd.llm.watchdog import HANG_MIN_S, HANG_STEP_FACTOR
 from inferd.models.sim_llm import sim_llm_config
 from inferd.runtime.contract import Runtime
@@ -197,3 +198,51 @@ def test_ttft_p90_covers_the_recent_first_tokens_only() -> None:
     assert detail.ttft_samples == 10 and detail.ttft_s == pytest.approx(0.9)
     clock.advance(31.0)
     assert rt.statistics().detail.ttft_s is None
+
+
+def one(seq_id: str, token: int, columns: bool) -> p.StepDeltas:
+    """A step that gives `seq_id` one token: in the columns, or as a SeqDelta."""
+    if columns:
+        return p.StepDeltas(0.01, [], p.LLMStats(), decoded_ids=[seq_id], decoded_tokens=[token])
+    return p.StepDeltas(0.01, [p.SeqDelta(seq_id, [token])], p.LLMStats())
+
+
+async def test_single_token_columns_stream_as_single_token_deltas_do() -> None:
+    """A step's tokens sent in StepDeltas' columns reach the stream exactly as the same tokens sent as
+    SeqDeltas: admitted off the queue on the first one, ignored from a worker the sequence is not on."""
+    seen = []
+    for columns in (False, True):
+        rt, workers, _, clock = make()
+        stream = rt.submit([1, 2, 3], Generation(max_tokens=3))
+        worker = on(workers, stream.worker_id)
+        other = next(w for w in workers if w is not worker)
+
+        assert rt.placement.live[stream.seq_id].waiting
+        rt.on_step(other, one(stream.seq_id, 99, columns))  # not its worker: ignored
+        clock.advance(0.5)
+        rt.on_step(worker, one(stream.seq_id, 5, columns))
+        assert not rt.placement.live[stream.seq_id].waiting
+        rt.on_step(worker, one(stream.seq_id, 6, columns))
+        rt.on_step(worker, p.StepDeltas(0.01, [p.SeqDelta(stream.seq_id, [7], "length")], p.LLMStats()))
+        chunk = await stream.next()
+        seen.append((chunk, list(stream.generated), stream.seq_id in rt.placement.live, rt.ttft.p90()))
+    assert seen[0] == seen[1]
+    assert (seen[0][0].token_ids, seen[0][0].finish_reason, seen[0][2]) == ((5, 6, 7), "length", False)
+    assert seen[0][3] == (0.5, 1)
+
+
+async def test_a_stream_hands_out_its_tokens_once_then_its_error() -> None:
+    stream = TokenStream("s", "w", 3)
+    stream.push_token(1)
+    stream.push_token(2)
+    assert (await stream.next()).token_ids == (1, 2)
+    waiter = asyncio.ensure_future(stream.next())
+    await asyncio.sleep(0)
+    assert not waiter.done()  # nothing new: it waits
+    stream.push_token(3)
+    stream.fail(WorkerDied("gone"))
+    chunk = await waiter
+    assert (chunk.token_ids, chunk.finish_reason) == ((3,), None)
+    with pytest.raises(WorkerDied):
+        await stream.next()
+    assert stream.generated == [1, 2, 3]

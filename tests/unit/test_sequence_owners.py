@@ -51,7 +51,9 @@ def test_each_front_end_gets_only_its_own_sequences_under_its_own_ids() -> None:
 
 
 def test_all_deltas_expands_the_single_tokens() -> None:
-    msg = p.StepDeltas(0.0, [p.SeqDelta("x", [3], "stop")], p.LLMStats(), decoded_ids=["y"], decoded_tokens=[4])
+    msg = p.StepDeltas(
+        0.0, [p.SeqDelta("x", [3], "stop")], p.LLMStats(), decoded_ids=["y"], decoded_tokens=[4]
+    )
     decoded = p.decode_message(memoryview(p.encode_frame(msg))[4:])
     assert isinstance(decoded, p.StepDeltas)
     assert [(d.seq_id, d.token_ids, d.finish_reason) for d in decoded.all_deltas()] == [

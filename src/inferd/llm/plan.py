@@ -85,9 +85,13 @@ class StepPlan:
     preempted: tuple[str, ...]
     token_budget: int
     ids: frozenset[str] = frozenset()
-    """The chunks' sequences."""
+    """The chunks' sequences (derived from `chunks`)."""
     prefills: frozenset[str] = frozenset()
-    """Those whose chunk does not sample (a prompt still being computed)."""
+    """Those whose chunk does not sample: a prompt still being computed (derived from `chunks`)."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "ids", frozenset([c.seq_id for c in self.chunks]))
+        object.__setattr__(self, "prefills", frozenset([c.seq_id for c in self.chunks if not c.samples]))
 
     @property
     def num_tokens(self) -> int:

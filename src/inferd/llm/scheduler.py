@@ -293,7 +293,6 @@ class LLMScheduler:
 
     def _build_plan(self, step: _Step) -> StepPlan:
         chunks = []
-        prefills = []
         tokens = step.tokens
         for seq in self._running:
             n = tokens.get(seq.seq_id)
@@ -305,12 +304,8 @@ class LLMScheduler:
             samples = stop == seq.prompt_len + len(output)
             ids = (output[-1],) if n == 1 and samples and output else seq.token_ids(start, stop)  # a decode
             chunks.append(ScheduledChunk(seq.seq_id, start, ids, seq.blocks, samples))
-            if not samples:
-                prefills.append(seq.seq_id)
         admitted, preempted = tuple(step.admitted), tuple(step.preempted)
-        budget = self.config.max_num_batched_tokens
-        names = frozenset(tokens)
-        return StepPlan(self._steps, tuple(chunks), admitted, preempted, budget, names, frozenset(prefills))
+        return StepPlan(self._steps, tuple(chunks), admitted, preempted, self.config.max_num_batched_tokens)
 
     def apply(self, plan: StepPlan, outputs: Mapping[str, SeqOutput]) -> list[Delta]:
         """`record`, as one Delta per sequence."""
@@ -320,13 +315,7 @@ class LLMScheduler:
         """Record what the engine computed for `plan` and return what to stream. A sequence aborted
         since `schedule()` is skipped; a sampling chunk with no output ends its sequence with ERROR.
         An output the plan did not ask for (a model bug) raises ValueError before anything is recorded."""
-        if plan is not self._outstanding:
-            raise ValueError(f"plan of step {plan.step} is not the outstanding one")
-        plan.check_outputs(outputs)
-        self._outstanding = None
-        self._steps += 1
-        elapsed = self.clock.now() - self._scheduled_at
-        self._step_s = 0.8 * self._step_s + 0.2 * elapsed if elapsed > 0 else self._step_s
+        self._close_step(plan, outputs)
         out = Recorded([], [], [])
         ids, tokens, seqs, bs = out.ids, out.tokens, self._seqs, self.kv.block_size
         running = SeqStatus.RUNNING
@@ -357,6 +346,15 @@ class LLMScheduler:
                 ids.append(seq_id)
                 tokens.append(token)
         return out
+
+    def _close_step(self, plan: StepPlan, outputs: Mapping[str, SeqOutput]) -> None:
+        if plan is not self._outstanding:
+            raise ValueError(f"plan of step {plan.step} is not the outstanding one")
+        plan.check_outputs(outputs)
+        self._outstanding = None
+        self._steps += 1
+        elapsed = self.clock.now() - self._scheduled_at
+        self._step_s = 0.8 * self._step_s + 0.2 * elapsed if elapsed > 0 else self._step_s
 
     def _finish(self, seq: Sequence, reason: FinishReason) -> None:
         if seq.status is SeqStatus.RUNNING:

@@ -88,8 +88,9 @@ class SequenceOwners:
         owners = self._owner
 
         def local(seq_id: str) -> tuple[p.StepDeltas | None, str]:
-            owner = owners.get(seq_id)
-            return out.get(owner) if owner is not None else None, seq_id.split("/", 1)[1]
+            """The owner's message and the id the owner knows; (None, seq_id) when no link owns it."""
+            to = out.get(owners.get(seq_id, -1))
+            return to, seq_id.split("/", 1)[1] if to is not None else seq_id
 
         for seq_id in msg.admitted:
             to, local_id = local(seq_id)
