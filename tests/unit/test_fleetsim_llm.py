@@ -15,9 +15,9 @@ import pytest
 
 from inferd.config import ConfigError
 from inferd.fleetsim.llm_fleet import LLMFleet, LLMFleetSpec, simulate_llm
-from inferd.fleetsim.llm_plan import LLMTargets, device_at, fits, max_rate, plan_llm
+from inferd.fleetsim.llm_plan import CHECK_HEADROOM, LLMTargets, device_at, fits, holds, max_rate, plan_llm
 from inferd.fleetsim.llm_profile import LLMProfile, bundled, fit_llm_steps, poisson_quantile
-from inferd.fleetsim.llm_report import GapHistogram
+from inferd.fleetsim.llm_report import GapHistogram, LLMSimReport
 from inferd.fleetsim.plan_schema import SCHEMA, search_report
 from inferd.fleetsim.profiles import BatchProfile
 from inferd.search.plan import SearchTargets, load_profile, plan_search
@@ -204,3 +204,16 @@ def test_the_commands_print_a_simulation_and_a_plan_as_json() -> None:
     assert (
         report["schema"] == SCHEMA and report["resources"]["devices"] > 0 and report["cost"]["per_hour"] > 0
     )
+
+
+def test_a_check_holds_only_with_its_p99s_inside_the_headroom() -> None:
+    t = LLMTargets(200, 100, 20, ttft_p99_ms=1000, itl_p99_ms=100)
+    fields = dict.fromkeys(LLMSimReport.__dataclass_fields__, 0)
+
+    def report(ttft: float, itl: float) -> LLMSimReport:
+        return LLMSimReport(**{**fields, "ttft_p99_ms": ttft, "itl_p99_ms": itl, "slo": {}})
+
+    assert holds(t, report(500.0, CHECK_HEADROOM * 100))
+    assert not holds(t, report(500.0, 100.0))  # at the target itself: too close to call
+    assert not holds(t, report(CHECK_HEADROOM * 1000 + 1, 50.0))
+    assert not holds(t, report(500.0, None))  # type: ignore[arg-type]

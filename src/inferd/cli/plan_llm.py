@@ -69,7 +69,8 @@ def plan_llm_cmd(
         typer.echo(f"  {i}. {step}")
     if report.check is not None:
         typer.echo(
-            f"check: {report.check['slice_devices']} devices simulated for {report.check['duration_s']:g} s:"
+            f"check: {report.check['slice_devices']} devices simulated for {report.check['duration_s']:g} s "
+            f"(held: p99s within {report.check['headroom']:.0%} of the targets, nothing refused or failed):"
         )
         for run in report.check["runs"]:
             typer.echo(

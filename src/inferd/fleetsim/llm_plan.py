@@ -15,8 +15,8 @@ tokens and outputs of O, a profile step_s = a + b x tokens + c x context, and co
   - TTFT p99 ~ 2 s99 + overhead + front-end CPU (wait for the step in progress, then the prefill step);
   - r is the largest rate with ITL p99 and TTFT p99 within the SLO, B and KV within the engine's budgets,
     and r <= max_utilisation / k (headroom for bursts);
-  - then the simulation of `slice_devices` devices at r each: if the SLOs miss there, r drops by 10% and
-    the slice runs again (at most 4 times).
+  - then the simulation of `slice_devices` devices at r each: if its p99s are not within 95% of the
+    targets there (CHECK_HEADROOM), r drops by 10% and the slice runs again (at most 4 times).
 Fleet: devices = ceil(rps / r); front ends = ceil(rps / (frontend_utilisation / cpu per request)) + 1
 (cpu per request = frontend_s + P x frontend_prompt_token_s + O x frontend_token_s; the spare
 survives the loss of one).
@@ -35,6 +35,10 @@ from inferd.fleetsim.llm_report import LLMSimReport
 from inferd.fleetsim.plan_schema import Cost, PlanReport, Resources
 
 ADJUST = 0.9
+CHECK_HEADROOM = 0.95
+"""The slice's p99s must come within this share of the targets: they move by a few % with the seed and
+the routing's rendezvous scores (a 4-device slice at 28.7 req/s gave ITL p99s of 102.3 and 100.0 ms
+against a 100 ms target with two sets of scores), and a plan should not rest on that noise."""
 MAX_TRIES = 4
 
 
@@ -134,8 +138,8 @@ def holds(t: LLMTargets, r: LLMSimReport) -> bool:
     return (
         r.ttft_p99_ms is not None
         and r.itl_p99_ms is not None
-        and r.ttft_p99_ms <= t.ttft_p99_ms
-        and r.itl_p99_ms <= t.itl_p99_ms
+        and r.ttft_p99_ms <= CHECK_HEADROOM * t.ttft_p99_ms
+        and r.itl_p99_ms <= CHECK_HEADROOM * t.itl_p99_ms
         and r.rejected == 0
         and r.failed == 0
         and r.unfinished == 0
@@ -159,6 +163,7 @@ def checked_rate(
         "slice_devices": slice_devices,
         "duration_s": duration_s,
         "held": runs[-1]["held"],
+        "headroom": CHECK_HEADROOM,
         "runs": runs,
     }
 
