@@ -1,9 +1,9 @@
 """The scheduler's and the KV pool's per-token fast paths decide exactly what their general paths do.
 
 * `LLMScheduler` schedules a decode inline while its last block has room, names and publishes blocks
-  only when one fills, and hands the model the block table it keeps on the running Sequence. A
-  reference subclass sends every decode through `_schedule_running` (`kv.grow`), and names and
-  publishes after every chunk: under random arrivals, aborts, model stops and errors and a small KV
+  only when one fills, sorts its running set only after an admission broke the order, and hands the
+  model the block table it keeps on the running Sequence. A reference subclass sorts every step,
+  sends every decode through `_schedule_running` (`kv.grow`), and names and publishes after every chunk: under random arrivals, aborts, model stops and errors and a small KV
   pool (preemptions), both give the same plans, deltas and statistics, for both policies.
 * `BlockPool` keeps never-used blocks out of its free list; a reference pool that lists every block
   from the start hands out the same block ids in the same order and evicts the same names.
@@ -30,9 +30,19 @@ from inferd.llm.static_scheduler import StaticBatchScheduler
 class _GeneralPaths:
     """Mixed into a scheduler: every decode through `_schedule_running`, every chunk names and publishes."""
 
-    def _schedule_decodes(self, decodes: list[Sequence], step: _Step) -> None:
+    def _schedule_decodes(self, step: _Step) -> tuple[list[Sequence], list[Sequence]]:
+        """Sorts the running set every step, splits it before scheduling anything, and sends every
+        decode through `_schedule_running`."""
+        running: list[Sequence] = self._running  # type: ignore[attr-defined]
+        running.sort(key=lambda s: (s.priority, s.admitted))
+        decodes = [s for s in running if s.num_pending == 1]
+        prefills: tuple[list[Sequence], list[Sequence]] = ([], [])
+        for seq in running:
+            if seq.num_pending > 1:
+                prefills[seq.priority].append(seq)
         for seq in decodes:
             self._schedule_running(seq, step)  # type: ignore[attr-defined]
+        return prefills
 
     def record(self, plan: StepPlan, outputs: Mapping[str, SeqOutput]) -> Recorded:
         """Chunk by chunk through `_record_one`; single tokens that go on into the columns."""

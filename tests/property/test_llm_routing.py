@@ -16,7 +16,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
 from inferd.clock import FakeClock
 from inferd.llm.plan import SchedulerConfig
-from inferd.llm.routing import PrefixAffinityRouter, RoutingConfig, WorkerLoad, home
+from inferd.llm.routing import Choice, PrefixAffinityRouter, RoutingConfig, WorkerLoad, home
 from inferd.llm.sequence import Sequence
 from inferd.routing.health import Health
 
@@ -144,6 +144,22 @@ def test_memory_per_worker_is_bounded() -> None:
     assert r.remembered("w0") == 5
     r.forget("w0")
     assert r.remembered("w0") == 0
+
+
+def test_a_prompt_whose_first_block_was_forgotten_counts_as_cached_nowhere() -> None:
+    r = router(remembered_blocks=3)  # PREFIXES have 3 full blocks of 4
+    views = [WorkerLoad("w0", Health.READY, 0), WorkerLoad("w1", Health.READY, 0)]
+    first, second = (r.block_hashes(PREFIXES[k], "") for k in range(2))
+    r.record("w1", first)
+    assert r.pick(views, first, 12) == Choice("w1", 3, False)
+    r.record("w1", second)  # evicts every block of the first prompt from w1's memory
+    assert r.pick(views, first, 12).cached_blocks == 0
+    assert r.pick(views, second, 12) == Choice("w1", 3, False)
+    r.record("w0", second)
+    r.forget("w1")
+    assert r.pick(views, second, 12) == Choice("w0", 3, False)
+    r.forget("w0")
+    assert r.pick(views, second, 12).cached_blocks == 0
 
 
 @settings(max_examples=200, deadline=None)

@@ -36,6 +36,25 @@ def hash_block(parent: BlockHash | None, tokens: Sequence[int], salt: str) -> Bl
     return hashlib.sha256(data).digest()
 
 
+def hash_blocks(
+    parent: BlockHash | None, tokens: Sequence[int], salt: str, block_size: int
+) -> list[BlockHash]:
+    """The names of the full blocks of `tokens` (a partial last block is not named), chained from
+    `parent`: `hash_block` block by block, with the ids packed once for all of them."""
+    ids = array("q", tokens)
+    if _BIG_ENDIAN:
+        ids.byteswap()
+    data = memoryview(ids).cast("B")
+    salt_bytes = salt.encode() + b"\x00"
+    width = block_size * ids.itemsize
+    sha256, join = hashlib.sha256, b"".join
+    out: list[BlockHash] = []
+    for start in range(0, len(tokens) // block_size * width, width):
+        parent = sha256(join((parent or _ROOT, salt_bytes, data[start : start + width]))).digest()
+        out.append(parent)
+    return out
+
+
 @dataclass(frozen=True, slots=True)
 class BlockPoolStatistics:
     num_blocks: int

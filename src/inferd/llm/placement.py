@@ -138,6 +138,8 @@ class Placement:
         self.clock = clock
         self.live: dict[str, Live] = {}
         self.loads: dict[str, Load] = {}
+        self._views: dict[str, WorkerLoad] = {}
+        """Each ready worker as the router last saw it, dropped whenever its Load changes."""
         self.step_s = scheduler.initial_step_s
         """EWMA of the workers' step times, for Retry-After hints."""
         self.stopping = False
@@ -168,7 +170,10 @@ class Placement:
         ready = [w for w in self.workers if w.state is WorkerState.READY and not w.failure]
         if not ready:
             raise WorkerUnavailable(f"model '{self.name}' has no ready worker; retry shortly")
-        choice = self.router.pick([self._view(w) for w in ready], hashes, prompt_tokens)
+        views = self._views
+        choice = self.router.pick(
+            [views.get(w.worker_id) or self._view(w.worker_id) for w in ready], hashes, prompt_tokens
+        )
         if choice is not None:
             return next(w for w in ready if w.worker_id == choice.worker_id)
         worker = self._make_room(ready, prompt_tokens, gen)
@@ -239,19 +244,24 @@ class Placement:
             ):
                 yield live
 
-    def _view(self, worker: WorkerConnection) -> WorkerLoad:
-        load = self.loads.get(worker.worker_id)
-        routable = worker.state is WorkerState.READY  # starting, draining or dead: not routable
-        health = Health.READY if routable else Health.DRAINING
+    def _view(self, worker_id: str) -> WorkerLoad:
+        """A ready worker as the router sees it, kept until its Load changes (most of them stay the
+        same from one request to the next; with 100 workers, building every one per request cost more
+        than the routing itself)."""
+        load = self.loads.get(worker_id)
         if load is None:  # nothing placed there yet
-            return WorkerLoad(worker.worker_id, health, 0, 0, 0)
-        return WorkerLoad(worker.worker_id, health, load.live, load.waiting, load.waiting_prompt_tokens)
+            view = WorkerLoad(worker_id, Health.READY, 0, 0, 0)
+        else:
+            view = WorkerLoad(worker_id, Health.READY, load.live, load.waiting, load.waiting_prompt_tokens)
+        self._views[worker_id] = view
+        return view
 
     def place(self, live: Live, worker: WorkerConnection) -> None:
         """Send the sequence to `worker`, resuming after the tokens its stream already holds."""
         live.stream.worker_id = worker.worker_id
         live.waiting = True
         load = self.loads.setdefault(worker.worker_id, Load())
+        self._views.pop(worker.worker_id, None)
         if load.live == 0:
             load.busy_since = self.clock.now()
         load.live += 1
@@ -290,6 +300,7 @@ class Placement:
         live.waiting = False
         load = self.loads.get(live.stream.worker_id)
         if load is not None:
+            self._views.pop(live.stream.worker_id, None)
             load.waiting -= 1
             load.waiting_prompt_tokens -= len(live.prompt)
             load.classes[live.gen.priority].remove(live.gen.tenant, len(live.prompt))
@@ -299,6 +310,7 @@ class Placement:
         del self.live[live.stream.seq_id]
         load = self.loads.get(live.stream.worker_id)
         if load is not None:
+            self._views.pop(live.stream.worker_id, None)
             load.live -= 1
 
     def live_on(self, worker_id: str) -> int:
@@ -321,6 +333,7 @@ class Placement:
     def forget(self, worker: WorkerConnection) -> list[Live]:
         """The worker is gone: its counts and its cache with it. Returns its orphaned sequences."""
         self.loads.pop(worker.worker_id, None)
+        self._views.pop(worker.worker_id, None)
         self.router.forget(worker.worker_id)
         return [live for live in self.live.values() if live.stream.worker_id == worker.worker_id]
 

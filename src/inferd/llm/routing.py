@@ -25,7 +25,6 @@ A plain object with an injected clock and no I/O; the LLMRuntime drives it.
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import math
 from collections import OrderedDict
@@ -37,7 +36,7 @@ import msgspec
 from pydantic import BaseModel, ConfigDict, Field
 
 from inferd.clock import Clock
-from inferd.llm.kv import BlockHash, hash_block
+from inferd.llm.kv import BlockHash, hash_blocks
 from inferd.llm.plan import SchedulerConfig
 from inferd.routing.health import Health
 
@@ -99,14 +98,24 @@ _M64 = (1 << 64) - 1
 _by_load = attrgetter("live_seqs", "waiting_prompt_tokens")
 
 
-@functools.lru_cache(maxsize=4096)
+_KEYS: dict[str, int] = {}
+"""Worker id -> its 64-bit rendezvous key (cleared past 4,096 ids)."""
+
+
 def _worker_key(worker_id: str) -> int:
-    return int.from_bytes(hashlib.blake2b(worker_id.encode(), digest_size=8).digest(), "little")
+    key = _KEYS.get(worker_id)
+    if key is None:
+        if len(_KEYS) >= 4096:
+            _KEYS.clear()
+        key = _KEYS[worker_id] = int.from_bytes(
+            hashlib.blake2b(worker_id.encode(), digest_size=8).digest(), "little"
+        )
+    return key
 
 
 def _rendezvous(worker_key: int, block_key: int) -> int:
     """splitmix64's finaliser over the two keys: a well-mixed 64-bit score, integer arithmetic only
-    (a blake2b per worker per request cost 5x as much)."""
+    (a blake2b per worker per request cost 5x as much). `home` inlines it."""
     x = worker_key ^ block_key
     x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _M64
     x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _M64
@@ -115,14 +124,18 @@ def _rendezvous(worker_key: int, block_key: int) -> int:
 
 def home(worker_ids: Sequence[str], block: BlockHash) -> str | None:
     """Rendezvous hashing: the worker whose score with the block's name is highest (the same in every
-    process: no salted hash())."""
+    process: no salted hash()). `_rendezvous`, inlined: it runs for every worker for every request."""
     block_key = int.from_bytes(block[:8], "little")
+    keys = _KEYS
     best: str | None = None
     best_score = -1
     for worker_id in worker_ids:
-        score = _rendezvous(_worker_key(worker_id), block_key)
-        if score > best_score:
-            best, best_score = worker_id, score
+        x = (keys.get(worker_id) or _worker_key(worker_id)) ^ block_key
+        x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _M64
+        x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _M64
+        x ^= x >> 31
+        if x > best_score:
+            best, best_score = worker_id, x
     return best
 
 
@@ -135,6 +148,9 @@ class PrefixAffinityRouter:
         self.capacity = config.remembered_blocks or scheduler.num_blocks
         self._sent: dict[str, OrderedDict[BlockHash, float]] = {}
         """Per worker: block name -> when it was last sent there, least recently sent first."""
+        self._first: dict[BlockHash, set[str]] = {}
+        """A prompt's first block -> the workers whose `_sent` holds it: most requests' prompts were
+        sent to no worker or one, settled in one lookup however many workers there are."""
         self._choices = self._hits = self._capped = self._ties = self._full = 0
 
     # ---- naming prompts -----------------------------------------------------------------------------
@@ -142,11 +158,7 @@ class PrefixAffinityRouter:
         """The names the worker's scheduler gives the prompt's full blocks (Sequence.extend_hashes)."""
         if not (self.config.prefix_affinity and self.scheduler.enable_prefix_caching):
             return []
-        out: list[BlockHash] = []
-        bs = self.block_size
-        for i in range(len(prompt) // bs):
-            out.append(hash_block(out[-1] if out else None, prompt[i * bs : (i + 1) * bs], tenant))
-        return out
+        return hash_blocks(None, prompt, tenant, self.block_size)
 
     # ---- choosing -----------------------------------------------------------------------------------
     def has_room(self, w: WorkerLoad, prompt_tokens: int) -> bool:
@@ -201,13 +213,11 @@ class PrefixAffinityRouter:
         """`_cached` of each candidate; most hold none of the prompt's first block, settled in one lookup."""
         if not hashes:
             return [0] * len(candidates)
-        now, ttl, first, sent = self.clock.now(), self.config.affinity_ttl_s, hashes[0], self._sent
-        out = []
-        for w in candidates:
-            blocks = sent.get(w.worker_id)
-            at = blocks.get(first) if blocks else None
-            out.append(0 if at is None or now - at > ttl else self._cached(w.worker_id, hashes, now))
-        return out
+        holders = self._first.get(hashes[0])
+        if not holders:
+            return [0] * len(candidates)
+        now = self.clock.now()
+        return [self._cached(w.worker_id, hashes, now) if w.worker_id in holders else 0 for w in candidates]
 
     def _cached(self, worker_id: str, hashes: Sequence[BlockHash], now: float) -> int:
         """Leading blocks of `hashes` sent to the worker within the TTL."""
@@ -232,12 +242,21 @@ class PrefixAffinityRouter:
         for h in hashes:
             sent[h] = now
             sent.move_to_end(h)
+        self._first.setdefault(hashes[0], set()).add(worker_id)
         while len(sent) > self.capacity:
-            sent.popitem(last=False)
+            self._unhold(sent.popitem(last=False)[0], worker_id)
+
+    def _unhold(self, block: BlockHash, worker_id: str) -> None:
+        holders = self._first.get(block)
+        if holders is not None:
+            holders.discard(worker_id)
+            if not holders:
+                del self._first[block]
 
     def forget(self, worker_id: str) -> None:
         """The worker is gone (its cache with it)."""
-        self._sent.pop(worker_id, None)
+        for block in self._sent.pop(worker_id, ()):
+            self._unhold(block, worker_id)
 
     def remembered(self, worker_id: str) -> int:
         return len(self._sent.get(worker_id, ()))

@@ -73,6 +73,8 @@ class LLMScheduler:
         self._seqs: dict[str, Sequence] = {}
         self._waiting = (WaitingClass(), WaitingClass())
         self._running: list[Sequence] = []
+        self._in_order = True
+        """`_running` is in preemption order (`_key`): true unless an admission broke it."""
         self._outstanding: StepPlan | None = None
         self._scheduled_at = 0.0
         self._step_s = config.initial_step_s
@@ -176,9 +178,10 @@ class LLMScheduler:
         if self._outstanding is not None:
             raise RuntimeError(f"step {self._outstanding.step} is still outstanding: apply() it first")
         step = _Step(self.config.max_num_batched_tokens)
-        self._running.sort(key=_key)
-        decodes, prefills = self._split_running()
-        self._schedule_decodes(decodes, step)
+        if not self._in_order:
+            self._running.sort(key=_key)
+            self._in_order = True
+        prefills = self._schedule_decodes(step)
         blocked = False
         for cls in self.CLASSES:
             for seq in prefills[cls]:  # those preempted meanwhile are skipped
@@ -190,32 +193,28 @@ class LLMScheduler:
         self._scheduled_at = self.clock.now()
         return plan
 
-    def _split_running(self) -> tuple[list[Sequence], tuple[list[Sequence], list[Sequence]]]:
-        """The running sequences, in order: those decoding (1 token pending), and per class those
-        still prefilling. Nothing joins a class's running set before its prefills are scheduled."""
-        decodes: list[Sequence] = []
-        prefills: tuple[list[Sequence], list[Sequence]] = ([], [])
-        for seq in self._running:
-            pending = seq.prompt_len + len(seq.output) - seq.num_computed
-            if pending == 1:
-                decodes.append(seq)
-            elif pending > 1:
-                prefills[seq.priority].append(seq)
-        return decodes, prefills
-
-    def _schedule_decodes(self, decodes: list[Sequence], step: _Step) -> None:
-        """One token each: inline while its last block has room, else `_schedule_running` (grow, preempt)."""
+    def _schedule_decodes(self, step: _Step) -> tuple[list[Sequence], list[Sequence]]:
+        """One token for each running sequence that is decoding (1 token pending), in order: inline
+        while its last block has room, else `_schedule_running` (grow, preempt). Returns, per class,
+        those still prefilling; nothing joins a class's running set before its prefills are scheduled."""
         running = SeqStatus.RUNNING
         block_size = self.kv.block_size
         tokens = step.tokens
-        for seq in decodes:
-            if seq.status is not running or step.budget == 0:
+        prefills: tuple[list[Sequence], list[Sequence]] = ([], [])
+        for seq in list(self._running):  # a growth may preempt (remove) one further on
+            if seq.status is not running:
                 continue
-            if seq.num_computed < len(seq.blocks) * block_size:
+            pending = seq.prompt_len + len(seq.output) - seq.num_computed
+            if pending > 1:
+                prefills[seq.priority].append(seq)
+            elif pending < 1 or step.budget == 0:
+                continue
+            elif seq.num_computed < len(seq.blocks) * block_size:
                 tokens[seq.seq_id] = 1
                 step.budget -= 1
             else:
                 self._schedule_running(seq, step)
+        return prefills
 
     def _schedule_running(self, seq: Sequence, step: _Step) -> None:
         if seq.status is not SeqStatus.RUNNING or step.budget == 0:
@@ -273,7 +272,10 @@ class LLMScheduler:
         seq.blocks = self.kv.blocks_of(seq.seq_id)
         seq.admitted = self._admissions
         self._admissions += 1
-        self._running.append(seq)
+        running = self._running
+        if running and running[-1].priority > seq.priority:  # it goes before lower-priority ones
+            self._in_order = False
+        running.append(seq)
         self._hit_tokens += hit_tokens
         self._query_tokens += seq.num_tokens
 

@@ -6,7 +6,7 @@ import enum
 from dataclasses import dataclass, field
 
 from inferd.batching.queue import BULK, INTERACTIVE
-from inferd.llm.kv import BlockHash, hash_block
+from inferd.llm.kv import BlockHash, hash_blocks
 
 __all__ = ["BULK", "INTERACTIVE", "FinishReason", "SeqStatus", "Sequence"]
 
@@ -100,9 +100,8 @@ class Sequence:
     def extend_hashes(self, block_size: int) -> None:
         """Name the full blocks of prompt + output not named yet (each block once, when it fills)."""
         hashes = self.block_hashes
-        num_tokens = self.prompt_len + len(self.output)
-        while (len(hashes) + 1) * block_size <= num_tokens:
-            i = len(hashes)
+        named = len(hashes) * block_size
+        full = (self.prompt_len + len(self.output)) // block_size * block_size
+        if full > named:
             parent = hashes[-1] if hashes else None
-            tokens = self.token_ids(i * block_size, (i + 1) * block_size)
-            hashes.append(hash_block(parent, tokens, self.tenant))
+            hashes += hash_blocks(parent, self.token_ids(named, full), self.tenant, block_size)
