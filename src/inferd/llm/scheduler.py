@@ -76,6 +76,7 @@ class LLMScheduler:
         self._in_order = True
         """`_running` is in preemption order (`_key`): true unless an admission broke it."""
         self._outstanding: StepPlan | None = None
+        self._planned: list[Sequence] = []  # the outstanding plan's, chunk by chunk (record: no lookup)
         self._scheduled_at = 0.0
         self._step_s = config.initial_step_s
         self._arrivals = 0
@@ -198,7 +199,6 @@ class LLMScheduler:
         while its last block has room, else `_schedule_running` (grow, preempt). Returns, per class,
         those still prefilling; nothing joins a class's running set before its prefills are scheduled."""
         running = SeqStatus.RUNNING
-        block_size = self.kv.block_size
         tokens = step.tokens
         prefills: tuple[list[Sequence], list[Sequence]] = ([], [])
         for seq in list(self._running):  # a growth may preempt (remove) one further on
@@ -209,7 +209,7 @@ class LLMScheduler:
                 prefills[seq.priority].append(seq)
             elif pending < 1 or step.budget == 0:
                 continue
-            elif seq.num_computed < len(seq.blocks) * block_size:
+            elif seq.num_computed < seq.room:
                 tokens[seq.seq_id] = 1
                 step.budget -= 1
             else:
@@ -225,7 +225,7 @@ class LLMScheduler:
             self._preempt(victim, step)
             if victim is seq:
                 return
-        seq.blocks = self.kv.blocks_of(seq.seq_id)
+        seq.hold(self.kv.blocks_of(seq.seq_id), self.kv.block_size)
         step.take(seq, n)
 
     def _admit_class(self, cls: int, step: _Step) -> bool:
@@ -269,7 +269,7 @@ class LLMScheduler:
             self._waiting_prompt_tokens -= len(seq.prompt)
         seq.status = SeqStatus.RUNNING
         seq.num_computed = hit_tokens
-        seq.blocks = self.kv.blocks_of(seq.seq_id)
+        seq.hold(self.kv.blocks_of(seq.seq_id), self.kv.block_size)
         seq.admitted = self._admissions
         self._admissions += 1
         running = self._running
@@ -284,7 +284,7 @@ class LLMScheduler:
         if seq.seq_id in step.admitted:
             step.admitted.remove(seq.seq_id)
         self.kv.free(seq.seq_id)
-        seq.blocks = ()
+        seq.hold((), 0)
         self._running.remove(seq)
         seq.status = SeqStatus.PREEMPTED
         seq.num_computed = 0
@@ -296,10 +296,12 @@ class LLMScheduler:
     def _build_plan(self, step: _Step) -> StepPlan:
         chunks = []
         tokens = step.tokens
+        planned = self._planned = []
         for seq in self._running:
             n = tokens.get(seq.seq_id)
             if not n:
                 continue
+            planned.append(seq)
             start = seq.num_computed
             stop = start + n
             output = seq.output
@@ -319,13 +321,12 @@ class LLMScheduler:
         An output the plan did not ask for (a model bug) raises ValueError before anything is recorded."""
         self._close_step(plan, outputs)
         out = Recorded([], [], [])
-        ids, tokens, seqs, bs = out.ids, out.tokens, self._seqs, self.kv.block_size
+        ids, tokens, bs = out.ids, out.tokens, self.kv.block_size
         running = SeqStatus.RUNNING
-        for chunk in plan.chunks:
-            seq_id = chunk.seq_id
-            seq = seqs.get(seq_id)
-            if seq is None or seq.status is not running:
+        for chunk, seq in zip(plan.chunks, self._planned, strict=True):
+            if seq.status is not running:  # aborted since the plan was made
                 continue
+            seq_id = seq.seq_id
             n = len(chunk.token_ids)
             computed = seq.num_computed = seq.num_computed + n
             got = outputs.get(seq_id)
@@ -335,7 +336,7 @@ class LLMScheduler:
                 output.append(token)
             elif chunk.samples and finish is None:
                 finish = FinishReason.ERROR
-            if seq.prompt_len + len(output) >= (len(seq.block_hashes) + 1) * bs:
+            if seq.prompt_len + len(output) >= seq.named + bs:
                 seq.extend_hashes(bs)  # a block of prompt + output is full: name it
             if n >= bs or computed % bs < n:  # the chunk filled a block: publish its name
                 self.kv.publish_computed(seq_id, seq.block_hashes, computed)
@@ -366,7 +367,7 @@ class LLMScheduler:
                 self._waiting_new -= 1
                 self._waiting_prompt_tokens -= len(seq.prompt)
         self.kv.free(seq.seq_id)
-        seq.blocks = ()
+        seq.hold((), 0)
         seq.status = reason.status
         seq.finish_reason = reason
         self._ended[seq.status] += 1

@@ -74,6 +74,12 @@ class Sequence:
     """The tenant's weight: its share of admissions while other tenants wait too (llm/waiting.py)."""
     blocks: tuple[int, ...] = ()
     """Its KV block table while it runs (the scheduler copies KVCacheManager's whenever it changes)."""
+    room: int = 0
+    """Tokens its block table holds (`hold`). This and `named` are plain ints so that the per-token
+    checks read the Sequence alone: at 100 devices in one process, touching its lists was most of
+    their cost."""
+    named: int = 0
+    """Tokens of prompt + output whose blocks are named (len(block_hashes) * block_size)."""
     prompt_len: int = field(init=False, default=0)
     """len(prompt), kept: the scheduler asks for `num_tokens` of every sequence every step."""
 
@@ -97,6 +103,11 @@ class Sequence:
             return tuple(self.output[start - n : stop - n])
         return (*self.prompt[start:], *self.output[: stop - n])
 
+    def hold(self, blocks: tuple[int, ...], block_size: int) -> None:
+        """Its block table is now `blocks` (() once freed)."""
+        self.blocks = blocks
+        self.room = len(blocks) * block_size
+
     def extend_hashes(self, block_size: int) -> None:
         """Name the full blocks of prompt + output not named yet (each block once, when it fills)."""
         hashes = self.block_hashes
@@ -105,3 +116,4 @@ class Sequence:
         if full > named:
             parent = hashes[-1] if hashes else None
             hashes += hash_blocks(parent, self.token_ids(named, full), self.tenant, block_size)
+        self.named = len(hashes) * block_size
