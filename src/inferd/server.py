@@ -28,6 +28,7 @@ from inferd.errors import ShuttingDown
 from inferd.fleet.control import FleetControl, repository_loader
 from inferd.fleet.scaling import ScalingLoop, scaling_policy
 from inferd.frontends.metrics import scrape_all, serve_registry
+from inferd.frontends.owner_channel import OwnerChannel
 from inferd.frontends.plan import FrontendPlan, worker_sockets
 from inferd.frontends.readiness import await_ready
 from inferd.frontends.traffic_sync import TrafficSync
@@ -84,16 +85,20 @@ class InferenceServer:
             self.kinds.check(m)
         self.retry_budget = RetryBudget(self.clock, config.retry_budget_ratio, config.retry_budget_min_per_s)
         self.registry = ModelRegistry()
+        follower = frontend is not None and not frontend.is_owner
         self.context = RuntimeContext(
-            config, self.clock, self.metrics, self.retry_budget, self.kill_worker, self.registry.get
+            config, self.clock, self.metrics, self.retry_budget, self.kill_worker, self.registry.get, follower
         )
         for m in models:
             self.registry.add(self.kinds.get(m.kind).make_runtime(m, self.context))
         self.metrics.registry.register(RuntimeCollector(self.registry))
-        follower = frontend is not None and not frontend.is_owner
         self.traffic = Traffic(self.registry, self.clock, self.metrics.traffic, follower=follower)
         """Canary and A/B splits of requests that name no version (gateway/traffic_control.py)."""
-        self.traffic_sync = TrafficSync(frontend, self.traffic) if frontend is not None else None
+        self.owner_channel = OwnerChannel(frontend) if frontend is not None else None
+        """Several front ends: the others' way to the owner (canary outcomes, forwarded search writes)."""
+        self.traffic_sync = (
+            TrafficSync(frontend, self.traffic, channel=self.owner_channel) if frontend is not None else None
+        )
         """Several front ends: the owner's canary decisions are every front end's."""
         check_fallbacks((rt.config for rt in self.registry.defaults()), self._kinds_of)
         self.shadows = Shadows(

@@ -9,6 +9,9 @@ parse -> the index's service (search/service.py) or administration (search/index
     GET    /v1/indexes/{name}/documents/{id}
     DELETE /v1/indexes/{name}/documents/{id}
     POST   /v1/indexes/{name}/search           {"query", "k", "mode", "filter", "timeout_ms"}
+
+With several front ends (`--frontends N`), the document writes of a follower are forwarded to the owner
+(search/writes.py), which runs them as here; the follower answers with the owner's answer.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from inferd.search.config import parse_params
 from inferd.search.indexes import IndexAdmin, worker_cap
 from inferd.search.requests import json_object, parse_documents, parse_search
 from inferd.search.store import IndexStore
+from inferd.search.writes import FORWARD_TIMEOUT_S, KIND, Forwarder, Write, WriteDesk
 
 Add = Callable[[str, str, Callable[[Call], Awaitable[Any]]], None]
 _json = msgspec.json.Encoder()
@@ -51,6 +55,11 @@ class SearchRoutes:
         self.server = server
         self.admin = IndexAdmin(server, IndexStore(server.config.data_dir), worker_cap(os.cpu_count()))
         self.max_body = server.config.max_body_bytes
+        plan, channel = server.frontend, server.owner_channel
+        self.forwarder = Forwarder(channel.ask) if plan is not None and not plan.is_owner else None
+        """A follower front end: its document writes go to the owner (search/writes.py)."""
+        if plan is not None and plan.is_owner:
+            channel.handle(KIND, WriteDesk(self.execute).answer, FORWARD_TIMEOUT_S)
 
     def index(self, call: Call) -> Any:
         """The index the path names (404 when unknown; 403 outside the caller's tenant)."""
@@ -72,10 +81,11 @@ class SearchRoutes:
         params = parse_params(raw.get("settings", raw), f"settings of index {name!r}")
         if not _valid_name(name):
             raise BadRequest(f"index name {name!r}: use 1-64 letters, digits, '_', '.' or '-'")
-        if self.server.config.frontends > 1:  # each front end would be a writer of the same logs
+        if self.server.config.frontends > 1 and name not in self.server.registry:
             raise BadRequest(
-                "search indexes need one front end (the one writer of each shard's log): "
-                "serve them with --frontends 1"
+                f"index {name!r}: indexes are created through the API with one front end; with "
+                "--frontends N every front end serves the indexes the server starts with: create it "
+                "with --frontends 1 (or declare it in the model repository), then restart with --frontends N"
             )
         created = await self.admin.create(name, params)
         call.runtime = self.server.registry.get(name)
@@ -90,15 +100,18 @@ class SearchRoutes:
 
     async def delete_index(self, call: Call) -> HttpResponse:
         rt = self.index(call)
+        if self.server.config.frontends > 1:
+            raise BadRequest(
+                f"index {rt.name!r}: indexes are deleted through the API with one front end (the others "
+                "would go on serving it): delete it with --frontends 1, then restart with --frontends N"
+            )
         await self.admin.delete(rt.name)
         return _answer({"deleted": rt.name})
 
     # ---- documents -----------------------------------------------------------------------------------
     async def post_documents(self, call: Call) -> HttpResponse:
         rt = self.index(call)
-        docs = parse_documents(await self.body(call.request), rt.params.fields)
-        seq = await rt.index.upsert(docs)
-        return _answer({"seq": seq, "documents": len(docs)})
+        return await self.write(rt, Write("upsert", rt.name, body=await self.body(call.request)))
 
     async def get_document(self, call: Call) -> HttpResponse:
         rt = self.index(call)
@@ -107,9 +120,27 @@ class SearchRoutes:
 
     async def delete_document(self, call: Call) -> HttpResponse:
         rt = self.index(call)
-        doc_id = call.request.path_params["id"]
-        await rt.index.get(doc_id, rt.clock.now() + GET_TIMEOUT_S)  # 404 when there is none
-        return _answer({"seq": await rt.index.delete(doc_id), "deleted": doc_id})
+        return await self.write(rt, Write("delete", rt.name, key=call.request.path_params["id"]))
+
+    async def write(self, rt: Any, write: Write) -> HttpResponse:
+        """Run a document write here, or (a follower) have the owner run it and answer as it did."""
+        if self.forwarder is None:
+            return json_response((await self.execute(write))[0])
+        body, _ = await self.forwarder.forward(write)
+        await rt.index.forwarded(msgspec.json.decode(body)["seq"])  # read-your-writes here too
+        return json_response(body)
+
+    async def execute(self, write: Write) -> tuple[bytes, bool]:
+        """A document write on the front end that writes the logs: (the answer's JSON body, False)."""
+        rt = self.admin.find(write.index)
+        if write.op == "upsert":
+            docs = parse_documents(write.body, rt.params.fields)
+            seq = await rt.index.upsert(docs)
+            return _json.encode({"seq": seq, "documents": len(docs)}), False
+        if write.op == "delete":
+            await rt.index.get(write.key, rt.clock.now() + GET_TIMEOUT_S)  # 404 when there is none
+            return _json.encode({"seq": await rt.index.delete(write.key), "deleted": write.key}), False
+        raise BadRequest(f"unknown search write {write.op!r}")
 
     # ---- search --------------------------------------------------------------------------------------
     async def search(self, call: Call) -> HttpResponse:
