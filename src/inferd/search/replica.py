@@ -98,12 +98,17 @@ class Replica:
         self.settings = b""
         """The assigned index settings (as sent): a new assignment of the same shard may keep the index."""
         self.completed = 0
-        self._calls: asyncio.Queue[tuple[int, p.ShardAssign | p.ShardCall] | None] = asyncio.Queue(
-            MAX_QUEUED_CALLS
+        self._calls: asyncio.Queue[tuple[int, asyncio.StreamWriter, p.ShardAssign | p.ShardCall] | None] = (
+            asyncio.Queue(MAX_QUEUED_CALLS)
         )
+        """Calls of every link, in arrival order, with the link's connection their reply goes to (a
+        front end that went and came back has a new one: it never gets its predecessor's replies)."""
         self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="inferd-shard")
         self._runner: asyncio.Task[None] | None = None
-        """Runs the queued calls while any link is there."""
+        """Runs the queued calls while any link is there (a call of a link that went is still run: an
+        apply keeps the index in log order)."""
+        self._retiring: asyncio.Task[None] | None = None
+        """The runner finishing up after the last link went: the next one starts after it."""
         self._drained = asyncio.Event()
         """The writer drained the replica: every link ends."""
         self._busy = False
@@ -126,8 +131,8 @@ class Replica:
         self.links[link] = writer
         self._send(link, p.Ready(version=version, load_s=0.0, warmup_s=0.0))
         self._send(link, self._note())  # the shard held (-1: none yet), for a writer to keep it
-        if self._runner is None or self._runner.done():
-            self._runner = asyncio.create_task(self._run(), name=f"replica-{self.worker_id}")
+        if self._runner is None:
+            self._runner = asyncio.create_task(self._run(self._retiring), name=f"replica-{self.worker_id}")
         try:
             async with asyncio.TaskGroup() as tg:
                 beat = tg.create_task(self._heartbeat(link, heartbeat_s))
@@ -143,15 +148,21 @@ class Replica:
             self.links.pop(link, None)
             if self.writer_link == link:
                 self.writer_link = None
-            if not self.links and self._runner is not None:
-                self._runner.cancel()  # nobody left to answer; a front end that comes back restarts it
+            if not self.links:
+                await self._retire_runner()
         return outcome
+
+    async def _retire_runner(self) -> None:
+        """No link left: the runner runs what is queued, then stops (a link that comes starts another)."""
+        runner, self._runner = self._runner, None
+        if runner is not None and not runner.done():
+            self._retiring = runner
+            await self._calls.put(None)
+            await runner
 
     async def _finish(self) -> None:
         """Drained by the writer: run what is queued, then end every link."""
-        await self._calls.put(None)
-        if self._runner is not None:
-            await self._runner
+        await self._retire_runner()
         self._thread.shutdown(wait=False, cancel_futures=True)
         self._drained.set()
 
@@ -176,15 +187,15 @@ class Replica:
                         return "drained"
                     log.info("replica %s: a Drain from a reading front end is ignored", self.worker_id)
                 elif isinstance(msg, p.ShardCall) and self._inline(msg):
-                    self._deliver(link, self._call(msg))
+                    self._deliver(self.links[link], self._call(msg))
                     await self._yield_if_held()
                 elif isinstance(msg, p.ShardAssign):
                     self.writer_link = link
                     if msg.shard != self.shard:  # the readers stop reading it until it holds the new one
                         self._tell_readers(link, self._note(loading=True))
-                    await self._calls.put((link, msg))
+                    await self._calls.put((link, self.links[link], msg))
                 elif isinstance(msg, p.ShardCall):
-                    await self._calls.put((link, msg))
+                    await self._calls.put((link, self.links[link], msg))
             await self._flush(link)
 
     async def _yield_if_held(self) -> None:
@@ -198,10 +209,12 @@ class Replica:
         """Run it here and now: a short read with nothing ahead of it (arrival order holds)."""
         return not self._busy and self._calls.empty() and self.policy.inline(msg.op)
 
-    async def _run(self) -> None:
+    async def _run(self, after: asyncio.Task[None] | None = None) -> None:
+        if after is not None:  # the previous runner's calls first, one at a time
+            await asyncio.shield(after)
         loop = asyncio.get_running_loop()
         while (item := await self._calls.get()) is not None:
-            link, msg = item
+            link, writer, msg = item
             self._busy = True
             if isinstance(msg, p.ShardAssign):
                 reply = await loop.run_in_executor(self._thread, self._assign, msg)
@@ -212,7 +225,7 @@ class Replica:
             self._busy = False
             if isinstance(msg, p.ShardAssign) or msg.op == "apply":
                 self._tell_readers(link, self._note())  # the readers learn before the writer's answer
-            self._deliver(link, reply)
+            self._deliver(writer, reply)
             for each in list(self.links):
                 await self._flush(each)
             await self._yield_if_held()
@@ -227,9 +240,10 @@ class Replica:
             if link != writer:
                 self._send(link, note)
 
-    def _deliver(self, link: int, reply: p.ShardReply) -> None:
+    def _deliver(self, writer: asyncio.StreamWriter, reply: p.ShardReply) -> None:
         self.completed += 1
-        self._send(link, reply)
+        if not writer.is_closing() and writer in self.links.values():  # its link is still there
+            writer.write(p.encode_frame(reply))
 
     # ---- on the shard's thread (short reads: on the event loop) -------------------------------------------
     def _assign(self, msg: p.ShardAssign) -> p.ShardReply:

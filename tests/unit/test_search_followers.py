@@ -1,0 +1,206 @@
+"""Search with several front ends: a follower's view of the shards (search/follower.py), the writes it
+forwards to the owner (search/writes.py, over frontends/owner_channel.py), and the replica that serves
+every front end (search/replica.py's links and notes)."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from inferd.errors import Conflict, NotFound, WorkerUnavailable
+from inferd.frontends.owner_channel import OwnerChannel, OwnerUnreachable
+from inferd.frontends.plan import FrontendPlan
+from inferd.search import wire
+from inferd.search.config import SearchParams
+from inferd.search.follower import KnownSeqs, Note, take_note
+from inferd.search.replica import ANNOUNCE, Replica
+from inferd.search.replicas import Replica as ReplicaView
+from inferd.search.replicas import ReplicaPhase, least_served_shard
+from inferd.search.types import Document, LogEntry, Upsert
+from inferd.search.writes import KIND, Forwarder, Write, WriteDesk
+from inferd.worker import protocol as p
+from inferd.worker.connection import WorkerState
+
+
+def view(shard: int = -1, phase: ReplicaPhase = ReplicaPhase.ASSIGNING) -> ReplicaView:
+    conn = SimpleNamespace(worker_id="w", state=WorkerState.READY)
+    return ReplicaView(conn, shard, phase)  # type: ignore[arg-type]
+
+
+# ---- KnownSeqs and notes --------------------------------------------------------------------------------
+def test_known_seqs_only_move_forward_and_say_when_they_did() -> None:
+    known = KnownSeqs(2)
+    assert known.learn(0, 3) is True
+    assert known.learn(0, 2) is False and known.seqs == [3, 0]
+    assert known.learn(-1, 9) is False and known.learn(2, 9) is False  # not a shard of the index
+    assert known.written([3, 0]) is False
+    assert known.written([3, 5]) is True and known.seqs == [3, 5]
+
+
+def test_behind_lists_the_shards_a_search_must_wait_for() -> None:
+    known = KnownSeqs(3)
+    known.written([4, 2, 0])
+    assert known.behind([4, 3, 1]) == {1: 3, 2: 1}
+    assert known.behind([1, 1, 0]) == {}
+
+
+async def test_a_note_makes_a_replica_serve_its_shard_and_a_move_fails_its_calls() -> None:
+    r = view()
+    assert take_note(r, Note(1, 7, 10)) is False  # nothing in flight to fail
+    assert (r.shard, r.phase, r.applied_seq, r.documents) == (1, ReplicaPhase.SERVING, 7, 10)
+    r.pending[5] = asyncio.get_running_loop().create_future()  # a call in flight
+    assert take_note(r, Note(1, 9, 11)) is False  # same shard, progress: calls stand
+    assert take_note(r, Note(-1, 0, 0)) is True  # it loads another shard: its calls fail
+    assert r.phase is ReplicaPhase.ASSIGNING and not r.readable
+
+
+def test_a_replica_not_assigned_yet_counts_for_no_shard() -> None:
+    replicas = [view(-1), view(0, ReplicaPhase.SERVING), view(-1)]
+    assert least_served_shard(2, replicas) == 1
+
+
+# ---- forwarded writes -----------------------------------------------------------------------------------
+async def test_the_owners_answer_and_errors_come_back_as_they_were() -> None:
+    async def execute(write: Write) -> tuple[bytes, bool]:
+        if write.key == "missing":
+            raise NotFound("no document 'missing'")
+        if write.key == "clash":
+            raise Conflict("index 'docs' exists with other settings")
+        if write.key == "busy":
+            raise WorkerUnavailable("embedder down", retry_after_s=3.0)
+        return b'{"seq": [1, 0]}', False
+
+    desk = WriteDesk(execute)
+
+    async def ask(kind: str, payload: bytes, timeout_s: float) -> bytes:
+        assert kind == KIND
+        return await desk.answer(payload)
+
+    forwarder = Forwarder(ask)
+    assert await forwarder.forward(Write("delete", "docs", key="d1")) == (b'{"seq": [1, 0]}', False)
+    with pytest.raises(NotFound, match="no document 'missing'"):
+        await forwarder.forward(Write("delete", "docs", key="missing"))
+    with pytest.raises(Conflict):
+        await forwarder.forward(Write("delete", "docs", key="clash"))
+    with pytest.raises(WorkerUnavailable) as busy:
+        await forwarder.forward(Write("delete", "docs", key="busy"))
+    assert busy.value.retry_after_s == 3.0
+    assert desk.forwarded == 4
+
+
+async def test_a_write_while_the_owner_is_away_is_a_retryable_503_naming_it() -> None:
+    async def ask(kind: str, payload: bytes, timeout_s: float) -> bytes:
+        raise OwnerUnreachable("ConnectionRefusedError")
+
+    with pytest.raises(WorkerUnavailable, match="owner front end") as exc:
+        await Forwarder(ask).forward(Write("upsert", "docs", body=b"{}"))
+    assert exc.value.retry_after_s > 0
+
+
+# ---- the owner channel ----------------------------------------------------------------------------------
+@pytest.fixture
+def socket_dir() -> Iterator[str]:
+    path = tempfile.mkdtemp(prefix="inferd-owner-")  # short: a Unix socket path has ~100 bytes
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+async def test_the_channel_answers_each_kind_with_its_handler_and_refuses_a_wrong_token(
+    socket_dir: str,
+) -> None:
+    plan = FrontendPlan(0, 2, socket_dir, "token")
+    owner = OwnerChannel(plan)
+
+    async def echo(payload: bytes) -> bytes:
+        return payload.upper()
+
+    owner.handle("echo", echo, 1.0)
+    follower = OwnerChannel(plan.at(1))
+    with pytest.raises(OwnerUnreachable):  # not listening yet
+        await follower.ask("echo", b"x", 1.0)
+    await owner.open()
+    try:
+        assert await follower.ask("echo", b"abc", 1.0) == b"ABC"
+        with pytest.raises(OwnerUnreachable, match="without an answer"):
+            await follower.ask("other", b"abc", 1.0)
+        stranger = OwnerChannel(FrontendPlan(1, 2, socket_dir, "wrong"))
+        with pytest.raises(OwnerUnreachable, match="without an answer"):
+            await stranger.ask("echo", b"abc", 1.0)
+    finally:
+        owner.close()
+
+
+# ---- the replica shared by several front ends ----------------------------------------------------------
+class Link:
+    """A front end's side of one link: what the replica wrote to it."""
+
+    def __init__(self) -> None:
+        self.frames: list[bytes] = []
+        self.answered = asyncio.Event()
+        """Set by the answer to call 1."""
+
+    def write(self, data: bytes) -> None:
+        self.frames.append(data)
+        message = p.decode_message(data[4:])
+        if isinstance(message, p.ShardReply) and message.call_id == 1:
+            self.answered.set()
+
+    def is_closing(self) -> bool:
+        return False
+
+    async def drain(self) -> None:
+        return None
+
+    def messages(self) -> list[p.Message]:
+        return [p.decode_message(f[4:]) for f in self.frames]
+
+
+def notes(link: Link) -> list[int]:
+    return [
+        wire.number(m.body) for m in link.messages() if isinstance(m, p.ShardReply) and m.call_id == ANNOUNCE
+    ]
+
+
+async def test_readers_learn_the_shard_and_progress_and_cannot_drain_the_replica(tmp_path: Path) -> None:
+    replica = Replica("w")
+    owner, reader = Link(), Link()
+    settings = wire.encode(SearchParams(embedder="none").settings())
+    from_owner, from_reader = asyncio.StreamReader(), asyncio.StreamReader()
+    from_owner.feed_data(p.encode_frame(p.ShardAssign(1, settings, str(tmp_path / "snap"))))
+    entry = LogEntry(seq=1, ops=[Upsert(doc=Document(id="a", text="alpha"))])
+    from_owner.feed_data(p.encode_frame(p.ShardCall(1, "apply", wire.encode([entry]))))
+    from_owner.feed_data(p.encode_frame(p.Drain()))
+    from_reader.feed_data(p.encode_frame(p.Drain()))  # a reading front end cannot retire the replica
+    served = [
+        asyncio.create_task(replica.serve(0, from_owner, owner, 1, 3600.0)),  # type: ignore[arg-type]
+        asyncio.create_task(replica.serve(1, from_reader, reader, 1, 3600.0)),  # type: ignore[arg-type]
+    ]
+    assert await asyncio.gather(*served) == ["drained", "drained"]  # the writer's Drain ends both
+    assert notes(owner) == [-1]  # when it joined: no shard held; then only answers
+    assert [r.call_id for r in owner.messages() if isinstance(r, p.ShardReply)] == [ANNOUNCE, 0, 1]
+    assert notes(reader) == [-1, -1, 1, 1]  # joined; loading; serving shard 1; applied
+    progress = [m for m in reader.messages() if isinstance(m, p.ShardReply)][-1]
+    assert (progress.applied_seq, progress.documents) == (1, 1)
+
+
+async def test_a_writer_that_comes_back_keeps_the_index_held(tmp_path: Path) -> None:
+    replica = Replica("w")
+    settings = wire.encode(SearchParams(embedder="none").settings())
+    entry = LogEntry(seq=1, ops=[Upsert(doc=Document(id="a", text="alpha"))])
+    for _ in range(2):  # the owner front end, then the one started again after it died
+        link, feed = Link(), asyncio.StreamReader()
+        feed.feed_data(p.encode_frame(p.ShardAssign(0, settings, str(tmp_path / "snap"))))
+        feed.feed_data(p.encode_frame(p.ShardCall(1, "apply", wire.encode([entry]))))
+        session = asyncio.create_task(replica.serve(0, feed, link, 1, 3600.0))  # type: ignore[arg-type]
+        await link.answered.wait()  # the apply's answer: then the front end goes
+        feed.feed_eof()
+        assert await session == "lost"
+    assigned = [m for m in link.messages() if isinstance(m, p.ShardReply) and m.call_id == 0]
+    assert notes(link) == [0]  # it told the new writer the shard it holds
+    assert [(a.applied_seq, a.documents) for a in assigned] == [(1, 1)]  # kept, not reloaded empty
