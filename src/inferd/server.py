@@ -48,6 +48,7 @@ from inferd.runtime.builtin import builtin_kinds
 from inferd.runtime.contract import Runtime
 from inferd.runtime.kinds import KindRegistry, RuntimeContext
 from inferd.runtime.registry import ModelRegistry
+from inferd.search.index_sync import IndexSync
 from inferd.search.store import IndexStore
 from inferd.worker.connection import WorkerConnection
 from inferd.worker.hub import WorkerHub
@@ -100,6 +101,10 @@ class InferenceServer:
             TrafficSync(frontend, self.traffic, channel=self.owner_channel) if frontend is not None else None
         )
         """Several front ends: the owner's canary decisions are every front end's."""
+        self.index_sync = (
+            IndexSync(frontend, self.owner_channel, self, self.clock) if self.owner_channel else None
+        )
+        """Several front ends: each serves the search indexes the owner serves."""
         check_fallbacks((rt.config for rt in self.registry.defaults()), self._kinds_of)
         self.shadows = Shadows(
             self.registry, self.metrics.shadow_requests, config.shadow_max_in_flight, clock=self.clock
@@ -278,6 +283,8 @@ class InferenceServer:
                 if self.traffic_sync is not None:
                     await self.traffic_sync.open()
                     loops.append(tg.create_task(self.traffic_sync.run(), name="traffic-sync"))
+                if self.index_sync is not None:
+                    loops.append(tg.create_task(self.index_sync.run(), name="index-sync"))
                 try:
                     if self.frontend is not None:  # one of several: listen once workers are here
                         await await_ready(lambda: self.ready, self.config.worker_start_timeout_s)

@@ -4,6 +4,7 @@ front ends; front end 0 is the one writer of the shards' logs):
 * writes land on both front ends (new connections: SO_REUSEPORT picks) and every one is acknowledged;
   the follower's are forwarded to the owner; searches through either front end then find every
   document (with the writes' seqs as min_seq, and without);
+* an index created through the API is served by both front ends, and gone from both once deleted;
 * with the owner down (SIGKILLed while the parent is stopped, so that it stays down), a write gets 503
   with Retry-After naming the owner, while searches and gets go on from the replicas; once the parent
   restarts the owner, writes are taken again and found on both front ends.
@@ -108,6 +109,24 @@ def test_writes_through_both_front_ends_are_found_by_searches_on_both(server: Se
         assert search_ids(server, "alpha") == {f"d{i}" for i in range(DOCS)}
     status, body = call(f"{server.url}/v1/indexes/docs/documents/d3")
     assert status == 200 and body["id"] == "d3"
+
+
+def test_an_index_created_and_deleted_through_either_front_end_is_so_on_both(server: ServerProc) -> None:
+    url = f"{server.url}/v1/indexes/notes"
+    settings = {"shards": 1, "replicas": 1, "embedder": "none"}
+    status, body = call(url, "PUT", settings)
+    assert status == 201, body
+    for _ in range(6):  # either front end: it exists with these settings
+        status, body = call(url, "PUT", settings)
+        assert status == 200 and body["name"] == "notes", body
+    status, body = call(f"{url}/documents", "POST", {"documents": [doc(1, "delta")]})
+    assert status == 200, body
+    for _ in range(6):
+        status, found = call(f"{url}/search", "POST", {"query": "delta", "min_seq": body["seq"]})
+        assert status == 200 and [h["id"] for h in found["hits"]] == ["d1"], found
+    status, body = call(url, "DELETE")
+    assert status == 200 and body == {"deleted": "notes"}, body
+    wait_for(lambda: all(call(url)[0] == 404 for _ in range(6)), 10, "the index gone from both front ends")
 
 
 def test_with_the_owner_down_writes_get_503_and_reads_go_on(server: ServerProc) -> None:

@@ -13,12 +13,14 @@ from types import SimpleNamespace
 
 import pytest
 
+from inferd.clock import FakeClock
 from inferd.errors import Conflict, NotFound, WorkerUnavailable
 from inferd.frontends.owner_channel import OwnerChannel, OwnerUnreachable
 from inferd.frontends.plan import FrontendPlan
 from inferd.search import wire
 from inferd.search.config import SearchParams
 from inferd.search.follower import KnownSeqs, Note, take_note
+from inferd.search.index_sync import FollowerReports
 from inferd.search.replica import ANNOUNCE, Replica
 from inferd.search.replicas import Replica as ReplicaView
 from inferd.search.replicas import ReplicaPhase, least_served_shard
@@ -204,3 +206,20 @@ async def test_a_writer_that_comes_back_keeps_the_index_held(tmp_path: Path) -> 
     assigned = [m for m in link.messages() if isinstance(m, p.ShardReply) and m.call_id == 0]
     assert notes(link) == [0]  # it told the new writer the shard it holds
     assert [(a.applied_seq, a.documents) for a in assigned] == [(1, 1)]  # kept, not reloaded empty
+
+
+# ---- indexes created or deleted while the server runs -------------------------------------------------
+def test_a_new_index_waits_only_for_the_followers_up_that_do_not_serve_it() -> None:
+    clock = FakeClock()
+    reports = FollowerReports(clock, live_s=2.0)
+    assert reports.missing("notes") == []  # no follower heard of: nobody to wait for
+    reports.report(1, ["docs"])
+    reports.report(2, ["docs", "notes"])
+    assert reports.missing("notes") == [1]
+    clock.advance(1.0)
+    reports.report(1, ["docs", "notes"])
+    assert reports.missing("notes") == []
+    reports.report(2, ["docs"])  # it has not caught up with a delete and a new create yet
+    assert reports.missing("notes") == [2]
+    clock.advance(2.5)  # silent since: down (it serves data_dir's indexes when it starts again)
+    assert reports.missing("notes") == []

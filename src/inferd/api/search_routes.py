@@ -10,8 +10,9 @@ parse -> the index's service (search/service.py) or administration (search/index
     DELETE /v1/indexes/{name}/documents/{id}
     POST   /v1/indexes/{name}/search           {"query", "k", "mode", "filter", "timeout_ms"}
 
-With several front ends (`--frontends N`), the document writes of a follower are forwarded to the owner
-(search/writes.py), which runs them as here; the follower answers with the owner's answer.
+With several front ends (`--frontends N`), the writes of a follower (documents, and indexes created or
+deleted) are forwarded to the owner (search/writes.py), which runs them as here; the follower answers
+with the owner's answer.
 """
 
 from __future__ import annotations
@@ -57,7 +58,7 @@ class SearchRoutes:
         self.max_body = server.config.max_body_bytes
         plan, channel = server.frontend, server.owner_channel
         self.forwarder = Forwarder(channel.ask) if plan is not None and not plan.is_owner else None
-        """A follower front end: its document writes go to the owner (search/writes.py)."""
+        """A follower front end: its writes go to the owner (search/writes.py)."""
         if plan is not None and plan.is_owner:
             channel.handle(KIND, WriteDesk(self.execute).answer, FORWARD_TIMEOUT_S)
 
@@ -77,19 +78,9 @@ class SearchRoutes:
     async def put_index(self, call: Call) -> HttpResponse:
         name = call.request.path_params["name"]
         check_model(tenant_of(call), name, lambda: [name])  # a tenant creates only names it may use
-        raw = json_object(await self.body(call.request), "index settings")
-        params = parse_params(raw.get("settings", raw), f"settings of index {name!r}")
-        if not _valid_name(name):
-            raise BadRequest(f"index name {name!r}: use 1-64 letters, digits, '_', '.' or '-'")
-        if self.server.config.frontends > 1 and name not in self.server.registry:
-            raise BadRequest(
-                f"index {name!r}: indexes are created through the API with one front end; with "
-                "--frontends N every front end serves the indexes the server starts with: create it "
-                "with --frontends 1 (or declare it in the model repository), then restart with --frontends N"
-            )
-        created = await self.admin.create(name, params)
-        call.runtime = self.server.registry.get(name)
-        return _answer(describe(call.runtime), 201 if created else 200)
+        answer = await self.write(Write("create", name, body=await self.body(call.request)))
+        call.runtime = self.server.registry.get(name) if name in self.server.registry else None
+        return answer
 
     async def list_indexes(self, call: Call) -> HttpResponse:
         names = allowed_models(tenant_of(call), self.server.registry.names("search"))
@@ -100,18 +91,12 @@ class SearchRoutes:
 
     async def delete_index(self, call: Call) -> HttpResponse:
         rt = self.index(call)
-        if self.server.config.frontends > 1:
-            raise BadRequest(
-                f"index {rt.name!r}: indexes are deleted through the API with one front end (the others "
-                "would go on serving it): delete it with --frontends 1, then restart with --frontends N"
-            )
-        await self.admin.delete(rt.name)
-        return _answer({"deleted": rt.name})
+        return await self.write(Write("drop", rt.name))
 
     # ---- documents -----------------------------------------------------------------------------------
     async def post_documents(self, call: Call) -> HttpResponse:
         rt = self.index(call)
-        return await self.write(rt, Write("upsert", rt.name, body=await self.body(call.request)))
+        return await self.write(Write("upsert", rt.name, body=await self.body(call.request)), rt)
 
     async def get_document(self, call: Call) -> HttpResponse:
         rt = self.index(call)
@@ -120,19 +105,28 @@ class SearchRoutes:
 
     async def delete_document(self, call: Call) -> HttpResponse:
         rt = self.index(call)
-        return await self.write(rt, Write("delete", rt.name, key=call.request.path_params["id"]))
+        return await self.write(Write("delete", rt.name, key=call.request.path_params["id"]), rt)
 
-    async def write(self, rt: Any, write: Write) -> HttpResponse:
-        """Run a document write here, or (a follower) have the owner run it and answer as it did."""
+    async def write(self, write: Write, rt: Any = None) -> HttpResponse:
+        """Run a write here, or (a follower) have the owner run it and answer as it did."""
         if self.forwarder is None:
-            return json_response((await self.execute(write))[0])
-        body, _ = await self.forwarder.forward(write)
-        await rt.index.forwarded(msgspec.json.decode(body)["seq"])  # read-your-writes here too
-        return json_response(body)
+            body, created = await self.execute(write)
+        else:
+            body, created = await self.forwarder.forward(write)
+            if rt is not None:  # a document write: read-your-writes here too
+                await rt.index.forwarded(msgspec.json.decode(body)["seq"])
+            else:  # an index created or deleted: served here as on the owner before the answer
+                await self.server.index_sync.exchange()
+        return json_response(body, 201 if created else 200)
 
     async def execute(self, write: Write) -> tuple[bytes, bool]:
-        """A document write on the front end that writes the logs: (the answer's JSON body, False)."""
+        """A write on the front end that writes the logs: (the answer's JSON body, whether it created)."""
+        if write.op == "create":
+            return await self._create(write.index, write.body)
         rt = self.admin.find(write.index)
+        if write.op == "drop":
+            await self.admin.delete(rt.name)
+            return _json.encode({"deleted": rt.name}), False
         if write.op == "upsert":
             docs = parse_documents(write.body, rt.params.fields)
             seq = await rt.index.upsert(docs)
@@ -141,6 +135,14 @@ class SearchRoutes:
             await rt.index.get(write.key, rt.clock.now() + GET_TIMEOUT_S)  # 404 when there is none
             return _json.encode({"seq": await rt.index.delete(write.key), "deleted": write.key}), False
         raise BadRequest(f"unknown search write {write.op!r}")
+
+    async def _create(self, name: str, body: bytes) -> tuple[bytes, bool]:
+        raw = json_object(body, "index settings")
+        params = parse_params(raw.get("settings", raw), f"settings of index {name!r}")
+        if not _valid_name(name):
+            raise BadRequest(f"index name {name!r}: use 1-64 letters, digits, '_', '.' or '-'")
+        created = await self.admin.create(name, params)
+        return _json.encode(describe(self.server.registry.get(name))), created
 
     # ---- search --------------------------------------------------------------------------------------
     async def search(self, call: Call) -> HttpResponse:

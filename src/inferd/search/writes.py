@@ -1,7 +1,7 @@
 """Search writes through any front end of `inferd serve --frontends N`.
 
 Each shard's log has one writer: the owner front end (front end 0). The API's write routes
-(api/search_routes.py: upserts and deletes of documents) run there; a follower front end forwards each
+(api/search_routes.py: upserts and deletes of documents, indexes created and deleted) run there; a follower front end forwards each
 write, whole, to the owner over the owner channel (frontends/owner_channel.py) and answers its client
 with the owner's answer: the same status and body, an error included. While the owner is away (it died
 and the parent starts it again), a follower answers writes with 503 and Retry-After; its searches and
@@ -44,7 +44,8 @@ OWNER_RETRY_AFTER_S = 1.0
 
 class Write(msgspec.Struct, frozen=True):
     op: str
-    """"upsert" (body: the request's JSON body) or "delete" (key: the document's id)."""
+    """"upsert" (body: the request's JSON body), "delete" (key: the document's id), "create" (body: the
+    index settings) or "drop" (the index)."""
     index: str
     key: str = ""
     body: bytes = b""
