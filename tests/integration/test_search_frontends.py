@@ -109,6 +109,8 @@ def test_writes_through_both_front_ends_are_found_by_searches_on_both(server: Se
         assert search_ids(server, "alpha") == {f"d{i}" for i in range(DOCS)}
     status, body = call(f"{server.url}/v1/indexes/docs/documents/d3")
     assert status == 200 and body["id"] == "d3"
+    read = {fe: docs_ok(scrape(server), fe) - docs_ok(after, fe) for fe in ("0", "1")}
+    assert read["0"] > 0 and read["1"] > 0, f"the reads did not land on both front ends: {read}"
 
 
 def test_an_index_created_and_deleted_through_either_front_end_is_so_on_both(server: ServerProc) -> None:

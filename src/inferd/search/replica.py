@@ -9,11 +9,13 @@ The other links only read: they are told the replica's shard and applied seq by 
 with call_id ANNOUNCE, its body the shard, -1 while one loads) when they join, when a shard is assigned
 and after every apply. Calls of every link run one at a time, in arrival order: a search sees every
 entry applied before it arrived. A Drain from the writer link ends every link (the worker exits); one
-from another link is ignored (a front end that only reads does not retire the worker). Short reads (searches and gets whose recent CPU time is under INLINE_MAX_S)
-run on the event loop, as they arrive or as they come up in the queue behind a long call: the hand-off
-to a thread and back cost more CPU than a small shard's search; they yield the loop every INLINE_SLICE_S
-of such work, so a burst of them does not hold up heartbeats. Everything else runs on the shard's
-thread, so heartbeats keep flowing while the shard works.
+from another link is ignored (a front end that only reads does not retire the worker).
+
+Short reads (searches and gets whose recent CPU time is under INLINE_MAX_S) run on the event loop, as
+they arrive or as they come up in the queue behind a long call: the hand-off to a thread and back cost
+more CPU than a small shard's search; they yield the loop every INLINE_SLICE_S of such work, so a burst
+of them does not hold up heartbeats. Everything else runs on the shard's thread, so heartbeats keep
+flowing while the shard works.
 """
 
 from __future__ import annotations
