@@ -105,6 +105,9 @@ class WriteDesk:
         except ServingError as exc:
             retry_after = getattr(exc, "retry_after_s", None)
             return msgspec.msgpack.encode(Answer(error=(exc.code, exc.message), retry_after_s=retry_after))
+        except Exception as exc:  # a bug: the follower's client gets a 500 that names it, as here
+            log.exception("forwarded search write %s of index %s failed", write.op, write.index)
+            return msgspec.msgpack.encode(Answer(error=("Internal", f"{type(exc).__name__}: {exc}")))
         return msgspec.msgpack.encode(Answer(body, created))
 
 
