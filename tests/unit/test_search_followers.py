@@ -14,7 +14,7 @@ from types import SimpleNamespace
 import pytest
 
 from inferd.clock import FakeClock
-from inferd.errors import Conflict, NotFound, WorkerUnavailable
+from inferd.errors import Conflict, Internal, NotFound, WorkerUnavailable
 from inferd.frontends.owner_channel import OwnerChannel, OwnerUnreachable
 from inferd.frontends.plan import FrontendPlan
 from inferd.search import wire
@@ -140,12 +140,16 @@ async def test_the_channel_answers_each_kind_with_its_handler_and_refuses_a_wron
 
 # ---- the replica shared by several front ends ----------------------------------------------------------
 class Link:
-    """A front end's side of one link: what the replica wrote to it."""
+    """A front end's side of one link: what the replica wrote to it (its own transport too)."""
 
-    def __init__(self) -> None:
+    def __init__(self, stalled: bool = False) -> None:
         self.frames: list[bytes] = []
         self.answered = asyncio.Event()
         """Set by the answer to call 1."""
+        self.stalled = stalled
+        """A front end that stopped reading: the link's buffer only grows, a drain never returns."""
+        self.aborted = False
+        self.transport = self
 
     def write(self, data: bytes) -> None:
         self.frames.append(data)
@@ -154,10 +158,17 @@ class Link:
             self.answered.set()
 
     def is_closing(self) -> bool:
-        return False
+        return self.aborted
+
+    def abort(self) -> None:
+        self.aborted = True
+
+    def get_write_buffer_size(self) -> int:
+        return 2**40 if self.stalled else 0
 
     async def drain(self) -> None:
-        return None
+        if self.stalled:
+            await asyncio.Event().wait()
 
     def messages(self) -> list[p.Message]:
         return [p.decode_message(f[4:]) for f in self.frames]
@@ -206,6 +217,45 @@ async def test_a_writer_that_comes_back_keeps_the_index_held(tmp_path: Path) -> 
     assigned = [m for m in link.messages() if isinstance(m, p.ShardReply) and m.call_id == 0]
     assert notes(link) == [0]  # it told the new writer the shard it holds
     assert [(a.applied_seq, a.documents) for a in assigned] == [(1, 1)]  # kept, not reloaded empty
+
+
+async def test_a_reading_front_end_that_stopped_reading_holds_up_no_other_link(tmp_path: Path) -> None:
+    replica = Replica("w")
+    owner, stalled = Link(), Link(stalled=True)
+    settings = wire.encode(SearchParams(embedder="none").settings())
+    from_owner = asyncio.StreamReader()
+    from_owner.feed_data(p.encode_frame(p.ShardAssign(0, settings, str(tmp_path / "snap"))))
+    for seq in (1, 2, 3):
+        entry = LogEntry(seq=seq, ops=[Upsert(doc=Document(id=f"d{seq}", text="alpha"))])
+        from_owner.feed_data(p.encode_frame(p.ShardCall(seq, "apply", wire.encode([entry]))))
+    from_owner.feed_data(p.encode_frame(p.Drain()))
+    reading = asyncio.create_task(replica.serve(1, asyncio.StreamReader(), stalled, 1, 3600.0))  # type: ignore[arg-type]
+    writing = replica.serve(0, from_owner, owner, 1, 3600.0)  # type: ignore[arg-type]
+    assert await asyncio.wait_for(writing, 30) == "drained"  # a guard: the bug was a hang
+    assert await reading == "drained"
+    answered = [m.call_id for m in owner.messages() if isinstance(m, p.ShardReply)]
+    assert answered == [ANNOUNCE, 0, 1, 2, 3]
+    assert stalled.aborted  # dropped: its front end rejoins and hears the replica's state again
+
+
+async def test_a_replica_whose_calls_runner_fails_ends_its_links_instead_of_going_silent(
+    tmp_path: Path,
+) -> None:
+    replica = Replica("w")
+    owner, reader = Link(), Link()
+    from_owner = asyncio.StreamReader()
+    from_owner.feed_data(p.encode_frame(p.ShardAssign(0, b"\xc1 not settings", str(tmp_path / "snap"))))
+    served = [
+        asyncio.create_task(replica.serve(0, from_owner, owner, 1, 3600.0)),  # type: ignore[arg-type]
+        asyncio.create_task(replica.serve(1, asyncio.StreamReader(), reader, 1, 3600.0)),  # type: ignore[arg-type]
+    ]
+    done, _ = await asyncio.wait(served, timeout=30)  # a guard: the bug was a hang
+    assert len(done) == 2
+    for session in served:
+        with pytest.raises(ExceptionGroup) as failed:
+            session.result()
+        assert isinstance(failed.value.exceptions[0], Internal)
+        assert "DecodeError" in str(failed.value.exceptions[0])
 
 
 # ---- indexes created or deleted while the server runs -------------------------------------------------

@@ -28,7 +28,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from inferd.errors import ServingError
+from inferd.errors import Internal, ServingError
 from inferd.search import snapshot, wire
 from inferd.search.shard import ShardIndex
 from inferd.search.types import IndexSettings
@@ -47,6 +47,9 @@ INLINE_OPS = frozenset({"search", "get"})
 INLINE_SLICE_S = 0.002
 """Inline reads run back to back for at most about this long before the loop is yielded (heartbeats, the
 socket): a chunk of many small reads does not hold the event loop for its whole length."""
+MAX_LINK_BUFFER_BYTES = 32 * 2**20
+"""Replies and notes a reading link has not taken yet; past it the link is dropped (its front end
+rejoins), so a stalled front end never holds up the calls of the others."""
 READ_CHUNK = 256 * 1024
 _LEN = struct.Struct(">I")
 
@@ -112,7 +115,9 @@ class Replica:
         self._retiring: asyncio.Task[None] | None = None
         """The runner finishing up after the last link went: the next one starts after it."""
         self._drained = asyncio.Event()
-        """The writer drained the replica: every link ends."""
+        """The writer drained the replica, or its runner failed: every link ends."""
+        self._failure: BaseException | None = None
+        """What the runner failed with (a bug): every link raises it, the worker exits."""
         self._busy = False
         """A call taken from the queue is running (on the thread): later calls queue behind it."""
         self.policy = InlinePolicy()
@@ -135,12 +140,15 @@ class Replica:
         self._send(link, self._note())  # the shard held (-1: none yet), for a writer to keep it
         if self._runner is None:
             self._runner = asyncio.create_task(self._run(self._retiring), name=f"replica-{self.worker_id}")
+            self._runner.add_done_callback(self._runner_done)
         try:
             async with asyncio.TaskGroup() as tg:
                 beat = tg.create_task(self._heartbeat(link, heartbeat_s))
                 receiving = tg.create_task(self._receive(link, reader))
                 drained = tg.create_task(self._drained.wait())
                 await asyncio.wait({receiving, drained}, return_when=asyncio.FIRST_COMPLETED)
+                if self._failure is not None:  # no call would be answered again: end as a crash
+                    raise Internal(f"replica {self.worker_id} failed: {self._failure!r}") from self._failure
                 outcome = receiving.result() if receiving.done() else "drained"
                 if outcome == "drained" and not self._drained.is_set():
                     await self._finish()
@@ -153,6 +161,12 @@ class Replica:
             if not self.links:
                 await self._retire_runner()
         return outcome
+
+    def _runner_done(self, runner: asyncio.Task[None]) -> None:
+        if not runner.cancelled() and runner.exception() is not None:
+            self._failure = runner.exception()
+            log.error("replica %s: its calls' runner failed: %r", self.worker_id, self._failure)
+            self._drained.set()
 
     async def _retire_runner(self) -> None:
         """No link left: the runner runs what is queued, then stops (a link that comes starts another)."""
@@ -228,9 +242,20 @@ class Replica:
             if isinstance(msg, p.ShardAssign) or msg.op == "apply":
                 self._tell_readers(link, self._note())  # the readers learn before the writer's answer
             self._deliver(writer, reply)
-            for each in list(self.links):
-                await self._flush(each)
+            await self._flush_links()
             await self._yield_if_held()
+
+    async def _flush_links(self) -> None:
+        """The writer link's replies are waited for (it ships the log); a reading link that does not
+        take its own in time is dropped instead of holding up every link's calls."""
+        for link, writer in list(self.links.items()):
+            if link == self.writer_link:
+                await self._flush(link)
+            elif writer.transport.get_write_buffer_size() > MAX_LINK_BUFFER_BYTES:
+                log.warning(
+                    "replica %s: front end %d does not read its replies: dropped", self.worker_id, link
+                )
+                writer.transport.abort()
 
     def _note(self, loading: bool = False) -> p.ShardReply:
         """What the reading links are told: the shard held (-1 while loading) and how far it applied."""
