@@ -3,17 +3,20 @@
 An index created or deleted through the API is created or deleted by the owner (front end 0; a
 follower forwards the PUT or DELETE, search/writes.py). The followers learn of it over the owner
 channel: every SYNC_INTERVAL_S each one sends the owner the indexes it serves and gets the owner's
-(with their settings), then serves the ones it lacks and stops serving the ones the owner dropped. The owner starts a
-new index's replica workers only once every follower that reported lately serves the index too (at
-most FOLLOWERS_WAIT_S), because a worker joins every front end and a front end that does not know its
-index would turn it away for good. A follower that is down meanwhile serves the index from data_dir
-when it starts again.
+(with their settings), then serves the ones it lacks, stops serving the ones the owner dropped, and
+serves again (anew) one whose settings differ from the owner's. The owner starts a new index's replica
+workers only once every follower that reported lately serves the index too (at most FOLLOWERS_WAIT_S),
+because a worker joins every front end and a front end that does not know its index would turn it away
+for good; and a delete answers once those followers no longer serve the index (as long at most), so
+that an index created again under its name is never taken for the old one (its replicas, seqs and
+cached results). A follower that is down meanwhile serves data_dir's indexes when it starts again.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from typing import Any
 
 import msgspec
@@ -22,7 +25,7 @@ from inferd.clock import Clock
 from inferd.config import ModelConfig
 from inferd.frontends.owner_channel import OwnerChannel, OwnerUnreachable
 from inferd.frontends.plan import FrontendPlan
-from inferd.search.config import index_config, parse_params
+from inferd.search.config import index_config, params_of, parse_params
 
 log = logging.getLogger("inferd.search")
 
@@ -60,10 +63,15 @@ class FollowerReports:
 
     def missing(self, name: str) -> list[int]:
         """The followers up (reported lately) that do not serve `name` yet."""
+        return [i for i, serving in self._live() if name not in serving]
+
+    def still_serving(self, name: str) -> list[int]:
+        """The followers up that serve `name` still (a deleted index)."""
+        return [i for i, serving in self._live() if name in serving]
+
+    def _live(self) -> list[tuple[int, frozenset[str]]]:
         now = self.clock.now()
-        return sorted(
-            i for i, (at, serving) in self.reports.items() if now - at <= self.live_s and name not in serving
-        )
+        return sorted((i, serving) for i, (at, serving) in self.reports.items() if now - at <= self.live_s)
 
 
 class IndexSync:
@@ -80,6 +88,8 @@ class IndexSync:
         """The composition root: its registry, add_version and remove_version."""
         self.reports = FollowerReports(clock)
         self._reported = asyncio.Event()
+        self._exchanging = asyncio.Lock()
+        """A follower's exchanges, one at a time: an older answer is never applied after a newer one."""
         if plan.is_owner:
             channel.handle(KIND, self._answer, EXCHANGE_TIMEOUT_S)
 
@@ -91,30 +101,45 @@ class IndexSync:
 
     async def until_followers_serve(self, name: str) -> None:
         """The owner, before it starts a new index's workers: until the followers up serve it."""
+        await self._until(self.reports.missing, name, "do not serve it yet")
+
+    async def until_followers_drop(self, name: str) -> None:
+        """The owner, once it deleted an index: until the followers up no longer serve it."""
+        await self._until(self.reports.still_serving, name, "serve it still")
+
+    async def _until(self, waiting: Callable[[str], list[int]], name: str, what: str) -> None:
         try:
             async with asyncio.timeout(FOLLOWERS_WAIT_S):
-                while self.reports.missing(name):
+                while waiting(name):
                     await self._reported.wait()
         except TimeoutError:
-            log.warning("index %s: front ends %s do not serve it yet", name, self.reports.missing(name))
+            log.warning("index %s: front ends %s %s", name, waiting(name), what)
 
     # ---- follower -----------------------------------------------------------------------------------
     async def exchange(self) -> bool:
         """Report, and serve what the owner serves; False when the owner did not answer."""
-        report = Report(self.plan.index, self._serving())
-        try:
-            raw = await self.channel.ask(KIND, msgspec.msgpack.encode(report), EXCHANGE_TIMEOUT_S)
-            answer = msgspec.msgpack.decode(raw, type=Indexes)
-        except (OwnerUnreachable, msgspec.DecodeError):
-            return False  # the owner is away: its indexes cannot change meanwhile
-        for name in sorted(set(answer.settings) - set(self._serving())):
-            self._add(name, answer.settings[name])
-        for name in sorted(set(self._serving()) - set(answer.settings)):
-            self._drop(name)
-        return True
+        async with self._exchanging:
+            report = Report(self.plan.index, self._serving())
+            try:
+                raw = await self.channel.ask(KIND, msgspec.msgpack.encode(report), EXCHANGE_TIMEOUT_S)
+                answer = msgspec.msgpack.decode(raw, type=Indexes)
+            except (OwnerUnreachable, msgspec.DecodeError):
+                return False  # the owner is away: its indexes cannot change meanwhile
+            for name in sorted(set(self._serving()) - set(answer.settings)):
+                self._drop(name)
+            for name in sorted(set(self._serving()) & set(answer.settings)):
+                if self._other_settings(name, answer.settings[name]):  # deleted and created again
+                    self._drop(name)
+            for name in sorted(set(answer.settings) - set(self._serving())):
+                self._add(name, answer.settings[name])
+            return True
 
     def _serving(self) -> list[str]:
         return list(self.server.registry.names("search"))
+
+    def _other_settings(self, name: str, settings: dict[str, Any]) -> bool:
+        mine = params_of(self.server.registry.get(name).config)
+        return mine != parse_params(settings, f"settings of index {name!r}")
 
     def _add(self, name: str, settings: dict[str, Any]) -> None:
         if name in self.server.registry:  # a declared model of that name wins

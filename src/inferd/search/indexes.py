@@ -122,4 +122,6 @@ class IndexAdmin:
                 supervisor.kill(slot.incarnation)
             self.server.remove_version(name, rt.version)
             self.store.remove(name)
+            if self.server.index_sync is not None:  # a name created again must not find the old index
+                await self.server.index_sync.until_followers_drop(name)
             log.info("index %s deleted", name)
