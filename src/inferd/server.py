@@ -28,7 +28,7 @@ from inferd.errors import ShuttingDown
 from inferd.fleet.control import FleetControl, repository_loader
 from inferd.fleet.scaling import ScalingLoop, scaling_policy
 from inferd.frontends.metrics import scrape_all, serve_registry
-from inferd.frontends.owner_channel import OwnerChannel
+from inferd.frontends.owner_channel import MAX_MESSAGE_BYTES, OwnerChannel
 from inferd.frontends.plan import FrontendPlan, worker_sockets
 from inferd.frontends.readiness import await_ready
 from inferd.frontends.traffic_sync import TrafficSync
@@ -95,7 +95,11 @@ class InferenceServer:
         self.metrics.registry.register(RuntimeCollector(self.registry))
         self.traffic = Traffic(self.registry, self.clock, self.metrics.traffic, follower=follower)
         """Canary and A/B splits of requests that name no version (gateway/traffic_control.py)."""
-        self.owner_channel = OwnerChannel(frontend) if frontend is not None else None
+        self.owner_channel = (
+            OwnerChannel(frontend, max(MAX_MESSAGE_BYTES, config.max_body_bytes + 2**20))
+            if frontend is not None
+            else None
+        )
         """Several front ends: the others' way to the owner (canary outcomes, forwarded search writes)."""
         self.traffic_sync = (
             TrafficSync(frontend, self.traffic, channel=self.owner_channel) if frontend is not None else None

@@ -17,7 +17,8 @@ import pytest
 from inferd.clock import FakeClock
 from inferd.config import ModelConfig
 from inferd.errors import Conflict, Internal, NotFound, WorkerUnavailable
-from inferd.frontends.owner_channel import OwnerChannel, OwnerUnreachable
+from inferd.frontends import owner_channel
+from inferd.frontends.owner_channel import OwnerChannel, OwnerUnreachable, Request
 from inferd.frontends.plan import FrontendPlan
 from inferd.search import index_sync, wire
 from inferd.search.config import SearchParams, params_of
@@ -138,6 +139,57 @@ async def test_the_channel_answers_each_kind_with_its_handler_and_refuses_a_wron
             await stranger.ask("echo", b"abc", 1.0)
     finally:
         owner.close()
+
+
+class Answered:
+    """The owner's side of one owner channel connection: what it wrote back."""
+
+    def __init__(self) -> None:
+        self.data = b""
+        self.closed = False
+
+    def write(self, data: bytes) -> None:
+        self.data += data
+
+    async def drain(self) -> None:
+        return None
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def sent(data: bytes, eof: bool = True) -> asyncio.StreamReader:
+    reader = asyncio.StreamReader()
+    reader.feed_data(data)
+    if eof:
+        reader.feed_eof()
+    return reader
+
+
+async def test_the_owner_refuses_odd_tokens_oversized_and_unfinished_requests(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    owner = OwnerChannel(FrontendPlan(0, 2, "/nonexistent", "token"), max_bytes=1024)
+    handled: list[bytes] = []
+
+    async def echo(payload: bytes) -> bytes:
+        handled.append(payload)
+        return payload
+
+    owner.handle("echo", echo, 1.0)
+    for request, eof in [
+        (Request("echo", "tökén", b"x"), True),  # a token that is not ASCII: refused like any other
+        (Request("echo", "token", b"x" * 2048), True),  # over the bound
+        (Request("echo", "token", b"x"), False),  # never sent whole
+    ]:
+        monkeypatch.setattr(owner_channel, "READ_TIMEOUT_S", 0.05)
+        answered = Answered()
+        await asyncio.wait_for(owner._answer(sent(msgspec.msgpack.encode(request), eof), answered), 30)  # type: ignore[arg-type]
+        assert (answered.data, answered.closed) == (b"", True)
+    assert handled == []
+    answered = Answered()
+    await owner._answer(sent(msgspec.msgpack.encode(Request("echo", "token", b"x"))), answered)  # type: ignore[arg-type]
+    assert (answered.data, handled) == (b"x", [b"x"])
 
 
 # ---- the replica shared by several front ends ----------------------------------------------------------
