@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import shutil
 import tempfile
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
@@ -27,6 +28,7 @@ from inferd.search.index_sync import FollowerReports, Indexes, IndexSync, Report
 from inferd.search.replica import ANNOUNCE, Replica
 from inferd.search.replicas import Replica as ReplicaView
 from inferd.search.replicas import ReplicaPhase, least_served_shard
+from inferd.search.shard import ShardIndex
 from inferd.search.types import Document, LogEntry, Upsert
 from inferd.search.writes import KIND, Forwarder, Write, WriteDesk
 from inferd.worker import protocol as p
@@ -271,6 +273,38 @@ async def test_a_writer_that_comes_back_keeps_the_index_held(tmp_path: Path) -> 
     assigned = [m for m in link.messages() if isinstance(m, p.ShardReply) and m.call_id == 0]
     assert notes(link) == [0]  # it told the new writer the shard it holds
     assert [(a.applied_seq, a.documents) for a in assigned] == [(1, 1)]  # kept, not reloaded empty
+
+
+async def test_a_front_end_joining_while_the_replica_loads_another_shard_hears_it_loads(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    replica = Replica("w")
+    owner = Link()
+    settings = wire.encode(SearchParams(embedder="none").settings())
+    from_owner = asyncio.StreamReader()
+    from_owner.feed_data(p.encode_frame(p.ShardAssign(0, settings, str(tmp_path / "snap0"))))
+    entries = [LogEntry(seq=s, ops=[Upsert(doc=Document(id=f"d{s}", text="alpha"))]) for s in (1, 2, 3)]
+    from_owner.feed_data(p.encode_frame(p.ShardCall(1, "apply", wire.encode(entries))))
+    writing = asyncio.create_task(replica.serve(0, from_owner, owner, 1, 3600.0))  # type: ignore[arg-type]
+    await owner.answered.wait()  # shard 0 at seq 3
+    loading, release = threading.Event(), threading.Event()
+
+    def slow_load(directory: Path, settings: object) -> ShardIndex:
+        loading.set()
+        release.wait(30)
+        raise FileNotFoundError(directory)  # no snapshot: it starts empty
+
+    monkeypatch.setattr(ShardIndex, "load", slow_load)
+    from_owner.feed_data(p.encode_frame(p.ShardAssign(1, settings, str(tmp_path / "snap1"))))
+    await asyncio.to_thread(loading.wait, 30)
+    joiner = Link()
+    joining = asyncio.create_task(replica.serve(1, asyncio.StreamReader(), joiner, 1, 3600.0))  # type: ignore[arg-type]
+    await asyncio.sleep(0)  # it joined: its first note is out
+    release.set()
+    from_owner.feed_data(p.encode_frame(p.Drain()))
+    assert await asyncio.wait_for(asyncio.gather(writing, joining), 30) == ["drained", "drained"]
+    joined = [m for m in joiner.messages() if isinstance(m, p.ShardReply)]
+    assert [(wire.number(m.body), m.applied_seq) for m in joined] == [(-1, 0), (1, 0)]  # never (1, 3)
 
 
 async def test_a_reading_front_end_that_stopped_reading_holds_up_no_other_link(tmp_path: Path) -> None:

@@ -278,6 +278,7 @@ class Replica:
             log.info("replica %s keeps shard %d at seq %d", self.worker_id, self.shard, self._seq())
             return self._reply(0)
         settings: IndexSettings = wire.settings(msg.settings)
+        self.index = None  # loading: a link that joins now is told so, not the old index's seq as the new's
         self.shard, self.snapshot_dir, self.settings = msg.shard, Path(msg.snapshot_dir), msg.settings
         t0 = time.perf_counter()
         try:
