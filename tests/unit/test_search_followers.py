@@ -258,8 +258,15 @@ async def test_readers_learn_the_shard_and_progress_and_cannot_drain_the_replica
     assert (progress.applied_seq, progress.documents) == (1, 1)
 
 
-async def test_a_writer_that_comes_back_keeps_the_index_held(tmp_path: Path) -> None:
+async def writer_comes_back(tmp_path: Path, readers: int) -> Link:
+    """The owner front end assigns shard 0 and applies seq 1, dies, and is started again (while `readers`
+    other front ends stay): the new owner's link."""
     replica = Replica("w")
+    reader_feed = asyncio.StreamReader()
+    reading = [
+        asyncio.create_task(replica.serve(1, reader_feed, Link(), 1, 3600.0))  # type: ignore[arg-type]
+        for _ in range(readers)
+    ]
     settings = wire.encode(SearchParams(embedder="none").settings())
     entry = LogEntry(seq=1, ops=[Upsert(doc=Document(id="a", text="alpha"))])
     for _ in range(2):  # the owner front end, then the one started again after it died
@@ -270,9 +277,23 @@ async def test_a_writer_that_comes_back_keeps_the_index_held(tmp_path: Path) -> 
         await link.answered.wait()  # the apply's answer: then the front end goes
         feed.feed_eof()
         assert await session == "lost"
+    reader_feed.feed_eof()
+    assert await asyncio.gather(*reading) == ["lost"] * readers
+    return link
+
+
+async def test_a_writer_that_comes_back_keeps_the_index_another_front_end_kept(tmp_path: Path) -> None:
+    link = await writer_comes_back(tmp_path, readers=1)
     assigned = [m for m in link.messages() if isinstance(m, p.ShardReply) and m.call_id == 0]
     assert notes(link) == [0]  # it told the new writer the shard it holds
     assert [(a.applied_seq, a.documents) for a in assigned] == [(1, 1)]  # kept, not reloaded empty
+
+
+async def test_a_replica_no_front_end_kept_starts_afresh_as_with_one_front_end(tmp_path: Path) -> None:
+    link = await writer_comes_back(tmp_path, readers=0)
+    assigned = [m for m in link.messages() if isinstance(m, p.ShardReply) and m.call_id == 0]
+    assert notes(link) == [-1]  # it holds nothing for the front end that comes: assigned and loaded anew
+    assert [(a.applied_seq, a.documents) for a in assigned] == [(0, 0)]  # from data_dir (no snapshot)
 
 
 async def test_a_front_end_joining_while_the_replica_loads_another_shard_hears_it_loads(

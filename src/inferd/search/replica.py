@@ -160,6 +160,8 @@ class Replica:
                 self.writer_link = None
             if not self.links:
                 await self._retire_runner()
+                if not self.links:  # no front end kept it: the next one assigns it afresh, as with one
+                    self.index, self.shard, self.settings = None, -1, b""
         return outcome
 
     def _runner_done(self, runner: asyncio.Task[None]) -> None:
@@ -301,8 +303,9 @@ class Replica:
         return self._reply(0)
 
     def _keeps(self, msg: p.ShardAssign) -> bool:
-        """Whether the index held is this assignment's (a writer that came back, e.g. the owner front end
-        restarted): the same shard and settings, at least as fresh as the shard's snapshot."""
+        """Whether the index held is this assignment's (a writer that came back while another front end
+        kept the replica, e.g. the owner front end restarted): the same shard and settings, at least as
+        fresh as the shard's snapshot."""
         return (
             self.index is not None
             and (msg.shard, msg.settings, Path(msg.snapshot_dir))
