@@ -8,8 +8,11 @@ after it, in seq order (ShardCall "apply"), and sends searches, gets and snapsho
 The other links only read: they are told the replica's shard and applied seq by a note (a ShardReply
 with call_id ANNOUNCE, its body the shard, -1 while one loads) when they join, when a shard is assigned
 and after every apply. Calls of every link run one at a time, in arrival order: a search sees every
-entry applied before it arrived. A Drain from the writer link ends every link (the worker exits); one
-from another link is ignored (a front end that only reads does not retire the worker).
+entry applied before it arrived; the writer's replies are waited for, while a reading link that stops
+taking its replies (past MAX_LINK_BUFFER_BYTES) is dropped, never holding up the others. A Drain from
+the writer link ends every link (the worker exits); one from another link is ignored (a front end that
+only reads does not retire the worker). A writer that comes back while another front end kept the
+replica finds its index kept; a replica every front end left is assigned afresh, as with one front end.
 
 Short reads (searches and gets whose recent CPU time is under INLINE_MAX_S) run on the event loop, as
 they arrive or as they come up in the queue behind a long call: the hand-off to a thread and back cost
