@@ -137,13 +137,14 @@ class Frontends:
             target=_serve, args=(self.cfg, self.models, self.plan.at(index), self.holder), daemon=False
         )
         # Blocked across the fork: a signal that lands before the child resets its handlers waits for
-        # it (the default action), rather than running the parent's handler in the child.
+        # it (the default action), rather than running the parent's handler in the child; and the
+        # parent's handler, run once unblocked, finds the new front end among those it signals.
         signal.pthread_sigmask(signal.SIG_BLOCK, FORWARDED)
         try:
             proc.start()
+            self.procs[index] = proc
         finally:
             signal.pthread_sigmask(signal.SIG_UNBLOCK, FORWARDED)
-        self.procs[index] = proc
         log.info("front end %d started (pid %s)", index, proc.pid)
 
     def _watch(self) -> None:
