@@ -5,26 +5,17 @@ every front end (search/replica.py's links and notes)."""
 from __future__ import annotations
 
 import asyncio
-import shutil
-import tempfile
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
 
-import msgspec
 import pytest
 
-from inferd.clock import FakeClock
-from inferd.config import ModelConfig
 from inferd.errors import Conflict, Internal, NotFound, WorkerUnavailable
-from inferd.frontends import owner_channel
-from inferd.frontends.owner_channel import OwnerChannel, OwnerUnreachable, Request
-from inferd.frontends.plan import FrontendPlan
-from inferd.search import index_sync, wire
-from inferd.search.config import SearchParams, params_of
+from inferd.frontends.owner_channel import OwnerUnreachable
+from inferd.search import wire
+from inferd.search.config import SearchParams
 from inferd.search.follower import KnownSeqs, Note, take_note
-from inferd.search.index_sync import FollowerReports, Indexes, IndexSync, Report
 from inferd.search.replica import ANNOUNCE, Replica
 from inferd.search.replicas import Replica as ReplicaView
 from inferd.search.replicas import ReplicaPhase, least_served_shard
@@ -108,90 +99,6 @@ async def test_a_write_while_the_owner_is_away_is_a_retryable_503_naming_it() ->
     with pytest.raises(WorkerUnavailable, match="owner front end") as exc:
         await Forwarder(ask).forward(Write("upsert", "docs", body=b"{}"))
     assert exc.value.retry_after_s > 0
-
-
-# ---- the owner channel ----------------------------------------------------------------------------------
-@pytest.fixture
-def socket_dir() -> Iterator[str]:
-    path = tempfile.mkdtemp(prefix="inferd-owner-")  # short: a Unix socket path has ~100 bytes
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
-
-
-async def test_the_channel_answers_each_kind_with_its_handler_and_refuses_a_wrong_token(
-    socket_dir: str,
-) -> None:
-    plan = FrontendPlan(0, 2, socket_dir, "token")
-    owner = OwnerChannel(plan)
-
-    async def echo(payload: bytes) -> bytes:
-        return payload.upper()
-
-    owner.handle("echo", echo, 1.0)
-    follower = OwnerChannel(plan.at(1))
-    with pytest.raises(OwnerUnreachable):  # not listening yet
-        await follower.ask("echo", b"x", 1.0)
-    await owner.open()
-    try:
-        assert await follower.ask("echo", b"abc", 1.0) == b"ABC"
-        with pytest.raises(OwnerUnreachable, match="without an answer"):
-            await follower.ask("other", b"abc", 1.0)
-        stranger = OwnerChannel(FrontendPlan(1, 2, socket_dir, "wrong"))
-        with pytest.raises(OwnerUnreachable, match="without an answer"):
-            await stranger.ask("echo", b"abc", 1.0)
-    finally:
-        owner.close()
-
-
-class Answered:
-    """The owner's side of one owner channel connection: what it wrote back."""
-
-    def __init__(self) -> None:
-        self.data = b""
-        self.closed = False
-
-    def write(self, data: bytes) -> None:
-        self.data += data
-
-    async def drain(self) -> None:
-        return None
-
-    def close(self) -> None:
-        self.closed = True
-
-
-def sent(data: bytes, eof: bool = True) -> asyncio.StreamReader:
-    reader = asyncio.StreamReader()
-    reader.feed_data(data)
-    if eof:
-        reader.feed_eof()
-    return reader
-
-
-async def test_the_owner_refuses_odd_tokens_oversized_and_unfinished_requests(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    owner = OwnerChannel(FrontendPlan(0, 2, "/nonexistent", "token"), max_bytes=1024)
-    handled: list[bytes] = []
-
-    async def echo(payload: bytes) -> bytes:
-        handled.append(payload)
-        return payload
-
-    owner.handle("echo", echo, 1.0)
-    for request, eof in [
-        (Request("echo", "tökén", b"x"), True),  # a token that is not ASCII: refused like any other
-        (Request("echo", "token", b"x" * 2048), True),  # over the bound
-        (Request("echo", "token", b"x"), False),  # never sent whole
-    ]:
-        monkeypatch.setattr(owner_channel, "READ_TIMEOUT_S", 0.05)
-        answered = Answered()
-        await asyncio.wait_for(owner._answer(sent(msgspec.msgpack.encode(request), eof), answered), 30)  # type: ignore[arg-type]
-        assert (answered.data, answered.closed) == (b"", True)
-    assert handled == []
-    answered = Answered()
-    await owner._answer(sent(msgspec.msgpack.encode(Request("echo", "token", b"x"))), answered)  # type: ignore[arg-type]
-    assert (answered.data, handled) == (b"x", [b"x"])
 
 
 # ---- the replica shared by several front ends ----------------------------------------------------------
@@ -365,124 +272,3 @@ async def test_a_replica_whose_calls_runner_fails_ends_its_links_instead_of_goin
             session.result()
         assert isinstance(failed.value.exceptions[0], Internal)
         assert "DecodeError" in str(failed.value.exceptions[0])
-
-
-# ---- indexes created or deleted while the server runs -------------------------------------------------
-def test_a_new_index_waits_only_for_the_followers_up_that_do_not_serve_it() -> None:
-    clock = FakeClock()
-    reports = FollowerReports(clock, live_s=2.0)
-    assert reports.missing("notes") == []  # no follower heard of: nobody to wait for
-    reports.report(1, ["docs"])
-    reports.report(2, ["docs", "notes"])
-    assert reports.missing("notes") == [1]
-    clock.advance(1.0)
-    reports.report(1, ["docs", "notes"])
-    assert reports.missing("notes") == []
-    reports.report(2, ["docs"])  # it has not caught up with a delete and a new create yet
-    assert reports.missing("notes") == [2]
-    clock.advance(2.5)  # silent since: down (it serves data_dir's indexes when it starts again)
-    assert reports.missing("notes") == []
-
-
-def test_a_deleted_index_waits_for_the_followers_up_that_still_serve_it() -> None:
-    clock = FakeClock()
-    reports = FollowerReports(clock, live_s=2.0)
-    reports.report(1, ["docs", "notes"])
-    reports.report(2, ["docs"])
-    assert reports.still_serving("notes") == [1]
-    reports.report(1, ["docs"])
-    assert reports.still_serving("notes") == []
-
-
-class Registry:
-    """The few ModelRegistry calls IndexSync makes, over search runtimes that hold only a config."""
-
-    def __init__(self) -> None:
-        self.served: dict[str, SimpleNamespace] = {}
-
-    def __contains__(self, name: str) -> bool:
-        return name in self.served
-
-    def names(self, kind: str | None = None) -> list[str]:
-        return sorted(self.served)
-
-    def get(self, name: str) -> SimpleNamespace:
-        return self.served[name]
-
-
-class Server:
-    def __init__(self) -> None:
-        self.registry = Registry()
-        self.added: list[tuple[str, int]] = []
-
-    def add_version(self, config: ModelConfig) -> None:
-        self.registry.served[config.name] = SimpleNamespace(config=config, version=config.version)
-        self.added.append((config.name, params_of(config).shards))
-
-    def remove_version(self, name: str, version: int) -> None:
-        del self.registry.served[name]
-
-
-class Owner:
-    """The owner's answers to a follower's exchanges: the indexes it serves when asked. The first answer
-    can be held back (a slow exchange that a later one overtakes)."""
-
-    def __init__(self, settings: dict[str, dict[str, object]]) -> None:
-        self.settings = settings
-        self.hold_first = asyncio.Event()
-        self.first_asked = asyncio.Event()
-        self.asked = 0
-
-    async def ask(self, kind: str, payload: bytes, timeout_s: float) -> bytes:
-        self.asked += 1
-        answer = msgspec.msgpack.encode(Indexes(dict(self.settings)))
-        if self.asked == 1:
-            self.first_asked.set()
-            await self.hold_first.wait()
-        return answer
-
-
-def follower_sync(owner: Owner, server: Server) -> IndexSync:
-    channel = SimpleNamespace(ask=owner.ask)
-    return IndexSync(FrontendPlan(1, 2, "/nonexistent", "t"), channel, server, FakeClock())  # type: ignore[arg-type]
-
-
-async def test_an_answer_overtaken_by_a_newer_one_does_not_bring_back_a_deleted_index() -> None:
-    owner, server = Owner({"notes": {"shards": 1}}), Server()
-    sync = follower_sync(owner, server)
-    first = asyncio.create_task(sync.exchange())  # asked while "notes" was there; its answer is slow
-    await owner.first_asked.wait()
-    owner.settings = {}  # deleted meanwhile
-    second = asyncio.create_task(sync.exchange())
-    await asyncio.sleep(0)  # one turn of the loop: the second exchange asks, if nothing holds it back
-    owner.hold_first.set()
-    assert await asyncio.gather(first, second) == [True, True]
-    assert server.registry.names() == []  # the newer answer is the last word
-
-
-async def test_an_index_created_again_with_other_settings_is_served_anew() -> None:
-    owner, server = Owner({"notes": {"shards": 1}}), Server()
-    owner.hold_first.set()
-    sync = follower_sync(owner, server)
-    assert await sync.exchange()
-    owner.settings = {"notes": {"shards": 2}}  # deleted and created again between two exchanges
-    assert await sync.exchange()
-    assert server.added == [("notes", 1), ("notes", 2)]
-    assert params_of(server.registry.get("notes").config).shards == 2
-
-
-async def test_the_owner_answers_a_delete_once_the_followers_dropped_the_index(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    monkeypatch.setattr(index_sync, "FOLLOWERS_WAIT_S", 3600.0)  # only the report can end the wait
-    server = Server()
-    channel = SimpleNamespace(handle=lambda kind, handler, timeout_s: None)
-    sync = IndexSync(FrontendPlan(0, 2, "/nonexistent", "t"), channel, server, FakeClock())  # type: ignore[arg-type]
-    await sync._answer(msgspec.msgpack.encode(Report(1, ["notes"])))
-    deleted = asyncio.create_task(sync.until_followers_drop("notes"))
-    await asyncio.sleep(0)  # it waits
-    await sync._answer(msgspec.msgpack.encode(Report(1, ["notes"])))  # not yet
-    await asyncio.sleep(0)
-    assert not deleted.done()
-    await sync._answer(msgspec.msgpack.encode(Report(1, [])))
-    await asyncio.wait_for(deleted, 30)  # a guard: a wait that missed the report fails here
