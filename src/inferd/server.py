@@ -28,6 +28,7 @@ from inferd.errors import ShuttingDown
 from inferd.fleet.control import FleetControl, repository_loader
 from inferd.fleet.scaling import ScalingLoop, scaling_policy
 from inferd.frontends.metrics import scrape_all, serve_registry
+from inferd.frontends.owner_channel import MAX_MESSAGE_BYTES, OwnerChannel
 from inferd.frontends.plan import FrontendPlan, worker_sockets
 from inferd.frontends.readiness import await_ready
 from inferd.frontends.traffic_sync import TrafficSync
@@ -47,6 +48,7 @@ from inferd.runtime.builtin import builtin_kinds
 from inferd.runtime.contract import Runtime
 from inferd.runtime.kinds import KindRegistry, RuntimeContext
 from inferd.runtime.registry import ModelRegistry
+from inferd.search.index_sync import IndexSync
 from inferd.search.store import IndexStore
 from inferd.worker.connection import WorkerConnection
 from inferd.worker.hub import WorkerHub
@@ -84,17 +86,29 @@ class InferenceServer:
             self.kinds.check(m)
         self.retry_budget = RetryBudget(self.clock, config.retry_budget_ratio, config.retry_budget_min_per_s)
         self.registry = ModelRegistry()
+        follower = frontend is not None and not frontend.is_owner
         self.context = RuntimeContext(
-            config, self.clock, self.metrics, self.retry_budget, self.kill_worker, self.registry.get
+            config, self.clock, self.metrics, self.retry_budget, self.kill_worker, self.registry.get, follower
         )
         for m in models:
             self.registry.add(self.kinds.get(m.kind).make_runtime(m, self.context))
         self.metrics.registry.register(RuntimeCollector(self.registry))
-        follower = frontend is not None and not frontend.is_owner
         self.traffic = Traffic(self.registry, self.clock, self.metrics.traffic, follower=follower)
         """Canary and A/B splits of requests that name no version (gateway/traffic_control.py)."""
-        self.traffic_sync = TrafficSync(frontend, self.traffic) if frontend is not None else None
+        self.owner_channel = (
+            OwnerChannel(frontend, max(MAX_MESSAGE_BYTES, config.max_body_bytes + 2**20))
+            if frontend is not None
+            else None
+        )
+        """Several front ends: the others' way to the owner (canary outcomes, forwarded search writes)."""
+        self.traffic_sync = (
+            TrafficSync(frontend, self.traffic, channel=self.owner_channel) if frontend is not None else None
+        )
         """Several front ends: the owner's canary decisions are every front end's."""
+        self.index_sync = (
+            IndexSync(frontend, self.owner_channel, self, self.clock) if self.owner_channel else None
+        )
+        """Several front ends: each serves the search indexes the owner serves."""
         check_fallbacks((rt.config for rt in self.registry.defaults()), self._kinds_of)
         self.shadows = Shadows(
             self.registry, self.metrics.shadow_requests, config.shadow_max_in_flight, clock=self.clock
@@ -273,6 +287,8 @@ class InferenceServer:
                 if self.traffic_sync is not None:
                     await self.traffic_sync.open()
                     loops.append(tg.create_task(self.traffic_sync.run(), name="traffic-sync"))
+                if self.index_sync is not None:
+                    loops.append(tg.create_task(self.index_sync.run(), name="index-sync"))
                 try:
                     if self.frontend is not None:  # one of several: listen once workers are here
                         await await_ready(lambda: self.ready, self.config.worker_start_timeout_s)

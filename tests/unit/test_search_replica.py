@@ -60,7 +60,8 @@ class FakeWriter:
 
 async def test_a_chunk_of_inline_reads_yields_the_loop_between_slices_and_keeps_arrival_order() -> None:
     writer = FakeWriter()
-    replica = Replica("w", writer)  # type: ignore[arg-type]
+    replica = Replica("w")
+    replica.links[0] = writer  # type: ignore[assignment]
     replica.inline_slice_s = 0.0  # every inline read uses up a slice
     reader = asyncio.StreamReader()
     calls = 20
@@ -74,7 +75,7 @@ async def test_a_chunk_of_inline_reads_yields_the_loop_between_slices_and_keeps_
             await asyncio.sleep(0)
 
     watcher = asyncio.create_task(other_task())
-    assert await replica._receive(reader) == "drained"
+    assert await replica._receive(0, reader) == "drained"
     await watcher
     replica._thread.shutdown(wait=False)
     assert any(0 < n < calls for n in seen)  # it ran while the chunk's reads were being answered
@@ -85,7 +86,8 @@ async def test_a_chunk_of_inline_reads_yields_the_loop_between_slices_and_keeps_
 
 async def test_inline_reads_within_a_slice_run_back_to_back() -> None:
     writer = FakeWriter()
-    replica = Replica("w", writer)  # type: ignore[arg-type]
+    replica = Replica("w")
+    replica.links[0] = writer  # type: ignore[assignment]
     replica.inline_slice_s = 3600.0
     reader = asyncio.StreamReader()
     reader.feed_data(b"".join(p.encode_frame(p.ShardCall(i, "search", b"")) for i in range(1, 11)))
@@ -96,7 +98,7 @@ async def test_inline_reads_within_a_slice_run_back_to_back() -> None:
         seen.append(replica.completed)
 
     watcher = asyncio.create_task(other_task())
-    assert await replica._receive(reader) == "drained"
+    assert await replica._receive(0, reader) == "drained"
     await watcher
     replica._thread.shutdown(wait=False)
     assert seen == [10]  # no yield: the whole chunk was answered before the other task ran

@@ -9,6 +9,10 @@ parse -> the index's service (search/service.py) or administration (search/index
     GET    /v1/indexes/{name}/documents/{id}
     DELETE /v1/indexes/{name}/documents/{id}
     POST   /v1/indexes/{name}/search           {"query", "k", "mode", "filter", "timeout_ms"}
+
+With several front ends (`--frontends N`), the writes of a follower (documents, and indexes created or
+deleted) are forwarded to the owner (search/writes.py), which runs them as here; the follower answers
+with the owner's answer.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from inferd.search.config import parse_params
 from inferd.search.indexes import IndexAdmin, worker_cap
 from inferd.search.requests import json_object, parse_documents, parse_search
 from inferd.search.store import IndexStore
+from inferd.search.writes import FORWARD_TIMEOUT_S, KIND, Forwarder, Write, WriteDesk
 
 Add = Callable[[str, str, Callable[[Call], Awaitable[Any]]], None]
 _json = msgspec.json.Encoder()
@@ -51,6 +56,11 @@ class SearchRoutes:
         self.server = server
         self.admin = IndexAdmin(server, IndexStore(server.config.data_dir), worker_cap(os.cpu_count()))
         self.max_body = server.config.max_body_bytes
+        plan, channel = server.frontend, server.owner_channel
+        self.forwarder = Forwarder(channel.ask) if plan is not None and not plan.is_owner else None
+        """A follower front end: its writes go to the owner (search/writes.py)."""
+        if plan is not None and plan.is_owner:
+            channel.handle(KIND, WriteDesk(self.execute).answer, FORWARD_TIMEOUT_S)
 
     def index(self, call: Call) -> Any:
         """The index the path names (404 when unknown; 403 outside the caller's tenant)."""
@@ -68,18 +78,9 @@ class SearchRoutes:
     async def put_index(self, call: Call) -> HttpResponse:
         name = call.request.path_params["name"]
         check_model(tenant_of(call), name, lambda: [name])  # a tenant creates only names it may use
-        raw = json_object(await self.body(call.request), "index settings")
-        params = parse_params(raw.get("settings", raw), f"settings of index {name!r}")
-        if not _valid_name(name):
-            raise BadRequest(f"index name {name!r}: use 1-64 letters, digits, '_', '.' or '-'")
-        if self.server.config.frontends > 1:  # each front end would be a writer of the same logs
-            raise BadRequest(
-                "search indexes need one front end (the one writer of each shard's log): "
-                "serve them with --frontends 1"
-            )
-        created = await self.admin.create(name, params)
-        call.runtime = self.server.registry.get(name)
-        return _answer(describe(call.runtime), 201 if created else 200)
+        answer = await self.write(Write("create", name, body=await self.body(call.request)))
+        call.runtime = self.server.registry.get(name) if name in self.server.registry else None
+        return answer
 
     async def list_indexes(self, call: Call) -> HttpResponse:
         names = allowed_models(tenant_of(call), self.server.registry.names("search"))
@@ -90,15 +91,12 @@ class SearchRoutes:
 
     async def delete_index(self, call: Call) -> HttpResponse:
         rt = self.index(call)
-        await self.admin.delete(rt.name)
-        return _answer({"deleted": rt.name})
+        return await self.write(Write("drop", rt.name))
 
     # ---- documents -----------------------------------------------------------------------------------
     async def post_documents(self, call: Call) -> HttpResponse:
         rt = self.index(call)
-        docs = parse_documents(await self.body(call.request), rt.params.fields)
-        seq = await rt.index.upsert(docs)
-        return _answer({"seq": seq, "documents": len(docs)})
+        return await self.write(Write("upsert", rt.name, body=await self.body(call.request)), rt)
 
     async def get_document(self, call: Call) -> HttpResponse:
         rt = self.index(call)
@@ -107,9 +105,44 @@ class SearchRoutes:
 
     async def delete_document(self, call: Call) -> HttpResponse:
         rt = self.index(call)
-        doc_id = call.request.path_params["id"]
-        await rt.index.get(doc_id, rt.clock.now() + GET_TIMEOUT_S)  # 404 when there is none
-        return _answer({"seq": await rt.index.delete(doc_id), "deleted": doc_id})
+        return await self.write(Write("delete", rt.name, key=call.request.path_params["id"]), rt)
+
+    async def write(self, write: Write, rt: Any = None) -> HttpResponse:
+        """Run a write here, or (a follower) have the owner run it and answer as it did."""
+        if self.forwarder is None:
+            body, created = await self.execute(write)
+        else:
+            body, created = await self.forwarder.forward(write)
+            if rt is not None:  # a document write: read-your-writes here too
+                await rt.index.forwarded(msgspec.json.decode(body)["seq"])
+            else:  # an index created or deleted: served here as on the owner before the answer
+                await self.server.index_sync.exchange()
+        return json_response(body, 201 if created else 200)
+
+    async def execute(self, write: Write) -> tuple[bytes, bool]:
+        """A write on the front end that writes the logs: (the answer's JSON body, whether it created)."""
+        if write.op == "create":
+            return await self._create(write.index, write.body)
+        rt = self.admin.find(write.index)
+        if write.op == "drop":
+            await self.admin.delete(rt.name)
+            return _json.encode({"deleted": rt.name}), False
+        if write.op == "upsert":
+            docs = parse_documents(write.body, rt.params.fields)
+            seq = await rt.index.upsert(docs)
+            return _json.encode({"seq": seq, "documents": len(docs)}), False
+        if write.op == "delete":
+            await rt.index.get(write.key, rt.clock.now() + GET_TIMEOUT_S)  # 404 when there is none
+            return _json.encode({"seq": await rt.index.delete(write.key), "deleted": write.key}), False
+        raise BadRequest(f"unknown search write {write.op!r}")
+
+    async def _create(self, name: str, body: bytes) -> tuple[bytes, bool]:
+        raw = json_object(body, "index settings")
+        params = parse_params(raw.get("settings", raw), f"settings of index {name!r}")
+        if not _valid_name(name):
+            raise BadRequest(f"index name {name!r}: use 1-64 letters, digits, '_', '.' or '-'")
+        created = await self.admin.create(name, params)
+        return _json.encode(describe(self.server.registry.get(name))), created
 
     # ---- search --------------------------------------------------------------------------------------
     async def search(self, call: Call) -> HttpResponse:

@@ -60,13 +60,6 @@ def check_gateway(config: ServerConfig, models: list[ModelConfig]) -> None:
     check_cache_stores(models, gateway_config(config).redis_url)
 
 
-def _stored_indexes(config: ServerConfig) -> bool:
-    """Whether data_dir holds search indexes created through the API (served again at start)."""
-    from inferd.search.store import IndexStore
-
-    return bool(IndexStore(config.data_dir).stored(set()))
-
-
 def resolve_models(config: ServerConfig) -> list[ModelConfig]:
     from inferd.models.repository import apply_overrides, default_models, load_repository
 
@@ -277,11 +270,6 @@ def serve(
         if cfg.ray_address and importlib.util.find_spec("ray") is None:
             raise ConfigError("--ray (ray_address) needs Ray: pip install 'inferd[ray]'")
         models = resolve_models(cfg)
-        if cfg.frontends > 1 and (any(m.kind == "search" for m in models) or _stored_indexes(cfg)):
-            raise ConfigError(
-                "search indexes need one front end (the one writer of each shard's log): serve them "
-                "with --frontends 1, or their models apart"
-            )
         check_models(models)
         check_gateway(cfg, models)
         check_ports_free(cfg)

@@ -51,6 +51,8 @@ STRAY_GRACE_S = 5.0
 """How long workers left at exit get to drain after SIGTERM before SIGKILL."""
 
 PR_SET_CHILD_SUBREAPER = 36
+FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+"""The signals the parent hands on to every front end."""
 
 
 def become_subreaper() -> bool:
@@ -114,7 +116,7 @@ class Frontends:
 
     def run(self) -> int:
         log.info("%d front ends on %s:%d (owner: front end 0)", self.plan.count, self.cfg.host, self.cfg.port)
-        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        for sig in FORWARDED:
             signal.signal(sig, self._forward)
         if become_subreaper() and os.path.isdir("/proc"):
             self.plan = dataclasses.replace(self.plan, parent_pid=os.getpid())
@@ -134,8 +136,15 @@ class Frontends:
         proc = self.context.Process(
             target=_serve, args=(self.cfg, self.models, self.plan.at(index), self.holder), daemon=False
         )
-        proc.start()
-        self.procs[index] = proc
+        # Blocked across the fork: a signal that lands before the child resets its handlers waits for
+        # it (the default action), rather than running the parent's handler in the child; and the
+        # parent's handler, run once unblocked, finds the new front end among those it signals.
+        signal.pthread_sigmask(signal.SIG_BLOCK, FORWARDED)
+        try:
+            proc.start()
+            self.procs[index] = proc
+        finally:
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, FORWARDED)
         log.info("front end %d started (pid %s)", index, proc.pid)
 
     def _watch(self) -> None:
@@ -202,8 +211,9 @@ class Frontends:
 
 def _serve(cfg: ServerConfig, models: list[ModelConfig], plan: FrontendPlan, holder: socket.socket) -> None:
     """A front end's process: its own socket on the shared port, then the server as with one."""
-    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+    for sig in FORWARDED:
         signal.signal(sig, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, FORWARDED)
     holder.close()
     from inferd.runner import serve_frontend
 

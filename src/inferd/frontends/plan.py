@@ -35,9 +35,10 @@ class FrontendPlan:
     def metrics_path(self, index: int) -> str:
         return os.path.join(self.socket_dir, f"metrics-{index}.sock")
 
-    def traffic_path(self) -> str:
-        """Where the owner takes the other front ends' canary outcomes (frontends/traffic_sync.py)."""
-        return os.path.join(self.socket_dir, "traffic.sock")
+    def owner_path(self) -> str:
+        """Where the owner takes the other front ends' requests (frontends/owner_channel.py): their
+        canary outcomes, the search writes they forward."""
+        return os.path.join(self.socket_dir, "owner.sock")
 
     def at(self, index: int) -> FrontendPlan:
         return FrontendPlan(index, self.count, self.socket_dir, self.token, self.parent_pid)

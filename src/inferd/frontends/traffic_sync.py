@@ -2,8 +2,8 @@
 
 Every front end runs the same traffic splits (gateway/traffic_control.py), but only the owner's decide:
 it steps each canary on its clock and judges rollback on the outcomes of every front end. The others
-(followers) neither step nor judge. Every SYNC_INTERVAL_S, each follower connects to the owner's Unix
-socket of the plan (`traffic_path`) and sends the canary and baseline outcomes it saw since its last
+(followers) neither step nor judge. Every SYNC_INTERVAL_S, each follower asks the owner over the
+plan's owner channel (frontends/owner_channel.py) and sends the canary and baseline outcomes it saw since its last
 exchange, with its splits' states; the owner judges those outcomes with its own, moves its splits
 forward to a follower's state when that one is further along (the owner restarted: the followers
 remember), and answers with its states, which the follower applies. So within one interval of the
@@ -17,12 +17,12 @@ had and the outcomes they see in that time are not judged.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from dataclasses import dataclass, field
 
 import msgspec
 
+from inferd.frontends.owner_channel import OwnerChannel, OwnerUnreachable
 from inferd.frontends.plan import FrontendPlan
 from inferd.gateway.traffic import SplitState
 from inferd.gateway.traffic_control import Outcomes, Traffic
@@ -33,7 +33,7 @@ SYNC_INTERVAL_S = 0.5
 """How often a follower exchanges with the owner, and how often the owner looks at its splits."""
 
 EXCHANGE_TIMEOUT_S = 2.0
-MAX_MESSAGE_BYTES = 64 * 2**20
+KIND = "traffic"
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,19 +53,26 @@ def decode(data: bytes) -> Exchange:
 
 
 class TrafficSync:
-    def __init__(self, plan: FrontendPlan, traffic: Traffic, interval_s: float = SYNC_INTERVAL_S) -> None:
+    def __init__(
+        self,
+        plan: FrontendPlan,
+        traffic: Traffic,
+        interval_s: float = SYNC_INTERVAL_S,
+        channel: OwnerChannel | None = None,
+    ) -> None:
         self.plan = plan
         self.traffic = traffic
         self.interval_s = interval_s
-        self._server: asyncio.Server | None = None
+        self.channel = channel or OwnerChannel(plan)
+        """The way to the owner (shared with the front end's other exchanges with it)."""
         self._failing = False
+        if plan.is_owner:
+            self.channel.handle(KIND, self._answer, EXCHANGE_TIMEOUT_S)
 
     async def open(self) -> None:
-        """Before this front end listens: the owner opens its socket, a follower exchanges once."""
+        """Before this front end listens: the owner opens its channel, a follower exchanges once."""
         if self.plan.is_owner:
-            self._server = await asyncio.start_unix_server(
-                self._answer, path=self.plan.traffic_path(), limit=MAX_MESSAGE_BYTES
-            )
+            await self.channel.open()
         elif self.traffic.splits:
             await self.exchange()
 
@@ -79,8 +86,7 @@ class TrafficSync:
                 elif self.traffic.splits:
                     await self.exchange()
         finally:
-            if self._server is not None:
-                self._server.close()
+            self.channel.close()
 
     # ---- follower -----------------------------------------------------------------------------------
     async def exchange(self) -> bool:
@@ -88,17 +94,8 @@ class TrafficSync:
         owner did not answer (its outcomes are dropped, its states stay)."""
         sent = encode(Exchange(self.traffic.shared(), self.traffic.take_outcomes()))
         try:
-            async with asyncio.timeout(EXCHANGE_TIMEOUT_S):
-                reader, writer = await asyncio.open_unix_connection(
-                    self.plan.traffic_path(), limit=MAX_MESSAGE_BYTES
-                )
-                try:
-                    writer.write(sent)
-                    writer.write_eof()
-                    answer = decode(await reader.read())
-                finally:
-                    writer.close()
-        except (OSError, TimeoutError, msgspec.DecodeError) as exc:
+            answer = decode(await self.channel.ask(KIND, sent, EXCHANGE_TIMEOUT_S))
+        except (OwnerUnreachable, msgspec.DecodeError) as exc:
             if not self._failing:
                 log.warning("traffic: the owner front end did not answer (%s); splits stay as they are", exc)
             self._failing = True
@@ -110,16 +107,8 @@ class TrafficSync:
         return True
 
     # ---- owner --------------------------------------------------------------------------------------
-    async def _answer(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        try:
-            async with asyncio.timeout(EXCHANGE_TIMEOUT_S):
-                message = decode(await reader.read())
-                self.traffic.absorb(message.outcomes)
-                self.traffic.merge(message.states)
-                writer.write(encode(Exchange(self.traffic.shared())))
-                await writer.drain()
-        except (OSError, TimeoutError, msgspec.DecodeError) as exc:
-            log.warning("traffic: a front end's exchange failed: %s", exc)
-        finally:
-            with contextlib.suppress(OSError):
-                writer.close()
+    async def _answer(self, payload: bytes) -> bytes:
+        message = decode(payload)
+        self.traffic.absorb(message.outcomes)
+        self.traffic.merge(message.states)
+        return encode(Exchange(self.traffic.shared()))

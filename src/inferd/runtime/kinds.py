@@ -34,6 +34,9 @@ class RuntimeContext:
     find_model: Callable[..., Runtime] | None = None
     """The registry's `get(name, version=None)`: a served version of a model, by default its default
     version (a search index finds its embedder with it)."""
+    follower: bool = False
+    """One of several front ends (`--frontends N`) and not the owner: it writes no search log (it
+    forwards writes to the owner)."""
 
 
 RuntimeFactory = Callable[[ModelConfig, RuntimeContext], Runtime]

@@ -36,6 +36,8 @@ class Server(Protocol):
 
     registry: ModelRegistry
     supervisor: Any
+    index_sync: Any
+    """Several front ends: the followers serve the owner's indexes (search/index_sync.py); else None."""
 
     def add_version(self, config: ModelConfig) -> Runtime: ...
 
@@ -90,6 +92,8 @@ class IndexAdmin:
             config = index_config(name, params)
             self.store.save(name, params)  # first: a crash from here on serves it again at start
             rt = self.server.add_version(config)
+            if self.server.index_sync is not None:  # a worker joins every front end: each must know it
+                await self.server.index_sync.until_followers_serve(name)
             self.server.supervisor.add(name, config.workers, None)
             log.info("index %s created: %s", name, params.model_dump())
         await self._until_ready(rt)
@@ -118,4 +122,6 @@ class IndexAdmin:
                 supervisor.kill(slot.incarnation)
             self.server.remove_version(name, rt.version)
             self.store.remove(name)
+            if self.server.index_sync is not None:  # a name created again must not find the old index
+                await self.server.index_sync.until_followers_drop(name)
             log.info("index %s deleted", name)

@@ -1,14 +1,24 @@
 """The worker side of a search model: one process holds one replica of one shard (a ShardIndex).
 
-worker/main.py hands the connection here when its model's kind is "search". The front end assigns a
-shard (ShardAssign): the replica loads the shard's latest snapshot, if any, and says which seq it holds;
-the front end then ships the log entries after it, in seq order (ShardCall "apply"), and sends searches,
-gets and snapshot orders the same way. Calls run one at a time, in arrival order: a search sees every
-entry shipped before it. Short reads (searches and gets whose recent CPU time is under INLINE_MAX_S)
-run on the event loop, as they arrive or as they come up in the queue behind a long call: the hand-off
-to a thread and back cost more CPU than a small shard's search; they yield the loop every INLINE_SLICE_S
-of such work, so a burst of them does not hold up heartbeats. Everything else runs on the shard's
-thread, so heartbeats keep flowing while the shard works.
+worker/main.py hands each front end's connection (a link) here when its model's kind is "search"; a
+worker shared by several front ends (`inferd serve --frontends N`) holds ONE replica for all its links.
+The writer front end (the owner: the one that sends ShardAssign) assigns a shard: the replica loads the
+shard's latest snapshot, if any, and says which seq it holds; the writer then ships the log entries
+after it, in seq order (ShardCall "apply"), and sends searches, gets and snapshot orders the same way.
+The other links only read: they are told the replica's shard and applied seq by a note (a ShardReply
+with call_id ANNOUNCE, its body the shard, -1 while one loads) when they join, when a shard is assigned
+and after every apply. Calls of every link run one at a time, in arrival order: a search sees every
+entry applied before it arrived; the writer's replies are waited for, while a reading link that stops
+taking its replies (past MAX_LINK_BUFFER_BYTES) is dropped, never holding up the others. A Drain from
+the writer link ends every link (the worker exits); one from another link is ignored (a front end that
+only reads does not retire the worker). A writer that comes back while another front end kept the
+replica finds its index kept; a replica every front end left is assigned afresh, as with one front end.
+
+Short reads (searches and gets whose recent CPU time is under INLINE_MAX_S) run on the event loop, as
+they arrive or as they come up in the queue behind a long call: the hand-off to a thread and back cost
+more CPU than a small shard's search; they yield the loop every INLINE_SLICE_S of such work, so a burst
+of them does not hold up heartbeats. Everything else runs on the shard's thread, so heartbeats keep
+flowing while the shard works.
 """
 
 from __future__ import annotations
@@ -21,14 +31,17 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from inferd.errors import ServingError
-from inferd.search import wire
+from inferd.errors import Internal, ServingError
+from inferd.search import snapshot, wire
 from inferd.search.shard import ShardIndex
 from inferd.search.types import IndexSettings
 from inferd.worker import protocol as p
 
 log = logging.getLogger("inferd.search.replica")
 
+ANNOUNCE = -1
+"""The call_id of a replica's note to its reading links: ShardReply(ANNOUNCE, applied_seq, documents,
+body=the shard as MessagePack, -1 while it loads one)."""
 MAX_QUEUED_CALLS = 256
 """Calls read ahead of the one running; past it the socket is not read (the front end bounds its own)."""
 INLINE_MAX_S = 0.005
@@ -37,6 +50,9 @@ INLINE_OPS = frozenset({"search", "get"})
 INLINE_SLICE_S = 0.002
 """Inline reads run back to back for at most about this long before the loop is yielded (heartbeats, the
 socket): a chunk of many small reads does not hold the event loop for its whole length."""
+MAX_LINK_BUFFER_BYTES = 32 * 2**20
+"""Replies and notes a reading link has not taken yet; past it the link is dropped (its front end
+rejoins), so a stalled front end never holds up the calls of the others."""
 READ_CHUNK = 256 * 1024
 _LEN = struct.Struct(">I")
 
@@ -78,15 +94,33 @@ def split_frames(buf: bytearray, max_bytes: int = p.MAX_FRAME_BYTES) -> list[byt
 
 
 class Replica:
-    def __init__(self, worker_id: str, writer: asyncio.StreamWriter) -> None:
+    def __init__(self, worker_id: str) -> None:
         self.worker_id = worker_id
-        self.writer = writer
+        self.links: dict[int, asyncio.StreamWriter] = {}
+        """The front ends served, by their place in --connect."""
+        self.writer_link: int | None = None
+        """The link that assigned the shard (the owner front end: it ships the log)."""
         self.index: ShardIndex | None = None
         self.shard = -1
         self.snapshot_dir: Path | None = None
+        self.settings = b""
+        """The assigned index settings (as sent): a new assignment of the same shard may keep the index."""
         self.completed = 0
-        self._calls: asyncio.Queue[p.ShardAssign | p.ShardCall | None] = asyncio.Queue(MAX_QUEUED_CALLS)
+        self._calls: asyncio.Queue[tuple[int, asyncio.StreamWriter, p.ShardAssign | p.ShardCall] | None] = (
+            asyncio.Queue(MAX_QUEUED_CALLS)
+        )
+        """Calls of every link, in arrival order, with the link's connection their reply goes to (a
+        front end that went and came back has a new one: it never gets its predecessor's replies)."""
         self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="inferd-shard")
+        self._runner: asyncio.Task[None] | None = None
+        """Runs the queued calls while any link is there (a call of a link that went is still run: an
+        apply keeps the index in log order)."""
+        self._retiring: asyncio.Task[None] | None = None
+        """The runner finishing up after the last link went: the next one starts after it."""
+        self._drained = asyncio.Event()
+        """The writer drained the replica, or its runner failed: every link ends."""
+        self._failure: BaseException | None = None
+        """What the runner failed with (a bug): every link raises it, the worker exits."""
         self._busy = False
         """A call taken from the queue is running (on the thread): later calls queue behind it."""
         self.policy = InlinePolicy()
@@ -95,22 +129,65 @@ class Replica:
         """When the loop was last yielded here (a read of buffered bytes need not yield): the inline work
         since then is bounded."""
 
-    async def serve(self, reader: asyncio.StreamReader, version: int, heartbeat_s: float) -> str:
-        """Until the front end drains us ("drained") or goes away ("lost")."""
-        self._send(p.Ready(version=version, load_s=0.0, warmup_s=0.0))
+    async def serve(
+        self,
+        link: int,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        version: int,
+        heartbeat_s: float,
+    ) -> str:
+        """One front end's link, until that front end goes ("lost") or the writer drains us ("drained")."""
+        self.links[link] = writer
+        self._send(link, p.Ready(version=version, load_s=0.0, warmup_s=0.0))
+        self._send(link, self._note())  # the shard held (-1: none yet), for a writer to keep it
+        if self._runner is None:
+            self._runner = asyncio.create_task(self._run(self._retiring), name=f"replica-{self.worker_id}")
+            self._runner.add_done_callback(self._runner_done)
         try:
             async with asyncio.TaskGroup() as tg:
-                beat = tg.create_task(self._heartbeat(heartbeat_s))
-                runner = tg.create_task(self._run())
-                outcome = await self._receive(reader)
-                await self._calls.put(None)
-                await runner
-                beat.cancel()
+                beat = tg.create_task(self._heartbeat(link, heartbeat_s))
+                receiving = tg.create_task(self._receive(link, reader))
+                drained = tg.create_task(self._drained.wait())
+                await asyncio.wait({receiving, drained}, return_when=asyncio.FIRST_COMPLETED)
+                if self._failure is not None:  # no call would be answered again: end as a crash
+                    raise Internal(f"replica {self.worker_id} failed: {self._failure!r}") from self._failure
+                outcome = receiving.result() if receiving.done() else "drained"
+                if outcome == "drained" and not self._drained.is_set():
+                    await self._finish()
+                for task in (beat, receiving, drained):
+                    task.cancel()
         finally:
-            self._thread.shutdown(wait=False, cancel_futures=True)
+            self.links.pop(link, None)
+            if self.writer_link == link:
+                self.writer_link = None
+            if not self.links:
+                await self._retire_runner()
+                if not self.links:  # no front end kept it: the next one assigns it afresh, as with one
+                    self.index, self.shard, self.settings = None, -1, b""
         return outcome
 
-    async def _receive(self, reader: asyncio.StreamReader) -> str:
+    def _runner_done(self, runner: asyncio.Task[None]) -> None:
+        if not runner.cancelled() and runner.exception() is not None:
+            self._failure = runner.exception()
+            log.error("replica %s: its calls' runner failed: %r", self.worker_id, self._failure)
+            self._drained.set()
+
+    async def _retire_runner(self) -> None:
+        """No link left: the runner runs what is queued, then stops (a link that comes starts another)."""
+        runner, self._runner = self._runner, None
+        if runner is not None and not runner.done():
+            self._retiring = runner
+            await self._calls.put(None)
+            await runner
+
+    async def _finish(self) -> None:
+        """Drained by the writer: run what is queued, then end every link."""
+        await self._retire_runner()
+        self._thread.shutdown(wait=False, cancel_futures=True)
+        self._drained.set()
+
+    async def _receive(self, link: int, reader: asyncio.StreamReader) -> str:
         buf = bytearray()
         while True:
             try:
@@ -127,14 +204,20 @@ class Replica:
                 except p.ProtocolError:
                     return "lost"
                 if isinstance(msg, p.Drain):
-                    return "drained"
-                if isinstance(msg, p.ShardCall) and self._inline(msg):
-                    self._deliver(self._call(msg))
+                    if self.writer_link in (None, link):
+                        return "drained"
+                    log.info("replica %s: a Drain from a reading front end is ignored", self.worker_id)
+                elif isinstance(msg, p.ShardCall) and self._inline(msg):
+                    self._deliver(self.links[link], self._call(msg))
                     await self._yield_if_held()
-                elif isinstance(msg, (p.ShardAssign, p.ShardCall)):
-                    await self._calls.put(msg)
-            with contextlib.suppress(OSError):
-                await self.writer.drain()
+                elif isinstance(msg, p.ShardAssign):
+                    self.writer_link = link
+                    if msg.shard != self.shard:  # the readers stop reading it until it holds the new one
+                        self._tell_readers(link, self._note(loading=True))
+                    await self._calls.put((link, self.links[link], msg))
+                elif isinstance(msg, p.ShardCall):
+                    await self._calls.put((link, self.links[link], msg))
+            await self._flush(link)
 
     async def _yield_if_held(self) -> None:
         """Let the loop run (heartbeats, other connections) once inline work held it a slice's length;
@@ -147,9 +230,12 @@ class Replica:
         """Run it here and now: a short read with nothing ahead of it (arrival order holds)."""
         return not self._busy and self._calls.empty() and self.policy.inline(msg.op)
 
-    async def _run(self) -> None:
+    async def _run(self, after: asyncio.Task[None] | None = None) -> None:
+        if after is not None:  # the previous runner's calls first, one at a time
+            await asyncio.shield(after)
         loop = asyncio.get_running_loop()
-        while (msg := await self._calls.get()) is not None:
+        while (item := await self._calls.get()) is not None:
+            link, writer, msg = item
             self._busy = True
             if isinstance(msg, p.ShardAssign):
                 reply = await loop.run_in_executor(self._thread, self._assign, msg)
@@ -158,19 +244,47 @@ class Replica:
             else:
                 reply = await loop.run_in_executor(self._thread, self._call, msg)
             self._busy = False
-            self._deliver(reply)
-            with contextlib.suppress(OSError):
-                await self.writer.drain()
+            if isinstance(msg, p.ShardAssign) or msg.op == "apply":
+                self._tell_readers(link, self._note())  # the readers learn before the writer's answer
+            self._deliver(writer, reply)
+            await self._flush_links()
             await self._yield_if_held()
 
-    def _deliver(self, reply: p.ShardReply) -> None:
+    async def _flush_links(self) -> None:
+        """The writer link's replies are waited for (it ships the log); a reading link that does not
+        take its own in time is dropped instead of holding up every link's calls."""
+        for link, writer in list(self.links.items()):
+            if link == self.writer_link:
+                await self._flush(link)
+            elif writer.transport.get_write_buffer_size() > MAX_LINK_BUFFER_BYTES:
+                log.warning(
+                    "replica %s: front end %d does not read its replies: dropped", self.worker_id, link
+                )
+                writer.transport.abort()
+
+    def _note(self, loading: bool = False) -> p.ShardReply:
+        """What the reading links are told: the shard held (-1 while loading) and how far it applied."""
+        shard = -1 if loading or self.index is None else self.shard
+        return self._reply(ANNOUNCE, wire.encode(shard))
+
+    def _tell_readers(self, writer: int, note: p.ShardReply) -> None:
+        for link in self.links:
+            if link != writer:
+                self._send(link, note)
+
+    def _deliver(self, writer: asyncio.StreamWriter, reply: p.ShardReply) -> None:
         self.completed += 1
-        self._send(reply)
+        if not writer.is_closing() and writer in self.links.values():  # its link is still there
+            writer.write(p.encode_frame(reply))
 
     # ---- on the shard's thread (short reads: on the event loop) -------------------------------------------
     def _assign(self, msg: p.ShardAssign) -> p.ShardReply:
+        if self._keeps(msg):
+            log.info("replica %s keeps shard %d at seq %d", self.worker_id, self.shard, self._seq())
+            return self._reply(0)
         settings: IndexSettings = wire.settings(msg.settings)
-        self.shard, self.snapshot_dir = msg.shard, Path(msg.snapshot_dir)
+        self.index = None  # loading: a link that joins now is told so, not the old index's seq as the new's
+        self.shard, self.snapshot_dir, self.settings = msg.shard, Path(msg.snapshot_dir), msg.settings
         t0 = time.perf_counter()
         try:
             self.index = ShardIndex.load(self.snapshot_dir, settings)
@@ -190,6 +304,20 @@ class Replica:
             time.perf_counter() - t0,
         )
         return self._reply(0)
+
+    def _keeps(self, msg: p.ShardAssign) -> bool:
+        """Whether the index held is this assignment's (a writer that came back while another front end
+        kept the replica, e.g. the owner front end restarted): the same shard and settings, at least as
+        fresh as the shard's snapshot."""
+        return (
+            self.index is not None
+            and (msg.shard, msg.settings, Path(msg.snapshot_dir))
+            == (self.shard, self.settings, self.snapshot_dir)
+            and self.index.applied_seq >= snapshot.current_seq(Path(msg.snapshot_dir))
+        )
+
+    def _seq(self) -> int:
+        return self.index.applied_seq if self.index is not None else 0
 
     def _call(self, msg: p.ShardCall) -> p.ShardReply:
         if self.index is None:
@@ -233,25 +361,22 @@ class Replica:
             error=error,
         )
 
-    # ---- the connection ------------------------------------------------------------------------------
-    async def _heartbeat(self, interval_s: float) -> None:
+    # ---- the links ---------------------------------------------------------------------------------------
+    async def _heartbeat(self, link: int, interval_s: float) -> None:
         while True:
             await asyncio.sleep(interval_s)
-            self._send(p.Heartbeat(running=int(not self._calls.empty()), completed_batches=self.completed))
+            self._send(
+                link, p.Heartbeat(running=int(not self._calls.empty()), completed_batches=self.completed)
+            )
+            await self._flush(link)
+
+    def _send(self, link: int, msg: p.Message) -> None:
+        writer = self.links.get(link)
+        if writer is not None and not writer.is_closing():
+            writer.write(p.encode_frame(msg))
+
+    async def _flush(self, link: int) -> None:
+        writer = self.links.get(link)
+        if writer is not None:
             with contextlib.suppress(OSError):
-                await self.writer.drain()
-
-    def _send(self, msg: p.Message) -> None:
-        if not self.writer.is_closing():
-            self.writer.write(p.encode_frame(msg))
-
-
-async def serve_replica(
-    worker_id: str,
-    reader: asyncio.StreamReader,
-    writer: asyncio.StreamWriter,
-    version: int,
-    heartbeat_s: float,
-) -> str:
-    """worker/main.py's entry for a search model's worker: serve one connection, return its outcome."""
-    return await Replica(worker_id, writer).serve(reader, version, heartbeat_s)
+                await writer.drain()

@@ -120,7 +120,7 @@ def least_served_shard(shards: int, replicas: Iterable[Replica]) -> int:
     """The shard a joining replica should serve: the one with the fewest live replicas (lowest first)."""
     counts = [0] * shards
     for r in replicas:
-        if r.phase is not ReplicaPhase.GONE:
+        if r.phase is not ReplicaPhase.GONE and 0 <= r.shard < shards:
             counts[r.shard] += 1
     return min(range(shards), key=lambda s: (counts[s], s))
 

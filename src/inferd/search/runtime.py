@@ -5,6 +5,10 @@ replicas, loads that shard's snapshot and is shipped the log after it, in seq or
 writer (search/sequencer.py); it serves reads once assigned. Snapshots: every `snapshot_every` entries
 one up-to-date replica of the shard writes one into data_dir, and the log before it is dropped. The
 query and write paths live in search/service.py; this module holds the replicas and their calls.
+
+With several front ends (`inferd serve --frontends N`) only the owner's runtime writes (the logs, the
+shard assignment, the snapshots, the re-embeds); the others (followers) hold no log, learn each
+replica's shard and progress from its notes (search/follower.py) and read from the replicas the same way.
 """
 
 from __future__ import annotations
@@ -22,6 +26,8 @@ from inferd.runtime.contract import RuntimeStatistics, WorkerSnapshot
 from inferd.runtime.kinds import RuntimeContext
 from inferd.search import wire
 from inferd.search.config import params_of
+from inferd.search.follower import KnownSeqs, Note, take_note
+from inferd.search.replica import ANNOUNCE
 from inferd.search.replicas import Replica, ReplicaPhase, ReplicaSnapshot, least_served_shard
 from inferd.search.sequencer import ShardLog
 from inferd.search.service import IndexService, ServiceStatistics
@@ -68,7 +74,12 @@ class SearchRuntime:
         self.kill_worker = ctx.kill_worker
         self.heartbeat_timeout_s = ctx.server.heartbeat_timeout_s
         self.store = store
-        self.logs = [ShardLog(s, store.wal_path(self.name, s)) for s in range(self.params.shards)]
+        self.follower = ctx.follower
+        """One of several front ends, not the owner: it writes nothing (the owner holds the logs)."""
+        self.known = KnownSeqs(self.params.shards)
+        """A follower's view of the shards' logs (search/follower.py)."""
+        shards = () if self.follower else range(self.params.shards)
+        self.logs = [ShardLog(s, store.wal_path(self.name, s)) for s in shards]
         self.snapshot_seq = [lg.first_seq - 1 for lg in self.logs]
         self.replicas: dict[WorkerConnection, Replica] = {}
         self.generation = 0
@@ -116,7 +127,7 @@ class SearchRuntime:
         best = max(serving, key=lambda r: r.applied_seq, default=None)
         return ShardStatistics(
             shard,
-            self.logs[shard].durable_seq,
+            self.seq(shard),
             best.applied_seq if best else 0,
             best.documents if best else 0,
             len(serving),
@@ -131,7 +142,10 @@ class SearchRuntime:
         try:
             async with asyncio.TaskGroup() as tg:
                 tg.create_task(self._watch())
-                tg.create_task(self._snapshots())
+                if self.follower:
+                    tg.create_task(self.index.follow_embedder())
+                else:
+                    tg.create_task(self._snapshots())
                 if self.index.reembedder is not None:
                     tg.create_task(self.index.reembedder.run())
         finally:
@@ -147,11 +161,11 @@ class SearchRuntime:
         return list(self.replicas)
 
     def add_worker(self, worker: WorkerConnection) -> None:
-        shard = least_served_shard(self.params.shards, self.replicas.values())
-        replica = Replica(worker, shard)
-        self.replicas[worker] = replica
+        """A replica joined: its first note (right after Ready) says the shard it holds, if any; the
+        writer then assigns it one (that one, while the shard lacks replicas); a follower waits for the
+        writer's choice (the replica's next notes)."""
+        self.replicas[worker] = Replica(worker, -1)
         worker.state = WorkerState.READY
-        self._assign(replica)
         self._changed()
 
     def on_message(self, worker: WorkerConnection, msg: p.Message) -> None:
@@ -159,6 +173,13 @@ class SearchRuntime:
         if replica is None or not isinstance(msg, p.ShardReply):
             return
         worker.last_progress = worker.last_heartbeat = self.clock.now()
+        if msg.call_id == ANNOUNCE:
+            note = Note(wire.number(msg.body), msg.applied_seq, msg.documents)
+            if self.follower:
+                self._noted(replica, note)
+            elif replica.shard < 0:  # joined: assign it a shard
+                self._choose_shard(replica, note.shard)
+            return
         replica.applied_seq = max(replica.applied_seq, msg.applied_seq)
         replica.documents = msg.documents
         if msg.call_id == 0:
@@ -193,7 +214,28 @@ class SearchRuntime:
     async def membership_changed(self) -> None:
         await self._membership.wait()
 
+    def _choose_shard(self, replica: Replica, held: int) -> None:
+        """The shard the replica holds when that one lacks replicas (the writer restarted: it keeps its
+        index), else the least served."""
+        others = [r for r in self.replicas.values() if r is not replica]
+        served = sum(1 for r in others if r.shard == held and r.phase is not ReplicaPhase.GONE)
+        keep = 0 <= held < self.params.shards and served < self.params.replicas
+        replica.shard = held if keep else least_served_shard(self.params.shards, others)
+        self._assign(replica)
+
+    def _noted(self, replica: Replica, note: Note) -> None:
+        """A follower: a replica's shard or progress (search/follower.py)."""
+        if take_note(replica, note):
+            self._fail(replica, WorkerDied(f"replica {replica.worker_id} moved to shard {note.shard}"))
+        if self.known.learn(note.shard, note.applied_seq):
+            self.index.results_changed()
+        self._changed()
+
     # ---- calls -------------------------------------------------------------------------------------------
+    def seq(self, shard: int) -> int:
+        """The shard's last seq: durable in the owner's log; a follower's, the last it heard of."""
+        return self.known.seqs[shard] if self.follower else self.logs[shard].durable_seq
+
     def shard_replicas(self, shard: int) -> list[Replica]:
         return [r for r in self.replicas.values() if r.shard == shard]
 
@@ -259,6 +301,8 @@ class SearchRuntime:
         self._changed()  # a serving replica: the index may be ready now
 
     def _pump(self, replica: Replica) -> None:
+        if self.follower:  # the owner ships the log
+            return
         shard_log = self.logs[replica.shard]
         while (
             replica.phase is ReplicaPhase.SERVING

@@ -26,6 +26,7 @@ from inferd.search import fusion, wire
 from inferd.search.caches import LRU, CacheStatistics
 from inferd.search.config import SearchParams
 from inferd.search.embedder import Embedder, embed_text, unavailable
+from inferd.search.follower import KnownSeqs
 from inferd.search.hedge import HedgePolicy, HedgeStatistics
 from inferd.search.reembed import Reembedder, ReembedStatistics
 from inferd.search.replicas import ReplicaChooser
@@ -37,6 +38,7 @@ from inferd.search.types import Delete, Document, Op, ShardHit, ShardQuery, Upse
 
 INGEST_TIMEOUT_S = 120.0
 VISIBLE_WAIT_S = 2.0
+FOLLOW_INTERVAL_S = 1.0
 RESULT_CACHE_ENTRIES = 2048
 EMBED_BUDGET_S = 0.25
 """Most a query waits for its vector (and at most half its time): an embedder slower than this counts as
@@ -47,8 +49,13 @@ class Cluster(ShardCalls, Protocol):
     name: str
     params: SearchParams
     logs: list[ShardLog]
+    """The shards' logs (the owner's; a follower front end has none: it forwards writes)."""
+    follower: bool
+    known: KnownSeqs
     generation: int
     store: IndexStore
+
+    def seq(self, shard: int) -> int: ...
 
     def appended(self, shard: int) -> None: ...
 
@@ -92,9 +99,9 @@ class IndexService:
         self.searches = self.degraded = self.partial = 0
         self.reembedder = (
             None
-            if self.embedder is None
+            if self.embedder is None or cluster.follower
             else Reembedder(
-                cluster, self.embedder, self.scatter.ask, cluster.store, ctx.clock, self._results_changed
+                cluster, self.embedder, self.scatter.ask, cluster.store, ctx.clock, self.results_changed
             )
         )
         """Moves the index's vectors to the embedder's served version when it changes (reembed.py)."""
@@ -133,7 +140,7 @@ class IndexService:
             return vectors, none
         return vectors, await self.embedder.documents(texts, deadline, target)
 
-    def _results_changed(self) -> None:
+    def results_changed(self) -> None:
         self.cluster.generation += 1
         self.results.clear()
 
@@ -145,18 +152,36 @@ class IndexService:
             appends = {s: tg.create_task(self.cluster.logs[s].append(o)) for s, o in ops.items()}
         for shard in appends:
             self.cluster.appended(shard)
-        self._results_changed()
+        self.results_changed()
         written = {s: t.result() for s, t in appends.items()}
         await self._until_visible(written)
         return self.seqs()
 
     def seqs(self) -> list[int]:
-        return [lg.durable_seq for lg in self.cluster.logs]
+        return [self.cluster.seq(s) for s in range(self.params.shards)]
 
-    async def _until_visible(self, written: dict[int, int]) -> None:
+    async def forwarded(self, seqs: list[int]) -> None:
+        """A follower: the owner acknowledged a write this front end forwarded, with these seqs. Until a
+        replica of each shard behind them applied them (bounded), as the owner's answer waited."""
+        behind = self.cluster.known.behind(seqs)
+        if self.cluster.known.written(seqs):
+            self.results_changed()
+        await self._until_visible(behind)
+
+    async def follow_embedder(self) -> None:
+        """A follower: queries are embedded by the version of the index's vectors, which the owner's
+        re-embedder records in data_dir (search/reembed.py); looked at every second."""
+        while self.embedder is not None:
+            version, _ = self.cluster.store.embedder_versions(self.cluster.name)
+            if version is not None and version != self.embedder.version:
+                self.embedder.promote(version)
+                self.results_changed()
+            await asyncio.sleep(FOLLOW_INTERVAL_S)
+
+    async def _until_visible(self, written: dict[int, int], wait_s: float = VISIBLE_WAIT_S) -> None:
         """Until a replica of each shard written applied it (bounded: the write is durable anyway)."""
         try:
-            async with asyncio.timeout(VISIBLE_WAIT_S):
+            async with asyncio.timeout(wait_s):
                 while not all(self._applied(s, seq) for s, seq in written.items()):
                     await self.cluster.wait_progress()
         except TimeoutError:
@@ -169,7 +194,7 @@ class IndexService:
     async def get(self, doc_id: str, deadline: float) -> Document:
         shard = shard_of(doc_id, self.params.shards)
         body = wire.encode(doc_id)
-        answer = await self.scatter.ask(shard, "get", body, self.cluster.logs[shard].durable_seq, deadline)
+        answer = await self.scatter.ask(shard, "get", body, self.cluster.seq(shard), deadline)
         if answer is None:
             raise WorkerUnavailable(f"no replica of shard {shard} of index {self.cluster.name!r} answered")
         doc = wire.document(answer)
@@ -182,6 +207,8 @@ class IndexService:
         self.searches += 1
         deadline = self.clock.now() + req.timeout_ms / 1000
         min_seq = req.min_seq or tuple(self.seqs())
+        if req.min_seq and self.cluster.follower:  # a write through another front end: wait to hear of it
+            await self._until_visible(self.cluster.known.behind(req.min_seq), self._wait_s(deadline))
         key = (self.cluster.generation, req.query, req.k, req.mode, req.filter_key)
         cached = self.results.get(key) if req.cache else None
         if cached is not None:
@@ -225,6 +252,11 @@ class IndexService:
                 raise unavailable(exc) from None
             self.degraded += 1
             return "lexical", None, ["dense"]
+
+    def _wait_s(self, deadline: float) -> float:
+        """How long a search may wait for a replica to apply its min_seq: half its time, at most
+        VISIBLE_WAIT_S."""
+        return min(VISIBLE_WAIT_S, max(0.0, deadline - self.clock.now()) / 2)
 
     def _fuse(self, mode: str, answered: list[Any], k: int) -> list[ShardHit]:
         lexical = fusion.merge([r.lexical for r in answered], _shard_k(k, mode))

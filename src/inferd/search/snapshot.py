@@ -67,6 +67,17 @@ def write(directory: Path, applied_seq: int, files: dict[str, bytes], meta: dict
     return final
 
 
+def current_seq(directory: Path) -> int:
+    """The applied_seq of the current snapshot, read from its meta.json only; -1 when there is none (or
+    it is unreadable: loading it would fail too)."""
+    directory = Path(directory)
+    try:
+        name = (directory / CURRENT).read_text().strip()
+        return int(json.loads((directory / name / META).read_text())["applied_seq"])
+    except (OSError, ValueError, KeyError):
+        return -1
+
+
 def read(directory: Path) -> tuple[int, dict[str, bytes], dict[str, Any]]:
     """(applied_seq, files, meta) of the current snapshot; FileNotFoundError when there is none,
     CorruptSnapshot when its files are missing or do not match their checksums."""

@@ -75,6 +75,7 @@ class Worker:
         """Front ends joined and ready, by their place in --connect."""
         self.owners = SequenceOwners(lambda: self.links)
         self._batches: asyncio.Queue[tuple[FrontLink, p.RunBatch] | None] = asyncio.Queue(maxsize=CAP + 1)
+        self.replica = None  # a search model's shard replica (search/replica.py), for every link
         self._engine: LLMEngine | None = None
         """The continuous-batching engine, when the model is an LLM (instead of the batch loop)."""
         self._draining = False
@@ -154,10 +155,11 @@ class Worker:
             give_up_when_silent(writer, welcome.silence_timeout_s)
             raw_config = msgspec.json.decode(welcome.model_config_json, type=dict)
             if raw_config.get("kind") == "search":  # a shard replica (search/replica.py), not a model
-                from inferd.search.replica import serve_replica
+                from inferd.search.replica import Replica
 
-                return await serve_replica(
-                    self.worker_id, reader, writer, raw_config["version"], welcome.heartbeat_s
+                self.replica = self.replica or Replica(self.worker_id)  # one for every front end
+                return await self.replica.serve(
+                    index, reader, writer, raw_config["version"], welcome.heartbeat_s
                 )
             if not await self.device.ensure_loaded(link, welcome):
                 return "load_failed"

@@ -1,0 +1,157 @@
+"""`inferd serve --frontends 2` serving a search index (2 shards x 2 replicas, the replicas join both
+front ends; front end 0 is the one writer of the shards' logs):
+
+* writes land on both front ends (new connections: SO_REUSEPORT picks) and every one is acknowledged;
+  the follower's are forwarded to the owner; searches through either front end then find every
+  document (with the writes' seqs as min_seq: the guarantee across front ends, docs/search.md);
+* an index created through the API is served by both front ends, and gone from both once deleted;
+* with the owner down (SIGKILLed while the parent is stopped, so that it stays down), a write gets 503
+  with Retry-After naming the owner, while searches and gets go on from the replicas; once the parent
+  restarts the owner, writes are taken again and found on both front ends.
+
+Bounded: one server, a few dozen requests, every wait capped."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from email.message import Message
+
+import pytest
+
+from tests.checked_load import wait_for
+from tests.conftest import ServerProc, alive, child_pids, start_server
+from tests.frontends_harness import scrape
+from tests.integration.search_fixtures import call, doc, model_repo
+
+DOCS = 16
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProc]:
+    tmp = tmp_path_factory.mktemp("search-frontends")
+    repo = str(model_repo(tmp))
+    s = start_server(tmp, "--model-repo", repo, "--data-dir", str(tmp / "data"), "--frontends", "2")
+    try:
+        wait_for(lambda: both_up(s), 60, "both front ends up")
+        yield s
+    finally:
+        s.stop()
+
+
+def both_up(server: ServerProc) -> bool:
+    sample = scrape(server)
+    return all(sample.get(f'inferd_frontend_up{{frontend="{i}"}}') == 1.0 for i in (0, 1))
+
+
+def docs_ok(sample: dict[str, float], frontend: str) -> float:
+    """Requests for index docs answered ok by one front end."""
+    return sum(
+        v
+        for k, v in sample.items()
+        if k.startswith("inferd_requests_total{")
+        and f'frontend="{frontend}"' in k
+        and 'model="docs"' in k
+        and 'outcome="ok"' in k
+    )
+
+
+def search_ids(server: ServerProc, query: str, **extra: object) -> set[str]:
+    status, body = call(
+        f"{server.url}/v1/indexes/docs/search", "POST", {"query": query, "mode": "lexical", "k": 50, **extra}
+    )
+    assert status == 200, body
+    return {h["id"] for h in body["hits"]}
+
+
+def write(server: ServerProc, i: int, word: str) -> tuple[int, dict, Message]:
+    """(status, body, headers) of one upsert, on a new connection."""
+    data = json.dumps({"documents": [doc(i, word)]}).encode()
+    req = urllib.request.Request(
+        f"{server.url}/v1/indexes/docs/documents", data, {"content-type": "application/json"}, method="POST"
+    )
+    try:
+        with urllib.request.urlopen(req, timeout=30) as r:
+            return r.status, json.loads(r.read()), r.headers
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read()), exc.headers
+
+
+def follower_answers(server: ServerProc, answers: list) -> bool:
+    """One write's answer; False when the connection was reset (the kernel resets a connection it
+    handed the dying owner's listener at the moment it closed)."""
+    try:
+        answers.append(write(server, 100, "beta"))
+    except ConnectionResetError:
+        return False
+    return True
+
+
+def test_writes_through_both_front_ends_are_found_by_searches_on_both(server: ServerProc) -> None:
+    before = scrape(server)
+    seqs = []
+    for i in range(DOCS):
+        status, body, _ = write(server, i, "alpha")
+        assert status == 200, body
+        seqs.append(body["seq"])
+    after = scrape(server)
+    took = {fe: docs_ok(after, fe) - docs_ok(before, fe) for fe in ("0", "1")}
+    assert sum(took.values()) == DOCS
+    assert took["0"] > 0 and took["1"] > 0, f"writes did not land on both front ends: {took}"
+    latest = [max(s[shard] for s in seqs) for shard in range(2)]
+    for i in range(DOCS):  # each on a new connection: either front end answers
+        assert f"d{i}" in search_ids(server, f"number{i}", min_seq=latest)
+    for _ in range(6):
+        assert search_ids(server, "alpha", min_seq=latest) == {f"d{i}" for i in range(DOCS)}
+    status, body = call(f"{server.url}/v1/indexes/docs/documents/d3")
+    assert status == 200 and body["id"] == "d3"
+    read = {fe: docs_ok(scrape(server), fe) - docs_ok(after, fe) for fe in ("0", "1")}
+    assert read["0"] > 0 and read["1"] > 0, f"the reads did not land on both front ends: {read}"
+
+
+def test_an_index_created_and_deleted_through_either_front_end_is_so_on_both(server: ServerProc) -> None:
+    url = f"{server.url}/v1/indexes/notes"
+    settings = {"shards": 1, "replicas": 1, "embedder": "none"}
+    status, body = call(url, "PUT", settings)
+    assert status == 201, body
+    for _ in range(6):  # either front end: it exists with these settings
+        status, body = call(url, "PUT", settings)
+        assert status == 200 and body["name"] == "notes", body
+    status, body = call(f"{url}/documents", "POST", {"documents": [doc(1, "delta")]})
+    assert status == 200, body
+    for _ in range(6):
+        status, found = call(f"{url}/search", "POST", {"query": "delta", "min_seq": body["seq"]})
+        assert status == 200 and [h["id"] for h in found["hits"]] == ["d1"], found
+    status, body = call(url, "DELETE")
+    assert status == 200 and body == {"deleted": "notes"}, body
+    wait_for(lambda: all(call(url)[0] == 404 for _ in range(6)), 10, "the index gone from both front ends")
+
+
+def test_with_the_owner_down_writes_get_503_and_reads_go_on(server: ServerProc) -> None:
+    parent = server.proc.pid
+    (owner,) = [p for p in child_pids(parent) if alive(p) and child_pids(p)]  # it runs the workers
+    os.kill(parent, signal.SIGSTOP)  # the parent would start the owner again at once
+    try:
+        os.kill(owner, signal.SIGKILL)
+        wait_for(lambda: not alive(owner), 10, "the owner gone")
+        answers: list[tuple[int, dict, Message]] = []
+        wait_for(lambda: follower_answers(server, answers), 10, "the follower's answer to a write")
+        status, body, headers = answers[0]
+        assert status == 503, body
+        assert "owner front end" in json.dumps(body) and headers.get("Retry-After") == "1"
+        for _ in range(4):  # only the follower listens now
+            assert search_ids(server, "alpha") == {f"d{i}" for i in range(DOCS)}
+        status, body = call(f"{server.url}/v1/indexes/docs/documents/d5")
+        assert status == 200 and body["id"] == "d5"
+    finally:
+        os.kill(parent, signal.SIGCONT)
+    taken: list[tuple[int, dict, Message]] = []
+    wait_for(lambda: taken.append(write(server, 101, "gamma")) or taken[-1][0] == 200, 60, "writes again")
+    wait_for(lambda: both_up(server), 60, "both front ends up")
+    for _ in range(6):
+        assert search_ids(server, "gamma", min_seq=taken[-1][1]["seq"]) == {"d101"}
+        assert search_ids(server, "beta") == set()  # the refused write was not made

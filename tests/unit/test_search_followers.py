@@ -1,0 +1,274 @@
+"""Search with several front ends: a follower's view of the shards (search/follower.py), the writes it
+forwards to the owner (search/writes.py, over frontends/owner_channel.py), and the replica that serves
+every front end (search/replica.py's links and notes)."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from inferd.errors import Conflict, Internal, NotFound, WorkerUnavailable
+from inferd.frontends.owner_channel import OwnerUnreachable
+from inferd.search import wire
+from inferd.search.config import SearchParams
+from inferd.search.follower import KnownSeqs, Note, take_note
+from inferd.search.replica import ANNOUNCE, Replica
+from inferd.search.replicas import Replica as ReplicaView
+from inferd.search.replicas import ReplicaPhase, least_served_shard
+from inferd.search.shard import ShardIndex
+from inferd.search.types import Document, LogEntry, Upsert
+from inferd.search.writes import KIND, Forwarder, Write, WriteDesk
+from inferd.worker import protocol as p
+from inferd.worker.connection import WorkerState
+
+
+def view(shard: int = -1, phase: ReplicaPhase = ReplicaPhase.ASSIGNING) -> ReplicaView:
+    conn = SimpleNamespace(worker_id="w", state=WorkerState.READY)
+    return ReplicaView(conn, shard, phase)  # type: ignore[arg-type]
+
+
+# ---- KnownSeqs and notes --------------------------------------------------------------------------------
+def test_known_seqs_only_move_forward_and_say_when_they_did() -> None:
+    known = KnownSeqs(2)
+    assert known.learn(0, 3) is True
+    assert known.learn(0, 2) is False and known.seqs == [3, 0]
+    assert known.learn(-1, 9) is False and known.learn(2, 9) is False  # not a shard of the index
+    assert known.written([3, 0]) is False
+    assert known.written([3, 5]) is True and known.seqs == [3, 5]
+
+
+def test_behind_lists_the_shards_a_search_must_wait_for() -> None:
+    known = KnownSeqs(3)
+    known.written([4, 2, 0])
+    assert known.behind([4, 3, 1]) == {1: 3, 2: 1}
+    assert known.behind([1, 1, 0]) == {}
+
+
+async def test_a_note_makes_a_replica_serve_its_shard_and_a_move_fails_its_calls() -> None:
+    r = view()
+    assert take_note(r, Note(1, 7, 10)) is False  # nothing in flight to fail
+    assert (r.shard, r.phase, r.applied_seq, r.documents) == (1, ReplicaPhase.SERVING, 7, 10)
+    r.pending[5] = asyncio.get_running_loop().create_future()  # a call in flight
+    assert take_note(r, Note(1, 9, 11)) is False  # same shard, progress: calls stand
+    assert take_note(r, Note(-1, 0, 0)) is True  # it loads another shard: its calls fail
+    assert r.phase is ReplicaPhase.ASSIGNING and not r.readable
+
+
+def test_a_replica_not_assigned_yet_counts_for_no_shard() -> None:
+    replicas = [view(-1), view(0, ReplicaPhase.SERVING), view(-1)]
+    assert least_served_shard(2, replicas) == 1
+
+
+# ---- forwarded writes -----------------------------------------------------------------------------------
+async def test_the_owners_answer_and_errors_come_back_as_they_were() -> None:
+    async def execute(write: Write) -> tuple[bytes, bool]:
+        if write.key == "missing":
+            raise NotFound("no document 'missing'")
+        if write.key == "clash":
+            raise Conflict("index 'docs' exists with other settings")
+        if write.key == "busy":
+            raise WorkerUnavailable("embedder down", retry_after_s=3.0)
+        return b'{"seq": [1, 0]}', False
+
+    desk = WriteDesk(execute)
+
+    async def ask(kind: str, payload: bytes, timeout_s: float) -> bytes:
+        assert kind == KIND
+        return await desk.answer(payload)
+
+    forwarder = Forwarder(ask)
+    assert await forwarder.forward(Write("delete", "docs", key="d1")) == (b'{"seq": [1, 0]}', False)
+    with pytest.raises(NotFound, match="no document 'missing'"):
+        await forwarder.forward(Write("delete", "docs", key="missing"))
+    with pytest.raises(Conflict):
+        await forwarder.forward(Write("delete", "docs", key="clash"))
+    with pytest.raises(WorkerUnavailable) as busy:
+        await forwarder.forward(Write("delete", "docs", key="busy"))
+    assert busy.value.retry_after_s == 3.0
+    assert desk.forwarded == 4
+
+
+async def test_a_write_while_the_owner_is_away_is_a_retryable_503_naming_it() -> None:
+    async def ask(kind: str, payload: bytes, timeout_s: float) -> bytes:
+        raise OwnerUnreachable("ConnectionRefusedError")
+
+    with pytest.raises(WorkerUnavailable, match="owner front end") as exc:
+        await Forwarder(ask).forward(Write("upsert", "docs", body=b"{}"))
+    assert exc.value.retry_after_s > 0
+
+
+# ---- the replica shared by several front ends ----------------------------------------------------------
+class Link:
+    """A front end's side of one link: what the replica wrote to it (its own transport too)."""
+
+    def __init__(self, stalled: bool = False) -> None:
+        self.frames: list[bytes] = []
+        self.answered = asyncio.Event()
+        """Set by the answer to call 1."""
+        self.stalled = stalled
+        """A front end that stopped reading: the link's buffer only grows, a drain never returns."""
+        self.aborted = False
+        self.transport = self
+
+    def write(self, data: bytes) -> None:
+        self.frames.append(data)
+        message = p.decode_message(data[4:])
+        if isinstance(message, p.ShardReply) and message.call_id == 1:
+            self.answered.set()
+
+    def is_closing(self) -> bool:
+        return self.aborted
+
+    def abort(self) -> None:
+        self.aborted = True
+
+    def get_write_buffer_size(self) -> int:
+        return 2**40 if self.stalled else 0
+
+    async def drain(self) -> None:
+        if self.stalled:
+            await asyncio.Event().wait()
+
+    def messages(self) -> list[p.Message]:
+        return [p.decode_message(f[4:]) for f in self.frames]
+
+
+def notes(link: Link) -> list[int]:
+    return [
+        wire.number(m.body) for m in link.messages() if isinstance(m, p.ShardReply) and m.call_id == ANNOUNCE
+    ]
+
+
+async def test_readers_learn_the_shard_and_progress_and_cannot_drain_the_replica(tmp_path: Path) -> None:
+    replica = Replica("w")
+    owner, reader = Link(), Link()
+    settings = wire.encode(SearchParams(embedder="none").settings())
+    from_owner, from_reader = asyncio.StreamReader(), asyncio.StreamReader()
+    from_owner.feed_data(p.encode_frame(p.ShardAssign(1, settings, str(tmp_path / "snap"))))
+    entry = LogEntry(seq=1, ops=[Upsert(doc=Document(id="a", text="alpha"))])
+    from_owner.feed_data(p.encode_frame(p.ShardCall(1, "apply", wire.encode([entry]))))
+    from_owner.feed_data(p.encode_frame(p.Drain()))
+    from_reader.feed_data(p.encode_frame(p.Drain()))  # a reading front end cannot retire the replica
+    served = [
+        asyncio.create_task(replica.serve(0, from_owner, owner, 1, 3600.0)),  # type: ignore[arg-type]
+        asyncio.create_task(replica.serve(1, from_reader, reader, 1, 3600.0)),  # type: ignore[arg-type]
+    ]
+    assert await asyncio.gather(*served) == ["drained", "drained"]  # the writer's Drain ends both
+    assert notes(owner) == [-1]  # when it joined: no shard held; then only answers
+    assert [r.call_id for r in owner.messages() if isinstance(r, p.ShardReply)] == [ANNOUNCE, 0, 1]
+    assert notes(reader) == [-1, -1, 1, 1]  # joined; loading; serving shard 1; applied
+    progress = [m for m in reader.messages() if isinstance(m, p.ShardReply)][-1]
+    assert (progress.applied_seq, progress.documents) == (1, 1)
+
+
+async def writer_comes_back(tmp_path: Path, readers: int) -> Link:
+    """The owner front end assigns shard 0 and applies seq 1, dies, and is started again (while `readers`
+    other front ends stay): the new owner's link."""
+    replica = Replica("w")
+    reader_feed = asyncio.StreamReader()
+    reading = [
+        asyncio.create_task(replica.serve(1, reader_feed, Link(), 1, 3600.0))  # type: ignore[arg-type]
+        for _ in range(readers)
+    ]
+    settings = wire.encode(SearchParams(embedder="none").settings())
+    entry = LogEntry(seq=1, ops=[Upsert(doc=Document(id="a", text="alpha"))])
+    for _ in range(2):  # the owner front end, then the one started again after it died
+        link, feed = Link(), asyncio.StreamReader()
+        feed.feed_data(p.encode_frame(p.ShardAssign(0, settings, str(tmp_path / "snap"))))
+        feed.feed_data(p.encode_frame(p.ShardCall(1, "apply", wire.encode([entry]))))
+        session = asyncio.create_task(replica.serve(0, feed, link, 1, 3600.0))  # type: ignore[arg-type]
+        await link.answered.wait()  # the apply's answer: then the front end goes
+        feed.feed_eof()
+        assert await session == "lost"
+    reader_feed.feed_eof()
+    assert await asyncio.gather(*reading) == ["lost"] * readers
+    return link
+
+
+async def test_a_writer_that_comes_back_keeps_the_index_another_front_end_kept(tmp_path: Path) -> None:
+    link = await writer_comes_back(tmp_path, readers=1)
+    assigned = [m for m in link.messages() if isinstance(m, p.ShardReply) and m.call_id == 0]
+    assert notes(link) == [0]  # it told the new writer the shard it holds
+    assert [(a.applied_seq, a.documents) for a in assigned] == [(1, 1)]  # kept, not reloaded empty
+
+
+async def test_a_replica_no_front_end_kept_starts_afresh_as_with_one_front_end(tmp_path: Path) -> None:
+    link = await writer_comes_back(tmp_path, readers=0)
+    assigned = [m for m in link.messages() if isinstance(m, p.ShardReply) and m.call_id == 0]
+    assert notes(link) == [-1]  # it holds nothing for the front end that comes: assigned and loaded anew
+    assert [(a.applied_seq, a.documents) for a in assigned] == [(0, 0)]  # from data_dir (no snapshot)
+
+
+async def test_a_front_end_joining_while_the_replica_loads_another_shard_hears_it_loads(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    replica = Replica("w")
+    owner = Link()
+    settings = wire.encode(SearchParams(embedder="none").settings())
+    from_owner = asyncio.StreamReader()
+    from_owner.feed_data(p.encode_frame(p.ShardAssign(0, settings, str(tmp_path / "snap0"))))
+    entries = [LogEntry(seq=s, ops=[Upsert(doc=Document(id=f"d{s}", text="alpha"))]) for s in (1, 2, 3)]
+    from_owner.feed_data(p.encode_frame(p.ShardCall(1, "apply", wire.encode(entries))))
+    writing = asyncio.create_task(replica.serve(0, from_owner, owner, 1, 3600.0))  # type: ignore[arg-type]
+    await owner.answered.wait()  # shard 0 at seq 3
+    loading, release = threading.Event(), threading.Event()
+
+    def slow_load(directory: Path, settings: object) -> ShardIndex:
+        loading.set()
+        release.wait(30)
+        raise FileNotFoundError(directory)  # no snapshot: it starts empty
+
+    monkeypatch.setattr(ShardIndex, "load", slow_load)
+    from_owner.feed_data(p.encode_frame(p.ShardAssign(1, settings, str(tmp_path / "snap1"))))
+    await asyncio.to_thread(loading.wait, 30)
+    joiner = Link()
+    joining = asyncio.create_task(replica.serve(1, asyncio.StreamReader(), joiner, 1, 3600.0))  # type: ignore[arg-type]
+    await asyncio.sleep(0)  # it joined: its first note is out
+    release.set()
+    from_owner.feed_data(p.encode_frame(p.Drain()))
+    assert await asyncio.wait_for(asyncio.gather(writing, joining), 30) == ["drained", "drained"]
+    joined = [m for m in joiner.messages() if isinstance(m, p.ShardReply)]
+    assert [(wire.number(m.body), m.applied_seq) for m in joined] == [(-1, 0), (1, 0)]  # never (1, 3)
+
+
+async def test_a_reading_front_end_that_stopped_reading_holds_up_no_other_link(tmp_path: Path) -> None:
+    replica = Replica("w")
+    owner, stalled = Link(), Link(stalled=True)
+    settings = wire.encode(SearchParams(embedder="none").settings())
+    from_owner = asyncio.StreamReader()
+    from_owner.feed_data(p.encode_frame(p.ShardAssign(0, settings, str(tmp_path / "snap"))))
+    for seq in (1, 2, 3):
+        entry = LogEntry(seq=seq, ops=[Upsert(doc=Document(id=f"d{seq}", text="alpha"))])
+        from_owner.feed_data(p.encode_frame(p.ShardCall(seq, "apply", wire.encode([entry]))))
+    from_owner.feed_data(p.encode_frame(p.Drain()))
+    reading = asyncio.create_task(replica.serve(1, asyncio.StreamReader(), stalled, 1, 3600.0))  # type: ignore[arg-type]
+    writing = replica.serve(0, from_owner, owner, 1, 3600.0)  # type: ignore[arg-type]
+    assert await asyncio.wait_for(writing, 30) == "drained"  # a guard: the bug was a hang
+    assert await reading == "drained"
+    answered = [m.call_id for m in owner.messages() if isinstance(m, p.ShardReply)]
+    assert answered == [ANNOUNCE, 0, 1, 2, 3]
+    assert stalled.aborted  # dropped: its front end rejoins and hears the replica's state again
+
+
+async def test_a_replica_whose_calls_runner_fails_ends_its_links_instead_of_going_silent(
+    tmp_path: Path,
+) -> None:
+    replica = Replica("w")
+    owner, reader = Link(), Link()
+    from_owner = asyncio.StreamReader()
+    from_owner.feed_data(p.encode_frame(p.ShardAssign(0, b"\xc1 not settings", str(tmp_path / "snap"))))
+    served = [
+        asyncio.create_task(replica.serve(0, from_owner, owner, 1, 3600.0)),  # type: ignore[arg-type]
+        asyncio.create_task(replica.serve(1, asyncio.StreamReader(), reader, 1, 3600.0)),  # type: ignore[arg-type]
+    ]
+    done, _ = await asyncio.wait(served, timeout=30)  # a guard: the bug was a hang
+    assert len(done) == 2
+    for session in served:
+        with pytest.raises(ExceptionGroup) as failed:
+            session.result()
+        assert isinstance(failed.value.exceptions[0], Internal)
+        assert "DecodeError" in str(failed.value.exceptions[0])
