@@ -11,7 +11,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from inferd.errors import Conflict, Internal, NotFound, WorkerUnavailable
+from inferd.errors import Conflict, Internal, NotFound, Overloaded, RateLimited, WorkerUnavailable
 from inferd.frontends.owner_channel import OwnerUnreachable
 from inferd.search import wire
 from inferd.search.config import SearchParams
@@ -72,6 +72,10 @@ async def test_the_owners_answer_and_errors_come_back_as_they_were() -> None:
             raise Conflict("index 'docs' exists with other settings")
         if write.key == "busy":
             raise WorkerUnavailable("embedder down", retry_after_s=3.0)
+        if write.key == "full":
+            raise Overloaded("embedder queue full", 2.0)
+        if write.key == "tenant":
+            raise RateLimited("tenant over its rate", 4.0)
         return b'{"seq": [1, 0]}', False
 
     desk = WriteDesk(execute)
@@ -89,7 +93,13 @@ async def test_the_owners_answer_and_errors_come_back_as_they_were() -> None:
     with pytest.raises(WorkerUnavailable) as busy:
         await forwarder.forward(Write("delete", "docs", key="busy"))
     assert busy.value.retry_after_s == 3.0
-    assert desk.forwarded == 4
+    with pytest.raises(Overloaded) as full:  # a 429 stays a 429, with the owner's Retry-After
+        await forwarder.forward(Write("delete", "docs", key="full"))
+    assert full.value.retry_after_s == 2.0
+    with pytest.raises(RateLimited) as tenant:
+        await forwarder.forward(Write("delete", "docs", key="tenant"))
+    assert tenant.value.retry_after_s == 4.0
+    assert desk.forwarded == 6
 
 
 async def test_a_write_while_the_owner_is_away_is_a_retryable_503_naming_it() -> None:

@@ -22,8 +22,11 @@ from inferd.errors import (
     Forbidden,
     Internal,
     ModelError,
+    ModelOutputError,
     NotFound,
+    Overloaded,
     PayloadTooLarge,
+    RateLimited,
     ServingError,
     ShuttingDown,
     UnsupportedMediaType,
@@ -74,6 +77,7 @@ _ERRORS: dict[str, type[ServingError]] = {
         Forbidden,
         Internal,
         ModelError,
+        ModelOutputError,
         NotFound,
         PayloadTooLarge,
         ShuttingDown,
@@ -83,10 +87,16 @@ _ERRORS: dict[str, type[ServingError]] = {
 }
 
 
+_WITH_RETRY_AFTER: dict[str, type[WorkerUnavailable] | type[Overloaded] | type[RateLimited]] = {
+    cls.__name__: cls for cls in (WorkerUnavailable, Overloaded, RateLimited)
+}
+
+
 def rebuild(code: str, message: str, retry_after_s: float | None) -> ServingError:
     """The owner's error, as this front end answers it (a kind not listed here is Internal)."""
-    if code == WorkerUnavailable.__name__:
-        return WorkerUnavailable(message, retry_after_s if retry_after_s is not None else OWNER_RETRY_AFTER_S)
+    retrying = _WITH_RETRY_AFTER.get(code)
+    if retrying is not None:
+        return retrying(message, retry_after_s if retry_after_s is not None else OWNER_RETRY_AFTER_S)
     return _ERRORS.get(code, Internal)(message)
 
 
