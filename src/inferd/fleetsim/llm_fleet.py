@@ -2,9 +2,9 @@
 
 Each front end is inferd's own `LLMRuntime` (llm/runtime.py) as the server builds it: its placement and
 admission (llm/placement.py), prefix-aware routing (llm/routing.py), token streams, deadlines, hang
-watchdog and failover run unchanged. Each device is inferd's own engine (llm/engine.py `LLMEngine`:
-its receive / apply / post steps) around inferd's own continuous-batching scheduler and KV cache
-(llm/scheduler.py, llm/kv.py), fed the real wire messages: the runtime's AddSequence and AbortSequence
+watchdog and failover run unchanged. Each device (llm_device.py) is inferd's own engine (llm/engine.py
+`LLMEngine`: its receive / apply / post steps) around inferd's own continuous-batching scheduler and KV
+cache (llm/scheduler.py, llm/kv.py), fed the real wire messages: the runtime's AddSequence and AbortSequence
 frames are decoded off the device's WorkerConnection, and each step's StepDeltas go back to the
 runtime's `on_message`. Only the edges are simulated:
 - the model: each step's tokens come back after the profile's step cost (llm_profile.LLMProfile),
@@ -12,8 +12,10 @@ runtime's `on_message`. Only the edges are simulated:
 - the front end's CPU is a FIFO server taking `frontend_s` per request; the first token and the end
   of each stream get the profile's `overhead_s` (HTTP, IPC).
 
-Front ends split the arrivals round-robin and each has its own share of the devices. A device the hang
-watchdog kills stays down (no failures are injected here).
+Front ends split the arrivals round-robin. Each has its own share of the devices (device d is front end
+d % F's), or, with `shared_devices`, every device serves every front end as `inferd worker --connect
+a,b,...` does (llm_links.py: inferd's own SequenceOwners between the engine and each front end's link).
+A device the hang watchdog kills stays down, for every front end (no failures are injected here).
 
 `LLMRuntime.submit` creates asyncio events in token streams, so `run` is called inside a running event
 loop (`simulate_llm` does that); nothing awaits them and no task runs.
@@ -24,7 +26,6 @@ from __future__ import annotations
 import asyncio
 import gc
 import math
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -33,13 +34,13 @@ from inferd.batching.retry import RetryBudget
 from inferd.clock import FakeClock
 from inferd.errors import Overloaded, ServingError
 from inferd.fleetsim.events import EventQueue
+from inferd.fleetsim.llm_device import CostModelLLM, DeviceLoop, SimLLMDevice
+from inferd.fleetsim.llm_links import SharedLLMDevice
 from inferd.fleetsim.llm_profile import LLMProfile
 from inferd.fleetsim.llm_report import GapHistogram, LLMOutcome, LLMSimReport, build_report
-from inferd.llm.engine import LLMEngine, new_scheduler
-from inferd.llm.model import LLMModel, LLMRequest
 from inferd.llm.params import llm_params
 from inferd.llm.placement import Generation
-from inferd.llm.plan import SeqOutput, StepPlan
+from inferd.llm.plan import StepPlan
 from inferd.llm.runtime import LLMRuntime
 from inferd.llm.stream import TokenStream
 from inferd.models.sim_llm import sim_llm_config
@@ -52,11 +53,8 @@ short-lived objects; with the default young-generation pass every 700 of them, a
 12% longer (benchmarks/llm_fleet_scale.py 100 20, both run side by side)."""
 WATCHDOG_EVERY_S = 0.1
 """How often each runtime's watchdog runs (deadlines, hung workers), as the server's does."""
-_TOKEN = SeqOutput(token=0)
 _FILLER = [1 + i % 250 for i in range(1 << 17)]
 """Prompt tokens other than each request's unique one (a longer prompt builds its own)."""
-_HEADER = 4
-"""Bytes of a frame's length prefix (worker/protocol.py encode_frame)."""
 
 
 @dataclass(slots=True)
@@ -78,85 +76,15 @@ class LLMFleetSpec:
     drain_s: float = 60.0
     """Virtual seconds after the last arrival for streams to finish."""
     seed: int = 0
-
-
-class CostModelLLM(LLMModel):
-    """The device's model: one token per sampling chunk, no compute; the fleet charges the step cost."""
-
-    def run_step(self, plan: StepPlan, requests: Mapping[str, LLMRequest]) -> dict[str, SeqOutput]:
-        return {c.seq_id: _TOKEN for c in plan.chunks if c.samples}
-
-
-class SimLLMDevice:
-    """One LLM worker: inferd's engine and scheduler, and the writer of the front end's WorkerConnection."""
-
-    def __init__(self, fleet: LLMFleet, runtime: LLMRuntime, worker_id: str) -> None:
-        self.fleet = fleet
-        self.runtime = runtime
-        self.dead = False
-        self.busy = False
-        self.conn = WorkerConnection(worker_id, fleet.config.name, 0, "sim", self)  # type: ignore[arg-type]
-        scheduler = new_scheduler(fleet.scheduler_config, fleet.clock)
-        self.scheduler = scheduler
-        self.engine = LLMEngine(fleet.model, scheduler, self.receive_step, _no_flush, None)  # type: ignore[arg-type]
-        self.transport = self
-
-    # the StreamWriter surface WorkerConnection uses: the runtime's frames to this worker
-    def write(self, data: bytes) -> None:
-        msg = p.decode_message(memoryview(data)[_HEADER:])
-        live = self.runtime.placement.live.get(getattr(msg, "seq_id", ""))
-        if live is not None:  # the front end's own id object: every lookup per token is by identity
-            msg.seq_id = live.stream.seq_id  # type: ignore[union-attr]
-        self.engine.submit(msg)  # type: ignore[arg-type]
-        if not self.busy:
-            self.busy = True
-            self.fleet.events.at(self.fleet.clock.now(), self.step)
-
-    def is_closing(self) -> bool:
-        return self.dead
-
-    def close(self) -> None:
-        self.dead = True
-
-    def abort(self) -> None:
-        self.dead = True
-
-    # the engine loop: receive -> schedule -> run (the cost model) -> deliver -> idle
-    def step(self) -> None:
-        if self.dead:
-            return
-        engine = self.engine
-        notes = engine.receive()
-        if not self.scheduler.has_work():
-            if notes:
-                engine.post(notes, 0.0)
-            self.busy = False
-            return
-        plan = self.scheduler.schedule()
-        outputs = engine.model.run_step(plan, engine.requests)
-        cost = self.fleet.step_cost(plan)
-        self.fleet.events.at(self.fleet.clock.now() + cost, self.finish, plan, outputs, notes, cost)
-
-    def finish(self, plan: StepPlan, outputs: dict, notes: list[p.SeqDelta], cost: float) -> None:
-        if self.dead:
-            return
-        self.engine.post_step(plan, outputs, notes, cost)
-        self.step()
-
-    def receive_step(self, msg: p.Message) -> None:
-        """The engine's StepDeltas, straight into the front end (the socket is not simulated)."""
-        if not self.dead and isinstance(msg, p.StepDeltas):
-            self.runtime.on_message(self.conn, msg)
-            self.fleet.observe(msg)
-
-
-async def _no_flush() -> None:
-    return None
+    shared_devices: bool = False
+    """Every device serves every front end (each front end's placement sees only its own sequences on
+    it); False: device d is front end d % frontends' alone."""
 
 
 class _Track:
     """One live stream as its client sees it; written back to the fleet's per-request lists when it
-    ends (one small object per token's lookups instead of five long lists)."""
+    ends (one small object per token's lookups instead of five long lists). The fleet keeps them per
+    front end, by that front end's sequence id (two front ends' ids never meet)."""
 
     __slots__ = ("last_at", "measured", "over", "rid", "stream", "tokens")
 
@@ -176,6 +104,7 @@ class LLMFleet:
         self.clock = FakeClock(0.0)
         self.events = EventQueue(self.clock)
         self.config = sim_llm_config(name="llm", params=spec.profile.model_params())
+        self.model_name = self.config.name
         self.scheduler_config = llm_params(self.config).scheduler
         self.model = CostModelLLM(self.config)
         rng = np.random.default_rng(spec.seed)
@@ -189,33 +118,40 @@ class LLMFleet:
         self.outcome = [int(LLMOutcome.PENDING)] * n
         self.measured = (spec.arrivals >= spec.warmup_s).tolist()
         self.gaps = GapHistogram()
-        self.live: dict[str, _Track] = {}
-        """Streams not yet ended, by sequence id."""
+        self.live: list[dict[str, _Track]] = [{} for _ in range(spec.frontends)]
+        """Streams not yet ended, per front end, by that front end's sequence id."""
         self.steps = 0
         self.step_tokens = 0
         self.step_seconds = 0.0
         self.itl_slo_s = spec.slo["itl_ms"] / 1000
         self.frontends = [self._runtime() for _ in range(spec.frontends)]
         self.fe_free_at = [0.0] * spec.frontends
-        self.devices = [
-            self._device(self.frontends[d % spec.frontends], f"llm-{d}.0") for d in range(spec.devices)
-        ]
+        self.devices: list[DeviceLoop] = [self._device(d) for d in range(spec.devices)]
+        self._device_of: dict[WorkerConnection, DeviceLoop] = {}
+        for device in self.devices:
+            for runtime, conn in device.connections():
+                runtime.add_worker(conn)
+                self._device_of[conn] = device
+        self.connections = list(self._device_of)
+        """Every (device, front end) connection."""
 
     def _runtime(self) -> LLMRuntime:
         return LLMRuntime(
             self.config, self.clock, None, RetryBudget(self.clock, 0.1, 10.0), kill_worker=self._kill_hung
         )
 
-    def _device(self, runtime: LLMRuntime, worker_id: str) -> SimLLMDevice:
-        device = SimLLMDevice(self, runtime, worker_id)
-        runtime.add_worker(device.conn)
-        return device
+    def _device(self, d: int) -> DeviceLoop:
+        worker_id = f"llm-{d}.0"
+        if self.spec.shared_devices:
+            return SharedLLMDevice(self, worker_id, self.frontends, self.live)
+        fe = d % len(self.frontends)
+        return SimLLMDevice(self, worker_id, self.frontends[fe], self.live[fe])
 
     def _kill_hung(self, conn: WorkerConnection) -> None:
-        for device in self.devices:
-            if device.conn is conn and not device.dead:
-                device.dead = True
-                device.runtime.on_worker_lost(conn, "killed by the watchdog")
+        """A front end's watchdog killed the worker: it is gone for every front end it served."""
+        device = self._device_of[conn]
+        if not device.dead:
+            device.kill("killed by the watchdog")
 
     # ---- the device cost model --------------------------------------------------------------------
     def step_cost(self, plan: StepPlan) -> float:
@@ -268,13 +204,14 @@ class LLMFleet:
         except ServingError as exc:
             self.outcome[rid] = LLMOutcome.REJECTED if isinstance(exc, Overloaded) else LLMOutcome.FAILED
             return
-        self.live[stream.seq_id] = _Track(rid, stream, self.measured[rid])
+        self.live[fe][stream.seq_id] = _Track(rid, stream, self.measured[rid])
 
-    def observe(self, msg: p.StepDeltas) -> None:
-        """Each stream's tokens as its client sees them (TTFT, gaps, the end)."""
+    def observe(self, msg: p.StepDeltas, live: dict[str, _Track]) -> None:
+        """Each stream's tokens as its client sees them (TTFT, gaps, the end); `live`: the streams of
+        the front end that received `msg`."""
         now = self.clock.now()
         slo = self.itl_slo_s
-        live, first_at, gaps = self.live, self.first_at, self.gaps.buffer
+        first_at, gaps = self.first_at, self.gaps.buffer
         for seq_id in msg.decoded_ids:  # one token each, none ends
             t = live.get(seq_id)
             if t is None:
@@ -304,13 +241,13 @@ class LLMFleet:
                 t.last_at = now
                 t.tokens += len(delta.token_ids)
             if t.stream.ended:
-                self._end(t, delta.error is None and delta.finish_reason in ("length", "stop"))
+                self._end(t, delta.error is None and delta.finish_reason in ("length", "stop"), live)
         if len(gaps) > 1_000_000:
             self.gaps.flush()
 
-    def _end(self, t: _Track, ok: bool) -> None:
+    def _end(self, t: _Track, ok: bool, live: dict[str, _Track]) -> None:
         self.outcome[t.rid] = LLMOutcome.OK if ok else LLMOutcome.FAILED
-        del self.live[t.stream.seq_id]
+        del live[t.stream.seq_id]
         self._write_back(t)
 
     def _write_back(self, t: _Track) -> None:
@@ -318,8 +255,8 @@ class LLMFleet:
 
     def watchdog(self) -> None:
         now = self.clock.now()
-        for device in self.devices:
-            device.conn.last_heartbeat = now
+        for conn in self.connections:
+            conn.last_heartbeat = now
         for runtime in self.frontends:
             runtime.expire_deadlines()
             runtime.check_workers()
@@ -341,11 +278,12 @@ class LLMFleet:
             self.events.run_until(end + spec.drain_s)
         finally:
             gc.set_threshold(*thresholds)
-        for t in list(self.live.values()):
-            if t.stream.ended:  # failed without a delta: deadline, lost, displaced
-                self._end(t, False)
-            else:
-                self._write_back(t)
+        for live in self.live:
+            for t in list(live.values()):
+                if t.stream.ended:  # failed without a delta: deadline, lost, displaced
+                    self._end(t, False, live)
+                else:
+                    self._write_back(t)
         return build_report(self, spec.warmup_s, end)
 
 
