@@ -2,9 +2,13 @@
 at the planned 25.84 req/s each (500 + 200 tokens, Poisson), token by token, for D virtual seconds,
 behind F front ends (default 1: one front end routing over every device; `inferd plan llm --rps 2584
 ...` plans 42 for 100 devices); prints the CPU and wall time every 5 virtual seconds, then the report
-with the output tokens streamed and the CPU per output token (docs/capacity.md, "Scale").
+with the output tokens streamed, the CPU per output token (docs/capacity.md, "Scale") and how evenly the
+devices were loaded (min / mean / max over devices of engine steps, sequences finished and busy seconds).
+With `shared` every device serves every front end (as `inferd worker --connect a,b,...`; the default
+gives each front end its own devices), and the spread also has, per device, the largest share of its
+sequences that one front end placed (docs/fleet-sim.md, "LLM devices shared by every front end").
 
-    .venv/bin/python benchmarks/llm_fleet_scale.py [DEVICES] [SECONDS] [FRONTENDS]    # default 100 60 1
+    .venv/bin/python benchmarks/llm_fleet_scale.py [DEVICES] [SECONDS] [FRONTENDS] [shared]  # default 100 60 1
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ import numpy as np
 
 from inferd.fleetsim.arrivals import ArrivalSpec, arrival_times
 from inferd.fleetsim.llm_fleet import LLMFleet, LLMFleetSpec
+from inferd.fleetsim.llm_links import SharedLLMDevice
 from inferd.fleetsim.llm_profile import bundled
 
 PER_DEVICE = 25.84
@@ -27,15 +32,16 @@ def main() -> None:
     devices = int(sys.argv[1]) if len(sys.argv) > 1 else 100
     duration = float(sys.argv[2]) if len(sys.argv) > 2 else 60.0
     frontends = int(sys.argv[3]) if len(sys.argv) > 3 else 1
+    shared = len(sys.argv) > 4 and sys.argv[4] == "shared"
     times = arrival_times(ArrivalSpec(rate=devices * PER_DEVICE, seed=1), duration)
     n = times.size
     spec = LLMFleetSpec(
         bundled(), devices, times, np.full(n, 500), np.full(n, 200),
-        frontends=frontends, warmup_s=10.0, slo={"ttft_ms": 1000.0, "itl_ms": 100.0},
+        frontends=frontends, warmup_s=10.0, slo={"ttft_ms": 1000.0, "itl_ms": 100.0}, shared_devices=shared,
     )  # fmt: skip
     cpu0, wall0 = time.process_time(), time.perf_counter()
 
-    async def run() -> tuple[dict, int]:
+    async def run() -> tuple[dict, int, dict]:
         fleet = LLMFleet(spec)
 
         def progress() -> None:
@@ -46,12 +52,27 @@ def main() -> None:
                 fleet.events.at(fleet.clock.now() + 5, progress)
 
         fleet.events.at(5, progress)
-        return fleet.run().to_dict(), sum(fleet.tokens)
+        return fleet.run().to_dict(), sum(fleet.tokens), spread(fleet)
 
-    report, tokens = asyncio.run(run())
+    report, tokens, devices_spread = asyncio.run(run())
     cpu = time.process_time() - cpu0
     print(json.dumps({"cpu_s": cpu, "wall_s": time.perf_counter() - wall0, "output_tokens": tokens,
                       "cpu_us_per_output_token": round(cpu / max(tokens, 1) * 1e6, 2), **report}))  # fmt: skip
+    print(json.dumps({"shared_devices": shared, "devices": devices_spread}))
+
+
+def spread(fleet: LLMFleet) -> dict[str, list[float]]:
+    """Per device: [min, mean, max] over the devices."""
+    per_device: dict[str, list[float]] = {"steps": [], "sequences_finished": [], "busy_s": []}
+    for device in fleet.devices:
+        stats = device.scheduler.statistics()
+        per_device["steps"].append(stats.steps)
+        per_device["sequences_finished"].append(stats.finished)
+        per_device["busy_s"].append(device.connections()[0][1].busy_s)  # every link sees every step
+        if isinstance(device, SharedLLMDevice):
+            added = [link.added for link in device.all_links]
+            per_device.setdefault("top_frontend_share", []).append(max(added) / max(sum(added), 1))
+    return {k: [round(min(v), 3), round(sum(v) / len(v), 3), round(max(v), 3)] for k, v in per_device.items()}
 
 
 if __name__ == "__main__":

@@ -217,3 +217,85 @@ def test_a_check_holds_only_with_its_p99s_inside_the_headroom() -> None:
     assert not holds(t, report(500.0, 100.0))  # at the target itself: too close to call
     assert not holds(t, report(CHECK_HEADROOM * 1000 + 1, 50.0))
     assert not holds(t, report(500.0, None))  # type: ignore[arg-type]
+
+
+# ---- devices shared by every front end (as `inferd worker --connect a,b,...`) -------------------------
+
+
+def shared_spec(devices: int = 3, frontends: int = 3, rate: float = 30.0, least: int = 5, **kw):  # type: ignore[no-untyped-def]
+    """Each request asks for its own number of tokens (least + 0..22): a stream handed another's tokens
+    ends with the wrong count (or never ends)."""
+    s = spec(rate, devices=devices, duration=5.0, frontends=frontends, shared_devices=True, **kw)
+    s.output_tokens = least + (np.arange(s.arrivals.size) * 7) % 23
+    return s
+
+
+def test_shared_devices_give_every_stream_exactly_its_own_tokens() -> None:
+    s = shared_spec()
+    fleet = LLMFleet(s)
+    report = _run(fleet)
+    assert report.rejected == report.failed == report.unfinished == 0
+    assert report.ok == report.requests > 80
+    assert fleet.tokens == s.output_tokens.tolist()
+    stats = [d.scheduler.statistics() for d in fleet.devices]
+    assert sum(st.finished for st in stats) == s.arrivals.size  # one engine sequence per request
+    assert sum(st.aborted + st.errored for st in stats) == 0
+    for device in fleet.devices:  # each engine served every front end's sequences
+        assert [link.added > 0 for link in device.all_links] == [True] * 3  # type: ignore[attr-defined]
+        assert sum(link.added for link in device.all_links) == device.scheduler.statistics().finished  # type: ignore[attr-defined]
+    for runtime in fleet.frontends:  # and each front end has a connection to every device
+        assert sorted(w.worker_id for w in runtime.worker_connections()) == ["llm-0.0", "llm-1.0", "llm-2.0"]
+
+
+def test_a_device_killed_by_one_front_end_is_lost_to_every_front_end() -> None:
+    s = shared_spec(devices=2, frontends=2, rate=10.0, least=100)
+    fleet = LLMFleet(s)
+    doomed = fleet.devices[0]
+    killer = fleet.frontends[0]
+    fleet.events.at(2.0, killer.kill_worker, doomed.connections()[0][1])
+    report = _run(fleet)
+    assert doomed.dead
+    for runtime in fleet.frontends:
+        assert [w.worker_id for w in runtime.worker_connections()] == ["llm-1.0"]
+    assert report.ok == report.requests  # its streams resumed on the other device, no token lost or doubled
+    assert fleet.tokens == s.output_tokens.tolist()
+    assert fleet.devices[1].scheduler.statistics().finished > doomed.scheduler.statistics().finished
+
+
+def test_a_link_one_front_end_closes_aborts_only_that_front_ends_sequences() -> None:
+    s = shared_spec(devices=2, frontends=2, rate=10.0, least=100)
+    fleet = LLMFleet(s)
+    device = fleet.devices[0]
+    closed = device.connections()[1][1]  # front end 1's connection to device 0
+    fleet.events.at(2.0, closed.close)
+    report = _run(fleet)
+    assert not device.dead
+    assert [w.worker_id for w in fleet.frontends[0].worker_connections()] == ["llm-0.0", "llm-1.0"]
+    assert [w.worker_id for w in fleet.frontends[1].worker_connections()] == ["llm-1.0"]
+    assert report.ok == report.requests  # front end 1's streams there resumed on the other device
+    assert fleet.tokens == s.output_tokens.tolist()
+    aborted = device.scheduler.statistics().aborted  # front end 1's sequences there when it left
+    links = device.all_links  # type: ignore[attr-defined]
+    assert aborted > 0 and links[1].added < links[0].added
+
+
+def test_the_same_load_finishes_on_shared_and_on_partitioned_devices() -> None:
+    for shared in (False, True):
+        s = spec(40, devices=4, duration=5.0, frontends=2, shared_devices=shared)
+        fleet = LLMFleet(s)
+        report = _run(fleet)
+        assert report.ok == report.requests > 120, shared
+        assert fleet.tokens == [20] * s.arrivals.size, shared
+        assert sum(d.scheduler.statistics().finished for d in fleet.devices) == s.arrivals.size, shared
+
+
+def test_fleet_sim_llm_shares_devices_on_request() -> None:
+    from typer.testing import CliRunner
+
+    from inferd.cli.main import app
+
+    args = ["fleet-sim", "llm", "--devices", "2", "--frontends", "2", "--rate", "5", "--duration", "4"]
+    sim = CliRunner().invoke(app, [*args, "--warmup", "1", "--shared-devices", "--json"])
+    assert sim.exit_code == 0, sim.output
+    out = json.loads(sim.output)
+    assert out["shared_devices"] is True and out["ok"] == out["requests"] > 0

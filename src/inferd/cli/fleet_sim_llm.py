@@ -28,6 +28,14 @@ def load_llm_profile(path: Path | None) -> LLMProfile:
 def run_llm(
     devices: Annotated[int, typer.Option(min=1, help="LLM devices (workers).")] = 4,
     frontends: Annotated[int, typer.Option(min=1, help="Front-end processes; arrivals round-robin.")] = 1,
+    shared_devices: Annotated[
+        bool,
+        typer.Option(
+            "--shared-devices",
+            help="Every device serves every front end (as `inferd worker --connect a,b,...`); "
+            "default: each front end has its own share of the devices.",
+        ),
+    ] = False,
     rate: Annotated[float, typer.Option(help="Mean arrival rate, requests/s.")] = 40.0,
     arrivals: Annotated[str, typer.Option(help="poisson, gamma, diurnal or trace.")] = "poisson",
     cv: Annotated[float, typer.Option(help="gamma: coefficient of variation of the gaps.")] = 1.0,
@@ -62,6 +70,7 @@ def run_llm(
     fleet = LLMFleetSpec(
         device, devices, times, prompts, outputs, frontends, warmup,
         {"ttft_ms": ttft_slo_ms, "itl_ms": itl_slo_ms}, shared_prefix, seed=seed,
+        shared_devices=shared_devices,
     )  # fmt: skip
     started = time.perf_counter()
     report = simulate_llm(fleet)
@@ -70,12 +79,14 @@ def run_llm(
         "wall_s": round(time.perf_counter() - started, 2),
         "profile": device.name,
         "profile_source": device.source,
+        "shared_devices": shared_devices,
     }
     if json_output:
         typer.echo(json.dumps(out))
         return
     table = Table(
-        title=f"fleet-sim llm: {devices} devices, {frontends} front end(s), {arrivals} {rate:g} req/s"
+        title=f"fleet-sim llm: {devices} {'shared ' if shared_devices else ''}devices, "
+        f"{frontends} front end(s), {arrivals} {rate:g} req/s"
     )
     table.add_column("")
     table.add_column("value", justify="right")
