@@ -2,7 +2,9 @@
 virtual clock. Same seed, same run; every stream gets exactly its tokens; steps slow down as the batch
 grows; a full engine queue is refused with 429s by the real placement; shared prefixes hit the KV cache;
 profiles load, round-trip and are fitted back from what bench-llm measures; the planner's arithmetic,
-its JSON schema (shared with plan search) and its simulation check."""
+its JSON schema (shared with plan search) and its simulation check. Devices shared by every front end:
+every stream still gets exactly its own tokens, a killed device is lost to all front ends, a closed link
+aborts only its front end's sequences."""
 
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ import pytest
 
 from inferd.config import ConfigError
 from inferd.fleetsim.llm_fleet import LLMFleet, LLMFleetSpec, simulate_llm
+from inferd.fleetsim.llm_links import SharedLLMDevice
 from inferd.fleetsim.llm_plan import CHECK_HEADROOM, LLMTargets, device_at, fits, holds, max_rate, plan_llm
 from inferd.fleetsim.llm_profile import LLMProfile, bundled, fit_llm_steps, poisson_quantile
 from inferd.fleetsim.llm_report import GapHistogram, LLMSimReport
@@ -222,12 +225,18 @@ def test_a_check_holds_only_with_its_p99s_inside_the_headroom() -> None:
 # ---- devices shared by every front end (as `inferd worker --connect a,b,...`) -------------------------
 
 
-def shared_spec(devices: int = 3, frontends: int = 3, rate: float = 30.0, least: int = 5, **kw):  # type: ignore[no-untyped-def]
+def shared_spec(devices: int = 3, frontends: int = 3, rate: float = 30.0, least: int = 5) -> LLMFleetSpec:
     """Each request asks for its own number of tokens (least + 0..22): a stream handed another's tokens
     ends with the wrong count (or never ends)."""
-    s = spec(rate, devices=devices, duration=5.0, frontends=frontends, shared_devices=True, **kw)
+    s = spec(rate, devices=devices, duration=5.0, frontends=frontends, shared_devices=True)
     s.output_tokens = least + (np.arange(s.arrivals.size) * 7) % 23
     return s
+
+
+def shared_devices(fleet: LLMFleet) -> list[SharedLLMDevice]:
+    devices = [d for d in fleet.devices if isinstance(d, SharedLLMDevice)]
+    assert len(devices) == len(fleet.devices)
+    return devices
 
 
 def test_shared_devices_give_every_stream_exactly_its_own_tokens() -> None:
@@ -240,9 +249,9 @@ def test_shared_devices_give_every_stream_exactly_its_own_tokens() -> None:
     stats = [d.scheduler.statistics() for d in fleet.devices]
     assert sum(st.finished for st in stats) == s.arrivals.size  # one engine sequence per request
     assert sum(st.aborted + st.errored for st in stats) == 0
-    for device in fleet.devices:  # each engine served every front end's sequences
-        assert [link.added > 0 for link in device.all_links] == [True] * 3  # type: ignore[attr-defined]
-        assert sum(link.added for link in device.all_links) == device.scheduler.statistics().finished  # type: ignore[attr-defined]
+    for device in shared_devices(fleet):  # each engine served every front end's sequences
+        assert [link.added > 0 for link in device.all_links] == [True] * 3
+        assert sum(link.added for link in device.all_links) == device.scheduler.statistics().finished
     for runtime in fleet.frontends:  # and each front end has a connection to every device
         assert sorted(w.worker_id for w in runtime.worker_connections()) == ["llm-0.0", "llm-1.0", "llm-2.0"]
 
@@ -265,7 +274,7 @@ def test_a_device_killed_by_one_front_end_is_lost_to_every_front_end() -> None:
 def test_a_link_one_front_end_closes_aborts_only_that_front_ends_sequences() -> None:
     s = shared_spec(devices=2, frontends=2, rate=10.0, least=100)
     fleet = LLMFleet(s)
-    device = fleet.devices[0]
+    device = shared_devices(fleet)[0]
     closed = device.connections()[1][1]  # front end 1's connection to device 0
     fleet.events.at(2.0, closed.close)
     report = _run(fleet)
@@ -275,7 +284,7 @@ def test_a_link_one_front_end_closes_aborts_only_that_front_ends_sequences() -> 
     assert report.ok == report.requests  # front end 1's streams there resumed on the other device
     assert fleet.tokens == s.output_tokens.tolist()
     aborted = device.scheduler.statistics().aborted  # front end 1's sequences there when it left
-    links = device.all_links  # type: ignore[attr-defined]
+    links = device.all_links
     assert aborted > 0 and links[1].added < links[0].added
 
 

@@ -4,8 +4,8 @@ Each front end is inferd's own `LLMRuntime` (llm/runtime.py) as the server build
 admission (llm/placement.py), prefix-aware routing (llm/routing.py), token streams, deadlines, hang
 watchdog and failover run unchanged. Each device (llm_device.py) is inferd's own engine (llm/engine.py
 `LLMEngine`: its receive / apply / post steps) around inferd's own continuous-batching scheduler and KV
-cache (llm/scheduler.py, llm/kv.py), fed the real wire messages: the runtime's AddSequence and AbortSequence
-frames are decoded off the device's WorkerConnection, and each step's StepDeltas go back to the
+cache (llm/scheduler.py, llm/kv.py), fed the real wire messages: the runtime's AddSequence and
+AbortSequence frames are decoded off the device's WorkerConnection, and each step's StepDeltas go back to the
 runtime's `on_message`. Only the edges are simulated:
 - the model: each step's tokens come back after the profile's step cost (llm_profile.LLMProfile),
   with one sampled token per sampling chunk and no early stop (like sim-llm with ignore_eos);

@@ -43,7 +43,8 @@ class SimLink(FrontLink):
         self.added = 0
         """Sequences this front end placed on the device (failover moves included)."""
         self.transport = self
-        self.conn = WorkerConnection(device.worker_id, device.fleet.model_name, 0, "sim", self)  # type: ignore[arg-type]
+        model = device.fleet.model_name
+        self.conn = WorkerConnection(device.worker_id, model, 0, "sim", self)  # type: ignore[arg-type]
 
     # the StreamWriter surface WorkerConnection uses: this front end's frames to the worker
     def write(self, data: bytes) -> None:
