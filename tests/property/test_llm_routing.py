@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
 from inferd.clock import FakeClock
+from inferd.llm.kv import hash_block, hash_blocks
 from inferd.llm.plan import SchedulerConfig
 from inferd.llm.routing import Choice, PrefixAffinityRouter, RoutingConfig, WorkerLoad, home
 from inferd.llm.sequence import Sequence
@@ -174,6 +175,27 @@ def test_front_end_names_blocks_as_the_worker_does(prompt: list[int], tenant: st
     seq = Sequence("s", tuple(prompt), 1, tenant)
     seq.extend_hashes(block_size)
     assert r.block_hashes(prompt, tenant) == seq.block_hashes
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    tokens=st.lists(st.integers(-(2**63), 2**63 - 1), max_size=40),
+    block_size=st.integers(1, 8),
+    salt=st.text(max_size=4),
+    chained=st.booleans(),
+)
+def test_hash_blocks_names_as_hash_block_chained(
+    tokens: list[int], block_size: int, salt: str, chained: bool
+) -> None:
+    parent = hash_block(None, [7], "p") if chained else None
+    expected, name = [], parent
+    for i in range(len(tokens) // block_size):
+        name = hash_block(name, tokens[i * block_size : (i + 1) * block_size], salt)
+        expected.append(name)
+    assert hash_blocks(parent, tokens, salt, block_size) == expected
+    if block_size > 1:  # a partial last block is not named, and not read: any int may sit there
+        full = tokens[: len(expected) * block_size]
+        assert hash_blocks(parent, [*full, 2**70], salt, block_size) == expected
 
 
 class RoutingWithCompletions(RuleBasedStateMachine):

@@ -41,7 +41,8 @@ def hash_blocks(
 ) -> list[BlockHash]:
     """The names of the full blocks of `tokens` (a partial last block is not named), chained from
     `parent`: `hash_block` block by block, with the ids packed once for all of them."""
-    ids = array("q", tokens)
+    full = len(tokens) // block_size * block_size
+    ids = array("q", tokens if full == len(tokens) else tokens[:full])  # only what is named is packed
     if _BIG_ENDIAN:
         ids.byteswap()
     data = memoryview(ids).cast("B")
@@ -49,7 +50,7 @@ def hash_blocks(
     width = block_size * ids.itemsize
     sha256, join = hashlib.sha256, b"".join
     out: list[BlockHash] = []
-    for start in range(0, len(tokens) // block_size * width, width):
+    for start in range(0, len(ids) * ids.itemsize, width):
         parent = sha256(join((parent or _ROOT, salt_bytes, data[start : start + width]))).digest()
         out.append(parent)
     return out
