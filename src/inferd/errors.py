@@ -121,7 +121,11 @@ _BY_CODE: dict[str, type[ServingError]] = {
     cls.__name__: cls
     for cls in (
         BadRequest,
+        Conflict,
+        Forbidden,
         NotFound,
+        PayloadTooLarge,
+        UnsupportedMediaType,
         ModelError,
         ModelOutputError,
         Internal,
@@ -130,9 +134,15 @@ _BY_CODE: dict[str, type[ServingError]] = {
         ShuttingDown,
     )
 }
+_RETRY_AFTER_BY_CODE: dict[str, type[RateLimited] | type[Overloaded] | type[WorkerUnavailable]] = {
+    cls.__name__: cls for cls in (RateLimited, Overloaded, WorkerUnavailable)
+}
 
 
-def from_wire(code: str, message: str) -> ServingError:
-    """Rebuild an error sent as (code, message) by another process."""
-    cls = _BY_CODE.get(code, Internal)
-    return cls(message)
+def from_wire(code: str, message: str, retry_after_s: float | None = None) -> ServingError:
+    """Rebuild an error sent as (code, message) by another process. An error that carries a Retry-After
+    (429, 503) is rebuilt as itself only when the sender sent its `retry_after_s`; any code not known
+    here is Internal."""
+    if retry_after_s is not None and code in _RETRY_AFTER_BY_CODE:
+        return _RETRY_AFTER_BY_CODE[code](message, retry_after_s)
+    return _BY_CODE.get(code, Internal)(message)

@@ -15,24 +15,7 @@ from collections.abc import Awaitable, Callable
 
 import msgspec
 
-from inferd.errors import (
-    BadRequest,
-    Conflict,
-    DeadlineExceeded,
-    Forbidden,
-    Internal,
-    ModelError,
-    ModelOutputError,
-    NotFound,
-    Overloaded,
-    PayloadTooLarge,
-    RateLimited,
-    ServingError,
-    ShuttingDown,
-    UnsupportedMediaType,
-    WorkerDied,
-    WorkerUnavailable,
-)
+from inferd.errors import ServingError, WorkerUnavailable, from_wire
 from inferd.frontends.owner_channel import OwnerUnreachable
 
 log = logging.getLogger("inferd.search")
@@ -68,36 +51,12 @@ Execute = Callable[[Write], Awaitable[tuple[bytes, bool]]]
 Ask = Callable[[str, bytes, float], Awaitable[bytes]]
 """OwnerChannel.ask."""
 
-_ERRORS: dict[str, type[ServingError]] = {
-    cls.__name__: cls
-    for cls in (
-        BadRequest,
-        Conflict,
-        DeadlineExceeded,
-        Forbidden,
-        Internal,
-        ModelError,
-        ModelOutputError,
-        NotFound,
-        PayloadTooLarge,
-        ShuttingDown,
-        UnsupportedMediaType,
-        WorkerDied,
-    )
-}
-
-
-_WITH_RETRY_AFTER: dict[str, type[WorkerUnavailable] | type[Overloaded] | type[RateLimited]] = {
-    cls.__name__: cls for cls in (WorkerUnavailable, Overloaded, RateLimited)
-}
-
 
 def rebuild(code: str, message: str, retry_after_s: float | None) -> ServingError:
-    """The owner's error, as this front end answers it (a kind not listed here is Internal)."""
-    retrying = _WITH_RETRY_AFTER.get(code)
-    if retrying is not None:
-        return retrying(message, retry_after_s if retry_after_s is not None else OWNER_RETRY_AFTER_S)
-    return _ERRORS.get(code, Internal)(message)
+    """The owner's error, as this front end answers it (a 503 with no Retry-After gets the owner's)."""
+    if code == WorkerUnavailable.__name__ and retry_after_s is None:
+        retry_after_s = OWNER_RETRY_AFTER_S
+    return from_wire(code, message, retry_after_s)
 
 
 class WriteDesk:
