@@ -113,18 +113,11 @@ def _worker_key(worker_id: str) -> int:
     return key
 
 
-def _rendezvous(worker_key: int, block_key: int) -> int:
-    """splitmix64's finaliser over the two keys: a well-mixed 64-bit score, integer arithmetic only
-    (a blake2b per worker per request cost 5x as much). `home` inlines it."""
-    x = worker_key ^ block_key
-    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _M64
-    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _M64
-    return x ^ (x >> 31)
-
-
 def home(worker_ids: Sequence[str], block: BlockHash) -> str | None:
     """Rendezvous hashing: the worker whose score with the block's name is highest (the same in every
-    process: no salted hash()). `_rendezvous`, inlined: it runs for every worker for every request."""
+    process: no salted hash()). The score is splitmix64's finaliser over the worker's key xor the block's:
+    well mixed, integer arithmetic only (a blake2b per worker per request cost 5x as much), inline since
+    it runs for every worker for every request."""
     block_key = int.from_bytes(block[:8], "little")
     keys = _KEYS
     best: str | None = None
