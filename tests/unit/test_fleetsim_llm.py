@@ -2,9 +2,10 @@
 virtual clock. Same seed, same run; every stream gets exactly its tokens; steps slow down as the batch
 grows; a full engine queue is refused with 429s by the real placement; shared prefixes hit the KV cache;
 profiles load, round-trip and are fitted back from what bench-llm measures; the planner's arithmetic,
-its JSON schema (shared with plan search) and its simulation check. Devices shared by every front end:
-every stream still gets exactly its own tokens, a killed device is lost to all front ends, a closed link
-aborts only its front end's sequences."""
+its JSON schema (shared with plan search) and its simulation check (of the deployment planned, shared
+or partitioned, with every seed). Devices shared by every front end: every stream still gets exactly its
+own tokens, a killed device is lost to all front ends, a closed link aborts only its front end's
+sequences."""
 
 from __future__ import annotations
 
@@ -158,7 +159,7 @@ def test_plan_json_has_one_schema_for_llm_and_search() -> None:
 
 def test_the_plan_is_checked_by_simulating_a_slice() -> None:
     t = LLMTargets(200, 100, 20, ttft_p99_ms=500, itl_p99_ms=50)
-    plan = plan_llm(DEVICE, t, check=True, slice_devices=1, duration_s=8.0)
+    plan = plan_llm(DEVICE, t, check=True, slice_devices=1, duration_s=8.0, seeds=1)
     check = plan.check
     assert check is not None and check["simulated"] and check["held"]
     last = check["runs"][-1]
@@ -169,12 +170,37 @@ def test_the_plan_is_checked_by_simulating_a_slice() -> None:
 def test_a_slice_that_misses_the_slo_lowers_the_rate() -> None:
     # at the seat limit (max_num_seqs binds) requests queue for a seat, which the arithmetic leaves out
     t = LLMTargets(200, 100, 20, ttft_p99_ms=60, itl_p99_ms=50)
-    plan = plan_llm(DEVICE, t, check=True, slice_devices=1, duration_s=8.0)
+    plan = plan_llm(DEVICE, t, check=True, slice_devices=1, duration_s=8.0, seeds=1)
     assert plan.check is not None
     runs = plan.check["runs"]
     assert len(runs) > 1 and not runs[0]["held"] and runs[0]["ttft_p99_ms"] > 60
     assert runs[1]["rate_per_device"] == pytest.approx(0.9 * runs[0]["rate_per_device"], rel=1e-3)
     assert plan.details["rate_per_device"] < plan.details["analytic_rate_per_device"]
+
+
+def test_the_check_simulates_the_planned_deployment_with_every_seed() -> None:
+    # 3 devices over the plan's 2 front ends: shared, each device takes a third of the load; partitioned,
+    # front end 1's one device takes half of it (front end 0 has devices 0 and 2) and queues
+    t = LLMTargets(200, 100, 20, ttft_p99_ms=500, itl_p99_ms=50)
+    shared = plan_llm(DEVICE, t, check=True, slice_devices=3, duration_s=4.0)
+    split = plan_llm(DEVICE, t, check=True, slice_devices=3, duration_s=4.0, shared_devices=False, seeds=2)
+    assert shared.check is not None and split.check is not None
+    assert shared.resources.frontends == split.resources.frontends == 2
+    assert (shared.check["shared_devices"], split.check["shared_devices"]) == (True, False)
+    assert (shared.check["slice_frontends"], split.check["slice_frontends"]) == (2, 2)
+    assert (shared.check["seeds"], split.check["seeds"]) == (3, 2)
+    held = shared.check["runs"][-1]
+    assert held["held"] and [r["seed"] for r in held["per_seed"]] == [0, 1, 2]
+    assert held["ttft_p99_ms"] == max(r["ttft_p99_ms"] for r in held["per_seed"])
+    assert held["itl_p99_ms"] == max(r["itl_p99_ms"] for r in held["per_seed"])
+    assert held["slo_attainment"] == min(r["slo_attainment"] for r in held["per_seed"])
+    first = split.check["runs"][0]  # the same rate as the shared slice's first
+    assert first["rate_per_device"] == shared.check["runs"][0]["rate_per_device"]
+    assert not first["held"] and len(first["per_seed"]) == 1  # the first seed that misses ends the rate
+    assert first["ttft_p99_ms"] > 2 * shared.check["runs"][0]["ttft_p99_ms"]
+    assert split.details["rate_per_device"] < shared.details["rate_per_device"]
+    assert any("every worker joins every front end" in step for step in shared.reasoning)
+    assert any(step.startswith("deployment (partitioned)") for step in split.reasoning)
 
 
 def _run(fleet: LLMFleet):  # type: ignore[no-untyped-def]
@@ -207,6 +233,45 @@ def test_the_commands_print_a_simulation_and_a_plan_as_json() -> None:
     assert (
         report["schema"] == SCHEMA and report["resources"]["devices"] > 0 and report["cost"]["per_hour"] > 0
     )
+
+
+def test_plan_llm_simulates_the_deployment_and_seeds_asked_for(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The flags reach the simulated slices (the JSON's "check" only echoes them); each slice's run is
+    recorded and answered with a report that holds."""
+    from typer.testing import CliRunner
+
+    from inferd.cli.main import app
+    from inferd.fleetsim import llm_plan
+
+    simulated: list[tuple[bool, int, int]] = []
+    fields = dict.fromkeys(LLMSimReport.__dataclass_fields__, 0)
+
+    def spy(s: LLMFleetSpec) -> LLMSimReport:
+        simulated.append((s.shared_devices, s.frontends, s.seed))
+        held = {"ttft_p99_ms": 100.0 + s.seed, "itl_p99_ms": 20.0, "slo_attainment": 1.0, "slo": {}}
+        return LLMSimReport(**{**fields, **held})
+
+    monkeypatch.setattr(llm_plan, "simulate_llm", spy)
+    DEVICE.save(tmp_path / "device.json")
+    args = ["plan", "llm", "--rps", "200", "--prompt-tokens", "100", "--output-tokens", "20", "--ttft-p99-ms",
+            "500", "--itl-p99-ms", "50", "--device-profile", str(tmp_path / "device.json"),
+            "--slice-devices", "2", "--check-seconds", "4"]  # fmt: skip
+    for flags, shared in ((["--partitioned-devices", "--seeds", "2"], False), ([], True)):
+        simulated.clear()
+        plan = CliRunner().invoke(app, [*args, *flags, "--json"])
+        assert plan.exit_code == 0, plan.output
+        check = json.loads(plan.output)["check"]
+        assert (check["shared_devices"], check["slice_frontends"]) == (shared, 2)
+        assert check["seeds"] == (2 if flags else 3) and check["duration_s"] == 4
+        assert json.loads(plan.output)["details"]["shared_devices"] is shared
+        assert simulated == [(shared, 2, seed) for seed in range(check["seeds"])]
+        assert check["held"] and len(check["runs"]) == 1
+        assert check["runs"][0]["ttft_p99_ms"] == 100.0 + check["seeds"] - 1  # the worst seed's
+    text = CliRunner().invoke(app, [*args, "--seeds", "1"])
+    assert text.exit_code == 0, text.output
+    assert "2 devices shared by 2 front end(s)" in text.output and "1 seed(s)" in text.output
 
 
 def test_a_check_holds_only_with_its_p99s_inside_the_headroom() -> None:

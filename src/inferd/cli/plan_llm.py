@@ -9,6 +9,7 @@ from typing import Annotated
 import typer
 
 from inferd.config import ConfigError
+from inferd.fleetsim.llm_plan import CHECK_SEEDS
 
 
 def plan_llm_cmd(
@@ -32,6 +33,20 @@ def plan_llm_cmd(
         bool, typer.Option("--check/--no-check", help="Simulate a slice of the plan token by token.")
     ] = True,
     slice_devices: Annotated[int, typer.Option(min=1, help="Devices in the simulated slice.")] = 4,
+    shared_devices: Annotated[
+        bool,
+        typer.Option(
+            "--shared-devices/--partitioned-devices",
+            help="The deployment planned and simulated: every worker joins every front end (`inferd "
+            "worker --connect a,b,...`), or each front end has its own devices.",
+        ),
+    ] = True,
+    seeds: Annotated[
+        int, typer.Option(min=1, help="Simulated runs per rate; the rate holds only if every one does.")
+    ] = CHECK_SEEDS,
+    check_seconds: Annotated[
+        float, typer.Option(min=1.0, help="Virtual seconds each simulated run lasts.")
+    ] = 40.0,
     json_output: Annotated[
         bool, typer.Option("--json", help="The plan as JSON (schema inferd.plan/1).")
     ] = False,
@@ -45,7 +60,9 @@ def plan_llm_cmd(
         targets = LLMTargets(
             rps, prompt_tokens, output_tokens, ttft_p99_ms, itl_p99_ms, device_cost_per_hour, max_utilisation
         )
-        report = plan_llm(profile, targets, check=check, slice_devices=slice_devices)
+        report = plan_llm(
+            profile, targets, check, slice_devices, check_seconds, shared_devices=shared_devices, seeds=seeds
+        )
     except (ConfigError, ValueError) as exc:
         raise typer.BadParameter(str(exc)) from None
     if json_output:
@@ -68,13 +85,19 @@ def plan_llm_cmd(
     for i, step in enumerate(report.reasoning, 1):
         typer.echo(f"  {i}. {step}")
     if report.check is not None:
+        _echo_check(report.check)
+
+
+def _echo_check(check: dict) -> None:
+    how = "shared by" if check["shared_devices"] else "split among"
+    typer.echo(
+        f"check: {check['slice_devices']} devices {how} {check['slice_frontends']} front end(s), "
+        f"simulated for {check['duration_s']:g} s with each of {check['seeds']} seed(s) (held: every seed's "
+        f"p99s within {check['headroom']:.0%} of the targets, nothing refused or failed; the worst seed shown):"
+    )
+    for run in check["runs"]:
         typer.echo(
-            f"check: {report.check['slice_devices']} devices simulated for {report.check['duration_s']:g} s "
-            f"(held: p99s within {report.check['headroom']:.0%} of the targets, nothing refused or failed):"
+            f"  {run['rate_per_device']} req/s/device: TTFT p99 {run['ttft_p99_ms']} ms, ITL p99 "
+            f"{run['itl_p99_ms']} ms, attainment {run['slo_attainment']} over {len(run['per_seed'])} "
+            f"seed(s), {'held' if run['held'] else 'MISSED'}"
         )
-        for run in report.check["runs"]:
-            typer.echo(
-                f"  {run['rate_per_device']} req/s/device: TTFT p99 {run['ttft_p99_ms']} ms, ITL p99 "
-                f"{run['itl_p99_ms']} ms, attainment {run['slo_attainment']}, "
-                f"{'held' if run['held'] else 'MISSED'}"
-            )

@@ -15,7 +15,15 @@ costs, why (the arithmetic, step by step), and how it was checked.
       },
       "cost": {"per_hour": float, "per_million_tokens": float | null, "note": str} | null,
       "reasoning": [str, ...],          each step of the arithmetic, in order
-      "check": {...} | null,            a simulation of a slice of the plan, and whether the targets held
+      "check": {...} | null,            a simulation of a slice of the plan, and whether the targets held;
+                                        llm: {"simulated", "slice_devices", "slice_frontends",
+                                        "shared_devices": bool (every device serves every front end of
+                                        the slice; false: each front end its own), "seeds": int (runs
+                                        per rate), "duration_s", "held", "headroom", "runs": [{
+                                        "rate_per_device", "held", "ttft_p99_ms" and "itl_p99_ms" (the
+                                        highest over its seeds), "slo_attainment" (the lowest),
+                                        "rejected" and "failed" (summed), "per_seed": [{"seed", "held",
+                                        figures}] (a rate stops at the first seed that misses)}]}
       "profile": {"name": str, "source": str},   where the per-device figures come from
       "details": {...}                  the kind's own intermediate numbers
     }
