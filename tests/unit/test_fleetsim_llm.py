@@ -178,6 +178,15 @@ def test_a_slice_that_misses_the_slo_lowers_the_rate() -> None:
     assert plan.details["rate_per_device"] < plan.details["analytic_rate_per_device"]
 
 
+def test_the_slice_has_the_plans_front_ends_per_device_and_at_least_two() -> None:
+    from inferd.fleetsim.llm_plan import slice_frontends
+
+    # (slice devices, plan front ends, plan devices, want)
+    cases = [(4, 1568, 3483, 2), (10, 1568, 3483, 5), (4, 2, 100, 2), (4, 100, 10, 4), (1, 2, 10, 1),
+             (4, 1, 9, 1)]  # fmt: skip
+    assert [slice_frontends(n, fe, d) for n, fe, d, _ in cases] == [want for *_, want in cases]
+
+
 def test_the_check_simulates_the_planned_deployment_with_every_seed() -> None:
     # 3 devices over the plan's 2 front ends: shared, each device takes a third of the load; partitioned,
     # front end 1's one device takes half of it (front end 0 has devices 0 and 2) and queues

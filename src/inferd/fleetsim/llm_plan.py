@@ -201,7 +201,8 @@ def check_rate(profile: LLMProfile, t: LLMTargets, rate: float, s: CheckSlice) -
 
 def _worst(pick: Callable[[list[float]], float], values: list[float | None]) -> float | None:
     """None when a seed measured nothing (no request in its window)."""
-    return None if None in values else pick(values)  # type: ignore[arg-type]
+    known = [v for v in values if v is not None]
+    return pick(known) if len(known) == len(values) else None
 
 
 def checked_rate(profile: LLMProfile, t: LLMTargets, d: DeviceAt, s: CheckSlice) -> tuple[DeviceAt, dict]:
@@ -242,6 +243,8 @@ def plan_llm(
 ) -> PlanReport:
     """`shared_devices`: the deployment planned (and simulated by the check): every worker joins every
     front end; False: each front end has its own devices."""
+    if check and (seeds < 1 or slice_devices < 1):
+        raise ValueError("the check needs at least one seed and one device")
     analytic, binding = max_rate(profile, t)
     if analytic.rate <= 0:
         raise ValueError(f"one device cannot meet the targets at any rate (binding: {binding})")
