@@ -180,9 +180,13 @@ def test_a_followers_bad_write_is_its_own_400_and_never_reaches_the_owner(server
         status, body, _ = send(conn, "PUT", "/v1/indexes/other", {"shards": 0, "embedder": "none"})
         assert status == 400 and "shards" in body["error"], body
         assert forwarded(scrape(server)) == before
-        status, body, _ = send(conn, "POST", "/v1/indexes/docs/documents", {"documents": [doc(300, "zeta")]})
-        assert status == 200, body
-        assert forwarded(scrape(server)) == before + 1  # a good one is forwarded, and counted
+        good = {"documents": [doc(300, "zeta")]}
+        answers = [send(conn, "POST", "/v1/indexes/docs/documents", good)]
+        while answers[-1][0] == 503 and len(answers) < 20:  # the owner refused to embed it (saturated)
+            time.sleep(0.5)
+            answers.append(send(conn, "POST", "/v1/indexes/docs/documents", good))
+        assert answers[-1][0] == 200, answers[-1][1]
+        assert forwarded(scrape(server)) == before + len(answers)  # a good one is forwarded, and counted
     finally:
         conn.close()
 

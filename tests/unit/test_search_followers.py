@@ -1,6 +1,7 @@
 """Search with several front ends: a follower's view of the shards (search/follower.py), the writes it
-forwards to the owner (search/writes.py, over frontends/owner_channel.py), and the replica that serves
-every front end (search/replica.py's links and notes)."""
+forwards to the owner (search/writes.py, over frontends/owner_channel.py) once their bodies pass the
+owner's own parsing (api/search_routes.py), and the replica that serves every front end
+(search/replica.py's links and notes)."""
 
 from __future__ import annotations
 

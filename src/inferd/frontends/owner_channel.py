@@ -52,7 +52,7 @@ class Request(msgspec.Struct):
 
 
 class OwnerUnreachable(Exception):
-    """The owner front end did not answer (it is down or restarting, or it gave up on the request)."""
+    """The owner front end did not answer (it is down, restarting or hung, or it gave up on the request)."""
 
 
 class Liveness:
