@@ -5,6 +5,9 @@ front ends; front end 0 is the one writer of the shards' logs):
   the follower's are forwarded to the owner; searches through either front end then find every
   document (with the writes' seqs as min_seq: the guarantee across front ends, docs/search.md);
 * an index created through the API is served by both front ends, and gone from both once deleted;
+* a follower answers a bad write's 400 itself: the owner's count of forwarded writes does not move;
+* with the owner hung (SIGSTOPped), a follower's write gets 503 naming it within seconds (the owner
+  answers no ping), not after the forward's 150 s, while its searches and gets go on;
 * with the owner down (SIGKILLed while the parent is stopped, so that it stays down), a write gets 503
   with Retry-After naming the owner, while searches and gets go on from the replicas; once the parent
   restarts the owner, writes are taken again and found on both front ends.
@@ -13,9 +16,11 @@ Bounded: one server, a few dozen requests, every wait capped."""
 
 from __future__ import annotations
 
+import http.client
 import json
 import os
 import signal
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -81,6 +86,40 @@ def write(server: ServerProc, i: int, word: str) -> tuple[int, dict, Message]:
         return exc.code, json.loads(exc.read()), exc.headers
 
 
+def owner_pid(server: ServerProc) -> int:
+    (owner,) = [p for p in child_pids(server.proc.pid) if alive(p) and child_pids(p)]  # it runs the workers
+    return owner
+
+
+def forwarded(sample: dict[str, float]) -> float:
+    """The search writes forwarded to the owner (front end 0), whatever their outcome."""
+    name = "inferd_search_forwarded_writes_total{"
+    return sum(v for k, v in sample.items() if k.startswith(name) and 'frontend="0"' in k)
+
+
+def send(
+    conn: http.client.HTTPConnection, method: str, path: str, body: object = None
+) -> tuple[int, dict, Message]:
+    """(status, body, headers) of one request on a kept-alive connection (`body`: JSON, or raw bytes)."""
+    data = body if isinstance(body, bytes) or body is None else json.dumps(body).encode()
+    conn.request(method, path, data, {"content-type": "application/json"})
+    r = conn.getresponse()
+    return r.status, json.loads(r.read() or b"null"), r.headers
+
+
+def connection_to(server: ServerProc, frontend: str) -> http.client.HTTPConnection:
+    """A kept-alive connection that front end `frontend` took (SO_REUSEPORT picks): the one whose get
+    that front end counted."""
+    for _ in range(30):
+        conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=60)
+        before = docs_ok(scrape(server), frontend)
+        assert send(conn, "GET", "/v1/indexes/docs/documents/d1")[0] == 200
+        if docs_ok(scrape(server), frontend) > before:
+            return conn
+        conn.close()
+    raise AssertionError(f"no connection of 30 went to front end {frontend}")
+
+
 def follower_answers(server: ServerProc, answers: list) -> bool:
     """One write's answer; False when the connection was reset (the kernel resets a connection it
     handed the dying owner's listener at the moment it closed)."""
@@ -131,9 +170,58 @@ def test_an_index_created_and_deleted_through_either_front_end_is_so_on_both(ser
     wait_for(lambda: all(call(url)[0] == 404 for _ in range(6)), 10, "the index gone from both front ends")
 
 
+def test_a_followers_bad_write_is_its_own_400_and_never_reaches_the_owner(server: ServerProc) -> None:
+    conn = connection_to(server, "1")
+    try:
+        before = forwarded(scrape(server))
+        bad = b'{"documents": [{"id": "x", "text": 5}]}'
+        status, body, _ = send(conn, "POST", "/v1/indexes/docs/documents", bad)
+        assert status == 400 and "text and title must be strings" in body["error"], body
+        status, body, _ = send(conn, "PUT", "/v1/indexes/other", {"shards": 0, "embedder": "none"})
+        assert status == 400 and "shards" in body["error"], body
+        assert forwarded(scrape(server)) == before
+        good = {"documents": [doc(300, "zeta")]}
+        answers = [send(conn, "POST", "/v1/indexes/docs/documents", good)]
+        while answers[-1][0] == 503 and len(answers) < 20:  # the owner refused to embed it (saturated)
+            time.sleep(0.5)
+            answers.append(send(conn, "POST", "/v1/indexes/docs/documents", good))
+        assert answers[-1][0] == 200, answers[-1][1]
+        assert forwarded(scrape(server)) == before + len(answers)  # a good one is forwarded, and counted
+    finally:
+        conn.close()
+
+
+def test_with_the_owner_hung_a_write_gets_503_within_seconds_and_reads_go_on(server: ServerProc) -> None:
+    owner = owner_pid(server)
+    conn = connection_to(server, "1")  # the owner, stopped, would take new connections and never answer
+    try:
+        os.kill(owner, signal.SIGSTOP)
+        try:
+            started = time.monotonic()
+            status, body, headers = send(
+                conn, "POST", "/v1/indexes/docs/documents", {"documents": [doc(200)]}
+            )
+            took = time.monotonic() - started
+            assert status == 503, body
+            assert "owner front end" in body["error"] and "no ping" in body["error"]
+            assert headers.get("Retry-After") == "1"
+            assert took < 30, f"the write waited {took:.1f} s for a hung owner"  # not the forward's 150 s
+            status, body, _ = send(conn, "GET", "/v1/indexes/docs/documents/d5")
+            assert status == 200 and body["id"] == "d5"
+            status, body, _ = send(
+                conn, "POST", "/v1/indexes/docs/search", {"query": "alpha", "k": 50, "mode": "lexical"}
+            )
+            assert status == 200 and {h["id"] for h in body["hits"]} == {f"d{i}" for i in range(DOCS)}
+        finally:
+            os.kill(owner, signal.SIGCONT)
+    finally:
+        conn.close()
+    wait_for(lambda: both_up(server), 30, "both front ends up")
+
+
 def test_with_the_owner_down_writes_get_503_and_reads_go_on(server: ServerProc) -> None:
     parent = server.proc.pid
-    (owner,) = [p for p in child_pids(parent) if alive(p) and child_pids(p)]  # it runs the workers
+    owner = owner_pid(server)
     os.kill(parent, signal.SIGSTOP)  # the parent would start the owner again at once
     try:
         os.kill(owner, signal.SIGKILL)

@@ -1,27 +1,42 @@
 """Search with several front ends: a follower's view of the shards (search/follower.py), the writes it
-forwards to the owner (search/writes.py, over frontends/owner_channel.py), and the replica that serves
-every front end (search/replica.py's links and notes)."""
+forwards to the owner (search/writes.py, over frontends/owner_channel.py) once their bodies pass the
+owner's own parsing (api/search_routes.py), and the replica that serves every front end
+(search/replica.py's links and notes)."""
 
 from __future__ import annotations
 
 import asyncio
+import re
 import threading
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from prometheus_client import CollectorRegistry
 
-from inferd.errors import Conflict, Internal, NotFound, Overloaded, RateLimited, WorkerUnavailable
+from inferd.api.search_routes import SearchRoutes
+from inferd.errors import (
+    BadRequest,
+    Conflict,
+    Internal,
+    NotFound,
+    Overloaded,
+    PayloadTooLarge,
+    RateLimited,
+    WorkerUnavailable,
+)
 from inferd.frontends.owner_channel import OwnerUnreachable
+from inferd.frontends.plan import FrontendPlan
 from inferd.search import wire
 from inferd.search.config import SearchParams
 from inferd.search.follower import KnownSeqs, Note, take_note
 from inferd.search.replica import ANNOUNCE, Replica
 from inferd.search.replicas import Replica as ReplicaView
 from inferd.search.replicas import ReplicaPhase, least_served_shard
+from inferd.search.requests import MAX_BATCH_DOCUMENTS
 from inferd.search.shard import ShardIndex
 from inferd.search.types import Document, LogEntry, Upsert
-from inferd.search.writes import KIND, Forwarder, Write, WriteDesk
+from inferd.search.writes import KIND, Forwarder, Write, WriteDesk, forwarded_writes
 from inferd.worker import protocol as p
 from inferd.worker.connection import WorkerState
 
@@ -78,7 +93,8 @@ async def test_the_owners_answer_and_errors_come_back_as_they_were() -> None:
             raise RateLimited("tenant over its rate", 4.0)
         return b'{"seq": [1, 0]}', False
 
-    desk = WriteDesk(execute)
+    registry = CollectorRegistry()
+    desk = WriteDesk(execute, forwarded_writes(registry))
 
     async def ask(kind: str, payload: bytes, timeout_s: float) -> bytes:
         assert kind == KIND
@@ -99,7 +115,13 @@ async def test_the_owners_answer_and_errors_come_back_as_they_were() -> None:
     with pytest.raises(RateLimited) as tenant:
         await forwarder.forward(Write("delete", "docs", key="tenant"))
     assert tenant.value.retry_after_s == 4.0
-    assert desk.forwarded == 6
+    counted = {
+        outcome: registry.get_sample_value(
+            "inferd_search_forwarded_writes_total", {"op": "delete", "outcome": outcome}
+        )
+        for outcome in ("ok", "NotFound", "Conflict", "WorkerUnavailable", "Overloaded", "RateLimited")
+    }
+    assert counted == dict.fromkeys(counted, 1.0)
 
 
 async def test_a_write_while_the_owner_is_away_is_a_retryable_503_naming_it() -> None:
@@ -109,6 +131,76 @@ async def test_a_write_while_the_owner_is_away_is_a_retryable_503_naming_it() ->
     with pytest.raises(WorkerUnavailable, match="owner front end") as exc:
         await Forwarder(ask).forward(Write("upsert", "docs", body=b"{}"))
     assert exc.value.retry_after_s > 0
+
+
+class Owner:
+    """The owner channel as a follower's SearchRoutes sees it: what was forwarded; the owner is away."""
+
+    def __init__(self) -> None:
+        self.asked: list[bytes] = []
+
+    async def ask_watched(self, kind: str, payload: bytes, timeout_s: float) -> bytes:
+        self.asked.append(payload)
+        raise OwnerUnreachable("ConnectionRefusedError")
+
+
+def follower_routes(tmp_path: Path) -> tuple[SearchRoutes, Owner]:
+    owner = Owner()
+    server = SimpleNamespace(
+        config=SimpleNamespace(data_dir=tmp_path, max_body_bytes=2**20),
+        frontend=FrontendPlan(1, 2, str(tmp_path), "token"),
+        owner_channel=owner,
+    )
+    return SearchRoutes(server), owner
+
+
+@pytest.mark.parametrize(
+    ("body", "error", "names"),
+    [
+        (b"{not json", BadRequest, "not valid JSON"),
+        (b'{"documents": []}', BadRequest, "non-empty list"),
+        (b'{"documents": [{"id": "a", "text": "x"}], "extra": 1}', BadRequest, "unknown keys ['extra']"),
+        (b'{"documents": [{"id": "a", "text": "x"}, {"id": "a", "text": "y"}]}', BadRequest, "same id"),
+        (b'{"documents": [{"id": "a", "text": "x", "fields": {"year": "old"}}]}', BadRequest, "year"),
+        (
+            b'{"documents": [%s]}' % b",".join([b'{"id": "a", "text": "x"}'] * (MAX_BATCH_DOCUMENTS + 1)),
+            PayloadTooLarge,
+            "split it",
+        ),
+    ],
+)
+async def test_a_follower_refuses_a_bad_upsert_itself_and_never_forwards_it(
+    tmp_path: Path, body: bytes, error: type[Exception], names: str
+) -> None:
+    routes, owner = follower_routes(tmp_path)
+    index = SimpleNamespace(params=SearchParams(embedder="none", fields={"year": "int"}))
+    with pytest.raises(error, match=re.escape(names)):
+        await routes.write(Write("upsert", "docs", body=body), index)
+    assert owner.asked == []
+    with pytest.raises(WorkerUnavailable):  # a good one is forwarded (the owner is away here)
+        await routes.write(Write("upsert", "docs", body=b'{"documents": [{"id": "a", "text": "x"}]}'), index)
+    assert len(owner.asked) == 1
+
+
+@pytest.mark.parametrize(
+    ("name", "body", "names"),
+    [
+        ("notes", b"[1, 2]", "must be a JSON object"),
+        ("notes", b'{"shards": 0}', "shards"),
+        ("notes", b'{"settings": {"embedder": "none", "colour": "red"}}', "colour"),
+        ("no/te s", b'{"embedder": "none"}', "index name"),
+    ],
+)
+async def test_a_follower_refuses_bad_index_settings_itself_and_never_forwards_them(
+    tmp_path: Path, name: str, body: bytes, names: str
+) -> None:
+    routes, owner = follower_routes(tmp_path)
+    with pytest.raises(BadRequest, match=names):
+        await routes.write(Write("create", name, body=body))
+    assert owner.asked == []
+    with pytest.raises(WorkerUnavailable):
+        await routes.write(Write("create", "notes", body=b'{"embedder": "none"}'))
+    assert len(owner.asked) == 1
 
 
 # ---- the replica shared by several front ends ----------------------------------------------------------

@@ -12,7 +12,8 @@ parse -> the index's service (search/service.py) or administration (search/index
 
 With several front ends (`--frontends N`), the writes of a follower (documents, and indexes created or
 deleted) are forwarded to the owner (search/writes.py), which runs them as here; the follower answers
-with the owner's answer.
+with the owner's answer. A follower first parses a write's body as the owner does (`check`, the same
+functions): a bad body is its 400, never forwarded; the owner parses it again, as the authority.
 """
 
 from __future__ import annotations
@@ -28,11 +29,11 @@ from inferd.api.http import check_content_type, json_response, read_body
 from inferd.api.middleware import Call
 from inferd.errors import BadRequest
 from inferd.gateway.auth import allowed_models, check_model, tenant_of
-from inferd.search.config import parse_params
+from inferd.search.config import SearchParams, parse_params
 from inferd.search.indexes import IndexAdmin, worker_cap
 from inferd.search.requests import json_object, parse_documents, parse_search
 from inferd.search.store import IndexStore
-from inferd.search.writes import FORWARD_TIMEOUT_S, KIND, Forwarder, Write, WriteDesk
+from inferd.search.writes import FORWARD_TIMEOUT_S, KIND, Forwarder, Write, WriteDesk, forwarded_writes
 
 Add = Callable[[str, str, Callable[[Call], Awaitable[Any]]], None]
 _json = msgspec.json.Encoder()
@@ -57,10 +58,11 @@ class SearchRoutes:
         self.admin = IndexAdmin(server, IndexStore(server.config.data_dir), worker_cap(os.cpu_count()))
         self.max_body = server.config.max_body_bytes
         plan, channel = server.frontend, server.owner_channel
-        self.forwarder = Forwarder(channel.ask) if plan is not None and not plan.is_owner else None
+        self.forwarder = Forwarder(channel.ask_watched) if plan is not None and not plan.is_owner else None
         """A follower front end: its writes go to the owner (search/writes.py)."""
         if plan is not None and plan.is_owner:
-            channel.handle(KIND, WriteDesk(self.execute).answer, FORWARD_TIMEOUT_S)
+            desk = WriteDesk(self.execute, forwarded_writes(server.metrics.registry))
+            channel.handle(KIND, desk.answer, FORWARD_TIMEOUT_S)
 
     def index(self, call: Call) -> Any:
         """The index the path names (404 when unknown; 403 outside the caller's tenant)."""
@@ -112,6 +114,7 @@ class SearchRoutes:
         if self.forwarder is None:
             body, created = await self.execute(write)
         else:
+            check(write, rt)  # a bad body is a 400 here: it never reaches the owner
             body, created = await self.forwarder.forward(write)
             if rt is not None:  # a document write: read-your-writes here too
                 await rt.index.forwarded(msgspec.json.decode(body)["seq"])
@@ -128,7 +131,7 @@ class SearchRoutes:
             await self.admin.delete(rt.name)
             return _json.encode({"deleted": rt.name}), False
         if write.op == "upsert":
-            docs = parse_documents(write.body, rt.params.fields)
+            docs = parse_documents(write.body, rt.params.fields)  # as `check` does on a follower
             seq = await rt.index.upsert(docs)
             return _json.encode({"seq": seq, "documents": len(docs)}), False
         if write.op == "delete":
@@ -137,11 +140,7 @@ class SearchRoutes:
         raise BadRequest(f"unknown search write {write.op!r}")
 
     async def _create(self, name: str, body: bytes) -> tuple[bytes, bool]:
-        raw = json_object(body, "index settings")
-        params = parse_params(raw.get("settings", raw), f"settings of index {name!r}")
-        if not _valid_name(name):
-            raise BadRequest(f"index name {name!r}: use 1-64 letters, digits, '_', '.' or '-'")
-        created = await self.admin.create(name, params)
+        created = await self.admin.create(name, index_settings(name, body))
         return _json.encode(describe(self.server.registry.get(name))), created
 
     # ---- search --------------------------------------------------------------------------------------
@@ -149,6 +148,24 @@ class SearchRoutes:
         rt = self.index(call)
         req = parse_search(await self.body(call.request), rt.params.fields, rt.params.shards)
         return _answer(await rt.index.search(req))
+
+
+def check(write: Write, rt: Any) -> None:
+    """A write's body parsed as the owner's `execute` parses it (BadRequest, PayloadTooLarge naming the
+    problem): what a follower does before forwarding. `rt`: the index of a document write."""
+    if write.op == "upsert":
+        parse_documents(write.body, rt.params.fields)
+    elif write.op == "create":
+        index_settings(write.index, write.body)
+
+
+def index_settings(name: str, body: bytes) -> SearchParams:
+    """The settings of index `name` to create, from the PUT's body (BadRequest naming the problem)."""
+    raw = json_object(body, "index settings")
+    params = parse_params(raw.get("settings", raw), f"settings of index {name!r}")
+    if not _valid_name(name):
+        raise BadRequest(f"index name {name!r}: use 1-64 letters, digits, '_', '.' or '-'")
+    return params
 
 
 def describe(rt: Any) -> dict[str, Any]:

@@ -6,6 +6,11 @@ side, and reads the owner's answer to the end: one exchange per connection. Each
 on the owner (frontends/traffic_sync.py's canary outcomes, the search writes of api/search_routes.py).
 A request with another token, of a kind nobody handles, over the channel's size bound, or not sent
 whole within READ_TIMEOUT_S, is closed unanswered.
+
+A follower waiting on a long answer (`ask_watched`: a forwarded search write may embed for minutes)
+pings the owner meanwhile: the owner's channel answers a ping itself, from its event loop, so an owner
+that is alive but hung (stopped, or its event loop stuck) is told from a slow one within seconds
+(`Liveness`), instead of at the request's own timeout.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ from collections.abc import Awaitable, Callable
 
 import msgspec
 
+from inferd.clock import Clock, MonotonicClock
 from inferd.errors import PayloadTooLarge
 from inferd.frontends.plan import FrontendPlan
 
@@ -28,6 +34,12 @@ MAX_MESSAGE_BYTES = 64 * 2**20
 READ_TIMEOUT_S = 30.0
 """Most the owner waits for a request to arrive whole (a follower sends it at once)."""
 READ_CHUNK = 2**16
+PING = "ping"
+"""The channel's own request kind: the owner answers it from its event loop, at once."""
+PING_EVERY_S = 1.0
+"""How often a follower waiting on an answer (`ask_watched`) pings the owner."""
+HUNG_AFTER_S = 3.0
+"""An owner that answered no ping for this long is hung: the request waiting on it fails."""
 
 Handler = Callable[[bytes], Awaitable[bytes]]
 """Takes a request's payload, returns the answer's bytes (errors are the handler's to encode)."""
@@ -40,15 +52,53 @@ class Request(msgspec.Struct):
 
 
 class OwnerUnreachable(Exception):
-    """The owner front end did not answer (it is down or restarting, or it gave up on the request)."""
+    """The owner front end did not answer (it is down, restarting or hung, or it gave up on the request)."""
+
+
+class Liveness:
+    """Whether the owner still answers while a follower waits on it: pinged every `every_s`, it is hung
+    once it answered no ping for `hung_after_s` since the wait began or its last answer. A slow answer
+    from an owner that answers pings is waited for; a hung owner's is not. No I/O: `ask_watched` pings."""
+
+    def __init__(
+        self, clock: Clock, every_s: float = PING_EVERY_S, hung_after_s: float = HUNG_AFTER_S
+    ) -> None:
+        self.clock = clock
+        self.every_s = every_s
+        self.hung_after_s = hung_after_s
+        self.heard_at = clock.now()
+
+    def heard(self) -> None:
+        """The owner answered a ping."""
+        self.heard_at = self.clock.now()
+
+    def silent_s(self) -> float:
+        return self.clock.now() - self.heard_at
+
+    def hung(self) -> bool:
+        return self.silent_s() >= self.hung_after_s
+
+    def ping_timeout_s(self) -> float:
+        """How long the next ping may wait: an answer after the owner counts as hung comes too late."""
+        return max(self.hung_after_s - self.silent_s(), 0.0)
 
 
 class OwnerChannel:
-    def __init__(self, plan: FrontendPlan, max_bytes: int = MAX_MESSAGE_BYTES) -> None:
+    def __init__(
+        self,
+        plan: FrontendPlan,
+        max_bytes: int = MAX_MESSAGE_BYTES,
+        clock: Clock | None = None,
+        ping_every_s: float = PING_EVERY_S,
+        hung_after_s: float = HUNG_AFTER_S,
+    ) -> None:
         self.plan = plan
         self.max_bytes = max_bytes
         """The bound on a request (the owner's) or an answer (a follower's)."""
-        self.handlers: dict[str, tuple[Handler, float]] = {}
+        self.clock = clock or MonotonicClock()
+        self.ping_every_s = ping_every_s
+        self.hung_after_s = hung_after_s
+        self.handlers: dict[str, tuple[Handler, float]] = {PING: (_pong, hung_after_s)}
         self._server: asyncio.Server | None = None
 
     def handle(self, kind: str, handler: Handler, timeout_s: float) -> None:
@@ -83,6 +133,32 @@ class OwnerChannel:
             raise OwnerUnreachable("it closed the connection without an answer")
         return answer
 
+    async def ask_watched(self, kind: str, payload: bytes, timeout_s: float) -> bytes:
+        """`ask`, pinging the owner while the answer is awaited: OwnerUnreachable as soon as the owner
+        answers no ping for `hung_after_s` (hung), or, an owner that answers pings, after `timeout_s`."""
+        try:
+            async with asyncio.TaskGroup() as tg:
+                watching = tg.create_task(self._until_hung())
+                answer = await self.ask(kind, payload, timeout_s)
+                watching.cancel()
+        except* OwnerUnreachable as failed:
+            raise failed.exceptions[0] from None
+        return answer
+
+    async def _until_hung(self) -> None:
+        """Pings the owner every `ping_every_s` until it is hung, then raises OwnerUnreachable."""
+        liveness = Liveness(self.clock, self.ping_every_s, self.hung_after_s)
+        while True:
+            await asyncio.sleep(liveness.every_s)
+            with contextlib.suppress(OwnerUnreachable):
+                await self.ask(PING, b"", liveness.ping_timeout_s())
+                liveness.heard()
+            if liveness.hung():
+                raise OwnerUnreachable(
+                    f"it answered no ping for {liveness.silent_s():.1f} s: it is hung (stopped, or its "
+                    "event loop is stuck)"
+                )
+
     async def _answer(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
             async with asyncio.timeout(READ_TIMEOUT_S):
@@ -100,6 +176,10 @@ class OwnerChannel:
         finally:
             with contextlib.suppress(OSError):
                 writer.close()
+
+
+async def _pong(payload: bytes) -> bytes:
+    return b"pong"
 
 
 async def read_all(reader: asyncio.StreamReader, max_bytes: int) -> bytes:
