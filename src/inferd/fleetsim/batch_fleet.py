@@ -138,7 +138,7 @@ class BatchFleet:
         for d in range(spec.devices):
             self.start_device(self.frontends[d % spec.frontends], f"{self.model.name}-{d}.0")
         if spec.autoscale is not None and (spec.frontends != 1 or spec.shared_devices):
-            raise ValueError("the simulated autoscaler runs with one front end (the owner's), its own devices")
+            raise ValueError("the simulated autoscaler runs with one front end and its own devices")
         self.scaling = None if spec.autoscale is None else SimScaling(self, spec.autoscale)
         self.tenants = SimTenants(spec.tenants, n, spec.seed) if spec.tenants else None
 
