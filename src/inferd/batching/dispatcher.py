@@ -290,6 +290,11 @@ class ModelRuntime:
         """Send every batch that is due now; return when to look again (None: at the next event)."""
         return self._dispatcher.dispatch_due()
 
+    def report_demand(self) -> None:
+        """Tell shared workers what is queued and give back unused slots, as the dispatch loop does after
+        each pass (batching/credit_demand.py)."""
+        self._dispatcher.report_demand()
+
     def check_workers(self) -> None:
         """One watchdog round: hedge slow batches, kill hung and silent workers."""
         self._watchdog.check_workers()

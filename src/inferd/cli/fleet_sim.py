@@ -62,6 +62,14 @@ def run(
     frontends: Annotated[
         int, typer.Option(min=1, help="Front-end processes; arrivals split round-robin.")
     ] = 1,
+    shared_devices: Annotated[
+        bool,
+        typer.Option(
+            "--shared-devices",
+            help="Every device serves every front end (as `inferd worker --connect a,b,...`, under its "
+            "batch credits); default: each front end has its own share of the devices.",
+        ),
+    ] = False,
     rate: Annotated[float, typer.Option(help="Mean arrival rate, requests/s.")] = 1000.0,
     arrivals: Annotated[str, typer.Option(help="poisson, gamma, diurnal or trace.")] = "poisson",
     cv: Annotated[float, typer.Option(help="gamma: coefficient of variation of the gaps.")] = 1.0,
@@ -125,7 +133,16 @@ def run(
     ]
     scaling = AutoscalerConfig(min_workers=min_devices, max_workers=max_devices) if autoscale else None
     spec = FleetSpec(
-        model, device, devices, times, frontends, warmup, failures=failures, seed=seed, autoscale=scaling
+        model,
+        device,
+        devices,
+        times,
+        frontends,
+        warmup,
+        failures=failures,
+        seed=seed,
+        autoscale=scaling,
+        shared_devices=shared_devices,
     )
     spec.tenants = [parse_tenant(raw) for raw in tenant or ()]
     started = time.perf_counter()
@@ -133,6 +150,7 @@ def run(
     wall = time.perf_counter() - started
     out = {
         **report.to_dict(),
+        "shared_devices": shared_devices,
         "wall_s": round(wall, 2),
         "profile": device.name,
         "profile_source": device.source,
@@ -140,7 +158,10 @@ def run(
     if json_output:
         typer.echo(json.dumps(out))
         return
-    table = Table(title=f"fleet-sim: {devices} devices, {frontends} front end(s), {arrivals} {rate:g} req/s")
+    kind = "shared " if shared_devices else ""
+    table = Table(
+        title=f"fleet-sim: {devices} {kind}devices, {frontends} front end(s), {arrivals} {rate:g} req/s"
+    )
     table.add_column("")
     table.add_column("value", justify="right")
     for key, value in out.items():

@@ -10,7 +10,9 @@ hedging watchdog and recovery run unchanged. Only the edges are simulated:
 - the supervisor brings a killed device back after `restart_s`.
 
 Front ends split the arrivals round-robin, as a connection-balancing load balancer would, and each has its
-own share of the devices (a front end that is lost fails what it held; its devices join the others).
+own share of the devices (a front end that is lost fails what it held; its devices join the others), or,
+with `shared_devices`, every device serves every front end under inferd's own credit ledger, as `inferd
+worker --connect a,b,...` does (batch_devices.py).
 `ModelRuntime.enqueue` creates asyncio futures, so `run` is called inside a running event loop
 (`simulate` does that); nothing awaits them and no task runs.
 """
@@ -31,6 +33,7 @@ from inferd.clock import FakeClock
 from inferd.config import ModelConfig
 from inferd.errors import Overloaded, ServingError
 from inferd.fleet.autoscaler_config import AutoscalerConfig
+from inferd.fleetsim.batch_devices import SharedBatchDevice, SimDevice
 from inferd.fleetsim.events import EventQueue
 from inferd.fleetsim.profiles import BatchProfile
 from inferd.fleetsim.report import Outcome, SimReport
@@ -38,7 +41,7 @@ from inferd.fleetsim.scaling import SimScaling
 from inferd.fleetsim.tenants import SimTenant, SimTenants
 from inferd.observability.metrics import Metrics
 from inferd.worker import protocol as p
-from inferd.worker.connection import WorkerConnection
+from inferd.worker.connection import Batch, WorkerConnection
 
 WATCHDOG_EVERY_S = 0.1
 """How often the runtime's watchdog runs (hedges, hung workers), as the server's does."""
@@ -80,44 +83,8 @@ class FleetSpec:
     """Who sends the arrivals, with their quotas and weights (fleetsim/tenants.py); none: no tenants."""
     """Drive the server's autoscaler (fleetsim/scaling.py); one front end."""
     dispatch_quantum_s: float = DISPATCH_QUANTUM_S
-
-
-class SimDevice:
-    """One device and its worker process: the writer of its WorkerConnection."""
-
-    def __init__(self, fleet: BatchFleet, frontend: Frontend, worker_id: str, slowdown: float = 1.0) -> None:
-        self.fleet = fleet
-        self.frontend = frontend
-        self.slowdown = slowdown
-        self.dead = False
-        self.draining = False
-        self.free_at = 0.0
-        self.scheduled: set[int] = set()
-        self.conn = WorkerConnection(worker_id, fleet.model.name, 0, "sim", self)  # type: ignore[arg-type]
-        self.conn.version = fleet.model.version
-        self.transport = self
-
-    # the StreamWriter surface WorkerConnection uses
-    def write(self, data: bytes) -> None:
-        fleet = self.fleet
-        now = fleet.clock.now()
-        for batch_id, batch in self.conn.inflight.items():
-            if batch_id in self.scheduled:
-                continue
-            self.scheduled.add(batch_id)
-            cost = fleet.cost(len(batch.items)) * self.slowdown
-            start = max(now, self.free_at)
-            self.free_at = start + cost
-            fleet.events.at(self.free_at, fleet.finish, self, batch_id, cost)
-
-    def is_closing(self) -> bool:
-        return self.dead
-
-    def close(self) -> None:
-        self.dead = True
-
-    def abort(self) -> None:
-        self.dead = True
+    shared_devices: bool = False
+    """Every device serves every front end, under its credit ledger (fleetsim/batch_devices.py)."""
 
 
 class Frontend:
@@ -134,6 +101,7 @@ class Frontend:
         self.wake_at: float | None = None
         self.pass_pending = False
         self.devices: list[SimDevice] = []
+        """Its devices; with shared devices, its links to them (batch_devices.BatchLink)."""
         self.lost = False
 
 
@@ -165,10 +133,12 @@ class BatchFleet:
         self.batched_items = 0
         self.restarts = 0
         self.frontends = [Frontend(self, i) for i in range(spec.frontends)]
+        self.shared: list[SharedBatchDevice] | None = [] if spec.shared_devices else None
+        """Every shared device started (killed ones included); None: each front end has its own."""
         for d in range(spec.devices):
             self.start_device(self.frontends[d % spec.frontends], f"{self.model.name}-{d}.0")
-        if spec.autoscale is not None and spec.frontends != 1:
-            raise ValueError("the simulated autoscaler runs with one front end (the owner's)")
+        if spec.autoscale is not None and (spec.frontends != 1 or spec.shared_devices):
+            raise ValueError("the simulated autoscaler runs with one front end and its own devices")
         self.scaling = None if spec.autoscale is None else SimScaling(self, spec.autoscale)
         self.tenants = SimTenants(spec.tenants, n, spec.seed) if spec.tenants else None
 
@@ -181,26 +151,32 @@ class BatchFleet:
         return cost
 
     # ---- devices ---------------------------------------------------------------------------------------
-    def start_device(self, fe: Frontend, worker_id: str, slowdown: float = 1.0) -> SimDevice:
+    def start_device(self, fe: Frontend, worker_id: str, slowdown: float = 1.0) -> None:
+        if self.shared is not None:  # it joins every live front end
+            shared = SharedBatchDevice(self, worker_id, [f for f in self.frontends if not f.lost], slowdown)
+            self.shared.append(shared)
+            return shared.join()
         device = SimDevice(self, fe, worker_id, slowdown)
         fe.devices.append(device)
         fe.rt.add_worker(device.conn)
         self.dispatch(fe)
-        return device
 
-    def kill(self, device: SimDevice, reason: str) -> None:
+    def kill(self, device: SimDevice | SharedBatchDevice, reason: str) -> None:
         """The device's process dies: its connection is lost, the supervisor restarts it later."""
         if device.dead:
             return
-        device.dead = True
-        fe = device.frontend
-        fe.devices.remove(device)
-        fe.rt.on_worker_lost(device.conn, reason)
-        slot, _, generation = device.conn.worker_id.rpartition(".")
+        if isinstance(device, SharedBatchDevice):
+            device.kill(reason)  # every front end loses it
+        else:
+            device.dead = True
+            device.frontend.devices.remove(device)
+            device.frontend.rt.on_worker_lost(device.conn, reason)
+        slot, _, generation = device.worker_id.rpartition(".")
         self.events.at(
             self.clock.now() + self.spec.restart_s, self.restart, slot, int(generation) + 1, device.slowdown
         )
-        self.dispatch(fe)
+        if isinstance(device, SimDevice):
+            self.dispatch(device.frontend)
 
     def drain_one(self, fe: Frontend) -> None:
         """Scale down by one: the least loaded device takes no new batch and leaves once it is idle."""
@@ -220,10 +196,12 @@ class BatchFleet:
         device.frontend.rt.on_worker_lost(device.conn, "drained")
 
     def kill_hung(self, conn: WorkerConnection) -> None:
+        """A front end's watchdog killed the worker: a shared one is gone for every front end."""
         for fe in self.frontends:
             for device in fe.devices:
                 if device.conn is conn:
-                    self.events.at(self.clock.now(), self.kill, device, "killed by the watchdog")
+                    hung = device if self.shared is None else device.device
+                    self.events.at(self.clock.now(), self.kill, hung, "killed by the watchdog")
                     return
 
     def restart(self, slot: str, generation: int, slowdown: float) -> None:
@@ -241,14 +219,19 @@ class BatchFleet:
         device.scheduled.discard(batch_id)
         if batch is None:
             return
+        self.deliver(device.frontend, device.conn, batch, cost, device)
+
+    def deliver(
+        self, fe: Frontend, conn: WorkerConnection, batch: Batch, cost: float, device: SimDevice | None = None
+    ) -> None:
+        """The worker's BatchDone reaches the front end's runtime; its answers reach the clients."""
         items = batch.items
-        fe = device.frontend
-        fe.rt.on_batch_done(device.conn, p.BatchDone(batch_id, cost, [OUTPUT] * len(items)))
+        fe.rt.on_batch_done(conn, p.BatchDone(batch.batch_id, cost, [OUTPUT] * len(items)))
         self.batches += 1
         self.batched_items += len(items)
         self.batched_squares += len(items) * len(items)
         now = self.clock.now()
-        if device.draining and not device.conn.inflight:
+        if device is not None and device.draining and not conn.inflight:
             self.retire(device)
         for item in items:
             rid = item.payload
@@ -305,6 +288,8 @@ class BatchFleet:
         if fe.lost:
             return
         wake_at = fe.rt.dispatch_due()
+        if self.shared is not None:
+            fe.rt.report_demand()
         if wake_at is not None and (fe.wake_at is None or wake_at < fe.wake_at):
             fe.wake_at = wake_at
             self.events.at(wake_at, self._wake, fe)
@@ -331,6 +316,8 @@ class BatchFleet:
     # ---- failures ----------------------------------------------------------------------------------------
     def inject(self, failure: Failure) -> None:
         devices = [d for fe in self.frontends for d in fe.devices if not d.dead]
+        if self.shared is not None:
+            devices = [d for d in self.shared if not d.dead]
         if failure.kind == "kill":
             count = math.ceil(failure.fraction * len(devices))
             for device in devices[:count]:
@@ -343,7 +330,8 @@ class BatchFleet:
             raise ValueError(f"unknown failure kind {failure.kind!r}")
 
     def lose_frontend(self, fe: Frontend) -> None:
-        """Its requests fail (the clients see a broken connection); its devices join the others."""
+        """Its requests fail (the clients see a broken connection); its devices join the others (shared
+        devices close its links and serve the others on)."""
         fe.lost = True
         now = self.clock.now()
         for rid in np.flatnonzero((self.owner == fe.index) & (self.outcome == Outcome.PENDING)):
@@ -351,6 +339,9 @@ class BatchFleet:
             self.done_at[rid] = now
             self.items[rid] = None
         for device in list(fe.devices):
+            if self.shared is not None:  # only its links close
+                device.close()
+                continue
             device.dead = True
             slot, _, generation = device.conn.worker_id.rpartition(".")
             self.events.at(now, self.restart, slot, int(generation) + 1, device.slowdown)

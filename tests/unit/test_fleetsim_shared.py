@@ -1,0 +1,134 @@
+"""The batch fleet simulator with devices shared by every front end (FleetSpec.shared_devices): every
+request answered once; each device holds at most 1 running + 1 staged batch in total across the front
+ends, because it runs the worker's own credit ledger (without credits the same fleet holds more); every
+device serves every front end; a killed device is lost to all of them, a lost front end only closes its
+links; `inferd fleet-sim run --shared-devices` reaches the spec."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import numpy as np
+import pytest
+
+from inferd.fleetsim.arrivals import ArrivalSpec, arrival_times
+from inferd.fleetsim.batch_devices import SharedBatchDevice
+from inferd.fleetsim.batch_fleet import BatchFleet, Failure, FleetSpec, simulate
+from inferd.fleetsim.profiles import BatchProfile
+from inferd.fleetsim.report import Outcome, SimReport
+from inferd.models.sim import sim_config
+from inferd.worker.connection import WorkerState
+from inferd.worker.credits import CAP
+
+DEVICE = BatchProfile("test", base_s=0.1, per_item_s=0.001, overhead_s=0.001, source="given")
+
+
+def spec(rate: float, devices: int = 4, frontends: int = 3, duration: float = 10.0, **kw) -> FleetSpec:  # type: ignore[no-untyped-def]
+    times = arrival_times(ArrivalSpec("poisson", rate, seed=3), duration)
+    return FleetSpec(
+        sim_config(), DEVICE, devices, times, frontends, warmup_s=1.0, seed=1, shared_devices=True, **kw
+    )
+
+
+def run(s: FleetSpec, without_credits: bool = False) -> tuple[BatchFleet, SimReport]:
+    async def main() -> tuple[BatchFleet, SimReport]:
+        fleet = BatchFleet(s)
+        if without_credits:  # front ends that ignore the worker's grants (the control for the cap check)
+            for fe in fleet.frontends:
+                for link in fe.devices:
+                    link.conn.credits = None
+        return fleet, fleet.run()
+
+    return asyncio.run(main())
+
+
+def devices_of(fleet: BatchFleet) -> list[SharedBatchDevice]:
+    assert fleet.shared is not None
+    return fleet.shared
+
+
+def test_every_request_is_answered_exactly_once() -> None:
+    s = spec(1500)  # about 75% of the 4 devices' capacity (500 req/s each at full batches)
+    fleet, report = run(s)
+    assert report.ok == report.requests > 10_000
+    assert report.rejected == report.failed == report.timeouts == 0
+    assert (fleet.outcome == Outcome.OK).all()
+    assert fleet.batched_items == s.arrivals.size  # each request ran in one batch, none twice
+    assert sum(link.batches for d in devices_of(fleet) for link in d.all_links) == fleet.batches
+
+
+def test_a_device_never_holds_more_than_one_running_and_one_staged_batch_across_front_ends() -> None:
+    fleet, report = run(spec(1900, frontends=4))  # near capacity: every device stages
+    assert report.ok > 0.9 * report.requests
+    for d in devices_of(fleet):
+        assert d.most_held == CAP  # counted at the device: it staged, never beyond the cap
+        assert d.ledger.high_water == CAP
+    # the check bites: the same fleet whose front ends ignore the grants (each assumes 2 slots of its own)
+    control, _ = run(spec(1900, frontends=4), without_credits=True)
+    assert max(d.most_held for d in devices_of(control)) > CAP
+
+
+def test_every_device_serves_every_front_end_under_load() -> None:
+    fleet, _ = run(spec(1500, devices=5, frontends=4))
+    for d in devices_of(fleet):
+        served = [link.batches for link in d.all_links]
+        assert len(served) == 4 and min(served) > 0.1 * sum(served), (d.worker_id, served)
+
+
+def test_a_killed_device_is_lost_to_every_front_end() -> None:
+    kill = Failure("kill", 4.0, fraction=0.25)  # one of 4 devices, never restarted within the run
+    fleet, report = run(spec(1000, failures=[kill], restart_s=100.0))
+    killed, *others = devices_of(fleet)
+    assert killed.dead and not any(d.dead for d in others) and report.restarts == 0
+    for fe in fleet.frontends:
+        conns = fe.rt.worker_connections()
+        assert not any(link.conn in conns for link in killed.all_links)
+        assert len(conns) == 3 and all(c.state is WorkerState.READY for c in conns)
+    assert all(link.conn.state is WorkerState.DEAD for link in killed.all_links)
+    assert report.timeouts == 0 and report.ok + report.failed + report.rejected == report.requests
+    assert report.ok > 0.98 * report.requests  # the others took the load
+
+
+def test_a_killed_device_comes_back_to_every_front_end() -> None:
+    fleet, report = run(spec(1000, failures=[Failure("kill", 4.0, fraction=0.25)], restart_s=1.0))
+    back = devices_of(fleet)[-1]
+    assert report.restarts == 1 and back.worker_id == "sim-0.1"
+    assert all(link.batches > 0 for link in back.all_links)
+    assert all(len(fe.rt.worker_connections()) == 4 for fe in fleet.frontends)
+
+
+def test_a_lost_front_end_closes_only_its_links() -> None:
+    s = spec(1000, failures=[Failure("lose_frontend", 4.0, index=1)])
+    fleet, report = run(s)
+    assert report.restarts == 0
+    for d in devices_of(fleet):
+        assert not d.dead and sorted(d.links) == [0, 2] and d.ledger.fronts() == [0, 2]
+    assert all(len(fleet.frontends[i].devices) == 4 for i in (0, 2)) and not fleet.frontends[1].devices
+    failed = fleet.outcome == Outcome.FAILED
+    assert 0 < failed.sum() and (fleet.owner[failed] == 1).all()  # only what the lost one held
+    later = s.arrivals >= 5.0
+    assert (fleet.outcome[later] == Outcome.OK).all() and np.isin(fleet.owner[later], [0, 2]).all()
+
+
+def test_fleet_sim_shares_devices_on_request(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The flag reaches the simulated fleet (the JSON's "shared_devices" only echoes it)."""
+    from typer.testing import CliRunner
+
+    from inferd.cli import fleet_sim
+    from inferd.cli.main import app
+
+    simulated: list[bool] = []
+
+    def spy(s: FleetSpec) -> SimReport:
+        simulated.append(s.shared_devices)
+        return simulate(s)
+
+    monkeypatch.setattr(fleet_sim, "simulate", spy)
+    args = ["fleet-sim", "run", "--devices", "2", "--frontends", "2", "--rate", "200", "--duration", "3"]
+    for flag in (["--shared-devices"], []):
+        sim = CliRunner().invoke(app, [*args, "--warmup", "1", *flag, "--json"])
+        assert sim.exit_code == 0, sim.output
+        out = json.loads(sim.output)
+        assert out["shared_devices"] is bool(flag) and out["ok"] == out["requests"] > 0
+    assert simulated == [True, False]
