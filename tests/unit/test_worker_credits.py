@@ -5,6 +5,8 @@ from __future__ import annotations
 import pytest
 
 from inferd.clock import FakeClock
+from inferd.worker import protocol as p
+from inferd.worker.connection import WorkerConnection, WorkerState
 from inferd.worker.credits import CreditLedger
 
 
@@ -72,3 +74,53 @@ def test_a_front_end_without_credits_is_only_served_alone() -> None:
     assert not ledger.accepts_legacy()
     with pytest.raises(ValueError, match="alone"):
         ledger.join("new", legacy=True)
+
+
+def test_of_two_front_ends_granted_on_an_idle_worker_only_the_first_is_told_idle() -> None:
+    """Both told "idle" would each send a batch to run, and one would wait a whole batch behind the
+    other; the second is told "busy" (it stages only a full batch) until the first has used its slot."""
+    ledger = CreditLedger(FakeClock())
+    ledger.join("a")
+    ledger.join("b")
+    ledger.report("a", queued=5, oldest_age_s=0.002)
+    ledger.report("b", queued=5, oldest_age_s=0.001)
+    tell = ledger.to_tell({"a": None, "b": None})
+    assert {f: (granted, state.idle) for f, (granted, state) in tell.items()} == {
+        "a": (1, True),
+        "b": (1, False),
+    }
+    told = {f: state for f, (_, state) in tell.items()}
+    ledger.received("a")  # a's batch arrives and starts: b, holding its slot, is told the new state
+    ledger.started(40)
+    tell = ledger.to_tell(told)
+    assert list(tell) == ["b"] and tell["b"][0] == 0 and not tell["b"][1].idle
+    told["b"] = tell["b"][1]
+    ledger.finished()  # a's batch is done: the worker is idle and b holds the first slot
+    tell = ledger.to_tell(told)
+    assert tell["b"] == (0, ledger.state_for("b")) and tell["b"][1].idle
+    assert "a" not in tell or not tell["a"][1].idle  # a, granted the freed slot (if it asked), waits
+
+
+def test_the_running_batch_is_told_with_its_size_and_age() -> None:
+    clock = FakeClock()
+    ledger = CreditLedger(clock)
+    ledger.join("a")
+    assert ledger.running_items == 0 and ledger.running_for_s() == 0.0
+    ledger.received("a")
+    ledger.started(64)
+    clock.advance_ms(30)
+    assert ledger.running_items == 64 and ledger.running_for_s() == pytest.approx(0.03)
+    ledger.finished()
+    assert ledger.running_items == 0 and ledger.running_for_s() == 0.0
+
+
+def test_a_front_end_times_another_front_ends_running_batch_from_the_credit() -> None:
+    """On a shared worker the running batch may be another front end's: the Credit's size and age of it
+    set when it started and what it holds (the dispatcher's staging time reads both)."""
+    conn = WorkerConnection("w-0.0", "m", 0, "sim", None, credits=0)  # type: ignore[arg-type]
+    conn.state = WorkerState.READY
+    conn.on_credit(p.Credit(1, False, True, running_items=70, running_for_s=0.05), now=10.0)
+    assert conn.credits == 1 and conn.stage_free
+    assert conn.running_since == pytest.approx(9.95) and conn.running_items == 70
+    conn.on_credit(p.Credit(0, True, True), now=10.2)  # idle now (or a worker that does not say)
+    assert conn.running_items == 0 and conn.idle

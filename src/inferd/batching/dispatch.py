@@ -111,7 +111,7 @@ class Dispatcher:
         """When the busy worker's staging slot may be filled: near the expected end of its running batch."""
         estimator = self.state.estimator
         line = estimator.cost_line()
-        running = sum(len(b.items) for b in worker.inflight.values())
+        running = worker.running_items or sum(len(b.items) for b in worker.inflight.values())
         expected = estimator.batch_latency_s if line is None else line[0] + line[1] * running
         return stage_time(worker.running_since, expected)
 

@@ -185,14 +185,13 @@ class SharedBatchDevice:
     def grant(self) -> None:
         """As the worker's `_grant`: hand out free slots, and tell front ends holding slots when the
         worker's state changed."""
-        grants = self.ledger.grant()
-        state = (self.ledger.idle, self.ledger.shared)
-        for index, link in self.links.items():
-            granted = grants.get(index, 0)
-            holds = self.ledger.outstanding(index) > 0
-            if granted or (link.told != state and (holds or link.told is None or link.told[1] != state[1])):
-                link.send(p.Credit(granted, *state))
-                link.told = state
+        ledger = self.ledger
+        tell = ledger.to_tell({i: link.told for i, link in self.links.items()})
+        running_for_s = ledger.running_for_s()
+        for index, (granted, state) in tell.items():
+            link = self.links[index]
+            link.send(p.Credit(granted, state.idle, state.shared, ledger.running_items, running_for_s))
+            link.told = state
 
     # ---- the device: one batch at a time, in the order received --------------------------------------
     def receive(self, link: BatchLink, batch_id: int, items: int) -> None:
@@ -208,6 +207,8 @@ class SharedBatchDevice:
         while self.held:
             link, batch_id, items = self.held[0]
             if not link.closed:
+                self.ledger.started(items)
+                self.grant()
                 cost = self.fleet.cost(items) * self.slowdown
                 self.fleet.events.at(self.fleet.clock.now() + cost, self._finish, link, batch_id, cost)
                 return

@@ -74,6 +74,9 @@ class WorkerConnection:
     """As the worker last said (Credit): nothing of any front end's runs on it."""
     shared: bool = False
     """The worker serves other front ends too: it grants on Demand, and slots unused go back."""
+    running_items: int = 0
+    """Items of the batch running on the worker, as it last said (Credit; any front end's); 0: none, or
+    a worker that does not say."""
     demand_sent: int = 0
     """Queued items last reported to the worker (Demand) since the last batch sent there."""
     high_water: int = 0
@@ -104,8 +107,11 @@ class WorkerConnection:
         """The worker granted slots, or its state changed."""
         if self.credits is None:
             return
-        if self.worker_idle and not msg.idle and not self.inflight:
-            self.running_since = now  # another front end's batch started: staging times count from it
+        if msg.running_items:  # the worker says what runs on it: staging times count from that batch
+            self.running_since = now - msg.running_for_s
+        elif self.worker_idle and not msg.idle and not self.inflight:
+            self.running_since = now  # (a worker that does not say) another front end's batch started
+        self.running_items = msg.running_items
         self.credits += msg.granted
         self.worker_idle = msg.idle
         self.shared = msg.shared

@@ -18,12 +18,17 @@ only against a slot it was granted, so
   only served alone (`accepts_legacy`).
 
 `high_water` is the most batches ever held at once: what a test reads to check the cap.
+
+A front end holding a slot while another's batch runs times its staging from that batch: the worker says
+(Credit.running_items, running_for_s) what runs on it whenever a batch starts, to the front ends holding
+slots (`to_tell`); else a front end would time it from its own (empty) share and stage too early.
 """
 
 from __future__ import annotations
 
-from collections.abc import Hashable
+from collections.abc import Hashable, Mapping
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from inferd.clock import Clock
 
@@ -42,6 +47,17 @@ class FrontDemand:
     queued: int = 0
     oldest_age_s: float = 0.0
     reported_at: float = 0.0
+    holds_since: int = 0
+    """When (the ledger's grant count) it was granted the slots it holds: the first holder runs next."""
+
+
+class WorkerState(NamedTuple):
+    """What a front end holding a slot is told again when it changes."""
+
+    idle: bool
+    shared: bool
+    starts: int
+    """Batches started on the device so far (a new one: the front ends re-time their staging)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,6 +81,10 @@ class CreditLedger:
         self.high_water = 0
         self._fronts: dict[Hashable, FrontDemand] = {}
         self._granted = self._returned = 0
+        self.starts = 0
+        self.running_items = 0
+        """Items of the batch running on the device; 0 while none runs."""
+        self._started_at = 0.0
 
     # ---- membership ------------------------------------------------------------------------------------
     def accepts_legacy(self) -> bool:
@@ -118,9 +138,30 @@ class CreditLedger:
         self.held += 1
         self.high_water = max(self.high_water, self.held)
 
+    def started(self, items: int) -> None:
+        """A held batch of `items` items started on the device."""
+        self.starts += 1
+        self.running_items = items
+        self._started_at = self.clock.now()
+
     def finished(self) -> None:
         """A held batch finished (or was dropped unstarted): its slot is free."""
         self.held = max(0, self.held - 1)
+        self.running_items = 0
+
+    def state_for(self, front: Hashable) -> WorkerState:
+        """The state as `front` is told it: idle only if nothing is held and no other front end holds a
+        slot (two front ends told "idle" at once would each send a batch to run, and one would wait a
+        whole batch behind the other; told "busy", the second stages only a full batch, on time). Of
+        several holding slots, the one granted first is told "idle"; the others, when it has used or
+        given back its slot."""
+        holders = [(d.holds_since, f == front) for f, d in self._fronts.items() if d.outstanding]
+        idle = self.idle and (not holders or min(holders)[1])
+        return WorkerState(idle, self.shared, self.starts)
+
+    def running_for_s(self) -> float:
+        """How long the running batch has run (0 while none runs)."""
+        return self.clock.now() - self._started_at if self.running_items else 0.0
 
     def free(self) -> int:
         if any(d.legacy for d in self._fronts.values()):
@@ -134,17 +175,37 @@ class CreditLedger:
             return {}
         if not self.shared:
             (front, d), *_ = self._fronts.items()
-            d.outstanding += free
-            self._granted += free
+            self._hold(d, free)
             return {front: free}
         now = self.clock.now()
         wanting = [(f, d) for f, d in self._fronts.items() if d.queued > 0 and d.outstanding == 0]
         wanting.sort(key=lambda fd: (-(fd[1].oldest_age_s + now - fd[1].reported_at), -fd[1].queued))
         out: dict[Hashable, int] = {}
         for front, d in wanting[:free]:
-            d.outstanding += 1
+            self._hold(d, 1)
             out[front] = 1
-        self._granted += len(out)
+        return out
+
+    def _hold(self, d: FrontDemand, slots: int) -> None:
+        if not d.outstanding:
+            d.holds_since = self._granted
+        d.outstanding += slots
+        self._granted += slots
+
+    def to_tell(self, told: Mapping[Hashable, WorkerState | None]) -> dict[Hashable, tuple[int, WorkerState]]:
+        """Hand out the free slots (`grant`) and say who gets a Credit now, with how many slots and the
+        state (`state_for`): those granted some, and, when their state changed since they were last
+        `told` it, those holding slots, never told, or told another sharing. `told`: each front end that
+        takes credits."""
+        grants = self.grant()
+        out: dict[Hashable, tuple[int, WorkerState]] = {}
+        for front, last in told.items():
+            granted = grants.get(front, 0)
+            state = self.state_for(front)
+            if granted or (
+                last != state and (self.outstanding(front) > 0 or last is None or last.shared != state.shared)
+            ):
+                out[front] = (granted, state)
         return out
 
     def statistics(self) -> CreditStatistics:

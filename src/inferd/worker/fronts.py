@@ -13,6 +13,7 @@ import socket
 from collections.abc import Callable
 
 from inferd.worker import protocol as p
+from inferd.worker.credits import WorkerState
 
 
 class FrontLink:
@@ -24,8 +25,8 @@ class FrontLink:
         self.writer = writer
         self.credits = False
         """The front end takes credits (Welcome.credits); False: an older one, served alone."""
-        self.told: tuple[bool, bool] | None = None
-        """The (idle, shared) state last sent to it in a Credit."""
+        self.told: WorkerState | None = None
+        """The state last sent to it in a Credit."""
         self.closed = False
 
     def send(self, msg: p.Message) -> None:

@@ -238,16 +238,13 @@ class Worker:
         """Hand out free batch slots, and tell front ends holding slots when the worker's state changed."""
         if self._draining or self._engine is not None:  # an LLM engine batches continuously: no slots
             return
-        grants = self.ledger.grant()
-        state = (self.ledger.idle, self.ledger.shared)
-        for index, link in self.links.items():
-            if not link.credits:
-                continue
-            granted = grants.get(index, 0)
-            holds = self.ledger.outstanding(index) > 0
-            if granted or (link.told != state and (holds or link.told is None or link.told[1] != state[1])):
-                link.send(p.Credit(granted, *state))
-                link.told = state
+        ledger = self.ledger
+        tell = ledger.to_tell({i: link.told for i, link in self.links.items() if link.credits})
+        running_for_s = ledger.running_for_s()
+        for index, (granted, state) in tell.items():
+            link = self.links[index]
+            link.send(p.Credit(granted, state.idle, state.shared, ledger.running_items, running_for_s))
+            link.told = state
 
     # ---- the device: one batch at a time, or the LLM engine ---------------------------------------------
     def _start_engine(self) -> None:
@@ -269,6 +266,8 @@ class Worker:
             link, batch = entry
             if not link.closed:
                 self.running = 1
+                self.ledger.started(len(batch.items))
+                self._grant()  # the front ends holding slots re-time their staging from this batch
                 with tracing.compute(batch.traceparent, batch.batch_id, len(batch.items), self.worker_id):
                     done = await self.device.run_one(batch)
                 self.running = 0
