@@ -168,3 +168,32 @@ async def test_a_dead_owner_fails_the_wait_at_once_as_unreachable(socket_dir: st
     follower = OwnerChannel(FrontendPlan(1, 2, socket_dir, "token"), hung_after_s=600.0)
     with pytest.raises(OwnerUnreachable, match="FileNotFoundError"):  # nothing listens: no ping wait
         await asyncio.wait_for(follower.ask_watched("slow", b"", 600.0), 30)
+
+
+async def test_watched_asks_pending_at_once_share_one_watcher(socket_dir: str) -> None:
+    plan, clock = FrontendPlan(0, 2, socket_dir, "token"), FakeClock()
+    owner, released, pings = OwnerChannel(plan), asyncio.Event(), []
+
+    async def slow(payload: bytes) -> bytes:
+        await released.wait()
+        return payload
+
+    async def pong(payload: bytes) -> bytes:
+        pings.append(clock.now())
+        clock.advance(1.0)
+        if len(pings) >= 10:
+            released.set()
+        return b"pong"
+
+    owner.handle("slow", slow, 60.0)
+    owner.handle(PING, pong, 1.0)
+    follower = OwnerChannel(plan.at(1), clock=clock, ping_every_s=0.001, hung_after_s=3.0)
+    await owner.open()
+    try:
+        asks = [follower.ask_watched("slow", str(i).encode(), 60.0) for i in range(20)]
+        answers = await asyncio.wait_for(asyncio.gather(*asks), 30)
+    finally:
+        owner.close()
+    assert answers == [str(i).encode() for i in range(20)]  # each its own answer
+    assert 10 <= len(pings) < 20  # one ping at a time for all 20 (a watcher each would send 20 at a time)
+    assert follower._watcher is not None and follower._watcher.done()  # nobody waits: it stopped

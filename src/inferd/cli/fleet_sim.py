@@ -131,6 +131,9 @@ def run(
         for k, values in (("kill", kill), ("slow", slow), ("lose-frontend", lose_frontend))
         for raw in values or ()
     ]
+    if autoscale and (frontends != 1 or shared_devices):
+        raise typer.BadParameter("--autoscale simulates one front end with its own devices: drop --frontends "
+                                 "or --shared-devices, or --autoscale")  # fmt: skip
     scaling = AutoscalerConfig(min_workers=min_devices, max_workers=max_devices) if autoscale else None
     spec = FleetSpec(
         model,

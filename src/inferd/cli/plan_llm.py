@@ -93,7 +93,7 @@ def _echo_check(check: dict) -> None:
     typer.echo(
         f"check: {check['slice_devices']} devices {how} {check['slice_frontends']} front end(s), "
         f"simulated for {check['duration_s']:g} s with each of {check['seeds']} seed(s) (held: every seed's "
-        f"p99s within {check['headroom']:.0%} of the targets, nothing refused or failed; the worst seed shown):"
+        f"p99s within {check['headroom']:.0%} of the targets, nothing refused, failed or unfinished; the worst seed shown):"
     )
     for run in check["runs"]:
         typer.echo(

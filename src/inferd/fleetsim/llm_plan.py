@@ -195,6 +195,7 @@ def check_rate(profile: LLMProfile, t: LLMTargets, rate: float, s: CheckSlice) -
         "slo_attainment": _worst(min, [r["slo_attainment"] for r in seeds]),
         "rejected": sum(r["rejected"] for r in seeds),
         "failed": sum(r["failed"] for r in seeds),
+        "unfinished": sum(r["unfinished"] for r in seeds),
         "per_seed": seeds,
     }
 
@@ -208,9 +209,9 @@ def _worst(pick: Callable[[list[float]], float], values: list[float | None]) -> 
 def checked_rate(profile: LLMProfile, t: LLMTargets, d: DeviceAt, s: CheckSlice) -> tuple[DeviceAt, dict]:
     """Simulate the slice at d.rate; lower the rate by 10% until the SLOs hold (at most MAX_TRIES rates)."""
     runs = []
-    for _ in range(MAX_TRIES):
+    for tried in range(1, MAX_TRIES + 1):
         runs.append(check_rate(profile, t, d.rate, s))
-        if runs[-1]["held"]:
+        if runs[-1]["held"] or tried == MAX_TRIES:  # the plan is sized on a rate simulated, held or not
             break
         d = device_at(profile, t, d.rate * ADJUST)
     return d, {
@@ -228,7 +229,8 @@ def checked_rate(profile: LLMProfile, t: LLMTargets, d: DeviceAt, s: CheckSlice)
 
 def _sim_fields(sim: LLMSimReport) -> dict:
     keys = ("throughput_rps", "output_tokens_per_s", "ttft_p50_ms", "ttft_p99_ms", "itl_p50_ms",
-            "itl_p99_ms", "slo_attainment", "requests", "rejected", "failed", "mean_step_ms")  # fmt: skip
+            "itl_p99_ms", "slo_attainment", "requests", "rejected", "failed", "unfinished",
+            "mean_step_ms")  # fmt: skip
     return {k: getattr(sim, k) for k in keys}
 
 
@@ -257,6 +259,8 @@ def plan_llm(
         s = CheckSlice(slice_devices, fe_slice, shared_devices, seeds, duration_s)
         d, sim = checked_rate(profile, t, analytic, s)
     devices = math.ceil(t.rps / d.rate)
+    if not shared_devices:  # an even split: every front end's own devices at <= r each
+        devices = frontends * math.ceil(t.rps / frontends / d.rate)
     cores = frontends + devices * t.cores_per_device
     memory = frontends * t.frontend_memory_gib + devices * profile.host_memory_gib
     out_tps = t.rps * t.output_tokens
@@ -372,18 +376,9 @@ def _deployment(rps: float, rate: float, devices: int, frontends: int, shared: b
             "as the local workers of `inferd serve --frontends N` do), so each device takes its share of "
             "every front end's requests whatever the ratio, and losing a front end loses no device"
         )
-    lo, hi = devices // frontends, -(-devices // frontends)
-    if lo == 0:
-        return (
-            f"deployment (partitioned): {frontends - devices} of the {frontends} front ends would have no "
-            "device; share the devices (--shared-devices)"
-        )
-    if lo == hi:
-        return f"deployment (partitioned): each front end has its own {lo} devices, an even split"
-    per_device = rps / frontends / lo
+    need = math.ceil(rps / rate)
     return (
-        f"deployment (partitioned): {devices % frontends} of the {frontends} front ends have {hi} devices, "
-        f"the others {lo}, for equal shares of the requests: those {lo} run at "
-        f"{per_device:.2f} req/s each ({per_device / rate:.2f}x r); share the devices (--shared-devices) "
-        "or weigh each front end's traffic by its devices"
+        f"deployment (partitioned): each front end has its own {devices // frontends:,} device(s), an even "
+        f"split at {rps / devices:.2f} req/s each (<= r): {devices - need:,} more than the {need:,} shared "
+        "devices would need (--shared-devices), and a front end lost takes its devices with it"
     )

@@ -22,7 +22,7 @@ costs, why (the arithmetic, step by step), and how it was checked.
                                         per rate), "duration_s", "held", "headroom", "runs": [{
                                         "rate_per_device", "held", "ttft_p99_ms" and "itl_p99_ms" (the
                                         highest over its seeds), "slo_attainment" (the lowest),
-                                        "rejected" and "failed" (summed), "per_seed": [{"seed", "held",
+                                        "rejected", "failed" and "unfinished" (summed), "per_seed": [{"seed", "held",
                                         figures}] (a rate stops at the first seed that misses)}]}
       "profile": {"name": str, "source": str},   where the per-device figures come from
       "details": {...}                  the kind's own intermediate numbers

@@ -100,6 +100,8 @@ class OwnerChannel:
         self.hung_after_s = hung_after_s
         self.handlers: dict[str, tuple[Handler, float]] = {PING: (_pong, hung_after_s)}
         self._server: asyncio.Server | None = None
+        self._watcher: asyncio.Task[None] | None = None
+        self._watching = 0
 
     def handle(self, kind: str, handler: Handler, timeout_s: float) -> None:
         """The owner answers requests of `kind` with `handler` (given `timeout_s` per request)."""
@@ -134,16 +136,29 @@ class OwnerChannel:
         return answer
 
     async def ask_watched(self, kind: str, payload: bytes, timeout_s: float) -> bytes:
-        """`ask`, pinging the owner while the answer is awaited: OwnerUnreachable as soon as the owner
-        answers no ping for `hung_after_s` (hung), or, an owner that answers pings, after `timeout_s`."""
+        """`ask`, while the owner is pinged: OwnerUnreachable as soon as the owner answers no ping for
+        `hung_after_s` (hung), or, an owner that answers pings, after `timeout_s`. Every watched ask
+        pending at once shares one watcher (one ping per `ping_every_s`, however many wait)."""
+        if self._watcher is None or self._watcher.done():
+            self._watcher = asyncio.create_task(self._until_hung())
+        watcher = self._watcher
+        self._watching += 1
+        asking = asyncio.ensure_future(self.ask(kind, payload, timeout_s))
         try:
-            async with asyncio.TaskGroup() as tg:
-                watching = tg.create_task(self._until_hung())
-                answer = await self.ask(kind, payload, timeout_s)
-                watching.cancel()
-        except* OwnerUnreachable as failed:
-            raise failed.exceptions[0] from None
-        return answer
+            await asyncio.wait((asking, watcher), return_when=asyncio.FIRST_COMPLETED)
+            if asking.done():
+                return asking.result()
+            watcher.result()  # the owner is hung: raises OwnerUnreachable
+            raise OwnerUnreachable("its watcher stopped")  # (it only stops with a verdict)
+        finally:
+            asking.cancel()
+            self._watching -= 1
+            if self._watching:
+                pass
+            elif not watcher.done():
+                watcher.cancel()
+            elif not watcher.cancelled():
+                watcher.exception()  # its verdict was seen (or not needed): nothing left unretrieved
 
     async def _until_hung(self) -> None:
         """Pings the owner every `ping_every_s` until it is hung, then raises OwnerUnreachable."""
@@ -171,6 +186,8 @@ class OwnerChannel:
             async with asyncio.timeout(timeout_s):
                 writer.write(await handler(request.payload))
                 await writer.drain()
+        except (ConnectionResetError, BrokenPipeError) as exc:  # it stopped waiting (a ping's answer)
+            log.debug("owner channel: a front end left before its answer: %r", exc)
         except (OSError, TimeoutError, msgspec.DecodeError, PayloadTooLarge) as exc:
             log.warning("owner channel: a front end's request failed: %r", exc)
         finally:
