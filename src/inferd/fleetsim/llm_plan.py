@@ -347,8 +347,14 @@ def _reasoning(
             else f"{what} met the SLOs at that rate"
         )
     steps += [
-        f"devices = ceil({t.rps:g} / {d.rate:.2f}) = {devices:,} ({d.rate * O:,.0f} output tokens/s each, "
-        f"{t.rps * O:,.0f} in all)",
+        f"devices = ceil({t.rps:g} / {d.rate:.2f}) = {math.ceil(t.rps / d.rate):,}"
+        + (
+            ""
+            if devices == math.ceil(t.rps / d.rate)
+            else f", {frontends} front ends x {devices // frontends} "
+            f"for an even split (partitioned) = {devices:,}"
+        )
+        + f" ({t.rps * O / devices:,.0f} output tokens/s each, {t.rps * O:,.0f} in all)",
         f"front-end CPU per request = {profile.frontend_s * 1e6:.1f} us + {P} x "
         f"{profile.frontend_prompt_token_s * 1e6:.2f} us per prompt token + {O} x "
         f"{profile.frontend_token_s * 1e6:.2f} us per streamed token = {fe_cpu * 1e6:.1f} us; at "
