@@ -90,8 +90,7 @@ def test_of_two_front_ends_granted_on_an_idle_worker_only_the_first_is_told_idle
         "b": (1, False),
     }
     told = {f: state for f, (_, state) in tell.items()}
-    ledger.received("a")  # a's batch arrives and starts: b, holding its slot, is told the new state
-    ledger.started(40)
+    ledger.received("a", 40)  # a's batch arrives and starts: b, holding its slot, is told the new state
     tell = ledger.to_tell(told)
     assert list(tell) == ["b"] and tell["b"][0] == 0 and not tell["b"][1].idle
     told["b"] = tell["b"][1]
@@ -101,17 +100,22 @@ def test_of_two_front_ends_granted_on_an_idle_worker_only_the_first_is_told_idle
     assert "a" not in tell or not tell["a"][1].idle  # a, granted the freed slot (if it asked), waits
 
 
-def test_the_running_batch_is_told_with_its_size_and_age() -> None:
+def test_the_running_batch_is_told_with_its_size_and_age_and_the_next_starts_as_it_ends() -> None:
     clock = FakeClock()
     ledger = CreditLedger(clock)
     ledger.join("a")
     assert ledger.running_items == 0 and ledger.running_for_s() == 0.0
-    ledger.received("a")
-    ledger.started(64)
-    clock.advance_ms(30)
+    ledger.received("a", 64)  # runs at once
+    clock.advance_ms(10)
+    ledger.received("a", 30)  # staged behind it
+    clock.advance_ms(20)
     assert ledger.running_items == 64 and ledger.running_for_s() == pytest.approx(0.03)
+    starts = ledger.starts
+    ledger.finished()  # the staged one starts with the slot freed: one Credit says both
+    assert ledger.running_items == 30 and ledger.running_for_s() == 0.0 and ledger.starts == starts + 1
+    assert ledger.to_tell({"a": None}) == {"a": (1, ledger.state_for("a"))}
     ledger.finished()
-    assert ledger.running_items == 0 and ledger.running_for_s() == 0.0
+    assert ledger.running_items == 0 and ledger.running_for_s() == 0.0 and ledger.idle
 
 
 def test_a_front_end_times_another_front_ends_running_batch_from_the_credit() -> None:
@@ -122,5 +126,7 @@ def test_a_front_end_times_another_front_ends_running_batch_from_the_credit() ->
     conn.on_credit(p.Credit(1, False, True, running_items=70, running_for_s=0.05), now=10.0)
     assert conn.credits == 1 and conn.stage_free
     assert conn.running_since == pytest.approx(9.95) and conn.running_items == 70
-    conn.on_credit(p.Credit(0, True, True), now=10.2)  # idle now (or a worker that does not say)
-    assert conn.running_items == 0 and conn.idle
+    conn.on_credit(p.Credit(0, False, True, running_items=0), now=10.2)  # told "busy" with nothing held:
+    assert conn.running_since == 10.2 and conn.running_items == 0  # another's batch starts about now
+    conn.on_credit(p.Credit(0, True, True), now=10.3)  # a worker that does not say: its idle flag only
+    assert conn.running_since == 10.2 and conn.idle

@@ -195,7 +195,7 @@ class SharedBatchDevice:
 
     # ---- the device: one batch at a time, in the order received --------------------------------------
     def receive(self, link: BatchLink, batch_id: int, items: int) -> None:
-        self.ledger.received(link.index)
+        self.ledger.received(link.index, items)
         self.held.append((link, batch_id, items))
         self.most_held = max(self.most_held, len(self.held))
         self.grant()
@@ -207,8 +207,6 @@ class SharedBatchDevice:
         while self.held:
             link, batch_id, items = self.held[0]
             if not link.closed:
-                self.ledger.started(items)
-                self.grant()
                 cost = self.fleet.cost(items) * self.slowdown
                 self.fleet.events.at(self.fleet.clock.now() + cost, self._finish, link, batch_id, cost)
                 return

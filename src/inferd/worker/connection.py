@@ -107,11 +107,11 @@ class WorkerConnection:
         """The worker granted slots, or its state changed."""
         if self.credits is None:
             return
-        if msg.running_items:  # the worker says what runs on it: staging times count from that batch
+        if msg.running_items >= 0:  # the worker says what runs on it: staging times count from that batch
             self.running_since = now - msg.running_for_s
+            self.running_items = msg.running_items
         elif self.worker_idle and not msg.idle and not self.inflight:
             self.running_since = now  # (a worker that does not say) another front end's batch started
-        self.running_items = msg.running_items
         self.credits += msg.granted
         self.worker_idle = msg.idle
         self.shared = msg.shared

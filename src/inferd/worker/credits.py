@@ -26,6 +26,7 @@ slots (`to_tell`); else a front end would time it from its own (empty) share and
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Hashable, Mapping
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -58,6 +59,8 @@ class WorkerState(NamedTuple):
     shared: bool
     starts: int
     """Batches started on the device so far (a new one: the front ends re-time their staging)."""
+    empty: bool
+    """Nothing is held (a front end told "busy" then waits for another's batch, not for one running)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,6 +84,8 @@ class CreditLedger:
         self.high_water = 0
         self._fronts: dict[Hashable, FrontDemand] = {}
         self._granted = self._returned = 0
+        self._held_items: deque[int] = deque()
+        """Items of each held batch, in the order received (the first runs)."""
         self.starts = 0
         self.running_items = 0
         """Items of the batch running on the device; 0 while none runs."""
@@ -128,8 +133,9 @@ class CreditLedger:
         d.oldest_age_s = max(0.0, oldest_age_s)
         d.reported_at = self.clock.now()
 
-    def received(self, front: Hashable) -> None:
-        """A batch arrived from the front end: it used one of its slots (a legacy front end has its own)."""
+    def received(self, front: Hashable, items: int = 0) -> None:
+        """A batch of `items` arrived from the front end: it used one of its slots (a legacy front end has
+        its own). Held batches run in the order received, one at a time: the first starts at once."""
         d = self._fronts.get(front)
         if d is not None and d.outstanding > 0:
             d.outstanding -= 1
@@ -137,17 +143,25 @@ class CreditLedger:
             d.queued = 0  # the batch took its queue; it reports again if items remain
         self.held += 1
         self.high_water = max(self.high_water, self.held)
-
-    def started(self, items: int) -> None:
-        """A held batch of `items` items started on the device."""
-        self.starts += 1
-        self.running_items = items
-        self._started_at = self.clock.now()
+        self._held_items.append(items)
+        if self.held == 1:
+            self._start()
 
     def finished(self) -> None:
-        """A held batch finished (or was dropped unstarted): its slot is free."""
+        """The running batch finished (or was dropped unstarted): its slot is free, the next one held
+        starts. (Said in the same Credit as the slot freed: told apart, a front end granted the slot
+        would stage by a running batch it does not know yet, and wait a whole batch behind it.)"""
         self.held = max(0, self.held - 1)
+        if self._held_items:
+            self._held_items.popleft()
         self.running_items = 0
+        if self.held:
+            self._start()
+
+    def _start(self) -> None:
+        self.starts += 1
+        self.running_items = self._held_items[0] if self._held_items else 0
+        self._started_at = self.clock.now()
 
     def state_for(self, front: Hashable) -> WorkerState:
         """The state as `front` is told it: idle only if nothing is held and no other front end holds a
@@ -157,11 +171,11 @@ class CreditLedger:
         given back its slot."""
         holders = [(d.holds_since, f == front) for f, d in self._fronts.items() if d.outstanding]
         idle = self.idle and (not holders or min(holders)[1])
-        return WorkerState(idle, self.shared, self.starts)
+        return WorkerState(idle, self.shared, self.starts, self.idle)
 
     def running_for_s(self) -> float:
         """How long the running batch has run (0 while none runs)."""
-        return self.clock.now() - self._started_at if self.running_items else 0.0
+        return self.clock.now() - self._started_at if self.held else 0.0
 
     def free(self) -> int:
         if any(d.legacy for d in self._fronts.values()):

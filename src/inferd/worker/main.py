@@ -219,7 +219,7 @@ class Worker:
                 log.info("worker %s: the front end at %s closed the connection", self.worker_id, link.address)
                 return "lost"
             if isinstance(msg, p.RunBatch):
-                self.ledger.received(link.index)
+                self.ledger.received(link.index, len(msg.items))
                 self._grant()
                 await self._batches.put((link, msg))
             elif isinstance(msg, p.Demand):
@@ -266,8 +266,6 @@ class Worker:
             link, batch = entry
             if not link.closed:
                 self.running = 1
-                self.ledger.started(len(batch.items))
-                self._grant()  # the front ends holding slots re-time their staging from this batch
                 with tracing.compute(batch.traceparent, batch.batch_id, len(batch.items), self.worker_id):
                     done = await self.device.run_one(batch)
                 self.running = 0

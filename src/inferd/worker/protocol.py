@@ -231,11 +231,12 @@ class Credit(msgspec.Struct, tag="credit"):
     shared: bool
     """Other front ends use the worker too: slots are granted on Demand, and a front end gives back
     those it cannot use at once (a worker serving one front end grants it every free slot)."""
-    running_items: int = 0
-    """Items of the batch running on the worker now, whichever front end's (0: none, or a worker that
-    does not say): a front end holding a slot times its staging from it."""
+    running_items: int = -1
+    """Items of the batch running on the worker now, whichever front end's (0: none runs; -1: a worker
+    that does not say): a front end holding a slot times its staging from it."""
     running_for_s: float = 0.0
-    """How long that batch has run."""
+    """How long that batch has run (0 when none runs: a front end told "busy" then waits for another
+    front end's batch, which starts about now)."""
 
 
 class Demand(msgspec.Struct, tag="demand"):
