@@ -8,6 +8,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -17,6 +20,7 @@ from inferd.fleetsim.batch_devices import SharedBatchDevice
 from inferd.fleetsim.batch_fleet import BatchFleet, Failure, FleetSpec, simulate
 from inferd.fleetsim.profiles import BatchProfile
 from inferd.fleetsim.report import Outcome, SimReport
+from inferd.fleetsim.validate import FULL, frontend_pids
 from inferd.models.sim import sim_config
 from inferd.worker.connection import WorkerState
 from inferd.worker.credits import CAP
@@ -132,3 +136,16 @@ def test_fleet_sim_shares_devices_on_request(monkeypatch: pytest.MonkeyPatch) ->
         out = json.loads(sim.output)
         assert out["shared_devices"] is bool(flag) and out["ok"] == out["requests"] > 0
     assert simulated == [True, False]
+
+
+def test_validation_counts_the_cpu_of_every_front_end_process() -> None:
+    """With several front ends the server's process is their parent: the calibration sums its children."""
+    assert frontend_pids(os.getpid(), 1) == [os.getpid()]
+    children = [subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"]) for _ in range(2)]
+    try:
+        assert {c.pid for c in children} <= set(frontend_pids(os.getpid(), 2))  # (and any other child)
+    finally:
+        for c in children:
+            c.kill()
+            c.wait()
+    assert any(case.frontends == 2 for case in FULL)  # the full validation has a shared-worker case

@@ -1,7 +1,8 @@
 """`inferd fleet-sim validate`: run small cases for real on this machine and in simulation, and compare.
 
-For each case (a `sim` device of a given cost, W workers):
-1. a real `inferd serve` starts (W local workers, one front end);
+For each case (a `sim` device of a given cost, W workers, F front ends):
+1. a real `inferd serve` starts (W local workers; with F > 1, `--frontends F`, every worker joined to
+   every front end, simulated as devices shared by every front end);
 2. a calibration run at 30% of the nominal capacity is measured, and a device profile is fitted from
    it (cost line, overhead, front-end CPU): the profile comes from another run than the ones validated;
 3. for each load (50% and 80% of the fitted capacity), a real open-loop Poisson run (`inferd bench`'s
@@ -48,6 +49,7 @@ class Case:
     loads: tuple[float, ...] = (0.5, 0.8)
     max_batch_size: int = 100
     max_wait_ms: float = 10.0
+    frontends: int = 1
 
     def model(self) -> ModelConfig:
         return sim_config(
@@ -81,6 +83,7 @@ FULL = (
     Case("sim 1 worker", 1, 100.0, 1.0),
     Case("sim 2 workers", 2, 100.0, 1.0),
     Case("sim 4 workers", 4, 100.0, 1.0),
+    Case("sim 2 workers, 2 front ends", 2, 100.0, 1.0, frontends=2),
 )
 QUICK = (Case("sim 1 worker", 1, 100.0, 1.0), Case("sim 2 workers", 2, 100.0, 1.0))
 
@@ -92,15 +95,18 @@ def _free_port() -> int:
 
 
 @contextlib.contextmanager
-def serve(model: str, workers: int, config_toml: str, log_dir: Path) -> Iterator[tuple[str, int]]:
-    """`inferd serve` with only `model`, its workers and a config file; yields (url, pid), stops it after."""
+def serve(
+    model: str, workers: int, config_toml: str, log_dir: Path, frontends: int = 1
+) -> Iterator[tuple[str, int]]:
+    """`inferd serve` with only `model`, its workers, `frontends` front ends and a config file; yields
+    (url, pid), stops it after."""
     port = _free_port()
     config = log_dir / f"fleet-sim-{model}-{port}.toml"
     config.write_text(config_toml)
     log = (log_dir / f"fleet-sim-{model}-{port}.log").open("wb")
     cmd = [sys.executable, "-m", "inferd.cli.main", "serve", "--port", str(port), "--admin-port", "0"]
     cmd += ["--model", model, "--workers", str(workers), "--config", str(config)]
-    cmd += ["--shutdown-grace-s", "0"]
+    cmd += ["--shutdown-grace-s", "0"] + (["--frontends", str(frontends)] if frontends > 1 else [])
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)  # nosec B603  # our own argv
     url = f"http://127.0.0.1:{port}"
     try:
@@ -129,6 +135,7 @@ def real_server(case: Case, log_dir: Path) -> contextlib.AbstractContextManager[
         f"max_batch_size = {case.max_batch_size}\nmax_wait_ms = {case.max_wait_ms}\n"
         f"params = {{ base_ms = {case.base_ms}, per_item_ms = {case.per_item_ms} }}\n",
         log_dir,
+        case.frontends,
     )
 
 
@@ -146,13 +153,22 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def frontend_pids(pid: int, frontends: int) -> list[int]:
+    """The front-end processes of the server `pid`: itself, or with several, the parent's children."""
+    if frontends == 1:
+        return [pid]
+    children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    return [int(c) for c in children]
+
+
 def calibrate(case: Case, url: str, pid: int, duration_s: float) -> BatchProfile:
     """A profile fitted on a run at CALIBRATION_LOAD of the case's nominal capacity."""
     nominal = case.workers * case.model().max_batch_size / ((case.base_ms + case.per_item_ms * 100) / 1000)
     spec = LoadSpec(url=url, rate=CALIBRATION_LOAD * nominal, duration_s=duration_s, warmup_s=1.0, seed=99)
-    before = cpu_seconds(pid)
+    pids = frontend_pids(pid, case.frontends)
+    before = sum(map(cpu_seconds, pids))
     report = run_load_blocking(spec)
-    per_request = (cpu_seconds(pid) - before) / max(1, report.sent)
+    per_request = (sum(map(cpu_seconds, pids)) - before) / max(1, report.sent)
     source = f"measured: inferd bench at {spec.rate:.0f} req/s for {duration_s:g} s on {socket.gethostname()}"
     return profile_from_phase(report.measured, f"{case.name}@{socket.gethostname()}", source, per_request)
 
@@ -167,8 +183,11 @@ def run_case(case: Case, duration_s: float, warmup_s: float, log_dir: Path) -> l
             real = run_load_blocking(spec).measured
             arrivals = np.asarray(arrival_offsets(spec), dtype=float)
             sim = simulate(
-                FleetSpec(case.model(), profile, case.workers, arrivals, warmup_s=warmup_s, seed=7)
-            )
+                FleetSpec(
+                    case.model(), profile, case.workers, arrivals, case.frontends, warmup_s=warmup_s, seed=7,
+                    shared_devices=case.frontends > 1,
+                )
+            )  # fmt: skip
             results.append(compare(case, load, spec.rate, real, sim))
     return results
 
