@@ -4,7 +4,8 @@ Its workers outlive it, go on serving front end 1, and the owner the parent star
 * requests on connections to front end 1 go on: no error and no wrong answer while the owner is dead
   and while it comes back (a refusal as saturated, 429 with Retry-After, is retried after it: the
   owner's restart takes CPU on a small box);
-* once the owner is back, the same two worker processes serve (none started twice, none lost);
+* once the owner is back, the same worker processes serve (none started twice, none lost), the one of
+  a slot added at runtime (as the autoscaler adds them) included;
 * an adopted worker that dies is started again by the new owner, and the parent reaps it;
 * after shutdown no worker process is left.
 
@@ -178,8 +179,14 @@ class Clients:
 def test_sigkill_of_the_owner_leaves_front_end_1_serving_and_its_workers_are_adopted(
     server: ServerProc,
 ) -> None:
+    started = worker_processes(server)
+    assert len(started) == 2, started
+    scale = urllib.request.Request(f"{server.admin_url}/admin/models/sim/scale?workers=3", method="POST")
+    with urllib.request.urlopen(scale, timeout=10) as r:  # a slot added at runtime, as the autoscaler does
+        assert r.status == 200
+    wait_for(lambda: len(ready_workers(server)) == 3, 60, "three ready workers after the scale-up")
     before = worker_processes(server)
-    assert len(before) == 2, before
+    assert len(before) == 3 and started < before, (started, before)
     front_ends = [p for p in child_pids(server.proc.pid) if alive(p)]
     (owner,) = [p for p in front_ends if set(child_pids(p)) & before]
     conns = connections_to_front_end_1(server, CLIENTS)
@@ -190,21 +197,23 @@ def test_sigkill_of_the_owner_leaves_front_end_1_serving_and_its_workers_are_ado
             killed_at = clients.answered()
             wait_for(lambda: not alive(owner), 10, "the owner gone")
             wait_for(lambda: clients.answered() >= killed_at + 100, 30, "100 answers with the owner dead")
-            wait_for(lambda: len(ready_workers(server)) == 2, 60, "the owner back with two ready workers")
+            wait_for(lambda: len(ready_workers(server)) == 3, 60, "the owner back with three ready workers")
             back_at = clients.answered()
             wait_for(lambda: clients.answered() >= back_at + 100, 30, "100 answers with the owner back")
         assert clients.errors == [], clients.errors[:5]
     finally:
         for conn in conns:
             conn.close()
-    assert worker_processes(server) == before  # the same two: adopted, none started twice
+    assert worker_processes(server) == before  # the same three: adopted, none started twice
     assert "adopted worker sim-0.0" in server.log() and "adopted worker sim-1.0" in server.log()
+    assert "keeping slot sim-2 the previous owner added" in server.log()  # the scaled-up one too
+    assert "adopted worker sim-2.0" in server.log()
     victim = min(before)
     os.kill(victim, signal.SIGKILL)
     wait_for(lambda: len(worker_processes(server) - before) == 1, 30, "the adopted worker started again")
-    wait_for(lambda: len(ready_workers(server)) == 2, 30, "two ready workers again")
+    wait_for(lambda: len(ready_workers(server)) == 3, 30, "three ready workers again")
     after = worker_processes(server)
-    assert len(after) == 2 and victim not in after, (before, after)
+    assert len(after) == 3 and victim not in after, (before, after)
     wait_for(lambda: not os.path.exists(f"/proc/{victim}"), 10, "the dead worker reaped by the parent")
     server.stop()
     wait_for(lambda: not any(alive(p) for p in before | after), 10, "no worker left after shutdown")

@@ -75,29 +75,34 @@ def test_a_pid_is_the_worker_only_while_it_runs_under_that_name(
     assert adopted.returncode == -1 and not runs_as(pid, "m-0.3", address)
 
 
-async def test_a_restarted_owner_adopts_its_slots_workers_and_stops_the_others(
+async def test_a_restarted_owner_adopts_its_slots_workers_and_the_added_ones_and_stops_the_others(
     address: str, sleepers: list[subprocess.Popen[bytes]]
 ) -> None:
     kept = sleeper(sleepers, address, "m-0.3")
+    scaled = sleeper(sleepers, address, "m-5.1")  # a slot the previous owner's autoscaler added
     older = sleeper(sleepers, address, "m-0.2")  # an earlier incarnation still exiting
-    stray = sleeper(sleepers, address, "m-5.0")  # a slot this owner has not (scaled up since)
+    update = sleeper(sleepers, address, "m.v2-1.0", "--model-version", "2")  # a version not run here
     supervisor = Supervisor(address, "token", "INFO", adopt=True)
     (slot,) = supervisor.add("m", 1)
     running = asyncio.create_task(supervisor.run())
     try:
         async with asyncio.timeout(10):
-            while slot.process is None:  # noqa: ASYNC110 - the supervisor's task sets it
+            while any(s.process is None for s in supervisor.slots):  # noqa: ASYNC110 - its tasks set them
                 await asyncio.sleep(0.01)
-            codes = [await asyncio.to_thread(p.wait) for p in sleepers[1:]]
+            codes = [await asyncio.to_thread(p.wait) for p in sleepers[2:]]
         assert isinstance(slot.process, Adopted) and slot.process.pid == kept
         assert slot.incarnation == "m-0.3"  # the adopted worker's id, so the hub and watchdog match it
-        assert supervisor.pids() == [kept]
-        assert codes == [-15, -15], (older, stray)  # SIGTERM
+        (added,) = supervisor.slots[1:]  # the scaled-up slot is back, with its worker
+        assert isinstance(added.process, Adopted) and added.incarnation == "m-5.1"
+        assert sorted(supervisor.pids()) == sorted([kept, scaled])
+        assert [s.index for s in supervisor.slots] == [0, 5]  # a later scale-up takes index 6 (`add`)
+        assert codes[:2] == [-15, -15], (older, update)  # SIGTERM
     finally:
         running.cancel()
         with pytest.raises(asyncio.CancelledError):
             await running
     assert await asyncio.to_thread(sleepers[0].wait, 10) == -15  # stopped with the supervisor
+    assert await asyncio.to_thread(sleepers[1].wait, 10) == -15
 
 
 def test_a_worker_that_cannot_be_signalled_is_logged_not_raised(

@@ -96,12 +96,21 @@ class Supervisor(Launcher[LocalProcess]):
             await asyncio.sleep(ADOPTED_POLL_S / 4)
 
     def _find_survivors(self) -> None:
-        """The previous owner's workers: the newest of each slot's is kept for adoption; the others,
-        and those of a slot this owner has not (scaled or updated since its config), get SIGTERM."""
+        """The previous owner's workers: the newest of each slot's is kept for adoption. A slot the
+        previous owner added (its autoscaler scaled up since the config) is added back and keeps its
+        worker, if this owner serves that model at that version: capacity survives the owner's restart,
+        and the autoscaler, which counts the live slots, scales from there. The others (older
+        incarnations, a model or version this owner does not run, e.g. a rolling update's) get SIGTERM."""
         slots = {(s.model, s.index, s.version) for s in self.slots}
+        served = {(s.model, s.version) for s in self.slots}
         for survivor in survivors(self.address):
-            if survivor.slot_key in slots and survivor.slot_key not in self._survivors:
-                self._survivors[survivor.slot_key] = survivor
+            key = survivor.slot_key
+            if key not in self._survivors and (key in slots or (survivor.model, survivor.version) in served):
+                if key not in slots:
+                    self.slots.append(WorkerSlot(survivor.model, survivor.index, survivor.version))
+                    slots.add(key)
+                    log.info("keeping slot %s-%d the previous owner added", survivor.model, survivor.index)
+                self._survivors[key] = survivor
                 continue
             log.info(
                 "stopping worker %s (pid %d): no slot of this owner takes it",
