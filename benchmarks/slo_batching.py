@@ -8,6 +8,7 @@
     the best fixed setting of (a) and with the SLO policy.
 
     .venv/bin/python benchmarks/slo_batching.py [--rate 1100] [--rates 800,1100,1400] [--latency-ms 100] [--sim-only]
+        [--shed-lost]   # the real SLO run with [slo] shed_lost (the simulated part runs both)
 
 Writes .bench/slo_batching.json and prints a markdown summary.
 """
@@ -34,12 +35,12 @@ QUEUE = 2000
 """max_queue_size of every run (fixed and SLO alike)."""
 
 
-def simulate(args: argparse.Namespace, times: Any, **model: Any) -> dict[str, Any]:
+def simulate(args: argparse.Namespace, times: Any, shed: bool = False, **model: Any) -> dict[str, Any]:
     config = sim_config(
         base_ms=args.base_ms,
         per_item_ms=args.per_item_ms,
         max_queue_size=QUEUE,
-        slo={"latency_ms": args.latency_ms},
+        slo={"latency_ms": args.latency_ms, "shed_lost": shed},
         **model,
     )
     profile = BatchProfile(
@@ -65,6 +66,7 @@ def simulate(args: argparse.Namespace, times: Any, **model: Any) -> dict[str, An
         "goodput_rps": round(float(good.sum()) / measured, 1),
         "offered_rps": round(float(window.sum()) / measured, 1),
         "mean_batch": round(fleet.batched_items / max(1, fleet.batches), 1),
+        "refused": int((window & (fleet.outcome == Outcome.REJECTED)).sum()),
     }
 
 
@@ -78,22 +80,32 @@ def sim_part(args: argparse.Namespace, rate: float) -> dict[str, Any]:
     best = max(grid, key=lambda k: grid[k]["goodput_rps"])
     worst = min(grid, key=lambda k: grid[k]["goodput_rps"])
     slo = simulate(args, times, max_batch_size=args.hard_cap, batching="slo")
-    return {"rate": rate, "grid": grid, "best_fixed": best, "worst_fixed": worst, "slo": slo}
+    shed = simulate(args, times, True, max_batch_size=args.hard_cap, batching="slo")
+    return {
+        "rate": rate,
+        "grid": grid,
+        "best_fixed": best,
+        "worst_fixed": worst,
+        "slo": slo,
+        "slo_shed": shed,
+    }
 
 
 def print_sim(args: argparse.Namespace, runs: list[dict[str, Any]]) -> None:
     print(
         f"| offered (gamma CV {args.cv:g}) | best fixed of {len(SIZES) * len(WAITS_MS)} (size x wait ms) "
-        f"| its goodput/s | SLO policy goodput/s | SLO vs best | worst fixed goodput/s |"
+        f"| its goodput/s | SLO policy goodput/s | SLO vs best | worst fixed goodput/s "
+        f"| SLO + shed_lost goodput/s (429s) |"
     )
-    print("|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|")
     for run in runs:
         best, worst = run["grid"][run["best_fixed"]], run["grid"][run["worst_fixed"]]
         slo = run["slo"]["goodput_rps"]
         delta = 100.0 * (slo - best["goodput_rps"]) / max(best["goodput_rps"], 1e-9)
         print(
             f"| {run['rate']:g} req/s ({run['slo']['offered_rps']}) | {run['best_fixed']} "
-            f"| {best['goodput_rps']} | {slo} | {delta:+.1f}% | {worst['goodput_rps']} ({run['worst_fixed']}) |"
+            f"| {best['goodput_rps']} | {slo} | {delta:+.1f}% | {worst['goodput_rps']} ({run['worst_fixed']}) "
+            f"| {run['slo_shed']['goodput_rps']} ({run['slo_shed']['refused']}) |"
         )
 
 
@@ -106,6 +118,7 @@ max_wait_ms = {wait}
 {batching}
 [slo]
 latency_ms = {latency_ms}
+shed_lost = {shed}
 
 [params]
 base_ms = {base_ms}
@@ -120,6 +133,7 @@ def real_run(args: argparse.Namespace, size: int, wait: float, batching: str) ->
         wait=wait,
         batching=f'batching = "{batching}"\n',
         latency_ms=args.latency_ms,
+        shed=str(batching == "slo" and args.shed_lost).lower(),
         base_ms=args.base_ms,
         per_item_ms=args.per_item_ms,
     )
@@ -154,6 +168,9 @@ def main() -> int:
         "--rates", help="comma-separated rates to simulate (default: --rate); the real run uses --rate"
     )
     ap.add_argument("--cv", type=float, default=3.0)
+    ap.add_argument(
+        "--shed-lost", action="store_true", help="the real SLO run sheds lost requests ([slo] shed_lost)"
+    )
     ap.add_argument("--latency-ms", type=float, default=100.0)
     ap.add_argument("--base-ms", type=float, default=20.0)
     ap.add_argument("--per-item-ms", type=float, default=0.5)

@@ -2,7 +2,8 @@
 workers that can be lost: every request is answered exactly once (a result of its own, its deadline's
 DeadlineExceeded, or a cancellation it asked for), no batch exceeds the device's limit, and an item is
 never in two places at once, although the policy takes items from the middle of the queue (the ones that
-can still meet the SLO before the lost ones) and a lost worker's batches go back to its head."""
+can still meet the SLO before the lost ones) and a lost worker's batches go back to its head; with
+[slo] shed_lost, the lost ones are answered 429 (reason slo_lost) instead, and only those."""
 
 from __future__ import annotations
 
@@ -25,14 +26,14 @@ from tests.property.test_batching_policy import TICK, Fleet
 LATENCY_MS = 60.0
 
 
-def slo_fleet(max_batch: int, queue_size: int, n_workers: int) -> Fleet:
+def slo_fleet(max_batch: int, queue_size: int, n_workers: int, shed: bool = False) -> Fleet:
     clock = FakeClock()
     config = sim_config(
         max_batch_size=max_batch,
         max_wait_ms=2.0,
         max_queue_size=queue_size,
         batching="slo",
-        slo={"latency_ms": LATENCY_MS},
+        slo={"latency_ms": LATENCY_MS, "shed_lost": shed},
         max_attempts=5,
     )
     ejector = OutlierEjector(clock, latency_ratio=1000.0)
@@ -112,9 +113,10 @@ async def play(fleet: Fleet, evs: list[tuple[str, int, int | None]]) -> None:
     queue_size=st.integers(32, 128),
     n_workers=st.integers(1, 3),
     evs=events,
+    shed=st.booleans(),
 )
-def test_slo_batching_answers_every_request_exactly_once(max_batch, queue_size, n_workers, evs) -> None:
-    fleet = slo_fleet(max_batch, queue_size, n_workers)
+def test_slo_batching_answers_every_request_exactly_once(max_batch, queue_size, n_workers, evs, shed) -> None:
+    fleet = slo_fleet(max_batch, queue_size, n_workers, shed)
     asyncio.run(play(fleet, evs))
     assert all(1 <= len(b.rids) <= max_batch for b in fleet.sent)
     assert set(fleet.items) | fleet.rejected == set(range(fleet.next_rid))
@@ -125,8 +127,11 @@ def test_slo_batching_answers_every_request_exactly_once(max_batch, queue_size, 
             assert rid in fleet.cancelled_at
             continue
         exc = item.reply.exception()
+        if isinstance(exc, Overloaded):  # shed: it could no longer meet the SLO ([slo] shed_lost)
+            assert shed and exc.reason == "slo_lost", exc
+            continue
         if exc is not None:  # its deadline, or retries spent on lost workers
-            assert isinstance(exc, ServingError) and not isinstance(exc, Overloaded), exc
+            assert isinstance(exc, ServingError), exc
             if isinstance(exc, DeadlineExceeded):
                 assert item.deadline is not None
             continue

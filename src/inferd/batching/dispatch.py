@@ -16,6 +16,7 @@ import contextlib
 import itertools
 import logging
 
+from inferd.batching.admission import retry_after_s
 from inferd.batching.credit_demand import report_demand
 from inferd.batching.delivery import fail
 from inferd.batching.mix import MixInput, MixPolicy
@@ -23,7 +24,7 @@ from inferd.batching.policy import CutPolicy, stage_time
 from inferd.batching.queue import BULK, INTERACTIVE, ItemState, QueuedItem
 from inferd.batching.state import ModelState
 from inferd.batching.worker_choice import Routing
-from inferd.errors import DeadlineExceeded
+from inferd.errors import DeadlineExceeded, Overloaded
 from inferd.observability import tracing
 from inferd.worker.connection import Batch, WorkerConnection, WorkerState
 
@@ -58,6 +59,7 @@ class Dispatcher:
     def dispatch_due(self) -> float | None:
         """Send every batch that is due now; return when to look again (None: at the next event)."""
         queue = self.state.queue
+        self._shed_lost()
         while True:
             now = self.state.clock.now()
             idle, staging = self.routing.free_workers(self.state.workers)
@@ -130,6 +132,23 @@ class Dispatcher:
         expired = [i for i in live if i.deadline is not None and i.deadline <= now]
         self._expire_cut(expired, now)
         self._send(worker, [i for i in live if i not in expired], now)
+
+    def _shed_lost(self) -> None:
+        """SLO batching with shed_lost: the queued items that can no longer meet the SLO get 429 now."""
+        now = self.state.clock.now()
+        before = self.policy.lost_before(now)
+        lost = [] if before is None else self.state.queue.enqueued_before(before)
+        if not lost:
+            return
+        queue, name = self.state.queue, self.state.name
+        ready = sum(w.state is WorkerState.READY for w in self.state.workers)
+        drain = self.state.estimator.drain_time_s(len(queue) - len(lost), ready)
+        for item in lost:
+            waited_ms = 1000 * (now - item.first_enqueued_at)
+            fail(queue, item, Overloaded(
+                f"request to model '{name}' can no longer be answered within its SLO (it waited {waited_ms:.0f} "
+                f"ms; [slo] shed_lost); retry in {retry_after_s(drain)} s", drain, reason="slo_lost",
+            ))  # fmt: skip
 
     def _expire_cut(self, expired: list[QueuedItem], now: float) -> None:
         for item in expired:

@@ -64,6 +64,10 @@ class CutPolicy(Protocol):
         stage_at: float | None = None,
     ) -> CutDecision: ...
 
+    def lost_before(self, now: float) -> float | None:
+        """Queued items enqueued before this are to be shed (SLO batching with shed_lost); None: keep all."""
+        ...
+
 
 class BatchPolicy:
     def __init__(self, max_batch_size: int, max_wait_s: float, preferred_batch_sizes: tuple[int, ...] = ()):
@@ -105,6 +109,9 @@ class BatchPolicy:
                 return CutDecision(0, wake_at=stage_at)
             return CutDecision(self.max_batch_size, idle=False)
         return NOTHING
+
+    def lost_before(self, now: float) -> float | None:
+        return None
 
     def _largest_preferred(self, queued: int) -> int:
         best = 0

@@ -347,6 +347,20 @@ class RequestQueue:
         times.sort()
         return times
 
+    def enqueued_before(self, before: float) -> list[QueuedItem]:
+        """The live items enqueued before `before`: each lane's head, up to its first later item (a lane is
+        in enqueue order; a retry put back at its head is older still)."""
+        found = []
+        for lanes in self._classes:
+            for lane in lanes.lanes.values():
+                for item in lane:
+                    if item.state is not ItemState.QUEUED:
+                        continue
+                    if item.enqueued_at >= before:
+                        break
+                    found.append(item)
+        return found
+
     def drain_all(self) -> list[QueuedItem]:
         """Take out every live item (shutdown, model unavailable)."""
         live = self.live_items()

@@ -116,6 +116,7 @@ class SloBatchPolicy:
         self._queued_times = queued_times
         self.arrivals = ArrivalRate(slo.latency_ms / 1000.0)
         self.late_batches = 0
+        self.shed = slo.shed_lost
         self._promised: tuple[float, float] | None = None
         """(oldest_at, due_at) of the wake-up last asked for: at it that batch is cut."""
 
@@ -140,6 +141,11 @@ class SloBatchPolicy:
         if stage_slots > 0:
             return self._for_staging(now, line, stage_at)
         return NOTHING
+
+    def lost_before(self, now: float) -> float | None:
+        """With shed_lost: items enqueued before this miss the budget even alone in a batch started now."""
+        line = self._cost_line() if self.shed else None
+        return None if line is None else now + line[0] + line[1] - self.budget_s
 
     def slo_size(self, line: CostLine) -> int:
         """The largest n <= max_batch_size with cost(n) <= budget (at least 1)."""

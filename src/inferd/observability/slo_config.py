@@ -73,6 +73,11 @@ class SloConfig(BaseModel):
     """LLM models: a stream is good when its first token came within this long of the request."""
     itl_ms: float | None = None
     """LLM models: a token is good when it came within this long of the one before."""
+    shed_lost: bool = False
+    """With `batching = "slo"`: a queued request that can no longer be answered within latency_ms (it
+    would miss it even in a batch of its own started now) is answered at once with 429 and Retry-After
+    (reason slo_lost) instead of waiting for a lull, so it neither holds a place in the queue nor
+    delays the client's retry elsewhere."""
 
     @field_validator("availability")
     @classmethod
@@ -118,8 +123,13 @@ class SloConfig(BaseModel):
 
 
 def check_slo_batching(batching: str, slo: SloConfig | None) -> None:
-    """A model with `batching = "slo"` needs an [slo] table that sets latency_ms."""
+    """A model with `batching = "slo"` needs an [slo] table that sets latency_ms; shed_lost needs it."""
     if batching != "slo":
+        if slo is not None and slo.shed_lost:
+            raise ValueError(
+                "slo shed_lost = true sheds the requests SLO batching gives up on, and this model's batching "
+                'is "fixed": set batching = "slo", or remove shed_lost'
+            )
         return
     if slo is None:
         raise ValueError(
