@@ -7,7 +7,7 @@ import pytest
 from inferd.clock import FakeClock
 from inferd.worker import protocol as p
 from inferd.worker.connection import WorkerConnection, WorkerState
-from inferd.worker.credits import CreditLedger
+from inferd.worker.credits import STALE_HOLD_S, CreditLedger
 
 
 def test_a_lone_front_end_is_granted_both_slots_unasked() -> None:
@@ -74,6 +74,10 @@ def test_a_front_end_without_credits_is_only_served_alone() -> None:
     assert not ledger.accepts_legacy()
     with pytest.raises(ValueError, match="alone"):
         ledger.join("new", legacy=True)
+    assert not ledger.accepts(credits=True) and not ledger.accepts(credits=False)  # whichever came first
+    shared = CreditLedger(FakeClock())
+    shared.join("a")
+    assert shared.accepts(credits=True) and not shared.accepts(credits=False)
 
 
 def test_of_two_front_ends_granted_on_an_idle_worker_only_the_first_is_told_idle() -> None:
@@ -130,3 +134,21 @@ def test_a_front_end_times_another_front_ends_running_batch_from_the_credit() ->
     assert conn.running_since == 10.2 and conn.running_items == 0  # another's batch starts about now
     conn.on_credit(p.Credit(0, True, True), now=10.3)  # a worker that does not say: its idle flag only
     assert conn.running_since == 10.2 and conn.idle
+
+
+def test_a_first_holder_that_does_not_use_its_slot_stops_keeping_the_others_busy() -> None:
+    """Its front end ejected the worker, or stalled: after STALE_HOLD_S the next holder is told idle too
+    (the worker re-tells its front ends at each heartbeat)."""
+    clock = FakeClock()
+    ledger = CreditLedger(clock)
+    for front in ("a", "b"):
+        ledger.join(front)
+        ledger.report(front, queued=5, oldest_age_s=0.0)
+        clock.advance_ms(1)
+    told = {f: state for f, (_, state) in ledger.to_tell({"a": None, "b": None}).items()}
+    assert told["a"].idle and not told["b"].idle
+    clock.advance(STALE_HOLD_S / 2)
+    assert ledger.to_tell(told) == {}  # nothing changed yet
+    clock.advance(STALE_HOLD_S)
+    tell = ledger.to_tell(told)
+    assert list(tell) == ["b"] and tell["b"][1].idle  # a still holds its slot, unused: b may send

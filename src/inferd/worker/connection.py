@@ -108,7 +108,8 @@ class WorkerConnection:
         if self.credits is None:
             return
         if msg.running_items >= 0:  # the worker says what runs on it: staging times count from that batch
-            self.running_since = now - msg.running_for_s
+            if not self.inflight:  # (with a batch of its own in flight, its own times stay)
+                self.running_since = now - msg.running_for_s
             self.running_items = msg.running_items
         elif self.worker_idle and not msg.idle and not self.inflight:
             self.running_since = now  # (a worker that does not say) another front end's batch started

@@ -15,7 +15,7 @@ only against a slot it was granted, so
 * A front end that leaves gives its unused slots back; batches it sent still run (and still count)
   until they finish.
 * Front ends of an older inferd (no credits) may send two batches at any time: such a front end is
-  only served alone (`accepts_legacy`).
+  only served alone, whichever joined first (`accepts`).
 
 `high_water` is the most batches ever held at once: what a test reads to check the cap.
 
@@ -35,6 +35,9 @@ from inferd.clock import Clock
 
 CAP = 2
 """One batch running on the device and at most one staged behind it."""
+STALE_HOLD_S = 1.0
+"""A front end told "idle" that has held its slot this long without using it no longer keeps the others
+"busy" (a first holder normally sends within its batch wait, milliseconds)."""
 
 
 @dataclass(slots=True)
@@ -50,9 +53,11 @@ class FrontDemand:
     reported_at: float = 0.0
     holds_since: int = 0
     """When (the ledger's grant count) it was granted the slots it holds: the first holder runs next."""
+    held_at: float = 0.0
+    """When (the clock) it was granted them."""
 
 
-class WorkerState(NamedTuple):
+class ToldState(NamedTuple):
     """What a front end holding a slot is told again when it changes."""
 
     idle: bool
@@ -95,6 +100,11 @@ class CreditLedger:
     def accepts_legacy(self) -> bool:
         """Whether a front end without credits may join now: only when it would be served alone."""
         return not self._fronts
+
+    def accepts(self, credits: bool) -> bool:
+        """Whether a front end (taking credits or not) may join now: one without credits is served only
+        alone, whichever joined first."""
+        return self.accepts_legacy() if not credits else not any(d.legacy for d in self._fronts.values())
 
     def join(self, front: Hashable, legacy: bool = False) -> None:
         if legacy and self._fronts:
@@ -163,15 +173,21 @@ class CreditLedger:
         self.running_items = self._held_items[0] if self._held_items else 0
         self._started_at = self.clock.now()
 
-    def state_for(self, front: Hashable) -> WorkerState:
+    def state_for(self, front: Hashable) -> ToldState:
         """The state as `front` is told it: idle only if nothing is held and no other front end holds a
         slot (two front ends told "idle" at once would each send a batch to run, and one would wait a
         whole batch behind the other; told "busy", the second stages only a full batch, on time). Of
         several holding slots, the one granted first is told "idle"; the others, when it has used or
-        given back its slot."""
-        holders = [(d.holds_since, f == front) for f, d in self._fronts.items() if d.outstanding]
+        given back its slot, or has held it STALE_HOLD_S without (its front end ejected the worker, or
+        stalled: the worker re-tells its front ends at each heartbeat)."""
+        now = self.clock.now()
+        holders = [
+            (d.holds_since, f == front)
+            for f, d in self._fronts.items()
+            if d.outstanding and (f == front or now - d.held_at < STALE_HOLD_S)
+        ]
         idle = self.idle and (not holders or min(holders)[1])
-        return WorkerState(idle, self.shared, self.starts, self.idle)
+        return ToldState(idle, self.shared, self.starts, self.idle)
 
     def running_for_s(self) -> float:
         """How long the running batch has run (0 while none runs)."""
@@ -203,16 +219,17 @@ class CreditLedger:
     def _hold(self, d: FrontDemand, slots: int) -> None:
         if not d.outstanding:
             d.holds_since = self._granted
+            d.held_at = self.clock.now()
         d.outstanding += slots
         self._granted += slots
 
-    def to_tell(self, told: Mapping[Hashable, WorkerState | None]) -> dict[Hashable, tuple[int, WorkerState]]:
+    def to_tell(self, told: Mapping[Hashable, ToldState | None]) -> dict[Hashable, tuple[int, ToldState]]:
         """Hand out the free slots (`grant`) and say who gets a Credit now, with how many slots and the
         state (`state_for`): those granted some, and, when their state changed since they were last
         `told` it, those holding slots, never told, or told another sharing. `told`: each front end that
         takes credits."""
         grants = self.grant()
-        out: dict[Hashable, tuple[int, WorkerState]] = {}
+        out: dict[Hashable, tuple[int, ToldState]] = {}
         for front, last in told.items():
             granted = grants.get(front, 0)
             state = self.state_for(front)

@@ -13,7 +13,7 @@ import socket
 from collections.abc import Callable
 
 from inferd.worker import protocol as p
-from inferd.worker.credits import WorkerState
+from inferd.worker.credits import ToldState
 
 
 class FrontLink:
@@ -25,7 +25,7 @@ class FrontLink:
         self.writer = writer
         self.credits = False
         """The front end takes credits (Welcome.credits); False: an older one, served alone."""
-        self.told: WorkerState | None = None
+        self.told: ToldState | None = None
         """The state last sent to it in a Credit."""
         self.closed = False
 

@@ -171,10 +171,10 @@ class Worker:
     def _refusal(self, welcome: p.Message) -> str:
         if not isinstance(welcome, p.Welcome) or not welcome.accepted:
             return f"refused: {getattr(welcome, 'reason', 'unexpected reply')}"
-        if not welcome.credits and not self.ledger.accepts_legacy():
+        if not self.ledger.accepts(welcome.credits):
             return (
-                "this front end (an older inferd) takes no batch credits, so it cannot share a worker "
-                "with other front ends; upgrade it, or give it workers of its own"
+                "a front end of an older inferd takes no batch credits, so it cannot share a worker with "
+                "other front ends; upgrade it, or give it workers of its own"
             )
         return ""
 
@@ -289,6 +289,7 @@ class Worker:
     async def _heartbeat(self, link: FrontLink, interval_s: float) -> None:
         while True:
             await asyncio.sleep(interval_s)
+            self._grant()  # a slot held too long without use (credits.STALE_HOLD_S) frees the others
             link.send(
                 p.Heartbeat(
                     running=self.running,

@@ -25,8 +25,10 @@ import msgspec
 import numpy as np
 
 PROTOCOL_VERSION = 4
-"""Bumped whenever a message changes shape; a worker of another protocol is refused at Hello, with the
-reason (both sides must run the same inferd version). 2: Hello.version (versions side by side).
+"""Bumped whenever a message changes shape in a way the other side cannot read; a worker of another
+protocol is refused at Hello, with the reason. Fields added at the end with defaults are not a change
+of shape: an older peer ignores them, a newer one reads the default (Credit.running_items, -1: "does
+not say", and running_for_s). 2: Hello.version (versions side by side).
 3: AddSequence.weight (tenants' shares of LLM admissions); search shard replicas (ShardAssign,
 ShardCall, ShardReply; the other messages are unchanged). 4: StepDeltas.decoded_ids / decoded_tokens
 (single tokens no longer travel as SeqDeltas)."""
