@@ -3,7 +3,7 @@ workers that can be lost: every request is answered exactly once (a result of it
 DeadlineExceeded, or a cancellation it asked for), no batch exceeds the device's limit, and an item is
 never in two places at once, although the policy takes items from the middle of the queue (the ones that
 can still meet the SLO before the lost ones) and a lost worker's batches go back to its head; with
-[slo] shed_lost, the lost ones are answered 429 (reason slo_lost) instead, and only those."""
+[slo] shed_lost, a 429 comes only with it, always with reason slo_lost (which items: test_slo_shed.py)."""
 
 from __future__ import annotations
 

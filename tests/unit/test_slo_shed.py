@@ -11,10 +11,13 @@ import asyncio
 import numpy as np
 import pytest
 
+from inferd.batching.queue import BULK, QueuedItem
+from inferd.errors import Overloaded
 from inferd.fleetsim.batch_fleet import BatchFleet, FleetSpec
 from inferd.fleetsim.profiles import BatchProfile
 from inferd.fleetsim.report import Outcome
 from inferd.models.sim import sim_config
+from tests.property.test_slo_runtime import slo_fleet
 
 LATENCY_MS = 100.0
 DEVICE = BatchProfile("given", 0.02, 0.0005, overhead_s=0.0, source="given")
@@ -54,6 +57,33 @@ def test_lost_requests_are_refused_at_once_and_the_answers_stay_on_time() -> Non
 
 
 def test_shed_lost_is_refused_on_a_model_that_does_not_batch_by_slo() -> None:
-    with pytest.raises(ValueError, match=r'shed_lost .* set batching = "slo"'):
+    with pytest.raises(ValueError, match=r'shed_lost .* batching = "slo": set that'):
         sim_config(slo={"latency_ms": 100, "shed_lost": True})
     assert sim_config(batching="slo", slo={"latency_ms": 100, "shed_lost": True}).slo.shed_lost
+
+
+def test_only_never_sent_interactive_items_are_shed() -> None:
+    """A crash's retry or a hedge (sent before: its first batch may still answer) and bulk items (spare
+    capacity) are kept; a fresh interactive item past the cutoff gets 429 slo_lost, a newer one stays."""
+
+    async def main() -> dict[str, object]:
+        fleet = slo_fleet(max_batch=8, queue_size=64, n_workers=1, shed=True)
+        rt, loop = fleet.rt, asyncio.get_running_loop()
+        items = {
+            "fresh": QueuedItem("fresh", 1.0, None, loop.create_future()),
+            "retried": QueuedItem("retried", 1.0, None, loop.create_future(), attempts=1),
+            "hedged": QueuedItem("hedged", 1.0, None, loop.create_future(), attempts=1, hedged=True),
+            "bulk": QueuedItem("bulk", 1.0, None, loop.create_future(), priority=BULK),
+            "newer": QueuedItem("newer", 5.0, None, loop.create_future()),
+        }
+        for item in items.values():
+            rt.queue.push(item)
+        rt._dispatcher.policy.lost_before = lambda now: 3.0  # items enqueued before t = 3 s are lost
+        rt._dispatcher._shed_lost()
+        shed = {k for k, i in items.items() if i.reply.done() and isinstance(i.reply.exception(), Overloaded)}
+        assert all(isinstance(items[k].reply.exception(), Overloaded) for k in shed)
+        assert items["fresh"].reply.exception().reason == "slo_lost"
+        return {"shed": shed, "queued": len(rt.queue)}
+
+    out = asyncio.run(main())
+    assert out == {"shed": {"fresh"}, "queued": 4}

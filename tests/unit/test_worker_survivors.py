@@ -81,28 +81,33 @@ async def test_a_restarted_owner_adopts_its_slots_workers_and_the_added_ones_and
     kept = sleeper(sleepers, address, "m-0.3")
     scaled = sleeper(sleepers, address, "m-5.1")  # a slot the previous owner's autoscaler added
     older = sleeper(sleepers, address, "m-0.2")  # an earlier incarnation still exiting
-    update = sleeper(sleepers, address, "m.v2-1.0", "--model-version", "2")  # a version not run here
+    update = sleeper(sleepers, address, "m-3.0", "--model-version", "2")  # a version not run here
+    zero = sleeper(sleepers, address, "z-0.4")  # a model configured with workers = 0, scaled up since
     supervisor = Supervisor(address, "token", "INFO", adopt=True)
     (slot,) = supervisor.add("m", 1)
+    assert supervisor.add("z", 0) == []
     running = asyncio.create_task(supervisor.run())
     try:
         async with asyncio.timeout(10):
             while any(s.process is None for s in supervisor.slots):  # noqa: ASYNC110 - its tasks set them
                 await asyncio.sleep(0.01)
-            codes = [await asyncio.to_thread(p.wait) for p in sleepers[2:]]
+            codes = [await asyncio.to_thread(p.wait) for p in sleepers[2:4]]
         assert isinstance(slot.process, Adopted) and slot.process.pid == kept
         assert slot.incarnation == "m-0.3"  # the adopted worker's id, so the hub and watchdog match it
-        (added,) = supervisor.slots[1:]  # the scaled-up slot is back, with its worker
-        assert isinstance(added.process, Adopted) and added.incarnation == "m-5.1"
-        assert sorted(supervisor.pids()) == sorted([kept, scaled])
-        assert [s.index for s in supervisor.slots] == [0, 5]  # a later scale-up takes index 6 (`add`)
-        assert codes[:2] == [-15, -15], (older, update)  # SIGTERM
+        added = {s.incarnation: s for s in supervisor.slots[1:]}  # the scaled-up slots are back, with workers
+        assert sorted(added) == ["m-5.1", "z-0.4"] and all(
+            isinstance(s.process, Adopted) for s in added.values()
+        )
+        assert sorted(supervisor.pids()) == sorted([kept, scaled, zero])
+        assert [s.index for s in supervisor.slots if s.model == "m"] == [0, 5]  # a scale-up takes 6 (`add`)
+        assert codes == [-15, -15], (older, update)  # SIGTERM
     finally:
         running.cancel()
         with pytest.raises(asyncio.CancelledError):
             await running
     assert await asyncio.to_thread(sleepers[0].wait, 10) == -15  # stopped with the supervisor
     assert await asyncio.to_thread(sleepers[1].wait, 10) == -15
+    assert await asyncio.to_thread(sleepers[4].wait, 10) == -15
 
 
 def test_a_worker_that_cannot_be_signalled_is_logged_not_raised(

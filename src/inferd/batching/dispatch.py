@@ -134,10 +134,13 @@ class Dispatcher:
         self._send(worker, [i for i in live if i not in expired], now)
 
     def _shed_lost(self) -> None:
-        """SLO batching with shed_lost: the queued items that can no longer meet the SLO get 429 now."""
+        """SLO batching with shed_lost: the queued interactive items that can no longer meet the SLO get
+        429 now. Not bulk (it uses spare capacity, on no deadline of the SLO's), not an item sent before
+        (a crash's retry, or a hedge whose first batch may still answer it)."""
         now = self.state.clock.now()
         before = self.policy.lost_before(now)
-        lost = [] if before is None else self.state.queue.enqueued_before(before)
+        lost = [] if before is None else self.state.queue.enqueued_before(before, INTERACTIVE)
+        lost = [i for i in lost if not i.attempts and not i.hedged]
         if not lost:
             return
         queue, name = self.state.queue, self.state.name

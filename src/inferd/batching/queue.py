@@ -347,18 +347,18 @@ class RequestQueue:
         times.sort()
         return times
 
-    def enqueued_before(self, before: float) -> list[QueuedItem]:
-        """The live items enqueued before `before`: each lane's head, up to its first later item (a lane is
-        in enqueue order; a retry put back at its head is older still)."""
+    def enqueued_before(self, before: float, priority: int) -> list[QueuedItem]:
+        """The live items of a class enqueued before `before`: each lane's head, up to its first later item.
+        A lane is in enqueue order but for items put back at its head (retries, hedges, an SLO cut's
+        newer items given back): behind a newer one put back, older items are found once it has left."""
         found = []
-        for lanes in self._classes:
-            for lane in lanes.lanes.values():
-                for item in lane:
-                    if item.state is not ItemState.QUEUED:
-                        continue
-                    if item.enqueued_at >= before:
-                        break
-                    found.append(item)
+        for lane in self._classes[priority].lanes.values():
+            for item in lane:
+                if item.state is not ItemState.QUEUED:
+                    continue
+                if item.enqueued_at >= before:
+                    break
+                found.append(item)
         return found
 
     def drain_all(self) -> list[QueuedItem]:

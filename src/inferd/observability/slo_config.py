@@ -74,10 +74,11 @@ class SloConfig(BaseModel):
     itl_ms: float | None = None
     """LLM models: a token is good when it came within this long of the one before."""
     shed_lost: bool = False
-    """With `batching = "slo"`: a queued request that can no longer be answered within latency_ms (it
-    would miss it even in a batch of its own started now) is answered at once with 429 and Retry-After
-    (reason slo_lost) instead of waiting for a lull, so it neither holds a place in the queue nor
-    delays the client's retry elsewhere."""
+    """With `batching = "slo"`: a queued interactive request that can no longer be answered within
+    latency_ms (it would miss it even in a batch of its own started now) and was never sent to a worker
+    is answered at once with 429 and Retry-After (reason slo_lost) instead of waiting for a lull, so it
+    holds no place in the queue and its client learns at once. Like every overload 429 it counts
+    against availability (a late answer counts against latency instead)."""
 
     @field_validator("availability")
     @classmethod
@@ -127,8 +128,8 @@ def check_slo_batching(batching: str, slo: SloConfig | None) -> None:
     if batching != "slo":
         if slo is not None and slo.shed_lost:
             raise ValueError(
-                "slo shed_lost = true sheds the requests SLO batching gives up on, and this model's batching "
-                'is "fixed": set batching = "slo", or remove shed_lost'
+                "slo shed_lost = true sheds the requests SLO batching gives up on; it applies to batch models "
+                'with batching = "slo": set that, or remove shed_lost'
             )
         return
     if slo is None:

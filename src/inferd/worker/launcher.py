@@ -155,6 +155,8 @@ class Launcher(abc.ABC, Generic[P]):
         self.healthy_after_s = healthy_after_s
         self.clock = clock or MonotonicClock()
         self.slots: list[WorkerSlot] = []
+        self.served: set[tuple[str, int | None]] = set()
+        """Every (model, version) ever given slots here, even none (`workers = 0`, scaled up later)."""
         self.restart_hooks: list[Callable[[WorkerSlot], None]] = []
         self._stopping = False
         self._tg: asyncio.TaskGroup | None = None
@@ -163,6 +165,7 @@ class Launcher(abc.ABC, Generic[P]):
     def add(self, model: str, count: int, version: int | None = None) -> list[WorkerSlot]:
         """New slots for a model (at `version`; None: its default); started at once when the launcher
         already runs (scale-up)."""
+        self.served.add((model, version))
         first = max((s.index + 1 for s in self.slots if s.model == model), default=0)
         new = [WorkerSlot(model, first + i, version) for i in range(count)]
         self.slots.extend(new)

@@ -102,10 +102,11 @@ class Supervisor(Launcher[LocalProcess]):
         and the autoscaler, which counts the live slots, scales from there. The others (older
         incarnations, a model or version this owner does not run, e.g. a rolling update's) get SIGTERM."""
         slots = {(s.model, s.index, s.version) for s in self.slots}
-        served = {(s.model, s.version) for s in self.slots}
         for survivor in survivors(self.address):
             key = survivor.slot_key
-            if key not in self._survivors and (key in slots or (survivor.model, survivor.version) in served):
+            if key not in self._survivors and (
+                key in slots or (survivor.model, survivor.version) in self.served
+            ):
                 if key not in slots:
                     self.slots.append(WorkerSlot(survivor.model, survivor.index, survivor.version))
                     slots.add(key)
