@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -130,11 +131,16 @@ def test_fleet_sim_shares_devices_on_request(monkeypatch: pytest.MonkeyPatch) ->
 
     monkeypatch.setattr(fleet_sim, "simulate", spy)
     args = ["fleet-sim", "run", "--devices", "2", "--frontends", "2", "--rate", "200", "--duration", "3"]
-    for flag in (["--shared-devices"], []):
-        sim = CliRunner().invoke(app, [*args, "--warmup", "1", *flag, "--json"])
-        assert sim.exit_code == 0, sim.output
-        out = json.loads(sim.output)
-        assert out["shared_devices"] is bool(flag) and out["ok"] == out["requests"] > 0
+    inferd_log = logging.getLogger("inferd")
+    level = inferd_log.level  # the command quiets inferd's loggers, as a process of its own may
+    try:
+        for flag in (["--shared-devices"], []):
+            sim = CliRunner().invoke(app, [*args, "--warmup", "1", *flag, "--json"])
+            assert sim.exit_code == 0, sim.output
+            out = json.loads(sim.output)
+            assert out["shared_devices"] is bool(flag) and out["ok"] == out["requests"] > 0
+    finally:
+        inferd_log.setLevel(level)  # not for the tests after this one
     assert simulated == [True, False]
 
 
