@@ -27,7 +27,7 @@ from inferd.fleetsim.events import EventQueue
 from inferd.worker import protocol as p
 from inferd.worker.connection import Batch, WorkerConnection
 from inferd.worker.credits import CreditLedger
-from inferd.worker.fronts import FrontLink
+from inferd.worker.fronts import FrontLink, tell_credits
 
 HEADER = 4
 """A frame's length prefix (protocol.encode_frame)."""
@@ -184,14 +184,8 @@ class SharedBatchDevice:
 
     def grant(self) -> None:
         """As the worker's `_grant`: hand out free slots, and tell front ends holding slots when the
-        worker's state changed."""
-        ledger = self.ledger
-        tell = ledger.to_tell({i: link.told for i, link in self.links.items()})
-        running_for_s = ledger.running_for_s()
-        for index, (granted, state) in tell.items():
-            link = self.links[index]
-            link.send(p.Credit(granted, state.idle, state.shared, ledger.running_items, running_for_s))
-            link.told = state
+        worker's state changed (the worker's own `tell_credits`)."""
+        tell_credits(self.ledger, self.links)
 
     # ---- the device: one batch at a time, in the order received --------------------------------------
     def receive(self, link: BatchLink, batch_id: int, items: int) -> None:

@@ -153,12 +153,11 @@ class OwnerChannel:
         finally:
             asking.cancel()
             self._watching -= 1
-            if self._watching:
-                pass
-            elif not watcher.done():
-                watcher.cancel()
-            elif not watcher.cancelled():
-                watcher.exception()  # its verdict was seen (or not needed): nothing left unretrieved
+            if not self._watching:  # the last one waiting: the watcher stops, its verdict retrieved
+                if not watcher.done():
+                    watcher.cancel()
+                elif not watcher.cancelled():
+                    watcher.exception()
 
     async def _until_hung(self) -> None:
         """Pings the owner every `ping_every_s` until it is hung, then raises OwnerUnreachable."""

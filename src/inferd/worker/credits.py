@@ -164,9 +164,10 @@ class CreditLedger:
         self.held = max(0, self.held - 1)
         if self._held_items:
             self._held_items.popleft()
-        self.running_items = 0
         if self.held:
             self._start()
+        else:
+            self.running_items = 0
 
     def _start(self) -> None:
         self.starts += 1

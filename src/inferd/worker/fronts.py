@@ -10,10 +10,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import socket
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 from inferd.worker import protocol as p
-from inferd.worker.credits import ToldState
+from inferd.worker.credits import CreditLedger, ToldState
 
 
 class FrontLink:
@@ -130,3 +130,15 @@ def give_up_when_silent(writer: asyncio.StreamWriter, timeout_s: float) -> None:
     if timeout_s <= 0 or sock is None or option is None or sock.family == socket.AF_UNIX:
         return
     sock.setsockopt(socket.IPPROTO_TCP, option, int(timeout_s * 1000))
+
+
+def tell_credits(ledger: CreditLedger, links: Mapping[int, FrontLink]) -> None:
+    """Hand out the ledger's free batch slots and send each link that takes credits the Credit the
+    ledger's rule (`CreditLedger.to_tell`) says it gets now: its grant, and the worker's state (what
+    runs on it) when that changed for it. The worker's rule, which the fleet simulator runs too."""
+    tell = ledger.to_tell({i: link.told for i, link in links.items() if link.credits})
+    running_for_s = ledger.running_for_s()
+    for index, (granted, state) in tell.items():
+        link = links[index]
+        link.send(p.Credit(granted, state.idle, state.shared, ledger.running_items, running_for_s))
+        link.told = state

@@ -34,7 +34,7 @@ from inferd.observability.settings import from_environment
 from inferd.worker import protocol as p
 from inferd.worker.credits import CAP, CreditLedger
 from inferd.worker.device import Device
-from inferd.worker.fronts import FrontLink, SequenceOwners, give_up_when_silent, split_addresses
+from inferd.worker.fronts import FrontLink, SequenceOwners, give_up_when_silent, split_addresses, tell_credits
 from inferd.worker.orphans import orphaned
 
 log = logging.getLogger("inferd.worker")
@@ -238,13 +238,7 @@ class Worker:
         """Hand out free batch slots, and tell front ends holding slots when the worker's state changed."""
         if self._draining or self._engine is not None:  # an LLM engine batches continuously: no slots
             return
-        ledger = self.ledger
-        tell = ledger.to_tell({i: link.told for i, link in self.links.items() if link.credits})
-        running_for_s = ledger.running_for_s()
-        for index, (granted, state) in tell.items():
-            link = self.links[index]
-            link.send(p.Credit(granted, state.idle, state.shared, ledger.running_items, running_for_s))
-            link.told = state
+        tell_credits(self.ledger, self.links)
 
     # ---- the device: one batch at a time, or the LLM engine ---------------------------------------------
     def _start_engine(self) -> None:
