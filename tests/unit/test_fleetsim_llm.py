@@ -25,6 +25,7 @@ from inferd.fleetsim.llm_report import GapHistogram, LLMSimReport
 from inferd.fleetsim.plan_schema import SCHEMA, search_report
 from inferd.fleetsim.profiles import BatchProfile
 from inferd.search.plan import SearchTargets, load_profile, plan_search
+from tests.cli_flags import shared_devices_reach_the_fleet
 
 DEVICE = LLMProfile(
     "test",
@@ -374,22 +375,11 @@ def test_the_same_load_finishes_on_shared_and_on_partitioned_devices() -> None:
 
 def test_fleet_sim_llm_shares_devices_on_request(monkeypatch: pytest.MonkeyPatch) -> None:
     """The flag reaches the simulated fleet (the JSON's "shared_devices" only echoes it)."""
-    from typer.testing import CliRunner
-
     from inferd.cli import fleet_sim_llm
-    from inferd.cli.main import app
 
-    simulated: list[bool] = []
-
-    def spy(s: LLMFleetSpec) -> LLMSimReport:
-        simulated.append(s.shared_devices)
-        return simulate_llm(s)
-
-    monkeypatch.setattr(fleet_sim_llm, "simulate_llm", spy)
-    args = ["fleet-sim", "llm", "--devices", "2", "--frontends", "2", "--rate", "5", "--duration", "4"]
-    for flag in (["--shared-devices"], []):
-        sim = CliRunner().invoke(app, [*args, "--warmup", "1", *flag, "--json"])
-        assert sim.exit_code == 0, sim.output
-        out = json.loads(sim.output)
-        assert out["shared_devices"] is bool(flag) and out["ok"] == out["requests"] > 0
-    assert simulated == [True, False]
+    shared_devices_reach_the_fleet(
+        monkeypatch,
+        fleet_sim_llm,
+        "simulate_llm",
+        ["fleet-sim", "llm", "--devices", "2", "--frontends", "2", "--rate", "5", "--duration", "4"],
+    )

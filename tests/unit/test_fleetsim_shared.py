@@ -7,8 +7,6 @@ links; `inferd fleet-sim run --shared-devices` reaches the spec."""
 from __future__ import annotations
 
 import asyncio
-import json
-import logging
 import os
 import subprocess
 import sys
@@ -18,13 +16,14 @@ import pytest
 
 from inferd.fleetsim.arrivals import ArrivalSpec, arrival_times
 from inferd.fleetsim.batch_devices import SharedBatchDevice
-from inferd.fleetsim.batch_fleet import BatchFleet, Failure, FleetSpec, simulate
+from inferd.fleetsim.batch_fleet import BatchFleet, Failure, FleetSpec
 from inferd.fleetsim.profiles import BatchProfile
 from inferd.fleetsim.report import Outcome, SimReport
 from inferd.fleetsim.validate import FULL, frontend_pids
 from inferd.models.sim import sim_config
 from inferd.worker.connection import WorkerState
 from inferd.worker.credits import CAP
+from tests.cli_flags import shared_devices_reach_the_fleet
 
 DEVICE = BatchProfile("test", base_s=0.1, per_item_s=0.001, overhead_s=0.001, source="given")
 
@@ -118,30 +117,14 @@ def test_a_lost_front_end_closes_only_its_links() -> None:
 
 def test_fleet_sim_shares_devices_on_request(monkeypatch: pytest.MonkeyPatch) -> None:
     """The flag reaches the simulated fleet (the JSON's "shared_devices" only echoes it)."""
-    from typer.testing import CliRunner
-
     from inferd.cli import fleet_sim
-    from inferd.cli.main import app
 
-    simulated: list[bool] = []
-
-    def spy(s: FleetSpec) -> SimReport:
-        simulated.append(s.shared_devices)
-        return simulate(s)
-
-    monkeypatch.setattr(fleet_sim, "simulate", spy)
-    args = ["fleet-sim", "run", "--devices", "2", "--frontends", "2", "--rate", "200", "--duration", "3"]
-    inferd_log = logging.getLogger("inferd")
-    level = inferd_log.level  # the command quiets inferd's loggers, as a process of its own may
-    try:
-        for flag in (["--shared-devices"], []):
-            sim = CliRunner().invoke(app, [*args, "--warmup", "1", *flag, "--json"])
-            assert sim.exit_code == 0, sim.output
-            out = json.loads(sim.output)
-            assert out["shared_devices"] is bool(flag) and out["ok"] == out["requests"] > 0
-    finally:
-        inferd_log.setLevel(level)  # not for the tests after this one
-    assert simulated == [True, False]
+    shared_devices_reach_the_fleet(
+        monkeypatch,
+        fleet_sim,
+        "simulate",
+        ["fleet-sim", "run", "--devices", "2", "--frontends", "2", "--rate", "200", "--duration", "3"],
+    )
 
 
 def test_validation_counts_the_cpu_of_every_front_end_process() -> None:
