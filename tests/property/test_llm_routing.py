@@ -8,6 +8,7 @@ loads the worker holding the prefix wins; the front end names blocks exactly as 
 
 from __future__ import annotations
 
+import hashlib
 import math
 
 from hypothesis import given, settings
@@ -39,8 +40,31 @@ workers_st = st.lists(
         waiting_prompt_tokens=st.integers(0, 45),
     ),
     min_size=0,
-    max_size=6,
+    max_size=30,  # past routing._VECTOR_FROM: `home` scores them with numpy
 ).map(lambda ws: [WorkerLoad(f"w{i}", *_fields(w)) for i, w in enumerate(ws)])
+
+
+def _splitmix_home(worker_ids: list[str], block: bytes) -> str | None:
+    """The rendezvous rule of `home`'s docstring, as plain integer arithmetic."""
+    m64 = (1 << 64) - 1
+    best, best_score = None, -1
+    for w in worker_ids:
+        key = int.from_bytes(hashlib.blake2b(w.encode(), digest_size=8).digest(), "little")
+        x = key ^ int.from_bytes(block[:8], "little")
+        x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & m64
+        x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & m64
+        x ^= x >> 31
+        if x > best_score:
+            best, best_score = w, x
+    return best
+
+
+@settings(max_examples=200, deadline=None)
+@given(n_workers=st.integers(0, 120), block=st.binary(min_size=32, max_size=32))
+def test_home_is_the_rendezvous_winner_however_many_workers(n_workers: int, block: bytes) -> None:
+    """Small sets are scored in a loop and large ones with numpy arrays: the same winner either way."""
+    ids = [f"llm-{i}.0" for i in range(n_workers)]
+    assert home(ids, block) == _splitmix_home(ids, block)
 
 
 def _fields(w: WorkerLoad) -> tuple[Health, int, int, int]:

@@ -42,6 +42,8 @@ def hash_blocks(
     """The names of the full blocks of `tokens` (a partial last block is not named), chained from
     `parent`: `hash_block` block by block, with the ids packed once for all of them."""
     full = len(tokens) // block_size * block_size
+    if full == block_size:  # one block (a decode filled it): `hash_block`, without the loop's setup
+        return [hash_block(parent, tokens if full == len(tokens) else tokens[:full], salt)]
     ids = array("q", tokens if full == len(tokens) else tokens[:full])  # only what is named is packed
     if _BIG_ENDIAN:
         ids.byteswap()

@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from operator import attrgetter
 
 import msgspec
+import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from inferd.clock import Clock
@@ -116,10 +117,20 @@ def _worker_key(worker_id: str) -> int:
 def home(worker_ids: Sequence[str], block: BlockHash) -> str | None:
     """Rendezvous hashing: the worker whose score with the block's name is highest (the same in every
     process: no salted hash()). The score is splitmix64's finaliser over the worker's key xor the block's:
-    well mixed, integer arithmetic only (a blake2b per worker per request cost 5x as much), inline since
-    it runs for every worker for every request."""
+    well mixed, integer arithmetic only (a blake2b per worker per request cost 5x as much). It runs for
+    every worker for every request: inline below `_VECTOR_FROM` workers, else on numpy's uint64 arrays
+    (the same scores: their products wrap modulo 2**64 as `& _M64` does; 13 us against 37 us for 100)."""
     block_key = int.from_bytes(block[:8], "little")
     keys = _KEYS
+    if len(worker_ids) >= _VECTOR_FROM:
+        x = np.array([keys.get(w) or _worker_key(w) for w in worker_ids], dtype=np.uint64)
+        x ^= np.uint64(block_key)
+        x ^= x >> _S30
+        x *= _MUL1
+        x ^= x >> _S27
+        x *= _MUL2
+        x ^= x >> _S31
+        return worker_ids[int(x.argmax())]  # the first of the highest, as the loop below
     best: str | None = None
     best_score = -1
     for worker_id in worker_ids:
@@ -130,6 +141,12 @@ def home(worker_ids: Sequence[str], block: BlockHash) -> str | None:
         if x > best_score:
             best, best_score = worker_id, x
     return best
+
+
+_VECTOR_FROM = 24
+"""Workers from which `home` scores them with numpy (below it, the loop is faster than the arrays)."""
+_MUL1, _MUL2 = np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB)
+_S27, _S30, _S31 = np.uint64(27), np.uint64(30), np.uint64(31)
 
 
 class PrefixAffinityRouter:
@@ -183,32 +200,42 @@ class PrefixAffinityRouter:
         if not candidates:
             self._full += 1
             return None
-        limit = self.cap(min([w.live_seqs for w in candidates]))
+        loads = [w.live_seqs for w in candidates]
+        limit = self.cap(min(loads))
+        within = [w for w in candidates if w.live_seqs < limit]  # has the least loaded
         cached = self._cached_all(candidates, hashes)
-        within = [i for i, w in enumerate(candidates) if w.live_seqs < limit]  # has the least loaded
-        top = max((candidates[i].health, cached[i]) for i in within)
-        tied = [candidates[i] for i in within if (candidates[i].health, cached[i]) == top]
-        home_id = home([candidates[i].worker_id for i in within], hashes[0]) if hashes else None
+        if cached is None:  # no candidate holds the first block: the healthiest within the cap tie on 0
+            health = max([w.health for w in within])
+            tied = [w for w in within if w.health == health]
+            best_n, capped = 0, False
+        else:
+            top = max((w.health, n) for w, n in zip(candidates, cached, strict=True) if w.live_seqs < limit)
+            tied = [
+                w
+                for w, n in zip(candidates, cached, strict=True)
+                if w.live_seqs < limit and (w.health, n) == top
+            ]
+            best_n = top[1]
+            capped = any(n > best_n and w.live_seqs >= limit for n, w in zip(cached, candidates, strict=True))
+        home_id = home([w.worker_id for w in within], hashes[0]) if hashes and len(tied) > 1 else None
         best = next((w for w in tied if w.worker_id == home_id), None) or min(tied, key=_by_load)
-        best_n = top[1]
-        capped = any(n > best_n and w.live_seqs >= limit for n, w in zip(cached, candidates, strict=True))
-        self._count(best, best_n, capped, candidates)
+        self._count(best, best_n, capped, loads)
         return Choice(best.worker_id, best_n, capped)
 
-    def _count(self, best: WorkerLoad, cached: int, capped: bool, candidates: list[WorkerLoad]) -> None:
+    def _count(self, best: WorkerLoad, cached: int, capped: bool, loads: list[int]) -> None:
         self._choices += 1
         self._hits += cached > 0
         self._capped += capped
-        live = best.live_seqs
-        self._ties += any(w is not best and w.live_seqs == live for w in candidates)
+        self._ties += loads.count(best.live_seqs) > 1  # another candidate has the chosen one's load
 
-    def _cached_all(self, candidates: list[WorkerLoad], hashes: Sequence[BlockHash]) -> list[int]:
-        """`_cached` of each candidate; most hold none of the prompt's first block, settled in one lookup."""
+    def _cached_all(self, candidates: list[WorkerLoad], hashes: Sequence[BlockHash]) -> list[int] | None:
+        """`_cached` of each candidate; None when none holds the prompt's first block (most requests,
+        settled in one lookup)."""
         if not hashes:
-            return [0] * len(candidates)
+            return None
         holders = self._first.get(hashes[0])
         if not holders:
-            return [0] * len(candidates)
+            return None
         now = self.clock.now()
         return [self._cached(w.worker_id, hashes, now) if w.worker_id in holders else 0 for w in candidates]
 
