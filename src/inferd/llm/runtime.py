@@ -183,7 +183,8 @@ class LLMRuntime:
             live = live_table.get(seq_id)
             if live is not None and live.stream.trace is not None:
                 tracing.event(live.stream.trace, "preempted", {"worker_id": worker.worker_id})
-        wid, placement, observe = worker.worker_id, self.placement, self.metrics is not None
+        wid, placement, metrics = worker.worker_id, self.placement, self.metrics
+        observe, streamed = metrics is not None, 0
         for seq_id, token in zip(msg.decoded_ids, msg.decoded_tokens, strict=True):  # one token, goes on
             live = live_table.get(seq_id)
             if live is None or (stream := live.stream).worker_id != wid:
@@ -193,6 +194,7 @@ class LLMRuntime:
             if observe or stream.trace is not None or not stream.completion_tokens:
                 self._observe_tokens(stream, 1, now, False)
             stream.push_token(token)
+            streamed += 1
         for delta in msg.deltas:
             live = live_table.get(delta.seq_id)
             if live is None or live.stream.worker_id != worker.worker_id:  # client left, or moved
@@ -204,8 +206,11 @@ class LLMRuntime:
             else:
                 self._observe_tokens(stream, len(delta.token_ids), now, delta.finish_reason is not None)
                 stream.push(delta.token_ids, delta.finish_reason)
+                streamed += len(delta.token_ids)
             if stream.ended:
                 self.placement.end(live)
+        if metrics is not None and streamed:
+            metrics.generated(streamed)
 
     def _observe_tokens(self, stream: TokenStream, n: int, now: float, last: bool) -> None:
         first = n > 0 and stream.completion_tokens == 0

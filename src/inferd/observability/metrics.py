@@ -286,9 +286,13 @@ class LLMMetrics:
     def submitted(self, prompt_tokens: int) -> None:
         self._prompt.inc(prompt_tokens)
 
-    def tokens(self, n: int, since_previous_s: float, first: bool) -> None:
-        """`n` tokens arrived `since_previous_s` after the previous ones (or after the request, if first)."""
+    def generated(self, n: int) -> None:
+        """`n` tokens streamed (one step's, every stream's together: one counter update per step)."""
         self._generated.inc(n)
+
+    def tokens(self, n: int, since_previous_s: float, first: bool) -> None:
+        """`n` tokens of one stream arrived `since_previous_s` after the previous ones (or after the
+        request, if first): their timing (`generated` counts them)."""
         if first:
             self._ttft.observe(since_previous_s)
             if self._slo is not None:
