@@ -74,7 +74,7 @@ class FrontLink:
         moved for too long."""
         if not self.watch.observe(now, self.buffered(), self.sent_bytes):
             return False
-        self.cut_off(f"nothing it was sent has gone out for {self.watch.stuck_for_s(now):.1f}s")
+        self.cut_off(f"{self.buffered()} bytes unread, none gone out for {self.watch.stuck_for_s(now):.1f}s")
         return True
 
     async def flush(self) -> None:

@@ -142,23 +142,24 @@ class Worker:
             delay_s = min(2.0, delay_s * 2)
 
     async def _session(self, index: int, address: str) -> str:
-        """One connection: register, (re)load if needed, then receive until it ends."""
-        async with asyncio.timeout(JOIN_TIMEOUT_S):  # TimeoutError is an OSError: the attempt is "lost"
-            reader, writer = await p.open_connection(address, self.tls)
-            link = FrontLink.joined(index, address, writer, self.stuck_after_s)
-            link.send(
-                p.Hello(
-                    worker_id=self.worker_id,
-                    model=self.model_name,
-                    pid=os.getpid(),
-                    host=socket.gethostname(),
-                    token=self.token,
-                    version=self.model_version,
-                    credits=True,
-                )
-            )
-            welcome = await p.read_message(reader)
+        """One connection: register, (re)load if needed, then receive until it ends; then close it."""
+        link: FrontLink | None = None
         try:
+            async with asyncio.timeout(JOIN_TIMEOUT_S):  # TimeoutError is an OSError: the attempt is "lost"
+                reader, writer = await p.open_connection(address, self.tls)
+                link = FrontLink.joined(index, address, writer, self.stuck_after_s)
+                link.send(
+                    p.Hello(
+                        worker_id=self.worker_id,
+                        model=self.model_name,
+                        pid=os.getpid(),
+                        host=socket.gethostname(),
+                        token=self.token,
+                        version=self.model_version,
+                        credits=True,
+                    )
+                )
+                welcome = await p.read_message(reader)
             refusal = self._refusal(welcome)
             if refusal:
                 log.error("worker %s and the front end at %s: %s", self.worker_id, address, refusal)
@@ -178,7 +179,8 @@ class Worker:
             self._start_engine()
             return await self._serve(link, reader, welcome)
         finally:
-            link.close()
+            if link is not None:
+                link.close()
 
     def _refusal(self, welcome: p.Message) -> str:
         if not isinstance(welcome, p.Welcome) or not welcome.accepted:
@@ -203,9 +205,7 @@ class Worker:
                 finished = tg.create_task(self._finished.wait())
                 ends = {receiving, finished, heartbeat}  # the heartbeat returns when it cut the link off
                 await asyncio.wait(ends, return_when=asyncio.FIRST_COMPLETED)
-                outcome = (
-                    receiving.result() if receiving.done() else "lost" if heartbeat.done() else "drained"
-                )
+                outcome = next((t.result() for t in (receiving, heartbeat) if t.done()), "drained")
                 if outcome == "drained":  # deliver what the device holds first
                     await self._finished.wait()
                 for task in (heartbeat, receiving, finished):
@@ -294,8 +294,8 @@ class Worker:
         with contextlib.suppress(asyncio.QueueFull):
             self._batches.put_nowait(None)
 
-    async def _heartbeat(self, link: FrontLink, interval_s: float) -> None:
-        """Heartbeats, without waiting for them to go out; returns once the link's write buffer has not
+    async def _heartbeat(self, link: FrontLink, interval_s: float) -> str:
+        """Heartbeats, without waiting for them to go out; "lost" once the link's write buffer has not
         moved for stuck_after_s (its front end stopped reading), having cut the link off."""
         while True:
             await asyncio.sleep(interval_s)
@@ -308,7 +308,7 @@ class Worker:
                 )
             )
             if link.cut_off_if_stuck(self.ledger.clock.now()):
-                return
+                return "lost"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -350,7 +350,7 @@ def main(argv: list[str] | None = None) -> int:
         "--stuck-after-s",
         type=positive_seconds,
         default=STUCK_AFTER_S,
-        help="cut off a front end that reads nothing for this long while the worker has data for it",
+        help="cut off front ends stuck this long",
     )
     parser.add_argument("--log-level", default="INFO")
     parser.add_argument("--log-format", choices=("text", "json"), default="text")
