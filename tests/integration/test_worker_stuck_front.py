@@ -1,5 +1,5 @@
 """One worker shared by two front ends (`inferd.worker.main --connect A,B`), and front end A hung
-(SIGSTOP): B keeps getting its answers, the worker cuts A off once A's link has not drained for
+(SIGSTOP; for an LLM worker, a scripted front end that stops reading): B keeps getting its answers, the worker cuts A off once A's link has not drained for
 --stuck-after-s, and A, running again (SIGCONT), gets no wrong or duplicated answer and is served again.
 
 A stopped front end stalls its link only once the kernel's socket buffers are full: on loopback TCP they
@@ -16,6 +16,8 @@ and time."""
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import os
 import signal
 import subprocess
@@ -26,6 +28,9 @@ from pathlib import Path
 
 import pytest
 
+from inferd.models.sim_llm import VOCAB, SimTokenizer, sim_llm_config, sim_llm_tokens
+from inferd.worker import protocol as p
+from inferd.worker.main import Worker
 from tests.bulky_sim import bulky_output
 from tests.checked_load import Answer, Load, infer, tally, wait_answers, wait_for
 from tests.conftest import ROOT, ServerProc, free_port, start_server
@@ -141,3 +146,86 @@ def test_a_hung_front_end_neither_stalls_the_worker_it_shares_nor_gets_wrong_ans
                 worker.wait()
         for server in servers:
             server.stop()
+
+
+async def test_an_llm_worker_goes_on_for_one_front_end_while_another_reads_nothing(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """In one process: a worker's LLM engine serving two scripted front ends on Unix sockets (no kernel
+    timeout ends such a link). X places 32 long sequences and then reads nothing: its token deltas
+    fill the socket (about 200 KB) within a second or two. Y's sequences still run to their end, and the
+    worker cuts X off; X, reading again, finds its connection ended."""
+    config = sim_llm_config(params={"step_base_ms": 1.0, "per_token_ms": 0.0, "per_context_token_ms": 0.0})
+    tok = SimTokenizer()
+    welcome = p.Welcome(
+        accepted=True, model_config_json=config.model_dump_json().encode(), heartbeat_s=0.2, credits=True
+    )
+    y_tokens: dict[str, list[int]] = {}
+    y_done: dict[str, str] = {}
+    x_ended = asyncio.Event()
+    x_joins: list[bool] = []
+    reading_again = asyncio.Event()
+
+    async def join(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        assert isinstance(await p.read_message(reader), p.Hello)
+        writer.write(p.encode_frame(welcome))
+        assert isinstance(await p.read_message(reader), p.Ready)
+
+    async def front_y(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await join(reader, writer)
+        for i in range(4):
+            writer.write(p.encode_frame(p.AddSequence(f"y-{i}", tok.encode(f"y prompt {i}"), 1500, seed=i)))
+        try:
+            while len(y_done) < 4:
+                msg = await p.read_message(reader)
+                for d in msg.all_deltas() if isinstance(msg, p.StepDeltas) else []:
+                    y_tokens.setdefault(d.seq_id, []).extend(d.token_ids)
+                    if d.finish_reason:
+                        y_done[d.seq_id] = d.finish_reason
+            writer.write(p.encode_frame(p.Drain()))
+            while True:
+                await p.read_message(reader)
+        except p.ConnectionClosed:
+            pass
+        finally:
+            writer.close()
+
+    async def front_x(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        first = not x_joins
+        x_joins.append(first)
+        await join(reader, writer)
+        if first:
+            for i in range(32):
+                writer.write(p.encode_frame(p.AddSequence(f"x-{i}", tok.encode(f"x {i}"), 1900, seed=i)))
+            await reading_again.wait()  # reads nothing until then
+        try:
+            while True:
+                await p.read_message(reader)
+        except p.ConnectionClosed:
+            if first:
+                x_ended.set()
+        finally:
+            writer.close()
+
+    y_server = await asyncio.start_unix_server(front_y, path=str(tmp_path / "y.sock"))
+    x_server = await asyncio.start_unix_server(front_x, path=str(tmp_path / "x.sock"))
+    worker = Worker(
+        f"unix:{tmp_path / 'y.sock'},unix:{tmp_path / 'x.sock'}", "sim-llm", "", "w-0", stuck_after_s=1.0
+    )
+    try:
+        with caplog.at_level(logging.WARNING, logger="inferd.worker"):
+            code = await asyncio.wait_for(worker.run(), 30)  # Y drains it once its sequences are done
+        reading_again.set()
+        await asyncio.wait_for(x_ended.wait(), 10)
+    finally:
+        reading_again.set()
+        for server in (y_server, x_server):
+            server.close()
+            await server.wait_closed()
+    assert code == 0
+    assert y_done == {f"y-{i}": "length" for i in range(4)}
+    for i in range(4):
+        assert [VOCAB[t] for t in y_tokens[f"y-{i}"]] == sim_llm_tokens(f"y prompt {i}", i, 1500)
+    assert any(
+        f"cutting off the front end at unix:{tmp_path / 'x.sock'}" in r.getMessage() for r in caplog.records
+    )
