@@ -23,11 +23,13 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 import urllib.request
 from pathlib import Path
 
 import pytest
 
+from inferd.models.sim import sim_digest
 from inferd.models.sim_llm import VOCAB, SimTokenizer, sim_llm_config, sim_llm_tokens
 from inferd.worker import protocol as p
 from inferd.worker.main import Worker
@@ -57,6 +59,17 @@ def ready(url: str) -> bool:
             return r.status == 200
     except OSError:
         return False
+
+
+def answered_right(url: str) -> bool:
+    """One request: True for its own answer; False for an error (a front end just resumed sheds load
+    with 429 for a while: its event loop was "behind" while stopped); a wrong answer fails the test."""
+    text = f"after-{time.monotonic_ns()}"
+    answer = infer(url, text)
+    if answer is None or answer.status != 200:
+        return False
+    assert answer.body == sim_digest("sim", 1, text), answer
+    return True
 
 
 def start_shared_worker(tmp_path: Path, ports: tuple[int, int]) -> tuple[subprocess.Popen[bytes], Path]:
@@ -121,8 +134,7 @@ def test_a_hung_front_end_neither_stalls_the_worker_it_shares_nor_gets_wrong_ans
                 finally:
                     os.kill(a.proc.pid, signal.SIGCONT)
                 asker.join(60)
-                wait_for(lambda: ready(a.url), 30, "A served again by the worker")
-                wait_answers(a_load, 10, within_s=30)
+                wait_for(lambda: answered_right(a.url), 30, "A served again by the worker")
         assert bulky and (
             bulky[0] is None
             or bulky[0].status != 200

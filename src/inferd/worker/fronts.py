@@ -85,7 +85,7 @@ class FrontLink:
     async def finish(self, timeout_s: float) -> None:
         """The session ends: give what is buffered up to `timeout_s` to go out, then close (cut off, if
         the front end did not read it by then)."""
-        if not self.closed and not self.writer.is_closing():
+        if not self.writer.is_closing():  # (detached already: `closed`, sending nothing more)
             self.writer.transport.set_write_buffer_limits(high=0)  # drain() now waits for all of it
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(timeout_s):
