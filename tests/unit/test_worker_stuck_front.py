@@ -184,3 +184,23 @@ async def test_the_engine_waits_for_nobody_below_the_high_water_mark() -> None:
     a_writer.transport.buffered = b_writer.transport.buffered = LINK_HIGH_WATER_BYTES
     await asyncio.wait_for(owners.flush(), 5)
     assert not a.closed and not b.closed
+
+
+async def test_a_session_ending_lets_its_last_messages_go_out_then_closes() -> None:
+    front, writer = link(0)
+    front.send(p.Heartbeat(running=0, completed_batches=0))
+    front.closed = True  # detached: it sends nothing more, but what it holds still goes out
+    finishing = asyncio.create_task(front.finish(timeout_s=30))
+    await asyncio.wait_for(writer.waiting.wait(), 5)  # waits for all of it, not just the high-water mark
+    assert not finishing.done()
+    writer.transport.buffered = 0
+    writer.drained.set()
+    await asyncio.wait_for(finishing, 5)
+    assert writer.is_closing() and front.buffered() == 0
+
+
+async def test_a_session_ending_cuts_off_a_front_end_that_reads_none_of_its_last_messages() -> None:
+    front, writer = link(0)
+    front.send(p.Heartbeat(running=0, completed_batches=0))
+    await asyncio.wait_for(front.finish(timeout_s=0.05), 5)  # nobody drains it
+    assert writer.transport.aborted and front.closed
