@@ -2,24 +2,35 @@
 
 A worker joins one front end (`--connect unix:/run/a.sock`) or several (`--connect a:9000,b:9000`);
 each link is a connection with its own handshake, heartbeat and reads. The device (and the credit
-ledger that caps what it holds) is the worker's, shared by all its links.
+ledger that caps what it holds) is the worker's, shared by all its links; no link's write buffer may hold
+it up for the others (worker/stuck.py says how each buffer is bounded).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import socket
+import ssl
 from collections.abc import Callable, Mapping
+from pathlib import Path
 
+from inferd import tls
+from inferd.config import ConfigError
 from inferd.worker import protocol as p
 from inferd.worker.credits import CreditLedger, ToldState
+from inferd.worker.stuck import LINK_HARD_LIMIT_BYTES, LINK_HIGH_WATER_BYTES, STUCK_AFTER_S, DrainWatch
+
+log = logging.getLogger("inferd.worker")
 
 
 class FrontLink:
-    """One connection to one front end."""
+    """One connection to one front end, and its write buffer (bounded: worker/stuck.py)."""
 
-    def __init__(self, index: int, address: str, writer: asyncio.StreamWriter) -> None:
+    def __init__(
+        self, index: int, address: str, writer: asyncio.StreamWriter, stuck_after_s: float = STUCK_AFTER_S
+    ) -> None:
         self.index = index
         self.address = address
         self.writer = writer
@@ -28,14 +39,68 @@ class FrontLink:
         self.told: ToldState | None = None
         """The state last sent to it in a Credit."""
         self.closed = False
+        self.sent_bytes = 0
+        """Bytes ever written to the link (those not in its buffer have gone to the kernel)."""
+        self.watch = DrainWatch(stuck_after_s)
+
+    @classmethod
+    def joined(
+        cls, index: int, address: str, writer: asyncio.StreamWriter, stuck_after_s: float = STUCK_AFTER_S
+    ) -> FrontLink:
+        """A link over a real connection, its write buffer's high-water mark raised: waiting for it to
+        drain blocks only past LINK_HIGH_WATER_BYTES."""
+        writer.transport.set_write_buffer_limits(high=LINK_HIGH_WATER_BYTES)
+        return cls(index, address, writer, stuck_after_s)
 
     def send(self, msg: p.Message) -> None:
-        if not self.closed and not self.writer.is_closing():
-            self.writer.write(p.encode_frame(msg))
+        if self.closed or self.writer.is_closing():
+            return
+        frame = p.encode_frame(msg)
+        self.writer.write(frame)
+        self.sent_bytes += len(frame)
+        if self.buffered() > LINK_HARD_LIMIT_BYTES:
+            self.cut_off(f"it holds {self.buffered()} bytes unread, more than its credits allow")
+
+    def buffered(self) -> int:
+        """Bytes written to the link and not yet taken by the kernel."""
+        return self.writer.transport.get_write_buffer_size()
+
+    def behind(self) -> bool:
+        """More than the high-water mark waits in its buffer (waiting for it to drain would block)."""
+        return self.buffered() > LINK_HIGH_WATER_BYTES
+
+    def cut_off_if_stuck(self, now: float) -> bool:
+        """One look of the drain watch (the heartbeat loop's); cut off (True) when the buffer has not
+        moved for too long."""
+        if not self.watch.observe(now, self.buffered(), self.sent_bytes):
+            return False
+        self.cut_off(f"{self.buffered()} bytes unread, none gone out for {self.watch.stuck_for_s(now):.1f}s")
+        return True
 
     async def flush(self) -> None:
+        """Wait while the link is past its high-water mark (at once below it)."""
         with contextlib.suppress(OSError):  # a reset, or unacknowledged too long: the reader sees it too
             await self.writer.drain()
+
+    async def finish(self, timeout_s: float) -> None:
+        """The session ends: give what is buffered up to `timeout_s` to go out, then close (cut off, if
+        the front end did not read it by then)."""
+        if not self.writer.is_closing():  # (detached already: `closed`, sending nothing more)
+            self.writer.transport.set_write_buffer_limits(high=0)  # drain() now waits for all of it
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(timeout_s):
+                    await self.flush()
+        if self.buffered() > 0:
+            self.cut_off(f"{self.buffered()} bytes still unread at the end of its session")
+        self.close()
+
+    def cut_off(self, why: str) -> None:
+        """Abort the connection, dropping what is buffered: the front end sees its connection end (and
+        fails or retries what it had sent), the worker's reader sees it lost (the link is detached)."""
+        if not self.writer.is_closing():
+            log.warning("cutting off the front end at %s: %s", self.address, why)
+        self.closed = True
+        self.writer.transport.abort()
 
     def close(self) -> None:
         self.closed = True
@@ -117,8 +182,37 @@ class SequenceOwners:
             link.send(out[i])
 
     async def flush(self) -> None:
-        for link in list(self._links().values()):
-            await link.flush()
+        """After each engine step: backpressure that no front end can turn against the others. While
+        every link is past its high-water mark, wait for them (as with one front end: a slow reader
+        slows the engine); a link that far behind while others are not is cut off instead of awaited
+        (its sequences are aborted, its front end retries or fails them). A stuck link that all the
+        others wait behind is cut off by its drain watch."""
+        links = list(self._links().values())
+        behind = [link for link in links if link.behind()]
+        if not behind:
+            return
+        if len(behind) < len(links):
+            for link in behind:
+                link.cut_off(f"{link.buffered()} bytes of token deltas unread while other front ends keep up")
+            return
+        await asyncio.gather(*(link.flush() for link in behind))
+
+
+def transport(address: str, ca_file: Path | None, ca_pem: str, insecure: bool) -> ssl.SSLContext | None:
+    """How the worker reaches its front ends (`address`: one, or a comma list): Unix sockets, TLS
+    verified against the CA, or plain TCP (loopback, or --insecure); ConfigError naming the fix otherwise."""
+    try:
+        targets = [p.parse_address(a) for a in split_addresses(address)]
+    except ValueError as exc:
+        raise ConfigError(f"--connect: {exc}") from None
+    tcp = [(a, t) for a, (kind, t) in zip(split_addresses(address), targets, strict=True) if kind == "tcp"]
+    if not tcp:
+        return None
+    context = tls.client_context(ca_file, ca_pem) if ca_file is not None or ca_pem else None
+    for a, target in tcp:
+        assert isinstance(target, tuple)
+        tls.check_worker_transport(a, target[0], tls=context is not None, insecure=insecure)
+    return context
 
 
 def give_up_when_silent(writer: asyncio.StreamWriter, timeout_s: float) -> None:

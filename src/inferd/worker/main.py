@@ -7,6 +7,8 @@ Per front end: join -> receive (batches, demand, sequences), with a heartbeat be
 (worker/device.py) runs one batch at a time for all of them: run -> deliver; a sync predict_batch runs in
 a thread so heartbeats and the next (staged) batch keep flowing while the device is busy. The credit
 ledger (worker/credits.py) keeps the worker at 1 running + 1 staged batch whichever front ends sent them.
+The device never waits on one front end for the others, and one that stops reading is cut off
+(worker/stuck.py).
 """
 
 from __future__ import annotations
@@ -24,7 +26,6 @@ from pathlib import Path
 
 import msgspec
 
-from inferd import tls
 from inferd.clock import MonotonicClock
 from inferd.config import ConfigError
 from inferd.llm.engine import LLMEngine
@@ -34,8 +35,16 @@ from inferd.observability.settings import from_environment
 from inferd.worker import protocol as p
 from inferd.worker.credits import CAP, CreditLedger
 from inferd.worker.device import Device
-from inferd.worker.fronts import FrontLink, SequenceOwners, give_up_when_silent, split_addresses, tell_credits
+from inferd.worker.fronts import (
+    FrontLink,
+    SequenceOwners,
+    give_up_when_silent,
+    split_addresses,
+    tell_credits,
+    transport,
+)
 from inferd.worker.orphans import orphaned
+from inferd.worker.stuck import STUCK_AFTER_S, positive_seconds
 
 log = logging.getLogger("inferd.worker")
 
@@ -55,6 +64,7 @@ class Worker:
         model_repo: Path | None = None,
         model_version: int = 0,
         tls_context: ssl.SSLContext | None = None,
+        stuck_after_s: float = STUCK_AFTER_S,
     ) -> None:
         self.addresses = split_addresses(address)
         """The front ends this worker serves (one, or several sharing it)."""
@@ -66,6 +76,8 @@ class Worker:
         self.token = token
         self.worker_id = worker_id
         self.reconnect = reconnect
+        self.stuck_after_s = stuck_after_s
+        """A front end that reads nothing for this long while the worker has data for it is cut off."""
         self.completed = 0
         self.running = 0
         self.device = Device(worker_id, model_repo)
@@ -130,23 +142,24 @@ class Worker:
             delay_s = min(2.0, delay_s * 2)
 
     async def _session(self, index: int, address: str) -> str:
-        """One connection: register, (re)load if needed, then receive until it ends."""
-        async with asyncio.timeout(JOIN_TIMEOUT_S):  # TimeoutError is an OSError: the attempt is "lost"
-            reader, writer = await p.open_connection(address, self.tls)
-            link = FrontLink(index, address, writer)
-            link.send(
-                p.Hello(
-                    worker_id=self.worker_id,
-                    model=self.model_name,
-                    pid=os.getpid(),
-                    host=socket.gethostname(),
-                    token=self.token,
-                    version=self.model_version,
-                    credits=True,
-                )
-            )
-            welcome = await p.read_message(reader)
+        """One connection: register, (re)load if needed, then receive until it ends; then close it."""
+        link: FrontLink | None = None
         try:
+            async with asyncio.timeout(JOIN_TIMEOUT_S):  # TimeoutError is an OSError: the attempt is "lost"
+                reader, writer = await p.open_connection(address, self.tls)
+                link = FrontLink.joined(index, address, writer, self.stuck_after_s)
+                link.send(
+                    p.Hello(
+                        worker_id=self.worker_id,
+                        model=self.model_name,
+                        pid=os.getpid(),
+                        host=socket.gethostname(),
+                        token=self.token,
+                        version=self.model_version,
+                        credits=True,
+                    )
+                )
+                welcome = await p.read_message(reader)
             refusal = self._refusal(welcome)
             if refusal:
                 log.error("worker %s and the front end at %s: %s", self.worker_id, address, refusal)
@@ -166,7 +179,8 @@ class Worker:
             self._start_engine()
             return await self._serve(link, reader, welcome)
         finally:
-            link.close()
+            if link is not None:
+                link.close()
 
     def _refusal(self, welcome: p.Message) -> str:
         if not isinstance(welcome, p.Welcome) or not welcome.accepted:
@@ -189,15 +203,16 @@ class Worker:
                 heartbeat = tg.create_task(self._heartbeat(link, welcome.heartbeat_s))
                 receiving = tg.create_task(self._receive(link, reader))
                 finished = tg.create_task(self._finished.wait())
-                await asyncio.wait({receiving, finished}, return_when=asyncio.FIRST_COMPLETED)
-                outcome = receiving.result() if receiving.done() else "drained"
+                ends = {receiving, finished, heartbeat}  # the heartbeat returns when it cut the link off
+                await asyncio.wait(ends, return_when=asyncio.FIRST_COMPLETED)
+                outcome = next((t.result() for t in (receiving, heartbeat) if t.done()), "drained")
                 if outcome == "drained":  # deliver what the device holds first
                     await self._finished.wait()
                 for task in (heartbeat, receiving, finished):
                     task.cancel()
         finally:
             self._detach(link)
-        await link.flush()
+        await link.finish(self.stuck_after_s)
         return outcome
 
     def _detach(self, link: FrontLink) -> None:
@@ -264,10 +279,9 @@ class Worker:
                     done = await self.device.run_one(batch)
                 self.running = 0
                 self.completed += 1
-                link.send(done)
+                link.send(done)  # not awaited: credits bound what waits for a front end (worker/stuck.py)
             self.ledger.finished()
             self._grant()
-            await link.flush()
 
     def _stop_device(self, finish: bool) -> None:
         """Drained: finish what the device holds. Lost: drop what has not started."""
@@ -280,7 +294,9 @@ class Worker:
         with contextlib.suppress(asyncio.QueueFull):
             self._batches.put_nowait(None)
 
-    async def _heartbeat(self, link: FrontLink, interval_s: float) -> None:
+    async def _heartbeat(self, link: FrontLink, interval_s: float) -> str:
+        """Heartbeats, without waiting for them to go out; "lost" once the link's write buffer has not
+        moved for stuck_after_s (its front end stopped reading), having cut the link off."""
         while True:
             await asyncio.sleep(interval_s)
             self._grant()  # a slot held too long without use (credits.STALE_HOLD_S) frees the others
@@ -291,24 +307,8 @@ class Worker:
                     high_water=self.ledger.high_water,
                 )
             )
-            await link.flush()
-
-
-def transport(address: str, ca_file: Path | None, ca_pem: str, insecure: bool) -> ssl.SSLContext | None:
-    """How the worker reaches its front ends (`address`: one, or a comma list): Unix sockets, TLS
-    verified against the CA, or plain TCP (loopback, or --insecure); ConfigError naming the fix otherwise."""
-    try:
-        targets = [p.parse_address(a) for a in split_addresses(address)]
-    except ValueError as exc:
-        raise ConfigError(f"--connect: {exc}") from None
-    tcp = [(a, t) for a, (kind, t) in zip(split_addresses(address), targets, strict=True) if kind == "tcp"]
-    if not tcp:
-        return None
-    context = tls.client_context(ca_file, ca_pem) if ca_file is not None or ca_pem else None
-    for a, target in tcp:
-        assert isinstance(target, tuple)
-        tls.check_worker_transport(a, target[0], tls=context is not None, insecure=insecure)
-    return context
+            if link.cut_off_if_stuck(self.ledger.clock.now()):
+                return "lost"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -346,6 +346,12 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="allow plain TCP to a front end that is not on loopback (it needs --insecure too)",
     )
+    parser.add_argument(
+        "--stuck-after-s",
+        type=positive_seconds,
+        default=STUCK_AFTER_S,
+        help="cut off front ends stuck this long",
+    )
     parser.add_argument("--log-level", default="INFO")
     parser.add_argument("--log-format", choices=("text", "json"), default="text")
     parser.add_argument("--trace-endpoint", default=None, help="export spans to this OTLP/HTTP collector")
@@ -372,6 +378,7 @@ def main(argv: list[str] | None = None) -> int:
         model_repo=args.model_repo,
         model_version=args.model_version,
         tls_context=tls_context,
+        stuck_after_s=args.stuck_after_s,
     )
     try:
         import uvloop
