@@ -29,7 +29,7 @@ from inferd.fleet.control import FleetControl, repository_loader
 from inferd.fleet.scaling import ScalingLoop, scaling_policy
 from inferd.frontends.metrics import scrape_all, serve_registry
 from inferd.frontends.owner_channel import MAX_MESSAGE_BYTES, OwnerChannel
-from inferd.frontends.plan import FrontendPlan, worker_sockets
+from inferd.frontends.plan import FrontendPlan, hang_up_all, worker_sockets
 from inferd.frontends.readiness import await_ready
 from inferd.frontends.traffic_sync import TrafficSync
 from inferd.gateway.auth import tenant_counter
@@ -77,6 +77,7 @@ class InferenceServer:
         """This process's place among several front ends (`--frontends N`); None: the only one. Only
         the owner (index 0) runs the local workers and the autoscaler."""
         spawn_workers = spawn_workers and (frontend is None or frontend.is_owner)
+        self._parent_pid = os.getppid() if frontend is not None else 0
         self.clock = clock or MonotonicClock()
         self.started_at = time.time()
         self.metrics = Metrics(model_slos(models), self.clock)
@@ -245,7 +246,7 @@ class InferenceServer:
                 self.clock,
                 self.kill_worker,
                 self.find_worker,
-                self.gateway.reload,
+                self._reload,
                 gateway=GatewayView(self.gateway, self.tenant_requests, self.cache.statistics),
                 traffic=self.traffic.statistics,
             ),
@@ -347,6 +348,13 @@ class InferenceServer:
         task = self._tasks.pop((name, version), None)
         if task is not None:
             task.cancel()
+
+    def _reload(self) -> dict[str, Any]:
+        """POST /admin/reload: re-read the config here (refused whole if it does not validate), then on
+        every other front end (through the parent's SIGHUP; they apply the same file within moments)."""
+        summary = self.gateway.reload()
+        summary["frontends"] = hang_up_all(self.frontend, self._parent_pid) or 1
+        return summary
 
     def kill_worker(self, worker: WorkerConnection) -> None:
         """Kill a hung or silent worker. A local child is SIGKILLed (SIGSTOP cannot block that); a remote

@@ -4,19 +4,26 @@
 * each worker, fed by both front ends at once, never holds more than 1 running + 1 staged batch (the
   high-water mark its heartbeat reports);
 * SIGKILL one front end under checked load: only requests it held fail (a connection error), no answer
-  is wrong or duplicated, the other front end goes on and the parent starts the killed one again.
+  is wrong or duplicated, the other front end goes on and the parent starts the killed one again;
+* `POST /admin/reload` (the owner's admin API) reaches every front end: a key required by the reloaded
+  file is required whichever front end takes the request.
 
 Bounded: one server for the module, loads capped in count and time."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
+from inferd.gateway.keys import key_digest, new_key
 from tests.checked_load import Load, tally, wait_for
 from tests.conftest import ServerProc, alive, child_pids
 from tests.frontends_harness import ready_workers, scrape, two_frontends
@@ -36,8 +43,13 @@ worker's credits would hold up to 4 batches on it."""
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProc]:
-    with two_frontends(tmp_path_factory.mktemp("frontends"), CONFIG) as proc:
+def root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("frontends")
+
+
+@pytest.fixture(scope="module")
+def server(root: Path) -> Iterator[ServerProc]:
+    with two_frontends(root, CONFIG) as proc:
         yield proc
 
 
@@ -95,3 +107,40 @@ def test_sigkill_of_one_front_end_fails_only_its_own_requests(server: ServerProc
     assert alive(owner)
     wait_for(lambda: len([p for p in child_pids(server.proc.pid) if alive(p)]) == 2, 20, "a new front end")
     wait_for(lambda: scrape(server).get('inferd_frontend_up{frontend="1"}') == 1.0, 20, "front end 1 back")
+
+
+def statuses(server: ServerProc, n: int, key: str | None = None) -> list[int]:
+    """The statuses of `n` sim inferences, each on a new connection (SO_REUSEPORT spreads them)."""
+    body = json.dumps({"inputs": [{"name": "INPUT0", "shape": [1], "datatype": "BYTES", "data": ["x"]}]})
+    headers = {"Content-Type": "application/json", **({"Authorization": f"Bearer {key}"} if key else {})}
+    out = []
+    for _ in range(n):
+        request = urllib.request.Request(
+            f"{server.url}/v2/models/sim/infer", body.encode(), headers, method="POST"
+        )
+        try:
+            with urllib.request.urlopen(request, timeout=10) as r:
+                out.append(r.status)
+        except urllib.error.HTTPError as exc:
+            out.append(exc.code)
+    return out
+
+
+def reload(server: ServerProc) -> dict:
+    request = urllib.request.Request(f"{server.admin_url}/admin/reload", b"", method="POST")
+    with urllib.request.urlopen(request, timeout=10) as r:
+        return json.loads(r.read())
+
+
+def test_admin_reload_reaches_every_front_end(server: ServerProc, root: Path) -> None:
+    key = new_key()
+    (root / "inferd.toml").write_text(CONFIG + f'\n[tenants.acme]\napi_key_sha256 = ["{key_digest(key)}"]\n')
+    try:
+        assert reload(server)["frontends"] == 2
+        # both front ends now ask for the key: 20 requests on new connections, none let through
+        wait_for(lambda: set(statuses(server, 20)) == {401}, 10, "every front end requiring the key")
+        assert set(statuses(server, 10, key)) == {200}
+    finally:
+        (root / "inferd.toml").write_text(CONFIG)
+        reload(server)
+    wait_for(lambda: set(statuses(server, 20)) == {200}, 10, "every front end open again")

@@ -8,6 +8,7 @@ from typing import Annotated
 import typer
 
 from inferd.cli.observability_flags import LogFormat, TraceEndpoint
+from inferd.worker.stuck import STUCK_AFTER_S
 
 
 def worker(
@@ -42,6 +43,14 @@ def worker(
             "the router needs --insecure too.",
         ),
     ] = False,
+    stuck_after_s: Annotated[
+        float,
+        typer.Option(
+            min=0.001,
+            help="Cut off a front end that has read nothing this long while the worker has data for it "
+            "(stopped, or its network gone): one hung front end never stalls the others.",
+        ),
+    ] = STUCK_AFTER_S,
     log_level: Annotated[str, typer.Option(help="DEBUG, INFO, WARNING or ERROR.")] = "INFO",
     log_format: LogFormat = None,
     trace_endpoint: TraceEndpoint = None,
@@ -69,6 +78,8 @@ def worker(
         log_level,
         "--worker-id",
         worker_id or f"{socket.gethostname()}-{os.getpid()}",
+        "--stuck-after-s",
+        str(stuck_after_s),
     ]
     if model_repo is not None:
         args += ["--model-repo", str(model_repo)]

@@ -4,6 +4,7 @@ of the local workers. Computed once by the parent and handed to every front end.
 from __future__ import annotations
 
 import os
+import signal
 import tempfile
 from dataclasses import dataclass
 
@@ -52,3 +53,13 @@ def worker_sockets(plan: FrontendPlan | None) -> tuple[str, str, str]:
         address = f"unix:{os.path.join(folder, 'workers.sock')}"
         return folder, address, address
     return plan.socket_dir, plan.worker_address(plan.index), plan.worker_addresses()
+
+
+def hang_up_all(plan: FrontendPlan | None, parent_pid: int) -> int:
+    """`POST /admin/reload` reaches the owner only: ask the parent (which passes SIGHUP to every front
+    end, as for `kill -HUP`) so that each re-reads the config file. `parent_pid`: this process's parent
+    when it started. Returns the front ends asked (0: one front end, or the parent is gone)."""
+    if plan is None or plan.count < 2 or parent_pid <= 1 or os.getppid() != parent_pid:
+        return 0
+    os.kill(parent_pid, signal.SIGHUP)
+    return plan.count
