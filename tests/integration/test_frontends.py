@@ -6,7 +6,9 @@
 * SIGKILL one front end under checked load: only requests it held fail (a connection error), no answer
   is wrong or duplicated, the other front end goes on and the parent starts the killed one again;
 * `POST /admin/reload` (the owner's admin API) reaches every front end: a key required by the reloaded
-  file is required whichever front end takes the request.
+  file is required whichever front end takes the request;
+* front ends with no local workers (remote ones only, none joined yet) open the port within seconds,
+  not after the local workers' start timeout.
 
 Bounded: one server for the module, loads capped in count and time."""
 
@@ -25,7 +27,7 @@ import pytest
 
 from inferd.gateway.keys import key_digest, new_key
 from tests.checked_load import Load, tally, wait_for
-from tests.conftest import ServerProc, alive, child_pids
+from tests.conftest import ServerProc, alive, child_pids, free_port, start_server
 from tests.frontends_harness import ready_workers, scrape, two_frontends
 
 CONFIG = """
@@ -144,3 +146,17 @@ def test_admin_reload_reaches_every_front_end(server: ServerProc, root: Path) ->
         (root / "inferd.toml").write_text(CONFIG)
         reload(server)
     wait_for(lambda: set(statuses(server, 20)) == {200}, 10, "every front end open again")
+
+
+def test_front_ends_without_local_workers_listen_at_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Remote workers only, none joined: /v2/health/live answers (readiness says 503) well before the
+    120 s `worker_start_timeout_s` that front ends with local workers wait for them."""
+    monkeypatch.setenv("INFERD_JOIN_TOKEN", new_key())
+    args = ("--model", "sim", "--workers", "0", "--frontends", "2", "--worker-port", str(free_port()))
+    server = start_server(tmp_path, *args, ready_timeout_s=40, ready_path="/v2/health/live")
+    try:
+        assert statuses(server, 1) == [503]  # no worker: refused, not hung
+    finally:
+        server.stop()

@@ -20,6 +20,7 @@ worker --connect a,b,...` does (batch_devices.py).
 from __future__ import annotations
 
 import asyncio
+import itertools
 import math
 from dataclasses import dataclass, field
 
@@ -315,7 +316,9 @@ class BatchFleet:
 
     # ---- failures ----------------------------------------------------------------------------------------
     def inject(self, failure: Failure) -> None:
-        devices = [d for fe in self.frontends for d in fe.devices if not d.dead]
+        # round-robin over the front ends: a killed share is spread evenly, not one front end's whole set
+        per_fe = [[d for d in fe.devices if not d.dead] for fe in self.frontends]
+        devices = [d for group in itertools.zip_longest(*per_fe) for d in group if d is not None]
         if self.shared is not None:
             devices = [d for d in self.shared if not d.dead]
         if failure.kind == "kill":

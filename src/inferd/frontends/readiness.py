@@ -6,6 +6,11 @@ import asyncio
 import contextlib
 from collections.abc import Callable
 
+REMOTE_REJOIN_WAIT_S = 5.0
+"""A front end among several with no local workers waits this long at most before it listens: remote
+workers rejoin a restarted front end within their reconnect backoff (2 s at most); at a first start
+there may be none yet, and the port must open for probes (`/v2/health/live`, readiness 503)."""
+
 
 async def await_ready(ready: Callable[[], bool], timeout_s: float, poll_s: float = 0.02) -> None:
     """Return once `ready()` (every model has a ready worker) or after `timeout_s`.
