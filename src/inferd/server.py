@@ -30,7 +30,7 @@ from inferd.fleet.scaling import ScalingLoop, scaling_policy
 from inferd.frontends.metrics import scrape_all, serve_registry
 from inferd.frontends.owner_channel import MAX_MESSAGE_BYTES, OwnerChannel
 from inferd.frontends.plan import FrontendPlan, hang_up_all, worker_sockets
-from inferd.frontends.readiness import REMOTE_REJOIN_WAIT_S, await_ready
+from inferd.frontends.readiness import await_ready, ready_wait_s
 from inferd.frontends.traffic_sync import TrafficSync
 from inferd.gateway.auth import tenant_counter
 from inferd.gateway.config import gateway_config
@@ -298,7 +298,7 @@ class InferenceServer:
                     loops.append(tg.create_task(self.index_sync.run(), name="index-sync"))
                 try:
                     if self.frontend is not None:  # one of several: listen once workers are here
-                        await await_ready(lambda: self.ready, self._ready_wait_s())
+                        await await_ready(lambda: self.ready, ready_wait_s(self._local_workers, self.config))
                     yield
                 finally:
                     await self._shutdown(loops, supervisor)
@@ -308,15 +308,6 @@ class InferenceServer:
                 peers.close()
             if self.frontend is None:  # several front ends share the parent's folder
                 shutil.rmtree(self._socket_dir, ignore_errors=True)
-
-    def _ready_wait_s(self) -> float:
-        """How long a front end among several waits for workers before it listens: for local workers,
-        as long as they may take to start; for remote ones only (which may never come), a rejoin's time."""
-        return (
-            self.config.worker_start_timeout_s
-            if self._local_workers
-            else min(REMOTE_REJOIN_WAIT_S, self.config.worker_start_timeout_s)
-        )
 
     def _kinds_of(self, name: str) -> set[str]:
         return {rt.kind for rt in self.registry if rt.name == name}

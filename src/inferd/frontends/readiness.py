@@ -6,10 +6,20 @@ import asyncio
 import contextlib
 from collections.abc import Callable
 
+from inferd.config import ServerConfig
+
 REMOTE_REJOIN_WAIT_S = 5.0
 """A front end among several with no local workers waits this long at most before it listens: remote
 workers rejoin a restarted front end within their reconnect backoff (2 s at most); at a first start
 there may be none yet, and the port must open for probes (`/v2/health/live`, readiness 503)."""
+
+
+def ready_wait_s(local_workers: int, config: ServerConfig) -> float:
+    """How long a front end among several waits for workers before it listens: for local workers, as
+    long as they may take to start; for remote ones only (which may never come), a rejoin's time."""
+    if local_workers:
+        return config.worker_start_timeout_s
+    return min(REMOTE_REJOIN_WAIT_S, config.worker_start_timeout_s)
 
 
 async def await_ready(ready: Callable[[], bool], timeout_s: float, poll_s: float = 0.02) -> None:
