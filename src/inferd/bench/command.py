@@ -104,7 +104,7 @@ def bench(
     chaos_interval: Annotated[float, typer.Option(help="Seconds between injections.")] = 3.0,
     chaos_start: Annotated[
         float | None,
-        typer.Option(help="First injection this many seconds into the measured window [default: interval]."),
+        typer.Option(help="First injection this many seconds into the measured window (default: interval)."),
     ] = None,
     admin_url: Annotated[
         str, typer.Option(help="Base URL of the server's admin API (worker list).")
@@ -118,7 +118,7 @@ def bench(
         ),
     ] = None,
     chaos_seed: Annotated[
-        int | None, typer.Option(help="Seed for the choice of victims [default: --seed].")
+        int | None, typer.Option(help="Seed for the choice of victims (default: --seed).")
     ] = None,
     save_profile: Annotated[
         Path | None,

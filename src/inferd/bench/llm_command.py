@@ -72,7 +72,7 @@ def bench_llm(
         bool | None,
         typer.Option(
             "--check/--no-check",
-            help="Check each stream's text and length against sim_llm_tokens [default: on for sim-llm].",
+            help="Check each stream's text and length against sim_llm_tokens (default: on for sim-llm).",
         ),
     ] = None,
     priority: PriorityOption = None,

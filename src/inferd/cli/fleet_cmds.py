@@ -16,13 +16,13 @@ AdminUrl = Annotated[
     str | None,
     typer.Option(
         help="Base URL of the server's admin API, for a server started with its own --admin-port "
-        "[default: from --host and --port]."
+        "(default: from --host and --port)."
     ),
 ]
-Host = Annotated[str | None, typer.Option(help="Host of the server's HTTP API [default: 127.0.0.1].")]
+Host = Annotated[str | None, typer.Option(help="Host of the server's HTTP API (default: 127.0.0.1).")]
 Port = Annotated[
     int | None,
-    typer.Option(help="Port of the server's HTTP API; its admin API is on this port + 1 [default: 8000]."),
+    typer.Option(help="Port of the server's HTTP API; its admin API is on this port + 1 (default: 8000)."),
 ]
 Token = Annotated[
     str | None, typer.Option(envvar="INFERD_ADMIN_TOKEN", help="Admin token (default: INFERD_ADMIN_TOKEN).")
@@ -70,7 +70,7 @@ def scale(
     model: Annotated[str, typer.Argument(help="Model name.")],
     workers: Annotated[int, typer.Option(help="Local workers wanted; extra ones are drained first.")],
     version: Annotated[
-        int | None, typer.Option(help="The served version to scale [default: the default version].")
+        int | None, typer.Option(help="The served version to scale (default: the default version).")
     ] = None,
     admin_url: AdminUrl = None,
     host: Host = None,
@@ -89,7 +89,7 @@ def update(
         int | None,
         typer.Option(
             help="The version to roll to, lower ones included (rollback); one already served side by side "
-            "becomes the default at once [default: the repository's highest]."
+            "becomes the default at once (default: the repository's highest)."
         ),
     ] = None,
     admin_url: AdminUrl = None,

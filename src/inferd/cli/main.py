@@ -76,9 +76,9 @@ def resolve_models(config: ServerConfig) -> list[ModelConfig]:
 
 @app.command()
 def serve(
-    host: Annotated[str | None, typer.Option(help="Address to listen on [default: 127.0.0.1].")] = None,
+    host: Annotated[str | None, typer.Option(help="Address to listen on (default: 127.0.0.1).")] = None,
     port: Annotated[
-        int | None, typer.Option(help="HTTP port [default: 8000]; 0: a free one (logged at start).")
+        int | None, typer.Option(help="HTTP port (default: 8000); 0: a free one (logged at start).")
     ] = None,
     model_repo: Annotated[
         Path | None,
@@ -93,14 +93,14 @@ def serve(
     workers: Annotated[
         int | None,
         typer.Option(
-            help="Worker processes (devices) per model, unless a model's config sets its own [default: 1]."
+            help="Worker processes (devices) per model, unless a model's config sets its own (default: 1)."
         ),
     ] = None,
     model: Annotated[list[str] | None, typer.Option(help="Serve only this model (repeatable).")] = None,
     frontends: Annotated[
         int | None,
         typer.Option(
-            help="Front-end processes sharing the HTTP port (SO_REUSEPORT) and the workers [default: 1]; "
+            help="Front-end processes sharing the HTTP port (SO_REUSEPORT) and the workers (default: 1); "
             "front end 0 runs the local workers, the admin API and the autoscaler. With --worker-port P, "
             "front end i takes remote workers on P + i."
         ),
@@ -108,13 +108,13 @@ def serve(
     admin_port: Annotated[
         int | None,
         typer.Option(
-            help="Port of the admin API (worker list, drain, restart) [default: the HTTP port + 1, "
-            "so 8001 for 8000; a free one, logged at start, with --port 0]. "
+            help="Port of the admin API (worker list, drain, restart) (default: the HTTP port + 1, "
+            "so 8001 for 8000; a free one, logged at start, with --port 0). "
             "Set INFERD_ADMIN_TOKEN to require a bearer token."
         ),
     ] = None,
     admin_host: Annotated[
-        str | None, typer.Option(help="Address of the admin API [default: 127.0.0.1].")
+        str | None, typer.Option(help="Address of the admin API (default: 127.0.0.1).")
     ] = None,
     no_admin: Annotated[bool, typer.Option("--no-admin", help="Do not serve the admin API.")] = False,
     worker_port: Annotated[
@@ -125,7 +125,7 @@ def serve(
         ),
     ] = None,
     worker_host: Annotated[
-        str | None, typer.Option(help="Address of the worker port [default: 127.0.0.1].")
+        str | None, typer.Option(help="Address of the worker port (default: 127.0.0.1).")
     ] = None,
     access_log: Annotated[
         bool | None,
@@ -134,7 +134,7 @@ def serve(
         ),
     ] = None,
     log_level: Annotated[
-        str | None, typer.Option(help="DEBUG, INFO, WARNING or ERROR [default: INFO].")
+        str | None, typer.Option(help="DEBUG, INFO, WARNING or ERROR (default: INFO).")
     ] = None,
     log_format: LogFormat = None,
     access_log_sample: AccessLogSample = None,
@@ -145,32 +145,32 @@ def serve(
         typer.Option(
             help="After SIGTERM, seconds during which /v2/health/ready answers 503 while requests are "
             "still accepted and served (so load balancers stop sending), before the drain "
-            "[default: 5]; 0: drain at once."
+            "(default: 5); 0: drain at once."
         ),
     ] = None,
     header_timeout_s: Annotated[
         float | None,
         typer.Option(
             help="Total seconds a client has to send a request head (from connect, or from the first "
-            "byte of the next request on a keep-alive connection) before 408 and close [default: 10]."
+            "byte of the next request on a keep-alive connection) before 408 and close (default: 10)."
         ),
     ] = None,
     max_connections: Annotated[
         int | None,
-        typer.Option(help="Most open connections; the next ones get 429 and are closed [default: 4096]."),
+        typer.Option(help="Most open connections; the next ones get 429 and are closed (default: 4096)."),
     ] = None,
     max_connections_per_ip: Annotated[
         int | None,
         typer.Option(
             help="Most open connections from one client address; the next ones get 429 and are "
-            "closed [default: 2048]. Behind a proxy, raise it to --max-connections."
+            "closed (default: 2048). Behind a proxy, raise it to --max-connections."
         ),
     ] = None,
     admission_rate_per_s: Annotated[
         float | None,
         typer.Option(
             help="Requests per second let through to the app; the excess gets 429 with Retry-After "
-            "as soon as its head is parsed [default: no limit]."
+            "as soon as its head is parsed (default: no limit)."
         ),
     ] = None,
     ray: Annotated[
@@ -199,7 +199,7 @@ def serve(
     worker_ssl_certfile: Annotated[
         Path | None,
         typer.Option(
-            help="PEM certificate of the worker port [default: --ssl-certfile]; it must name the address "
+            help="PEM certificate of the worker port (default: --ssl-certfile); it must name the address "
             "workers connect to as a subjectAltName."
         ),
     ] = None,
@@ -209,8 +209,8 @@ def serve(
     data_dir: Annotated[
         Path | None,
         typer.Option(
-            help="Where search indexes keep their data [default: $XDG_DATA_HOME/inferd or "
-            "~/.local/share/inferd]."
+            help="Where search indexes keep their data (default: $XDG_DATA_HOME/inferd or "
+            "~/.local/share/inferd)."
         ),
     ] = None,
     insecure: Annotated[

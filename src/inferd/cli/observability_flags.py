@@ -12,27 +12,27 @@ from inferd.config import ConfigError, describe_validation_error
 from inferd.observability.settings import ObservabilitySettings, from_environment
 
 LogFormat = Annotated[
-    str | None, typer.Option(help="Log lines as text or json (one object per line) [default: text].")
+    str | None, typer.Option(help="Log lines as text or json (one object per line) (default: text).")
 ]
 AccessLogSample = Annotated[
     float | None,
     typer.Option(
         help="Share of requests (0..1) the access log writes a line for; turns the access log on "
-        "unless --no-access-log [default: 1]."
+        "unless --no-access-log (default: 1)."
     ),
 ]
 TraceEndpoint = Annotated[
     str | None,
     typer.Option(
         help="Export OpenTelemetry traces over OTLP/HTTP to this collector (http://HOST:4318, or its "
-        "/v1/traces URL) [default: OTEL_EXPORTER_OTLP_ENDPOINT; none: tracing off]."
+        "/v1/traces URL) (default: OTEL_EXPORTER_OTLP_ENDPOINT; none: tracing off)."
     ),
 ]
 TraceSample = Annotated[
     float | None,
     typer.Option(
         help="Share of traces (0..1) started here that are recorded; a caller's sampled traceparent is "
-        "always continued [default: OTEL_TRACES_SAMPLER(_ARG), else 1]."
+        "always continued (default: OTEL_TRACES_SAMPLER(_ARG), else 1)."
     ),
 ]
 

@@ -294,22 +294,22 @@ def status(
         str | None,
         typer.Option(
             help="Base URL of the admin API, for a server started with its own --admin-port "
-            "[default: from --host and --port]."
+            "(default: from --host and --port)."
         ),
     ] = None,
     host: Annotated[
-        str | None, typer.Option(help="Host of the server's HTTP API [default: 127.0.0.1].")
+        str | None, typer.Option(help="Host of the server's HTTP API (default: 127.0.0.1).")
     ] = None,
     port: Annotated[
         int | None,
         typer.Option(
             help="Port of the server's HTTP API (its --port); its admin API is on this port + 1 "
-            "[default: 8000, so admin 8001]."
+            "(default: 8000, so admin 8001)."
         ),
     ] = None,
     token: Annotated[
         str | None,
-        typer.Option(envvar="INFERD_ADMIN_TOKEN", help="Admin bearer token [default: $INFERD_ADMIN_TOKEN]."),
+        typer.Option(envvar="INFERD_ADMIN_TOKEN", help="Admin bearer token (default: $INFERD_ADMIN_TOKEN)."),
     ] = None,
     watch: Annotated[
         float | None, typer.Option(help="Refresh every N seconds until Ctrl-C.", min=0.1)

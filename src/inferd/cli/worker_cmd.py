@@ -25,7 +25,7 @@ def worker(
     model_version: Annotated[
         int | None,
         typer.Option(
-            help="The model version to serve when several are served side by side [default: the default one]."
+            help="The model version to serve when several are served side by side (default: the default one)."
         ),
     ] = None,
     ca_file: Annotated[
