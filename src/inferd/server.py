@@ -27,6 +27,7 @@ from inferd.config import ModelConfig, ServerConfig
 from inferd.errors import ShuttingDown
 from inferd.fleet.control import FleetControl, repository_loader
 from inferd.fleet.scaling import ScalingLoop, scaling_policy
+from inferd.frontends.load_sync import LoadSync
 from inferd.frontends.metrics import scrape_all, serve_registry
 from inferd.frontends.owner_channel import MAX_MESSAGE_BYTES, OwnerChannel
 from inferd.frontends.plan import FrontendPlan, hang_up_all, worker_sockets
@@ -110,6 +111,11 @@ class InferenceServer:
             IndexSync(frontend, self.owner_channel, self, self.clock) if self.owner_channel else None
         )
         """Several front ends: each serves the search indexes the owner serves."""
+        self.load_sync = (
+            LoadSync(frontend, self.registry, self.clock, self.owner_channel) if frontend else None
+        )
+        """Several front ends: the others report their load to the owner (its autoscaler, /admin/models)."""
+        loads = self.load_sync.loads if self.load_sync is not None else None
         check_fallbacks((rt.config for rt in self.registry.defaults()), self._kinds_of)
         self.shadows = Shadows(
             self.registry, self.metrics.shadow_requests, config.shadow_max_in_flight, clock=self.clock
@@ -186,6 +192,7 @@ class InferenceServer:
                 self.clock,
                 rt.name,
                 scaling_policy(rt.kind, rt.config.autoscale, self.clock),
+                others=loads,
             )
             for rt in self.registry.defaults()
             if rt.config.autoscale and (frontend is None or frontend.is_owner)
@@ -255,6 +262,7 @@ class InferenceServer:
                 self._reload,
                 gateway=GatewayView(self.gateway, self.tenant_requests, self.cache.statistics),
                 traffic=self.traffic.statistics,
+                loads=self.load_sync.loads if self.load_sync is not None else None,
             ),
             token,
         )
@@ -296,6 +304,8 @@ class InferenceServer:
                     loops.append(tg.create_task(self.traffic_sync.run(), name="traffic-sync"))
                 if self.index_sync is not None:
                     loops.append(tg.create_task(self.index_sync.run(), name="index-sync"))
+                if self.load_sync is not None:
+                    loops.append(tg.create_task(self.load_sync.run(), name="load-sync"))
                 try:
                     if self.frontend is not None:  # one of several: listen once workers are here
                         await await_ready(lambda: self.ready, ready_wait_s(self._local_workers, self.config))

@@ -24,6 +24,7 @@ from inferd.clock import Clock
 from inferd.config import ConfigError
 from inferd.errors import BadRequest, NotFound
 from inferd.fleet.control import FleetControl
+from inferd.fleet.frontend_load import FrontendLoads, model_load
 from inferd.fleet.scaling import ScalingLoop
 from inferd.runtime.contract import Runtime, RuntimeStatistics, WorkerSnapshot
 from inferd.runtime.registry import ModelRegistry
@@ -52,6 +53,9 @@ class AdminTarget:
     """Tenants, quotas and the response cache, for GET /admin/tenants and GET /admin/cache."""
     traffic: Callable[[], Any] | None = None
     """The traffic splits' snapshot: weights, state, rollback and promotion history."""
+    loads: FrontendLoads | None = None
+    """The other front ends' reported loads (the owner of several front ends): batch models' queued
+    items and busy ratio are then the whole server's."""
 
 
 class AdminApi:
@@ -142,7 +146,7 @@ class AdminApi:
             if stats.kind == "llm":
                 llm[key] = {**row, **llm_model_row(stats)}
             elif stats.kind == "batch":
-                batch[key] = {**row, **batch_model_row(stats)}
+                batch[key] = {**row, **batch_model_row(stats, t.loads)}
             else:
                 upstream[key] = {**row, "ready": stats.ready, "detail": _plain(stats.detail)}
         return web.json_response(
@@ -266,17 +270,22 @@ def worker_row(stats: RuntimeStatistics, w: WorkerSnapshot, now: float, restarts
     return row
 
 
-def batch_model_row(stats: RuntimeStatistics) -> dict[str, Any]:
+def batch_model_row(stats: RuntimeStatistics, others: FrontendLoads | None = None) -> dict[str, Any]:
+    """A batch model as `inferd status` shows it; with `others`, its queue and busy ratio are every
+    front end's (this one's plus the others' latest reports)."""
     d = stats.detail
+    load = model_load(stats, 0.0)
+    if others is not None:
+        load = others.total(load)
     return {
         "ready": stats.ready,
         "stalled": d.stalled,
         "balancer": _plain(d.balancer),
         "ready_workers": stats.ready_workers,
-        "queued": stats.queued,
+        "queued": load.queued_items,
         "isolation_batches": d.isolation_batches,
         "batch_timeout_s": d.batch_timeout_s,
-        "busy_ratio": round(d.busy_ratio, 3),
+        "busy_ratio": round(load.busy_ratio, 3),
     }
 
 

@@ -1,7 +1,12 @@
 """The autoscaling driver: observe a model's default version every interval through its runtime's
 snapshot, ask its Autoscaler (a pure policy), and act through fleet control (which starts workers, or
 drains them before they go). Batch models scale on batching-aware signals, LLM models on their engines'
-pressure (KV use, TTFT, waiting sequences)."""
+pressure (KV use, TTFT, waiting sequences).
+
+With several front ends (`--frontends N`) the owner's loop runs alone, and a batch model's queue depth,
+arrival rate and busy ratio are the whole server's: its own plus what the other front ends last
+reported (`others`, fleet/frontend_load.py). An LLM model's engine statistics are already the whole
+worker's (each engine reports its own totals to every front end)."""
 
 from __future__ import annotations
 
@@ -16,6 +21,7 @@ from inferd.config import ConfigError
 from inferd.fleet.autoscaler import Autoscaler, AutoscalerConfig, Decision
 from inferd.fleet.control import FleetControl
 from inferd.fleet.demand import BatchDemand, CurvePoint, LLMDemand, LLMObservation, Observation
+from inferd.fleet.frontend_load import ArrivalMeter, FrontendLoads, model_load
 from inferd.runtime.contract import RuntimeStatistics
 from inferd.runtime.registry import ModelRegistry
 
@@ -46,6 +52,7 @@ class ScalingLoop:
         model: str,
         autoscaler: Autoscaler,
         interval_s: float = 1.0,
+        others: FrontendLoads | None = None,
     ) -> None:
         self.registry = registry
         self.fleet = fleet
@@ -56,14 +63,18 @@ class ScalingLoop:
         self.last: Decision | None = None
         self.changes: deque[tuple[float, Decision]] = deque(maxlen=HISTORY)
         """The latest decisions that changed the fleet, with their wall-clock time (for the admin API)."""
-        self._enqueued: tuple[int, int] | None = None
-        """(version, items admitted) at the last look: the arrival rate of batch models."""
-        self._at = clock.now()
+        self.others = others
+        """The other front ends' reported loads (the owner of several front ends), else None."""
+        self.observed: Observation | LLMObservation | None = None
+        """The latest observation (for the admin API)."""
+        self._arrivals = ArrivalMeter(clock)
+        """The arrival rate of batch models."""
 
     async def run(self) -> None:
         while True:
             await asyncio.sleep(self.interval_s)
-            decision = self.autoscaler.decide(self.observe())
+            self.observed = self.observe()
+            decision = self.autoscaler.decide(self.observed)
             self.last = decision
             if decision.target_workers != decision.current_workers:
                 self.changes.append((time.time(), decision))
@@ -85,6 +96,7 @@ class ScalingLoop:
         return {
             "last": None if self.last is None else row(self.last),
             "changes": [{"at": round(at, 3), **row(d)} for at, d in self.changes],
+            "observed": _observed(self.observed),
         }
 
     def observe(self) -> Observation | LLMObservation:
@@ -96,21 +108,17 @@ class ScalingLoop:
 
     def _batch_observation(self, stats: RuntimeStatistics, starting: int) -> Observation:
         d = stats.detail
-        now = self.clock.now()
-        elapsed = max(1e-3, now - self._at)
-        previous = self._enqueued
-        rate = 0.0
-        if previous is not None and previous[0] == stats.version:  # a rolling update restarts the count
-            rate = (d.enqueued_total - previous[1]) / elapsed
-        self._enqueued, self._at = (stats.version, d.enqueued_total), now
+        load = model_load(stats, self._arrivals.rate(stats.version, d.enqueued_total))
+        if self.others is not None:
+            load = self.others.total(load)
         full = d.full_batch_latency_s
         return Observation(
             ready_workers=stats.ready_workers,
             starting_workers=starting,
-            queue_depth_items=stats.queued,
-            arrival_rate_items_s=max(0.0, rate),
+            queue_depth_items=load.queued_items,
+            arrival_rate_items_s=load.arrival_rate_items_s,
             max_batch_size=d.max_batch_size,
-            busy_ratio=min(1.0, max(0.0, d.busy_ratio)),
+            busy_ratio=load.busy_ratio,
             batch_latency_s=d.batch_latency_s,
             items_per_batch=d.items_per_batch,
             throughput_curve=() if full is None else (CurvePoint(d.max_batch_size, full),),
@@ -127,3 +135,16 @@ def _llm_observation(stats: RuntimeStatistics, starting: int) -> LLMObservation:
         kv_usage=d.kv_blocks_used / d.kv_blocks_total if d.kv_blocks_total else 0.0,
         ttft_s=d.ttft_s,
     )
+
+
+def _observed(obs: Observation | LLMObservation | None) -> dict[str, Any] | None:
+    """The signals of the latest observation, as the admin API shows them."""
+    if isinstance(obs, Observation):
+        return {
+            "queued_items": obs.queue_depth_items,
+            "arrival_rate_items_s": round(obs.arrival_rate_items_s, 3),
+            "busy_ratio": round(obs.busy_ratio, 3),
+        }
+    if isinstance(obs, LLMObservation):
+        return {"running": obs.running_seqs, "waiting": obs.waiting_seqs, "kv_usage": round(obs.kv_usage, 3)}
+    return None
