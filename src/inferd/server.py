@@ -115,7 +115,7 @@ class InferenceServer:
             LoadSync(frontend, self.registry, self.clock, self.owner_channel) if frontend else None
         )
         """Several front ends: the others report their load to the owner (its autoscaler, /admin/models)."""
-        loads = self.load_sync.loads if self.load_sync is not None else None
+        self.loads = loads = self.load_sync.loads if self.load_sync is not None else None
         check_fallbacks((rt.config for rt in self.registry.defaults()), self._kinds_of)
         self.shadows = Shadows(
             self.registry, self.metrics.shadow_requests, config.shadow_max_in_flight, clock=self.clock
@@ -262,7 +262,7 @@ class InferenceServer:
                 self._reload,
                 gateway=GatewayView(self.gateway, self.tenant_requests, self.cache.statistics),
                 traffic=self.traffic.statistics,
-                loads=self.load_sync.loads if self.load_sync is not None else None,
+                loads=self.loads,
             ),
             token,
         )
@@ -366,11 +366,8 @@ class InferenceServer:
             task.cancel()
 
     def _reload(self) -> dict[str, Any]:
-        """POST /admin/reload: re-read the config here (refused whole if it does not validate), then on
-        every other front end (through the parent's SIGHUP; they apply the same file within moments)."""
-        summary = self.gateway.reload()
-        summary["frontends"] = hang_up_all(self.frontend, self._parent_pid) or 1
-        return summary
+        """POST /admin/reload: here (refused whole if invalid), then on every front end (`hang_up_all`)."""
+        return {**self.gateway.reload(), "frontends": hang_up_all(self.frontend, self._parent_pid) or 1}
 
     def kill_worker(self, worker: WorkerConnection) -> None:
         """Kill a hung or silent worker. A local child is SIGKILLed (SIGSTOP cannot block that); a remote
