@@ -32,6 +32,7 @@ from inferd.frontends.owner_channel import MAX_MESSAGE_BYTES, OwnerChannel
 from inferd.frontends.plan import FrontendPlan, hang_up_all, worker_sockets
 from inferd.frontends.readiness import await_ready
 from inferd.frontends.traffic_sync import TrafficSync
+from inferd.frontends.version_sync import VersionSync
 from inferd.gateway.auth import tenant_counter
 from inferd.gateway.config import gateway_config
 from inferd.gateway.fallback import check_fallbacks
@@ -110,6 +111,12 @@ class InferenceServer:
             IndexSync(frontend, self.owner_channel, self, self.clock) if self.owner_channel else None
         )
         """Several front ends: each serves the search indexes the owner serves."""
+        self.version_sync = (
+            VersionSync(frontend, self.owner_channel, self, self.clock)
+            if frontend and self.owner_channel
+            else None
+        )
+        """Several front ends: each serves the model versions the owner serves (rolling updates)."""
         check_fallbacks((rt.config for rt in self.registry.defaults()), self._kinds_of)
         self.shadows = Shadows(
             self.registry, self.metrics.shadow_requests, config.shadow_max_in_flight, clock=self.clock
@@ -172,7 +179,7 @@ class InferenceServer:
         self.shutting_down = False
         self.hub.on_first_batch.append(lambda conn: self.supervisor.mark_healthy(conn.worker_id))
         loader = repository_loader(config.model_repo, config.model_overrides) if config.model_repo else None
-        self.fleet = FleetControl(self.registry, self.supervisor, self, loader)
+        self.fleet = FleetControl(self.registry, self.supervisor, self, loader, followers=self.version_sync)
         self.scaling = {
             rt.name: ScalingLoop(
                 self.registry,
@@ -229,6 +236,8 @@ class InferenceServer:
     @contextlib.asynccontextmanager
     async def running(self) -> AsyncIterator[None]:
         """Start listening for workers, the runtimes' loops and the local workers; stop them on exit."""
+        if self.version_sync is not None:  # a follower serves the owner's versions before workers join
+            await self.version_sync.open()
         await self.hub.listen_unix(self.worker_address[len("unix:") :])
         peers = None
         if self.frontend is not None:  # the other front ends read this one's metrics here
@@ -290,6 +299,8 @@ class InferenceServer:
                     loops.append(tg.create_task(self.traffic_sync.run(), name="traffic-sync"))
                 if self.index_sync is not None:
                     loops.append(tg.create_task(self.index_sync.run(), name="index-sync"))
+                if self.version_sync is not None:
+                    loops.append(tg.create_task(self.version_sync.run(), name="version-sync"))
                 try:
                     if self.frontend is not None:  # one of several: listen once workers are here
                         await await_ready(lambda: self.ready, self.config.worker_start_timeout_s)
@@ -338,7 +349,8 @@ class InferenceServer:
         self.kinds.check(config)
         rt = self.kinds.get(config.kind).make_runtime(config, self.context)
         self.registry.add(rt)
-        self._start(rt)
+        if self._group is not None:  # else it starts with the others
+            self._start(rt)
         return rt
 
     def remove_version(self, name: str, version: int) -> None:
