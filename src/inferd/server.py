@@ -27,12 +27,10 @@ from inferd.config import ModelConfig, ServerConfig
 from inferd.errors import ShuttingDown
 from inferd.fleet.control import FleetControl, repository_loader
 from inferd.fleet.scaling import ScalingLoop, scaling_policy
-from inferd.frontends.load_sync import LoadSync
 from inferd.frontends.metrics import scrape_all, serve_registry
-from inferd.frontends.owner_channel import MAX_MESSAGE_BYTES, OwnerChannel
 from inferd.frontends.plan import FrontendPlan, hang_up_all, worker_sockets
 from inferd.frontends.readiness import await_ready, ready_wait_s
-from inferd.frontends.traffic_sync import TrafficSync
+from inferd.frontends.sync import FrontendSync
 from inferd.gateway.auth import tenant_counter
 from inferd.gateway.config import gateway_config
 from inferd.gateway.fallback import check_fallbacks
@@ -97,25 +95,19 @@ class InferenceServer:
         self.metrics.registry.register(RuntimeCollector(self.registry))
         self.traffic = Traffic(self.registry, self.clock, self.metrics.traffic, follower=follower)
         """Canary and A/B splits of requests that name no version (gateway/traffic_control.py)."""
-        self.owner_channel = (
-            OwnerChannel(frontend, max(MAX_MESSAGE_BYTES, config.max_body_bytes + 2**20))
+        self.sync = (
+            FrontendSync(frontend, config.max_body_bytes, self.traffic, self.registry, self, self.clock)
             if frontend is not None
             else None
         )
-        """Several front ends: the others' way to the owner (canary outcomes, forwarded search writes)."""
-        self.traffic_sync = (
-            TrafficSync(frontend, self.traffic, channel=self.owner_channel) if frontend is not None else None
-        )
-        """Several front ends: the owner's canary decisions are every front end's."""
+        """Several front ends: the owner channel, and the canary, load and versions kept in step over it."""
+        self.owner_channel = self.sync.channel if self.sync is not None else None
+        self.version_sync = self.sync.versions if self.sync is not None else None
+        self.loads = loads = self.sync.load.loads if self.sync is not None else None
         self.index_sync = (
             IndexSync(frontend, self.owner_channel, self, self.clock) if self.owner_channel else None
         )
         """Several front ends: each serves the search indexes the owner serves."""
-        self.load_sync = (
-            LoadSync(frontend, self.registry, self.clock, self.owner_channel) if frontend else None
-        )
-        """Several front ends: the others report their load to the owner (its autoscaler, /admin/models)."""
-        self.loads = loads = self.load_sync.loads if self.load_sync is not None else None
         check_fallbacks((rt.config for rt in self.registry.defaults()), self._kinds_of)
         self.shadows = Shadows(
             self.registry, self.metrics.shadow_requests, config.shadow_max_in_flight, clock=self.clock
@@ -184,7 +176,7 @@ class InferenceServer:
         self.shutting_down = False
         self.hub.on_first_batch.append(lambda conn: self.supervisor.mark_healthy(conn.worker_id))
         loader = repository_loader(config.model_repo, config.model_overrides) if config.model_repo else None
-        self.fleet = FleetControl(self.registry, self.supervisor, self, loader)
+        self.fleet = FleetControl(self.registry, self.supervisor, self, loader, followers=self.version_sync)
         self.scaling = {
             rt.name: ScalingLoop(
                 self.registry,
@@ -242,6 +234,8 @@ class InferenceServer:
     @contextlib.asynccontextmanager
     async def running(self) -> AsyncIterator[None]:
         """Start listening for workers, the runtimes' loops and the local workers; stop them on exit."""
+        if self.version_sync is not None:  # a follower serves the owner's versions before workers join
+            await self.version_sync.open()
         await self.hub.listen_unix(self.worker_address[len("unix:") :])
         peers = None
         if self.frontend is not None:  # the other front ends read this one's metrics here
@@ -299,13 +293,11 @@ class InferenceServer:
                 ]
                 loops.append(tg.create_task(self.console.run(), name="console"))
                 supervisor = tg.create_task(self.supervisor.run(), name="supervisor")
-                if self.traffic_sync is not None:
-                    await self.traffic_sync.open()
-                    loops.append(tg.create_task(self.traffic_sync.run(), name="traffic-sync"))
+                if self.sync is not None:
+                    await self.sync.open()
+                    loops += [tg.create_task(loop, name=name) for name, loop in self.sync.loops().items()]
                 if self.index_sync is not None:
                     loops.append(tg.create_task(self.index_sync.run(), name="index-sync"))
-                if self.load_sync is not None:
-                    loops.append(tg.create_task(self.load_sync.run(), name="load-sync"))
                 try:
                     if self.frontend is not None:  # one of several: listen once workers are here
                         await await_ready(lambda: self.ready, ready_wait_s(self._local_workers, self.config))
@@ -354,7 +346,8 @@ class InferenceServer:
         self.kinds.check(config)
         rt = self.kinds.get(config.kind).make_runtime(config, self.context)
         self.registry.add(rt)
-        self._start(rt)
+        if self._group is not None:  # else it starts with the others
+            self._start(rt)
         return rt
 
     def remove_version(self, name: str, version: int) -> None:

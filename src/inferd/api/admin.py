@@ -19,10 +19,11 @@ from typing import Any
 from aiohttp import web
 
 from inferd.api.admin_gateway import GatewayView, cache_page, tenants_page
+from inferd.api.errors import status_of
 from inferd.batching.retry import RetryBudget
 from inferd.clock import Clock
 from inferd.config import ConfigError
-from inferd.errors import BadRequest, NotFound
+from inferd.errors import BadRequest, Conflict, NotFound
 from inferd.fleet.control import FleetControl
 from inferd.fleet.frontend_load import FrontendLoads, model_load
 from inferd.fleet.scaling import ScalingLoop
@@ -108,10 +109,8 @@ class AdminApi:
                 )
         try:
             return await handler(request)
-        except NotFound as exc:
-            return web.json_response({"error": exc.message}, status=404)
-        except BadRequest as exc:
-            return web.json_response({"error": exc.message}, status=400)
+        except (NotFound, BadRequest, Conflict) as exc:  # 404, 400, 409 (a rolling update refused)
+            return web.json_response({"error": exc.message}, status=status_of(exc)[0])
 
     async def workers(self, request: web.Request) -> web.Response:
         t = self.target

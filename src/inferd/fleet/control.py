@@ -41,6 +41,19 @@ class VersionHost(Protocol):
     def has_workers(self, kind: str) -> bool: ...
 
 
+class Followers(Protocol):
+    """The other front ends of `--frontends N` (frontends/version_sync.py): their workers are ours, so
+    they must serve a version before its workers start, and leave the old one before it goes."""
+
+    async def until_serving(self, model: str, version: int) -> None:
+        """Until they serve `version` (raises when they do not: the update is refused)."""
+        ...
+
+    async def until_moved(self, model: str, old: int, new: int) -> None:
+        """Until they send new requests to `new` and hold no work of `old` (bounded)."""
+        ...
+
+
 class FleetControl:
     def __init__(
         self,
@@ -49,12 +62,15 @@ class FleetControl:
         host: VersionHost,
         load_version: VersionLoader | None = None,
         ready_timeout_s: float = 120.0,
+        followers: Followers | None = None,
     ) -> None:
         self.registry = registry
         self.launcher = launcher
         self.host = host
         self.load_version = load_version
         self.ready_timeout_s = ready_timeout_s
+        self.followers = followers
+        """The other front ends (several front ends; None: this is the only one)."""
         self._locks: dict[str, asyncio.Lock] = {}
 
     def local_workers(self, model: str, version: int | None = None) -> int:
@@ -125,6 +141,8 @@ class FleetControl:
             len(old_slots),
         )
         try:
+            if self.followers is not None:  # a worker of a version a front end lacks is turned away
+                await self.followers.until_serving(model, new.version)
             for index, slot in enumerate(old_slots or [None]):
                 (fresh,) = self.launcher.add(model, 1, new.version)
                 await self._wait_ready(new, fresh)
@@ -133,6 +151,8 @@ class FleetControl:
                 if slot is None:
                     continue
                 if index == len(old_slots) - 1:
+                    if self.followers is not None:
+                        await self.followers.until_moved(model, old.version, new.version)
                     await self._wait_idle(old)  # the last old worker answers what the old version holds
                 self._retire(old, slot)
                 await self._wait_gone(old, slot)

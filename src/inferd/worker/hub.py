@@ -9,7 +9,7 @@ import asyncio
 import hmac
 import logging
 import ssl
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 from inferd.clock import Clock
 from inferd.errors import NotFound
@@ -44,6 +44,9 @@ class WorkerHub:
         self._servers: list[asyncio.Server] = []
         self.on_first_batch: list[Callable[[WorkerConnection], None]] = []
         """Called when a worker completes its first batch: it did healthy work."""
+        self.before_refusal: Callable[[], Awaitable[object]] | None = None
+        """Awaited before a worker of a version not served here is turned away (for good), then the
+        version is looked up again: a follower front end learns the owner's versions first."""
 
     async def listen_unix(self, path: str) -> None:
         self._servers.append(await asyncio.start_unix_server(self._handle, path=path, limit=2**20))
@@ -94,6 +97,9 @@ class WorkerHub:
         if not isinstance(hello, p.Hello):
             return None, None
         refusal, runtime = self._resolve(hello)
+        if runtime is None and self.before_refusal is not None and self._unknown_version(hello):
+            await self.before_refusal()
+            refusal, runtime = self._resolve(hello)
         if runtime is None:
             log.warning(
                 "refused worker %s (pid %d) for model %s: %s",
@@ -141,6 +147,9 @@ class WorkerHub:
         self.load_failures.pop(hello.model, None)
         runtime.add_worker(conn)
         return conn, runtime
+
+    def _unknown_version(self, hello: p.Hello) -> bool:
+        return hello.model in self.registry and hello.version not in (0, *self.registry.versions(hello.model))
 
     def _resolve(self, hello: p.Hello) -> tuple[str, Runtime | None]:
         """The runtime the worker serves (its model at its version, or the default version), or why not."""

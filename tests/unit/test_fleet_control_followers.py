@@ -1,0 +1,89 @@
+"""A rolling update with several front ends (fleet/control.py with Followers): the new version's workers
+start only once the other front ends serve it, and when one does not, nothing changes."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import aiohttp
+import pytest
+
+from inferd.api.admin import AdminApi
+from inferd.errors import Conflict
+from inferd.fleet.control import FleetControl
+from inferd.runtime.registry import ModelRegistry
+
+
+def runtime(version: int) -> SimpleNamespace:
+    config = SimpleNamespace(name="sim", version=version, kind="batch", default_version=None)
+    return SimpleNamespace(name="sim", version=version, kind="batch", config=config)
+
+
+class Host:
+    def __init__(self, registry: ModelRegistry) -> None:
+        self.registry = registry
+        self.removed: list[int] = []
+
+    def add_version(self, config: SimpleNamespace) -> SimpleNamespace:
+        rt = runtime(config.version)
+        self.registry.add(rt)  # type: ignore[arg-type]
+        return rt
+
+    def remove_version(self, name: str, version: int) -> None:
+        self.registry.remove(name, version)
+        self.removed.append(version)
+
+    def has_workers(self, kind: str) -> bool:
+        return True
+
+
+class Launcher:
+    def __init__(self) -> None:
+        self.added: list[int] = []
+
+    def live_slots(self, model: str, version: int) -> list[SimpleNamespace]:
+        return [SimpleNamespace(worker_id=f"sim-{i}", index=i) for i in range(2)] if version == 1 else []
+
+    def add(self, model: str, n: int, version: int) -> list[SimpleNamespace]:
+        self.added.append(version)
+        raise AssertionError("a worker started before the other front ends serve its version")
+
+
+class Refusing:
+    async def until_serving(self, model: str, version: int) -> None:
+        raise Conflict(f"front end(s) [1] do not serve version {version} of {model!r}")
+
+    async def until_moved(self, model: str, old: int, new: int) -> None:
+        raise AssertionError("not reached")
+
+
+async def test_an_update_a_follower_cannot_serve_changes_nothing() -> None:
+    registry = ModelRegistry()
+    registry.add(runtime(1))  # type: ignore[arg-type]
+    host, launcher = Host(registry), Launcher()
+    fleet = FleetControl(
+        registry,
+        launcher,  # type: ignore[arg-type]
+        host,  # type: ignore[arg-type]
+        load_version=lambda model, version: SimpleNamespace(name=model, version=2, kind="batch"),  # type: ignore[arg-type,return-value]
+        followers=Refusing(),
+    )
+    with pytest.raises(Conflict, match="do not serve version 2"):
+        await fleet.rolling_update("sim")
+    assert launcher.added == [] and host.removed == [2]
+    assert registry.versions("sim") == [1] and registry.default_version("sim") == 1
+
+
+async def test_the_admin_api_answers_a_refused_update_with_409() -> None:
+    async def refused(model: str, version: int | None) -> dict[str, object]:
+        raise Conflict("front end(s) [1] do not serve version 2 of 'sim'; nothing was changed")
+
+    api = AdminApi(SimpleNamespace(fleet=SimpleNamespace(rolling_update=refused)), None)  # type: ignore[arg-type]
+    port = await api.start("127.0.0.1", 0)
+    try:
+        async with aiohttp.ClientSession() as http:
+            async with http.post(f"http://127.0.0.1:{port}/admin/models/sim/update") as r:
+                assert r.status == 409
+                assert "nothing was changed" in (await r.json())["error"]
+    finally:
+        await api.stop()
