@@ -34,10 +34,11 @@ async def run_until_done(work: Coroutine[Any, Any, int], drain: Callable[[], boo
 
     def on_signal(sig: signal.Signals) -> None:
         signalled.append(sig)
-        if len(signalled) == 1 and drain():
-            log.info("%s: draining (a second one stops at once)", sig.name)
-            return
-        log.warning("%s: stopping at once", sig.name)
+        if len(signalled) == 1:
+            log.info("%s received: the worker drains (a second signal stops it at once)", sig.name)
+            if drain():
+                return
+        log.warning("%s received: stopping the worker at once", sig.name)
         task.cancel()
 
     handled = STOP_SIGNALS if threading.current_thread() is threading.main_thread() else ()
