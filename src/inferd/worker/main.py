@@ -8,7 +8,7 @@ Per front end: join -> receive (batches, demand, sequences), with a heartbeat be
 a thread so heartbeats and the next (staged) batch keep flowing while the device is busy. The credit
 ledger (worker/credits.py) keeps the worker at 1 running + 1 staged batch whichever front ends sent them.
 The device never waits on one front end for the others, and one that stops reading is cut off
-(worker/stuck.py).
+(worker/stuck.py). SIGTERM drains the worker (worker/signals.py, `Worker.drain`), as a front end's Drain does.
 """
 
 from __future__ import annotations
