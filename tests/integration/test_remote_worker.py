@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 
 from inferd.models.sim import sim_digest
-from tests.conftest import ROOT, free_port, start_server
+from tests.checked_load import Load, assert_exactly_once, tally, wait_answers, wait_for
+from tests.conftest import ROOT, ServerProc, free_port, start_server
 
 TOKEN = "join-secret-for-tests"
 
@@ -44,8 +45,10 @@ def wait_ready(url: str, within_s: float) -> float:
     raise AssertionError(f"{url} not ready within {within_s}s")
 
 
-def start_worker(tmp_path: Path, port: int, token: str) -> subprocess.Popen[bytes]:
-    log = open(tmp_path / f"worker-{time.monotonic_ns()}.log", "wb")
+def start_worker(
+    tmp_path: Path, port: int, token: str, worker_id: str = "remote-1"
+) -> subprocess.Popen[bytes]:
+    log = open(tmp_path / f"worker-{worker_id}-{time.monotonic_ns()}.log", "wb")
     return subprocess.Popen(
         [
             sys.executable,
@@ -57,7 +60,7 @@ def start_worker(tmp_path: Path, port: int, token: str) -> subprocess.Popen[byte
             "--model",
             "sim",
             "--worker-id",
-            "remote-1",
+            worker_id,
         ],
         env={**os.environ, "INFERD_JOIN_TOKEN": token},
         stdout=log,
@@ -142,3 +145,66 @@ def test_worker_port_without_join_token_is_refused_at_start(
         cwd=ROOT,
     )
     assert out.returncode == 2 and "INFERD_JOIN_TOKEN" in out.stderr
+
+
+SLOW_SIM = """builtin = "sim"
+workers = 0
+max_batch_size = 4
+max_wait_ms = 5
+
+[params]
+base_ms = 150.0
+per_item_ms = 0.0
+"""
+"""Batches long enough that a worker signalled under load holds some."""
+
+
+def connected_workers(router: ServerProc) -> dict[str, int]:
+    """Worker id -> the batches it holds."""
+    with urllib.request.urlopen(f"{router.admin_url}/admin/workers", timeout=5) as r:
+        return {w["worker_id"]: w["inflight_batches"] for w in json.loads(r.read())["workers"]}
+
+
+def metric_total(router: ServerProc, name: str) -> float:
+    with urllib.request.urlopen(f"{router.url}/metrics", timeout=5) as r:
+        lines = r.read().decode().splitlines()
+    return sum(float(line.rsplit(" ", 1)[1]) for line in lines if line.startswith(name + "{"))
+
+
+def test_a_remote_worker_stopped_by_sigterm_drains_its_batches_and_exits_0(
+    tmp_path: Path, router_env: None
+) -> None:
+    """SIGTERM mid-load: the worker tells the router, which sends it no more batches; it delivers the
+    ones it holds and exits 0. Every request is answered once, correctly, and nothing is retried."""
+    repo = tmp_path / "repo"
+    (repo / "sim" / "1").mkdir(parents=True)
+    (repo / "sim" / "model.toml").write_text(SLOW_SIM)
+    worker_port = free_port()
+    args = ("--model-repo", str(repo), "--model", "sim", "--worker-port", str(worker_port))
+    router = start_server(tmp_path, *args, ready_path="/v2/health/live")
+    stays = start_worker(tmp_path, worker_port, TOKEN, "remote-stays")
+    leaves = start_worker(tmp_path, worker_port, TOKEN, "remote-leaves")
+    try:
+        wait_for(lambda: len(connected_workers(router)) == 2, 30, "both workers joined")
+        with Load(router.url, "sigterm", clients=8, max_requests=250, max_s=20) as load:
+            wait_answers(load, 30)
+            wait_for(lambda: connected_workers(router)["remote-leaves"] > 0, 10, "batches on the worker")
+            leaves.send_signal(signal.SIGTERM)
+            assert leaves.wait(10) == 0, "a worker stopped by SIGTERM drains and exits 0"
+            assert load.answered() < load.max_requests, "the load outlasted the drain"
+            load.finish(30)
+        t = tally(load)
+        assert_exactly_once(t, load)
+        assert t.refused == 0
+        assert list(connected_workers(router)) == ["remote-stays"]
+        assert metric_total(router, "inferd_retried_items_total") == 0
+        assert metric_total(router, "inferd_batch_failures_total") == 0
+    finally:
+        for worker in (leaves, stays):
+            if worker.poll() is None:
+                worker.send_signal(signal.SIGTERM)
+                worker.wait(15)
+        router.stop()
+    left = [line for line in router.log().splitlines() if "remote-leaves" in line]
+    assert any("drained and left" in line for line in left), left
+    assert not any(" lost" in line for line in left), left

@@ -149,7 +149,27 @@ def test_gpu_workers_hold_a_gpu_and_join_with_secrets_over_tls() -> None:
     assert any(a.startswith("--ca-file=") for a in worker["args"])
     assert any(a.startswith("--worker-ssl-certfile=") for a in router["args"])
     assert "--insecure" not in router["args"] + worker["args"]
-    assert worker["lifecycle"]["preStop"]["exec"]["command"][:2] == ["inferd", "drain"]
+    # SIGTERM drains the worker itself (docs/deploy.md, Shutdown): no preStop hook, no admin token
+    assert "lifecycle" not in worker
+    assert "INFERD_ADMIN_TOKEN" not in env
+
+
+def lifecycle_hooks(node: Any) -> list[Any]:
+    """Every container's `lifecycle` in a rendered object, wherever its pod templates are."""
+    if isinstance(node, list):
+        return [h for item in node for h in lifecycle_hooks(item)]
+    if not isinstance(node, dict):
+        return []
+    own = [node["lifecycle"]] if "lifecycle" in node else []
+    return own + [h for k, v in node.items() if k != "lifecycle" for h in lifecycle_hooks(v)]
+
+
+@pytest.mark.parametrize("overlay", RENDERED)
+def test_no_hook_names_a_variable_kubernetes_would_not_expand(overlay: str) -> None:
+    """Kubernetes expands $(VAR) in a container's command and args, not in its lifecycle hooks: a hook
+    would get the text `$(VAR)` itself."""
+    for hook in lifecycle_hooks(list(render(overlay))):
+        assert not re.search(r"\$\([A-Za-z_][A-Za-z0-9_]*\)", json.dumps(hook)), hook
 
 
 def cli_options(command: str) -> set[str]:

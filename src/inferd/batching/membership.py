@@ -62,7 +62,14 @@ class Membership:
         worker.close()
         batches = list(worker.inflight.values())
         worker.inflight.clear()
-        if was is not WorkerState.DEAD:
+        if was is WorkerState.DRAINING and not batches:
+            log.info(
+                "worker %s (pid %d) of model %s drained and left",
+                worker.worker_id,
+                worker.pid,
+                self.state.name,
+            )
+        elif was is not WorkerState.DEAD:
             log.warning(
                 "worker %s (pid %d) of model %s lost: %s; %d batch(es) in flight",
                 worker.worker_id,

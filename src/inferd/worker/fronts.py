@@ -39,6 +39,8 @@ class FrontLink:
         self.told: ToldState | None = None
         """The state last sent to it in a Credit."""
         self.closed = False
+        self.answered_drain = False
+        """The front end sent Drain (its own, or its answer to the worker's): it sends no more work."""
         self.sent_bytes = 0
         """Bytes ever written to the link (those not in its buffer have gone to the kernel)."""
         self.watch = DrainWatch(stuck_after_s)

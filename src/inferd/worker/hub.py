@@ -184,6 +184,8 @@ class WorkerHub:
                 runtime.on_message(conn, msg)
             elif isinstance(msg, p.LoadFailed):
                 raise p.ConnectionClosed(f"worker failed: {msg.message}")
+            elif isinstance(msg, p.Drain):  # it drains (SIGTERM): no new work; the answer, a Drain,
+                runtime.drain_worker(conn)  # follows the last work sent it (a runtime sends it once)
             else:
                 runtime.on_message(conn, msg)
                 if conn.completed_batches == 1:

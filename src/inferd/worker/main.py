@@ -8,12 +8,11 @@ Per front end: join -> receive (batches, demand, sequences), with a heartbeat be
 a thread so heartbeats and the next (staged) batch keep flowing while the device is busy. The credit
 ledger (worker/credits.py) keeps the worker at 1 running + 1 staged batch whichever front ends sent them.
 The device never waits on one front end for the others, and one that stops reading is cut off
-(worker/stuck.py).
+(worker/stuck.py). SIGTERM drains the worker (worker/signals.py, `Worker.drain`), as a front end's Drain does.
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
 import logging
@@ -33,6 +32,7 @@ from inferd.observability import tracing
 from inferd.observability.logging_setup import set_up_process
 from inferd.observability.settings import from_environment
 from inferd.worker import protocol as p
+from inferd.worker.args import arguments
 from inferd.worker.credits import CAP, CreditLedger
 from inferd.worker.device import Device
 from inferd.worker.fronts import (
@@ -44,7 +44,8 @@ from inferd.worker.fronts import (
     transport,
 )
 from inferd.worker.orphans import orphaned
-from inferd.worker.stuck import STUCK_AFTER_S, positive_seconds
+from inferd.worker.signals import DRAIN_ANSWER_TIMEOUT_S, run_until_done
+from inferd.worker.stuck import STUCK_AFTER_S
 
 log = logging.getLogger("inferd.worker")
 
@@ -91,6 +92,9 @@ class Worker:
         self._engine: LLMEngine | None = None
         """The continuous-batching engine, when the model is an LLM (instead of the batch loop)."""
         self._draining = False
+        self._drain_asked = asyncio.Event()
+        self._answered = asyncio.Event()
+        """A front end answered Drain, or left (a draining worker waits for every one: `_drain`)."""
         self._finished = asyncio.Event()
         """The device has stopped (drained): every link ends."""
 
@@ -100,6 +104,7 @@ class Worker:
         worker`) rejoins every front end that restarts, keeping its loaded model."""
         async with asyncio.TaskGroup() as tg:
             device = tg.create_task(self._run_device())
+            draining = tg.create_task(self._drain())
             links = [
                 tg.create_task(self._link(i, a, self.reconnect or i > 0))
                 for i, a in enumerate(self.addresses)
@@ -107,7 +112,7 @@ class Worker:
             watched = links if self.reconnect else links[:1]
             await asyncio.wait(watched, return_when=asyncio.ALL_COMPLETED)
             outcome = "drained" if self._draining else watched[0].result()
-            for task in links:
+            for task in (*links, draining):
                 task.cancel()
             self._stop_device(finish=outcome == "drained")
             if not self.device.loaded.is_set():
@@ -140,6 +145,8 @@ class Worker:
                 delay_s = 0.2
             await asyncio.sleep(delay_s)
             delay_s = min(2.0, delay_s * 2)
+            if self._draining:
+                return outcome
 
     async def _session(self, index: int, address: str) -> str:
         """One connection: register, (re)load if needed, then receive until it ends; then close it."""
@@ -196,6 +203,8 @@ class Worker:
         link.credits = welcome.credits
         self.ledger.join(link.index, legacy=not welcome.credits)
         self.links[link.index] = link
+        if self._draining:  # it joined while the worker drains: it takes no work either
+            link.send(p.Drain())
         self._grant()
         outcome = "lost"
         try:
@@ -224,6 +233,7 @@ class Worker:
         if self._engine is not None:
             for abort in self.owners.release(link.index):
                 self._engine.submit(abort)
+        self._answered.set()
         self._grant()
 
     async def _receive(self, link: FrontLink, reader: asyncio.StreamReader) -> str:
@@ -240,14 +250,40 @@ class Worker:
             elif isinstance(msg, p.Demand):
                 self.ledger.report(link.index, msg.queued, msg.oldest_age_s, msg.returned)
                 self._grant()
-            elif isinstance(msg, p.Drain):
-                log.info("worker %s draining", self.worker_id)
-                self._draining = True
-                self._stop_device(finish=True)
+            elif isinstance(msg, p.Drain):  # asked to, or the answer to ours: it sends no more work
+                link.answered_drain = True
+                self.drain()
+                self._answered.set()
                 if self._engine is None:
                     return "drained"  # reading on for an engine: aborts of the sequences it finishes
             elif isinstance(msg, (p.AddSequence, p.AbortSequence)) and self._engine is not None:
                 self._engine.submit(self.owners.inbound(link, msg))
+
+    def drain(self) -> bool:
+        """Take no new work, finish what the device holds, exit 0 (SIGTERM, or a front end's Drain):
+        every front end is told (Drain) and answers Drain after the last work it sent; then the device
+        stops. False: a search replica, which cannot drain on its own (stop it at once)."""
+        if self.replica is not None:
+            return False
+        if not self._draining:
+            log.info("worker %s draining", self.worker_id)
+        self._draining = True
+        self._drain_asked.set()
+        return True
+
+    async def _drain(self) -> None:
+        """Once asked: tell every front end, wait (bounded) until each has answered Drain or gone, then
+        let the device finish what it holds (as a front end's Drain does for that one front end)."""
+        await self._drain_asked.wait()
+        for link in self.links.values():
+            if not link.answered_drain:
+                link.send(p.Drain())
+        with contextlib.suppress(TimeoutError):  # a front end of an older inferd never answers
+            async with asyncio.timeout(DRAIN_ANSWER_TIMEOUT_S):
+                while not all(link.answered_drain for link in self.links.values()):
+                    self._answered.clear()
+                    await self._answered.wait()
+        self._stop_device(finish=True)
 
     def _grant(self) -> None:
         """Hand out free batch slots, and tell front ends holding slots when the worker's state changed."""
@@ -312,51 +348,7 @@ class Worker:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="inferd-worker", description="Run one inferd worker (one device).")
-    parser.add_argument(
-        "--connect",
-        required=True,
-        help="front end address: unix:/path or HOST:PORT; several, comma-separated, share the worker",
-    )
-    parser.add_argument("--model", required=True, help="name of the model this worker serves")
-    parser.add_argument("--token", default="", help="join token, if the front end requires one")
-    parser.add_argument("--worker-id", default="", help="worker id (default: random)")
-    parser.add_argument("--reconnect", action="store_true", help="rejoin lost front ends (remote workers)")
-    parser.add_argument(
-        "--model-repo",
-        type=Path,
-        default=None,
-        help="this host's copy of the model repository (for models served from one)",
-    )
-    parser.add_argument(
-        "--model-version",
-        type=int,
-        default=0,
-        help="the model version to serve, when several are served side by side (default: the default one)",
-    )
-    parser.add_argument(
-        "--ca-file",
-        type=Path,
-        default=None,
-        help="join over TLS, verifying the front end against this CA (PEM)",
-    )
-    parser.add_argument("--ca-pem", default="", help="the same CA as PEM text (Ray actors)")
-    parser.add_argument(
-        "--insecure",
-        action="store_true",
-        help="allow plain TCP to a front end that is not on loopback (it needs --insecure too)",
-    )
-    parser.add_argument(
-        "--stuck-after-s",
-        type=positive_seconds,
-        default=STUCK_AFTER_S,
-        help="cut off front ends stuck this long",
-    )
-    parser.add_argument("--log-level", default="INFO")
-    parser.add_argument("--log-format", choices=("text", "json"), default="text")
-    parser.add_argument("--trace-endpoint", default=None, help="export spans to this OTLP/HTTP collector")
-    parser.add_argument("--service-name", default=None, help="service.name of the spans (OTEL_SERVICE_NAME)")
-    args = parser.parse_args(argv)
+    args = arguments().parse_args(argv)
     observe = from_environment(
         os.environ,
         log_format=args.log_format,
@@ -387,7 +379,7 @@ def main(argv: list[str] | None = None) -> int:
     except ImportError:
         runner = asyncio.run
     try:
-        return runner(worker.run())
+        return runner(run_until_done(worker.run(), worker.drain))
     except KeyboardInterrupt:
         return 130
     except (ConnectionError, p.ConnectionClosed, BaseExceptionGroup) as exc:

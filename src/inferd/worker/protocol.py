@@ -104,7 +104,9 @@ class Heartbeat(msgspec.Struct, tag="hb"):
 
 
 class Drain(msgspec.Struct, tag="drain"):
-    """Finish what you hold, then exit."""
+    """Front end -> worker: finish what you hold, then exit. Worker -> front end (it drains: SIGTERM, or
+    another front end's Drain): send me no new work, and answer Drain after the last you sent. The
+    worker's device stops once every front end has sent one (worker/main.py `_drain`)."""
 
 
 # ---- LLM engine (models with platform "inferd_llm"): one AddSequence per request, one StepDeltas per step

@@ -1,0 +1,57 @@
+"""`inferd.worker.main`'s command line: how every worker is started, wherever it runs (worker/launcher.py
+builds these arguments)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from inferd.worker.stuck import STUCK_AFTER_S, positive_seconds
+
+
+def arguments() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="inferd-worker", description="Run one inferd worker (one device).")
+    parser.add_argument(
+        "--connect",
+        required=True,
+        help="front end address: unix:/path or HOST:PORT; several, comma-separated, share the worker",
+    )
+    parser.add_argument("--model", required=True, help="name of the model this worker serves")
+    parser.add_argument("--token", default="", help="join token, if the front end requires one")
+    parser.add_argument("--worker-id", default="", help="worker id (default: random)")
+    parser.add_argument("--reconnect", action="store_true", help="rejoin lost front ends (remote workers)")
+    parser.add_argument(
+        "--model-repo",
+        type=Path,
+        default=None,
+        help="this host's copy of the model repository (for models served from one)",
+    )
+    parser.add_argument(
+        "--model-version",
+        type=int,
+        default=0,
+        help="the model version to serve, when several are served side by side (default: the default one)",
+    )
+    parser.add_argument(
+        "--ca-file",
+        type=Path,
+        default=None,
+        help="join over TLS, verifying the front end against this CA (PEM)",
+    )
+    parser.add_argument("--ca-pem", default="", help="the same CA as PEM text (Ray actors)")
+    parser.add_argument(
+        "--insecure",
+        action="store_true",
+        help="allow plain TCP to a front end that is not on loopback (it needs --insecure too)",
+    )
+    parser.add_argument(
+        "--stuck-after-s",
+        type=positive_seconds,
+        default=STUCK_AFTER_S,
+        help="cut off front ends stuck this long",
+    )
+    parser.add_argument("--log-level", default="INFO")
+    parser.add_argument("--log-format", choices=("text", "json"), default="text")
+    parser.add_argument("--trace-endpoint", default=None, help="export spans to this OTLP/HTTP collector")
+    parser.add_argument("--service-name", default=None, help="service.name of the spans (OTEL_SERVICE_NAME)")
+    return parser
