@@ -126,6 +126,8 @@ class InferenceServer:
         )
         """Tenants and API keys (gateway/reload.py): the API's auth layer reads its current gate; a
         reload also re-reads the models' traffic and cache tables."""
+        if frontend is not None and config.config_path is not None:  # restarted since a reload: the file now
+            self.gateway.reload_or_log()
         self.tenant_requests = tenant_counter(self.metrics.registry)
         self.metrics.registry.register(QuotaCollector(lambda: self.gateway.quotas))
         self._token = frontend.token if frontend else secrets.token_hex(16)

@@ -6,7 +6,7 @@
 * SIGKILL one front end under checked load: only requests it held fail (a connection error), no answer
   is wrong or duplicated, the other front end goes on and the parent starts the killed one again;
 * `POST /admin/reload` (the owner's admin API) reaches every front end: a key required by the reloaded
-  file is required whichever front end takes the request;
+  file is required whichever front end takes the request, also by a front end started again since;
 * front ends with no local workers (remote ones only, none joined yet) open the port within seconds,
   not after the local workers' start timeout.
 
@@ -142,6 +142,17 @@ def test_admin_reload_reaches_every_front_end(server: ServerProc, root: Path) ->
         # both front ends now ask for the key: 20 requests on new connections, none let through
         wait_for(lambda: set(statuses(server, 20)) == {401}, 10, "every front end requiring the key")
         assert set(statuses(server, 10, key)) == {200}
+        # a front end started again after the reload reads the file as it is now, not as at start
+        _, follower = frontend_pids(server)
+        os.kill(follower, signal.SIGKILL)
+        wait_for(lambda: not alive(follower), 10, "the follower gone")
+        wait_for(
+            lambda: len([p for p in child_pids(server.proc.pid) if alive(p)]) == 2, 20, "a new front end"
+        )
+        wait_for(
+            lambda: scrape(server).get('inferd_frontend_up{frontend="1"}') == 1.0, 30, "front end 1 back"
+        )
+        assert set(statuses(server, 20)) == {401}
     finally:
         (root / "inferd.toml").write_text(CONFIG)
         reload(server)

@@ -14,7 +14,7 @@ from inferd.clock import FakeClock
 from inferd.config import ConfigError
 from inferd.errors import Conflict
 from inferd.frontends.plan import FrontendPlan
-from inferd.frontends.version_sync import Answer, FollowerVersions, Report, Served, VersionSync
+from inferd.frontends.version_sync import LIVE_S, Answer, FollowerVersions, Report, Served, VersionSync
 from inferd.runtime.registry import ModelRegistry
 from inferd.worker import protocol as p
 from inferd.worker.hub import WorkerHub
@@ -177,3 +177,41 @@ async def test_a_hub_asks_once_more_before_it_turns_away_a_worker_of_a_version_n
         assert not refused.accepted and "served versions: [1, 2]" in refused.reason and asked == [0, 1]
     finally:
         await hub.close()
+
+
+async def test_an_update_does_not_wait_for_a_follower_that_died() -> None:
+    """It reported (version 1 only) and died: once its report is stale the update goes on, although no
+    report comes to say so (before, it waited the whole wait_s and answered 409 naming nobody)."""
+    owner, follower = Server([1], {1, 2}), Server([1], {1, 2})
+    first, other = owner_and_follower(owner, follower)
+    await other.exchange()
+    owner.add_version(owner.load("sim", 2))
+    waiting = asyncio.create_task(first.until_serving("sim", 2))
+    await asyncio.sleep(0.05)
+    assert not waiting.done()
+    first.clock.advance(LIVE_S + 0.1)  # (the followers' record runs on the same clock)
+    await asyncio.wait_for(waiting, 5)  # no Conflict, and well within wait_s
+
+
+class Broken(Server):
+    """A repository whose version 2 fails in the model's own code (not a config error)."""
+
+    loads = 0
+
+    def load(self, model: str, version: int | None) -> SimpleNamespace:
+        if version == 2:
+            self.loads += 1
+            raise RuntimeError("the new version's tokenizer failed")
+        return super().load(model, version)
+
+
+async def test_a_version_failing_in_the_models_own_code_is_logged_and_not_retried_every_tick() -> None:
+    owner, follower = Server([1], {1, 2}), Broken([1], {1, 2})
+    first, other = owner_and_follower(owner, follower)
+    owner.add_version(owner.load("sim", 2))
+    for _ in range(3):
+        assert await other.exchange()  # the follower goes on serving version 1
+    assert follower.registry.versions("sim") == [1] and follower.loads == 1
+    first.clock.advance(30.0)
+    await other.exchange()
+    assert follower.loads == 2  # tried again later

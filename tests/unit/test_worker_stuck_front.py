@@ -128,9 +128,10 @@ class FakeWriter:
             await self.drained.wait()
 
 
-def link(index: int, stuck_after_s: float = AFTER_S) -> tuple[FrontLink, FakeWriter]:
+def link(index: int, stuck_after_s: float = AFTER_S, lifeline: bool = False) -> tuple[FrontLink, FakeWriter]:
     writer = FakeWriter()
-    return FrontLink.joined(index, f"front-{index}", writer, stuck_after_s), writer  # type: ignore[arg-type]
+    front = FrontLink.joined(index, f"front-{index}", writer, stuck_after_s, lifeline)  # type: ignore[arg-type]
+    return front, writer
 
 
 def test_a_link_raises_its_high_water_mark_and_is_cut_off_once_stuck() -> None:
@@ -204,3 +205,36 @@ async def test_a_session_ending_cuts_off_a_front_end_that_reads_none_of_its_last
     front.send(p.Heartbeat(running=0, completed_batches=0))
     await asyncio.wait_for(front.finish(timeout_s=0.05), 5)  # nobody drains it
     assert writer.transport.aborted and front.closed
+
+
+async def test_a_local_workers_own_front_end_is_waited_for_never_cut_off() -> None:
+    """The lifeline (a local worker's first front end, whose going ends the worker): far behind while
+    another keeps up, or stuck, it is waited for: cutting it off would end the worker for every front end."""
+    clock = FakeClock()
+    (owner, owner_writer), (other, _) = link(0, stuck_after_s=1.0, lifeline=True), link(1)
+    owners = SequenceOwners(lambda: {0: owner, 1: other})
+    owner_writer.transport.buffered = LINK_HIGH_WATER_BYTES + 1
+    flushing = asyncio.create_task(owners.flush())
+    await asyncio.wait_for(owner_writer.waiting.wait(), 5)
+    assert not flushing.done() and not owner_writer.transport.aborted
+    for _ in range(5):
+        assert not owner.cut_off_if_stuck(clock.now())
+        clock.advance(1.0)
+    owner_writer.transport.buffered = 0
+    owner_writer.drained.set()
+    await asyncio.wait_for(flushing, 5)
+    assert not owner.closed and not other.closed
+
+
+async def test_when_one_of_the_links_behind_drains_the_others_still_behind_are_cut_off() -> None:
+    """Every link behind: the engine waits; once one drains (it keeps up again), the step goes on and
+    those still behind are cut off instead of waited for."""
+    (a, a_writer), (b, b_writer) = link(0), link(1)
+    owners = SequenceOwners(lambda: {0: a, 1: b})
+    a_writer.transport.buffered = b_writer.transport.buffered = LINK_HIGH_WATER_BYTES + 1
+    flushing = asyncio.create_task(owners.flush())
+    await asyncio.wait_for(a_writer.waiting.wait(), 5)
+    a_writer.transport.buffered = 0
+    a_writer.drained.set()
+    await asyncio.wait_for(flushing, 5)  # not held until b drains
+    assert b_writer.transport.aborted and b.closed and not a.closed

@@ -58,8 +58,13 @@ def worker_sockets(plan: FrontendPlan | None) -> tuple[str, str, str]:
 def hang_up_all(plan: FrontendPlan | None, parent_pid: int) -> int:
     """`POST /admin/reload` reaches the owner only: ask the parent (which passes SIGHUP to every front
     end, as for `kill -HUP`) so that each re-reads the config file. `parent_pid`: this process's parent
-    when it started. Returns the front ends asked (0: one front end, or the parent is gone)."""
+    when it started. Returns the front ends asked (0: one front end, or the parent is gone). The others
+    re-read the file when the signal reaches them, moments after this returns; the owner re-reads it once
+    more then."""
     if plan is None or plan.count < 2 or parent_pid <= 1 or os.getppid() != parent_pid:
         return 0
-    os.kill(parent_pid, signal.SIGHUP)
+    try:
+        os.kill(parent_pid, signal.SIGHUP)
+    except ProcessLookupError:  # it died since: no front end to reach but this one
+        return 0
     return plan.count

@@ -21,7 +21,9 @@ Search indexes are not versions: search/index_sync.py follows them.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -41,6 +43,8 @@ EXCHANGE_TIMEOUT_S = 2.0
 LIVE_S = 2.0
 """A follower that reported within this long counts as up: an update waits for it."""
 FOLLOWERS_WAIT_S = 10.0
+RETRY_FAILED_S = 10.0
+"""A version that failed to load here is tried again after this long (not on every exchange)."""
 
 
 class Served(msgspec.Struct, frozen=True):
@@ -104,8 +108,11 @@ class VersionSync:
         self.server = server
         """The composition root: its registry, add_version, remove_version, has_workers and the fleet's
         version loader (the model repository)."""
+        self.clock = clock
         self.followers = FollowerVersions(clock)
         self.wait_s = FOLLOWERS_WAIT_S
+        self._failed: dict[tuple[str, int], float] = {}
+        """(model, version) -> when it last failed to load here."""
         self._reported = asyncio.Event()
         self._exchanging = asyncio.Lock()
         """A follower's exchanges, one at a time: an older answer is never applied after a newer one."""
@@ -147,12 +154,15 @@ class VersionSync:
             )
 
     async def _until(self, waiting: Callable[[], list[int]]) -> bool:
+        """Until nobody is `waiting()`, looked at on every report and at least every SYNC_INTERVAL_S (a
+        follower that died stops counting once its last report is stale, with no report to say so)."""
         try:
             async with asyncio.timeout(self.wait_s):
                 while waiting():
-                    await self._reported.wait()
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(self._reported.wait(), SYNC_INTERVAL_S)
         except TimeoutError:
-            return False
+            return not waiting()
         return True
 
     # ---- follower -----------------------------------------------------------------------------------
@@ -192,10 +202,17 @@ class VersionSync:
                 "model %s: the owner serves version %d, but there is no model repository here", model, version
             )
             return
+        if self.clock.now() < self._failed.get((model, version), -math.inf) + RETRY_FAILED_S:
+            return  # it failed a moment ago: the owner's update has its 409; try again later, not every tick
         try:
             self.server.add_version(load(model, version))
         except (ConfigError, ValueError) as exc:
+            self._failed[(model, version)] = self.clock.now()
             log.error("model %s: cannot serve version %d as the owner does: %s", model, version, exc)
+            return
+        except Exception:  # a model's own code (its load, its tokenizer): this front end serves on
+            self._failed[(model, version)] = self.clock.now()
+            log.exception("model %s: cannot serve version %d as the owner does", model, version)
             return
         log.info("model %s: version %d served by the owner front end: served here too", model, version)
 

@@ -29,7 +29,12 @@ class FrontLink:
     """One connection to one front end, and its write buffer (bounded: worker/stuck.py)."""
 
     def __init__(
-        self, index: int, address: str, writer: asyncio.StreamWriter, stuck_after_s: float = STUCK_AFTER_S
+        self,
+        index: int,
+        address: str,
+        writer: asyncio.StreamWriter,
+        stuck_after_s: float = STUCK_AFTER_S,
+        lifeline: bool = False,
     ) -> None:
         self.index = index
         self.address = address
@@ -44,15 +49,24 @@ class FrontLink:
         self.sent_bytes = 0
         """Bytes ever written to the link (those not in its buffer have gone to the kernel)."""
         self.watch = DrainWatch(stuck_after_s)
+        self.lifeline = lifeline
+        """The front end whose going ends the worker (a local worker's first): never cut off for being
+        slow or stuck (that would end the worker for every front end); waited for instead, as before
+        there were several."""
 
     @classmethod
     def joined(
-        cls, index: int, address: str, writer: asyncio.StreamWriter, stuck_after_s: float = STUCK_AFTER_S
+        cls,
+        index: int,
+        address: str,
+        writer: asyncio.StreamWriter,
+        stuck_after_s: float = STUCK_AFTER_S,
+        lifeline: bool = False,
     ) -> FrontLink:
         """A link over a real connection, its write buffer's high-water mark raised: waiting for it to
         drain blocks only past LINK_HIGH_WATER_BYTES."""
         writer.transport.set_write_buffer_limits(high=LINK_HIGH_WATER_BYTES)
-        return cls(index, address, writer, stuck_after_s)
+        return cls(index, address, writer, stuck_after_s, lifeline)
 
     def send(self, msg: p.Message) -> None:
         if self.closed or self.writer.is_closing():
@@ -73,8 +87,8 @@ class FrontLink:
 
     def cut_off_if_stuck(self, now: float) -> bool:
         """One look of the drain watch (the heartbeat loop's); cut off (True) when the buffer has not
-        moved for too long."""
-        if not self.watch.observe(now, self.buffered(), self.sent_bytes):
+        moved for too long. The lifeline is never cut off."""
+        if not self.watch.observe(now, self.buffered(), self.sent_bytes) or self.lifeline:
             return False
         self.cut_off(f"{self.buffered()} bytes unread, none gone out for {self.watch.stuck_for_s(now):.1f}s")
         return True
@@ -188,16 +202,31 @@ class SequenceOwners:
         every link is past its high-water mark, wait for them (as with one front end: a slow reader
         slows the engine); a link that far behind while others are not is cut off instead of awaited
         (its sequences are aborted, its front end retries or fails them). A stuck link that all the
-        others wait behind is cut off by its drain watch."""
-        links = list(self._links().values())
-        behind = [link for link in links if link.behind()]
+        others wait behind is cut off by its drain watch. The lifeline is never cut off: it is waited for.
+        When one of those waited for drains, the rule is applied again (the others, still behind while it
+        keeps up, are cut off) and the step goes on: at most one wait per step."""
+        behind = self._cut_behind()
         if not behind:
             return
-        if len(behind) < len(links):
-            for link in behind:
-                link.cut_off(f"{link.buffered()} bytes of token deltas unread while other front ends keep up")
-            return
-        await asyncio.gather(*(link.flush() for link in behind))
+        waits = [asyncio.ensure_future(link.flush()) for link in behind]
+        try:
+            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for w in waits:
+                w.cancel()
+        self._cut_behind()
+
+    def _cut_behind(self) -> list[FrontLink]:
+        """Cut off the links past their high-water mark while some are not (never the lifeline);
+        returns those to wait for: all of them if every link is behind, else a lifeline behind."""
+        links = list(self._links().values())
+        behind = [link for link in links if link.behind()]
+        if len(behind) == len(links):
+            return behind
+        for link in behind:
+            if not link.lifeline:
+                link.cut_off(f"{link.buffered()} bytes of token deltas unread while others keep up")
+        return [link for link in behind if link.lifeline]
 
 
 def transport(address: str, ca_file: Path | None, ca_pem: str, insecure: bool) -> ssl.SSLContext | None:

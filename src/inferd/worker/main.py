@@ -95,6 +95,7 @@ class Worker:
         self._drain_asked = asyncio.Event()
         self._answered = asyncio.Event()
         """A front end answered Drain, or left (a draining worker waits for every one: `_drain`)."""
+        self._stopped: bool | None = None  # `_stop_device` was called (True: finish); a later engine stops
         self._finished = asyncio.Event()
         """The device has stopped (drained): every link ends."""
 
@@ -112,6 +113,8 @@ class Worker:
             watched = links if self.reconnect else links[:1]
             await asyncio.wait(watched, return_when=asyncio.ALL_COMPLETED)
             outcome = "drained" if self._draining else watched[0].result()
+            if self._draining:  # every front end's last results go out before the process ends
+                await asyncio.wait(links, timeout=self.stuck_after_s)
             for task in (*links, draining):
                 task.cancel()
             self._stop_device(finish=outcome == "drained")
@@ -154,7 +157,8 @@ class Worker:
         try:
             async with asyncio.timeout(JOIN_TIMEOUT_S):  # TimeoutError is an OSError: the attempt is "lost"
                 reader, writer = await p.open_connection(address, self.tls)
-                link = FrontLink.joined(index, address, writer, self.stuck_after_s)
+                lifeline = index == 0 and not self.reconnect  # its going ends this (local) worker: never cut
+                link = FrontLink.joined(index, address, writer, self.stuck_after_s, lifeline)
                 link.send(
                     p.Hello(
                         worker_id=self.worker_id,
@@ -181,6 +185,8 @@ class Worker:
                 return await self.replica.serve(
                     index, reader, writer, raw_config["version"], welcome.heartbeat_s
                 )
+            if self._draining:  # stopping: no model to load for it
+                return "drained"
             if not await self.device.ensure_loaded(link, welcome):
                 return "load_failed"
             self._start_engine()
@@ -295,6 +301,8 @@ class Worker:
     def _start_engine(self) -> None:
         if self._engine is None:
             self._engine = self.device.new_engine(self.owners)
+            if self._engine is not None and self._stopped is not None:  # told to stop while it loaded
+                self._engine.stop(finish_running=self._stopped)
 
     async def _run_device(self) -> None:
         await self.device.loaded.wait()
@@ -321,6 +329,7 @@ class Worker:
 
     def _stop_device(self, finish: bool) -> None:
         """Drained: finish what the device holds. Lost: drop what has not started."""
+        self._stopped = finish if self._stopped is None else self._stopped and finish
         if self._engine is not None:
             self._engine.stop(finish_running=finish)
             return
