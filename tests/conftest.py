@@ -92,6 +92,8 @@ def start_server(
     tmp_path: Path, *args: str, ready_timeout_s: float = 60.0, ready_path: str = "/v2/health/ready"
 ) -> ServerProc:
     port, admin_port = free_port(), free_port()
+    while admin_port in (port, port + 1):  # the kernel may hand the same free port out twice in a row
+        admin_port = free_port()
     if "--port" in args:  # a restarted server on the same port
         i = args.index("--port")
         port, args = int(args[i + 1]), args[:i] + args[i + 2 :]

@@ -11,7 +11,7 @@ import pytest
 
 from inferd.clock import FakeClock
 from inferd.worker import protocol as p
-from inferd.worker.fronts import FrontLink, SequenceOwners
+from inferd.worker.fronts import FINISH_POLL_S, FrontLink, SequenceOwners
 from inferd.worker.stuck import LINK_HARD_LIMIT_BYTES, LINK_HIGH_WATER_BYTES, DrainWatch, positive_seconds
 
 AFTER_S = 10.0
@@ -112,6 +112,7 @@ class FakeWriter:
         self.transport = FakeTransport()
         self.waiting = asyncio.Event()
         self.drained = asyncio.Event()
+        self.closed_cleanly = False
 
     def write(self, data: bytes) -> None:
         self.transport.buffered += len(data)
@@ -120,6 +121,7 @@ class FakeWriter:
         return self.transport.aborted
 
     def close(self) -> None:
+        self.closed_cleanly = not self.transport.aborted  # closed, not cut off (abort) first
         self.transport.aborted = True
 
     async def drain(self) -> None:
@@ -192,12 +194,20 @@ async def test_a_session_ending_lets_its_last_messages_go_out_then_closes() -> N
     front.send(p.Heartbeat(running=0, completed_batches=0))
     front.closed = True  # detached: it sends nothing more, but what it holds still goes out
     finishing = asyncio.create_task(front.finish(timeout_s=30))
-    await asyncio.wait_for(writer.waiting.wait(), 5)  # waits for all of it, not just the high-water mark
-    assert not finishing.done()
-    writer.transport.buffered = 0
-    writer.drained.set()
+    for _ in range(5):  # a few of its polls: it waits for all of it, well under the high-water mark too
+        await asyncio.sleep(FINISH_POLL_S)
+    assert front.buffered() > 0 and not finishing.done() and not writer.is_closing()
+    writer.transport.buffered = 0  # the front end read it
     await asyncio.wait_for(finishing, 5)
-    assert writer.is_closing() and front.buffered() == 0
+    assert writer.closed_cleanly
+
+
+async def test_a_session_ending_with_nothing_held_closes_at_once() -> None:
+    """Nothing buffered: closed without waiting (a TLS transport told a high-water mark of 0 pauses
+    writing even when empty, and a wait for it to drain then lasted until the peer closed)."""
+    front, writer = link(0)
+    await asyncio.wait_for(front.finish(timeout_s=30), 1)
+    assert writer.closed_cleanly
 
 
 async def test_a_session_ending_cuts_off_a_front_end_that_reads_none_of_its_last_messages() -> None:

@@ -24,6 +24,9 @@ from inferd.worker.stuck import LINK_HARD_LIMIT_BYTES, LINK_HIGH_WATER_BYTES, ST
 
 log = logging.getLogger("inferd.worker")
 
+FINISH_POLL_S = 0.01
+"""How often a link whose session ended looks whether what it holds has gone out."""
+
 
 class FrontLink:
     """One connection to one front end, and its write buffer (bounded: worker/stuck.py)."""
@@ -101,11 +104,13 @@ class FrontLink:
     async def finish(self, timeout_s: float) -> None:
         """The session ends: give what is buffered up to `timeout_s` to go out, then close (cut off, if
         the front end did not read it by then)."""
-        if not self.writer.is_closing():  # (detached already: `closed`, sending nothing more)
-            self.writer.transport.set_write_buffer_limits(high=0)  # drain() now waits for all of it
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(timeout_s):
-                    await self.flush()
+        # Polled, not drain(): with a high-water mark of 0 a TLS transport pauses writing even when empty,
+        # and drain() then waits for the peer to close.
+        deadline = asyncio.get_running_loop().time() + timeout_s
+        while self.buffered() > 0 and not self.writer.is_closing():
+            if asyncio.get_running_loop().time() >= deadline:
+                break
+            await asyncio.sleep(FINISH_POLL_S)
         if self.buffered() > 0:
             self.cut_off(f"{self.buffered()} bytes still unread at the end of its session")
         self.close()
