@@ -18,6 +18,10 @@ Cutting a link off aborts its connection (what is buffered is dropped): the work
 aborts its LLM sequences as for a lost link, and the front end, when it runs again, sees its connection
 end and retries or fails those requests through its usual worker-loss handling. Nothing is lost
 silently, and the worker rejoins it as after any lost link.
+
+One link is never cut off for being slow or stuck: a local worker's first front end (its owner, whose
+going ends the worker: `FrontLink.lifeline`). Cutting it off would end the worker for every front end;
+the worker waits for it instead, as it did before it served several.
 """
 
 from __future__ import annotations
