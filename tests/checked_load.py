@@ -33,6 +33,15 @@ class Answer:
     body: str
     """OUTPUT0 for a 200, else the error message."""
     latency_s: float
+    version: str = "1"
+    """The version that answered (X-Inferd-Model-Version; a 200's digest is that version's)."""
+    sent_at: float = 0.0
+    """When it was sent (time.monotonic)."""
+
+    @property
+    def correct(self) -> bool:
+        """A 200 whose OUTPUT0 is its own input's digest at the version that answered."""
+        return self.status == 200 and self.body == sim_digest("sim", int(self.version), self.text)
 
 
 @dataclass
@@ -101,9 +110,10 @@ def infer(url: str, text: str) -> Answer | None:
     try:
         with urllib.request.urlopen(req, timeout=40) as r:
             output = json.loads(r.read())["outputs"][0]["data"][0]
-            return Answer(text, r.status, output, time.monotonic() - t0)
+            version = r.headers.get("X-Inferd-Model-Version", "1")
+            return Answer(text, r.status, output, time.monotonic() - t0, version, t0)
     except urllib.error.HTTPError as exc:
-        return Answer(text, exc.code, exc.read().decode(errors="replace"), time.monotonic() - t0)
+        return Answer(text, exc.code, exc.read().decode(errors="replace"), time.monotonic() - t0, sent_at=t0)
     except (
         OSError,
         http.client.HTTPException,
@@ -131,7 +141,7 @@ def tally(load: Load) -> Tally:
         refused=sum(1 for a in load.answers if a.status != 200),
         lost=load.sent - len(per_input),
         duplicated=sum(n - 1 for n in per_input.values()),
-        misrouted=sum(1 for a in ok if a.body != sim_digest("sim", 1, a.text)),
+        misrouted=sum(1 for a in ok if not a.correct),
     )
 
 
