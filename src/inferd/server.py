@@ -28,7 +28,7 @@ from inferd.errors import ShuttingDown
 from inferd.fleet.control import FleetControl, repository_loader
 from inferd.fleet.scaling import ScalingLoop, scaling_policy
 from inferd.frontends.metrics import scrape_all, serve_registry
-from inferd.frontends.plan import FrontendPlan, hang_up_all, worker_sockets
+from inferd.frontends.plan import FrontendPlan, worker_sockets
 from inferd.frontends.readiness import await_ready, ready_wait_s
 from inferd.frontends.sync import FrontendSync
 from inferd.gateway.auth import tenant_counter
@@ -76,7 +76,6 @@ class InferenceServer:
         """This process's place among several front ends (`--frontends N`); None: the only one. Only
         the owner (index 0) runs the local workers and the autoscaler."""
         spawn_workers = spawn_workers and (frontend is None or frontend.is_owner)
-        self._parent_pid = os.getppid() if frontend is not None else 0
         self.clock = clock or MonotonicClock()
         self.started_at = time.time()
         self.metrics = Metrics(model_slos(models), self.clock)
@@ -360,9 +359,11 @@ class InferenceServer:
         if task is not None:
             task.cancel()
 
-    def _reload(self) -> dict[str, Any]:
-        """POST /admin/reload: here (refused whole if invalid), then on every front end (`hang_up_all`)."""
-        return {**self.gateway.reload(), "frontends": hang_up_all(self.frontend, self._parent_pid) or 1}
+    async def _reload(self) -> dict[str, Any]:
+        """POST /admin/reload: here (refused whole if invalid), then on every front end (config_sync.py)."""
+        if self.sync is None:
+            return {**self.gateway.reload(), "frontends": {"count": 1, "reloaded": [0]}}
+        return await self.sync.config.reload()
 
     def kill_worker(self, worker: WorkerConnection) -> None:
         """Kill a hung or silent worker. A local child is SIGKILLed (SIGSTOP cannot block that); a remote

@@ -193,7 +193,9 @@ def test_long_prompts_find_their_shared_prefix_within_a_stride(shared: int, own:
     r.record("w0", r.block_hashes(sent, "t"))
     assert r.remembered("w0") == shared + own
     assert (
-        len(r._sent["w0"]) == len(remembered_at(shared + own)) <= EXACT_BLOCKS + (shared + own) // STRIDE + 1
+        r.remembered_names("w0")
+        == len(remembered_at(shared + own))
+        <= EXACT_BLOCKS + (shared + own) // STRIDE + 1
     )
     views = [WorkerLoad("w0", Health.READY, 0), WorkerLoad("w1", Health.READY, 0)]
     again = r.pick(views, r.block_hashes(sent, "t"), len(sent))

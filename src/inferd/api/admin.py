@@ -12,7 +12,7 @@ import hmac
 import logging
 import ssl
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import asdict, dataclass, is_dataclass
 from typing import Any
 
@@ -47,7 +47,7 @@ class AdminTarget:
     clock: Clock
     kill_worker: Callable[[WorkerConnection], None]
     find_worker: Callable[[str], tuple[Runtime, WorkerConnection]]
-    reload: Callable[[], Mapping[str, Any]] | None = None
+    reload: Callable[[], Awaitable[Mapping[str, Any]]] | None = None
     """Re-read the config file's tenants, keys, [gateway] table and the models' traffic and cache tables
     (ConfigError: refused whole)."""
     gateway: GatewayView | None = None
@@ -192,7 +192,7 @@ class AdminApi:
         if self.target.reload is None:
             raise NotFound("this server has nothing to reload")
         try:
-            summary = self.target.reload()
+            summary = await self.target.reload()
         except ConfigError as exc:
             log.warning("admin reload refused, the running tenants, keys and models stay: %s", exc)
             raise BadRequest(f"config not reloaded: {exc}") from None

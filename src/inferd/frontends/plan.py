@@ -4,7 +4,6 @@ of the local workers. Computed once by the parent and handed to every front end.
 from __future__ import annotations
 
 import os
-import signal
 import tempfile
 from dataclasses import dataclass
 
@@ -53,18 +52,3 @@ def worker_sockets(plan: FrontendPlan | None) -> tuple[str, str, str]:
         address = f"unix:{os.path.join(folder, 'workers.sock')}"
         return folder, address, address
     return plan.socket_dir, plan.worker_address(plan.index), plan.worker_addresses()
-
-
-def hang_up_all(plan: FrontendPlan | None, parent_pid: int) -> int:
-    """`POST /admin/reload` reaches the owner only: ask the parent (which passes SIGHUP to every front
-    end, as for `kill -HUP`) so that each re-reads the config file. `parent_pid`: this process's parent
-    when it started. Returns the front ends asked (0: one front end, or the parent is gone). The others
-    re-read the file when the signal reaches them, moments after this returns; the owner re-reads it once
-    more then."""
-    if plan is None or plan.count < 2 or parent_pid <= 1 or os.getppid() != parent_pid:
-        return 0
-    try:
-        os.kill(parent_pid, signal.SIGHUP)
-    except ProcessLookupError:  # it died since: no front end to reach but this one
-        return 0
-    return plan.count

@@ -1,6 +1,7 @@
 """Several front ends (`--frontends N`): the way to the owner and what every front end keeps in step
 over it, built and run together: the canary decisions (`traffic_sync.py`), the others' load for the
-owner's autoscaler (`load_sync.py`) and the model versions served (`version_sync.py`). The search
+owner's autoscaler (`load_sync.py`), the model versions served (`version_sync.py`) and the config file's
+reloads (`config_sync.py`). The search
 indexes' sync (search/index_sync.py) uses the same channel."""
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from collections.abc import Coroutine
 from typing import Any
 
 from inferd.clock import Clock
+from inferd.frontends.config_sync import ConfigSync
 from inferd.frontends.load_sync import LoadSync
 from inferd.frontends.owner_channel import MAX_MESSAGE_BYTES, OwnerChannel
 from inferd.frontends.plan import FrontendPlan
@@ -34,6 +36,8 @@ class FrontendSync:
         self.load = LoadSync(plan, registry, clock, self.channel)
         self.versions = VersionSync(plan, self.channel, server, clock)
         """`server`: the composition root (VersionSync says what of it it uses)."""
+        self.config = ConfigSync(plan, self.channel, lambda: server.gateway.reload(), clock)
+        """`server.gateway`: its config file's tenants, keys and models' tables (built after this)."""
 
     async def open(self) -> None:
         """Before the runtimes' loops: the canary state of the owner."""
@@ -45,4 +49,5 @@ class FrontendSync:
             "traffic-sync": self.traffic.run(),
             "load-sync": self.load.run(),
             "version-sync": self.versions.run(),
+            "config-sync": self.config.run(),
         }

@@ -324,5 +324,9 @@ class PrefixAffinityRouter:
         """Blocks the worker's remembered names stand for (at most `capacity`)."""
         return self._held.get(worker_id, 0)
 
+    def remembered_names(self, worker_id: str) -> int:
+        """Names the router holds for the worker (its memory: one entry each)."""
+        return len(self._sent.get(worker_id, ()))
+
     def statistics(self) -> RoutingStatistics:
         return RoutingStatistics(self._choices, self._hits, self._capped, self._ties, self._full)

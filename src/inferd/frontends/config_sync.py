@@ -1,0 +1,151 @@
+"""`POST /admin/reload` reaches every front end of `inferd serve --frontends N` before it is answered.
+
+The owner serves the admin API. It re-reads the config file (a file that does not validate is refused
+whole, as with one front end), names what it now runs a new generation, and answers once every follower
+up has re-read the file for that generation: at most FOLLOWERS_WAIT_S, and the answer says which front
+ends reloaded, which refused the file (and why) and which did not answer in time. So a client that adds
+an API key and reloads can use the key at once, whichever front end its next connection reaches.
+
+Each follower asks the owner its generation every SYNC_INTERVAL_S (saying which one it has taken) and
+re-reads the file when the owner's differs. A generation names the owner process too: after the owner
+restarts (it read the file as it started) the followers read it once more. `kill -HUP` of the parent still
+reaches every front end, each re-reading the file, answered by nobody.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import secrets
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import msgspec
+
+from inferd.clock import Clock
+from inferd.config import ConfigError
+from inferd.frontends.owner_channel import OwnerChannel, OwnerUnreachable
+from inferd.frontends.plan import FrontendPlan
+
+log = logging.getLogger("inferd.frontends")
+
+KIND = "config"
+SYNC_INTERVAL_S = 0.25
+EXCHANGE_TIMEOUT_S = 2.0
+LIVE_S = 2.0
+"""A follower that asked within this long counts as up: a reload waits for it."""
+FOLLOWERS_WAIT_S = 10.0
+
+
+class Taken(msgspec.Struct, frozen=True):
+    """A follower's: the owner generation it has read the file for ("" none yet), and, if the file
+    was refused then, why."""
+
+    index: int
+    generation: str
+    error: str = ""
+
+
+class Generation(msgspec.Struct, frozen=True):
+    """The owner's answer: the generation it runs."""
+
+    generation: str
+
+
+class FollowerConfigs:
+    """The owner's record of what each follower has taken, and when it last asked. Plain, no I/O."""
+
+    def __init__(self, clock: Clock, live_s: float = LIVE_S) -> None:
+        self.clock = clock
+        self.live_s = live_s
+        self.reports: dict[int, tuple[float, Taken]] = {}
+
+    def report(self, taken: Taken) -> None:
+        self.reports[taken.index] = (self.clock.now(), taken)
+
+    def behind(self, generation: str) -> list[int]:
+        """The followers up that have not taken `generation` yet."""
+        return [t.index for t in self._live() if t.generation != generation]
+
+    def outcome(self, generation: str, count: int) -> dict[str, Any]:
+        """Every front end's part in the reload to `generation` (0, the owner, reloaded already)."""
+        taken = {t.index: t for t in self._live() if t.generation == generation}
+        return {
+            "count": count,
+            "reloaded": [0, *sorted(i for i, t in taken.items() if not t.error)],
+            "refused": {str(i): t.error for i, t in sorted(taken.items()) if t.error},
+            "not_answered": sorted(set(range(1, count)) - set(taken)),
+        }
+
+    def _live(self) -> list[Taken]:
+        now = self.clock.now()
+        return [t for at, t in self.reports.values() if now - at <= self.live_s]
+
+
+class ConfigSync:
+    def __init__(
+        self, plan: FrontendPlan, channel: OwnerChannel, reload: Callable[[], Mapping[str, Any]], clock: Clock
+    ) -> None:
+        self.plan = plan
+        self.channel = channel
+        self.reload_here = reload
+        """Re-read the config file in this front end (ConfigError: refused whole, the running one stays)."""
+        self.clock = clock
+        self.followers = FollowerConfigs(clock)
+        self.wait_s = FOLLOWERS_WAIT_S
+        self.generation = f"{secrets.token_hex(4)}:0"
+        """(owner) What it runs: its process (a random name) and how many reloads it made."""
+        self._reloads = 0
+        self.taken = Taken(plan.index, "")
+        """(follower) The owner generation it has read the file for."""
+        self._asked = asyncio.Event()
+        if plan.is_owner:
+            channel.handle(KIND, self._answer, EXCHANGE_TIMEOUT_S)
+
+    # ---- owner ---------------------------------------------------------------------------------------
+    async def reload(self) -> dict[str, Any]:
+        """POST /admin/reload: here (ConfigError: refused, nothing changes anywhere), then on every
+        follower up (the answer's `frontends`)."""
+        summary = dict(self.reload_here())
+        self._reloads += 1
+        self.generation = f"{self.generation.split(':')[0]}:{self._reloads}"
+        deadline = self.clock.now() + self.wait_s
+        while self.followers.behind(self.generation) and self.clock.now() < deadline:
+            self._asked.clear()
+            try:
+                await asyncio.wait_for(self._asked.wait(), max(0.0, deadline - self.clock.now()))
+            except TimeoutError:
+                break
+        outcome = self.followers.outcome(self.generation, self.plan.count)
+        if outcome["refused"] or outcome["not_answered"]:
+            log.warning("reload: front ends %s refused the file or did not answer in time", outcome)
+        return {**summary, "frontends": outcome}
+
+    async def _answer(self, payload: bytes) -> bytes:
+        self.followers.report(msgspec.json.decode(payload, type=Taken))
+        self._asked.set()
+        return msgspec.json.encode(Generation(self.generation))
+
+    # ---- follower ------------------------------------------------------------------------------------
+    async def run(self) -> None:
+        """A follower: ask the owner every interval, re-read the file when its generation moved."""
+        while not self.plan.is_owner:
+            await asyncio.sleep(SYNC_INTERVAL_S)
+            await self.exchange()
+
+    async def exchange(self) -> None:
+        try:
+            raw = await self.channel.ask(KIND, msgspec.json.encode(self.taken), EXCHANGE_TIMEOUT_S)
+        except OwnerUnreachable:
+            return  # the owner is away (restarting): this front end keeps what it runs
+        generation = msgspec.json.decode(raw, type=Generation).generation
+        if generation == self.taken.generation:
+            return
+        error = ""
+        try:
+            self.reload_here()
+        except ConfigError as exc:
+            error = str(exc)
+            log.error("reload: config not reloaded, the running tenants, keys and models stay: %s", exc)
+        self.taken = Taken(self.plan.index, generation, error)
+        await self.exchange()  # tell the owner now, not an interval later
