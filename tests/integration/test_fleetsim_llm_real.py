@@ -14,7 +14,9 @@ pytestmark = pytest.mark.slow
 
 
 def test_sim_llm_at_two_workers_matches_the_simulator(tmp_path: Path) -> None:
-    results = run_llm_case(LLMCase(), 8.0, 2.0, tmp_path)
+    # the CLI's default window (12 s, ~480 requests at 80%): a p99 over fewer requests rests on 2 or 3 of
+    # them, and one late step of this shared host then moves it past the 20% tolerance
+    results = run_llm_case(LLMCase(), 12.0, 2.0, tmp_path)
     assert [r.load for r, _, _ in results] == [0.5, 0.8]
     for result, real, sim in results:
         assert sum(real.errors.values()) == 0, real.errors

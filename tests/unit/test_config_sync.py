@@ -116,3 +116,26 @@ async def test_a_restarted_owner_has_every_follower_read_the_file_again(socket_d
         finally:
             channel.close()
     assert files.reads == [0, 2]
+
+
+async def test_two_reloads_at_once_are_both_answered_when_the_followers_read_the_later(
+    socket_dir: str,
+) -> None:
+    clock = FakeClock()
+    plan = FrontendPlan(0, 2, socket_dir, "token")
+    files = Files(2)
+    channel = OwnerChannel(plan)
+    owner = ConfigSync(plan, channel, files.reader(0), clock)
+    await channel.open()
+    follower = ConfigSync(plan.at(1), OwnerChannel(plan.at(1)), files.reader(1), clock)
+    try:
+        await follower.exchange()
+        first = asyncio.create_task(owner.reload())
+        second = asyncio.create_task(owner.reload())
+        await asyncio.sleep(0.05)
+        await follower.exchange()  # reads the file once, for the second reload
+        for task in (first, second):
+            assert (await answered(task))["frontends"]["reloaded"] == [0, 1]
+        assert files.reads == [2, 2]
+    finally:
+        channel.close()

@@ -37,19 +37,27 @@ LIVE_S = 2.0
 FOLLOWERS_WAIT_S = 10.0
 
 
+class Generation(msgspec.Struct, frozen=True):
+    """What the owner runs: its process (a random name) and how many reloads it has made."""
+
+    owner: str
+    reloads: int
+
+    def covers(self, other: Generation) -> bool:
+        """Read at or after `other` (by the same owner process)."""
+        return self.owner == other.owner and self.reloads >= other.reloads
+
+
+NONE = Generation("", -1)
+
+
 class Taken(msgspec.Struct, frozen=True):
-    """A follower's: the owner generation it has read the file for ("" none yet), and, if the file
-    was refused then, why."""
+    """A follower's: the owner generation it has read the file for, and, if the file was refused
+    then, why."""
 
     index: int
-    generation: str
+    generation: Generation
     error: str = ""
-
-
-class Generation(msgspec.Struct, frozen=True):
-    """The owner's answer: the generation it runs."""
-
-    generation: str
 
 
 class FollowerConfigs:
@@ -63,13 +71,13 @@ class FollowerConfigs:
     def report(self, taken: Taken) -> None:
         self.reports[taken.index] = (self.clock.now(), taken)
 
-    def behind(self, generation: str) -> list[int]:
-        """The followers up that have not taken `generation` yet."""
-        return [t.index for t in self._live() if t.generation != generation]
+    def behind(self, generation: Generation) -> list[int]:
+        """The followers up that have not taken `generation` (or a later one) yet."""
+        return [t.index for t in self._live() if not t.generation.covers(generation)]
 
-    def outcome(self, generation: str, count: int) -> dict[str, Any]:
+    def outcome(self, generation: Generation, count: int) -> dict[str, Any]:
         """Every front end's part in the reload to `generation` (0, the owner, reloaded already)."""
-        taken = {t.index: t for t in self._live() if t.generation == generation}
+        taken = {t.index: t for t in self._live() if t.generation.covers(generation)}
         return {
             "count": count,
             "reloaded": [0, *sorted(i for i, t in taken.items() if not t.error)],
@@ -93,10 +101,9 @@ class ConfigSync:
         self.clock = clock
         self.followers = FollowerConfigs(clock)
         self.wait_s = FOLLOWERS_WAIT_S
-        self.generation = f"{secrets.token_hex(4)}:0"
-        """(owner) What it runs: its process (a random name) and how many reloads it made."""
-        self._reloads = 0
-        self.taken = Taken(plan.index, "")
+        self.generation = Generation(secrets.token_hex(4), 0)
+        """(owner) What it runs."""
+        self.taken = Taken(plan.index, NONE)
         """(follower) The owner generation it has read the file for."""
         self._asked = asyncio.Event()
         if plan.is_owner:
@@ -107,16 +114,15 @@ class ConfigSync:
         """POST /admin/reload: here (ConfigError: refused, nothing changes anywhere), then on every
         follower up (the answer's `frontends`)."""
         summary = dict(self.reload_here())
-        self._reloads += 1
-        self.generation = f"{self.generation.split(':')[0]}:{self._reloads}"
+        generation = self.generation = Generation(self.generation.owner, self.generation.reloads + 1)
         deadline = self.clock.now() + self.wait_s
-        while self.followers.behind(self.generation) and self.clock.now() < deadline:
+        while self.followers.behind(generation) and self.clock.now() < deadline:
             self._asked.clear()
             try:
                 await asyncio.wait_for(self._asked.wait(), max(0.0, deadline - self.clock.now()))
             except TimeoutError:
                 break
-        outcome = self.followers.outcome(self.generation, self.plan.count)
+        outcome = self.followers.outcome(generation, self.plan.count)
         if outcome["refused"] or outcome["not_answered"]:
             log.warning("reload: front ends %s refused the file or did not answer in time", outcome)
         return {**summary, "frontends": outcome}
@@ -124,7 +130,7 @@ class ConfigSync:
     async def _answer(self, payload: bytes) -> bytes:
         self.followers.report(msgspec.json.decode(payload, type=Taken))
         self._asked.set()
-        return msgspec.json.encode(Generation(self.generation))
+        return msgspec.json.encode(self.generation)
 
     # ---- follower ------------------------------------------------------------------------------------
     async def run(self) -> None:
@@ -138,7 +144,7 @@ class ConfigSync:
             raw = await self.channel.ask(KIND, msgspec.json.encode(self.taken), EXCHANGE_TIMEOUT_S)
         except OwnerUnreachable:
             return  # the owner is away (restarting): this front end keeps what it runs
-        generation = msgspec.json.decode(raw, type=Generation).generation
+        generation = msgspec.json.decode(raw, type=Generation)
         if generation == self.taken.generation:
             return
         error = ""
