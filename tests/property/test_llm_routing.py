@@ -18,16 +18,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 from inferd.clock import FakeClock
 from inferd.llm.kv import hash_block, hash_blocks
 from inferd.llm.plan import SchedulerConfig
-from inferd.llm.routing import (
-    EXACT_BLOCKS,
-    STRIDE,
-    Choice,
-    PrefixAffinityRouter,
-    RoutingConfig,
-    WorkerLoad,
-    home,
-    remembered_at,
-)
+from inferd.llm.routing import Choice, PrefixAffinityRouter, RoutingConfig, WorkerLoad, home
 from inferd.llm.sequence import Sequence
 from inferd.routing.health import Health
 
@@ -178,32 +169,6 @@ def test_memory_per_worker_is_bounded() -> None:
     assert r.remembered("w0") == 5
     r.forget("w0")
     assert r.remembered("w0") == 0
-
-
-@settings(max_examples=100, deadline=None)
-@given(shared=st.integers(1, 40), own=st.integers(0, 12), extra=st.integers(0, 12))
-def test_long_prompts_find_their_shared_prefix_within_a_stride(shared: int, own: int, extra: int) -> None:
-    """The router keeps a name every STRIDE blocks past the first EXACT_BLOCKS (and the last): a prompt
-    sharing `shared` blocks with one sent before finds them to within STRIDE blocks, the same prompt
-    again finds all of it, and its memory counts the blocks the names stand for."""
-    big = SchedulerConfig(block_size=4, num_blocks=10_000, max_waiting_prompt_tokens=1_000)
-    r = PrefixAffinityRouter(RoutingConfig(), big, FakeClock())
-    bs = big.block_size
-    sent = [*range(1, shared * bs + 1), *range(10_000, 10_000 + own * bs)]
-    r.record("w0", r.block_hashes(sent, "t"))
-    assert r.remembered("w0") == shared + own
-    assert (
-        r.remembered_names("w0")
-        == len(remembered_at(shared + own))
-        <= EXACT_BLOCKS + (shared + own) // STRIDE + 1
-    )
-    views = [WorkerLoad("w0", Health.READY, 0), WorkerLoad("w1", Health.READY, 0)]
-    again = r.pick(views, r.block_hashes(sent, "t"), len(sent))
-    assert again == Choice("w0", shared + own, False)
-    later = [*range(1, shared * bs + 1), *range(20_000, 20_000 + extra * bs)]  # shares `shared` blocks only
-    found = r.pick(views, r.block_hashes(later, "t"), len(later))
-    assert found is not None and found.worker_id == "w0"
-    assert shared - STRIDE < found.cached_blocks <= shared
 
 
 def test_a_prompt_whose_first_block_was_forgotten_counts_as_cached_nowhere() -> None:

@@ -5,8 +5,7 @@ A plain object with an injected clock and no I/O; the LLMRuntime drives it.
 * The front end names a prompt's full blocks exactly as the worker's scheduler does (`hash_block`,
   chained, salted with the tenant, the model's `params.scheduler.block_size`), and remembers for a while
   which worker was sent which blocks (bounded per worker, least recently sent forgotten first; entries
-  older than `affinity_ttl_s` no longer count, since the worker may have evicted them). It keeps one
-  name every few blocks (`remembered_at`): the chained names make that enough to find a shared prefix.
+  older than `affinity_ttl_s` no longer count, since the worker may have evicted them).
 * A worker may take the sequence only if its health is routable (routing.health: READY or PROBING) and
   its engine would accept it: its sequences not yet admitted stay under `max_waiting_seqs` and their
   prompt tokens under `max_waiting_prompt_tokens` (the engine's own bounds; see LLMRuntime). None fits
@@ -55,8 +54,7 @@ class RoutingConfig(BaseModel):
     max_load_ratio: float = Field(default=1.25, ge=1.0)
     """... or up to this multiple of the least-loaded worker's sequences, whichever is larger."""
     remembered_blocks: int | None = Field(default=None, ge=1)
-    """Blocks remembered per worker (the names that stand for them: `remembered_at`); default: the
-    worker's KV pool size (it caches no more)."""
+    """Block names remembered per worker; default: the worker's KV pool size (it caches no more)."""
     affinity_ttl_s: float = Field(default=60.0, gt=0.0)
     """A block sent this long ago no longer counts as cached on its worker."""
 
@@ -151,26 +149,6 @@ _MUL1, _MUL2 = np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB)
 _S27, _S30, _S31 = np.uint64(27), np.uint64(30), np.uint64(31)
 
 
-EXACT_BLOCKS = 4
-"""A prompt's first blocks, remembered name by name; after them, one name every STRIDE blocks."""
-STRIDE = 4
-
-
-def remembered_at(n: int) -> list[int]:
-    """The positions of a prompt's n block names the router remembers: the first EXACT_BLOCKS, every
-    STRIDE-th after them, and the last. Names chain (a block's name covers every block before it), so a
-    remembered name at position i stands for the prompt's first i + 1 blocks: a later prompt sharing a
-    prefix finds it to within STRIDE blocks, and the same prompt again finds all of it. At 500-token
-    prompts that is 11 names instead of 31: the router's memory of 100 workers' caches (one entry per
-    name, `remembered_blocks` each) is a third of what it was, and so is the work of keeping it."""
-    if n <= EXACT_BLOCKS:
-        return list(range(n))
-    out = [*range(EXACT_BLOCKS), *range(EXACT_BLOCKS + STRIDE - 1, n, STRIDE)]
-    if out[-1] != n - 1:
-        out.append(n - 1)
-    return out
-
-
 class PrefixAffinityRouter:
     def __init__(self, config: RoutingConfig, scheduler: SchedulerConfig, clock: Clock) -> None:
         self.config = config
@@ -178,11 +156,8 @@ class PrefixAffinityRouter:
         self.clock = clock
         self.block_size = scheduler.block_size
         self.capacity = config.remembered_blocks or scheduler.num_blocks
-        self._sent: dict[str, OrderedDict[BlockHash, tuple[float, int]]] = {}
-        """Per worker: block name -> (when it was last sent there, how many blocks the name stands
-        for), least recently sent first; only the names at `remembered_at` positions."""
-        self._held: dict[str, int] = {}
-        """Per worker: the blocks its `_sent` names stand for (the sum of their widths)."""
+        self._sent: dict[str, OrderedDict[BlockHash, float]] = {}
+        """Per worker: block name -> when it was last sent there, least recently sent first."""
         self._first: dict[BlockHash, set[str]] = {}
         """A prompt's first block -> the workers whose `_sent` holds it: most requests' prompts were
         sent to no worker or one, settled in one lookup however many workers there are."""
@@ -265,47 +240,31 @@ class PrefixAffinityRouter:
         return [self._cached(w.worker_id, hashes, now) if w.worker_id in holders else 0 for w in candidates]
 
     def _cached(self, worker_id: str, hashes: Sequence[BlockHash], now: float) -> int:
-        """Leading blocks of `hashes` sent to the worker within the TTL, as far as its remembered names
-        tell (`remembered_at`): names chain, so a remembered name at position i means the worker was
-        sent all of the prompt's blocks up to i."""
+        """Leading blocks of `hashes` sent to the worker within the TTL."""
         sent = self._sent.get(worker_id)
         if not sent:
             return 0
-        ttl, n = self.config.affinity_ttl_s, 0
-        for i in remembered_at(len(hashes)):
-            at = sent.get(hashes[i])
-            if at is None or now - at[0] > ttl:
+        n = 0
+        for h in hashes:
+            at = sent.get(h)
+            if at is None or now - at > self.config.affinity_ttl_s:
                 break
-            n = i + 1
+            n += 1
         return n
 
     # ---- remembering ---------------------------------------------------------------------------------
     def record(self, worker_id: str, hashes: Sequence[BlockHash]) -> None:
-        """The worker was sent a sequence with these blocks: it will compute and cache them. Only the
-        names at `remembered_at` are kept, each counting for the blocks since the previous one; the
-        least recently sent go once the worker's count passes `capacity` blocks."""
+        """The worker was sent a sequence with these blocks: it will compute and cache them."""
         if not hashes:
             return
         sent = self._sent.setdefault(worker_id, OrderedDict())
         now = self.clock.now()
-        held = self._held.get(worker_id, 0)
-        stamps: dict[int, tuple[float, int]] = {}  # (when, blocks), one tuple per width, shared
-        last = -1
-        for i in remembered_at(len(hashes)):
-            width = i - last
-            last = i
-            stamp = stamps.get(width) or stamps.setdefault(width, (now, width))
-            old = sent.pop(hashes[i], None)  # popped and set again: it becomes the most recent
-            if old is not None:
-                held -= old[1]
-            sent[hashes[i]] = stamp
-            held += width
+        for h in hashes:
+            sent[h] = now
+            sent.move_to_end(h)
         self._first.setdefault(hashes[0], set()).add(worker_id)
-        while held > self.capacity and sent:
-            block, (_, width) = sent.popitem(last=False)
-            held -= width
-            self._unhold(block, worker_id)
-        self._held[worker_id] = held
+        while len(sent) > self.capacity:
+            self._unhold(sent.popitem(last=False)[0], worker_id)
 
     def _unhold(self, block: BlockHash, worker_id: str) -> None:
         holders = self._first.get(block)
@@ -316,16 +275,10 @@ class PrefixAffinityRouter:
 
     def forget(self, worker_id: str) -> None:
         """The worker is gone (its cache with it)."""
-        self._held.pop(worker_id, None)
         for block in self._sent.pop(worker_id, ()):
             self._unhold(block, worker_id)
 
     def remembered(self, worker_id: str) -> int:
-        """Blocks the worker's remembered names stand for (at most `capacity`)."""
-        return self._held.get(worker_id, 0)
-
-    def remembered_names(self, worker_id: str) -> int:
-        """Names the router holds for the worker (its memory: one entry each)."""
         return len(self._sent.get(worker_id, ()))
 
     def statistics(self) -> RoutingStatistics:
