@@ -50,6 +50,9 @@ class Generation(msgspec.Struct, frozen=True):
 
 NONE = Generation("", -1)
 
+ONE_FRONTEND = {"count": 1, "reloaded": [0], "refused": {}, "not_answered": []}
+"""The answer's `frontends` when there is one."""
+
 
 class Taken(msgspec.Struct, frozen=True):
     """A follower's: the owner generation it has read the file for, and, if the file was refused
@@ -153,5 +156,8 @@ class ConfigSync:
         except ConfigError as exc:
             error = str(exc)
             log.error("reload: config not reloaded, the running tenants, keys and models stay: %s", exc)
+        except Exception as exc:  # a bug in applying it: said to the owner, and the sync goes on
+            error = f"{type(exc).__name__}: {exc}"
+            log.exception("reload: applying the config failed; the running tenants, keys and models stay")
         self.taken = Taken(self.plan.index, generation, error)
         await self.exchange()  # tell the owner now, not an interval later
