@@ -27,7 +27,7 @@ from inferd.config import ModelConfig, ServerConfig
 from inferd.errors import ShuttingDown
 from inferd.fleet.control import FleetControl, repository_loader
 from inferd.fleet.scaling import ScalingLoop, scaling_policy
-from inferd.frontends.config_sync import ONE_FRONTEND
+from inferd.frontends.config_sync import one_frontend
 from inferd.frontends.metrics import scrape_all, serve_registry
 from inferd.frontends.plan import FrontendPlan, worker_sockets
 from inferd.frontends.readiness import await_ready, ready_wait_s
@@ -363,7 +363,7 @@ class InferenceServer:
     async def _reload(self) -> dict[str, Any]:
         """POST /admin/reload: here (refused whole if invalid), then on every front end (config_sync.py)."""
         if self.sync is None:
-            return {**self.gateway.reload(), "frontends": ONE_FRONTEND}
+            return {**self.gateway.reload(), "frontends": one_frontend()}
         return await self.sync.config.reload()
 
     def kill_worker(self, worker: WorkerConnection) -> None:

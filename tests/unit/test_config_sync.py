@@ -14,7 +14,7 @@ import pytest
 
 from inferd.clock import FakeClock
 from inferd.config import ConfigError
-from inferd.frontends.config_sync import LIVE_S, ConfigSync
+from inferd.frontends.config_sync import KIND, LIVE_S, ConfigSync
 from inferd.frontends.owner_channel import OwnerChannel
 from inferd.frontends.plan import FrontendPlan
 
@@ -77,6 +77,7 @@ async def test_reload_is_answered_once_every_follower_up_has_read_the_file(socke
             "reloaded": [0, 1],
             "refused": {"2": "line 3 of the file front end 2 read is not valid"},
             "not_answered": [],
+            "complete": False,
         }
 
         # front end 2 stops asking (dead, restarting): the next reload does not wait for it
@@ -137,5 +138,52 @@ async def test_two_reloads_at_once_are_both_answered_when_the_followers_read_the
         for task in (first, second):
             assert (await answered(task))["frontends"]["reloaded"] == [0, 1]
         assert files.reads == [2, 2]
+    finally:
+        channel.close()
+
+
+async def test_a_follower_that_stops_asking_holds_the_answer_only_until_it_stops_counting(
+    socket_dir: str,
+) -> None:
+    clock = FakeClock()
+    plan = FrontendPlan(0, 2, socket_dir, "token")
+    files = Files(2)
+    channel = OwnerChannel(plan)
+    owner = ConfigSync(plan, channel, files.reader(0), clock)
+    await channel.open()
+    follower = ConfigSync(plan.at(1), OwnerChannel(plan.at(1)), files.reader(1), clock)
+    try:
+        await follower.exchange()
+        reloading = asyncio.create_task(owner.reload())
+        await asyncio.sleep(0.05)
+        assert not reloading.done()  # it waits for front end 1, up
+        clock.advance(LIVE_S + 0.1)  # which then asks no more (stopped, or its loop is stuck)
+        answer = await answered(reloading, within_s=2.0)  # not the 10 s deadline
+        assert answer["frontends"]["not_answered"] == [1] and answer["frontends"]["complete"] is False
+    finally:
+        channel.close()
+
+
+async def test_without_a_config_file_followers_read_nothing_and_a_garbled_answer_is_ignored(
+    socket_dir: str,
+) -> None:
+    clock = FakeClock()
+    plan = FrontendPlan(0, 2, socket_dir, "token")
+    channel = OwnerChannel(plan)
+    owner = ConfigSync(plan, channel, None, clock)
+    await channel.open()
+    follower = ConfigSync(plan.at(1), OwnerChannel(plan.at(1)), None, clock)
+    try:
+        await follower.exchange()  # takes the owner's generation; no file to read, nothing logged
+        assert follower.taken.generation == owner.generation and follower.taken.error == ""
+        with pytest.raises(ConfigError, match="without --config"):
+            await owner.reload()
+
+        async def garbled(payload: bytes) -> bytes:
+            return b'{"owner": 1'  # an owner that died while answering
+
+        channel.handle(KIND, garbled, 1.0)
+        await follower.exchange()  # no exception: the sync loop goes on
+        assert follower.taken.generation == owner.generation
     finally:
         channel.close()

@@ -15,6 +15,7 @@ reaches every front end, each re-reading the file, answered by nobody.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import secrets
 from collections.abc import Callable, Mapping
@@ -35,6 +36,7 @@ EXCHANGE_TIMEOUT_S = 2.0
 LIVE_S = 2.0
 """A follower that asked within this long counts as up: a reload waits for it."""
 FOLLOWERS_WAIT_S = 10.0
+RECHECK_S = 0.5
 
 
 class Generation(msgspec.Struct, frozen=True):
@@ -50,8 +52,10 @@ class Generation(msgspec.Struct, frozen=True):
 
 NONE = Generation("", -1)
 
-ONE_FRONTEND = {"count": 1, "reloaded": [0], "refused": {}, "not_answered": []}
-"""The answer's `frontends` when there is one."""
+
+def one_frontend() -> dict[str, Any]:
+    """The answer's `frontends` when there is one."""
+    return {"count": 1, "reloaded": [0], "refused": {}, "not_answered": [], "complete": True}
 
 
 class Taken(msgspec.Struct, frozen=True):
@@ -81,11 +85,14 @@ class FollowerConfigs:
     def outcome(self, generation: Generation, count: int) -> dict[str, Any]:
         """Every front end's part in the reload to `generation` (0, the owner, reloaded already)."""
         taken = {t.index: t for t in self._live() if t.generation.covers(generation)}
+        refused = {str(i): t.error for i, t in sorted(taken.items()) if t.error}
+        not_answered = sorted(set(range(1, count)) - set(taken))
         return {
             "count": count,
             "reloaded": [0, *sorted(i for i, t in taken.items() if not t.error)],
-            "refused": {str(i): t.error for i, t in sorted(taken.items()) if t.error},
-            "not_answered": sorted(set(range(1, count)) - set(taken)),
+            "refused": refused,
+            "not_answered": not_answered,
+            "complete": not refused and not not_answered,
         }
 
     def _live(self) -> list[Taken]:
@@ -95,12 +102,17 @@ class FollowerConfigs:
 
 class ConfigSync:
     def __init__(
-        self, plan: FrontendPlan, channel: OwnerChannel, reload: Callable[[], Mapping[str, Any]], clock: Clock
+        self,
+        plan: FrontendPlan,
+        channel: OwnerChannel,
+        reload: Callable[[], Mapping[str, Any]] | None,
+        clock: Clock,
     ) -> None:
         self.plan = plan
         self.channel = channel
         self.reload_here = reload
-        """Re-read the config file in this front end (ConfigError: refused whole, the running one stays)."""
+        """Re-read the config file in this front end (ConfigError: refused whole, the running one stays);
+        None: the server has no config file (a follower then takes every generation as it is)."""
         self.clock = clock
         self.followers = FollowerConfigs(clock)
         self.wait_s = FOLLOWERS_WAIT_S
@@ -116,15 +128,18 @@ class ConfigSync:
     async def reload(self) -> dict[str, Any]:
         """POST /admin/reload: here (ConfigError: refused, nothing changes anywhere), then on every
         follower up (the answer's `frontends`)."""
+        if self.reload_here is None:
+            raise ConfigError("the server was started without --config: there is no file to reload")
         summary = dict(self.reload_here())
         generation = self.generation = Generation(self.generation.owner, self.generation.reloads + 1)
         deadline = self.clock.now() + self.wait_s
         while self.followers.behind(generation) and self.clock.now() < deadline:
             self._asked.clear()
-            try:
-                await asyncio.wait_for(self._asked.wait(), max(0.0, deadline - self.clock.now()))
-            except TimeoutError:
-                break
+            with contextlib.suppress(TimeoutError):  # looks again at least every RECHECK_S: a follower
+                # that stopped asking stops counting LIVE_S after its last question, not at the deadline
+                await asyncio.wait_for(
+                    self._asked.wait(), max(0.0, min(RECHECK_S, deadline - self.clock.now()))
+                )
         outcome = self.followers.outcome(generation, self.plan.count)
         if outcome["refused"] or outcome["not_answered"]:
             log.warning("reload: front ends %s refused the file or did not answer in time", outcome)
@@ -145,14 +160,15 @@ class ConfigSync:
     async def exchange(self) -> None:
         try:
             raw = await self.channel.ask(KIND, msgspec.json.encode(self.taken), EXCHANGE_TIMEOUT_S)
-        except OwnerUnreachable:
-            return  # the owner is away (restarting): this front end keeps what it runs
-        generation = msgspec.json.decode(raw, type=Generation)
+            generation = msgspec.json.decode(raw, type=Generation)
+        except (OwnerUnreachable, msgspec.DecodeError):
+            return  # the owner is away (restarting, or died answering): this front end keeps what it runs
         if generation == self.taken.generation:
             return
         error = ""
         try:
-            self.reload_here()
+            if self.reload_here is not None:
+                self.reload_here()
         except ConfigError as exc:
             error = str(exc)
             log.error("reload: config not reloaded, the running tenants, keys and models stay: %s", exc)

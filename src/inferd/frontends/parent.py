@@ -213,8 +213,8 @@ def _serve(cfg: ServerConfig, models: list[ModelConfig], plan: FrontendPlan, hol
     """A front end's process: its own socket on the shared port, then the server as with one."""
     for sig in FORWARDED:
         signal.signal(sig, signal.SIG_DFL)
-    # until the server takes SIGHUP (a reload), one sent to every front end (POST /admin/reload) must
-    # not end a front end still starting: its config is read after this anyway
+    # until the server takes SIGHUP (a reload), one sent to every front end (`kill -HUP` of the parent)
+    # must not end a front end still starting: its config is read after this anyway
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, FORWARDED)
     holder.close()

@@ -36,7 +36,10 @@ class FrontendSync:
         self.load = LoadSync(plan, registry, clock, self.channel)
         self.versions = VersionSync(plan, self.channel, server, clock)
         """`server`: the composition root (VersionSync says what of it it uses)."""
-        self.config = ConfigSync(plan, self.channel, lambda: server.gateway.reload(), clock)
+        has_file = server.config.config_path is not None
+        self.config = ConfigSync(
+            plan, self.channel, (lambda: server.gateway.reload()) if has_file else None, clock
+        )
         """`server.gateway`: its config file's tenants, keys and models' tables (built after this)."""
 
     async def open(self) -> None:
