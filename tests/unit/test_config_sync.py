@@ -14,7 +14,8 @@ import pytest
 
 from inferd.clock import FakeClock
 from inferd.config import ConfigError
-from inferd.frontends.config_sync import KIND, LIVE_S, ConfigSync
+from inferd.frontends.config_sync import KIND, ConfigSync
+from inferd.frontends.followers import LIVE_S
 from inferd.frontends.owner_channel import OwnerChannel
 from inferd.frontends.plan import FrontendPlan
 

@@ -14,13 +14,13 @@ from inferd.config import ModelConfig
 from inferd.frontends.plan import FrontendPlan
 from inferd.search import index_sync
 from inferd.search.config import params_of
-from inferd.search.index_sync import FollowerReports, Indexes, IndexSync, Report
+from inferd.search.index_sync import FollowerIndexes, Indexes, IndexSync, Report
 
 
 # ---- indexes created or deleted while the server runs -------------------------------------------------
 def test_a_new_index_waits_only_for_the_followers_up_that_do_not_serve_it() -> None:
     clock = FakeClock()
-    reports = FollowerReports(clock, live_s=2.0)
+    reports = FollowerIndexes(clock, live_s=2.0)
     assert reports.missing("notes") == []  # no follower heard of: nobody to wait for
     reports.report(1, ["docs"])
     reports.report(2, ["docs", "notes"])
@@ -36,7 +36,7 @@ def test_a_new_index_waits_only_for_the_followers_up_that_do_not_serve_it() -> N
 
 def test_a_deleted_index_waits_for_the_followers_up_that_still_serve_it() -> None:
     clock = FakeClock()
-    reports = FollowerReports(clock, live_s=2.0)
+    reports = FollowerIndexes(clock, live_s=2.0)
     reports.report(1, ["docs", "notes"])
     reports.report(2, ["docs"])
     assert reports.still_serving("notes") == [1]

@@ -13,8 +13,9 @@ import pytest
 from inferd.clock import FakeClock
 from inferd.config import ConfigError
 from inferd.errors import Conflict
+from inferd.frontends.followers import LIVE_S
 from inferd.frontends.plan import FrontendPlan
-from inferd.frontends.version_sync import LIVE_S, Answer, FollowerVersions, Report, Served, VersionSync
+from inferd.frontends.version_sync import Answer, FollowerVersions, Report, Served, VersionSync
 from inferd.runtime.registry import ModelRegistry
 from inferd.worker import protocol as p
 from inferd.worker.hub import WorkerHub

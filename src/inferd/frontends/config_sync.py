@@ -15,7 +15,6 @@ reaches every front end, each re-reading the file, answered by nobody.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import secrets
 from collections.abc import Callable, Mapping
@@ -25,6 +24,7 @@ import msgspec
 
 from inferd.clock import Clock
 from inferd.config import ConfigError
+from inferd.frontends.followers import FollowerReports
 from inferd.frontends.owner_channel import OwnerChannel, OwnerUnreachable
 from inferd.frontends.plan import FrontendPlan
 
@@ -33,10 +33,7 @@ log = logging.getLogger("inferd.frontends")
 KIND = "config"
 SYNC_INTERVAL_S = 0.25
 EXCHANGE_TIMEOUT_S = 2.0
-LIVE_S = 2.0
-"""A follower that asked within this long counts as up: a reload waits for it."""
 FOLLOWERS_WAIT_S = 10.0
-RECHECK_S = 0.5
 
 
 class Generation(msgspec.Struct, frozen=True):
@@ -67,24 +64,16 @@ class Taken(msgspec.Struct, frozen=True):
     error: str = ""
 
 
-class FollowerConfigs:
-    """The owner's record of what each follower has taken, and when it last asked. Plain, no I/O."""
-
-    def __init__(self, clock: Clock, live_s: float = LIVE_S) -> None:
-        self.clock = clock
-        self.live_s = live_s
-        self.reports: dict[int, tuple[float, Taken]] = {}
-
-    def report(self, taken: Taken) -> None:
-        self.reports[taken.index] = (self.clock.now(), taken)
+class FollowerConfigs(FollowerReports[Taken]):
+    """The owner's record of what each follower has taken, and when it last asked."""
 
     def behind(self, generation: Generation) -> list[int]:
         """The followers up that have not taken `generation` (or a later one) yet."""
-        return [t.index for t in self._live() if not t.generation.covers(generation)]
+        return [i for i, t in self.live() if not t.generation.covers(generation)]
 
     def outcome(self, generation: Generation, count: int) -> dict[str, Any]:
         """Every front end's part in the reload to `generation` (0, the owner, reloaded already)."""
-        taken = {t.index: t for t in self._live() if t.generation.covers(generation)}
+        taken = {i: t for i, t in self.live() if t.generation.covers(generation)}
         refused = {str(i): t.error for i, t in sorted(taken.items()) if t.error}
         not_answered = sorted(set(range(1, count)) - set(taken))
         return {
@@ -94,10 +83,6 @@ class FollowerConfigs:
             "not_answered": not_answered,
             "complete": not refused and not not_answered,
         }
-
-    def _live(self) -> list[Taken]:
-        now = self.clock.now()
-        return [t for at, t in self.reports.values() if now - at <= self.live_s]
 
 
 class ConfigSync:
@@ -120,7 +105,6 @@ class ConfigSync:
         """(owner) What it runs."""
         self.taken = Taken(plan.index, NONE)
         """(follower) The owner generation it has read the file for."""
-        self._asked = asyncio.Event()
         if plan.is_owner:
             channel.handle(KIND, self._answer, EXCHANGE_TIMEOUT_S)
 
@@ -132,22 +116,15 @@ class ConfigSync:
             raise ConfigError("the server was started without --config: there is no file to reload")
         summary = dict(self.reload_here())
         generation = self.generation = Generation(self.generation.owner, self.generation.reloads + 1)
-        deadline = self.clock.now() + self.wait_s
-        while self.followers.behind(generation) and self.clock.now() < deadline:
-            self._asked.clear()
-            with contextlib.suppress(TimeoutError):  # looks again at least every RECHECK_S: a follower
-                # that stopped asking stops counting LIVE_S after its last question, not at the deadline
-                await asyncio.wait_for(
-                    self._asked.wait(), max(0.0, min(RECHECK_S, deadline - self.clock.now()))
-                )
+        await self.followers.until(lambda: self.followers.behind(generation), self.wait_s)
         outcome = self.followers.outcome(generation, self.plan.count)
         if outcome["refused"] or outcome["not_answered"]:
             log.warning("reload: front ends %s refused the file or did not answer in time", outcome)
         return {**summary, "frontends": outcome}
 
     async def _answer(self, payload: bytes) -> bytes:
-        self.followers.report(msgspec.json.decode(payload, type=Taken))
-        self._asked.set()
+        taken = msgspec.json.decode(payload, type=Taken)
+        self.followers.report(taken.index, taken)
         return msgspec.json.encode(self.generation)
 
     # ---- follower ------------------------------------------------------------------------------------

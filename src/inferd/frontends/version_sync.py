@@ -21,10 +21,8 @@ Search indexes are not versions: search/index_sync.py follows them.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import math
-from collections.abc import Callable
 from typing import Any
 
 import msgspec
@@ -32,6 +30,7 @@ import msgspec
 from inferd.clock import Clock
 from inferd.config import ConfigError
 from inferd.errors import Conflict
+from inferd.frontends.followers import FollowerReports
 from inferd.frontends.owner_channel import OwnerChannel, OwnerUnreachable
 from inferd.frontends.plan import FrontendPlan
 
@@ -40,8 +39,6 @@ log = logging.getLogger("inferd.frontends")
 KIND = "versions"
 SYNC_INTERVAL_S = 0.25
 EXCHANGE_TIMEOUT_S = 2.0
-LIVE_S = 2.0
-"""A follower that reported within this long counts as up: an update waits for it."""
 FOLLOWERS_WAIT_S = 10.0
 RETRY_FAILED_S = 10.0
 """A version that failed to load here is tried again after this long (not on every exchange)."""
@@ -69,32 +66,20 @@ class Answer(msgspec.Struct, frozen=True):
     models: dict[str, Served]
 
 
-class FollowerVersions:
-    """The owner's record of what each follower serves, and when it last said so. Plain, no I/O."""
-
-    def __init__(self, clock: Clock, live_s: float = LIVE_S) -> None:
-        self.clock = clock
-        self.live_s = live_s
-        self.reports: dict[int, tuple[float, dict[str, Served]]] = {}
-
-    def report(self, follower: int, models: dict[str, Served]) -> None:
-        self.reports[follower] = (self.clock.now(), models)
+class FollowerVersions(FollowerReports[dict[str, Served]]):
+    """The owner's record of what each follower serves, and when it last said so."""
 
     def not_serving(self, model: str, version: int) -> list[int]:
         """The followers up that do not serve `version` of `model` yet."""
-        return [i for i, models in self._live() if version not in _of(models, model).versions]
+        return [i for i, models in self.live() if version not in _of(models, model).versions]
 
     def not_moved(self, model: str, old: int, new: int) -> list[int]:
         """The followers up whose default is not `new` yet, or that still hold work of `old`."""
         return [
             i
-            for i, models in self._live()
+            for i, models in self.live()
             if _of(models, model).default != new or old in _of(models, model).busy
         ]
-
-    def _live(self) -> list[tuple[int, dict[str, Served]]]:
-        now = self.clock.now()
-        return sorted((i, models) for i, (at, models) in self.reports.items() if now - at <= self.live_s)
 
 
 def _of(models: dict[str, Served], model: str) -> Served:
@@ -113,7 +98,6 @@ class VersionSync:
         self.wait_s = FOLLOWERS_WAIT_S
         self._failed: dict[tuple[str, int], float] = {}
         """(model, version) -> when it last failed to load here."""
-        self._reported = asyncio.Event()
         self._exchanging = asyncio.Lock()
         """A follower's exchanges, one at a time: an older answer is never applied after a newer one."""
         if plan.is_owner:
@@ -136,7 +120,7 @@ class VersionSync:
     # ---- owner, during a rolling update (fleet/control.py's Followers) -------------------------------
     async def until_serving(self, model: str, version: int) -> None:
         """Until the followers up serve `version`; Conflict when one does not within wait_s."""
-        if not await self._until(lambda: self.followers.not_serving(model, version)):
+        if not await self.followers.until(lambda: self.followers.not_serving(model, version), self.wait_s):
             raise Conflict(
                 f"front end(s) {self.followers.not_serving(model, version)} do not serve version "
                 f"{version} of {model!r} (see their logs: it must load from the model repository there "
@@ -145,25 +129,13 @@ class VersionSync:
 
     async def until_moved(self, model: str, old: int, new: int) -> None:
         """Until the followers up send new requests to `new` and hold no work of `old` (at most wait_s)."""
-        if not await self._until(lambda: self.followers.not_moved(model, old, new)):
+        if not await self.followers.until(lambda: self.followers.not_moved(model, old, new), self.wait_s):
             log.warning(
                 "model %s: front end(s) %s still use version %d; its last worker drains anyway",
                 model,
                 self.followers.not_moved(model, old, new),
                 old,
             )
-
-    async def _until(self, waiting: Callable[[], list[int]]) -> bool:
-        """Until nobody is `waiting()`, looked at on every report and at least every SYNC_INTERVAL_S (a
-        follower that died stops counting once its last report is stale, with no report to say so)."""
-        try:
-            async with asyncio.timeout(self.wait_s):
-                while waiting():
-                    with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(self._reported.wait(), SYNC_INTERVAL_S)
-        except TimeoutError:
-            return not waiting()
-        return True
 
     # ---- follower -----------------------------------------------------------------------------------
     async def exchange(self) -> bool:
@@ -232,8 +204,6 @@ class VersionSync:
     async def _answer(self, payload: bytes) -> bytes:
         report = msgspec.msgpack.decode(payload, type=Report)
         self.followers.report(report.index, report.models)
-        self._reported.set()
-        self._reported = asyncio.Event()
         return msgspec.msgpack.encode(Answer(self._served()))
 
 

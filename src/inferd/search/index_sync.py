@@ -23,6 +23,7 @@ import msgspec
 
 from inferd.clock import Clock
 from inferd.config import ModelConfig
+from inferd.frontends.followers import FollowerReports
 from inferd.frontends.owner_channel import OwnerChannel, OwnerUnreachable
 from inferd.frontends.plan import FrontendPlan
 from inferd.search.config import index_config, params_of, parse_params
@@ -32,8 +33,6 @@ log = logging.getLogger("inferd.search")
 KIND = "search-indexes"
 SYNC_INTERVAL_S = 0.25
 EXCHANGE_TIMEOUT_S = 2.0
-LIVE_S = 2.0
-"""A follower that reported within this long counts as up: a new index waits for it."""
 FOLLOWERS_WAIT_S = 5.0
 
 
@@ -50,28 +49,16 @@ class Indexes(msgspec.Struct, frozen=True):
     settings: dict[str, dict[str, Any]]
 
 
-class FollowerReports:
-    """The owner's record of what each follower serves, and when it last said so. Plain, no I/O."""
-
-    def __init__(self, clock: Clock, live_s: float = LIVE_S) -> None:
-        self.clock = clock
-        self.live_s = live_s
-        self.reports: dict[int, tuple[float, frozenset[str]]] = {}
-
-    def report(self, follower: int, serving: list[str]) -> None:
-        self.reports[follower] = (self.clock.now(), frozenset(serving))
+class FollowerIndexes(FollowerReports[frozenset[str]]):
+    """The owner's record of the indexes each follower serves, and when it last said so."""
 
     def missing(self, name: str) -> list[int]:
         """The followers up (reported lately) that do not serve `name` yet."""
-        return [i for i, serving in self._live() if name not in serving]
+        return [i for i, serving in self.live() if name not in serving]
 
     def still_serving(self, name: str) -> list[int]:
         """The followers up that serve `name` still (a deleted index)."""
-        return [i for i, serving in self._live() if name in serving]
-
-    def _live(self) -> list[tuple[int, frozenset[str]]]:
-        now = self.clock.now()
-        return sorted((i, serving) for i, (at, serving) in self.reports.items() if now - at <= self.live_s)
+        return [i for i, serving in self.live() if name in serving]
 
 
 class IndexSync:
@@ -86,8 +73,7 @@ class IndexSync:
         self.channel = channel
         self.server = server
         """The composition root: its registry, add_version and remove_version."""
-        self.reports = FollowerReports(clock)
-        self._reported = asyncio.Event()
+        self.reports = FollowerIndexes(clock)
         self._exchanging = asyncio.Lock()
         """A follower's exchanges, one at a time: an older answer is never applied after a newer one."""
         if plan.is_owner:
@@ -108,11 +94,7 @@ class IndexSync:
         await self._until(self.reports.still_serving, name, "serve it still")
 
     async def _until(self, waiting: Callable[[str], list[int]], name: str, what: str) -> None:
-        try:
-            async with asyncio.timeout(FOLLOWERS_WAIT_S):
-                while waiting(name):
-                    await self._reported.wait()
-        except TimeoutError:
+        if not await self.reports.until(lambda: waiting(name), FOLLOWERS_WAIT_S):
             log.warning("index %s: front ends %s %s", name, waiting(name), what)
 
     # ---- follower -----------------------------------------------------------------------------------
@@ -156,9 +138,7 @@ class IndexSync:
     # ---- owner --------------------------------------------------------------------------------------
     async def _answer(self, payload: bytes) -> bytes:
         report = msgspec.msgpack.decode(payload, type=Report)
-        self.reports.report(report.index, report.serving)
-        self._reported.set()
-        self._reported = asyncio.Event()
+        self.reports.report(report.index, frozenset(report.serving))
         return msgspec.msgpack.encode(Indexes(self._settings()))
 
     def _settings(self) -> dict[str, dict[str, Any]]:
