@@ -6,9 +6,10 @@ changes nothing anywhere."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import shutil
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 
 import pytest
 
@@ -48,15 +49,29 @@ async def answered(task: asyncio.Task[dict], within_s: float = 5.0) -> dict:
     return await asyncio.wait_for(task, within_s)
 
 
+@contextlib.asynccontextmanager
+async def front_ends(
+    socket_dir: str, n: int, files: Files | None, clock: FakeClock
+) -> AsyncIterator[tuple[ConfigSync, OwnerChannel, list[ConfigSync]]]:
+    """The owner (listening on the plan's socket) and n - 1 followers; `files` None: no config file."""
+    plan = FrontendPlan(0, n, socket_dir, "token")
+    channel = OwnerChannel(plan)
+    owner = ConfigSync(plan, channel, files.reader(0) if files else None, clock)
+    await channel.open()
+    followers = [
+        ConfigSync(plan.at(i), OwnerChannel(plan.at(i)), files.reader(i) if files else None, clock)
+        for i in range(1, n)
+    ]
+    try:
+        yield owner, channel, followers
+    finally:
+        channel.close()
+
+
 async def test_reload_is_answered_once_every_follower_up_has_read_the_file(socket_dir: str) -> None:
     clock = FakeClock()
-    plan = FrontendPlan(0, 3, socket_dir, "token")
     files = Files(3)
-    channel = OwnerChannel(plan)
-    owner = ConfigSync(plan, channel, files.reader(0), clock)
-    await channel.open()
-    f1, f2 = (ConfigSync(plan.at(i), OwnerChannel(plan.at(i)), files.reader(i), clock) for i in (1, 2))
-    try:
+    async with front_ends(socket_dir, 3, files, clock) as (owner, _, (f1, f2)):
         await f1.exchange()
         await f2.exchange()
         assert files.reads == [0, 1, 1]  # a follower takes the owner's generation once: it reads the file
@@ -97,8 +112,6 @@ async def test_reload_is_answered_once_every_follower_up_has_read_the_file(socke
             await owner.reload()
         await f1.exchange()
         assert files.reads == [2, 3, 1]
-    finally:
-        channel.close()
 
 
 async def test_a_restarted_owner_has_every_follower_read_the_file_again(socket_dir: str) -> None:
@@ -124,13 +137,8 @@ async def test_two_reloads_at_once_are_both_answered_when_the_followers_read_the
     socket_dir: str,
 ) -> None:
     clock = FakeClock()
-    plan = FrontendPlan(0, 2, socket_dir, "token")
     files = Files(2)
-    channel = OwnerChannel(plan)
-    owner = ConfigSync(plan, channel, files.reader(0), clock)
-    await channel.open()
-    follower = ConfigSync(plan.at(1), OwnerChannel(plan.at(1)), files.reader(1), clock)
-    try:
+    async with front_ends(socket_dir, 2, files, clock) as (owner, _, (follower,)):
         await follower.exchange()
         first = asyncio.create_task(owner.reload())
         second = asyncio.create_task(owner.reload())
@@ -139,21 +147,14 @@ async def test_two_reloads_at_once_are_both_answered_when_the_followers_read_the
         for task in (first, second):
             assert (await answered(task))["frontends"]["reloaded"] == [0, 1]
         assert files.reads == [2, 2]
-    finally:
-        channel.close()
 
 
 async def test_a_follower_that_stops_asking_holds_the_answer_only_until_it_stops_counting(
     socket_dir: str,
 ) -> None:
     clock = FakeClock()
-    plan = FrontendPlan(0, 2, socket_dir, "token")
     files = Files(2)
-    channel = OwnerChannel(plan)
-    owner = ConfigSync(plan, channel, files.reader(0), clock)
-    await channel.open()
-    follower = ConfigSync(plan.at(1), OwnerChannel(plan.at(1)), files.reader(1), clock)
-    try:
+    async with front_ends(socket_dir, 2, files, clock) as (owner, _, (follower,)):
         await follower.exchange()
         reloading = asyncio.create_task(owner.reload())
         await asyncio.sleep(0.05)
@@ -161,20 +162,13 @@ async def test_a_follower_that_stops_asking_holds_the_answer_only_until_it_stops
         clock.advance(LIVE_S + 0.1)  # which then asks no more (stopped, or its loop is stuck)
         answer = await answered(reloading, within_s=2.0)  # not the 10 s deadline
         assert answer["frontends"]["not_answered"] == [1] and answer["frontends"]["complete"] is False
-    finally:
-        channel.close()
 
 
 async def test_without_a_config_file_followers_read_nothing_and_a_garbled_answer_is_ignored(
     socket_dir: str,
 ) -> None:
     clock = FakeClock()
-    plan = FrontendPlan(0, 2, socket_dir, "token")
-    channel = OwnerChannel(plan)
-    owner = ConfigSync(plan, channel, None, clock)
-    await channel.open()
-    follower = ConfigSync(plan.at(1), OwnerChannel(plan.at(1)), None, clock)
-    try:
+    async with front_ends(socket_dir, 2, None, clock) as (owner, channel, (follower,)):
         await follower.exchange()  # takes the owner's generation; no file to read, nothing logged
         assert follower.taken.generation == owner.generation and follower.taken.error == ""
         with pytest.raises(ConfigError, match="without --config"):
@@ -186,5 +180,3 @@ async def test_without_a_config_file_followers_read_nothing_and_a_garbled_answer
         channel.handle(KIND, garbled, 1.0)
         await follower.exchange()  # no exception: the sync loop goes on
         assert follower.taken.generation == owner.generation
-    finally:
-        channel.close()
