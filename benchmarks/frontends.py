@@ -4,7 +4,9 @@ Starts `inferd serve --frontends N` itself for N = 1 and N = 2, with only `sim` 
 per_item_ms = 0.2, max_batch_size = 64) on --workers workers (2), and offers the same open-loop load to
 each (`inferd bench --rate R`, new connections spread over the front ends by SO_REUSEPORT). Reads the
 mean batch size from the server's /metrics (`inferd_batch_size`, summed over the `frontend` label)
-before and after the measured window, so only its batches count.
+before and after the measured window, so only its batches count, and the CPU each kind of process
+spent per request sent over the whole load (warmup included), from /proc: the front ends, the workers and the parent
+that supervises the front ends (with --frontends 1 the front end is the parent).
 
 The claim: at the same load, the mean batch size with 2 front ends stays >= 80% of one front end's
 (each worker grants its staged slot to the front end whose oldest item has waited longest, so each
@@ -27,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from harness import OUT_DIR, InferdServer, ServerNotReady, cell, inferd_command, interrupt_on, write_json
+from procfs import CLK_TCK
 
 CONFIG = """\
 [models.sim]
@@ -52,6 +55,26 @@ def batch_totals(url: str) -> tuple[float, float]:
     return count, total
 
 
+def role(pid: int, root: int, frontends: int) -> str:
+    """The process's part: worker, parent or front end (the parent is the front end when alone)."""
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return "gone"
+    if b"inferd.worker" in cmdline:
+        return "worker"
+    return "parent" if pid == root and frontends > 1 else "front end"
+
+
+def cpu_by_role(server: InferdServer, before: dict[int, int], frontends: int) -> dict[str, float]:
+    """CPU seconds per role since `before` (a process that appeared since counts whole)."""
+    out: dict[str, float] = {}
+    for pid, ticks in server.cpu_ticks().items():
+        r = role(pid, server.pid, frontends)
+        out[r] = out.get(r, 0.0) + (ticks - before.get(pid, 0)) / CLK_TCK
+    return out
+
+
 def bench(url: str, args: argparse.Namespace) -> dict[str, Any]:
     cmd = inferd_command(
         "bench", "--url", url, "--rate", str(args.rate), "--duration", str(args.duration),
@@ -71,7 +94,9 @@ def run(frontends: int, args: argparse.Namespace, log_path: Path) -> dict[str, A
     )  # fmt: skip
     with server:
         before = batch_totals(server.url)
+        ticks = server.cpu_ticks()
         report = bench(server.url, args)
+        cpu = cpu_by_role(server, ticks, frontends)
         after = batch_totals(server.url)
     batches, items = after[0] - before[0], after[1] - before[1]
     m = report["measured"]
@@ -85,6 +110,7 @@ def run(frontends: int, args: argparse.Namespace, log_path: Path) -> dict[str, A
         "batches": batches,
         "mean_batch_size": items / batches if batches else None,
         "mismatched": report["mismatched_total"],
+        "cpu_us_per_request": {r: 1e6 * s / max(1, report["sent"]) for r, s in sorted(cpu.items())},
     }
 
 
@@ -105,14 +131,18 @@ def main() -> int:
         except ServerNotReady as exc:
             print(f"error: {exc}")
             return 2
-    print("| front ends | offered req/s | ok req/s | errors | p50 ms | p99 ms | batches | mean batch size |")
-    print("|---:|---:|---:|---|---:|---:|---:|---:|")
+    print(
+        "| front ends | offered req/s | ok req/s | errors | p50 ms | p99 ms | batches | mean batch size "
+        "| CPU us/req: front ends | workers | parent |"
+    )
+    print("|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|")
     for r in runs:
-        lat = r["latency_ms"]
+        lat, us = r["latency_ms"], r["cpu_us_per_request"]
         print(
             f"| {r['frontends']} | {cell(r['offered_rps'], 0)} | {cell(r['achieved_rps'])} | "
             f"{r['errors'] or '-'} | {cell(lat.get('p50'))} | {cell(lat.get('p99'))} | "
-            f"{r['batches']:,.0f} | {cell(r['mean_batch_size'], 1)} |"
+            f"{r['batches']:,.0f} | {cell(r['mean_batch_size'], 1)} | {cell(us.get('front end'), 0)} | "
+            f"{cell(us.get('worker'), 0)} | {cell(us.get('parent'), 0)} |"
         )
     one, two = runs[0]["mean_batch_size"], runs[1]["mean_batch_size"]
     ratio = two / one if one and two else None
