@@ -31,6 +31,7 @@ from inferd.frontends.config_sync import one_frontend
 from inferd.frontends.metrics import scrape_all, serve_registry
 from inferd.frontends.plan import FrontendPlan, worker_sockets
 from inferd.frontends.readiness import await_ready, ready_wait_s
+from inferd.frontends.served_file import restore_for
 from inferd.frontends.sync import FrontendSync
 from inferd.gateway.auth import tenant_counter
 from inferd.gateway.config import gateway_config
@@ -81,7 +82,9 @@ class InferenceServer:
         self.started_at = time.time()
         self.metrics = Metrics(model_slos(models), self.clock)
         self.kinds = kinds or builtin_kinds()
-        models = [*models, *IndexStore(config.data_dir).stored({m.name for m in models})]
+        loader = repository_loader(config.model_repo, config.model_overrides) if config.model_repo else None
+        restored = restore_for(frontend, models, loader)  # an owner started again serves what it served
+        models = [*restored.models, *IndexStore(config.data_dir).stored({m.name for m in models})]
         for m in models:
             self.kinds.check(m)
         self.retry_budget = RetryBudget(self.clock, config.retry_budget_ratio, config.retry_budget_min_per_s)
@@ -92,6 +95,7 @@ class InferenceServer:
         )
         for m in models:
             self.registry.add(self.kinds.get(m.kind).make_runtime(m, self.context))
+        restored.set_defaults(self.registry)
         self.metrics.registry.register(RuntimeCollector(self.registry))
         self.traffic = Traffic(self.registry, self.clock, self.metrics.traffic, follower=follower)
         """Canary and A/B splits of requests that name no version (gateway/traffic_control.py)."""
@@ -173,11 +177,9 @@ class InferenceServer:
         self._local_workers = sum(n for _, n in local)
         """Local workers configured (the owner's; they join every front end)."""
         if spawn_workers:
-            for m, n in local:
-                self.supervisor.add(m.name, n, m.version)
+            restored.add_slots(self.supervisor, local)
         self.shutting_down = False
         self.hub.on_first_batch.append(lambda conn: self.supervisor.mark_healthy(conn.worker_id))
-        loader = repository_loader(config.model_repo, config.model_overrides) if config.model_repo else None
         self.fleet = FleetControl(self.registry, self.supervisor, self, loader, followers=self.version_sync)
         self.scaling = {
             rt.name: ScalingLoop(

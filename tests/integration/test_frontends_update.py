@@ -3,7 +3,8 @@
 with the owner's, and retires the old version with it. Under checked load (each request on a new
 connection, so both front ends take them): every answer is a 200 whose digest is its version's, every
 request sent once the update answered is answered by version 2, on both front ends; a follower killed
-after the update comes back serving version 2.
+after the update comes back serving version 2; so does the owner killed after it (frontends/served_file.py),
+with the same version-2 workers, adopted, not the config's version 1.
 
 Bounded: one server, a load capped in count and time, every wait bounded."""
 
@@ -22,6 +23,7 @@ from tests.checked_load import Load, infer, wait_for
 from tests.conftest import ServerProc, alive, child_pids, start_server
 from tests.frontends_harness import ready_workers, scrape
 from tests.integration.test_frontends import frontend_pids
+from tests.integration.test_frontends_owner import worker_processes
 
 MODEL_TOML = """builtin = "sim"
 workers = 2
@@ -48,6 +50,13 @@ def restarted(server: ServerProc, owner: int, killed: int) -> bool:
     return bool(
         {p for p in child_pids(server.proc.pid) if alive(p) and child_pids(p) == []} - {owner, killed}
     )
+
+
+def ready_or_none(server: ServerProc) -> list[dict]:
+    try:
+        return ready_workers(server)
+    except OSError:
+        return []  # the owner (which serves the admin API) is not there
 
 
 def update(server: ServerProc) -> tuple[int, dict]:
@@ -94,6 +103,22 @@ def test_a_rolling_update_reaches_every_front_end(tmp_path: Path) -> None:
         while ok_v2(scrape(server), "1") == 0 and time.monotonic() < deadline:  # its counters start anew
             replies += [infer(server.url, f"r-{len(replies)}") for _ in range(10)]
         assert ok_v2(scrape(server), "1") > 0, "the restarted front end answered nothing with version 2"
+        wrong = [r for r in replies if r is None or not r.correct or r.version != "2"]
+        assert not wrong, wrong[:5]
+
+        workers = worker_processes(server)
+        owner, _ = frontend_pids(server)
+        os.kill(owner, signal.SIGKILL)
+        wait_for(lambda: not alive(owner), 10, "the owner gone")
+        wait_for(lambda: len(ready_or_none(server)) == 2, 60, "the owner back with two ready workers")
+        assert sorted(w["version"] for w in ready_workers(server)) == [2, 2]
+        assert worker_processes(server) == workers  # adopted at version 2, none started at version 1
+        assert "serving version(s) [2] (default 2) with worker slots {2: [2, 3]}" in server.log()
+        replies = []
+        deadline = time.monotonic() + 30
+        while ok_v2(scrape(server), "0") == 0 and time.monotonic() < deadline:  # its counters start anew
+            replies += [infer(server.url, f"o-{len(replies)}") for _ in range(10)]
+        assert ok_v2(scrape(server), "0") > 0, "the restarted owner answered nothing with version 2"
         wrong = [r for r in replies if r is None or not r.correct or r.version != "2"]
         assert not wrong, wrong[:5]
     finally:

@@ -40,6 +40,10 @@ class FrontendPlan:
         canary outcomes, the search writes they forward."""
         return os.path.join(self.socket_dir, "owner.sock")
 
+    def served_path(self) -> str:
+        """What the owner serves, for an owner started again (frontends/served_file.py)."""
+        return os.path.join(self.socket_dir, "served.json")
+
     def at(self, index: int) -> FrontendPlan:
         return FrontendPlan(index, self.count, self.socket_dir, self.token, self.parent_pid)
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+from pathlib import Path
 from typing import Any
 
 import msgspec
@@ -30,6 +31,7 @@ import msgspec
 from inferd.clock import Clock
 from inferd.config import ConfigError
 from inferd.errors import Conflict
+from inferd.frontends import served_file
 from inferd.frontends.followers import FollowerReports
 from inferd.frontends.owner_channel import OwnerChannel, OwnerUnreachable
 from inferd.frontends.plan import FrontendPlan
@@ -91,8 +93,8 @@ class VersionSync:
         self.plan = plan
         self.channel = channel
         self.server = server
-        """The composition root: its registry, add_version, remove_version, has_workers and the fleet's
-        version loader (the model repository)."""
+        """The composition root: its registry, add_version, remove_version, has_workers, the fleet's
+        version loader (the model repository) and (the owner's) launcher of local workers."""
         self.clock = clock
         self.followers = FollowerVersions(clock)
         self.wait_s = FOLLOWERS_WAIT_S
@@ -112,10 +114,37 @@ class VersionSync:
             await self.exchange()
 
     async def run(self) -> None:
-        """A follower: exchange with the owner every interval (the owner answers on its channel)."""
-        while not self.plan.is_owner:
+        """A follower: exchange with the owner every interval (the owner answers on its channel). The
+        owner: keep what it serves in the parent's folder, for an owner started again (served_file.py)."""
+        if self.plan.is_owner:
+            await self._keep_saved()
+            return
+        while True:
             await asyncio.sleep(SYNC_INTERVAL_S)
             await self.exchange()
+
+    async def _keep_saved(self) -> None:
+        path, saved = Path(self.plan.served_path()), None
+        while True:
+            now = self._saved_view()
+            if now != saved:
+                try:
+                    served_file.save(path, now)
+                    saved = now
+                except OSError as exc:  # the folder is gone: the server is stopping
+                    log.warning("cannot save the versions served to %s: %s", path, exc)
+            await asyncio.sleep(SYNC_INTERVAL_S)
+
+    def _saved_view(self) -> dict[str, served_file.SavedModel]:
+        launcher = self.server.supervisor
+        return {
+            name: served_file.SavedModel(
+                s.versions,
+                s.default,
+                {v: [w.index for w in launcher.live_slots(name, v)] for v in s.versions},
+            )
+            for name, s in self._served().items()
+        }
 
     # ---- owner, during a rolling update (fleet/control.py's Followers) -------------------------------
     async def until_serving(self, model: str, version: int) -> None:

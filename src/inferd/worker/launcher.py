@@ -174,6 +174,17 @@ class Launcher(abc.ABC, Generic[P]):
                 self._tg.create_task(self._keep_running(slot))
         return new
 
+    def add_at(self, model: str, version: int, indexes: list[int]) -> list[WorkerSlot]:
+        """Slots at these indexes (a restarted owner takes back its predecessor's: frontends/served_file.py;
+        each adopts that slot's surviving worker, else starts one). Before the launcher runs."""
+        if self._tg is not None:
+            raise RuntimeError("add_at is for slots taken back before the launcher runs")
+        self.served.add((model, version))
+        taken = {s.index for s in self.slots if s.model == model}
+        new = [WorkerSlot(model, i, version) for i in sorted(set(indexes) - taken)]
+        self.slots.extend(new)
+        return new
+
     def retire(self, slot: WorkerSlot) -> None:
         """Do not restart this slot's process once it exits (it is being drained away)."""
         slot.retired = True
