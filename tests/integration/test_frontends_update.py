@@ -52,6 +52,20 @@ def restarted(server: ServerProc, owner: int, killed: int) -> bool:
     )
 
 
+def answers_with_version_2(server: ServerProc, frontend: str) -> None:
+    """Requests on new connections until the restarted `frontend` has answered some (its counters start
+    anew): every answer is correct and from version 2."""
+    replies = []
+    deadline = time.monotonic() + 30
+    while ok_v2(scrape(server), frontend) == 0 and time.monotonic() < deadline:
+        replies += [infer(server.url, f"r{frontend}-{len(replies)}") for _ in range(10)]
+    assert ok_v2(scrape(server), frontend) > 0, (
+        f"restarted front end {frontend} answered nothing with version 2"
+    )
+    wrong = [r for r in replies if r is None or not r.correct or r.version != "2"]
+    assert not wrong, wrong[:5]
+
+
 def ready_or_none(server: ServerProc) -> list[dict]:
     try:
         return ready_workers(server)
@@ -98,13 +112,7 @@ def test_a_rolling_update_reaches_every_front_end(tmp_path: Path) -> None:
         owner, follower = frontend_pids(server)
         os.kill(follower, signal.SIGKILL)
         wait_for(lambda: restarted(server, owner, follower), 20, "the killed front end started again")
-        replies = []
-        deadline = time.monotonic() + 30
-        while ok_v2(scrape(server), "1") == 0 and time.monotonic() < deadline:  # its counters start anew
-            replies += [infer(server.url, f"r-{len(replies)}") for _ in range(10)]
-        assert ok_v2(scrape(server), "1") > 0, "the restarted front end answered nothing with version 2"
-        wrong = [r for r in replies if r is None or not r.correct or r.version != "2"]
-        assert not wrong, wrong[:5]
+        answers_with_version_2(server, "1")
 
         workers = worker_processes(server)
         owner, _ = frontend_pids(server)
@@ -114,13 +122,7 @@ def test_a_rolling_update_reaches_every_front_end(tmp_path: Path) -> None:
         assert sorted(w["version"] for w in ready_workers(server)) == [2, 2]
         assert worker_processes(server) == workers  # adopted at version 2, none started at version 1
         assert "serving version(s) [2] (default 2) with worker slots {2: [2, 3]}" in server.log()
-        replies = []
-        deadline = time.monotonic() + 30
-        while ok_v2(scrape(server), "0") == 0 and time.monotonic() < deadline:  # its counters start anew
-            replies += [infer(server.url, f"o-{len(replies)}") for _ in range(10)]
-        assert ok_v2(scrape(server), "0") > 0, "the restarted owner answered nothing with version 2"
-        wrong = [r for r in replies if r is None or not r.correct or r.version != "2"]
-        assert not wrong, wrong[:5]
+        answers_with_version_2(server, "0")
     finally:
         assert server.stop() in (0, -15)
     assert "is not served" not in server.log()
