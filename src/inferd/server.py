@@ -178,6 +178,7 @@ class InferenceServer:
         """Local workers configured (the owner's; they join every front end)."""
         if spawn_workers:
             restored.add_slots(self.supervisor, local)
+            self._local_workers = len(self.supervisor.slots)  # the restored slots, when restored
         self.shutting_down = False
         self.hub.on_first_batch.append(lambda conn: self.supervisor.mark_healthy(conn.worker_id))
         self.fleet = FleetControl(self.registry, self.supervisor, self, loader, followers=self.version_sync)

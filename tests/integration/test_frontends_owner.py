@@ -206,7 +206,7 @@ def test_sigkill_of_the_owner_leaves_front_end_1_serving_and_its_workers_are_ado
             conn.close()
     assert worker_processes(server) == before  # the same three: adopted, none started twice
     assert "adopted worker sim-0.0" in server.log() and "adopted worker sim-1.0" in server.log()
-    assert "keeping slot sim-2 the previous owner added" in server.log()  # the scaled-up one too
+    assert "with worker slots {1: [0, 1, 2]}, as the previous owner" in server.log()  # the scaled-up one too
     assert "adopted worker sim-2.0" in server.log()
     victim = min(before)
     os.kill(victim, signal.SIGKILL)

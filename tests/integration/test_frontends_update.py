@@ -4,16 +4,20 @@ with the owner's, and retires the old version with it. Under checked load (each 
 connection, so both front ends take them): every answer is a 200 whose digest is its version's, every
 request sent once the update answered is answered by version 2, on both front ends; a follower killed
 after the update comes back serving version 2; so does the owner killed after it (frontends/served_file.py),
-with the same version-2 workers, adopted, not the config's version 1.
+with the same version-2 workers, adopted, not the config's version 1. An owner killed while its update
+waits for the first new worker comes back with the update undone: version 1 on the same two workers,
+the new version's starting worker stopped, every answer correct.
 
 Bounded: one server, a load capped in count and time, every wait bounded."""
 
 from __future__ import annotations
 
+import http.client
 import json
 import os
 import shutil
 import signal
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -114,6 +118,7 @@ def test_a_rolling_update_reaches_every_front_end(tmp_path: Path) -> None:
         wait_for(lambda: restarted(server, owner, follower), 20, "the killed front end started again")
         answers_with_version_2(server, "1")
 
+        wait_for(lambda: len(worker_processes(server)) == 2, 10, "the version-1 workers gone")
         workers = worker_processes(server)
         owner, _ = frontend_pids(server)
         os.kill(owner, signal.SIGKILL)
@@ -126,3 +131,67 @@ def test_a_rolling_update_reaches_every_front_end(tmp_path: Path) -> None:
     finally:
         assert server.stop() in (0, -15)
     assert "is not served" not in server.log()
+
+
+def server_folder(server: ServerProc) -> Path:
+    """The parent's folder (the local workers connect to its sockets)."""
+    for pid in worker_processes(server):
+        args = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        sockets = args[args.index(b"--connect") + 1].decode()
+        return Path(sockets.split(",")[0].removeprefix("unix:")).parent
+    raise AssertionError("no worker process")
+
+
+def versions_of(pids: set[int]) -> list[str]:
+    out = []
+    for pid in pids:
+        args = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        out.append(args[args.index(b"--model-version") + 1].decode())
+    return sorted(out)
+
+
+def test_an_update_cut_short_by_the_owners_death_is_undone(tmp_path: Path) -> None:
+    repo = tmp_path / "repo"
+    (repo / "sim" / "1").mkdir(parents=True)
+    (repo / "sim" / "model.toml").write_text(MODEL_TOML)
+    server = start_server(tmp_path, "--model-repo", str(repo), "--frontends", "2")
+    try:
+        wait_for(lambda: len(ready_workers(server)) == 2, 30, "two ready workers")
+        old = worker_processes(server)
+        served = server_folder(server) / "served.json"
+        shutil.copytree(repo / "sim" / "1", repo / "sim" / "2")
+        with (repo / "sim" / "model.toml").open("a") as f:
+            f.write("\n[versions.2.params]\nload_ms = 30000.0\n")  # its first worker is never ready in time
+        with Load(server.url, "c", clients=4, max_requests=4000, max_s=40) as load:
+            wait_for(lambda: load.answered() >= 40, 20, "answers before the update")
+            cut = threading.Thread(target=lambda: update_cut_short(server), daemon=True)
+            cut.start()
+            wait_for(lambda: b'"updating":[1,2,2]' in served.read_bytes(), 20, "the update saved as running")
+            wait_for(lambda: "2" in versions_of(worker_processes(server)), 20, "the new version's worker")
+            owner, _ = frontend_pids(server)
+            os.kill(owner, signal.SIGKILL)
+            wait_for(lambda: not alive(owner), 10, "the owner gone")
+            wait_for(lambda: len(ready_or_none(server)) == 2, 60, "the owner back with two ready workers")
+            wait_for(lambda: worker_processes(server) == old, 20, "the new version's worker stopped")
+            back = load.answered()
+            wait_for(lambda: load.answered() >= back + 100, 30, "answers with the owner back")
+        cut.join(10)
+        assert sorted(w["version"] for w in ready_workers(server)) == [1, 1]
+        assert "serving version(s) [1] (default 1) with worker slots {1: [0, 1]}" in server.log()
+        wrong = [a for a in load.answers if not a.correct or a.version != "1"]
+        assert not wrong, wrong[:5]
+        assert len(load.unanswered) <= 12, load.unanswered  # connection errors: those the owner had taken
+        answers = [infer(server.url, f"after-{i}") for i in range(20)]  # new connections: both front ends
+        assert all(a is not None and a.correct and a.version == "1" for a in answers), answers
+    finally:
+        assert server.stop() in (0, -15)
+    assert "is not served" not in server.log()
+
+
+def update_cut_short(server: ServerProc) -> None:
+    """The update's call, whose owner dies under it: a connection error, not an answer."""
+    try:
+        status, result = update(server)
+    except (OSError, http.client.HTTPException):
+        return
+    raise AssertionError(f"the update answered {status} {result} though its owner died")

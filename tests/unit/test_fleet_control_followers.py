@@ -50,7 +50,13 @@ class Launcher:
 
 
 class Refusing:
+    def __init__(self) -> None:
+        self.fleet: FleetControl | None = None
+        self.updates_seen: dict[str, tuple[int, int, int]] = {}
+
     async def until_serving(self, model: str, version: int) -> None:
+        assert self.fleet is not None
+        self.updates_seen = self.fleet.updates()  # what the owner saves meanwhile (served_file.py)
         raise Conflict(f"front end(s) [1] do not serve version {version} of {model!r}")
 
     async def until_moved(self, model: str, old: int, new: int) -> None:
@@ -66,10 +72,13 @@ async def test_an_update_a_follower_cannot_serve_changes_nothing() -> None:
         launcher,  # type: ignore[arg-type]
         host,  # type: ignore[arg-type]
         load_version=lambda model, version: SimpleNamespace(name=model, version=2, kind="batch"),  # type: ignore[arg-type,return-value]
-        followers=Refusing(),
+        followers=(followers := Refusing()),
     )
+    followers.fleet = fleet
     with pytest.raises(Conflict, match="do not serve version 2"):
         await fleet.rolling_update("sim")
+    assert followers.updates_seen == {"sim": (1, 2, 2)}  # running: from 1 to 2, replacing 2 workers
+    assert fleet.updates() == {}  # ended
     assert launcher.added == [] and host.removed == [2]
     assert registry.versions("sim") == [1] and registry.default_version("sim") == 1
 

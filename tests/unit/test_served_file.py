@@ -1,6 +1,6 @@
-"""What an owner front end started again serves (frontends/served_file.py): the saved versions, default
-and worker slots where they differ from the config's, else the config's; the config's when a saved
-version cannot be loaded or the file is garbled."""
+"""What an owner front end started again serves (frontends/served_file.py): each saved model's versions,
+default and worker slots at their indexes, a running rolling update ended where its default was; the
+config's when a saved version cannot be loaded, the file is not an owner's, or it failed a start."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 
 from inferd.config import ConfigError, ModelConfig, TensorSpec
 from inferd.frontends.plan import FrontendPlan
-from inferd.frontends.served_file import Restored, SavedModel, load, restore, restore_for, save
+from inferd.frontends.served_file import Restored, SavedModel, load, restore, restore_for, save, take
 from inferd.runtime.registry import ModelRegistry
 from inferd.worker.supervisor import Supervisor
 
@@ -38,37 +38,85 @@ def repository(*present: tuple[str, int]) -> object:
 def test_the_file_round_trips_and_a_garbled_or_missing_one_is_empty(tmp_path: Path) -> None:
     path = tmp_path / "served.json"
     assert load(path) == {}
-    saved = {"sim": SavedModel([1, 2], 2, {1: [0], 2: [1, 2]})}
+    saved = {"sim": SavedModel([1, 2], 2, {1: [0], 2: [1, 2]}, [1, 2, 2])}
     save(path, saved)
     assert load(path) == saved
     assert [p.name for p in tmp_path.iterdir()] == ["served.json"]  # no temporary file left
     path.write_text('{"sim": {"versions": "two"}}')
     assert load(path) == {}
+    path.unlink()
+    path.mkdir()  # unreadable: the config's versions, not a failed start
+    assert load(path) == {}
+
+
+def test_a_state_that_failed_the_owners_start_is_not_tried_twice(tmp_path: Path) -> None:
+    path = tmp_path / "served.json"
+    saved = {"sim": SavedModel([2], 2, {2: [2, 3]})}
+    save(path, saved)
+    assert take(path) == saved  # set aside while the owner starts with it...
+    assert take(path) == {}  # ...which died before it saved again: the next one serves the config
+    assert list(tmp_path.iterdir()) == []
+    save(path, saved)
+    assert take(path) == saved
+    save(path, saved)  # the owner runs with it: saved again, the set-aside copy dropped
+    assert [p.name for p in tmp_path.iterdir()] == ["served.json"]
+    assert take(path) == saved
 
 
 def test_a_finished_update_is_served_again_with_its_slots() -> None:
     models = [config("sim", 1), config("other", 1)]
-    saved = {"sim": SavedModel([2], 2, {2: [2, 3]}), "other": SavedModel([1], 1, {1: [0, 5]})}
+    saved = {"sim": SavedModel([2], 2, {2: [2, 3]})}
     r = restore(models, saved, repository(("sim", 2)))
     assert [(m.name, m.version, m.max_batch_size) for m in r.models] == [("sim", 2, 7), ("other", 1, 100)]
     assert r.defaults == {"sim": 2}
-    assert r.slots == {("sim", 2): [2, 3]}  # "other" is as configured: its survivors keep their slots
+    assert r.slots == {("sim", 2): [2, 3]}  # "other" is not in the file: as configured
 
 
-def test_an_update_in_progress_keeps_both_versions_and_each_ones_slots() -> None:
-    saved = {"sim": SavedModel([1, 2], 2, {1: [1], 2: [2]})}
+def test_the_config_version_after_a_rollback_keeps_the_saved_slots_not_the_configs() -> None:
+    r = restore([config("sim", 1)], {"sim": SavedModel([1], 1, {1: [4, 5]})}, None)
+    assert [m.version for m in r.models] == [1] and r.slots == {("sim", 1): [4, 5]}
+    launcher = Supervisor("unix:/nowhere", "token", "INFO")  # never run
+    r.add_slots(launcher, [(m, 2) for m in r.models])
+    assert [s.index for s in launcher.slots] == [4, 5]  # 2 workers, not the config's 2 plus these 2
+
+
+def test_an_update_past_its_first_new_worker_is_finished_with_as_many_workers() -> None:
+    # 1 -> 2 over 3 workers: one new worker ready (default 2), one old retired and gone, two old live
+    saved = {"sim": SavedModel([1, 2], 2, {1: [1, 2], 2: [3]}, [1, 2, 3])}
     r = restore([config("sim", 1)], saved, repository(("sim", 2)))
-    assert sorted(m.version for m in r.models) == [1, 2]
-    assert r.defaults == {"sim": 2}
-    assert r.slots == {("sim", 1): [1], ("sim", 2): [2]}
+    assert [m.version for m in r.models] == [2] and r.defaults == {"sim": 2}
+    assert r.slots == {("sim", 2): [3, 4, 5]}  # the new one kept; new indexes, never an old worker's id
+
+
+def test_an_update_before_its_first_new_worker_is_undone() -> None:
+    saved = {"sim": SavedModel([1, 2], 1, {1: [0, 1], 2: [2]}, [1, 2, 2])}
+    r = restore([config("sim", 1)], saved, repository(("sim", 2)))
+    assert [m.version for m in r.models] == [1] and r.defaults == {"sim": 1}
+    assert r.slots == {("sim", 1): [0, 1]}  # the new version's starting worker is not taken back
 
 
 def test_a_default_moved_between_configured_versions_is_restored() -> None:
     models = [config("sim", 1), config("sim", 2)]
     r = restore(models, {"sim": SavedModel([1, 2], 1, {1: [0], 2: [1]})}, None)
     assert r.models == models and r.defaults == {"sim": 1}
-    unchanged = restore(models, {"sim": SavedModel([1, 2], 2, {1: [0], 2: [1]})}, None)
-    assert unchanged == Restored(models)
+    assert r.slots == {("sim", 1): [0], ("sim", 2): [1]}
+
+
+@pytest.mark.parametrize(
+    "saved",
+    [
+        SavedModel([2, 2], 2, {2: [0]}),
+        SavedModel([2], 3, {2: [0]}),
+        SavedModel([2], 2, {3: [0]}),
+        SavedModel([1, 2], 2, {1: [0], 2: [0]}),
+        SavedModel([1, 2], 2, {1: [0], 2: [1]}, [1, 3, 1]),
+    ],
+    ids=["twice", "default", "slots", "one index twice", "update"],
+)
+def test_a_state_no_owner_writes_leaves_the_config(saved: SavedModel) -> None:
+    models = [config("sim", 1)]
+    assert saved.problem() is not None
+    assert restore(models, {"sim": saved}, repository(("sim", 2), ("sim", 3))) == Restored(models)
 
 
 @pytest.mark.parametrize("load_version", [None, repository()], ids=["no repository", "version removed"])

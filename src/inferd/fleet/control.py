@@ -72,6 +72,12 @@ class FleetControl:
         self.followers = followers
         """The other front ends (several front ends; None: this is the only one)."""
         self._locks: dict[str, asyncio.Lock] = {}
+        self._updating: dict[str, tuple[int, int, int]] = {}
+        """Model -> (old version, new version, workers) while its rolling update runs."""
+
+    def updates(self) -> dict[str, tuple[int, int, int]]:
+        """The rolling updates running: model -> (old version, new version, old workers to replace)."""
+        return dict(self._updating)
 
     def local_workers(self, model: str, version: int | None = None) -> int:
         rt = self.registry.get(model, version)
@@ -133,6 +139,7 @@ class FleetControl:
         self.registry.set_default(model, old.version)  # pinned: the new version is not the default yet
         new = self.host.add_version(config)
         old_slots = list(self.launcher.live_slots(model, old.version))
+        self._updating[model] = (old.version, new.version, len(old_slots))
         log.info(
             "model %s: rolling update v%d -> v%d over %d worker(s)",
             model,
@@ -160,6 +167,8 @@ class FleetControl:
             if self.registry.default_version(model) != new.version:
                 self.host.remove_version(model, new.version)  # never served: nothing to hand over
             raise
+        finally:
+            del self._updating[model]
         self.host.remove_version(model, old.version)
         return len(old_slots)
 

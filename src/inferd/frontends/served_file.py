@@ -6,16 +6,26 @@ and be started again by the parent while the server goes on; without this file i
 serving the config's versions, turn away the workers of the version it had rolled to, and take the
 followers back with it: a finished update silently undone.
 
-So the owner writes what it serves (each model's versions, default version and live worker slots, for
-the kinds with workers: version_sync's view) to `served.json` in the parent's folder whenever that
-changes (looked at every SYNC_INTERVAL_S). The folder outlives the owner and is removed with the server,
-so only an owner of the same server reads it. Where what was saved differs from the config's versions,
-`restore` turns the config's models into the saved versions (loaded from the model repository, as the
-update loaded them) with the saved default, and gives each version the saved slots, at the same indexes:
-each slot adopts its surviving worker (worker/survivors.py) or starts one. A finished update stays
-finished, with the capacity it had; one in progress is not resumed: both versions go on serving, with
-the workers each had, until it is run again. A server started afresh has a new folder and serves its
-config.
+So the owner writes what it serves, for the kinds with workers (each model's versions, default version,
+live worker slots, and the rolling update running, if any), to `served.json` in the parent's folder:
+looked at every SYNC_INTERVAL_S, written when it changed. The folder outlives the owner and is removed
+with the server, so only an owner of the same server reads it, before it makes its runtimes and its
+worker slots (`restore_for`). Each saved model is served as saved (versions loaded from the model
+repository, as the update loaded them) with its saved default, and takes back its saved slots at the
+same indexes: each adopts its surviving worker (worker/survivors.py) or starts one.
+
+A rolling update that was running is not resumed worker by worker: it ends at once where its default
+was (`SavedModel.settled`). Past the first new worker ready (the default moved), the old version is
+dropped and its slots come back as new slots of the new version: the update is finished, with the
+workers it would have ended with. Before that, the new version is dropped: the update is undone. The
+dropped version's surviving workers get SIGTERM (they drain), and the followers retire it (what they
+still had queued for it fails with 503). So the state saved a moment before the update's last step
+gives the same end as the state after it.
+
+A model whose saved versions cannot be loaded keeps the config's, and so does one the file does not
+name. A saved state that fails the owner's start is not tried twice: the file is set aside while it is
+restored and written again once the owner runs (`take`, `save`). A server started afresh has a new
+folder and serves its config.
 """
 
 from __future__ import annotations
@@ -37,19 +47,56 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("inferd.frontends")
 
+VersionLoader = Callable[[str, int | None], ModelConfig]
+
 
 class SavedModel(msgspec.Struct, frozen=True):
     versions: list[int]
     default: int
     slots: dict[int, list[int]] = {}
     """Version -> the indexes of its live worker slots (worker ids MODEL-INDEX)."""
+    updating: list[int] = []
+    """[old version, new version, workers] while a rolling update runs (FleetControl.updates); [] else."""
+
+    def problem(self) -> str | None:
+        """What makes it unusable (a file no owner wrote), or None."""
+        if len(set(self.versions)) != len(self.versions) or self.default not in self.versions:
+            return f"versions {self.versions} with default {self.default}"
+        if self.updating and (len(self.updating) != 3 or not set(self.updating[:2]) <= set(self.versions)):
+            return f"an update {self.updating} of versions {self.versions}"
+        if set(self.slots) - set(self.versions):
+            return f"slots {self.slots} of versions {self.versions}"
+        indexes = [i for at in self.slots.values() for i in at]
+        if len(set(indexes)) != len(indexes) or any(i < 0 for i in indexes):
+            return f"slots {self.slots}"
+        return None
+
+    def settled(self) -> SavedModel:
+        """Without a running update: ended where its default was (see the module's doc)."""
+        if not self.updating:
+            return self
+        old, new, workers = self.updating
+        dropped = old if self.default == new else new
+        slots = {v: list(at) for v, at in self.slots.items() if v != dropped}
+        kept = slots.setdefault(self.default, [])
+        fresh = max((i + 1 for at in self.slots.values() for i in at), default=0)  # never a dropped one's id
+        while len(kept) < workers:
+            kept.append(fresh)
+            fresh += 1
+        return SavedModel([v for v in self.versions if v != dropped], self.default, slots)
+
+
+def _aside(path: Path) -> Path:
+    return path.with_name(f"{path.name}.restoring")
 
 
 def save(path: Path, models: dict[str, SavedModel]) -> None:
-    """Replace the file at once (a reader never sees half of it)."""
+    """Replace the file at once (a reader never sees half of it). A state set aside while it was restored
+    is dropped: the owner runs with it."""
     tmp = path.with_name(f".{path.name}.tmp")
     tmp.write_bytes(msgspec.json.encode(models))
     os.replace(tmp, path)
+    _aside(path).unlink(missing_ok=True)
 
 
 def load(path: Path) -> dict[str, SavedModel]:
@@ -58,11 +105,36 @@ def load(path: Path) -> dict[str, SavedModel]:
         raw = path.read_bytes()
     except FileNotFoundError:
         return {}
+    except OSError as exc:
+        log.error("cannot read %s (%s): serving the config's versions", path, exc)
+        return {}
     try:
         return msgspec.json.decode(raw, type=dict[str, SavedModel])
     except msgspec.DecodeError as exc:
         log.error("%s is not what an owner front end writes (%s): serving the config's versions", path, exc)
         return {}
+
+
+def take(path: Path) -> dict[str, SavedModel]:
+    """`load`, setting the file aside until the owner runs (`save`): if the saved state fails the owner's
+    start, the next start finds only the set-aside file and serves the config's versions."""
+    aside = _aside(path)
+    if not path.exists():
+        if aside.exists():
+            log.error(
+                "the previous owner front end did not start with the versions it restored from %s: serving "
+                "the config's versions (its log says why)",
+                aside,
+            )
+            aside.unlink(missing_ok=True)
+        return {}
+    saved = load(path)
+    try:
+        os.replace(path, aside)
+    except OSError as exc:
+        log.error("cannot set %s aside (%s): serving the config's versions", path, exc)
+        return {}
+    return saved
 
 
 class Restored(msgspec.Struct, frozen=True):
@@ -87,25 +159,21 @@ class Restored(msgspec.Struct, frozen=True):
 
 
 def restore_for(
-    plan: FrontendPlan | None,
-    models: list[ModelConfig],
-    load_version: Callable[[str, int | None], ModelConfig] | None,
+    plan: FrontendPlan | None, models: list[ModelConfig], load_version: VersionLoader | None
 ) -> Restored:
     """`restore` for the owner of several front ends, from its folder's file; the config's models as they
     are for the only front end and for the followers (they follow the owner: version_sync.py)."""
     if plan is None or not plan.is_owner:
         return Restored(models)
-    return restore(models, load(Path(plan.served_path())), load_version)
+    return restore(models, take(Path(plan.served_path())), load_version)
 
 
 def restore(
-    models: list[ModelConfig],
-    saved: dict[str, SavedModel],
-    load_version: Callable[[str, int | None], ModelConfig] | None,
+    models: list[ModelConfig], saved: dict[str, SavedModel], load_version: VersionLoader | None
 ) -> Restored:
-    """The config's `models`, with each model whose saved versions differ from the config's served as
-    saved instead. One whose saved versions cannot all be loaded (no repository, a version removed from
-    it) keeps the config's."""
+    """The config's `models`, each saved one served as saved instead (a running update settled). One
+    whose saved versions cannot all be loaded (no repository, a version removed from it) keeps the
+    config's, and so does one the file does not name (added to the config since)."""
     by_name: dict[str, list[ModelConfig]] = {}
     for m in models:
         by_name.setdefault(m.name, []).append(m)
@@ -114,19 +182,22 @@ def restore(
     slots: dict[tuple[str, int], list[int]] = {}
     for name, configs in by_name.items():
         s = saved.get(name)
-        if s is None or (sorted(s.versions), s.default) == _as_configured(configs):
-            out += configs  # as configured (the survivors keep the slots added since)
-            continue
-        loaded = _load(name, s, {c.version: c for c in configs}, load_version)
-        if loaded is None:
+        problem = s.problem() if s is not None else None
+        if problem is not None:
+            log.error("model %s: the saved state has %s: serving the config's versions", name, problem)
+        loaded = (
+            _load(name, s.settled(), configs, load_version) if s is not None and problem is None else None
+        )
+        if s is None or loaded is None:
             out += configs
             continue
+        s = s.settled()
         out += loaded
         defaults[name] = s.default
         slots |= {(name, v): s.slots.get(v, []) for v in s.versions}
         log.info(
             "model %s: serving version(s) %s (default %d) with worker slots %s, as the previous owner "
-            "front end did, not the config's version(s) %s",
+            "front end did (the config names %s)",
             name,
             s.versions,
             s.default,
@@ -136,22 +207,10 @@ def restore(
     return Restored(out, defaults, slots)
 
 
-def _as_configured(configs: list[ModelConfig]) -> tuple[list[int], int]:
-    """(versions, default version) as the registry serves the config's: a pinned default, else the highest."""
-    versions = sorted(c.version for c in configs)
-    pinned = [c.default_version for c in configs if c.default_version is not None]
-    return versions, pinned[-1] if pinned else versions[-1]
-
-
 def _load(
-    name: str,
-    s: SavedModel,
-    configured: dict[int, ModelConfig],
-    load_version: Callable[[str, int | None], ModelConfig] | None,
+    name: str, s: SavedModel, configs: list[ModelConfig], load_version: VersionLoader | None
 ) -> list[ModelConfig] | None:
-    if s.default not in s.versions:
-        log.error("model %s: the saved default %d is not among its versions %s", name, s.default, s.versions)
-        return None
+    configured = {c.version: c for c in configs}
     out = []
     for version in s.versions:
         if version in configured:

@@ -124,24 +124,27 @@ class VersionSync:
             await self.exchange()
 
     async def _keep_saved(self) -> None:
-        path, saved = Path(self.plan.served_path()), None
+        path, saved, failed = Path(self.plan.served_path()), None, ""
         while True:
             now = self._saved_view()
             if now != saved:
                 try:
                     served_file.save(path, now)
-                    saved = now
-                except OSError as exc:  # the folder is gone: the server is stopping
-                    log.warning("cannot save the versions served to %s: %s", path, exc)
+                    saved, failed = now, ""
+                except OSError as exc:  # said once; an owner started again then serves its config
+                    if str(exc) != failed:
+                        log.error("cannot save the versions served to %s: %s", path, exc)
+                    failed = str(exc)
             await asyncio.sleep(SYNC_INTERVAL_S)
 
     def _saved_view(self) -> dict[str, served_file.SavedModel]:
-        launcher = self.server.supervisor
+        launcher, updates = self.server.supervisor, self.server.fleet.updates()
         return {
             name: served_file.SavedModel(
                 s.versions,
                 s.default,
                 {v: [w.index for w in launcher.live_slots(name, v)] for v in s.versions},
+                list(updates.get(name, ())),
             )
             for name, s in self._served().items()
         }
