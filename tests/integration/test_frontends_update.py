@@ -161,8 +161,8 @@ def test_an_update_cut_short_by_the_owners_death_is_undone(tmp_path: Path) -> No
         served = server_folder(server) / "served.json"
         shutil.copytree(repo / "sim" / "1", repo / "sim" / "2")
         with (repo / "sim" / "model.toml").open("a") as f:
-            f.write("\n[versions.2.params]\nload_ms = 30000.0\n")  # its first worker is never ready in time
-        with Load(server.url, "c", clients=4, max_requests=4000, max_s=40) as load:
+            f.write("\n[versions.2.params]\nload_ms = 8000.0\n")  # its first worker is not ready in time
+        with Load(server.url, "c", clients=4, max_requests=6000, max_s=90) as load:
             wait_for(lambda: load.answered() >= 40, 20, "answers before the update")
             cut = threading.Thread(target=lambda: update_cut_short(server), daemon=True)
             cut.start()
@@ -172,7 +172,8 @@ def test_an_update_cut_short_by_the_owners_death_is_undone(tmp_path: Path) -> No
             os.kill(owner, signal.SIGKILL)
             wait_for(lambda: not alive(owner), 10, "the owner gone")
             wait_for(lambda: len(ready_or_none(server)) == 2, 60, "the owner back with two ready workers")
-            wait_for(lambda: worker_processes(server) == old, 20, "the new version's worker stopped")
+            # SIGTERM drains the new version's worker: it finishes loading (8 s), then exits
+            wait_for(lambda: worker_processes(server) == old, 40, "the new version's worker stopped")
             back = load.answered()
             wait_for(lambda: load.answered() >= back + 100, 30, "answers with the owner back")
         cut.join(10)

@@ -1,6 +1,7 @@
 """What an owner front end started again serves (frontends/served_file.py): each saved model's versions,
 default and worker slots at their indexes, a running rolling update ended where its default was; the
-config's when a saved version cannot be loaded, the file is not an owner's, or it failed a start."""
+config's when a saved version cannot be loaded, the file is not an owner's, or three owners in a row
+died before they ran with it."""
 
 from __future__ import annotations
 
@@ -49,16 +50,12 @@ def test_the_file_round_trips_and_a_garbled_or_missing_one_is_empty(tmp_path: Pa
     assert load(path) == {}
 
 
-def test_a_state_that_failed_the_owners_start_is_not_tried_twice(tmp_path: Path) -> None:
+def test_owners_that_die_before_they_run_with_a_state_are_counted_up_to_three(tmp_path: Path) -> None:
     path = tmp_path / "served.json"
     saved = {"sim": SavedModel([2], 2, {2: [2, 3]})}
     save(path, saved)
-    assert take(path) == saved  # set aside while the owner starts with it...
-    assert take(path) == {}  # ...which died before it saved again: the next one serves the config
-    assert list(tmp_path.iterdir()) == []
-    save(path, saved)
-    assert take(path) == saved
-    save(path, saved)  # the owner runs with it: saved again, the set-aside copy dropped
+    assert [take(path) for _ in range(4)] == [saved, saved, saved, {}]  # three died before they ran
+    save(path, saved)  # an owner runs (with the config's versions, or the saved ones): counting anew
     assert [p.name for p in tmp_path.iterdir()] == ["served.json"]
     assert take(path) == saved
 
@@ -110,8 +107,20 @@ def test_a_default_moved_between_configured_versions_is_restored() -> None:
         SavedModel([2], 2, {3: [0]}),
         SavedModel([1, 2], 2, {1: [0], 2: [0]}),
         SavedModel([1, 2], 2, {1: [0], 2: [1]}, [1, 3, 1]),
+        SavedModel([1, 2], 2, {1: [0], 2: [1]}, [2, 2, 1]),
+        SavedModel([1, 2, 3], 3, {1: [0], 2: [1]}, [1, 2, 1]),
+        SavedModel([1, 2], 2, {1: [0], 2: [1]}, [1, 2, 10**6]),
     ],
-    ids=["twice", "default", "slots", "one index twice", "update"],
+    ids=[
+        "twice",
+        "default",
+        "slots",
+        "one index twice",
+        "update",
+        "update to itself",
+        "default elsewhere",
+        "workers",
+    ],
 )
 def test_a_state_no_owner_writes_leaves_the_config(saved: SavedModel) -> None:
     models = [config("sim", 1)]
@@ -135,6 +144,7 @@ def test_only_the_owner_of_several_front_ends_restores(tmp_path: Path) -> None:
     assert restore_for(plan.at(1), models, load_version) == Restored(models)
     restored = restore_for(plan, models, load_version)
     assert [m.version for m in restored.models] == [2]
+    assert Path(plan.served_path() + ".starts").read_text() == "1"  # counted until this owner runs
 
     launcher, registry = Supervisor("unix:/nowhere", "token", "INFO"), ModelRegistry()  # never run
     restored.add_slots(launcher, [(m, 2) for m in restored.models])

@@ -23,9 +23,9 @@ still had queued for it fails with 503). So the state saved a moment before the 
 gives the same end as the state after it.
 
 A model whose saved versions cannot be loaded keeps the config's, and so does one the file does not
-name. A saved state that fails the owner's start is not tried twice: the file is set aside while it is
-restored and written again once the owner runs (`take`, `save`). A server started afresh has a new
-folder and serves its config.
+name. The owners that start with a saved state are counted until one runs with it (`take`, `save`):
+after MAX_STARTS in a row died first (a state that fails the start, say), the next serves the config's
+versions. A server started afresh has a new folder and serves its config.
 """
 
 from __future__ import annotations
@@ -47,6 +47,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("inferd.frontends")
 
+MAX_WORKERS = 64
+"""The most local workers of one version (FleetControl.scale_to's limit)."""
+
 VersionLoader = Callable[[str, int | None], ModelConfig]
 
 
@@ -62,8 +65,8 @@ class SavedModel(msgspec.Struct, frozen=True):
         """What makes it unusable (a file no owner wrote), or None."""
         if len(set(self.versions)) != len(self.versions) or self.default not in self.versions:
             return f"versions {self.versions} with default {self.default}"
-        if self.updating and (len(self.updating) != 3 or not set(self.updating[:2]) <= set(self.versions)):
-            return f"an update {self.updating} of versions {self.versions}"
+        if self.updating and not _an_update(self.updating, self.versions, self.default):
+            return f"an update {self.updating} of versions {self.versions} with default {self.default}"
         if set(self.slots) - set(self.versions):
             return f"slots {self.slots} of versions {self.versions}"
         indexes = [i for at in self.slots.values() for i in at]
@@ -86,17 +89,32 @@ class SavedModel(msgspec.Struct, frozen=True):
         return SavedModel([v for v in self.versions if v != dropped], self.default, slots)
 
 
-def _aside(path: Path) -> Path:
-    return path.with_name(f"{path.name}.restoring")
+MAX_STARTS = 3
+"""Owners in a row that may start with a saved state and die before they run with it (a SIGKILL in that
+moment, or a state that fails the start); the next one serves the config's versions."""
+
+
+def _starts(path: Path) -> Path:
+    return path.with_name(f"{path.name}.starts")
+
+
+def _an_update(updating: list[int], versions: list[int], default: int) -> bool:
+    """[old, new, workers] as FleetControl.updates gives it: two served versions, one the default."""
+    if len(updating) != 3:
+        return False
+    old, new, workers = updating
+    return (
+        old != new and {old, new} <= set(versions) and default in (old, new) and 0 <= workers <= MAX_WORKERS
+    )
 
 
 def save(path: Path, models: dict[str, SavedModel]) -> None:
-    """Replace the file at once (a reader never sees half of it). A state set aside while it was restored
-    is dropped: the owner runs with it."""
+    """Replace the file at once (a reader never sees half of it); the owner runs with it: its starts
+    are no longer counted."""
     tmp = path.with_name(f".{path.name}.tmp")
     tmp.write_bytes(msgspec.json.encode(models))
     os.replace(tmp, path)
-    _aside(path).unlink(missing_ok=True)
+    _starts(path).unlink(missing_ok=True)
 
 
 def load(path: Path) -> dict[str, SavedModel]:
@@ -116,23 +134,29 @@ def load(path: Path) -> dict[str, SavedModel]:
 
 
 def take(path: Path) -> dict[str, SavedModel]:
-    """`load`, setting the file aside until the owner runs (`save`): if the saved state fails the owner's
-    start, the next start finds only the set-aside file and serves the config's versions."""
-    aside = _aside(path)
-    if not path.exists():
-        if aside.exists():
-            log.error(
-                "the previous owner front end did not start with the versions it restored from %s: serving "
-                "the config's versions (its log says why)",
-                aside,
-            )
-            aside.unlink(missing_ok=True)
-        return {}
+    """`load` for an owner about to start with it, counting the starts until one runs (`save`): after
+    MAX_STARTS owners in a row died first, the next serves the config's versions (a state that fails
+    the start does not keep the owner from starting)."""
     saved = load(path)
+    if not saved:
+        return {}
+    counter = _starts(path)
     try:
-        os.replace(path, aside)
+        starts = int(counter.read_text())
+    except (OSError, ValueError):
+        starts = 0
+    if starts >= MAX_STARTS:
+        log.error(
+            "%d owner front ends in a row died before they ran with the versions saved in %s (their logs "
+            "say why, unless they were killed): serving the config's versions",
+            starts,
+            path,
+        )
+        return {}
+    try:
+        counter.write_text(str(starts + 1))
     except OSError as exc:
-        log.error("cannot set %s aside (%s): serving the config's versions", path, exc)
+        log.error("cannot count the starts in %s (%s): serving the config's versions", counter, exc)
         return {}
     return saved
 
@@ -185,13 +209,11 @@ def restore(
         problem = s.problem() if s is not None else None
         if problem is not None:
             log.error("model %s: the saved state has %s: serving the config's versions", name, problem)
-        loaded = (
-            _load(name, s.settled(), configs, load_version) if s is not None and problem is None else None
-        )
+        s = s.settled() if s is not None and problem is None else None
+        loaded = _load(name, s, configs, load_version) if s is not None else None
         if s is None or loaded is None:
             out += configs
             continue
-        s = s.settled()
         out += loaded
         defaults[name] = s.default
         slots |= {(name, v): s.slots.get(v, []) for v in s.versions}
