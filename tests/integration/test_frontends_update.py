@@ -77,6 +77,20 @@ def ready_or_none(server: ServerProc) -> list[dict]:
         return []  # the owner (which serves the admin API) is not there
 
 
+def two_front_ends_with_a_repository(tmp_path: Path) -> tuple[Path, ServerProc]:
+    """`--frontends 2` over a model repository holding version 1 of sim, its two workers ready."""
+    repo = tmp_path / "repo"
+    (repo / "sim" / "1").mkdir(parents=True)
+    (repo / "sim" / "model.toml").write_text(MODEL_TOML)
+    server = start_server(tmp_path, "--model-repo", str(repo), "--frontends", "2")
+    try:
+        wait_for(lambda: len(ready_workers(server)) == 2, 30, "two ready workers")
+    except BaseException:
+        server.stop()
+        raise
+    return repo, server
+
+
 def update(server: ServerProc) -> tuple[int, dict]:
     req = urllib.request.Request(f"{server.admin_url}/admin/models/sim/update", data=b"", method="POST")
     try:
@@ -87,12 +101,8 @@ def update(server: ServerProc) -> tuple[int, dict]:
 
 
 def test_a_rolling_update_reaches_every_front_end(tmp_path: Path) -> None:
-    repo = tmp_path / "repo"
-    (repo / "sim" / "1").mkdir(parents=True)
-    (repo / "sim" / "model.toml").write_text(MODEL_TOML)
-    server = start_server(tmp_path, "--model-repo", str(repo), "--frontends", "2")
+    repo, server = two_front_ends_with_a_repository(tmp_path)
     try:
-        wait_for(lambda: len(ready_workers(server)) == 2, 30, "two ready workers")
         with Load(server.url, "u", clients=4, max_requests=4000, max_s=40) as load:
             wait_for(lambda: load.answered() >= 40, 20, "answers before the update")
             shutil.copytree(repo / "sim" / "1", repo / "sim" / "2")
@@ -133,30 +143,26 @@ def test_a_rolling_update_reaches_every_front_end(tmp_path: Path) -> None:
     assert "is not served" not in server.log()
 
 
+def worker_arg(pid: int, flag: str) -> str:
+    """The value of `flag` on a worker process's command line."""
+    args = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    return args[args.index(flag.encode()) + 1].decode()
+
+
 def server_folder(server: ServerProc) -> Path:
     """The parent's folder (the local workers connect to its sockets)."""
     for pid in worker_processes(server):
-        args = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-        sockets = args[args.index(b"--connect") + 1].decode()
-        return Path(sockets.split(",")[0].removeprefix("unix:")).parent
+        return Path(worker_arg(pid, "--connect").split(",")[0].removeprefix("unix:")).parent
     raise AssertionError("no worker process")
 
 
 def versions_of(pids: set[int]) -> list[str]:
-    out = []
-    for pid in pids:
-        args = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-        out.append(args[args.index(b"--model-version") + 1].decode())
-    return sorted(out)
+    return sorted(worker_arg(pid, "--model-version") for pid in pids)
 
 
 def test_an_update_cut_short_by_the_owners_death_is_undone(tmp_path: Path) -> None:
-    repo = tmp_path / "repo"
-    (repo / "sim" / "1").mkdir(parents=True)
-    (repo / "sim" / "model.toml").write_text(MODEL_TOML)
-    server = start_server(tmp_path, "--model-repo", str(repo), "--frontends", "2")
+    repo, server = two_front_ends_with_a_repository(tmp_path)
     try:
-        wait_for(lambda: len(ready_workers(server)) == 2, 30, "two ready workers")
         old = worker_processes(server)
         served = server_folder(server) / "served.json"
         shutil.copytree(repo / "sim" / "1", repo / "sim" / "2")

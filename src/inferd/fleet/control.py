@@ -27,6 +27,9 @@ from inferd.worker.launcher import Launcher, WorkerSlot
 
 log = logging.getLogger("inferd.fleet")
 
+MAX_LOCAL_WORKERS = 64
+"""The most local workers of one model version (`scale_to`)."""
+
 VersionLoader = Callable[[str, int | None], ModelConfig]
 """(model, version or None for the highest) -> that version's config, from the model repository."""
 
@@ -87,8 +90,8 @@ class FleetControl:
         """Set the number of local workers of a version (default: the default version); removed ones are
         drained (they finish what they hold)."""
         rt = self._with_workers(model, version)
-        if not 0 <= workers <= 64:
-            raise BadRequest(f"workers must be within 0..64, got {workers}")
+        if not 0 <= workers <= MAX_LOCAL_WORKERS:
+            raise BadRequest(f"workers must be within 0..{MAX_LOCAL_WORKERS}, got {workers}")
         async with self._lock(model):
             live = self.launcher.live_slots(model, rt.version)
             if workers > len(live):

@@ -32,13 +32,13 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import msgspec
 
 from inferd.config import ConfigError, ModelConfig
+from inferd.fleet.control import MAX_LOCAL_WORKERS, VersionLoader
 from inferd.frontends.plan import FrontendPlan
 
 if TYPE_CHECKING:
@@ -46,11 +46,6 @@ if TYPE_CHECKING:
     from inferd.worker.launcher import Launcher
 
 log = logging.getLogger("inferd.frontends")
-
-MAX_WORKERS = 64
-"""The most local workers of one version (FleetControl.scale_to's limit)."""
-
-VersionLoader = Callable[[str, int | None], ModelConfig]
 
 
 class SavedModel(msgspec.Struct, frozen=True):
@@ -104,7 +99,10 @@ def _an_update(updating: list[int], versions: list[int], default: int) -> bool:
         return False
     old, new, workers = updating
     return (
-        old != new and {old, new} <= set(versions) and default in (old, new) and 0 <= workers <= MAX_WORKERS
+        old != new
+        and {old, new} <= set(versions)
+        and default in (old, new)
+        and 0 <= workers <= MAX_LOCAL_WORKERS
     )
 
 
