@@ -9,6 +9,25 @@ What to allow is DoorPolicy's decision (door_policy.py); this protocol only arms
 Refusals that close the connection close it gracefully: the response, then our FIN, then whatever the
 client still sends is read and dropped until it closes (or LINGER_S), so the client reads the answer
 instead of a reset.
+
+uvicorn's private code is a contract here, pinned to the minor it was checked against (pyproject.toml):
+FrontDoorProtocol extends HttpToolsProtocol's __init__, connection_made/lost, parser callbacks (on_*)
+and _start_asgi_task, replaces data_received with a copy plus its checks, calls its
+_unset_keepalive_if_required, _should_upgrade, handle_websocket_upgrade, _unsupported_upgrade_warning,
+send_400_response and on_response_complete, and reads self.app (swapped for one on_headers_complete),
+loop, logger, parser, pipeline ((cycle, app) pairs), cycle, transport, flow, client and url, and
+RequestResponseCycle's keep_alive, response_started, response_complete, disconnected and
+message_event. tests/unit/test_uvicorn_contract.py fails, naming the method or attribute, when any of
+these changes shape or code: re-check this file against uvicorn's diff before moving the pin.
+
+What would let it drop the subclass: a server that offers, as options or hooks, a deadline for each
+request's head and one for its body, limits on head bytes and header count answered with 431, and a
+call at accept (caps per client address) and after each head (admission) that may answer at once and
+close gracefully. uvicorn 0.54 has none of these: only timeout_keep_alive, h11_max_incomplete_event_size
+(h11 only) and limit_concurrency (a 503 over all connections and tasks, none per client). Another ASGI
+server (hypercorn, granian) would do only if it has all of them, which has not been checked. Or: our own
+asyncio.Protocol over httptools that runs the ASGI app itself, so that this code owns what it now
+borrows (about the size of uvicorn's httptools_impl.py).
 """
 
 from __future__ import annotations
