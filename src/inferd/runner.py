@@ -20,8 +20,9 @@ from prometheus_client import CollectorRegistry
 
 from inferd import tls
 from inferd.api.app import create_app
-from inferd.api.door_policy import DoorLimits, DoorPolicy
-from inferd.api.frontdoor import DoorCollector, front_door_protocol
+from inferd.api.asgi import AsgiApp
+from inferd.api.door_policy import DoorCollector, DoorLimits, DoorPolicy
+from inferd.api.frontdoor import front_door_protocol
 from inferd.clock import MonotonicClock
 from inferd.config import BATCH_ONLY, ModelConfig, ServerConfig
 from inferd.frontends.plan import FrontendPlan
@@ -89,14 +90,14 @@ class GracefulServer(uvicorn.Server):
         return await super().on_tick(counter)
 
 
-def front_door_options(cfg: ServerConfig, metrics: CollectorRegistry) -> dict[str, Any]:
-    """uvicorn.Config arguments of the front door: the httptools protocol with the connection caps,
-    head and body deadlines, head size limits and admission rate of `cfg` (api/frontdoor.py); its
-    counts go to `metrics`."""
+def front_door_options(cfg: ServerConfig, metrics: CollectorRegistry, app: AsgiApp) -> dict[str, Any]:
+    """uvicorn.Config arguments of the front door: our HTTP/1.1 protocol with the connection caps,
+    head and body deadlines, head size limits and admission rate of `cfg` (api/frontdoor.py), handing
+    its requests to `app`; its counts go to `metrics`."""
     door = DoorPolicy(DoorLimits.of(cfg), MonotonicClock())
     metrics.register(DoorCollector(door))
     return {
-        "http": front_door_protocol(door),
+        "http": front_door_protocol(door, app),
         "ws": "none",
         "timeout_keep_alive": cfg.keep_alive_timeout_s,
     }
@@ -115,7 +116,7 @@ def build_uvicorn(
         lifespan="on",
         access_log=False,
         log_level=cfg.log_level.lower(),
-        **front_door_options(cfg, server.metrics.registry),
+        **front_door_options(cfg, server.metrics.registry, app),
         timeout_graceful_shutdown=30,
         backlog=4096,
         log_config=None,

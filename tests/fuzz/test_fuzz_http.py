@@ -207,6 +207,7 @@ async def test_a_body_over_the_limit_in_its_last_message_is_refused_without_wait
     """The body's last message crossed the limit: the 413 comes at once. The drain once asked for another
     message, which never comes before the client leaves, and held the 413 for DRAIN_MAX_S."""
     from inferd.api.asgi import HttpRequest
+    from inferd.api.disconnect import AsgiPeer
     from inferd.api.http import read_body
     from inferd.errors import PayloadTooLarge
 
@@ -219,7 +220,7 @@ async def test_a_body_over_the_limit_in_its_last_message_is_refused_without_wait
         assert messages, "receive() called after the body's last message"
         return messages.pop(0)
 
-    request = HttpRequest({"method": "POST", "path": "/v1/completions", "headers": []}, receive, {})
+    request = HttpRequest({"method": "POST", "path": "/v1/completions", "headers": []}, AsgiPeer(receive), {})
     with pytest.raises(PayloadTooLarge):
         await read_body(request, 1024)
     assert request.close_connection

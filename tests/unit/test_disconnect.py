@@ -1,5 +1,6 @@
 """until_disconnect, the one client-disconnect watch of the front end, and its callers: the streaming
-response and the infer path's wait for its items (which starts the watch late)."""
+response and the infer path's wait for its items. Over ASGI's receive() (AsgiPeer) and over a peer that
+knows of the disconnect itself, as the front door's connection does (a callback, no task)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from typing import Any
 import pytest
 
 from inferd.api.asgi import HttpRequest, StreamingResponse
-from inferd.api.disconnect import ClientGone, until_disconnect
+from inferd.api.disconnect import AsgiPeer, ClientGone, until_disconnect
 from inferd.api.http import wait_for_items
 
 
@@ -68,7 +69,7 @@ async def test_disconnect_after_n_receives_cancels_work_that_never_finishes() ->
     before = set(asyncio.all_tasks())
     client, work = FakeClient(leave_on=3), Work()
     with pytest.raises(ClientGone):
-        await until_disconnect(client.receive, work.run())
+        await until_disconnect(AsgiPeer(client.receive), work.run())
     assert work.cancelled
     assert client.calls == 3
     assert other_tasks(before) == []
@@ -83,7 +84,7 @@ async def test_work_that_finishes_first_returns_its_value_and_stops_the_watch() 
         work.done.set()
         return await work.run()
 
-    assert await until_disconnect(client.receive, finish_once_watched()) == "answer"
+    assert await until_disconnect(AsgiPeer(client.receive), finish_once_watched()) == "answer"
     await asyncio.sleep(0)  # the cancelled watcher ends on the loop's next turn
     assert client.cancelled, "the watcher's receive() was left running"
     assert not work.cancelled
@@ -94,7 +95,7 @@ async def test_a_future_is_cancelled_when_the_client_leaves() -> None:
     client = FakeClient(leave_on=1)
     reply: asyncio.Future[int] = asyncio.get_running_loop().create_future()
     with pytest.raises(ClientGone):
-        await until_disconnect(client.receive, reply)
+        await until_disconnect(AsgiPeer(client.receive), reply)
     assert reply.cancelled()
 
 
@@ -104,32 +105,63 @@ async def test_a_receive_failure_counts_as_the_client_gone() -> None:
 
     work = Work()
     with pytest.raises(ClientGone):
-        await until_disconnect(broken, work.run())
+        await until_disconnect(AsgiPeer(broken), work.run())
     assert work.cancelled
 
 
-async def test_work_done_before_the_delayed_watch_never_reads_receive() -> None:
+class KnowingPeer:
+    """A peer told of the disconnect by its connection (as api/exchange.Exchange is): watches are
+    callbacks it calls when `leave` is called."""
+
+    def __init__(self) -> None:
+        self.watchers: list[Any] = []
+        self.gone = False
+        self.watched = 0
+
+    def leave(self) -> None:
+        self.gone = True
+        for on_gone in list(self.watchers):
+            on_gone()
+
+    def watch(self, on_gone: Any) -> Any:
+        self.watched += 1
+        if self.gone:
+            asyncio.get_running_loop().call_soon(on_gone)
+            return lambda: None
+        self.watchers.append(on_gone)
+        return lambda: self.watchers.remove(on_gone)
+
+
+async def test_work_done_first_leaves_no_watch_and_no_task() -> None:
     before = set(asyncio.all_tasks())
-    client = FakeClient(leave_on=1)
+    peer = KnowingPeer()
     reply: asyncio.Future[int] = asyncio.get_running_loop().create_future()
     asyncio.get_running_loop().call_soon(reply.set_result, 7)
-    assert await until_disconnect(client.receive, reply, watch_after_s=3600.0) == 7
-    assert client.calls == 0
+    assert await until_disconnect(peer, reply) == 7  # type: ignore[arg-type]
+    assert peer.watched == 1 and peer.watchers == []
     assert other_tasks(before) == []
 
 
-async def test_the_delayed_watch_still_sees_a_client_that_left() -> None:
-    client, work = FakeClient(leave_on=1), Work()
+async def test_a_client_that_left_before_the_watch_is_still_seen() -> None:
+    peer, work = KnowingPeer(), Work()
+    peer.leave()
     with pytest.raises(ClientGone):
-        await until_disconnect(client.receive, work.run(), watch_after_s=0.001)
+        await until_disconnect(peer, work.run())  # type: ignore[arg-type]
     assert work.cancelled
-    assert client.calls == 1
+
+
+async def test_a_knowing_peer_cancels_the_work_when_the_client_leaves() -> None:
+    peer, work = KnowingPeer(), Work()
+    asyncio.get_running_loop().call_later(0.001, peer.leave)
+    with pytest.raises(ClientGone):
+        await until_disconnect(peer, work.run())  # type: ignore[arg-type]
+    assert work.cancelled and peer.watchers == []
 
 
 async def test_cancelling_the_caller_cancels_the_work_and_is_not_client_gone() -> None:
     before = set(asyncio.all_tasks())
     client, work = FakeClient(leave_on=None), Work()
-    caller = asyncio.ensure_future(until_disconnect(client.receive, work.run()))
+    caller = asyncio.ensure_future(until_disconnect(AsgiPeer(client.receive), work.run()))
     await client.waiting.wait()
     caller.cancel()
     with pytest.raises(asyncio.CancelledError):
@@ -142,7 +174,7 @@ async def test_cancelling_the_caller_cancels_the_work_and_is_not_client_gone() -
 async def test_caller_cancelled_as_the_client_leaves_stays_a_cancellation() -> None:
     gate = asyncio.Event()
     client, work = FakeClient(leave_on=1, gate=gate), Work()
-    caller = asyncio.ensure_future(until_disconnect(client.receive, work.run()))
+    caller = asyncio.ensure_future(until_disconnect(AsgiPeer(client.receive), work.run()))
     await client.waiting.wait()
     gate.set()  # the watcher sees the disconnect on its next step...
     caller.cancel()  # ...and the caller is cancelled in the same step
@@ -181,10 +213,10 @@ async def test_streaming_response_cancels_and_closes_its_body_when_the_client_le
         if message.get("body"):
             gate.set()  # the client leaves once it has the first event
 
-    response = StreamingResponse(body.stream(), client.receive)
+    response = StreamingResponse(body.stream())
     ended: list[bool] = []
     response.on_close(lambda: ended.append(True))
-    await response.send(send)
+    await response.send(AsgiPeer(client.receive, send))
     assert [m["type"] for m in sent] == ["http.response.start", "http.response.body"]
     assert sent[1]["body"] == b"data: 1\n\n"
     assert body.closed
@@ -199,7 +231,7 @@ async def test_streaming_response_sends_the_whole_body_and_stops_watching() -> N
     async def send(message: dict[str, Any]) -> None:
         sent.append(message)
 
-    await StreamingResponse(body.stream(), client.receive).send(send)
+    await StreamingResponse(body.stream()).send(AsgiPeer(client.receive, send))
     assert [m.get("body") for m in sent[1:]] == [b"a", b"b", b""]
     assert sent[-1]["more_body"] is False
     assert body.closed
@@ -223,23 +255,23 @@ class Item:
         self.reply: asyncio.Future[str] = asyncio.get_running_loop().create_future()
 
 
-def request_of(client: FakeClient) -> HttpRequest:
-    return HttpRequest({"method": "POST", "path": "/infer", "headers": []}, client.receive, {})
+def request_of(peer: Any) -> HttpRequest:
+    return HttpRequest({"method": "POST", "path": "/infer", "headers": []}, peer, {})
 
 
-async def test_infer_wait_answered_quickly_never_reads_receive() -> None:
-    client, rt, items = FakeClient(leave_on=1), FakeRuntime(), [Item(), Item()]
+async def test_infer_wait_answered_quickly_leaves_no_watch() -> None:
+    peer, rt, items = KnowingPeer(), FakeRuntime(), [Item(), Item()]
     for n, item in enumerate(items):
         asyncio.get_running_loop().call_soon(item.reply.set_result, f"r{n}")
-    results = await wait_for_items(rt, items, None, None, request_of(client))  # type: ignore[arg-type]
+    results = await wait_for_items(rt, items, None, None, request_of(peer))  # type: ignore[arg-type]
     assert results == ["r0", "r1"]
-    assert client.calls == 0
+    assert peer.watchers == []
     assert rt.withdrawn == []
 
 
 async def test_infer_wait_withdraws_its_items_when_the_client_leaves() -> None:
     client, rt, items = FakeClient(leave_on=2), FakeRuntime(), [Item(), Item()]
     with pytest.raises(ClientGone):
-        await wait_for_items(rt, items, None, None, request_of(client))  # type: ignore[arg-type]
+        await wait_for_items(rt, items, None, None, request_of(AsgiPeer(client.receive)))  # type: ignore[arg-type]
     assert rt.withdrawn == items
     assert all(item.reply.cancelled() for item in items)

@@ -152,7 +152,7 @@ def test_a_tenant_listing_an_unserved_model_is_refused_naming_the_served_ones() 
 def request(path: str, headers: dict[str, str] | None = None) -> HttpRequest:
     raw = [(k.lower().encode(), v.encode()) for k, v in (headers or {}).items()]
     scope: dict[str, Any] = {"method": "POST", "path": path, "headers": raw}
-    return HttpRequest(scope, receive=None, path_params={})  # type: ignore[arg-type]
+    return HttpRequest(scope, peer=None, path_params={})  # type: ignore[arg-type]
 
 
 def gate(tenants_: dict[str, TenantConfig] | None = None, **gateway: Any) -> Gate:

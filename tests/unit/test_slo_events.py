@@ -62,7 +62,7 @@ async def serve(m: Metrics, clock: FakeClock, outcome: ServingError | float) -> 
         return HttpResponse(b"ok")
 
     scope: dict[str, Any] = {"method": "POST", "path": "/v2/models/sim/infer", "headers": []}
-    call = Call(HttpRequest(scope, receive=None, path_params={}), error_body)  # type: ignore[arg-type]
+    call = Call(HttpRequest(scope, peer=None, path_params={}), error_body)  # type: ignore[arg-type]
     response = await chain([partial(Accounting, metrics=m, clock=clock), Errors], handler)(call)
     return response.status
 

@@ -1,8 +1,12 @@
-"""A minimal ASGI layer: request, response, router, lifespan.
+"""Requests, responses and routes of the HTTP front end, and the app that runs them.
+
+The front door (api/frontdoor.py, our HTTP/1.1 connection) hands each request to `AsgiApp.handle` as an
+`HttpRequest` whose `peer` is the connection itself: the body, the disconnect and the response go
+through it with no ASGI messages. `AsgiApp` is also an ASGI app, for the lifespan (uvicorn's server runs
+it) and for running the same routes under any ASGI server or in-process (`disconnect.AsgiPeer`).
 
 Why not Starlette: measured on the 2-core target, Starlette's middleware stack, Request and Response
 objects cost ~80 us of the ~350 us per-request CPU budget of the infer path (py-spy, 1,000 req/s).
-The hot path needs only a header lookup, a bounded body read and two send() calls, which this file gives.
 """
 
 from __future__ import annotations
@@ -14,12 +18,11 @@ from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from typing import Any
 
-from inferd.api.disconnect import ClientGone, Receive, until_disconnect
+from inferd.api.disconnect import AsgiPeer, ClientGone, Peer, Receive, Send, until_disconnect
 
 log = logging.getLogger("inferd.api")
 
 Scope = dict[str, Any]
-Send = Callable[[dict[str, Any]], Awaitable[None]]
 
 
 class HttpRequest:
@@ -30,13 +33,14 @@ class HttpRequest:
         "method",
         "path",
         "path_params",
-        "receive",
+        "peer",
         "scope",
     )
 
-    def __init__(self, scope: Scope, receive: Receive, path_params: dict[str, str]) -> None:
+    def __init__(self, scope: Scope, peer: Peer, path_params: dict[str, str]) -> None:
         self.scope = scope
-        self.receive = receive
+        """method, path, headers (lower-case names), query_string, client: as in ASGI's scope."""
+        self.peer = peer
         self.method: str = scope["method"]
         self.path: str = scope["path"]
         self.path_params = path_params
@@ -53,13 +57,15 @@ class HttpRequest:
         value = self._headers.get(name)
         return None if value is None else value.decode("latin-1")
 
-    async def chunks(self):
+    async def read(self) -> tuple[bytes, bool]:
+        """The next piece of the body and whether more follows (ConnectionAbortedError: the client left)."""
+        chunk, more = await self.peer.read()
+        self.body_ended = not more  # known before the chunk is used
+        return chunk, more
+
+    async def chunks(self) -> AsyncIterator[bytes]:
         while not self.body_ended:
-            message = await self.receive()
-            if message["type"] == "http.disconnect":
-                raise ConnectionAbortedError("client disconnected while sending the body")
-            self.body_ended = not message.get("more_body", False)  # known before the last chunk is used
-            chunk = message.get("body", b"")
+            chunk, _ = await self.read()
             if chunk:
                 yield chunk
 
@@ -71,13 +77,11 @@ class HttpResponse:
     content_type: bytes | None = b"application/json"
     headers: list[tuple[bytes, bytes]] = field(default_factory=list)
 
-    async def send(self, send: Send) -> None:
-        headers = [(b"content-length", str(len(self.body)).encode())]
+    async def send(self, peer: Peer) -> None:
+        headers = self.headers
         if self.content_type is not None:
-            headers.append((b"content-type", self.content_type))
-        headers.extend(self.headers)
-        await send({"type": "http.response.start", "status": self.status, "headers": headers})
-        await send({"type": "http.response.body", "body": self.body})
+            headers = [(b"content-type", self.content_type), *headers]
+        await peer.respond(self.status, headers, self.body)
 
     def header(self, name: bytes) -> bytes | None:
         for k, v in self.headers:
@@ -89,22 +93,19 @@ class HttpResponse:
 class StreamingResponse:
     """A response whose body is an async iterator of chunks (Server-Sent Events), sent as they come.
 
-    While it streams, receive() is watched for `http.disconnect` (until_disconnect): when the client goes
-    away the body iterator is cancelled and closed, so its `finally` runs (the LLM routes abort the
-    sequence there).
+    While it streams, the client is watched for a disconnect (until_disconnect): when it goes away the
+    body iterator is cancelled and closed, so its `finally` runs (the LLM routes abort the sequence there).
     """
 
-    __slots__ = ("_on_close", "body", "content_type", "headers", "receive", "status")
+    __slots__ = ("_on_close", "body", "content_type", "headers", "status")
 
     def __init__(
         self,
         body: AsyncIterator[bytes],
-        receive: Receive,
         content_type: bytes = b"text/event-stream",
         headers: list[tuple[bytes, bytes]] | None = None,
     ) -> None:
         self.body = body
-        self.receive = receive
         self.status = 200
         self.content_type = content_type
         self.headers = headers or []
@@ -114,27 +115,27 @@ class StreamingResponse:
         """Run `callback` once the stream has ended, however it ended (the request accounting)."""
         self._on_close.append(callback)
 
-    async def send(self, send: Send) -> None:
+    async def send(self, peer: Peer) -> None:
         try:
-            await self._stream(send)
+            await self._stream(peer)
         finally:
             for callback in self._on_close:
                 callback()
 
-    async def _stream(self, send: Send) -> None:
+    async def _stream(self, peer: Peer) -> None:
         headers = [(b"content-type", self.content_type), (b"cache-control", b"no-cache"), *self.headers]
         try:
-            await until_disconnect(self.receive, self._pump(send, headers))
+            await until_disconnect(peer, self._pump(peer, headers))
         except (ClientGone, OSError):  # the client went away (OSError: while a chunk was sent)
             log.debug("client left a %s stream before its end", self.content_type.decode())
         finally:
             await self.body.aclose()  # type: ignore[attr-defined]
 
-    async def _pump(self, send: Send, headers: list[tuple[bytes, bytes]]) -> None:
-        await send({"type": "http.response.start", "status": self.status, "headers": headers})
+    async def _pump(self, peer: Peer, headers: list[tuple[bytes, bytes]]) -> None:
+        await peer.start_stream(self.status, headers)
         async for chunk in self.body:
-            await send({"type": "http.response.body", "body": chunk, "more_body": True})
-        await send({"type": "http.response.body", "body": b"", "more_body": False})
+            await peer.write(chunk)
+        await peer.end_stream()
 
     def header(self, name: bytes) -> bytes | None:
         for k, v in self.headers:
@@ -187,17 +188,21 @@ class AsgiApp:
         self.lifespan = lifespan
         self.not_found = not_found
 
+    async def handle(self, scope: Scope, peer: Peer) -> None:
+        """One request: routed, answered through `peer`."""
+        handler, params, other = self.router.match(scope["method"], scope["path"])
+        request = HttpRequest(scope, peer, params)
+        if handler is None:
+            await self.not_found(request, other).send(peer)
+            return
+        response = await handler(request)
+        if request.close_connection:
+            response.headers.append((b"connection", b"close"))
+        await response.send(peer)
+
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
-            handler, params, other = self.router.match(scope["method"], scope["path"])
-            request = HttpRequest(scope, receive, params)
-            if handler is None:
-                await self.not_found(request, other).send(send)
-                return
-            response = await handler(request)
-            if request.close_connection:
-                response.headers.append((b"connection", b"close"))
-            await response.send(send)
+            await self.handle(scope, AsgiPeer(receive, send))
         elif scope["type"] == "lifespan":
             await self._lifespan(receive, send)
 

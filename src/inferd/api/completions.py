@@ -127,7 +127,7 @@ async def _complete(api: ApiContext, request: HttpRequest, body: bytes, rt: Any)
         return await call.answer(api, prompt, req.max_tokens, _text_choice)
     streams = await call.start(prompt, req.max_tokens)
     return StreamingResponse(
-        call.events(streams, _completion_chunk), request.receive, headers=worker_header(streams[0])
+        call.events(streams, _completion_chunk), headers=worker_header(streams[0])
     )
 
 
@@ -153,7 +153,7 @@ async def _chat(api: ApiContext, request: HttpRequest, body: bytes, rt: Any) -> 
         return await call.answer(api, prompt, max_tokens, _chat_choice)
     streams = await call.start(prompt, max_tokens)
     return StreamingResponse(
-        call.events(streams, _chat_chunk), request.receive, headers=worker_header(streams[0])
+        call.events(streams, _chat_chunk), headers=worker_header(streams[0])
     )
 
 

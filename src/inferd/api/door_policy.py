@@ -2,12 +2,17 @@
 request head's size, the admission rate (a token bucket), and requests per keep-alive connection.
 
 A plain object with an injected clock. Each question returns its answer as a value (None: go on; an
-error: refuse with it); `frontdoor.py` does the socket work and turns refusals into canned responses."""
+error: refuse with it); `frontdoor.py` does the socket work and turns refusals into canned responses.
+`DoorCollector` shows its counts on /metrics."""
 
 from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass
+from typing import Any
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
 
 from inferd.clock import Clock
 from inferd.config import ServerConfig
@@ -185,3 +190,26 @@ class DoorPolicy:
     def statistics(self) -> DoorStatistics:
         busiest = max(self.per_ip.values(), default=0)
         return DoorStatistics(self.open, busiest, dict(self.refused))
+
+
+class DoorCollector(Collector):
+    """The front door's open connections and refusals, read from its policy at scrape time."""
+
+    def __init__(self, door: DoorPolicy) -> None:
+        self._door = door
+
+    def describe(self) -> list[Any]:
+        return []
+
+    def collect(self) -> list[Any]:
+        stats = self._door.statistics()
+        open_ = GaugeMetricFamily("inferd_frontdoor_connections", "Open HTTP connections (counted in).")
+        open_.add_metric([], stats.open_connections)
+        refused = CounterMetricFamily(
+            "inferd_frontdoor_refused",
+            "Requests and connections refused or cut off by the front door, by reason.",
+            labels=["reason"],
+        )
+        for reason, count in sorted(stats.refused.items()):
+            refused.add_metric([reason], count)
+        return [open_, refused]

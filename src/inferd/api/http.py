@@ -87,15 +87,15 @@ async def read_body(request: HttpRequest, limit: int) -> bytes:
             if size <= drain_limit:
                 await _drain(request, 0, drain_limit)
             raise _too_large(request, f"request body of {size} bytes exceeds the limit of {limit} bytes")
-    first = await request.receive()  # the common case: the whole body in one message
-    if first["type"] == "http.request" and not first.get("more_body", False):
-        body = first.get("body", b"")
-        if len(body) > limit:
+    try:
+        first, more = await request.read()  # the common case: the whole body in one piece
+    except ConnectionAbortedError:
+        raise ClientGone() from None
+    if not more:
+        if len(first) > limit:
             raise _too_large(request, f"request body exceeds the limit of {limit} bytes")
-        return body
-    if first["type"] == "http.disconnect":
-        raise ClientGone()
-    chunks: list[bytes] = [first.get("body", b"")]
+        return first
+    chunks: list[bytes] = [first]
     total = len(chunks[0])
     try:
         async for chunk in request.chunks():
@@ -129,17 +129,11 @@ def _too_large(request: HttpRequest, message: str) -> PayloadTooLarge:
     return PayloadTooLarge(message)
 
 
-DISCONNECT_WATCH_AFTER_S = 0.05
-"""Requests still waiting after this long start watching for a client disconnect. Most requests finish
-sooner, so they never pay for the watcher task (creating and cancelling it is a large share of the
-per-request CPU at thousands of requests per second)."""
-
-
 async def wait_for_items(
     runtime: ModelRuntime, items: list[QueuedItem], deadline: float | None, clock: Clock, request: HttpRequest
 ) -> list[Any]:
     """Wait for every item's result. At the deadline the items are expired (504); if the client
-    disconnects (watched from DISCONNECT_WATCH_AFTER_S on) or the wait is cancelled, they are withdrawn."""
+    disconnects or the wait is cancelled, they are withdrawn."""
     futures = [i.reply for i in items]
     waiter: asyncio.Future[Any] = futures[0] if len(futures) == 1 else asyncio.gather(*futures)
     expiry = None
@@ -147,7 +141,7 @@ async def wait_for_items(
         loop = asyncio.get_running_loop()
         expiry = loop.call_at(loop.time() + (deadline - clock.now()), runtime.expire, items)
     try:
-        result = await until_disconnect(request.receive, waiter, DISCONNECT_WATCH_AFTER_S)
+        result = await until_disconnect(request.peer, waiter)
     except (asyncio.CancelledError, ClientGone):
         runtime.withdraw(items)
         raise

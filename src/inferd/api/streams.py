@@ -73,7 +73,7 @@ async def collect(
     gone = True  # until every choice has ended: a disconnect (499) or a cancellation ended the wait
     try:
         work = asyncio.gather(*(gather(s) for s in streams), return_exceptions=True)
-        results = await until_disconnect(request.receive, work)
+        results = await until_disconnect(request.peer, work)
         gone = False
     finally:
         for stream in streams:

@@ -75,9 +75,9 @@ async def forward(
     stream = req.get("stream") is True
     relay = _Relay(rt, api.clock.now(), client_wants_usage(req), deadline)
     payload = upstream_payload(req, rt.upstream_model, stream)
-    reply = await until_disconnect(request.receive, rt.send(path, payload, deadline))
+    reply = await until_disconnect(request.peer, rt.send(path, payload, deadline))
     if stream and reply.status == 200:
-        return StreamingResponse(relay.events(reply, request), request.receive)
+        return StreamingResponse(relay.events(reply, request))
     return await relay.whole(reply, request)
 
 
@@ -115,7 +115,7 @@ class _Relay:
         bound = asyncio.timeout(self.rt.remaining_s(self.deadline))
         try:
             async with bound:
-                data = await until_disconnect(request.receive, reply.response.read())
+                data = await until_disconnect(request.peer, reply.response.read())
             outcome = classify_status(reply.status)
         except (aiohttp.ClientError, TimeoutError) as exc:
             if bound.expired():  # the caller's deadline: closing the connection cancels it upstream

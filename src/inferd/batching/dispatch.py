@@ -15,6 +15,7 @@ import asyncio
 import contextlib
 import itertools
 import logging
+import sys
 
 from inferd.batching.admission import retry_after_s
 from inferd.batching.credit_demand import report_demand
@@ -72,8 +73,11 @@ class Dispatcher:
                 now, len(queue), queue.oldest_at(), len(idle), len(staging), stage_at
             )
             if not decision.size:
+                wake_queued = decision.wake_queued
+                self.state.wake_queued = sys.maxsize if wake_queued is None else wake_queued
                 return decision.wake_at
             if not decision.idle and queue.live_in(INTERACTIVE) < decision.size:
+                self.state.wake_queued = 1
                 return None  # stage only all-interactive batches: interactive work never waits behind bulk
             due = [w for w in staging if times[w.worker_id] <= now]
             worker = self.routing.choose(idle if decision.idle else due)

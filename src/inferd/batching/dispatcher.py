@@ -223,7 +223,8 @@ class ModelRuntime:
             self.queue.push(item)
         self.budget.record_requests(len(items))
         self.enqueued_total += len(items)
-        self._state.wake.set()
+        if len(self.queue) >= self._state.wake_queued:  # else the dispatch loop's last decision stands
+            self._state.wake.set()
         return items
 
     def _displace(self, priority: int, taken: dict[str, int], tenant: TenantShare, ready: int) -> None:

@@ -26,12 +26,14 @@ class CutDecision:
     """`size` > 0: cut that many items now (for an idle worker if `idle`, else for a staging slot); if
     `since` is set (SLO batching), the items enqueued at or after it go first, oldest first, and only then
     the older ones, which can no longer meet the SLO. `size` == 0: cut nothing; re-decide at `wake_at` (if
-    set) or on the next event."""
+    set) or on the next event; arrivals are such an event only once `wake_queued` items are queued (None:
+    arrivals alone cannot change this decision, only a worker or the clock can)."""
 
     size: int
     idle: bool = True
     wake_at: float | None = None
     since: float | None = None
+    wake_queued: int | None = 1
 
 
 NOTHING = CutDecision(0)
@@ -103,15 +105,24 @@ class BatchPolicy:
             preferred = self._largest_preferred(queued)
             if preferred:
                 return CutDecision(preferred)
-            return CutDecision(0, wake_at=due_at)
+            return CutDecision(0, wake_at=due_at, wake_queued=self._next_size(queued))
         if stage_slots > 0 and queued >= self.max_batch_size:
             if stage_at is not None and now < stage_at:
-                return CutDecision(0, wake_at=stage_at)
+                return CutDecision(0, wake_at=stage_at, wake_queued=None)
             return CutDecision(self.max_batch_size, idle=False)
-        return NOTHING
+        # a staging slot takes only a full batch; with no free slot at all, only a worker frees one
+        return CutDecision(0, wake_queued=self.max_batch_size if stage_slots > 0 else None)
 
     def lost_before(self, now: float) -> float | None:
         return None
+
+    def _next_size(self, queued: int) -> int:
+        """The queue length at which an idle worker's batch is due before max_wait: the next preferred
+        size above `queued`, else full."""
+        for p in self.preferred:
+            if p > queued:
+                return p
+        return self.max_batch_size
 
     def _largest_preferred(self, queued: int) -> int:
         best = 0

@@ -33,6 +33,9 @@ class ModelState:
     """Ready and draining connections; a lost one leaves at once."""
     wake: asyncio.Event = field(default_factory=asyncio.Event)
     """Set when something may let a batch go: an arrival, a completion, a worker joining or leaving."""
+    wake_queued: int = 1
+    """An arrival sets `wake` only once the queue holds this many items: until then the last decision
+    stands (the dispatch loop sets it after each pass from CutDecision.wake_queued)."""
     stopping: bool = False
     """The server is shutting down (or the dispatch loop failed): no new work is accepted."""
 
