@@ -166,7 +166,7 @@ class Router:
         handler = self._exact.get((method, path))
         if handler is not None:
             return handler, {}, False
-        other = any(p == path for m, p in self._exact if m != method)
+        other = False
         for m, regex, h in self._patterns:
             found = regex.match(path)
             if found is None:
@@ -174,7 +174,7 @@ class Router:
             if m == method:
                 return h, found.groupdict(), False
             other = True
-        return None, {}, other
+        return None, {}, other or any(p == path for m, p in self._exact if m != method)
 
 
 class AsgiApp:

@@ -53,8 +53,9 @@ class Connection(Protocol):
 
     transport: asyncio.Transport
     loop: asyncio.AbstractEventLoop
-    server_state: Any
-    """uvicorn's: `default_headers` (date, server) go on every response."""
+    def default_head(self) -> bytes:
+        """The header lines every response carries (uvicorn's date and server)."""
+        ...
 
     def resume_reading(self) -> None: ...
 
@@ -224,20 +225,16 @@ class Exchange:
         self._finish()
 
     def _head(self, status: int, headers: list[tuple[bytes, bytes]]) -> list[bytes]:
+        lines = b"".join([b"%s: %s\r\n" % pair for pair in headers])
+        n = len(headers)
+        if lines.count(b"\n") != n or lines.count(b"\r") != n:  # a CR or LF inside a name or value
+            raise RuntimeError(f"invalid HTTP header in {headers!r}")
         self.response_started = True
-        head = [STATUS_LINES.get(status) or b"HTTP/1.1 %d \r\n" % status]
-        for name, value in self.conn.server_state.default_headers:
-            head += (name, b": ", value, b"\r\n")
-        for name, value in headers:
-            if b"\n" in value or b"\r" in value or b"\n" in name or b"\r" in name:
-                raise RuntimeError(f"invalid HTTP header {name!r}: {value!r}")
-            if name == b"connection" and b"close" in value.lower():
-                self.keep_alive = False
-                continue
-            head += (name, b": ", value, b"\r\n")
-        if not self.keep_alive:
-            head.append(b"connection: close\r\n")
-        return head
+        if self.keep_alive and b"connection: close\r\n" in lines:  # the app asked to close (asgi.py)
+            self.keep_alive = False
+        elif not self.keep_alive:
+            lines += b"connection: close\r\n"
+        return [STATUS_LINES.get(status) or b"HTTP/1.1 %d \r\n" % status, self.conn.default_head(), lines]
 
     def _write(self, data: bytes) -> None:
         transport = self.conn.transport

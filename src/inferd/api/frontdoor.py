@@ -45,6 +45,8 @@ log = logging.getLogger("inferd.frontdoor")
 LINGER_S = 2.0
 """After a refusal that closes, how long the client's remaining bytes are read and dropped."""
 BAD_REQUEST = b"Invalid HTTP request received."
+_DEFAULT_HEAD: list[object] = [None, b""]
+"""uvicorn's default headers (date, server) as header lines, for the list they were made from."""
 
 
 class _HeadRefused(Exception):
@@ -76,8 +78,12 @@ class FrontDoorProtocol(asyncio.Protocol):
         self._drained: list[asyncio.Future[None]] = []
         self._ip = ""
         self._counted = False
-        self._timer: asyncio.TimerHandle | None = None
-        self._idle_timer: asyncio.TimerHandle | None = None
+        self._due: Callable[[], None] | None = None
+        """What to do at `_due_at` (a head, body or keep-alive deadline); None: nothing is due."""
+        self._due_at = 0.0
+        self._wakeup: asyncio.TimerHandle | None = None
+        """One loop timer, at or before `_due_at`: moving a deadline later re-arms nothing."""
+        self._linger: asyncio.TimerHandle | None = None
         self._url = b""
         self._headers: list[tuple[bytes, bytes]] = []
         self._expect_continue = False
@@ -106,7 +112,7 @@ class FrontDoorProtocol(asyncio.Protocol):
         refusal = self.door.connect(self._ip)
         if refusal is not None:  # answered when the request comes: clients drop unasked-for bytes
             self._refused = refusal
-            self._timer = self.loop.call_later(LINGER_S, transport.close)
+            self._linger = self.loop.call_later(LINGER_S, transport.close)
             return
         self._counted = True
         self._in_head = True
@@ -114,8 +120,10 @@ class FrontDoorProtocol(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.server_state.connections.discard(self)
-        self._cancel_timer()
-        self._cancel_idle()
+        self._due = None
+        for handle in (self._wakeup, self._linger):
+            if handle is not None:
+                handle.cancel()
         if self._counted:
             self._counted = False
             self.door.disconnect(self._ip)
@@ -132,7 +140,8 @@ class FrontDoorProtocol(asyncio.Protocol):
         if self._refused is not None:
             self.close_with(self._refused)
             return
-        self._cancel_idle()
+        if self._due == self._idle_expired:
+            self._due = None
         self._completed_in_feed = False
         try:
             self.parser.feed_data(data)
@@ -182,7 +191,7 @@ class FrontDoorProtocol(asyncio.Protocol):
         self._expect_continue = False
         self._in_head = self._head_begun = True
         self._raw_head = self._parsed_head = 0
-        if self._timer is None:  # a keep-alive connection's next request; the first one's runs from open
+        if self._due is None:  # a keep-alive connection's next request; the first one's runs from open
             self._arm(self.door.limits.header_timeout_s, self._head_expired)
 
     def on_url(self, url: bytes) -> None:
@@ -201,7 +210,7 @@ class FrontDoorProtocol(asyncio.Protocol):
             raise _HeadRefused
 
     def on_headers_complete(self) -> None:
-        self._cancel_timer()
+        self._due = None
         self._in_head = self._head_begun = False
         self._requests += 1
         refusal = self.door.admit(self._url)
@@ -224,15 +233,18 @@ class FrontDoorProtocol(asyncio.Protocol):
                 self.pause_reading()
 
     def on_message_complete(self) -> None:
-        self._cancel_timer()
+        self._due = None
         self._completed_in_feed = True
         if self._skip_body:  # a refused request's body has gone by: the connection is idle again
             self._skip_body = False
             self.response_done(None)
             return
-        if self.parsing is not None:
-            self.parsing.end_body()
+        ex = self.parsing
+        if ex is not None:
             self.parsing = None
+            ex.end_body()
+            if ex.complete and not self.pipeline and self.running is ex:  # answered before its body ended
+                self._arm(self.keep_alive_s, self._idle_expired)
 
     # ---- requests -------------------------------------------------------------------------------
 
@@ -279,9 +291,8 @@ class FrontDoorProtocol(asyncio.Protocol):
         self.resume_reading()
         if self.pipeline:
             self._start(self.pipeline.popleft())
-        else:
-            self._cancel_idle()
-            self._idle_timer = self.loop.call_later(self.keep_alive_s, self._idle_expired)
+        elif self.parsing is None:  # else its body's deadline still runs
+            self._arm(self.keep_alive_s, self._idle_expired)
 
     def shutdown(self) -> None:
         """The server is stopping: close now if idle, else after the response under way."""
@@ -289,6 +300,13 @@ class FrontDoorProtocol(asyncio.Protocol):
             self.transport.close()
         else:
             self.running.keep_alive = False
+
+    def default_head(self) -> bytes:
+        headers = self.server_state.default_headers  # a new list each second (uvicorn: the date)
+        cached = _DEFAULT_HEAD
+        if cached[0] is not headers:
+            cached[:] = [headers, b"".join([b"%s: %s\r\n" % pair for pair in headers])]
+        return cached[1]  # type: ignore[no-any-return]
 
     def pause_reading(self) -> None:
         if not self.reading_paused and not self.transport.is_closing():
@@ -319,39 +337,43 @@ class FrontDoorProtocol(asyncio.Protocol):
     # ---- deadlines and refusals -----------------------------------------------------------------
 
     def _arm(self, delay_s: float, callback: Callable[[], None]) -> None:
-        self._cancel_timer()
-        self._timer = self.loop.call_later(delay_s, callback)
+        """`callback` in `delay_s`, replacing what was due. Each request moves its deadlines a few
+        times; the loop timer is re-armed only when a deadline moves earlier than it."""
+        due_at = self.loop.time() + delay_s
+        self._due, self._due_at = callback, due_at
+        wakeup = self._wakeup
+        if wakeup is None or wakeup.when() > due_at:
+            if wakeup is not None:
+                wakeup.cancel()
+            self._wakeup = self.loop.call_at(due_at, self._on_wakeup)
 
-    def _cancel_timer(self) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
-
-    def _cancel_idle(self) -> None:
-        if self._idle_timer is not None:
-            self._idle_timer.cancel()
-            self._idle_timer = None
+    def _on_wakeup(self) -> None:
+        self._wakeup = None
+        due = self._due
+        if due is None:
+            return
+        if self.loop.time() < self._due_at:  # moved later since the timer was armed
+            self._wakeup = self.loop.call_at(self._due_at, self._on_wakeup)
+            return
+        self._due = None
+        due()
 
     def _idle_expired(self) -> None:
-        self._idle_timer = None
         if not self.transport.is_closing():
             self.transport.close()
 
     def _head_expired(self) -> None:
-        self._timer = None
         exc = self.door.head_timed_out()
         self.close_with(exc if self._head_begun else None)  # nothing sent at all: a plain close
 
     def _body_expired(self) -> None:
-        self._timer = None
         exc = self.door.body_timed_out()
         started = self._skip_body or (self.parsing is not None and self.parsing.response_started)
         self.close_with(None if started else exc)
 
     def close_with(self, exc: ServingError | None) -> None:
         """Answer `exc` (if any), end our side, drop what the client still sends, then close."""
-        self._cancel_timer()
-        self._cancel_idle()
+        self._due = None
         self.closing = True
         if exc is not None:
             self._report()
@@ -368,7 +390,7 @@ class FrontDoorProtocol(asyncio.Protocol):
             return
         transport.write_eof()
         self.resume_reading()
-        self._timer = self.loop.call_later(LINGER_S, transport.close)
+        self._linger = self.loop.call_later(LINGER_S, transport.close)
 
     def _report(self) -> None:
         if self.door.report_due():
