@@ -32,8 +32,8 @@ from inferd.batching.queue import INTERACTIVE, QueuedItem
 from inferd.batching.retry import RetryBudget
 from inferd.clock import FakeClock
 from inferd.config import ModelConfig
+from inferd.config.autoscaler import AutoscalerConfig
 from inferd.errors import Overloaded, ServingError
-from inferd.fleet.autoscaler_config import AutoscalerConfig
 from inferd.fleetsim.batch_devices import SharedBatchDevice, SimDevice
 from inferd.fleetsim.events import EventQueue
 from inferd.fleetsim.profiles import BatchProfile

@@ -23,7 +23,7 @@ from typing import Any, Protocol
 from pydantic import ValidationError
 
 from inferd.config import ConfigError, ModelConfig, ServerConfig, describe_validation_error
-from inferd.gateway.cache_config import CacheConfig
+from inferd.config.cache import CacheConfig
 from inferd.gateway.fallback import check_fallbacks
 from inferd.gateway.traffic_control import Traffic, check_traffic
 from inferd.runtime.registry import ModelRegistry

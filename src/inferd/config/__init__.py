@@ -18,9 +18,9 @@ from pydantic import (
     model_validator,
 )
 
-from inferd.fleet.autoscaler_config import AutoscalerConfig
-from inferd.gateway.cache_config import CacheConfig
-from inferd.gateway.traffic_config import TrafficConfig
+from inferd.config.autoscaler import AutoscalerConfig
+from inferd.config.cache import CacheConfig
+from inferd.config.traffic import TrafficConfig
 from inferd.listener_config import ListenerSettings
 from inferd.observability.settings import ObservabilitySettings
 from inferd.observability.slo_config import SloConfig, check_slo_batching
@@ -157,7 +157,7 @@ class ModelConfig(_Frozen):
     cache: CacheConfig = CacheConfig()
     """Exact-match response cache, e.g. `cache = { enabled = true, ttl_s = 60 }` (off by default)."""
     traffic: TrafficConfig = TrafficConfig()
-    """Canary, A/B, shadow and fallback between versions and models (gateway/traffic_config.py)."""
+    """Canary, A/B, shadow and fallback between versions and models (config/traffic.py)."""
     slo: SloConfig | None = None
     """Service level objectives, e.g. `slo = { availability = 0.999, latency_ms = 200 }`
     (observability/slo_config.py); None: no SLO events, burn rates or alerting rules for this model."""
