@@ -27,7 +27,7 @@ from inferd.clock import FakeClock
 from inferd.search import replicas
 from inferd.search.hedge import HedgePolicy
 from inferd.search.replicas import Replica, ReplicaChooser, ReplicaPhase
-from inferd.worker.connection import WorkerState
+from inferd.wire.connection import WorkerState
 
 
 @dataclass(frozen=True)

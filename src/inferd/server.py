@@ -21,7 +21,6 @@ from inferd import tls
 from inferd.api.admin import AdminApi, AdminTarget
 from inferd.api.admin_gateway import GatewayView, tenants_page
 from inferd.api.cache_hook import CacheHook
-from inferd.batching.retry import RetryBudget
 from inferd.clock import Clock, MonotonicClock
 from inferd.config import ModelConfig, ServerConfig
 from inferd.errors import ShuttingDown
@@ -45,14 +44,15 @@ from inferd.observability.console_feed import ConsoleFeed
 from inferd.observability.metrics import Metrics
 from inferd.observability.quota_metrics import QuotaCollector
 from inferd.observability.slo_config import model_slos
+from inferd.routing.retry import RetryBudget
 from inferd.runtime.builtin import builtin_kinds
 from inferd.runtime.contract import Runtime
+from inferd.runtime.hub import WorkerHub
 from inferd.runtime.kinds import KindRegistry, RuntimeContext
 from inferd.runtime.registry import ModelRegistry
 from inferd.search.index_sync import IndexSync
 from inferd.search.store import IndexStore
-from inferd.worker.connection import WorkerConnection
-from inferd.worker.hub import WorkerHub
+from inferd.wire.connection import WorkerConnection
 from inferd.worker.launcher import Launcher, WorkerSlot
 from inferd.worker.orphans import server_pids_env
 from inferd.worker.supervisor import Supervisor

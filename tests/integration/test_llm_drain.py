@@ -8,7 +8,7 @@ import asyncio
 from pathlib import Path
 
 from inferd.models.sim_llm import VOCAB, SimTokenizer, sim_llm_config, sim_llm_tokens
-from inferd.worker import protocol as p
+from inferd.wire import protocol as p
 from inferd.worker.main import Worker
 
 

@@ -12,7 +12,7 @@ from inferd.llm import BULK, LLMScheduler, SchedulerConfig, SeqOutput
 from inferd.llm.placement import Generation
 from inferd.llm.sequence import Sequence
 from inferd.llm.waiting import WaitingClass
-from inferd.worker import protocol as p
+from inferd.wire import protocol as p
 from tests.unit.test_llm_failover import adds, make_runtime, step
 
 

@@ -17,8 +17,8 @@ from inferd.llm.stream import TokenStream
 from inferd.llm.watchdog import HANG_MIN_S, HANG_STEP_FACTOR
 from inferd.models.sim_llm import sim_llm_config
 from inferd.runtime.contract import Runtime
-from inferd.worker import protocol as p
-from inferd.worker.connection import WorkerConnection, WorkerState
+from inferd.wire import protocol as p
+from inferd.wire.connection import WorkerConnection, WorkerState
 from tests.unit.test_llm_failover import RecordingWriter, adds, drain, step
 
 

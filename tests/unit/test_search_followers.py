@@ -37,8 +37,8 @@ from inferd.search.requests import MAX_BATCH_DOCUMENTS
 from inferd.search.shard import ShardIndex
 from inferd.search.types import Document, LogEntry, Upsert
 from inferd.search.writes import KIND, Forwarder, Write, WriteDesk, forwarded_writes
-from inferd.worker import protocol as p
-from inferd.worker.connection import WorkerState
+from inferd.wire import protocol as p
+from inferd.wire.connection import WorkerState
 
 
 def view(shard: int = -1, phase: ReplicaPhase = ReplicaPhase.ASSIGNING) -> ReplicaView:

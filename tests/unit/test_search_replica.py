@@ -7,7 +7,7 @@ import asyncio
 import pytest
 
 from inferd.search.replica import InlinePolicy, Replica, split_frames
-from inferd.worker import protocol as p
+from inferd.wire import protocol as p
 
 
 def test_short_reads_run_inline_and_writes_never_do() -> None:

@@ -12,8 +12,8 @@ from inferd.errors import WorkerDied, from_wire
 from inferd.search.hedge import HedgePolicy
 from inferd.search.replicas import Replica, ReplicaChooser, ReplicaPhase
 from inferd.search.scatter import Scatter
-from inferd.worker import protocol as p
-from inferd.worker.connection import WorkerState
+from inferd.wire import protocol as p
+from inferd.wire.connection import WorkerState
 
 
 class FakeCalls:

@@ -30,7 +30,7 @@ from inferd.search.sequencer import ShardLog
 from inferd.search.service import shard_of
 from inferd.search.store import IndexStore
 from inferd.search.types import Delete, Document, Upsert
-from inferd.worker.connection import WorkerState
+from inferd.wire.connection import WorkerState
 
 FIELDS = {"lang": "keyword", "year": "int"}
 

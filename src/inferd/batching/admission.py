@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 
-from inferd.errors import Overloaded
+from inferd.errors import Overloaded, retry_after_s
 
 
 class DrainEstimator:
@@ -75,11 +75,6 @@ class DrainEstimator:
     def drain_time_s(self, queued: int, workers: int) -> float:
         predicted = self.predicted_wait_s(queued, workers)
         return predicted if predicted is not None else 1.0
-
-
-def retry_after_s(drain_s: float) -> int:
-    """HTTP Retry-After is whole seconds; never 0 (that invites an immediate retry storm)."""
-    return max(1, math.ceil(drain_s))
 
 
 def check_admission(

@@ -19,8 +19,8 @@ from inferd.batching.recovery import FailureKind, RecoveryPlan, RecoveryPolicy
 from inferd.batching.state import ModelState
 from inferd.errors import ModelError, ModelOutputError, ServingError, WorkerUnavailable
 from inferd.observability import tracing
-from inferd.worker import protocol as p
-from inferd.worker.connection import Batch, WorkerConnection
+from inferd.wire import protocol as p
+from inferd.wire.connection import Batch, WorkerConnection
 
 if TYPE_CHECKING:
     from inferd.batching.worker_choice import Routing

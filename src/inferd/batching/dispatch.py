@@ -16,17 +16,17 @@ import contextlib
 import itertools
 import logging
 
-from inferd.batching.admission import retry_after_s
 from inferd.batching.credit_demand import report_demand
 from inferd.batching.delivery import fail
 from inferd.batching.mix import MixInput, MixPolicy
 from inferd.batching.policy import CutPolicy, stage_time
-from inferd.batching.queue import BULK, INTERACTIVE, ItemState, QueuedItem
+from inferd.batching.queue import ItemState, QueuedItem
 from inferd.batching.state import ModelState
 from inferd.batching.worker_choice import Routing
-from inferd.errors import DeadlineExceeded, Overloaded
+from inferd.errors import DeadlineExceeded, Overloaded, retry_after_s
 from inferd.observability import tracing
-from inferd.worker.connection import Batch, WorkerConnection, WorkerState
+from inferd.routing.fairness import BULK, INTERACTIVE
+from inferd.wire.connection import Batch, WorkerConnection, WorkerState
 
 log = logging.getLogger("inferd.dispatcher")
 

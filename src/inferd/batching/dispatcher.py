@@ -20,13 +20,11 @@ from typing import Any, ClassVar
 from inferd.batching.admission import DrainEstimator, check_admission
 from inferd.batching.delivery import Delivery, ItemResult, fail, owned, settle
 from inferd.batching.dispatch import Dispatcher
-from inferd.batching.fairness import NO_TENANT, TenantShare, gave_way, over_share
 from inferd.batching.hedging import HedgePolicy
 from inferd.batching.membership import Membership
 from inferd.batching.mix import MixPolicy
-from inferd.batching.queue import BULK, INTERACTIVE, QueuedItem, RequestQueue
+from inferd.batching.queue import QueuedItem, RequestQueue
 from inferd.batching.recovery import RecoveryPolicy
-from inferd.batching.retry import RetryBudget
 from inferd.batching.slo_policy import batch_policy, queued_ahead
 from inferd.batching.state import ModelState
 from inferd.batching.statistics import BatchStatistics, BatchWorkerDetail
@@ -38,9 +36,11 @@ from inferd.errors import DeadlineExceeded, Internal, Overloaded, ServingError, 
 from inferd.observability import tracing
 from inferd.observability.metrics import ModelMetrics
 from inferd.routing import EjectionRecord, OutlierEjector, P2CBalancer
+from inferd.routing.fairness import BULK, INTERACTIVE, NO_TENANT, TenantShare, gave_way, over_share
+from inferd.routing.retry import RetryBudget
 from inferd.runtime.contract import RuntimeStatistics, WorkerSnapshot
-from inferd.worker import protocol as p
-from inferd.worker.connection import MAX_INFLIGHT, WorkerConnection
+from inferd.wire import protocol as p
+from inferd.wire.connection import MAX_INFLIGHT, WorkerConnection
 
 __all__ = ["ItemResult", "KillWorker", "ModelRuntime", "settle"]
 
@@ -178,7 +178,7 @@ class ModelRuntime:
         self, n: int, deadline: float | None, priority: int, ready: int, tenant: TenantShare
     ) -> dict[str, int]:
         """Raise Overloaded unless `n` items of `tenant` fit by the deadline; returns the newest items of
-        which tenants must give up their place for them (batching/fairness.py)."""
+        which tenants must give up their place for them (routing/fairness.py)."""
         capacity = self.capacity(priority)
         taken = self.queue.room_for(tenant, n, priority, capacity)
         if taken is None and tenant != NO_TENANT:

@@ -20,10 +20,10 @@ from dataclasses import dataclass
 
 from inferd.batching.delivery import owned
 from inferd.batching.queue import QueuedItem
-from inferd.batching.retry import RetryBudget
 from inferd.clock import Clock
 from inferd.routing import OutlierEjector
-from inferd.worker.connection import Batch
+from inferd.routing.retry import RetryBudget
+from inferd.wire.connection import Batch
 
 HEDGE_FACTOR = 3.0
 """A batch running this many times its expected time is hedged to other workers."""

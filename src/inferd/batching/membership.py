@@ -9,8 +9,8 @@ import logging
 
 from inferd.batching.state import ModelState
 from inferd.batching.worker_choice import Routing
-from inferd.worker import protocol as p
-from inferd.worker.connection import Batch, WorkerConnection, WorkerState
+from inferd.wire import protocol as p
+from inferd.wire.connection import Batch, WorkerConnection, WorkerState
 
 log = logging.getLogger("inferd.dispatcher")
 

@@ -4,7 +4,7 @@ Items are withdrawn lazily (a caller that leaves marks its item; the cut skips i
 O(1). The physical deques are compacted when dead entries pile up, so they stay bounded too.
 
 Inside a priority class each tenant has its own FIFO lane; the cut serves the lanes in weighted fair
-order and a full queue makes room for a tenant within its share (batching/fairness.py). Without tenants
+order and a full queue makes room for a tenant within its share (routing/fairness.py). Without tenants
 there is one lane per class: plain FIFO. A cut with `since` (SLO batching only) takes the items enqueued
 at or after it first, from the lanes' tails, and unlinks them there.
 """
@@ -17,7 +17,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from inferd.batching.fairness import NO_TENANT, FairOrder, TenantShare, displacement
+from inferd.routing.fairness import BULK, INTERACTIVE, NO_TENANT, FairOrder, TenantShare, displacement
 
 
 class ItemState(enum.Enum):
@@ -33,11 +33,6 @@ class ItemState(enum.Enum):
 
 
 ItemState.TERMINAL = frozenset({ItemState.DONE, ItemState.WITHDRAWN, ItemState.EXPIRED})
-
-
-INTERACTIVE = 0
-BULK = 1
-PRIORITY_NAMES = {"interactive": INTERACTIVE, "bulk": BULK}
 
 
 @dataclass(slots=True, eq=False)
@@ -290,7 +285,7 @@ class RequestQueue:
     def room_for(self, tenant: TenantShare, n: int, priority: int, capacity: int) -> dict[str, int] | None:
         """Can `n` items of `tenant` join class `priority`, which may fill the queue up to `capacity`?
         {}: they fit; None: they do not; else how many newest items of which tenants must make room
-        (batching/fairness.py `displacement`)."""
+        (routing/fairness.py `displacement`)."""
         lanes = self._classes[priority]
         room = capacity - (len(self) - lanes.live)  # the other class's items take room too
         return displacement(tenant, n, capacity - len(self), room, lanes.held, lanes.order.weights())

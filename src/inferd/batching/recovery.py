@@ -21,8 +21,8 @@ import enum
 from dataclasses import dataclass, field
 
 from inferd.batching.queue import QueuedItem
-from inferd.batching.retry import RetryBudget
 from inferd.errors import ModelError, ServingError, WorkerDied
+from inferd.routing.retry import RetryBudget
 
 
 class FailureKind(enum.Enum):

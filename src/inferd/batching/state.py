@@ -15,7 +15,7 @@ from inferd.batching.queue import QueuedItem, RequestQueue
 from inferd.clock import Clock
 from inferd.config import ModelConfig
 from inferd.observability.metrics import ModelMetrics
-from inferd.worker.connection import WorkerConnection, WorkerState
+from inferd.wire.connection import WorkerConnection, WorkerState
 
 
 @dataclass(eq=False)

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from inferd.batching.hedging import HedgeDecision, HedgeInput, HedgePolicy
 from inferd.batching.state import ModelState
 from inferd.batching.worker_choice import Routing
-from inferd.worker.connection import WorkerConnection, WorkerState
+from inferd.wire.connection import WorkerConnection, WorkerState
 
 log = logging.getLogger("inferd.dispatcher")
 

@@ -7,8 +7,8 @@ import logging
 import random
 
 from inferd.routing import Candidate, EjectionRecord, Health, HealthChange, OutlierEjector, P2CBalancer
-from inferd.worker import protocol as p
-from inferd.worker.connection import WorkerConnection, WorkerState
+from inferd.wire import protocol as p
+from inferd.wire.connection import WorkerConnection, WorkerState
 
 log = logging.getLogger("inferd.dispatcher")
 

@@ -24,8 +24,8 @@ from inferd.batching.dispatcher import ModelRuntime
 from inferd.clock import FakeClock
 from inferd.config import ModelConfig
 from inferd.fleetsim.events import EventQueue
-from inferd.worker import protocol as p
-from inferd.worker.connection import Batch, WorkerConnection
+from inferd.wire import protocol as p
+from inferd.wire.connection import Batch, WorkerConnection
 from inferd.worker.credits import CreditLedger
 from inferd.worker.fronts import FrontLink, tell_credits
 

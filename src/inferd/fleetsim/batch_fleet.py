@@ -27,9 +27,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from inferd.batching.dispatcher import ModelRuntime
-from inferd.batching.fairness import NO_TENANT
-from inferd.batching.queue import INTERACTIVE, QueuedItem
-from inferd.batching.retry import RetryBudget
+from inferd.batching.queue import QueuedItem
 from inferd.clock import FakeClock
 from inferd.config import ModelConfig
 from inferd.config.autoscaler import AutoscalerConfig
@@ -41,8 +39,10 @@ from inferd.fleetsim.report import Outcome, SimReport
 from inferd.fleetsim.scaling import SimScaling
 from inferd.fleetsim.tenants import SimTenant, SimTenants
 from inferd.observability.metrics import Metrics
-from inferd.worker import protocol as p
-from inferd.worker.connection import Batch, WorkerConnection
+from inferd.routing.fairness import INTERACTIVE, NO_TENANT
+from inferd.routing.retry import RetryBudget
+from inferd.wire import protocol as p
+from inferd.wire.connection import Batch, WorkerConnection
 
 WATCHDOG_EVERY_S = 0.1
 """How often the runtime's watchdog runs (hedges, hung workers), as the server's does."""

@@ -19,12 +19,12 @@ from inferd.llm.engine import LLMEngine, new_scheduler
 from inferd.llm.model import LLMModel, LLMRequest
 from inferd.llm.plan import SchedulerConfig, SeqOutput, StepPlan
 from inferd.llm.runtime import LLMRuntime
-from inferd.worker import protocol as p
-from inferd.worker.connection import WorkerConnection
+from inferd.wire import protocol as p
+from inferd.wire.connection import WorkerConnection
 
 _TOKEN = SeqOutput(token=0)
 HEADER = 4
-"""Bytes of a frame's length prefix (worker/protocol.py encode_frame)."""
+"""Bytes of a frame's length prefix (wire/protocol.py encode_frame)."""
 
 
 class Fleet(Protocol):

@@ -30,7 +30,6 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from inferd.batching.retry import RetryBudget
 from inferd.clock import FakeClock
 from inferd.errors import Overloaded, ServingError
 from inferd.fleetsim.events import EventQueue
@@ -44,8 +43,9 @@ from inferd.llm.plan import StepPlan
 from inferd.llm.runtime import LLMRuntime
 from inferd.llm.stream import TokenStream
 from inferd.models.sim_llm import sim_llm_config
-from inferd.worker import protocol as p
-from inferd.worker.connection import WorkerConnection
+from inferd.routing.retry import RetryBudget
+from inferd.wire import protocol as p
+from inferd.wire.connection import WorkerConnection
 
 GC_THRESHOLDS = (100_000, 50, 100)
 """The cyclic collector's thresholds while a fleet runs (restored after): it allocates millions of

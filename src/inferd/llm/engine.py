@@ -23,7 +23,7 @@ from inferd.llm.plan import SchedulerConfig, SeqOutput, StepPlan
 from inferd.llm.scheduler import LLMScheduler
 from inferd.llm.sequence import FinishReason
 from inferd.llm.static_scheduler import StaticBatchScheduler
-from inferd.worker import protocol as p
+from inferd.wire import protocol as p
 
 log = logging.getLogger("inferd.llm.engine")
 

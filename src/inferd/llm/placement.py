@@ -13,7 +13,7 @@ move: failover, which resumes rather than fails. A stream of a lost worker goes 
     move spends one retry from the server's RetryBudget. With no ready worker with room, or the budget
     spent, the stream ends with WorkerDied.
 fair room: inside a priority class a worker's waiting room is shared by tenant weight, as a batch
-    model's queue is (batching/fairness.py `displacement`): while no ready worker has free room, a
+    model's queue is (routing/fairness.py `displacement`): while no ready worker has free room, a
     sequence whose tenant stays within its share of a worker's room takes it by displacing the newest
     waiting sequences of tenants over theirs (their streams fail with Overloaded, their sequences are
     aborted in the engine before the new one arrives). So a flooding tenant gets the 429s, not the
@@ -27,9 +27,6 @@ import logging
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-from inferd.batching.fairness import TenantShare, displacement, gave_way
-from inferd.batching.queue import INTERACTIVE
-from inferd.batching.retry import RetryBudget
 from inferd.clock import Clock
 from inferd.errors import Overloaded, ServingError, WorkerDied, WorkerUnavailable
 from inferd.llm.kv import BlockHash
@@ -37,9 +34,11 @@ from inferd.llm.plan import SchedulerConfig
 from inferd.llm.routing import PrefixAffinityRouter, WorkerLoad
 from inferd.llm.stream import TokenStream
 from inferd.observability import tracing
+from inferd.routing.fairness import INTERACTIVE, TenantShare, displacement, gave_way
 from inferd.routing.health import Health
-from inferd.worker import protocol as p
-from inferd.worker.connection import WorkerConnection, WorkerState
+from inferd.routing.retry import RetryBudget
+from inferd.wire import protocol as p
+from inferd.wire.connection import WorkerConnection, WorkerState
 
 log = logging.getLogger("inferd.llm")
 

@@ -20,7 +20,6 @@ import logging
 from collections.abc import Callable, Sequence
 from typing import ClassVar
 
-from inferd.batching.retry import RetryBudget
 from inferd.clock import Clock
 from inferd.config import ModelConfig
 from inferd.errors import (
@@ -40,9 +39,10 @@ from inferd.llm.stream import TokenStream
 from inferd.llm.watchdog import HangPolicy, WorkerProgress
 from inferd.observability import tracing
 from inferd.observability.metrics import LLMMetrics
+from inferd.routing.retry import RetryBudget
 from inferd.runtime.contract import RuntimeStatistics, WorkerSnapshot
-from inferd.worker import protocol as p
-from inferd.worker.connection import WorkerConnection, WorkerState
+from inferd.wire import protocol as p
+from inferd.wire.connection import WorkerConnection, WorkerState
 
 log = logging.getLogger("inferd.llm")
 

@@ -26,7 +26,6 @@ from collections.abc import Sequence as Seq
 from dataclasses import dataclass, field
 from operator import attrgetter
 
-from inferd.batching.queue import BULK, INTERACTIVE
 from inferd.clock import Clock
 from inferd.errors import BadRequest
 from inferd.llm.kv import KVCacheManager
@@ -42,6 +41,7 @@ from inferd.llm.plan import (
 )
 from inferd.llm.sequence import FinishReason, SeqStatus, Sequence
 from inferd.llm.waiting import WaitingClass
+from inferd.routing.fairness import BULK, INTERACTIVE
 
 
 @dataclass(slots=True)

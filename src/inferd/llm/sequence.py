@@ -5,8 +5,8 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
-from inferd.batching.queue import BULK, INTERACTIVE
 from inferd.llm.kv import BlockHash, hash_blocks
+from inferd.routing.fairness import BULK, INTERACTIVE
 
 __all__ = ["BULK", "INTERACTIVE", "FinishReason", "SeqStatus", "Sequence"]
 

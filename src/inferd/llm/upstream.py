@@ -37,7 +37,6 @@ from pydantic import (
     model_validator,
 )
 
-from inferd.batching.retry import RetryBudget
 from inferd.clock import Clock
 from inferd.config import ConfigError, ModelConfig, describe_validation_error
 from inferd.errors import (
@@ -52,6 +51,7 @@ from inferd.llm.upstream_reply import UpstreamReply, UpstreamStatistics, describ
 from inferd.observability import tracing
 from inferd.observability.upstream_metrics import UpstreamMetrics
 from inferd.routing.health import Health, HealthChange
+from inferd.routing.retry import RetryBudget
 from inferd.routing.upstreams import (
     RETRYABLE_STATUSES,
     Outcome,
@@ -59,8 +59,8 @@ from inferd.routing.upstreams import (
     classify_status,
 )
 from inferd.runtime.contract import RuntimeStatistics
-from inferd.worker import protocol as p
-from inferd.worker.connection import WorkerConnection
+from inferd.wire import protocol as p
+from inferd.wire.connection import WorkerConnection
 
 log = logging.getLogger("inferd.upstream")
 

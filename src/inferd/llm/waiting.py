@@ -2,7 +2,7 @@
 
 Preempted sequences come first (they were admitted once and are owed their seat back), in the order they
 were put back. Then each tenant has its own FIFO lane, and the lanes take turns by weight: the next
-admission goes to the tenant `FairOrder` (batching/fairness.py: weighted fair queuing over admissions)
+admission goes to the tenant `FairOrder` (routing/fairness.py: weighted fair queuing over admissions)
 names, and charges it 1 / weight. So a tenant flooding the engine cannot push the others' sequences back:
 a light tenant's new sequence is admitted ahead of a heavy tenant's backlog, and under a backlog from
 both, admissions converge to their weights. With one tenant (none configured) this is plain FIFO.
@@ -13,8 +13,8 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Iterator
 
-from inferd.batching.fairness import FairOrder
 from inferd.llm.sequence import Sequence
+from inferd.routing.fairness import FairOrder
 
 
 class WaitingClass:

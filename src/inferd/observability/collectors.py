@@ -12,7 +12,7 @@ from inferd.observability.llm_metrics import llm_families
 from inferd.observability.upstream_metrics import upstream_families
 from inferd.runtime.contract import RuntimeStatistics
 from inferd.runtime.registry import ModelRegistry
-from inferd.worker.connection import slot_of
+from inferd.wire.connection import slot_of
 
 
 class RuntimeCollector(Collector):

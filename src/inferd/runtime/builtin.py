@@ -4,12 +4,12 @@
 from __future__ import annotations
 
 from inferd.batching.dispatcher import ModelRuntime
-from inferd.batching.retry import RetryBudget
 from inferd.config import ModelConfig
 from inferd.llm.params import LLMParams
 from inferd.llm.runtime import LLMRuntime
 from inferd.llm.upstream import UpstreamConfig, UpstreamRuntime
 from inferd.observability.upstream_metrics import UpstreamMetrics
+from inferd.routing.retry import RetryBudget
 from inferd.runtime.contract import Runtime
 from inferd.runtime.kinds import Kind, KindRegistry, RuntimeContext
 from inferd.search.kind import search_kind

@@ -18,9 +18,9 @@ from typing import Any
 
 import numpy as np
 
-from inferd.batching.queue import BULK, INTERACTIVE
 from inferd.clock import Clock
 from inferd.errors import DeadlineExceeded, ModelError, ServingError, WorkerUnavailable
+from inferd.routing.fairness import BULK, INTERACTIVE
 from inferd.search.caches import LRU
 from inferd.search.types import Document
 

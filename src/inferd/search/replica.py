@@ -35,7 +35,7 @@ from inferd.errors import Internal, ServingError
 from inferd.search import snapshot, wire
 from inferd.search.shard import ShardIndex
 from inferd.search.types import IndexSettings
-from inferd.worker import protocol as p
+from inferd.wire import protocol as p
 
 log = logging.getLogger("inferd.search.replica")
 

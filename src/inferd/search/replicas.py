@@ -12,7 +12,7 @@ from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from inferd.worker.connection import WorkerConnection, WorkerState
+from inferd.wire.connection import WorkerConnection, WorkerState
 
 LATENCY_WEIGHT = 0.3
 """Weight of a new latency in a replica's moving average (a higher one than the average counts whole)."""

@@ -32,8 +32,8 @@ from inferd.search.replicas import Replica, ReplicaPhase, ReplicaSnapshot, least
 from inferd.search.sequencer import ShardLog
 from inferd.search.service import IndexService, ServiceStatistics
 from inferd.search.store import IndexStore
-from inferd.worker import protocol as p
-from inferd.worker.connection import WorkerConnection, WorkerState
+from inferd.wire import protocol as p
+from inferd.wire.connection import WorkerConnection, WorkerState
 
 log = logging.getLogger("inferd.search")
 

@@ -20,7 +20,7 @@ from inferd.search import wire
 from inferd.search.hedge import HedgePolicy
 from inferd.search.replicas import Replica, ReplicaChooser
 from inferd.search.types import ShardQuery, ShardResult
-from inferd.worker import protocol as p
+from inferd.wire import protocol as p
 
 GATHER_MARGIN_S = 0.003
 """Time kept back from each shard's deadline to fuse the lists and answer."""

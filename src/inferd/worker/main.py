@@ -31,7 +31,7 @@ from inferd.llm.engine import LLMEngine
 from inferd.observability import tracing
 from inferd.observability.logging_setup import set_up_process
 from inferd.observability.settings import from_environment
-from inferd.worker import protocol as p
+from inferd.wire import protocol as p
 from inferd.worker.args import arguments
 from inferd.worker.credits import CAP, CreditLedger
 from inferd.worker.device import Device

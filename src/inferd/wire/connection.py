@@ -5,13 +5,10 @@ from __future__ import annotations
 import asyncio
 import enum
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, Generic, Protocol, TypeVar
 
 from inferd.observability import tracing
-from inferd.worker import protocol as p
-
-if TYPE_CHECKING:
-    from inferd.batching.queue import QueuedItem
+from inferd.wire import protocol as p
 
 
 class WorkerState(enum.Enum):
@@ -35,10 +32,19 @@ def slot_of(worker_id: str) -> str:
     return worker_id.rsplit(".", 1)[0]
 
 
+class BatchItem(Protocol):
+    """What the wire reads of a batch's item (the batch kind's QueuedItem, kinds/batch/queue.py)."""
+
+    payload: Any
+
+
+ItemT = TypeVar("ItemT", bound=BatchItem)
+
+
 @dataclass(slots=True, eq=False)
-class Batch:
+class Batch(Generic[ItemT]):
     batch_id: int
-    items: list[QueuedItem]
+    items: list[ItemT]
     sent_at: float
     worker: WorkerConnection
     hedged: bool = False
@@ -66,7 +72,7 @@ class WorkerConnection:
     """When the batch now on the device started (sent to an idle worker, or the previous one finished)."""
     failure: str = ""
     """Why the front end is killing this worker ('hang', 'no heartbeat'); empty while healthy."""
-    inflight: dict[int, Batch] = field(default_factory=dict)
+    inflight: dict[int, Batch[Any]] = field(default_factory=dict)
     credits: int | None = None
     """Batches the worker granted and this front end has not sent yet (worker/credits.py); None: a
     worker of an older inferd, which takes MAX_INFLIGHT batches from this front end."""

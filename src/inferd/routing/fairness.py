@@ -1,4 +1,4 @@
-"""Fairness between tenants inside one priority class: who gets the next batch slot, and who gets queue
+"""The priority classes, and fairness between tenants inside one class: who gets the next batch slot, and who gets queue
 room when the queue is full. Plain objects and functions: no I/O, no clock.
 
 **Batch slots: weighted fair queuing (stride scheduling).** Each backlogged tenant has a virtual time
@@ -31,8 +31,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from inferd.batching.admission import retry_after_s
-from inferd.errors import Overloaded
+from inferd.errors import Overloaded, retry_after_s
+
+INTERACTIVE = 0
+BULK = 1
+PRIORITY_NAMES = {"interactive": INTERACTIVE, "bulk": BULK}
+"""The priority classes every kind queues by: bulk uses spare capacity and is shed first."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,8 +15,8 @@ from inferd.clock import Clock
 from inferd.errors import NotFound
 from inferd.runtime.contract import Runtime
 from inferd.runtime.registry import ModelRegistry
-from inferd.worker import protocol as p
-from inferd.worker.connection import WorkerConnection
+from inferd.wire import protocol as p
+from inferd.wire.connection import WorkerConnection
 
 log = logging.getLogger("inferd.hub")
 
