@@ -17,8 +17,8 @@ from inferd.api.app import create_app
 from inferd.api.asgi import AsgiApp
 from inferd.api.openapi import openapi_document
 from inferd.config import ServerConfig
+from inferd.kinds.llm.sim_llm import sim_llm_config
 from inferd.models.sim import sim_config
-from inferd.models.sim_llm import sim_llm_config
 from inferd.server import InferenceServer
 
 MODELS = ("sim", "sim-llm")

@@ -18,9 +18,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from inferd.batching.dispatcher import ModelRuntime
 from inferd.clock import FakeClock
 from inferd.errors import Overloaded
+from inferd.kinds.batch.dispatcher import ModelRuntime
 from inferd.models.sim import sim_config
 from inferd.observability.metrics import Metrics
 from inferd.routing import Candidate, Health, OutlierEjector, P2CBalancer

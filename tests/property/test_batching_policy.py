@@ -12,10 +12,10 @@ from dataclasses import dataclass, field
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from inferd.batching.dispatcher import ItemResult, ModelRuntime
-from inferd.batching.queue import QueuedItem
 from inferd.clock import FakeClock
 from inferd.errors import DeadlineExceeded, Overloaded
+from inferd.kinds.batch.dispatcher import ItemResult, ModelRuntime
+from inferd.kinds.batch.queue import QueuedItem
 from inferd.models.sim import sim_config
 from inferd.observability.metrics import Metrics
 from inferd.routing import OutlierEjector

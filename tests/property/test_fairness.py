@@ -17,10 +17,10 @@ from hypothesis import event, given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from inferd.batching.dispatcher import ModelRuntime
-from inferd.batching.queue import QueuedItem, RequestQueue
 from inferd.clock import FakeClock
 from inferd.errors import Overloaded
+from inferd.kinds.batch.dispatcher import ModelRuntime
+from inferd.kinds.batch.queue import QueuedItem, RequestQueue
 from inferd.models.sim import sim_config
 from inferd.observability.metrics import Metrics
 from inferd.routing.fairness import BULK, INTERACTIVE, NO_TENANT, TenantShare

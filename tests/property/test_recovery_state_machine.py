@@ -16,10 +16,10 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from inferd.batching.dispatcher import ItemResult, ModelRuntime
-from inferd.batching.queue import ItemState, QueuedItem
 from inferd.clock import FakeClock
 from inferd.errors import DeadlineExceeded, ModelError, Overloaded, WorkerDied
+from inferd.kinds.batch.dispatcher import ItemResult, ModelRuntime
+from inferd.kinds.batch.queue import ItemState, QueuedItem
 from inferd.models.sim import sim_config
 from inferd.observability.metrics import Metrics
 from inferd.routing.retry import RetryBudget

@@ -9,10 +9,10 @@ import logging
 
 import pytest
 
-from inferd.batching.dispatcher import ItemResult, ModelRuntime
-from inferd.batching.statistics import BatchStatistics, BatchWorkerDetail
 from inferd.clock import FakeClock
 from inferd.errors import Internal, ShuttingDown, WorkerUnavailable
+from inferd.kinds.batch.dispatcher import ItemResult, ModelRuntime
+from inferd.kinds.batch.statistics import BatchStatistics, BatchWorkerDetail
 from inferd.models.sim import sim_config
 from inferd.observability.metrics import Metrics
 from inferd.routing import Health

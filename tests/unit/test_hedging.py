@@ -7,10 +7,10 @@ import asyncio
 
 import pytest
 
-from inferd.batching.dispatcher import ModelRuntime
-from inferd.batching.hedging import HedgeInput, HedgePolicy
-from inferd.batching.queue import QueuedItem
 from inferd.clock import FakeClock
+from inferd.kinds.batch.dispatcher import ModelRuntime
+from inferd.kinds.batch.hedging import HedgeInput, HedgePolicy
+from inferd.kinds.batch.queue import QueuedItem
 from inferd.models.sim import sim_config
 from inferd.observability.metrics import Metrics
 from inferd.routing import OutlierEjector

@@ -11,10 +11,10 @@ import pytest
 
 from inferd.clock import FakeClock
 from inferd.errors import Overloaded, ShuttingDown, WorkerDied, WorkerUnavailable
-from inferd.llm.placement import Generation
-from inferd.llm.runtime import LLMRuntime
-from inferd.llm.stream import TokenStream
-from inferd.models.sim_llm import VOCAB, SimTokenizer, sim_llm_config, sim_llm_tokens
+from inferd.kinds.llm.placement import Generation
+from inferd.kinds.llm.runtime import LLMRuntime
+from inferd.kinds.llm.sim_llm import VOCAB, SimTokenizer, sim_llm_config, sim_llm_tokens
+from inferd.kinds.llm.stream import TokenStream
 from inferd.routing.retry import RetryBudget
 from inferd.wire import protocol as p
 from inferd.wire.connection import WorkerConnection

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from inferd.batching.dispatcher import ModelRuntime
 from inferd.clock import FakeClock
+from inferd.kinds.batch.dispatcher import ModelRuntime
 from inferd.models.sim import sim_config
 from inferd.observability.metrics import Metrics
 from inferd.routing.retry import RetryBudget

@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from inferd.search.replica import InlinePolicy, Replica, split_frames
+from inferd.kinds.search.replica import InlinePolicy, Replica, split_frames
 from inferd.wire import protocol as p
 
 

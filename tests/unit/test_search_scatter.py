@@ -9,9 +9,9 @@ from types import SimpleNamespace
 
 from inferd.clock import MonotonicClock
 from inferd.errors import WorkerDied, from_wire
-from inferd.search.hedge import HedgePolicy
-from inferd.search.replicas import Replica, ReplicaChooser, ReplicaPhase
-from inferd.search.scatter import Scatter
+from inferd.kinds.search.hedge import HedgePolicy
+from inferd.kinds.search.replicas import Replica, ReplicaChooser, ReplicaPhase
+from inferd.kinds.search.scatter import Scatter
 from inferd.wire import protocol as p
 from inferd.wire.connection import WorkerState
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from inferd.batching.queue import ItemState, QueuedItem, RequestQueue
+from inferd.kinds.batch.queue import ItemState, QueuedItem, RequestQueue
 from inferd.routing.fairness import BULK, TenantShare
 
 

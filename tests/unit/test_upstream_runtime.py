@@ -13,10 +13,10 @@ from aiohttp import web
 
 from inferd.clock import FakeClock
 from inferd.errors import DeadlineExceeded, Internal, ShuttingDown
-from inferd.llm.upstream import UpstreamRuntime, openai_upstream_config
-from inferd.llm.upstream_reply import UpstreamStatistics
+from inferd.kinds.upstream.metrics import UpstreamMetrics
+from inferd.kinds.upstream.reply import UpstreamStatistics
+from inferd.kinds.upstream.runtime import UpstreamRuntime, openai_upstream_config
 from inferd.observability.metrics import Metrics
-from inferd.observability.upstream_metrics import UpstreamMetrics
 from inferd.routing.retry import RetryBudget
 from inferd.runtime.contract import Runtime
 from inferd.wire.connection import WorkerConnection

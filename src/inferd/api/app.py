@@ -43,12 +43,12 @@ from inferd.api.oip_metadata import model_metadata
 from inferd.api.openapi import openapi_document
 from inferd.api.request_context import RequestContext
 from inferd.api.search_routes import add_search_routes
-from inferd.batching.dispatcher import ItemResult
 from inferd.errors import BadRequest, ServingError
 from inferd.gateway.auth import Auth, TenantRequests, allowed_models, check_model, tenant_of, tenant_share
 from inferd.gateway.cache import encoded_size
 from inferd.gateway.fallback import Fallbacks, falls_back
 from inferd.gateway.quota_layer import Quotas
+from inferd.kinds.batch.dispatcher import ItemResult
 from inferd.observability.logging_setup import accept_request_id, current_request_id
 from inferd.routing.fairness import NO_TENANT, TenantShare
 from inferd.runtime.contract import Runtime

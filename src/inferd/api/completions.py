@@ -46,10 +46,10 @@ from inferd.config import ModelConfig
 from inferd.errors import BadRequest, DeadlineExceeded, ServingError
 from inferd.gateway.auth import tenant_of, tenant_share
 from inferd.gateway.quota_layer import reserve_tokens
-from inferd.llm.placement import Generation
-from inferd.llm.runtime import LLMRuntime
-from inferd.llm.stream import TokenStream
-from inferd.llm.upstream import UpstreamRuntime
+from inferd.kinds.llm.placement import Generation
+from inferd.kinds.llm.runtime import LLMRuntime
+from inferd.kinds.llm.stream import TokenStream
+from inferd.kinds.upstream.runtime import UpstreamRuntime
 
 if TYPE_CHECKING:
     from inferd.api.context import ApiContext

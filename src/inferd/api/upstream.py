@@ -27,9 +27,9 @@ from inferd.api.http import decode_json
 from inferd.api.middleware import record_stream_error
 from inferd.api.openai import openai_error
 from inferd.errors import ServingError, WorkerDied
-from inferd.llm.upstream import UpstreamRuntime
-from inferd.llm.upstream_reply import UpstreamReply, describe
-from inferd.routing.upstreams import Outcome, classify_status
+from inferd.kinds.upstream.pool import Outcome, classify_status
+from inferd.kinds.upstream.reply import UpstreamReply, describe
+from inferd.kinds.upstream.runtime import UpstreamRuntime
 
 if TYPE_CHECKING:
     from inferd.api.context import ApiContext

@@ -61,7 +61,7 @@ def check_gateway(config: ServerConfig, models: list[ModelConfig]) -> None:
 
 
 def resolve_models(config: ServerConfig) -> list[ModelConfig]:
-    from inferd.models.repository import apply_overrides, default_models, load_repository
+    from inferd.kinds.repository import apply_overrides, default_models, load_repository
 
     models = load_repository(config.model_repo) if config.model_repo else default_models(config.cache_dir)
     if config.models:

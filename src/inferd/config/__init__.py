@@ -126,7 +126,7 @@ class ModelConfig(_Frozen):
     batching: Literal["fixed", "slo"] = "fixed"
     """"fixed": cut at max_batch_size or max_wait_ms. "slo": size and wait chosen online from the [slo]
     latency_ms, the measured cost line and the arrival rate; max_batch_size is then the device's hard
-    limit and max_wait_ms is ignored once the cost line is measured (batching/slo_policy.py)."""
+    limit and max_wait_ms is ignored once the cost line is measured (kinds/batch/slo_policy.py)."""
     max_wait_ms: float = Field(default=10.0, ge=0.0, le=10_000.0)
     """How long the oldest queued item may wait for company while a worker is free."""
     preferred_batch_sizes: tuple[int, ...] = ()
@@ -140,7 +140,7 @@ class ModelConfig(_Frozen):
     mixed_batch_cost_ratio: float = Field(default=0.95, gt=0.0, le=1.0)
     """While interactive traffic is active and bulk work is queued, a batch costs at most this share of a
     full batch (measured cost line), and its size is chosen within [half, all] of that cap to stagger the
-    workers' finishes (batching/mix.py): interactive requests wait less for a free worker."""
+    workers' finishes (kinds/batch/mix.py): interactive requests wait less for a free worker."""
     idempotent: bool = True
     """Whether a batch may be run again after a worker failure. False: never retried."""
     workers: int | None = Field(default=None, ge=0, le=64)

@@ -1,6 +1,6 @@
 """A fleet of batch-model devices behind one or more front ends, simulated on a virtual clock.
 
-Each front end is inferd's own `ModelRuntime` (batching/dispatcher.py), built as the server builds it:
+Each front end is inferd's own `ModelRuntime` (kinds/batch/dispatcher.py), built as the server builds it:
 its queue, admission, batch policy, mix policy, power-of-two-choices balancer, outlier ejector,
 hedging watchdog and recovery run unchanged. Only the edges are simulated:
 - a device is the writer of a real `WorkerConnection`: a batch sent to it runs for the profile's cost
@@ -26,8 +26,6 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from inferd.batching.dispatcher import ModelRuntime
-from inferd.batching.queue import QueuedItem
 from inferd.clock import FakeClock
 from inferd.config import ModelConfig
 from inferd.config.autoscaler import AutoscalerConfig
@@ -38,6 +36,8 @@ from inferd.fleetsim.profiles import BatchProfile
 from inferd.fleetsim.report import Outcome, SimReport
 from inferd.fleetsim.scaling import SimScaling
 from inferd.fleetsim.tenants import SimTenant, SimTenants
+from inferd.kinds.batch.dispatcher import ModelRuntime
+from inferd.kinds.batch.queue import QueuedItem
 from inferd.observability.metrics import Metrics
 from inferd.routing.fairness import INTERACTIVE, NO_TENANT
 from inferd.routing.retry import RetryBudget

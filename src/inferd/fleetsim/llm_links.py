@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from inferd.fleetsim.llm_device import HEADER, DeviceLoop, Fleet
-from inferd.llm.runtime import LLMRuntime
+from inferd.kinds.llm.runtime import LLMRuntime
 from inferd.wire import protocol as p
 from inferd.wire.connection import WorkerConnection
 from inferd.worker.fronts import FrontLink, SequenceOwners

@@ -62,7 +62,7 @@ class ModelChanges:
 
 def own_settings(config: ServerConfig) -> OwnSettings:
     """Read a served version's own config again: from the model repository, else the built-in's."""
-    from inferd.models.repository import builtin_config, load_model_version
+    from inferd.kinds.repository import builtin_config, load_model_version
 
     def own(name: str, version: int) -> ModelConfig:
         if config.model_repo is not None:
