@@ -21,6 +21,7 @@ from inferd import tls
 from inferd.api.admin import AdminApi, AdminTarget
 from inferd.api.admin_gateway import GatewayView, tenants_page
 from inferd.api.cache_hook import CacheHook
+from inferd.api.console_feed import ConsoleFeed
 from inferd.clock import Clock, MonotonicClock
 from inferd.config import ModelConfig, ServerConfig
 from inferd.errors import ShuttingDown
@@ -37,15 +38,14 @@ from inferd.gateway.auth import tenant_counter
 from inferd.gateway.config import gateway_config
 from inferd.gateway.fallback import check_fallbacks
 from inferd.gateway.model_reload import ModelSettings, own_settings
+from inferd.gateway.quota_metrics import QuotaCollector
 from inferd.gateway.reload import Gateway
 from inferd.gateway.shadow import Shadows
 from inferd.gateway.traffic_control import Traffic
 from inferd.kinds.builtin import builtin_kinds
 from inferd.kinds.collectors import RuntimeCollector
 from inferd.kinds.search.store import IndexStore
-from inferd.observability.console_feed import ConsoleFeed
 from inferd.observability.metrics import Metrics
-from inferd.observability.quota_metrics import QuotaCollector
 from inferd.observability.slo_config import model_slos
 from inferd.routing.retry import RetryBudget
 from inferd.runtime.contract import Runtime

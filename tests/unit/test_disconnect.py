@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
-from inferd.api.asgi import HttpRequest, StreamingResponse
-from inferd.api.disconnect import ClientGone, until_disconnect
 from inferd.api.http import wait_for_items
+from inferd.core.asgi import HttpRequest, StreamingResponse
+from inferd.core.disconnect import ClientGone, until_disconnect
 
 
 class FakeClient:

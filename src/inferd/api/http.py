@@ -9,9 +9,9 @@ from typing import Any, TypeVar
 
 import msgspec
 
-from inferd.api.asgi import HttpRequest, HttpResponse
-from inferd.api.disconnect import ClientGone, until_disconnect
 from inferd.clock import Clock
+from inferd.core.asgi import HttpRequest, HttpResponse
+from inferd.core.disconnect import ClientGone, until_disconnect
 from inferd.errors import BadRequest, PayloadTooLarge, UnsupportedMediaType
 from inferd.kinds.batch.dispatcher import ModelRuntime
 from inferd.kinds.batch.queue import QueuedItem

@@ -24,9 +24,9 @@ from typing import Any
 
 import msgspec
 
-from inferd.api.asgi import HttpRequest, HttpResponse
 from inferd.api.http import check_content_type, json_response, read_body
-from inferd.api.middleware import Call
+from inferd.core.asgi import HttpRequest, HttpResponse
+from inferd.core.call import Call
 from inferd.errors import BadRequest
 from inferd.frontends.search_writes import (
     FORWARD_TIMEOUT_S,

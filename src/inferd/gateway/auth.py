@@ -17,8 +17,8 @@ from collections.abc import Callable
 
 from prometheus_client import CollectorRegistry, Counter
 
-from inferd.api.asgi import StreamingResponse
-from inferd.api.middleware import Call, Handler, Response
+from inferd.core.asgi import StreamingResponse
+from inferd.core.call import Call, Handler, Response
 from inferd.errors import Forbidden, NotFound, Unauthorized
 from inferd.gateway.keys import KeyStatus
 from inferd.gateway.reload import Gate

@@ -126,7 +126,7 @@ def build_uvicorn(
 
 
 def run_server(cfg: ServerConfig, models: list[ModelConfig]) -> None:
-    """One front end, this process (several: frontends/parent.py)."""
+    """One front end, this process (several: runner/parent.py)."""
     log_config(cfg, models)
     userver, _ = build_uvicorn(cfg, models)
     _settle_heap()
@@ -144,7 +144,7 @@ def log_config(cfg: ServerConfig, models: list[ModelConfig]) -> None:
 def serve_frontend(
     cfg: ServerConfig, models: list[ModelConfig], plan: FrontendPlan, sock: socket.socket
 ) -> None:
-    """One of several front ends (frontends/parent.py), on its own SO_REUSEPORT socket."""
+    """One of several front ends (runner/parent.py), on its own SO_REUSEPORT socket."""
     userver, _ = build_uvicorn(cfg, models, plan)
     log.info("front end %d of %d (pid %d) serving on port %d", plan.index, plan.count, os.getpid(), cfg.port)
     _settle_heap()

@@ -14,7 +14,7 @@ from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from typing import Any
 
-from inferd.api.disconnect import ClientGone, Receive, until_disconnect
+from inferd.core.disconnect import ClientGone, Receive, until_disconnect
 
 log = logging.getLogger("inferd.api")
 
