@@ -31,12 +31,13 @@ from inferd.frontends.search_writes import KIND, Forwarder, Write, WriteDesk, fo
 from inferd.kinds.search import wire
 from inferd.kinds.search.config import SearchParams
 from inferd.kinds.search.follower import KnownSeqs, Note, take_note
-from inferd.kinds.search.replica import ANNOUNCE, Replica
+from inferd.kinds.search.replica import Replica
 from inferd.kinds.search.replicas import Replica as ReplicaView
 from inferd.kinds.search.replicas import ReplicaPhase, least_served_shard
 from inferd.kinds.search.requests import MAX_BATCH_DOCUMENTS
 from inferd.kinds.search.shard import ShardIndex
 from inferd.kinds.search.types import Document, LogEntry, Upsert
+from inferd.kinds.search.wire import ANNOUNCE
 from inferd.wire import protocol as p
 from inferd.wire.connection import WorkerState
 

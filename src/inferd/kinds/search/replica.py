@@ -35,13 +35,11 @@ from inferd.errors import Internal, ServingError
 from inferd.kinds.search import snapshot, wire
 from inferd.kinds.search.shard import ShardIndex
 from inferd.kinds.search.types import IndexSettings
+from inferd.kinds.search.wire import ANNOUNCE
 from inferd.wire import protocol as p
 
 log = logging.getLogger("inferd.search.replica")
 
-ANNOUNCE = -1
-"""The call_id of a replica's note to its reading links: ShardReply(ANNOUNCE, applied_seq, documents,
-body=the shard as MessagePack, -1 while it loads one)."""
 MAX_QUEUED_CALLS = 256
 """Calls read ahead of the one running; past it the socket is not read (the front end bounds its own)."""
 INLINE_MAX_S = 0.005

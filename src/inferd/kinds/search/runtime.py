@@ -25,11 +25,11 @@ from inferd.errors import ServingError, WorkerDied, from_wire
 from inferd.kinds.search import wire
 from inferd.kinds.search.config import params_of
 from inferd.kinds.search.follower import KnownSeqs, Note, take_note
-from inferd.kinds.search.replica import ANNOUNCE
 from inferd.kinds.search.replicas import Replica, ReplicaPhase, ReplicaSnapshot, least_served_shard
 from inferd.kinds.search.sequencer import ShardLog
 from inferd.kinds.search.service import IndexService, ServiceStatistics
 from inferd.kinds.search.store import IndexStore
+from inferd.kinds.search.wire import ANNOUNCE
 from inferd.runtime.contract import RuntimeStatistics, WorkerSnapshot
 from inferd.runtime.kinds import RuntimeContext
 from inferd.wire import protocol as p

@@ -14,6 +14,10 @@ from inferd.kinds.search.types import (
     UnvectoredPage,
 )
 
+ANNOUNCE = -1
+"""The call_id of a replica's note to its reading links: ShardReply(ANNOUNCE, applied_seq, documents,
+body=the shard as MessagePack, -1 while it loads one)."""
+
 _enc = msgspec.msgpack.Encoder()
 _entries = msgspec.msgpack.Decoder(list[LogEntry])
 _query = msgspec.msgpack.Decoder(ShardQuery)
