@@ -48,4 +48,6 @@ def test_the_probe_sees_a_device_library_load() -> None:
 
 def test_front_end_modules_load_no_device_library() -> None:
     found = loaded_after_importing(FRONT_END_PACKAGES, FRONT_END_MODULES)
-    assert found["loaded"] == [], f"the front end imports {found['loaded']}: a kind's worker side leaked into it"
+    assert found["loaded"] == [], (
+        f"the front end imports {found['loaded']}: a kind's worker side leaked into it"
+    )
