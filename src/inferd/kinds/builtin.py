@@ -1,5 +1,6 @@
 """The built-in model kinds: batch (kinds/batch/dispatcher.py), llm (kinds/llm/runtime.py), upstream
-(kinds/upstream/runtime.py) and search (kinds/search/kind.py). The composition root (server.py) starts from these."""
+(kinds/upstream/runtime.py) and search (kinds/search/kind.py). The composition root (server.py) starts
+from these."""
 
 from __future__ import annotations
 
