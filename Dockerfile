@@ -62,7 +62,7 @@ RUN bash scripts/setup-minilm /opt/inferd/bin/python /opt/inferd-cache
 # An ARG does not outlive its stage: this one is the build argument again.
 ARG WITH_LLAMA=1
 RUN if [ "$WITH_LLAMA" = 1 ]; then /opt/inferd/bin/python -c "from pathlib import Path; \
-from inferd.models.llama_cpp import smollm2_config, weights_path; \
+from inferd.kinds.llm.llama_cpp import smollm2_config, weights_path; \
 print(weights_path({**smollm2_config().params, 'cache_dir': '/opt/inferd-cache'}))"; fi
 
 # ---- runtime ------------------------------------------------------------------------------------------

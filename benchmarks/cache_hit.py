@@ -24,8 +24,8 @@ from typing import Any
 from harness import OUT_DIR, InferdServer, write_json
 
 from inferd.clock import MonotonicClock
+from inferd.config.cache import CacheConfig
 from inferd.gateway.cache import ResponseCache, request_key
-from inferd.gateway.cache_config import CacheConfig
 
 CONFIG = "[models.sim]\ncache = { enabled = true }\n"
 

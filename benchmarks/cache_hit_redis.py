@@ -28,8 +28,8 @@ from cache_hit import over_http, quantiles
 from harness import OUT_DIR, InferdServer, free_port, write_json
 
 from inferd.clock import MonotonicClock
+from inferd.config.cache import CacheConfig
 from inferd.gateway.cache import request_key
-from inferd.gateway.cache_config import CacheConfig
 from inferd.gateway.redis_cache import RedisCacheClient, RedisResponseCache
 
 

@@ -37,8 +37,8 @@ from procfs import cpu_seconds_since, cpu_ticks
 
 from inferd.bench.loadgen import LoadSpec, run_load_blocking
 from inferd.clock import MonotonicClock
+from inferd.config.cache import CacheConfig
 from inferd.gateway.cache import ResponseCache, request_key
-from inferd.gateway.cache_config import CacheConfig
 from inferd.gateway.keys import KeyDirectory, key_digest, new_key
 from inferd.gateway.quota_store import InProcessStore, QuotaSettings, TenantQuotas
 from inferd.gateway.tenants import Tenant, TenantConfig

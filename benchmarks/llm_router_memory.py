@@ -16,8 +16,8 @@ import sys
 import time
 
 from inferd.clock import FakeClock
-from inferd.llm.plan import SchedulerConfig
-from inferd.llm.routing import PrefixAffinityRouter, RoutingConfig
+from inferd.kinds.llm.plan import SchedulerConfig
+from inferd.kinds.llm.routing import PrefixAffinityRouter, RoutingConfig
 
 
 def main() -> None:

@@ -28,16 +28,16 @@ import uvicorn
 from uvicorn.server import ServerState
 
 from inferd.api.app import Api, create_app, oip_error
-from inferd.api.asgi import HttpResponse
 from inferd.api.door_policy import DoorLimits, DoorPolicy
 from inferd.api.frontdoor import front_door_protocol
 from inferd.clock import MonotonicClock
 from inferd.config import ServerConfig
+from inferd.core.asgi import HttpResponse
 from inferd.models.loader import instantiate
 from inferd.models.sim import sim_config
 from inferd.server import InferenceServer
-from inferd.worker import protocol as p
-from inferd.worker.connection import WorkerConnection, WorkerState
+from inferd.wire import protocol as p
+from inferd.wire.connection import WorkerConnection, WorkerState
 from inferd.worker.outputs import convert_outputs
 
 
@@ -135,7 +135,7 @@ async def measure(path: bytes, app: Any, args: argparse.Namespace, worker: Insta
             for (protocol, _), data in zip(conns, requests, strict=True):
                 protocol.data_received(data)
             while state.tasks:
-                await asyncio.sleep(0)
+                await asyncio.gather(*state.tasks)
         best = min(best, time.process_time() - start - worker.cpu_s)
     answered = sum(t.responses for _, t in conns)
     if answered != args.repeats * rounds * args.batch:

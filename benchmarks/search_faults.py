@@ -1,7 +1,7 @@
 """One replica slowed 10x under load against fault-free, alternately: is the search p99 within 1.3x?
 
 Against a running server (the 2-shard, 2-replica index, its query vectors cached), runs `inferd
-bench-search`'s load (search/bench.py, the same code) fault-free, then with one replica of shard 0
+bench-search`'s load (bench/search.py, the same code) fault-free, then with one replica of shard 0
 slowed (`--slow-at-s 3 --slow-s 15 --slow-factor 10`), `--rounds` times, alternately so both see the
 same machine; prints each run (with the load average before it) and each slow run's p99 against the
 median fault-free p99, and against the mean of the fault-free runs either side of it.
@@ -27,7 +27,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from inferd.search.bench import BenchSpec, read_queries, run_bench
+from inferd.bench.search import BenchSpec, read_queries, run_bench
 
 
 def warm(url: str, index: str, queries: list[tuple[str, str]]) -> int:

@@ -1,6 +1,6 @@
 """Lexical search speed: synthetic documents over a Zipf vocabulary, one thread.
 
-Builds the library's BM25 index (inferd.search.lexical, through ShardIndex log entries of 100 upserts, the
+Builds the library's BM25 index (inferd.kinds.search.lexical, through ShardIndex log entries of 100 upserts, the
 way a shard takes them) and, for comparison, a bm25s index of the same tokens; then times the same queries
 on both, single-threaded, and times what keeping bm25s exact would cost per update (a full rebuild).
 Query terms (2 to 4) follow the same Zipf distribution as the text without its --query-skip-top most
@@ -22,8 +22,8 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 import bm25s
 import numpy as np
 
-from inferd.search.shard import ShardIndex
-from inferd.search.types import Document, IndexSettings, LogEntry, ShardQuery, Upsert
+from inferd.kinds.search.shard import ShardIndex
+from inferd.kinds.search.types import Document, IndexSettings, LogEntry, ShardQuery, Upsert
 
 
 def corpus(docs: int, vocab: int, mean_len: int, seed: int) -> tuple[list[str], np.ndarray]:

@@ -19,11 +19,11 @@ from pathlib import Path
 
 import numpy as np
 
-from inferd.search import fusion
-from inferd.search.analyzer import document_text
-from inferd.search.quality import Collection, evaluate, load_collection
-from inferd.search.shard import ShardIndex
-from inferd.search.types import IndexSettings, LogEntry, ShardQuery, Upsert
+from inferd.kinds.search import fusion
+from inferd.kinds.search.analyzer import document_text
+from inferd.kinds.search.quality import Collection, evaluate, load_collection
+from inferd.kinds.search.shard import ShardIndex
+from inferd.kinds.search.types import IndexSettings, LogEntry, ShardQuery, Upsert
 
 ROOT = Path(__file__).resolve().parents[1]
 # ../shared/data/ir beside the checkout (or the nearest ancestor's shared/, for a worktree)

@@ -50,8 +50,8 @@ TEXT = (
 
 def prompt_of(tokens: int) -> str:
     """A prompt of about `tokens` tokens (cut from TEXT with the model's own tokenizer)."""
-    from inferd.models.gguf_tokenizer import GGUFTokenizer
-    from inferd.models.llama_cpp import smollm2_config
+    from inferd.kinds.llm.gguf_tokenizer import GGUFTokenizer
+    from inferd.kinds.llm.llama_cpp import smollm2_config
 
     tok = GGUFTokenizer.from_config(smollm2_config())
     ids = tok.encode(TEXT)[:tokens]
@@ -216,7 +216,7 @@ def main() -> None:
     out: dict[str, Any] = {"cpus": os.cpu_count()}
     short, long = prompt_of(32), prompt_of(200)
     if "runtimes" in phases:
-        from inferd.models.llama_cpp import gguf_path, smollm2_config, weights_path
+        from inferd.kinds.llm.llama_cpp import gguf_path, smollm2_config, weights_path
 
         params = smollm2_config().params
         out["llama_cpp_python_single"] = {

@@ -33,10 +33,10 @@ from typing import Any
 from harness import OUT_DIR, InferdServer, interrupt_on, run_fields, write_json
 from procfs import cpu_seconds_since, cpu_ticks
 
-from inferd.api.asgi import HttpRequest, HttpResponse
-from inferd.api.middleware import Call
 from inferd.api.request_context import RequestContext
 from inferd.bench.loadgen import LoadSpec, run_load_blocking
+from inferd.core.asgi import HttpRequest, HttpResponse
+from inferd.core.call import Call
 from inferd.observability import tracing
 
 

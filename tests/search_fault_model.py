@@ -1,7 +1,7 @@
 """A deterministic model of the search scatter under a slowed replica, on virtual time.
 
 The very policy objects the front end uses (ReplicaChooser, HedgePolicy, Replica's latency estimate) are
-driven the way search/scatter.py drives them: per shard request, choose a replica, hedge to a second one
+driven the way kinds/search/scatter.py drives them: per shard request, choose a replica, hedge to a second one
 when `HedgePolicy.delay_s` has passed (within the budget), take the first answer, forget the other
 call (an answered call updates the estimate, an abandoned one is a lower bound). Each replica is one
 worker process: a FIFO server that keeps working on calls the front end has given up on. A search is
@@ -24,10 +24,10 @@ from dataclasses import dataclass, field
 from types import SimpleNamespace
 
 from inferd.clock import FakeClock
-from inferd.search import replicas
-from inferd.search.hedge import HedgePolicy
-from inferd.search.replicas import Replica, ReplicaChooser, ReplicaPhase
-from inferd.worker.connection import WorkerState
+from inferd.kinds.search import replicas
+from inferd.kinds.search.hedge import HedgePolicy
+from inferd.kinds.search.replicas import Replica, ReplicaChooser, ReplicaPhase
+from inferd.wire.connection import WorkerState
 
 
 @dataclass(frozen=True)

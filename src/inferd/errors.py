@@ -5,6 +5,8 @@ Across process boundaries errors travel as (code, message), never pickled: `code
 
 from __future__ import annotations
 
+import math
+
 
 class ServingError(Exception):
     """Base of every error inferd answers a caller with."""
@@ -75,6 +77,11 @@ class Overloaded(ServingError):
         super().__init__(message)
         self.retry_after_s = retry_after_s
         self.reason = reason
+
+
+def retry_after_s(drain_s: float) -> int:
+    """HTTP Retry-After is whole seconds; never 0 (that invites an immediate retry storm)."""
+    return max(1, math.ceil(drain_s))
 
 
 class DeadlineExceeded(ServingError):

@@ -21,13 +21,14 @@ from inferd import tls
 from inferd.api.admin import AdminApi, AdminTarget
 from inferd.api.admin_gateway import GatewayView, tenants_page
 from inferd.api.cache_hook import CacheHook
-from inferd.batching.retry import RetryBudget
+from inferd.api.console_feed import ConsoleFeed
 from inferd.clock import Clock, MonotonicClock
 from inferd.config import ModelConfig, ServerConfig
 from inferd.errors import ShuttingDown
 from inferd.fleet.control import FleetControl, repository_loader
 from inferd.fleet.scaling import ScalingLoop, scaling_policy
 from inferd.frontends.config_sync import one_frontend
+from inferd.frontends.index_sync import IndexSync
 from inferd.frontends.metrics import scrape_all, serve_registry
 from inferd.frontends.plan import FrontendPlan, worker_sockets
 from inferd.frontends.readiness import await_ready, ready_wait_s
@@ -37,22 +38,21 @@ from inferd.gateway.auth import tenant_counter
 from inferd.gateway.config import gateway_config
 from inferd.gateway.fallback import check_fallbacks
 from inferd.gateway.model_reload import ModelSettings, own_settings
+from inferd.gateway.quota_metrics import QuotaCollector
 from inferd.gateway.reload import Gateway
 from inferd.gateway.shadow import Shadows
 from inferd.gateway.traffic_control import Traffic
-from inferd.observability.collectors import RuntimeCollector
-from inferd.observability.console_feed import ConsoleFeed
+from inferd.kinds.builtin import builtin_kinds
+from inferd.kinds.collectors import RuntimeCollector
+from inferd.kinds.search.store import IndexStore
 from inferd.observability.metrics import Metrics
-from inferd.observability.quota_metrics import QuotaCollector
 from inferd.observability.slo_config import model_slos
-from inferd.runtime.builtin import builtin_kinds
+from inferd.routing.retry import RetryBudget
 from inferd.runtime.contract import Runtime
+from inferd.runtime.hub import WorkerHub
 from inferd.runtime.kinds import KindRegistry, RuntimeContext
 from inferd.runtime.registry import ModelRegistry
-from inferd.search.index_sync import IndexSync
-from inferd.search.store import IndexStore
-from inferd.worker.connection import WorkerConnection
-from inferd.worker.hub import WorkerHub
+from inferd.wire.connection import WorkerConnection
 from inferd.worker.launcher import Launcher, WorkerSlot
 from inferd.worker.orphans import server_pids_env
 from inferd.worker.supervisor import Supervisor

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import asyncio
 
-from inferd.worker import protocol as p
-from inferd.worker.connection import WorkerConnection
+from inferd.wire import protocol as p
+from inferd.wire.connection import WorkerConnection
 
 
 class FakeTransport:

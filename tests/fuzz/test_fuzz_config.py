@@ -14,7 +14,7 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 
 from inferd.config import ConfigError, load_server_config
-from inferd.models.repository import load_model_folder
+from inferd.kinds.repository import load_model_folder
 from tests.fuzz.profiles import fuzz, time_limit
 
 pytestmark = pytest.mark.timeout(time_limit(90))

@@ -167,7 +167,7 @@ def test_chat_messages_format_or_raise_bad_request(msgs: list[completions.ChatMe
 def test_null_content_with_the_smollm2_chat_template_is_empty_text() -> None:
     """OpenAI allows `"content": null`; smollm2's chat template concatenated it and raised TypeError (a
     500)."""
-    from inferd.models.llama_cpp import smollm2_available, smollm2_config
+    from inferd.kinds.llm.llama_cpp import smollm2_available, smollm2_config
     from inferd.models.loader import load_model_class
 
     if not smollm2_available():

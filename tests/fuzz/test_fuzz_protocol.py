@@ -12,7 +12,7 @@ import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from inferd.worker import protocol as p
+from inferd.wire import protocol as p
 from tests.fuzz.profiles import fuzz, time_limit
 
 pytestmark = pytest.mark.timeout(time_limit(60))

@@ -7,8 +7,8 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-from inferd.models.sim_llm import VOCAB, SimTokenizer, sim_llm_config, sim_llm_tokens
-from inferd.worker import protocol as p
+from inferd.kinds.llm.sim_llm import VOCAB, SimTokenizer, sim_llm_config, sim_llm_tokens
+from inferd.wire import protocol as p
 from inferd.worker.main import Worker
 
 

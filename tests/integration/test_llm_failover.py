@@ -25,7 +25,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from inferd.models.sim_llm import sim_llm_tokens
+from inferd.kinds.llm.sim_llm import sim_llm_tokens
 from tests.conftest import ServerProc, alive, start_server
 
 SHARED = " ".join(f"w{i}" for i in range(64))

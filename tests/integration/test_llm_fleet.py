@@ -11,7 +11,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from inferd.models.sim_llm import sim_llm_tokens
+from inferd.kinds.llm.sim_llm import sim_llm_tokens
 from tests.conftest import ServerProc, start_server
 from tests.integration.test_fleet import admin, until
 

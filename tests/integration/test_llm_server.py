@@ -15,7 +15,7 @@ import aiohttp
 import openai
 import pytest
 
-from inferd.models.sim_llm import sim_llm_chat_prompt, sim_llm_tokens
+from inferd.kinds.llm.sim_llm import sim_llm_chat_prompt, sim_llm_tokens
 from tests.conftest import ServerProc, start_server
 
 
@@ -236,7 +236,7 @@ async def test_disconnect_mid_stream_aborts_the_sequence(server: ServerProc) -> 
 
 
 def test_default_models_include_sim_llm_and_smollm2(tmp_path: Path) -> None:
-    from inferd.models.repository import default_models
+    from inferd.kinds.repository import default_models
 
     assert [m.name for m in default_models(tmp_path)] == ["sim", "minilm", "sim-llm", "smollm2"]
 

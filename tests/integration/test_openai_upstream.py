@@ -28,7 +28,7 @@ import aiohttp
 import openai
 import pytest
 
-from inferd.models.sim_llm import sim_llm_chat_prompt, sim_llm_tokens
+from inferd.kinds.llm.sim_llm import sim_llm_chat_prompt, sim_llm_tokens
 from tests.conftest import ServerProc, free_port, start_server
 
 KEY_ENV = "INFERD_TEST_UPSTREAM_KEY"

@@ -15,8 +15,8 @@ import redis.asyncio as aioredis
 
 from inferd.clock import FakeClock
 from inferd.config import ConfigError, ModelConfig, TensorSpec
+from inferd.config.cache import CacheConfig
 from inferd.gateway.cache import request_key
-from inferd.gateway.cache_config import CacheConfig
 from inferd.gateway.redis_cache import RETRY_AFTER_S, RedisCacheClient, RedisResponseCache, check_cache_stores
 from tests.conftest import free_port
 from tests.redis_server import RedisServer, redis_server  # noqa: F401  (the fixture)

@@ -15,8 +15,8 @@ import numpy as np
 import openai
 import pytest
 
-from inferd.models.gguf import gguf_path
-from inferd.models.llama_cpp import sample, smollm2_available, smollm2_config
+from inferd.kinds.llm.gguf import gguf_path
+from inferd.kinds.llm.llama_cpp import sample, smollm2_available, smollm2_config
 from tests.conftest import ServerProc, start_server
 
 pytestmark = pytest.mark.skipif(

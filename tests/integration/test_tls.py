@@ -28,7 +28,7 @@ import tritonclient.http as triton
 import trustme
 
 from inferd.models.sim import sim_digest
-from inferd.worker import protocol as p
+from inferd.wire import protocol as p
 from tests.conftest import ROOT, ServerProc, free_port
 
 TOKEN = "tls-join-secret"

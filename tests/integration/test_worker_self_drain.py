@@ -8,9 +8,9 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
+from inferd.kinds.llm.sim_llm import VOCAB, SimTokenizer, sim_llm_config, sim_llm_tokens
 from inferd.models.sim import sim_config, sim_digest
-from inferd.models.sim_llm import VOCAB, SimTokenizer, sim_llm_config, sim_llm_tokens
-from inferd.worker import protocol as p
+from inferd.wire import protocol as p
 from inferd.worker.main import Worker
 
 Front = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]

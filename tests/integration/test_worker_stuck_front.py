@@ -29,9 +29,9 @@ from pathlib import Path
 
 import pytest
 
+from inferd.kinds.llm.sim_llm import VOCAB, SimTokenizer, sim_llm_config, sim_llm_tokens
 from inferd.models.sim import sim_digest
-from inferd.models.sim_llm import VOCAB, SimTokenizer, sim_llm_config, sim_llm_tokens
-from inferd.worker import protocol as p
+from inferd.wire import protocol as p
 from inferd.worker.main import Worker
 from tests.bulky_sim import bulky_output
 from tests.checked_load import Answer, Load, infer, tally, wait_answers, wait_for

@@ -18,15 +18,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from inferd.batching.dispatcher import ModelRuntime
-from inferd.batching.retry import RetryBudget
 from inferd.clock import FakeClock
 from inferd.errors import Overloaded
+from inferd.kinds.batch.dispatcher import ModelRuntime
 from inferd.models.sim import sim_config
 from inferd.observability.metrics import Metrics
 from inferd.routing import Candidate, Health, OutlierEjector, P2CBalancer
-from inferd.worker import protocol as p
-from inferd.worker.connection import MAX_INFLIGHT, WorkerConnection, WorkerState
+from inferd.routing.retry import RetryBudget
+from inferd.wire import protocol as p
+from inferd.wire.connection import MAX_INFLIGHT, WorkerConnection, WorkerState
 from tests.property.test_recovery_state_machine import FakeWriter
 
 FAST_S, SLOW_S = 0.02, 0.2

@@ -12,15 +12,16 @@ from dataclasses import dataclass, field
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from inferd.batching.dispatcher import ItemResult, ModelRuntime
-from inferd.batching.queue import BULK, INTERACTIVE, QueuedItem
-from inferd.batching.retry import RetryBudget
 from inferd.clock import FakeClock
 from inferd.errors import DeadlineExceeded, Overloaded
+from inferd.kinds.batch.dispatcher import ItemResult, ModelRuntime
+from inferd.kinds.batch.queue import QueuedItem
 from inferd.models.sim import sim_config
 from inferd.observability.metrics import Metrics
 from inferd.routing import OutlierEjector
-from inferd.worker import protocol as p
+from inferd.routing.fairness import BULK, INTERACTIVE
+from inferd.routing.retry import RetryBudget
+from inferd.wire import protocol as p
 from tests.fakes.worker import fake_connection
 
 TICK = 0.001

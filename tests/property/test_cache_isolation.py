@@ -7,8 +7,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from inferd.clock import FakeClock
+from inferd.config.cache import CacheConfig
 from inferd.gateway.cache import CacheKey, ResponseCache, request_key
-from inferd.gateway.cache_config import CacheConfig
 
 TENANTS = st.sampled_from(["", "acme", "globex", "acme2"])
 REQUESTS = st.sampled_from(["a", "b", ("a",), ["a", 1], b"a"])

@@ -1,4 +1,4 @@
-"""Fairness between tenants (batching/fairness.py) under arbitrary arrivals, cuts, withdrawals, expiries
+"""Fairness between tenants (routing/fairness.py) under arbitrary arrivals, cuts, withdrawals, expiries
 and retries (hypothesis RuleBasedStateMachine on a FakeClock), on the real RequestQueue.
 
 Invariants: no item is lost or duplicated (every item is in exactly one place: queued, cut, expired,
@@ -17,15 +17,15 @@ from hypothesis import event, given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from inferd.batching.dispatcher import ModelRuntime
-from inferd.batching.fairness import NO_TENANT, TenantShare
-from inferd.batching.queue import BULK, INTERACTIVE, QueuedItem, RequestQueue
-from inferd.batching.retry import RetryBudget
 from inferd.clock import FakeClock
 from inferd.errors import Overloaded
+from inferd.kinds.batch.dispatcher import ModelRuntime
+from inferd.kinds.batch.queue import QueuedItem, RequestQueue
 from inferd.models.sim import sim_config
 from inferd.observability.metrics import Metrics
-from inferd.worker.connection import WorkerConnection
+from inferd.routing.fairness import BULK, INTERACTIVE, NO_TENANT, TenantShare
+from inferd.routing.retry import RetryBudget
+from inferd.wire.connection import WorkerConnection
 from tests.fakes.worker import FakeWriter
 
 MAX = 24

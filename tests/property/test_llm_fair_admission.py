@@ -1,10 +1,10 @@
 """Tenants' shares of LLM admission under arbitrary interleavings (hypothesis).
 
-The engine's waiting queue (inferd.llm.waiting): FIFO per tenant; a tenant that starts waiting is
+The engine's waiting queue (inferd.kinds.llm.waiting): FIFO per tenant; a tenant that starts waiting is
 admitted within one turn of each tenant already waiting, however long their backlogs; under a backlog
 from every tenant, admissions per weight stay within one turn of each other.
 
-The front end's waiting room (inferd.llm.placement): never over its bound; a tenant within its share is
+The front end's waiting room (inferd.kinds.llm.placement): never over its bound; a tenant within its share is
 never refused; only tenants over their share give up sequences.
 """
 
@@ -14,10 +14,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from inferd.errors import Overloaded
-from inferd.llm.placement import Generation
-from inferd.llm.sequence import Sequence
-from inferd.llm.stream import TokenStream
-from inferd.llm.waiting import WaitingClass
+from inferd.kinds.llm.placement import Generation
+from inferd.kinds.llm.sequence import Sequence
+from inferd.kinds.llm.stream import TokenStream
+from inferd.kinds.llm.waiting import WaitingClass
 from tests.unit.test_llm_failover import make_runtime, step
 
 TENANTS = ("a", "b", "c")

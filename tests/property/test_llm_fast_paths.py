@@ -20,11 +20,11 @@ from hypothesis import strategies as st
 
 from inferd.clock import FakeClock
 from inferd.errors import ServingError
-from inferd.llm.kv import BlockPool, hash_block
-from inferd.llm.plan import Delta, Recorded, ScheduledChunk, SchedulerConfig, SeqOutput, StepPlan
-from inferd.llm.scheduler import LLMScheduler, _Step
-from inferd.llm.sequence import FinishReason, SeqStatus, Sequence
-from inferd.llm.static_scheduler import StaticBatchScheduler
+from inferd.kinds.llm.kv import BlockPool, hash_block
+from inferd.kinds.llm.plan import Delta, Recorded, ScheduledChunk, SchedulerConfig, SeqOutput, StepPlan
+from inferd.kinds.llm.scheduler import LLMScheduler, _Step
+from inferd.kinds.llm.sequence import FinishReason, SeqStatus, Sequence
+from inferd.kinds.llm.static_scheduler import StaticBatchScheduler
 
 
 class _GeneralPaths:

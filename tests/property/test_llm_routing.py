@@ -16,10 +16,10 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
 from inferd.clock import FakeClock
-from inferd.llm.kv import hash_block, hash_blocks
-from inferd.llm.plan import SchedulerConfig
-from inferd.llm.routing import Choice, PrefixAffinityRouter, RoutingConfig, WorkerLoad, home
-from inferd.llm.sequence import Sequence
+from inferd.kinds.llm.kv import hash_block, hash_blocks
+from inferd.kinds.llm.plan import SchedulerConfig
+from inferd.kinds.llm.routing import Choice, PrefixAffinityRouter, RoutingConfig, WorkerLoad, home
+from inferd.kinds.llm.sequence import Sequence
 from inferd.routing.health import Health
 
 SCHED = SchedulerConfig(block_size=4, num_blocks=64, max_waiting_seqs=3, max_waiting_prompt_tokens=40)

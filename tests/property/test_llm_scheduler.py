@@ -21,7 +21,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 
 from inferd.clock import FakeClock
 from inferd.errors import BadRequest
-from inferd.llm import (
+from inferd.kinds.llm import (
     BULK,
     INTERACTIVE,
     FinishReason,

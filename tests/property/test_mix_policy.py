@@ -1,4 +1,4 @@
-"""The mix policy (batching/mix.py) as a plain object: the cap's bounds, and staggering that spreads the
+"""The mix policy (kinds/batch/mix.py) as a plain object: the cap's bounds, and staggering that spreads the
 finishes of workers that start together."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from inferd.batching.mix import MixInput, MixPolicy, stagger
+from inferd.kinds.batch.mix import MixInput, MixPolicy, stagger
 
 LINE = (0.100, 0.001)  # 100 ms + 1 ms per item: a full batch of 100 costs 200 ms
 

@@ -9,14 +9,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from inferd.api.http import parse_priority
-from inferd.batching.dispatcher import ModelRuntime
-from inferd.batching.queue import BULK, INTERACTIVE, QueuedItem, RequestQueue
-from inferd.batching.retry import RetryBudget
 from inferd.clock import FakeClock
 from inferd.errors import BadRequest, Overloaded
+from inferd.kinds.batch.dispatcher import ModelRuntime
+from inferd.kinds.batch.queue import QueuedItem, RequestQueue
 from inferd.models.sim import sim_config
 from inferd.observability.metrics import Metrics
-from inferd.worker.connection import WorkerConnection
+from inferd.routing.fairness import BULK, INTERACTIVE
+from inferd.routing.retry import RetryBudget
+from inferd.wire.connection import WorkerConnection
 from tests.fakes.worker import FakeWriter
 
 ops = st.lists(

@@ -16,15 +16,15 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from inferd.batching.dispatcher import ItemResult, ModelRuntime
-from inferd.batching.queue import ItemState, QueuedItem
-from inferd.batching.retry import RetryBudget
 from inferd.clock import FakeClock
 from inferd.errors import DeadlineExceeded, ModelError, Overloaded, WorkerDied
+from inferd.kinds.batch.dispatcher import ItemResult, ModelRuntime
+from inferd.kinds.batch.queue import ItemState, QueuedItem
 from inferd.models.sim import sim_config
 from inferd.observability.metrics import Metrics
-from inferd.worker import protocol as p
-from inferd.worker.connection import WorkerConnection
+from inferd.routing.retry import RetryBudget
+from inferd.wire import protocol as p
+from inferd.wire.connection import WorkerConnection
 from tests.fakes.worker import FakeWriter
 
 

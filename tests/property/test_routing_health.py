@@ -12,8 +12,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from inferd.clock import FakeClock
+from inferd.kinds.upstream.pool import Outcome, UpstreamPool
 from inferd.routing import Backoff, Health, HealthChange, OutlierEjector
-from inferd.routing.upstreams import Outcome, UpstreamPool
 
 FAST_S, SLOW_S = 0.02, 0.2
 

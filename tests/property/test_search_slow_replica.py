@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from inferd.search import replicas
+from inferd.kinds.search import replicas
 from tests.search_fault_model import Model, Scenario, pooled
 
 SEEDS = range(4)

@@ -1,4 +1,4 @@
-"""SloBatchPolicy (batching/slo_policy.py) on its own: the hard cap, predicted latency within the budget,
+"""SloBatchPolicy (kinds/batch/slo_policy.py) on its own: the hard cap, predicted latency within the budget,
 bursts raising the batch size, lost items going after the ones that can still meet the SLO, the on-time
 plan, the fixed fallback before the cost line is known, and the config check."""
 
@@ -10,10 +10,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from inferd.batching.admission import DrainEstimator
-from inferd.batching.arrival_rate import ArrivalRate
-from inferd.batching.policy import BatchPolicy
-from inferd.batching.slo_policy import SloBatchPolicy, batch_policy, budget_s
+from inferd.kinds.batch.admission import DrainEstimator
+from inferd.kinds.batch.arrival_rate import ArrivalRate
+from inferd.kinds.batch.policy import BatchPolicy
+from inferd.kinds.batch.slo_policy import SloBatchPolicy, batch_policy, budget_s
 from inferd.models.sim import sim_config
 from inferd.observability.slo_config import SloConfig
 

@@ -12,14 +12,14 @@ import asyncio
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from inferd.batching.dispatcher import ItemResult, ModelRuntime
-from inferd.batching.queue import ItemState
-from inferd.batching.retry import RetryBudget
 from inferd.clock import FakeClock
 from inferd.errors import DeadlineExceeded, Overloaded, ServingError
+from inferd.kinds.batch.dispatcher import ItemResult, ModelRuntime
+from inferd.kinds.batch.queue import ItemState
 from inferd.models.sim import sim_config
 from inferd.observability.metrics import Metrics
 from inferd.routing import OutlierEjector
+from inferd.routing.retry import RetryBudget
 from tests.fakes.worker import fake_connection
 from tests.property.test_batching_policy import TICK, Fleet
 

@@ -11,10 +11,10 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from inferd.clock import FakeClock
-from inferd.llm import BULK, INTERACTIVE, FinishReason, SchedulerConfig, SeqOutput, StepPlan
-from inferd.llm.engine import new_scheduler
-from inferd.llm.scheduler import LLMScheduler
-from inferd.llm.static_scheduler import StaticBatchScheduler
+from inferd.kinds.llm import BULK, INTERACTIVE, FinishReason, SchedulerConfig, SeqOutput, StepPlan
+from inferd.kinds.llm.engine import new_scheduler
+from inferd.kinds.llm.scheduler import LLMScheduler
+from inferd.kinds.llm.static_scheduler import StaticBatchScheduler
 
 
 def token_at(seq_id: str, position: int) -> int:

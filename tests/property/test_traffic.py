@@ -11,9 +11,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from inferd.clock import FakeClock
+from inferd.config.traffic import AB, Canary, Rollback, TrafficConfig
 from inferd.gateway.canary_judge import ERROR_OUTCOMES, CanaryJudge
 from inferd.gateway.traffic import TrafficSplit, sticky_fraction
-from inferd.gateway.traffic_config import AB, Canary, Rollback, TrafficConfig
 
 DRAWS = 10_000
 

@@ -15,8 +15,8 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 from inferd.clock import FakeClock
 from inferd.errors import Overloaded, WorkerUnavailable
+from inferd.kinds.upstream.pool import Outcome, UpstreamPool, UpstreamStatus
 from inferd.routing.health import Health
-from inferd.routing.upstreams import Outcome, UpstreamPool, UpstreamStatus
 
 URLS = [f"http://u{i}:8000/v1" for i in range(4)]
 CAP = 3

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from inferd.batching.admission import DrainEstimator, check_admission, retry_after_s
-from inferd.batching.queue import ItemState, QueuedItem, RequestQueue
-from inferd.errors import Overloaded
+from inferd.errors import Overloaded, retry_after_s
+from inferd.kinds.batch.admission import DrainEstimator, check_admission
+from inferd.kinds.batch.queue import ItemState, QueuedItem, RequestQueue
 
 
 def test_queue_is_fifo_bounded_and_skips_withdrawn() -> None:

@@ -9,17 +9,17 @@ import logging
 
 import pytest
 
-from inferd.batching.dispatcher import ItemResult, ModelRuntime
-from inferd.batching.retry import RetryBudget
-from inferd.batching.statistics import BatchStatistics, BatchWorkerDetail
 from inferd.clock import FakeClock
 from inferd.errors import Internal, ShuttingDown, WorkerUnavailable
+from inferd.kinds.batch.dispatcher import ItemResult, ModelRuntime
+from inferd.kinds.batch.statistics import BatchStatistics, BatchWorkerDetail
 from inferd.models.sim import sim_config
 from inferd.observability.metrics import Metrics
 from inferd.routing import Health
+from inferd.routing.retry import RetryBudget
 from inferd.runtime.contract import Runtime, RuntimeStatistics
-from inferd.worker import protocol as p
-from inferd.worker.connection import WorkerConnection
+from inferd.wire import protocol as p
+from inferd.wire.connection import WorkerConnection
 from tests.fakes.worker import FakeWriter, fake_connection
 
 

@@ -21,12 +21,12 @@ import typer
 from aiohttp import web
 from typer.testing import CliRunner
 
-from inferd.bench.command import bench
 from inferd.bench.http_clients import RawClient
 from inferd.bench.infer_requests import payload_for, request_body, request_id
 from inferd.bench.loadgen import LoadSpec, run_load
 from inferd.bench.open_loop import arrival_offsets
 from inferd.bench.spec_checks import parse_header
+from inferd.cli.bench_cmd import bench
 from inferd.models.sim import sim_digest
 
 Rule = Callable[[int], bool]

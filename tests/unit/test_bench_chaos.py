@@ -30,9 +30,9 @@ from typer.testing import CliRunner
 
 from inferd.bench.chaos_spec import ChaosSpec, planned_injections
 from inferd.bench.chaos_stats import after_injection_mask, window_stats
-from inferd.bench.command import bench
 from inferd.bench.loadgen import LoadSpec, run_load
 from inferd.bench.report import LoadReport, render
+from inferd.cli.bench_cmd import bench
 from inferd.models.sim import sim_digest
 
 HOST = socket.gethostname()

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from inferd.config import ConfigError, load_server_config
-from inferd.models.repository import apply_overrides, load_model_folder, load_repository
+from inferd.kinds.repository import apply_overrides, load_model_folder, load_repository
 from inferd.models.sim import sim_config
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
+from inferd.api.console_feed import ConsoleFeed, quantile_ms
 from inferd.clock import FakeClock
-from inferd.observability.console_feed import ConsoleFeed, quantile_ms
 from inferd.runtime.contract import RuntimeStatistics
 
 

@@ -10,9 +10,9 @@ from typing import Any
 
 import pytest
 
-from inferd.api.asgi import HttpRequest, StreamingResponse
-from inferd.api.disconnect import AsgiPeer, ClientGone, until_disconnect
 from inferd.api.http import wait_for_items
+from inferd.core.asgi import HttpRequest, StreamingResponse
+from inferd.core.disconnect import AsgiPeer, ClientGone, until_disconnect
 
 
 class FakeClient:

@@ -12,10 +12,10 @@ from hypothesis import strategies as st
 
 from inferd.clock import FakeClock
 from inferd.config import ConfigError, ModelConfig
+from inferd.config.traffic import TrafficConfig
 from inferd.errors import DeadlineExceeded, ModelError, Overloaded, ServingError, WorkerUnavailable
 from inferd.gateway.fallback import Breaker, BreakerState, Fallbacks, check_fallbacks, falls_back
 from inferd.gateway.quota_layer import QuotaExceeded
-from inferd.gateway.traffic_config import TrafficConfig
 from inferd.models.sim import sim_config
 from inferd.runtime.registry import ModelRegistry
 

@@ -116,7 +116,7 @@ def test_profiles_round_trip_and_bad_ones_are_refused(tmp_path: Path) -> None:
 
 
 def test_the_servers_autoscaler_grows_the_fleet_under_load_and_shrinks_it_after() -> None:
-    from inferd.fleet.autoscaler_config import AutoscalerConfig
+    from inferd.config.autoscaler import AutoscalerConfig
 
     low = arrival_times(ArrivalSpec("poisson", 100, seed=1), 60)
     high = 60 + arrival_times(ArrivalSpec("poisson", 1500, seed=2), 60)

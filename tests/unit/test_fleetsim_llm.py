@@ -24,7 +24,7 @@ from inferd.fleetsim.llm_profile import LLMProfile, bundled, fit_llm_steps, pois
 from inferd.fleetsim.llm_report import GapHistogram, LLMSimReport
 from inferd.fleetsim.plan_schema import SCHEMA, search_report
 from inferd.fleetsim.profiles import BatchProfile
-from inferd.search.plan import SearchTargets, load_profile, plan_search
+from inferd.fleetsim.search_plan import SearchTargets, load_profile, plan_search
 from tests.cli_flags import shared_devices_reach_the_fleet
 
 DEVICE = LLMProfile(

@@ -21,7 +21,7 @@ from inferd.fleetsim.profiles import BatchProfile
 from inferd.fleetsim.report import Outcome, SimReport
 from inferd.fleetsim.validate import FULL, frontend_pids
 from inferd.models.sim import sim_config
-from inferd.worker.connection import WorkerState
+from inferd.wire.connection import WorkerState
 from inferd.worker.credits import CAP
 from tests.cli_flags import shared_devices_reach_the_fleet
 

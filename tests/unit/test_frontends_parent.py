@@ -1,4 +1,4 @@
-"""The parent of `inferd serve --frontends N` (frontends/parent.py): a stop signal that arrives while a
+"""The parent of `inferd serve --frontends N` (runner/parent.py): a stop signal that arrives while a
 front end is being started reaches that front end too."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from inferd.frontends import parent
-from inferd.frontends.parent import Frontends
+from inferd.runner import parent
+from inferd.runner.parent import Frontends
 
 
 class Process:

@@ -14,11 +14,12 @@ import pytest
 from prometheus_client import CollectorRegistry
 from typer.testing import CliRunner
 
-from inferd.api.asgi import HttpRequest, HttpResponse
-from inferd.api.middleware import Call, Errors, chain
+from inferd.api.middleware import Errors
 from inferd.api.oip import encode_json
 from inferd.cli.main import app as cli_app
 from inferd.config import ConfigError, load_server_config
+from inferd.core.asgi import HttpRequest, HttpResponse
+from inferd.core.call import Call, chain
 from inferd.errors import Forbidden, NotFound, ServingError
 from inferd.gateway.auth import (
     Auth,

@@ -13,14 +13,15 @@ from prometheus_client import CollectorRegistry
 from rich.console import Console
 
 from inferd.api.admin_gateway import GatewayView, cache_page, tenants_page
-from inferd.api.asgi import HttpResponse
 from inferd.api.cache_hook import CacheHook, CacheResult
-from inferd.api.middleware import Call
 from inferd.cli.gateway_status import gateway_parts
 from inferd.clock import FakeClock
 from inferd.config import load_server_config
+from inferd.core.asgi import HttpResponse
+from inferd.core.call import Call
 from inferd.gateway.auth import tenant_counter
 from inferd.gateway.keys import key_digest, new_key
+from inferd.gateway.quota_metrics import QuotaCollector
 from inferd.gateway.quota_store import (
     InProcessStore,
     QuotaSettings,
@@ -31,7 +32,6 @@ from inferd.gateway.quota_store import (
 from inferd.gateway.reload import Gateway
 from inferd.gateway.tenants import Tenant, TenantConfig
 from inferd.observability.cache_metrics import CacheMetrics
-from inferd.observability.quota_metrics import QuotaCollector
 from inferd.runtime.registry import ModelRegistry
 from tests.unit.test_response_cache import FakeRuntime, request_of, sim_config
 

@@ -7,16 +7,16 @@ import asyncio
 
 import pytest
 
-from inferd.batching.dispatcher import ModelRuntime
-from inferd.batching.hedging import HedgeInput, HedgePolicy
-from inferd.batching.queue import QueuedItem
-from inferd.batching.retry import RetryBudget
 from inferd.clock import FakeClock
+from inferd.kinds.batch.dispatcher import ModelRuntime
+from inferd.kinds.batch.hedging import HedgeInput, HedgePolicy
+from inferd.kinds.batch.queue import QueuedItem
 from inferd.models.sim import sim_config
 from inferd.observability.metrics import Metrics
 from inferd.routing import OutlierEjector
-from inferd.worker import protocol as p
-from inferd.worker.connection import Batch, WorkerConnection
+from inferd.routing.retry import RetryBudget
+from inferd.wire import protocol as p
+from inferd.wire.connection import Batch, WorkerConnection
 from tests.fakes.worker import FakeWriter, fake_connection
 
 

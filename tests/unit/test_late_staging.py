@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from inferd.batching.fairness import TenantShare
-from inferd.batching.policy import STAGE_LEAD_FRACTION, STAGE_LEAD_MIN_S, BatchPolicy, stage_time
+from inferd.kinds.batch.policy import STAGE_LEAD_FRACTION, STAGE_LEAD_MIN_S, BatchPolicy, stage_time
+from inferd.routing.fairness import TenantShare
 from tests.unit.test_batch_runtime import done, runtime
 
 A, B = TenantShare("a"), TenantShare("b")

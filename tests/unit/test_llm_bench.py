@@ -23,7 +23,7 @@ from inferd.bench.llm_report import (
     nearest_rank,
 )
 from inferd.bench.llm_workload import LengthDist, LLMLoadSpec, PlannedRequest, plan_requests, prompt_text
-from inferd.models.sim_llm import SimTokenizer, sim_llm_tokens
+from inferd.kinds.llm.sim_llm import SimTokenizer, sim_llm_tokens
 
 # --- workload ---
 

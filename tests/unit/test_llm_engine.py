@@ -8,11 +8,11 @@ from concurrent.futures import ThreadPoolExecutor
 
 from inferd.api.streams import StopChecker
 from inferd.clock import MonotonicClock
-from inferd.llm.engine import LLMEngine, scheduler_config
-from inferd.llm.scheduler import LLMScheduler
-from inferd.llm.stream import TokenStream
-from inferd.models.sim_llm import VOCAB, SimLLM, SimTokenizer, sim_llm_config, sim_llm_tokens
-from inferd.worker import protocol as p
+from inferd.kinds.llm.engine import LLMEngine, scheduler_config
+from inferd.kinds.llm.scheduler import LLMScheduler
+from inferd.kinds.llm.sim_llm import VOCAB, SimLLM, SimTokenizer, sim_llm_config, sim_llm_tokens
+from inferd.kinds.llm.stream import TokenStream
+from inferd.wire import protocol as p
 
 FREE = {"step_base_ms": 0.0, "per_token_ms": 0.0, "per_context_token_ms": 0.0}
 

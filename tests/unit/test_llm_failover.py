@@ -9,15 +9,15 @@ from typing import Any
 import msgspec
 import pytest
 
-from inferd.batching.retry import RetryBudget
 from inferd.clock import FakeClock
 from inferd.errors import Overloaded, ShuttingDown, WorkerDied, WorkerUnavailable
-from inferd.llm.placement import Generation
-from inferd.llm.runtime import LLMRuntime
-from inferd.llm.stream import TokenStream
-from inferd.models.sim_llm import VOCAB, SimTokenizer, sim_llm_config, sim_llm_tokens
-from inferd.worker import protocol as p
-from inferd.worker.connection import WorkerConnection
+from inferd.kinds.llm.placement import Generation
+from inferd.kinds.llm.runtime import LLMRuntime
+from inferd.kinds.llm.sim_llm import VOCAB, SimTokenizer, sim_llm_config, sim_llm_tokens
+from inferd.kinds.llm.stream import TokenStream
+from inferd.routing.retry import RetryBudget
+from inferd.wire import protocol as p
+from inferd.wire.connection import WorkerConnection
 from tests.unit.test_llm_engine import run_engine, tokens_by_seq
 
 _decode = msgspec.msgpack.Decoder(p.Message)

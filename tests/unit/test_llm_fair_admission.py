@@ -8,11 +8,11 @@ import pytest
 
 from inferd.clock import FakeClock
 from inferd.errors import Overloaded
-from inferd.llm import BULK, LLMScheduler, SchedulerConfig, SeqOutput
-from inferd.llm.placement import Generation
-from inferd.llm.sequence import Sequence
-from inferd.llm.waiting import WaitingClass
-from inferd.worker import protocol as p
+from inferd.kinds.llm import BULK, LLMScheduler, SchedulerConfig, SeqOutput
+from inferd.kinds.llm.placement import Generation
+from inferd.kinds.llm.sequence import Sequence
+from inferd.kinds.llm.waiting import WaitingClass
+from inferd.wire import protocol as p
 from tests.unit.test_llm_failover import adds, make_runtime, step
 
 

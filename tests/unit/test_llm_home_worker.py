@@ -7,8 +7,8 @@ import hashlib
 from collections import Counter
 
 from inferd.clock import FakeClock
-from inferd.llm.plan import SchedulerConfig
-from inferd.llm.routing import PrefixAffinityRouter, RoutingConfig, WorkerLoad, home
+from inferd.kinds.llm.plan import SchedulerConfig
+from inferd.kinds.llm.routing import PrefixAffinityRouter, RoutingConfig, WorkerLoad, home
 from inferd.routing.health import Health
 
 

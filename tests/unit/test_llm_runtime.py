@@ -10,15 +10,15 @@ import pytest
 
 from inferd.clock import FakeClock
 from inferd.errors import DeadlineExceeded, WorkerDied
-from inferd.llm.placement import Generation
-from inferd.llm.runtime import LLMRuntime
-from inferd.llm.statistics import LLMRuntimeStatistics, LLMWorkerStatistics
-from inferd.llm.stream import TokenStream
-from inferd.llm.watchdog import HANG_MIN_S, HANG_STEP_FACTOR
-from inferd.models.sim_llm import sim_llm_config
+from inferd.kinds.llm.placement import Generation
+from inferd.kinds.llm.runtime import LLMRuntime
+from inferd.kinds.llm.sim_llm import sim_llm_config
+from inferd.kinds.llm.statistics import LLMRuntimeStatistics, LLMWorkerStatistics
+from inferd.kinds.llm.stream import TokenStream
+from inferd.kinds.llm.watchdog import HANG_MIN_S, HANG_STEP_FACTOR
 from inferd.runtime.contract import Runtime
-from inferd.worker import protocol as p
-from inferd.worker.connection import WorkerConnection, WorkerState
+from inferd.wire import protocol as p
+from inferd.wire.connection import WorkerConnection, WorkerState
 from tests.unit.test_llm_failover import RecordingWriter, adds, drain, step
 
 

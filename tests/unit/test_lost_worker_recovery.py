@@ -4,14 +4,14 @@ fails with WorkerDied, never re-run, for a model that is not idempotent."""
 
 from __future__ import annotations
 
-from inferd.batching.dispatcher import ModelRuntime
-from inferd.batching.queue import QueuedItem
-from inferd.batching.retry import RetryBudget
 from inferd.clock import FakeClock
 from inferd.errors import WorkerDied
+from inferd.kinds.batch.dispatcher import ModelRuntime
+from inferd.kinds.batch.queue import QueuedItem
 from inferd.models.sim import sim_config
 from inferd.observability.metrics import Metrics
-from inferd.worker.connection import WorkerConnection
+from inferd.routing.retry import RetryBudget
+from inferd.wire.connection import WorkerConnection
 from tests.fakes.worker import fake_connection
 
 

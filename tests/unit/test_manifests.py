@@ -191,7 +191,13 @@ def test_manifest_arguments_are_real_cli_flags(overlay: str) -> None:
 
 
 def inferd_metric_names() -> set[str]:
-    sources = (ROOT / "src" / "inferd" / "observability").glob("*.py")
+    src = ROOT / "src" / "inferd"
+    sources = [
+        *(src / "observability").glob("*.py"),  # the core families; each kind's and the gateway's own:
+        src / "kinds" / "collectors.py",
+        *(src / "kinds").glob("*/metrics.py"),
+        *(src / "gateway").glob("*metrics.py"),
+    ]
     return {m for f in sources for m in re.findall(r'"(inferd_[a-z_]+)"', f.read_text())}
 
 

@@ -16,8 +16,8 @@ from prometheus_client import CollectorRegistry
 from inferd.api.cache_hook import CacheHook
 from inferd.clock import FakeClock
 from inferd.config import ConfigError, ModelConfig, TensorSpec, load_server_config
+from inferd.config.cache import CacheConfig
 from inferd.gateway.cache import ResponseCache, request_key
-from inferd.gateway.cache_config import CacheConfig
 from inferd.gateway.keys import key_digest, new_key
 from inferd.gateway.model_reload import ModelSettings
 from inferd.gateway.reload import Gateway

@@ -11,7 +11,7 @@ import pytest
 
 from inferd.config import ConfigError, ModelConfig
 from inferd.errors import NotFound
-from inferd.models.repository import load_model_folder, load_model_version
+from inferd.kinds.repository import load_model_folder, load_model_version
 from inferd.runtime.registry import ModelRegistry
 
 
@@ -152,7 +152,7 @@ def test_a_batch_model_without_tensors_is_refused_with_the_fix(tmp_path: Path) -
 
 
 def test_each_kind_checks_its_typed_params_at_start() -> None:
-    from inferd.models.repository import builtin_config
+    from inferd.kinds.repository import builtin_config
     from inferd.server import builtin_kinds
 
     kinds = builtin_kinds()

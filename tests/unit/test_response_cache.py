@@ -10,14 +10,14 @@ import numpy as np
 import pytest
 from prometheus_client import CollectorRegistry
 
-from inferd.api.asgi import HttpRequest, HttpResponse
 from inferd.api.cache_hook import CacheHook, CacheResult
-from inferd.api.middleware import Call
 from inferd.clock import FakeClock
 from inferd.config import ModelConfig, TensorSpec
+from inferd.config.cache import CacheConfig
+from inferd.core.asgi import HttpRequest, HttpResponse
+from inferd.core.call import Call
 from inferd.errors import DeadlineExceeded, ModelError
 from inferd.gateway.cache import CacheKey, ResponseCache, request_key
-from inferd.gateway.cache_config import CacheConfig
 from inferd.gateway.tenants import Tenant, TenantConfig
 from inferd.observability.cache_metrics import CacheMetrics
 from inferd.runtime.registry import ModelRegistry

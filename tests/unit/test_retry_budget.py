@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from inferd.batching.retry import RetryBudget
 from inferd.clock import FakeClock
+from inferd.routing.retry import RetryBudget
 
 
 def test_budget_is_ratio_of_recent_requests_plus_floor() -> None:

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from inferd.batching.dispatcher import ModelRuntime
-from inferd.batching.retry import RetryBudget
 from inferd.clock import FakeClock
+from inferd.kinds.batch.dispatcher import ModelRuntime
 from inferd.models.sim import sim_config
 from inferd.observability.metrics import Metrics
-from inferd.worker import protocol as p
-from inferd.worker.connection import WorkerConnection
+from inferd.routing.retry import RetryBudget
+from inferd.wire import protocol as p
+from inferd.wire.connection import WorkerConnection
 from tests.property.test_recovery_state_machine import FakeWriter
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from inferd.search.dense import DenseIndex
+from inferd.kinds.search.dense import DenseIndex
 
 DIM = 16
 

@@ -1,7 +1,7 @@
-"""Search with several front ends: a follower's view of the shards (search/follower.py), the writes it
-forwards to the owner (search/writes.py, over frontends/owner_channel.py) once their bodies pass the
+"""Search with several front ends: a follower's view of the shards (kinds/search/follower.py), the writes it
+forwards to the owner (frontends/search_writes.py, over frontends/owner_channel.py) once their bodies pass the
 owner's own parsing (api/search_routes.py), and the replica that serves every front end
-(search/replica.py's links and notes)."""
+(kinds/search/replica.py's links and notes)."""
 
 from __future__ import annotations
 
@@ -27,18 +27,19 @@ from inferd.errors import (
 )
 from inferd.frontends.owner_channel import OwnerUnreachable
 from inferd.frontends.plan import FrontendPlan
-from inferd.search import wire
-from inferd.search.config import SearchParams
-from inferd.search.follower import KnownSeqs, Note, take_note
-from inferd.search.replica import ANNOUNCE, Replica
-from inferd.search.replicas import Replica as ReplicaView
-from inferd.search.replicas import ReplicaPhase, least_served_shard
-from inferd.search.requests import MAX_BATCH_DOCUMENTS
-from inferd.search.shard import ShardIndex
-from inferd.search.types import Document, LogEntry, Upsert
-from inferd.search.writes import KIND, Forwarder, Write, WriteDesk, forwarded_writes
-from inferd.worker import protocol as p
-from inferd.worker.connection import WorkerState
+from inferd.frontends.search_writes import KIND, Forwarder, Write, WriteDesk, forwarded_writes
+from inferd.kinds.search import wire
+from inferd.kinds.search.config import SearchParams
+from inferd.kinds.search.follower import KnownSeqs, Note, take_note
+from inferd.kinds.search.replica import Replica
+from inferd.kinds.search.replicas import Replica as ReplicaView
+from inferd.kinds.search.replicas import ReplicaPhase, least_served_shard
+from inferd.kinds.search.requests import MAX_BATCH_DOCUMENTS
+from inferd.kinds.search.shard import ShardIndex
+from inferd.kinds.search.types import Document, LogEntry, Upsert
+from inferd.kinds.search.wire import ANNOUNCE
+from inferd.wire import protocol as p
+from inferd.wire.connection import WorkerState
 
 
 def view(shard: int = -1, phase: ReplicaPhase = ReplicaPhase.ASSIGNING) -> ReplicaView:

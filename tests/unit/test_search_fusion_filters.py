@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from inferd.search import fusion
-from inferd.search.filters import parse_filter
-from inferd.search.types import FieldCondition, InvalidFilter, ShardHit
+from inferd.kinds.search import fusion
+from inferd.kinds.search.filters import parse_filter
+from inferd.kinds.search.types import FieldCondition, InvalidFilter, ShardHit
 
 FIELDS = {"lang": "keyword", "year": "int", "price": "float", "open": "bool"}
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import random
 
 from inferd.clock import FakeClock
-from inferd.search.hedge import HedgePolicy
+from inferd.kinds.search.hedge import HedgePolicy
 
 
 def test_the_p95_follows_the_sliding_window_exactly() -> None:

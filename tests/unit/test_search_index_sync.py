@@ -1,4 +1,4 @@
-"""Search indexes created or deleted through the API with several front ends (search/index_sync.py): what
+"""Search indexes created or deleted through the API with several front ends (frontends/index_sync.py): what
 the owner waits for, and what a follower serves."""
 
 from __future__ import annotations
@@ -11,10 +11,10 @@ import pytest
 
 from inferd.clock import FakeClock
 from inferd.config import ModelConfig
+from inferd.frontends import index_sync
+from inferd.frontends.index_sync import FollowerIndexes, Indexes, IndexSync, Report
 from inferd.frontends.plan import FrontendPlan
-from inferd.search import index_sync
-from inferd.search.config import params_of
-from inferd.search.index_sync import FollowerIndexes, Indexes, IndexSync, Report
+from inferd.kinds.search.config import params_of
 
 
 # ---- indexes created or deleted while the server runs -------------------------------------------------

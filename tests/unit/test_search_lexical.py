@@ -12,10 +12,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from inferd.search.analyzer import STOP_LISTS, document_text, tokenize
-from inferd.search.lexical import LexicalIndex
-from inferd.search.shard import ShardIndex
-from inferd.search.types import Delete, Document, IndexSettings, LogEntry, ShardQuery, Upsert
+from inferd.kinds.search.analyzer import STOP_LISTS, document_text, tokenize
+from inferd.kinds.search.lexical import LexicalIndex
+from inferd.kinds.search.shard import ShardIndex
+from inferd.kinds.search.types import Delete, Document, IndexSettings, LogEntry, ShardQuery, Upsert
 
 WORDS = ["apple", "banana", "cherry", "delta", "echo", "fox", "golf", "hotel", "the", "and"]
 SETTINGS = IndexSettings(dim=4)

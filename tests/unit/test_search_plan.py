@@ -1,5 +1,5 @@
-"""`inferd plan search`: the arithmetic from a shard profile (search/plan.py), and the in-process shard
-profiler that makes the profile (search/shard_profile.py)."""
+"""`inferd plan search`: the arithmetic from a shard profile (fleetsim/search_plan.py), and the in-process shard
+profiler that makes the profile (kinds/search/shard_profile.py)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import math
 import pytest
 
 from inferd.config import ConfigError
-from inferd.search.plan import SearchTargets, ShardCosts, candidate, load_profile, plan_search
-from inferd.search.shard_profile import SCHEMA, ShardProfileSpec, profile_shards
+from inferd.fleetsim.search_plan import SearchTargets, ShardCosts, candidate, load_profile, plan_search
+from inferd.kinds.search.shard_profile import SCHEMA, ShardProfileSpec, profile_shards
 
 
 def profile(lexical_b: float = 0.01, recall_b: float = -0.01) -> dict:
@@ -116,7 +116,7 @@ def test_a_larger_dim_costs_four_bytes_a_dimension_and_proportional_dense_time()
 
 
 def test_a_cost_that_falls_with_size_is_held_at_its_largest_measurement() -> None:
-    from inferd.search.shard_profile import cost_fit
+    from inferd.kinds.search.shard_profile import cost_fit
 
     assert cost_fit([1.0, 2.0], [300.0, 200.0]) == (300.0, 0.0)
     assert cost_fit([1.0, 2.0], [300.0, 200.0], through_zero=True) == (0.0, 300.0)

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from inferd.search import fusion
-from inferd.search.quality import evaluate, load_collection, ndcg_at, recall_at
-from inferd.search.shard import ShardIndex
-from inferd.search.types import IndexSettings, LogEntry, ShardQuery, Upsert
+from inferd.kinds.search import fusion
+from inferd.kinds.search.quality import evaluate, load_collection, ndcg_at, recall_at
+from inferd.kinds.search.shard import ShardIndex
+from inferd.kinds.search.types import IndexSettings, LogEntry, ShardQuery, Upsert
 
 ROOT = Path(__file__).resolve().parents[2]
 IR = next(

@@ -13,12 +13,12 @@ import numpy as np
 
 from inferd.clock import FakeClock
 from inferd.errors import NotFound
-from inferd.search import wire
-from inferd.search.embedder import Embedder
-from inferd.search.reembed import Reembedder
-from inferd.search.shard import ShardIndex
-from inferd.search.store import IndexStore
-from inferd.search.types import (
+from inferd.kinds.search import wire
+from inferd.kinds.search.embedder import Embedder
+from inferd.kinds.search.reembed import Reembedder
+from inferd.kinds.search.shard import ShardIndex
+from inferd.kinds.search.store import IndexStore
+from inferd.kinds.search.types import (
     Document,
     IndexSettings,
     LogEntry,

@@ -6,8 +6,8 @@ import asyncio
 
 import pytest
 
-from inferd.search.replica import InlinePolicy, Replica, split_frames
-from inferd.worker import protocol as p
+from inferd.kinds.search.replica import InlinePolicy, Replica, split_frames
+from inferd.wire import protocol as p
 
 
 def test_short_reads_run_inline_and_writes_never_do() -> None:

@@ -9,11 +9,11 @@ from types import SimpleNamespace
 
 from inferd.clock import MonotonicClock
 from inferd.errors import WorkerDied, from_wire
-from inferd.search.hedge import HedgePolicy
-from inferd.search.replicas import Replica, ReplicaChooser, ReplicaPhase
-from inferd.search.scatter import Scatter
-from inferd.worker import protocol as p
-from inferd.worker.connection import WorkerState
+from inferd.kinds.search.hedge import HedgePolicy
+from inferd.kinds.search.replicas import Replica, ReplicaChooser, ReplicaPhase
+from inferd.kinds.search.scatter import Scatter
+from inferd.wire import protocol as p
+from inferd.wire.connection import WorkerState
 
 
 class FakeCalls:

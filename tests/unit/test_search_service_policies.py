@@ -13,24 +13,24 @@ import pytest
 
 from inferd.clock import FakeClock
 from inferd.errors import BadRequest, PayloadTooLarge
-from inferd.search.caches import LRU
-from inferd.search.config import parse_params
-from inferd.search.embedder import EmbedderHealth, EmbedderState
-from inferd.search.hedge import HedgePolicy
-from inferd.search.indexes import IndexAdmin, worker_cap
-from inferd.search.replicas import (
+from inferd.kinds.search.caches import LRU
+from inferd.kinds.search.config import parse_params
+from inferd.kinds.search.embedder import EmbedderHealth, EmbedderState
+from inferd.kinds.search.hedge import HedgePolicy
+from inferd.kinds.search.indexes import IndexAdmin, worker_cap
+from inferd.kinds.search.replicas import (
     SLOW_SAMPLES,
     Replica,
     ReplicaChooser,
     ReplicaPhase,
     least_served_shard,
 )
-from inferd.search.requests import MAX_BATCH_DOCUMENTS, parse_documents, parse_search
-from inferd.search.sequencer import ShardLog
-from inferd.search.service import shard_of
-from inferd.search.store import IndexStore
-from inferd.search.types import Delete, Document, Upsert
-from inferd.worker.connection import WorkerState
+from inferd.kinds.search.requests import MAX_BATCH_DOCUMENTS, parse_documents, parse_search
+from inferd.kinds.search.sequencer import ShardLog
+from inferd.kinds.search.service import shard_of
+from inferd.kinds.search.store import IndexStore
+from inferd.kinds.search.types import Delete, Document, Upsert
+from inferd.wire.connection import WorkerState
 
 FIELDS = {"lang": "keyword", "year": "int"}
 

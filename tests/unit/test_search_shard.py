@@ -7,10 +7,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from inferd.search import snapshot
-from inferd.search.filters import parse_filter
-from inferd.search.shard import ShardIndex
-from inferd.search.types import (
+from inferd.kinds.search import snapshot
+from inferd.kinds.search.filters import parse_filter
+from inferd.kinds.search.shard import ShardIndex
+from inferd.kinds.search.types import (
     CorruptSnapshot,
     Delete,
     Document,
@@ -20,7 +20,7 @@ from inferd.search.types import (
     ShardQuery,
     Upsert,
 )
-from inferd.search.wal import WriteAheadLog
+from inferd.kinds.search.wal import WriteAheadLog
 
 SETTINGS = IndexSettings(dim=16, fields={"lang": "keyword", "year": "int", "score": "float", "open": "bool"})
 

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from inferd.search.types import CorruptLog, Delete, Document, LogEntry, SeqGap, Upsert
-from inferd.search.wal import WriteAheadLog
+from inferd.kinds.search.types import CorruptLog, Delete, Document, LogEntry, SeqGap, Upsert
+from inferd.kinds.search.wal import WriteAheadLog
 
 
 def entry(seq: int) -> LogEntry:

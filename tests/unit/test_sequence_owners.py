@@ -4,7 +4,7 @@ and to no other; the single tokens travel in the compact columns (decoded_ids / 
 
 from __future__ import annotations
 
-from inferd.worker import protocol as p
+from inferd.wire import protocol as p
 from inferd.worker.fronts import SequenceOwners
 
 

@@ -13,9 +13,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from inferd.config import ModelConfig
+from inferd.config.traffic import Shadow, TrafficConfig
 from inferd.errors import Overloaded
 from inferd.gateway.shadow import ShadowBudget, Shadows, ShadowSampler, same_outputs
-from inferd.gateway.traffic_config import Shadow, TrafficConfig
 from inferd.models.sim import sim_config
 from inferd.observability.metrics import Metrics
 from inferd.runtime.registry import ModelRegistry

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-from inferd.batching.admission import DrainEstimator, check_admission
-from inferd.batching.slo_policy import budget_s, queued_ahead
 from inferd.errors import Overloaded
+from inferd.kinds.batch.admission import DrainEstimator, check_admission
+from inferd.kinds.batch.slo_policy import budget_s, queued_ahead
 from inferd.models.sim import sim_config
 
 

@@ -11,9 +11,10 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry
 
-from inferd.api.asgi import HttpRequest, HttpResponse
-from inferd.api.middleware import Accounting, Call, Errors, chain
+from inferd.api.middleware import Accounting, Errors
 from inferd.clock import FakeClock
+from inferd.core.asgi import HttpRequest, HttpResponse
+from inferd.core.call import Call, chain
 from inferd.errors import (
     BadRequest,
     DeadlineExceeded,

@@ -6,8 +6,8 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from inferd.batching.fairness import TenantShare
-from inferd.batching.queue import BULK, ItemState, QueuedItem, RequestQueue
+from inferd.kinds.batch.queue import ItemState, QueuedItem, RequestQueue
+from inferd.routing.fairness import BULK, TenantShare
 
 
 def queue_of(times: list[float], size: int = 100) -> tuple[RequestQueue, list[QueuedItem]]:

@@ -11,12 +11,13 @@ import asyncio
 import numpy as np
 import pytest
 
-from inferd.batching.queue import BULK, QueuedItem
 from inferd.errors import Overloaded
 from inferd.fleetsim.batch_fleet import BatchFleet, FleetSpec
 from inferd.fleetsim.profiles import BatchProfile
 from inferd.fleetsim.report import Outcome
+from inferd.kinds.batch.queue import QueuedItem
 from inferd.models.sim import sim_config
+from inferd.routing.fairness import BULK
 from tests.property.test_slo_runtime import slo_fleet
 
 LATENCY_MS = 100.0

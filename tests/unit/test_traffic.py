@@ -14,8 +14,8 @@ from prometheus_client import CollectorRegistry
 
 from inferd.clock import FakeClock
 from inferd.config import ConfigError, ModelConfig
+from inferd.config.traffic import Rollback
 from inferd.gateway.canary_judge import CanaryJudge
-from inferd.gateway.traffic_config import Rollback
 from inferd.gateway.traffic_control import Traffic, check_traffic
 from inferd.observability.traffic_metrics import TrafficMetrics
 from inferd.runtime.registry import ModelRegistry

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from inferd.config import ConfigError
-from inferd.llm.upstream import UpstreamConfig, is_upstream, openai_upstream_config
-from inferd.models.repository import load_model_folder
+from inferd.kinds.repository import load_model_folder
+from inferd.kinds.upstream.runtime import UpstreamConfig, is_upstream, openai_upstream_config
 
 
 def write(folder: Path, text: str) -> Path:

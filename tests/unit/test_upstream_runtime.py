@@ -11,15 +11,15 @@ from collections.abc import AsyncIterator
 import pytest
 from aiohttp import web
 
-from inferd.batching.retry import RetryBudget
 from inferd.clock import FakeClock
 from inferd.errors import DeadlineExceeded, Internal, ShuttingDown
-from inferd.llm.upstream import UpstreamRuntime, openai_upstream_config
-from inferd.llm.upstream_reply import UpstreamStatistics
+from inferd.kinds.upstream.metrics import UpstreamMetrics
+from inferd.kinds.upstream.reply import UpstreamStatistics
+from inferd.kinds.upstream.runtime import UpstreamRuntime, openai_upstream_config
 from inferd.observability.metrics import Metrics
-from inferd.observability.upstream_metrics import UpstreamMetrics
+from inferd.routing.retry import RetryBudget
 from inferd.runtime.contract import Runtime
-from inferd.worker.connection import WorkerConnection
+from inferd.wire.connection import WorkerConnection
 
 URLS = ["http://127.0.0.1:9/v1", "http://127.0.0.1:10/v1"]
 

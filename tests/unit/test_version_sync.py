@@ -16,9 +16,9 @@ from inferd.errors import Conflict
 from inferd.frontends.followers import LIVE_S
 from inferd.frontends.plan import FrontendPlan
 from inferd.frontends.version_sync import Answer, FollowerVersions, Report, Served, VersionSync
+from inferd.runtime.hub import WorkerHub
 from inferd.runtime.registry import ModelRegistry
-from inferd.worker import protocol as p
-from inferd.worker.hub import WorkerHub
+from inferd.wire import protocol as p
 
 
 def test_an_update_waits_only_for_the_followers_up_that_lack_the_new_version() -> None:

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from inferd.clock import FakeClock
-from inferd.worker import protocol as p
-from inferd.worker.connection import WorkerConnection, WorkerState
+from inferd.wire import protocol as p
+from inferd.wire.connection import WorkerConnection, WorkerState
 from inferd.worker.credits import STALE_HOLD_S, CreditLedger
 
 

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from inferd.config import ModelConfig, TensorSpec
-from inferd.worker import protocol as p
+from inferd.wire import protocol as p
 from inferd.worker.main import give_up_when_silent
 from inferd.worker.outputs import OutputError, convert_outputs
 

@@ -10,7 +10,7 @@ import asyncio
 import pytest
 
 from inferd.clock import FakeClock
-from inferd.worker import protocol as p
+from inferd.wire import protocol as p
 from inferd.worker.fronts import FINISH_POLL_S, FrontLink, SequenceOwners
 from inferd.worker.stuck import LINK_HARD_LIMIT_BYTES, LINK_HIGH_WATER_BYTES, DrainWatch, positive_seconds
 

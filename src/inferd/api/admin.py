@@ -20,16 +20,16 @@ from aiohttp import web
 
 from inferd.api.admin_gateway import GatewayView, cache_page, tenants_page
 from inferd.api.errors import status_of
-from inferd.batching.retry import RetryBudget
 from inferd.clock import Clock
 from inferd.config import ConfigError
 from inferd.errors import BadRequest, Conflict, NotFound
 from inferd.fleet.control import FleetControl
 from inferd.fleet.frontend_load import FrontendLoads, model_load
 from inferd.fleet.scaling import ScalingLoop
+from inferd.routing.retry import RetryBudget
 from inferd.runtime.contract import Runtime, RuntimeStatistics, WorkerSnapshot
 from inferd.runtime.registry import ModelRegistry
-from inferd.worker.connection import WorkerConnection, slot_of
+from inferd.wire.connection import WorkerConnection, slot_of
 from inferd.worker.launcher import Launcher
 
 log = logging.getLogger("inferd.admin")

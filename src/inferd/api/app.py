@@ -17,7 +17,6 @@ from inferd import __version__
 from inferd.api import completions as completion_routes
 from inferd.api import oip
 from inferd.api import openai as openai_routes
-from inferd.api.asgi import AsgiApp, HttpRequest, HttpResponse, Router, StreamingResponse
 from inferd.api.cache_hook import CacheResult
 from inferd.api.console import ConsoleAccess, add_console_routes
 from inferd.api.http import (
@@ -28,31 +27,23 @@ from inferd.api.http import (
     request_deadline,
     wait_for_items,
 )
-from inferd.api.middleware import (
-    AccessLog,
-    Accounting,
-    Call,
-    ErrorBody,
-    Errors,
-    Layer,
-    ModelVersion,
-    Response,
-    chain,
-)
+from inferd.api.middleware import AccessLog, Accounting, Errors, ModelVersion
 from inferd.api.oip_metadata import model_metadata
 from inferd.api.openapi import openapi_document
 from inferd.api.request_context import RequestContext
 from inferd.api.search_routes import add_search_routes
-from inferd.batching.dispatcher import ItemResult
-from inferd.batching.fairness import NO_TENANT, TenantShare
+from inferd.api.server_view import ServerView
+from inferd.core.asgi import AsgiApp, HttpRequest, HttpResponse, Router, StreamingResponse
+from inferd.core.call import Call, ErrorBody, Layer, Response, chain
 from inferd.errors import BadRequest, ServingError
 from inferd.gateway.auth import Auth, TenantRequests, allowed_models, check_model, tenant_of, tenant_share
 from inferd.gateway.cache import encoded_size
 from inferd.gateway.fallback import Fallbacks, falls_back
 from inferd.gateway.quota_layer import Quotas
+from inferd.kinds.batch.dispatcher import ItemResult
 from inferd.observability.logging_setup import accept_request_id, current_request_id
+from inferd.routing.fairness import NO_TENANT, TenantShare
 from inferd.runtime.contract import Runtime
-from inferd.server import InferenceServer
 
 log = logging.getLogger("inferd.api")
 
@@ -65,7 +56,7 @@ def oip_error(exc: ServingError, status: int) -> bytes:
     return oip.encode_json({"error": exc.message, "request_id": current_request_id()})
 
 
-def create_app(server: InferenceServer) -> AsgiApp:
+def create_app(server: ServerView) -> AsgiApp:
     api = Api(server)
     r = Router()
     oai = openai_routes.openai_error
@@ -152,7 +143,7 @@ def lifecycle_headers(record: dict[str, Any]) -> list[tuple[bytes, bytes]]:
 
 
 class Api:
-    def __init__(self, server: InferenceServer) -> None:
+    def __init__(self, server: ServerView) -> None:
         self.server = server
         self.registry = server.registry
         self.clock = server.clock

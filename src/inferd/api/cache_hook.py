@@ -21,13 +21,13 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from inferd.api.asgi import HttpRequest
-from inferd.api.middleware import Call, Handler, Response
 from inferd.clock import Clock
+from inferd.config.cache import CacheConfig
+from inferd.core.asgi import HttpRequest
+from inferd.core.call import Call, Handler, Response
 from inferd.errors import DeadlineExceeded
 from inferd.gateway.auth import tenant_of
 from inferd.gateway.cache import Lookup, ResponseCache, request_key
-from inferd.gateway.cache_config import CacheConfig
 from inferd.gateway.redis_cache import RedisCacheClient, RedisResponseCache, check_cache_stores, redis_url_for
 from inferd.observability.cache_metrics import CacheMetrics
 from inferd.runtime.contract import Runtime

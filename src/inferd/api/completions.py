@@ -27,7 +27,6 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 
 from inferd.api import upstream
-from inferd.api.asgi import HttpRequest, HttpResponse, StreamingResponse
 from inferd.api.errors import status_of
 from inferd.api.http import (
     check_content_type,
@@ -43,13 +42,14 @@ from inferd.api.prompts import chat_prompt
 from inferd.api.prompts import prompt_text as _prompt_text
 from inferd.api.streams import collect, generate, interleave
 from inferd.config import ModelConfig
+from inferd.core.asgi import HttpRequest, HttpResponse, StreamingResponse
 from inferd.errors import BadRequest, DeadlineExceeded, ServingError
 from inferd.gateway.auth import tenant_of, tenant_share
 from inferd.gateway.quota_layer import reserve_tokens
-from inferd.llm.placement import Generation
-from inferd.llm.runtime import LLMRuntime
-from inferd.llm.stream import TokenStream
-from inferd.llm.upstream import UpstreamRuntime
+from inferd.kinds.llm.placement import Generation
+from inferd.kinds.llm.runtime import LLMRuntime
+from inferd.kinds.llm.stream import TokenStream
+from inferd.kinds.upstream.runtime import UpstreamRuntime
 
 if TYPE_CHECKING:
     from inferd.api.context import ApiContext

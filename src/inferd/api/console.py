@@ -1,5 +1,5 @@
 """The live console at `/`: one HTML page, its script and style, the vendored chart library (uPlot, MIT,
-src/inferd/console/vendor/), and its data at `GET /console/data` (observability/console_feed.py).
+src/inferd/console/vendor/), and its data at `GET /console/data` (api/console_feed.py).
 
 Everything ships in the package: no build step and no CDN. These routes are outside the request chain:
 they need no tenant key but, when an admin token is set or tenants are configured, the admin token,
@@ -17,8 +17,8 @@ from collections.abc import Awaitable, Callable
 from importlib import resources
 from urllib.parse import parse_qs
 
-from inferd.api.asgi import HttpRequest, HttpResponse, Router
-from inferd.observability.console_feed import ConsoleFeed
+from inferd.api.console_feed import ConsoleFeed
+from inferd.core.asgi import HttpRequest, HttpResponse, Router
 
 COOKIE = "inferd_console"
 ASSETS = {

@@ -7,9 +7,9 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
-from inferd.api.asgi import HttpRequest, HttpResponse, StreamingResponse
 from inferd.api.cache_hook import CacheHook
 from inferd.clock import Clock
+from inferd.core.asgi import HttpRequest, HttpResponse, StreamingResponse
 from inferd.gateway.shadow import Shadows
 from inferd.runtime.contract import Runtime
 

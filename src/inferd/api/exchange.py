@@ -15,12 +15,15 @@ from collections.abc import Callable
 from functools import partial
 from http import HTTPStatus
 from typing import TYPE_CHECKING, Any, Protocol
+from urllib.parse import unquote
+
+import httptools
 
 from inferd.api.errors import error_headers, status_of
 from inferd.errors import ServingError
 
 if TYPE_CHECKING:
-    from inferd.api.asgi import AsgiApp
+    from inferd.core.asgi import AsgiApp
 
 log = logging.getLogger("inferd.frontdoor")
 
@@ -62,6 +65,30 @@ class Connection(Protocol):
     async def drain(self) -> None: ...
 
     def response_done(self, ex: Exchange | None) -> None: ...
+
+
+def request_scope(
+    parser: httptools.HttpRequestParser,
+    url: bytes,
+    headers: list[tuple[bytes, bytes]],
+    client: tuple[str, int] | None,
+    scheme: str,
+) -> dict[str, Any]:
+    """A parsed head as the app reads it: ASGI's scope keys (lower-case header names)."""
+    parsed = httptools.parse_url(url)
+    path = parsed.path.decode("ascii")
+    if "%" in path:
+        path = unquote(path)
+    return {
+        "type": "http",
+        "method": parser.get_method().decode("ascii"),
+        "path": path,
+        "query_string": parsed.query or b"",
+        "headers": headers,
+        "http_version": parser.get_http_version(),
+        "client": client,
+        "scheme": scheme,
+    }
 
 
 def _unwatched() -> None:

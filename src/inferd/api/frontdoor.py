@@ -35,9 +35,9 @@ from typing import Any
 
 import httptools
 
-from inferd.api.asgi import AsgiApp
 from inferd.api.door_policy import DoorPolicy
-from inferd.api.exchange import HIGH_WATER_BYTES, Exchange, canned_response
+from inferd.api.exchange import HIGH_WATER_BYTES, Exchange, canned_response, request_scope
+from inferd.core.asgi import AsgiApp
 from inferd.errors import ServingError
 
 log = logging.getLogger("inferd.frontdoor")
@@ -250,25 +250,9 @@ class FrontDoorProtocol(asyncio.Protocol):
 
     def _exchange(self, refusal: ServingError | None) -> Exchange:
         parser = self.parser
-        version = parser.get_http_version()
-        url = httptools.parse_url(self._url)
-        path = url.path.decode("ascii")
-        if "%" in path:
-            from urllib.parse import unquote
-
-            path = unquote(path)
-        scope = {
-            "type": "http",
-            "method": parser.get_method().decode("ascii"),
-            "path": path,
-            "query_string": url.query or b"",
-            "headers": self._headers,
-            "http_version": version,
-            "client": self.client,
-            "scheme": self.scheme,
-        }
-        keep_alive = version != "1.0" and parser.should_keep_alive() and self.door.keep_alive(self._requests)
-        ex = Exchange(self, scope, keep_alive, self._expect_continue)
+        scope = request_scope(parser, self._url, self._headers, self.client, self.scheme)
+        keep_alive = scope["http_version"] != "1.0" and parser.should_keep_alive()
+        ex = Exchange(self, scope, keep_alive and self.door.keep_alive(self._requests), self._expect_continue)
         if refusal is not None:
             ex.refusal = canned_response(refusal, close=False)
             self._report()

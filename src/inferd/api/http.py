@@ -9,12 +9,13 @@ from typing import Any, TypeVar
 
 import msgspec
 
-from inferd.api.asgi import HttpRequest, HttpResponse
-from inferd.api.disconnect import ClientGone, until_disconnect
-from inferd.batching.dispatcher import ModelRuntime
-from inferd.batching.queue import BULK, INTERACTIVE, PRIORITY_NAMES, QueuedItem
 from inferd.clock import Clock
+from inferd.core.asgi import HttpRequest, HttpResponse
+from inferd.core.disconnect import ClientGone, until_disconnect
 from inferd.errors import BadRequest, PayloadTooLarge, UnsupportedMediaType
+from inferd.kinds.batch.dispatcher import ModelRuntime
+from inferd.kinds.batch.queue import QueuedItem
+from inferd.routing.fairness import BULK, INTERACTIVE, PRIORITY_NAMES
 
 T = TypeVar("T")
 

@@ -15,42 +15,19 @@ from __future__ import annotations
 
 import logging
 import random
-from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
-from typing import Any
+from collections.abc import Callable
 
-from inferd.api.asgi import HttpRequest, HttpResponse, StreamingResponse
 from inferd.api.errors import error_headers, status_of
 from inferd.api.http import ClientGone, json_response
 from inferd.clock import Clock
+from inferd.core.asgi import HttpRequest, HttpResponse, StreamingResponse
+from inferd.core.call import Call, Handler, Response
 from inferd.errors import Internal, Overloaded, ServingError
 from inferd.observability.metrics import Metrics
 from inferd.runtime.contract import Runtime
 
 log = logging.getLogger("inferd.api")
 access_log = logging.getLogger("inferd.access")
-
-Response = HttpResponse | StreamingResponse
-ErrorBody = Callable[[ServingError, int], bytes]
-
-
-@dataclass(slots=True)
-class Call:
-    """One HTTP request on its way through the chain, and what the layers learn about it."""
-
-    request: HttpRequest
-    error_body: ErrorBody
-    """How this route's API spells an error (OIP's {"error": ...}, OpenAI's error object)."""
-    runtime: Runtime | None = None
-    """The model version serving the call, once the handler has resolved it."""
-    outcome: str = "ok"
-    started_at: float = 0.0
-    route: str = ""
-    """The route's path template (e.g. /v2/models/{model}/infer)."""
-    request_id: str = ""
-    """X-Request-Id: the caller's if it is well-formed, else one made up (api/request_context.py)."""
-    notes: dict[str, Any] = field(default_factory=dict)
-    """Per-call values layers hand each other (e.g. a tenant, a trace id)."""
 
 
 def record_stream_error(request: HttpRequest, exc: ServingError) -> None:
@@ -59,17 +36,6 @@ def record_stream_error(request: HttpRequest, exc: ServingError) -> None:
     call: Call | None = request.scope.get("inferd.call")
     if call is not None:
         call.outcome = status_of(exc)[1]
-
-
-Handler = Callable[[Call], Awaitable[Response]]
-Layer = Callable[[Handler], Handler]
-
-
-def chain(layers: Sequence[Layer], handler: Handler) -> Handler:
-    """`layers` outermost first, around `handler`."""
-    for layer in reversed(layers):
-        handler = layer(handler)
-    return handler
 
 
 class Errors:

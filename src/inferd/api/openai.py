@@ -11,7 +11,6 @@ from typing import Any, Literal
 import msgspec
 import numpy as np
 
-from inferd.api.asgi import HttpRequest, HttpResponse, StreamingResponse
 from inferd.api.context import ApiContext
 from inferd.api.http import (
     check_content_type,
@@ -21,6 +20,7 @@ from inferd.api.http import (
     read_body,
     wait_for_items,
 )
+from inferd.core.asgi import HttpRequest, HttpResponse, StreamingResponse
 from inferd.errors import BadRequest, ServingError
 from inferd.gateway.auth import tenant_of, tenant_share
 from inferd.gateway.shadow import Rows, Shadows

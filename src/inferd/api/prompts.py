@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from typing import Any, Protocol
 
 from inferd.errors import BadRequest, ServingError
-from inferd.llm.model import Tokenizer
+from inferd.kinds.llm.model import Tokenizer
 
 
 class Message(Protocol):

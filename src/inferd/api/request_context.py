@@ -15,8 +15,8 @@ from __future__ import annotations
 import contextlib
 from functools import partial
 
-from inferd.api.asgi import StreamingResponse
-from inferd.api.middleware import Call, Handler, Response
+from inferd.core.asgi import StreamingResponse
+from inferd.core.call import Call, Handler, Response
 from inferd.observability import tracing
 from inferd.observability.logging_setup import CURRENT, RequestLog, accept_request_id
 

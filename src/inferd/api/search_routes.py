@@ -1,5 +1,5 @@
 """The search API (JSON): indexes, their documents, and search. Each handler reads top to bottom:
-parse -> the index's service (search/service.py) or administration (search/indexes.py) -> encode.
+parse -> the index's service (kinds/search/service.py) or administration (kinds/search/indexes.py) -> encode.
 
     PUT    /v1/indexes/{name}                  create, or verify the settings (201 / 200 / 409)
     GET    /v1/indexes                         every index
@@ -11,7 +11,7 @@ parse -> the index's service (search/service.py) or administration (search/index
     POST   /v1/indexes/{name}/search           {"query", "k", "mode", "filter", "timeout_ms"}
 
 With several front ends (`--frontends N`), the writes of a follower (documents, and indexes created or
-deleted) are forwarded to the owner (search/writes.py), which runs them as here; the follower answers
+deleted) are forwarded to the owner (frontends/search_writes.py), which runs them as here; the follower answers
 with the owner's answer. A follower first parses a write's body as the owner does (`check`, the same
 functions): a bad body is its 400, never forwarded; the owner parses it again, as the authority.
 """
@@ -24,16 +24,23 @@ from typing import Any
 
 import msgspec
 
-from inferd.api.asgi import HttpRequest, HttpResponse
 from inferd.api.http import check_content_type, json_response, read_body
-from inferd.api.middleware import Call
+from inferd.core.asgi import HttpRequest, HttpResponse
+from inferd.core.call import Call
 from inferd.errors import BadRequest
+from inferd.frontends.search_writes import (
+    FORWARD_TIMEOUT_S,
+    KIND,
+    Forwarder,
+    Write,
+    WriteDesk,
+    forwarded_writes,
+)
 from inferd.gateway.auth import allowed_models, check_model, tenant_of
-from inferd.search.config import SearchParams, parse_params
-from inferd.search.indexes import IndexAdmin, worker_cap
-from inferd.search.requests import json_object, parse_documents, parse_search
-from inferd.search.store import IndexStore
-from inferd.search.writes import FORWARD_TIMEOUT_S, KIND, Forwarder, Write, WriteDesk, forwarded_writes
+from inferd.kinds.search.config import SearchParams, parse_params
+from inferd.kinds.search.indexes import IndexAdmin, worker_cap
+from inferd.kinds.search.requests import json_object, parse_documents, parse_search
+from inferd.kinds.search.store import IndexStore
 
 Add = Callable[[str, str, Callable[[Call], Awaitable[Any]]], None]
 _json = msgspec.json.Encoder()
@@ -59,7 +66,7 @@ class SearchRoutes:
         self.max_body = server.config.max_body_bytes
         plan, channel = server.frontend, server.owner_channel
         self.forwarder = Forwarder(channel.ask_watched) if plan is not None and not plan.is_owner else None
-        """A follower front end: its writes go to the owner (search/writes.py)."""
+        """A follower front end: its writes go to the owner (frontends/search_writes.py)."""
         if plan is not None and plan.is_owner:
             desk = WriteDesk(self.execute, forwarded_writes(server.metrics.registry))
             channel.handle(KIND, desk.answer, FORWARD_TIMEOUT_S)
@@ -195,7 +202,7 @@ def describe(rt: Any) -> dict[str, Any]:
 
 
 def _versions(stats: Any) -> dict[str, Any]:
-    """The embedder version of the index's vectors, and a running re-embed (search/reembed.py)."""
+    """The embedder version of the index's vectors, and a running re-embed (kinds/search/reembed.py)."""
     re = stats.service.reembed
     if re is None:
         return {}

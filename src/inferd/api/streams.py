@@ -10,11 +10,11 @@ import asyncio
 from collections.abc import AsyncIterator
 from typing import TypeVar
 
-from inferd.api.asgi import HttpRequest
-from inferd.api.disconnect import until_disconnect
+from inferd.core.asgi import HttpRequest
+from inferd.core.disconnect import until_disconnect
 from inferd.errors import ModelError, WorkerUnavailable
-from inferd.llm.runtime import LLMRuntime
-from inferd.llm.stream import TokenStream
+from inferd.kinds.llm.runtime import LLMRuntime
+from inferd.kinds.llm.stream import TokenStream
 
 T = TypeVar("T")
 

@@ -20,16 +20,16 @@ from typing import TYPE_CHECKING, Any
 import aiohttp
 import msgspec
 
-from inferd.api.asgi import HttpRequest, HttpResponse, StreamingResponse
-from inferd.api.disconnect import until_disconnect
 from inferd.api.errors import status_of
 from inferd.api.http import decode_json
 from inferd.api.middleware import record_stream_error
 from inferd.api.openai import openai_error
+from inferd.core.asgi import HttpRequest, HttpResponse, StreamingResponse
+from inferd.core.disconnect import until_disconnect
 from inferd.errors import ServingError, WorkerDied
-from inferd.llm.upstream import UpstreamRuntime
-from inferd.llm.upstream_reply import UpstreamReply, describe
-from inferd.routing.upstreams import Outcome, classify_status
+from inferd.kinds.upstream.pool import Outcome, classify_status
+from inferd.kinds.upstream.reply import UpstreamReply, describe
+from inferd.kinds.upstream.runtime import UpstreamRuntime
 
 if TYPE_CHECKING:
     from inferd.api.context import ApiContext

@@ -28,7 +28,7 @@ from inferd.bench.http_clients import HttpProtocolError
 from inferd.bench.llm_report import SLO, LLMLoadReport, LLMPhaseReport, LLMRecorder, StreamTiming
 from inferd.bench.llm_workload import LLMLoadSpec, PlannedRequest, completion_body, plan_requests
 from inferd.bench.open_loop import run_blocking, sleep_until
-from inferd.models.sim_llm import sim_llm_tokens
+from inferd.kinds.llm.sim_llm import sim_llm_tokens
 
 _MAX_EVENT_BYTES = 1 << 20
 _MAX_ERROR_BODY = 64 * 1024

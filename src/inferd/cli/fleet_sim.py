@@ -14,7 +14,7 @@ from rich.console import Console
 from rich.table import Table
 
 from inferd.config import ConfigError
-from inferd.fleet.autoscaler_config import AutoscalerConfig
+from inferd.config.autoscaler import AutoscalerConfig
 from inferd.fleetsim.arrivals import ArrivalSpec, arrival_times
 from inferd.fleetsim.batch_fleet import Failure, FleetSpec, simulate
 from inferd.fleetsim.profiles import BatchProfile

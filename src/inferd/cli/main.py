@@ -61,7 +61,7 @@ def check_gateway(config: ServerConfig, models: list[ModelConfig]) -> None:
 
 
 def resolve_models(config: ServerConfig) -> list[ModelConfig]:
-    from inferd.models.repository import apply_overrides, default_models, load_repository
+    from inferd.kinds.repository import apply_overrides, default_models, load_repository
 
     models = load_repository(config.model_repo) if config.model_repo else default_models(config.cache_dir)
     if config.models:
@@ -282,7 +282,7 @@ def serve(
     secrets = [s.get_secret_value() for s in (cfg.join_token, cfg.admin_token) if s is not None]
     set_up_process(cfg.observability, cfg.log_level, "server", secrets)
     if cfg.frontends > 1:
-        from inferd.frontends.parent import run_frontends
+        from inferd.runner.parent import run_frontends
 
         run_frontends(cfg, models)
     else:
@@ -321,8 +321,8 @@ _register_tools()
 
 def _register_bench() -> None:
     try:
-        from inferd.bench.command import bench
-        from inferd.bench.llm_command import bench_llm
+        from inferd.cli.bench_cmd import bench
+        from inferd.cli.bench_llm_cmd import bench_llm
     except ImportError:  # the load tool is part of the package; this only guards a broken install
         return
     app.command("bench")(bench)

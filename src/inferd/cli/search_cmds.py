@@ -47,7 +47,7 @@ def load(
     """Load a JSON-lines file of documents into an index, with a progress bar."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeRemainingColumn
 
-    from inferd.search.bench import read_jsonl
+    from inferd.bench.search import read_jsonl
 
     base = f"{url.rstrip('/')}/v1/indexes/{name}"
     if create is not None:
@@ -140,7 +140,7 @@ def bench_search(
 ) -> None:
     """Open-loop load and quality (nDCG@10, Recall@100) through the search API; HDR latencies. With
     --shard-profile: the per-shard cost profile of `inferd plan search`, measured in process."""
-    from inferd.search.bench import BenchSpec, read_qrels, read_queries, run_bench
+    from inferd.bench.search import BenchSpec, read_qrels, read_queries, run_bench
 
     if shard_profile:
         _shard_profile(sizes, dim, save_profile)
@@ -179,7 +179,7 @@ def bench_search(
 def _shard_profile(sizes: str, dim: int, save_profile: Path | None) -> None:
     import json
 
-    from inferd.search.shard_profile import ShardProfileSpec, profile_shards
+    from inferd.kinds.search.shard_profile import ShardProfileSpec, profile_shards
 
     try:
         spec = ShardProfileSpec(sizes=tuple(int(float(x)) for x in sizes.split(",")), dim=dim)
@@ -224,7 +224,7 @@ def plan_search_cmd(
     """Shard size, shards, replicas, cores, hosts and memory for a search workload, step by step
     (docs/search-capacity.md)."""
     from inferd.config import ConfigError
-    from inferd.search.plan import SearchTargets, load_profile, plan_search
+    from inferd.fleetsim.search_plan import SearchTargets, load_profile, plan_search
 
     targets = SearchTargets(
         docs, qps, dim, recall, mode, host_memory_gib, host_cores, max_call_ms=max_call_ms,

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from inferd.clock import Clock
-from inferd.fleet.autoscaler_config import AutoscalerConfig
+from inferd.config.autoscaler import AutoscalerConfig
 from inferd.fleet.demand import (
     BatchDemand,
     CurvePoint,

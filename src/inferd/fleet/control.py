@@ -19,10 +19,10 @@ from typing import Any, Protocol
 
 from inferd.config import ConfigError, ModelConfig
 from inferd.errors import BadRequest, NotFound
-from inferd.models.repository import apply_overrides, load_model_version
+from inferd.kinds.repository import apply_overrides, load_model_version
 from inferd.runtime.contract import Runtime
 from inferd.runtime.registry import ModelRegistry
-from inferd.worker.connection import WorkerConnection, WorkerState, slot_of
+from inferd.wire.connection import WorkerConnection, WorkerState, slot_of
 from inferd.worker.launcher import Launcher, WorkerSlot
 
 log = logging.getLogger("inferd.fleet")

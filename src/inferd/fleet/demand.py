@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
-from inferd.fleet.autoscaler_config import AutoscalerConfig
+from inferd.config.autoscaler import AutoscalerConfig
 
 FULL_BATCH_FRACTION = 0.8
 """Batches averaging at least this fraction of max_batch_size count as full: busy time is then work."""

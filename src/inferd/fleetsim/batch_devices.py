@@ -8,7 +8,7 @@ its own `WorkerConnection` to it, whose writer is that front end's link (`BatchL
 inferd's own credit ledger (worker/credits.py) as the worker does (worker/main.py `_grant`): a batch is
 sent only against a slot the ledger granted, so the device holds at most 1 running + 1 staged batch in
 total, whichever front ends sent them. The front ends' Demand frames (the runtime's own report,
-batching/credit_demand.py) are decoded off the links and go to the ledger; its Credit grants reach each
+kinds/batch/credit_demand.py) are decoded off the links and go to the ledger; its Credit grants reach each
 front end's connection (`on_credit`) at the same virtual instant, after the event that caused them, as
 messages read in a later turn of the front end's event loop. Batches run in the order received; a closed
 link's batches that have not started are dropped, the one running finishes (and is counted) unread.
@@ -20,12 +20,12 @@ from __future__ import annotations
 from collections import deque
 from typing import Any, Protocol
 
-from inferd.batching.dispatcher import ModelRuntime
 from inferd.clock import FakeClock
 from inferd.config import ModelConfig
 from inferd.fleetsim.events import EventQueue
-from inferd.worker import protocol as p
-from inferd.worker.connection import Batch, WorkerConnection
+from inferd.kinds.batch.dispatcher import ModelRuntime
+from inferd.wire import protocol as p
+from inferd.wire.connection import Batch, WorkerConnection
 from inferd.worker.credits import CreditLedger
 from inferd.worker.fronts import FrontLink, tell_credits
 

@@ -1,6 +1,6 @@
 """A fleet of batch-model devices behind one or more front ends, simulated on a virtual clock.
 
-Each front end is inferd's own `ModelRuntime` (batching/dispatcher.py), built as the server builds it:
+Each front end is inferd's own `ModelRuntime` (kinds/batch/dispatcher.py), built as the server builds it:
 its queue, admission, batch policy, mix policy, power-of-two-choices balancer, outlier ejector,
 hedging watchdog and recovery run unchanged. Only the edges are simulated:
 - a device is the writer of a real `WorkerConnection`: a batch sent to it runs for the profile's cost
@@ -26,23 +26,23 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from inferd.batching.dispatcher import ModelRuntime
-from inferd.batching.fairness import NO_TENANT
-from inferd.batching.queue import INTERACTIVE, QueuedItem
-from inferd.batching.retry import RetryBudget
 from inferd.clock import FakeClock
 from inferd.config import ModelConfig
+from inferd.config.autoscaler import AutoscalerConfig
 from inferd.errors import Overloaded, ServingError
-from inferd.fleet.autoscaler_config import AutoscalerConfig
 from inferd.fleetsim.batch_devices import SharedBatchDevice, SimDevice
 from inferd.fleetsim.events import EventQueue
 from inferd.fleetsim.profiles import BatchProfile
 from inferd.fleetsim.report import Outcome, SimReport
 from inferd.fleetsim.scaling import SimScaling
 from inferd.fleetsim.tenants import SimTenant, SimTenants
+from inferd.kinds.batch.dispatcher import ModelRuntime
+from inferd.kinds.batch.queue import QueuedItem
 from inferd.observability.metrics import Metrics
-from inferd.worker import protocol as p
-from inferd.worker.connection import Batch, WorkerConnection
+from inferd.routing.fairness import INTERACTIVE, NO_TENANT
+from inferd.routing.retry import RetryBudget
+from inferd.wire import protocol as p
+from inferd.wire.connection import Batch, WorkerConnection
 
 WATCHDOG_EVERY_S = 0.1
 """How often the runtime's watchdog runs (hedges, hung workers), as the server's does."""

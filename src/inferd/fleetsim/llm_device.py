@@ -1,4 +1,4 @@
-"""One simulated LLM device: inferd's engine (llm/engine.py `LLMEngine`: its receive / apply / post steps)
+"""One simulated LLM device: inferd's engine (kinds/llm/engine.py `LLMEngine`: its receive / apply / post steps)
 around inferd's own continuous-batching scheduler and KV cache, driven on the fleet's virtual clock.
 
 `DeviceLoop` is the engine loop (receive -> schedule -> run (the cost model) -> deliver -> idle); what
@@ -15,16 +15,16 @@ from typing import Any, Protocol
 
 from inferd.clock import FakeClock
 from inferd.fleetsim.events import EventQueue
-from inferd.llm.engine import LLMEngine, new_scheduler
-from inferd.llm.model import LLMModel, LLMRequest
-from inferd.llm.plan import SchedulerConfig, SeqOutput, StepPlan
-from inferd.llm.runtime import LLMRuntime
-from inferd.worker import protocol as p
-from inferd.worker.connection import WorkerConnection
+from inferd.kinds.llm.engine import LLMEngine, new_scheduler
+from inferd.kinds.llm.model import LLMModel, LLMRequest
+from inferd.kinds.llm.plan import SchedulerConfig, SeqOutput, StepPlan
+from inferd.kinds.llm.runtime import LLMRuntime
+from inferd.wire import protocol as p
+from inferd.wire.connection import WorkerConnection
 
 _TOKEN = SeqOutput(token=0)
 HEADER = 4
-"""Bytes of a frame's length prefix (worker/protocol.py encode_frame)."""
+"""Bytes of a frame's length prefix (wire/protocol.py encode_frame)."""
 
 
 class Fleet(Protocol):

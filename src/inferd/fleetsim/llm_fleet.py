@@ -1,10 +1,10 @@
 """A fleet of LLM devices behind one or more front ends, simulated on a virtual clock, token by token.
 
-Each front end is inferd's own `LLMRuntime` (llm/runtime.py) as the server builds it: its placement and
-admission (llm/placement.py), prefix-aware routing (llm/routing.py), token streams, deadlines, hang
-watchdog and failover run unchanged. Each device (llm_device.py) is inferd's own engine (llm/engine.py
+Each front end is inferd's own `LLMRuntime` (kinds/llm/runtime.py) as the server builds it: its placement and
+admission (kinds/llm/placement.py), prefix-aware routing (kinds/llm/routing.py), token streams, deadlines, hang
+watchdog and failover run unchanged. Each device (llm_device.py) is inferd's own engine (kinds/llm/engine.py
 `LLMEngine`: its receive / apply / post steps) around inferd's own continuous-batching scheduler and KV
-cache (llm/scheduler.py, llm/kv.py), fed the real wire messages: the runtime's AddSequence and
+cache (kinds/llm/scheduler.py, kinds/llm/kv.py), fed the real wire messages: the runtime's AddSequence and
 AbortSequence frames are decoded off the device's WorkerConnection, and each step's StepDeltas go back to the
 runtime's `on_message`. Only the edges are simulated:
 - the model: each step's tokens come back after the profile's step cost (llm_profile.LLMProfile),
@@ -30,7 +30,6 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from inferd.batching.retry import RetryBudget
 from inferd.clock import FakeClock
 from inferd.errors import Overloaded, ServingError
 from inferd.fleetsim.events import EventQueue
@@ -38,14 +37,15 @@ from inferd.fleetsim.llm_device import CostModelLLM, DeviceLoop, SimLLMDevice
 from inferd.fleetsim.llm_links import SharedLLMDevice
 from inferd.fleetsim.llm_profile import LLMProfile
 from inferd.fleetsim.llm_report import GapHistogram, LLMOutcome, LLMSimReport, build_report
-from inferd.llm.params import llm_params
-from inferd.llm.placement import Generation
-from inferd.llm.plan import StepPlan
-from inferd.llm.runtime import LLMRuntime
-from inferd.llm.stream import TokenStream
-from inferd.models.sim_llm import sim_llm_config
-from inferd.worker import protocol as p
-from inferd.worker.connection import WorkerConnection
+from inferd.kinds.llm.params import llm_params
+from inferd.kinds.llm.placement import Generation
+from inferd.kinds.llm.plan import StepPlan
+from inferd.kinds.llm.runtime import LLMRuntime
+from inferd.kinds.llm.sim_llm import sim_llm_config
+from inferd.kinds.llm.stream import TokenStream
+from inferd.routing.retry import RetryBudget
+from inferd.wire import protocol as p
+from inferd.wire.connection import WorkerConnection
 
 GC_THRESHOLDS = (100_000, 50, 100)
 """The cyclic collector's thresholds while a fleet runs (restored after): it allocates millions of

@@ -22,9 +22,9 @@ from collections.abc import Sequence
 from typing import Any
 
 from inferd.fleetsim.llm_device import HEADER, DeviceLoop, Fleet
-from inferd.llm.runtime import LLMRuntime
-from inferd.worker import protocol as p
-from inferd.worker.connection import WorkerConnection
+from inferd.kinds.llm.runtime import LLMRuntime
+from inferd.wire import protocol as p
+from inferd.wire.connection import WorkerConnection
 from inferd.worker.fronts import FrontLink, SequenceOwners
 
 

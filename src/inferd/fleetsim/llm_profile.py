@@ -1,6 +1,6 @@
 """LLM device cost models: what one engine step costs on one device, and what the serving path adds.
 
-One step is one forward pass over every chunk the scheduler planned (inferd.llm.plan.StepPlan):
+One step is one forward pass over every chunk the scheduler planned (inferd.kinds.llm.plan.StepPlan):
 
     step_s = step_base_s + per_token_s * tokens + per_context_token_s * context
 
@@ -54,7 +54,7 @@ class LLMProfile:
     """Front-end CPU per prompt token (tokenizing the prompt)."""
     max_model_len: int = 4096
     scheduler: dict[str, Any] = field(default_factory=dict)
-    """The engine's budgets: inferd.llm.plan.SchedulerConfig fields."""
+    """The engine's budgets: inferd.kinds.llm.plan.SchedulerConfig fields."""
     device_memory_gib: float = 0.0
     """The accelerator's memory (for the plan's record; KV room is scheduler.num_blocks)."""
     host_memory_gib: float = 2.0

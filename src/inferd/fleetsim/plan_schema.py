@@ -75,5 +75,5 @@ class PlanReport:
 
 
 def search_report(plan: Any) -> PlanReport:
-    """`inferd plan search`'s plan (inferd.search.plan.SearchPlan) in the shared schema."""
+    """`inferd plan search`'s plan (inferd.fleetsim.search_plan.SearchPlan) in the shared schema."""
     return plan.report()

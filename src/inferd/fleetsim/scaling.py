@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from inferd.fleet.autoscaler_config import AutoscalerConfig
+from inferd.config.autoscaler import AutoscalerConfig
 from inferd.fleet.scaling import ScalingLoop, scaling_policy
 from inferd.runtime.registry import ModelRegistry
 

@@ -1,7 +1,7 @@
 """Tenants in the simulator: each arrival belongs to a tenant (drawn by the tenants' shares of the
 traffic), passes the gateway's own quota policy (gateway/quotas.py `QuotaPolicy`: requests per second
 with a burst, concurrency; a pure object whose state is a value) at the virtual time it arrives, and
-queues in its tenant's lane with its weight (batching/fairness.py), as `Quotas` and `tenant_share` do in
+queues in its tenant's lane with its weight (routing/fairness.py), as `Quotas` and `tenant_share` do in
 the server. A refused arrival is the tenant's 429; an admitted one releases its lease when answered."""
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ from typing import Any
 
 import numpy as np
 
-from inferd.batching.fairness import TenantShare
 from inferd.gateway.quotas import Grant, QuotaPolicy, QuotaState
 from inferd.gateway.tenants import TenantConfig
+from inferd.routing.fairness import TenantShare
 
 
 @dataclass(frozen=True, slots=True)

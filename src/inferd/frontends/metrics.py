@@ -3,7 +3,7 @@
 Each front end serves its own registry's text on a Unix socket of the plan (`serve_registry`); the one
 that answers /metrics reads every peer's (`scrape_all`), labels each sample with `frontend="i"` and
 merges the families, so one scrape holds every front end's counters and gauges (sum over `frontend` in
-PromQL for the server's totals). The custom collectors (observability/collectors.py) compute their
+PromQL for the server's totals). The custom collectors (kinds/collectors.py) compute their
 values in their own process at that moment, as with one front end. A peer that does not answer in time
 is left out, and `inferd_frontend_up{frontend="i"}` says so.
 """

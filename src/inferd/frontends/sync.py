@@ -2,7 +2,7 @@
 over it, built and run together: the canary decisions (`traffic_sync.py`), the others' load for the
 owner's autoscaler (`load_sync.py`), the model versions served (`version_sync.py`) and the config file's
 reloads (`config_sync.py`). The search
-indexes' sync (search/index_sync.py) uses the same channel."""
+indexes' sync (frontends/index_sync.py) uses the same channel."""
 
 from __future__ import annotations
 

@@ -17,13 +17,13 @@ from collections.abc import Callable
 
 from prometheus_client import CollectorRegistry, Counter
 
-from inferd.api.asgi import StreamingResponse
-from inferd.api.middleware import Call, Handler, Response
-from inferd.batching.fairness import NO_TENANT, TenantShare
+from inferd.core.asgi import StreamingResponse
+from inferd.core.call import Call, Handler, Response
 from inferd.errors import Forbidden, NotFound, Unauthorized
 from inferd.gateway.keys import KeyStatus
 from inferd.gateway.reload import Gate
 from inferd.gateway.tenants import Tenant
+from inferd.routing.fairness import NO_TENANT, TenantShare
 
 OPEN_PATHS = frozenset({"/openapi.json", "/v2/health/live", "/v2/health/ready"})
 """Routes that never need a key (probes, the API description)."""
@@ -99,7 +99,7 @@ def check_model(tenant: Tenant | None, name: str, served_names: Callable[[], lis
 
 
 def tenant_share(tenant: Tenant | None) -> TenantShare:
-    """The caller's lane and weight in a batch model's queue (batching/fairness.py)."""
+    """The caller's lane and weight in a batch model's queue (routing/fairness.py)."""
     return NO_TENANT if tenant is None else TenantShare(tenant.name, tenant.config.weight)
 
 

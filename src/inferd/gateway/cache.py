@@ -29,7 +29,7 @@ import msgspec
 import numpy as np
 
 from inferd.clock import Clock
-from inferd.gateway.cache_config import CacheConfig
+from inferd.config.cache import CacheConfig
 
 V = TypeVar("V")
 Lookup = Literal["hit", "miss", "bypass"]

@@ -16,7 +16,7 @@ from collections import deque
 from dataclasses import dataclass
 
 from inferd.clock import Clock
-from inferd.gateway.traffic_config import Rollback
+from inferd.config.traffic import Rollback
 
 ERROR_OUTCOMES = frozenset({"model_error", "internal", "unavailable", "worker_died", "deadline"})
 """Outcomes (api/errors.py labels) that count against a version: it failed or could not answer in time.

@@ -23,7 +23,7 @@ from typing import Any, Protocol
 from pydantic import ValidationError
 
 from inferd.config import ConfigError, ModelConfig, ServerConfig, describe_validation_error
-from inferd.gateway.cache_config import CacheConfig
+from inferd.config.cache import CacheConfig
 from inferd.gateway.fallback import check_fallbacks
 from inferd.gateway.traffic_control import Traffic, check_traffic
 from inferd.runtime.registry import ModelRegistry
@@ -62,7 +62,7 @@ class ModelChanges:
 
 def own_settings(config: ServerConfig) -> OwnSettings:
     """Read a served version's own config again: from the model repository, else the built-in's."""
-    from inferd.models.repository import builtin_config, load_model_version
+    from inferd.kinds.repository import builtin_config, load_model_version
 
     def own(name: str, version: int) -> ModelConfig:
         if config.model_repo is not None:

@@ -15,8 +15,8 @@ import asyncio
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from inferd.api.asgi import HttpRequest, StreamingResponse
-from inferd.api.middleware import Call, Handler, Response
+from inferd.core.asgi import HttpRequest, StreamingResponse
+from inferd.core.call import Call, Handler, Response
 from inferd.errors import BadRequest, Overloaded, ServingError
 from inferd.gateway.auth import tenant_of
 from inferd.gateway.quota_store import TenantQuotas, limited

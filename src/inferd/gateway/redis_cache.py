@@ -40,8 +40,8 @@ import numpy as np
 
 from inferd.clock import Clock
 from inferd.config import ConfigError
+from inferd.config.cache import CacheConfig
 from inferd.gateway.cache import CacheKey, CacheStatistics, ResponseCache, StoreUnavailable
-from inferd.gateway.cache_config import CacheConfig
 
 log = logging.getLogger(__name__)
 

@@ -30,9 +30,9 @@ from typing import Any, TypeVar
 import numpy as np
 from prometheus_client import Counter
 
-from inferd.batching.queue import BULK
 from inferd.clock import Clock, MonotonicClock
 from inferd.errors import DeadlineExceeded, ServingError
+from inferd.routing.fairness import BULK
 from inferd.runtime.contract import Runtime
 from inferd.runtime.registry import ModelRegistry
 

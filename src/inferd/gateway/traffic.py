@@ -27,8 +27,8 @@ import random
 from dataclasses import dataclass
 
 from inferd.clock import Clock
+from inferd.config.traffic import TrafficConfig
 from inferd.gateway.canary_judge import Breach, CanaryJudge
-from inferd.gateway.traffic_config import TrafficConfig
 
 JUDGE_INTERVAL_S = 1.0
 """How often, at most, the judge looks at its windows (each look is linear in the outcomes held)."""

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 
 from inferd.clock import Clock
 from inferd.config import ConfigError, ModelConfig
+from inferd.config.traffic import TrafficConfig
 from inferd.gateway.canary_judge import MAX_SAMPLES
 from inferd.gateway.traffic import (
     Decision,
@@ -36,7 +37,6 @@ from inferd.gateway.traffic import (
     SplitStatistics,
     TrafficSplit,
 )
-from inferd.gateway.traffic_config import TrafficConfig
 from inferd.observability.traffic_metrics import TrafficMetrics
 from inferd.runtime.contract import Runtime
 from inferd.runtime.registry import ModelRegistry

@@ -1,4 +1,5 @@
-"""The model API users implement, and the built-in models."""
+"""The model API users implement, and the built-in batch models (sim, minilm). The LLM models live with
+their kind (kinds/llm/)."""
 
 from inferd.models.base import Model
 

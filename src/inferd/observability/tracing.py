@@ -7,7 +7,7 @@
         inferd.worker.compute recorded and exported by the worker process itself (its own resource,
                               its own process.pid), a child of the batch through RunBatch.traceparent
       inferd.upstream         a call to an upstream model API, its traceparent sent in the call's headers
-      inferd.search.embed     a search's query embedding (search/service.py), then one
+      inferd.search.embed     a search's query embedding (kinds/search/service.py), then one
       inferd.search.shard     per shard call (hedge = true on a hedge), then
       inferd.search.fuse      merging and fusing the shards' lists
     LLM requests get events on their request span: first_token, resumed (failover), finished.

@@ -1,6 +1,7 @@
-"""Routing policies: which worker takes a batch (p2c balancer), which workers sit out (outlier ejection),
-which upstream engine takes a request (upstream pool), all in one health vocabulary (routing.health) and
-one backoff (routing.backoff)."""
+"""Policies the kinds share: which worker takes a batch (p2c balancer), which workers sit out (outlier
+ejection), all in one health vocabulary (routing.health) and one backoff (routing.backoff); how many
+retries a server may spend (routing.retry); the priority classes and fairness between tenants
+(routing.fairness). The upstream kind's pool of engines (kinds/upstream/pool.py) speaks the same health."""
 
 from inferd.routing.backoff import Backoff
 from inferd.routing.balancer import BalancerStatistics, Candidate, P2CBalancer

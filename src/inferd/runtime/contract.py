@@ -17,8 +17,8 @@ from typing import Any, ClassVar, Protocol, runtime_checkable
 
 from inferd.config import ModelConfig
 from inferd.errors import ServingError
-from inferd.worker import protocol as p
-from inferd.worker.connection import WorkerConnection
+from inferd.wire import protocol as p
+from inferd.wire.connection import WorkerConnection
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,12 +12,12 @@ from dataclasses import dataclass
 
 from pydantic import BaseModel, ValidationError
 
-from inferd.batching.retry import RetryBudget
 from inferd.clock import Clock
 from inferd.config import ConfigError, ModelConfig, ServerConfig, describe_validation_error
 from inferd.observability.metrics import Metrics
+from inferd.routing.retry import RetryBudget
 from inferd.runtime.contract import Runtime
-from inferd.worker.connection import WorkerConnection
+from inferd.wire.connection import WorkerConnection
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,1 +1,2 @@
-"""Worker processes (one per device), the wire protocol, and the front end's side of each connection."""
+"""The worker process (one per device): its main loop, its links to the front ends it serves, its device,
+and the local launchers that start and restart worker processes."""

@@ -14,11 +14,11 @@ import msgspec
 
 from inferd.clock import MonotonicClock
 from inferd.config import ModelConfig
-from inferd.llm.engine import LLMEngine, new_scheduler, scheduler_config
-from inferd.llm.model import LLMModel
+from inferd.kinds.llm.engine import LLMEngine, new_scheduler, scheduler_config
+from inferd.kinds.llm.model import LLMModel
 from inferd.models.base import Model
 from inferd.models.loader import instantiate
-from inferd.worker import protocol as p
+from inferd.wire import protocol as p
 from inferd.worker.fronts import FrontLink, SequenceOwners
 from inferd.worker.outputs import OutputError, convert_outputs
 

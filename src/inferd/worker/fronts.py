@@ -18,7 +18,7 @@ from pathlib import Path
 
 from inferd import tls
 from inferd.config import ConfigError
-from inferd.worker import protocol as p
+from inferd.wire import protocol as p
 from inferd.worker.credits import CreditLedger, ToldState
 from inferd.worker.stuck import LINK_HARD_LIMIT_BYTES, LINK_HIGH_WATER_BYTES, STUCK_AFTER_S, DrainWatch
 

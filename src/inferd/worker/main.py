@@ -27,11 +27,11 @@ import msgspec
 
 from inferd.clock import MonotonicClock
 from inferd.config import ConfigError
-from inferd.llm.engine import LLMEngine
+from inferd.kinds.llm.engine import LLMEngine
 from inferd.observability import tracing
 from inferd.observability.logging_setup import set_up_process
 from inferd.observability.settings import from_environment
-from inferd.worker import protocol as p
+from inferd.wire import protocol as p
 from inferd.worker.args import arguments
 from inferd.worker.credits import CAP, CreditLedger
 from inferd.worker.device import Device
@@ -88,7 +88,7 @@ class Worker:
         """Front ends joined and ready, by their place in --connect."""
         self.owners = SequenceOwners(lambda: self.links)
         self._batches: asyncio.Queue[tuple[FrontLink, p.RunBatch] | None] = asyncio.Queue(maxsize=CAP + 1)
-        self.replica = None  # a search model's shard replica (search/replica.py), for every link
+        self.replica = None  # a search model's shard replica (kinds/search/replica.py), for every link
         self._engine: LLMEngine | None = None
         """The continuous-batching engine, when the model is an LLM (instead of the batch loop)."""
         self._draining = False
@@ -178,8 +178,8 @@ class Worker:
             assert isinstance(welcome, p.Welcome)
             give_up_when_silent(writer, welcome.silence_timeout_s)
             raw_config = msgspec.json.decode(welcome.model_config_json, type=dict)
-            if raw_config.get("kind") == "search":  # a shard replica (search/replica.py), not a model
-                from inferd.search.replica import Replica
+            if raw_config.get("kind") == "search":  # a shard replica (kinds/search/replica.py), not a model
+                from inferd.kinds.search.replica import Replica
 
                 self.replica = self.replica or Replica(self.worker_id)  # one for every front end
                 return await self.replica.serve(

@@ -2,7 +2,7 @@
 
 With several front ends the local workers rejoin a lost front end forever (`--reconnect`), so that they
 outlive an owner that dies. Their parent is then either the owner that started them or, once it has
-died, the server's parent process (their subreaper, frontends/parent.py). The server passes both pids in
+died, the server's parent process (their subreaper, runner/parent.py). The server passes both pids in
 SERVER_PIDS_ENV; a worker whose parent is neither was orphaned past the server (the parent was killed,
 then the owner): no front end will come back for it, so it exits instead of holding its device forever.
 A worker started by hand (no SERVER_PIDS_ENV) retries forever.

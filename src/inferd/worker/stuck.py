@@ -26,8 +26,8 @@ the worker waits for it instead, as it did before it served several.
 
 from __future__ import annotations
 
+from inferd.wire.protocol import MAX_FRAME_BYTES
 from inferd.worker.credits import CAP
-from inferd.worker.protocol import MAX_FRAME_BYTES
 
 STUCK_AFTER_S = 10.0
 """How long a link's write buffer may stay non-empty with nothing written out before the worker cuts the

@@ -2,7 +2,7 @@
 
 With several front ends, the owner (front end 0) runs the local workers, and each joins every front
 end with `--reconnect`: when the owner dies, its workers go on serving the other front ends and rejoin
-the owner when the parent starts it again. The parent is the workers' subreaper (frontends/parent.py):
+the owner when the parent starts it again. The parent is the workers' subreaper (runner/parent.py):
 orphaned, they become its children, and it reaps them.
 
 A restarted owner's supervisor finds them (`survivors`): the processes running `inferd.worker.main`

@@ -1,1 +1,0 @@
-"""Dynamic batching: the pure policy (when to cut), the bounded queue, and the asyncio dispatcher."""

@@ -1,0 +1,68 @@
+"""The built-in model kinds: batch (kinds/batch/dispatcher.py), llm (kinds/llm/runtime.py), upstream
+(kinds/upstream/runtime.py) and search (kinds/search/kind.py). The composition root (server.py) starts
+from these."""
+
+from __future__ import annotations
+
+from inferd.config import ModelConfig
+from inferd.kinds.batch.dispatcher import ModelRuntime
+from inferd.kinds.llm.params import LLMParams
+from inferd.kinds.llm.runtime import LLMRuntime
+from inferd.kinds.search.kind import search_kind
+from inferd.kinds.upstream.metrics import UpstreamMetrics
+from inferd.kinds.upstream.runtime import UpstreamConfig, UpstreamRuntime
+from inferd.routing.retry import RetryBudget
+from inferd.runtime.contract import Runtime
+from inferd.runtime.kinds import Kind, KindRegistry, RuntimeContext
+
+
+def _batch_runtime(config: ModelConfig, ctx: RuntimeContext) -> Runtime:
+    return ModelRuntime(
+        config,
+        ctx.clock,
+        ctx.metrics.for_model(config.name, config.version),
+        ctx.retry_budget,
+        ctx.kill_worker,
+        heartbeat_timeout_s=ctx.server.heartbeat_timeout_s,
+    )
+
+
+def _llm_runtime(config: ModelConfig, ctx: RuntimeContext) -> Runtime:
+    return LLMRuntime(
+        config,
+        ctx.clock,
+        ctx.metrics.for_llm(config.name, config.version),
+        ctx.retry_budget,
+        kill_worker=ctx.kill_worker,
+        heartbeat_timeout_s=ctx.server.heartbeat_timeout_s,
+    )
+
+
+def _upstream_runtime(config: ModelConfig, ctx: RuntimeContext) -> Runtime:
+    """An upstream-served model, with a retry budget of its own (its failures are its upstreams')."""
+    budget = RetryBudget(ctx.clock, ctx.server.retry_budget_ratio, ctx.server.retry_budget_min_per_s)
+    return UpstreamRuntime(
+        config, ctx.clock, UpstreamMetrics(ctx.metrics, config.name, config.version), budget
+    )
+
+
+def builtin_kinds() -> KindRegistry:
+    return KindRegistry(
+        [
+            Kind("batch", _batch_runtime, routes="POST /v2/models/{model}/infer (OIP), /v1/embeddings"),
+            Kind(
+                "llm",
+                _llm_runtime,
+                params=LLMParams,
+                routes="POST /v1/chat/completions or /v1/completions (OpenAI)",
+            ),
+            Kind(
+                "upstream",
+                _upstream_runtime,
+                params=UpstreamConfig,
+                has_workers=False,
+                routes="POST /v1/chat/completions or /v1/completions (OpenAI)",
+            ),
+            search_kind(),
+        ]
+    )

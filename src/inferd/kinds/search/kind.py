@@ -1,0 +1,20 @@
+"""The model kind "search": how the composition root builds a search index's runtime."""
+
+from __future__ import annotations
+
+from inferd.config import ModelConfig
+from inferd.kinds.search.config import SearchParams
+from inferd.kinds.search.runtime import SearchRuntime
+from inferd.kinds.search.store import IndexStore
+from inferd.runtime.contract import Runtime
+from inferd.runtime.kinds import Kind, RuntimeContext
+
+ROUTES = "/v1/indexes/{name}/... (PUT, GET, DELETE; POST .../documents and .../search)"
+
+
+def _search_runtime(config: ModelConfig, ctx: RuntimeContext) -> Runtime:
+    return SearchRuntime(config, ctx, IndexStore(ctx.server.data_dir))
+
+
+def search_kind() -> Kind:
+    return Kind("search", _search_runtime, params=SearchParams, routes=ROUTES)

@@ -1,0 +1,102 @@
+"""The one writer of a shard: the front end's sequencer. It numbers the shard's log entries (1, 2, 3 ...
+with no gaps), appends them to the shard's write-ahead log in data_dir with group commit (every entry
+waiting while one write runs goes into the next write: one write and one fsync for all of them), and
+only then answers the writers: an acknowledged write is on disk. The entries since the last snapshot
+stay in memory (`tail`) to be shipped to replicas in seq order; a replica further behind than the tail
+reloads the snapshot first.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from inferd.errors import Internal
+from inferd.kinds.search.types import LogEntry, Op
+from inferd.kinds.search.wal import WriteAheadLog
+
+log = logging.getLogger("inferd.search")
+
+
+class ShardLog:
+    def __init__(self, shard: int, path: Path) -> None:
+        self.shard = shard
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.wal = WriteAheadLog(path)
+        self.tail: list[LogEntry] = list(self.wal.read_from(0))
+        """Entries not yet covered by a snapshot, in seq order."""
+        self.durable_seq = self.wal.last_seq
+        """The last seq on disk (every entry up to it is acknowledged or may be)."""
+        self._next_seq = self.durable_seq + 1
+        self._pending: list[tuple[list[Op], asyncio.Future[int]]] = []
+        self._lock = asyncio.Lock()
+        self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"inferd-wal-{shard}")
+        self.broken = ""
+        """Why the log refuses writes (a failed write leaves its state unknown until a restart)."""
+        self.writes = 0
+        self.entries = 0
+
+    @property
+    def first_seq(self) -> int:
+        """The oldest seq still in the tail (durable_seq + 1 when the tail is empty)."""
+        return self.tail[0].seq if self.tail else self.durable_seq + 1
+
+    async def append(self, ops: list[Op]) -> int:
+        """Log `ops` as one entry; returns its seq once it is on disk (group commit)."""
+        if self.broken:
+            raise Internal(f"shard {self.shard}'s log refuses writes: {self.broken}")
+        loop = asyncio.get_running_loop()
+        done: asyncio.Future[int] = loop.create_future()
+        self._pending.append((ops, done))
+        async with self._lock:  # whoever holds it writes everything pending, its own entry included
+            if not done.done() and self._pending:
+                batch, self._pending = self._pending, []
+                entries = [LogEntry(seq=self._next_seq + i, ops=ops) for i, (ops, _) in enumerate(batch)]
+                self._next_seq += len(entries)
+                write = loop.run_in_executor(self._thread, self.wal.append, entries)
+                write.add_done_callback(lambda f: self._written(f, entries, [d for _, d in batch]))
+                await asyncio.shield(write)  # a cancelled caller leaves the write to finish and answer
+        return await done
+
+    def _written(self, write: asyncio.Future[None], entries: list[LogEntry], waiters: list) -> None:
+        exc = None if write.cancelled() else write.exception()
+        if write.cancelled() or exc is not None:
+            self.broken = f"write of seq {entries[0].seq}..{entries[-1].seq} failed: {exc!r}"
+            log.error("shard %d: %s", self.shard, self.broken)
+            for w in waiters:
+                if not w.done():
+                    w.set_exception(Internal(f"shard {self.shard}: {self.broken}"))
+            return
+        self.tail.extend(entries)
+        self.durable_seq = entries[-1].seq
+        self.writes += 1
+        self.entries += len(entries)
+        for w, entry in zip(waiters, entries, strict=True):
+            if not w.done():
+                w.set_result(entry.seq)
+
+    def entries_after(self, seq: int, limit: int) -> Sequence[LogEntry] | None:
+        """Up to `limit` durable entries after `seq`; None when the tail no longer holds seq + 1 (the
+        replica must load the snapshot first)."""
+        if seq >= self.durable_seq:
+            return []
+        start = seq + 1 - self.first_seq
+        if start < 0:
+            return None
+        return self.tail[start : start + limit]
+
+    async def snapshotted(self, seq: int, keep_after: int) -> None:
+        """A snapshot holds everything up to `seq`: drop the log before it on disk, and the tail up to
+        `keep_after` (the slowest connected replica's seq, so nobody connected must reload)."""
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(self._thread, self.wal.truncate_before, seq + 1)
+        cut = min(seq, keep_after) + 1 - self.first_seq
+        if cut > 0:
+            del self.tail[:cut]
+
+    def close(self) -> None:
+        self._thread.submit(self.wal.close)
+        self._thread.shutdown(wait=True)

@@ -1,0 +1,106 @@
+"""Where indexes live on disk, under the server's data_dir:
+
+    DATA_DIR/indexes/NAME/index.json        settings of an index created through the API
+    DATA_DIR/indexes/NAME/shard-N/wal/      the shard's write-ahead log (the front end writes it)
+    DATA_DIR/indexes/NAME/shard-N/snapshot/ its latest snapshot (a replica writes it when told to)
+
+An index declared in the model repository has no index.json (its settings are the repository's); its
+logs and snapshots live here all the same, so its documents survive restarts too.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+from pathlib import Path
+
+from inferd.config import ModelConfig
+from inferd.errors import BadRequest
+from inferd.kinds.search.config import SearchParams, index_config, parse_params
+
+log = logging.getLogger("inferd.search")
+
+SETTINGS_FILE = "index.json"
+EMBEDDER_FILE = "embedder.json"
+"""The embedder version of an index's vectors, and the one a running re-embed moves to."""
+
+
+class IndexStore:
+    def __init__(self, data_dir: Path) -> None:
+        self.root = data_dir / "indexes"
+
+    def folder(self, name: str) -> Path:
+        return self.root / name
+
+    def shard_folder(self, name: str, shard: int) -> Path:
+        return self.folder(name) / f"shard-{shard}"
+
+    def wal_path(self, name: str, shard: int) -> Path:
+        return self.shard_folder(name, shard) / "wal"
+
+    def snapshot_path(self, name: str, shard: int) -> Path:
+        return self.shard_folder(name, shard) / "snapshot"
+
+    def save(self, name: str, params: SearchParams) -> None:
+        """Record an API-created index (atomically: temp file, fsync, rename) so it is served again after
+        a restart."""
+        self._write(name, SETTINGS_FILE, params.model_dump())
+
+    def embedder_versions(self, name: str) -> tuple[int | None, int | None]:
+        """(the version of the index's vectors, the version a running re-embed moves to); None: unknown."""
+        try:
+            with open(self.folder(name) / EMBEDDER_FILE) as f:
+                state = json.load(f)
+        except FileNotFoundError:
+            return None, None
+        return state.get("version"), state.get("target")
+
+    def save_embedder_versions(self, name: str, version: int | None, target: int | None) -> None:
+        self._write(name, EMBEDDER_FILE, {"version": version, "target": target})
+
+    def _write(self, name: str, file: str, value: object) -> None:
+        folder = self.folder(name)
+        folder.mkdir(parents=True, exist_ok=True)
+        tmp = folder / f".{file}.tmp"
+        with open(tmp, "w") as f:
+            json.dump(value, f, sort_keys=True)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, folder / file)
+        _fsync_dir(folder)
+
+    def remove(self, name: str) -> None:
+        """Forget an index and its documents."""
+        folder = self.folder(name)
+        if folder.exists():
+            trash = folder.with_name(f".deleted-{name}")
+            shutil.rmtree(trash, ignore_errors=True)
+            os.replace(folder, trash)  # gone at once for a restart; the bytes go next
+            shutil.rmtree(trash, ignore_errors=True)
+
+    def stored(self, skip: set[str]) -> list[ModelConfig]:
+        """The API-created indexes to serve at start (a name in `skip` is declared elsewhere and wins)."""
+        if not self.root.is_dir():
+            return []
+        configs = []
+        for folder in sorted(self.root.iterdir()):
+            settings = folder / SETTINGS_FILE
+            if folder.name.startswith(".") or folder.name in skip or not settings.is_file():
+                continue
+            try:
+                params = parse_params(json.loads(settings.read_text()), str(settings))
+            except (BadRequest, ValueError) as exc:
+                log.error("index %s is not served: %s", folder.name, exc)
+                continue
+            configs.append(index_config(folder.name, params))
+        return configs
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

@@ -1,0 +1,193 @@
+"""Where workers connect: handshake, then one read loop per connection feeding the model's runtime.
+
+The same path serves local worker processes (Unix socket) and workers on other hosts (TCP).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import logging
+import ssl
+from collections.abc import Awaitable, Callable
+
+from inferd.clock import Clock
+from inferd.errors import NotFound
+from inferd.runtime.contract import Runtime
+from inferd.runtime.registry import ModelRegistry
+from inferd.wire import protocol as p
+from inferd.wire.connection import WorkerConnection
+
+log = logging.getLogger("inferd.hub")
+
+HEARTBEAT_S = 1.0
+
+
+class WorkerHub:
+    def __init__(
+        self,
+        registry: ModelRegistry,
+        clock: Clock,
+        tokens: tuple[str, ...] = (),
+        load_timeout_s: float = 120.0,
+        silence_timeout_s: float = 0.0,
+    ) -> None:
+        self.registry = registry
+        self.clock = clock
+        self.tokens = tuple(t for t in tokens if t)
+        """Accepted join tokens (the local workers' own, and the one for remote workers); none: open."""
+        self.load_timeout_s = load_timeout_s
+        self.silence_timeout_s = silence_timeout_s
+        """The runtimes' heartbeat timeout, told to workers in Welcome (see Welcome.silence_timeout_s)."""
+        self.connections: set[WorkerConnection] = set()
+        self.load_failures: dict[str, str] = {}
+        self._servers: list[asyncio.Server] = []
+        self.on_first_batch: list[Callable[[WorkerConnection], None]] = []
+        """Called when a worker completes its first batch: it did healthy work."""
+        self.before_refusal: Callable[[], Awaitable[object]] | None = None
+        """Awaited before a worker of a version not served here is turned away (for good), then the
+        version is looked up again: a follower front end learns the owner's versions first."""
+
+    async def listen_unix(self, path: str) -> None:
+        self._servers.append(await asyncio.start_unix_server(self._handle, path=path, limit=2**20))
+
+    async def listen_tcp(self, host: str, port: int, tls: ssl.SSLContext | None = None) -> int:
+        """Workers on other hosts join here: over TLS with `tls` (a handshake that fails, e.g. a worker
+        that does not trust the certificate, only ends that connection), else over plain TCP."""
+        server = await asyncio.start_server(
+            self._handle, host, port, limit=2**20, ssl=tls, ssl_handshake_timeout=10.0 if tls else None
+        )
+        self._servers.append(server)
+        return server.sockets[0].getsockname()[1]
+
+    async def close(self) -> None:
+        for server in self._servers:
+            server.close()
+        for conn in list(self.connections):
+            conn.close()
+        for server in self._servers:
+            await server.wait_closed()
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        conn: WorkerConnection | None = None
+        runtime: Runtime | None = None
+        reason = "connection closed"
+        try:
+            conn, runtime = await self._handshake(reader, writer)
+            if conn is None or runtime is None:
+                return
+            await self._read_loop(conn, runtime, reader)
+        except p.ConnectionClosed as exc:
+            reason = str(exc) or reason
+        except Exception as exc:  # a broken worker must never take the hub down
+            reason = f"protocol error: {exc!r}"
+            log.exception("worker connection failed")
+        finally:
+            if conn is not None:
+                self.connections.discard(conn)
+                if runtime is not None:
+                    runtime.on_worker_lost(conn, reason)
+            writer.close()
+
+    async def _handshake(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> tuple[WorkerConnection | None, Runtime | None]:
+        async with asyncio.timeout(10.0):
+            hello = await p.read_message(reader, p.MAX_HELLO_BYTES)
+        if not isinstance(hello, p.Hello):
+            return None, None
+        refusal, runtime = self._resolve(hello)
+        if runtime is None and self.before_refusal is not None and self._unknown_version(hello):
+            await self.before_refusal()
+            refusal, runtime = self._resolve(hello)
+        if runtime is None:
+            log.warning(
+                "refused worker %s (pid %d) for model %s: %s",
+                hello.worker_id,
+                hello.pid,
+                hello.model,
+                refusal,
+            )
+            writer.write(p.encode_frame(p.Welcome(accepted=False, reason=refusal)))
+            await writer.drain()
+            return None, None
+        conn = WorkerConnection(
+            hello.worker_id,
+            hello.model,
+            hello.pid,
+            hello.host,
+            writer,
+            connected_at=self.clock.now(),
+            credits=0 if hello.credits else None,
+        )
+        self.connections.add(conn)
+        config_json = runtime.config.model_dump_json().encode()
+        writer.write(
+            p.encode_frame(
+                p.Welcome(
+                    accepted=True,
+                    model_config_json=config_json,
+                    heartbeat_s=HEARTBEAT_S,
+                    silence_timeout_s=self.silence_timeout_s,
+                    credits=hello.credits,
+                )
+            )
+        )
+        await writer.drain()
+        async with asyncio.timeout(self.load_timeout_s):
+            msg = await p.read_message(reader)
+        if isinstance(msg, p.LoadFailed):
+            self.load_failures[hello.model] = msg.message
+            log.error("worker %s could not load model %s: %s", hello.worker_id, hello.model, msg.message)
+            return None, None
+        if not isinstance(msg, p.Ready):
+            raise p.ConnectionClosed(f"expected ready, got {type(msg).__name__}")
+        conn.version = msg.version
+        conn.last_heartbeat = self.clock.now()
+        self.load_failures.pop(hello.model, None)
+        runtime.add_worker(conn)
+        return conn, runtime
+
+    def _unknown_version(self, hello: p.Hello) -> bool:
+        return hello.model in self.registry and hello.version not in (0, *self.registry.versions(hello.model))
+
+    def _resolve(self, hello: p.Hello) -> tuple[str, Runtime | None]:
+        """The runtime the worker serves (its model at its version, or the default version), or why not."""
+        if hello.protocol != p.PROTOCOL_VERSION:
+            return (
+                f"worker protocol {hello.protocol} is not supported: this front end speaks protocol "
+                f"{p.PROTOCOL_VERSION}; run the same inferd version on both sides",
+                None,
+            )
+        if self.tokens and not any(
+            hmac.compare_digest(hello.token.encode(), t.encode()) for t in self.tokens
+        ):
+            return "bad join token", None
+        try:
+            runtime = self.registry.get(hello.model, hello.version or None)
+        except NotFound as exc:
+            return exc.message, None
+        if not runtime.accepts_workers:
+            return f"model {hello.model!r} is a {runtime.kind} model: it has no workers", None
+        return "", runtime
+
+    async def _read_loop(
+        self, conn: WorkerConnection, runtime: Runtime, reader: asyncio.StreamReader
+    ) -> None:
+        while True:
+            msg = await p.read_message(reader)
+            if isinstance(msg, p.Heartbeat):
+                conn.last_heartbeat = self.clock.now()
+                conn.high_water = msg.high_water
+            elif isinstance(msg, p.Credit):
+                conn.on_credit(msg, self.clock.now())
+                runtime.on_message(conn, msg)
+            elif isinstance(msg, p.LoadFailed):
+                raise p.ConnectionClosed(f"worker failed: {msg.message}")
+            elif isinstance(msg, p.Drain):  # it drains (SIGTERM): no new work; the answer, a Drain,
+                runtime.drain_worker(conn)  # follows the last work sent it (a runtime sends it once)
+            else:
+                runtime.on_message(conn, msg)
+                if conn.completed_batches == 1:
+                    for hook in self.on_first_batch:
+                        hook(conn)
