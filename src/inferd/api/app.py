@@ -305,23 +305,31 @@ class Api:
         share: TenantShare = NO_TENANT,
     ) -> Answer:
         """Queue an OIP request's items on `rt` and wait (through the response cache when it is on)."""
-
-        async def run() -> Answer:
-            items = rt.enqueue(req.items, deadline, priority, share)
-            results: list[ItemResult] = await wait_for_items(rt, items, deadline, self.clock, request)
-            return results[0].version, [r.outputs for r in results], lifecycle(results)
+        if not rt.config.cache.enabled:
+            return await self._queue_and_wait(request, rt, req, deadline, priority, share)
 
         async def compute() -> tuple[Answer, int]:
-            answer = await run()
+            answer = await self._queue_and_wait(request, rt, req, deadline, priority, share)
             return answer, encoded_size(answer[1])
 
-        if not rt.config.cache.enabled:
-            return await run()
         # the same answer for the same inputs and requested outputs
         canonical = ("oip", req.items, [spec.name for spec, _ in req.outputs])
         (version, rows, record), lookup = await self.cache.answer(request, rt, canonical, compute, deadline)
         # a hit's record is that of the run that computed it
         return version, rows, {**record, "cache": lookup}
+
+    async def _queue_and_wait(
+        self,
+        request: HttpRequest,
+        rt: Runtime,
+        req: Any,
+        deadline: float | None,
+        priority: int,
+        share: TenantShare,
+    ) -> Answer:
+        items = rt.enqueue(req.items, deadline, priority, share)
+        results: list[ItemResult] = await wait_for_items(rt, items, deadline, self.clock, request)
+        return results[0].version, [r.outputs for r in results], lifecycle(results)
 
     async def answer_with_fallback(
         self, request: HttpRequest, primary: Runtime, answer: Callable[[Runtime], Awaitable[Response]]
