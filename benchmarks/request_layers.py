@@ -161,6 +161,7 @@ async def main(args: argparse.Namespace) -> None:
         worker.rt.add_worker(worker.conn)
         gc.collect()
         gc.freeze()
+        gc.set_threshold(*args.gc)
         paths = {"http": b"/bench/http", "route+chain": b"/bench/chain", "infer": b"/v2/models/sim/infer"}
         rows = {
             name: await measure(path, app, args, worker)
@@ -182,6 +183,7 @@ if __name__ == "__main__":
     ap.add_argument("--batch", type=int, default=100)
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--profile", help="write a cProfile of the run to this file")
+    ap.add_argument("--gc", type=int, nargs=3, default=(20_000, 20, 50), help="gc thresholds (the server sets 20000 20 50)")
     ap.add_argument("--only", choices=["http", "route+chain", "infer"], help="measure this row alone")
     args = ap.parse_args()
     import uvloop

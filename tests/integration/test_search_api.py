@@ -84,6 +84,30 @@ def test_a_search_with_cache_false_skips_the_result_cache(server: ServerProc) ->
     assert status == 200 and "cached" not in fresh
 
 
+def test_a_search_reads_x_request_timeout_ms_as_every_route_does(server: ServerProc) -> None:
+    import json
+    import urllib.error
+    import urllib.request
+
+    def search(header: str) -> tuple[int, bytes]:
+        req = urllib.request.Request(
+            f"{server.url}/v1/indexes/docs/search",
+            data=json.dumps({"query": "zebra", "mode": "lexical"}).encode(),
+            headers={"content-type": "application/json", "x-request-timeout-ms": header},
+        )
+        try:
+            with urllib.request.urlopen(req, timeout=30) as r:
+                return r.status, r.read()
+        except urllib.error.HTTPError as exc:
+            return exc.code, exc.read()
+
+    assert search("5000")[0] == 200
+    status, body = search("soon")
+    assert status == 400 and b"X-Request-Timeout-Ms" in body
+    status, body = search("0")
+    assert status == 400 and b"X-Request-Timeout-Ms" in body
+
+
 def test_an_index_too_big_for_the_machine_is_refused_and_starts_nothing(server: ServerProc) -> None:
     status, answer = call(f"{server.url}/v1/indexes/huge", "PUT", {"shards": 64, "replicas": 8})
     assert status == 400, answer

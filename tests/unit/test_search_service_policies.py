@@ -197,6 +197,20 @@ def test_bad_searches_name_the_problem(body: bytes, named: str) -> None:
         parse_search(body, FIELDS, shards=2)
 
 
+def test_x_request_timeout_ms_bounds_a_search_and_the_smaller_of_two_wins() -> None:
+    def timeout(body: bytes, header_ms: float | None) -> float:
+        return parse_search(body, FIELDS, shards=2, header_timeout_ms=header_ms).timeout_ms
+
+    assert timeout(b'{"query": "x"}', None) == 1000.0  # the default
+    assert timeout(b'{"query": "x"}', 5000.0) == 5000.0  # the header alone replaces the default
+    assert timeout(b'{"query": "x", "timeout_ms": 300}', 5000.0) == 300.0
+    assert timeout(b'{"query": "x", "timeout_ms": 3000}', 200.0) == 200.0
+    with pytest.raises(BadRequest, match="X-Request-Timeout-Ms"):
+        timeout(b'{"query": "x"}', 0.0)
+    with pytest.raises(BadRequest, match="X-Request-Timeout-Ms"):
+        timeout(b'{"query": "x"}', 120_000.0)
+
+
 def test_a_search_may_skip_the_result_cache() -> None:
     assert parse_search(b'{"query": "x"}', FIELDS, shards=2).cache is True
     assert parse_search(b'{"query": "x", "cache": false}', FIELDS, shards=2).cache is False

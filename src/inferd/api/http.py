@@ -158,6 +158,14 @@ def json_response(
     return HttpResponse(body, status, b"application/json", headers or [])
 
 
+def header_timeout_ms(header_ms: str) -> float:
+    """X-Request-Timeout-Ms as a number of milliseconds (a 400 naming it when it is not one)."""
+    try:
+        return float(header_ms)
+    except ValueError:
+        raise BadRequest(f"X-Request-Timeout-Ms must be a number of milliseconds, got {header_ms!r}") from None
+
+
 def request_deadline(
     clock: Clock,
     max_timeout_ms: float,
@@ -171,12 +179,7 @@ def request_deadline(
     if timeout_us is not None:
         timeout_ms = timeout_us / 1000.0
     elif header_ms is not None:
-        try:
-            timeout_ms = float(header_ms)
-        except ValueError:
-            raise BadRequest(
-                f"X-Request-Timeout-Ms must be a number of milliseconds, got {header_ms!r}"
-            ) from None
+        timeout_ms = header_timeout_ms(header_ms)
     if timeout_ms is None:
         return None
     if not 0 < timeout_ms <= max_timeout_ms:

@@ -24,7 +24,7 @@ from typing import Any
 
 import msgspec
 
-from inferd.api.http import check_content_type, json_response, read_body
+from inferd.api.http import check_content_type, header_timeout_ms, json_response, read_body
 from inferd.core.asgi import HttpRequest, HttpResponse
 from inferd.core.call import Call
 from inferd.errors import BadRequest
@@ -153,7 +153,9 @@ class SearchRoutes:
     # ---- search --------------------------------------------------------------------------------------
     async def search(self, call: Call) -> HttpResponse:
         rt = self.index(call)
-        req = parse_search(await self.body(call.request), rt.params.fields, rt.params.shards)
+        header = call.request.header(b"x-request-timeout-ms")
+        header_ms = None if header is None else header_timeout_ms(header)
+        req = parse_search(await self.body(call.request), rt.params.fields, rt.params.shards, header_ms)
         return _answer(await rt.index.search(req))
 
 

@@ -55,7 +55,11 @@ def json_object(body: bytes, what: str) -> dict[str, Any]:
     return raw
 
 
-def parse_search(body: bytes, fields: dict[str, FieldType], shards: int) -> SearchRequest:
+def parse_search(
+    body: bytes, fields: dict[str, FieldType], shards: int, header_timeout_ms: float | None = None
+) -> SearchRequest:
+    """A search request's body; `header_timeout_ms` (X-Request-Timeout-Ms) bounds its time as the body's
+    "timeout_ms" does, and when both are given the smaller wins."""
     raw = json_object(body, "search request")
     unknown = sorted(set(raw) - {"query", "k", "mode", "filter", "timeout_ms", "min_seq", "cache"})
     if unknown:
@@ -76,11 +80,17 @@ def parse_search(body: bytes, fields: dict[str, FieldType], shards: int) -> Sear
     mode = raw.get("mode", "hybrid")
     if mode not in MODES:
         raise BadRequest(f'"mode" must be one of {list(MODES)}, got {mode!r}')
-    timeout_ms = raw.get("timeout_ms", DEFAULT_TIMEOUT_MS)
+    timeout_ms = raw.get("timeout_ms", DEFAULT_TIMEOUT_MS if header_timeout_ms is None else MAX_TIMEOUT_MS)
     if not isinstance(timeout_ms, int | float) or isinstance(timeout_ms, bool):
         raise BadRequest(f'"timeout_ms" must be a number, got {timeout_ms!r}')
     if not 1 <= timeout_ms <= MAX_TIMEOUT_MS:
         raise BadRequest(f'"timeout_ms" must be from 1 to {MAX_TIMEOUT_MS:.0f}, got {timeout_ms}')
+    if header_timeout_ms is not None:
+        if not 1 <= header_timeout_ms <= MAX_TIMEOUT_MS:
+            raise BadRequest(
+                f"X-Request-Timeout-Ms must be from 1 to {MAX_TIMEOUT_MS:.0f} on a search, got {header_timeout_ms}"
+            )
+        timeout_ms = min(timeout_ms, header_timeout_ms)
     raw_filter = raw.get("filter")
     parsed = None if raw_filter is None else parse_filter(raw_filter, fields)
     return SearchRequest(
