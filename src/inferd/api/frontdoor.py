@@ -14,10 +14,10 @@ instead of a reset.
 Why our own protocol and not a subclass of uvicorn's: uvicorn's httptools protocol turns every request
 into ASGI messages (a scope, receive() and send() coroutines, a header pass that re-validates what we
 write, two writes per response). Measured with the same load tool at 3,000 req/s on the 2-core machine,
-a trivial app cost 100 us of CPU per request under it against 51 us under a bare httptools protocol
-(docs/benchmarks.md), and its internals were what the old subclass overrode. Here a request reaches
-`AsgiApp.handle` as an `HttpRequest` whose peer is its `Exchange` (exchange.py): the body is read from
-the parser's buffer, a disconnect calls back, and a response is one write.
+a trivial app cost 90 us of CPU per request under it against 44 us under a bare httptools protocol
+(benchmarks/http_floor.py, docs/benchmarks.md), and its internals were what the old subclass overrode.
+Here a request reaches `AsgiApp.handle` as an `HttpRequest` whose peer is its `Exchange` (exchange.py):
+the body is read from the parser's buffer, a disconnect calls back, and a response is one write.
 
 uvicorn still runs the server (sockets, TLS, signals, lifespan, graceful shutdown) through its public
 `Config(http=<protocol class>)`: the contract with it is this class's constructor (config,
