@@ -140,8 +140,6 @@ class FrontDoorProtocol(asyncio.Protocol):
         if self._refused is not None:
             self.close_with(self._refused)
             return
-        if self._due == self._idle_expired:
-            self._due = None
         self._completed_in_feed = False
         try:
             self.parser.feed_data(data)
@@ -191,7 +189,8 @@ class FrontDoorProtocol(asyncio.Protocol):
         self._expect_continue = False
         self._in_head = self._head_begun = True
         self._raw_head = self._parsed_head = 0
-        if self._due is None:  # a keep-alive connection's next request; the first one's runs from open
+        if self._due != self._head_expired:  # a keep-alive connection's next request ends its idle
+            # wait (bytes that begin no request leave it running); the first one's runs from open
             self._arm(self.door.limits.header_timeout_s, self._head_expired)
 
     def on_url(self, url: bytes) -> None:
@@ -274,7 +273,9 @@ class FrontDoorProtocol(asyncio.Protocol):
             return
         self.resume_reading()
         if self.pipeline:
-            self._start(self.pipeline.popleft())
+            self._start(after := self.pipeline.popleft())
+            if self.parsing is after:  # its body is read from now on, under its deadline
+                self._arm(self.door.limits.body_timeout_s, self._body_expired)
         elif self.parsing is None:  # else its body's deadline still runs
             self._arm(self.keep_alive_s, self._idle_expired)
 

@@ -1,0 +1,75 @@
+"""The front door's deadlines on the paths between requests (api/frontdoor.py): a pipelined request's
+body, bytes between requests that begin none, and the next head after an early answer. Real loop timers,
+short limits, the fake transport of test_front_door_protocol."""
+
+from __future__ import annotations
+
+import asyncio
+
+import uvicorn
+from uvicorn.server import ServerState
+
+from inferd.api.door_policy import DoorLimits, DoorPolicy
+from inferd.api.frontdoor import FrontDoorProtocol, front_door_protocol
+from inferd.clock import FakeClock
+from inferd.core.asgi import AsgiApp, HttpRequest, HttpResponse, Router
+from tests.unit.test_front_door_protocol import Transport, echo_router, settle
+
+SHORT = 0.05
+
+
+def connect(
+    router: Router, limits: DoorLimits, keep_alive_s: float = 5.0
+) -> tuple[FrontDoorProtocol, Transport, ServerState]:
+    app = AsgiApp(router, lambda: None, lambda request, other: HttpResponse(b"nope", 404))  # type: ignore[arg-type,return-value]
+    cls = front_door_protocol(DoorPolicy(limits, FakeClock()), app)
+    config = uvicorn.Config(
+        app, http=cls, ws="none", log_config=None, lifespan="off", timeout_keep_alive=keep_alive_s
+    )
+    config.load()
+    state = ServerState()
+    protocol = cls(config=config, server_state=state, app_state={})
+    transport = Transport()
+    protocol.connection_made(transport)
+    return protocol, transport, state
+
+
+async def test_a_pipelined_requests_body_has_a_deadline_once_it_runs() -> None:
+    protocol, transport, state = connect(echo_router(), DoorLimits(body_timeout_s=SHORT))
+    protocol.data_received(
+        b"GET /echo HTTP/1.1\r\nHost: x\r\n\r\nPOST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 10\r\n\r\nab"
+    )
+    await asyncio.sleep(SHORT * 4)
+    assert transport.closed
+    assert b"408" in bytes(transport.written)
+    protocol.connection_lost(None)
+    await settle(state)
+
+
+async def test_blank_lines_between_requests_do_not_hold_an_idle_connection_open() -> None:
+    protocol, transport, state = connect(echo_router(), DoorLimits(), keep_alive_s=SHORT * 2)
+    protocol.data_received(b"GET /echo HTTP/1.1\r\nHost: x\r\n\r\n")
+    await settle(state)
+    for _ in range(10):
+        protocol.data_received(b"\r\n")
+        await asyncio.sleep(SHORT)
+    assert transport.closed
+
+
+async def test_the_next_head_after_an_early_answer_has_its_deadline() -> None:
+    router = Router()
+
+    async def fast(request: HttpRequest) -> HttpResponse:
+        return HttpResponse(b"early")  # its body is not read
+
+    router.add("POST", "/fast", fast)
+    protocol, transport, state = connect(router, DoorLimits(header_timeout_s=SHORT), keep_alive_s=30.0)
+    protocol.data_received(b"POST /fast HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n\r\n")
+    await settle(state)
+    assert bytes(transport.written).endswith(b"early")
+    protocol.data_received(b"abcdeGET /fast HTTP/1.1\r\nHo")
+    await asyncio.sleep(SHORT * 2)
+    protocol.data_received(b"s")  # the head goes on, slowly
+    await asyncio.sleep(SHORT * 3)
+    assert transport.closed
+    assert b"408" in bytes(transport.written)
