@@ -26,7 +26,7 @@ import statistics
 import sys
 import time
 
-from harness import OUT_DIR, InferdServer, free_port, port_free, write_json
+from harness import OUT_DIR, InferdServer, cell, free_port, port_free, write_json
 from procfs import cpu_seconds_since, machine_busy_s
 
 from inferd.bench.loadgen import LoadSpec, run_load_blocking
@@ -122,8 +122,9 @@ def main() -> int:
         errors = sum(r["errors"].values())
         less_idle = r["cpu_us_per_request"] - 1000 * idle * r["wall_s"] / max(1, r["sent"])
         print(
-            f"| {r['rate']:,.0f} | {r['achieved']:,.0f} | {r['ok_per_s']:,.0f} | {r['p50_ms']} | {r['p99_ms']} "
-            f"| {errors} | {r['rejection_p50_ms']} / {r['rejection_p99_ms']} | {r['mean_batch']} "
+            f"| {r['rate']:,.0f} | {r['achieved']:,.0f} | {r['ok_per_s']:,.0f} | {cell(r['p50_ms'])} "
+            f"| {cell(r['p99_ms'])} | {errors} | {cell(r['rejection_p50_ms'])} / {cell(r['rejection_p99_ms'])} "
+            f"| {cell(r['mean_batch'])} "
             f"| {r['cpu_us_per_request']:.0f} | {less_idle:.0f} | {r['generator_cpu_us_per_request']:.0f} "
             f"| {r['other_cpu_s']} | {r['load_1m']} |"
         )
