@@ -73,3 +73,44 @@ async def test_the_next_head_after_an_early_answer_has_its_deadline() -> None:
     await asyncio.sleep(SHORT * 3)
     assert transport.closed
     assert b"408" in bytes(transport.written)
+
+
+def slow_router(release: asyncio.Event) -> Router:
+    router = Router()
+
+    async def slow(request: HttpRequest) -> HttpResponse:
+        await release.wait()
+        return HttpResponse(b"first", content_type=b"text/plain")
+
+    router.add("GET", "/slow", slow)
+    return router
+
+
+async def test_a_refusal_behind_a_running_request_waits_for_its_answer() -> None:
+    for follow in (b"NOT HTTP\r\n\r\n", b"GET /x HTTP/1.1\r\nX-Big: " + b"a" * 20_000):
+        release = asyncio.Event()
+        protocol, transport, state = connect(slow_router(release), DoorLimits(max_header_bytes=8192))
+        protocol.data_received(b"GET /slow HTTP/1.1\r\nHost: x\r\n\r\n")
+        await asyncio.sleep(0)
+        protocol.data_received(follow)
+        release.set()
+        await settle(state)
+        written = bytes(transport.written)
+        assert written.startswith(b"HTTP/1.1 200 OK"), written[:60]
+        assert b"connection: close" in written.split(b"first")[0]
+        assert written.split(b"first", 1)[1].startswith((b"HTTP/1.1 400", b"HTTP/1.1 431"))
+        assert transport.closed
+
+
+async def test_the_next_head_deadline_waits_for_the_request_before_it() -> None:
+    release = asyncio.Event()
+    protocol, transport, state = connect(slow_router(release), DoorLimits(header_timeout_s=SHORT))
+    protocol.data_received(b"GET /slow HTTP/1.1\r\nHost: x\r\n\r\nGET /slow HTTP/1.1\r\n")
+    await asyncio.sleep(SHORT * 3)  # the app is slower than the head deadline: not the client's fault
+    assert not transport.closed
+    release.set()
+    await settle(state)
+    assert bytes(transport.written).startswith(b"HTTP/1.1 200 OK")
+    await asyncio.sleep(SHORT * 3)  # from the answer on, the head is the client's to finish
+    assert transport.closed
+    assert b"408" in bytes(transport.written)

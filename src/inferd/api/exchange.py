@@ -32,6 +32,10 @@ HIGH_WATER_BYTES = 65536
 STATUS_LINES = {s.value: b"HTTP/1.1 %d %s\r\n" % (s.value, s.phrase.encode()) for s in HTTPStatus}
 CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
 INTERNAL = b"Internal Server Error"
+BAD_REQUEST = (
+    b"HTTP/1.1 400 Bad Request\r\ncontent-type: text/plain; charset=utf-8\r\ncontent-length: 30\r\n"
+    b"connection: close\r\n\r\nInvalid HTTP request received."
+)
 
 
 def _refusal_body(exc: ServingError) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
@@ -56,15 +60,26 @@ class Connection(Protocol):
 
     transport: asyncio.Transport
     loop: asyncio.AbstractEventLoop
-    def default_head(self) -> bytes:
-        """The header lines every response carries (uvicorn's date and server)."""
-        ...
+    server_state: Any
+    """uvicorn's: its `default_headers` (date, server) go on every response."""
 
     def resume_reading(self) -> None: ...
 
     async def drain(self) -> None: ...
 
     def response_done(self, ex: Exchange | None) -> None: ...
+
+
+_DEFAULT_HEAD: list[object] = [None, b""]
+"""uvicorn's default headers (date, server) as header lines, for the list they were made from."""
+
+
+def default_head(headers: list[tuple[bytes, bytes]]) -> bytes:
+    """`server_state.default_headers` as header lines (a new list each second: uvicorn's date)."""
+    cached = _DEFAULT_HEAD
+    if cached[0] is not headers:
+        cached[:] = [headers, b"".join([b"%s: %s\r\n" % pair for pair in headers])]
+    return cached[1]  # type: ignore[return-value]
 
 
 def request_scope(
@@ -261,7 +276,11 @@ class Exchange:
             self.keep_alive = False
         elif not self.keep_alive:
             lines += b"connection: close\r\n"
-        return [STATUS_LINES.get(status) or b"HTTP/1.1 %d \r\n" % status, self.conn.default_head(), lines]
+        return [
+            STATUS_LINES.get(status) or b"HTTP/1.1 %d \r\n" % status,
+            default_head(self.conn.server_state.default_headers),
+            lines,
+        ]
 
     def _write(self, data: bytes) -> None:
         transport = self.conn.transport

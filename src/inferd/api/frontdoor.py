@@ -36,7 +36,7 @@ from typing import Any
 import httptools
 
 from inferd.api.door_policy import DoorPolicy
-from inferd.api.exchange import HIGH_WATER_BYTES, Exchange, canned_response, request_scope
+from inferd.api.exchange import BAD_REQUEST, HIGH_WATER_BYTES, Exchange, canned_response, request_scope
 from inferd.core.asgi import AsgiApp
 from inferd.errors import ServingError
 
@@ -44,9 +44,6 @@ log = logging.getLogger("inferd.frontdoor")
 
 LINGER_S = 2.0
 """After a refusal that closes, how long the client's remaining bytes are read and dropped."""
-BAD_REQUEST = b"Invalid HTTP request received."
-_DEFAULT_HEAD: list[object] = [None, b""]
-"""uvicorn's default headers (date, server) as header lines, for the list they were made from."""
 
 
 class _HeadRefused(Exception):
@@ -98,6 +95,7 @@ class FrontDoorProtocol(asyncio.Protocol):
         self._refused: ServingError | None = None
         """A connection refused at a cap, answered when its first bytes come."""
         self._skip_body = False
+        self._last_word: bytes | None = None  # a refusal waiting for the responses before it
         self.closing = False
 
     # ---- connection events ----------------------------------------------------------------------
@@ -151,8 +149,9 @@ class FrontDoorProtocol(asyncio.Protocol):
             if self._refusal is not None:
                 self.close_with(self._refusal)
                 return
-            log.warning(BAD_REQUEST.decode())
-            self._bad_request()
+            log.warning("Invalid HTTP request received.")
+            self.closing = True
+            self._close(BAD_REQUEST)
             return
         if self._in_head:  # a head still incomplete: its bytes so far, buffered by the parser
             if not self._completed_in_feed:  # else this head began after a request in the same data
@@ -160,9 +159,6 @@ class FrontDoorProtocol(asyncio.Protocol):
             refusal = self.door.check_head(max(self._raw_head, self._parsed_head), len(self._headers))
             if refusal is not None:
                 self.close_with(refusal)
-
-    def eof_received(self) -> None:
-        pass
 
     def pause_writing(self) -> None:
         self.writing_paused = True
@@ -189,8 +185,8 @@ class FrontDoorProtocol(asyncio.Protocol):
         self._expect_continue = False
         self._in_head = self._head_begun = True
         self._raw_head = self._parsed_head = 0
-        if self._due != self._head_expired:  # a keep-alive connection's next request ends its idle
-            # wait (bytes that begin no request leave it running); the first one's runs from open
+        if self._due != self._head_expired and (self.running is None or self.running.complete):
+            # ends an idle wait (not bytes that begin no request); a pipelined head's runs from its turn
             self._arm(self.door.limits.header_timeout_s, self._head_expired)
 
     def on_url(self, url: bytes) -> None:
@@ -269,13 +265,19 @@ class FrontDoorProtocol(asyncio.Protocol):
         if self.transport.is_closing():
             return
         if ex is not None and not ex.keep_alive:
-            self.transport.close()
+            answer, self._last_word = self._last_word, None
+            if answer is None:
+                self.transport.close()
+            else:
+                self._close(answer)
             return
         self.resume_reading()
         if self.pipeline:
             self._start(after := self.pipeline.popleft())
             if self.parsing is after:  # its body is read from now on, under its deadline
                 self._arm(self.door.limits.body_timeout_s, self._body_expired)
+        elif self._head_begun:  # the next head, pipelined: the client's to finish from now
+            self._arm(self.door.limits.header_timeout_s, self._head_expired)
         elif self.parsing is None:  # else its body's deadline still runs
             self._arm(self.keep_alive_s, self._idle_expired)
 
@@ -285,13 +287,6 @@ class FrontDoorProtocol(asyncio.Protocol):
             self.transport.close()
         else:
             self.running.keep_alive = False
-
-    def default_head(self) -> bytes:
-        headers = self.server_state.default_headers  # a new list each second (uvicorn: the date)
-        cached = _DEFAULT_HEAD
-        if cached[0] is not headers:
-            cached[:] = [headers, b"".join([b"%s: %s\r\n" % pair for pair in headers])]
-        return cached[1]  # type: ignore[no-any-return]
 
     def pause_reading(self) -> None:
         if not self.reading_paused and not self.transport.is_closing():
@@ -312,12 +307,6 @@ class FrontDoorProtocol(asyncio.Protocol):
         else:
             self.close_with(exc)
             raise _HeadRefused  # nothing more of this connection is parsed
-
-    def _bad_request(self) -> None:
-        head = b"HTTP/1.1 400 Bad Request\r\ncontent-type: text/plain; charset=utf-8\r\n"
-        length = b"content-length: %d\r\nconnection: close\r\n\r\n" % len(BAD_REQUEST)
-        self.transport.write(head + length + BAD_REQUEST)
-        self.transport.close()
 
     # ---- deadlines and refusals -----------------------------------------------------------------
 
@@ -362,20 +351,35 @@ class FrontDoorProtocol(asyncio.Protocol):
         self.closing = True
         if exc is not None:
             self._report()
+        self._close(None if exc is None else canned_response(exc))
+
+    def _close(self, answer: bytes | None) -> None:
+        if answer is not None and self._answer_last(answer):
+            return
         for ex in (self.running, self.parsing, *self.pipeline):
             if ex is not None and not ex.complete:
                 ex.lost()  # the app's body read fails, its responses are dropped
         transport = self.transport
         if transport.is_closing():
             return
-        if exc is not None:
-            transport.write(canned_response(exc))
+        if answer is not None:
+            transport.write(answer)
         if not transport.can_write_eof():
             transport.close()
             return
         transport.write_eof()
         self.resume_reading()
         self._linger = self.loop.call_later(LINGER_S, transport.close)
+
+    def _answer_last(self, answer: bytes) -> bool:
+        """Whether `answer` waits (else read as theirs) for the requests still to answer: the last closes."""
+        last = self.pipeline[-1] if self.pipeline else self.running
+        if last is None or last.complete or self.parsing is not None:  # (mid-body: none can be answered)
+            return False
+        last.keep_alive = False
+        self._last_word = answer
+        self.pause_reading()
+        return True
 
     def _report(self) -> None:
         if self.door.report_due():
