@@ -114,3 +114,20 @@ async def test_the_next_head_deadline_waits_for_the_request_before_it() -> None:
     await asyncio.sleep(SHORT * 3)  # from the answer on, the head is the client's to finish
     assert transport.closed
     assert b"408" in bytes(transport.written)
+
+
+async def test_pipelined_requests_wait_while_the_client_reads_no_responses() -> None:
+    protocol, transport, state = connect(echo_router(), DoorLimits())
+    protocol.pause_writing()  # the transport's buffer is over its high-water mark
+    protocol.data_received(b"GET /echo HTTP/1.1\r\nHost: x\r\n\r\n" * 3)
+    await asyncio.sleep(0.01)
+    assert bytes(transport.written).count(b"HTTP/1.1 200") == 1
+    assert transport.paused  # nor is more read
+    protocol.resume_writing()
+    protocol.pause_writing()  # the next response fills it again
+    await asyncio.sleep(0.01)
+    assert bytes(transport.written).count(b"HTTP/1.1 200") == 2
+    assert transport.paused  # one still queued: nothing more read until it runs
+    protocol.resume_writing()
+    await settle(state)
+    assert bytes(transport.written).count(b"HTTP/1.1 200") == 3

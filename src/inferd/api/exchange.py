@@ -221,7 +221,8 @@ class Exchange:
         data = body[0] if len(body) == 1 else b"".join(body)
         self._body = []
         self._body_bytes = 0
-        self.conn.resume_reading()
+        if not self.body_complete:  # (else what is read now is a pipelined request's, in its turn)
+            self.conn.resume_reading()
         return data, not self.body_complete
 
     def watch(self, on_gone: Callable[[], None]) -> Callable[[], None]:
@@ -245,6 +246,7 @@ class Exchange:
         if self.scope["method"] != "HEAD":
             head.append(body)
         self._write(b"".join(head))
+        await self.conn.drain()  # a client that reads no responses gets no more (pipelined) answered
         self._finish()
 
     async def start_stream(self, status: int, headers: list[tuple[bytes, bytes]]) -> None:

@@ -271,7 +271,6 @@ class FrontDoorProtocol(asyncio.Protocol):
             else:
                 self._close(answer)
             return
-        self.resume_reading()
         if self.pipeline:
             self._start(after := self.pipeline.popleft())
             if self.parsing is after:  # its body is read from now on, under its deadline
@@ -280,6 +279,8 @@ class FrontDoorProtocol(asyncio.Protocol):
             self._arm(self.door.limits.header_timeout_s, self._head_expired)
         elif self.parsing is None:  # else its body's deadline still runs
             self._arm(self.keep_alive_s, self._idle_expired)
+        if not self.pipeline:  # else the heads queued are read: no more until they have run
+            self.resume_reading()
 
     def shutdown(self) -> None:
         """The server is stopping: close now if idle, else after the response under way."""
