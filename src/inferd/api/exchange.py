@@ -239,6 +239,7 @@ class Exchange:
             self._watchers.remove(on_gone)
 
     async def respond(self, status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> None:
+        await self.conn.drain()  # a client reading none of the answers before gets no more (as uvicorn)
         if self.gone or self.response_started:
             return
         head = self._head(status, headers)
@@ -246,7 +247,6 @@ class Exchange:
         if self.scope["method"] != "HEAD":
             head.append(body)
         self._write(b"".join(head))
-        await self.conn.drain()  # a client that reads no responses gets no more (pipelined) answered
         self._finish()
 
     async def start_stream(self, status: int, headers: list[tuple[bytes, bytes]]) -> None:
