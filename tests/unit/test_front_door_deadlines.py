@@ -151,3 +151,17 @@ async def test_an_early_answer_is_not_held_back_by_a_body_still_coming() -> None
     protocol.resume_writing()
     await settle(state)
     assert bytes(transport.written).endswith(b"x" * 1000)
+
+
+async def test_a_refusal_waiting_behind_requests_is_not_written_when_a_shutdown_cuts_them() -> None:
+    release = asyncio.Event()
+    protocol, transport, state = connect(slow_router(release), DoorLimits())
+    protocol.data_received(b"GET /slow HTTP/1.1\r\nHost: x\r\n\r\n" * 2)
+    await asyncio.sleep(0)
+    protocol.data_received(b"NOT HTTP\r\n\r\n")  # waits for both answers
+    protocol.shutdown()  # the first answer is the last: the second request is not run
+    release.set()
+    await settle(state)
+    written = bytes(transport.written)
+    assert written.count(b"HTTP/1.1 200") == 1 and b"400" not in written
+    assert transport.closed

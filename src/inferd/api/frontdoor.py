@@ -266,7 +266,7 @@ class FrontDoorProtocol(asyncio.Protocol):
             return
         if ex is not None and not ex.keep_alive:
             answer, self._last_word = self._last_word, None
-            if answer is None:
+            if answer is None or self.pipeline:  # (cut short by a shutdown: not the answer to the next)
                 self.transport.close()
             else:
                 self._close(answer)
