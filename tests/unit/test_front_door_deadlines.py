@@ -165,3 +165,35 @@ async def test_a_refusal_waiting_behind_requests_is_not_written_when_a_shutdown_
     written = bytes(transport.written)
     assert written.count(b"HTTP/1.1 200") == 1 and b"400" not in written
     assert transport.closed
+
+
+async def test_an_answer_without_100_continue_closes_as_the_body_may_never_come() -> None:
+    router = Router()
+
+    async def refuse(request: HttpRequest) -> HttpResponse:
+        return HttpResponse(b"no", 413)  # its body is not read: no 100 Continue
+
+    router.add("POST", "/r", refuse)
+    protocol, transport, state = connect(router, DoorLimits())
+    protocol.data_received(
+        b"POST /r HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\nContent-Length: 5\r\n\r\n"
+    )
+    await settle(state)
+    written = bytes(transport.written)
+    assert written.startswith(b"HTTP/1.1 413") and b"connection: close" in written
+    assert transport.closed  # else the client's next request would be read as this one's body
+
+
+async def test_a_refusal_at_the_door_without_100_continue_closes() -> None:
+    protocol, transport, state = connect(
+        echo_router(), DoorLimits(admission_rate_per_s=0.001, admission_burst=1)
+    )
+    protocol.data_received(b"GET /echo HTTP/1.1\r\nHost: x\r\n\r\n")
+    await settle(state)
+    protocol.data_received(
+        b"POST /echo HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\nContent-Length: 5\r\n\r\n"
+    )
+    await settle(state)
+    written = bytes(transport.written)
+    assert b"HTTP/1.1 429" in written and written.endswith(b"}") and b"connection: close" in written
+    assert transport.closed

@@ -274,6 +274,8 @@ class Exchange:
         if lines.count(b"\n") != n or lines.count(b"\r") != n:  # a CR or LF inside a name or value
             raise RuntimeError(f"invalid HTTP header in {headers!r}")
         self.response_started = True
+        if self.expect_continue and not self.body_complete:  # no 100 Continue: the body may never come
+            self.keep_alive = False
         if self.keep_alive and b"connection: close\r\n" in lines:  # the app asked to close (asgi.py)
             self.keep_alive = False
         elif not self.keep_alive:

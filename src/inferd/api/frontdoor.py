@@ -302,7 +302,8 @@ class FrontDoorProtocol(asyncio.Protocol):
     def _refuse_request(self, exc: ServingError) -> None:
         """Answer a refused request at once, without the app; its body, if any, is skipped unread."""
         self._report()
-        if self.parser.should_keep_alive() and self.door.keep_alive(self._requests):
+        keep = self.parser.should_keep_alive() and self.door.keep_alive(self._requests)
+        if keep and not self._expect_continue:  # (no 100 Continue: the body may never come)
             self.transport.write(canned_response(exc, close=False))
             self._skip_body = True
         else:
