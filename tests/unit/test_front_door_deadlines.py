@@ -5,6 +5,7 @@ short limits, the fake transport of test_front_door_protocol."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator
 
 import uvicorn
 from uvicorn.server import ServerState
@@ -12,7 +13,7 @@ from uvicorn.server import ServerState
 from inferd.api.door_policy import DoorLimits, DoorPolicy
 from inferd.api.frontdoor import FrontDoorProtocol, front_door_protocol
 from inferd.clock import FakeClock
-from inferd.core.asgi import AsgiApp, HttpRequest, HttpResponse, Router
+from inferd.core.asgi import AsgiApp, HttpRequest, HttpResponse, Router, StreamingResponse
 from tests.unit.test_front_door_protocol import Transport, echo_router, settle
 
 SHORT = 0.05
@@ -196,4 +197,24 @@ async def test_a_refusal_at_the_door_without_100_continue_closes() -> None:
     await settle(state)
     written = bytes(transport.written)
     assert b"HTTP/1.1 429" in written and written.endswith(b"}") and b"connection: close" in written
+    assert transport.closed
+
+
+async def test_a_stream_to_an_http_1_0_client_is_not_chunked_and_ends_with_the_close() -> None:
+    router = Router()
+
+    async def events() -> AsyncIterator[bytes]:
+        yield b"data: 1\n\n"
+        yield b"data: 2\n\n"
+
+    async def stream(request: HttpRequest) -> StreamingResponse:
+        return StreamingResponse(events())
+
+    router.add("GET", "/s", stream)
+    protocol, transport, state = connect(router, DoorLimits())
+    protocol.data_received(b"GET /s HTTP/1.0\r\n\r\n")  # 1.0 has no chunked encoding
+    await settle(state)
+    head, body = bytes(transport.written).split(b"\r\n\r\n", 1)
+    assert b"transfer-encoding" not in head and b"connection: close" in head
+    assert body == b"data: 1\n\ndata: 2\n\n"
     assert transport.closed

@@ -117,6 +117,7 @@ class Exchange:
         "_waiter",
         "_watchers",
         "body_complete",
+        "chunked",
         "complete",
         "conn",
         "expect_continue",
@@ -143,6 +144,7 @@ class Exchange:
         self._watchers: list[Callable[[], None]] | None = None
         self.gone = False
         self.response_started = False
+        self.chunked = False
         self.complete = False
 
     # ---- the connection's side --------------------------------------------------------------------
@@ -253,19 +255,21 @@ class Exchange:
         if self.gone or self.response_started:
             return
         head = self._head(status, headers)
-        head.append(b"transfer-encoding: chunked\r\n\r\n")
+        self.chunked = self.scope["http_version"] != "1.0"  # else it ends with the close (1.0 has none)
+        head.append(b"transfer-encoding: chunked\r\n\r\n" if self.chunked else b"\r\n")
         self._write(b"".join(head))
 
     async def write(self, chunk: bytes) -> None:
         if self.gone or self.complete or not chunk:
             return
-        self._write(b"%x\r\n%b\r\n" % (len(chunk), chunk))
+        self._write(b"%x\r\n%b\r\n" % (len(chunk), chunk) if self.chunked else chunk)
         await self.conn.drain()
 
     async def end_stream(self) -> None:
         if self.gone or self.complete:
             return
-        self._write(b"0\r\n\r\n")
+        if self.chunked:
+            self._write(b"0\r\n\r\n")
         self._finish()
 
     def _head(self, status: int, headers: list[tuple[bytes, bytes]]) -> list[bytes]:
