@@ -218,3 +218,33 @@ async def test_a_stream_to_an_http_1_0_client_is_not_chunked_and_ends_with_the_c
     assert b"transfer-encoding" not in head and b"connection: close" in head
     assert body == b"data: 1\n\ndata: 2\n\n"
     assert transport.closed
+
+
+class EofTransport(Transport):
+    def __init__(self) -> None:
+        super().__init__()
+        self.eof = False
+
+    def can_write_eof(self) -> bool:
+        return True
+
+    def write_eof(self) -> None:
+        self.eof = True
+
+
+async def test_a_close_while_the_body_still_comes_ends_gracefully() -> None:
+    router = Router()
+
+    async def refuse(request: HttpRequest) -> HttpResponse:
+        return HttpResponse(b"too big", 413, headers=[(b"connection", b"close")])  # its body unread
+
+    router.add("POST", "/r", refuse)
+    protocol, _, state = connect(router, DoorLimits())
+    transport = EofTransport()
+    protocol.connection_made(transport)
+    protocol.data_received(b"POST /r HTTP/1.1\r\nHost: x\r\nContent-Length: 100000\r\n\r\nabc")
+    await settle(state)
+    assert bytes(transport.written).endswith(b"too big")
+    assert transport.eof and not transport.closed  # what the client still sends is read, not reset
+    protocol.data_received(b"x" * 50_000)  # and dropped
+    protocol.connection_lost(None)

@@ -266,9 +266,10 @@ class FrontDoorProtocol(asyncio.Protocol):
             return
         if ex is not None and not ex.keep_alive:
             answer, self._last_word = self._last_word, None
-            if answer is None or self.pipeline:  # (cut short by a shutdown: not the answer to the next)
+            if self.pipeline or (answer is None and self.parsing is None):  # (pipeline: a shutdown)
                 self.transport.close()
-            else:
+            else:  # a refusal waited, or the body still comes: the client reads the answer, not a reset
+                self.closing = True
                 self._close(answer)
             return
         if self.pipeline:
