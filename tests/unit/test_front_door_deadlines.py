@@ -254,3 +254,17 @@ async def test_a_close_while_the_body_still_comes_ends_gracefully() -> None:
     assert transport.eof and not transport.closed  # what the client still sends is read, not reset
     protocol.data_received(b"x" * 50_000)  # and dropped
     protocol.connection_lost(None)
+
+
+async def test_a_pipelined_refusal_that_closes_says_so() -> None:
+    release = asyncio.Event()
+    limits = DoorLimits(admission_rate_per_s=0.001, admission_burst=1)
+    protocol, transport, state = connect(slow_router(release), limits)
+    protocol.data_received(
+        b"GET /slow HTTP/1.1\r\nHost: x\r\n\r\nGET /slow HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+    )
+    release.set()
+    await settle(state)
+    second = bytes(transport.written).split(b"first", 1)[1]
+    assert second.startswith(b"HTTP/1.1 429") and b"connection: close" in second
+    assert transport.closed

@@ -135,7 +135,7 @@ class Exchange:
         self.scope = scope
         self.keep_alive = keep_alive
         self.expect_continue = expect_continue
-        self.refusal: bytes | None = None
+        self.refusal: ServingError | None = None
         """A canned answer written instead of running the app (a pipelined request refused at its head)."""
         self._body: list[bytes] = []
         self._body_bytes = 0
@@ -182,7 +182,7 @@ class Exchange:
     async def run(self, app: AsgiApp) -> None:
         try:
             if self.refusal is not None:
-                self._write(self.refusal)
+                self._write(canned_response(self.refusal, close=not self.keep_alive))
                 self._finish()
                 return
             await app.handle(self.scope, self)

@@ -249,7 +249,7 @@ class FrontDoorProtocol(asyncio.Protocol):
         keep_alive = scope["http_version"] != "1.0" and parser.should_keep_alive()
         ex = Exchange(self, scope, keep_alive and self.door.keep_alive(self._requests), self._expect_continue)
         if refusal is not None:
-            ex.refusal = canned_response(refusal, close=False)
+            ex.refusal = refusal
             self._report()
         return ex
 
