@@ -268,3 +268,12 @@ async def test_a_pipelined_refusal_that_closes_says_so() -> None:
     second = bytes(transport.written).split(b"first", 1)[1]
     assert second.startswith(b"HTTP/1.1 429") and b"connection: close" in second
     assert transport.closed
+
+
+async def test_the_400_carries_the_date_and_server_headers_as_uvicorns_did() -> None:
+    protocol, transport, state = connect(echo_router(), DoorLimits())
+    state.default_headers = [(b"date", b"Fri, 04 Dec 2026 20:00:00 GMT"), (b"server", b"uvicorn")]
+    protocol.data_received(b"NOT HTTP\r\n\r\n")
+    written = bytes(transport.written)
+    assert written.startswith(b"HTTP/1.1 400 Bad Request\r\ndate: Fri, 04 Dec 2026 20:00:00 GMT\r\n")
+    assert b"server: uvicorn\r\n" in written and written.endswith(b"\r\n\r\nInvalid HTTP request received.")

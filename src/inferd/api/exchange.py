@@ -32,9 +32,9 @@ HIGH_WATER_BYTES = 65536
 STATUS_LINES = {s.value: b"HTTP/1.1 %d %s\r\n" % (s.value, s.phrase.encode()) for s in HTTPStatus}
 CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
 INTERNAL = b"Internal Server Error"
-BAD_REQUEST = (
-    b"HTTP/1.1 400 Bad Request\r\ncontent-type: text/plain; charset=utf-8\r\ncontent-length: 30\r\n"
-    b"connection: close\r\n\r\nInvalid HTTP request received."
+_BAD_REQUEST = (
+    b"content-type: text/plain; charset=utf-8\r\ncontent-length: 30\r\nconnection: close\r\n\r\n"
+    b"Invalid HTTP request received."
 )
 
 
@@ -80,6 +80,11 @@ def default_head(headers: list[tuple[bytes, bytes]]) -> bytes:
     if cached[0] is not headers:
         cached[:] = [headers, b"".join([b"%s: %s\r\n" % pair for pair in headers])]
     return cached[1]  # type: ignore[return-value]
+
+
+def bad_request(default_headers: list[tuple[bytes, bytes]]) -> bytes:
+    """uvicorn's 400 for a request the parser rejects, with its date and server headers."""
+    return STATUS_LINES[400] + default_head(default_headers) + _BAD_REQUEST
 
 
 def request_scope(

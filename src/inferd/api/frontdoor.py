@@ -36,7 +36,7 @@ from typing import Any
 import httptools
 
 from inferd.api.door_policy import DoorPolicy
-from inferd.api.exchange import BAD_REQUEST, HIGH_WATER_BYTES, Exchange, canned_response, request_scope
+from inferd.api.exchange import HIGH_WATER_BYTES, Exchange, bad_request, canned_response, request_scope
 from inferd.core.asgi import AsgiApp
 from inferd.errors import ServingError
 
@@ -151,7 +151,7 @@ class FrontDoorProtocol(asyncio.Protocol):
                 return
             log.warning("Invalid HTTP request received.")
             self.closing = True
-            self._close(BAD_REQUEST)
+            self._close(bad_request(self.server_state.default_headers))
             return
         if self._in_head:  # a head still incomplete: its bytes so far, buffered by the parser
             if not self._completed_in_feed:  # else this head began after a request in the same data
