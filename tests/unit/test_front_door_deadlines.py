@@ -277,3 +277,11 @@ async def test_the_400_carries_the_date_and_server_headers_as_uvicorns_did() -> 
     written = bytes(transport.written)
     assert written.startswith(b"HTTP/1.1 400 Bad Request\r\ndate: Fri, 04 Dec 2026 20:00:00 GMT\r\n")
     assert b"server: uvicorn\r\n" in written and written.endswith(b"\r\n\r\nInvalid HTTP request received.")
+
+
+async def test_an_http_1_0_expectation_of_100_continue_is_ignored() -> None:
+    protocol, transport, state = connect(echo_router(), DoorLimits())
+    protocol.data_received(b"POST /echo HTTP/1.0\r\nExpect: 100-continue\r\nContent-Length: 2\r\n\r\nok")
+    await settle(state)
+    written = bytes(transport.written)
+    assert written.startswith(b"HTTP/1.1 200 OK") and written.endswith(b"\r\n\r\nok")

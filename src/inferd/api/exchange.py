@@ -139,7 +139,7 @@ class Exchange:
         self.conn = conn
         self.scope = scope
         self.keep_alive = keep_alive
-        self.expect_continue = expect_continue
+        self.expect_continue = expect_continue and scope["http_version"] != "1.0"  # (1.0 has no 100)
         self.refusal: ServingError | None = None
         """A canned answer written instead of running the app (a pipelined request refused at its head)."""
         self._body: list[bytes] = []
