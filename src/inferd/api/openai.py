@@ -20,9 +20,10 @@ from inferd.api.http import (
     read_body,
     wait_for_items,
 )
-from inferd.core.asgi import HttpRequest, HttpResponse, StreamingResponse
+from inferd.core.asgi import HttpResponse, StreamingResponse
+from inferd.core.call import Call
 from inferd.errors import BadRequest, ServingError
-from inferd.gateway.auth import tenant_of, tenant_share
+from inferd.gateway.auth import tenant_share
 from inferd.gateway.shadow import Rows, Shadows
 from inferd.observability.logging_setup import current_request_id
 
@@ -53,35 +54,33 @@ def list_models(names: list[str], started_at: float) -> HttpResponse:
     return json_response(_encoder.encode({"object": "list", "data": data}))
 
 
-async def embeddings(api: ApiContext, request: HttpRequest) -> HttpResponse | StreamingResponse:
+async def embeddings(api: ApiContext, call: Call) -> HttpResponse | StreamingResponse:
+    request = call.request
     check_content_type(request, ("application/json", ""))
     body = await read_body(request, api.max_body)
     req = decode_json(_decoder, body, "embeddings request", 'send {"model": ..., "input": ...}')
-    primary = api.batch_model(request, req.model)
-    return await api.answer_with_fallback(request, primary, lambda rt: _embed(api, request, req, rt, primary))
+    primary = api.batch_model(call, req.model)
+    return await api.answer_with_fallback(call, primary, lambda rt: _embed(api, call, req, rt, primary))
 
 
-async def _embed(
-    api: ApiContext, request: HttpRequest, req: EmbeddingsRequest, rt: Any, primary: Any
-) -> HttpResponse:
+async def _embed(api: ApiContext, call: Call, req: EmbeddingsRequest, rt: Any, primary: Any) -> HttpResponse:
     """The embeddings of `req` by `rt` (the model it names, `primary`, or that model's fallback)."""
     texts = _texts(req, rt.config.max_items_per_request)
     _check_embedder(rt, req)
-    priority = parse_priority(None, request.header(b"x-priority"))
-    share = tenant_share(tenant_of(request.scope.get("inferd.call")))  # the tenant's lane in the queue
-    rt.precheck(priority, share)
-    deadline = api.deadline(rt, None, request.header(b"x-request-timeout-ms"))
+    call.priority = parse_priority(None, call.request.header(b"x-priority"))
+    share = tenant_share(call.tenant)  # the tenant's lane in the queue
+    rt.precheck(call.priority, share)
+    # the model's default applies when the caller names none: a fallback's own
+    deadline = call.deadline = api.deadline(rt, None, call.request.header(b"x-request-timeout-ms"))
 
     async def compute() -> tuple[tuple[bytes, int], int]:
-        items = rt.enqueue([t.encode() for t in texts], deadline, priority, share)
-        results = await wait_for_items(rt, items, deadline, api.clock, request)
+        items = rt.enqueue([t.encode() for t in texts], deadline, call.priority, share)
+        results = await wait_for_items(rt, items, deadline, api.clock, call.request)
         body, truncated = _encode(req, [r.outputs for r in results])
         return (body, truncated), len(body)
 
     if rt.config.cache.enabled:  # the same vectors for the same texts, in the same encoding
-        (out, truncated), _ = await api.cache.answer(
-            request, rt, ("embeddings", texts, req.encoding_format), compute, deadline
-        )
+        (out, truncated), _ = await api.cache.answer(call, rt, ("embeddings", texts, req.encoding_format), compute)
     else:
         (out, truncated), _ = await compute()
     if rt is primary and (shadow := api.shadows.target(rt)) is not None:
