@@ -56,6 +56,8 @@ if TYPE_CHECKING:
     from inferd.api.context import ApiContext
 
 Response = HttpResponse | StreamingResponse
+TextRuntime = LLMRuntime | UpstreamRuntime
+"""What serves a text route: generated here, or forwarded (an LLM model's fallback is one of these too)."""
 
 DEFAULT_MAX_TOKENS = 16
 """A completion's length without max_tokens (OpenAI's default; a chat answer's is the rest of the context)."""
@@ -117,7 +119,7 @@ async def completions(api: ApiContext, call: Call) -> HttpResponse | StreamingRe
     return await api.answer_with_fallback(call, primary, lambda rt: _complete(api, call, body, rt))
 
 
-async def _complete(api: ApiContext, call: Call, body: bytes, rt: Any) -> Response:
+async def _complete(api: ApiContext, call: Call, body: bytes, rt: TextRuntime) -> Response:
     call.deadline = text_deadline(api, rt.config, call.request)
     if isinstance(rt, UpstreamRuntime):  # served by external engines
         return await upstream.forward(api, call, rt, body, "/completions")
@@ -138,7 +140,7 @@ async def chat_completions(api: ApiContext, call: Call) -> HttpResponse | Stream
     return await api.answer_with_fallback(call, primary, lambda rt: _chat(api, call, body, rt))
 
 
-async def _chat(api: ApiContext, call: Call, body: bytes, rt: Any) -> Response:
+async def _chat(api: ApiContext, call: Call, body: bytes, rt: TextRuntime) -> Response:
     call.deadline = text_deadline(api, rt.config, call.request)
     if isinstance(rt, UpstreamRuntime):  # served by external engines
         return await upstream.forward(api, call, rt, body, "/chat/completions")

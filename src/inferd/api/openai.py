@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import base64
 from functools import partial
-from typing import Any, Literal
+from typing import Literal
 
 import msgspec
 import numpy as np
@@ -25,7 +25,9 @@ from inferd.core.call import Call
 from inferd.errors import BadRequest, ServingError
 from inferd.gateway.auth import tenant_share
 from inferd.gateway.shadow import Rows, Shadows
+from inferd.kinds.batch.dispatcher import ModelRuntime
 from inferd.observability.logging_setup import current_request_id
+from inferd.runtime.contract import Runtime
 
 
 class EmbeddingsRequest(msgspec.Struct):
@@ -60,10 +62,13 @@ async def embeddings(api: ApiContext, call: Call) -> HttpResponse | StreamingRes
     body = await read_body(request, api.max_body)
     req = decode_json(_decoder, body, "embeddings request", 'send {"model": ..., "input": ...}')
     primary = api.batch_model(call, req.model)
+    # a batch model's fallback is a batch model too (gateway/fallback.py ROUTE_KINDS)
     return await api.answer_with_fallback(call, primary, lambda rt: _embed(api, call, req, rt, primary))
 
 
-async def _embed(api: ApiContext, call: Call, req: EmbeddingsRequest, rt: Any, primary: Any) -> HttpResponse:
+async def _embed(
+    api: ApiContext, call: Call, req: EmbeddingsRequest, rt: ModelRuntime, primary: ModelRuntime
+) -> HttpResponse:
     """The embeddings of `req` by `rt` (the model it names, `primary`, or that model's fallback)."""
     texts = _texts(req, rt.config.max_items_per_request)
     _check_embedder(rt, req)
@@ -89,7 +94,7 @@ async def _embed(api: ApiContext, call: Call, req: EmbeddingsRequest, rt: Any, p
 
 
 async def _shadow_copy(
-    shadows: Shadows, req: EmbeddingsRequest, texts: list[str], rt: Any, timeout_s: float
+    shadows: Shadows, req: EmbeddingsRequest, texts: list[str], rt: ModelRuntime, timeout_s: float
 ) -> bytes:
     """The body `rt` (the shadow version) would have answered; never cached or charged to the tenant."""
     _check_embedder(rt, req)
@@ -102,7 +107,7 @@ def same_embeddings(primary: bytes, shadow: bytes) -> bool:
     return [d["embedding"] for d in a["data"]] == [d["embedding"] for d in b["data"]]
 
 
-def _check_embedder(rt: Any, req: EmbeddingsRequest) -> None:
+def _check_embedder(rt: Runtime, req: EmbeddingsRequest) -> None:
     spec_in, spec_out = rt.config.inputs, {t.name for t in rt.config.outputs}
     if len(spec_in) != 1 or spec_in[0].datatype != "BYTES" or "EMBEDDING" not in spec_out:
         raise BadRequest(f"model {rt.name!r} does not produce embeddings (it has no EMBEDDING output)")
