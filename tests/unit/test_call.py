@@ -25,7 +25,7 @@ PACKAGE = Path(__file__).resolve().parents[2] / "src" / "inferd"
 
 def a_call(path: str = "/v1/completions") -> Call:
     scope: dict[str, Any] = {"method": "POST", "path": path, "headers": []}
-    return Call(HttpRequest(scope, None, {}), lambda exc, status: b"")  # type: ignore[arg-type]
+    return Call(HttpRequest(scope, None, {}), lambda exc, status: b"", route=path)  # type: ignore[arg-type]
 
 
 def test_no_module_hands_the_call_through_the_request_scope() -> None:

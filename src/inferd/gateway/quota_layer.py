@@ -23,7 +23,7 @@ from inferd.gateway.quota_store import TenantQuotas, limited
 from inferd.gateway.quotas import QuotaDecision
 
 TOKEN_ROUTES = frozenset({"/v1/completions", "/v1/chat/completions"})
-"""Routes whose admission waits for the handler's token count (`reserve_tokens`)."""
+"""Routes (`Call.route`) whose admission waits for the handler's token count (`reserve_tokens`)."""
 CONCURRENCY_RETRY_S = 1.0
 """Retry-After of a refusal by max_concurrency alone: a slot frees when a request ends, which the
 policy cannot foresee (its own bound is the lease expiry, minutes away)."""
@@ -106,7 +106,7 @@ class Quotas:
         ticket = QuotaTicket(self.engine(), tenant)
         call.quota = ticket
         try:
-            if call.request.path not in TOKEN_ROUTES:
+            if call.route not in TOKEN_ROUTES:
                 await ticket.admit(None)
             response = await self.inner(call)
         except ServingError as exc:
