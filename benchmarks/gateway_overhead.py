@@ -38,10 +38,11 @@ from procfs import cpu_seconds_since, cpu_ticks
 from inferd.bench.loadgen import LoadSpec, run_load_blocking
 from inferd.clock import MonotonicClock
 from inferd.config.cache import CacheConfig
+from inferd.config.tenants import TenantConfig
+from inferd.core.tenant import Tenant
 from inferd.gateway.cache import ResponseCache, request_key
 from inferd.gateway.keys import KeyDirectory, key_digest, new_key
 from inferd.gateway.quota_store import InProcessStore, QuotaSettings, TenantQuotas
-from inferd.gateway.tenants import Tenant, TenantConfig
 
 KEY = new_key()
 LIMIT = TenantConfig(api_key_sha256=(key_digest(KEY),), requests_per_s=1_000_000.0, burst=1_000_000)

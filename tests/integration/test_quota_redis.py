@@ -18,10 +18,11 @@ from pathlib import Path
 import pytest
 import redis.asyncio as aioredis
 
+from inferd.config.tenants import TenantConfig
+from inferd.core.tenant import Tenant
 from inferd.errors import Overloaded
 from inferd.gateway.quota_store import QuotaSettings, TenantQuotas
 from inferd.gateway.redis_store import RedisStore, open_quota_store
-from inferd.gateway.tenants import Tenant, TenantConfig
 from tests.conftest import ROOT, free_port
 from tests.redis_server import RedisServer, redis_server  # noqa: F401  (the fixture)
 

@@ -18,8 +18,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from inferd.clock import FakeClock
+from inferd.config.tenants import TenantConfig
 from inferd.gateway.quotas import Grant, QuotaPolicy, QuotaState
-from inferd.gateway.tenants import TenantConfig
 
 MAX_REQUEST = 2000
 LEASE_S = 120.0

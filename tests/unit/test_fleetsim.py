@@ -137,8 +137,8 @@ def test_the_servers_autoscaler_grows_the_fleet_under_load_and_shrinks_it_after(
 
 
 def test_tenants_quotas_refuse_only_the_tenant_over_its_rate_and_weights_share_the_queue() -> None:
+    from inferd.config.tenants import TenantConfig
     from inferd.fleetsim.tenants import SimTenant
-    from inferd.gateway.tenants import TenantConfig
 
     times = arrival_times(ArrivalSpec("poisson", 1500, seed=4), 20.0)  # 1.5x the devices' capacity
     tenants = [

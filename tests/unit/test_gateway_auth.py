@@ -18,8 +18,10 @@ from inferd.api.middleware import Errors
 from inferd.api.oip import encode_json
 from inferd.cli.main import app as cli_app
 from inferd.config import ConfigError, load_server_config
+from inferd.config.tenants import KeyDigest, TenantConfig
 from inferd.core.asgi import HttpRequest, HttpResponse
 from inferd.core.call import Call, chain
+from inferd.core.tenant import Tenant
 from inferd.errors import Forbidden, NotFound, ServingError
 from inferd.gateway.auth import (
     Auth,
@@ -28,12 +30,10 @@ from inferd.gateway.auth import (
     check_model,
     presented_key,
     tenant_counter,
-    tenant_of,
 )
 from inferd.gateway.config import GatewayConfig, check_tenants, tenants_of
 from inferd.gateway.keys import KEY_PREFIX, KeyDirectory, KeyStatus, key_digest, new_key
 from inferd.gateway.reload import Gate, Gateway, build_gate
-from inferd.gateway.tenants import KeyDigest, Tenant, TenantConfig
 
 KEY_A = "ik-alpha-key-0001"
 KEY_B = "ik-beta-key-0002"
@@ -186,7 +186,7 @@ async def test_a_good_key_in_either_header_names_the_tenant_of_the_call() -> Non
     ):
         response, call = await through_auth(gate(), "/v2/models/sim/infer", headers)
         assert response.body == b"served"
-        assert call.notes["tenant"].name == "alpha"
+        assert call.tenant is not None and call.tenant.name == "alpha"
 
 
 async def test_missing_unknown_and_other_scheme_keys_get_401_with_www_authenticate_and_no_key() -> None:
@@ -201,22 +201,22 @@ async def test_missing_unknown_and_other_scheme_keys_get_401_with_www_authentica
         assert response.status == 401 and call.outcome == "unauthorized"
         assert response.header(b"www-authenticate") == b"Bearer"
         assert message in response.body.decode() and b"wrong-secret" not in response.body
-        assert "tenant" not in call.notes
+        assert call.tenant is None
 
 
 async def test_open_routes_need_no_key_and_metrics_follows_the_gateway_setting() -> None:
     for path in ("/v2/health/live", "/v2/health/ready", "/openapi.json", "/metrics"):
         response, call = await through_auth(gate(), path)
-        assert response.status == 200 and "tenant" not in call.notes
+        assert response.status == 200 and call.tenant is None
     response, _ = await through_auth(gate(metrics_require_key=True), "/metrics")
     assert response.status == 401
     response, call = await through_auth(gate(metrics_require_key=True), "/metrics", {"X-API-Key": KEY_B})
-    assert response.status == 200 and call.notes["tenant"].name == "beta"
+    assert response.status == 200 and call.tenant is not None and call.tenant.name == "beta"
 
 
 async def test_without_tenants_nothing_is_enforced_and_calls_carry_no_tenant() -> None:
     response, call = await through_auth(gate({}), "/v2/models/sim/infer", {"X-API-Key": "anything"})
-    assert response.status == 200 and "tenant" not in call.notes
+    assert response.status == 200 and call.tenant is None
 
 
 def test_the_presented_key_is_the_header_bytes_as_sent() -> None:
@@ -235,7 +235,7 @@ async def test_tenant_requests_count_authenticated_calls_by_their_final_outcome(
     counter = tenant_counter(registry)
 
     async def handler(call: Call) -> HttpResponse:
-        check_model(tenant_of(call), "sim-llm", lambda: ["sim", "sim-llm"])
+        check_model(call.tenant, "sim-llm", lambda: ["sim", "sim-llm"])
         return HttpResponse(b"served")
 
     run = chain(

@@ -17,8 +17,10 @@ from inferd.api.cache_hook import CacheHook, CacheResult
 from inferd.cli.gateway_status import gateway_parts
 from inferd.clock import FakeClock
 from inferd.config import load_server_config
+from inferd.config.tenants import TenantConfig
 from inferd.core.asgi import HttpResponse
 from inferd.core.call import Call
+from inferd.core.tenant import Tenant
 from inferd.gateway.auth import tenant_counter
 from inferd.gateway.keys import key_digest, new_key
 from inferd.gateway.quota_metrics import QuotaCollector
@@ -30,10 +32,9 @@ from inferd.gateway.quota_store import (
     TenantUsage,
 )
 from inferd.gateway.reload import Gateway
-from inferd.gateway.tenants import Tenant, TenantConfig
 from inferd.observability.cache_metrics import CacheMetrics
 from inferd.runtime.registry import ModelRegistry
-from tests.unit.test_response_cache import FakeRuntime, request_of, sim_config
+from tests.unit.test_response_cache import FakeRuntime, call_of, request_of, sim_config
 
 LIMITED = Tenant("acme", TenantConfig(requests_per_s=0.001, burst=2, max_concurrency=5))
 FREE = Tenant("free", TenantConfig())
@@ -101,7 +102,7 @@ async def responses(hook: CacheHook, rt: FakeRuntime, results: list[str | None])
 
     layer = CacheResult(handler, hook)
     for result in results:
-        call = Call(request_of(None), lambda exc, status: b"")
+        call = Call(request_of(), lambda exc, status: b"")
         if result is not None:
             call.notes["cache"] = result
         await layer(call)
@@ -118,7 +119,7 @@ async def test_cache_statistics_count_responses_by_result_and_what_the_stores_ho
         return "answer", 100
 
     for inputs in ("a", "b", "a"):
-        await hook.answer(request_of(None), rt, inputs, compute, None)  # type: ignore[arg-type]
+        await hook.answer(call_of(None), rt, inputs, compute)  # type: ignore[arg-type]
     await responses(hook, rt, ["miss", "miss", "hit", None])  # what the layer saw: the last bypassed
     (stats,) = hook.statistics()
     assert (stats.model, stats.hits, stats.misses, stats.bypass) == ("sim", 1, 2, 1)

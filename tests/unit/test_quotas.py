@@ -9,6 +9,8 @@ import pytest
 
 from inferd.clock import FakeClock
 from inferd.config import ConfigError
+from inferd.config.tenants import TenantConfig
+from inferd.core.tenant import Tenant
 from inferd.errors import Overloaded
 from inferd.gateway.quota_store import (
     InProcessStore,
@@ -20,7 +22,6 @@ from inferd.gateway.quota_store import (
 )
 from inferd.gateway.quotas import QuotaPolicy, QuotaState, check_quota_config, format_reset
 from inferd.gateway.redis_store import open_quota_store
-from inferd.gateway.tenants import Tenant, TenantConfig
 
 NOW = 1000.0
 

@@ -14,11 +14,12 @@ from inferd.api.cache_hook import CacheHook, CacheResult
 from inferd.clock import FakeClock
 from inferd.config import ModelConfig, TensorSpec
 from inferd.config.cache import CacheConfig
+from inferd.config.tenants import TenantConfig
 from inferd.core.asgi import HttpRequest, HttpResponse
 from inferd.core.call import Call
+from inferd.core.tenant import Tenant
 from inferd.errors import DeadlineExceeded, ModelError
 from inferd.gateway.cache import CacheKey, ResponseCache, request_key
-from inferd.gateway.tenants import Tenant, TenantConfig
 from inferd.observability.cache_metrics import CacheMetrics
 from inferd.runtime.registry import ModelRegistry
 
@@ -219,13 +220,16 @@ def sim_config(version: int = 1) -> ModelConfig:
     )
 
 
-def request_of(tenant: str | None) -> HttpRequest:
-    request = HttpRequest({"method": "POST", "path": "/v2/models/sim/infer", "headers": []}, None, {})  # type: ignore[arg-type]
-    call = Call(request, lambda exc, status: b"")
+def request_of() -> HttpRequest:
+    return HttpRequest({"method": "POST", "path": "/v2/models/sim/infer", "headers": []}, None, {})  # type: ignore[arg-type]
+
+
+def call_of(tenant: str | None, deadline: float | None = None) -> Call:
+    """A call to sim, of `tenant` (None: anonymous) as the Auth layer names it."""
+    call = Call(request_of(), lambda exc, status: b"", deadline=deadline)
     if tenant is not None:
-        call.notes["tenant"] = Tenant(tenant, TenantConfig())
-    request.scope["inferd.call"] = call
-    return request
+        call.tenant = Tenant(tenant, TenantConfig())
+    return call
 
 
 class Hooked:
@@ -246,7 +250,7 @@ class Hooked:
             self.runs += 1
             return f"{inputs} run {self.runs}", 100
 
-        return await self.hook.answer(request_of(tenant), rt, inputs, compute, None)  # type: ignore[arg-type]
+        return await self.hook.answer(call_of(tenant), rt, inputs, compute)  # type: ignore[arg-type]
 
     def held(self, what: str) -> float | None:
         return self.prometheus.get_sample_value(f"inferd_cache_{what}", {"model": "sim"})
@@ -266,13 +270,13 @@ async def test_an_answer_never_serves_another_tenant() -> None:
 async def test_hook_records_the_result_on_the_call() -> None:
     h = Hooked()
     rt = h.serve(1)
-    request = request_of(None)
+    call = call_of(None)
 
     async def compute() -> tuple[str, int]:
         return "y", 1
 
-    await h.hook.answer(request, rt, "x", compute, None)  # type: ignore[arg-type]
-    assert request.scope["inferd.call"].notes["cache"] == "miss"
+    await h.hook.answer(call, rt, "x", compute)  # type: ignore[arg-type]
+    assert call.notes["cache"] == "miss"
 
 
 async def test_rollout_drops_the_old_versions_answers() -> None:
@@ -297,10 +301,10 @@ async def test_a_waiting_caller_is_bounded_by_its_own_deadline() -> None:
         await release.wait()
         return "late", 1
 
-    leader = asyncio.create_task(h.hook.answer(request_of(None), rt, "x", slow, None))  # type: ignore[arg-type]
+    leader = asyncio.create_task(h.hook.answer(call_of(None), rt, "x", slow))  # type: ignore[arg-type]
     await settle_tasks()
     with pytest.raises(DeadlineExceeded):
-        await h.hook.answer(request_of(None), rt, "x", slow, h.clock.now())  # type: ignore[arg-type]
+        await h.hook.answer(call_of(None, deadline=h.clock.now()), rt, "x", slow)  # type: ignore[arg-type]
     release.set()
     assert await leader == ("late", "miss")
 
@@ -317,7 +321,7 @@ async def test_result_layer_labels_only_cache_enabled_models() -> None:
     layer = CacheResult(handler, CacheHook(ModelRegistry(), CacheMetrics(prometheus), FakeClock()))
 
     async def header(rt: FakeRuntime, note: str | None) -> bytes | None:
-        call = Call(request_of(None), lambda exc, status: b"")
+        call = Call(request_of(), lambda exc, status: b"")
         call.notes["serve"] = rt
         if note is not None:
             call.notes["cache"] = note

@@ -12,9 +12,9 @@ from typing import Any
 from prometheus_client import Counter
 
 from inferd.api.cache_hook import ModelCacheStatistics
+from inferd.config.tenants import TenantConfig
 from inferd.gateway.quota_store import TenantUsage, limited
 from inferd.gateway.reload import Gateway
-from inferd.gateway.tenants import TenantConfig
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Awaitable, Callable
 from functools import partial
-from typing import Any
+from typing import Any, cast
 
 from prometheus_client import CONTENT_TYPE_LATEST
 
@@ -33,16 +33,15 @@ from inferd.api.openapi import openapi_document
 from inferd.api.request_context import RequestContext
 from inferd.api.search_routes import add_search_routes
 from inferd.api.server_view import ServerView
-from inferd.core.asgi import AsgiApp, HttpRequest, HttpResponse, Router, StreamingResponse
+from inferd.core.asgi import AsgiApp, HttpRequest, HttpResponse, Router
 from inferd.core.call import Call, ErrorBody, Layer, Response, chain
 from inferd.errors import BadRequest, ServingError
-from inferd.gateway.auth import Auth, TenantRequests, allowed_models, check_model, tenant_of, tenant_share
+from inferd.gateway.auth import Auth, TenantRequests, allowed_models, check_model, tenant_share
 from inferd.gateway.cache import encoded_size
 from inferd.gateway.fallback import Fallbacks, falls_back
 from inferd.gateway.quota_layer import Quotas
-from inferd.kinds.batch.dispatcher import ItemResult
+from inferd.kinds.batch.dispatcher import ItemResult, ModelRuntime
 from inferd.observability.logging_setup import accept_request_id, current_request_id
-from inferd.routing.fairness import NO_TENANT, TenantShare
 from inferd.runtime.contract import Runtime
 
 log = logging.getLogger("inferd.api")
@@ -73,15 +72,10 @@ def create_app(server: ServerView) -> AsgiApp:
         add("GET", base, api.model_metadata)
         add("GET", base + "/ready", api.model_ready)
         add("POST", base + "/infer", api.infer)
-    add("POST", "/v1/embeddings", lambda call: openai_routes.embeddings(api, call.request), oai)
+    add("POST", "/v1/embeddings", partial(openai_routes.embeddings, api), oai)
     add("GET", "/v1/models", api.list_models, oai)
-    add("POST", "/v1/completions", lambda call: completion_routes.completions(api, call.request), oai)
-    add(
-        "POST",
-        "/v1/chat/completions",
-        lambda call: completion_routes.chat_completions(api, call.request),
-        oai,
-    )
+    add("POST", "/v1/completions", partial(completion_routes.completions, api), oai)
+    add("POST", "/v1/chat/completions", partial(completion_routes.chat_completions, api), oai)
     add_search_routes(add, server)
     add("GET", "/metrics", api.metrics)
     add("GET", "/openapi.json", api.openapi)
@@ -161,7 +155,7 @@ class Api:
             partial(Quotas, engine=lambda: server.gateway.quotas),
         ]
         """The middleware chain, outermost first (api/middleware.py); quotas, cache and tracing are
-        layers of this list, after Auth (which sets call.notes["tenant"])."""
+        layers of this list, after Auth (which sets call.tenant)."""
         if server.config.access_log:
             sample = server.config.observability.access_log_sample
             self.layers.insert(0, partial(AccessLog, clock=self.clock, sample=sample))
@@ -174,50 +168,34 @@ class Api:
         run = chain(self.layers, handler)
 
         async def route(request: HttpRequest) -> Response:
-            call = Call(request, error_body, route=path)
-            scope = request.scope
-            scope["inferd.call"] = call  # for the route modules; removed after, so no cycle outlives it
-            try:
-                response = await run(call)
-            except BaseException:
-                scope.pop("inferd.call", None)
-                raise
-            if isinstance(response, StreamingResponse):
-                response.on_close(lambda: scope.pop("inferd.call", None))
-            else:
-                scope.pop("inferd.call", None)
-            return response
+            return await run(Call(request, error_body, route=path))
 
         return route
 
     # ---- finding the model that serves a request ---------------------------------------------------
-    def resolve(
-        self, request: HttpRequest, name: str, version: str | None, kinds: tuple[str, ...]
-    ) -> Runtime:
+    def resolve(self, call: Call, name: str, version: str | None, kinds: tuple[str, ...]) -> Runtime:
         """The runtime serving `name` at `version` (None: the default), if its kind serves this route;
         recorded on the call for accounting. Unknown models get a 404 listing every model (with
         tenants: every model the caller may call); a model outside the tenant's list a 403."""
+        request = call.request
         if version is None:  # the OpenAI routes have no version in the path: a header may pick one
             version = request.header(b"x-inferd-model-version")
-        call: Call | None = request.scope.get("inferd.call")
-        tenant = tenant_of(call)
+        tenant = call.tenant
         check_model(tenant, name, self.registry.names)
         if version is None:  # a canary or A/B split may send it to another version than the default
             version = self.server.traffic.choose(name, tenant.name if tenant else None, request.header)
-        rt = self.registry.get(name, version)
-        if call is not None:
-            call.runtime = rt
+        rt = call.runtime = self.registry.get(name, version)
         if rt.kind not in kinds:
             routes = self.server.kinds.get(rt.kind).routes
             raise BadRequest(f"model {name!r} is a {rt.kind} model: send its requests to {routes}")
         return rt
 
-    def text_model(self, request: HttpRequest, name: str) -> Runtime:
+    def text_model(self, call: Call, name: str) -> Runtime:
         """An LLM or upstream model for the OpenAI text routes (X-Inferd-Model-Version may pin a version)."""
-        return self.resolve(request, name, None, TEXT_KINDS)
+        return self.resolve(call, name, None, TEXT_KINDS)
 
-    def batch_model(self, request: HttpRequest, name: str, version: str | None = None) -> Any:
-        return self.resolve(request, name, version, ("batch",))
+    def batch_model(self, call: Call, name: str, version: str | None = None) -> ModelRuntime:
+        return cast(ModelRuntime, self.resolve(call, name, version, ("batch",)))  # the batch kind's runtime
 
     # ---- health and metadata ----------------------------------------------------------------------
     async def live(self, call: Call) -> HttpResponse:
@@ -233,20 +211,20 @@ class Api:
 
     async def model_metadata(self, call: Call) -> HttpResponse:
         params = call.request.path_params
-        check_model(tenant_of(call), params["model"], self.registry.names)
+        check_model(call.tenant, params["model"], self.registry.names)
         rt = self.registry.get(params["model"], params.get("version"))
         versions = self.registry.versions(rt.name)
         return json_response(oip.encode_json(model_metadata(rt.config, versions)))
 
     async def model_ready(self, call: Call) -> HttpResponse:
         params = call.request.path_params
-        check_model(tenant_of(call), params["model"], self.registry.names)
+        check_model(call.tenant, params["model"], self.registry.names)
         rt = self.registry.get(params["model"], params.get("version"))
         ready = rt.ready and not self.server.shutting_down
         return HttpResponse(status=200 if ready else 503, content_type=None)
 
     async def list_models(self, call: Call) -> HttpResponse:
-        names = allowed_models(tenant_of(call), self.registry.names())
+        names = allowed_models(call.tenant, self.registry.names())
         return openai_routes.list_models(names, self.server.started_at)
 
     async def metrics(self, call: Call) -> HttpResponse:
@@ -259,29 +237,29 @@ class Api:
     # ---- inference ----------------------------------------------------------------------------------
     async def infer(self, call: Call) -> HttpResponse:
         request = call.request
-        primary = self.batch_model(request, request.path_params["model"], request.path_params.get("version"))
+        primary = self.batch_model(call, request.path_params["model"], request.path_params.get("version"))
         fallback = self.fallback_for(call, primary)
         header_priority = request.header(b"x-priority")
-        first_priority = parse_priority(None, header_priority)
-        share = tenant_share(tenant_of(call))
+        call.priority = parse_priority(None, header_priority)  # the body may change it
+        share = tenant_share(call.tenant)
         # 503 / 429 decided before the body is read; a model that cannot take it hands it to its fallback
-        rt, _ = self.fallbacks.admit(primary, fallback, lambda r: r.precheck(first_priority, share))
+        rt, _ = self.fallbacks.admit(primary, fallback, lambda r: r.precheck(call.priority, share))
         call.runtime = rt
         check_content_type(request)
         body = await read_body(request, self.max_body)
         header_length = request.header(b"inference-header-content-length")
         req = oip.decode_request(body, header_length, rt.config)
-        deadline = self.deadline(rt, req.timeout_us, request.header(b"x-request-timeout-ms"))
-        priority = parse_priority(req.priority, header_priority)
+        call.deadline = self.deadline(rt, req.timeout_us, request.header(b"x-request-timeout-ms"))
+        call.priority = parse_priority(req.priority, header_priority)
         try:
-            version, rows, record = await self.oip_answer(request, rt, req, deadline, priority, share)
+            version, rows, record = await self.oip_answer(call, rt, req)
         except ServingError as exc:  # refused at enqueue (queue full, deadline unmeetable)
             if rt is not primary or fallback is None or not falls_back(exc):
                 raise
             self.fallbacks.refused(primary, fallback, exc)
             rt = call.runtime = fallback
             req = oip.decode_request(body, header_length, rt.config)
-            version, rows, record = await self.oip_answer(request, rt, req, deadline, priority, share)
+            version, rows, record = await self.oip_answer(call, rt, req)
         headers: list[tuple[bytes, bytes]] = []
         if rt is not primary:
             record = {**record, "fallback": rt.name}
@@ -295,48 +273,32 @@ class Api:
         headers.append((b"inference-header-content-length", str(header_len).encode()))
         return HttpResponse(out, 200, b"application/octet-stream", headers)
 
-    async def oip_answer(
-        self,
-        request: HttpRequest,
-        rt: Runtime,
-        req: Any,
-        deadline: float | None,
-        priority: int,
-        share: TenantShare = NO_TENANT,
-    ) -> Answer:
-        """Queue an OIP request's items on `rt` and wait (through the response cache when it is on)."""
+    async def oip_answer(self, call: Call, rt: ModelRuntime, req: oip.DecodedRequest) -> Answer:
+        """Queue an OIP request's items on `rt` and wait, under the call's deadline and priority, in its
+        tenant's lane (through the response cache when it is on)."""
         if not rt.config.cache.enabled:
-            return await self._queue_and_wait(request, rt, req, deadline, priority, share)
+            return await self._queue_and_wait(call, rt, req)
 
         async def compute() -> tuple[Answer, int]:
-            answer = await self._queue_and_wait(request, rt, req, deadline, priority, share)
+            answer = await self._queue_and_wait(call, rt, req)
             return answer, encoded_size(answer[1])
 
         # the same answer for the same inputs and requested outputs
         canonical = ("oip", req.items, [spec.name for spec, _ in req.outputs])
-        (version, rows, record), lookup = await self.cache.answer(request, rt, canonical, compute, deadline)
+        (version, rows, record), lookup = await self.cache.answer(call, rt, canonical, compute)
         # a hit's record is that of the run that computed it
         return version, rows, {**record, "cache": lookup}
 
-    async def _queue_and_wait(
-        self,
-        request: HttpRequest,
-        rt: Runtime,
-        req: Any,
-        deadline: float | None,
-        priority: int,
-        share: TenantShare,
-    ) -> Answer:
-        items = rt.enqueue(req.items, deadline, priority, share)
-        results: list[ItemResult] = await wait_for_items(rt, items, deadline, self.clock, request)
+    async def _queue_and_wait(self, call: Call, rt: ModelRuntime, req: oip.DecodedRequest) -> Answer:
+        items = rt.enqueue(req.items, call.deadline, call.priority, tenant_share(call.tenant))
+        results: list[ItemResult] = await wait_for_items(rt, items, call.deadline, self.clock, call.request)
         return results[0].version, [r.outputs for r in results], lifecycle(results)
 
     async def answer_with_fallback(
-        self, request: HttpRequest, primary: Runtime, answer: Callable[[Runtime], Awaitable[Response]]
+        self, call: Call, primary: Runtime, answer: Callable[[Runtime], Awaitable[Response]]
     ) -> Response:
         """`answer(primary)`, or `answer(fallback)` when the primary refuses it for want of capacity (or
         its breaker is open); a fallback's answer is flagged. For routes that admit in one step."""
-        call: Call | None = request.scope.get("inferd.call")
         fallback = self.fallback_for(call, primary)
         if fallback is None:
             return await answer(primary)
@@ -350,16 +312,15 @@ class Api:
             else:
                 self.fallbacks.admitted(primary)
                 return response
-        if call is not None:
-            call.runtime = fallback
+        call.runtime = fallback
         response = await answer(fallback)
         response.headers.extend(fallback_headers(fallback))
         return response
 
-    def fallback_for(self, call: Call | None, primary: Runtime) -> Runtime | None:
+    def fallback_for(self, call: Call, primary: Runtime) -> Runtime | None:
         """The primary's fallback, if its model has one the caller may call."""
         fallback = self.fallbacks.target(primary)
-        tenant = tenant_of(call)
+        tenant = call.tenant
         if fallback is None or (tenant is not None and not tenant.may_call(fallback.name)):
             return None
         return fallback

@@ -6,7 +6,7 @@ The `CacheResult` layer of the middleware chain then labels every response of a 
 with `X-Inferd-Cache: hit | miss | bypass` and counts it; "bypass" is anything not answered through the
 cache: errors (a failed answer is never stored), and routes or requests that cannot be cached.
 
-The tenant in the key is the caller's (`call.notes["tenant"]`, set by the Auth layer; "" without
+The tenant in the key is the caller's (`call.tenant`, set by the Auth layer; "" without
 tenants), so one tenant's answers never serve another. One store per served model version;
 when a version stops being served its store is emptied and dropped. A model with
 `cache.store = "redis"` keeps its answers in the Redis of `[gateway] redis_url`, shared by every front
@@ -23,10 +23,8 @@ from typing import Any, TypeVar
 
 from inferd.clock import Clock
 from inferd.config.cache import CacheConfig
-from inferd.core.asgi import HttpRequest
 from inferd.core.call import Call, Handler, Response
 from inferd.errors import DeadlineExceeded
-from inferd.gateway.auth import tenant_of
 from inferd.gateway.cache import Lookup, ResponseCache, request_key
 from inferd.gateway.redis_cache import RedisCacheClient, RedisResponseCache, check_cache_stores, redis_url_for
 from inferd.observability.cache_metrics import CacheMetrics
@@ -89,19 +87,13 @@ class CacheHook:
         metrics.watch(self.statistics)
 
     async def answer(
-        self,
-        request: HttpRequest,
-        rt: Runtime,
-        canonical: Any,
-        compute: Callable[[], Awaitable[tuple[V, int]]],
-        deadline: float | None,
+        self, call: Call, rt: Runtime, canonical: Any, compute: Callable[[], Awaitable[tuple[V, int]]]
     ) -> tuple[V, Lookup]:
         """`compute()`'s answer (value, size in bytes), or the cached answer of an identical request of
-        the same tenant to the same model version. A caller that waits for an identical request in
-        flight is bounded by its own deadline (504)."""
-        call: Call | None = request.scope.get("inferd.call")
+        the same tenant to the same model version, recorded on the call for `CacheResult`. A caller that
+        waits for an identical request in flight is bounded by its own deadline (`call.deadline`: 504)."""
         store = self.store_for(rt)
-        tenant = tenant_of(call)  # None: no tenants configured (anonymous callers share "")
+        tenant, deadline = call.tenant, call.deadline  # no tenant: anonymous callers share ""
         key = request_key(tenant.name if tenant else "", rt.name, rt.version, canonical)
         try:
             async with asyncio.timeout(None if deadline is None else max(0.0, deadline - self.clock.now())):
@@ -110,8 +102,7 @@ class CacheHook:
             raise DeadlineExceeded(
                 f"deadline passed while waiting for an identical request to model '{rt.name}'"
             ) from None
-        if call is not None:
-            call.notes[NOTE] = lookup
+        call.notes[NOTE] = lookup
         return value, lookup
 
     def store_for(self, rt: Runtime) -> ResponseCache[Any]:

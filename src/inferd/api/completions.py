@@ -43,8 +43,9 @@ from inferd.api.prompts import prompt_text as _prompt_text
 from inferd.api.streams import collect, generate, interleave
 from inferd.config import ModelConfig
 from inferd.core.asgi import HttpRequest, HttpResponse, StreamingResponse
+from inferd.core.call import Call
 from inferd.errors import BadRequest, DeadlineExceeded, ServingError
-from inferd.gateway.auth import tenant_of, tenant_share
+from inferd.gateway.auth import tenant_share
 from inferd.gateway.quota_layer import reserve_tokens
 from inferd.kinds.llm.placement import Generation
 from inferd.kinds.llm.runtime import LLMRuntime
@@ -55,6 +56,8 @@ if TYPE_CHECKING:
     from inferd.api.context import ApiContext
 
 Response = HttpResponse | StreamingResponse
+TextRuntime = LLMRuntime | UpstreamRuntime
+"""What serves a text route: generated here, or forwarded (an LLM model's fallback is one of these too)."""
 
 DEFAULT_MAX_TOKENS = 16
 """A completion's length without max_tokens (OpenAI's default; a chat answer's is the rest of the context)."""
@@ -110,50 +113,50 @@ _encoder = msgspec.json.Encoder()
 
 
 # ---- handlers -------------------------------------------------------------------------------------------
-async def completions(api: ApiContext, request: HttpRequest) -> HttpResponse | StreamingResponse:
-    body = await _read(api, request)
-    primary = text_model(api, request, body)
-    return await api.answer_with_fallback(request, primary, lambda rt: _complete(api, request, body, rt))
+async def completions(api: ApiContext, call: Call) -> HttpResponse | StreamingResponse:
+    body = await _read(api, call.request)
+    primary = text_model(api, call, body)
+    return await api.answer_with_fallback(call, primary, lambda rt: _complete(api, call, body, rt))
 
 
-async def _complete(api: ApiContext, request: HttpRequest, body: bytes, rt: Any) -> Response:
-    deadline = text_deadline(api, rt.config, request)
+async def _complete(api: ApiContext, call: Call, body: bytes, rt: TextRuntime) -> Response:
+    call.deadline = text_deadline(api, rt.config, call.request)
     if isinstance(rt, UpstreamRuntime):  # served by external engines
-        return await upstream.forward(api, request, rt, body, "/completions", deadline)
+        return await upstream.forward(api, call, rt, body, "/completions")
     req = decode_json(_completion_decoder, body, "completion request", 'send {"model": ..., "prompt": ...}')
     prompt = _prompt_text(req.prompt)
-    call = _Call(rt, req, request, deadline, "text_completion", f"cmpl-{uuid.uuid4().hex}")
+    text = _TextCall(rt, req, call, "text_completion", f"cmpl-{uuid.uuid4().hex}")
     if not req.stream:
-        return await call.answer(api, prompt, req.max_tokens, _text_choice)
-    streams = await call.start(prompt, req.max_tokens)
+        return await text.answer(api, prompt, req.max_tokens, _text_choice)
+    streams = await text.start(prompt, req.max_tokens)
     return StreamingResponse(
-        call.events(streams, _completion_chunk), headers=worker_header(streams[0])
+        text.events(streams, _completion_chunk), headers=worker_header(streams[0])
     )
 
 
-async def chat_completions(api: ApiContext, request: HttpRequest) -> HttpResponse | StreamingResponse:
-    body = await _read(api, request)
-    primary = text_model(api, request, body)
-    return await api.answer_with_fallback(request, primary, lambda rt: _chat(api, request, body, rt))
+async def chat_completions(api: ApiContext, call: Call) -> HttpResponse | StreamingResponse:
+    body = await _read(api, call.request)
+    primary = text_model(api, call, body)
+    return await api.answer_with_fallback(call, primary, lambda rt: _chat(api, call, body, rt))
 
 
-async def _chat(api: ApiContext, request: HttpRequest, body: bytes, rt: Any) -> Response:
-    deadline = text_deadline(api, rt.config, request)
+async def _chat(api: ApiContext, call: Call, body: bytes, rt: TextRuntime) -> Response:
+    call.deadline = text_deadline(api, rt.config, call.request)
     if isinstance(rt, UpstreamRuntime):  # served by external engines
-        return await upstream.forward(api, request, rt, body, "/chat/completions", deadline)
+        return await upstream.forward(api, call, rt, body, "/chat/completions")
     req = decode_json(
         _chat_decoder, body, "chat completion request", 'send {"model": ..., "messages": [...]}'
     )
     if not req.messages:
         raise BadRequest("messages is empty: send at least one {role, content} message")
     prompt = chat_prompt(rt.tokenizer, rt.name, req.messages)
-    call = _Call(rt, req, request, deadline, "chat.completion", f"chatcmpl-{uuid.uuid4().hex}")
+    text = _TextCall(rt, req, call, "chat.completion", f"chatcmpl-{uuid.uuid4().hex}")
     max_tokens = req.max_completion_tokens or req.max_tokens
     if not req.stream:
-        return await call.answer(api, prompt, max_tokens, _chat_choice)
-    streams = await call.start(prompt, max_tokens)
+        return await text.answer(api, prompt, max_tokens, _chat_choice)
+    streams = await text.start(prompt, max_tokens)
     return StreamingResponse(
-        call.events(streams, _chat_chunk), headers=worker_header(streams[0])
+        text.events(streams, _chat_chunk), headers=worker_header(streams[0])
     )
 
 
@@ -166,10 +169,10 @@ def _chat_choice(i: int, text: str, finish: str | None) -> dict[str, Any]:
     return {"index": i, "message": message, "finish_reason": finish, "logprobs": None}
 
 
-def text_model(api: ApiContext, request: HttpRequest, body: bytes) -> LLMRuntime | UpstreamRuntime:
+def text_model(api: ApiContext, call: Call, body: bytes) -> LLMRuntime | UpstreamRuntime:
     """The model the request names: generated here (LLMRuntime) or forwarded (UpstreamRuntime)."""
     name = decode_json(_named, body, "completion request", 'send {"model": ..., ...}').model
-    rt = api.text_model(request, name)
+    rt = api.text_model(call, name)
     if not isinstance(rt, LLMRuntime | UpstreamRuntime):
         raise BadRequest(f"model {name!r} is a {rt.kind} model: it does not generate text")
     return rt
@@ -194,22 +197,15 @@ async def _read(api: ApiContext, request: HttpRequest) -> bytes:
 
 
 # ---- one call ---------------------------------------------------------------------------------------------
-class _Call:
+class _TextCall:
     """One generation request: its runtime, its parameters and how its chunks are named."""
 
-    def __init__(
-        self,
-        rt: LLMRuntime,
-        req: CompletionRequest | ChatRequest,
-        request: HttpRequest,
-        deadline: float | None,
-        obj: str,
-        cid: str,
-    ):
+    def __init__(self, rt: LLMRuntime, req: CompletionRequest | ChatRequest, call: Call, obj: str, cid: str):
         self.rt = rt
         self.req = req
-        self.request = request
-        self.deadline = deadline
+        self.call = call
+        self.request = call.request
+        self.deadline = call.deadline
         self.chat = isinstance(req, ChatRequest)
         self.what = "messages" if self.chat else "prompt"
         self.object = obj
@@ -237,7 +233,7 @@ class _Call:
         if self.deadline is not None and self.rt.clock.now() >= self.deadline:
             raise DeadlineExceeded(f"the request's deadline passed before its {self.what} was scheduled")
         streams: list[TokenStream] = []
-        await reserve_tokens(self.request, len(ids) + self.req.n * gen.max_tokens, streams)
+        await reserve_tokens(self.call, len(ids) + self.req.n * gen.max_tokens, streams)
         try:
             for i in range(self.req.n):
                 seed = None if gen.seed is None else gen.seed + i
@@ -273,14 +269,15 @@ class _Call:
         if seed is not None and seed > MAX_SEED:
             raise BadRequest(f"seed must be at most {MAX_SEED} (or negative for none), got {seed}")
         tenant = self.tenant()
+        self.call.priority = parse_priority(req.priority, self.request.header(b"x-priority"))
         return Generation(
             max_tokens=max_tokens,
             seed=seed,
             temperature=temperature,
             top_p=top_p,
-            priority=parse_priority(req.priority, self.request.header(b"x-priority")),
+            priority=self.call.priority,
             tenant=tenant,
-            weight=tenant_share(tenant_of(self.request.scope.get("inferd.call"))).weight,
+            weight=tenant_share(self.call.tenant).weight,
             ignore_eos=req.ignore_eos,
             deadline=self.deadline,
         )
@@ -288,7 +285,7 @@ class _Call:
     def tenant(self) -> str:
         """The prefix-cache salt: the authenticated tenant when tenants are configured (X-Tenant is then
         ignored), else X-Tenant."""
-        authenticated = tenant_of(self.request.scope.get("inferd.call"))
+        authenticated = self.call.tenant
         if authenticated is not None:
             return authenticated.name
         tenant = self.request.header(b"x-tenant") or ""
@@ -333,7 +330,7 @@ class _Call:
             g = self.generation(max_tokens)  # what changes the text; never the deadline or priority
             canonical = (self.object, prompt, max_tokens, g.seed, g.temperature, g.top_p, g.ignore_eos)
             canonical += (req.n, self.stops)
-            answer, _ = await api.cache.answer(self.request, self.rt, canonical, compute, self.deadline)
+            answer, _ = await api.cache.answer(self.call, self.rt, canonical, compute)
         else:
             answer, _ = await compute()
         choices, usage, worker = answer
@@ -355,7 +352,7 @@ class _Call:
             client_gone = False
         except ServingError as exc:  # after streaming began: an error event, then the end
             client_gone = False  # the other choices end because this one failed, not the client
-            record_stream_error(self.request, exc)
+            record_stream_error(self.call, exc)
             yield b"data: " + openai_error(exc, status_of(exc)[0]) + b"\n\n"
         finally:
             for stream in streams:
@@ -363,17 +360,17 @@ class _Call:
         yield b"data: [DONE]\n\n"
 
 
-MakeChunk = Callable[[_Call, int, str, "str | None", bool], bytes]
+MakeChunk = Callable[[_TextCall, int, str, "str | None", bool], bytes]
 MakeChoice = Callable[[int, str, "str | None"], dict[str, Any]]
 Answer = tuple[list[dict[str, Any]], dict[str, int], str]
 """A JSON answer before its id: the choices, the usage, the worker that generated it."""
 
 
-def _completion_chunk(call: _Call, index: int, text: str, finish: str | None, first: bool) -> bytes:
+def _completion_chunk(call: _TextCall, index: int, text: str, finish: str | None, first: bool) -> bytes:
     return call.chunk([{"index": index, "text": text, "logprobs": None, "finish_reason": finish}])
 
 
-def _chat_chunk(call: _Call, index: int, text: str, finish: str | None, first: bool) -> bytes:
+def _chat_chunk(call: _TextCall, index: int, text: str, finish: str | None, first: bool) -> bytes:
     out = b""
     if first:
         role = {

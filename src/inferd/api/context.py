@@ -5,12 +5,14 @@ modules import this protocol, never app.py, so the API package has no import cyc
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from typing import Any, Protocol
+from typing import Protocol
 
 from inferd.api.cache_hook import CacheHook
 from inferd.clock import Clock
-from inferd.core.asgi import HttpRequest, HttpResponse, StreamingResponse
+from inferd.core.asgi import HttpResponse, StreamingResponse
+from inferd.core.call import Call
 from inferd.gateway.shadow import Shadows
+from inferd.kinds.batch.dispatcher import ModelRuntime
 from inferd.runtime.contract import Runtime
 
 
@@ -22,11 +24,11 @@ class ApiContext(Protocol):
     shadows: Shadows
     """Shadow copies of sampled requests (a model's traffic.shadow), for routes that mirror them."""
 
-    def batch_model(self, request: HttpRequest, name: str, version: str | None = None) -> Any:
+    def batch_model(self, call: Call, name: str, version: str | None = None) -> ModelRuntime:
         """The batch-kind runtime (ModelRuntime) serving `name`, recorded on the call; 400 for other kinds."""
         ...
 
-    def text_model(self, request: HttpRequest, name: str) -> Runtime:
+    def text_model(self, call: Call, name: str) -> Runtime:
         """The llm- or upstream-kind runtime serving `name`, recorded on the call; 400 for other kinds."""
         ...
 
@@ -34,7 +36,7 @@ class ApiContext(Protocol):
 
     async def answer_with_fallback(
         self,
-        request: HttpRequest,
+        call: Call,
         primary: Runtime,
         answer: Callable[[Runtime], Awaitable[HttpResponse | StreamingResponse]],
     ) -> HttpResponse | StreamingResponse:

@@ -20,7 +20,7 @@ from collections.abc import Callable
 from inferd.api.errors import error_headers, status_of
 from inferd.api.http import ClientGone, json_response
 from inferd.clock import Clock
-from inferd.core.asgi import HttpRequest, HttpResponse, StreamingResponse
+from inferd.core.asgi import HttpResponse, StreamingResponse
 from inferd.core.call import Call, Handler, Response
 from inferd.errors import Internal, Overloaded, ServingError
 from inferd.observability.metrics import Metrics
@@ -30,12 +30,10 @@ log = logging.getLogger("inferd.api")
 access_log = logging.getLogger("inferd.access")
 
 
-def record_stream_error(request: HttpRequest, exc: ServingError) -> None:
+def record_stream_error(call: Call, exc: ServingError) -> None:
     """A stream ended with an error event after its response began (a deadline, a worker lost): the call
     is accounted with that error's outcome, not as ok."""
-    call: Call | None = request.scope.get("inferd.call")
-    if call is not None:
-        call.outcome = status_of(exc)[1]
+    call.outcome = status_of(exc)[1]
 
 
 class Errors:

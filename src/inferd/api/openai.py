@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import base64
 from functools import partial
-from typing import Any, Literal
+from typing import Literal
 
 import msgspec
 import numpy as np
@@ -20,11 +20,14 @@ from inferd.api.http import (
     read_body,
     wait_for_items,
 )
-from inferd.core.asgi import HttpRequest, HttpResponse, StreamingResponse
+from inferd.core.asgi import HttpResponse, StreamingResponse
+from inferd.core.call import Call
 from inferd.errors import BadRequest, ServingError
-from inferd.gateway.auth import tenant_of, tenant_share
+from inferd.gateway.auth import tenant_share
 from inferd.gateway.shadow import Rows, Shadows
+from inferd.kinds.batch.dispatcher import ModelRuntime
 from inferd.observability.logging_setup import current_request_id
+from inferd.runtime.contract import Runtime
 
 
 class EmbeddingsRequest(msgspec.Struct):
@@ -53,35 +56,36 @@ def list_models(names: list[str], started_at: float) -> HttpResponse:
     return json_response(_encoder.encode({"object": "list", "data": data}))
 
 
-async def embeddings(api: ApiContext, request: HttpRequest) -> HttpResponse | StreamingResponse:
+async def embeddings(api: ApiContext, call: Call) -> HttpResponse | StreamingResponse:
+    request = call.request
     check_content_type(request, ("application/json", ""))
     body = await read_body(request, api.max_body)
     req = decode_json(_decoder, body, "embeddings request", 'send {"model": ..., "input": ...}')
-    primary = api.batch_model(request, req.model)
-    return await api.answer_with_fallback(request, primary, lambda rt: _embed(api, request, req, rt, primary))
+    primary = api.batch_model(call, req.model)
+    # a batch model's fallback is a batch model too (gateway/fallback.py ROUTE_KINDS)
+    return await api.answer_with_fallback(call, primary, lambda rt: _embed(api, call, req, rt, primary))
 
 
 async def _embed(
-    api: ApiContext, request: HttpRequest, req: EmbeddingsRequest, rt: Any, primary: Any
+    api: ApiContext, call: Call, req: EmbeddingsRequest, rt: ModelRuntime, primary: ModelRuntime
 ) -> HttpResponse:
     """The embeddings of `req` by `rt` (the model it names, `primary`, or that model's fallback)."""
     texts = _texts(req, rt.config.max_items_per_request)
     _check_embedder(rt, req)
-    priority = parse_priority(None, request.header(b"x-priority"))
-    share = tenant_share(tenant_of(request.scope.get("inferd.call")))  # the tenant's lane in the queue
-    rt.precheck(priority, share)
-    deadline = api.deadline(rt, None, request.header(b"x-request-timeout-ms"))
+    call.priority = parse_priority(None, call.request.header(b"x-priority"))
+    share = tenant_share(call.tenant)  # the tenant's lane in the queue
+    rt.precheck(call.priority, share)
+    # the model's default applies when the caller names none: a fallback's own
+    deadline = call.deadline = api.deadline(rt, None, call.request.header(b"x-request-timeout-ms"))
 
     async def compute() -> tuple[tuple[bytes, int], int]:
-        items = rt.enqueue([t.encode() for t in texts], deadline, priority, share)
-        results = await wait_for_items(rt, items, deadline, api.clock, request)
+        items = rt.enqueue([t.encode() for t in texts], deadline, call.priority, share)
+        results = await wait_for_items(rt, items, deadline, api.clock, call.request)
         body, truncated = _encode(req, [r.outputs for r in results])
         return (body, truncated), len(body)
 
     if rt.config.cache.enabled:  # the same vectors for the same texts, in the same encoding
-        (out, truncated), _ = await api.cache.answer(
-            request, rt, ("embeddings", texts, req.encoding_format), compute, deadline
-        )
+        (out, truncated), _ = await api.cache.answer(call, rt, ("embeddings", texts, req.encoding_format), compute)
     else:
         (out, truncated), _ = await compute()
     if rt is primary and (shadow := api.shadows.target(rt)) is not None:
@@ -90,7 +94,7 @@ async def _embed(
 
 
 async def _shadow_copy(
-    shadows: Shadows, req: EmbeddingsRequest, texts: list[str], rt: Any, timeout_s: float
+    shadows: Shadows, req: EmbeddingsRequest, texts: list[str], rt: ModelRuntime, timeout_s: float
 ) -> bytes:
     """The body `rt` (the shadow version) would have answered; never cached or charged to the tenant."""
     _check_embedder(rt, req)
@@ -103,7 +107,7 @@ def same_embeddings(primary: bytes, shadow: bytes) -> bool:
     return [d["embedding"] for d in a["data"]] == [d["embedding"] for d in b["data"]]
 
 
-def _check_embedder(rt: Any, req: EmbeddingsRequest) -> None:
+def _check_embedder(rt: Runtime, req: EmbeddingsRequest) -> None:
     spec_in, spec_out = rt.config.inputs, {t.name for t in rt.config.outputs}
     if len(spec_in) != 1 or spec_in[0].datatype != "BYTES" or "EMBEDDING" not in spec_out:
         raise BadRequest(f"model {rt.name!r} does not produce embeddings (it has no EMBEDDING output)")

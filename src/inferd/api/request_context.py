@@ -23,7 +23,7 @@ from inferd.observability.logging_setup import CURRENT, RequestLog, accept_reque
 
 def describe(call: Call) -> tuple[str | None, str | None]:
     """(tenant, model) of the call, once known."""
-    tenant = call.notes.get("tenant")
+    tenant = call.tenant
     rt = call.runtime
     return (tenant.name if tenant is not None else None), (rt.name if rt is not None else None)
 

@@ -36,7 +36,7 @@ from inferd.frontends.search_writes import (
     WriteDesk,
     forwarded_writes,
 )
-from inferd.gateway.auth import allowed_models, check_model, tenant_of
+from inferd.gateway.auth import allowed_models, check_model
 from inferd.kinds.search.config import SearchParams, parse_params
 from inferd.kinds.search.indexes import IndexAdmin, worker_cap
 from inferd.kinds.search.requests import json_object, parse_documents, parse_search
@@ -74,7 +74,7 @@ class SearchRoutes:
     def index(self, call: Call) -> Any:
         """The index the path names (404 when unknown; 403 outside the caller's tenant)."""
         name = call.request.path_params["name"]
-        check_model(tenant_of(call), name, lambda: self.server.registry.names("search"))
+        check_model(call.tenant, name, lambda: self.server.registry.names("search"))
         rt = self.admin.find(name)
         call.runtime = rt
         return rt
@@ -86,13 +86,13 @@ class SearchRoutes:
     # ---- indexes -------------------------------------------------------------------------------------
     async def put_index(self, call: Call) -> HttpResponse:
         name = call.request.path_params["name"]
-        check_model(tenant_of(call), name, lambda: [name])  # a tenant creates only names it may use
+        check_model(call.tenant, name, lambda: [name])  # a tenant creates only names it may use
         answer = await self.write(Write("create", name, body=await self.body(call.request)))
         call.runtime = self.server.registry.get(name) if name in self.server.registry else None
         return answer
 
     async def list_indexes(self, call: Call) -> HttpResponse:
-        names = allowed_models(tenant_of(call), self.server.registry.names("search"))
+        names = allowed_models(call.tenant, self.server.registry.names("search"))
         return _answer({"indexes": [describe(self.server.registry.get(n)) for n in names]})
 
     async def get_index(self, call: Call) -> HttpResponse:

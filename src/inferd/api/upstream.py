@@ -25,6 +25,7 @@ from inferd.api.http import decode_json
 from inferd.api.middleware import record_stream_error
 from inferd.api.openai import openai_error
 from inferd.core.asgi import HttpRequest, HttpResponse, StreamingResponse
+from inferd.core.call import Call
 from inferd.core.disconnect import until_disconnect
 from inferd.errors import ServingError, WorkerDied
 from inferd.kinds.upstream.pool import Outcome, classify_status
@@ -69,15 +70,17 @@ _encoder = msgspec.json.Encoder()
 
 
 async def forward(
-    api: ApiContext, request: HttpRequest, rt: UpstreamRuntime, body: bytes, path: str, deadline: float | None
+    api: ApiContext, call: Call, rt: UpstreamRuntime, body: bytes, path: str
 ) -> HttpResponse | StreamingResponse:
+    """The call relayed to `rt`'s upstream under its deadline (`call.deadline`)."""
+    request, deadline = call.request, call.deadline
     req = decode_json(_request, body, "completion request", 'send {"model": ..., ...}')
     stream = req.get("stream") is True
     relay = _Relay(rt, api.clock.now(), client_wants_usage(req), deadline)
     payload = upstream_payload(req, rt.upstream_model, stream)
     reply = await until_disconnect(request.peer, rt.send(path, payload, deadline))
     if stream and reply.status == 200:
-        return StreamingResponse(relay.events(reply, request))
+        return StreamingResponse(relay.events(reply, call))
     return await relay.whole(reply, request)
 
 
@@ -131,10 +134,10 @@ class _Relay:
         ctype = _header(reply, b"content-type") or b"application/json"
         return HttpResponse(data, reply.status, ctype, headers)
 
-    def events(self, reply: UpstreamReply, request: HttpRequest) -> AsyncIterator[bytes]:
-        return _Events(self._relay(reply, request), reply)
+    def events(self, reply: UpstreamReply, call: Call) -> AsyncIterator[bytes]:
+        return _Events(self._relay(reply, call), reply)
 
-    async def _relay(self, reply: UpstreamReply, request: HttpRequest) -> AsyncIterator[bytes]:
+    async def _relay(self, reply: UpstreamReply, call: Call) -> AsyncIterator[bytes]:
         """Each upstream SSE event as soon as it is complete. An upstream failure mid-stream, or the
         caller's deadline, ends the stream with an error event and [DONE] (tokens were already sent:
         it cannot be retried)."""
@@ -151,11 +154,11 @@ class _Relay:
         except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
             outcome = Outcome.FAILURE
             died = WorkerDied(f"upstream {reply.url} failed mid-stream: {describe(exc)}")
-            record_stream_error(request, died)
+            record_stream_error(call, died)
             yield _error_event(died)
             yield b"data: [DONE]\n\n"
         except ServingError as exc:  # the caller's deadline (the upstream is not at fault)
-            record_stream_error(request, exc)
+            record_stream_error(call, exc)
             yield _error_event(exc)
             yield b"data: [DONE]\n\n"
         finally:

@@ -15,11 +15,11 @@ from rich.table import Table
 
 from inferd.config import ConfigError
 from inferd.config.autoscaler import AutoscalerConfig
+from inferd.config.tenants import TenantConfig
 from inferd.fleetsim.arrivals import ArrivalSpec, arrival_times
 from inferd.fleetsim.batch_fleet import Failure, FleetSpec, simulate
 from inferd.fleetsim.profiles import BatchProfile
 from inferd.fleetsim.tenants import SimTenant
-from inferd.gateway.tenants import TenantConfig
 from inferd.models.sim import sim_config
 
 fleet_sim_app = typer.Typer(help=__doc__, no_args_is_help=True)

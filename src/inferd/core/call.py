@@ -5,14 +5,24 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from inferd.core.asgi import HttpRequest, HttpResponse, StreamingResponse
+from inferd.core.tenant import Tenant
 from inferd.errors import ServingError
+from inferd.routing.fairness import INTERACTIVE
 from inferd.runtime.contract import Runtime
 
 Response = HttpResponse | StreamingResponse
 ErrorBody = Callable[[ServingError, int], bytes]
+
+
+class TokenAdmission(Protocol):
+    """A limited tenant's admission on a token route (gateway/quota_layer.py's `QuotaTicket`): taken
+    once the handler knows the tokens it will generate; `used` counts what it really used, for the
+    refund."""
+
+    async def reserve(self, tokens: int, used: Callable[[], int | None]) -> None: ...
 
 
 @dataclass(slots=True)
@@ -30,8 +40,17 @@ class Call:
     """The route's path template (e.g. /v2/models/{model}/infer)."""
     request_id: str = ""
     """X-Request-Id: the caller's if it is well-formed, else one made up (api/request_context.py)."""
+    tenant: Tenant | None = None
+    """The authenticated caller, set by the Auth layer (None: no tenants configured, or an open route)."""
+    quota: TokenAdmission | None = None
+    """The Quotas layer's admission of a limited tenant's call, for a token route's handler to take."""
+    priority: int = INTERACTIVE
+    """The call's priority class (routing/fairness.py), once the handler has parsed the request."""
+    deadline: float | None = None
+    """When the call must be answered, absolute on the server's clock (None: no deadline), once the
+    handler has parsed the request."""
     notes: dict[str, Any] = field(default_factory=dict)
-    """Per-call values layers hand each other (e.g. a tenant, a trace id)."""
+    """Per-call values layers hand each other (the refusal reason for accounting, the cache result)."""
 
 
 Handler = Callable[[Call], Awaitable[Response]]

@@ -11,8 +11,8 @@ from typing import Any
 
 import numpy as np
 
+from inferd.config.tenants import TenantConfig
 from inferd.gateway.quotas import Grant, QuotaPolicy, QuotaState
-from inferd.gateway.tenants import TenantConfig
 from inferd.routing.fairness import TenantShare
 
 

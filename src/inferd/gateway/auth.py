@@ -2,7 +2,7 @@
 
 With any `[tenants.NAME]` configured, every data-plane route needs an API key, as `Authorization:
 Bearer KEY` (what OpenAI clients send) or `X-API-Key: KEY`. The key names the tenant (`X-Tenant` is
-then ignored); the layer sets `call.notes["tenant"]` for the layers after it and the handlers. A missing,
+then ignored); the layer sets `call.tenant` for the layers after it and the handlers. A missing,
 unknown or expired key is a 401 with `WWW-Authenticate: Bearer`; a model outside the tenant's `models`
 is a 403, and the unknown-model 404 names only the models the tenant may call. The health routes and
 /openapi.json stay open, and /metrics too unless `[gateway] metrics_require_key = true`. With no tenant
@@ -19,10 +19,10 @@ from prometheus_client import CollectorRegistry, Counter
 
 from inferd.core.asgi import StreamingResponse
 from inferd.core.call import Call, Handler, Response
+from inferd.core.tenant import Tenant
 from inferd.errors import Forbidden, NotFound, Unauthorized
 from inferd.gateway.keys import KeyStatus
 from inferd.gateway.reload import Gate
-from inferd.gateway.tenants import Tenant
 from inferd.routing.fairness import NO_TENANT, TenantShare
 
 OPEN_PATHS = frozenset({"/openapi.json", "/v2/health/live", "/v2/health/ready"})
@@ -72,16 +72,8 @@ class Auth:
             found = gate.directory.check(presented_key(call))
             if found.tenant is None:
                 raise Unauthorized(_REFUSALS[found.status])
-            call.notes["tenant"] = found.tenant
+            call.tenant = found.tenant
         return await self.inner(call)
-
-
-def tenant_of(call: Call | None) -> Tenant | None:
-    """The authenticated tenant of a call (None: no tenants configured, or an open route)."""
-    if call is None:
-        return None
-    tenant: Tenant | None = call.notes.get("tenant")
-    return tenant
 
 
 def check_model(tenant: Tenant | None, name: str, served_names: Callable[[], list[str]]) -> None:
@@ -127,7 +119,7 @@ class TenantRequests:
 
     async def __call__(self, call: Call) -> Response:
         response = await self.inner(call)
-        if tenant_of(call) is not None:
+        if call.tenant is not None:
             if isinstance(response, StreamingResponse):
                 response.on_close(lambda: self._count(call))
             else:
@@ -135,6 +127,6 @@ class TenantRequests:
         return response
 
     def _count(self, call: Call) -> None:
-        tenant = tenant_of(call)
+        tenant = call.tenant
         if tenant is not None:
             self.counter.labels(tenant.name, call.outcome).inc()

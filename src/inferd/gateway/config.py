@@ -1,5 +1,5 @@
 """The gateway's tables in the config file: `[gateway]` (GatewayConfig) and `[tenants.NAME]` (one
-TenantConfig each, gateway/tenants.py). Importing this module registers both tables."""
+TenantConfig each, config/tenants.py). Importing this module registers both tables."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from collections.abc import Iterable
 from pydantic import ConfigDict, Field, RootModel, field_validator
 
 from inferd.config import ConfigError, ServerConfig, register_table
+from inferd.config.tenants import TenantConfig
 from inferd.gateway.quota_store import QuotaSettings
-from inferd.gateway.tenants import TenantConfig
 
 TENANT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,63}$")
 

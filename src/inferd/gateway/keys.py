@@ -17,7 +17,8 @@ from datetime import UTC
 from enum import Enum
 
 from inferd.config import ConfigError
-from inferd.gateway.tenants import KeyDigest, Tenant, TenantConfig
+from inferd.config.tenants import KeyDigest, TenantConfig
+from inferd.core.tenant import Tenant
 
 KEY_PREFIX = "ik-"
 """Every key `inferd keys new` makes starts with this, so a leaked key is easy to recognize."""

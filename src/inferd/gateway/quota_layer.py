@@ -15,16 +15,15 @@ import asyncio
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from inferd.core.asgi import HttpRequest, StreamingResponse
+from inferd.core.asgi import StreamingResponse
 from inferd.core.call import Call, Handler, Response
+from inferd.core.tenant import Tenant
 from inferd.errors import BadRequest, Overloaded, ServingError
-from inferd.gateway.auth import tenant_of
 from inferd.gateway.quota_store import TenantQuotas, limited
 from inferd.gateway.quotas import QuotaDecision
-from inferd.gateway.tenants import Tenant
 
 TOKEN_ROUTES = frozenset({"/v1/completions", "/v1/chat/completions"})
-"""Routes whose admission waits for the handler's token count (`reserve_tokens`)."""
+"""Routes (`Call.route`) whose admission waits for the handler's token count (`reserve_tokens`)."""
 CONCURRENCY_RETRY_S = 1.0
 """Retry-After of a refusal by max_concurrency alone: a slot frees when a request ends, which the
 policy cannot foresee (its own bound is the lease expiry, minutes away)."""
@@ -52,6 +51,11 @@ class QuotaTicket:
         self.used: Callable[[], int | None] = lambda: None
         """Tokens the call really used (prompt + generated), for the refund; None: no refund."""
         self._released = False
+
+    async def reserve(self, tokens: int, used: Callable[[], int | None]) -> None:
+        """A token route's admission (`Call.quota`): `tokens` reserved, `used` the refund's count."""
+        self.used = used
+        await self.admit(tokens)
 
     async def admit(self, tokens: int | None) -> None:
         if self.decision is not None:
@@ -96,13 +100,13 @@ class Quotas:
         self._releases: set[asyncio.Task[None]] = set()
 
     async def __call__(self, call: Call) -> Response:
-        tenant = tenant_of(call)
+        tenant = call.tenant
         if tenant is None or not limited(tenant.config):
             return await self.inner(call)
         ticket = QuotaTicket(self.engine(), tenant)
-        call.notes["quota"] = ticket
+        call.quota = ticket
         try:
-            if call.request.path not in TOKEN_ROUTES:
+            if call.route not in TOKEN_ROUTES:
                 await ticket.admit(None)
             response = await self.inner(call)
         except ServingError as exc:
@@ -126,14 +130,11 @@ class Quotas:
         task.add_done_callback(self._releases.discard)
 
 
-async def reserve_tokens(request: HttpRequest, tokens: int, streams: Sequence[Any]) -> None:
+async def reserve_tokens(call: Call, tokens: int, streams: Sequence[Any]) -> None:
     """A token route's admission, once the handler knows `tokens` (prompt + n x max_tokens); the refund
     at the end counts what `streams` (TokenStreams) really used. Raises the 429 when over quota."""
-    call: Call | None = request.scope.get("inferd.call")
-    ticket: QuotaTicket | None = None if call is None else call.notes.get("quota")
-    if ticket is None:
+    if call.quota is None:  # no tenant, or one without limits
         return
-    ticket.used = lambda: (
-        streams[0].prompt_tokens + sum(s.completion_tokens for s in streams) if streams else 0
+    await call.quota.reserve(
+        tokens, lambda: streams[0].prompt_tokens + sum(s.completion_tokens for s in streams) if streams else 0
     )
-    await ticket.admit(tokens)

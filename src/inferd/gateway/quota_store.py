@@ -24,9 +24,10 @@ from typing import Literal, Protocol, TypeVar
 from pydantic import BaseModel, ConfigDict, Field
 
 from inferd.clock import Clock, MonotonicClock
+from inferd.config.tenants import TenantConfig
+from inferd.core.tenant import Tenant
 from inferd.errors import Overloaded
 from inferd.gateway.quotas import Grant, QuotaDecision, QuotaPolicy, QuotaState
-from inferd.gateway.tenants import Tenant, TenantConfig
 
 EMPTY_STATE = QuotaState()
 

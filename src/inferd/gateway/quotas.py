@@ -29,7 +29,7 @@ from dataclasses import dataclass, replace
 import msgspec
 
 from inferd.config import ConfigError
-from inferd.gateway.tenants import TenantConfig
+from inferd.config.tenants import TenantConfig
 
 _json = msgspec.json.Encoder()
 

@@ -13,13 +13,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from inferd.config import ConfigError, ServerConfig, load_server_config
+from inferd.core.tenant import Tenant
 from inferd.gateway.config import GatewayConfig, check_tenants, gateway_config, tenants_of
 from inferd.gateway.keys import KeyDirectory
 from inferd.gateway.model_reload import ModelSettings
 from inferd.gateway.quota_store import TenantQuotas
 from inferd.gateway.quotas import check_quota_config
 from inferd.gateway.redis_store import open_quota_store
-from inferd.gateway.tenants import Tenant
 
 log = logging.getLogger("inferd.gateway")
 

@@ -1,15 +1,17 @@
-"""Tenants as the config file declares them: `[tenants.NAME]` tables.
+"""Tenants as the config file declares them: `[tenants.NAME]` tables (registered by gateway/config.py).
 
 A tenant is identified by its API keys (stored only as SHA-256 digests), may call only the models it
 lists, and carries its share (`weight`) and its limits. The authenticated tenant of a call is
-`call.notes["tenant"]` (a `Tenant`), set by the auth layer; layers after it (quotas, cache, fairness)
-read it from there. With no tenant configured, calls carry no tenant and nothing is enforced.
+`call.tenant` (a core/tenant.py `Tenant`), set by the Auth layer; layers after it (quotas, cache,
+fairness) and the handlers read it from there. With no tenant configured, calls carry no tenant and
+nothing is enforced.
+
+Kept apart from the gateway (it imports only pydantic) so the request core can name a tenant's config.
 """
 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 from datetime import datetime
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
@@ -59,14 +61,3 @@ class TenantConfig(BaseModel):
                     "the key there (`inferd keys new TENANT` prints the line), never the key"
                 )
         return keys
-
-
-@dataclass(frozen=True, slots=True)
-class Tenant:
-    """The authenticated caller of one request."""
-
-    name: str
-    config: TenantConfig
-
-    def may_call(self, model: str) -> bool:
-        return not self.config.models or model in self.config.models
