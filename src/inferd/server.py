@@ -112,7 +112,7 @@ class InferenceServer:
             IndexSync(frontend, self.owner_channel, self, self.clock) if self.owner_channel else None
         )
         """Several front ends: each serves the search indexes the owner serves."""
-        check_fallbacks((rt.config for rt in self.registry.defaults()), self._kinds_of)
+        check_fallbacks((rt.config for rt in self.registry.defaults()), self._kinds_of, self.kinds)
         self.shadows = Shadows(
             self.registry, self.metrics.shadow_requests, config.shadow_max_in_flight, clock=self.clock
         )
@@ -123,7 +123,7 @@ class InferenceServer:
         )
         """The response cache's stores (api/cache_hook.py), one per cache-enabled model version."""
         settings = ModelSettings(
-            self.registry, self.traffic, self.cache, config.model_overrides, own_settings(config)
+            self.registry, self.traffic, self.cache, config.model_overrides, own_settings(config), self.kinds
         )
         self.gateway = Gateway(
             config, self.registry.names, context_lengths=self._context_lengths, models=settings

@@ -16,8 +16,11 @@ from inferd.config.traffic import TrafficConfig
 from inferd.errors import DeadlineExceeded, ModelError, Overloaded, ServingError, WorkerUnavailable
 from inferd.gateway.fallback import Breaker, BreakerState, Fallbacks, check_fallbacks, falls_back
 from inferd.gateway.quota_layer import QuotaExceeded
+from inferd.kinds.builtin import builtin_kinds
 from inferd.models.sim import sim_config
 from inferd.runtime.registry import ModelRegistry
+
+KINDS = builtin_kinds()
 
 
 @dataclass
@@ -132,7 +135,7 @@ def test_admit_hands_a_refused_request_to_the_fallback_and_the_breaker_skips_the
     primary = FakeRuntime(with_fallback("sim", "sim-b"), refuse=WorkerUnavailable("none ready"))
     other = FakeRuntime(with_fallback("sim-b", None))
     registry = registry_of(primary, other)
-    fallbacks = Fallbacks(registry, clock, failures=2, cool_down_s=5.0)
+    fallbacks = Fallbacks(registry, KINDS, clock, failures=2, cool_down_s=5.0)
     target = fallbacks.target(primary)  # type: ignore[arg-type]
     assert target is other
     for _ in range(2):
@@ -152,7 +155,7 @@ def test_a_quota_refusal_is_raised_and_a_queue_429_does_not_open_the_breaker() -
     clock = FakeClock()
     primary = FakeRuntime(with_fallback("sim", "sim-b"), refuse=QuotaExceeded("over quota", 1.0, {}))
     other = FakeRuntime(with_fallback("sim-b", None))
-    fallbacks = Fallbacks(registry_of(primary, other), clock, failures=1)
+    fallbacks = Fallbacks(registry_of(primary, other), KINDS, clock, failures=1)
     with pytest.raises(QuotaExceeded):
         fallbacks.admit(primary, other, lambda r: r.precheck())  # type: ignore[arg-type]
     assert other.asked == []
@@ -166,7 +169,7 @@ def test_one_hop_only_the_fallbacks_refusal_is_raised() -> None:
     primary = FakeRuntime(with_fallback("a", "b"), refuse=WorkerUnavailable("a: none ready"))
     middle = FakeRuntime(with_fallback("b", "c"), refuse=WorkerUnavailable("b: none ready"))
     last = FakeRuntime(with_fallback("c", None))
-    fallbacks = Fallbacks(registry_of(primary, middle, last), FakeClock())
+    fallbacks = Fallbacks(registry_of(primary, middle, last), KINDS, FakeClock())
     with pytest.raises(WorkerUnavailable, match="b: none ready"):
         fallbacks.admit(primary, fallbacks.target(primary), lambda r: r.precheck())  # type: ignore[arg-type]
     assert last.asked == []
@@ -175,7 +178,7 @@ def test_one_hop_only_the_fallbacks_refusal_is_raised() -> None:
 def test_the_fallback_must_serve_the_same_routes() -> None:
     primary = FakeRuntime(with_fallback("sim", "chat"))
     llm = FakeRuntime(with_fallback("chat", None), kind="llm")
-    fallbacks = Fallbacks(registry_of(primary, llm), FakeClock())
+    fallbacks = Fallbacks(registry_of(primary, llm), KINDS, FakeClock())
     assert fallbacks.target(primary) is None  # type: ignore[arg-type]
 
 
@@ -186,16 +189,18 @@ def kinds_of(served: dict[str, str]) -> Any:
 
 def test_start_up_names_an_unknown_fallback_a_wrong_kind_and_a_self_reference() -> None:
     ok = with_fallback("sim", "sim-b")
-    check_fallbacks([ok], kinds_of({"sim": "batch", "sim-b": "batch"}))
+    check_fallbacks([ok], kinds_of({"sim": "batch", "sim-b": "batch"}), KINDS)
     with pytest.raises(ConfigError, match="'nope' is not a served model: serve 'nope' or remove"):
-        check_fallbacks([with_fallback("sim", "nope")], kinds_of({"sim": "batch"}))
+        check_fallbacks([with_fallback("sim", "nope")], kinds_of({"sim": "batch"}), KINDS)
     with pytest.raises(
         ConfigError, match=r"is a llm model, which cannot answer a batch .*name a batch model"
     ):
-        check_fallbacks([with_fallback("sim", "chat")], kinds_of({"sim": "batch", "chat": "llm"}))
+        check_fallbacks([with_fallback("sim", "chat")], kinds_of({"sim": "batch", "chat": "llm"}), KINDS)
     with pytest.raises(ConfigError, match="names the model itself"):
-        check_fallbacks([with_fallback("sim", "sim")], kinds_of({"sim": "batch"}))
+        check_fallbacks([with_fallback("sim", "sim")], kinds_of({"sim": "batch"}), KINDS)
     chat = ModelConfig(
         name="chat", kind="llm", implementation="x:Y", traffic=TrafficConfig(fallback="remote")
     )
-    check_fallbacks([chat], kinds_of({"chat": "llm", "remote": "upstream"}))  # LLM routes: llm or upstream
+    check_fallbacks(
+        [chat], kinds_of({"chat": "llm", "remote": "upstream"}), KINDS
+    )  # LLM routes: llm or upstream

@@ -22,6 +22,7 @@ from inferd.gateway.keys import key_digest, new_key
 from inferd.gateway.model_reload import ModelSettings
 from inferd.gateway.reload import Gateway
 from inferd.gateway.traffic_control import Traffic
+from inferd.kinds.builtin import builtin_kinds
 from inferd.observability.cache_metrics import CacheMetrics
 from inferd.observability.traffic_metrics import TrafficMetrics
 from inferd.runtime.registry import ModelRegistry
@@ -79,7 +80,9 @@ class World:
             self.registry, self.clock, TrafficMetrics(self.prom), random.Random(1), lambda: 7.0
         )
         self.cache = CacheHook(self.registry, CacheMetrics(self.prom), self.clock)
-        models = ModelSettings(self.registry, self.traffic, self.cache, config.model_overrides, own)
+        models = ModelSettings(
+            self.registry, self.traffic, self.cache, config.model_overrides, own, builtin_kinds()
+        )
         self.gateway = Gateway(config, self.registry.names, lambda: 0.0, models=models)
 
     def reload(self, file: str, tenants: str = TENANT) -> dict[str, Any]:

@@ -46,7 +46,6 @@ from inferd.runtime.contract import Runtime
 
 log = logging.getLogger("inferd.api")
 
-TEXT_KINDS = ("llm", "upstream")
 Answer = tuple[int, list[dict[str, Any]], dict[str, Any]]
 """An OIP answer before encoding: the version that ran it, per-item outputs, the lifecycle record."""
 
@@ -144,7 +143,7 @@ class Api:
         self.max_body = server.config.max_body_bytes
         self.cache = server.cache
         self.shadows = server.shadows
-        self.fallbacks = Fallbacks(self.registry, self.clock, server.metrics.fallback_requests)
+        self.fallbacks = Fallbacks(self.registry, server.kinds, self.clock, server.metrics.fallback_requests)
         self.layers: list[Layer] = [
             partial(Accounting, metrics=server.metrics, clock=self.clock, observe=server.traffic.observe),
             partial(TenantRequests, counter=server.tenant_requests),
@@ -173,8 +172,9 @@ class Api:
         return route
 
     # ---- finding the model that serves a request ---------------------------------------------------
-    def resolve(self, call: Call, name: str, version: str | None, kinds: tuple[str, ...]) -> Runtime:
-        """The runtime serving `name` at `version` (None: the default), if its kind serves this route;
+    def resolve(self, call: Call, name: str, version: str | None, api: str) -> Runtime:
+        """The runtime serving `name` at `version` (None: the default), if its kind serves this family of
+        routes (`Kind.api`);
         recorded on the call for accounting. Unknown models get a 404 listing every model (with
         tenants: every model the caller may call); a model outside the tenant's list a 403."""
         request = call.request
@@ -185,17 +185,18 @@ class Api:
         if version is None:  # a canary or A/B split may send it to another version than the default
             version = self.server.traffic.choose(name, tenant.name if tenant else None, request.header)
         rt = call.runtime = self.registry.get(name, version)
-        if rt.kind not in kinds:
-            routes = self.server.kinds.get(rt.kind).routes
+        kind = self.server.kinds.get(rt.kind)
+        if kind.api != api:
+            routes = kind.routes
             raise BadRequest(f"model {name!r} is a {rt.kind} model: send its requests to {routes}")
         return rt
 
     def text_model(self, call: Call, name: str) -> Runtime:
         """An LLM or upstream model for the OpenAI text routes (X-Inferd-Model-Version may pin a version)."""
-        return self.resolve(call, name, None, TEXT_KINDS)
+        return self.resolve(call, name, None, "text")
 
     def batch_model(self, call: Call, name: str, version: str | None = None) -> ModelRuntime:
-        return cast(ModelRuntime, self.resolve(call, name, version, ("batch",)))  # the batch kind's runtime
+        return cast(ModelRuntime, self.resolve(call, name, version, "oip"))  # the batch kind's runtime
 
     # ---- health and metadata ----------------------------------------------------------------------
     async def live(self, call: Call) -> HttpResponse:
@@ -214,7 +215,9 @@ class Api:
         check_model(call.tenant, params["model"], self.registry.names)
         rt = self.registry.get(params["model"], params.get("version"))
         versions = self.registry.versions(rt.name)
-        return json_response(oip.encode_json(model_metadata(rt.config, versions)))
+        return json_response(
+            oip.encode_json(model_metadata(rt.config, versions, self.server.kinds.get(rt.kind).api == "oip"))
+        )
 
     async def model_ready(self, call: Call) -> HttpResponse:
         params = call.request.path_params

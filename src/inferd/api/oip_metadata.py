@@ -7,16 +7,16 @@ from typing import Any
 from inferd.config import ModelConfig
 
 
-def model_metadata(config: ModelConfig, versions: list[int]) -> dict[str, Any]:
-    """OIP model metadata, plus the model's kind. Only batch models have tensors: LLM and upstream models
-    are served by the OpenAI routes."""
+def model_metadata(config: ModelConfig, versions: list[int], tensors: bool) -> dict[str, Any]:
+    """OIP model metadata, plus the model's kind. Only a kind served by OIP (`tensors`: batch) has
+    tensors: LLM and upstream models are served by the OpenAI routes."""
     meta: dict[str, Any] = {
         "name": config.name,
         "versions": [str(v) for v in versions],
         "platform": config.platform,
         "kind": config.kind,
     }
-    if config.kind != "batch":
+    if not tensors:
         return meta
     return {
         **meta,

@@ -62,7 +62,7 @@ async def embeddings(api: ApiContext, call: Call) -> HttpResponse | StreamingRes
     body = await read_body(request, api.max_body)
     req = decode_json(_decoder, body, "embeddings request", 'send {"model": ..., "input": ...}')
     primary = api.batch_model(call, req.model)
-    # a batch model's fallback is a batch model too (gateway/fallback.py ROUTE_KINDS)
+    # a batch model's fallback is a batch model too (same API family: KindRegistry.same_api)
     return await api.answer_with_fallback(call, primary, lambda rt: _embed(api, call, req, rt, primary))
 
 

@@ -47,7 +47,7 @@ def check_models(models: list[ModelConfig]) -> None:
             except ConfigError as exc:
                 raise ConfigError(f"model {m.name!r}: {exc}") from None
     check_traffic(models)
-    check_fallbacks(models, lambda name: {m.kind for m in models if m.name == name})
+    check_fallbacks(models, lambda name: {m.kind for m in models if m.name == name}, kinds)
 
 
 def check_gateway(config: ServerConfig, models: list[ModelConfig]) -> None:

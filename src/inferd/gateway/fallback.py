@@ -25,6 +25,7 @@ from inferd.clock import Clock
 from inferd.config import ConfigError, ModelConfig
 from inferd.errors import Overloaded, ServingError, WorkerUnavailable
 from inferd.runtime.contract import Runtime
+from inferd.runtime.kinds import KindRegistry
 from inferd.runtime.registry import ModelRegistry
 
 T = TypeVar("T")
@@ -32,12 +33,6 @@ T = TypeVar("T")
 FALLBACK_REASONS = frozenset({"queue_full", "llm_queue_full", "deadline"})
 """Overloaded reasons that hand a request to the fallback: the model's own queue or its admission
 deadline check. Never "quota" (the tenant's own limit) nor the front end's own saturation."""
-ROUTE_KINDS: dict[str, frozenset[str]] = {
-    "batch": frozenset({"batch"}),
-    "llm": frozenset({"llm", "upstream"}),
-    "upstream": frozenset({"llm", "upstream"}),
-}
-"""Kinds a fallback may be, by the primary's kind: one that serves the same routes."""
 
 
 def falls_back(exc: ServingError) -> bool:
@@ -94,10 +89,12 @@ class Breaker:
             self._probe_at = self.clock.now() + self.cool_down_s
 
 
-def check_fallbacks(configs: Iterable[ModelConfig], kinds: Callable[[str], set[str]]) -> None:
+def check_fallbacks(
+    configs: Iterable[ModelConfig], kinds: Callable[[str], set[str]], registered: KindRegistry
+) -> None:
     """A start-up error for a fallback that names an unknown model, itself, or a model whose kind does
-    not serve the routes of the model it stands in for. `kinds(name)`: the kinds `name` is served as
-    (empty: not served)."""
+    not serve the routes of the model it stands in for (`KindRegistry.same_api`). `kinds(name)`: the
+    kinds `name` is served as (empty: not served)."""
     for config in configs:
         target = config.traffic.fallback
         if target is None:
@@ -108,7 +105,7 @@ def check_fallbacks(configs: Iterable[ModelConfig], kinds: Callable[[str], set[s
         served = kinds(target)
         if not served:
             raise ConfigError(f"{where} is not a served model: serve {target!r} or remove the fallback")
-        allowed = ROUTE_KINDS.get(config.kind, frozenset({config.kind}))
+        allowed = registered.same_api(config.kind)
         if not served <= allowed:
             raise ConfigError(
                 f"{where} is a {'/'.join(sorted(served))} model, which cannot answer a {config.kind} "
@@ -127,12 +124,14 @@ class Fallbacks:
     def __init__(
         self,
         registry: ModelRegistry,
+        kinds: KindRegistry,
         clock: Clock,
         counter: Counter | None = None,
         failures: int = 3,
         cool_down_s: float = 5.0,
     ) -> None:
         self.registry = registry
+        self.kinds = kinds
         self.clock = clock
         self.counter = counter
         self.failures = failures
@@ -146,7 +145,7 @@ class Fallbacks:
         if name is None or name == primary.name or name not in self.registry:
             return None
         fallback = self.registry.get(name)
-        return fallback if fallback.kind in ROUTE_KINDS.get(primary.kind, ()) else None
+        return fallback if fallback.kind in self.kinds.same_api(primary.kind) else None
 
     def breaker(self, primary: Runtime) -> Breaker:
         """The breaker of one served version (each version has its own workers)."""

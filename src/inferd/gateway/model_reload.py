@@ -26,6 +26,7 @@ from inferd.config import ConfigError, ModelConfig, ServerConfig, describe_valid
 from inferd.config.cache import CacheConfig
 from inferd.gateway.fallback import check_fallbacks
 from inferd.gateway.traffic_control import Traffic, check_traffic
+from inferd.runtime.kinds import KindRegistry
 from inferd.runtime.registry import ModelRegistry
 
 log = logging.getLogger("inferd.gateway")
@@ -80,6 +81,7 @@ class ModelSettings:
         cache: CacheStores,
         overrides: Overrides,
         own: OwnSettings,
+        kinds: KindRegistry,
     ) -> None:
         self.registry = registry
         self.traffic = traffic
@@ -87,6 +89,7 @@ class ModelSettings:
         self.overrides: dict[str, dict[str, Any]] = {k: dict(v) for k, v in overrides.items()}
         """The [models.*] tables the running configs were built from."""
         self.own = own
+        self.kinds = kinds
 
     def plan(self, overrides: Overrides) -> ModelChanges:
         """The changes a file's [models.*] tables make; ConfigError (naming the fix) when they do not
@@ -104,7 +107,9 @@ class ModelSettings:
         }
         check_traffic(candidates.values())
         defaults = [candidates[(name, self.registry.default_version(name))] for name in served]
-        check_fallbacks(defaults, lambda name: {c.kind for c in candidates.values() if c.name == name})
+        check_fallbacks(
+            defaults, lambda name: {c.kind for c in candidates.values() if c.name == name}, self.kinds
+        )
         running = {(rt.name, rt.version): rt.config for rt in self.registry}
         changed = {k: c for k, c in candidates.items() if c is not running[k]}
         return ModelChanges(

@@ -49,12 +49,18 @@ def _upstream_runtime(config: ModelConfig, ctx: RuntimeContext) -> Runtime:
 def builtin_kinds() -> KindRegistry:
     return KindRegistry(
         [
-            Kind("batch", _batch_runtime, routes="POST /v2/models/{model}/infer (OIP), /v1/embeddings"),
+            Kind(
+                "batch",
+                _batch_runtime,
+                routes="POST /v2/models/{model}/infer (OIP), /v1/embeddings",
+                api="oip",
+            ),
             Kind(
                 "llm",
                 _llm_runtime,
                 params=LLMParams,
                 routes="POST /v1/chat/completions or /v1/completions (OpenAI)",
+                api="text",
             ),
             Kind(
                 "upstream",
@@ -62,6 +68,7 @@ def builtin_kinds() -> KindRegistry:
                 params=UpstreamConfig,
                 has_workers=False,
                 routes="POST /v1/chat/completions or /v1/completions (OpenAI)",
+                api="text",
             ),
             search_kind(),
         ]

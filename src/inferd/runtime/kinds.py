@@ -52,6 +52,9 @@ class Kind:
     """Whether the supervisor starts workers for its models (upstream models have none)."""
     routes: str = ""
     """Where its requests go, for errors that send callers to the right API."""
+    api: str = ""
+    """The family of routes its requests come in on ("oip": OIP infer and embeddings; "text": the OpenAI
+    text routes; "search"): a route takes models of its family, a fallback is of the same family."""
 
 
 class KindRegistry:
@@ -88,3 +91,12 @@ class KindRegistry:
 
     def names(self) -> list[str]:
         return sorted(self._kinds)
+
+    def serving(self, api: str) -> frozenset[str]:
+        """The kinds whose requests come in on the `api` family of routes."""
+        return frozenset(name for name, kind in self._kinds.items() if kind.api == api)
+
+    def same_api(self, kind: str) -> frozenset[str]:
+        """The kinds that can answer a `kind` model's requests (an unknown kind: itself alone)."""
+        own = self._kinds.get(kind)
+        return self.serving(own.api) if own is not None and own.api else frozenset({kind})
