@@ -251,6 +251,7 @@ class InferenceServer:
         self.admin = AdminApi(
             AdminTarget(
                 self.registry,
+                self.kinds,
                 self.fleet,
                 self.supervisor,
                 self.retry_budget,
@@ -321,7 +322,7 @@ class InferenceServer:
 
     def _context_lengths(self) -> dict[str, int]:
         """Each LLM model's context length: the longest request it accepts (for tenants' token quotas)."""
-        return {rt.name: getattr(rt, "max_model_len", 0) for rt in self.registry if rt.kind == "llm"}
+        return self.kinds.context_lengths(self.registry)
 
     @property
     def _joins_over_tcp(self) -> bool:

@@ -20,6 +20,7 @@ from inferd.fleet.frontend_load import EXPIRE_AFTER_S, ArrivalMeter, FrontendLoa
 from inferd.fleet.scaling import ScalingLoop, scaling_policy
 from inferd.frontends.load_sync import LoadSync
 from inferd.frontends.plan import FrontendPlan
+from inferd.kinds.builtin import builtin_kinds
 from inferd.runtime.contract import RuntimeStatistics
 from inferd.runtime.registry import ModelRegistry
 
@@ -168,8 +169,8 @@ async def test_a_followers_load_reaches_the_owner_over_the_plans_socket(socket_d
     plan = FrontendPlan(0, 2, socket_dir, "token")
     mine = Batch(queued=1, enqueued_total=0, busy_ratio=0.1)
     theirs = Batch(queued=4, enqueued_total=0, busy_ratio=0.3)
-    owner = LoadSync(plan, serving(mine), clock)
-    follower = LoadSync(plan.at(1), serving(theirs), clock)
+    owner = LoadSync(plan, serving(mine), builtin_kinds(), clock)
+    follower = LoadSync(plan.at(1), serving(theirs), builtin_kinds(), clock)
     assert owner.loads is not None and follower.loads is None
     assert await follower.report() is False  # no owner yet
     await owner.channel.open()

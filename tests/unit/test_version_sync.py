@@ -16,6 +16,7 @@ from inferd.errors import Conflict
 from inferd.frontends.followers import LIVE_S
 from inferd.frontends.plan import FrontendPlan
 from inferd.frontends.version_sync import Answer, FollowerVersions, Report, Served, VersionSync
+from inferd.kinds.builtin import builtin_kinds
 from inferd.runtime.hub import WorkerHub
 from inferd.runtime.registry import ModelRegistry
 from inferd.wire import protocol as p
@@ -53,6 +54,7 @@ class Server:
         self.busy: set[int] = set()
         self.fleet = SimpleNamespace(load_version=self.load)
         self.hub = SimpleNamespace(before_refusal=None)
+        self.kinds = builtin_kinds()
         for v in versions:
             self.add_version(self.load("sim", v))
 
@@ -70,9 +72,6 @@ class Server:
 
     def remove_version(self, name: str, version: int) -> None:
         self.registry.remove(name, version)
-
-    def has_workers(self, kind: str) -> bool:
-        return True
 
 
 def owner_and_follower(owner: Server, follower: Server) -> tuple[VersionSync, VersionSync]:

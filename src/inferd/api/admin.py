@@ -13,7 +13,7 @@ import logging
 import ssl
 import time
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import asdict, dataclass, is_dataclass
+from dataclasses import dataclass
 from typing import Any
 
 from aiohttp import web
@@ -27,7 +27,9 @@ from inferd.fleet.control import FleetControl
 from inferd.fleet.frontend_load import FrontendLoads, model_load
 from inferd.fleet.scaling import ScalingLoop
 from inferd.routing.retry import RetryBudget
+from inferd.runtime.admin_view import AdminView, plain
 from inferd.runtime.contract import Runtime, RuntimeStatistics, WorkerSnapshot
+from inferd.runtime.kinds import KindRegistry
 from inferd.runtime.registry import ModelRegistry
 from inferd.wire.connection import WorkerConnection, slot_of
 from inferd.worker.launcher import Launcher
@@ -40,6 +42,8 @@ class AdminTarget:
     """What the admin API operates on (built by the composition root)."""
 
     registry: ModelRegistry
+    kinds: KindRegistry
+    """Each kind's admin view (`Kind.admin`): the keys its rows add."""
     fleet: FleetControl
     launcher: Launcher[Any]
     retry_budget: RetryBudget
@@ -117,7 +121,7 @@ class AdminApi:
         now = t.clock.now()
         restarts = {slot.worker_id: slot.restarts for slot in t.launcher.slots}
         rows = [
-            worker_row(stats, w, now, restarts.get(slot_of(w.worker_id), 0))
+            worker_row(stats, w, now, restarts.get(slot_of(w.worker_id), 0), t.kinds.get(stats.kind).admin)
             for rt in t.registry
             for stats in (rt.statistics(),)
             for w in stats.workers
@@ -127,14 +131,12 @@ class AdminApi:
     async def traffic(self, request: web.Request) -> web.Response:
         """Canary and A/B splits now, and why canaries were rolled back or promoted (newest last)."""
         snapshot = self.target.traffic() if self.target.traffic is not None else None
-        return web.json_response(_plain(snapshot) if snapshot is not None else {"splits": [], "history": []})
+        return web.json_response(plain(snapshot) if snapshot is not None else {"splits": [], "history": []})
 
     async def models(self, request: web.Request) -> web.Response:
         t = self.target
         budget = t.retry_budget.statistics()
-        batch: dict[str, Any] = {}
-        llm: dict[str, Any] = {}
-        upstream: dict[str, Any] = {}
+        sections: dict[str, dict[str, Any]] = {"models": {}, "llm_models": {}, "other_models": {}}
         for rt in t.registry:
             stats = rt.statistics()
             default = t.registry.default_version(rt.name) == rt.version
@@ -142,17 +144,15 @@ class AdminApi:
             row = {"kind": stats.kind, "version": stats.version, "default": default}
             loop = t.scaling.get(rt.name) if default else None
             row["autoscaler"] = loop.report() if loop is not None else None
-            if stats.kind == "llm":
-                llm[key] = {**row, **llm_model_row(stats)}
-            elif stats.kind == "batch":
-                batch[key] = {**row, **batch_model_row(stats, t.loads)}
-            else:
-                upstream[key] = {**row, "ready": stats.ready, "detail": _plain(stats.detail)}
+            kind = t.kinds.get(stats.kind)
+            row.update(kind.admin.model_row(stats))
+            if kind.queues_per_frontend and t.loads is not None:
+                whole = t.loads.total(model_load(stats, 0.0))  # every front end's queue and busy time
+                row.update(queued=whole.queued_items, busy_ratio=round(whole.busy_ratio, 3))
+            sections.setdefault(kind.admin.section, {})[key] = row
         return web.json_response(
             {
-                "models": batch,
-                "llm_models": llm,
-                "other_models": upstream,
+                **sections,
                 "retry_budget": {
                     "balance": round(budget.balance, 1),
                     "requests_in_window": budget.requests_in_window,
@@ -231,17 +231,9 @@ def _version(request: web.Request) -> int | None:
     return int(raw)
 
 
-def _plain(value: Any) -> Any:
-    if is_dataclass(value) and not isinstance(value, type):
-        return {k: _plain(v) for k, v in asdict(value).items()}
-    if isinstance(value, tuple | list):
-        return [_plain(v) for v in value]
-    if hasattr(value, "value") and not isinstance(value, int | float | str):
-        return value.value
-    return value
-
-
-def worker_row(stats: RuntimeStatistics, w: WorkerSnapshot, now: float, restarts: int) -> dict[str, Any]:
+def worker_row(
+    stats: RuntimeStatistics, w: WorkerSnapshot, now: float, restarts: int, view: AdminView
+) -> dict[str, Any]:
     row: dict[str, Any] = {
         "worker_id": w.worker_id,
         "model": w.model,
@@ -257,64 +249,4 @@ def worker_row(stats: RuntimeStatistics, w: WorkerSnapshot, now: float, restarts
         "last_heartbeat_s_ago": round(now - w.last_heartbeat_at, 3),
         "busy_s": round(w.busy_s, 3),
     }
-    if stats.kind == "llm":
-        row["live_sequences"] = w.load
-    elif stats.kind == "batch":
-        d = w.detail
-        row["inflight_batches"] = w.load
-        row["latency_ms"] = round(1000 * d.latency_s, 1)
-        row["ejection"] = _ejection(d.ejection, now)
-        row["credits"] = d.credits
-        row["batch_high_water"] = d.high_water
-    return row
-
-
-def batch_model_row(stats: RuntimeStatistics, others: FrontendLoads | None = None) -> dict[str, Any]:
-    """A batch model as `inferd status` shows it; with `others`, its queue and busy ratio are every
-    front end's (this one's plus the others' latest reports)."""
-    d = stats.detail
-    load = model_load(stats, 0.0)
-    if others is not None:
-        load = others.total(load)
-    return {
-        "ready": stats.ready,
-        "stalled": d.stalled,
-        "balancer": _plain(d.balancer),
-        "ready_workers": stats.ready_workers,
-        "queued": load.queued_items,
-        "isolation_batches": d.isolation_batches,
-        "batch_timeout_s": d.batch_timeout_s,
-        "busy_ratio": round(load.busy_ratio, 3),
-    }
-
-
-def _ejection(record: Any, now: float) -> dict[str, Any]:
-    until = record.ejected_until
-    return {
-        "state": record.health.name.lower(),
-        "times_ejected": record.times_ejected,
-        "ejected_for_s": None if until is None else round(max(0.0, until - now), 3),
-        "consecutive_failures": record.consecutive_failures,
-        "reason": record.reason,
-    }
-
-
-def llm_model_row(stats: RuntimeStatistics) -> dict[str, Any]:
-    """An LLM model as `inferd status` shows it: its engines' sequences, KV use and cache hits."""
-    s = stats.detail
-    total = s.kv_blocks_total
-    return {
-        "ready": stats.ready,
-        "workers": s.workers,
-        "streams": s.streams,
-        "running": s.running,
-        "waiting": s.waiting,
-        "kv_usage": round(s.kv_blocks_used / total, 3) if total else None,
-        "prefix_hit_ratio": round(s.prefix_hit_tokens / s.prefix_query_tokens, 3)
-        if s.prefix_query_tokens
-        else None,
-        "preemptions": s.preemptions,
-        "rejected": s.rejected,
-        "moved": s.moved,
-        "lost": s.lost,
-    }
+    return {**row, **view.worker_row(w, now)}

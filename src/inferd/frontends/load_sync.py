@@ -21,6 +21,7 @@ from inferd.clock import Clock
 from inferd.fleet.frontend_load import REPORT_INTERVAL_S, ArrivalMeter, FrontendLoads, ModelLoad, model_load
 from inferd.frontends.owner_channel import OwnerChannel, OwnerUnreachable
 from inferd.frontends.plan import FrontendPlan
+from inferd.runtime.kinds import KindRegistry
 from inferd.runtime.registry import ModelRegistry
 
 log = logging.getLogger("inferd.frontends")
@@ -42,12 +43,14 @@ class LoadSync:
         self,
         plan: FrontendPlan,
         registry: ModelRegistry,
+        kinds: KindRegistry,
         clock: Clock,
         channel: OwnerChannel | None = None,
         interval_s: float = REPORT_INTERVAL_S,
     ) -> None:
         self.plan = plan
         self.registry = registry
+        self.kinds = kinds
         self.clock = clock
         self.channel = channel or OwnerChannel(plan)
         """The way to the owner (shared with the front end's other exchanges with it)."""
@@ -69,10 +72,11 @@ class LoadSync:
 
     # ---- follower -----------------------------------------------------------------------------------
     def measure(self) -> LoadReport:
-        """This front end's load now: every batch model version it serves."""
+        """This front end's load now: every version it serves of a kind that queues in each front end
+        (`Kind.queues_per_frontend`: batch)."""
         loads = []
         for rt in self.registry:
-            if rt.kind != "batch":
+            if not self.kinds.get(rt.kind).queues_per_frontend:
                 continue
             stats = rt.statistics()
             meter = self._meters.setdefault((stats.name, stats.version), ArrivalMeter(self.clock))

@@ -33,7 +33,7 @@ class FrontendSync:
         self.channel = OwnerChannel(plan, max(MAX_MESSAGE_BYTES, max_body_bytes + 2**20))
         """The others' way to the owner (a forwarded search write may be a whole request body)."""
         self.traffic = TrafficSync(plan, traffic, channel=self.channel)
-        self.load = LoadSync(plan, registry, clock, self.channel)
+        self.load = LoadSync(plan, registry, server.kinds, clock, self.channel)
         self.versions = VersionSync(plan, self.channel, server, clock)
         """`server`: the composition root (VersionSync says what of it it uses)."""
         has_file = server.config.config_path is not None

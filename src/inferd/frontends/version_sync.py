@@ -93,7 +93,7 @@ class VersionSync:
         self.plan = plan
         self.channel = channel
         self.server = server
-        """The composition root: its registry, add_version, remove_version, has_workers, the fleet's
+        """The composition root: its registry, add_version, remove_version, kinds, the fleet's
         version loader (the model repository) and (the owner's) launcher of local workers."""
         self.clock = clock
         self.followers = FollowerVersions(clock)
@@ -225,7 +225,7 @@ class VersionSync:
         out = {}
         for name in registry.names():
             runtimes = [registry.get(name, v) for v in registry.versions(name)]
-            if not all(rt.kind != "search" and self.server.has_workers(rt.kind) for rt in runtimes):
+            if not all(self.server.kinds.get(rt.kind).rolls_versions for rt in runtimes):
                 continue  # search indexes follow the owner otherwise; other kinds have no versions to roll
             several = with_busy and len(runtimes) > 1  # one version: nothing waits on its work
             busy = [rt.version for rt in runtimes if several and _holds_work(rt)]

@@ -4,8 +4,12 @@ from these."""
 
 from __future__ import annotations
 
+from typing import cast
+
 from inferd.config import ModelConfig
+from inferd.kinds.batch.admin_view import BATCH_ADMIN
 from inferd.kinds.batch.dispatcher import ModelRuntime
+from inferd.kinds.llm.admin_view import LLM_ADMIN
 from inferd.kinds.llm.params import LLMParams
 from inferd.kinds.llm.runtime import LLMRuntime
 from inferd.kinds.search.kind import search_kind
@@ -54,6 +58,8 @@ def builtin_kinds() -> KindRegistry:
                 _batch_runtime,
                 routes="POST /v2/models/{model}/infer (OIP), /v1/embeddings",
                 api="oip",
+                queues_per_frontend=True,
+                admin=BATCH_ADMIN,
             ),
             Kind(
                 "llm",
@@ -61,12 +67,15 @@ def builtin_kinds() -> KindRegistry:
                 params=LLMParams,
                 routes="POST /v1/chat/completions or /v1/completions (OpenAI)",
                 api="text",
+                admin=LLM_ADMIN,
+                context_length=lambda rt: cast(LLMRuntime, rt).max_model_len,
             ),
             Kind(
                 "upstream",
                 _upstream_runtime,
                 params=UpstreamConfig,
                 has_workers=False,
+                rolls_versions=False,
                 routes="POST /v1/chat/completions or /v1/completions (OpenAI)",
                 api="text",
             ),

@@ -16,6 +16,7 @@ from inferd.clock import Clock
 from inferd.config import ConfigError, ModelConfig, ServerConfig, describe_validation_error
 from inferd.observability.metrics import Metrics
 from inferd.routing.retry import RetryBudget
+from inferd.runtime.admin_view import AdminView
 from inferd.runtime.contract import Runtime
 from inferd.wire.connection import WorkerConnection
 
@@ -40,6 +41,8 @@ class RuntimeContext:
 
 
 RuntimeFactory = Callable[[ModelConfig, RuntimeContext], Runtime]
+OTHER_MODELS = AdminView()
+"""The admin view of a kind that has none of its own: rows under "other_models", with its detail."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,6 +58,18 @@ class Kind:
     api: str = ""
     """The family of routes its requests come in on ("oip": OIP infer and embeddings; "text": the OpenAI
     text routes; "search"): a route takes models of its family, a fallback is of the same family."""
+    queues_per_frontend: bool = False
+    """Its requests queue in each front end (batch): with several front ends a follower reports its
+    load to the owner, whose autoscaler counts every front end's (frontends/load_sync.py)."""
+    rolls_versions: bool = True
+    """Its models' versions run on workers of ours, rolled by fleet updates, and every front end serves
+    the owner's versions (frontends/version_sync.py). False without workers, and for search (every front
+    end follows the owner's indexes through frontends/index_sync.py)."""
+    admin: AdminView = OTHER_MODELS
+    """Its rows in the admin API: which /admin/models section, the keys its model and worker rows add."""
+    context_length: Callable[[Runtime], int] | None = None
+    """A token model's longest sequence, of one of its runtimes (None: not a token model); the quotas
+    bound a request's tokens with it."""
 
 
 class KindRegistry:
@@ -91,6 +106,11 @@ class KindRegistry:
 
     def names(self) -> list[str]:
         return sorted(self._kinds)
+
+    def context_lengths(self, runtimes: Iterable[Runtime]) -> dict[str, int]:
+        """Each token model's longest sequence (`Kind.context_length`), by model name."""
+        lengths = {rt.name: (rt, self.get(rt.kind).context_length) for rt in runtimes}
+        return {name: length(rt) for name, (rt, length) in lengths.items() if length is not None}
 
     def serving(self, api: str) -> frozenset[str]:
         """The kinds whose requests come in on the `api` family of routes."""

@@ -17,4 +17,6 @@ def _search_runtime(config: ModelConfig, ctx: RuntimeContext) -> Runtime:
 
 
 def search_kind() -> Kind:
-    return Kind("search", _search_runtime, params=SearchParams, routes=ROUTES, api="search")
+    return Kind(
+        "search", _search_runtime, params=SearchParams, routes=ROUTES, api="search", rolls_versions=False
+    )

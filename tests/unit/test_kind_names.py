@@ -1,0 +1,93 @@
+"""No code outside a kind's package branches on that kind's name (issue 26, "Kinds as whole plug-ins"):
+what a kind does differently is a `Kind` attribute (runtime/kinds.py) declared in its own package and
+read through the KindRegistry. This test reads src/inferd outside kinds/ for comparisons of a kind with a
+built-in kind's name (`rt.kind == "llm"`, `kind in ("batch", "llm")`, `raw.get("kind") == "search"`),
+registry look-ups by a built-in name (`names("search")`) and sets of kind names (`LLM_KINDS = {"llm"}`)."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parents[2] / "src" / "inferd"
+BUILTIN = frozenset({"batch", "llm", "upstream", "search"})
+
+ALLOWED = {
+    # ModelConfig's own validators (a foundation layer, below the kinds): tensors and batching knobs are
+    # refused on other kinds when the config is parsed, and the runner's config log follows the same rule.
+    "config/__init__.py": "batch-only fields are checked when a ModelConfig is parsed, below runtime/",
+    "runner/__init__.py": "the effective-config log skips the fields config/ says a kind does not read",
+    # The SLO table is validated inside ModelConfig too (observability/ is a foundation layer).
+    "observability/slo_config.py": "ttft/itl SLOs checked when a ModelConfig is parsed, below runtime/",
+    # The autoscaler's demand policies and observations live in fleet/ (above kinds/), and a batch
+    # model's observation needs the front ends' loads (fleet/frontend_load.py).
+    "fleet/scaling.py": "demand per kind: BatchDemand/LLMDemand are fleet/'s, above the kinds",
+    # Search's modules outside its package, to be replaced by the next issue (one served state).
+    "frontends/index_sync.py": "search's index sync: every front end serves the owner's indexes",
+    "api/search_routes.py": "search's own HTTP routes list the search models",
+    # The worker process has no KindRegistry: a Welcome carries only the model's config.
+    "worker/main.py": "a search shard replica is served instead of a model, chosen from the Welcome",
+    # Device-profile files of the fleet simulator carry a kind tag of their own.
+    "fleetsim/profiles.py": "a batch device profile file's kind tag",
+    "fleetsim/llm_profile.py": "an LLM step-cost profile file's kind tag",
+}
+
+
+def _names(node: ast.AST) -> set[str]:
+    """The built-in kind names among a node's string constants (a name, a tuple or set of them)."""
+    return {n.value for n in ast.walk(node) if isinstance(n, ast.Constant) and n.value in BUILTIN}
+
+
+def _is_kind(node: ast.AST) -> bool:
+    """`x.kind`, `kind`, `x["kind"]` or `x.get("kind", ...)`."""
+    if isinstance(node, ast.Attribute):
+        return node.attr == "kind"
+    if isinstance(node, ast.Name):
+        return node.id == "kind"
+    if isinstance(node, ast.Subscript):
+        return isinstance(node.slice, ast.Constant) and node.slice.value == "kind"
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "get":
+        return bool(node.args) and isinstance(node.args[0], ast.Constant) and node.args[0].value == "kind"
+    return False
+
+
+def sites(tree: ast.AST) -> list[int]:
+    """Lines that branch on a built-in kind's name."""
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Compare):
+            sides = [node.left, *node.comparators]
+            if any(_is_kind(s) for s in sides) and any(_names(s) for s in sides if not _is_kind(s)):
+                found.append(node.lineno)
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+            if node.func.attr == "names" and any(_names(a) for a in node.args):
+                found.append(node.lineno)
+        elif isinstance(node, ast.Assign):
+            named = [t.id for t in node.targets if isinstance(t, ast.Name)]
+            if any("KIND" in n for n in named) and _names(node.value):
+                found.append(node.lineno)
+    return sorted(found)
+
+
+def test_no_code_outside_the_kinds_branches_on_a_built_in_kinds_name() -> None:
+    found: dict[str, list[int]] = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        rel = path.relative_to(PACKAGE).as_posix()
+        if rel.startswith("kinds/"):
+            continue
+        lines = sites(ast.parse(path.read_text(), str(path)))
+        if lines:
+            found[rel] = lines
+    unexpected = {rel: lines for rel, lines in found.items() if rel not in ALLOWED}
+    assert not unexpected, (
+        f"these branch on a built-in kind's name: {unexpected}; give Kind (runtime/kinds.py) an "
+        "attribute the kind declares in its package, and ask the KindRegistry instead"
+    )
+    gone = sorted(set(ALLOWED) - set(found))
+    assert not gone, f"{gone} no longer branch on a kind's name: remove them from ALLOWED"
+
+
+def test_the_check_finds_the_comparisons_it_is_about() -> None:
+    source = 'a = rt.kind == "llm"\nb = kind in ("batch", "x")\nc = raw.get("kind") != "search"\n'
+    source += 'd = registry.names("search")\nLLM_KINDS = frozenset({"llm"})\ne = rt.kind == other.kind\n'
+    assert sites(ast.parse(source)) == [1, 2, 3, 4, 5]
