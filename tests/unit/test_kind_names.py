@@ -17,8 +17,6 @@ ALLOWED = {
     # refused on other kinds when the config is parsed, and the runner's config log follows the same rule.
     "config/__init__.py": "batch-only fields are checked when a ModelConfig is parsed, below runtime/",
     "runner/__init__.py": "the effective-config log skips the fields config/ says a kind does not read",
-    # The SLO table is validated inside ModelConfig too (observability/ is a foundation layer).
-    "observability/slo_config.py": "ttft/itl SLOs checked when a ModelConfig is parsed, below runtime/",
     # The autoscaler's demand policies and observations live in fleet/ (above kinds/), and a batch
     # model's observation needs the front ends' loads (fleet/frontend_load.py).
     "fleet/scaling.py": "demand per kind: BatchDemand/LLMDemand are fleet/'s, above the kinds",

@@ -10,6 +10,7 @@ from pydantic import ValidationError
 
 from inferd.cli.slo import configured_slos
 from inferd.config import ConfigError, ModelConfig
+from inferd.kinds.builtin import builtin_kinds
 from inferd.observability.slo_config import Objective, SloConfig, model_slos
 
 LLM = {"name": "chat", "kind": "llm", "implementation": "x:Y"}
@@ -45,9 +46,11 @@ def test_out_of_range_values_are_refused_naming_the_fix(table: dict[str, float],
 
 
 def test_ttft_and_itl_are_refused_on_a_model_that_does_not_stream_tokens() -> None:
-    with pytest.raises(ValidationError, match=r"ttft_ms and itl_ms apply to LLM models.*'batch'.*remove"):
-        ModelConfig(**BATCH, slo={"ttft_ms": 300, "itl_ms": 40})
+    kinds = builtin_kinds()
+    with pytest.raises(ConfigError, match=r"ttft_ms and itl_ms apply to LLM models.*'batch'.*remove"):
+        kinds.check(ModelConfig(**BATCH, slo={"ttft_ms": 300, "itl_ms": 40}))
     chat = ModelConfig(**LLM, slo={"latency_ms": 5000, "ttft_ms": 300, "itl_ms": 40})
+    kinds.check(chat)
     assert chat.slo is not None
     assert [o.slo for o in chat.slo.objectives()] == ["availability", "latency", "ttft", "itl"]
     assert chat.slo.objectives()[2].threshold_s == pytest.approx(0.3)

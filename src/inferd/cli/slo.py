@@ -19,11 +19,16 @@ slo_app = typer.Typer(
 def configured_slos(config: Path | None, model_repo: Path | None) -> dict[str, SloConfig]:
     """The [slo] tables of the models `inferd serve` would serve with the same --config and
     --model-repo (model.toml files, then [models.NAME] overrides of the config file)."""
+    from inferd.kinds.builtin import builtin_kinds
     from inferd.kinds.repository import apply_overrides, default_models, load_repository
 
     cfg = load_server_config(config, {"model_repo": model_repo}, environ={})
     models = load_repository(cfg.model_repo) if cfg.model_repo else default_models(cfg.cache_dir)
-    return model_slos(apply_overrides(models, cfg.model_overrides))
+    served = apply_overrides(models, cfg.model_overrides)
+    kinds = builtin_kinds()
+    for m in served:
+        kinds.check(m)  # what `inferd serve` would refuse (an LLM's SLOs on a batch model)
+    return model_slos(served)
 
 
 def _write(text: str, output: Path | None) -> None:

@@ -199,8 +199,6 @@ class ModelConfig(_Frozen):
 
     @model_validator(mode="after")
     def _slo_kind(self) -> ModelConfig:
-        if self.slo is not None:
-            self.slo.check_kind(self.kind)
         check_slo_batching(self.batching, self.slo)
         return self
 

@@ -67,6 +67,7 @@ def builtin_kinds() -> KindRegistry:
                 params=LLMParams,
                 routes="POST /v1/chat/completions or /v1/completions (OpenAI)",
                 api="text",
+                streams_tokens=True,
                 admin=LLM_ADMIN,
                 context_length=lambda rt: cast(LLMRuntime, rt).max_model_len,
             ),

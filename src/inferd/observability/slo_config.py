@@ -23,8 +23,6 @@ SLO_NAMES = ("availability", "latency", "ttft", "itl")
 """Every SLO a model may have, in the order rules and dashboards list them."""
 LATENCY_SLOS = ("latency", "ttft", "itl")
 """The SLOs whose events are durations compared with a threshold."""
-LLM_KINDS = frozenset({"llm"})
-"""Model kinds that stream tokens measured as time to first token and inter-token latency."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,12 +93,14 @@ class SloConfig(BaseModel):
     def _thresholds(cls, value: float | None, info: ValidationInfo) -> float | None:
         return _positive_ms(info.field_name or "latency_ms", value)
 
-    def check_kind(self, kind: str) -> None:
-        """ttft_ms and itl_ms are read only for models that stream tokens."""
+    def check_kind(self, kind: str, streaming: frozenset[str]) -> None:
+        """ttft_ms and itl_ms are read only for models that stream tokens: of the `streaming` kinds (the
+        KindRegistry's `Kind.streams_tokens`; this layer knows no kinds)."""
         given = [name for name in ("ttft_ms", "itl_ms") if getattr(self, name) is not None]
-        if given and kind not in LLM_KINDS:
+        if given and kind not in streaming:
+            of = " or ".join(f'"{k}"' for k in sorted(streaming))
             raise ValueError(
-                f'slo {" and ".join(given)} apply to LLM models (kind = "llm"), this model\'s kind is '
+                f"slo {' and '.join(given)} apply to LLM models (kind = {of}), this model's kind is "
                 f"{kind!r}: remove {', '.join(given)} from its [slo] table, or use latency_ms"
             )
 

@@ -65,6 +65,8 @@ class Kind:
     """Its models' versions run on workers of ours, rolled by fleet updates, and every front end serves
     the owner's versions (frontends/version_sync.py). False without workers, and for search (every front
     end follows the owner's indexes through frontends/index_sync.py)."""
+    streams_tokens: bool = False
+    """Its models stream tokens: an [slo] table may set ttft_ms and itl_ms (checked by `check`)."""
     admin: AdminView = OTHER_MODELS
     """Its rows in the admin API: which /admin/models section, the keys its model and worker rows add."""
     context_length: Callable[[Runtime], int] | None = None
@@ -95,6 +97,12 @@ class KindRegistry:
             kind = self.get(config.kind)
         except ConfigError as exc:
             raise ConfigError(f"model {config.name!r}: {exc}") from None
+        if config.slo is not None:
+            streaming = frozenset(name for name, k in self._kinds.items() if k.streams_tokens)
+            try:
+                config.slo.check_kind(kind.name, streaming)
+            except ValueError as exc:
+                raise ConfigError(f"model {config.name!r}: {exc}") from None
         if kind.params is not None:
             try:
                 kind.params.model_validate(config.params)
