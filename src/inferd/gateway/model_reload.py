@@ -150,7 +150,7 @@ class ModelSettings:
             full = ModelConfig(**{**data, **table, **live, "params": params})
         except ValidationError as exc:
             raise ConfigError(describe_validation_error(f"[models.{running.name}] table", exc)) from None
-        self.kinds.check(full)  # what a restart would refuse (its params, its SLOs) is refused now
+        self.kinds.check_slo(full)  # refused as ModelConfig's own validators refuse
         update = {k: getattr(full, k) for k in LIVE if getattr(full, k) != getattr(running, k)}
         return running.model_copy(update=update) if update else running
 

@@ -97,12 +97,7 @@ class KindRegistry:
             kind = self.get(config.kind)
         except ConfigError as exc:
             raise ConfigError(f"model {config.name!r}: {exc}") from None
-        if config.slo is not None:
-            streaming = frozenset(name for name, k in self._kinds.items() if k.streams_tokens)
-            try:
-                config.slo.check_kind(kind.name, streaming)
-            except ValueError as exc:
-                raise ConfigError(f"model {config.name!r}: {exc}") from None
+        self.check_slo(config)
         if kind.params is not None:
             try:
                 kind.params.model_validate(config.params)
@@ -111,6 +106,16 @@ class KindRegistry:
                     describe_validation_error(f"params of {kind.name} model {config.name!r}", exc)
                 ) from None
         return kind
+
+    def check_slo(self, config: ModelConfig) -> None:
+        """ttft_ms and itl_ms only on a kind that streams tokens (`Kind.streams_tokens`)."""
+        if config.slo is None:
+            return
+        streaming = frozenset(name for name, k in self._kinds.items() if k.streams_tokens)
+        try:
+            config.slo.check_kind(config.kind, streaming)
+        except ValueError as exc:
+            raise ConfigError(f"model {config.name!r}: {exc}") from None
 
     def names(self) -> list[str]:
         return sorted(self._kinds)
