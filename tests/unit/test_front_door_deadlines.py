@@ -5,16 +5,10 @@ short limits, the fake transport of test_front_door_protocol."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 
-import uvicorn
-from uvicorn.server import ServerState
-
-from inferd.api.door_policy import DoorLimits, DoorPolicy
-from inferd.api.frontdoor import FrontDoorProtocol, front_door_protocol
-from inferd.clock import FakeClock
-from inferd.core.asgi import AsgiApp, HttpRequest, HttpResponse, Router, StreamingResponse
-from tests.unit.test_front_door_protocol import Transport, echo_router, settle
+from inferd.api.door_policy import DoorLimits
+from inferd.core.asgi import HttpRequest, HttpResponse, Router
+from tests.unit.test_front_door_protocol import Transport, connect, echo_router, settle, stream_router
 
 SHORT = 0.05
 
@@ -26,22 +20,6 @@ async def closed(transport: Transport) -> None:
             return
         await asyncio.sleep(0.01)
     raise AssertionError("still open")
-
-
-def connect(
-    router: Router, limits: DoorLimits, keep_alive_s: float = 5.0
-) -> tuple[FrontDoorProtocol, Transport, ServerState]:
-    app = AsgiApp(router, lambda: None, lambda request, other: HttpResponse(b"nope", 404))  # type: ignore[arg-type,return-value]
-    cls = front_door_protocol(DoorPolicy(limits, FakeClock()), app)
-    config = uvicorn.Config(
-        app, http=cls, ws="none", log_config=None, lifespan="off", timeout_keep_alive=keep_alive_s
-    )
-    config.load()
-    state = ServerState()
-    protocol = cls(config=config, server_state=state, app_state={})
-    transport = Transport()
-    protocol.connection_made(transport)
-    return protocol, transport, state
 
 
 async def test_a_pipelined_requests_body_has_a_deadline_once_it_runs() -> None:
@@ -207,17 +185,7 @@ async def test_a_refusal_at_the_door_without_100_continue_closes() -> None:
 
 
 async def test_a_stream_to_an_http_1_0_client_is_not_chunked_and_ends_with_the_close() -> None:
-    router = Router()
-
-    async def events() -> AsyncIterator[bytes]:
-        yield b"data: 1\n\n"
-        yield b"data: 2\n\n"
-
-    async def stream(request: HttpRequest) -> StreamingResponse:
-        return StreamingResponse(events())
-
-    router.add("GET", "/s", stream)
-    protocol, transport, state = connect(router, DoorLimits())
+    protocol, transport, state = connect(stream_router(), DoorLimits())
     protocol.data_received(b"GET /s HTTP/1.0\r\n\r\n")  # 1.0 has no chunked encoding
     await settle(state)
     head, body = bytes(transport.written).split(b"\r\n\r\n", 1)

@@ -48,16 +48,36 @@ class Transport(asyncio.Transport):
         self.paused = False
 
 
-def connect(router: Router) -> tuple[FrontDoorProtocol, Transport, ServerState]:
+def connect(
+    router: Router, limits: DoorLimits | None = None, keep_alive_s: float = 5.0
+) -> tuple[FrontDoorProtocol, Transport, ServerState]:
+    """The front door's protocol as uvicorn's Server builds it, with `limits`, on a fake transport."""
     app = AsgiApp(router, lambda: None, lambda request, other: HttpResponse(b"nope", 404))  # type: ignore[arg-type,return-value]
-    cls = front_door_protocol(DoorPolicy(DoorLimits(), FakeClock()), app)
-    config = uvicorn.Config(app, http=cls, ws="none", log_config=None, lifespan="off")
+    cls = front_door_protocol(DoorPolicy(limits or DoorLimits(), FakeClock()), app)
+    config = uvicorn.Config(
+        app, http=cls, ws="none", log_config=None, lifespan="off", timeout_keep_alive=keep_alive_s
+    )
     config.load()
     state = ServerState()
     protocol = cls(config=config, server_state=state, app_state={})
     transport = Transport()
     protocol.connection_made(transport)
     return protocol, transport, state
+
+
+def stream_router() -> Router:
+    """GET /s streams two events."""
+    router = Router()
+
+    async def events() -> AsyncIterator[bytes]:
+        yield b"data: 1\n\n"
+        yield b"data: 2\n\n"
+
+    async def stream(request: HttpRequest) -> StreamingResponse:
+        return StreamingResponse(events())
+
+    router.add("GET", "/s", stream)
+    return router
 
 
 async def settle(state: ServerState) -> None:
@@ -165,17 +185,7 @@ async def test_the_disconnect_watch_cancels_waiting_work() -> None:
 
 
 async def test_a_stream_is_chunked_and_ends_with_the_last_chunk() -> None:
-    router = Router()
-
-    async def events() -> AsyncIterator[bytes]:
-        yield b"data: 1\n\n"
-        yield b"data: 2\n\n"
-
-    async def stream(request: HttpRequest) -> StreamingResponse:
-        return StreamingResponse(events())
-
-    router.add("GET", "/s", stream)
-    protocol, transport, state = connect(router)
+    protocol, transport, state = connect(stream_router())
     protocol.data_received(b"GET /s HTTP/1.1\r\nHost: x\r\n\r\n")
     await settle(state)
     head, body = bytes(transport.written).split(b"\r\n\r\n", 1)
