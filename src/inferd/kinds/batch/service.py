@@ -80,23 +80,19 @@ class BatchService:
         waiter: asyncio.Future[Any] = replies[0] if len(replies) == 1 else asyncio.gather(*replies)
         expiry: asyncio.TimerHandle | None = None
         unwatch: Unwatch | None = None
-        left = False
-
-        def on_gone() -> None:
-            nonlocal left
-            left = True
-            waiter.cancel()  # no effect once every item is answered: the results stand
-
         try:
             if deadline is not None:
                 loop = asyncio.get_running_loop()
                 expiry = loop.call_at(loop.time() + (deadline - rt.clock.now()), rt.expire, items)
             if gone is not None:
-                unwatch = gone(on_gone)
+                # the caller left: the wait ends (no effect once every item is answered: results stand)
+                unwatch = gone(waiter.cancel)
             result = await waiter
         except asyncio.CancelledError:
             rt.withdraw(items)
-            if left and not _caller_cancelled():
+            # only this wait and the caller's leaving cancel the replies: if this task was not
+            # cancelled, the caller left
+            if gone is not None and not _caller_cancelled():
                 raise ClientGone() from None
             raise
         except BaseException:  # an item failed (or expired): the others are answered to nobody
