@@ -124,6 +124,12 @@ class Internal(ServingError):
     pass
 
 
+class ClientGone(Exception):
+    """The caller disconnected while its request was queued or running (the routes answer 499 to no one).
+    Not a ServingError: nobody is left to answer. Raised wherever a wait learns of it (core/disconnect.py,
+    kinds/batch/service.py), so it lives here, below both."""
+
+
 _BY_CODE: dict[str, type[ServingError]] = {
     cls.__name__: cls
     for cls in (

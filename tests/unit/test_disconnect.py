@@ -1,5 +1,5 @@
 """until_disconnect, the one client-disconnect watch of the front end, and its callers: the streaming
-response and the infer path's wait for its items. Over ASGI's receive() (AsgiPeer) and over a peer that
+response, and the infer path's wait for its items (kinds/batch/service.py, watching through `Peer.watch`). Over ASGI's receive() (AsgiPeer) and over a peer that
 knows of the disconnect itself, as the front door's connection does (a callback, no task)."""
 
 from __future__ import annotations
@@ -10,9 +10,10 @@ from typing import Any
 
 import pytest
 
-from inferd.api.http import wait_for_items
-from inferd.core.asgi import HttpRequest, StreamingResponse
+from inferd.clock import FakeClock
+from inferd.core.asgi import StreamingResponse
 from inferd.core.disconnect import AsgiPeer, ClientGone, until_disconnect
+from inferd.kinds.batch.service import BatchService
 
 
 class FakeClient:
@@ -238,8 +239,17 @@ async def test_streaming_response_sends_the_whole_body_and_stops_watching() -> N
 
 
 class FakeRuntime:
-    def __init__(self) -> None:
+    """A batch runtime that queues `items` as they are (their replies settled by the test)."""
+
+    def __init__(self, items: list[Any]) -> None:
+        self.clock = FakeClock()
+        self.items = items
         self.withdrawn: list[Any] = []
+        self.service = BatchService(self)
+
+    def enqueue(self, payloads: list[Any], deadline: Any, priority: int, tenant: Any) -> list[Any]:
+        assert len(payloads) == len(self.items)
+        return self.items
 
     def withdraw(self, items: list[Any]) -> None:
         self.withdrawn.extend(items)
@@ -255,23 +265,21 @@ class Item:
         self.reply: asyncio.Future[str] = asyncio.get_running_loop().create_future()
 
 
-def request_of(peer: Any) -> HttpRequest:
-    return HttpRequest({"method": "POST", "path": "/infer", "headers": []}, peer, {})
-
-
 async def test_infer_wait_answered_quickly_leaves_no_watch() -> None:
-    peer, rt, items = KnowingPeer(), FakeRuntime(), [Item(), Item()]
+    peer, items = KnowingPeer(), [Item(), Item()]
+    rt = FakeRuntime(items)
     for n, item in enumerate(items):
         asyncio.get_running_loop().call_soon(item.reply.set_result, f"r{n}")
-    results = await wait_for_items(rt, items, None, None, request_of(peer))  # type: ignore[arg-type]
+    results = await rt.service.infer([b"a", b"b"], deadline=None, gone=peer.watch)
     assert results == ["r0", "r1"]
-    assert peer.watchers == []
+    assert peer.watched == 1 and peer.watchers == []
     assert rt.withdrawn == []
 
 
 async def test_infer_wait_withdraws_its_items_when_the_client_leaves() -> None:
-    client, rt, items = FakeClient(leave_on=2), FakeRuntime(), [Item(), Item()]
+    client, items = FakeClient(leave_on=2), [Item(), Item()]
+    rt = FakeRuntime(items)
     with pytest.raises(ClientGone):
-        await wait_for_items(rt, items, None, None, request_of(AsgiPeer(client.receive)))  # type: ignore[arg-type]
+        await rt.service.infer([b"a", b"b"], deadline=None, gone=AsgiPeer(client.receive).watch)
     assert rt.withdrawn == items
     assert all(item.reply.cancelled() for item in items)

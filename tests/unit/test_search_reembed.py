@@ -13,6 +13,7 @@ import numpy as np
 
 from inferd.clock import FakeClock
 from inferd.errors import NotFound
+from inferd.kinds.batch.service import BatchService
 from inferd.kinds.search import wire
 from inferd.kinds.search.embedder import Embedder
 from inferd.kinds.search.reembed import Reembedder
@@ -42,11 +43,14 @@ def vector(text: str, version: int) -> bytes:
 
 
 class FakeVersion:
-    """One served version of the embedder model (a batch runtime); `gate` holds its answers back."""
+    """One served version of the embedder model (a batch runtime, asked through its real BatchService);
+    `gate` holds its answers back."""
 
     kind = "batch"
 
-    def __init__(self, version: int, gated: bool = False) -> None:
+    def __init__(self, clock: FakeClock, version: int, gated: bool = False) -> None:
+        self.clock = clock
+        self.service = BatchService(self)
         self.version = version
         self.texts: list[str] = []
         self.gate = asyncio.Event()
@@ -54,9 +58,9 @@ class FakeVersion:
         if not gated:
             self.gate.set()
 
-    def enqueue(self, payloads: list[bytes], deadline: Any, priority: int) -> list[Any]:
+    def enqueue(self, payloads: list[bytes], deadline: Any, priority: int, tenant: Any) -> list[Any]:
         self.asked.set()
-        return [SimpleNamespace(reply=self._answer(t.decode())) for t in payloads]
+        return [SimpleNamespace(reply=asyncio.ensure_future(self._answer(t.decode()))) for t in payloads]
 
     async def _answer(self, text: str) -> Any:
         await self.gate.wait()
@@ -67,10 +71,13 @@ class FakeVersion:
     def withdraw(self, items: list[Any]) -> None:
         raise AssertionError("no embedding may time out here")
 
+    def expire(self, items: list[Any]) -> None:
+        raise AssertionError("no embedding may time out here")
+
 
 class FakeRegistry:
-    def __init__(self) -> None:
-        self.served: dict[int, FakeVersion] = {1: FakeVersion(1)}
+    def __init__(self, clock: FakeClock) -> None:
+        self.served: dict[int, FakeVersion] = {1: FakeVersion(clock, 1)}
         self.default = 1
 
     def get(self, name: str, version: int | None = None) -> FakeVersion:
@@ -121,7 +128,8 @@ def docs(n: int) -> list[Document]:
 async def test_a_new_served_version_reembeds_every_document_while_queries_keep_the_index_version(
     tmp_path: Path,
 ) -> None:
-    registry, shards, clock = FakeRegistry(), FakeShards(), FakeClock()
+    clock = FakeClock()
+    registry, shards = FakeRegistry(clock), FakeShards()
     embedder = Embedder("emb", DIM, registry.get, clock)
     promoted: list[int] = []
     store = IndexStore(tmp_path)
@@ -132,7 +140,7 @@ async def test_a_new_served_version_reembeds_every_document_while_queries_keep_t
     await reembedder.step()
     assert store.embedder_versions("idx") == (1, None)  # a new index records the served version
 
-    v2 = registry.served[2] = FakeVersion(2, gated=True)
+    v2 = registry.served[2] = FakeVersion(clock, 2, gated=True)
     registry.default = 2  # a rolling update, with the old version still served beside it
     async with asyncio.TaskGroup() as tg:
         step = tg.create_task(reembedder.step())
@@ -159,7 +167,8 @@ async def test_a_new_served_version_reembeds_every_document_while_queries_keep_t
 
 
 async def test_a_rollback_before_the_end_abandons_the_reembed(tmp_path: Path) -> None:
-    registry, shards, clock = FakeRegistry(), FakeShards(), FakeClock()
+    clock = FakeClock()
+    registry, shards = FakeRegistry(clock), FakeShards()
     embedder = Embedder("emb", DIM, registry.get, clock)
     store = IndexStore(tmp_path)
     store.save_embedder_versions("idx", 1, 2)  # a re-embed to 2 was running at the last stop

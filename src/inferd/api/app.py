@@ -19,14 +19,7 @@ from inferd.api import oip
 from inferd.api import openai as openai_routes
 from inferd.api.cache_hook import CacheResult
 from inferd.api.console import ConsoleAccess, add_console_routes
-from inferd.api.http import (
-    check_content_type,
-    json_response,
-    parse_priority,
-    read_body,
-    request_deadline,
-    wait_for_items,
-)
+from inferd.api.http import check_content_type, json_response, parse_priority, read_body, request_deadline
 from inferd.api.middleware import AccessLog, Accounting, Errors, ModelVersion
 from inferd.api.oip_metadata import model_metadata
 from inferd.api.openapi import openapi_document
@@ -293,8 +286,13 @@ class Api:
         return version, rows, {**record, "cache": lookup}
 
     async def _queue_and_wait(self, call: Call, rt: ModelRuntime, req: oip.DecodedRequest) -> Answer:
-        items = rt.enqueue(req.items, call.deadline, call.priority, tenant_share(call.tenant))
-        results: list[ItemResult] = await wait_for_items(rt, items, call.deadline, self.clock, call.request)
+        results = await rt.service.infer(
+            req.items,
+            deadline=call.deadline,
+            priority=call.priority,
+            share=tenant_share(call.tenant),
+            gone=call.request.peer.watch,
+        )
         return results[0].version, [r.outputs for r in results], lifecycle(results)
 
     async def answer_with_fallback(

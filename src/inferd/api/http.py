@@ -1,20 +1,18 @@
-"""HTTP helpers shared by the route modules: content type, bounded body reads, waiting for results
-with deadline and disconnect handling."""
+"""HTTP helpers shared by the route modules: content type, bounded body reads, priorities and deadlines
+from the wire. (Waiting for a batch model's results is kinds/batch/service.py's.)"""
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
-from typing import Any, TypeVar
+from typing import TypeVar
 
 import msgspec
 
 from inferd.clock import Clock
 from inferd.core.asgi import HttpRequest, HttpResponse
-from inferd.core.disconnect import ClientGone, until_disconnect
+from inferd.core.disconnect import ClientGone
 from inferd.errors import BadRequest, PayloadTooLarge, UnsupportedMediaType
-from inferd.kinds.batch.dispatcher import ModelRuntime
-from inferd.kinds.batch.queue import QueuedItem
 from inferd.routing.fairness import BULK, INTERACTIVE, PRIORITY_NAMES
 
 T = TypeVar("T")
@@ -128,28 +126,6 @@ async def _drain(request: HttpRequest, received: int, drain_limit: int) -> None:
 def _too_large(request: HttpRequest, message: str) -> PayloadTooLarge:
     request.close_connection = True  # whatever is left of the body is never read
     return PayloadTooLarge(message)
-
-
-async def wait_for_items(
-    runtime: ModelRuntime, items: list[QueuedItem], deadline: float | None, clock: Clock, request: HttpRequest
-) -> list[Any]:
-    """Wait for every item's result. At the deadline the items are expired (504); if the client
-    disconnects or the wait is cancelled, they are withdrawn."""
-    futures = [i.reply for i in items]
-    waiter: asyncio.Future[Any] = futures[0] if len(futures) == 1 else asyncio.gather(*futures)
-    expiry = None
-    if deadline is not None:
-        loop = asyncio.get_running_loop()
-        expiry = loop.call_at(loop.time() + (deadline - clock.now()), runtime.expire, items)
-    try:
-        result = await until_disconnect(request.peer, waiter)
-    except (asyncio.CancelledError, ClientGone):
-        runtime.withdraw(items)
-        raise
-    finally:
-        if expiry is not None:
-            expiry.cancel()
-    return [result] if len(futures) == 1 else result
 
 
 def json_response(

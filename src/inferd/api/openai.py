@@ -12,14 +12,7 @@ import msgspec
 import numpy as np
 
 from inferd.api.context import ApiContext
-from inferd.api.http import (
-    check_content_type,
-    decode_json,
-    json_response,
-    parse_priority,
-    read_body,
-    wait_for_items,
-)
+from inferd.api.http import check_content_type, decode_json, json_response, parse_priority, read_body
 from inferd.core.asgi import HttpResponse, StreamingResponse
 from inferd.core.call import Call
 from inferd.errors import BadRequest, ServingError
@@ -79,8 +72,10 @@ async def _embed(
     deadline = call.deadline = api.deadline(rt, None, call.request.header(b"x-request-timeout-ms"))
 
     async def compute() -> tuple[tuple[bytes, int], int]:
-        items = rt.enqueue([t.encode() for t in texts], deadline, call.priority, share)
-        results = await wait_for_items(rt, items, deadline, api.clock, call.request)
+        payloads = [t.encode() for t in texts]
+        results = await rt.service.infer(
+            payloads, deadline=deadline, priority=call.priority, share=share, gone=call.request.peer.watch
+        )
         body, truncated = _encode(req, [r.outputs for r in results])
         return (body, truncated), len(body)
 

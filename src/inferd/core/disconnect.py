@@ -16,16 +16,16 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol, TypeVar
 
+from inferd.errors import ClientGone
+
+__all__ = ["AsgiPeer", "ClientGone", "Peer", "Receive", "Send", "Unwatch", "until_disconnect"]
+
 log = logging.getLogger("inferd.api")
 
 T = TypeVar("T")
 Receive = Callable[[], Awaitable[dict[str, Any]]]
 Send = Callable[[dict[str, Any]], Awaitable[None]]
 Unwatch = Callable[[], None]
-
-
-class ClientGone(Exception):
-    """The caller disconnected while its request was queued or running."""
 
 
 class Peer(Protocol):

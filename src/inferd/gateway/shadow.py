@@ -6,13 +6,16 @@ answer is compared with the primary's, never returned.
 
 Routes: OIP infer (outputs compared tensor by tensor, `same_outputs`) and OpenAI /v1/embeddings
 (vectors compared, api/openai.py). A route asks `target(rt)` once it has the primary's answer, and
-hands `mirror` that answer, how to run the copy (`copy_items` queues the request's items) and how
-to compare the two. Text generation has no shadow: its answers are token streams of a different
-runtime kind, and only deterministic ones could be compared at all.
+hands `mirror` that answer, how to run the copy (`copy_items` runs the request's items through the
+shadow version's BatchService, kinds/batch/service.py) and how to compare the two. Text generation has
+no shadow: its answers are token streams of a different runtime kind, and only deterministic ones could
+be compared at all.
 
 The copy starts after the primary has answered, as a task of its own that the primary's response never
 waits for. It goes through no layer of the request chain: it is never cached, never charged to the
 tenant, and it is queued at bulk priority, so an overloaded queue sheds it before any caller's work.
+Its deadline is its own (`timeout_s` from when it starts): past it, the copy's items expire and it counts
+as an error; whatever the copy meets never reaches the primary's caller.
 At most `max_in_flight` copies run at once (ServerConfig.shadow_max_in_flight); one over the budget is
 dropped. Each copy is counted in inferd_shadow_requests_total{model, version, result}, result one of
 same / different / error / dropped. `close()` cancels the copies still running (server shutdown).
@@ -25,13 +28,14 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import numpy as np
 from prometheus_client import Counter
 
 from inferd.clock import Clock, MonotonicClock
-from inferd.errors import DeadlineExceeded, ServingError
+from inferd.errors import ServingError
+from inferd.kinds.batch.dispatcher import ModelRuntime
 from inferd.routing.fairness import BULK
 from inferd.runtime.contract import Runtime
 from inferd.runtime.registry import ModelRegistry
@@ -40,7 +44,7 @@ log = logging.getLogger("inferd.shadow")
 
 DEFAULT_MAX_IN_FLIGHT = 64
 DEFAULT_TIMEOUT_S = 30.0
-"""How long one copy may take before it is withdrawn and counted as an error."""
+"""How long one copy may take before it expires (DeadlineExceeded) and is counted as an error."""
 
 T = TypeVar("T")
 Rows = list[dict[str, Any]]
@@ -162,19 +166,12 @@ class Shadows:
         self._tasks.discard(task)
         self.budget.release()
 
-    async def copy_items(self, payloads: list[Any], rt: Any, timeout_s: float) -> Rows:
-        """The outputs of a request's items run on `rt` (a batch runtime) at bulk priority (shed first),
-        bounded by `timeout_s`; no cache, no quota, no client connection."""
-        items = rt.enqueue(payloads, self.clock.now() + timeout_s, BULK)
-        try:
-            async with asyncio.timeout(timeout_s):
-                results = await asyncio.gather(*(item.reply for item in items))
-        except TimeoutError:
-            rt.withdraw(items)
-            raise DeadlineExceeded(f"shadow copy on model '{rt.name}' took over {timeout_s} s") from None
-        except BaseException:
-            rt.withdraw(items)
-            raise
+    async def copy_items(self, payloads: list[Any], rt: Runtime, timeout_s: float) -> Rows:
+        """The outputs of a request's items run on `rt` (a batch runtime: another version of the batch
+        model that answered) at bulk priority (shed first), through its service, which expires them after
+        `timeout_s`; no cache, no quota, no client connection."""
+        service = cast(ModelRuntime, rt).service
+        results = await service.infer(payloads, deadline=self.clock.now() + timeout_s, priority=BULK)
         return [r.outputs for r in results]
 
     async def _run(

@@ -28,6 +28,7 @@ from inferd.kinds.batch.membership import Membership
 from inferd.kinds.batch.mix import MixPolicy
 from inferd.kinds.batch.queue import QueuedItem, RequestQueue
 from inferd.kinds.batch.recovery import RecoveryPolicy
+from inferd.kinds.batch.service import BatchService
 from inferd.kinds.batch.slo_policy import batch_policy, queued_ahead
 from inferd.kinds.batch.state import ModelState
 from inferd.kinds.batch.statistics import BatchStatistics, BatchWorkerDetail
@@ -106,6 +107,7 @@ class ModelRuntime:
         self.enqueued_total = 0
         self._requests = itertools.count(1)
         """Items admitted since start (the autoscaler's arrival rate)."""
+        self.service = BatchService(self)  # how callers queue, wait and withdraw (kinds/batch/service.py)
 
     # ---- identity and readiness ----------------------------------------------------------------------
     @property

@@ -1,6 +1,7 @@
 """Embeddings for a search index, from its embedder model THROUGH inferd's own batcher: documents at
-ingest and queries at search time join the same queue as /v1/embeddings and OIP traffic to that model,
-so they batch with it. Query vectors are cached (LRU by text).
+ingest and queries at search time go through the model's BatchService (kinds/batch/service.py) into the
+same queue as /v1/embeddings and OIP traffic to that model, so they batch with it. Query vectors are
+cached (LRU by text).
 
 `EmbedderHealth` is the breaker in front of it (a plain object with an injected clock): after a failure
 (no ready worker, queue full, timeout, a model error) queries skip the embedder and search lexically;
@@ -141,21 +142,17 @@ class Embedder:
         rt = self.find_model(self.model, version)
         if rt.kind != "batch":
             raise ModelError(f"embedder {self.model!r} is a {rt.kind} model, not a batch embedding model")
-        # No deadline for the batcher's admission: its estimate follows the batches it saw (long document
-        # batches at ingest), and a refusal would never let it see a short query batch again. This
-        # method owns the deadline: past it the items are withdrawn.
-        items = rt.enqueue([t.encode() for t in texts], None, priority)
+        # refuse_late=False: the batcher's admission does not hold the request to its deadline, since its
+        # estimate follows the batches it saw (long document batches at ingest) and a refusal would never
+        # let it see a short query batch again. The deadline still expires the items (the service's).
         try:
-            async with asyncio.timeout_at(self._loop_time(deadline)):
-                results = await asyncio.gather(*(item.reply for item in items))
-        except TimeoutError:
-            rt.withdraw(items)
+            results = await rt.service.infer(
+                [t.encode() for t in texts], deadline=deadline, priority=priority, refuse_late=False
+            )
+        except DeadlineExceeded:
             raise DeadlineExceeded(
                 f"embedder {self.model!r} did not answer in time for {len(texts)} text(s)"
             ) from None
-        except BaseException:
-            rt.withdraw(items)
-            raise
         return [self._vector(r.outputs) for r in results]
 
     def _vector(self, outputs: dict[str, Any]) -> bytes:
@@ -169,9 +166,6 @@ class Embedder:
             )
         norm = float(np.linalg.norm(v))
         return (v / norm if norm > 0 else v).astype("<f4").tobytes()
-
-    def _loop_time(self, deadline: float) -> float:
-        return asyncio.get_running_loop().time() + (deadline - self.clock.now())
 
 
 def unavailable(exc: BaseException) -> WorkerUnavailable:
