@@ -22,8 +22,6 @@ ALLOWED = {
     # The autoscaler's demand policies and observations live in fleet/ (above kinds/), and a batch
     # model's observation needs the front ends' loads (fleet/frontend_load.py).
     "fleet/scaling.py": "demand per kind: BatchDemand/LLMDemand are fleet/'s, above the kinds",
-    # The worker process has no KindRegistry: a Welcome carries only the model's config.
-    "worker/main.py": "a search shard replica is served instead of a model, chosen from the Welcome",
 }
 
 
