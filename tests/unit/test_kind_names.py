@@ -19,9 +19,6 @@ ALLOWED = {
     # KindRegistry.check would refuse such a config later, and on fewer paths. `unread_fields` says the
     # same to the runner's config log.
     "config/__init__.py": "batch-only fields are refused when a ModelConfig is parsed, below runtime/",
-    # The autoscaler's demand policies and observations live in fleet/ (above kinds/), and a batch
-    # model's observation needs the front ends' loads (fleet/frontend_load.py).
-    "fleet/scaling.py": "demand per kind: BatchDemand/LLMDemand are fleet/'s, above the kinds",
 }
 
 
