@@ -4,7 +4,8 @@ its process exited), and fleet operations wait for the next arrival or departure
 
 The hub's handshake and read loop change it through the runtime's contract methods (`add_worker`,
 `drain_worker`, `on_worker_lost`), and the runtime adds what its kind does then (batch: routing and the
-recovery of lost batches, kinds/batch/membership.py; llm: moving a lost worker's streams). Fleet control,
+recovery of lost batches, kinds/batch/membership.py; llm: moving a lost worker's streams; search:
+assigning a replica its shard). Fleet control,
 the admin API and the server read it through `worker_connections` and `membership_changed`.
 """
 
@@ -35,7 +36,7 @@ class Membership:
         worker.state = WorkerState.READY
         worker.last_progress = worker.last_heartbeat = self.clock.now()
         self.workers.append(worker)
-        self._announce()
+        self.announce()
 
     def drain(self, worker: WorkerConnection) -> bool:
         """Tell a ready worker to drain; False when it was not ready (draining already, or gone)."""
@@ -51,13 +52,15 @@ class Membership:
             self.workers.remove(worker)
         was = worker.state
         worker.state = WorkerState.DEAD
-        self._announce()
+        self.announce()
         return was
 
     async def changed(self) -> None:
         """Returns at the next worker arrival or departure."""
         await self._changed.wait()
 
-    def _announce(self) -> None:
+    def announce(self) -> None:
+        """Wake whoever waits on a change. Join and loss announce themselves; a kind may announce what
+        else makes its workers useful or not (a search replica that starts serving its shard)."""
         self._changed.set()
         self._changed = asyncio.Event()
