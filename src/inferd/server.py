@@ -188,7 +188,7 @@ class InferenceServer:
                 self.fleet,
                 self.clock,
                 rt.name,
-                scaling_policy(rt.kind, rt.config.autoscale, self.clock),
+                scaling_policy(self.kinds.get(rt.kind), rt.config.autoscale, self.clock),
                 others=loads,
             )
             for rt in self.registry.defaults()

@@ -18,20 +18,19 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from inferd.clock import FakeClock
-from inferd.fleet.autoscaler import (
-    Action,
-    Autoscaler,
-    AutoscalerConfig,
-    CurvePoint,
-    Decision,
-    Observation,
-)
+from inferd.fleet.autoscaler import Action, Autoscaler, AutoscalerConfig, Decision
+from inferd.kinds.batch.demand import BatchDemand, CurvePoint, Observation
 
 TICK_S = 1.0
 MAX_BATCH = 32
 BATCH_LATENCY_S = 0.025
 CAPACITY_ITEMS_S = MAX_BATCH / BATCH_LATENCY_S  # 1280 items/s per worker at full batches
 STARTUP_S = 5.0
+
+
+def batch_scaler(config: AutoscalerConfig, clock: FakeClock) -> Autoscaler:
+    """The policy with the batch kind's demand (`Kind.autoscaling`), as the scaling loop builds it."""
+    return Autoscaler(config, clock, BatchDemand(config))
 
 
 @dataclass
@@ -52,7 +51,7 @@ class FleetSim:
     decisions: list[tuple[float, Decision]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
-        self.scaler = Autoscaler(self.config, self.clock)
+        self.scaler = batch_scaler(self.config, self.clock)
 
     def run(self, rate_items_s: float | list[float], ticks: int) -> None:
         for i in range(ticks):
@@ -285,7 +284,7 @@ def test_noisy_load_around_a_level_does_not_flap(level_workers, seed, margin, ta
 
 def test_wait_above_max_scales_up_even_when_the_rate_looks_covered() -> None:
     clock = FakeClock()
-    scaler = Autoscaler(AutoscalerConfig(min_workers=1, max_workers=4, max_predicted_wait_s=0.5), clock)
+    scaler = batch_scaler(AutoscalerConfig(min_workers=1, max_workers=4, max_predicted_wait_s=0.5), clock)
     obs = Observation(
         ready_workers=2,
         starting_workers=0,
@@ -305,7 +304,7 @@ def test_small_busy_batches_are_not_mistaken_for_saturation() -> None:
     """Workers 90% busy running batches of 2 could batch 16x more: the rate decides, not the busy time."""
     clock = FakeClock()
     cfg = AutoscalerConfig(min_workers=1, max_workers=8, scale_down_cooldown_s=60.0)
-    scaler = Autoscaler(cfg, clock)
+    scaler = batch_scaler(cfg, clock)
     curve = (CurvePoint(1, 0.020), CurvePoint(32, 0.0232))
     obs = Observation(
         ready_workers=4,
@@ -328,7 +327,7 @@ def test_small_busy_batches_are_not_mistaken_for_saturation() -> None:
 
 def test_without_a_measured_batch_the_busy_ratio_grows_the_fleet_and_nothing_shrinks_it() -> None:
     clock = FakeClock()
-    scaler = Autoscaler(
+    scaler = batch_scaler(
         AutoscalerConfig(
             min_workers=0,
             max_workers=4,

@@ -1,4 +1,4 @@
-"""The whole server's load with several front ends (fleet/frontend_load.py, frontends/load_sync.py): the
+"""The whole server's load with several front ends (runtime/frontend_load.py, frontends/load_sync.py): the
 owner adds the other front ends' fresh reports to its own load, drops stale ones, and its autoscaler
 observes the sum; a follower's report reaches the owner over the plan's socket."""
 
@@ -15,13 +15,13 @@ import pytest
 
 from inferd.clock import FakeClock
 from inferd.fleet.autoscaler import AutoscalerConfig
-from inferd.fleet.demand import Observation
-from inferd.fleet.frontend_load import EXPIRE_AFTER_S, ArrivalMeter, FrontendLoads, ModelLoad
 from inferd.fleet.scaling import ScalingLoop, scaling_policy
 from inferd.frontends.load_sync import LoadSync
 from inferd.frontends.plan import FrontendPlan
+from inferd.kinds.batch.demand import Observation
 from inferd.kinds.builtin import builtin_kinds
 from inferd.runtime.contract import RuntimeStatistics
+from inferd.runtime.frontend_load import EXPIRE_AFTER_S, ArrivalMeter, FrontendLoads, ModelLoad
 from inferd.runtime.registry import ModelRegistry
 
 
@@ -113,7 +113,7 @@ def owner_loop(clock: FakeClock, rt: Batch, others: FrontendLoads | None) -> Sca
     registry = ModelRegistry()
     registry.add(rt)  # type: ignore[arg-type]
     config = AutoscalerConfig(min_workers=1, max_workers=4)
-    policy = scaling_policy("batch", config, clock)
+    policy = scaling_policy(builtin_kinds().get(rt.kind), config, clock)
     return ScalingLoop(registry, Fleet(), clock, "m", policy, others=others)  # type: ignore[arg-type]
 
 

@@ -15,6 +15,8 @@ from inferd.frontends import index_sync
 from inferd.frontends.index_sync import FollowerIndexes, Indexes, IndexSync, Report
 from inferd.frontends.plan import FrontendPlan
 from inferd.kinds.search.config import params_of
+from inferd.kinds.search.kind import search_kind
+from inferd.runtime.kinds import KindRegistry
 
 
 # ---- indexes created or deleted while the server runs -------------------------------------------------
@@ -53,7 +55,7 @@ class Registry:
     def __contains__(self, name: str) -> bool:
         return name in self.served
 
-    def names(self, kind: str | None = None) -> list[str]:
+    def names(self, kinds: frozenset[str] | None = None) -> list[str]:
         return sorted(self.served)
 
     def get(self, name: str) -> SimpleNamespace:
@@ -63,6 +65,7 @@ class Registry:
 class Server:
     def __init__(self) -> None:
         self.registry = Registry()
+        self.kinds = KindRegistry([search_kind()])
         self.added: list[tuple[str, int]] = []
 
     def add_version(self, config: ModelConfig) -> None:

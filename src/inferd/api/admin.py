@@ -24,11 +24,11 @@ from inferd.clock import Clock
 from inferd.config import ConfigError
 from inferd.errors import BadRequest, Conflict, NotFound
 from inferd.fleet.control import FleetControl
-from inferd.fleet.frontend_load import FrontendLoads, model_load
 from inferd.fleet.scaling import ScalingLoop
 from inferd.routing.retry import RetryBudget
 from inferd.runtime.admin_view import AdminView, plain
 from inferd.runtime.contract import Runtime, RuntimeStatistics, WorkerSnapshot
+from inferd.runtime.frontend_load import FrontendLoads, model_load
 from inferd.runtime.kinds import KindRegistry
 from inferd.runtime.registry import ModelRegistry
 from inferd.wire.connection import WorkerConnection, slot_of

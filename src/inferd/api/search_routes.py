@@ -39,6 +39,7 @@ from inferd.frontends.search_writes import (
 from inferd.gateway.auth import allowed_models, check_model
 from inferd.kinds.search.config import SearchParams, parse_params
 from inferd.kinds.search.indexes import IndexAdmin, worker_cap
+from inferd.kinds.search.kind import API
 from inferd.kinds.search.requests import json_object, parse_documents, parse_search
 from inferd.kinds.search.store import IndexStore
 
@@ -71,10 +72,14 @@ class SearchRoutes:
             desk = WriteDesk(self.execute, forwarded_writes(server.metrics.registry))
             channel.handle(KIND, desk.answer, FORWARD_TIMEOUT_S)
 
+    def indexes(self) -> list[str]:
+        """The served models of the kinds that come in on these routes (`Kind.api`)."""
+        return self.server.registry.names(self.server.kinds.serving(API))
+
     def index(self, call: Call) -> Any:
         """The index the path names (404 when unknown; 403 outside the caller's tenant)."""
         name = call.request.path_params["name"]
-        check_model(call.tenant, name, lambda: self.server.registry.names("search"))
+        check_model(call.tenant, name, self.indexes)
         rt = self.admin.find(name)
         call.runtime = rt
         return rt
@@ -92,7 +97,7 @@ class SearchRoutes:
         return answer
 
     async def list_indexes(self, call: Call) -> HttpResponse:
-        names = allowed_models(call.tenant, self.server.registry.names("search"))
+        names = allowed_models(call.tenant, self.indexes())
         return _answer({"indexes": [describe(self.server.registry.get(n)) for n in names]})
 
     async def get_index(self, call: Call) -> HttpResponse:

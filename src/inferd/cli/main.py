@@ -43,7 +43,7 @@ def check_models(models: list[ModelConfig]) -> None:
         kind = kinds.check(m)
         if m.autoscale is not None:
             try:
-                check_autoscalable(kind.name)
+                check_autoscalable(kind)
             except ConfigError as exc:
                 raise ConfigError(f"model {m.name!r}: {exc}") from None
     check_traffic(models)

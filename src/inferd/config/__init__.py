@@ -186,16 +186,21 @@ class ModelConfig(_Frozen):
             if not self.inputs or not self.outputs:
                 raise ValueError("a batch model declares its tensors: add [[inputs]] and [[outputs]]")
             return self
-        fields = type(self).model_fields
-        given = sorted(
-            f for f in BATCH_ONLY if getattr(self, f) != fields[f].get_default(call_default_factory=True)
-        )
+        given = sorted(f for f in BATCH_ONLY if self._is_set(f))
         if given:
             raise ValueError(
                 f"{given} are batch-model settings; a {self.kind} model does not read them: remove them "
                 "(LLM models size their steps with params.scheduler, e.g. max_num_seqs)"
             )
         return self
+
+    def unread_fields(self) -> frozenset[str]:
+        """The settings its kind does not read (all at their defaults: `_kind_checks` refuses the others):
+        none for a batch model, the batch-only ones for every other kind."""
+        return frozenset() if self.kind == "batch" else BATCH_ONLY
+
+    def _is_set(self, field: str) -> bool:
+        return getattr(self, field) != type(self).model_fields[field].get_default(call_default_factory=True)
 
     @model_validator(mode="after")
     def _slo_kind(self) -> ModelConfig:

@@ -1,11 +1,13 @@
 """How many workers a model should have: a batching-aware scaling policy (ROADMAP Part 2, RELIABILITY F8).
 
-A plain object with an injected clock and no I/O. The driver feeds it one `Observation` per tick and
-hands the `Decision` to the launcher. The decision only says *how many* workers; which worker goes and
-how (drain first, then stop: zero failed in-flight requests) is the launcher's job, as is replacing a
-worker that died while the target did not change.
+A plain object with an injected clock and no I/O. The driver (fleet/scaling.py) feeds it one observation
+per tick, and its model kind's demand (`Kind.autoscaling`, runtime/demand.py) says what that observation
+alone asks for; this class damps it and hands the `Decision` to the launcher. The decision only says
+*how many* workers; which worker goes and how (drain first, then stop: zero failed in-flight requests)
+is the launcher's job, as is replacing a worker that died while the target did not change.
 
-The signals are batching-aware. A worker's capacity is what it completes at full batches
+A batch model's signals (kinds/batch/demand.py) are batching-aware; an LLM model's are its engines'
+pressure (kinds/llm/demand.py). For batch, a worker's capacity is what it completes at full batches
 (`max_batch_size / latency`), or the best point of a measured throughput curve, so a worker that is
 busy running small batches is not mistaken for a saturated one (it would absorb more load by batching
 more). From capacity and the measured arrival rate:
@@ -33,25 +35,7 @@ from enum import StrEnum
 
 from inferd.clock import Clock
 from inferd.config.autoscaler import AutoscalerConfig
-from inferd.fleet.demand import (
-    BatchDemand,
-    CurvePoint,
-    Demand,
-    LLMDemand,
-    LLMObservation,
-    Observation,
-    Recommendation,
-)
-
-__all__ = [
-    "Autoscaler",
-    "AutoscalerConfig",
-    "CurvePoint",
-    "Decision",
-    "LLMDemand",
-    "LLMObservation",
-    "Observation",
-]
+from inferd.runtime.demand import Demand, Observed, Recommendation
 
 RATE_WINDOW_S = 60.0
 """The window of `AutoscalerStats.changes_last_minute`."""
@@ -94,11 +78,12 @@ class AutoscalerStats:
 class Autoscaler:
     """Feed `decide(observation)` once per tick; it returns the target fleet size and why."""
 
-    def __init__(self, config: AutoscalerConfig, clock: Clock, demand: Demand | None = None) -> None:
+    def __init__(self, config: AutoscalerConfig, clock: Clock, demand: Demand) -> None:
         self.config = config
         self.clock = clock
-        self.demand: Demand = demand or BatchDemand(config)
-        """What the latest observation alone asks for (batch or LLM signals); damping is this class's."""
+        self.demand = demand
+        """What the latest observation alone asks for (the model kind's signals: `Kind.autoscaling`);
+        damping is this class's."""
         self._target: int | None = None
         self._first_seen_at: float | None = None
         self._history: deque[tuple[float, int]] = deque()
@@ -109,7 +94,7 @@ class Autoscaler:
         self._downs = 0
         self._last_reason: str | None = None
 
-    def decide(self, obs: Observation | LLMObservation) -> Decision:
+    def decide(self, obs: Observed) -> Decision:
         now = self.clock.now()
         if self._first_seen_at is None:
             self._first_seen_at = now

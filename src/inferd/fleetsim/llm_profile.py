@@ -29,6 +29,9 @@ from inferd.config import ConfigError
 
 BUNDLED = ("h100-llama3-8b",)
 """Profiles shipped in inferd/fleetsim/profiles/ (NAME.json)."""
+FORMAT = "llm"
+"""The file's "kind" field: which simulator's cost model the file holds (a file format tag, required:
+a file without one is a batch device profile, fleetsim/profiles.py)."""
 DEFAULT_FRONTEND_S = 1 / 7000
 """One front end process's CPU per request when a profile does not say: the measured ceiling of ~7,000
 req/s of docs/benchmarks.md ("The front end's own ceiling", batch requests)."""
@@ -60,7 +63,7 @@ class LLMProfile:
     host_memory_gib: float = 2.0
     """The worker process's host memory (weights staged, runtime)."""
     source: str = "unspecified"
-    kind: str = "llm"
+    kind: str = FORMAT
 
     def step_s(self, tokens: int, context: int) -> float:
         return self.step_base_s + self.per_token_s * tokens + self.per_context_token_s * context
@@ -86,7 +89,7 @@ class LLMProfile:
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any], where: str) -> LLMProfile:
-        if raw.get("kind") != "llm":
+        if raw.get("kind") != FORMAT:
             raise ConfigError(
                 f"device profile {where} is a {raw.get('kind', 'batch')!r} profile, not an llm one"
             )

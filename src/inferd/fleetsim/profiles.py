@@ -18,6 +18,10 @@ from typing import Any
 
 from inferd.config import ConfigError
 
+FORMAT = "batch"
+"""The file's "kind" field: which simulator's cost model the file holds (a file format tag, read by
+`BatchProfile.load`; a file without one is a batch profile, as the first files were)."""
+
 
 @dataclass(frozen=True, slots=True)
 class BatchProfile:
@@ -36,7 +40,7 @@ class BatchProfile:
     frontend_s: float = 0.0
     """Front-end CPU per request: one front end process serves at most 1 / frontend_s requests/s."""
     source: str = "unspecified"
-    kind: str = "batch"
+    kind: str = FORMAT
 
     def batch_s(self, n: int) -> float:
         return self.base_s + self.per_item_s * n
@@ -54,7 +58,7 @@ class BatchProfile:
             raw = json.loads(path.read_text())
         except (OSError, ValueError) as exc:
             raise ConfigError(f"device profile {path}: {exc}") from None
-        if raw.get("kind", "batch") != "batch":
+        if raw.get("kind", FORMAT) != FORMAT:
             raise ConfigError(f"device profile {path} is a {raw.get('kind')!r} profile, not a batch one")
         fields = set(cls.__dataclass_fields__)
         unknown = sorted(set(raw) - fields)

@@ -1,5 +1,5 @@
 """Autoscaling in the simulator: the server's own `ScalingLoop` observation (`observe`: the batch
-runtime's snapshot -> an `Observation`) and `Autoscaler` policy (fleet/autoscaler.py, fleet/demand.py),
+runtime's snapshot -> an `Observation`) and `Autoscaler` policy (fleet/autoscaler.py, with the batch kind's demand: kinds/batch/demand.py),
 asked every `interval_s` of virtual time as `ScalingLoop.run` asks them; the decision is carried out on
 the simulated fleet: new devices join after `restart_s` (a worker's start), removed ones drain (they
 finish what they hold, then leave), as `FleetControl.scale_to` does. One front end (the owner runs the
@@ -11,6 +11,7 @@ from typing import Any
 
 from inferd.config.autoscaler import AutoscalerConfig
 from inferd.fleet.scaling import ScalingLoop, scaling_policy
+from inferd.kinds.builtin import builtin_kinds
 from inferd.runtime.registry import ModelRegistry
 
 
@@ -23,7 +24,7 @@ class SimScaling:
         self.interval_s = interval_s
         registry = ModelRegistry()
         registry.add(self.frontend.rt)
-        policy = scaling_policy("batch", config, fleet.clock)
+        policy = scaling_policy(builtin_kinds().get(fleet.model.kind), config, fleet.clock)
         self.loop = ScalingLoop(registry, self, fleet.clock, fleet.model.name, policy, interval_s)  # type: ignore[arg-type]
         self.starting = 0
         self.changes = 0

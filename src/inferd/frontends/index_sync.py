@@ -27,6 +27,7 @@ from inferd.frontends.followers import FollowerReports
 from inferd.frontends.owner_channel import OwnerChannel, OwnerUnreachable
 from inferd.frontends.plan import FrontendPlan
 from inferd.kinds.search.config import index_config, params_of, parse_params
+from inferd.kinds.search.kind import API
 
 log = logging.getLogger("inferd.search")
 
@@ -117,7 +118,8 @@ class IndexSync:
             return True
 
     def _serving(self) -> list[str]:
-        return list(self.server.registry.names("search"))
+        """The served models of the kinds that come in on the search routes (`Kind.api`)."""
+        return self.server.registry.names(self.server.kinds.serving(API))
 
     def _other_settings(self, name: str, settings: dict[str, Any]) -> bool:
         mine = params_of(self.server.registry.get(name).config)
@@ -143,4 +145,4 @@ class IndexSync:
 
     def _settings(self) -> dict[str, dict[str, Any]]:
         registry = self.server.registry
-        return {name: registry.get(name).config.params for name in registry.names("search")}
+        return {name: registry.get(name).config.params for name in self._serving()}

@@ -1,7 +1,7 @@
 """The whole server's load for the owner's autoscaler and admin API, whichever front end requests reach.
 
 Every REPORT_INTERVAL_S, each follower measures every batch model version it serves (queued items,
-arrival rate, its share of the devices' busy time: fleet/frontend_load.py `ModelLoad`) and sends them
+arrival rate, its share of the devices' busy time: runtime/frontend_load.py `ModelLoad`) and sends them
 to the owner over the plan's owner channel (frontends/owner_channel.py), as the canary outcomes go
 (frontends/traffic_sync.py). The owner keeps each follower's latest report (`FrontendLoads`) and adds
 the fresh ones to its own load when its autoscaler observes a model and when /admin/models shows one.
@@ -18,9 +18,9 @@ from dataclasses import dataclass
 import msgspec
 
 from inferd.clock import Clock
-from inferd.fleet.frontend_load import REPORT_INTERVAL_S, ArrivalMeter, FrontendLoads, ModelLoad, model_load
 from inferd.frontends.owner_channel import OwnerChannel, OwnerUnreachable
 from inferd.frontends.plan import FrontendPlan
+from inferd.runtime.frontend_load import REPORT_INTERVAL_S, ArrivalMeter, FrontendLoads, ModelLoad, model_load
 from inferd.runtime.kinds import KindRegistry
 from inferd.runtime.registry import ModelRegistry
 

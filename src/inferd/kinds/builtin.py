@@ -8,8 +8,10 @@ from typing import cast
 
 from inferd.config import ModelConfig
 from inferd.kinds.batch.admin_view import BATCH_ADMIN
+from inferd.kinds.batch.demand import BATCH_AUTOSCALING
 from inferd.kinds.batch.dispatcher import ModelRuntime
 from inferd.kinds.llm.admin_view import LLM_ADMIN
+from inferd.kinds.llm.demand import LLM_AUTOSCALING
 from inferd.kinds.llm.params import LLMParams
 from inferd.kinds.llm.runtime import LLMRuntime
 from inferd.kinds.search.kind import search_kind
@@ -60,6 +62,7 @@ def builtin_kinds() -> KindRegistry:
                 api="oip",
                 queues_per_frontend=True,
                 admin=BATCH_ADMIN,
+                autoscaling=BATCH_AUTOSCALING,
             ),
             Kind(
                 "llm",
@@ -70,6 +73,7 @@ def builtin_kinds() -> KindRegistry:
                 streams_tokens=True,
                 admin=LLM_ADMIN,
                 context_length=lambda rt: cast(LLMRuntime, rt).max_model_len,
+                autoscaling=LLM_AUTOSCALING,
             ),
             Kind(
                 "upstream",

@@ -23,7 +23,7 @@ from inferd.api.app import create_app
 from inferd.api.door_policy import DoorCollector, DoorLimits, DoorPolicy
 from inferd.api.frontdoor import front_door_protocol
 from inferd.clock import MonotonicClock
-from inferd.config import BATCH_ONLY, ModelConfig, ServerConfig
+from inferd.config import ModelConfig, ServerConfig
 from inferd.core.asgi import AsgiApp
 from inferd.frontends.plan import FrontendPlan
 from inferd.server import InferenceServer
@@ -136,7 +136,7 @@ def run_server(cfg: ServerConfig, models: list[ModelConfig]) -> None:
 
 def log_config(cfg: ServerConfig, models: list[ModelConfig]) -> None:
     for m in models:  # tensors are long; batching settings mean nothing to other kinds
-        skip = {"inputs", "outputs"} if m.kind == "batch" else set(BATCH_ONLY)
+        skip = {"inputs", "outputs"} | m.unread_fields()
         log.info("model %s v%d: %s", m.name, m.version, m.model_dump_json(exclude=skip))
     # Components' tables are named, not dumped: [tenants.*] hold key digests, which stay out of logs.
     log.info("server config: %s; tables: %s", cfg.model_dump_json(exclude={"tables"}), sorted(cfg.tables))

@@ -18,6 +18,7 @@ from inferd.observability.metrics import Metrics
 from inferd.routing.retry import RetryBudget
 from inferd.runtime.admin_view import AdminView
 from inferd.runtime.contract import Runtime
+from inferd.runtime.demand import Autoscaling
 from inferd.wire.connection import WorkerConnection
 
 
@@ -72,6 +73,9 @@ class Kind:
     context_length: Callable[[Runtime], int] | None = None
     """A token model's longest sequence, of one of its runtimes (None: not a token model); the quotas
     bound a request's tokens with it."""
+    autoscaling: Autoscaling | None = None
+    """How its models scale (runtime/demand.py: its observer and its demand, for fleet/scaling.py); None:
+    they do not, and an [autoscale] table on one is refused (upstream models have no workers of ours)."""
 
 
 class KindRegistry:

@@ -61,11 +61,12 @@ class ModelRegistry:
     def versions(self, name: str) -> list[int]:
         return sorted(self._models.get(name, {}))
 
-    def names(self, kind: str | None = None) -> list[str]:
+    def names(self, kinds: frozenset[str] | None = None) -> list[str]:
+        """The served models' names; `kinds`: only those of these kinds (e.g. `KindRegistry.serving`)."""
         return sorted(
             name
             for name, versions in self._models.items()
-            if versions and (kind is None or any(rt.kind == kind for rt in versions.values()))
+            if versions and (kinds is None or any(rt.kind in kinds for rt in versions.values()))
         )
 
     def __iter__(self) -> Iterator[Runtime]:

@@ -28,6 +28,7 @@ import msgspec
 from inferd.clock import MonotonicClock
 from inferd.config import ConfigError
 from inferd.kinds.llm.engine import LLMEngine
+from inferd.kinds.worker_sides import WORKER_SIDES, WorkerSide
 from inferd.observability import tracing
 from inferd.observability.logging_setup import set_up_process
 from inferd.observability.settings import from_environment
@@ -88,7 +89,8 @@ class Worker:
         """Front ends joined and ready, by their place in --connect."""
         self.owners = SequenceOwners(lambda: self.links)
         self._batches: asyncio.Queue[tuple[FrontLink, p.RunBatch] | None] = asyncio.Queue(maxsize=CAP + 1)
-        self.replica = None  # a search model's shard replica (kinds/search/replica.py), for every link
+        self.side: WorkerSide | None = None
+        """What it serves instead of a model, for every link (a kind's worker side: kinds/worker_sides.py)."""
         self._engine: LLMEngine | None = None
         """The continuous-batching engine, when the model is an LLM (instead of the batch loop)."""
         self._draining = False
@@ -178,13 +180,10 @@ class Worker:
             assert isinstance(welcome, p.Welcome)
             give_up_when_silent(writer, welcome.silence_timeout_s)
             raw_config = msgspec.json.decode(welcome.model_config_json, type=dict)
-            if raw_config.get("kind") == "search":  # a shard replica (kinds/search/replica.py), not a model
-                from inferd.kinds.search.replica import Replica
-
-                self.replica = self.replica or Replica(self.worker_id)  # one for every front end
-                return await self.replica.serve(
-                    index, reader, writer, raw_config["version"], welcome.heartbeat_s
-                )
+            side = WORKER_SIDES.get(raw_config.get("kind", ""))  # e.g. a search shard replica, not a model
+            if side is not None:
+                self.side = self.side or side(self.worker_id)  # one for every front end
+                return await self.side.serve(index, reader, writer, raw_config["version"], welcome.heartbeat_s)
             if self._draining:  # stopping: no model to load for it
                 return "drained"
             if not await self.device.ensure_loaded(link, welcome):
@@ -268,8 +267,9 @@ class Worker:
     def drain(self) -> bool:
         """Take no new work, finish what the device holds, exit 0 (SIGTERM, or a front end's Drain):
         every front end is told (Drain) and answers Drain after the last work it sent; then the device
-        stops. False: a search replica, which cannot drain on its own (stop it at once)."""
-        if self.replica is not None:
+        stops. False: a kind's worker side (a search replica), which cannot drain on its own (stop it at
+        once)."""
+        if self.side is not None:
             return False
         if not self._draining:
             log.info("worker %s draining", self.worker_id)

@@ -24,7 +24,7 @@ from inferd.kinds.batch.admission import DrainEstimator, check_admission
 from inferd.kinds.batch.delivery import Delivery, ItemResult, fail, owned, settle
 from inferd.kinds.batch.dispatch import Dispatcher
 from inferd.kinds.batch.hedging import HedgePolicy
-from inferd.kinds.batch.membership import Membership
+from inferd.kinds.batch.membership import BatchMembership
 from inferd.kinds.batch.mix import MixPolicy
 from inferd.kinds.batch.queue import QueuedItem, RequestQueue
 from inferd.kinds.batch.recovery import RecoveryPolicy
@@ -95,7 +95,7 @@ class ModelRuntime:
         )
         hedging = HedgePolicy(clock, budget, routing.ejector)
         self._watchdog = Watchdog(state, routing, hedging, kill_worker, heartbeat_timeout_s)
-        self._membership = Membership(state, routing)
+        self._membership = BatchMembership(state, routing)
         self.queue = state.queue
         self._ahead = queued_ahead(config, state.queue.count_since)  # None: FIFO, every queued item is ahead
         self.isolation = state.isolation

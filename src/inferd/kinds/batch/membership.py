@@ -1,35 +1,33 @@
-"""Worker membership: workers join (ready), drain (no new work, finish what they hold) or are lost (their
-connection broke); fleet operations wait for the next change.
+"""What the batch kind does when its workers change, around the runtime's `Membership`
+(runtime/membership.py: join, drain, loss, the change event): a worker that joins enters routing and
+wakes the dispatcher; one that drains leaves routing; one that is lost leaves routing, is closed, and
+hands back the batches it held for recovery.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 
 from inferd.kinds.batch.state import ModelState
 from inferd.kinds.batch.worker_choice import Routing
-from inferd.wire import protocol as p
+from inferd.runtime.membership import Membership
 from inferd.wire.connection import Batch, WorkerConnection, WorkerState
 
 log = logging.getLogger("inferd.dispatcher")
 
 
-class Membership:
+class BatchMembership:
     def __init__(self, state: ModelState, routing: Routing) -> None:
         self.state = state
         self.routing = routing
-        self._changed = asyncio.Event()
+        self.members = Membership(state.clock, state.workers)
 
     def connections(self) -> tuple[WorkerConnection, ...]:
         """The ready and draining connections."""
-        live = (WorkerState.READY, WorkerState.DRAINING)
-        return tuple(w for w in self.state.workers if w.state in live)
+        return self.members.connections()
 
     def add(self, worker: WorkerConnection) -> None:
-        worker.state = WorkerState.READY
-        worker.last_progress = worker.last_heartbeat = self.state.clock.now()
-        self.state.workers.append(worker)
+        self.members.add(worker)
         self.routing.join(worker.worker_id)
         log.info(
             "worker %s (pid %d) of model %s v%d is ready",
@@ -38,15 +36,12 @@ class Membership:
             self.state.name,
             worker.version,
         )
-        self._announce()
         self.state.wake.set()
 
     def drain(self, worker: WorkerConnection) -> None:
         """No new batches; the worker finishes what it holds, then exits (and is replaced)."""
-        if worker.state is not WorkerState.READY:
+        if not self.members.drain(worker):
             return
-        worker.state = WorkerState.DRAINING
-        worker.send(p.Drain())
         self.routing.leave(worker.worker_id)
         log.info("draining worker %s (pid %d) of model %s", worker.worker_id, worker.pid, self.state.name)
         self.state.wake.set()
@@ -54,11 +49,8 @@ class Membership:
     def lose(self, worker: WorkerConnection, reason: str) -> list[Batch]:
         """The connection broke or the process exited: the worker leaves and is closed. Returns the
         batches it held (running first), now nobody's: the caller recovers them."""
-        if worker in self.state.workers:
-            self.state.workers.remove(worker)
+        was = self.members.lose(worker)
         self.routing.leave(worker.worker_id)
-        was = worker.state
-        self._announce()
         worker.close()
         batches = list(worker.inflight.values())
         worker.inflight.clear()
@@ -82,8 +74,4 @@ class Membership:
 
     async def changed(self) -> None:
         """Returns at the next worker arrival or departure (for fleet operations that wait on one)."""
-        await self._changed.wait()
-
-    def _announce(self) -> None:
-        self._changed.set()
-        self._changed = asyncio.Event()
+        await self.members.changed()

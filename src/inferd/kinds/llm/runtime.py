@@ -41,6 +41,7 @@ from inferd.observability import tracing
 from inferd.observability.metrics import LLMMetrics
 from inferd.routing.retry import RetryBudget
 from inferd.runtime.contract import RuntimeStatistics, WorkerSnapshot
+from inferd.runtime.membership import Membership
 from inferd.wire import protocol as p
 from inferd.wire.connection import WorkerConnection, WorkerState
 
@@ -87,14 +88,15 @@ class LLMRuntime:
         self.router = PrefixAffinityRouter(params.routing, self.scheduler_config, clock)
         self.retry_budget = retry_budget or RetryBudget(clock)
         """Shared with the batch models (the server's), so failovers cannot multiply load."""
-        self.workers: list[WorkerConnection] = []
+        self.members = Membership(clock)
+        """Its workers (runtime/membership.py): join, drain, loss, the change event."""
+        self.workers = self.members.workers
         self.placement = Placement(
             self.name, self.workers, self.scheduler_config, self.router, self.retry_budget, clock
         )
         self.hang = HangPolicy(clock, params.hang_timeout_s, heartbeat_timeout_s)
         self.ttft = TTFTWindow(clock)
         self._stats: dict[str, p.LLMStats] = {}
-        self._membership = asyncio.Event()
         self.client_aborts = 0
         self.deadline_aborts = 0
         self.hung_workers = 0
@@ -269,20 +271,15 @@ class LLMRuntime:
 
     # ---- workers ----------------------------------------------------------------------------------
     def worker_connections(self) -> Sequence[WorkerConnection]:
-        return tuple(self.workers)
+        return self.members.connections()
 
     def add_worker(self, worker: WorkerConnection) -> None:
-        worker.state = WorkerState.READY
-        worker.last_progress = worker.last_heartbeat = self.clock.now()
-        self.workers.append(worker)
+        self.members.add(worker)
         log.info("LLM worker %s (pid %d) of model %s is ready", worker.worker_id, worker.pid, self.name)
-        self._membership_changed()
 
     def drain_worker(self, worker: WorkerConnection) -> None:
         """No new sequences for it; its engine finishes the live ones, then the worker exits."""
-        if worker.state is WorkerState.READY:
-            worker.state = WorkerState.DRAINING
-            worker.send(p.Drain())
+        if self.members.drain(worker):
             log.info(
                 "draining LLM worker %s (pid %d) of model %s: %d live sequence(s) to finish",
                 worker.worker_id,
@@ -292,9 +289,7 @@ class LLMRuntime:
             )
 
     def on_worker_lost(self, worker: WorkerConnection, reason: str) -> None:
-        worker.state = WorkerState.DEAD
-        if worker in self.workers:
-            self.workers.remove(worker)
+        self.members.lose(worker)
         self._stats.pop(worker.worker_id, None)
         orphans = self.placement.forget(worker)
         log.warning(
@@ -306,15 +301,10 @@ class LLMRuntime:
         )
         for live in orphans:
             self.placement.move(live, f"worker {worker.worker_id} of model '{self.name}' went away: {reason}")
-        self._membership_changed()
 
     async def membership_changed(self) -> None:
         """Returns at the next worker arrival or departure (for fleet operations that wait on one)."""
-        await self._membership.wait()
-
-    def _membership_changed(self) -> None:
-        self._membership.set()
-        self._membership = asyncio.Event()
+        await self.members.changed()
 
     def live_on(self, worker_id: str) -> int:
         """Sequences placed on the worker whose end the front end has not yet seen."""

@@ -61,7 +61,7 @@ class IndexAdmin:
         """The search runtime serving index `name`; NotFound naming the indexes there are."""
         registry = self.server.registry
         if name not in registry or registry.get(name).kind != "search":
-            raise NotFound(f"no index {name!r}; indexes: {registry.names('search')}")
+            raise NotFound(f"no index {name!r}; indexes: {registry.names(frozenset({'search'}))}")
         return registry.get(name)
 
     async def create(self, name: str, params: SearchParams) -> bool:

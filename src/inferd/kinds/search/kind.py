@@ -10,6 +10,8 @@ from inferd.runtime.contract import Runtime
 from inferd.runtime.kinds import Kind, RuntimeContext
 
 ROUTES = "/v1/indexes/{name}/... (PUT, GET, DELETE; POST .../documents and .../search)"
+API = "search"
+"""The family of routes above (`Kind.api`): an index is a model of a kind that comes in on them."""
 
 
 def _search_runtime(config: ModelConfig, ctx: RuntimeContext) -> Runtime:
@@ -18,5 +20,5 @@ def _search_runtime(config: ModelConfig, ctx: RuntimeContext) -> Runtime:
 
 def search_kind() -> Kind:
     return Kind(
-        "search", _search_runtime, params=SearchParams, routes=ROUTES, api="search", rolls_versions=False
+        "search", _search_runtime, params=SearchParams, routes=ROUTES, api=API, rolls_versions=False
     )

@@ -32,6 +32,7 @@ from inferd.kinds.search.store import IndexStore
 from inferd.kinds.search.wire import ANNOUNCE
 from inferd.runtime.contract import RuntimeStatistics, WorkerSnapshot
 from inferd.runtime.kinds import RuntimeContext
+from inferd.runtime.membership import Membership
 from inferd.wire import protocol as p
 from inferd.wire.connection import WorkerConnection, WorkerState
 
@@ -88,7 +89,8 @@ class SearchRuntime:
         self._applying: dict[int, Replica] = {}
         self._stopping: ServingError | None = None
         self._progress = asyncio.Event()
-        self._membership = asyncio.Event()
+        self.members = Membership(ctx.clock)
+        """Its replicas' connections (runtime/membership.py); `replicas` holds what each one serves."""
         self.index = IndexService(self, ctx)
         """The write and query paths (the API calls them)."""
 
@@ -158,15 +160,15 @@ class SearchRuntime:
             self._fail(replica, exc)
 
     def worker_connections(self) -> Sequence[WorkerConnection]:
-        return list(self.replicas)
+        return self.members.connections()
 
     def add_worker(self, worker: WorkerConnection) -> None:
         """A replica joined: its first note (right after Ready) says the shard it holds, if any; the
         writer then assigns it one (that one, while the shard lacks replicas); a follower waits for the
         writer's choice (the replica's next notes)."""
         self.replicas[worker] = Replica(worker, -1)
-        worker.state = WorkerState.READY
-        self._changed()
+        self.members.add(worker)
+        self._notify()
 
     def on_message(self, worker: WorkerConnection, msg: p.Message) -> None:
         replica = self.replicas.get(worker)
@@ -197,12 +199,11 @@ class SearchRuntime:
         self._notify()
 
     def drain_worker(self, worker: WorkerConnection) -> None:
-        worker.state = WorkerState.DRAINING
-        worker.send(p.Drain())
-        self._changed()
+        if self.members.drain(worker):
+            self._changed()
 
     def on_worker_lost(self, worker: WorkerConnection, reason: str) -> None:
-        worker.state = WorkerState.DEAD
+        self.members.lose(worker)
         replica = self.replicas.pop(worker, None)
         if replica is None:
             return
@@ -212,7 +213,7 @@ class SearchRuntime:
         self._changed()
 
     async def membership_changed(self) -> None:
-        await self._membership.wait()
+        await self.members.changed()
 
     def _choose_shard(self, replica: Replica, held: int) -> None:
         """The shard the replica holds when that one lacks replicas (the writer restarted: it keeps its
@@ -377,6 +378,5 @@ class SearchRuntime:
         self._progress = asyncio.Event()
 
     def _changed(self) -> None:
-        self._membership.set()
-        self._membership = asyncio.Event()
+        self.members.announce()
         self._notify()

@@ -1,30 +1,27 @@
-"""What one observation alone asks of the fleet: the autoscaler's recommendation step, per model kind.
-
-Batch models scale on arrival rate against full-batch capacity, queue wait and busy ratio (see
-fleet/autoscaler.py for the reasoning); LLM models on their engines' pressure: KV use, time to first
-token and sequences waiting for admission. Both are plain functions of the observation; damping
+"""The batch kind's autoscaling demand (`Kind.autoscaling`, runtime/demand.py): its models scale on
+arrival rate against full-batch capacity, queue wait and busy ratio (the reasoning is in
+fleet/autoscaler.py's docstring). The recommendation is a plain function of the observation; damping
 (windows, cooldowns, steps) is the Autoscaler's, the same for every kind.
+
+With several front ends (`--frontends N`) a batch model queues in each, so its queue depth, arrival rate
+and busy ratio are the whole server's: the owner's own plus what the other front ends last reported
+(`others`, runtime/frontend_load.py).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any
 
+from inferd.clock import Clock
 from inferd.config.autoscaler import AutoscalerConfig
+from inferd.runtime.contract import RuntimeStatistics
+from inferd.runtime.demand import Autoscaling, Clamp, Observed, Recommendation
+from inferd.runtime.frontend_load import ArrivalMeter, FrontendLoads, model_load
 
 FULL_BATCH_FRACTION = 0.8
 """Batches averaging at least this fraction of max_batch_size count as full: busy time is then work."""
-
-Clamp = Callable[[int], int]
-
-
-@dataclass(frozen=True, slots=True)
-class Recommendation:
-    workers: int
-    why: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,30 +80,45 @@ class Observation:
             and self.items_per_batch >= FULL_BATCH_FRACTION * self.max_batch_size
         )
 
-
-@dataclass(frozen=True, slots=True)
-class LLMObservation:
-    """An LLM model's fleet now: its engines' pressure, as the workers report it with every step."""
-
-    ready_workers: int
-    starting_workers: int
-    running_seqs: int
-    waiting_seqs: int
-    kv_usage: float
-    """Share of the ready workers' KV blocks in use, 0..1."""
-    ttft_s: float | None
-    """Recent time to first token (None: no token yet)."""
+    def signals(self) -> dict[str, Any]:
+        return {
+            "queued_items": self.queue_depth_items,
+            "arrival_rate_items_s": round(self.arrival_rate_items_s, 3),
+            "busy_ratio": round(self.busy_ratio, 3),
+        }
 
 
-class Demand(Protocol):
-    def recommend(self, obs: Observation | LLMObservation, current: int, clamp: Clamp) -> Recommendation: ...
+class BatchObserver:
+    """A batch model's observation: its snapshot, its arrival rate since the last look, and the other
+    front ends' loads added to its own."""
+
+    def __init__(self, clock: Clock) -> None:
+        self._arrivals = ArrivalMeter(clock)
+
+    def observe(self, stats: RuntimeStatistics, starting: int, others: FrontendLoads | None) -> Observation:
+        d = stats.detail
+        load = model_load(stats, self._arrivals.rate(stats.version, d.enqueued_total))
+        if others is not None:
+            load = others.total(load)
+        full = d.full_batch_latency_s
+        return Observation(
+            ready_workers=stats.ready_workers,
+            starting_workers=starting,
+            queue_depth_items=load.queued_items,
+            arrival_rate_items_s=load.arrival_rate_items_s,
+            max_batch_size=d.max_batch_size,
+            busy_ratio=load.busy_ratio,
+            batch_latency_s=d.batch_latency_s,
+            items_per_batch=d.items_per_batch,
+            throughput_curve=() if full is None else (CurvePoint(d.max_batch_size, full),),
+        )
 
 
 class BatchDemand:
     def __init__(self, config: AutoscalerConfig) -> None:
         self.config = config
 
-    def recommend(self, obs: Observation | LLMObservation, current: int, clamp: Clamp) -> Recommendation:
+    def recommend(self, obs: Observed, current: int, clamp: Clamp) -> Recommendation:
         if not isinstance(obs, Observation):
             raise TypeError(f"batch scaling needs an Observation, got {type(obs).__name__}")
         return self._recommend(obs, current, clamp)
@@ -160,49 +172,12 @@ class BatchDemand:
         return Recommendation(clamp(current), "no batch measured yet: holding (never shrink blind)")
 
 
-class LLMDemand:
-    """Grow when the engines are pressed (KV use over target, TTFT over target, or too many sequences
-    waiting per worker), in proportion to the worst of them; shrink when one worker fewer would still
-    sit below every target by scale_down_margin."""
-
-    def __init__(self, config: AutoscalerConfig) -> None:
-        self.config = config
-
-    def recommend(self, obs: Observation | LLMObservation, current: int, clamp: Clamp) -> Recommendation:
-        if not isinstance(obs, LLMObservation):
-            raise TypeError(f"LLM scaling needs an LLMObservation, got {type(obs).__name__}")
-        cfg = self.config
-        ready = obs.ready_workers
-        busy = obs.running_seqs + obs.waiting_seqs > 0
-        if ready == 0:
-            need = 1 if busy else 0
-            return Recommendation(clamp(max(need, current)), f"no ready worker; {obs.waiting_seqs} waiting")
-        pressures = {
-            f"KV use {obs.kv_usage:.2f} (target {cfg.target_kv_usage:.2f})": obs.kv_usage
-            / cfg.target_kv_usage,
-            f"{obs.waiting_seqs} waiting ({cfg.max_waiting_per_worker:g} per worker allowed)": obs.waiting_seqs
-            / (cfg.max_waiting_per_worker * ready),
-        }
-        if obs.ttft_s is not None:
-            pressures[f"TTFT {obs.ttft_s:.2f} s (target {cfg.target_ttft_s:.2f} s)"] = (
-                obs.ttft_s / cfg.target_ttft_s
-            )
-        source, worst = max(pressures.items(), key=lambda kv: kv[1])
-        load = worst * ready
-        need = max(1 if busy else 0, math.ceil(load - 1e-9))
-        if need > current:
-            return Recommendation(
-                clamp(need), f"{source}: {load:.2f} workers of work; {need} keep it on target"
-            )
-        keep = max(need, math.ceil(load / (1.0 - cfg.scale_down_margin) - 1e-9))
-        if keep < current:
-            return Recommendation(clamp(keep), f"{source}: {keep} workers stay below target with margin")
-        return Recommendation(clamp(current), f"{source}: within the hysteresis band at {current}")
-
-
 def _predicted_wait_s(depth: int, fleet_capacity_items_s: float) -> float:
     if depth <= 0:
         return 0.0
     if fleet_capacity_items_s <= 0.0:
         return math.inf
     return depth / fleet_capacity_items_s
+
+
+BATCH_AUTOSCALING = Autoscaling(BatchDemand, BatchObserver)

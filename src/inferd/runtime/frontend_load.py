@@ -1,4 +1,6 @@
-"""A batch model's load on one front end, and the whole server's load with several front ends.
+"""A batch model's load on one front end, and the whole server's load with several front ends: what a
+kind that queues in each front end (`Kind.queues_per_frontend`) measures, and what its autoscaling
+observer (kinds/batch/demand.py) is handed, below the kinds and fleet/.
 
 Each front end of `inferd serve --frontends N` queues, batches and measures only the requests that reach
 it: its queue depth, its arrival rate and its share of the devices' busy time (the workers are shared:
