@@ -10,9 +10,10 @@ from typing import Any
 
 import pytest
 
+from inferd.api.asgi import StreamingResponse
 from inferd.api.http import wait_for_items
-from inferd.core.asgi import HttpRequest, StreamingResponse
-from inferd.core.disconnect import AsgiPeer, ClientGone, until_disconnect
+from inferd.api.peer import AsgiPeer
+from inferd.core.disconnect import ClientGone, until_disconnect
 
 
 class FakeClient:
@@ -255,15 +256,11 @@ class Item:
         self.reply: asyncio.Future[str] = asyncio.get_running_loop().create_future()
 
 
-def request_of(peer: Any) -> HttpRequest:
-    return HttpRequest({"method": "POST", "path": "/infer", "headers": []}, peer, {})
-
-
 async def test_infer_wait_answered_quickly_leaves_no_watch() -> None:
     peer, rt, items = KnowingPeer(), FakeRuntime(), [Item(), Item()]
     for n, item in enumerate(items):
         asyncio.get_running_loop().call_soon(item.reply.set_result, f"r{n}")
-    results = await wait_for_items(rt, items, None, None, request_of(peer))  # type: ignore[arg-type]
+    results = await wait_for_items(rt, items, None, None, peer)  # type: ignore[arg-type]
     assert results == ["r0", "r1"]
     assert peer.watchers == []
     assert rt.withdrawn == []
@@ -272,6 +269,6 @@ async def test_infer_wait_answered_quickly_leaves_no_watch() -> None:
 async def test_infer_wait_withdraws_its_items_when_the_client_leaves() -> None:
     client, rt, items = FakeClient(leave_on=2), FakeRuntime(), [Item(), Item()]
     with pytest.raises(ClientGone):
-        await wait_for_items(rt, items, None, None, request_of(AsgiPeer(client.receive)))  # type: ignore[arg-type]
+        await wait_for_items(rt, items, None, None, AsgiPeer(client.receive))  # type: ignore[arg-type]
     assert rt.withdrawn == items
     assert all(item.reply.cancelled() for item in items)

@@ -1,5 +1,5 @@
 """HTTP helpers shared by the route modules: content type, bounded body reads, waiting for results
-with deadline and disconnect handling."""
+with deadline and disconnect handling, and the one rule that makes a request's deadline."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ from typing import Any, TypeVar
 
 import msgspec
 
+from inferd.api.asgi import HttpRequest, HttpResponse
 from inferd.clock import Clock
-from inferd.core.asgi import HttpRequest, HttpResponse
-from inferd.core.disconnect import ClientGone, until_disconnect
+from inferd.core.disconnect import ClientGone, Departure, until_disconnect
 from inferd.errors import BadRequest, PayloadTooLarge, UnsupportedMediaType
 from inferd.kinds.batch.dispatcher import ModelRuntime
 from inferd.kinds.batch.queue import QueuedItem
@@ -131,10 +131,10 @@ def _too_large(request: HttpRequest, message: str) -> PayloadTooLarge:
 
 
 async def wait_for_items(
-    runtime: ModelRuntime, items: list[QueuedItem], deadline: float | None, clock: Clock, request: HttpRequest
+    runtime: ModelRuntime, items: list[QueuedItem], deadline: float | None, clock: Clock, departure: Departure
 ) -> list[Any]:
-    """Wait for every item's result. At the deadline the items are expired (504); if the client
-    disconnects or the wait is cancelled, they are withdrawn."""
+    """Wait for every item's result. At the deadline the items are expired (504); if the caller leaves
+    (`departure`) or the wait is cancelled, they are withdrawn."""
     futures = [i.reply for i in items]
     waiter: asyncio.Future[Any] = futures[0] if len(futures) == 1 else asyncio.gather(*futures)
     expiry = None
@@ -142,7 +142,7 @@ async def wait_for_items(
         loop = asyncio.get_running_loop()
         expiry = loop.call_at(loop.time() + (deadline - clock.now()), runtime.expire, items)
     try:
-        result = await until_disconnect(request.peer, waiter)
+        result = await until_disconnect(departure, waiter)
     except (asyncio.CancelledError, ClientGone):
         runtime.withdraw(items)
         raise
@@ -170,16 +170,22 @@ def request_deadline(
     clock: Clock,
     max_timeout_ms: float,
     timeout_us: float | None,
-    header_ms: str | None,
+    header_ms: float | None,
     default_ms: float | None,
 ) -> float | None:
-    """A request's absolute deadline on `clock`: OIP parameters.timeout (microseconds, Triton's way), else
-    X-Request-Timeout-Ms, else `default_ms` (None: no deadline). Out-of-range values are a 400."""
-    timeout_ms = default_ms
-    if timeout_us is not None:
-        timeout_ms = timeout_us / 1000.0
-    elif header_ms is not None:
-        timeout_ms = header_timeout_ms(header_ms)
+    """A request's absolute deadline on `clock`, the one rule of every route: the smaller of OIP
+    parameters.timeout (microseconds, Triton's way) and X-Request-Timeout-Ms (`Call.timeout_ms`) when
+    both are given, the one given, else `default_ms` (None: no deadline). A value given outside
+    (0, max_timeout_ms] is a 400."""
+    timeout_ms = None
+    for given in (None if timeout_us is None else timeout_us / 1000.0, header_ms):
+        if given is None:
+            continue
+        if not 0 < given <= max_timeout_ms:
+            raise BadRequest(f"timeout of {given} ms is outside (0, {max_timeout_ms}] ms")
+        timeout_ms = given if timeout_ms is None else min(timeout_ms, given)
+    if timeout_ms is None:
+        timeout_ms = default_ms
     if timeout_ms is None:
         return None
     if not 0 < timeout_ms <= max_timeout_ms:

@@ -11,16 +11,15 @@ from typing import Literal
 import msgspec
 import numpy as np
 
+from inferd.api.asgi import HttpRequest, HttpResponse, StreamingResponse
 from inferd.api.context import ApiContext
 from inferd.api.http import (
     check_content_type,
     decode_json,
     json_response,
-    parse_priority,
     read_body,
     wait_for_items,
 )
-from inferd.core.asgi import HttpResponse, StreamingResponse
 from inferd.core.call import Call
 from inferd.errors import BadRequest, ServingError
 from inferd.gateway.auth import tenant_share
@@ -56,12 +55,11 @@ def list_models(names: list[str], started_at: float) -> HttpResponse:
     return json_response(_encoder.encode({"object": "list", "data": data}))
 
 
-async def embeddings(api: ApiContext, call: Call) -> HttpResponse | StreamingResponse:
-    request = call.request
+async def embeddings(api: ApiContext, call: Call, request: HttpRequest) -> HttpResponse | StreamingResponse:
     check_content_type(request, ("application/json", ""))
     body = await read_body(request, api.max_body)
     req = decode_json(_decoder, body, "embeddings request", 'send {"model": ..., "input": ...}')
-    primary = api.batch_model(call, req.model)
+    primary = api.batch_model(call, req.model, request)
     # a batch model's fallback is a batch model too (same API family: KindRegistry.same_api)
     return await api.answer_with_fallback(call, primary, lambda rt: _embed(api, call, req, rt, primary))
 
@@ -72,15 +70,14 @@ async def _embed(
     """The embeddings of `req` by `rt` (the model it names, `primary`, or that model's fallback)."""
     texts = _texts(req, rt.config.max_items_per_request)
     _check_embedder(rt, req)
-    call.priority = parse_priority(None, call.request.header(b"x-priority"))
     share = tenant_share(call.tenant)  # the tenant's lane in the queue
-    rt.precheck(call.priority, share)
+    rt.precheck(call.priority, share)  # call.priority: X-Priority's
     # the model's default applies when the caller names none: a fallback's own
-    deadline = call.deadline = api.deadline(rt, None, call.request.header(b"x-request-timeout-ms"))
+    deadline = call.deadline = api.deadline(rt, call)
 
     async def compute() -> tuple[tuple[bytes, int], int]:
         items = rt.enqueue([t.encode() for t in texts], deadline, call.priority, share)
-        results = await wait_for_items(rt, items, deadline, api.clock, call.request)
+        results = await wait_for_items(rt, items, deadline, api.clock, call.departure)
         body, truncated = _encode(req, [r.outputs for r in results])
         return (body, truncated), len(body)
 
