@@ -1,12 +1,14 @@
 """The one request middleware chain every route passes through.
 
 A layer is a small class holding `inner` (the rest of the chain) that does its work around
-`await self.inner(call, request)`. `app.py` declares the chain as a list, outermost first, and logs it at start:
+`await self.inner(call, request)` (`request`: the edge's own, passed along unread; a layer reads the
+Call, which the edge filled once: api/http_call.py). `app.py` declares the chain as a list, outermost
+first, and logs it at start:
 
-    request_context -> access_log -> accounting -> model_version -> errors -> route handler
+    request_context -> access_log -> accounting -> tenant_requests -> model_version -> cache_result
+        -> errors -> auth -> quotas -> route handler
 
-Authentication, quotas and the response cache plug in as more layers of the same list; the first layer
-(api/request_context.py) gives the call its request id, its log context and its trace span. A
+The first layer (api/request_context.py) gives the call its log context and its trace span. A
 handler records the model version that serves the call in `call.runtime` as soon as it knows it (OIP
 routes from the path, OpenAI routes from the body), so accounting counts every request of every kind.
 """
