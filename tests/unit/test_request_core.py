@@ -5,6 +5,7 @@ are both `call.tenant`."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -175,3 +176,26 @@ async def test_a_search_sets_the_calls_deadline_from_the_smaller_timeout(
     await routes.search(call, req)
     assert call.deadline == pytest.approx(100.0 + expected_s)
     assert index.asked == [pytest.approx(expected_s * 1000)]
+
+
+# ---- a bad hint, through the whole app -------------------------------------------------------------------
+async def test_a_bad_hint_is_a_400_in_the_routes_shape_and_routes_that_take_none_ignore_it() -> None:
+    from tests.fuzz.app_client import call, check_conforms, make_app
+
+    app = make_app()
+    bad = [(b"x-priority", b"urgent"), (b"x-request-id", b"req-7")]
+    answer = await call(app, "GET", "/v2/health/live", headers=bad)
+    assert answer.status == 200  # a route that runs no model's work reads no hints
+    answer = await call(app, "POST", "/v2/models/sim/infer", b"{}", bad)
+    assert answer.status == 400 and answer.headers[b"x-request-id"] == b"req-7"
+    body = json.loads(answer.body)
+    assert body["request_id"] == "req-7" and body["error"].startswith("priority 'urgent'")
+    check_conforms("POST", "/v2/models/sim/infer", answer)
+    timeout = [(b"x-request-timeout-ms", b"soon")]
+    answer = await call(app, "POST", "/v1/embeddings", b'{"model": "sim", "input": "x"}', timeout)
+    assert answer.status == 400
+    assert "X-Request-Timeout-Ms must be a number" in json.loads(answer.body)["error"]["message"]
+    check_conforms("POST", "/v1/embeddings", answer)
+    tenant = [(b"x-tenant", b"t" * 300)]
+    answer = await call(app, "POST", "/v1/completions", b'{"model": "sim-llm", "prompt": "x"}', tenant)
+    assert answer.status == 400 and "X-Tenant is 300 characters" in json.loads(answer.body)["error"]["message"]
