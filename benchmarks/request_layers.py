@@ -28,11 +28,11 @@ import uvicorn
 from uvicorn.server import ServerState
 
 from inferd.api.app import Api, create_app, oip_error
+from inferd.api.asgi import HttpResponse
 from inferd.api.door_policy import DoorLimits, DoorPolicy
 from inferd.api.frontdoor import front_door_protocol
 from inferd.clock import MonotonicClock
 from inferd.config import ServerConfig
-from inferd.core.asgi import HttpResponse
 from inferd.models.loader import instantiate
 from inferd.models.sim import sim_config
 from inferd.server import InferenceServer
@@ -148,7 +148,7 @@ async def main(args: argparse.Namespace) -> None:
     app = create_app(server)
     api = Api(server)
 
-    async def empty(call: Any) -> HttpResponse:
+    async def empty(call: Any, request: Any) -> HttpResponse:
         return HttpResponse(b"{}")
 
     async def bare(request: Any) -> HttpResponse:

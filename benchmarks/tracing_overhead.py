@@ -33,9 +33,10 @@ from typing import Any
 from harness import OUT_DIR, InferdServer, interrupt_on, run_fields, write_json
 from procfs import cpu_seconds_since, cpu_ticks
 
+from inferd.api.asgi import HttpRequest, HttpResponse
+from inferd.api.http_call import http_call
 from inferd.api.request_context import RequestContext
 from inferd.bench.loadgen import LoadSpec, run_load_blocking
-from inferd.core.asgi import HttpRequest, HttpResponse
 from inferd.core.call import Call
 from inferd.observability import tracing
 
@@ -113,7 +114,7 @@ def in_process(n: int) -> dict[str, float]:
     response = HttpResponse(b"{}")
     scope = {"method": "POST", "path": "/v2/models/sim/infer", "headers": [(b"content-type", b"json")]}
 
-    async def handler(call: Call) -> HttpResponse:
+    async def handler(call: Call, request: object) -> HttpResponse:
         response.headers.clear()
         return response
 
@@ -122,16 +123,19 @@ def in_process(n: int) -> dict[str, float]:
     async def per_call(step: Any) -> float:
         out = []
         for _ in range(5):
-            calls = [Call(HttpRequest(scope, None, {}), lambda e, s: b"") for _ in range(n)]  # type: ignore[arg-type]
+            calls = [
+                http_call(HttpRequest(scope, None, {}), lambda e, s: b"", "/v2/models/{model}/infer", False)  # type: ignore[arg-type]
+                for _ in range(n)
+            ]
             start = time.perf_counter()
             for call in calls:
-                await step(call)
+                await step(call, None)
             out.append((time.perf_counter() - start) / n * 1e6)
         return statistics.median(out)
 
     bare = asyncio.run(per_call(handler))
     with_layer = asyncio.run(per_call(layer))
-    hooks = asyncio.run(per_call(lambda call: _hooks()))
+    hooks = asyncio.run(per_call(lambda call, request: _hooks()))
     return {
         "handler_us": round(bare, 3),
         "with_request_context_us": round(with_layer, 3),

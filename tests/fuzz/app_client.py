@@ -14,9 +14,9 @@ from referencing import Registry
 from referencing.jsonschema import DRAFT202012
 
 from inferd.api.app import create_app
+from inferd.api.asgi import AsgiApp
 from inferd.api.openapi import openapi_document
 from inferd.config import ServerConfig
-from inferd.core.asgi import AsgiApp
 from inferd.kinds.llm.sim_llm import sim_llm_config
 from inferd.models.sim import sim_config
 from inferd.server import InferenceServer

@@ -206,9 +206,9 @@ def test_admin_version_query_with_a_non_ascii_digit_is_a_bad_request() -> None:
 async def test_a_body_over_the_limit_in_its_last_message_is_refused_without_waiting_for_more() -> None:
     """The body's last message crossed the limit: the 413 comes at once. The drain once asked for another
     message, which never comes before the client leaves, and held the 413 for DRAIN_MAX_S."""
+    from inferd.api.asgi import HttpRequest
     from inferd.api.http import read_body
-    from inferd.core.asgi import HttpRequest
-    from inferd.core.disconnect import AsgiPeer
+    from inferd.api.peer import AsgiPeer
     from inferd.errors import PayloadTooLarge
 
     messages = [

@@ -10,9 +10,10 @@ from typing import Any
 
 import pytest
 
+from inferd.api.asgi import StreamingResponse
+from inferd.api.peer import AsgiPeer
 from inferd.clock import FakeClock
-from inferd.core.asgi import StreamingResponse
-from inferd.core.disconnect import AsgiPeer, ClientGone, until_disconnect
+from inferd.core.disconnect import ClientGone, until_disconnect
 from inferd.kinds.batch.service import BatchService
 
 

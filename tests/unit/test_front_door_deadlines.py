@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import asyncio
 
+from inferd.api.asgi import HttpRequest, HttpResponse, Router
 from inferd.api.door_policy import DoorLimits
-from inferd.core.asgi import HttpRequest, HttpResponse, Router
 from tests.unit.test_front_door_protocol import Transport, connect, echo_router, settle, stream_router
 
 SHORT = 0.05

@@ -12,10 +12,10 @@ from typing import Any
 import uvicorn
 from uvicorn.server import ServerState
 
+from inferd.api.asgi import AsgiApp, HttpRequest, HttpResponse, Router, StreamingResponse
 from inferd.api.door_policy import DoorLimits, DoorPolicy
 from inferd.api.frontdoor import FrontDoorProtocol, front_door_protocol
 from inferd.clock import FakeClock
-from inferd.core.asgi import AsgiApp, HttpRequest, HttpResponse, Router, StreamingResponse
 from inferd.core.disconnect import ClientGone, until_disconnect
 
 

@@ -14,21 +14,21 @@ import pytest
 from prometheus_client import CollectorRegistry
 from typer.testing import CliRunner
 
+from inferd.api.asgi import HttpRequest, HttpResponse
+from inferd.api.http_call import MODEL_WORK, http_call, presented_key, read_hints
 from inferd.api.middleware import Errors
 from inferd.api.oip import encode_json
 from inferd.cli.main import app as cli_app
 from inferd.config import ConfigError, load_server_config
 from inferd.config.tenants import KeyDigest, TenantConfig
-from inferd.core.asgi import HttpRequest, HttpResponse
 from inferd.core.call import Call, chain
-from inferd.core.tenant import Tenant
+from inferd.core.tenant import ANONYMOUS, Tenant
 from inferd.errors import Forbidden, NotFound, ServingError
 from inferd.gateway.auth import (
     Auth,
     TenantRequests,
     allowed_models,
     check_model,
-    presented_key,
     tenant_counter,
 )
 from inferd.gateway.config import GatewayConfig, check_tenants, tenants_of
@@ -169,13 +169,21 @@ def error_body(exc: ServingError, status: int) -> bytes:
 async def through_auth(
     g: Gate, path: str, headers: dict[str, str] | None = None
 ) -> tuple[HttpResponse, Call]:
-    async def handler(call: Call) -> HttpResponse:
+    async def handler(call: Call, request: object) -> HttpResponse:
         return HttpResponse(b"served")
 
-    call = Call(request(path, headers), error_body)
-    response = await chain([Errors, partial(Auth, gate=lambda: g)], handler)(call)
+    call = edge_call(g, path, headers)
+    response = await chain([Errors, partial(Auth, gate=lambda: g)], handler)(call, None)
     assert isinstance(response, HttpResponse)
     return response, call
+
+
+def edge_call(g: Gate, path: str, headers: dict[str, str] | None = None) -> Call:
+    """The Call the HTTP edge reads from a request to `path` (its route), under gate `g`."""
+    keys = g.enforced
+    call = http_call(request(path, headers), error_body, path, keys)
+    read_hints(call, request(path, headers), MODEL_WORK, keys)
+    return call
 
 
 async def test_a_good_key_in_either_header_names_the_tenant_of_the_call() -> None:
@@ -201,30 +209,47 @@ async def test_missing_unknown_and_other_scheme_keys_get_401_with_www_authentica
         assert response.status == 401 and call.outcome == "unauthorized"
         assert response.header(b"www-authenticate") == b"Bearer"
         assert message in response.body.decode() and b"wrong-secret" not in response.body
-        assert call.tenant is None
+        assert call.tenant is ANONYMOUS
 
 
 async def test_open_routes_need_no_key_and_metrics_follows_the_gateway_setting() -> None:
     for path in ("/v2/health/live", "/v2/health/ready", "/openapi.json", "/metrics"):
         response, call = await through_auth(gate(), path)
-        assert response.status == 200 and call.tenant is None
+        assert response.status == 200 and call.tenant is ANONYMOUS
     response, _ = await through_auth(gate(metrics_require_key=True), "/metrics")
     assert response.status == 401
     response, call = await through_auth(gate(metrics_require_key=True), "/metrics", {"X-API-Key": KEY_B})
     assert response.status == 200 and call.tenant is not None and call.tenant.name == "beta"
 
 
-async def test_without_tenants_nothing_is_enforced_and_calls_carry_no_tenant() -> None:
+async def test_without_tenants_nothing_is_enforced_and_calls_carry_the_anonymous_tenant() -> None:
     response, call = await through_auth(gate({}), "/v2/models/sim/infer", {"X-API-Key": "anything"})
-    assert response.status == 200 and call.tenant is None
+    assert response.status == 200 and call.tenant is ANONYMOUS and call.credential is None
+
+
+async def test_without_tenants_x_tenant_names_the_anonymous_tenant_and_with_them_it_is_not_read() -> None:
+    _, call = await through_auth(gate({}), "/v1/completions", {"X-Tenant": "team-a"})
+    assert call.tenant.anonymous and call.tenant.name == "team-a"
+    assert check_model(call.tenant, "other", lambda: ["sim"]) is None  # nothing enforced on it
+    _, call = await through_auth(gate(), "/v1/completions", {"X-API-Key": KEY_A, "X-Tenant": "x" * 300})
+    assert not call.tenant.anonymous and call.tenant.name == "alpha"
+
+
+def test_an_x_tenant_over_256_characters_is_a_400_naming_it_without_tenants() -> None:
+    with pytest.raises(ServingError, match="X-Tenant is 300 characters long; at most 256"):
+        edge_call(gate({}), "/v1/completions", {"X-Tenant": "x" * 300})
+    assert edge_call(gate({}), "/v1/completions", {"X-Tenant": "x" * 256}).tenant.name == "x" * 256
+
+
+def test_the_edge_reads_the_key_only_when_tenants_are_configured() -> None:
+    assert edge_call(gate(), "/v2", {"X-API-Key": "ik-x"}).credential == "ik-x"
+    assert edge_call(gate({}), "/v2", {"X-API-Key": "ik-x"}).credential is None
 
 
 def test_the_presented_key_is_the_header_bytes_as_sent() -> None:
-    call = Call(request("/v2", {"X-API-Key": "  ik-x  "}), error_body)
-    assert presented_key(call) == "ik-x"
+    assert presented_key(request("/v2", {"X-API-Key": "  ik-x  "})) == "ik-x"
     scope: dict[str, Any] = {"method": "GET", "path": "/v2", "headers": [(b"x-api-key", "ik-é".encode())]}
-    call = Call(HttpRequest(scope, None, {}), error_body)  # type: ignore[arg-type]
-    key = presented_key(call)
+    key = presented_key(HttpRequest(scope, None, {}))  # type: ignore[arg-type]
     assert key is not None
     d = KeyDirectory({"u": TenantConfig(api_key_sha256=(key_digest("ik-é"),))}, WallClock(0))
     assert d.check(key).status is KeyStatus.OK
@@ -234,7 +259,7 @@ async def test_tenant_requests_count_authenticated_calls_by_their_final_outcome(
     registry = CollectorRegistry()
     counter = tenant_counter(registry)
 
-    async def handler(call: Call) -> HttpResponse:
+    async def handler(call: Call, request: object) -> HttpResponse:
         check_model(call.tenant, "sim-llm", lambda: ["sim", "sim-llm"])
         return HttpResponse(b"served")
 
@@ -242,7 +267,7 @@ async def test_tenant_requests_count_authenticated_calls_by_their_final_outcome(
         [partial(TenantRequests, counter=counter), Errors, partial(Auth, gate=lambda: gate())], handler
     )
     for headers in ({"X-API-Key": KEY_A}, {"X-API-Key": KEY_A}, {"X-API-Key": KEY_B}, {}, {"X-API-Key": "x"}):
-        await run(Call(request("/v1/chat/completions", headers), error_body))
+        await run(edge_call(gate(), "/v1/chat/completions", headers), None)
 
     def count(tenant: str, outcome: str) -> float | None:
         return registry.get_sample_value(
@@ -262,7 +287,7 @@ def test_a_model_outside_the_list_is_403_and_an_unknown_one_404_naming_only_allo
         return names
 
     check_model(beta, "sim", served)
-    check_model(None, "anything", served)  # no tenants: the registry decides
+    check_model(ANONYMOUS, "anything", served)  # no tenants: the registry decides
     with pytest.raises(Forbidden, match=r"'beta' may not call model 'sim-llm'; it may call: \['sim'\]"):
         check_model(beta, "sim-llm", served)
     with pytest.raises(NotFound, match=r"served models: \['sim'\]$"):

@@ -13,12 +13,12 @@ from prometheus_client import CollectorRegistry
 from rich.console import Console
 
 from inferd.api.admin_gateway import GatewayView, cache_page, tenants_page
+from inferd.api.asgi import HttpResponse
 from inferd.api.cache_hook import CacheHook, CacheResult
 from inferd.cli.gateway_status import gateway_parts
 from inferd.clock import FakeClock
 from inferd.config import load_server_config
 from inferd.config.tenants import TenantConfig
-from inferd.core.asgi import HttpResponse
 from inferd.core.call import Call
 from inferd.core.tenant import Tenant
 from inferd.gateway.auth import tenant_counter
@@ -34,7 +34,7 @@ from inferd.gateway.quota_store import (
 from inferd.gateway.reload import Gateway
 from inferd.observability.cache_metrics import CacheMetrics
 from inferd.runtime.registry import ModelRegistry
-from tests.unit.test_response_cache import FakeRuntime, call_of, request_of, sim_config
+from tests.unit.test_response_cache import FakeRuntime, bare_call, call_of, sim_config
 
 LIMITED = Tenant("acme", TenantConfig(requests_per_s=0.001, burst=2, max_concurrency=5))
 FREE = Tenant("free", TenantConfig())
@@ -96,16 +96,16 @@ async def test_quota_decisions_metric_is_read_from_the_engine_at_scrape_time() -
 
 
 async def responses(hook: CacheHook, rt: FakeRuntime, results: list[str | None]) -> None:
-    async def handler(call: Call) -> HttpResponse:
+    async def handler(call: Call, request: object) -> HttpResponse:
         call.runtime = rt  # type: ignore[assignment]
         return HttpResponse(content_type=None)
 
     layer = CacheResult(handler, hook)
     for result in results:
-        call = Call(request_of(), lambda exc, status: b"")
+        call = bare_call()
         if result is not None:
             call.notes["cache"] = result
-        await layer(call)
+        await layer(call, None)
 
 
 async def test_cache_statistics_count_responses_by_result_and_what_the_stores_hold() -> None:

@@ -10,13 +10,14 @@ import numpy as np
 import pytest
 from prometheus_client import CollectorRegistry
 
+from inferd.api.asgi import HttpResponse
 from inferd.api.cache_hook import CacheHook, CacheResult
 from inferd.clock import FakeClock
 from inferd.config import ModelConfig, TensorSpec
 from inferd.config.cache import CacheConfig
 from inferd.config.tenants import TenantConfig
-from inferd.core.asgi import HttpRequest, HttpResponse
 from inferd.core.call import Call
+from inferd.core.disconnect import STAYING
 from inferd.core.tenant import Tenant
 from inferd.errors import DeadlineExceeded, ModelError
 from inferd.gateway.cache import CacheKey, ResponseCache, request_key
@@ -220,13 +221,15 @@ def sim_config(version: int = 1) -> ModelConfig:
     )
 
 
-def request_of() -> HttpRequest:
-    return HttpRequest({"method": "POST", "path": "/v2/models/sim/infer", "headers": []}, None, {})  # type: ignore[arg-type]
+def bare_call(deadline: float | None = None) -> Call:
+    """A call to sim as an edge reads it: anonymous, a caller that never leaves."""
+    path = "/v2/models/sim/infer"
+    return Call(lambda exc, status: b"", STAYING, route=path, method="POST", target=path, deadline=deadline)
 
 
 def call_of(tenant: str | None, deadline: float | None = None) -> Call:
     """A call to sim, of `tenant` (None: anonymous) as the Auth layer names it."""
-    call = Call(request_of(), lambda exc, status: b"", deadline=deadline)
+    call = bare_call(deadline)
     if tenant is not None:
         call.tenant = Tenant(tenant, TenantConfig())
     return call
@@ -314,18 +317,18 @@ async def test_result_layer_labels_only_cache_enabled_models() -> None:
     cached, plain = FakeRuntime("sim", 1, sim_config()), FakeRuntime("plain", 1, sim_config())
     plain.config = plain.config.model_copy(update={"cache": CacheConfig()})
 
-    async def handler(call: Call) -> HttpResponse:
+    async def handler(call: Call, request: object) -> HttpResponse:
         call.runtime = call.notes.pop("serve")
         return HttpResponse(content_type=None)
 
     layer = CacheResult(handler, CacheHook(ModelRegistry(), CacheMetrics(prometheus), FakeClock()))
 
     async def header(rt: FakeRuntime, note: str | None) -> bytes | None:
-        call = Call(request_of(), lambda exc, status: b"")
+        call = bare_call()
         call.notes["serve"] = rt
         if note is not None:
             call.notes["cache"] = note
-        return (await layer(call)).header(b"x-inferd-cache")
+        return (await layer(call, None)).header(b"x-inferd-cache")
 
     assert await header(plain, None) is None
     assert await header(cached, None) == b"bypass"  # nothing answered through the cache

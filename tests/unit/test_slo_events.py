@@ -6,15 +6,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import partial
-from typing import Any
 
 import pytest
 from prometheus_client import CollectorRegistry
 
+from inferd.api.asgi import HttpResponse
 from inferd.api.middleware import Accounting, Errors
 from inferd.clock import FakeClock
-from inferd.core.asgi import HttpRequest, HttpResponse
 from inferd.core.call import Call, chain
+from inferd.core.disconnect import STAYING
 from inferd.errors import (
     BadRequest,
     DeadlineExceeded,
@@ -55,16 +55,16 @@ async def serve(m: Metrics, clock: FakeClock, outcome: ServingError | float) -> 
     """One request of model sim through accounting -> errors -> a handler that fails with `outcome`
     or answers after `outcome` seconds."""
 
-    async def handler(call: Call) -> HttpResponse:
+    async def handler(call: Call, request: object) -> HttpResponse:
         call.runtime = FakeRuntime("sim")  # type: ignore[assignment]
         if isinstance(outcome, ServingError):
             raise outcome
         clock.advance(outcome)
         return HttpResponse(b"ok")
 
-    scope: dict[str, Any] = {"method": "POST", "path": "/v2/models/sim/infer", "headers": []}
-    call = Call(HttpRequest(scope, peer=None, path_params={}), error_body)  # type: ignore[arg-type]
-    response = await chain([partial(Accounting, metrics=m, clock=clock), Errors], handler)(call)
+    path = "/v2/models/sim/infer"
+    call = Call(error_body, STAYING, route=path, method="POST", target=path)
+    response = await chain([partial(Accounting, metrics=m, clock=clock), Errors], handler)(call, None)
     return response.status
 
 

@@ -32,10 +32,10 @@ from packaging.requirements import Requirement
 from packaging.version import Version
 from uvicorn.server import ServerState
 
+from inferd.api.asgi import AsgiApp, HttpResponse, Router
 from inferd.api.door_policy import DoorLimits, DoorPolicy
 from inferd.api.frontdoor import FrontDoorProtocol, front_door_protocol
 from inferd.clock import FakeClock
-from inferd.core.asgi import AsgiApp, HttpResponse, Router
 
 ROOT = Path(__file__).resolve().parents[2]
 WRITTEN_AGAINST = "0.54"

@@ -17,17 +17,18 @@ from inferd import __version__
 from inferd.api import completions as completion_routes
 from inferd.api import oip
 from inferd.api import openai as openai_routes
+from inferd.api.asgi import AsgiApp, HttpRequest, HttpResponse, Response, Router
 from inferd.api.cache_hook import CacheResult
 from inferd.api.console import ConsoleAccess, add_console_routes
 from inferd.api.http import check_content_type, json_response, parse_priority, read_body, request_deadline
+from inferd.api.http_call import MODEL_WORK, Hints, http_call, read_hints
 from inferd.api.middleware import AccessLog, Accounting, Errors, ModelVersion
 from inferd.api.oip_metadata import model_metadata
 from inferd.api.openapi import openapi_document
 from inferd.api.request_context import RequestContext
 from inferd.api.search_routes import add_search_routes
 from inferd.api.server_view import ServerView
-from inferd.core.asgi import AsgiApp, HttpRequest, HttpResponse, Router
-from inferd.core.call import Call, ErrorBody, Layer, Response, chain
+from inferd.core.call import Call, ErrorBody, Layer, chain
 from inferd.errors import BadRequest, ServingError
 from inferd.gateway.auth import Auth, TenantRequests, allowed_models, check_model, tenant_share
 from inferd.gateway.cache import encoded_size
@@ -41,6 +42,8 @@ log = logging.getLogger("inferd.api")
 
 Answer = tuple[int, list[dict[str, Any]], dict[str, Any]]
 """An OIP answer before encoding: the version that ran it, per-item outputs, the lifecycle record."""
+Route = Callable[[Call, HttpRequest], Awaitable[Response]]
+"""A route's handler: the Call the edge read, and the request (for its body, read after the precheck)."""
 
 
 def oip_error(exc: ServingError, status: int) -> bytes:
@@ -53,9 +56,9 @@ def create_app(server: ServerView) -> AsgiApp:
     oai = openai_routes.openai_error
 
     def add(
-        method: str, path: str, handler: Callable[[Call], Awaitable[Response]], errors: ErrorBody = oip_error
+        method: str, path: str, handler: Route, errors: ErrorBody = oip_error, hints: Hints | None = None
     ) -> None:
-        r.add(method, path, api.endpoint(handler, errors, path))
+        r.add(method, path, api.endpoint(handler, errors, path, hints))
 
     add("GET", "/v2/health/live", api.live)
     add("GET", "/v2/health/ready", api.ready)
@@ -63,11 +66,11 @@ def create_app(server: ServerView) -> AsgiApp:
     for base in ("/v2/models/{model}", "/v2/models/{model}/versions/{version}"):
         add("GET", base, api.model_metadata)
         add("GET", base + "/ready", api.model_ready)
-        add("POST", base + "/infer", api.infer)
-    add("POST", "/v1/embeddings", partial(openai_routes.embeddings, api), oai)
+        add("POST", base + "/infer", api.infer, hints=MODEL_WORK)
+    add("POST", "/v1/embeddings", partial(openai_routes.embeddings, api), oai, MODEL_WORK)
     add("GET", "/v1/models", api.list_models, oai)
-    add("POST", "/v1/completions", partial(completion_routes.completions, api), oai)
-    add("POST", "/v1/chat/completions", partial(completion_routes.chat_completions, api), oai)
+    add("POST", "/v1/completions", partial(completion_routes.completions, api), oai, MODEL_WORK)
+    add("POST", "/v1/chat/completions", partial(completion_routes.chat_completions, api), oai, MODEL_WORK)
     add_search_routes(add, server)
     add("GET", "/metrics", api.metrics)
     add("GET", "/openapi.json", api.openapi)
@@ -89,6 +92,11 @@ def _not_found(request: HttpRequest, other_method: bool) -> HttpResponse:
     message = f"method not allowed on {path}" if other_method else f"no route {path}"
     body = oip.encode_json({"error": message, "request_id": request_id})
     return json_response(body, 405 if other_method else 404, [(b"x-request-id", request_id.encode())])
+
+
+async def _refuse(exc: ServingError, call: Call, request: HttpRequest) -> Response:
+    """The handler of a call the edge could not read (a bad header value): its error."""
+    raise exc
 
 
 def lifecycle(results: list[ItemResult]) -> dict[str, Any]:
@@ -137,6 +145,8 @@ class Api:
         self.cache = server.cache
         self.shadows = server.shadows
         self.fallbacks = Fallbacks(self.registry, server.kinds, self.clock, server.metrics.fallback_requests)
+        self.tenants_enforced = lambda: server.gateway.current().enforced
+        """Whether tenants are configured now: the edge then reads the key, and never X-Tenant."""
         self.layers: list[Layer] = [
             partial(Accounting, metrics=server.metrics, clock=self.clock, observe=server.traffic.observe),
             partial(TenantRequests, counter=server.tenant_requests),
@@ -154,29 +164,38 @@ class Api:
         self.layers.insert(0, RequestContext)
 
     def endpoint(
-        self, handler: Callable[[Call], Awaitable[Response]], error_body: ErrorBody, path: str = ""
+        self, handler: Route, error_body: ErrorBody, path: str = "", hints: Hints | None = None
     ) -> Callable[[HttpRequest], Awaitable[Response]]:
-        """A route (`path`, its template): every request passes the whole chain, then `handler`."""
+        """A route (`path`, its template): each request is read into its Call once (api/http_call.py),
+        then passes the whole chain, then `handler`. A bad value of its `hints` headers is refused by the
+        same chain (a 400 after auth, in the route's error shape)."""
         run = chain(self.layers, handler)
+        enforced = self.tenants_enforced
 
         async def route(request: HttpRequest) -> Response:
-            return await run(Call(request, error_body, route=path))
+            keys = enforced()
+            call = http_call(request, error_body, path, keys)
+            if hints is not None:
+                try:
+                    read_hints(call, request, hints, keys)
+                except ServingError as exc:
+                    return await chain(self.layers, partial(_refuse, exc))(call, request)
+            return await run(call, request)
 
         return route
 
     # ---- finding the model that serves a request ---------------------------------------------------
-    def resolve(self, call: Call, name: str, version: str | None, api: str) -> Runtime:
-        """The runtime serving `name` at `version` (None: the default), if its kind serves this family of
-        routes (`Kind.api`);
-        recorded on the call for accounting. Unknown models get a 404 listing every model (with
-        tenants: every model the caller may call); a model outside the tenant's list a 403."""
-        request = call.request
-        if version is None:  # the OpenAI routes have no version in the path: a header may pick one
-            version = request.header(b"x-inferd-model-version")
+    def resolve(self, call: Call, name: str, request: HttpRequest, api: str) -> Runtime:
+        """The runtime serving `name` at the version the call asks for (`call.version`; None: the
+        default), if its kind serves this family of routes (`Kind.api`); recorded on the call for
+        accounting. Unknown models get a 404 listing every model (with tenants: every model the caller
+        may call); a model outside the tenant's list a 403."""
+        version = call.version
         tenant = call.tenant
         check_model(tenant, name, self.registry.names)
         if version is None:  # a canary or A/B split may send it to another version than the default
-            version = self.server.traffic.choose(name, tenant.name if tenant else None, request.header)
+            sticky = None if tenant.anonymous else tenant.name
+            version = self.server.traffic.choose(name, sticky, request.header)
         rt = call.runtime = self.registry.get(name, version)
         kind = self.server.kinds.get(rt.kind)
         if kind.api != api:
@@ -184,27 +203,27 @@ class Api:
             raise BadRequest(f"model {name!r} is a {rt.kind} model: send its requests to {routes}")
         return rt
 
-    def text_model(self, call: Call, name: str) -> Runtime:
+    def text_model(self, call: Call, name: str, request: HttpRequest) -> Runtime:
         """An LLM or upstream model for the OpenAI text routes (X-Inferd-Model-Version may pin a version)."""
-        return self.resolve(call, name, None, "text")
+        return self.resolve(call, name, request, "text")
 
-    def batch_model(self, call: Call, name: str, version: str | None = None) -> ModelRuntime:
-        return cast(ModelRuntime, self.resolve(call, name, version, "oip"))  # the batch kind's runtime
+    def batch_model(self, call: Call, name: str, request: HttpRequest) -> ModelRuntime:
+        return cast(ModelRuntime, self.resolve(call, name, request, "oip"))  # the batch kind's runtime
 
     # ---- health and metadata ----------------------------------------------------------------------
-    async def live(self, call: Call) -> HttpResponse:
+    async def live(self, call: Call, request: HttpRequest) -> HttpResponse:
         return HttpResponse(content_type=None)
 
-    async def ready(self, call: Call) -> HttpResponse:
+    async def ready(self, call: Call, request: HttpRequest) -> HttpResponse:
         return HttpResponse(status=200 if self.server.ready else 503, content_type=None)
 
-    async def server_metadata(self, call: Call) -> HttpResponse:
+    async def server_metadata(self, call: Call, request: HttpRequest) -> HttpResponse:
         return json_response(
             oip.encode_json({"name": "inferd", "version": __version__, "extensions": ["binary_tensor_data"]})
         )
 
-    async def model_metadata(self, call: Call) -> HttpResponse:
-        params = call.request.path_params
+    async def model_metadata(self, call: Call, request: HttpRequest) -> HttpResponse:
+        params = request.path_params  # the version in the path only: X-Inferd-Model-Version is not read
         check_model(call.tenant, params["model"], self.registry.names)
         rt = self.registry.get(params["model"], params.get("version"))
         versions = self.registry.versions(rt.name)
@@ -212,32 +231,29 @@ class Api:
             oip.encode_json(model_metadata(rt.config, versions, self.server.kinds.get(rt.kind).api == "oip"))
         )
 
-    async def model_ready(self, call: Call) -> HttpResponse:
-        params = call.request.path_params
+    async def model_ready(self, call: Call, request: HttpRequest) -> HttpResponse:
+        params = request.path_params  # the version in the path only
         check_model(call.tenant, params["model"], self.registry.names)
         rt = self.registry.get(params["model"], params.get("version"))
         ready = rt.ready and not self.server.shutting_down
         return HttpResponse(status=200 if ready else 503, content_type=None)
 
-    async def list_models(self, call: Call) -> HttpResponse:
+    async def list_models(self, call: Call, request: HttpRequest) -> HttpResponse:
         names = allowed_models(call.tenant, self.registry.names())
         return openai_routes.list_models(names, self.server.started_at)
 
-    async def metrics(self, call: Call) -> HttpResponse:
+    async def metrics(self, call: Call, request: HttpRequest) -> HttpResponse:
         body = await self.server.metrics_text()
         return HttpResponse(body, content_type=CONTENT_TYPE_LATEST.encode())
 
-    async def openapi(self, call: Call) -> HttpResponse:
+    async def openapi(self, call: Call, request: HttpRequest) -> HttpResponse:
         return json_response(oip.encode_json(openapi_document()))
 
     # ---- inference ----------------------------------------------------------------------------------
-    async def infer(self, call: Call) -> HttpResponse:
-        request = call.request
-        primary = self.batch_model(call, request.path_params["model"], request.path_params.get("version"))
+    async def infer(self, call: Call, request: HttpRequest) -> HttpResponse:
+        primary = self.batch_model(call, request.path_params["model"], request)
         fallback = self.fallback_for(call, primary)
-        header_priority = request.header(b"x-priority")
-        call.priority = parse_priority(None, header_priority)  # the body may change it
-        share = tenant_share(call.tenant)
+        share = tenant_share(call.tenant)  # call.priority: X-Priority's (the body may change it)
         # 503 / 429 decided before the body is read; a model that cannot take it hands it to its fallback
         rt, _ = self.fallbacks.admit(primary, fallback, lambda r: r.precheck(call.priority, share))
         call.runtime = rt
@@ -245,8 +261,9 @@ class Api:
         body = await read_body(request, self.max_body)
         header_length = request.header(b"inference-header-content-length")
         req = oip.decode_request(body, header_length, rt.config)
-        call.deadline = self.deadline(rt, req.timeout_us, request.header(b"x-request-timeout-ms"))
-        call.priority = parse_priority(req.priority, header_priority)
+        call.deadline = self.deadline(rt, call, req.timeout_us)
+        if req.priority is not None:
+            call.priority = parse_priority(req.priority, None)
         try:
             version, rows, record = await self.oip_answer(call, rt, req)
         except ServingError as exc:  # refused at enqueue (queue full, deadline unmeetable)
@@ -291,7 +308,7 @@ class Api:
             deadline=call.deadline,
             priority=call.priority,
             share=tenant_share(call.tenant),
-            gone=call.request.peer.watch,
+            gone=call.departure.watch,
         )
         return results[0].version, [r.outputs for r in results], lifecycle(results)
 
@@ -321,13 +338,13 @@ class Api:
     def fallback_for(self, call: Call, primary: Runtime) -> Runtime | None:
         """The primary's fallback, if its model has one the caller may call."""
         fallback = self.fallbacks.target(primary)
-        tenant = call.tenant
-        if fallback is None or (tenant is not None and not tenant.may_call(fallback.name)):
+        if fallback is None or not call.tenant.may_call(fallback.name):
             return None
         return fallback
 
     # ---- shared -------------------------------------------------------------------------------------
-    def deadline(self, rt: Runtime, timeout_us: float | None, header_ms: str | None) -> float | None:
-        """The request's absolute deadline; the model's default_timeout_ms when the caller sets none."""
+    def deadline(self, rt: Runtime, call: Call, timeout_us: float | None = None) -> float | None:
+        """The request's absolute deadline: the smaller of the body's `timeout_us` (OIP) and the call's
+        `timeout_ms` (X-Request-Timeout-Ms), else the model's default_timeout_ms."""
         c = rt.config
-        return request_deadline(self.clock, c.max_timeout_ms, timeout_us, header_ms, c.default_timeout_ms)
+        return request_deadline(self.clock, c.max_timeout_ms, timeout_us, call.timeout_ms, c.default_timeout_ms)

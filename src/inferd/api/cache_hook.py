@@ -6,8 +6,8 @@ The `CacheResult` layer of the middleware chain then labels every response of a 
 with `X-Inferd-Cache: hit | miss | bypass` and counts it; "bypass" is anything not answered through the
 cache: errors (a failed answer is never stored), and routes or requests that cannot be cached.
 
-The tenant in the key is the caller's (`call.tenant`, set by the Auth layer; "" without
-tenants), so one tenant's answers never serve another. One store per served model version;
+The tenant in the key is the caller's authenticated tenant (`call.tenant`, set by the Auth layer; ""
+for every anonymous caller, as without tenants), so one tenant's answers never serve another. One store per served model version;
 when a version stops being served its store is emptied and dropped. A model with
 `cache.store = "redis"` keeps its answers in the Redis of `[gateway] redis_url`, shared by every front
 end (gateway/redis_cache.py); its store errors answer "bypass" and count in
@@ -21,9 +21,10 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from inferd.api.asgi import Response
 from inferd.clock import Clock
 from inferd.config.cache import CacheConfig
-from inferd.core.call import Call, Handler, Response
+from inferd.core.call import Call, Handler
 from inferd.errors import DeadlineExceeded
 from inferd.gateway.cache import Lookup, ResponseCache, request_key
 from inferd.gateway.redis_cache import RedisCacheClient, RedisResponseCache, check_cache_stores, redis_url_for
@@ -93,8 +94,8 @@ class CacheHook:
         the same tenant to the same model version, recorded on the call for `CacheResult`. A caller that
         waits for an identical request in flight is bounded by its own deadline (`call.deadline`: 504)."""
         store = self.store_for(rt)
-        tenant, deadline = call.tenant, call.deadline  # no tenant: anonymous callers share ""
-        key = request_key(tenant.name if tenant else "", rt.name, rt.version, canonical)
+        tenant, deadline = call.tenant, call.deadline  # anonymous callers share ""
+        key = request_key("" if tenant.anonymous else tenant.name, rt.name, rt.version, canonical)
         try:
             async with asyncio.timeout(None if deadline is None else max(0.0, deadline - self.clock.now())):
                 value, lookup = await store.get_or_compute(key, compute)
@@ -187,8 +188,8 @@ class CacheResult:
         self.inner = inner
         self.hook = hook
 
-    async def __call__(self, call: Call) -> Response:
-        response = await self.inner(call)
+    async def __call__(self, call: Call, request: object) -> Response:
+        response = await self.inner(call, request)
         rt = call.runtime
         if rt is not None and rt.config.cache.enabled:
             result = call.notes.get(NOTE, "bypass")

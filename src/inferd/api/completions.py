@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 
 from inferd.api import upstream
+from inferd.api.asgi import HttpRequest, HttpResponse, StreamingResponse
 from inferd.api.errors import status_of
 from inferd.api.http import (
     check_content_type,
@@ -42,10 +43,8 @@ from inferd.api.prompts import chat_prompt
 from inferd.api.prompts import prompt_text as _prompt_text
 from inferd.api.streams import collect, generate, interleave
 from inferd.config import ModelConfig
-from inferd.core.asgi import HttpRequest, HttpResponse, StreamingResponse
 from inferd.core.call import Call
 from inferd.errors import BadRequest, DeadlineExceeded, ServingError
-from inferd.gateway.auth import tenant_share
 from inferd.gateway.quota_layer import reserve_tokens
 from inferd.kinds.llm.placement import Generation
 from inferd.kinds.llm.runtime import LLMRuntime
@@ -113,14 +112,14 @@ _encoder = msgspec.json.Encoder()
 
 
 # ---- handlers -------------------------------------------------------------------------------------------
-async def completions(api: ApiContext, call: Call) -> HttpResponse | StreamingResponse:
-    body = await _read(api, call.request)
-    primary = text_model(api, call, body)
+async def completions(api: ApiContext, call: Call, request: HttpRequest) -> HttpResponse | StreamingResponse:
+    body = await _read(api, request)
+    primary = text_model(api, call, body, request)
     return await api.answer_with_fallback(call, primary, lambda rt: _complete(api, call, body, rt))
 
 
 async def _complete(api: ApiContext, call: Call, body: bytes, rt: TextRuntime) -> Response:
-    call.deadline = text_deadline(api, rt.config, call.request)
+    call.deadline = text_deadline(api, rt.config, call)
     if isinstance(rt, UpstreamRuntime):  # served by external engines
         return await upstream.forward(api, call, rt, body, "/completions")
     req = decode_json(_completion_decoder, body, "completion request", 'send {"model": ..., "prompt": ...}')
@@ -134,14 +133,14 @@ async def _complete(api: ApiContext, call: Call, body: bytes, rt: TextRuntime) -
     )
 
 
-async def chat_completions(api: ApiContext, call: Call) -> HttpResponse | StreamingResponse:
-    body = await _read(api, call.request)
-    primary = text_model(api, call, body)
+async def chat_completions(api: ApiContext, call: Call, request: HttpRequest) -> HttpResponse | StreamingResponse:
+    body = await _read(api, request)
+    primary = text_model(api, call, body, request)
     return await api.answer_with_fallback(call, primary, lambda rt: _chat(api, call, body, rt))
 
 
 async def _chat(api: ApiContext, call: Call, body: bytes, rt: TextRuntime) -> Response:
-    call.deadline = text_deadline(api, rt.config, call.request)
+    call.deadline = text_deadline(api, rt.config, call)
     if isinstance(rt, UpstreamRuntime):  # served by external engines
         return await upstream.forward(api, call, rt, body, "/chat/completions")
     req = decode_json(
@@ -169,20 +168,19 @@ def _chat_choice(i: int, text: str, finish: str | None) -> dict[str, Any]:
     return {"index": i, "message": message, "finish_reason": finish, "logprobs": None}
 
 
-def text_model(api: ApiContext, call: Call, body: bytes) -> LLMRuntime | UpstreamRuntime:
+def text_model(api: ApiContext, call: Call, body: bytes, request: HttpRequest) -> LLMRuntime | UpstreamRuntime:
     """The model the request names: generated here (LLMRuntime) or forwarded (UpstreamRuntime)."""
     name = decode_json(_named, body, "completion request", 'send {"model": ..., ...}').model
-    rt = api.text_model(call, name)
+    rt = api.text_model(call, name, request)
     if not isinstance(rt, LLMRuntime | UpstreamRuntime):
         raise BadRequest(f"model {name!r} is a {rt.kind} model: it does not generate text")
     return rt
 
 
-def text_deadline(api: ApiContext, config: ModelConfig, request: HttpRequest) -> float | None:
-    """The caller's deadline (X-Request-Timeout-Ms); text generation gets no default deadline, so a long
-    answer is never cut short unless the caller asks."""
-    header = request.header(b"x-request-timeout-ms")
-    return request_deadline(api.clock, config.max_timeout_ms, None, header, None)
+def text_deadline(api: ApiContext, config: ModelConfig, call: Call) -> float | None:
+    """The caller's deadline (`call.timeout_ms`: X-Request-Timeout-Ms); text generation gets no default
+    deadline, so a long answer is never cut short unless the caller asks."""
+    return request_deadline(api.clock, config.max_timeout_ms, None, call.timeout_ms, None)
 
 
 def worker_header(stream: TokenStream) -> list[tuple[bytes, bytes]]:
@@ -204,7 +202,6 @@ class _TextCall:
         self.rt = rt
         self.req = req
         self.call = call
-        self.request = call.request
         self.deadline = call.deadline
         self.chat = isinstance(req, ChatRequest)
         self.what = "messages" if self.chat else "prompt"
@@ -268,30 +265,20 @@ class _TextCall:
             seed = None  # -1 and other negatives mean "no seed" (llama.cpp's convention)
         if seed is not None and seed > MAX_SEED:
             raise BadRequest(f"seed must be at most {MAX_SEED} (or negative for none), got {seed}")
-        tenant = self.tenant()
-        self.call.priority = parse_priority(req.priority, self.request.header(b"x-priority"))
+        tenant = self.call.tenant  # one value: the prefix-cache salt and the fairness lane
+        if req.priority is not None:  # else X-Priority's, or interactive
+            self.call.priority = parse_priority(req.priority, None)
         return Generation(
             max_tokens=max_tokens,
             seed=seed,
             temperature=temperature,
             top_p=top_p,
             priority=self.call.priority,
-            tenant=tenant,
-            weight=tenant_share(self.call.tenant).weight,
+            tenant=tenant.name,
+            weight=tenant.config.weight,
             ignore_eos=req.ignore_eos,
             deadline=self.deadline,
         )
-
-    def tenant(self) -> str:
-        """The prefix-cache salt: the authenticated tenant when tenants are configured (X-Tenant is then
-        ignored), else X-Tenant."""
-        authenticated = self.call.tenant
-        if authenticated is not None:
-            return authenticated.name
-        tenant = self.request.header(b"x-tenant") or ""
-        if len(tenant) > 256:
-            raise BadRequest(f"X-Tenant is {len(tenant)} characters long; at most 256")
-        return tenant
 
     @property
     def include_usage(self) -> bool:
@@ -318,7 +305,7 @@ class _TextCall:
 
         async def compute() -> tuple[Answer, int]:
             streams = await self.start(prompt, max_tokens)
-            texts = await collect(self.rt, streams, self.stops, self.request)
+            texts = await collect(self.rt, streams, self.stops, self.call.departure)
             choices = [choice(i, text, finish) for i, (text, finish) in enumerate(texts)]
             answer = (choices, self.usage(streams), streams[0].worker_id)
             return answer, len(_encoder.encode(answer))

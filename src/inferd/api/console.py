@@ -17,8 +17,8 @@ from collections.abc import Awaitable, Callable
 from importlib import resources
 from urllib.parse import parse_qs
 
+from inferd.api.asgi import HttpRequest, HttpResponse, Router
 from inferd.api.console_feed import ConsoleFeed
-from inferd.core.asgi import HttpRequest, HttpResponse, Router
 
 COOKIE = "inferd_console"
 ASSETS = {

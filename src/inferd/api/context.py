@@ -7,9 +7,9 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import Protocol
 
+from inferd.api.asgi import HttpRequest, HttpResponse, StreamingResponse
 from inferd.api.cache_hook import CacheHook
 from inferd.clock import Clock
-from inferd.core.asgi import HttpResponse, StreamingResponse
 from inferd.core.call import Call
 from inferd.gateway.shadow import Shadows
 from inferd.kinds.batch.dispatcher import ModelRuntime
@@ -24,15 +24,18 @@ class ApiContext(Protocol):
     shadows: Shadows
     """Shadow copies of sampled requests (a model's traffic.shadow), for routes that mirror them."""
 
-    def batch_model(self, call: Call, name: str, version: str | None = None) -> ModelRuntime:
+    def batch_model(self, call: Call, name: str, request: HttpRequest) -> ModelRuntime:
         """The batch-kind runtime (ModelRuntime) serving `name`, recorded on the call; 400 for other kinds."""
         ...
 
-    def text_model(self, call: Call, name: str) -> Runtime:
+    def text_model(self, call: Call, name: str, request: HttpRequest) -> Runtime:
         """The llm- or upstream-kind runtime serving `name`, recorded on the call; 400 for other kinds."""
         ...
 
-    def deadline(self, rt: Runtime, timeout_us: float | None, header_ms: str | None) -> float | None: ...
+    def deadline(self, rt: Runtime, call: Call, timeout_us: float | None = None) -> float | None:
+        """The call's absolute deadline on `rt` (api/http.py `request_deadline`: the smaller one given,
+        else the model's default)."""
+        ...
 
     async def answer_with_fallback(
         self,

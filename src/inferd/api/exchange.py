@@ -23,7 +23,7 @@ from inferd.api.errors import error_headers, status_of
 from inferd.errors import ServingError
 
 if TYPE_CHECKING:
-    from inferd.core.asgi import AsgiApp
+    from inferd.api.asgi import AsgiApp
 
 log = logging.getLogger("inferd.frontdoor")
 

@@ -35,9 +35,9 @@ from typing import Any
 
 import httptools
 
+from inferd.api.asgi import AsgiApp
 from inferd.api.door_policy import DoorPolicy
 from inferd.api.exchange import HIGH_WATER_BYTES, Exchange, bad_request, canned_response, request_scope
-from inferd.core.asgi import AsgiApp
 from inferd.errors import ServingError
 
 log = logging.getLogger("inferd.frontdoor")

@@ -1,5 +1,5 @@
-"""HTTP helpers shared by the route modules: content type, bounded body reads, priorities and deadlines
-from the wire. (Waiting for a batch model's results is kinds/batch/service.py's.)"""
+"""HTTP helpers shared by the route modules: content type, bounded body reads, priorities, and the one
+rule that makes a request's deadline. (Waiting for a batch model's results is kinds/batch/service.py's.)"""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from typing import TypeVar
 
 import msgspec
 
+from inferd.api.asgi import HttpRequest, HttpResponse
 from inferd.clock import Clock
-from inferd.core.asgi import HttpRequest, HttpResponse
 from inferd.core.disconnect import ClientGone
 from inferd.errors import BadRequest, PayloadTooLarge, UnsupportedMediaType
 from inferd.routing.fairness import BULK, INTERACTIVE, PRIORITY_NAMES
@@ -146,16 +146,22 @@ def request_deadline(
     clock: Clock,
     max_timeout_ms: float,
     timeout_us: float | None,
-    header_ms: str | None,
+    header_ms: float | None,
     default_ms: float | None,
 ) -> float | None:
-    """A request's absolute deadline on `clock`: OIP parameters.timeout (microseconds, Triton's way), else
-    X-Request-Timeout-Ms, else `default_ms` (None: no deadline). Out-of-range values are a 400."""
-    timeout_ms = default_ms
-    if timeout_us is not None:
-        timeout_ms = timeout_us / 1000.0
-    elif header_ms is not None:
-        timeout_ms = header_timeout_ms(header_ms)
+    """A request's absolute deadline on `clock`, the one rule of every route: the smaller of OIP
+    parameters.timeout (microseconds, Triton's way) and X-Request-Timeout-Ms (`Call.timeout_ms`) when
+    both are given, the one given, else `default_ms` (None: no deadline). A value given outside
+    (0, max_timeout_ms] is a 400."""
+    timeout_ms = None
+    for given in (None if timeout_us is None else timeout_us / 1000.0, header_ms):
+        if given is None:
+            continue
+        if not 0 < given <= max_timeout_ms:
+            raise BadRequest(f"timeout of {given} ms is outside (0, {max_timeout_ms}] ms")
+        timeout_ms = given if timeout_ms is None else min(timeout_ms, given)
+    if timeout_ms is None:
+        timeout_ms = default_ms
     if timeout_ms is None:
         return None
     if not 0 < timeout_ms <= max_timeout_ms:

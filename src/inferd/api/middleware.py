@@ -1,12 +1,14 @@
 """The one request middleware chain every route passes through.
 
 A layer is a small class holding `inner` (the rest of the chain) that does its work around
-`await self.inner(call)`. `app.py` declares the chain as a list, outermost first, and logs it at start:
+`await self.inner(call, request)` (`request`: the edge's own, passed along unread; a layer reads the
+Call, which the edge filled once: api/http_call.py). `app.py` declares the chain as a list, outermost
+first, and logs it at start:
 
-    request_context -> access_log -> accounting -> model_version -> errors -> route handler
+    request_context -> access_log -> accounting -> tenant_requests -> model_version -> cache_result
+        -> errors -> auth -> quotas -> route handler
 
-Authentication, quotas and the response cache plug in as more layers of the same list; the first layer
-(api/request_context.py) gives the call its request id, its log context and its trace span. A
+The first layer (api/request_context.py) gives the call its log context and its trace span. A
 handler records the model version that serves the call in `call.runtime` as soon as it knows it (OIP
 routes from the path, OpenAI routes from the body), so accounting counts every request of every kind.
 """
@@ -17,11 +19,11 @@ import logging
 import random
 from collections.abc import Callable
 
+from inferd.api.asgi import HttpResponse, Response
 from inferd.api.errors import error_headers, status_of
 from inferd.api.http import ClientGone, json_response
 from inferd.clock import Clock
-from inferd.core.asgi import HttpResponse, StreamingResponse
-from inferd.core.call import Call, Handler, Response
+from inferd.core.call import Call, Handler
 from inferd.errors import Internal, Overloaded, ServingError
 from inferd.observability.metrics import Metrics
 from inferd.runtime.contract import Runtime
@@ -43,9 +45,9 @@ class Errors:
     def __init__(self, inner: Handler) -> None:
         self.inner = inner
 
-    async def __call__(self, call: Call) -> Response:
+    async def __call__(self, call: Call, request: object) -> Response:
         try:
-            return await self.inner(call)
+            return await self.inner(call, request)
         except ServingError as exc:
             status, call.outcome = status_of(exc)
             if isinstance(exc, Overloaded) or status == 429:
@@ -56,7 +58,7 @@ class Errors:
             return HttpResponse(status=499, content_type=None)
         except Exception as exc:
             error_id = f"{id(exc):x}"
-            log.exception("internal error %s on %s %s", error_id, call.request.method, call.request.path)
+            log.exception("internal error %s on %s %s", error_id, call.method, call.target)
             call.outcome = "internal"
             return json_response(call.error_body(Internal(f"internal error (id {error_id})"), 500), 500)
 
@@ -79,10 +81,10 @@ class Accounting:
         self.observe = observe
         """Also told each call's version, outcome and latency (the traffic splits' canary judge)."""
 
-    async def __call__(self, call: Call) -> Response:
+    async def __call__(self, call: Call, request: object) -> Response:
         call.started_at = self.clock.now()
-        response = await self.inner(call)
-        if isinstance(response, StreamingResponse):
+        response = await self.inner(call, request)
+        if response.streamed:
             response.on_close(lambda: self._count(call))
         else:
             self._count(call)
@@ -109,8 +111,8 @@ class ModelVersion:
     def __init__(self, inner: Handler) -> None:
         self.inner = inner
 
-    async def __call__(self, call: Call) -> Response:
-        response = await self.inner(call)
+    async def __call__(self, call: Call, request: object) -> Response:
+        response = await self.inner(call, request)
         rt = call.runtime
         if rt is not None and response.header(b"x-inferd-model-version") is None:
             response.headers.append((b"x-inferd-model-version", str(rt.version).encode()))
@@ -129,9 +131,9 @@ class AccessLog:
         self.clock = clock
         self.sample = sample
 
-    async def __call__(self, call: Call) -> Response:
+    async def __call__(self, call: Call, request: object) -> Response:
         start = self.clock.now()
-        response = await self.inner(call)
+        response = await self.inner(call, request)
         if self.sample < 1.0 and random.random() >= self.sample:  # nosec B311  # log sampling, not secrets
             return response
 
@@ -141,8 +143,8 @@ class AccessLog:
 
         rt = call.runtime
         fields = {
-            "method": call.request.method,
-            "path": call.request.path,
+            "method": call.method,
+            "path": call.target,
             "status": response.status,
             "outcome": call.outcome,
             "model_version": f"{rt.name}:{rt.version}" if rt is not None else "-",

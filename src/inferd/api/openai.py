@@ -11,9 +11,9 @@ from typing import Literal
 import msgspec
 import numpy as np
 
+from inferd.api.asgi import HttpRequest, HttpResponse, StreamingResponse
 from inferd.api.context import ApiContext
-from inferd.api.http import check_content_type, decode_json, json_response, parse_priority, read_body
-from inferd.core.asgi import HttpResponse, StreamingResponse
+from inferd.api.http import check_content_type, decode_json, json_response, read_body
 from inferd.core.call import Call
 from inferd.errors import BadRequest, ServingError
 from inferd.gateway.auth import tenant_share
@@ -49,12 +49,11 @@ def list_models(names: list[str], started_at: float) -> HttpResponse:
     return json_response(_encoder.encode({"object": "list", "data": data}))
 
 
-async def embeddings(api: ApiContext, call: Call) -> HttpResponse | StreamingResponse:
-    request = call.request
+async def embeddings(api: ApiContext, call: Call, request: HttpRequest) -> HttpResponse | StreamingResponse:
     check_content_type(request, ("application/json", ""))
     body = await read_body(request, api.max_body)
     req = decode_json(_decoder, body, "embeddings request", 'send {"model": ..., "input": ...}')
-    primary = api.batch_model(call, req.model)
+    primary = api.batch_model(call, req.model, request)
     # a batch model's fallback is a batch model too (same API family: KindRegistry.same_api)
     return await api.answer_with_fallback(call, primary, lambda rt: _embed(api, call, req, rt, primary))
 
@@ -65,16 +64,15 @@ async def _embed(
     """The embeddings of `req` by `rt` (the model it names, `primary`, or that model's fallback)."""
     texts = _texts(req, rt.config.max_items_per_request)
     _check_embedder(rt, req)
-    call.priority = parse_priority(None, call.request.header(b"x-priority"))
     share = tenant_share(call.tenant)  # the tenant's lane in the queue
-    rt.precheck(call.priority, share)
+    rt.precheck(call.priority, share)  # call.priority: X-Priority's
     # the model's default applies when the caller names none: a fallback's own
-    deadline = call.deadline = api.deadline(rt, None, call.request.header(b"x-request-timeout-ms"))
+    deadline = call.deadline = api.deadline(rt, call)
 
     async def compute() -> tuple[tuple[bytes, int], int]:
         payloads = [t.encode() for t in texts]
         results = await rt.service.infer(
-            payloads, deadline=deadline, priority=call.priority, share=share, gone=call.request.peer.watch
+            payloads, deadline=deadline, priority=call.priority, share=share, gone=call.departure.watch
         )
         body, truncated = _encode(req, [r.outputs for r in results])
         return (body, truncated), len(body)

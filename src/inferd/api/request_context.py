@@ -1,11 +1,13 @@
-"""The first layer of the chain: who a request is, for the logs, the traces and the caller.
+"""The first layer of the chain: who a request is, for the logs, the traces and the caller. It reads
+the Call, never the request: the edge has read the headers (api/http_call.py).
 
-- X-Request-Id: the caller's when it is 1..128 characters of [A-Za-z0-9._:-], else a new one; returned
-  on every response, and named in every error body (`request_id`).
+- The request id (`call.request_id`: the caller's X-Request-Id when it is 1..128 characters of
+  [A-Za-z0-9._:-], else a new one): returned on every response, and named in every error body.
 - The log context (observability/logging_setup.RequestLog): every line written for the request carries
   its request_id, tenant and model (and trace_id, span_id).
-- With tracing on, the inferd.request span (continuing the caller's traceparent), current while the
-  request is handled and ended when its response (or its stream) ends.
+- With tracing on, the inferd.request span (continuing the caller's trace context,
+  `call.traceparent` and `call.tracestate`), current while the request is handled and ended when its
+  response (or its stream) ends.
 
 Tracing off, a request pays a request id, a contextvar set and reset, and one header.
 """
@@ -15,17 +17,18 @@ from __future__ import annotations
 import contextlib
 from functools import partial
 
-from inferd.core.asgi import StreamingResponse
-from inferd.core.call import Call, Handler, Response
+from inferd.api.asgi import Response
+from inferd.core.call import Call, Handler
 from inferd.observability import tracing
-from inferd.observability.logging_setup import CURRENT, RequestLog, accept_request_id
+from inferd.observability.logging_setup import CURRENT, RequestLog
+from inferd.routing.fairness import BULK
 
 
 def describe(call: Call) -> tuple[str | None, str | None]:
-    """(tenant, model) of the call, once known."""
+    """(tenant, model) of the call, once known (an anonymous caller has no tenant here)."""
     tenant = call.tenant
     rt = call.runtime
-    return (tenant.name if tenant is not None else None), (rt.name if rt is not None else None)
+    return (None if tenant.anonymous else tenant.name), (rt.name if rt is not None else None)
 
 
 def _leave(log_token: object, span_token: object | None = None) -> None:
@@ -40,40 +43,38 @@ class RequestContext:
     def __init__(self, inner: Handler) -> None:
         self.inner = inner
 
-    async def __call__(self, call: Call) -> Response:
-        call.request_id = request_id = accept_request_id(call.request.header(b"x-request-id"))
-        log_token = CURRENT.set(RequestLog(request_id, call, describe))
+    async def __call__(self, call: Call, request: object) -> Response:
+        log_token = CURRENT.set(RequestLog(call.request_id, call, describe))
         if tracing.ENABLED:
-            return await self._traced(call, log_token)
-        return await self._untraced(call, log_token)
+            return await self._traced(call, request, log_token)
+        return await self._untraced(call, request, log_token)
 
-    async def _untraced(self, call: Call, log_token: object) -> Response:
+    async def _untraced(self, call: Call, request: object, log_token: object) -> Response:
         try:
-            response = await self.inner(call)
+            response = await self.inner(call, request)
         except BaseException:
             CURRENT.reset(log_token)  # type: ignore[arg-type]
             raise
         response.headers.append((b"x-request-id", call.request_id.encode()))
-        if isinstance(response, StreamingResponse):
+        if response.streamed:
             response.on_close(partial(_leave, log_token))
         else:
             CURRENT.reset(log_token)  # type: ignore[arg-type]
         return response
 
-    async def _traced(self, call: Call, log_token: object) -> Response:
-        request = call.request
-        span = tracing.start_request(request.method, call.route, request.header)
+    async def _traced(self, call: Call, request: object, log_token: object) -> Response:
+        span = tracing.start_request(call.method, call.route, call.traceparent, call.tracestate)
         if span is None:  # left out by the sampler: served as if tracing were off
-            return await self._untraced(call, log_token)
+            return await self._untraced(call, request, log_token)
         span_token = tracing.enter(span)
         try:
-            response = await self.inner(call)
+            response = await self.inner(call, request)
         except BaseException:
             self._finish(call, span, 499)
             _leave(log_token, span_token)
             raise
         response.headers.append((b"x-request-id", call.request_id.encode()))
-        if isinstance(response, StreamingResponse):
+        if response.streamed:
             response.on_close(partial(self._finish, call, span, response.status))
             response.on_close(partial(_leave, log_token, span_token))
         else:
@@ -90,7 +91,7 @@ class RequestContext:
             "model": model,
             "version": rt.version if rt is not None else None,
             "tenant": tenant,
-            "priority": call.request.header(b"x-priority") or "interactive",
+            "priority": "bulk" if call.priority == BULK else "interactive",
             "outcome": call.outcome,
             "request_id": call.request_id,
         }

@@ -19,13 +19,14 @@ functions): a bad body is its 400, never forwarded; the owner parses it again, a
 from __future__ import annotations
 
 import os
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from typing import Any
 
 import msgspec
 
-from inferd.api.http import check_content_type, header_timeout_ms, json_response, read_body
-from inferd.core.asgi import HttpRequest, HttpResponse
+from inferd.api.asgi import HttpRequest, HttpResponse
+from inferd.api.http import check_content_type, json_response, read_body
+from inferd.api.http_call import Hints
 from inferd.core.call import Call
 from inferd.errors import BadRequest
 from inferd.frontends.search_writes import (
@@ -43,7 +44,10 @@ from inferd.kinds.search.kind import API
 from inferd.kinds.search.requests import json_object, parse_documents, parse_search
 from inferd.kinds.search.store import IndexStore
 
-Add = Callable[[str, str, Callable[[Call], Awaitable[Any]]], None]
+Add = Callable[..., None]
+"""api/app.py's: (method, path, handler(call, request), [error body, hints])."""
+SEARCH = Hints(priority=False, tenant=False)
+"""A search reads X-Request-Timeout-Ms of the caller's wishes (no priority class, no tenant lane)."""
 _json = msgspec.json.Encoder()
 GET_TIMEOUT_S = 5.0
 
@@ -57,7 +61,7 @@ def add_search_routes(add: Add, server: Any) -> None:
     add("POST", "/v1/indexes/{name}/documents", routes.post_documents)
     add("GET", "/v1/indexes/{name}/documents/{id}", routes.get_document)
     add("DELETE", "/v1/indexes/{name}/documents/{id}", routes.delete_document)
-    add("POST", "/v1/indexes/{name}/search", routes.search)
+    add("POST", "/v1/indexes/{name}/search", routes.search, hints=SEARCH)
 
 
 class SearchRoutes:
@@ -76,9 +80,9 @@ class SearchRoutes:
         """The served models of the kinds that come in on these routes (`Kind.api`)."""
         return self.server.registry.names(self.server.kinds.serving(API))
 
-    def index(self, call: Call) -> Any:
+    def index(self, call: Call, request: HttpRequest) -> Any:
         """The index the path names (404 when unknown; 403 outside the caller's tenant)."""
-        name = call.request.path_params["name"]
+        name = request.path_params["name"]
         check_model(call.tenant, name, self.indexes)
         rt = self.admin.find(name)
         call.runtime = rt
@@ -89,37 +93,37 @@ class SearchRoutes:
         return await read_body(request, self.max_body)
 
     # ---- indexes -------------------------------------------------------------------------------------
-    async def put_index(self, call: Call) -> HttpResponse:
-        name = call.request.path_params["name"]
+    async def put_index(self, call: Call, request: HttpRequest) -> HttpResponse:
+        name = request.path_params["name"]
         check_model(call.tenant, name, lambda: [name])  # a tenant creates only names it may use
-        answer = await self.write(Write("create", name, body=await self.body(call.request)))
+        answer = await self.write(Write("create", name, body=await self.body(request)))
         call.runtime = self.server.registry.get(name) if name in self.server.registry else None
         return answer
 
-    async def list_indexes(self, call: Call) -> HttpResponse:
+    async def list_indexes(self, call: Call, request: HttpRequest) -> HttpResponse:
         names = allowed_models(call.tenant, self.indexes())
         return _answer({"indexes": [describe(self.server.registry.get(n)) for n in names]})
 
-    async def get_index(self, call: Call) -> HttpResponse:
-        return _answer(describe(self.index(call)))
+    async def get_index(self, call: Call, request: HttpRequest) -> HttpResponse:
+        return _answer(describe(self.index(call, request)))
 
-    async def delete_index(self, call: Call) -> HttpResponse:
-        rt = self.index(call)
+    async def delete_index(self, call: Call, request: HttpRequest) -> HttpResponse:
+        rt = self.index(call, request)
         return await self.write(Write("drop", rt.name))
 
     # ---- documents -----------------------------------------------------------------------------------
-    async def post_documents(self, call: Call) -> HttpResponse:
-        rt = self.index(call)
-        return await self.write(Write("upsert", rt.name, body=await self.body(call.request)), rt)
+    async def post_documents(self, call: Call, request: HttpRequest) -> HttpResponse:
+        rt = self.index(call, request)
+        return await self.write(Write("upsert", rt.name, body=await self.body(request)), rt)
 
-    async def get_document(self, call: Call) -> HttpResponse:
-        rt = self.index(call)
-        doc = await rt.index.get(call.request.path_params["id"], rt.clock.now() + GET_TIMEOUT_S)
+    async def get_document(self, call: Call, request: HttpRequest) -> HttpResponse:
+        rt = self.index(call, request)
+        doc = await rt.index.get(request.path_params["id"], rt.clock.now() + GET_TIMEOUT_S)
         return _answer({"id": doc.id, "text": doc.text, "title": doc.title, "fields": doc.fields})
 
-    async def delete_document(self, call: Call) -> HttpResponse:
-        rt = self.index(call)
-        return await self.write(Write("delete", rt.name, key=call.request.path_params["id"]), rt)
+    async def delete_document(self, call: Call, request: HttpRequest) -> HttpResponse:
+        rt = self.index(call, request)
+        return await self.write(Write("delete", rt.name, key=request.path_params["id"]), rt)
 
     async def write(self, write: Write, rt: Any = None) -> HttpResponse:
         """Run a write here, or (a follower) have the owner run it and answer as it did."""
@@ -156,12 +160,17 @@ class SearchRoutes:
         return _json.encode(describe(self.server.registry.get(name))), created
 
     # ---- search --------------------------------------------------------------------------------------
-    async def search(self, call: Call) -> HttpResponse:
-        rt = self.index(call)
-        header = call.request.header(b"x-request-timeout-ms")
-        header_ms = None if header is None else header_timeout_ms(header)
-        req = parse_search(await self.body(call.request), rt.params.fields, rt.params.shards, header_ms)
+    async def search(self, call: Call, request: HttpRequest) -> HttpResponse:
+        rt = self.index(call, request)
+        req = parse_search(await self.body(request), rt.params.fields, rt.params.shards, call.timeout_ms)
+        call.deadline = search_deadline(rt.clock.now(), req.timeout_ms)
         return _answer(await rt.index.search(req))
+
+
+def search_deadline(now: float, timeout_ms: float) -> float:
+    """A search's deadline on the server's clock: its time (the smaller of the body's timeout_ms and
+    X-Request-Timeout-Ms, kinds/search/requests.py `parse_search`) from `now`."""
+    return now + timeout_ms / 1000.0
 
 
 def check(write: Write, rt: Any) -> None:

@@ -10,8 +10,7 @@ import asyncio
 from collections.abc import AsyncIterator
 from typing import TypeVar
 
-from inferd.core.asgi import HttpRequest
-from inferd.core.disconnect import until_disconnect
+from inferd.core.disconnect import Departure, until_disconnect
 from inferd.errors import ModelError, WorkerUnavailable
 from inferd.kinds.llm.runtime import LLMRuntime
 from inferd.kinds.llm.stream import TokenStream
@@ -58,7 +57,7 @@ async def _close(iters: list[AsyncIterator[T]]) -> None:
 
 
 async def collect(
-    rt: LLMRuntime, streams: list[TokenStream], stops: list[str], request: HttpRequest
+    rt: LLMRuntime, streams: list[TokenStream], stops: list[str], departure: Departure
 ) -> list[tuple[str, str]]:
     """Every choice's whole completion, for a non-streaming request; a disconnect aborts the sequences
     (499). A stream's error (DeadlineExceeded, WorkerDied, ...) is raised once all have ended."""
@@ -73,7 +72,7 @@ async def collect(
     gone = True  # until every choice has ended: a disconnect (499) or a cancellation ended the wait
     try:
         work = asyncio.gather(*(gather(s) for s in streams), return_exceptions=True)
-        results = await until_disconnect(request.peer, work)
+        results = await until_disconnect(departure, work)
         gone = False
     finally:
         for stream in streams:

@@ -20,13 +20,13 @@ from typing import TYPE_CHECKING, Any
 import aiohttp
 import msgspec
 
+from inferd.api.asgi import HttpResponse, StreamingResponse
 from inferd.api.errors import status_of
 from inferd.api.http import decode_json
 from inferd.api.middleware import record_stream_error
 from inferd.api.openai import openai_error
-from inferd.core.asgi import HttpRequest, HttpResponse, StreamingResponse
 from inferd.core.call import Call
-from inferd.core.disconnect import until_disconnect
+from inferd.core.disconnect import Departure, until_disconnect
 from inferd.errors import ServingError, WorkerDied
 from inferd.kinds.upstream.pool import Outcome, classify_status
 from inferd.kinds.upstream.reply import UpstreamReply, describe
@@ -73,15 +73,15 @@ async def forward(
     api: ApiContext, call: Call, rt: UpstreamRuntime, body: bytes, path: str
 ) -> HttpResponse | StreamingResponse:
     """The call relayed to `rt`'s upstream under its deadline (`call.deadline`)."""
-    request, deadline = call.request, call.deadline
+    departure, deadline = call.departure, call.deadline
     req = decode_json(_request, body, "completion request", 'send {"model": ..., ...}')
     stream = req.get("stream") is True
     relay = _Relay(rt, api.clock.now(), client_wants_usage(req), deadline)
     payload = upstream_payload(req, rt.upstream_model, stream)
-    reply = await until_disconnect(request.peer, rt.send(path, payload, deadline))
+    reply = await until_disconnect(departure, rt.send(path, payload, deadline))
     if stream and reply.status == 200:
         return StreamingResponse(relay.events(reply, call))
-    return await relay.whole(reply, request)
+    return await relay.whole(reply, departure)
 
 
 def client_wants_usage(req: dict[str, Any]) -> bool:
@@ -112,13 +112,13 @@ class _Relay:
         self.deadline = deadline
         self.first = True
 
-    async def whole(self, reply: UpstreamReply, request: HttpRequest) -> HttpResponse:
+    async def whole(self, reply: UpstreamReply, departure: Departure) -> HttpResponse:
         """A JSON answer (non-streaming, or an error status), read whole, passed through."""
         outcome = Outcome.IGNORABLE
         bound = asyncio.timeout(self.rt.remaining_s(self.deadline))
         try:
             async with bound:
-                data = await until_disconnect(request.peer, reply.response.read())
+                data = await until_disconnect(departure, reply.response.read())
             outcome = classify_status(reply.status)
         except (aiohttp.ClientError, TimeoutError) as exc:
             if bound.expired():  # the caller's deadline: closing the connection cancels it upstream

@@ -3,8 +3,8 @@
 A tenant is identified by its API keys (stored only as SHA-256 digests), may call only the models it
 lists, and carries its share (`weight`) and its limits. The authenticated tenant of a call is
 `call.tenant` (a core/tenant.py `Tenant`), set by the Auth layer; layers after it (quotas, cache,
-fairness) and the handlers read it from there. With no tenant configured, calls carry no tenant and
-nothing is enforced.
+fairness) and the handlers read it from there. With no tenant configured nothing is enforced, and a
+call's tenant is the anonymous one its edge made (the HTTP edge: from X-Tenant).
 
 Kept apart from the gateway (it imports only pydantic) so the request core can name a tenant's config.
 """

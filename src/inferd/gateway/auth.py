@@ -1,12 +1,13 @@
 """Who is calling: the `Auth` layer of the request chain, and the tenant checks on models.
 
 With any `[tenants.NAME]` configured, every data-plane route needs an API key, as `Authorization:
-Bearer KEY` (what OpenAI clients send) or `X-API-Key: KEY`. The key names the tenant (`X-Tenant` is
+Bearer KEY` (what OpenAI clients send) or `X-API-Key: KEY`, which the edge reads into `call.credential`
+(api/http_call.py): this layer reads the Call, never a header. The key names the tenant (`X-Tenant` is
 then ignored); the layer sets `call.tenant` for the layers after it and the handlers. A missing,
 unknown or expired key is a 401 with `WWW-Authenticate: Bearer`; a model outside the tenant's `models`
 is a 403, and the unknown-model 404 names only the models the tenant may call. The health routes and
 /openapi.json stay open, and /metrics too unless `[gateway] metrics_require_key = true`. With no tenant
-configured nothing is enforced and calls carry no tenant.
+configured nothing is enforced and calls carry the edge's anonymous tenant (core/tenant.py).
 
 Keys are never logged nor echoed: error messages say what was wrong, never what was sent.
 """
@@ -17,8 +18,7 @@ from collections.abc import Callable
 
 from prometheus_client import CollectorRegistry, Counter
 
-from inferd.core.asgi import StreamingResponse
-from inferd.core.call import Call, Handler, Response
+from inferd.core.call import Call, Handler, Reply
 from inferd.core.tenant import Tenant
 from inferd.errors import Forbidden, NotFound, Unauthorized
 from inferd.gateway.keys import KeyStatus
@@ -36,26 +36,10 @@ _REFUSALS = {
 }
 
 
-def presented_key(call: Call) -> str | None:
-    """The key the caller sent: a Bearer credential, else X-API-Key (None: neither)."""
-    request = call.request
-    raw = None
-    authorization = request.header(b"authorization")
-    if authorization:
-        scheme, _, credential = authorization.strip().partition(" ")
-        if scheme.lower() == "bearer":
-            raw = credential.strip()
-    if not raw:
-        raw = (request.header(b"x-api-key") or "").strip()
-    if not raw:
-        return None
-    return raw.encode("latin-1").decode("utf-8", "surrogateescape")  # the header's bytes, as sent
-
-
-def needs_key(gate: Gate, path: str) -> bool:
-    if not gate.enforced or path in OPEN_PATHS:
+def needs_key(gate: Gate, route: str) -> bool:
+    if not gate.enforced or route in OPEN_PATHS:
         return False
-    return path != METRICS_PATH or gate.config.metrics_require_key
+    return route != METRICS_PATH or gate.config.metrics_require_key
 
 
 class Auth:
@@ -66,20 +50,20 @@ class Auth:
         self.inner = inner
         self.gate = gate
 
-    async def __call__(self, call: Call) -> Response:
+    async def __call__(self, call: Call, request: object) -> Reply:
         gate = self.gate()
-        if needs_key(gate, call.request.path):
-            found = gate.directory.check(presented_key(call))
+        if needs_key(gate, call.route):
+            found = gate.directory.check(call.credential)
             if found.tenant is None:
                 raise Unauthorized(_REFUSALS[found.status])
             call.tenant = found.tenant
-        return await self.inner(call)
+        return await self.inner(call, request)
 
 
-def check_model(tenant: Tenant | None, name: str, served_names: Callable[[], list[str]]) -> None:
+def check_model(tenant: Tenant, name: str, served_names: Callable[[], list[str]]) -> None:
     """The tenant may call `name`: else 404 when it is not served (naming only the tenant's models), or
-    403. No tenant: nothing to check (the registry's own 404 names every model)."""
-    if tenant is None:
+    403. An anonymous caller: nothing to check (the registry's own 404 names every model)."""
+    if tenant.anonymous:
         return
     served = served_names()
     if name not in served:
@@ -90,13 +74,14 @@ def check_model(tenant: Tenant | None, name: str, served_names: Callable[[], lis
         )
 
 
-def tenant_share(tenant: Tenant | None) -> TenantShare:
-    """The caller's lane and weight in a batch model's queue (routing/fairness.py)."""
-    return NO_TENANT if tenant is None else TenantShare(tenant.name, tenant.config.weight)
+def tenant_share(tenant: Tenant) -> TenantShare:
+    """The caller's lane and weight in a queue (routing/fairness.py): its tenant's, authenticated or
+    anonymous (the anonymous caller that names no tenant shares one lane)."""
+    return NO_TENANT if tenant.name == "" else TenantShare(tenant.name, tenant.config.weight)
 
 
-def allowed_models(tenant: Tenant | None, served: list[str]) -> list[str]:
-    return [name for name in served if tenant is None or tenant.may_call(name)]
+def allowed_models(tenant: Tenant, served: list[str]) -> list[str]:
+    return [name for name in served if tenant.may_call(name)]
 
 
 def tenant_counter(registry: CollectorRegistry) -> Counter:
@@ -117,16 +102,14 @@ class TenantRequests:
         self.inner = inner
         self.counter = counter
 
-    async def __call__(self, call: Call) -> Response:
-        response = await self.inner(call)
-        if call.tenant is not None:
-            if isinstance(response, StreamingResponse):
+    async def __call__(self, call: Call, request: object) -> Reply:
+        response = await self.inner(call, request)
+        if not call.tenant.anonymous:
+            if response.streamed:
                 response.on_close(lambda: self._count(call))
             else:
                 self._count(call)
         return response
 
     def _count(self, call: Call) -> None:
-        tenant = call.tenant
-        if tenant is not None:
-            self.counter.labels(tenant.name, call.outcome).inc()
+        self.counter.labels(call.tenant.name, call.outcome).inc()

@@ -15,8 +15,7 @@ import asyncio
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from inferd.core.asgi import StreamingResponse
-from inferd.core.call import Call, Handler, Response
+from inferd.core.call import Call, Handler, Reply
 from inferd.core.tenant import Tenant
 from inferd.errors import BadRequest, Overloaded, ServingError
 from inferd.gateway.quota_store import TenantQuotas, limited
@@ -92,23 +91,23 @@ def refusal(tenant: Tenant, decision: QuotaDecision, tokens: int | None) -> Serv
 
 
 class Quotas:
-    """The layer (after Auth). Tenants without limits, and calls without a tenant, pass untouched."""
+    """The layer (after Auth). Tenants without limits, and anonymous callers, pass untouched."""
 
     def __init__(self, inner: Handler, engine: Callable[[], TenantQuotas]) -> None:
         self.inner = inner
         self.engine = engine
         self._releases: set[asyncio.Task[None]] = set()
 
-    async def __call__(self, call: Call) -> Response:
+    async def __call__(self, call: Call, request: object) -> Reply:
         tenant = call.tenant
-        if tenant is None or not limited(tenant.config):
-            return await self.inner(call)
+        if tenant.anonymous or not limited(tenant.config):
+            return await self.inner(call, request)
         ticket = QuotaTicket(self.engine(), tenant)
         call.quota = ticket
         try:
             if call.route not in TOKEN_ROUTES:
                 await ticket.admit(None)
-            response = await self.inner(call)
+            response = await self.inner(call, request)
         except ServingError as exc:
             await ticket.release()
             if not isinstance(exc, QuotaExceeded):
@@ -117,8 +116,8 @@ class Quotas:
         except BaseException:
             await ticket.release()
             raise
-        response.headers.extend(header_pairs(ticket.headers()))
-        if isinstance(response, StreamingResponse):
+        response.metadata.extend(header_pairs(ticket.headers()))
+        if response.streamed:
             response.on_close(lambda: self._release_later(ticket))
         else:
             await ticket.release()

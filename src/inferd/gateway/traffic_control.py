@@ -182,8 +182,10 @@ class Traffic:
         self._event(name, (split.canary_version or default) if split else default, "reloaded", what)
         return what
 
-    def choose(self, name: str, tenant: str | None, header: Callable[[bytes], str | None]) -> int | None:
-        """The version for a request to `name` that names no version (None: the default, no split)."""
+    def choose(self, name: str, tenant: str | None, metadata: Callable[[bytes], str | None]) -> int | None:
+        """The version for a request to `name` that names no version (None: the default, no split).
+        `tenant`: the authenticated tenant's name (None: anonymous); `metadata`: the caller's metadata by
+        lower-case name (an HTTP edge's headers), for an A/B split sticky by `header:NAME`."""
         split = self.splits.get(name)
         if split is None:
             return None
@@ -195,7 +197,7 @@ class Traffic:
             if ab.sticky_by == "tenant":
                 key = tenant
             else:
-                key = header(ab.sticky_by[len("header:") :].lower().encode())
+                key = metadata(ab.sticky_by[len("header:") :].lower().encode())
         default = self.registry.default_version(name)
         version = split.pick(default, key)
         if version not in self.registry.versions(name):  # retired since start (an update): the default

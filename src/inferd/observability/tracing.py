@@ -23,7 +23,7 @@ import contextlib
 import os
 import random
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from opentelemetry import context as otel_context
@@ -107,11 +107,10 @@ def shutdown() -> None:
 
 
 # ---- the request span (front end) ----------------------------------------------------------------------
-def start_request(method: str, route: str, header: Callable[[bytes], str | None]) -> Span | None:
+def start_request(method: str, route: str, parent: str | None, state: str | None) -> Span | None:
     """The inferd.request span, continuing the caller's traceparent/tracestate when it sent one; None
     when the ratio sampler leaves the request out (nothing of it is traced)."""
     carrier = {}
-    parent = header(b"traceparent")
     if (
         _ROOT_RATIO is not None
         and (parent is None or not _ROOT_FOLLOWS_PARENT)
@@ -120,7 +119,6 @@ def start_request(method: str, route: str, header: Callable[[bytes], str | None]
         return None
     if parent is not None:
         carrier["traceparent"] = parent
-        state = header(b"tracestate")
         if state is not None:
             carrier["tracestate"] = state
     ctx = _propagator.extract(carrier, context=otel_context.Context())  # a root unless the caller's

@@ -20,11 +20,11 @@ from prometheus_client import CollectorRegistry
 
 from inferd import tls
 from inferd.api.app import create_app
+from inferd.api.asgi import AsgiApp
 from inferd.api.door_policy import DoorCollector, DoorLimits, DoorPolicy
 from inferd.api.frontdoor import front_door_protocol
 from inferd.clock import MonotonicClock
 from inferd.config import ModelConfig, ServerConfig
-from inferd.core.asgi import AsgiApp
 from inferd.frontends.plan import FrontendPlan
 from inferd.server import InferenceServer
 

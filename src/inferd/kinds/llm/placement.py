@@ -54,7 +54,8 @@ class Generation:
     top_p: float = 1.0
     priority: int = INTERACTIVE
     tenant: str = ""
-    """The prefix-cache salt and the tenant's lane (the authenticated tenant, else X-Tenant)."""
+    """The prefix-cache salt and the tenant's lane: one value, the call's tenant (core/tenant.py: the
+    authenticated tenant, else the anonymous one the caller named)."""
     weight: float = 1.0
     """The tenant's weight: its share of waiting room and admissions inside the priority class."""
     ignore_eos: bool = False

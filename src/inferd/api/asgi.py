@@ -3,7 +3,7 @@
 The front door (api/frontdoor.py, our HTTP/1.1 connection) hands each request to `AsgiApp.handle` as an
 `HttpRequest` whose `peer` is the connection itself: the body, the disconnect and the response go
 through it with no ASGI messages. `AsgiApp` is also an ASGI app, for the lifespan (uvicorn's server runs
-it) and for running the same routes under any ASGI server or in-process (`disconnect.AsgiPeer`).
+it) and for running the same routes under any ASGI server or in-process (`peer.AsgiPeer`).
 
 Why not Starlette: measured on the 2-core target, Starlette's middleware stack, Request and Response
 objects cost ~80 us of the ~350 us per-request CPU budget of the infer path (py-spy, 1,000 req/s).
@@ -16,9 +16,10 @@ import re
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
-from inferd.core.disconnect import AsgiPeer, ClientGone, Peer, Receive, Send, until_disconnect
+from inferd.api.peer import AsgiPeer, Peer, Receive, Send
+from inferd.core.disconnect import ClientGone, until_disconnect
 
 log = logging.getLogger("inferd.api")
 
@@ -72,10 +73,21 @@ class HttpRequest:
 
 @dataclass(slots=True)
 class HttpResponse:
+    """A whole response; a core/call.py `Reply` (its metadata: the headers)."""
+
     body: bytes = b""
     status: int = 200
     content_type: bytes | None = b"application/json"
     headers: list[tuple[bytes, bytes]] = field(default_factory=list)
+    streamed: ClassVar[bool] = False
+
+    @property
+    def metadata(self) -> list[tuple[bytes, bytes]]:
+        return self.headers
+
+    def on_close(self, callback: Callable[[], None]) -> None:
+        """A whole response has ended when the chain returns it: `callback` runs now."""
+        callback()
 
     async def send(self, peer: Peer) -> None:
         headers = self.headers
@@ -95,9 +107,11 @@ class StreamingResponse:
 
     While it streams, the client is watched for a disconnect (until_disconnect): when it goes away the
     body iterator is cancelled and closed, so its `finally` runs (the LLM routes abort the sequence there).
+    A core/call.py `Reply` that is `streamed`.
     """
 
     __slots__ = ("_on_close", "body", "content_type", "headers", "status")
+    streamed: ClassVar[bool] = True
 
     def __init__(
         self,
@@ -110,6 +124,10 @@ class StreamingResponse:
         self.content_type = content_type
         self.headers = headers or []
         self._on_close: list[Callable[[], None]] = []
+
+    @property
+    def metadata(self) -> list[tuple[bytes, bytes]]:
+        return self.headers
 
     def on_close(self, callback: Callable[[], None]) -> None:
         """Run `callback` once the stream has ended, however it ended (the request accounting)."""
@@ -144,7 +162,9 @@ class StreamingResponse:
         return None
 
 
-Handler = Callable[[HttpRequest], Awaitable[HttpResponse | StreamingResponse]]
+Response = HttpResponse | StreamingResponse
+"""The HTTP edge's replies."""
+Handler = Callable[[HttpRequest], Awaitable[Response]]
 
 
 class Router:
