@@ -6,6 +6,7 @@ and dropped with the version."""
 from __future__ import annotations
 
 import asyncio
+import shutil
 from pathlib import Path
 
 import pytest
@@ -142,13 +143,16 @@ async def test_a_model_without_workers_has_none() -> None:
 
 async def test_the_server_hands_its_directory_to_every_runtime_and_drops_a_removed_version() -> None:
     server = InferenceServer(ServerConfig(admin_port=None, workers=0), [sim_config()], spawn_workers=False)
-    rt: Runtime = server.registry.get("sim")
-    assert server.hub.directory is server.directory and server.fleet.directory is server.directory
-    assert rt.members is server.directory.members("sim", 1)  # type: ignore[attr-defined]
-    rt.add_worker(w := worker("sim-0.0"))
-    assert server.directory.workers("sim", 1) == (w,)
-    server.remove_version("sim", 1)
-    assert server.directory.workers("sim", 1) == ()
+    try:
+        rt: Runtime = server.registry.get("sim")
+        assert server.hub.directory is server.directory and server.fleet.directory is server.directory
+        assert rt.members is server.directory.members("sim", 1)  # type: ignore[attr-defined]
+        rt.add_worker(w := worker("sim-0.0"))
+        assert server.directory.workers("sim", 1) == (w,)
+        server.remove_version("sim", 1)
+        assert server.directory.workers("sim", 1) == ()
+    finally:  # never started: its socket folder is not removed on the way out
+        shutil.rmtree(server._socket_dir, ignore_errors=True)
 
 
 # ---- the hub writes it ----------------------------------------------------------------------------
