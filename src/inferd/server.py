@@ -1,6 +1,7 @@
 """The composition root: the model kinds, the registry of served versions and their runtimes, the worker
 hub, the launcher (local processes or Ray actors), fleet control, autoscaling, the admin API, and their
-lifecycle. Everything else finds runtimes through `server.registry` and reads them through snapshots."""
+lifecycle. Everything else finds runtimes through `server.registry` and reads them through snapshots, and
+finds workers in `server.directory` (runtime/membership.py), the one record of worker membership."""
 
 from __future__ import annotations
 
@@ -51,6 +52,7 @@ from inferd.routing.retry import RetryBudget
 from inferd.runtime.contract import Runtime
 from inferd.runtime.hub import WorkerHub
 from inferd.runtime.kinds import KindRegistry, RuntimeContext
+from inferd.runtime.membership import WorkerDirectory
 from inferd.runtime.registry import ModelRegistry
 from inferd.wire.connection import WorkerConnection
 from inferd.worker.launcher import Launcher, WorkerSlot
@@ -90,8 +92,10 @@ class InferenceServer:
         self.retry_budget = RetryBudget(self.clock, config.retry_budget_ratio, config.retry_budget_min_per_s)
         self.registry = ModelRegistry()
         follower = frontend is not None and not frontend.is_owner
+        self.directory = WorkerDirectory(self.clock)
         self.context = RuntimeContext(
-            config, self.clock, self.metrics, self.retry_budget, self.kill_worker, self.registry.get, follower
+            config, self.clock, self.metrics, self.retry_budget, self.kill_worker, self.directory,
+            self.registry.get, follower,
         )
         for m in models:
             self.registry.add(self.kinds.get(m.kind).make_runtime(m, self.context))
@@ -139,6 +143,7 @@ class InferenceServer:
         self.hub = WorkerHub(
             self.registry,
             self.clock,
+            self.directory,
             tokens=(self._token, join),
             load_timeout_s=config.worker_start_timeout_s,
             silence_timeout_s=config.heartbeat_timeout_s,
@@ -181,7 +186,9 @@ class InferenceServer:
             self._local_workers = len(self.supervisor.slots)  # the restored slots, when restored
         self.shutting_down = False
         self.hub.on_first_batch.append(lambda conn: self.supervisor.mark_healthy(conn.worker_id))
-        self.fleet = FleetControl(self.registry, self.supervisor, self, loader, followers=self.version_sync)
+        self.fleet = FleetControl(
+            self.registry, self.supervisor, self, self.directory, loader, followers=self.version_sync
+        )
         self.scaling = {
             rt.name: ScalingLoop(
                 self.registry,
@@ -258,7 +265,7 @@ class InferenceServer:
                 self.scaling,
                 self.clock,
                 self.kill_worker,
-                self.find_worker,
+                self.directory,
                 self._reload,
                 gateway=GatewayView(self.gateway, self.tenant_requests, self.cache.statistics),
                 traffic=self.traffic.statistics,
@@ -359,6 +366,7 @@ class InferenceServer:
     def remove_version(self, name: str, version: int) -> None:
         """Stop serving one version (its workers are drained already): fail what it still holds."""
         rt = self.registry.remove(name, version)
+        self.directory.drop(name, version)
         rt.stop(ShuttingDown(f"model '{name}' version {version} is no longer served"))
         task = self._tasks.pop((name, version), None)
         if task is not None:
@@ -375,15 +383,6 @@ class InferenceServer:
         one only loses its connection. Either way the broken connection recovers its work."""
         self.supervisor.kill(worker.worker_id)  # SIGKILL, or ray.kill: the actor may be on another host
         worker.writer.transport.abort()
-
-    def find_worker(self, worker_id: str) -> tuple[Runtime, WorkerConnection]:
-        from inferd.errors import NotFound
-
-        for rt in self.registry:
-            for w in rt.worker_connections():
-                if w.worker_id == worker_id:
-                    return rt, w
-        raise NotFound(f"no connected worker {worker_id!r}")
 
     async def _shutdown(self, loops: list[asyncio.Task[None]], supervisor: asyncio.Task[None]) -> None:
         self.shutting_down = True

@@ -139,7 +139,7 @@ class Fleet:
 
     # ---- what the workers, the loop and the timers do ----------------------------------------------
     def _complete_due(self) -> None:
-        for w in self.rt.worker_connections():
+        for w in self.rt.members.connections():
             base, per_item = self.speeds[w.worker_id]
             while w.inflight:
                 batch = next(iter(w.inflight.values()))
@@ -176,7 +176,7 @@ class Fleet:
 
     def _measure_lateness(self) -> None:
         oldest = self.rt.queue.oldest_at()
-        if oldest is not None and any(w.idle for w in self.rt.worker_connections()):
+        if oldest is not None and any(w.idle for w in self.rt.members.connections()):
             self.late.append(self.clock.now() - (oldest + self.rt.config.max_wait_s))
 
 

@@ -58,7 +58,7 @@ def add_worker(fleet: Fleet, worker_id: str) -> None:
 
 def lose_worker(fleet: Fleet, pick: int) -> None:
     """A worker's process dies (its running and staged batches are recovered); a new one replaces it."""
-    workers = fleet.rt.worker_connections()
+    workers = fleet.rt.members.connections()
     if not workers:
         return
     worker = workers[pick % len(workers)]

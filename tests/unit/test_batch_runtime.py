@@ -44,7 +44,7 @@ def done(worker: WorkerConnection, compute_s: float = 0.02) -> p.BatchDone:
 
 
 def holding(rt: ModelRuntime) -> list[WorkerConnection]:
-    return [w for w in rt.worker_connections() if w.inflight]
+    return [w for w in rt.members.connections() if w.inflight]
 
 
 async def test_model_runtime_is_a_runtime_of_the_batch_kind() -> None:
@@ -97,12 +97,12 @@ async def test_statistics_count_queued_isolated_and_in_flight_items() -> None:
         stats.detail.queued_items = 0  # type: ignore[misc]
 
 
-async def test_worker_connections_are_the_ready_and_draining_ones() -> None:
+async def test_its_membership_lists_the_ready_and_draining_workers() -> None:
     rt = runtime(workers=3)
-    ready, draining, lost = rt.worker_connections()
+    ready, draining, lost = rt.members.connections()
     rt.drain_worker(draining)
     rt.on_worker_lost(lost, "connection reset")
-    assert rt.worker_connections() == (ready, draining)
+    assert rt.members.connections() == (ready, draining)
     assert [w.state for w in rt.statistics().workers] == ["ready", "draining"]
     assert rt.statistics().ready_workers == 1
 
@@ -111,7 +111,7 @@ async def test_on_message_settles_a_batch_done_and_ignores_anything_else(caplog)
     rt = runtime(workers=1)
     (item,) = rt.enqueue([b"a"], None)
     rt.dispatch_due()
-    (worker,) = rt.worker_connections()
+    (worker,) = rt.members.connections()
     with caplog.at_level(logging.WARNING, logger="inferd.dispatcher"):
         rt.on_message(worker, p.Heartbeat(running=1, completed_batches=0))
     assert not item.reply.done() and "Heartbeat" in caplog.text
@@ -162,7 +162,7 @@ async def test_run_sends_batches_when_work_arrives_and_when_a_worker_answers() -
             assert (await frames.frame(2)).items == [b"c"]
             _, e = rt.enqueue([b"d", b"e"], None)  # d fills the last free slot; e must wait
             assert (await frames.frame(3)).items == [b"d"]
-            first = next(w for w in rt.worker_connections() if a.batch_id in w.inflight)
+            first = next(w for w in rt.members.connections() if a.batch_id in w.inflight)
             rt.on_message(first, done(first))  # a completion frees a slot for e
             assert (await frames.frame(4)) == p.RunBatch(e.batch_id, [b"e"])
         assert a.reply.result().outputs == {"OUTPUT0": b"a"}

@@ -101,7 +101,7 @@ class Peer:
 
 def running(rt: ModelRuntime) -> tuple[WorkerConnection, int]:
     """The worker holding a batch, and that batch's id."""
-    worker = next(w for w in rt.worker_connections() if w.inflight)
+    worker = next(w for w in rt.members.connections() if w.inflight)
     return worker, next(iter(worker.inflight))
 
 
@@ -116,7 +116,7 @@ def answer(
 
 
 def frames(rt: ModelRuntime) -> int:
-    return sum(len(w.writer.frames) for w in rt.worker_connections())  # type: ignore[attr-defined]
+    return sum(len(w.writer.frames) for w in rt.members.connections())  # type: ignore[attr-defined]
 
 
 # ---- results -------------------------------------------------------------------------------------------
@@ -153,7 +153,7 @@ async def test_infer_passes_deadline_priority_and_tenant_to_admission() -> None:
 
 async def test_the_runtimes_own_service_serves_it_with_its_dispatch_loop_running() -> None:
     rt = runtime()
-    (worker,) = rt.worker_connections()
+    (worker,) = rt.members.connections()
     loop = asyncio.create_task(rt.run())
     try:
         async with asyncio.timeout(5):
@@ -293,7 +293,7 @@ async def test_one_failed_item_fails_the_request_and_withdraws_the_others() -> N
     call = asyncio.create_task(BatchService(seen).infer([b"a", b"b", b"c"], deadline=None))
     await seen.enqueued.wait()
     first, second, third = seen.items  # a and b run (one per worker); c waits staged or queued
-    worker = next(w for w in rt.worker_connections() if first.batch_id in w.inflight)
+    worker = next(w for w in rt.members.connections() if first.batch_id in w.inflight)
     answer(rt, worker, first.batch_id, {0: ("ModelError", "input a is poison")})
     with pytest.raises(ModelError, match="input a is poison"):
         await call

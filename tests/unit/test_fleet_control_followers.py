@@ -9,8 +9,10 @@ import aiohttp
 import pytest
 
 from inferd.api.admin import AdminApi
+from inferd.clock import FakeClock
 from inferd.errors import Conflict
 from inferd.fleet.control import FleetControl
+from inferd.runtime.membership import WorkerDirectory
 from inferd.runtime.registry import ModelRegistry
 
 
@@ -71,6 +73,7 @@ async def test_an_update_a_follower_cannot_serve_changes_nothing() -> None:
         registry,
         launcher,  # type: ignore[arg-type]
         host,  # type: ignore[arg-type]
+        WorkerDirectory(FakeClock()),
         load_version=lambda model, version: SimpleNamespace(name=model, version=2, kind="batch"),  # type: ignore[arg-type,return-value]
         followers=(followers := Refusing()),
     )

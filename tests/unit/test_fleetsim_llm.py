@@ -328,7 +328,7 @@ def test_shared_devices_give_every_stream_exactly_its_own_tokens() -> None:
         assert [link.added > 0 for link in device.all_links] == [True] * 3
         assert sum(link.added for link in device.all_links) == device.scheduler.statistics().finished
     for runtime in fleet.frontends:  # and each front end has a connection to every device
-        assert sorted(w.worker_id for w in runtime.worker_connections()) == ["llm-0.0", "llm-1.0", "llm-2.0"]
+        assert sorted(w.worker_id for w in runtime.members.connections()) == ["llm-0.0", "llm-1.0", "llm-2.0"]
 
 
 def test_a_device_killed_by_one_front_end_is_lost_to_every_front_end() -> None:
@@ -340,7 +340,7 @@ def test_a_device_killed_by_one_front_end_is_lost_to_every_front_end() -> None:
     report = _run(fleet)
     assert doomed.dead
     for runtime in fleet.frontends:
-        assert [w.worker_id for w in runtime.worker_connections()] == ["llm-1.0"]
+        assert [w.worker_id for w in runtime.members.connections()] == ["llm-1.0"]
     assert report.ok == report.requests  # its streams resumed on the other device, no token lost or doubled
     assert fleet.tokens == s.output_tokens.tolist()
     assert fleet.devices[1].scheduler.statistics().finished > doomed.scheduler.statistics().finished
@@ -354,8 +354,8 @@ def test_a_link_one_front_end_closes_aborts_only_that_front_ends_sequences() -> 
     fleet.events.at(2.0, closed.close)
     report = _run(fleet)
     assert not device.dead
-    assert [w.worker_id for w in fleet.frontends[0].worker_connections()] == ["llm-0.0", "llm-1.0"]
-    assert [w.worker_id for w in fleet.frontends[1].worker_connections()] == ["llm-1.0"]
+    assert [w.worker_id for w in fleet.frontends[0].members.connections()] == ["llm-0.0", "llm-1.0"]
+    assert [w.worker_id for w in fleet.frontends[1].members.connections()] == ["llm-1.0"]
     assert report.ok == report.requests  # front end 1's streams there resumed on the other device
     assert fleet.tokens == s.output_tokens.tolist()
     aborted = device.scheduler.statistics().aborted  # front end 1's sequences there when it left

@@ -86,7 +86,7 @@ def test_a_killed_device_is_lost_to_every_front_end() -> None:
     killed, *others = devices_of(fleet)
     assert killed.dead and not any(d.dead for d in others) and report.restarts == 0
     for fe in fleet.frontends:
-        conns = fe.rt.worker_connections()
+        conns = fe.rt.members.connections()
         assert not any(link.conn in conns for link in killed.all_links)
         assert len(conns) == 3 and all(c.state is WorkerState.READY for c in conns)
     assert all(link.conn.state is WorkerState.DEAD for link in killed.all_links)
@@ -99,7 +99,7 @@ def test_a_killed_device_comes_back_to_every_front_end() -> None:
     back = devices_of(fleet)[-1]
     assert report.restarts == 1 and back.worker_id == "sim-0.1"
     assert all(link.batches > 0 for link in back.all_links)
-    assert all(len(fe.rt.worker_connections()) == 4 for fe in fleet.frontends)
+    assert all(len(fe.rt.members.connections()) == 4 for fe in fleet.frontends)
 
 
 def test_a_lost_front_end_closes_only_its_links() -> None:

@@ -29,7 +29,7 @@ def test_a_full_batch_for_a_staging_slot_waits_for_its_stage_time() -> None:
 
 async def test_a_light_tenants_arrival_joins_the_next_batch_while_the_heavy_tenants_backlog_waits() -> None:
     rt = runtime(max_batch=4, workers=1)
-    (worker,) = rt.worker_connections()
+    (worker,) = rt.members.connections()
     rt.enqueue([b"a0", b"a1", b"a2", b"a3"], None, tenant=A)
     rt.dispatch_due()
     rt.clock.advance(0.1)

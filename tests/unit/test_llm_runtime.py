@@ -70,17 +70,17 @@ def test_statistics_is_a_frozen_runtime_snapshot_with_one_row_per_worker() -> No
     assert rows[a.worker_id].detail == LLMWorkerStatistics(1, 0, 2, 64, 0, 0, "")
     assert isinstance(s.detail, LLMRuntimeStatistics) and s.detail.streams == 2
     assert s.detail.kv_blocks_used == 2
-    assert [c.worker_id for c in rt.worker_connections()] == [x.worker_id for x in workers]
+    assert [c.worker_id for c in rt.members.connections()] == [x.worker_id for x in workers]
 
 
-async def test_membership_changed_returns_at_the_next_arrival_or_departure() -> None:
+async def test_its_membership_changes_at_the_next_arrival_or_departure() -> None:
     rt, workers, _, _ = make(n_workers=1)
-    waiter = asyncio.ensure_future(rt.membership_changed())
+    waiter = asyncio.ensure_future(rt.members.changed())
     await asyncio.sleep(0)
     assert not waiter.done()
     rt.on_worker_lost(workers[0], "exit 0")
     await asyncio.wait_for(waiter, 1)
-    waiter = asyncio.ensure_future(rt.membership_changed())
+    waiter = asyncio.ensure_future(rt.members.changed())
     await asyncio.sleep(0)
     rt.add_worker(WorkerConnection("sim-llm-0.1", "sim-llm", 7, "local", RecordingWriter()))  # type: ignore[arg-type]
     await asyncio.wait_for(waiter, 1)

@@ -34,7 +34,7 @@ def make() -> tuple[UpstreamRuntime, FakeClock]:
 def test_an_upstream_model_is_a_runtime_without_workers() -> None:
     rt, _ = make()
     assert isinstance(rt, Runtime) and rt.kind == "upstream" and not rt.accepts_workers
-    assert rt.worker_connections() == ()
+    assert not hasattr(rt, "members")  # it takes no Membership (tests/unit/test_worker_directory.py)
     with pytest.raises(Internal, match="takes no workers"):
         rt.add_worker(WorkerConnection("w-0.0", "big", 1, "local", None))  # type: ignore[arg-type]
     s = rt.statistics()

@@ -18,6 +18,7 @@ from inferd.frontends.plan import FrontendPlan
 from inferd.frontends.version_sync import Answer, FollowerVersions, Report, Served, VersionSync
 from inferd.kinds.builtin import builtin_kinds
 from inferd.runtime.hub import WorkerHub
+from inferd.runtime.membership import WorkerDirectory
 from inferd.runtime.registry import ModelRegistry
 from inferd.wire import protocol as p
 
@@ -159,7 +160,8 @@ async def test_a_hub_asks_once_more_before_it_turns_away_a_worker_of_a_version_n
 ) -> None:
     registry = ModelRegistry()
     registry.add(batch_runtime(1))  # type: ignore[arg-type]
-    hub = WorkerHub(registry, FakeClock())
+    clock = FakeClock()
+    hub = WorkerHub(registry, clock, WorkerDirectory(clock))
     asked: list[int] = []
 
     async def learn() -> None:  # the owner serves version 2 by now

@@ -30,6 +30,7 @@ from inferd.runtime.admin_view import AdminView, plain
 from inferd.runtime.contract import Runtime, RuntimeStatistics, WorkerSnapshot
 from inferd.runtime.frontend_load import FrontendLoads, model_load
 from inferd.runtime.kinds import KindRegistry
+from inferd.runtime.membership import WorkerDirectory
 from inferd.runtime.registry import ModelRegistry
 from inferd.wire.connection import WorkerConnection, slot_of
 from inferd.worker.launcher import Launcher
@@ -50,7 +51,8 @@ class AdminTarget:
     scaling: Mapping[str, ScalingLoop]
     clock: Clock
     kill_worker: Callable[[WorkerConnection], None]
-    find_worker: Callable[[str], tuple[Runtime, WorkerConnection]]
+    directory: WorkerDirectory
+    """Every served version's workers (runtime/membership.py): drain and restart find theirs here."""
     reload: Callable[[], Awaitable[Mapping[str, Any]]] | None = None
     """Re-read the config file's tenants, keys, [gateway] table and the models' traffic and cache tables
     (ConfigError: refused whole)."""
@@ -163,7 +165,7 @@ class AdminApi:
         )
 
     async def drain(self, request: web.Request) -> web.Response:
-        rt, worker = self.target.find_worker(request.match_info["worker_id"])
+        rt, worker = self._find(request.match_info["worker_id"])
         rt.drain_worker(worker)
         return web.json_response({"worker_id": worker.worker_id, "state": worker.state.value})
 
@@ -206,6 +208,11 @@ class AdminApi:
         """GET /admin/cache: the response cache per model (hits, misses, bypass, entries, bytes)."""
         return web.json_response(cache_page(self._gateway()))
 
+    def _find(self, worker_id: str) -> tuple[Runtime, WorkerConnection]:
+        """A ready or draining worker and the runtime of the version it serves (NotFound: none)."""
+        model, version, worker = self.target.directory.find(worker_id)
+        return self.target.registry.get(model, version), worker
+
     def _gateway(self) -> GatewayView:
         if self.target.gateway is None:
             raise NotFound("this server has no gateway to report on")
@@ -213,7 +220,7 @@ class AdminApi:
 
     async def restart(self, request: web.Request) -> web.Response:
         """Graceful by default (drain, exit, replaced by the supervisor); ?force=true kills it now."""
-        rt, worker = self.target.find_worker(request.match_info["worker_id"])
+        rt, worker = self._find(request.match_info["worker_id"])
         if request.query.get("force", "").lower() in ("1", "true", "yes"):
             worker.failure = "restarted by an operator"
             self.target.kill_worker(worker)

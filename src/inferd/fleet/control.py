@@ -6,7 +6,8 @@
   once a new-version worker is ready, each old worker is drained only after a new one is up, and the
   old version is retired once it holds no work.
 
-It reaches the fleet through the registry, the runtimes' contract and snapshots, and the launcher.
+It reaches the fleet through the registry, the runtimes' contract and snapshots, the server's
+WorkerDirectory (which workers each version has; runtime/membership.py), and the launcher.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from inferd.config import ConfigError, ModelConfig
 from inferd.errors import BadRequest, NotFound
 from inferd.kinds.repository import apply_overrides, load_model_version
 from inferd.runtime.contract import Runtime
+from inferd.runtime.membership import WorkerDirectory
 from inferd.runtime.registry import ModelRegistry
 from inferd.wire.connection import WorkerConnection, WorkerState, slot_of
 from inferd.worker.launcher import Launcher, WorkerSlot
@@ -63,6 +65,7 @@ class FleetControl:
         registry: ModelRegistry,
         launcher: Launcher[Any],
         host: VersionHost,
+        directory: WorkerDirectory,
         load_version: VersionLoader | None = None,
         ready_timeout_s: float = 120.0,
         followers: Followers | None = None,
@@ -70,6 +73,7 @@ class FleetControl:
         self.registry = registry
         self.launcher = launcher
         self.host = host
+        self.directory = directory
         self.load_version = load_version
         self.ready_timeout_s = ready_timeout_s
         self.followers = followers
@@ -191,7 +195,7 @@ class FleetControl:
 
     def _retire(self, rt: Runtime, slot: WorkerSlot) -> None:
         self.launcher.retire(slot)
-        worker = _worker(rt, slot)
+        worker = self._worker(rt, slot)
         if worker is not None:
             rt.drain_worker(worker)
         elif slot.process is not None and slot.process.returncode is None:
@@ -200,15 +204,15 @@ class FleetControl:
     async def _wait_ready(self, rt: Runtime, slot: WorkerSlot) -> None:
         async with asyncio.timeout(self.ready_timeout_s):
             while True:
-                w = _worker(rt, slot)
+                w = self._worker(rt, slot)
                 if w is not None and w.state is WorkerState.READY:
                     return
-                await rt.membership_changed()
+                await self.directory.changed(rt.name, rt.version)
 
     async def _wait_gone(self, rt: Runtime, slot: WorkerSlot) -> None:
         async with asyncio.timeout(self.ready_timeout_s):
-            while _worker(rt, slot) is not None:
-                await rt.membership_changed()
+            while self._worker(rt, slot) is not None:
+                await self.directory.changed(rt.name, rt.version)
 
     async def _wait_idle(self, rt: Runtime, poll_s: float = 0.05) -> None:
         """Until the runtime holds no queued or running work (bounded by ready_timeout_s)."""
@@ -218,6 +222,10 @@ class FleetControl:
                 if stats.queued == 0 and stats.in_flight == 0:
                     return
                 await asyncio.sleep(poll_s)
+
+    def _worker(self, rt: Runtime, slot: WorkerSlot) -> WorkerConnection | None:
+        workers = self.directory.workers(rt.name, rt.version)
+        return next((w for w in workers if w.slot_id == slot.worker_id), None)
 
     def _lock(self, model: str) -> asyncio.Lock:
         if model not in self.registry:
@@ -234,10 +242,6 @@ def _least_loaded(rt: Runtime, slots: list[WorkerSlot]) -> list[WorkerSlot]:
         return (0, -slot.index) if load is None else (1 + load, -slot.index)
 
     return sorted(slots, key=key)
-
-
-def _worker(rt: Runtime, slot: WorkerSlot) -> WorkerConnection | None:
-    return next((w for w in rt.worker_connections() if w.slot_id == slot.worker_id), None)
 
 
 def repository_loader(repo: Path, overrides: dict[str, dict[str, Any]]) -> VersionLoader:

@@ -30,6 +30,7 @@ def _batch_runtime(config: ModelConfig, ctx: RuntimeContext) -> Runtime:
         ctx.retry_budget,
         ctx.kill_worker,
         heartbeat_timeout_s=ctx.server.heartbeat_timeout_s,
+        members=ctx.directory.members(config.name, config.version),
     )
 
 
@@ -41,6 +42,7 @@ def _llm_runtime(config: ModelConfig, ctx: RuntimeContext) -> Runtime:
         ctx.retry_budget,
         kill_worker=ctx.kill_worker,
         heartbeat_timeout_s=ctx.server.heartbeat_timeout_s,
+        members=ctx.directory.members(config.name, config.version),
     )
 
 

@@ -2,7 +2,8 @@
 
 The server, the admin API, fleet control, the autoscaling loop, the metrics collectors and `inferd
 status` talk to a model only through this contract and its frozen snapshots, never through a runtime's
-own attributes. A kind adds what it alone needs in its snapshot's `detail`, a frozen dataclass of its own.
+own attributes; they find its workers in the server's WorkerDirectory (runtime/membership.py), which
+the hub keeps. A kind adds what it alone needs in its snapshot's `detail`, a frozen dataclass of its own.
 
 Lifecycle: built by the composition root (server.py) -> `run()` as a supervised task -> workers join
 (`add_worker`), answer (`on_message`), drain (`drain_worker`) or break (`on_worker_lost`) -> `stop(exc)`
@@ -11,7 +12,6 @@ fails what is still queued, then the task running `run()` is cancelled.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol, runtime_checkable
 
@@ -107,9 +107,9 @@ class Runtime(Protocol):
         ...
 
     # ---- workers (kinds without workers, like upstream, refuse them: `accepts_workers` is False) ----
+    # The hub calls these; who the workers are is the server's WorkerDirectory's (runtime/membership.py):
+    # a runtime with workers keeps them in its version's Membership, taken from it when it is built.
     accepts_workers: ClassVar[bool]
-
-    def worker_connections(self) -> Sequence[WorkerConnection]: ...
 
     def add_worker(self, worker: WorkerConnection) -> None: ...
 
@@ -123,8 +123,4 @@ class Runtime(Protocol):
 
     def on_worker_lost(self, worker: WorkerConnection, reason: str) -> None:
         """Its connection broke: recover (retry, resume elsewhere) or fail what it held."""
-        ...
-
-    async def membership_changed(self) -> None:
-        """Returns at the next worker arrival or departure (for fleet operations that wait on one)."""
         ...

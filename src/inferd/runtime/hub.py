@@ -1,6 +1,8 @@
 """Where workers connect: handshake, then one read loop per connection feeding the model's runtime.
 
-The same path serves local worker processes (Unix socket) and workers on other hosts (TCP).
+The same path serves local worker processes (Unix socket) and workers on other hosts (TCP). Every
+connection is in the server's WorkerDirectory (runtime/membership.py) from its handshake until it
+closes: handshaking there, then in its runtime's Membership.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from collections.abc import Awaitable, Callable
 from inferd.clock import Clock
 from inferd.errors import NotFound
 from inferd.runtime.contract import Runtime
+from inferd.runtime.membership import WorkerDirectory
 from inferd.runtime.registry import ModelRegistry
 from inferd.wire import protocol as p
 from inferd.wire.connection import WorkerConnection
@@ -28,6 +31,7 @@ class WorkerHub:
         self,
         registry: ModelRegistry,
         clock: Clock,
+        directory: WorkerDirectory,
         tokens: tuple[str, ...] = (),
         load_timeout_s: float = 120.0,
         silence_timeout_s: float = 0.0,
@@ -39,7 +43,9 @@ class WorkerHub:
         self.load_timeout_s = load_timeout_s
         self.silence_timeout_s = silence_timeout_s
         """The runtimes' heartbeat timeout, told to workers in Welcome (see Welcome.silence_timeout_s)."""
-        self.connections: set[WorkerConnection] = set()
+        self.directory = directory
+        """Where each connection is, from its handshake on: the hub writes it, the runtimes keep their
+        workers there, fleet control and the admin API read it."""
         self.load_failures: dict[str, str] = {}
         self._servers: list[asyncio.Server] = []
         self.on_first_batch: list[Callable[[WorkerConnection], None]] = []
@@ -63,7 +69,7 @@ class WorkerHub:
     async def close(self) -> None:
         for server in self._servers:
             server.close()
-        for conn in list(self.connections):
+        for conn in self.directory.connections():
             conn.close()
         for server in self._servers:
             await server.wait_closed()
@@ -83,10 +89,8 @@ class WorkerHub:
             reason = f"protocol error: {exc!r}"
             log.exception("worker connection failed")
         finally:
-            if conn is not None:
-                self.connections.discard(conn)
-                if runtime is not None:
-                    runtime.on_worker_lost(conn, reason)
+            if conn is not None and runtime is not None:
+                runtime.on_worker_lost(conn, reason)
             writer.close()
 
     async def _handshake(
@@ -120,33 +124,41 @@ class WorkerHub:
             connected_at=self.clock.now(),
             credits=0 if hello.credits else None,
         )
-        self.connections.add(conn)
-        config_json = runtime.config.model_dump_json().encode()
-        writer.write(
-            p.encode_frame(
-                p.Welcome(
-                    accepted=True,
-                    model_config_json=config_json,
-                    heartbeat_s=HEARTBEAT_S,
-                    silence_timeout_s=self.silence_timeout_s,
-                    credits=hello.credits,
+        with self.directory.handshake(conn):  # released however it ends
+            config_json = runtime.config.model_dump_json().encode()
+            writer.write(
+                p.encode_frame(
+                    p.Welcome(
+                        accepted=True,
+                        model_config_json=config_json,
+                        heartbeat_s=HEARTBEAT_S,
+                        silence_timeout_s=self.silence_timeout_s,
+                        credits=hello.credits,
+                    )
                 )
             )
-        )
-        await writer.drain()
-        async with asyncio.timeout(self.load_timeout_s):
-            msg = await p.read_message(reader)
-        if isinstance(msg, p.LoadFailed):
-            self.load_failures[hello.model] = msg.message
-            log.error("worker %s could not load model %s: %s", hello.worker_id, hello.model, msg.message)
-            return None, None
-        if not isinstance(msg, p.Ready):
-            raise p.ConnectionClosed(f"expected ready, got {type(msg).__name__}")
-        conn.version = msg.version
-        conn.last_heartbeat = self.clock.now()
-        self.load_failures.pop(hello.model, None)
-        runtime.add_worker(conn)
-        return conn, runtime
+            await writer.drain()
+            async with asyncio.timeout(self.load_timeout_s):
+                msg = await p.read_message(reader)
+            if isinstance(msg, p.LoadFailed):
+                self.load_failures[hello.model] = msg.message
+                log.error("worker %s could not load model %s: %s", hello.worker_id, hello.model, msg.message)
+                return None, None
+            if not isinstance(msg, p.Ready):
+                raise p.ConnectionClosed(f"expected ready, got {type(msg).__name__}")
+            conn.version = msg.version
+            conn.last_heartbeat = self.clock.now()
+            self.load_failures.pop(hello.model, None)
+            runtime.add_worker(conn)
+            if not self._served(runtime):  # its version was dropped while it loaded: it goes too
+                conn.close()
+            return conn, runtime
+
+    def _served(self, runtime: Runtime) -> bool:
+        try:
+            return self.registry.get(runtime.name, runtime.version) is runtime
+        except NotFound:
+            return False
 
     def _unknown_version(self, hello: p.Hello) -> bool:
         return hello.model in self.registry and hello.version not in (0, *self.registry.versions(hello.model))

@@ -19,6 +19,7 @@ from inferd.routing.retry import RetryBudget
 from inferd.runtime.admin_view import AdminView
 from inferd.runtime.contract import Runtime
 from inferd.runtime.demand import Autoscaling
+from inferd.runtime.membership import WorkerDirectory
 from inferd.wire.connection import WorkerConnection
 
 
@@ -33,6 +34,9 @@ class RuntimeContext:
     """Shared by the models whose workers are ours: failovers cannot multiply load."""
     kill_worker: Callable[[WorkerConnection], None]
     """Kill a hung or silent worker (a local child by SIGKILL, a Ray actor with ray.kill)."""
+    directory: WorkerDirectory
+    """The server's one worker membership: a runtime with workers takes its version's `Membership` here
+    (`directory.members(name, version)`); one that refuses workers takes none."""
     find_model: Callable[..., Runtime] | None = None
     """The registry's `get(name, version=None)`: a served version of a model, by default its default
     version (a search index finds its embedder with it)."""

@@ -40,6 +40,7 @@ from inferd.routing import EjectionRecord, OutlierEjector, P2CBalancer
 from inferd.routing.fairness import BULK, INTERACTIVE, NO_TENANT, TenantShare, gave_way, over_share
 from inferd.routing.retry import RetryBudget
 from inferd.runtime.contract import RuntimeStatistics, WorkerSnapshot
+from inferd.runtime.membership import Membership
 from inferd.wire import protocol as p
 from inferd.wire.connection import MAX_INFLIGHT, WorkerConnection
 
@@ -68,14 +69,15 @@ class ModelRuntime:
         balancer: P2CBalancer | None = None,
         ejector: OutlierEjector | None = None,
         rng: random.Random | None = None,
+        members: Membership | None = None,
     ) -> None:
         self.name = config.name
         self.clock = clock
         self.metrics = metrics
         self.budget = budget
-        state = ModelState(
-            config, clock, metrics, RequestQueue(config.max_queue_size), DrainEstimator(config.max_batch_size)
-        )
+        self.members = members or Membership(clock)  # the server's WorkerDirectory gives it; alone: its own
+        queue, estimator = RequestQueue(config.max_queue_size), DrainEstimator(config.max_batch_size)
+        state = ModelState(config, clock, metrics, queue, estimator, workers=self.members.workers)
         routing = Routing(
             config.name,
             balancer or P2CBalancer(MAX_INFLIGHT),
@@ -95,7 +97,7 @@ class ModelRuntime:
         )
         hedging = HedgePolicy(clock, budget, routing.ejector)
         self._watchdog = Watchdog(state, routing, hedging, kill_worker, heartbeat_timeout_s)
-        self._membership = BatchMembership(state, routing)
+        self._membership = BatchMembership(state, routing, self.members)
         self.queue = state.queue
         self._ahead = queued_ahead(config, state.queue.count_since)  # None: FIFO, every queued item is ahead
         self.isolation = state.isolation
@@ -309,9 +311,6 @@ class ModelRuntime:
         return self._delivery.busy_ratio()
 
     # ---- workers ------------------------------------------------------------------------------------
-    def worker_connections(self) -> Sequence[WorkerConnection]:
-        return self._membership.connections()
-
     def add_worker(self, worker: WorkerConnection) -> None:
         self._membership.add(worker)
 
@@ -324,10 +323,6 @@ class ModelRuntime:
         isolate or fail), a batch staged behind it goes back to the head of the queue untouched."""
         batches = self._membership.lose(worker, reason)
         self._delivery.recover_lost(worker, batches, reason)
-
-    async def membership_changed(self) -> None:
-        """Returns at the next worker arrival or departure (for fleet operations that wait on one)."""
-        await self._membership.changed()
 
     def on_message(self, worker: WorkerConnection, msg: p.Message) -> None:
         if isinstance(msg, p.BatchDone):

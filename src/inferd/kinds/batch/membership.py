@@ -1,7 +1,7 @@
-"""What the batch kind does when its workers change, around the runtime's `Membership`
-(runtime/membership.py: join, drain, loss, the change event): a worker that joins enters routing and
-wakes the dispatcher; one that drains leaves routing; one that is lost leaves routing, is closed, and
-hands back the batches it held for recovery.
+"""What the batch kind does when its workers change, around its version's `Membership` (taken from the
+server's WorkerDirectory, runtime/membership.py: join, drain, loss, the change event): a worker that
+joins enters routing and wakes the dispatcher; one that drains leaves routing; one that is lost leaves
+routing, is closed, and hands back the batches it held for recovery.
 """
 
 from __future__ import annotations
@@ -17,14 +17,11 @@ log = logging.getLogger("inferd.dispatcher")
 
 
 class BatchMembership:
-    def __init__(self, state: ModelState, routing: Routing) -> None:
+    def __init__(self, state: ModelState, routing: Routing, members: Membership) -> None:
         self.state = state
         self.routing = routing
-        self.members = Membership(state.clock, state.workers)
-
-    def connections(self) -> tuple[WorkerConnection, ...]:
-        """The ready and draining connections."""
-        return self.members.connections()
+        self.members = members
+        """The model version's, from the server's WorkerDirectory; its `workers` are `state.workers`."""
 
     def add(self, worker: WorkerConnection) -> None:
         self.members.add(worker)
@@ -71,7 +68,3 @@ class BatchMembership:
                 len(batches),
             )
         return batches
-
-    async def changed(self) -> None:
-        """Returns at the next worker arrival or departure (for fleet operations that wait on one)."""
-        await self.members.changed()

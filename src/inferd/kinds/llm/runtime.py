@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import ClassVar
 
 from inferd.clock import Clock
@@ -74,6 +74,7 @@ class LLMRuntime:
         *,
         kill_worker: KillWorker,
         heartbeat_timeout_s: float = 5.0,
+        members: Membership | None = None,
     ) -> None:
         self.config = config
         self.name = config.name
@@ -88,8 +89,9 @@ class LLMRuntime:
         self.router = PrefixAffinityRouter(params.routing, self.scheduler_config, clock)
         self.retry_budget = retry_budget or RetryBudget(clock)
         """Shared with the batch models (the server's), so failovers cannot multiply load."""
-        self.members = Membership(clock)
-        """Its workers (runtime/membership.py): join, drain, loss, the change event."""
+        self.members = members or Membership(clock)
+        """Its workers (runtime/membership.py: join, drain, loss, the change event), the server's
+        WorkerDirectory's for this version; a runtime built alone (tests, fleetsim) has its own."""
         self.workers = self.members.workers
         self.placement = Placement(
             self.name, self.workers, self.scheduler_config, self.router, self.retry_budget, clock
@@ -270,9 +272,6 @@ class LLMRuntime:
             self.kill_worker(w)
 
     # ---- workers ----------------------------------------------------------------------------------
-    def worker_connections(self) -> Sequence[WorkerConnection]:
-        return self.members.connections()
-
     def add_worker(self, worker: WorkerConnection) -> None:
         self.members.add(worker)
         log.info("LLM worker %s (pid %d) of model %s is ready", worker.worker_id, worker.pid, self.name)
@@ -301,10 +300,6 @@ class LLMRuntime:
         )
         for live in orphans:
             self.placement.move(live, f"worker {worker.worker_id} of model '{self.name}' went away: {reason}")
-
-    async def membership_changed(self) -> None:
-        """Returns at the next worker arrival or departure (for fleet operations that wait on one)."""
-        await self.members.changed()
 
     def live_on(self, worker_id: str) -> int:
         """Sequences placed on the worker whose end the front end has not yet seen."""

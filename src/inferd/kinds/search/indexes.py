@@ -18,6 +18,7 @@ from inferd.errors import BadRequest, Conflict, NotFound
 from inferd.kinds.search.config import SearchParams, index_config, params_of
 from inferd.kinds.search.store import SETTINGS_FILE, IndexStore
 from inferd.runtime.contract import Runtime
+from inferd.runtime.membership import WorkerDirectory
 from inferd.runtime.registry import ModelRegistry
 
 log = logging.getLogger("inferd.search")
@@ -35,6 +36,8 @@ class Server(Protocol):
     """What index administration needs of the composition root (server.py)."""
 
     registry: ModelRegistry
+    directory: WorkerDirectory
+    """Every served version's workers: a new index's replicas join it."""
     supervisor: Any
     index_sync: Any
     """Several front ends: the followers serve the owner's indexes (frontends/index_sync.py); else None."""
@@ -99,13 +102,14 @@ class IndexAdmin:
         await self._until_ready(rt)
         return True
 
-    @staticmethod
-    async def _until_ready(rt: Runtime) -> None:
+    async def _until_ready(self, rt: Runtime) -> None:
         """Until every shard has a serving replica (bounded: the answer then says ready: false)."""
         try:
             async with asyncio.timeout(READY_WAIT_S):
                 while not rt.ready:
-                    await rt.membership_changed()
+                    await self.server.directory.changed(rt.name, rt.version)
+        except NotFound:  # deleted meanwhile: nothing left to wait for
+            return
         except TimeoutError:
             log.warning("index %s is not ready %.0f s after its creation", rt.name, READY_WAIT_S)
 

@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -89,8 +88,9 @@ class SearchRuntime:
         self._applying: dict[int, Replica] = {}
         self._stopping: ServingError | None = None
         self._progress = asyncio.Event()
-        self.members = Membership(ctx.clock)
-        """Its replicas' connections (runtime/membership.py); `replicas` holds what each one serves."""
+        self.members: Membership = ctx.directory.members(config.name, config.version)
+        """Its replicas' connections (the server's WorkerDirectory's for this version,
+        runtime/membership.py); `replicas` holds what each one serves."""
         self.index = IndexService(self, ctx)
         """The write and query paths (the API calls them)."""
 
@@ -159,9 +159,6 @@ class SearchRuntime:
         for replica in self.replicas.values():
             self._fail(replica, exc)
 
-    def worker_connections(self) -> Sequence[WorkerConnection]:
-        return self.members.connections()
-
     def add_worker(self, worker: WorkerConnection) -> None:
         """A replica joined: its first note (right after Ready) says the shard it holds, if any; the
         writer then assigns it one (that one, while the shard lacks replicas); a follower waits for the
@@ -211,9 +208,6 @@ class SearchRuntime:
         log.warning("replica %s of %s shard %d lost: %s", worker.worker_id, self.name, replica.shard, reason)
         self._fail(replica, WorkerDied(f"replica {worker.worker_id} of index {self.name!r} died: {reason}"))
         self._changed()
-
-    async def membership_changed(self) -> None:
-        await self.members.changed()
 
     def _choose_shard(self, replica: Replica, held: int) -> None:
         """The shard the replica holds when that one lacks replicas (the writer restarted: it keeps its

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any, ClassVar
 
 import aiohttp
@@ -349,10 +349,6 @@ class UpstreamRuntime:
             detail=UpstreamStatistics.of(pool, self.retries),
         )
 
-    def worker_connections(self) -> Sequence[WorkerConnection]:
-        """None: the upstream engines are not inferd workers."""
-        return ()
-
     def add_worker(self, worker: WorkerConnection) -> None:
         raise Internal(
             f"model '{self.name}' is served by upstream engines and takes no workers "
@@ -367,6 +363,3 @@ class UpstreamRuntime:
 
     def on_worker_lost(self, worker: WorkerConnection, reason: str) -> None:
         """Nothing to recover: no worker is ever added."""
-
-    async def membership_changed(self) -> None:
-        raise Internal(f"model '{self.name}' is served by upstream engines: it has no workers to wait for")
