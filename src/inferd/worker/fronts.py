@@ -13,7 +13,7 @@ import contextlib
 import logging
 import socket
 import ssl
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 
 from inferd import tls
@@ -56,6 +56,8 @@ class FrontLink:
         """The front end whose going ends the worker (a local worker's first): never cut off for being
         slow or stuck (that would end the worker for every front end); waited for instead, as before
         there were several."""
+        self._held: list[bytes] | None = None
+        """Frames sent inside `together`, written out as one when it ends."""
 
     @classmethod
     def joined(
@@ -75,8 +77,26 @@ class FrontLink:
         if self.closed or self.writer.is_closing():
             return
         frame = p.encode_frame(msg)
-        self.writer.write(frame)
-        self.sent_bytes += len(frame)
+        if self._held is not None:
+            self._held.append(frame)
+            return
+        self._write(frame)
+
+    @contextlib.contextmanager
+    def together(self) -> Iterator[None]:
+        """The frames sent inside go out in one write when it ends (a batch's result and the Credit that
+        frees its slot: one system call here, one read for the front end), in the order sent."""
+        self._held = []
+        try:
+            yield
+        finally:
+            held, self._held = self._held, None
+            if held and not self.closed and not self.writer.is_closing():
+                self._write(b"".join(held))
+
+    def _write(self, data: bytes) -> None:
+        self.writer.write(data)
+        self.sent_bytes += len(data)
         if self.buffered() > LINK_HARD_LIMIT_BYTES:
             self.cut_off(f"it holds {self.buffered()} bytes unread, more than its credits allow")
 
