@@ -292,3 +292,12 @@ def tell_credits(ledger: CreditLedger, links: Mapping[int, FrontLink]) -> None:
         link = links[index]
         link.send(p.Credit(granted, state.idle, state.shared, ledger.running_items, running_for_s))
         link.told = state
+
+
+def take_batch(ledger: CreditLedger, link: FrontLink, items: int) -> None:
+    """A batch of `items` arrived from `link` (it used a slot). A front end served alone knows what that
+    changed (its own batch runs, or is staged): it is not told it again in a Credit of its own, which
+    would cost a write here and a read there per batch. Front ends sharing the worker are told as before."""
+    ledger.received(link.index, items)
+    if not ledger.shared:
+        link.told = ledger.state_for(link.index)

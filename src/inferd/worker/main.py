@@ -39,6 +39,7 @@ from inferd.worker.fronts import (
     SequenceOwners,
     give_up_when_silent,
     split_addresses,
+    take_batch,
     tell_credits,
     transport,
 )
@@ -247,7 +248,7 @@ class Worker:
                 log.info("worker %s: the front end at %s closed the connection", self.worker_id, link.address)
                 return "lost"
             if isinstance(msg, p.RunBatch):
-                self.ledger.received(link.index, len(msg.items))
+                take_batch(self.ledger, link, len(msg.items))
                 self._grant()
                 await self._batches.put((link, msg))
             elif isinstance(msg, p.Demand):
