@@ -13,7 +13,7 @@ import contextlib
 import logging
 import socket
 import ssl
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from inferd import tls
@@ -82,17 +82,20 @@ class FrontLink:
             return
         self._write(frame)
 
-    @contextlib.contextmanager
-    def together(self) -> Iterator[None]:
-        """The frames sent inside go out in one write when it ends (a batch's result and the Credit that
-        frees its slot: one system call here, one read for the front end), in the order sent."""
+    def together(self) -> FrontLink:
+        """`with link.together():` the frames sent inside go out in one write when it ends (a batch's
+        result and the Credit that frees its slot: one system call here, one read for the front end), in
+        the order sent. (The link is its own context manager: two calls, not a generator's six.)"""
         self._held = []
-        try:
-            yield
-        finally:
-            held, self._held = self._held, None
-            if held and not self.closed and not self.writer.is_closing():
-                self._write(b"".join(held))
+        return self
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: object) -> None:
+        held, self._held = self._held, None
+        if held and not self.closed and not self.writer.is_closing():
+            self._write(b"".join(held))
 
     def _write(self, data: bytes) -> None:
         self.writer.write(data)
