@@ -223,3 +223,20 @@ def test_the_batch_timeout_allows_a_full_batch_when_small_batches_dominate_the_a
             rt.estimator.observe_batch(32, 3.0)
     assert rt.estimator.batch_latency_s is not None and 10 * rt.estimator.batch_latency_s < 3.0
     assert rt.batch_timeout_s() >= 30.0
+
+
+def test_replies_are_futures_of_the_loop_running_each_enqueue() -> None:
+    """The runtime keeps the running loop instead of asking for it per request (a system call each
+    time), and asks again once that loop has stopped: a reply is never a future of another loop."""
+    rt = runtime()
+
+    async def enqueue() -> tuple[asyncio.AbstractEventLoop, asyncio.AbstractEventLoop]:
+        (item,) = rt.enqueue([b"x"], deadline=None)
+        (again,) = rt.enqueue([b"y"], deadline=None)
+        assert again.reply.get_loop() is item.reply.get_loop()
+        return item.reply.get_loop(), asyncio.get_running_loop()
+
+    first, running = asyncio.run(enqueue())
+    assert first is running
+    second, running = asyncio.run(enqueue())
+    assert second is running and second is not first

@@ -7,7 +7,8 @@ import pytest
 from inferd.clock import FakeClock
 from inferd.wire import protocol as p
 from inferd.wire.connection import WorkerConnection, WorkerState
-from inferd.worker.credits import STALE_HOLD_S, CreditLedger
+from inferd.worker.credits import STALE_HOLD_S, CreditLedger, ToldState
+from inferd.worker.fronts import take_batch, tell_credits
 
 
 def test_a_lone_front_end_is_granted_both_slots_unasked() -> None:
@@ -152,3 +153,46 @@ def test_a_first_holder_that_does_not_use_its_slot_stops_keeping_the_others_busy
     clock.advance(STALE_HOLD_S)
     tell = ledger.to_tell(told)
     assert list(tell) == ["b"] and tell["b"][1].idle  # a still holds its slot, unused: b may send
+
+
+class RecordingLink:
+    """A FrontLink's surface that tell_credits and take_batch use: what it is sent, what it was told."""
+
+    def __init__(self, index: str) -> None:
+        self.index = index
+        self.credits = True
+        self.told: ToldState | None = None
+        self.sent: list[p.Credit] = []
+
+    def send(self, msg: p.Credit) -> None:
+        self.sent.append(msg)
+
+
+def test_a_lone_front_end_is_not_told_that_its_own_batch_started_but_sharing_ones_are() -> None:
+    """A front end served alone knows its own batch runs (it sent it): no Credit says so, one write and
+    one read fewer per batch; the Credit that frees the slot when it ends says what changed. Front ends
+    sharing the worker are told at once (another's slot now waits behind it)."""
+    ledger = CreditLedger(FakeClock())
+    ledger.join("a")
+    a = RecordingLink("a")
+    links = {"a": a}
+    tell_credits(ledger, links)  # type: ignore[arg-type]
+    assert [c.granted for c in a.sent] == [2]
+    take_batch(ledger, a, 40)  # type: ignore[arg-type]
+    tell_credits(ledger, links)  # type: ignore[arg-type]
+    assert len(a.sent) == 1 and a.told == ledger.state_for("a")
+    ledger.finished()
+    tell_credits(ledger, links)  # type: ignore[arg-type]
+    assert len(a.sent) == 2 and (a.sent[1].granted, a.sent[1].idle, a.sent[1].running_items) == (1, True, 0)
+
+    shared = CreditLedger(FakeClock())
+    b, c = RecordingLink("b"), RecordingLink("c")
+    both = {"b": b, "c": c}
+    for front in both:
+        shared.join(front)
+        shared.report(front, queued=5, oldest_age_s=0.001)
+    tell_credits(shared, both)  # type: ignore[arg-type]
+    assert [m.granted for m in b.sent + c.sent] == [1, 1]
+    take_batch(shared, b, 40)  # type: ignore[arg-type]
+    tell_credits(shared, both)  # type: ignore[arg-type]
+    assert len(b.sent) == 1 and len(c.sent) == 2 and not c.sent[1].idle and c.sent[1].running_items == 40

@@ -60,6 +60,23 @@ def test_outputs_are_typed_and_checked_per_item() -> None:
     assert "shape [3]" in errors[1] and "missing" in errors[2]
 
 
+def test_one_bytes_scalar_per_item_converts_as_before_whatever_its_form() -> None:
+    """str and bytes take the short way; every other form (numpy, a dict naming the output, a str
+    that is no valid Unicode, a number) the general one, with the same results and messages."""
+    config = ModelConfig(
+        name="t",
+        implementation="x:Y",
+        inputs=(TensorSpec(name="I", datatype="BYTES", shape=()),),
+        outputs=(TensorSpec(name="O", datatype="BYTES", shape=()),),
+    )
+    outs = ["abc", b"raw", np.array([b"np"], dtype=object), {"O": "named"}, np.bytes_(b"g"), "\ud800", 7]
+    out, errors = convert_outputs(config, outs, len(outs))
+    assert out[:5] == [{"O": b"abc"}, {"O": b"raw"}, {"O": b"np"}, {"O": b"named"}, {"O": b"g"}]
+    assert out[5] is None and "item 5 is invalid" in errors[5] and "surrogate" in errors[5]
+    assert out[6] is None and "O is BYTES, got int" in errors[6]
+    assert sorted(errors) == [5, 6]
+
+
 def test_wrong_output_count_fails_the_batch() -> None:
     with pytest.raises(OutputError, match="returned 1 outputs for a batch of 2 inputs"):
         convert_outputs(cfg(), [{"V": [1, 2], "N": 3}], 2)

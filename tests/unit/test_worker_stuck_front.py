@@ -159,6 +159,38 @@ def test_a_link_buffering_more_than_its_credits_allow_is_cut_off_at_once() -> No
     assert writer.transport.aborted and front.closed
 
 
+def test_frames_sent_together_go_out_in_one_write_in_order() -> None:
+    front, writer = link(0)
+    writes: list[bytes] = []
+    writer.write = lambda data: writes.append(bytes(data))  # type: ignore[method-assign]
+    done, credit = p.BatchDone(7, 0.02, outputs=[{"OUTPUT0": b"x"}]), p.Credit(1, True, False, 0)
+    with front.together():
+        front.send(done)
+        front.send(credit)
+        assert writes == []  # held until the end
+    assert writes == [p.encode_frame(done) + p.encode_frame(credit)]
+    assert front.sent_bytes == len(writes[0])
+    front.send(credit)  # outside: at once, as before
+    assert writes[1] == p.encode_frame(credit)
+
+
+def test_frames_held_for_a_link_cut_off_meanwhile_are_dropped() -> None:
+    front, writer = link(0)
+    with front.together():
+        front.send(p.Heartbeat(running=0, completed_batches=0))
+        front.cut_off("test")
+    assert writer.transport.buffered == 0 and front.sent_bytes == 0
+
+
+def test_frames_sent_together_past_the_hard_limit_cut_the_link_off() -> None:
+    front, writer = link(0)
+    writer.transport.buffered = LINK_HARD_LIMIT_BYTES
+    with front.together():
+        front.send(p.Heartbeat(running=0, completed_batches=0))
+        assert not front.closed
+    assert writer.transport.aborted and front.closed
+
+
 async def test_the_engine_does_not_wait_for_a_front_end_far_behind_while_another_keeps_up() -> None:
     (slow, slow_writer), (ok, ok_writer) = link(0), link(1)
     owners = SequenceOwners(lambda: {0: slow, 1: ok})

@@ -169,26 +169,28 @@ def _decode_inputs(
 
 
 def _check_shape(inp: RequestInput, spec: TensorSpec, config: ModelConfig) -> tuple[int, int]:
-    if inp.datatype not in DATATYPES:
-        raise BadRequest(
-            f"input {inp.name!r}: unknown datatype {inp.datatype!r}; use one of {sorted(DATATYPES)}"
-        )
     if inp.datatype != spec.datatype:
+        if inp.datatype not in DATATYPES:
+            raise BadRequest(
+                f"input {inp.name!r}: unknown datatype {inp.datatype!r}; use one of {sorted(DATATYPES)}"
+            )
         raise BadRequest(f"input {inp.name!r} must be {spec.datatype}, got {inp.datatype}")
     shape = inp.shape
-    if len(shape) != 1 + len(spec.shape):
-        want = [-1, *spec.shape]
+    per_item = spec.shape
+    if len(shape) != 1 + len(per_item):
+        want = [-1, *per_item]
         raise BadRequest(
             f"input {inp.name!r} has shape {shape}; model '{config.name}' expects {want} "
             "(the first dimension is the batch)"
         )
-    if any(d < 0 for d in shape):
+    if min(shape) < 0:
         raise BadRequest(f"input {inp.name!r} has a negative dimension in shape {shape}")
-    for want, got in zip(spec.shape, shape[1:], strict=True):
-        if want != -1 and want != got:
-            raise BadRequest(
-                f"input {inp.name!r} has shape {shape}; per-item shape must be {list(spec.shape)}"
-            )
+    if per_item:  # a scalar per item (the common case) has no per-item dimensions to check
+        for want, got in zip(per_item, shape[1:], strict=True):
+            if want != -1 and want != got:
+                raise BadRequest(
+                    f"input {inp.name!r} has shape {shape}; per-item shape must be {list(per_item)}"
+                )
     n = shape[0]
     if n < 1:
         raise BadRequest(f"input {inp.name!r} has an empty batch dimension (shape {shape})")
@@ -197,7 +199,7 @@ def _check_shape(inp: RequestInput, spec: TensorSpec, config: ModelConfig) -> tu
             f"input {inp.name!r} carries {n} items; model '{config.name}' takes at most "
             f"{config.max_items_per_request} per request"
         )
-    count = math.prod(shape)
+    count = math.prod(shape) if per_item else n
     if count > MAX_ELEMENTS:
         raise BadRequest(f"input {inp.name!r} shape {shape} holds {count} elements (limit {MAX_ELEMENTS})")
     return n, count

@@ -27,7 +27,7 @@ from inferd.kinds.batch.dispatcher import ModelRuntime
 from inferd.wire import protocol as p
 from inferd.wire.connection import Batch, WorkerConnection
 from inferd.worker.credits import CreditLedger
-from inferd.worker.fronts import FrontLink, tell_credits
+from inferd.worker.fronts import FrontLink, take_batch, tell_credits
 
 HEADER = 4
 """A frame's length prefix (protocol.encode_frame)."""
@@ -189,7 +189,7 @@ class SharedBatchDevice:
 
     # ---- the device: one batch at a time, in the order received --------------------------------------
     def receive(self, link: BatchLink, batch_id: int, items: int) -> None:
-        self.ledger.received(link.index, items)
+        take_batch(self.ledger, link, items)
         self.held.append((link, batch_id, items))
         self.most_held = max(self.most_held, len(self.held))
         self.grant()

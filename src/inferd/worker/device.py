@@ -18,6 +18,7 @@ from inferd.kinds.llm.engine import LLMEngine, new_scheduler, scheduler_config
 from inferd.kinds.llm.model import LLMModel
 from inferd.models.base import Model
 from inferd.models.loader import instantiate
+from inferd.observability import tracing
 from inferd.wire import protocol as p
 from inferd.worker.fronts import FrontLink, SequenceOwners
 from inferd.worker.outputs import OutputError, convert_outputs
@@ -34,6 +35,9 @@ class Device:
         self.config_json = b""
         self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="inferd-device")
         self.loaded = asyncio.Event()
+        self.running = 0
+        """Batches on the device now (0 or 1), for the heartbeats."""
+        self.completed = 0
         self._lock = asyncio.Lock()
 
     async def ensure_loaded(self, link: FrontLink, welcome: p.Welcome) -> bool:
@@ -101,6 +105,14 @@ class Device:
         return LLMEngine(self.model, scheduler, owners.send, owners.flush, self.executor)
 
     async def run_one(self, batch: p.RunBatch) -> p.BatchDone:
+        self.running = 1
+        with tracing.compute(batch.traceparent, batch.batch_id, len(batch.items), self.worker_id):
+            done = await self._run(batch)
+        self.running = 0
+        self.completed += 1
+        return done
+
+    async def _run(self, batch: p.RunBatch) -> p.BatchDone:
         start = time.perf_counter()
         assert self.model is not None and self.config is not None
         try:

@@ -29,7 +29,6 @@ from inferd.clock import MonotonicClock
 from inferd.config import ConfigError
 from inferd.kinds.llm.engine import LLMEngine
 from inferd.kinds.worker_sides import WORKER_SIDES, WorkerSide
-from inferd.observability import tracing
 from inferd.observability.logging_setup import set_up_process
 from inferd.observability.settings import from_environment
 from inferd.wire import protocol as p
@@ -41,6 +40,7 @@ from inferd.worker.fronts import (
     SequenceOwners,
     give_up_when_silent,
     split_addresses,
+    take_batch,
     tell_credits,
     transport,
 )
@@ -80,8 +80,6 @@ class Worker:
         self.reconnect = reconnect
         self.stuck_after_s = stuck_after_s
         """A front end that reads nothing for this long while the worker has data for it is cut off."""
-        self.completed = 0
-        self.running = 0
         self.device = Device(worker_id, model_repo)
         self.ledger = CreditLedger(MonotonicClock())
         """The batch slots (1 running + 1 staged) granted to the front ends: the cap holds across them."""
@@ -249,7 +247,7 @@ class Worker:
                 log.info("worker %s: the front end at %s closed the connection", self.worker_id, link.address)
                 return "lost"
             if isinstance(msg, p.RunBatch):
-                self.ledger.received(link.index, len(msg.items))
+                take_batch(self.ledger, link, len(msg.items))
                 self._grant()
                 await self._batches.put((link, msg))
             elif isinstance(msg, p.Demand):
@@ -317,15 +315,12 @@ class Worker:
     async def _run_batches(self) -> None:
         while (entry := await self._batches.get()) is not None:
             link, batch = entry
-            if not link.closed:
-                self.running = 1
-                with tracing.compute(batch.traceparent, batch.batch_id, len(batch.items), self.worker_id):
-                    done = await self.device.run_one(batch)
-                self.running = 0
-                self.completed += 1
-                link.send(done)  # not awaited: credits bound what waits for a front end (worker/stuck.py)
-            self.ledger.finished()
-            self._grant()
+            done = None if link.closed else await self.device.run_one(batch)
+            with link.together():  # the result and the Credit freeing its slot: one write
+                if done is not None:
+                    link.send(done)  # not awaited: credits bound what waits for a front end (worker/stuck.py)
+                self.ledger.finished()
+                self._grant()
 
     def _stop_device(self, finish: bool) -> None:
         """Drained: finish what the device holds. Lost: drop what has not started."""
@@ -347,8 +342,8 @@ class Worker:
             self._grant()  # a slot held too long without use (credits.STALE_HOLD_S) frees the others
             link.send(
                 p.Heartbeat(
-                    running=self.running,
-                    completed_batches=self.completed,
+                    running=self.device.running,
+                    completed_batches=self.device.completed,
                     high_water=self.ledger.high_water,
                 )
             )

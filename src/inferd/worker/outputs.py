@@ -27,11 +27,16 @@ def convert_outputs(config: ModelConfig, outputs: Any, n_items: int) -> tuple[li
             f"model '{config.name}' returned {len(outputs)} outputs for a batch of {n_items} inputs"
         )
     single = config.outputs[0] if len(config.outputs) == 1 else None
+    # one BYTES scalar per item (sim's digests, a label): a str or bytes out needs no more than encoding
+    text = single.name if single is not None and single.shape == () and single.datatype == "BYTES" else None
     converted: list[Any] = []
     errors: dict[int, str] = {}
     for index, out in enumerate(outputs):
         try:
-            if single is not None and not (isinstance(out, dict) and single.name in out):
+            kind = type(out)
+            if text is not None and (kind is str or kind is bytes):
+                converted.append({text: out.encode() if kind is str else out})
+            elif single is not None and not (isinstance(out, dict) and single.name in out):
                 converted.append({single.name: _convert(single, out)})
             else:
                 if not isinstance(out, dict):

@@ -189,7 +189,7 @@ class ModelRuntime:
             held = self.queue.held_in(priority).get(tenant.name, 0)
             drain = self.estimator.drain_time_s(len(self.queue), ready)
             raise over_share(self.name, len(self.queue), capacity, tenant, held, drain)
-        queued, now = len(self.queue) - sum((taken or {}).values()), self.clock.now()
+        queued, now = len(self.queue) - (sum(taken.values()) if taken else 0), self.clock.now()
         ahead = None if self._ahead is None or deadline is None else min(queued, self._ahead(now))
         check_admission(self.name, queued, capacity, n, now, deadline, self.estimator, ready, ahead)
         return taken or {}
@@ -207,7 +207,7 @@ class ModelRuntime:
         if taken:
             self._displace(priority, taken, tenant, ready)
         now = self.clock.now()
-        loop = asyncio.get_running_loop()
+        loop = self._state.running_loop()
         request = next(self._requests)
         trace = tracing.recording_span() if tracing.ENABLED else None
         items = [

@@ -286,9 +286,12 @@ class RequestQueue:
         """Can `n` items of `tenant` join class `priority`, which may fill the queue up to `capacity`?
         {}: they fit; None: they do not; else how many newest items of which tenants must make room
         (routing/fairness.py `displacement`)."""
+        free = capacity - len(self)
+        if n <= free:  # (displacement's own first answer, without copying the lanes' weights)
+            return {}
         lanes = self._classes[priority]
         room = capacity - (len(self) - lanes.live)  # the other class's items take room too
-        return displacement(tenant, n, capacity - len(self), room, lanes.held, lanes.order.weights())
+        return displacement(tenant, n, free, room, lanes.held, lanes.order.weights())
 
     def displace(self, priority: int, taken: dict[str, int]) -> list[QueuedItem]:
         """Take out the newest items `room_for` named; the caller answers them (they are WITHDRAWN)."""

@@ -38,6 +38,14 @@ class ModelState:
     stands (the dispatch loop sets it after each pass from CutDecision.wake_queued)."""
     stopping: bool = False
     """The server is shutting down (or the dispatch loop failed): no new work is accepted."""
+    _loop: asyncio.AbstractEventLoop | None = None
+
+    def running_loop(self) -> asyncio.AbstractEventLoop:
+        """The running event loop (the replies' futures are its), looked up once while it runs:
+        asyncio.get_running_loop costs a getpid() system call each time."""
+        if self._loop is None or not self._loop.is_running():
+            self._loop = asyncio.get_running_loop()
+        return self._loop
 
     @property
     def name(self) -> str:
