@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 from concurrent.futures import ThreadPoolExecutor
 
-from inferd.api.streams import StopChecker
+from inferd.kinds.llm.text import StopChecker
 from inferd.clock import MonotonicClock
 from inferd.kinds.llm.engine import LLMEngine, scheduler_config
 from inferd.kinds.llm.scheduler import LLMScheduler
