@@ -49,7 +49,7 @@ from inferd.errors import BadRequest, ServingError
 from inferd.gateway.auth import tenant_share
 from inferd.gateway.quota_layer import reserve_tokens
 from inferd.kinds.llm.runtime import LLMRuntime
-from inferd.kinds.llm.service import Choices, GenerationRequest
+from inferd.kinds.llm.service import Choices, Completion, GenerationRequest, Reserve
 from inferd.kinds.upstream.runtime import UpstreamRuntime
 
 if TYPE_CHECKING:
@@ -219,16 +219,33 @@ class _TextCall:
         if req.priority is not None:  # else X-Priority's, or interactive
             call.priority = parse_priority(req.priority, None)
 
-    def _admission(self) -> dict[str, Any]:
-        """What the service takes of the call: its deadline, priority and tenant (one value: the
-        prefix-cache salt and the fairness lane), and the quota's token reservation."""
-        call = self.call
-        reserve = None if call.quota is None else partial(reserve_tokens, call)
-        return {"deadline": call.deadline, "priority": call.priority, "share": tenant_share(call.tenant), "reserve": reserve}
-
     async def start(self) -> Choices:
-        """Every choice submitted (rt.service: tokenize, check the context, the deadline and the quota)."""
-        return await self.rt.service.generate(self.request, **self._admission())
+        """Every choice submitted (rt.service: tokenize, check the context, the deadline and the quota),
+        under the call's deadline, priority and tenant (one value: the prefix-cache salt and the lane)."""
+        call = self.call
+        return await self.rt.service.generate(
+            self.request,
+            deadline=call.deadline,
+            priority=call.priority,
+            share=tenant_share(call.tenant),
+            reserve=self._reserve(),
+        )
+
+    async def whole(self) -> Completion:
+        """`start`, then every choice's whole text; the wait ends (499) if the caller leaves."""
+        call = self.call
+        return await self.rt.service.collect(
+            self.request,
+            deadline=call.deadline,
+            priority=call.priority,
+            share=tenant_share(call.tenant),
+            reserve=self._reserve(),
+            gone=call.departure.watch,
+        )
+
+    def _reserve(self) -> Reserve | None:
+        """The quota's token admission of a limited tenant's call (None: nothing to reserve)."""
+        return None if self.call.quota is None else partial(reserve_tokens, self.call)
 
     @property
     def include_usage(self) -> bool:
@@ -247,7 +264,7 @@ class _TextCall:
         is deterministic (temperature 0 or a seed); the id and `created` are always this call's own."""
 
         async def compute() -> tuple[Answer, int]:
-            done = await self.rt.service.collect(self.request, gone=self.call.departure.watch, **self._admission())
+            done = await self.whole()
             choices = [choice(i, text, finish) for i, (text, finish) in enumerate(done.texts)]
             answer = (choices, _usage(done.prompt_tokens, done.completion_tokens), done.worker_id)
             return answer, len(_encoder.encode(answer))
