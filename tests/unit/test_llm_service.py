@@ -228,15 +228,16 @@ async def test_choices_are_submitted_all_or_none() -> None:
 
 
 # ---- the aborts at the end ------------------------------------------------------------------------------
-async def test_a_consumer_that_stops_early_aborts_every_choice_as_the_clients_leaving() -> None:
+@pytest.mark.parametrize("n", [1, 2])
+async def test_a_consumer_that_stops_early_aborts_every_choice_as_the_clients_leaving(n: int) -> None:
     rt, workers = make_runtime()
-    choices = await generate(rt, n=2, max_tokens=8)
+    choices = await generate(rt, n=n, max_tokens=8)
     for s in choices.streams:
         play(rt, workers, s, "the of")
     async with aclosing(choices.stream()) as pieces:
         async for _ in pieces:
             break
-    assert aborted(workers) == {s.seq_id for s in choices.streams} and rt.client_aborts == 2
+    assert aborted(workers) == {s.seq_id for s in choices.streams} and rt.client_aborts == n
 
 
 async def test_a_cancelled_consumer_aborts_every_choice_as_the_clients_leaving() -> None:
@@ -250,11 +251,12 @@ async def test_a_cancelled_consumer_aborts_every_choice_as_the_clients_leaving()
     assert aborted(workers) == {choices.streams[0].seq_id} and rt.client_aborts == 1
 
 
+@pytest.mark.parametrize("n", [1, 2])
 @pytest.mark.parametrize("streamed", [False, True])
-async def test_a_caller_that_leaves_ends_the_wait_with_client_gone_and_aborts_every_choice(streamed: bool) -> None:
+async def test_a_caller_that_leaves_ends_the_wait_with_client_gone_and_aborts_every_choice(streamed: bool, n: int) -> None:
     rt, workers = make_runtime()
     caller = Departure()
-    choices = await generate(rt, n=2, max_tokens=8)
+    choices = await generate(rt, n=n, max_tokens=8)
 
     async def read() -> object:
         if not streamed:
@@ -270,7 +272,7 @@ async def test_a_caller_that_leaves_ends_the_wait_with_client_gone_and_aborts_ev
     caller.leave()
     with pytest.raises(ClientGone):
         await task
-    assert aborted(workers) == {s.seq_id for s in choices.streams} and rt.client_aborts == 2
+    assert aborted(workers) == {s.seq_id for s in choices.streams} and rt.client_aborts == n
     assert caller.unwatched == 1
 
 
