@@ -29,8 +29,9 @@ import asyncio
 import dataclasses
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import aclosing
-from dataclasses import dataclass
 from typing import Protocol
+
+import msgspec
 
 from inferd.clock import Clock
 from inferd.errors import BadRequest, ClientGone, DeadlineExceeded, ServingError
@@ -72,8 +73,7 @@ class LlmSequences(Protocol):
     def abort(self, stream: TokenStream, client_gone: bool = True) -> None: ...
 
 
-@dataclass(frozen=True, slots=True)
-class Sampling:
+class Sampling(msgspec.Struct, frozen=True):
     """A request's checked sampling parameters: what changes the generated text."""
 
     max_tokens: int
@@ -86,9 +86,9 @@ class Sampling:
     ignore_eos: bool
 
 
-@dataclass(frozen=True, slots=True)
-class GenerationRequest:
-    """What to generate, as an edge parsed it; `checked` (which the service calls) refuses bad values."""
+class GenerationRequest(msgspec.Struct, frozen=True):
+    """What to generate, as an edge parsed it; `checked` (which the service calls) refuses bad values.
+    (Structs, not frozen dataclasses: built on every request, in a fifth of the time.)"""
 
     prompt: str | Sequence[int]
     """The prompt's text, or its token ids."""
@@ -131,8 +131,7 @@ class GenerationRequest:
         return Sampling(max_tokens, seed, temperature, top_p, self.ignore_eos)
 
 
-@dataclass(frozen=True, slots=True)
-class Completion:
+class Completion(msgspec.Struct, frozen=True):
     """A request's whole answer: each choice's (text, finish_reason), its usage, where it ran."""
 
     texts: list[tuple[str, str]]
