@@ -119,8 +119,7 @@ async def _complete(api: ApiContext, call: Call, body: bytes, rt: TextRuntime) -
     text = _TextCall(rt, req, call, "text_completion", f"cmpl-{uuid.uuid4().hex}", prompt, req.max_tokens)
     if not req.stream:
         return await text.answer(api, _text_choice)
-    choices = await text.start()
-    return StreamingResponse(text.events(choices, _completion_chunk), headers=worker_header(choices))
+    return streamed(text, await text.start(), _completion_chunk)
 
 
 async def chat_completions(api: ApiContext, call: Call, request: HttpRequest) -> HttpResponse | StreamingResponse:
@@ -143,8 +142,7 @@ async def _chat(api: ApiContext, call: Call, body: bytes, rt: TextRuntime) -> Re
     text = _TextCall(rt, req, call, "chat.completion", f"chatcmpl-{uuid.uuid4().hex}", prompt, max_tokens)
     if not req.stream:
         return await text.answer(api, _chat_choice)
-    choices = await text.start()
-    return StreamingResponse(text.events(choices, _chat_chunk), headers=worker_header(choices))
+    return streamed(text, await text.start(), _chat_chunk)
 
 
 def _text_choice(i: int, text: str, finish: str | None) -> dict[str, Any]:
@@ -169,6 +167,14 @@ def text_deadline(api: ApiContext, config: ModelConfig, call: Call) -> float | N
     """The caller's deadline (`call.timeout_ms`: X-Request-Timeout-Ms); text generation gets no default
     deadline, so a long answer is never cut short unless the caller asks."""
     return request_deadline(api.clock, config.max_timeout_ms, None, call.timeout_ms, None)
+
+
+def streamed(text: _TextCall, choices: Choices, make: MakeChunk) -> StreamingResponse:
+    """The SSE response. Its end aborts what still runs: a body closed mid-stream does it itself, and one
+    never started (the client left before the first byte) has no code of its own to run."""
+    response = StreamingResponse(text.events(choices, make), headers=worker_header(choices))
+    response.on_close(partial(choices.abort, True))  # a no-op for every sequence that has ended
+    return response
 
 
 def worker_header(choices: Choices) -> list[tuple[bytes, bytes]]:
