@@ -235,6 +235,38 @@ async def test_disconnect_mid_stream_aborts_the_sequence(server: ServerProc) -> 
     assert await ametric(server, 'inferd_llm_streams{model="sim-llm",version="1"}') == 0
 
 
+async def test_disconnect_while_a_whole_answer_is_generated_aborts_every_choice(server: ServerProc) -> None:
+    aborted_key = 'inferd_llm_sequences_ended_total{model="sim-llm",outcome="aborted",version="1"}'
+    gone_key = 'inferd_llm_client_aborts_total{model="sim-llm",version="1"}'
+    streams_key = 'inferd_llm_streams{model="sim-llm",version="1"}'
+    aborted_before = await ametric(server, aborted_key)
+    gone_before = await ametric(server, gone_key)
+    body = {"model": "sim-llm", "prompt": "a long story", "max_tokens": 1500, "n": 2}
+
+    async def ask() -> None:
+        async with aiohttp.ClientSession() as http, http.post(f"{server.url}/v1/completions", json=body) as r:
+            await r.read()
+
+    request = asyncio.ensure_future(ask())
+    for _ in range(200):  # until both choices run
+        if await ametric(server, streams_key) == 2:
+            break
+        await asyncio.sleep(0.02)
+    assert not request.done()
+    request.cancel()  # the session closes: the connection goes away before the answer
+    with pytest.raises(asyncio.CancelledError):
+        await request
+    aborted = aborted_before
+    for _ in range(100):
+        aborted = await ametric(server, aborted_key)
+        if aborted >= aborted_before + 2:
+            break
+        await asyncio.sleep(0.05)
+    assert aborted == aborted_before + 2, "the engine never aborted the choices of the client that left"
+    assert await ametric(server, gone_key) == gone_before + 2
+    assert await ametric(server, streams_key) == 0
+
+
 def test_default_models_include_sim_llm_and_smollm2(tmp_path: Path) -> None:
     from inferd.kinds.repository import default_models
 

@@ -1,4 +1,4 @@
-"""`api.streams.interleave`: the SSE body's merge of a request's choices. One choice (n = 1) is read
+"""`kinds.llm.text.interleave`: the LLM service's merge of a request's choices. One choice (n = 1) is read
 directly; several are merged as items arrive. Either way: each choice's order is kept, an error ends it
 all, and closing the merge early closes every choice's generator (its `finally` runs)."""
 
@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from inferd.api.streams import interleave
+from inferd.kinds.llm.text import interleave
 
 
 class Choice:

@@ -6,12 +6,12 @@ from __future__ import annotations
 import asyncio
 from concurrent.futures import ThreadPoolExecutor
 
-from inferd.api.streams import StopChecker
 from inferd.clock import MonotonicClock
 from inferd.kinds.llm.engine import LLMEngine, scheduler_config
 from inferd.kinds.llm.scheduler import LLMScheduler
 from inferd.kinds.llm.sim_llm import VOCAB, SimLLM, SimTokenizer, sim_llm_config, sim_llm_tokens
 from inferd.kinds.llm.stream import TokenStream
+from inferd.kinds.llm.text import StopChecker
 from inferd.wire import protocol as p
 
 FREE = {"step_base_ms": 0.0, "per_token_ms": 0.0, "per_context_token_ms": 0.0}

@@ -23,7 +23,9 @@ from inferd.config.tenants import TenantConfig
 from inferd.core.tenant import ANONYMOUS, Tenant
 from inferd.errors import BadRequest
 from inferd.gateway.auth import tenant_share
+from inferd.kinds.llm.placement import Generation
 from inferd.routing.fairness import BULK, INTERACTIVE, NO_TENANT, TenantShare
+from tests.unit.test_llm_failover import make_runtime
 
 MAX_MS = 600_000.0
 
@@ -114,14 +116,21 @@ def test_a_route_reads_only_the_hints_it_declares() -> None:
 
 
 # ---- one tenant ------------------------------------------------------------------------------------------
-def test_the_prefix_cache_salt_and_the_fairness_lane_are_the_calls_tenant() -> None:
+async def test_the_prefix_cache_salt_and_the_fairness_lane_are_the_calls_tenant() -> None:
+    rt, _ = make_runtime(n_workers=1)
     call = http_call(request("/v1/completions"), error_body, "/v1/completions", False)
     read_hints(call, request("/v1/completions", {"X-Tenant": "team-a"}), MODEL_WORK, False)
-    gen = _TextCall(None, CompletionRequest(model="m", prompt="x"), call, "text_completion", "id").generation(4)  # type: ignore[arg-type]
+
+    async def placed() -> Generation:
+        req = CompletionRequest(model="sim-llm", prompt="x", max_tokens=4)
+        choices = await _TextCall(rt, req, call, "text_completion", "id", "x", 4).start()
+        return rt.placement.live[choices.streams[0].seq_id].gen
+
+    gen = await placed()
     assert (gen.tenant, gen.weight) == ("team-a", 1.0)
     assert gen.share == tenant_share(call.tenant) == TenantShare("team-a", 1.0)
     call.tenant = Tenant("acme", TenantConfig(weight=3.0))  # as the Auth layer names it with tenants
-    gen = _TextCall(None, CompletionRequest(model="m", prompt="x"), call, "text_completion", "id").generation(4)  # type: ignore[arg-type]
+    gen = await placed()
     assert (gen.tenant, gen.weight) == ("acme", 3.0) and gen.share == tenant_share(call.tenant)
     assert tenant_share(ANONYMOUS) is NO_TENANT
 

@@ -1,9 +1,11 @@
 """OpenAI-compatible text generation: POST /v1/completions and POST /v1/chat/completions.
 
-parse -> tokenize -> check the context length (400 before scheduling) -> submit to the model's
-LLMRuntime -> stream Server-Sent Events (`data: {json}`, then `data: [DONE]`) or one JSON body
-(api/streams.py turns the token streams into text). A client that disconnects aborts its sequence in
-the engine.
+parse (the body into a `GenerationRequest`, the Call's deadline, priority and tenant) -> the model's
+`LlmService` (kinds/llm/service.py: check, tokenize, context length, deadline, quota tokens, submit every
+choice, text with stop strings applied) -> encode: Server-Sent Events (`data: {json}`, then
+`data: [DONE]`) or one JSON body. A client that disconnects aborts its sequences in the engine (the
+streamed body is closed, which closes the choices' stream; a whole answer's wait watches
+`call.departure`).
 
 Length: `max_tokens` (chat: `max_completion_tokens` too); without one, a completion stops at 16 tokens
 and a chat answer may use the rest of the context (max_model_len - prompt tokens), as OpenAI's do.
@@ -17,11 +19,11 @@ forward the time left.
 
 from __future__ import annotations
 
-import asyncio
-import dataclasses
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
+from contextlib import aclosing
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import msgspec
@@ -41,14 +43,13 @@ from inferd.api.middleware import record_stream_error
 from inferd.api.openai import openai_error
 from inferd.api.prompts import chat_prompt
 from inferd.api.prompts import prompt_text as _prompt_text
-from inferd.api.streams import collect, generate, interleave
 from inferd.config import ModelConfig
 from inferd.core.call import Call
-from inferd.errors import BadRequest, DeadlineExceeded, ServingError
+from inferd.errors import BadRequest, ServingError
+from inferd.gateway.auth import tenant_share
 from inferd.gateway.quota_layer import reserve_tokens
-from inferd.kinds.llm.placement import Generation
 from inferd.kinds.llm.runtime import LLMRuntime
-from inferd.kinds.llm.stream import TokenStream
+from inferd.kinds.llm.service import Choices, Completion, GenerationRequest, Reserve
 from inferd.kinds.upstream.runtime import UpstreamRuntime
 
 if TYPE_CHECKING:
@@ -57,15 +58,6 @@ if TYPE_CHECKING:
 Response = HttpResponse | StreamingResponse
 TextRuntime = LLMRuntime | UpstreamRuntime
 """What serves a text route: generated here, or forwarded (an LLM model's fallback is one of these too)."""
-
-DEFAULT_MAX_TOKENS = 16
-"""A completion's length without max_tokens (OpenAI's default; a chat answer's is the rest of the context)."""
-MAX_CHOICES = 16
-"""Most choices (`n`) one request may ask for."""
-MAX_SEED = 2**63 - 1 - MAX_CHOICES
-"""Choice i samples with seed + i: every one stays a non-negative 64-bit integer."""
-TOKENIZE_IN_THREAD_CHARS = 64 * 1024
-
 
 class StreamOptions(msgspec.Struct):
     include_usage: bool = False
@@ -124,13 +116,10 @@ async def _complete(api: ApiContext, call: Call, body: bytes, rt: TextRuntime) -
         return await upstream.forward(api, call, rt, body, "/completions")
     req = decode_json(_completion_decoder, body, "completion request", 'send {"model": ..., "prompt": ...}')
     prompt = _prompt_text(req.prompt)
-    text = _TextCall(rt, req, call, "text_completion", f"cmpl-{uuid.uuid4().hex}")
+    text = _TextCall(rt, req, call, "text_completion", f"cmpl-{uuid.uuid4().hex}", prompt, req.max_tokens)
     if not req.stream:
-        return await text.answer(api, prompt, req.max_tokens, _text_choice)
-    streams = await text.start(prompt, req.max_tokens)
-    return StreamingResponse(
-        text.events(streams, _completion_chunk), headers=worker_header(streams[0])
-    )
+        return await text.answer(api, _text_choice)
+    return streamed(text, await text.start(), _completion_chunk)
 
 
 async def chat_completions(api: ApiContext, call: Call, request: HttpRequest) -> HttpResponse | StreamingResponse:
@@ -149,14 +138,11 @@ async def _chat(api: ApiContext, call: Call, body: bytes, rt: TextRuntime) -> Re
     if not req.messages:
         raise BadRequest("messages is empty: send at least one {role, content} message")
     prompt = chat_prompt(rt.tokenizer, rt.name, req.messages)
-    text = _TextCall(rt, req, call, "chat.completion", f"chatcmpl-{uuid.uuid4().hex}")
     max_tokens = req.max_completion_tokens or req.max_tokens
+    text = _TextCall(rt, req, call, "chat.completion", f"chatcmpl-{uuid.uuid4().hex}", prompt, max_tokens)
     if not req.stream:
-        return await text.answer(api, prompt, max_tokens, _chat_choice)
-    streams = await text.start(prompt, max_tokens)
-    return StreamingResponse(
-        text.events(streams, _chat_chunk), headers=worker_header(streams[0])
-    )
+        return await text.answer(api, _chat_choice)
+    return streamed(text, await text.start(), _chat_chunk)
 
 
 def _text_choice(i: int, text: str, finish: str | None) -> dict[str, Any]:
@@ -183,10 +169,18 @@ def text_deadline(api: ApiContext, config: ModelConfig, call: Call) -> float | N
     return request_deadline(api.clock, config.max_timeout_ms, None, call.timeout_ms, None)
 
 
-def worker_header(stream: TokenStream) -> list[tuple[bytes, bytes]]:
-    """X-Inferd-Worker: the worker that generated the response (the last one, after a failover),
+def streamed(text: _TextCall, choices: Choices, make: MakeChunk) -> StreamingResponse:
+    """The SSE response. Its end aborts what still runs: a body closed mid-stream does it itself, and one
+    never started (the client left before the first byte) has no code of its own to run."""
+    response = StreamingResponse(text.events(choices, make), headers=worker_header(choices))
+    response.on_close(partial(choices.abort, True))  # a no-op for every sequence that has ended
+    return response
+
+
+def worker_header(choices: Choices) -> list[tuple[bytes, bytes]]:
+    """X-Inferd-Worker: the worker that generates the response (its first choice's),
     so callers and tests can see where routing placed a request."""
-    return [(b"x-inferd-worker", stream.worker_id.encode())]
+    return [(b"x-inferd-worker", choices.worker_id.encode())]
 
 
 async def _read(api: ApiContext, request: HttpRequest) -> bytes:
@@ -196,98 +190,72 @@ async def _read(api: ApiContext, request: HttpRequest) -> bytes:
 
 # ---- one call ---------------------------------------------------------------------------------------------
 class _TextCall:
-    """One generation request: its runtime, its parameters and how its chunks are named."""
+    """One generation request: what it asks the model's LlmService for, and how its answer is spelled."""
 
-    def __init__(self, rt: LLMRuntime, req: CompletionRequest | ChatRequest, call: Call, obj: str, cid: str):
+    def __init__(
+        self,
+        rt: LLMRuntime,
+        req: CompletionRequest | ChatRequest,
+        call: Call,
+        obj: str,
+        cid: str,
+        prompt: str,
+        max_tokens: int | None,
+    ):
         self.rt = rt
         self.req = req
         self.call = call
-        self.deadline = call.deadline
-        self.chat = isinstance(req, ChatRequest)
-        self.what = "messages" if self.chat else "prompt"
         self.object = obj
         self.id = cid
         self.created = int(time.time())
         stop = req.stop
         self.stops = [stop] if isinstance(stop, str) else [s for s in (stop or []) if s]
-
-    async def start(self, prompt: str, max_tokens: int | None) -> list[TokenStream]:
-        """Tokenize, check and submit one sequence per choice (`n`). A chat prompt is a rendered chat
-        template whose control tokens must parse as such (a raw completion prompt's text never does).
-        Choice i samples with seed + i (or unseeded when the request has no seed)."""
-        if not 1 <= self.req.n <= MAX_CHOICES:
-            raise BadRequest(f"n must be between 1 and {MAX_CHOICES}, got {self.req.n}")
-        gen = self.generation(max_tokens)
-        if len(prompt) > TOKENIZE_IN_THREAD_CHARS:
-            ids = await asyncio.to_thread(self.rt.tokenizer.encode, prompt, self.chat)
-        else:
-            ids = self.rt.tokenizer.encode(prompt, self.chat)
-        if not ids:
-            raise BadRequest(f"the {self.what} is empty: it holds no tokens")
-        if max_tokens is None:
-            gen = dataclasses.replace(gen, max_tokens=self.default_max_tokens(len(ids)))
-        self.rt.check_context(len(ids), gen.max_tokens, self.what)
-        if self.deadline is not None and self.rt.clock.now() >= self.deadline:
-            raise DeadlineExceeded(f"the request's deadline passed before its {self.what} was scheduled")
-        streams: list[TokenStream] = []
-        await reserve_tokens(self.call, len(ids) + self.req.n * gen.max_tokens, streams)
-        try:
-            for i in range(self.req.n):
-                seed = None if gen.seed is None else gen.seed + i
-                streams.append(self.rt.submit(ids, dataclasses.replace(gen, seed=seed)))
-        except Exception:  # all choices or none: a refused one takes the accepted ones with it
-            for stream in streams:
-                self.rt.abort(stream, client_gone=False)
-            raise
-        return streams
-
-    def default_max_tokens(self, prompt_tokens: int) -> int:
-        """Without max_tokens: a chat answer may fill the rest of the context; a completion stops at 16."""
-        if self.chat:
-            return max(1, self.rt.max_model_len - prompt_tokens)
-        return DEFAULT_MAX_TOKENS
-
-    def generation(self, max_tokens: int | None) -> Generation:
-        """The request's sampling and scheduling parameters, checked (400 naming the bad one); without
-        max_tokens, a placeholder that `default_max_tokens` replaces once the prompt is tokenized."""
-        req = self.req
-        max_tokens = DEFAULT_MAX_TOKENS if max_tokens is None else max_tokens
-        if max_tokens < 1:
-            raise BadRequest(f"max_tokens must be at least 1, got {max_tokens}")
-        temperature = 1.0 if req.temperature is None else req.temperature
-        if not 0.0 <= temperature <= 2.0:
-            raise BadRequest(f"temperature must be between 0 and 2, got {temperature}")
-        top_p = 1.0 if req.top_p is None else req.top_p
-        if not 0.0 < top_p <= 1.0:
-            raise BadRequest(f"top_p must be in (0, 1], got {top_p}")
-        seed = req.seed
-        if seed is not None and seed < 0:
-            seed = None  # -1 and other negatives mean "no seed" (llama.cpp's convention)
-        if seed is not None and seed > MAX_SEED:
-            raise BadRequest(f"seed must be at most {MAX_SEED} (or negative for none), got {seed}")
-        tenant = self.call.tenant  # one value: the prefix-cache salt and the fairness lane
-        if req.priority is not None:  # else X-Priority's, or interactive
-            self.call.priority = parse_priority(req.priority, None)
-        return Generation(
+        self.request = GenerationRequest(
+            prompt,
+            chat=isinstance(req, ChatRequest),
+            n=req.n,
             max_tokens=max_tokens,
-            seed=seed,
-            temperature=temperature,
-            top_p=top_p,
-            priority=self.call.priority,
-            tenant=tenant.name,
-            weight=tenant.config.weight,
+            seed=req.seed,
+            temperature=req.temperature,
+            top_p=req.top_p,
             ignore_eos=req.ignore_eos,
-            deadline=self.deadline,
+            stops=tuple(self.stops),
         )
+        self.sampling = self.request.checked()  # a 400 naming the bad parameter, before anything else
+        if req.priority is not None:  # else X-Priority's, or interactive
+            call.priority = parse_priority(req.priority, None)
+
+    async def start(self) -> Choices:
+        """Every choice submitted (rt.service: tokenize, check the context, the deadline and the quota),
+        under the call's deadline, priority and tenant (one value: the prefix-cache salt and the lane)."""
+        call = self.call
+        return await self.rt.service.generate(
+            self.request,
+            deadline=call.deadline,
+            priority=call.priority,
+            share=tenant_share(call.tenant),
+            reserve=self._reserve(),
+        )
+
+    async def whole(self) -> Completion:
+        """`start`, then every choice's whole text; the wait ends (499) if the caller leaves."""
+        call = self.call
+        return await self.rt.service.collect(
+            self.request,
+            deadline=call.deadline,
+            priority=call.priority,
+            share=tenant_share(call.tenant),
+            reserve=self._reserve(),
+            gone=call.departure.watch,
+        )
+
+    def _reserve(self) -> Reserve | None:
+        """The quota's token admission of a limited tenant's call (None: nothing to reserve)."""
+        return None if self.call.quota is None else partial(reserve_tokens, self.call)
 
     @property
     def include_usage(self) -> bool:
         return self.req.stream_options is not None and self.req.stream_options.include_usage
-
-    def usage(self, streams: list[TokenStream]) -> dict[str, int]:
-        prompt = streams[0].prompt_tokens
-        done = sum(s.completion_tokens for s in streams)
-        return {"prompt_tokens": prompt, "completion_tokens": done, "total_tokens": prompt + done}
 
     def body(self, obj: str, choices: list[dict[str, Any]], usage: dict[str, int] | None) -> bytes:
         fields = {"id": self.id, "object": obj, "created": self.created, "model": self.req.model}
@@ -297,25 +265,22 @@ class _TextCall:
         obj = self.object + ("" if self.object == "text_completion" else ".chunk")
         return b"data: " + self.body(obj, choices, usage) + b"\n\n"
 
-    async def answer(
-        self, api: ApiContext, prompt: str, max_tokens: int | None, choice: MakeChoice
-    ) -> HttpResponse:
+    async def answer(self, api: ApiContext, choice: MakeChoice) -> HttpResponse:
         """One JSON body: generated, or the response cache's when the model's is enabled and the request
         is deterministic (temperature 0 or a seed); the id and `created` are always this call's own."""
 
         async def compute() -> tuple[Answer, int]:
-            streams = await self.start(prompt, max_tokens)
-            texts = await collect(self.rt, streams, self.stops, self.call.departure)
-            choices = [choice(i, text, finish) for i, (text, finish) in enumerate(texts)]
-            answer = (choices, self.usage(streams), streams[0].worker_id)
+            done = await self.whole()
+            choices = [choice(i, text, finish) for i, (text, finish) in enumerate(done.texts)]
+            answer = (choices, _usage(done.prompt_tokens, done.completion_tokens), done.worker_id)
             return answer, len(_encoder.encode(answer))
 
         req = self.req
         if self.rt.config.cache.enabled and (
             req.temperature == 0 or (req.seed is not None and req.seed >= 0)
         ):
-            g = self.generation(max_tokens)  # what changes the text; never the deadline or priority
-            canonical = (self.object, prompt, max_tokens, g.seed, g.temperature, g.top_p, g.ignore_eos)
+            g, r = self.sampling, self.request  # what changes the text; never the deadline or priority
+            canonical = (self.object, r.prompt, r.max_tokens, g.seed, g.temperature, g.top_p, g.ignore_eos)
             canonical += (req.n, self.stops)
             answer, _ = await api.cache.answer(self.call, self.rt, canonical, compute)
         else:
@@ -324,27 +289,25 @@ class _TextCall:
         body = self.body(self.object, choices, usage)
         return json_response(body, headers=[(b"x-inferd-worker", worker.encode())])
 
-    async def events(self, streams: list[TokenStream], make: MakeChunk) -> AsyncIterator[bytes]:
-        """The SSE body: every choice's pieces as they come (each choice's own order kept). Its
-        `finally` aborts the sequences when the client went away mid-stream."""
-        client_gone = True  # until the body ends on its own
+    async def events(self, choices: Choices, make: MakeChunk) -> AsyncIterator[bytes]:
+        """The SSE body: every choice's pieces as they come (each choice's own order kept). Closing it
+        (the client went away mid-stream) closes the choices' stream, which aborts the sequences."""
         try:
-            first = [True] * len(streams)
-            pieces = [generate(self.rt, s, self.stops) for s in streams]
-            async for i, (text, finish) in interleave(pieces):
-                yield make(self, i, text, finish, first[i])
-                first[i] = False
+            first = [True] * len(choices)
+            async with aclosing(choices.stream()) as pieces:
+                async for i, text, finish in pieces:
+                    yield make(self, i, text, finish, first[i])
+                    first[i] = False
             if self.include_usage:
-                yield self.chunk([], self.usage(streams))
-            client_gone = False
+                yield self.chunk([], _usage(choices.prompt_tokens, choices.completion_tokens))
         except ServingError as exc:  # after streaming began: an error event, then the end
-            client_gone = False  # the other choices end because this one failed, not the client
             record_stream_error(self.call, exc)
             yield b"data: " + openai_error(exc, status_of(exc)[0]) + b"\n\n"
-        finally:
-            for stream in streams:
-                self.rt.abort(stream, client_gone=client_gone)
         yield b"data: [DONE]\n\n"
+
+
+def _usage(prompt: int, completion: int) -> dict[str, int]:
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
 
 
 MakeChunk = Callable[[_TextCall, int, str, "str | None", bool], bytes]

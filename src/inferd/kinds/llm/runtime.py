@@ -1,6 +1,8 @@
 """The front end's driver of one LLM model (kind "llm" of inferd.runtime.contract): its workers (each runs
 an engine), one token stream per request, aborts, deadlines, failover and the hang watchdog.
 
+service:        LlmService (kinds/llm/service.py): what an edge calls: check, tokenize, admit, submit
+                every choice, its text with stop strings applied, and the aborts at its end
 submit:         placement (inferd.kinds.llm.placement: routing + admission) -> AddSequence to the chosen worker
 on_message:     a step's deltas into each request's stream; admissions counted off
 abort:          the client left (or a stop string matched): AbortSequence to the worker
@@ -34,6 +36,7 @@ from inferd.kinds.llm.model import Tokenizer, tokenizer_for
 from inferd.kinds.llm.params import llm_params
 from inferd.kinds.llm.placement import Generation, Live, Load, Placement
 from inferd.kinds.llm.routing import PrefixAffinityRouter
+from inferd.kinds.llm.service import LlmService
 from inferd.kinds.llm.statistics import LLMRuntimeStatistics, LLMWorkerStatistics, TTFTWindow
 from inferd.kinds.llm.stream import TokenStream
 from inferd.kinds.llm.watchdog import HangPolicy, WorkerProgress
@@ -102,6 +105,7 @@ class LLMRuntime:
         self.client_aborts = 0
         self.deadline_aborts = 0
         self.hung_workers = 0
+        self.service = LlmService(self)  # how callers generate text (kinds/llm/service.py)
 
     @property
     def version(self) -> int:

@@ -1,5 +1,5 @@
-"""Token streams to text for the OpenAI text routes: one choice's text pieces cut at the first stop
-string, several choices interleaved as they arrive, or every choice collected whole.
+"""A request's token streams as text: one choice's (text, finish_reason) pieces, detokenized and cut at
+the first stop string, and several choices interleaved as they arrive (kinds/llm/service.py reads them).
 
 Stop strings are matched on the front end, on the generated text; reaching one aborts the sequence.
 """
@@ -7,15 +7,16 @@ Stop strings are matched on the front end, on the generated text; reaching one a
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import TypeVar
 
-from inferd.core.disconnect import Departure, until_disconnect
 from inferd.errors import ModelError, WorkerUnavailable
-from inferd.kinds.llm.runtime import LLMRuntime
+from inferd.kinds.llm.model import Detokenizer
 from inferd.kinds.llm.stream import TokenStream
 
 T = TypeVar("T")
+Abort = Callable[[TokenStream, bool], None]
+"""Ends a sequence in its engine (LLMRuntime.abort): the stream, and whether its client left."""
 
 
 async def interleave(iters: list[AsyncIterator[T]]) -> AsyncIterator[tuple[int, T]]:
@@ -56,39 +57,12 @@ async def _close(iters: list[AsyncIterator[T]]) -> None:
             await aclose()
 
 
-async def collect(
-    rt: LLMRuntime, streams: list[TokenStream], stops: list[str], departure: Departure
-) -> list[tuple[str, str]]:
-    """Every choice's whole completion, for a non-streaming request; a disconnect aborts the sequences
-    (499). A stream's error (DeadlineExceeded, WorkerDied, ...) is raised once all have ended."""
-
-    async def gather(stream: TokenStream) -> tuple[str, str]:
-        parts, finish = [], "length"
-        async for text, reason in generate(rt, stream, stops):
-            parts.append(text)
-            finish = reason or finish
-        return "".join(parts), finish
-
-    gone = True  # until every choice has ended: a disconnect (499) or a cancellation ended the wait
-    try:
-        work = asyncio.gather(*(gather(s) for s in streams), return_exceptions=True)
-        results = await until_disconnect(departure, work)
-        gone = False
-    finally:
-        for stream in streams:
-            rt.abort(stream, client_gone=gone)
-    for r in results:  # every choice was awaited, so no failure goes unretrieved; the first one answers
-        if isinstance(r, BaseException):
-            raise r
-    return results
-
-
-async def generate(
-    rt: LLMRuntime, stream: TokenStream, stops: list[str]
+async def pieces(
+    stream: TokenStream, text_of: Detokenizer, stops: list[str], abort: Abort
 ) -> AsyncIterator[tuple[str, str | None]]:
-    """(text, finish_reason) pieces of one sequence's output, cut at the first stop string."""
+    """(text, finish_reason) pieces of one sequence's output, cut at the first stop string (which aborts
+    the sequence: `abort(stream, False)`)."""
     checker = StopChecker(stops)
-    text_of = rt.tokenizer.detokenizer()
     while True:
         chunk = await stream.next()
         text = text_of.feed(chunk.token_ids) if chunk.token_ids else ""
@@ -96,7 +70,7 @@ async def generate(
             text += text_of.flush()
         emit, stopped = checker.feed(text)
         if stopped:
-            rt.abort(stream, client_gone=False)
+            abort(stream, False)
             yield emit, "stop"
             return
         if chunk.finish_reason is not None:
