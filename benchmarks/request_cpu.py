@@ -13,7 +13,10 @@ same machine (open-loop Poisson, every answer checked):
 The server is a default `inferd serve --model sim` (the simulated device: 20 ms + 0.1 ms per item, batches
 of up to 100, 10 ms wait), nothing else set.
 
-    .venv/bin/python benchmarks/request_cpu.py [--repeats 3] [--duration 10] [--warmup 2]
+    .venv/bin/python benchmarks/request_cpu.py [--repeats 3] [--duration 10] [--warmup 2] [--tree DIR]
+
+`--tree DIR` serves another checkout's code (its src/ first on the server's PYTHONPATH; this venv's
+packages) under this tree's load tool, so trees are compared on the same machine in the same hour.
 
 Writes .bench/request_cpu.json and prints a markdown table; the targets are printed beside the figures.
 """
@@ -101,10 +104,14 @@ def main() -> int:
     ap.add_argument("--overload-rate", type=float, default=4980.0)
     ap.add_argument("--slo-ms", type=float, default=100.0)
     ap.add_argument("--idle-s", type=float, default=5.0)
+    ap.add_argument("--tree", default=None, help="serve this checkout's src/ instead of this tree's")
     args = ap.parse_args()
     rates = [float(x) for x in args.rates.split(",")] + [args.overload_rate]
     out: dict = {"command": " ".join(sys.argv), "runs": []}
-    server = InferdServer("--model", "sim", name="request_cpu", port=server_port(), ready_timeout_s=60.0, grace_s=30.0)
+    env = None if args.tree is None else {"PYTHONPATH": os.path.join(os.path.abspath(args.tree), "src")}
+    server = InferdServer(
+        "--model", "sim", name="request_cpu", port=server_port(), ready_timeout_s=60.0, grace_s=30.0, env=env
+    )  # fmt: skip
     with server:
         time.sleep(1.0)  # let start-up settle before the idle reading
         out["idle_cpu_ms_per_s"] = round(idle_cpu_ms_per_s(server, args.idle_s), 2)
