@@ -100,7 +100,7 @@ class InferenceServer:
         for m in models:
             self.registry.add(self.kinds.get(m.kind).make_runtime(m, self.context))
         restored.set_defaults(self.registry)
-        self.metrics.registry.register(RuntimeCollector(self.registry))
+        self.metrics.registry.register(RuntimeCollector(self.registry, self.kinds))
         self.traffic = Traffic(self.registry, self.clock, self.metrics.traffic, follower=follower)
         """Canary and A/B splits of requests that name no version (gateway/traffic_control.py)."""
         self.sync = (

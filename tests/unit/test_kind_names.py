@@ -1,6 +1,7 @@
 """No code outside a kind's package branches on that kind's name (issue 26, "Kinds as whole plug-ins"):
 what a kind does differently is a `Kind` attribute (runtime/kinds.py) declared in its own package and
-read through the KindRegistry. This test reads src/inferd outside kinds/ for comparisons of a kind with a
+read through the KindRegistry. This test reads src/inferd outside the built-in kinds' own packages (and
+their registration tables) for comparisons of a kind with a
 built-in kind's name (`rt.kind == "llm"`, `kind in ("batch", "llm")`, `raw.get("kind") == "search"`),
 registry look-ups by a built-in name (`names("search")`) and sets of kind names (`LLM_KINDS = {"llm"}`)."""
 
@@ -12,6 +13,19 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parents[2] / "src" / "inferd"
 BUILTIN = frozenset({"batch", "llm", "upstream", "search"})
 
+OWN = (
+    # Each built-in kind's own package: what it says about itself.
+    "kinds/batch/",
+    "kinds/llm/",
+    "kinds/upstream/",
+    "kinds/search/",
+    # Registration tables: they name the built-in kinds to register them, as a kind's package would
+    # register itself. builtin.py builds the built-in `Kind`s by name; worker_sides.py's WORKER_SIDES is
+    # keyed by the kind ("search") whose workers serve a shard replica instead of a model.
+    "kinds/builtin.py",
+    "kinds/worker_sides.py",
+)
+
 ALLOWED = {
     # ModelConfig's own validator (a foundation layer, below the kinds): tensors and batching knobs are
     # refused on other kinds when the config is parsed (load_model_folder, a model.toml, a reload's
@@ -19,6 +33,11 @@ ALLOWED = {
     # KindRegistry.check would refuse such a config later, and on fewer paths. `unread_fields` says the
     # same to the runner's config log.
     "config/__init__.py": "batch-only fields are refused when a ModelConfig is parsed, below runtime/",
+    # The repository's table of built-in models: `builtin = "search"` (or a model.toml with kind = "search"
+    # and no code) names the built-in search-index config, as `builtin = "sim"` names the sim model's;
+    # "search" is there a built-in model's name that happens to be its kind's. Not yet moved into the
+    # kinds' packages (each kind bringing its built-in models).
+    "kinds/repository.py": "the built-in models' table: builtin / kind \"search\" names search's config",
 }
 
 
@@ -62,7 +81,7 @@ def test_no_code_outside_the_kinds_branches_on_a_built_in_kinds_name() -> None:
     found: dict[str, list[int]] = {}
     for path in sorted(PACKAGE.rglob("*.py")):
         rel = path.relative_to(PACKAGE).as_posix()
-        if rel.startswith("kinds/"):
+        if rel.startswith(OWN):
             continue
         lines = sites(ast.parse(path.read_text(), str(path)))
         if lines:

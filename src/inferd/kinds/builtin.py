@@ -10,12 +10,14 @@ from inferd.config import ModelConfig
 from inferd.kinds.batch.admin_view import BATCH_ADMIN
 from inferd.kinds.batch.demand import BATCH_AUTOSCALING
 from inferd.kinds.batch.dispatcher import ModelRuntime
+from inferd.kinds.batch.metrics import batch_families
 from inferd.kinds.llm.admin_view import LLM_ADMIN
 from inferd.kinds.llm.demand import LLM_AUTOSCALING
+from inferd.kinds.llm.metrics import llm_families
 from inferd.kinds.llm.params import LLMParams
 from inferd.kinds.llm.runtime import LLMRuntime
 from inferd.kinds.search.kind import search_kind
-from inferd.kinds.upstream.metrics import UpstreamMetrics
+from inferd.kinds.upstream.metrics import UpstreamMetrics, upstream_families
 from inferd.kinds.upstream.runtime import UpstreamConfig, UpstreamRuntime
 from inferd.routing.retry import RetryBudget
 from inferd.runtime.contract import Runtime
@@ -65,6 +67,8 @@ def builtin_kinds() -> KindRegistry:
                 queues_per_frontend=True,
                 admin=BATCH_ADMIN,
                 autoscaling=BATCH_AUTOSCALING,
+                metric_families=batch_families,
+                counts_workers=True,
             ),
             Kind(
                 "llm",
@@ -76,6 +80,8 @@ def builtin_kinds() -> KindRegistry:
                 admin=LLM_ADMIN,
                 context_length=lambda rt: cast(LLMRuntime, rt).max_model_len,
                 autoscaling=LLM_AUTOSCALING,
+                metric_families=llm_families,
+                counts_workers=True,
             ),
             Kind(
                 "upstream",
@@ -85,6 +91,7 @@ def builtin_kinds() -> KindRegistry:
                 rolls_versions=False,
                 routes="POST /v1/chat/completions or /v1/completions (OpenAI)",
                 api="text",
+                metric_families=upstream_families,
             ),
             search_kind(),
         ]

@@ -1,5 +1,6 @@
 """Gauges read at scrape time from every served runtime's snapshot (one statistics() per runtime per
-scrape): workers and their load for every kind, then each kind's own families."""
+scrape): workers and their load for every kind, then each kind's own families (`Kind.metric_families`,
+declared in the kind's package), in the order the kinds were registered."""
 
 from __future__ import annotations
 
@@ -8,31 +9,37 @@ from typing import Any
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from inferd.kinds.llm.metrics import llm_families
-from inferd.kinds.upstream.metrics import upstream_families
 from inferd.runtime.contract import RuntimeStatistics
+from inferd.runtime.kinds import KindRegistry
 from inferd.runtime.registry import ModelRegistry
 from inferd.wire.connection import slot_of
 
 
 class RuntimeCollector(Collector):
-    def __init__(self, registry: ModelRegistry) -> None:
+    def __init__(self, registry: ModelRegistry, kinds: KindRegistry) -> None:
         self._registry = registry
+        self._kinds = kinds
 
     def describe(self) -> list[Any]:
         return []
 
     def collect(self) -> list[Any]:
         snapshots = [rt.statistics() for rt in self._registry]
-        return [
-            *worker_families(snapshots),
-            *batch_families([s for s in snapshots if s.kind == "batch"]),
-            *llm_families([s for s in snapshots if s.kind == "llm"]),
-            *upstream_families([s for s in snapshots if s.kind == "upstream"]),
-        ]
+        by_kind: dict[str, list[RuntimeStatistics]] = {}
+        for s in snapshots:
+            by_kind.setdefault(s.kind, []).append(s)
+        kinds = list(self._kinds)
+        counted = frozenset(k.name for k in kinds if k.counts_workers)
+        families = worker_families(snapshots, counted)
+        for kind in kinds:
+            if kind.metric_families is not None:
+                families.extend(kind.metric_families(by_kind.get(kind.name, [])))
+        return families
 
 
-def worker_families(snapshots: list[RuntimeStatistics]) -> list[Any]:
+def worker_families(snapshots: list[RuntimeStatistics], counted: frozenset[str]) -> list[Any]:
+    """Every runtime's readiness and workers; `inferd_workers` counts the states of the workers of the
+    `counted` kinds (`Kind.counts_workers`)."""
     labels = ["model", "version"]
     workers = GaugeMetricFamily("inferd_workers", "Worker connections by state.", labels=[*labels, "state"])
     ready = GaugeMetricFamily(
@@ -62,34 +69,8 @@ def worker_families(snapshots: list[RuntimeStatistics]) -> list[Any]:
             load.add_metric([*key, slot], w.load)
             busy.add_metric([*key, slot], w.busy_s)
             done.add_metric([*key, slot], w.completed)
-        if s.kind in ("batch", "llm"):
+        if s.kind in counted:
             for state in ("ready", "draining"):
                 workers.add_metric([*key, state], counts.get(state, 0))
     return [workers, ready, load, busy, done]
 
-
-def batch_families(snapshots: list[RuntimeStatistics]) -> list[Any]:
-    labels = ["model", "version"]
-    depth = GaugeMetricFamily("inferd_queue_depth", "Items waiting in the model's queue.", labels=labels)
-    bound = GaugeMetricFamily("inferd_queue_capacity", "Queue bound in items.", labels=labels)
-    busy = GaugeMetricFamily(
-        "inferd_device_busy_ratio",
-        "Share of the last 10 s the model's devices spent computing.",
-        labels=labels,
-    )
-    inflight = GaugeMetricFamily(
-        "inferd_inflight_batches", "Batches sent to workers and not yet answered.", labels=labels
-    )
-    by_priority = GaugeMetricFamily(
-        "inferd_queue_depth_by_priority", "Queued items by priority class.", labels=[*labels, "priority"]
-    )
-    for s in snapshots:
-        d = s.detail
-        key = [s.name, str(s.version)]
-        depth.add_metric(key, d.queued_items)
-        bound.add_metric(key, d.queue_capacity)
-        busy.add_metric(key, d.busy_ratio)
-        inflight.add_metric(key, sum(w.load for w in s.workers))
-        by_priority.add_metric([*key, "interactive"], d.queued_interactive)
-        by_priority.add_metric([*key, "bulk"], d.queued_bulk)
-    return [depth, bound, busy, inflight, by_priority]

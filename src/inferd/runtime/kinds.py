@@ -7,8 +7,9 @@ params must validate against the kind's params model, or the server refuses to s
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
@@ -17,7 +18,7 @@ from inferd.config import ConfigError, ModelConfig, ServerConfig, describe_valid
 from inferd.observability.metrics import Metrics
 from inferd.routing.retry import RetryBudget
 from inferd.runtime.admin_view import AdminView
-from inferd.runtime.contract import Runtime
+from inferd.runtime.contract import Runtime, RuntimeStatistics
 from inferd.runtime.demand import Autoscaling
 from inferd.runtime.membership import WorkerDirectory
 from inferd.wire.connection import WorkerConnection
@@ -46,6 +47,9 @@ class RuntimeContext:
 
 
 RuntimeFactory = Callable[[ModelConfig, RuntimeContext], Runtime]
+MetricFamilies = Callable[[list[RuntimeStatistics]], list[Any]]
+"""A kind's Prometheus families, built at scrape time from the snapshots of its runtimes (every call gets
+the kind's snapshots, none of them when it serves no model: its families are exported empty)."""
 OTHER_MODELS = AdminView()
 """The admin view of a kind that has none of its own: rows under "other_models", with its detail."""
 
@@ -80,6 +84,12 @@ class Kind:
     autoscaling: Autoscaling | None = None
     """How its models scale (runtime/demand.py: its observer and its demand, for fleet/scaling.py); None:
     they do not, and an [autoscale] table on one is refused (upstream models have no workers of ours)."""
+    metric_families: MetricFamilies | None = None
+    """Its own families on /metrics (kinds/collectors.py `RuntimeCollector` asks each kind, in the order
+    the kinds were registered); None: it adds none."""
+    counts_workers: bool = False
+    """Its workers' states are counted in `inferd_workers` (batch and llm; search's shard replicas are
+    workers too, and are not counted there)."""
 
 
 class KindRegistry:
@@ -124,6 +134,10 @@ class KindRegistry:
             config.slo.check_kind(config.kind, streaming)
         except ValueError as exc:
             raise ConfigError(f"model {config.name!r}: {exc}") from None
+
+    def __iter__(self) -> Iterator[Kind]:
+        """The kinds, in the order they were registered."""
+        return iter(list(self._kinds.values()))
 
     def names(self) -> list[str]:
         return sorted(self._kinds)
