@@ -95,7 +95,7 @@ class InferenceServer:
         self.directory = WorkerDirectory(self.clock)
         self.context = RuntimeContext(
             config, self.clock, self.metrics, self.retry_budget, self.kill_worker, self.directory,
-            self.registry.get, follower,
+            self.registry.get, follower, self.kinds.api_of,
         )
         for m in models:
             self.registry.add(self.kinds.get(m.kind).make_runtime(m, self.context))

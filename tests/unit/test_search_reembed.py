@@ -10,9 +10,10 @@ from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
+import pytest
 
 from inferd.clock import FakeClock
-from inferd.errors import NotFound
+from inferd.errors import ModelError, NotFound
 from inferd.kinds.batch.service import BatchService
 from inferd.kinds.search import wire
 from inferd.kinds.search.embedder import Embedder
@@ -198,3 +199,15 @@ def test_a_snapshot_midway_keeps_the_half_built_space_and_stale_revectors_are_ig
     loaded.apply(LogEntry(seq=6, ops=[Reembed(action="promote", version=2)]))
     hit = loaded.search(ShardQuery(vector=vector("beta", 2), k=1, mode="dense")).dense[0]
     assert hit.id == "b" and abs(hit.score - 1.0) < 1e-5 and loaded.dense_version == 2
+
+
+
+async def test_an_embedder_that_the_oip_routes_do_not_serve_is_refused_by_its_kinds_route_family() -> None:
+    clock = FakeClock()
+    registry = FakeRegistry(clock)
+    text_routes = Embedder("emb", DIM, registry.get, clock, api_of=lambda rt: "text")  # e.g. an LLM
+    with pytest.raises(ModelError, match="'emb' is a batch model, not a batch embedding model"):
+        await text_routes.query("zebra", clock.now() + 5)
+    assert registry.served[1].texts == []  # refused before anything was queued
+    oip_routes = Embedder("emb", DIM, registry.get, clock, api_of=lambda rt: "oip")
+    assert await oip_routes.query("zebra", clock.now() + 5) == vector("zebra", 1)

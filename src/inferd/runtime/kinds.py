@@ -44,6 +44,9 @@ class RuntimeContext:
     follower: bool = False
     """One of several front ends (`--frontends N`) and not the owner: it writes no search log (it
     forwards writes to the owner)."""
+    api_of: Callable[[Runtime], str] | None = None
+    """The family of routes a runtime's kind is served on (`KindRegistry.api_of`): what a runtime asks of
+    another model instead of comparing its kind's name (a search index's embedder serves "oip")."""
 
 
 RuntimeFactory = Callable[[ModelConfig, RuntimeContext], Runtime]
@@ -146,6 +149,10 @@ class KindRegistry:
         """Each token model's longest sequence (`Kind.context_length`), by model name."""
         lengths = {rt.name: (rt, self.get(rt.kind).context_length) for rt in runtimes}
         return {name: length(rt) for name, (rt, length) in lengths.items() if length is not None}
+
+    def api_of(self, rt: Runtime) -> str:
+        """The family of routes `rt`'s kind is served on (`Kind.api`)."""
+        return self.get(rt.kind).api
 
     def serving(self, api: str) -> frozenset[str]:
         """The kinds whose requests come in on the `api` family of routes."""

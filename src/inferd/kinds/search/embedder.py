@@ -80,12 +80,16 @@ class Embedder:
         find_model: Callable[..., Any],
         clock: Clock,
         cache_entries: int = 4096,
+        api_of: Callable[[Any], str] | None = None,
     ) -> None:
         self.model = model
         self.dim = dim
         self.find_model = find_model
         """The registry's lookup `(name, version=None)`: a served version's runtime (a batch model)."""
         self.clock = clock
+        self.api_of = api_of
+        """The family of routes a model is served on (RuntimeContext.api_of): the embedder must be one
+        the OIP routes serve, a batch model with its BatchService (None: not checked)."""
         self.health = EmbedderHealth(clock)
         self.cache: LRU[str, bytes] = LRU(cache_entries)
         self.version: int | None = None
@@ -140,7 +144,7 @@ class Embedder:
         self, texts: Sequence[str], deadline: float, priority: int, version: int | None
     ) -> list[bytes]:
         rt = self.find_model(self.model, version)
-        if rt.kind != "batch":
+        if self.api_of is not None and self.api_of(rt) != "oip":
             raise ModelError(f"embedder {self.model!r} is a {rt.kind} model, not a batch embedding model")
         # refuse_late=False: the batcher's admission does not hold the request to its deadline, since its
         # estimate follows the batches it saw (long document batches at ingest) and a refusal would never

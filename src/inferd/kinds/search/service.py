@@ -90,7 +90,7 @@ class IndexService:
         self.embedder = (
             None
             if self.params.lexical_only or ctx.find_model is None
-            else Embedder(self.params.embedder, self.params.dim, ctx.find_model, ctx.clock)
+            else Embedder(self.params.embedder, self.params.dim, ctx.find_model, ctx.clock, api_of=ctx.api_of)
         )
         self.hedge = HedgePolicy(ctx.clock, self.params.shards)
         self.chooser = ReplicaChooser()
