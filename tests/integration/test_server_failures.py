@@ -107,10 +107,23 @@ async def test_client_disconnect_withdraws_queued_request(server: ServerProc) ->
         before = await metric(
             http, server.url, r'inferd_requests_total\{model="sim",outcome="cancelled",version="1"\}'
         )
-        fill = [asyncio.ensure_future(http.post(url, json=body([f"d{i}"]))) for i in range(20)]
+        # three full batches of 10 items: one runs (200 ms), one is staged, one waits in the queue
+        fill = [
+            asyncio.ensure_future(http.post(url, json=body([f"d{i}.{j}" for j in range(10)])))
+            for i in range(3)
+        ]
         async with aiohttp.ClientSession() as other:
             leaving = asyncio.ensure_future(other.post(url, json=body(["gone"])))
-            await asyncio.sleep(0.1)
+            # leave only once the server holds it: its item is counted in the queue, alone (1) or behind
+            # the third batch (11); a depth of 10 or 0 is the third batch without it. No fixed sleep:
+            # on a loaded machine the request may take longer than any window to arrive.
+            for _ in range(500):
+                depth = await metric(http, server.url, r'inferd_queue_depth\{model="sim",version="1"\}')
+                if depth in (1.0, 11.0):
+                    break
+                await asyncio.sleep(0.01)
+            else:
+                pytest.fail("the request never showed in the queue")
             leaving.cancel()
         for f in fill:
             (await f).release()
