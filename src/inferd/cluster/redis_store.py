@@ -28,7 +28,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-from inferd.cluster.store import Fenced, Grant, RevisionConflict, StoreUnavailable, Versioned
+from inferd.cluster.store import Fenced, Grant, RevisionConflict, StoreError, StoreUnavailable, Versioned
 from inferd.config import ConfigError
 
 log = logging.getLogger("inferd.cluster")
@@ -138,6 +138,7 @@ class RedisStore:
             from redis.asyncio.retry import Retry
             from redis.backoff import NoBackoff
             from redis.exceptions import ConnectionError as RedisConnectionError
+            from redis.exceptions import RedisError
             from redis.exceptions import TimeoutError as RedisTimeoutError
         except ImportError:
             raise ConfigError(
@@ -148,6 +149,7 @@ class RedisStore:
         self.name = name
         self.timeout_s = timeout_s
         self.channel = f"{{{name}}}:changes"
+        self._refused: type[BaseException] = RedisError
         self._unreachable: tuple[type[BaseException], ...] = (
             RedisConnectionError, RedisTimeoutError, OSError, TimeoutError,
         )
@@ -177,6 +179,8 @@ class RedisStore:
                 return await call
         except self._unreachable as exc:
             raise StoreUnavailable(f"the cluster store at {self.url}: {type(exc).__name__}: {exc}") from exc
+        except self._refused as exc:  # answered with an error (a wrong password, a key of another type)
+            raise StoreError(f"the cluster store at {self.url} refused: {type(exc).__name__}: {exc}") from exc
 
     async def ping(self) -> None:
         await self._run(self._client.ping())
