@@ -112,8 +112,8 @@ class LocalStoreServer:
         """Kept across restarts of the server's loop."""
         self.failures = 0
         self._watchers: set[asyncio.Queue[str]] = set()
-        self._fds: set[int] = set()
-        """The server's sockets, for a forked front end to close (close_inherited)."""
+        self._fds: dict[int, int] = {}
+        """The server's sockets (fd -> inode), for a forked front end to close (close_inherited)."""
         self._thread: threading.Thread | None = None
         self._ready = threading.Event()
         self._stopping = threading.Event()
@@ -136,10 +136,16 @@ class LocalStoreServer:
             self._thread.join(START_TIMEOUT_S)
 
     def close_inherited(self) -> None:
-        """In a process forked from the parent: close this process's copies of the server's sockets."""
-        for fd in list(self._fds):
+        """In a process forked from the parent: close this process's copies of the server's sockets. Each
+        fd is closed only if it is still the socket noted (same inode): one the server's loop closed just
+        before the fork may have been reused by then."""
+        for fd, inode in list(self._fds.items()):
             with contextlib.suppress(OSError):
-                os.close(fd)
+                if os.fstat(fd).st_ino == inode:
+                    os.close(fd)
+
+    def _note(self, fd: int) -> None:
+        self._fds[fd] = os.fstat(fd).st_ino
 
     def _run(self) -> None:
         while not self._stopping.is_set():
@@ -160,7 +166,7 @@ class LocalStoreServer:
             os.unlink(self.path)
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         listener.bind(self.path)
-        self._fds.add(listener.fileno())
+        self._note(listener.fileno())
         try:
             server = await asyncio.start_unix_server(self._connection, sock=listener)
             async with server:
@@ -169,12 +175,12 @@ class LocalStoreServer:
                     return
                 await self._stop.wait()
         finally:
-            self._fds.discard(listener.fileno())
+            self._fds.pop(listener.fileno(), None)
             listener.close()
 
     async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         fd = writer.get_extra_info("socket").fileno()
-        self._fds.add(fd)
+        self._note(fd)
         try:
             while True:
                 request = _requests.decode(await read_frame(reader))
@@ -194,7 +200,7 @@ class LocalStoreServer:
         except Exception:  # a bug in answering: this connection ends, the server and its state go on
             log.exception("the local store failed answering a connection; it is closed")
         finally:
-            self._fds.discard(fd)
+            self._fds.pop(fd, None)
             writer.close()
 
     def _answer(self, request: Request) -> Answer:
