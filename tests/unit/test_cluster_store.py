@@ -203,6 +203,38 @@ async def _free(store: Store, lease: str) -> bool:
     return await store.holder(lease) is None
 
 
+async def test_a_holder_renewing_after_its_lease_expired_gets_a_new_epoch(h: Harness) -> None:
+    s = h.store
+    old = await s.acquire("decider", "fe-a", h.short_ttl_s / 2)
+    assert old is not None
+    await h.eventually(lambda: _free(s, "decider"))
+    new = await s.acquire("decider", "fe-a", LONG_TTL_S)
+    assert new is not None and new.epoch == old.epoch + 1
+    with pytest.raises(Fenced):  # what it decided under the old grant is not written under the new
+        await s.write("served", b"late", fence=old)
+    assert await s.write("served", b"now", fence=new) == 1
+
+
+async def test_concurrent_compare_and_set_updates_lose_nothing(h: Harness) -> None:
+    clients = [h.store, h.client(), h.client()]
+    each = 15
+
+    async def add_one(store: Store) -> None:
+        for _ in range(each):
+            while True:
+                found = await store.read("counter")
+                revision, value = (0, 0) if found is None else (found.revision, int(found.body))
+                try:
+                    await store.write("counter", str(value + 1).encode(), expect=revision)
+                    break
+                except RevisionConflict:
+                    await asyncio.sleep(0)
+
+    await asyncio.gather(*(add_one(c) for c in clients for _ in range(2)))
+    found = await h.store.read("counter")
+    assert found is not None and int(found.body) == len(clients) * 2 * each == found.revision
+
+
 async def test_a_deposed_holders_late_writes_are_fenced(h: Harness) -> None:
     a, b = h.store, h.client()
     old = await a.acquire("decider", "fe-a", h.short_ttl_s / 2)
