@@ -4,6 +4,9 @@ with the fix; a rediss:// store verified with `[cluster] tls_ca_file`."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -17,7 +20,7 @@ from inferd.cluster.config import cluster_config, open_store, store_url, with_st
 from inferd.cluster.local import LocalStoreClient
 from inferd.cluster.redis_store import RedisStore
 from inferd.config import ConfigError, ServerConfig, load_server_config
-from tests.conftest import free_port
+from tests.conftest import ROOT, free_port
 from tests.redis_server import RedisServer, redis_server  # noqa: F401  (the fixture)
 
 
@@ -141,3 +144,32 @@ async def test_a_rediss_store_is_verified_with_the_configured_ca(tmp_path: Path)
         assert "certificate verify failed" in str(refused.value).lower()
     finally:
         server.stop()
+
+
+WITHOUT_REDIS = """
+import asyncio, sys
+sys.modules["redis"] = None  # as if the inferd[redis] extra were not installed
+from inferd.cli.main import app
+from inferd.cluster.config import check_cluster, open_store, with_store
+from inferd.cluster.local import LocalStoreClient
+from inferd.config import ConfigError, load_server_config
+import inferd.runner.parent
+
+config = load_server_config(None, {}, environ={})
+check_cluster(config)
+store = asyncio.run(open_store(config, "/nonexistent/store.sock", "token"))
+assert isinstance(store, LocalStoreClient)
+try:
+    check_cluster(with_store(config, "redis://127.0.0.1:6379/0"))
+except ConfigError as exc:
+    print(exc)
+"""
+
+
+def test_without_the_redis_package_the_local_store_works_and_a_redis_store_is_refused() -> None:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")])}
+    done = subprocess.run(
+        [sys.executable, "-c", WITHOUT_REDIS], env=env, capture_output=True, text=True, timeout=60, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    assert "needs the redis package: install inferd with the redis extra" in done.stdout
