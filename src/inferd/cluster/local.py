@@ -125,6 +125,7 @@ class LocalStoreServer:
         self._thread.start()
         if not self._ready.wait(START_TIMEOUT_S):
             raise StoreError(f"the local store on {self.path} did not start within {START_TIMEOUT_S} s")
+        log.info("the front ends' shared store serves on %s", self.path)
 
     def stop(self) -> None:
         self._stopping.set()
@@ -166,7 +167,8 @@ class LocalStoreServer:
             os.unlink(self.path)
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         listener.bind(self.path)
-        self._note(listener.fileno())
+        fd = listener.fileno()
+        self._note(fd)
         try:
             server = await asyncio.start_unix_server(self._connection, sock=listener)
             async with server:
@@ -175,7 +177,7 @@ class LocalStoreServer:
                     return
                 await self._stop.wait()
         finally:
-            self._fds.pop(listener.fileno(), None)
+            self._fds.pop(fd, None)  # (the server closed the listener on its way out: its fileno is -1)
             listener.close()
 
     async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
