@@ -112,6 +112,7 @@ class LocalStoreServer:
         """Kept across restarts of the server's loop."""
         self.failures = 0
         self._watchers: set[asyncio.Queue[str]] = set()
+        self._connections: dict[asyncio.Task[None], asyncio.StreamWriter] = {}
         self._fds: dict[int, int] = {}
         """The server's sockets (fd -> inode), for a forked front end to close (close_inherited)."""
         self._thread: threading.Thread | None = None
@@ -163,6 +164,7 @@ class LocalStoreServer:
         self._stop = asyncio.Event()
         self._loop = asyncio.get_running_loop()
         self._watchers.clear()
+        self._connections.clear()
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self.path)
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -173,16 +175,30 @@ class LocalStoreServer:
             server = await asyncio.start_unix_server(self._connection, sock=listener)
             async with server:
                 self._ready.set()
-                if self._stopping.is_set():
-                    return
-                await self._stop.wait()
+                if not self._stopping.is_set():
+                    await self._stop.wait()
+                await self._close_connections()
         finally:
             self._fds.pop(fd, None)  # (the server closed the listener on its way out: its fileno is -1)
             listener.close()
 
+    async def _close_connections(self) -> None:
+        """At stop: end every connection so that its handler returns (one the loop's end cancelled would
+        be reported as an error by asyncio's streams); a watcher wakes up and finds its connection gone."""
+        for writer in self._connections.values():
+            writer.close()
+        for queue in self._watchers:
+            if not queue.full():
+                queue.put_nowait("")
+        if self._connections:
+            await asyncio.wait(list(self._connections), timeout=START_TIMEOUT_S)
+
     async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         fd = writer.get_extra_info("socket").fileno()
         self._note(fd)
+        task = asyncio.current_task()
+        assert task is not None  # asyncio's streams run each connection in a task
+        self._connections[task] = writer
         try:
             while True:
                 request = _requests.decode(await read_frame(reader))
@@ -202,6 +218,7 @@ class LocalStoreServer:
         except Exception:  # a bug in answering: this connection ends, the server and its state go on
             log.exception("the local store failed answering a connection; it is closed")
         finally:
+            self._connections.pop(task, None)
             self._fds.pop(fd, None)
             writer.close()
 
