@@ -8,6 +8,7 @@ for the outcome, never asserting how long it took."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import socket
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
@@ -16,10 +17,11 @@ from pathlib import Path
 import pytest
 
 from inferd.clock import FakeClock, MonotonicClock
+from inferd.cluster.follower import Follower
 from inferd.cluster.local import LocalStoreClient, LocalStoreServer
 from inferd.cluster.memory import MemoryStore
 from inferd.cluster.redis_store import RedisStore
-from inferd.cluster.store import Fenced, RevisionConflict, Store, StoreUnavailable
+from inferd.cluster.store import Fenced, RevisionConflict, Store, StoreUnavailable, Versioned
 from tests.conftest import free_port
 from tests.redis_server import RedisServer, redis_server  # noqa: F401  (the fixture)
 
@@ -293,6 +295,61 @@ async def test_watch_reports_every_document_written_or_deleted(h: Harness) -> No
         assert await next_name(names) == "canary"
     finally:
         await names.aclose()  # type: ignore[attr-defined]
+
+
+async def test_a_follower_applies_a_change_on_its_notification(h: Harness) -> None:
+    """The periodic read is an hour away: only the store's notification can wake the follow loop."""
+    clock = h.clock or MonotonicClock()
+    follower = Follower(h.client(), clock, every_s=3600.0)
+    seen: asyncio.Queue[bytes | None] = asyncio.Queue()
+
+    async def apply(found: Versioned | None) -> None:
+        seen.put_nowait(None if found is None else found.body)
+
+    follower.follow("served", apply)
+    task = asyncio.create_task(follower.run())
+    try:
+        assert await asyncio.wait_for(seen.get(), EVENTUALLY_S) is None  # the read at start
+        while True:  # written until the follower's watch, once open, reports it
+            revision = await h.store.write("served", b"v2")
+            try:
+                body = await asyncio.wait_for(seen.get(), 0.2)
+                break
+            except TimeoutError:
+                continue
+        assert body == b"v2" and follower.applied["served"] == revision
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
+async def test_redis_stopped_and_started_again_answers_again(redis_server: RedisServer) -> None:  # noqa: F811
+    store = RedisStore(redis_server.url, timeout_s=1.0)
+    try:
+        assert await store.write("served", b"before") == 1
+        names = await watching(store)
+        redis_server.stop()
+        with pytest.raises(StoreUnavailable):
+            await store.read("served")
+        with pytest.raises(StoreUnavailable):
+            await next_name(names)
+        redis_server.start()  # the same port, no persistence: the state is gone (docs/architecture.md 7b)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + EVENTUALLY_S
+        while True:
+            try:
+                assert await store.write("served", b"after") == 1
+                break
+            except StoreUnavailable:
+                assert loop.time() < deadline
+                await asyncio.sleep(0.05)
+        names = await watching(store)
+        await store.write("canary", b"x")
+        assert await next_name(names) == "canary"
+        await names.aclose()  # type: ignore[attr-defined]
+    finally:
+        await store.close()
 
 
 @pytest.mark.parametrize("kind", ["local", "redis"])
