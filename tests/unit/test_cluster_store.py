@@ -317,7 +317,7 @@ async def test_a_follower_applies_a_change_on_its_notification(h: Harness) -> No
                 break
             except TimeoutError:
                 continue
-        assert body == b"v2" and follower.applied["served"] == revision
+        assert body == b"v2" and follower.applied["served"] == (revision, b"v2")
     finally:
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):

@@ -88,8 +88,9 @@ class Follower:
         self.clock = clock
         self.every_s = every_s
         self.appliers: dict[str, Apply] = {}
-        self.applied: dict[str, int] = {}
-        """Each document's revision last applied (-1: never)."""
+        self.applied: dict[str, tuple[int, bytes]] = {}
+        """Each document's revision and bytes last applied ((-1, b""): never). The bytes too: a store
+        that lost its data (a Redis restarted empty) numbers revisions from 1 again."""
         self.up = True
         """Whether the store answered the last read (`inferd_cluster_store_up`)."""
         self.last_read_at: float | None = None
@@ -101,7 +102,7 @@ class Follower:
         if doc in self.appliers:
             raise ValueError(f"document {doc!r} is followed already")
         self.appliers[doc] = apply
-        self.applied[doc] = -1
+        self.applied[doc] = (-1, b"")
 
     async def read_all(self) -> bool:
         """Read every followed document and apply those that moved; False when the store did not answer
@@ -119,15 +120,15 @@ class Follower:
             self.up = True
             self.last_read_at = self.clock.now()
             for doc, value in found.items():
-                revision = 0 if value is None else value.revision
-                if revision == self.applied[doc]:
+                seen = (0, b"") if value is None else (value.revision, value.body)
+                if seen == self.applied[doc]:
                     continue
                 try:
                     await self.appliers[doc](value)
                 except Exception:  # one document's bug must not stop the others from following
                     log.exception("applying the cluster document %r failed; it is tried again", doc)
                     continue
-                self.applied[doc] = revision
+                self.applied[doc] = seen
             return True
 
     def changed(self) -> None:
