@@ -221,6 +221,14 @@ def serve(
             "network only; the workers need --insecure too).",
         ),
     ] = False,
+    zone: Annotated[
+        str | None,
+        typer.Option(help="The zone this front end runs in, a DNS label (e.g. us-east-1a); a label for now."),
+    ] = None,
+    frontend_id: Annotated[
+        str | None,
+        typer.Option(help="This front end's id among the front ends of one server (default: HOST:PORT)."),
+    ] = None,
 ) -> None:
     """Serve models over HTTP (KServe OIP v2 and OpenAI-compatible embeddings).
 
@@ -261,6 +269,8 @@ def serve(
                 "admission_rate_per_s": admission_rate_per_s,
                 "observability": observe,
                 "data_dir": data_dir,
+                "zone": zone,
+                "frontend_id": frontend_id,
             },
         )
         if no_admin:

@@ -52,6 +52,8 @@ class Hello(msgspec.Struct, tag="hello"):
     credits: bool = False
     """The worker grants batch slots (Credit): its cap of 1 running + 1 staged batch holds across all
     the front ends it serves."""
+    zone: str | None = None
+    """The worker's zone (`inferd worker --zone`, a DNS label); None: none, or an older worker."""
 
 
 class Welcome(msgspec.Struct, tag="welcome"):
