@@ -17,7 +17,8 @@ from inferd.cli.observability_flags import (
     observability_settings,
 )
 from inferd.cli.ports import check_ports_free
-from inferd.config import ConfigError, ModelConfig, ServerConfig, load_server_config
+from inferd.config import ConfigError, ModelConfig, ServerConfig, identity, load_server_config
+from inferd.data_lock import hold_data_dir
 from inferd.gateway.reload import build_gate  # also registers the [gateway] and [tenants.NAME] tables
 from inferd.observability.logging_setup import set_up_process
 from inferd.tls import check_server_tls
@@ -291,6 +292,11 @@ def serve(
 
     secrets = [s.get_secret_value() for s in (cfg.join_token, cfg.admin_token) if s is not None]
     set_up_process(cfg.observability, cfg.log_level, "server", secrets)
+    try:  # held until this process ends (the parent of --frontends N: its front ends share the folder)
+        hold_data_dir(cfg.data_dir, f"{cfg.host}:{cfg.port}", identity.frontend_id(cfg))
+    except ConfigError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from None
     if cfg.frontends > 1:
         from inferd.runner.parent import run_frontends
 
