@@ -4,6 +4,9 @@ two answers in a row leave out is left; an answer with nothing keeps what the na
 
 from __future__ import annotations
 
+import asyncio
+import logging
+import socket
 from pathlib import Path
 
 import pytest
@@ -12,6 +15,7 @@ from inferd.clock import FakeClock
 from inferd.config import ConfigError
 from inferd.worker.discovery import LEAVE_AFTER_ANSWERS, Discovery, FrontEnd, Name, parse_connect
 from inferd.worker.fronts import transport
+from inferd.worker.main import Worker
 from inferd.worker.resolver import in_hosts_file
 
 FE = Name("frontends.inferd", 9000)
@@ -156,3 +160,32 @@ def test_a_dns_name_needs_tls_or_insecure_unless_it_is_loopback() -> None:
     assert transport("127.0.0.1:9000,dns:localhost:9000", None, "", insecure=False) is None
     with pytest.raises(ConfigError, match="not dns:NAME:PORT"):
         transport("dns:fe", None, "", insecure=True)
+
+
+class NoAnswer:
+    """A resolver whose name never resolves; the worker drains (SIGTERM) at its third lookup."""
+
+    every_s = 0.001
+
+    def __init__(self) -> None:
+        self.worker: Worker | None = None
+        self.lookups = 0
+
+    async def addresses(self, name: Name) -> list[str]:
+        self.lookups += 1
+        if self.lookups == 3:
+            assert self.worker is not None and self.worker.drain()
+        raise socket.gaierror(-2, "Name or service not known")
+
+
+async def test_a_worker_whose_name_never_resolves_keeps_looking_and_drains_with_no_front_end(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    resolver = NoAnswer()
+    worker = Worker("dns:nowhere.test:9000", "sim", "", "w-0", reconnect=True, resolver=resolver)  # type: ignore[arg-type]
+    resolver.worker = worker
+    with caplog.at_level(logging.INFO, logger="inferd.worker"):
+        assert await asyncio.wait_for(worker.run(), 30) == 0
+    assert resolver.lookups == 3
+    said = [r.getMessage() for r in caplog.records if "does not resolve" in r.getMessage()]
+    assert len(said) == 1 and "Name or service not known" in said[0], said

@@ -102,7 +102,7 @@ class FrontEnds:
     async def _look_up(self, name: Name) -> Change:
         try:
             ips = await self.resolver.addresses(name)
-        except OSError as exc:  # gaierror, TimeoutError: the front ends joined stay
+        except (OSError, UnicodeError) as exc:  # gaierror, TimeoutError, a name IDNA refuses: all stay
             return self.discovery.observe(name, (), f"{type(exc).__name__}: {exc}")
         return self.discovery.observe(name, ips, "" if ips else "no address")
 
@@ -110,7 +110,9 @@ class FrontEnds:
         for note in change.notes:
             log.info("worker %s: %s", self.joiner.worker_id, note)
         for front in change.leave:
-            index = self._index.pop(front.address)
+            index = self._index.pop(front.address, None)
+            if index is None:  # never joined (it came while the worker drained)
+                continue
             self._left.add(index)
             self.joiner.leave(index)
             self.tg.create_task(self._see_off(index, self.tasks[index]))
