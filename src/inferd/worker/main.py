@@ -160,8 +160,8 @@ class Worker:
             del self._left[index]
 
     def leave(self, index: int) -> None:
-        """Its front end is no longer named (worker/discovery.py): drain from it alone. It answers Drain
-        after the last batch it sent comes back, and the link ends ("left"); the others go on."""
+        """Its front end is no longer named (worker/discovery.py): drain from it alone. It sends no more
+        work and answers Drain; the link ends ("left") once what it sent is back; the others go on."""
         if index in self._left:
             self._left[index].set()
         link = self.links.get(index)
