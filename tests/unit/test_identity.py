@@ -133,3 +133,19 @@ async def test_a_worker_with_an_odd_zone_is_refused_and_one_with_a_zone_shows_it
         writer2.close()
     finally:
         await hub.close()
+
+
+def test_an_odd_worker_zone_is_refused_at_start_naming_the_rule() -> None:
+    from typer.testing import CliRunner
+
+    from inferd.cli.main import app
+    from inferd.worker.args import arguments
+
+    args = ["worker", "--connect", "127.0.0.1:9", "--model", "sim", "--zone", "Zone_A"]
+    result = CliRunner().invoke(app, args, env={"INFERD_JOIN_TOKEN": "t", "COLUMNS": "200"})
+    assert result.exit_code == 2
+    assert "--zone" in result.output and ZONE_RULE in result.output
+    with pytest.raises(SystemExit) as refused:
+        arguments().parse_args(["--connect", "127.0.0.1:9", "--model", "sim", "--zone", "Zone_A"])
+    assert refused.value.code == 2
+    assert arguments().parse_args(["--connect", "a:1", "--model", "m", "--zone", "zone-a"]).zone == "zone-a"
