@@ -269,6 +269,8 @@ class InferdServer(ServerProcess):
             (self.repo / model / "model.toml").write_text(toml)
         if models is not None:
             options += ["--model-repo", str(self.repo)]
+        if "--data-dir" not in options:  # each server its own data folder (a second on one is refused)
+            options += ["--data-dir", str(base / "data")]
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         super().__init__(inferd_command("serve", *options, "--port", str(self.port)), name=name, **kw)

@@ -97,6 +97,8 @@ def start_server(
     if "--port" in args:  # a restarted server on the same port
         i = args.index("--port")
         port, args = int(args[i + 1]), args[:i] + args[i + 2 :]
+    if "--data-dir" not in args:  # each server its own data folder (a second on one folder is refused)
+        args = (*args, "--data-dir", str(tmp_path / f"data-{port}"))
     log_path = tmp_path / f"server-{port}.log"
     log_file = open(log_path, "wb")
     proc = subprocess.Popen(

@@ -25,6 +25,7 @@ from inferd.api.cache_hook import CacheHook
 from inferd.api.console_feed import ConsoleFeed
 from inferd.clock import Clock, MonotonicClock
 from inferd.config import ModelConfig, ServerConfig
+from inferd.config.identity import frontend_id
 from inferd.errors import ShuttingDown
 from inferd.fleet.control import FleetControl, repository_loader
 from inferd.fleet.scaling import ScalingLoop, scaling_policy
@@ -141,9 +142,7 @@ class InferenceServer:
         self._token = frontend.token if frontend else secrets.token_hex(16)
         join = config.join_token.get_secret_value() if config.join_token else ""
         self.hub = WorkerHub(
-            self.registry,
-            self.clock,
-            self.directory,
+            self.registry, self.clock, self.directory,
             tokens=(self._token, join),
             load_timeout_s=config.worker_start_timeout_s,
             silence_timeout_s=config.heartbeat_timeout_s,
@@ -270,6 +269,7 @@ class InferenceServer:
                 gateway=GatewayView(self.gateway, self.tenant_requests, self.cache.statistics),
                 traffic=self.traffic.statistics,
                 loads=self.loads,
+                frontend={"id": frontend_id(self.config), "zone": self.config.zone},
             ),
             token,
         )

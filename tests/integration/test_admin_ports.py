@@ -33,6 +33,7 @@ def serve_with_default_admin_port(tmp_path: Path, port: int) -> ServerProc:
     """`inferd serve --port PORT` without --admin-port (conftest's start_server always sets one)."""
     log_path = tmp_path / f"server-{port}.log"
     serve = ["serve", "--port", str(port), "--model", "sim", "--shutdown-grace-s", "0"]
+    serve += ["--data-dir", str(tmp_path / f"data-{port}")]  # each server its own data folder
     proc = subprocess.Popen(
         [sys.executable, "-m", "inferd.cli.main", *serve],
         stdout=open(log_path, "wb"),

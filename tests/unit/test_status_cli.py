@@ -30,6 +30,7 @@ WORKERS = {
             "state": "ready",
             "pid": 4242,
             "host": "127.0.0.1",
+            "zone": "zone-b",
             "inflight_batches": 2,
             "latency_ms": 212.4,
             "completed_batches": 1234,
@@ -54,6 +55,7 @@ WORKERS = {
         },
     ],
     "time": 1700000000.0,
+    "frontend": {"id": "fe-1", "zone": "zone-a"},
 }
 MODELS = {
     "models": {
@@ -170,8 +172,10 @@ def test_status_prints_worker_and_model_tables_with_the_retry_budget(admin: Stub
     out = result.output
     for text in ("sim.0.g1", "sim.1.g0", "4242", "10.0.0.7", "1234", "draining", "0.2 s", "1.6 min"):
         assert text in out, text
-    for header in ("in-flight", "latency", "completed", "restarts", "progress age", "heartbeat age"):
+    for header in ("zone", "in-flight", "latency", "completed", "restarts", "progress age", "heartbeat age"):
         assert header in out, header
+    assert "zone-b" in out, "a worker's zone (the other, of an older inferd, has none)"
+    assert "(front end fe-1, zone zone-a)" in out
     assert "212 ms" in out
     for text in ("ready workers", "queued", "batch timeout", "busy ratio", "2.5 s", "62%", "17"):
         assert text in out, text

@@ -63,6 +63,8 @@ class AdminTarget:
     loads: FrontendLoads | None = None
     """The other front ends' reported loads (the owner of several front ends): batch models' queued
     items and busy ratio are then the whole server's."""
+    frontend: Mapping[str, str | None] | None = None
+    """This front end as GET /admin/workers shows it: {"id": config.frontend_id(), "zone": ...}."""
 
 
 class AdminApi:
@@ -128,7 +130,7 @@ class AdminApi:
             for stats in (rt.statistics(),)
             for w in stats.workers
         ]
-        return web.json_response({"workers": rows, "time": time.time()})
+        return web.json_response({"workers": rows, "time": time.time(), "frontend": t.frontend})
 
     async def traffic(self, request: web.Request) -> web.Response:
         """Canary and A/B splits now, and why canaries were rolled back or promoted (newest last)."""
@@ -249,6 +251,7 @@ def worker_row(
         "state": w.state,
         "pid": w.pid,
         "host": w.host,
+        "zone": w.zone,
         "load": w.load,
         "completed_batches": w.completed,
         "restarts": restarts,

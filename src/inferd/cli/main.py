@@ -18,7 +18,8 @@ from inferd.cli.observability_flags import (
 )
 from inferd.cli.ports import check_ports_free
 from inferd.cluster.config import check_cluster, store_password, with_store  # registers [cluster] too
-from inferd.config import ConfigError, ModelConfig, ServerConfig, load_server_config
+from inferd.config import ConfigError, ModelConfig, ServerConfig, identity, load_server_config
+from inferd.data_lock import hold_data_dir
 from inferd.gateway.reload import build_gate  # also registers the [gateway] and [tenants.NAME] tables
 from inferd.observability.logging_setup import set_up_process
 from inferd.tls import check_server_tls
@@ -231,6 +232,14 @@ def serve(
             "network only; the workers need --insecure too).",
         ),
     ] = False,
+    zone: Annotated[
+        str | None,
+        typer.Option(help="The zone this front end runs in, a DNS label (e.g. us-east-1a); a label for now."),
+    ] = None,
+    frontend_id: Annotated[
+        str | None,
+        typer.Option(help="This front end's id among the front ends of one server (default: HOST:PORT)."),
+    ] = None,
 ) -> None:
     """Serve models over HTTP (KServe OIP v2 and OpenAI-compatible embeddings).
 
@@ -271,6 +280,8 @@ def serve(
                 "admission_rate_per_s": admission_rate_per_s,
                 "observability": observe,
                 "data_dir": data_dir,
+                "zone": zone,
+                "frontend_id": frontend_id,
             },
         )
         if no_admin:
@@ -295,6 +306,11 @@ def serve(
     secrets = [s.get_secret_value() for s in (cfg.join_token, cfg.admin_token) if s is not None]
     secrets += [p for p in (store_password(),) if p is not None]
     set_up_process(cfg.observability, cfg.log_level, "server", secrets)
+    try:  # held until this process ends (the parent of --frontends N: its front ends share the folder)
+        hold_data_dir(cfg.data_dir, f"{cfg.host}:{cfg.port}", identity.frontend_id(cfg))
+    except ConfigError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from None
     if cfg.frontends > 1:
         from inferd.runner.parent import run_frontends
 

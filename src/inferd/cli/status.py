@@ -142,7 +142,7 @@ def _cell(value: Any) -> str:
 
 def workers_table(workers: list[dict[str, Any]]) -> Table:
     table = Table(title="workers", title_justify="left")
-    for header in ("id", "model", "version", "state", "pid", "host"):
+    for header in ("id", "model", "version", "state", "pid", "host", "zone"):
         table.add_column(header)
     for header in ("in-flight / seqs", "latency", "completed", "restarts", "progress age", "heartbeat age"):
         table.add_column(header, justify="right")
@@ -156,6 +156,7 @@ def workers_table(workers: list[dict[str, Any]]) -> Table:
             Text(state, style=STATE_STYLES.get(state, "")),
             _cell(w.get("pid")),
             _cell(w.get("host")),
+            _cell(w.get("zone")),
             _cell(w.get("inflight_batches", w.get("live_sequences"))),
             f"{latency:.0f} ms" if isinstance(latency, int | float) else "-",
             _cell(w.get("completed_batches")),
@@ -240,6 +241,14 @@ def retry_budget_line(budget: dict[str, Any] | None) -> str:
     )
 
 
+def _frontend(frontend: Any) -> str:
+    """' (front end ID, zone Z)' as GET /admin/workers says; '' from a server that does not say."""
+    if not isinstance(frontend, dict) or not frontend.get("id"):
+        return ""
+    zone = frontend.get("zone")
+    return f" (front end {frontend['id']}{f', zone {zone}' if zone else ''})"
+
+
 def render_snapshot(snapshot: AdminSnapshot, admin_url: str, error: str | None = None) -> RenderableType:
     parts: list[RenderableType] = [
         workers_table(list(snapshot.workers.get("workers", []))),
@@ -253,7 +262,7 @@ def render_snapshot(snapshot: AdminSnapshot, admin_url: str, error: str | None =
         ),
         Text(retry_budget_line(snapshot.models.get("retry_budget"))),
         *gateway_parts(snapshot.tenants, snapshot.cache, snapshot.traffic),
-        Text(f"from {admin_url} at {time.strftime('%H:%M:%S')}", style="dim"),
+        Text(f"from {admin_url}{_frontend(snapshot.workers.get('frontend'))} at {time.strftime('%H:%M:%S')}", style="dim"),
     ]
     if error is not None:
         parts.append(Text(f"last refresh failed: {error}", style="bold red"))

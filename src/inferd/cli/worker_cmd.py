@@ -12,7 +12,14 @@ from inferd.worker.stuck import STUCK_AFTER_S
 
 
 def worker(
-    connect: Annotated[str, typer.Option(help="Router address HOST:PORT (its --worker-port).")],
+    connect: Annotated[
+        str,
+        typer.Option(
+            help="Front end address HOST:PORT (its --worker-port); several, comma-separated, share the "
+            "worker; dns:NAME:PORT joins every address NAME has (e.g. a Kubernetes headless Service), "
+            "looks it up again every 5 s, joins new ones and leaves those gone."
+        ),
+    ],
     model: Annotated[str, typer.Option(help="Name of the model this worker serves.")],
     token: Annotated[
         str | None, typer.Option(help="Join token; default: the INFERD_JOIN_TOKEN environment variable.")
@@ -51,6 +58,16 @@ def worker(
             "(stopped, or its network gone): one hung front end never stalls the others.",
         ),
     ] = STUCK_AFTER_S,
+    zone: Annotated[
+        str | None, typer.Option(help="The zone this worker runs in, a DNS label (e.g. us-east-1a).")
+    ] = None,
+    hosts_file: Annotated[
+        Path | None,
+        typer.Option(hidden=True, help="Resolve dns: names from this /etc/hosts-format file (tests, ops)."),
+    ] = None,
+    resolve_every_s: Annotated[
+        float | None, typer.Option(hidden=True, min=0.001, help="Look dns: names up again this often.")
+    ] = None,
     log_level: Annotated[str, typer.Option(help="DEBUG, INFO, WARNING or ERROR.")] = "INFO",
     log_format: LogFormat = None,
     trace_endpoint: TraceEndpoint = None,
@@ -60,7 +77,15 @@ def worker(
     import os
     import socket
 
+    from inferd.config.identity import check_zone
     from inferd.worker.main import main as worker_main
+
+    try:
+        if zone is not None:
+            check_zone(zone)
+    except ValueError as exc:
+        typer.echo(f"error: --zone: {exc}", err=True)
+        raise typer.Exit(2) from None
 
     join = token if token is not None else os.environ.get("INFERD_JOIN_TOKEN", "")
     if not join:
@@ -89,6 +114,12 @@ def worker(
         args += ["--ca-file", str(ca_file)]
     if insecure:
         args.append("--insecure")
+    if zone is not None:
+        args += ["--zone", zone]
+    if hosts_file is not None:
+        args += ["--hosts-file", str(hosts_file)]
+    if resolve_every_s is not None:
+        args += ["--resolve-every-s", str(resolve_every_s)]
     args += ["--log-format", log_format or "text"]
     if trace_endpoint:
         args += ["--trace-endpoint", trace_endpoint]

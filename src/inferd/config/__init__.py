@@ -20,6 +20,7 @@ from pydantic import (
 
 from inferd.config.autoscaler import AutoscalerConfig
 from inferd.config.cache import CacheConfig
+from inferd.config.identity import IdentitySettings
 from inferd.config.traffic import TrafficConfig
 from inferd.listener_config import ListenerSettings
 from inferd.observability.settings import ObservabilitySettings
@@ -240,8 +241,8 @@ def admin_port_for(http_port: int) -> int:
     return 0 if http_port == 0 else http_port + 1
 
 
-class ServerConfig(ListenerSettings, _Frozen):
-    """Settings of `inferd serve` (its listeners' limits and TLS come from ListenerSettings)."""
+class ServerConfig(ListenerSettings, IdentitySettings, _Frozen):
+    """Settings of `inferd serve` (listeners' limits and TLS: ListenerSettings; zone, id: IdentitySettings)."""
 
     host: str = "127.0.0.1"
     """Address the HTTP API listens on."""
@@ -287,10 +288,7 @@ class ServerConfig(ListenerSettings, _Frozen):
     admin_host: str = "127.0.0.1"
     """Address of the admin API (worker list, drain, restart)."""
     admin_port: int | None = Field(
-        default_factory=lambda data: admin_port_for(data.get("port", 8000)),
-        ge=0,
-        le=65535,
-        validate_default=True,
+        default_factory=lambda data: admin_port_for(data.get("port", 8000)), ge=0, le=65535, validate_default=True
     )
     """Port of the admin API; None disables it. Unless set, the HTTP port + 1 (8001 for 8000), so servers
     on different HTTP ports have different admin ports; 0 (the default with port 0): a free one, logged at

@@ -41,6 +41,8 @@ class WorkerSnapshot:
     last_heartbeat_at: float
     detail: Any = None
     """Kind-specific, frozen: e.g. the batch kind's latency and ejection record."""
+    zone: str | None = None
+    """The zone the worker said it is in (`inferd worker --zone`); None: none."""
 
     @classmethod
     def of(cls, w: WorkerConnection, load: int, detail: Any = None) -> WorkerSnapshot:
@@ -58,6 +60,7 @@ class WorkerSnapshot:
             last_progress_at=w.last_progress,
             last_heartbeat_at=w.last_heartbeat,
             detail=detail,
+            zone=w.zone,
         )
 
 

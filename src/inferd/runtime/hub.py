@@ -14,6 +14,7 @@ import ssl
 from collections.abc import Awaitable, Callable
 
 from inferd.clock import Clock
+from inferd.config.identity import check_zone
 from inferd.errors import NotFound
 from inferd.runtime.contract import Runtime
 from inferd.runtime.membership import WorkerDirectory
@@ -123,6 +124,7 @@ class WorkerHub:
             writer,
             connected_at=self.clock.now(),
             credits=0 if hello.credits else None,
+            zone=hello.zone,
         )
         with self.directory.handshake(conn):  # released however it ends
             config_json = runtime.config.model_dump_json().encode()
@@ -175,6 +177,11 @@ class WorkerHub:
             hmac.compare_digest(hello.token.encode(), t.encode()) for t in self.tokens
         ):
             return "bad join token", None
+        if hello.zone is not None:
+            try:
+                check_zone(hello.zone)
+            except ValueError as exc:
+                return f"--zone: {exc}", None
         try:
             runtime = self.registry.get(hello.model, hello.version or None)
         except NotFound as exc:

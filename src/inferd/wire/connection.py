@@ -87,6 +87,8 @@ class WorkerConnection:
     """Queued items last reported to the worker (Demand) since the last batch sent there."""
     high_water: int = 0
     """The most batches the worker has held at once, from all its front ends (its heartbeat)."""
+    zone: str | None = None
+    """The zone the worker said it is in (Hello.zone); None: none."""
 
     @property
     def slot_id(self) -> str:

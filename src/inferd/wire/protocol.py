@@ -52,6 +52,8 @@ class Hello(msgspec.Struct, tag="hello"):
     credits: bool = False
     """The worker grants batch slots (Credit): its cap of 1 running + 1 staged batch holds across all
     the front ends it serves."""
+    zone: str | None = None
+    """The worker's zone (`inferd worker --zone`, a DNS label); None: none, or an older worker."""
 
 
 class Welcome(msgspec.Struct, tag="welcome"):
@@ -351,12 +353,14 @@ def parse_address(address: str) -> tuple[str, str | tuple[str, int]]:
 
 
 async def open_connection(
-    address: str, tls: ssl.SSLContext | None = None
+    address: str, tls: ssl.SSLContext | None = None, server_hostname: str | None = None
 ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
-    """A Unix socket, or TCP (over TLS with `tls`, the host checked against the server's certificate)."""
+    """A Unix socket, or TCP (over TLS with `tls`, the server's certificate checked against
+    `server_hostname`: by default the address's host)."""
     kind, target = parse_address(address)
     if kind == "unix":
         assert isinstance(target, str)
         return await asyncio.open_unix_connection(target, limit=2**20)
     assert isinstance(target, tuple)
-    return await asyncio.open_connection(target[0], target[1], limit=2**20, ssl=tls)
+    named = {"server_hostname": server_hostname} if tls is not None and server_hostname else {}
+    return await asyncio.open_connection(target[0], target[1], limit=2**20, ssl=tls, **named)

@@ -6,7 +6,16 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from inferd.config.identity import check_zone
+from inferd.worker.discovery import RESOLVE_EVERY_S
 from inferd.worker.stuck import STUCK_AFTER_S, positive_seconds
+
+
+def zone(value: str) -> str:
+    try:
+        return check_zone(value)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def arguments() -> argparse.ArgumentParser:
@@ -14,7 +23,22 @@ def arguments() -> argparse.ArgumentParser:
     parser.add_argument(
         "--connect",
         required=True,
-        help="front end address: unix:/path or HOST:PORT; several, comma-separated, share the worker",
+        help="front end address: unix:/path, HOST:PORT or dns:NAME:PORT (every address NAME has, looked "
+        "up again every few seconds); several, comma-separated, share the worker",
+    )
+    parser.add_argument("--zone", type=zone, default=None, help="the zone this worker runs in (a DNS label)")
+    parser.add_argument(
+        "--hosts-file",
+        type=Path,
+        default=None,
+        help="resolve dns: names from this /etc/hosts-format file, read at each lookup (tests, hosts "
+        "without DNS)",
+    )
+    parser.add_argument(
+        "--resolve-every-s",
+        type=positive_seconds,
+        default=RESOLVE_EVERY_S,
+        help="look each dns: name up again this often",
     )
     parser.add_argument("--model", required=True, help="name of the model this worker serves")
     parser.add_argument("--token", default="", help="join token, if the front end requires one")

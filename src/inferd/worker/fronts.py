@@ -1,6 +1,7 @@
 """A worker's side of the front ends it serves: one link per front end, and whose LLM sequences are whose.
 
-A worker joins one front end (`--connect unix:/run/a.sock`) or several (`--connect a:9000,b:9000`);
+A worker joins one front end (`--connect unix:/run/a.sock`) or several (`--connect a:9000,b:9000`, or
+every address of `dns:NAME:PORT`: worker/discovery.py);
 each link is a connection with its own handshake, heartbeat and reads. The device (and the credit
 ledger that caps what it holds) is the worker's, shared by all its links; no link's write buffer may hold
 it up for the others (worker/stuck.py says how each buffer is bounded).
@@ -20,6 +21,7 @@ from inferd import tls
 from inferd.config import ConfigError
 from inferd.wire import protocol as p
 from inferd.worker.credits import CreditLedger, ToldState
+from inferd.worker.discovery import parse_connect
 from inferd.worker.stuck import LINK_HARD_LIMIT_BYTES, LINK_HIGH_WATER_BYTES, STUCK_AFTER_S, DrainWatch
 
 log = logging.getLogger("inferd.worker")
@@ -49,6 +51,12 @@ class FrontLink:
         self.closed = False
         self.answered_drain = False
         """The front end sent Drain (its own, or its answer to the worker's): it sends no more work."""
+        self.leaving = False
+        """The worker leaves this front end alone (no longer named: worker/discovery.py), by Drain."""
+        self.held = 0
+        """Batches it sent that the device has not answered yet."""
+        self._none_held = asyncio.Event()
+        self._none_held.set()
         self.sent_bytes = 0
         """Bytes ever written to the link (those not in its buffer have gone to the kernel)."""
         self.watch = DrainWatch(stuck_after_s)
@@ -72,6 +80,21 @@ class FrontLink:
         drain blocks only past LINK_HIGH_WATER_BYTES."""
         writer.transport.set_write_buffer_limits(high=LINK_HIGH_WATER_BYTES)
         return cls(index, address, writer, stuck_after_s, lifeline)
+
+    def took(self) -> None:
+        """A batch it sent is the worker's (queued, staged or running)."""
+        self.held += 1
+        self._none_held.clear()
+
+    def answered(self) -> None:
+        """One of its batches was answered (or dropped, the link being closed)."""
+        self.held -= 1
+        if self.held == 0:
+            self._none_held.set()
+
+    async def none_held(self) -> None:
+        """Returns once no batch of its is on the worker."""
+        await self._none_held.wait()
 
     def send(self, msg: p.Message) -> None:
         if self.closed or self.writer.is_closing():
@@ -152,16 +175,6 @@ class FrontLink:
             self.writer.close()
 
 
-def split_addresses(connect: str) -> list[str]:
-    """'a:9000,b:9000' -> ['a:9000', 'b:9000'] (one address: a list of one)."""
-    addresses = [a.strip() for a in connect.split(",") if a.strip()]
-    if not addresses:
-        raise ValueError(f"--connect {connect!r} names no front end address")
-    if len(set(addresses)) != len(addresses):
-        raise ValueError(f"--connect {connect!r} names a front end twice")
-    return addresses
-
-
 class SequenceOwners:
     """The LLM engine serves every link's sequences: ids are made unique per link on the way in
     ('2/seq-7') and each step's deltas go back, under their own ids, to the link that sent them."""
@@ -179,6 +192,10 @@ class SequenceOwners:
             msg.seq_id = seq_id
             return msg
         return p.AbortSequence(seq_id)
+
+    def holds(self, index: int) -> bool:
+        """The link has live sequences."""
+        return index in self._owner.values()
 
     def release(self, index: int) -> list[p.AbortSequence]:
         """The link is gone: aborts of its live sequences (their deltas now go nowhere)."""
@@ -258,20 +275,45 @@ class SequenceOwners:
 
 
 def transport(address: str, ca_file: Path | None, ca_pem: str, insecure: bool) -> ssl.SSLContext | None:
-    """How the worker reaches its front ends (`address`: one, or a comma list): Unix sockets, TLS
-    verified against the CA, or plain TCP (loopback, or --insecure); ConfigError naming the fix otherwise."""
+    """How the worker reaches its front ends (`address`: one, or a comma list, dns:NAME:PORT included):
+    Unix sockets, TLS verified against the CA (a dns: name's front ends: the name), or plain TCP
+    (loopback, or --insecure); ConfigError naming the fix otherwise."""
     try:
-        targets = [p.parse_address(a) for a in split_addresses(address)]
+        fixed, names = parse_connect(address)
     except ValueError as exc:
         raise ConfigError(f"--connect: {exc}") from None
-    tcp = [(a, t) for a, (kind, t) in zip(split_addresses(address), targets, strict=True) if kind == "tcp"]
+    tcp = [(str(n), n.host) for n in names]
+    for a in fixed:
+        _, target = p.parse_address(a)
+        if isinstance(target, tuple):
+            tcp.append((a, target[0]))
     if not tcp:
         return None
     context = tls.client_context(ca_file, ca_pem) if ca_file is not None or ca_pem else None
-    for a, target in tcp:
-        assert isinstance(target, tuple)
-        tls.check_worker_transport(a, target[0], tls=context is not None, insecure=insecure)
+    for a, host in tcp:
+        tls.check_worker_transport(a, host, tls=context is not None, insecure=insecure)
     return context
+
+
+def refused(ledger: CreditLedger, welcome: p.Message) -> str:
+    """Why the worker cannot serve the front end that answered its Hello with `welcome` ('': it can)."""
+    if not isinstance(welcome, p.Welcome) or not welcome.accepted:
+        return f"refused: {getattr(welcome, 'reason', 'unexpected reply')}"
+    if not ledger.accepts(welcome.credits):
+        return (
+            "a front end of an older inferd takes no batch credits, so it cannot share a worker with "
+            "other front ends; upgrade it, or give it workers of its own"
+        )
+    return ""
+
+
+def untrusted(front: object, exc: ssl.SSLCertVerificationError) -> str:
+    """What to say when the front end's certificate did not verify (retrying cannot fix it)."""
+    return (
+        f"the front end at {front} is not trusted: {exc.verify_message or exc}; pass --ca-file with the CA "
+        "that signed its certificate, which must name the --connect host (or the dns: name) as a "
+        "subjectAltName"
+    )
 
 
 def give_up_when_silent(writer: asyncio.StreamWriter, timeout_s: float) -> None:

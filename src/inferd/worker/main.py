@@ -2,6 +2,7 @@
 
     python -m inferd.worker.main --connect unix:/run/inferd.sock --model sim [--token T]
     python -m inferd.worker.main --connect a:9000,b:9000 ...   (one worker shared by two front ends)
+    python -m inferd.worker.main --connect dns:fe:9000 ...     (every front end the name has, followed)
 
 Per front end: join -> receive (batches, demand, sequences), with a heartbeat beside it. The device
 (worker/device.py) runs one batch at a time for all of them: run -> deliver; a sync predict_batch runs in
@@ -9,6 +10,7 @@ a thread so heartbeats and the next (staged) batch keep flowing while the device
 ledger (worker/credits.py) keeps the worker at 1 running + 1 staged batch whichever front ends sent them.
 The device never waits on one front end for the others, and one that stops reading is cut off
 (worker/stuck.py). SIGTERM drains the worker (worker/signals.py, `Worker.drain`), as a front end's Drain does.
+Which front ends it joins and leaves, and when: worker/joining.py (worker/discovery.py decides).
 """
 
 from __future__ import annotations
@@ -35,16 +37,20 @@ from inferd.wire import protocol as p
 from inferd.worker.args import arguments
 from inferd.worker.credits import CAP, CreditLedger
 from inferd.worker.device import Device
+from inferd.worker.discovery import FrontEnd
 from inferd.worker.fronts import (
     FrontLink,
     SequenceOwners,
     give_up_when_silent,
-    split_addresses,
+    refused,
     take_batch,
     tell_credits,
     transport,
+    untrusted,
 )
+from inferd.worker.joining import FrontEnds
 from inferd.worker.orphans import orphaned
+from inferd.worker.resolver import Resolver
 from inferd.worker.signals import DRAIN_ANSWER_TIMEOUT_S, run_until_done
 from inferd.worker.stuck import STUCK_AFTER_S
 
@@ -67,9 +73,13 @@ class Worker:
         model_version: int = 0,
         tls_context: ssl.SSLContext | None = None,
         stuck_after_s: float = STUCK_AFTER_S,
+        zone: str | None = None,
+        resolver: Resolver | None = None,
     ) -> None:
-        self.addresses = split_addresses(address)
-        """The front ends this worker serves (one, or several sharing it)."""
+        self.connect = address
+        """The front ends this worker serves (one, or several sharing it; dns: names followed)."""
+        self.resolver = resolver or Resolver()
+        self.zone = zone
         self.tls = tls_context
         """Verifies the front ends (TCP only); None: plain TCP, or Unix sockets."""
         self.model_name = model
@@ -84,15 +94,18 @@ class Worker:
         self.ledger = CreditLedger(MonotonicClock())
         """The batch slots (1 running + 1 staged) granted to the front ends: the cap holds across them."""
         self.links: dict[int, FrontLink] = {}
-        """Front ends joined and ready, by their place in --connect."""
+        """Front ends joined and ready, by the index of their link (in the order joined)."""
+        self._left: dict[int, asyncio.Event] = {}
+        """Each link's "leave" (set: its front end is no longer named, `leave`)."""
         self.owners = SequenceOwners(lambda: self.links)
         self._batches: asyncio.Queue[tuple[FrontLink, p.RunBatch] | None] = asyncio.Queue(maxsize=CAP + 1)
         self.side: WorkerSide | None = None
         """What it serves instead of a model, for every link (a kind's worker side: kinds/worker_sides.py)."""
         self._engine: LLMEngine | None = None
         """The continuous-batching engine, when the model is an LLM (instead of the batch loop)."""
-        self._draining = False
-        self._drain_asked = asyncio.Event()
+        self.draining = False
+        """Taking no new work (SIGTERM, or a front end's Drain): `drain`."""
+        self.drain_asked = asyncio.Event()
         self._answered = asyncio.Event()
         """A front end answered Drain, or left (a draining worker waits for every one: `_drain`)."""
         self._stopped: bool | None = None  # `_stop_device` was called (True: finish); a later engine stops
@@ -106,72 +119,77 @@ class Worker:
         async with asyncio.TaskGroup() as tg:
             device = tg.create_task(self._run_device())
             draining = tg.create_task(self._drain())
-            links = [
-                tg.create_task(self._link(i, a, self.reconnect or i > 0))
-                for i, a in enumerate(self.addresses)
-            ]
-            watched = links if self.reconnect else links[:1]
-            await asyncio.wait(watched, return_when=asyncio.ALL_COMPLETED)
-            outcome = "drained" if self._draining else watched[0].result()
-            if self._draining:  # every front end's last results go out before the process ends
-                await asyncio.wait(links, timeout=self.stuck_after_s)
-            for task in (*links, draining):
-                task.cancel()
+            fronts = FrontEnds(self, self.connect, self.resolver, tg)
+            outcome = await fronts.run()
+            if self.draining and fronts.tasks:  # every front end's last results go out before it ends
+                await asyncio.wait(fronts.tasks.values(), timeout=self.stuck_after_s)
+            fronts.cancel()
+            draining.cancel()
             self._stop_device(finish=outcome == "drained")
             if not self.device.loaded.is_set():
                 device.cancel()
-        return {"drained": 0, "lost": 0, "refused": 2, "load_failed": 3}[outcome]
+        return {"drained": 0, "lost": 0, "left": 0, "refused": 2, "load_failed": 3}[outcome]
 
-    async def _link(self, index: int, address: str, reconnect: bool) -> str:
-        """One front end: join it, serve it, and (with `reconnect`) join it again when it goes."""
+    async def link(self, index: int, front: FrontEnd, reconnect: bool) -> str:
+        """One front end: join it, serve it, and (with `reconnect`) join it again when it goes, until it
+        is left ("left")."""
+        left = self._left.setdefault(index, asyncio.Event())
         delay_s = 0.2
-        while True:
-            try:
-                outcome = await self._session(index, address)
-            except ssl.SSLCertVerificationError as exc:  # retrying cannot fix it: the operator must
-                log.error(
-                    "worker %s: the front end at %s is not trusted: %s; pass --ca-file with the CA that "
-                    "signed its certificate, which must name the --connect host as a subjectAltName",
-                    self.worker_id,
-                    address,
-                    exc.verify_message or exc,
-                )
-                outcome = "refused"
-            except (OSError, p.ConnectionClosed) as exc:
-                outcome = "lost"
-                log.warning("worker %s: cannot reach the front end at %s: %s", self.worker_id, address, exc)
-            if outcome in ("drained", "refused", "load_failed") or not reconnect or self._draining:
-                return outcome
-            if orphaned(self.worker_id):  # no front end comes back: let go of the device
-                return outcome
-            if outcome == "served":
-                delay_s = 0.2
-            await asyncio.sleep(delay_s)
-            delay_s = min(2.0, delay_s * 2)
-            if self._draining:
-                return outcome
+        try:
+            while True:
+                try:
+                    outcome = await self._session(index, front)
+                except ssl.SSLCertVerificationError as exc:  # retrying cannot fix it: the operator must
+                    log.error("worker %s: %s", self.worker_id, untrusted(front, exc))
+                    outcome = "refused"
+                except (OSError, p.ConnectionClosed) as exc:
+                    outcome = "lost"
+                    log.warning("worker %s: cannot reach the front end at %s: %s", self.worker_id, front, exc)
+                if outcome in ("drained", "refused", "load_failed") or not reconnect or self.draining:
+                    return outcome
+                if left.is_set() or orphaned(self.worker_id):  # no front end comes back: let go of the device
+                    return "left" if left.is_set() else outcome
+                delay_s = 0.2 if outcome == "served" else delay_s
+                with contextlib.suppress(TimeoutError):  # the next try, unless it is left meanwhile
+                    async with asyncio.timeout(delay_s):
+                        await left.wait()
+                delay_s = min(2.0, delay_s * 2)
+                if self.draining or left.is_set():
+                    return "left" if left.is_set() else outcome
+        finally:
+            del self._left[index]
 
-    async def _session(self, index: int, address: str) -> str:
+    def leave(self, index: int) -> None:
+        """Its front end is no longer named (worker/discovery.py): drain from it alone. It sends no more
+        work and answers Drain; the link ends ("left") once what it sent is back; the others go on."""
+        if index in self._left:
+            self._left[index].set()
+        link = self.links.get(index)
+        if link is not None and not link.leaving:
+            log.info("worker %s leaving the front end at %s", self.worker_id, link.address)
+            link.leaving = True
+            if not link.answered_drain:
+                link.send(p.Drain())
+
+    def cut_unanswered(self, index: int) -> None:
+        link = self.links.get(index)
+        if link is not None and link.leaving and not link.answered_drain:
+            link.cut_off(f"it was left and has not answered Drain within {DRAIN_ANSWER_TIMEOUT_S:g} s")
+
+    async def _session(self, index: int, front: FrontEnd) -> str:
         """One connection: register, (re)load if needed, then receive until it ends; then close it."""
         link: FrontLink | None = None
+        address = str(front)
         try:
             async with asyncio.timeout(JOIN_TIMEOUT_S):  # TimeoutError is an OSError: the attempt is "lost"
-                reader, writer = await p.open_connection(address, self.tls)
+                reader, writer = await p.open_connection(front.address, self.tls, front.server_hostname)
                 lifeline = index == 0 and not self.reconnect  # its going ends this (local) worker: never cut
                 link = FrontLink.joined(index, address, writer, self.stuck_after_s, lifeline)
-                link.send(
-                    p.Hello(
-                        worker_id=self.worker_id,
-                        model=self.model_name,
-                        pid=os.getpid(),
-                        host=socket.gethostname(),
-                        token=self.token,
-                        version=self.model_version,
-                        credits=True,
-                    )
-                )
+                host = socket.gethostname()
+                link.send(p.Hello(self.worker_id, self.model_name, os.getpid(), host, self.token,
+                                  version=self.model_version, credits=True, zone=self.zone))
                 welcome = await p.read_message(reader)
-            refusal = self._refusal(welcome)
+            refusal = refused(self.ledger, welcome)
             if refusal:
                 log.error("worker %s and the front end at %s: %s", self.worker_id, address, refusal)
                 return "refused"
@@ -182,7 +200,7 @@ class Worker:
             if side is not None:
                 self.side = self.side or side(self.worker_id)  # one for every front end
                 return await self.side.serve(index, reader, writer, raw_config["version"], welcome.heartbeat_s)
-            if self._draining:  # stopping: no model to load for it
+            if self.draining:  # stopping: no model to load for it
                 return "drained"
             if not await self.device.ensure_loaded(link, welcome):
                 return "load_failed"
@@ -192,21 +210,12 @@ class Worker:
             if link is not None:
                 link.close()
 
-    def _refusal(self, welcome: p.Message) -> str:
-        if not isinstance(welcome, p.Welcome) or not welcome.accepted:
-            return f"refused: {getattr(welcome, 'reason', 'unexpected reply')}"
-        if not self.ledger.accepts(welcome.credits):
-            return (
-                "a front end of an older inferd takes no batch credits, so it cannot share a worker with "
-                "other front ends; upgrade it, or give it workers of its own"
-            )
-        return ""
-
     async def _serve(self, link: FrontLink, reader: asyncio.StreamReader, welcome: p.Welcome) -> str:
         link.credits = welcome.credits
         self.ledger.join(link.index, legacy=not welcome.credits)
         self.links[link.index] = link
-        if self._draining:  # it joined while the worker drains: it takes no work either
+        link.leaving = link.index in self._left and self._left[link.index].is_set()
+        if self.draining or link.leaving:  # it joined while the worker drains, or was left: no work
             link.send(p.Drain())
         self._grant()
         outcome = "lost"
@@ -217,7 +226,7 @@ class Worker:
                 finished = tg.create_task(self._finished.wait())
                 ends = {receiving, finished, heartbeat}  # the heartbeat returns when it cut the link off
                 await asyncio.wait(ends, return_when=asyncio.FIRST_COMPLETED)
-                outcome = next((t.result() for t in (receiving, heartbeat) if t.done()), "drained")
+                outcome = next((t.result() for t in (receiving, heartbeat) if t.done()), "drained")  # or "left"
                 if outcome == "drained":  # deliver what the device holds first
                     await self._finished.wait()
                 for task in (heartbeat, receiving, finished):
@@ -247,6 +256,7 @@ class Worker:
                 log.info("worker %s: the front end at %s closed the connection", self.worker_id, link.address)
                 return "lost"
             if isinstance(msg, p.RunBatch):
+                link.took()
                 take_batch(self.ledger, link, len(msg.items))
                 self._grant()
                 await self._batches.put((link, msg))
@@ -255,10 +265,14 @@ class Worker:
                 self._grant()
             elif isinstance(msg, p.Drain):  # asked to, or the answer to ours: it sends no more work
                 link.answered_drain = True
-                self.drain()
                 self._answered.set()
-                if self._engine is None:
-                    return "drained"  # reading on for an engine: aborts of the sequences it finishes
+                if not link.leaving:  # the worker drains (a left front end's answer ends its link only)
+                    self.drain()
+                if self._engine is None:  # reading on for an engine: aborts of the sequences it finishes
+                    if not link.leaving:
+                        return "drained"
+                    await link.none_held()  # it sends no more: what it sent goes back first
+                    return "left"
             elif isinstance(msg, (p.AddSequence, p.AbortSequence)) and self._engine is not None:
                 self._engine.submit(self.owners.inbound(link, msg))
 
@@ -269,16 +283,16 @@ class Worker:
         once)."""
         if self.side is not None:
             return False
-        if not self._draining:
+        if not self.draining:
             log.info("worker %s draining", self.worker_id)
-        self._draining = True
-        self._drain_asked.set()
+        self.draining = True
+        self.drain_asked.set()
         return True
 
     async def _drain(self) -> None:
         """Once asked: tell every front end, wait (bounded) until each has answered Drain or gone, then
         let the device finish what it holds (as a front end's Drain does for that one front end)."""
-        await self._drain_asked.wait()
+        await self.drain_asked.wait()
         for link in self.links.values():
             if not link.answered_drain:
                 link.send(p.Drain())
@@ -291,7 +305,7 @@ class Worker:
 
     def _grant(self) -> None:
         """Hand out free batch slots, and tell front ends holding slots when the worker's state changed."""
-        if self._draining or self._engine is not None:  # an LLM engine batches continuously: no slots
+        if self.draining or self._engine is not None:  # an LLM engine batches continuously: no slots
             return
         tell_credits(self.ledger, self.links)
 
@@ -321,6 +335,7 @@ class Worker:
                     link.send(done)  # not awaited: credits bound what waits for a front end (worker/stuck.py)
                 self.ledger.finished()
                 self._grant()
+            link.answered()
 
     def _stop_device(self, finish: bool) -> None:
         """Drained: finish what the device holds. Lost: drop what has not started."""
@@ -340,24 +355,18 @@ class Worker:
         while True:
             await asyncio.sleep(interval_s)
             self._grant()  # a slot held too long without use (credits.STALE_HOLD_S) frees the others
-            link.send(
-                p.Heartbeat(
-                    running=self.device.running,
-                    completed_batches=self.device.completed,
-                    high_water=self.ledger.high_water,
-                )
-            )
+            device = self.device
+            link.send(p.Heartbeat(device.running, device.completed, high_water=self.ledger.high_water))
             if link.cut_off_if_stuck(self.ledger.clock.now()):
                 return "lost"
+            if link.leaving and link.answered_drain and not self.owners.holds(link.index):
+                return "left"  # an engine's: its last sequences there have finished
 
 
 def main(argv: list[str] | None = None) -> int:
     args = arguments().parse_args(argv)
     observe = from_environment(
-        os.environ,
-        log_format=args.log_format,
-        trace_endpoint=args.trace_endpoint,
-        service_name=args.service_name,
+        os.environ, log_format=args.log_format, trace_endpoint=args.trace_endpoint, service_name=args.service_name
     )
     set_up_process(observe, args.log_level, "worker", [args.token])
     try:
@@ -366,15 +375,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     worker = Worker(
-        args.connect,
-        args.model,
-        args.token,
-        args.worker_id or uuid.uuid4().hex[:8],
-        reconnect=args.reconnect,
-        model_repo=args.model_repo,
-        model_version=args.model_version,
-        tls_context=tls_context,
-        stuck_after_s=args.stuck_after_s,
+        args.connect, args.model, args.token, args.worker_id or uuid.uuid4().hex[:8], args.reconnect,
+        args.model_repo, args.model_version, tls_context, args.stuck_after_s, args.zone,
+        Resolver(args.hosts_file, args.resolve_every_s),
     )
     try:
         import uvloop
