@@ -133,6 +133,25 @@ def test_front_end_probes_health_routes_and_drains_on_stop(overlay: str) -> None
     assert deployment["spec"]["template"]["spec"]["securityContext"]["runAsNonRoot"] is True
 
 
+def arg(c: dict[str, Any], flag: str) -> str:
+    """The value of `--flag=VALUE` in a container's args."""
+    (value,) = [a.removeprefix(f"{flag}=") for a in c["args"] if a.startswith(f"{flag}=")]
+    return value
+
+
+def secret_env(c: dict[str, Any]) -> dict[str, tuple[str, str]]:
+    """A container's variables from Secrets: name -> (Secret, key)."""
+    return {
+        e["name"]: (e["valueFrom"]["secretKeyRef"]["name"], e["valueFrom"]["secretKeyRef"]["key"])
+        for e in c.get("env", [])
+        if "secretKeyRef" in e.get("valueFrom", {})
+    }
+
+
+def selects(selector: dict[str, str], pod_owner: dict[str, Any]) -> bool:
+    return selector.items() <= pod_owner["spec"]["template"]["metadata"]["labels"].items()
+
+
 def test_gpu_workers_hold_a_gpu_and_join_with_secrets_over_tls() -> None:
     docs = render("overlays/gpu")
     router, worker = (
@@ -143,15 +162,144 @@ def test_gpu_workers_hold_a_gpu_and_join_with_secrets_over_tls() -> None:
     env = {e["name"]: e for e in worker["env"]}
     assert env["INFERD_JOIN_TOKEN"]["valueFrom"]["secretKeyRef"]["name"] == "inferd-join-token"
     assert {e["name"] for e in router["env"]} >= {"INFERD_JOIN_TOKEN", "INFERD_ADMIN_TOKEN"}
-    connect = next(a for a in worker["args"] if a.startswith("--connect="))
-    host, port = connect.removeprefix("--connect=").split(":")
-    assert find(docs, "Service", host)["spec"]["ports"][0]["port"] == int(port)
     assert any(a.startswith("--ca-file=") for a in worker["args"])
     assert any(a.startswith("--worker-ssl-certfile=") for a in router["args"])
     assert "--insecure" not in router["args"] + worker["args"]
     # SIGTERM drains the worker itself (docs/deploy.md, Shutdown): no preStop hook, no admin token
     assert "lifecycle" not in worker
     assert "INFERD_ADMIN_TOKEN" not in env
+
+
+def test_gpu_routers_are_many_share_one_store_and_have_an_hpa_and_a_budget() -> None:
+    """N routers form one server (docs/deploy.md, "N routers"): the same --store, the Redis that the
+    overlay ships, its password from one Secret on both sides, an id of each pod's own, an HPA that never
+    goes under 2 and a budget that leaves all but one up."""
+    docs = render("overlays/gpu")
+    deployment = find(docs, "Deployment", "inferd")
+    router = container(deployment)
+    assert deployment["spec"]["replicas"] >= 2
+    assert deployment["spec"]["strategy"]["type"] == "RollingUpdate"
+    store = re.fullmatch(r"redis://([a-z0-9-]+):(\d+)/(\d+)", arg(router, "--store"))
+    assert store, arg(router, "--store")  # host, port and database: no password in the URL
+    redis_service = find(docs, "Service", store[1])
+    assert redis_service["spec"]["ports"][0]["port"] == int(store[2])
+    redis_deployment = next(
+        d for d in docs if d["kind"] == "Deployment" and selects(redis_service["spec"]["selector"], d)
+    )
+    assert redis_deployment["spec"]["replicas"] == 1
+    redis = container(redis_deployment)
+    assert redis["image"].startswith("redis:7") and redis["command"] == ["redis-server"]
+    password = secret_env(router)["INFERD_STORE_PASSWORD"]
+    assert secret_env(redis)["INFERD_STORE_PASSWORD"] == password
+    assert redis["args"][redis["args"].index("--requirepass") + 1] == "$(INFERD_STORE_PASSWORD)"
+    # the front end id: the pod's address and its HTTP port, unique among live routers
+    host, _, port = arg(router, "--frontend-id").rpartition(":")
+    assert port == arg(router, "--port")
+    env = {e["name"]: e for e in router["env"]}
+    assert host == "$(POD_IP)" and env["POD_IP"]["valueFrom"]["fieldRef"]["fieldPath"] == "status.podIP"
+    spread = deployment["spec"]["template"]["spec"]["topologySpreadConstraints"]
+    assert "kubernetes.io/hostname" in {s["topologyKey"] for s in spread}
+    for s in spread:
+        assert selects(s["labelSelector"]["matchLabels"], deployment)
+
+    hpa = find(docs, "HorizontalPodAutoscaler", "inferd")
+    assert hpa["spec"]["scaleTargetRef"] == {"apiVersion": "apps/v1", "kind": "Deployment", "name": "inferd"}
+    assert 2 <= hpa["spec"]["minReplicas"] <= deployment["spec"]["replicas"] <= hpa["spec"]["maxReplicas"]
+    if any(m["type"] == "Resource" for m in hpa["spec"]["metrics"]):
+        assert router["resources"]["requests"]["cpu"]  # Utilization is a share of the request
+    (budget,) = [
+        d for d in docs
+        if d["kind"] == "PodDisruptionBudget" and selects(d["spec"]["selector"]["matchLabels"], deployment)
+    ]
+    if "maxUnavailable" in budget["spec"]:
+        assert budget["spec"]["maxUnavailable"] == 1
+    else:
+        assert budget["spec"]["minAvailable"] == hpa["spec"]["minReplicas"] - 1
+
+
+def test_gpu_workers_find_every_router_through_a_headless_service() -> None:
+    """`--connect dns:NAME:PORT` names a headless Service of this namespace that lists every router,
+    ready or not (a router is ready only once workers joined it), on the routers' worker port."""
+    docs = render("overlays/gpu")
+    deployment = find(docs, "Deployment", "inferd")
+    router, worker = container(deployment), container(find(docs, "Deployment", "inferd-worker"))
+    target = arg(worker, "--connect")
+    assert target.startswith("dns:") and "," not in target
+    name, _, port = target.removeprefix("dns:").rpartition(":")
+    service_name, namespace, *domain = name.split(".")
+    assert domain[:1] == ["svc"]
+    service = find(docs, "Service", service_name)
+    assert service["metadata"]["namespace"] == namespace
+    assert service["spec"]["clusterIP"] == "None"
+    assert service["spec"]["publishNotReadyAddresses"] is True
+    assert selects(service["spec"]["selector"], deployment)
+    assert not selects(service["spec"]["selector"], find(docs, "Deployment", "inferd-worker"))
+    (service_port,) = service["spec"]["ports"]
+    assert service_port["port"] == int(port) == int(arg(router, "--worker-port"))
+    named = {p["name"]: p["containerPort"] for p in router["ports"]}
+    assert named[service_port["targetPort"]] == int(port)
+    # nothing joins the single address of the one-router overlay any more
+    assert not [d for d in docs if d["kind"] == "Service" and d["metadata"]["name"] == "inferd-workers"]
+
+
+ZONE_NAME = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")  # inferd's rule (--zone)
+
+
+def test_gpu_worker_zone_is_its_group_label_and_where_it_is_scheduled() -> None:
+    """Each worker group says its zone once, as the pod label `inferd/zone`: `--zone` reads it through the
+    downward API, and the node affinity keeps the group's pods on nodes of that zone."""
+    docs = render("overlays/gpu")
+    workers = [d for d in docs if d["kind"] == "Deployment" and "--zone=$(ZONE)" in container(d)["args"]]
+    assert [d["metadata"]["name"] for d in workers] == ["inferd-worker"]
+    for deployment in workers:
+        labels = deployment["spec"]["template"]["metadata"]["labels"]
+        zone = labels["inferd/zone"]
+        assert ZONE_NAME.match(zone), zone
+        assert deployment["spec"]["selector"]["matchLabels"]["inferd/zone"] == zone
+        env = {e["name"]: e for e in container(deployment)["env"]}
+        assert env["ZONE"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.labels['inferd/zone']"
+        affinity = deployment["spec"]["template"]["spec"]["affinity"]["nodeAffinity"]
+        (term,) = affinity["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+        (expression,) = term["matchExpressions"]
+        assert expression == {"key": "topology.kubernetes.io/zone", "operator": "In", "values": [zone]}
+
+
+def containers_of(node: Any) -> list[dict[str, Any]]:
+    """Every container (init containers too) in a rendered object, wherever its pod templates are."""
+    if isinstance(node, list):
+        return [c for item in node for c in containers_of(item)]
+    if not isinstance(node, dict):
+        return []
+    own = [*node.get("containers", []), *node.get("initContainers", [])]
+    return own + [c for v in node.values() for c in containers_of(v)]
+
+
+@pytest.mark.parametrize("overlay", RENDERED)
+def test_every_variable_an_argument_names_is_defined(overlay: str) -> None:
+    """Kubernetes expands $(VAR) in command and args only when the container defines VAR; otherwise the
+    program gets the text `$(VAR)` itself (a front end id, a zone or a password of that text)."""
+    for c in containers_of(list(render(overlay))):
+        defined = {e["name"] for e in c.get("env", [])}
+        for a in [*c.get("command", []), *c.get("args", [])]:
+            for name in re.findall(r"\$\(([A-Za-z_][A-Za-z0-9_]*)\)", a):
+                assert name in defined, f"{overlay}: container {c['name']}: {a} names undefined {name}"
+
+
+@pytest.mark.parametrize(
+    ("kind", "name", "mutate"),
+    [
+        ("Service", "inferd-router-workers", lambda d: d["spec"].update(publishNotReadyAddress=True)),
+        ("Service", "inferd-router-workers", lambda d: d["spec"].update(publishNotReadyAddresses="yes")),
+        ("PodDisruptionBudget", "inferd", lambda d: d["spec"].update(maxUnavailable=[1])),
+        ("HorizontalPodAutoscaler", "inferd", lambda d: d["spec"]["metrics"][0]["resource"].pop("target")),
+        ("Deployment", "inferd", lambda d: d["spec"]["template"]["spec"].update(topologySpread=[])),
+    ],
+)
+def test_validation_rejects_a_broken_gpu_object(kind: str, name: str, mutate: Any) -> None:
+    doc = copy.deepcopy(find(render("overlays/gpu"), kind, name))
+    mutate(doc)
+    with pytest.raises(jsonschema.ValidationError):
+        validate(doc)
 
 
 def lifecycle_hooks(node: Any) -> list[Any]:
@@ -177,17 +325,25 @@ def cli_options(command: str) -> set[str]:
     return {opt for p in click_app.commands[command].params for opt in p.opts}  # type: ignore[attr-defined]
 
 
+def runs_inferd(c: dict[str, Any]) -> bool:
+    """The container runs the inferd image's entrypoint (`inferd`), not another program (Redis)."""
+    return "command" not in c and c["image"].rpartition("/")[2].split(":")[0] == "inferd"
+
+
 @pytest.mark.parametrize("overlay", ["overlays/cpu-demo", "overlays/gpu", "ray"])
 def test_manifest_arguments_are_real_cli_flags(overlay: str) -> None:
+    checked = 0
     for doc in render(overlay):
-        if doc["kind"] != "Deployment":
+        if doc["kind"] != "Deployment" or not runs_inferd(container(doc)):
             continue
+        checked += 1
         args = container(doc)["args"]
         flags = {a.split("=")[0] for a in args[1:] if a.startswith("--")}
         unknown = flags - cli_options(args[0])
         assert not unknown, (
             f"{overlay} {doc['metadata']['name']}: `inferd {args[0]}` has no {sorted(unknown)}"
         )
+    assert checked
 
 
 def inferd_metric_names() -> set[str]:
@@ -213,6 +369,9 @@ def test_autoscalers_use_metrics_inferd_exports_and_the_adapter_serves(overlay: 
     assert hpas
     for hpa in hpas:
         for metric in hpa["spec"]["metrics"]:
+            if metric["type"] == "Resource":  # metrics-server's, of the pod's requests
+                assert metric["resource"]["name"] in ("cpu", "memory")
+                continue
             name = metric[metric["type"].lower()]["metric"]["name"]
             assert name in inferd_metric_names()
             assert name in served[metric["type"]]
