@@ -64,6 +64,21 @@ def test_several_front_ends_share_the_devices_unless_told_otherwise() -> None:
     assert alone.shared is None and len(alone.frontends[0].devices) == 2
 
 
+def test_the_shared_device_runs_the_workers_own_credit_code() -> None:
+    """One policy code, two drivers: the device grants with the worker's CreditLedger through the worker's
+    own tell_credits and take_batch (worker/fronts.py), over links that are the worker's FrontLinks."""
+    from inferd.fleetsim import batch_devices
+    from inferd.worker import fronts
+    from inferd.worker.credits import CreditLedger
+
+    assert batch_devices.tell_credits is fronts.tell_credits and batch_devices.take_batch is fronts.take_batch
+    fleet, _ = run(spec(300, devices=1, frontends=3, duration=2.0))
+    (device,) = devices_of(fleet)
+    assert type(device.ledger) is CreditLedger and sorted(device.ledger.fronts()) == [0, 1, 2]
+    assert all(isinstance(link, fronts.FrontLink) for link in device.links.values())
+    assert device.ledger.statistics().granted > 0
+
+
 def test_every_request_is_answered_exactly_once() -> None:
     s = spec(1500)  # about 75% of the 4 devices' capacity (500 req/s each at full batches)
     fleet, report = run(s)
