@@ -1,6 +1,6 @@
-"""Front ends: does splitting the arrivals over two front-end processes shrink the batches?
+"""Front ends: does splitting the arrivals over several front-end processes shrink the batches?
 
-Starts `inferd serve --frontends N` itself for N = 1 and N = 2, with only `sim` (base_ms = 20,
+Starts `inferd serve --frontends N` itself for each N of --frontends (1 and 2), with only `sim` (base_ms = 20,
 per_item_ms = 0.2, max_batch_size = 64) on --workers workers (2), and offers the same open-loop load to
 each (`inferd bench --rate R`, new connections spread over the front ends by SO_REUSEPORT). Reads the
 mean batch size from the server's /metrics (`inferd_batch_size`, summed over the `frontend` label)
@@ -8,11 +8,11 @@ before and after the measured window, so only its batches count, and the CPU eac
 spent per request sent over the whole load (warmup included), from /proc: the front ends, the workers and the parent
 that supervises the front ends (with --frontends 1 the front end is the parent).
 
-The claim: at the same load, the mean batch size with 2 front ends stays >= 80% of one front end's
-(each worker grants its staged slot to the front end whose oldest item has waited longest, so each
-front end's batch carries what arrived while the other's ran).
+The claim: at the same load, the mean batch size with several front ends stays >= 80% of one front
+end's (each worker grants its staged slot to the front end whose oldest item has waited longest, so each
+front end's batch carries what arrived while the others' ran).
 
-    python benchmarks/frontends.py [--rate 1500] [--duration 10] [--warmup 2]
+    python benchmarks/frontends.py [--rate 1500] [--duration 10] [--warmup 2] [--frontends 1,2]
 
 Exits 1 when an answer was misrouted or duplicated, 2 when a server could not be started.
 """
@@ -120,12 +120,13 @@ def main() -> int:
     parser.add_argument("--duration", type=float, default=10.0, help="seconds of each measured window")
     parser.add_argument("--warmup", type=float, default=2.0, help="seconds of load before it")
     parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--frontends", default="1,2", help="front ends of each run; the first is the base")
     parser.add_argument("--json-out", type=Path, default=OUT_DIR / "frontends.json")
     args = parser.parse_args()
     interrupt_on(signal.SIGTERM)
     log_path = args.json_out.with_name("frontends_server.log")
     runs = []
-    for n in (1, 2):
+    for n in (int(x) for x in args.frontends.split(",")):
         try:
             runs.append(run(n, args, log_path))
         except ServerNotReady as exc:
@@ -144,10 +145,14 @@ def main() -> int:
             f"{r['batches']:,.0f} | {cell(r['mean_batch_size'], 1)} | {cell(us.get('front end'), 0)} | "
             f"{cell(us.get('worker'), 0)} | {cell(us.get('parent'), 0)} |"
         )
-    one, two = runs[0]["mean_batch_size"], runs[1]["mean_batch_size"]
-    ratio = two / one if one and two else None
-    print(f"\nmean batch size, 2 front ends / 1: {cell(ratio, 2)} (claim: >= 0.80)")
-    write_json(args.json_out, {"runs": runs, "ratio": ratio, "args": vars(args) | {"json_out": ""}})
+    base = runs[0]
+    ratios = {}
+    for r in runs[1:]:
+        one, more = base["mean_batch_size"], r["mean_batch_size"]
+        ratios[r["frontends"]] = ratio = more / one if one and more else None
+        print(f"\nmean batch size, {r['frontends']} front ends / {base['frontends']}: {cell(ratio, 2)} (claim: >= 0.80)")
+    ratio = next(iter(ratios.values()), None)
+    write_json(args.json_out, {"runs": runs, "ratio": ratio, "ratios": ratios, "args": vars(args) | {"json_out": ""}})
     return 1 if any(r["mismatched"] for r in runs) else 0
 
 

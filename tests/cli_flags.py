@@ -1,5 +1,6 @@
-"""`inferd fleet-sim ... --shared-devices` run in-process with the simulation spied on: the flag must reach
-the simulated fleet's spec (the JSON's "shared_devices" only echoes it)."""
+"""`inferd fleet-sim ... --shared-devices/--partitioned-devices` run in-process with the simulation spied
+on: the flag must reach the simulated fleet's spec (the JSON's "shared_devices" only echoes it), and
+without either flag several front ends share the devices."""
 
 from __future__ import annotations
 
@@ -18,7 +19,8 @@ from inferd.cli.main import app
 def shared_devices_reach_the_fleet(
     monkeypatch: pytest.MonkeyPatch, module: ModuleType, name: str, args: list[str]
 ) -> None:
-    """Runs `args` with and without --shared-devices, `module.name` (the command's simulate) spied on."""
+    """Runs `args` (several front ends) with --shared-devices, --partitioned-devices and neither,
+    `module.name` (the command's simulate) spied on."""
     simulate: Callable[[Any], Any] = getattr(module, name)
     simulated: list[bool] = []
 
@@ -30,11 +32,11 @@ def shared_devices_reach_the_fleet(
     inferd_log = logging.getLogger("inferd")
     level = inferd_log.level  # a command may quiet inferd's loggers, as a process of its own may
     try:
-        for flag in (["--shared-devices"], []):
+        for flag, shared in ((["--shared-devices"], True), (["--partitioned-devices"], False), ([], True)):
             sim = CliRunner().invoke(app, [*args, "--warmup", "1", *flag, "--json"])
             assert sim.exit_code == 0, sim.output
             out = json.loads(sim.output)
-            assert out["shared_devices"] is bool(flag) and out["ok"] == out["requests"] > 0
+            assert out["shared_devices"] is shared and out["ok"] == out["requests"] > 0
     finally:
         inferd_log.setLevel(level)  # not for the tests after this one
-    assert simulated == [True, False]
+    assert simulated == [True, False, True]

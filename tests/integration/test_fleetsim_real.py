@@ -1,5 +1,6 @@
 """The simulator against the real thing on this machine: `inferd fleet-sim validate --quick` passes
-(throughput within 5%, p99 within 20% at 50% and 80% load, for 1 and 2 workers), and changing one policy
+(throughput within 5%, p99 within 20% at 50% and 80% load, for 1 and 2 workers), the full validation's
+case of 2 workers shared by 3 front ends passes at 80% load (a shorter run), and changing one policy
 parameter (the batch policy's max wait) moves the simulation and a real server the same way."""
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from inferd.bench.load_spec import LoadSpec
 from inferd.bench.loadgen import run_load_blocking
 from inferd.bench.open_loop import arrival_offsets
 from inferd.fleetsim.batch_fleet import FleetSpec, simulate
-from inferd.fleetsim.validate import Case, calibrate, real_server
+from inferd.fleetsim.validate import FULL, Case, calibrate, real_server, run_case
 
 pytestmark = pytest.mark.slow
 
@@ -39,6 +40,15 @@ def test_fleet_sim_validate_quick_passes() -> None:
         timeout=600,
     )
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_three_front_ends_sharing_two_workers_match_the_simulation(tmp_path: Path) -> None:
+    """`inferd serve --frontends 3 --workers 2` (every worker joined to every front end, granting
+    credits) against the simulator's devices shared by 3 front ends under the worker's credit ledger."""
+    (case,) = [c for c in FULL if c.frontends == 3]
+    (result,) = run_case(replace(case, loads=(0.8,)), duration_s=6.0, warmup_s=1.0, log_dir=tmp_path)
+    assert result.ok, result
+    assert result.real_batch is not None and result.sim_batch > 0
 
 
 def test_a_longer_max_wait_grows_batches_and_latency_in_simulation_and_for_real(tmp_path: Path) -> None:

@@ -57,10 +57,10 @@ def test_killed_devices_come_back_and_no_accepted_request_is_left_unanswered() -
 
 
 def test_a_killed_share_is_spread_over_the_front_ends() -> None:
-    """Half of 4 devices behind 2 front ends: one of each front end's 2, never all of one front end's
-    (its requests would all fail, which is losing a front end, not a share of the devices)."""
+    """Half of 4 devices split between 2 front ends: one of each front end's 2, never all of one front
+    end's (its requests would all fail, which is losing a front end, not a share of the devices)."""
     kill = [Failure("kill", 5.0, fraction=0.5)]
-    report = simulate(spec(300, devices=4, frontends=2, failures=kill, restart_s=60.0))
+    report = simulate(spec(300, devices=4, frontends=2, failures=kill, restart_s=60.0, shared_devices=False))
     assert report.timeouts == 0
     assert report.ok > 0.95 * report.requests, report  # both front ends keep a device: ~nothing fails
 
@@ -68,7 +68,8 @@ def test_a_killed_share_is_spread_over_the_front_ends() -> None:
 def test_a_lost_front_end_fails_only_what_it_held() -> None:
     times = arrival_times(ArrivalSpec("poisson", 400, seed=3), 20.0)
     lose = Failure("lose_frontend", 10.0, index=0)
-    report = simulate(FleetSpec(sim_config(), DEVICE, 4, times, frontends=2, warmup_s=2.0, failures=[lose]))
+    split = FleetSpec(sim_config(), DEVICE, 4, times, frontends=2, warmup_s=2.0, failures=[lose], shared_devices=False)
+    report = simulate(split)  # (shared devices: tests/unit/test_fleetsim_shared.py)
     assert 0 < report.failed < 0.05 * report.requests
     assert report.timeouts == 0
     assert report.ok + report.failed + report.rejected == report.requests

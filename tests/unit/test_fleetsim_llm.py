@@ -373,8 +373,9 @@ def test_the_same_load_finishes_on_shared_and_on_partitioned_devices() -> None:
         assert sum(d.scheduler.statistics().finished for d in fleet.devices) == s.arrivals.size, shared
 
 
-def test_fleet_sim_llm_shares_devices_on_request(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The flag reaches the simulated fleet (the JSON's "shared_devices" only echoes it)."""
+def test_fleet_sim_llm_shares_devices_unless_partitioned(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The flag reaches the simulated fleet (the JSON's "shared_devices" only echoes it); shared by
+    default."""
     from inferd.cli import fleet_sim_llm
 
     shared_devices_reach_the_fleet(

@@ -1,8 +1,10 @@
-"""The batch fleet simulator with devices shared by every front end (FleetSpec.shared_devices): every
-request answered once; each device holds at most 1 running + 1 staged batch in total across the front
-ends, because it runs the worker's own credit ledger (without credits the same fleet holds more); every
-device serves every front end; a killed device is lost to all of them, a lost front end only closes its
-links; `inferd fleet-sim run --shared-devices` reaches the spec."""
+"""The batch fleet simulator with devices shared by every front end (FleetSpec.shared_devices, the default
+with several front ends): every request answered once; each device holds at most 1 running + 1 staged
+batch in total across the front ends, because it runs the worker's own credit ledger (without credits the
+same fleet holds more); every device serves every front end; a killed device is lost to all of them, a
+lost front end only closes its links; batches keep their size when the same load is split over 3 front
+ends; routed throughput scales with the front ends (and their devices); `inferd fleet-sim run
+--shared-devices/--partitioned-devices` reaches the spec."""
 
 from __future__ import annotations
 
@@ -30,9 +32,7 @@ DEVICE = BatchProfile("test", base_s=0.1, per_item_s=0.001, overhead_s=0.001, so
 
 def spec(rate: float, devices: int = 4, frontends: int = 3, duration: float = 10.0, **kw) -> FleetSpec:  # type: ignore[no-untyped-def]
     times = arrival_times(ArrivalSpec("poisson", rate, seed=3), duration)
-    return FleetSpec(
-        sim_config(), DEVICE, devices, times, frontends, warmup_s=1.0, seed=1, shared_devices=True, **kw
-    )
+    return FleetSpec(sim_config(), DEVICE, devices, times, frontends, warmup_s=1.0, seed=1, **kw)
 
 
 def run(s: FleetSpec, without_credits: bool = False) -> tuple[BatchFleet, SimReport]:
@@ -50,6 +50,33 @@ def run(s: FleetSpec, without_credits: bool = False) -> tuple[BatchFleet, SimRep
 def devices_of(fleet: BatchFleet) -> list[SharedBatchDevice]:
     assert fleet.shared is not None
     return fleet.shared
+
+
+def test_several_front_ends_share_the_devices_unless_told_otherwise() -> None:
+    fleet, _ = run(spec(500, devices=2, frontends=3, duration=2.0))
+    assert len(devices_of(fleet)) == 2
+    for fe in fleet.frontends:  # each front end has a credited connection to every device
+        assert [link.device for link in fe.devices] == devices_of(fleet)
+        assert all(link.conn.credits is not None for link in fe.devices)
+    split, _ = run(spec(500, devices=2, frontends=2, duration=2.0, shared_devices=False))
+    assert split.shared is None and [len(fe.devices) for fe in split.frontends] == [1, 1]
+    alone, _ = run(spec(500, devices=2, frontends=1, duration=2.0))  # one front end: its own devices
+    assert alone.shared is None and len(alone.frontends[0].devices) == 2
+
+
+def test_the_shared_device_runs_the_workers_own_credit_code() -> None:
+    """One policy code, two drivers: the device grants with the worker's CreditLedger through the worker's
+    own tell_credits and take_batch (worker/fronts.py), over links that are the worker's FrontLinks."""
+    from inferd.fleetsim import batch_devices
+    from inferd.worker import fronts
+    from inferd.worker.credits import CreditLedger
+
+    assert batch_devices.tell_credits is fronts.tell_credits and batch_devices.take_batch is fronts.take_batch
+    fleet, _ = run(spec(300, devices=1, frontends=3, duration=2.0))
+    (device,) = devices_of(fleet)
+    assert type(device.ledger) is CreditLedger and sorted(device.ledger.fronts()) == [0, 1, 2]
+    assert all(isinstance(link, fronts.FrontLink) for link in device.links.values())
+    assert device.ledger.statistics().granted > 0
 
 
 def test_every_request_is_answered_exactly_once() -> None:
@@ -115,8 +142,34 @@ def test_a_lost_front_end_closes_only_its_links() -> None:
     assert (fleet.outcome[later] == Outcome.OK).all() and np.isin(fleet.owner[later], [0, 2]).all()
 
 
-def test_fleet_sim_shares_devices_on_request(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The flag reaches the simulated fleet (the JSON's "shared_devices" only echoes it)."""
+def test_batches_keep_their_size_when_the_load_is_split_over_three_front_ends() -> None:
+    """The same arrivals on 2 devices behind 1 and behind 3 front ends: each front end keeps its own queue
+    and batch policy, and sends a batch only against a slot the worker granted it. The mean batch (items
+    per batch) with 3 stays >= 80% of one front end's, and nothing is refused."""
+    for rate in (500, 800):  # 50% and 80% of the 2 devices' capacity at full batches
+        one, alone = run(spec(rate, devices=2, frontends=1))
+        three, shared = run(spec(rate, devices=2, frontends=3))
+        assert alone.ok == shared.ok == alone.requests and alone.rejected == shared.rejected == 0
+        assert shared.mean_batch_size >= 0.8 * alone.mean_batch_size, (rate, alone, shared)
+        assert three.batches <= 1.25 * one.batches  # the same items in about as many batches
+
+
+def test_routed_throughput_scales_with_the_front_ends_and_their_devices() -> None:
+    """1 and 4 front ends, 2 shared devices per front end, the offered load scaled with them (80% of the
+    devices' capacity): 4 front ends answer >= 0.8 x 4 times one's; past the devices' saturation (120%)
+    too, each device at its capacity."""
+    for load in (0.8, 1.2):
+        _, one = run(spec(load * 1000, devices=2, frontends=1, duration=6.0))
+        fleet, four = run(spec(load * 4000, devices=8, frontends=4, duration=6.0))
+        assert four.throughput_rps >= 0.8 * 4 * one.throughput_rps, (load, one, four)
+        assert four.failed == four.timeouts == 0
+        assert all(d.ledger.high_water <= CAP for d in devices_of(fleet))
+    assert one.rejected > 0 and four.rejected > 0  # 120%: the devices saturated, the queues refuse the rest
+
+
+def test_fleet_sim_shares_devices_unless_partitioned(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The flag reaches the simulated fleet (the JSON's "shared_devices" only echoes it); shared by
+    default."""
     from inferd.cli import fleet_sim
 
     shared_devices_reach_the_fleet(
@@ -137,4 +190,4 @@ def test_validation_counts_the_cpu_of_every_front_end_process() -> None:
         for c in children:
             c.kill()
             c.wait()
-    assert any(case.frontends == 2 for case in FULL)  # the full validation has a shared-worker case
+    assert {2, 3} <= {case.frontends for case in FULL}  # the full validation has shared-worker cases

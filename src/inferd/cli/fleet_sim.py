@@ -65,11 +65,12 @@ def run(
     shared_devices: Annotated[
         bool,
         typer.Option(
-            "--shared-devices",
-            help="Every device serves every front end (as `inferd worker --connect a,b,...`, under its "
-            "batch credits); default: each front end has its own share of the devices.",
+            "--shared-devices/--partitioned-devices",
+            help="With several front ends: every device serves every front end, under its batch credits "
+            "(the default: as `inferd serve --frontends N` and `inferd worker --connect a,b,...` run), or "
+            "each front end has its own share of the devices.",
         ),
-    ] = False,
+    ] = True,
     rate: Annotated[float, typer.Option(help="Mean arrival rate, requests/s.")] = 1000.0,
     arrivals: Annotated[str, typer.Option(help="poisson, gamma, diurnal or trace.")] = "poisson",
     cv: Annotated[float, typer.Option(help="gamma: coefficient of variation of the gaps.")] = 1.0,
@@ -131,9 +132,8 @@ def run(
         for k, values in (("kill", kill), ("slow", slow), ("lose-frontend", lose_frontend))
         for raw in values or ()
     ]
-    if autoscale and (frontends != 1 or shared_devices):
-        raise typer.BadParameter("--autoscale simulates one front end with its own devices: drop --frontends "
-                                 "or --shared-devices, or --autoscale")  # fmt: skip
+    if autoscale and frontends != 1:
+        raise typer.BadParameter("--autoscale simulates one front end: drop --frontends or --autoscale")
     scaling = AutoscalerConfig(min_workers=min_devices, max_workers=max_devices) if autoscale else None
     spec = FleetSpec(
         model,
@@ -148,6 +148,7 @@ def run(
         shared_devices=shared_devices,
     )
     spec.tenants = [parse_tenant(raw) for raw in tenant or ()]
+    shared_devices = spec.shares_devices  # one front end has its devices to itself
     started = time.perf_counter()
     report = simulate(spec)
     wall = time.perf_counter() - started

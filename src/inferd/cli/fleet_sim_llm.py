@@ -31,11 +31,12 @@ def run_llm(
     shared_devices: Annotated[
         bool,
         typer.Option(
-            "--shared-devices",
-            help="Every device serves every front end (as `inferd worker --connect a,b,...`); "
-            "default: each front end has its own share of the devices.",
+            "--shared-devices/--partitioned-devices",
+            help="With several front ends: every device serves every front end (the default: as `inferd "
+            "serve --frontends N` and `inferd worker --connect a,b,...` run), or each front end has its "
+            "own share of the devices.",
         ),
-    ] = False,
+    ] = True,
     rate: Annotated[float, typer.Option(help="Mean arrival rate, requests/s.")] = 40.0,
     arrivals: Annotated[str, typer.Option(help="poisson, gamma, diurnal or trace.")] = "poisson",
     cv: Annotated[float, typer.Option(help="gamma: coefficient of variation of the gaps.")] = 1.0,
@@ -67,6 +68,7 @@ def run_llm(
         )
     except (ConfigError, ValueError) as exc:
         raise typer.BadParameter(str(exc)) from None
+    shared_devices = shared_devices and frontends > 1  # one front end has its devices to itself
     fleet = LLMFleetSpec(
         device, devices, times, prompts, outputs, frontends, warmup,
         {"ttft_ms": ttft_slo_ms, "itl_ms": itl_slo_ms}, shared_prefix, seed=seed,

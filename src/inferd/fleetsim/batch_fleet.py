@@ -9,10 +9,12 @@ hedging watchdog and recovery run unchanged. Only the edges are simulated:
   profile's `overhead_s` (HTTP and IPC);
 - the supervisor brings a killed device back after `restart_s`.
 
-Front ends split the arrivals round-robin, as a connection-balancing load balancer would, and each has its
-own share of the devices (a front end that is lost fails what it held; its devices join the others), or,
-with `shared_devices`, every device serves every front end under inferd's own credit ledger, as `inferd
-worker --connect a,b,...` does (batch_devices.py).
+Front ends split the arrivals round-robin, as a connection-balancing load balancer would. Every device
+serves every front end under inferd's own credit ledger (batch_devices.py), as the workers of `inferd
+serve --frontends N` and `inferd worker --connect a,b,...` do: each front end keeps its own queue and
+batch policy and sends a batch only against a slot the worker granted it. With `shared_devices=False`
+each has its own share instead (a front end lost fails what it held; its devices join the others). One
+front end has the devices to itself (a worker serving it alone grants it every free slot unasked).
 `ModelRuntime.enqueue` creates asyncio futures, so `run` is called inside a running event loop
 (`simulate` does that); nothing awaits them and no task runs.
 """
@@ -80,12 +82,17 @@ class FleetSpec:
     restart_s: float = 2.0
     seed: int = 0
     autoscale: AutoscalerConfig | None = None
+    """Drive the server's autoscaler (fleetsim/scaling.py); one front end."""
     tenants: list[SimTenant] = field(default_factory=list)
     """Who sends the arrivals, with their quotas and weights (fleetsim/tenants.py); none: no tenants."""
-    """Drive the server's autoscaler (fleetsim/scaling.py); one front end."""
     dispatch_quantum_s: float = DISPATCH_QUANTUM_S
-    shared_devices: bool = False
-    """Every device serves every front end, under its credit ledger (fleetsim/batch_devices.py)."""
+    shared_devices: bool = True
+    """With several front ends: every device serves every front end, under its credit ledger
+    (fleetsim/batch_devices.py); False: device d is front end d % frontends' alone."""
+
+    @property
+    def shares_devices(self) -> bool:
+        return self.shared_devices and self.frontends > 1
 
 
 class Frontend:
@@ -134,12 +141,12 @@ class BatchFleet:
         self.batched_items = 0
         self.restarts = 0
         self.frontends = [Frontend(self, i) for i in range(spec.frontends)]
-        self.shared: list[SharedBatchDevice] | None = [] if spec.shared_devices else None
+        self.shared: list[SharedBatchDevice] | None = [] if spec.shares_devices else None
         """Every shared device started (killed ones included); None: each front end has its own."""
         for d in range(spec.devices):
             self.start_device(self.frontends[d % spec.frontends], f"{self.model.name}-{d}.0")
-        if spec.autoscale is not None and (spec.frontends != 1 or spec.shared_devices):
-            raise ValueError("the simulated autoscaler runs with one front end and its own devices")
+        if spec.autoscale is not None and spec.frontends != 1:
+            raise ValueError("the simulated autoscaler runs with one front end")
         self.scaling = None if spec.autoscale is None else SimScaling(self, spec.autoscale)
         self.tenants = SimTenants(spec.tenants, n, spec.seed) if spec.tenants else None
 

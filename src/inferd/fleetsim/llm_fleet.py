@@ -12,9 +12,10 @@ runtime's `on_message`. Only the edges are simulated:
 - the front end's CPU is a FIFO server taking `frontend_s` per request; the first token and the end
   of each stream get the profile's `overhead_s` (HTTP, IPC).
 
-Front ends split the arrivals round-robin. Each has its own share of the devices (device d is front end
-d % F's), or, with `shared_devices`, every device serves every front end as `inferd worker --connect
-a,b,...` does (llm_links.py: inferd's own SequenceOwners between the engine and each front end's link).
+Front ends split the arrivals round-robin. Every device serves every front end, as the workers of
+`inferd serve --frontends N` and `inferd worker --connect a,b,...` do (llm_links.py: inferd's own
+SequenceOwners between the engine and each front end's link), or, with `shared_devices=False`, each has
+its own share of the devices (device d is front end d % F's). One front end has the devices to itself.
 A device the hang watchdog kills stays down, for every front end (no failures are injected here).
 
 `LLMRuntime.submit` creates asyncio events in token streams, so `run` is called inside a running event
@@ -76,9 +77,9 @@ class LLMFleetSpec:
     drain_s: float = 60.0
     """Virtual seconds after the last arrival for streams to finish."""
     seed: int = 0
-    shared_devices: bool = False
-    """Every device serves every front end (each front end's placement sees only its own sequences on
-    it); False: device d is front end d % frontends' alone."""
+    shared_devices: bool = True
+    """With several front ends: every device serves every front end (each front end's placement sees
+    only its own sequences on it); False: device d is front end d % frontends' alone."""
 
 
 class _Track:
@@ -142,7 +143,7 @@ class LLMFleet:
 
     def _device(self, d: int) -> DeviceLoop:
         worker_id = f"llm-{d}.0"
-        if self.spec.shared_devices:
+        if self.spec.shared_devices and len(self.frontends) > 1:
             return SharedLLMDevice(self, worker_id, self.frontends, self.live)
         fe = d % len(self.frontends)
         return SimLLMDevice(self, worker_id, self.frontends[fe], self.live[fe])

@@ -2,7 +2,8 @@
 
 For each case (a `sim` device of a given cost, W workers, F front ends):
 1. a real `inferd serve` starts (W local workers; with F > 1, `--frontends F`, every worker joined to
-   every front end, simulated as devices shared by every front end);
+   every front end and granting it batch credits, simulated as devices shared by every front end under
+   the worker's own credit ledger);
 2. a calibration run at 30% of the nominal capacity is measured, and a device profile is fitted from
    it (cost line, overhead, front-end CPU): the profile comes from another run than the ones validated;
 3. for each load (50% and 80% of the fitted capacity), a real open-loop Poisson run (`inferd bench`'s
@@ -84,6 +85,7 @@ FULL = (
     Case("sim 2 workers", 2, 100.0, 1.0),
     Case("sim 4 workers", 4, 100.0, 1.0),
     Case("sim 2 workers, 2 front ends", 2, 100.0, 1.0, frontends=2),
+    Case("sim 2 workers, 3 front ends", 2, 100.0, 1.0, frontends=3),
 )
 QUICK = (Case("sim 1 worker", 1, 100.0, 1.0), Case("sim 2 workers", 2, 100.0, 1.0))
 
@@ -184,8 +186,7 @@ def run_case(case: Case, duration_s: float, warmup_s: float, log_dir: Path) -> l
             arrivals = np.asarray(arrival_offsets(spec), dtype=float)
             sim = simulate(
                 FleetSpec(
-                    case.model(), profile, case.workers, arrivals, case.frontends, warmup_s=warmup_s, seed=7,
-                    shared_devices=case.frontends > 1,
+                    case.model(), profile, case.workers, arrivals, case.frontends, warmup_s=warmup_s, seed=7
                 )
             )  # fmt: skip
             results.append(compare(case, load, spec.rate, real, sim))
