@@ -26,6 +26,7 @@ slots (`to_tell`); else a front end would time it from its own (empty) share and
 
 from __future__ import annotations
 
+import heapq
 from collections import deque
 from collections.abc import Hashable, Mapping
 from dataclasses import dataclass
@@ -181,13 +182,22 @@ class CreditLedger:
         several holding slots, the one granted first is told "idle"; the others, when it has used or
         given back its slot, or has held it STALE_HOLD_S without (its front end ejected the worker, or
         stalled: the worker re-tells its front ends at each heartbeat)."""
+        return self._state(front, self._first_holders())
+
+    def _first_holders(self) -> list[tuple[int, Hashable]]:
+        """The two front ends granted first among those holding slots, not stale: (holds_since, front).
+        Two are enough to answer `_state` for every front end, so telling F front ends costs O(F)."""
         now = self.clock.now()
-        holders = [
-            (d.holds_since, f == front)
-            for f, d in self._fronts.items()
-            if d.outstanding and (f == front or now - d.held_at < STALE_HOLD_S)
+        fresh = [
+            (d.holds_since, f) for f, d in self._fronts.items() if d.outstanding and now - d.held_at < STALE_HOLD_S
         ]
-        idle = self.idle and (not holders or min(holders)[1])
+        return heapq.nsmallest(2, fresh, key=_first)
+
+    def _state(self, front: Hashable, first: list[tuple[int, Hashable]]) -> ToldState:
+        other = next((since for since, f in first if f != front), None)
+        d = self._fronts.get(front)
+        holds = d is not None and d.outstanding > 0
+        idle = self.idle and (other is None or (holds and d is not None and d.holds_since < other))
         return ToldState(idle, self.shared, self.starts, self.idle)
 
     def running_for_s(self) -> float:
@@ -230,10 +240,11 @@ class CreditLedger:
         `told` it, those holding slots, never told, or told another sharing. `told`: each front end that
         takes credits."""
         grants = self.grant()
+        first = self._first_holders()
         out: dict[Hashable, tuple[int, ToldState]] = {}
         for front, last in told.items():
             granted = grants.get(front, 0)
-            state = self.state_for(front)
+            state = self._state(front, first)
             if granted or (
                 last != state and (self.outstanding(front) > 0 or last is None or last.shared != state.shared)
             ):
@@ -249,3 +260,7 @@ class CreditLedger:
             self._granted,
             self._returned,
         )
+
+
+def _first(holder: tuple[int, Hashable]) -> int:
+    return holder[0]
