@@ -58,7 +58,7 @@ class Refusing:
 
     async def until_serving(self, model: str, version: int) -> None:
         assert self.fleet is not None
-        self.updates_seen = self.fleet.updates()  # what the owner saves meanwhile (served_file.py)
+        self.updates_seen = self.fleet.updates()  # what the owner saves meanwhile (cluster/saved.py, cluster/served.py)
         raise Conflict(f"front end(s) [1] do not serve version {version} of {model!r}")
 
     async def until_moved(self, model: str, old: int, new: int) -> None:

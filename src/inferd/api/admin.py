@@ -19,10 +19,10 @@ from typing import Any
 from aiohttp import web
 
 from inferd.api.admin_gateway import GatewayView, cache_page, tenants_page
-from inferd.api.errors import status_of
+from inferd.api.errors import error_headers, status_of
 from inferd.clock import Clock
 from inferd.config import ConfigError
-from inferd.errors import BadRequest, Conflict, NotFound
+from inferd.errors import BadRequest, ClusterUnavailable, Conflict, NotFound
 from inferd.fleet.control import FleetControl
 from inferd.fleet.scaling import ScalingLoop
 from inferd.routing.retry import RetryBudget
@@ -117,6 +117,9 @@ class AdminApi:
             return await handler(request)
         except (NotFound, BadRequest, Conflict) as exc:  # 404, 400, 409 (a rolling update refused)
             return web.json_response({"error": exc.message}, status=status_of(exc)[0])
+        except ClusterUnavailable as exc:  # 503: the cluster store is down, or the lease is not held here
+            headers = {k.decode(): v.decode() for k, v in error_headers(exc)}
+            return web.json_response({"error": exc.message}, status=status_of(exc)[0], headers=headers)
 
     async def workers(self, request: web.Request) -> web.Response:
         t = self.target

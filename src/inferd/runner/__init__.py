@@ -3,6 +3,7 @@ gateway's tenants and API keys from the --config file."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import gc
 import logging
@@ -24,6 +25,9 @@ from inferd.api.asgi import AsgiApp
 from inferd.api.door_policy import DoorCollector, DoorLimits, DoorPolicy
 from inferd.api.frontdoor import front_door_protocol
 from inferd.clock import MonotonicClock
+from inferd.cluster.local import LocalStoreClient
+from inferd.cluster.saved import SavedModel, take
+from inferd.cluster.store import Store
 from inferd.config import ModelConfig, ServerConfig
 from inferd.frontends.plan import FrontendPlan
 from inferd.server import InferenceServer
@@ -104,9 +108,13 @@ def front_door_options(cfg: ServerConfig, metrics: CollectorRegistry, app: AsgiA
 
 
 def build_uvicorn(
-    cfg: ServerConfig, models: list[ModelConfig], frontend: FrontendPlan | None = None
+    cfg: ServerConfig,
+    models: list[ModelConfig],
+    frontend: FrontendPlan | None = None,
+    store: Store | None = None,
+    saved: dict[str, SavedModel] | None = None,
 ) -> tuple[uvicorn.Server, InferenceServer]:
-    server = InferenceServer(cfg, models, frontend=frontend)
+    server = InferenceServer(cfg, models, frontend=frontend, store=store, saved=saved)
     app = create_app(server)
     ucfg = uvicorn.Config(
         app,
@@ -145,11 +153,22 @@ def log_config(cfg: ServerConfig, models: list[ModelConfig]) -> None:
 def serve_frontend(
     cfg: ServerConfig, models: list[ModelConfig], plan: FrontendPlan, sock: socket.socket
 ) -> None:
-    """One of several front ends (runner/parent.py), on its own SO_REUSEPORT socket."""
-    userver, _ = build_uvicorn(cfg, models, plan)
+    """One of several front ends (runner/parent.py), on its own SO_REUSEPORT socket, sharing the
+    parent's store (cluster/local.py). The owner, started again, serves what it served (cluster/saved.py)."""
+    saved = asyncio.run(_saved(plan)) if plan.is_owner else {}
+    store = LocalStoreClient(plan.store_path(), plan.token)
+    userver, _ = build_uvicorn(cfg, models, plan, store, saved)
     log.info("front end %d of %d (pid %d) serving on port %d", plan.index, plan.count, os.getpid(), cfg.port)
     _settle_heap()
     userver.run(sockets=[sock])
+
+
+async def _saved(plan: FrontendPlan) -> dict[str, SavedModel]:
+    store = LocalStoreClient(plan.store_path(), plan.token)
+    try:
+        return await take(store, str(plan.index))
+    finally:
+        await store.close()
 
 
 def _settle_heap() -> None:
