@@ -24,9 +24,8 @@ from inferd.api.admin_gateway import GatewayView, tenants_page
 from inferd.api.cache_hook import CacheHook
 from inferd.api.console_feed import ConsoleFeed
 from inferd.clock import Clock, MonotonicClock
-from inferd.cluster.frontend import ClusterFrontend
-from inferd.cluster.saved import SavedModel, restore
-from inferd.cluster.store import Store
+from inferd.cluster.frontend import ClusterFrontend, Seat
+from inferd.cluster.saved import restore
 from inferd.config import ModelConfig, ServerConfig
 from inferd.errors import ShuttingDown
 from inferd.fleet.control import FleetControl, repository_loader
@@ -76,8 +75,7 @@ class InferenceServer:
         spawn_workers: bool = True,
         kinds: KindRegistry | None = None,
         frontend: FrontendPlan | None = None,
-        store: Store | None = None,
-        saved: dict[str, SavedModel] | None = None,
+        seat: Seat | None = None,
     ) -> None:
         self.config = config
         self.frontend = frontend
@@ -89,7 +87,8 @@ class InferenceServer:
         self.metrics = Metrics(model_slos(models), self.clock)
         self.kinds = kinds or builtin_kinds()
         loader = repository_loader(config.model_repo, config.model_overrides) if config.model_repo else None
-        restored = restore(models, saved or {}, loader)  # started again: it serves what it served
+        seat = seat or Seat()
+        restored = restore(models, seat.saved, loader)  # started again: it serves what it served
         models = [*restored.models, *IndexStore(config.data_dir).stored({m.name for m in models})]
         for m in models:
             self.kinds.check(m)
@@ -107,8 +106,8 @@ class InferenceServer:
         self.metrics.registry.register(RuntimeCollector(self.registry, self.kinds))
         self.traffic = Traffic(self.registry, self.clock, self.metrics.traffic, follower=follower)
         """Canary and A/B splits of requests that name no version (gateway/traffic_control.py)."""
-        index, count = (frontend.index, frontend.count) if frontend else (0, 1)
-        self.cluster = ClusterFrontend(store, str(index), self, self.clock, index == 0, index, count)
+        contends = frontend is None or frontend.is_owner  # the first on its host contends for the lease
+        self.cluster = ClusterFrontend(seat.store, seat.me, self, self.clock, contends, seat.index, seat.count)
         """The served state (cluster/): versions, defaults, updates, config generation, load, the lease."""
         self.cluster.register(self.metrics.registry)
         self.loads = loads = self.cluster.load.loads

@@ -14,11 +14,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Coroutine, Iterator, Mapping
+from collections.abc import Coroutine, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 from prometheus_client import CollectorRegistry
-from prometheus_client.metrics_core import GaugeMetricFamily, Metric
 
 from inferd.clock import Clock
 from inferd.cluster import saved
@@ -26,7 +26,9 @@ from inferd.cluster.follower import Follower
 from inferd.cluster.lease import TTL_S, LeaseCollector, LeaseKeeper, keep_lease
 from inferd.cluster.load import LoadReports
 from inferd.cluster.memory import MemoryStore
+from inferd.cluster.metrics import StoreCollector
 from inferd.cluster.reload import ConfigReload, DivergedCollector
+from inferd.cluster.saved import SavedModel
 from inferd.cluster.served import REPORT_EVERY_S, SERVED, ServedVersions
 from inferd.cluster.store import Store, StoreError
 
@@ -34,6 +36,20 @@ log = logging.getLogger("inferd.cluster")
 
 OPEN_TIMEOUT_S = 5.0
 """Most a starting front end waits for the store before it serves its config (the store down)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Seat:
+    """Where a front end sits in the cluster, as its runner opened it: the shared store (None: this front
+    end alone, on a MemoryStore of its own), its id there, how many front ends the answers count (one
+    host's N; None: those heard of), and what it served before a restart (cluster/saved.py)."""
+
+    store: Store | None = None
+    me: str = "0"
+    index: int = 0
+    """Its place among one host's N, as answers name it (-1 on many hosts: they name its id)."""
+    count: int | None = 1
+    saved: dict[str, SavedModel] = field(default_factory=dict)
 
 
 class ClusterFrontend:
@@ -67,7 +83,7 @@ class ClusterFrontend:
         self.follower.follow(SERVED.name, self.versions.apply)
 
     def register(self, metrics: CollectorRegistry) -> None:
-        metrics.register(StoreUpCollector(self.follower))
+        metrics.register(StoreCollector(lambda: self.follower.up))
         metrics.register(LeaseCollector(self.keeper))
         metrics.register(DivergedCollector(self.config))
 
@@ -134,17 +150,3 @@ class ClusterFrontend:
             name: {v: [w.index for w in launcher.live_slots(name, v)] for v in registry.versions(name)}
             for name in self.versions.served()
         }
-
-
-class StoreUpCollector:
-    """`inferd_cluster_store_up`: 1 while the store answered this front end's last read."""
-
-    def __init__(self, follower: Follower) -> None:
-        self.follower = follower
-
-    def collect(self) -> Iterator[Metric]:
-        yield GaugeMetricFamily(
-            "inferd_cluster_store_up",
-            "1 while the cluster store answers this front end (0: it serves the last state it read)",
-            value=1.0 if self.follower.up else 0.0,
-        )

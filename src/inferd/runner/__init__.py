@@ -17,6 +17,7 @@ from types import FrameType
 from typing import Any
 
 import uvicorn
+import uvloop
 from prometheus_client import CollectorRegistry
 
 from inferd import tls
@@ -25,10 +26,10 @@ from inferd.api.asgi import AsgiApp
 from inferd.api.door_policy import DoorCollector, DoorLimits, DoorPolicy
 from inferd.api.frontdoor import front_door_protocol
 from inferd.clock import MonotonicClock
-from inferd.cluster.local import LocalStoreClient
-from inferd.cluster.saved import SavedModel, take
-from inferd.cluster.store import Store
-from inferd.config import ModelConfig, ServerConfig
+from inferd.cluster.config import open_store, store_url
+from inferd.cluster.frontend import Seat
+from inferd.cluster.saved import take
+from inferd.config import ConfigError, ModelConfig, ServerConfig
 from inferd.frontends.plan import FrontendPlan
 from inferd.server import InferenceServer
 
@@ -111,10 +112,9 @@ def build_uvicorn(
     cfg: ServerConfig,
     models: list[ModelConfig],
     frontend: FrontendPlan | None = None,
-    store: Store | None = None,
-    saved: dict[str, SavedModel] | None = None,
+    seat: Seat | None = None,
 ) -> tuple[uvicorn.Server, InferenceServer]:
-    server = InferenceServer(cfg, models, frontend=frontend, store=store, saved=saved)
+    server = InferenceServer(cfg, models, frontend=frontend, seat=seat)
     app = create_app(server)
     ucfg = uvicorn.Config(
         app,
@@ -137,9 +137,7 @@ def build_uvicorn(
 def run_server(cfg: ServerConfig, models: list[ModelConfig]) -> None:
     """One front end, this process (several: runner/parent.py)."""
     log_config(cfg, models)
-    userver, _ = build_uvicorn(cfg, models)
-    _settle_heap()
-    userver.run()
+    _run(cfg, models, None, None)
 
 
 def log_config(cfg: ServerConfig, models: list[ModelConfig]) -> None:
@@ -155,20 +153,39 @@ def serve_frontend(
 ) -> None:
     """One of several front ends (runner/parent.py), on its own SO_REUSEPORT socket, sharing the
     parent's store (cluster/local.py). The owner, started again, serves what it served (cluster/saved.py)."""
-    saved = asyncio.run(_saved(plan)) if plan.is_owner else {}
-    store = LocalStoreClient(plan.store_path(), plan.token)
-    userver, _ = build_uvicorn(cfg, models, plan, store, saved)
     log.info("front end %d of %d (pid %d) serving on port %d", plan.index, plan.count, os.getpid(), cfg.port)
-    _settle_heap()
-    userver.run(sockets=[sock])
+    _run(cfg, models, plan, [sock])
 
 
-async def _saved(plan: FrontendPlan) -> dict[str, SavedModel]:
-    store = LocalStoreClient(plan.store_path(), plan.token)
-    try:
-        return await take(store, str(plan.index))
-    finally:
-        await store.close()
+def _run(
+    cfg: ServerConfig, models: list[ModelConfig], plan: FrontendPlan | None, sockets: list[socket.socket] | None
+) -> None:
+    """The server on one event loop (uvloop), which opens its seat in the cluster first (the store's
+    clients belong to the loop that uses them)."""
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        try:
+            seat = runner.run(seat_of(cfg, plan))
+        except ConfigError as exc:  # the store fails its PING: refused with the fix
+            log.error("%s", exc)
+            raise SystemExit(2) from None
+        userver, _ = build_uvicorn(cfg, models, plan, seat)
+        _settle_heap()
+        runner.run(userver.serve(sockets=sockets))
+
+
+async def seat_of(cfg: ServerConfig, plan: FrontendPlan | None) -> Seat:
+    """This front end's seat: the store it shares (`[cluster] store` / `--store`; with --frontends N and
+    none, the parent's), its id there, and what it served before a restart (the first on its host, which
+    runs the local workers: cluster/saved.py). Alone with no store: a MemoryStore of its own."""
+    store = await open_store(cfg, plan.store_path() if plan else None, plan.token if plan else "")
+    if store is None:
+        return Seat()
+    index = plan.index if plan else 0
+    if store_url(cfg) is None:  # one host: the front ends are named by their index
+        me, named, count = str(index), index, plan.count if plan else 1
+    else:  # many hosts: by address (the id of --frontend-id takes its place once it exists)
+        me, named, count = f"{cfg.host}:{cfg.port}" + (f"/{index}" if plan else ""), -1, None
+    return Seat(store, me, named, count, await take(store, me) if index == 0 else {})
 
 
 def _settle_heap() -> None:
