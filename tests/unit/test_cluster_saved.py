@@ -51,7 +51,9 @@ async def test_the_state_round_trips_through_the_store_and_a_garbled_or_missing_
     saved = {"sim": SavedModel([1, 2], 2, {1: [0], 2: [1, 2]}, [1, 2, 2])}
     await served_as(store, saved)
     assert await load(store, "0") == (saved, 0)
-    assert await load(store, "1") == ({"sim": SavedModel([1, 2], 2, {}, [1, 2, 2])}, 0)  # no slots of its own
+    assert await load(store, "1") == ({}, 0)  # it never ran: its config's workers, and it follows the rest
+    await save(store, "1", {})
+    assert await load(store, "1") == ({"sim": SavedModel([1, 2], 2, {}, [1, 2, 2])}, 0)  # ran with no slots
     await store.write("served", b"\x93garbled")
     assert await load(store, "0") == ({}, 0)
 

@@ -124,12 +124,14 @@ async def save(store: Store, frontend: str, slots: dict[str, dict[int, list[int]
 
 async def load(store: Store, frontend: str) -> tuple[dict[str, SavedModel], int]:
     """What the served document and this front end's slots say it served, and the starts counted; ({}, 0)
-    when nothing was (a server's first start), or a document is not what a front end writes."""
+    when this front end kept no slots (its first start), or a document is not what a front end writes."""
     try:
         _, served = await SERVED.read(store)
-        _, local = await local_doc(frontend).read(store)
+        kept, local = await local_doc(frontend).read(store)
     except msgspec.DecodeError as exc:
         log.error("the served state is not what a front end writes (%s): serving the config's versions", exc)
+        return {}, 0
+    if not kept:  # this front end never ran here: its config's workers (the served versions it follows)
         return {}, 0
     saved = {
         name: SavedModel(m.versions, m.default, local.slots.get(name, {}), m.updating)
