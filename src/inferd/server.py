@@ -107,7 +107,7 @@ class InferenceServer:
         self.traffic = Traffic(self.registry, self.clock, self.metrics.traffic, follower=follower)
         """Canary and A/B splits of requests that name no version (gateway/traffic_control.py)."""
         contends = frontend is None or frontend.is_owner  # the first on its host contends for the lease
-        self.cluster = ClusterFrontend(seat.store, seat.me, self, self.clock, contends, seat.index, seat.count)
+        self.cluster = ClusterFrontend(seat, self, self.clock, contends)
         """The served state (cluster/): versions, defaults, updates, config generation, load, the lease."""
         self.cluster.register(self.metrics.registry)
         self.loads = loads = self.cluster.load.loads

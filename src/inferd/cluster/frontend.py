@@ -22,9 +22,11 @@ from prometheus_client import CollectorRegistry
 
 from inferd.clock import Clock
 from inferd.cluster import saved
+from inferd.cluster.config import cluster_config
 from inferd.cluster.follower import Follower
-from inferd.cluster.lease import TTL_S, LeaseCollector, LeaseKeeper, keep_lease
+from inferd.cluster.lease import LeaseCollector, LeaseKeeper, keep_lease
 from inferd.cluster.load import LoadReports
+from inferd.cluster.members import Membership
 from inferd.cluster.memory import MemoryStore
 from inferd.cluster.metrics import StoreCollector
 from inferd.cluster.reload import ConfigReload, DivergedCollector
@@ -50,36 +52,31 @@ class Seat:
     """Its place among one host's N, as answers name it (-1 on many hosts: they name its id)."""
     count: int | None = 1
     saved: dict[str, SavedModel] = field(default_factory=dict)
+    members: Membership | None = None
+    """Its record among the front ends of a shared store (cluster/members.py), joined already."""
 
 
 class ClusterFrontend:
-    def __init__(
-        self,
-        store: Store | None,
-        me: str,
-        server: Any,
-        clock: Clock,
-        contends: bool,
-        index: int = -1,
-        count: int | None = None,
-        ttl_s: float = TTL_S,
-    ) -> None:
-        self.shared = store is not None
+    def __init__(self, seat: Seat, server: Any, clock: Clock, contends: bool) -> None:
+        self.shared = seat.store is not None
         """Other front ends share the store (None: this one alone, on a MemoryStore of its own)."""
-        self.store = store = store if store is not None else MemoryStore(clock)
-        self.me = me
+        self.store = store = seat.store if seat.store is not None else MemoryStore(clock)
+        self.me = me = seat.me
+        self.members = seat.members
         self.server = server
         """The composition root (ServedVersions says what of it it uses; its supervisor's slots too)."""
         self.follower = Follower(store, clock)
+        ttl_s = cluster_config(server.config).lease_ttl_s  # [cluster] lease_ttl_s
         self.keeper = LeaseKeeper(me, clock, ttl_s) if contends else None
-        self.versions = ServedVersions(store, me, server, clock, self.keeper, index)
+        self.versions = ServedVersions(store, me, server, clock, self.keeper, seat.index)
         has_file = server.config.config_path is not None
         self.config = ConfigReload(
-            store, me, index if index >= 0 else me, count, (lambda: server.gateway.reload()) if has_file else None
+            store, me, seat.index if seat.index >= 0 else me, seat.count,
+            (lambda: server.gateway.reload()) if has_file else None,
         )
         """`server.gateway`: its config file's tenants, keys and models' tables (built after this)."""
         self.versions.config = self.config
-        self.load = LoadReports(store, me, server.registry, server.kinds, clock, index, contends and self.shared)
+        self.load = LoadReports(store, me, server.registry, server.kinds, clock, seat.index, contends and self.shared)
         self.follower.follow(SERVED.name, self.versions.apply)
 
     def register(self, metrics: CollectorRegistry) -> None:
@@ -112,6 +109,8 @@ class ClusterFrontend:
         }
         if self.shared:  # alone, nobody reads its load
             loops["cluster-load"] = self.load.run()
+        if self.members is not None:
+            loops["cluster-members"] = self.members.run()
         if self.keeper is not None:
             loops["cluster-lease"] = keep_lease(self.keeper, self.store)
             loops["cluster-slots"] = self._keep_slots()
@@ -121,6 +120,9 @@ class ClusterFrontend:
         return await self.config.reload()
 
     async def close(self) -> None:
+        """At a clean stop: leave the front ends (the id is free at once), then close the store."""
+        if self.members is not None:
+            await self.members.leave()
         with contextlib.suppress(StoreError):
             await self.store.close()
 

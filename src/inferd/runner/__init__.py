@@ -28,6 +28,7 @@ from inferd.api.frontdoor import front_door_protocol
 from inferd.clock import MonotonicClock
 from inferd.cluster.config import open_store, store_url
 from inferd.cluster.frontend import Seat
+from inferd.cluster.members import Membership, fingerprint, new_member
 from inferd.cluster.saved import take
 from inferd.config import ConfigError, ModelConfig, ServerConfig
 from inferd.frontends.plan import FrontendPlan
@@ -164,7 +165,7 @@ def _run(
     clients belong to the loop that uses them)."""
     with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
         try:
-            seat = runner.run(seat_of(cfg, plan))
+            seat = runner.run(seat_of(cfg, models, plan))
         except ConfigError as exc:  # the store fails its PING: refused with the fix
             log.error("%s", exc)
             raise SystemExit(2) from None
@@ -173,10 +174,11 @@ def _run(
         runner.run(userver.serve(sockets=sockets))
 
 
-async def seat_of(cfg: ServerConfig, plan: FrontendPlan | None) -> Seat:
+async def seat_of(cfg: ServerConfig, models: list[ModelConfig], plan: FrontendPlan | None) -> Seat:
     """This front end's seat: the store it shares (`[cluster] store` / `--store`; with --frontends N and
     none, the parent's), its id there, and what it served before a restart (the first on its host, which
-    runs the local workers: cluster/saved.py). Alone with no store: a MemoryStore of its own."""
+    runs the local workers: cluster/saved.py); on a shared store, its record `frontend/<id>`
+    (cluster/members.py). Alone with no store: a MemoryStore of its own."""
     store = await open_store(cfg, plan.store_path() if plan else None, plan.token if plan else "")
     if store is None:
         return Seat()
@@ -185,7 +187,13 @@ async def seat_of(cfg: ServerConfig, plan: FrontendPlan | None) -> Seat:
         me, named, count = str(index), index, plan.count if plan else 1
     else:  # many hosts: by address (the id of --frontend-id takes its place once it exists)
         me, named, count = f"{cfg.host}:{cfg.port}" + (f"/{index}" if plan else ""), -1, None
-    return Seat(store, me, named, count, await take(store, me) if index == 0 else {})
+    members = None
+    if store_url(cfg) is not None:  # one live front end per id: a second is refused (ConfigError)
+        admin = f"{cfg.admin_host}:{cfg.admin_port}" if cfg.admin_port is not None else None
+        record = new_member(me, f"{cfg.host}:{cfg.port}", fingerprint(models, cfg.model_repo), admin=admin)
+        members = Membership(store, record, MonotonicClock())
+        await members.join()
+    return Seat(store, me, named, count, await take(store, me) if index == 0 else {}, members)
 
 
 def _settle_heap() -> None:
