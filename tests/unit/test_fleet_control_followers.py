@@ -10,7 +10,7 @@ import pytest
 
 from inferd.api.admin import AdminApi
 from inferd.clock import FakeClock
-from inferd.errors import Conflict
+from inferd.errors import ClusterUnavailable, Conflict
 from inferd.fleet.control import FleetControl
 from inferd.runtime.membership import WorkerDirectory
 from inferd.runtime.registry import ModelRegistry
@@ -97,5 +97,36 @@ async def test_the_admin_api_answers_a_refused_update_with_409() -> None:
             async with http.post(f"http://127.0.0.1:{port}/admin/models/sim/update") as r:
                 assert r.status == 409
                 assert "nothing was changed" in (await r.json())["error"]
+    finally:
+        await api.stop()
+
+
+async def test_a_front_end_without_the_lease_changes_nothing() -> None:
+    registry = ModelRegistry()
+    registry.add(runtime(1))  # type: ignore[arg-type]
+    host, launcher = Host(registry), Launcher()
+
+    def gate() -> None:
+        raise ClusterUnavailable("this front end does not hold the lease of the server's decisions now")
+
+    fleet = FleetControl(registry, launcher, host, WorkerDirectory(FakeClock()), gate=gate)  # type: ignore[arg-type]
+    with pytest.raises(ClusterUnavailable):
+        await fleet.rolling_update("sim", 1)
+    with pytest.raises(ClusterUnavailable):
+        await fleet.scale_to("sim", 3)
+    assert launcher.added == [] and registry.versions("sim") == [1]
+
+
+async def test_the_admin_api_answers_a_change_without_the_store_with_503_and_retry_after() -> None:
+    async def refused(model: str, workers: int, version: int | None = None) -> int:
+        raise ClusterUnavailable("the cluster store does not answer: changes are refused until it does")
+
+    api = AdminApi(SimpleNamespace(fleet=SimpleNamespace(scale_to=refused)), None)  # type: ignore[arg-type]
+    port = await api.start("127.0.0.1", 0)
+    try:
+        async with aiohttp.ClientSession() as http:
+            async with http.post(f"http://127.0.0.1:{port}/admin/models/sim/scale?workers=2") as r:
+                assert r.status == 503 and r.headers["Retry-After"] == "1"
+                assert "the cluster store does not answer" in (await r.json())["error"]
     finally:
         await api.stop()
