@@ -28,7 +28,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from inferd.cluster.store import Store, StoreError
 from inferd.config import ConfigError, ServerConfig, register_table
 
-PASSWORD_ENV = "INFERD_STORE_PASSWORD"
+PASSWORD_ENV = "INFERD_STORE_PASSWORD"  # nosec B105  # the variable's name, not a password
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,63}$")
 SCHEMES = ("redis", "rediss")
 

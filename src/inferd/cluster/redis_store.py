@@ -27,6 +27,7 @@ import logging
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from inferd.cluster.store import Fenced, Grant, RevisionConflict, StoreError, StoreUnavailable, Versioned
 from inferd.config import ConfigError
@@ -156,7 +157,7 @@ class RedisStore:
         options: dict[str, Any] = {}
         if password is not None:
             options["password"] = password
-        if ca_file is not None and url.startswith("rediss://"):
+        if ca_file is not None and urlsplit(url).scheme == "rediss":
             options["ssl_ca_certs"] = str(ca_file)
         self._client: Any = aioredis.Redis.from_url(
             url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s, retry=Retry(NoBackoff(), 0),
