@@ -140,8 +140,8 @@ class ConfigReload:
                 await self._move()
 
     async def _move(self) -> int:
-        def change(state: ServedState) -> ServedState:
-            return msgspec.structs.replace(state, generation=state.generation + 1)
+        def change(state: ServedState) -> ServedState:  # past ours too: a store that lost its state
+            return msgspec.structs.replace(state, generation=max(state.generation, self.taken or 0) + 1)
 
         _, state = await SERVED.update(self.store, change)
         self.taken, self.refused = state.generation, ""
