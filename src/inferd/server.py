@@ -267,6 +267,7 @@ class InferenceServer:
                 gateway=GatewayView(self.gateway, self.tenant_requests, self.cache.statistics),
                 traffic=self.traffic.statistics,
                 loads=self.loads,
+                decider=self.cluster.decider,
             ),
             token,
         )

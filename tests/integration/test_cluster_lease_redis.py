@@ -1,7 +1,7 @@
 """Two `inferd serve` processes sharing one Redis store (`--store redis://...`, tests/redis_server.py):
 both show the store up; a reload on one is answered once the other has re-read its file; exactly one
-holds the lease of the server's decisions, and once it is SIGKILLed the other takes it within the
-lease's time; Redis stopped and started again."""
+holds the lease of the server's decisions, a scale asked of the other is carried out by it, and once it
+is SIGKILLed the other takes it within the lease's time; Redis stopped and started again."""
 
 from __future__ import annotations
 
@@ -47,6 +47,10 @@ def test_one_front_end_holds_the_lease_and_another_takes_it_when_it_dies(
         wait_for(lambda: sum(holds(s) for s in servers) == 1, 20, "one holder")
         (holder,) = [s for s in servers if holds(s)]
         (other,) = [s for s in servers if s is not holder]
+        status, answer = post(f"{other.admin_url}/admin/models/sim/scale?workers=2")  # carried out by the holder
+        assert (status, answer) == (200, {"model": "sim", "workers": 2}), answer
+        scaled = "scaling up from 1 to 2 local workers"
+        assert scaled in holder.log() and scaled not in other.log()
         holder.proc.send_signal(signal.SIGKILL)
         holder.proc.wait(10)
         wait_for(lambda: holds(other), 20, "the other front end holding the lease")  # ttl 5 s, renewed every 1.7 s

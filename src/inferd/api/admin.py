@@ -16,6 +16,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import aiohttp
 from aiohttp import web
 
 from inferd.api.admin_gateway import GatewayView, cache_page, tenants_page
@@ -36,6 +37,11 @@ from inferd.wire.connection import WorkerConnection, slot_of
 from inferd.worker.launcher import Launcher
 
 log = logging.getLogger("inferd.admin")
+
+FORWARDED = "X-Inferd-Forwarded"
+"""Marks a change forwarded to the front end that decides (it is not forwarded again)."""
+FORWARD_TIMEOUT_S = 900.0
+"""A forwarded update answers when done: as long as its workers take to start, one by one."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,6 +69,9 @@ class AdminTarget:
     loads: FrontendLoads | None = None
     """The other front ends' reported loads (the owner of several front ends): batch models' queued
     items and busy ratio are then the whole server's."""
+    decider: Callable[[], Awaitable[str | None]] | None = None
+    """The admin address (HOST:PORT) of the front end that decides for the server when it is another
+    (cluster/frontend.py): a change (scale, update) asked here is carried out there. None: here."""
 
 
 class AdminApi:
@@ -180,14 +189,35 @@ class AdminApi:
             raise BadRequest("pass ?workers=N (a whole number of local workers)") from None
         model = request.match_info["model"]
         version = _version(request)
+        if (there := await self._forwarded(request)) is not None:
+            return there
         done = await self.target.fleet.scale_to(model, workers, version)
         return web.json_response({"model": model, "workers": done})
 
     async def update(self, request: web.Request) -> web.Response:
         """POST /admin/models/{model}/update[?version=N]: roll to version N (default: the repository's
         highest; lower versions roll back), worker by worker. Answers when done."""
+        if (there := await self._forwarded(request)) is not None:
+            return there
         model = request.match_info["model"]
         return web.json_response(await self.target.fleet.rolling_update(model, _version(request)))
+
+    async def _forwarded(self, request: web.Request) -> web.Response | None:
+        """A change asked of a front end that does not decide: its answer from the one that does (once:
+        a forwarded change is carried out, or refused, where it lands). None: carry it out here."""
+        if self.target.decider is None or request.headers.get(FORWARDED):
+            return None
+        where = await self.target.decider()
+        if where is None:
+            return None
+        headers = {FORWARDED: "1", **{k: v for k, v in request.headers.items() if k == "Authorization"}}
+        try:
+            async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=FORWARD_TIMEOUT_S)) as http:
+                async with http.post(f"{request.scheme}://{where}{request.path_qs}", headers=headers) as r:
+                    body = await r.read()
+                    return web.Response(status=r.status, body=body, content_type="application/json")
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            raise ClusterUnavailable(f"the front end that decides ({where}) did not answer: {exc!r}") from None
 
     async def reload(self, request: web.Request) -> web.Response:
         """POST /admin/reload: re-read the --config file and swap in its tenants, API keys, [gateway]

@@ -24,7 +24,7 @@ from inferd.clock import Clock
 from inferd.cluster import saved
 from inferd.cluster.config import cluster_config
 from inferd.cluster.follower import Follower
-from inferd.cluster.lease import LeaseCollector, LeaseKeeper, keep_lease
+from inferd.cluster.lease import LEASE, LeaseCollector, LeaseKeeper, keep_lease
 from inferd.cluster.load import LoadReports
 from inferd.cluster.members import Membership
 from inferd.cluster.memory import MemoryStore
@@ -115,6 +115,21 @@ class ClusterFrontend:
             loops["cluster-lease"] = keep_lease(self.keeper, self.store)
             loops["cluster-slots"] = self._keep_slots()
         return loops
+
+    async def decider(self) -> str | None:
+        """The admin address of the front end that holds the lease, when another does (changes asked
+        here go there: api/admin.py); None: here (this one holds it, or none is known: the change is
+        then refused here while the lease is not held)."""
+        if self.members is None or self.versions.holds():
+            return None
+        try:
+            grant = await self.store.holder(LEASE)
+        except StoreError:
+            return None
+        if grant is None or grant.holder == self.me:
+            return None
+        member = self.members.members.get(grant.holder)
+        return None if member is None else member.admin
 
     async def reload(self) -> Mapping[str, Any]:
         return await self.config.reload()
