@@ -98,6 +98,12 @@ class WorkerUnavailable(ServingError):
         self.retry_after_s = retry_after_s
 
 
+class ClusterUnavailable(WorkerUnavailable):
+    """A change of the served state (a rolling update, scaling, a canary step) that cannot be made now:
+    the cluster store does not answer, or this front end no longer holds the lease that such changes
+    need (cluster/lease.py). Serving goes on with the last state read."""
+
+
 class WorkerDied(ServingError):
     """The worker running this request's batch went away."""
 

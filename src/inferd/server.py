@@ -12,7 +12,7 @@ import os
 import secrets
 import shutil
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 import msgspec
@@ -24,18 +24,19 @@ from inferd.api.admin_gateway import GatewayView, tenants_page
 from inferd.api.cache_hook import CacheHook
 from inferd.api.console_feed import ConsoleFeed
 from inferd.clock import Clock, MonotonicClock
+from inferd.cluster.frontend import ClusterFrontend, Seat
+from inferd.cluster.saved import restore
 from inferd.config import ModelConfig, ServerConfig
 from inferd.config.identity import frontend_id
 from inferd.errors import ShuttingDown
 from inferd.fleet.control import FleetControl, repository_loader
 from inferd.fleet.scaling import ScalingLoop, scaling_policy
-from inferd.frontends.config_sync import one_frontend
 from inferd.frontends.index_sync import IndexSync
 from inferd.frontends.metrics import scrape_all, serve_registry
+from inferd.frontends.owner_channel import MAX_MESSAGE_BYTES, OwnerChannel
 from inferd.frontends.plan import FrontendPlan, worker_sockets
 from inferd.frontends.readiness import await_ready, ready_wait_s
-from inferd.frontends.served_file import restore_for
-from inferd.frontends.sync import FrontendSync
+from inferd.frontends.traffic_sync import TrafficSync
 from inferd.gateway.auth import tenant_counter
 from inferd.gateway.config import gateway_config
 from inferd.gateway.fallback import check_fallbacks
@@ -75,6 +76,7 @@ class InferenceServer:
         spawn_workers: bool = True,
         kinds: KindRegistry | None = None,
         frontend: FrontendPlan | None = None,
+        seat: Seat | None = None,
     ) -> None:
         self.config = config
         self.frontend = frontend
@@ -86,7 +88,8 @@ class InferenceServer:
         self.metrics = Metrics(model_slos(models), self.clock)
         self.kinds = kinds or builtin_kinds()
         loader = repository_loader(config.model_repo, config.model_overrides) if config.model_repo else None
-        restored = restore_for(frontend, models, loader)  # an owner started again serves what it served
+        seat = seat or Seat()
+        restored = restore(models, seat.saved, loader)  # started again: it serves what it served
         models = [*restored.models, *IndexStore(config.data_dir).stored({m.name for m in models})]
         for m in models:
             self.kinds.check(m)
@@ -104,28 +107,21 @@ class InferenceServer:
         self.metrics.registry.register(RuntimeCollector(self.registry, self.kinds))
         self.traffic = Traffic(self.registry, self.clock, self.metrics.traffic, follower=follower)
         """Canary and A/B splits of requests that name no version (gateway/traffic_control.py)."""
-        self.sync = (
-            FrontendSync(frontend, config.max_body_bytes, self.traffic, self.registry, self, self.clock)
-            if frontend is not None
-            else None
-        )
-        """Several front ends: the owner channel, and the canary, load and versions kept in step over it."""
-        self.owner_channel = self.sync.channel if self.sync is not None else None
-        self.version_sync = self.sync.versions if self.sync is not None else None
-        self.loads = loads = self.sync.load.loads if self.sync is not None else None
-        self.index_sync = (
-            IndexSync(frontend, self.owner_channel, self, self.clock) if self.owner_channel else None
-        )
+        contends = frontend is None or frontend.is_owner  # the first on its host contends for the lease
+        self.cluster = ClusterFrontend(seat, self, self.clock, contends)
+        """The served state (cluster/): versions, defaults, updates, config generation, load, the lease."""
+        self.cluster.register(self.metrics.registry)
+        self.loads = loads = self.cluster.load.loads
+        bound = max(MAX_MESSAGE_BYTES, config.max_body_bytes + 2**20)  # a forwarded search write's body
+        self.owner_channel = OwnerChannel(frontend, bound) if frontend else None
+        self.traffic_sync = TrafficSync(frontend, self.traffic, channel=self.owner_channel) if frontend else None
+        self.index_sync = IndexSync(frontend, self.owner_channel, self, self.clock) if frontend else None
         """Several front ends: each serves the search indexes the owner serves."""
         check_fallbacks((rt.config for rt in self.registry.defaults()), self._kinds_of, self.kinds)
-        self.shadows = Shadows(
-            self.registry, self.metrics.shadow_requests, config.shadow_max_in_flight, clock=self.clock
-        )
+        self.shadows = Shadows(self.registry, self.metrics.shadow_requests, config.shadow_max_in_flight, clock=self.clock)
         """Shadow copies of requests (a model's traffic.shadow): cancelled at shutdown."""
         gateway = gateway_config(config)
-        self.cache = CacheHook(
-            self.registry, self.metrics.cache, self.clock, gateway.redis_url, gateway.redis_timeout_ms
-        )
+        self.cache = CacheHook(self.registry, self.metrics.cache, self.clock, gateway.redis_url, gateway.redis_timeout_ms)
         """The response cache's stores (api/cache_hook.py), one per cache-enabled model version."""
         settings = ModelSettings(
             self.registry, self.traffic, self.cache, config.model_overrides, own_settings(config), self.kinds
@@ -186,7 +182,8 @@ class InferenceServer:
         self.shutting_down = False
         self.hub.on_first_batch.append(lambda conn: self.supervisor.mark_healthy(conn.worker_id))
         self.fleet = FleetControl(
-            self.registry, self.supervisor, self, self.directory, loader, followers=self.version_sync
+            self.registry, self.supervisor, self, self.directory, loader, followers=self.cluster.versions,
+            gate=self.cluster.versions.check_holder,
         )
         self.scaling = {
             rt.name: ScalingLoop(
@@ -196,6 +193,7 @@ class InferenceServer:
                 rt.name,
                 scaling_policy(self.kinds.get(rt.kind), rt.config.autoscale, self.clock),
                 others=loads,
+                acts=self.cluster.versions.holds,
             )
             for rt in self.registry.defaults()
             if rt.config.autoscale and (frontend is None or frontend.is_owner)
@@ -245,8 +243,7 @@ class InferenceServer:
     @contextlib.asynccontextmanager
     async def running(self) -> AsyncIterator[None]:
         """Start listening for workers, the runtimes' loops and the local workers; stop them on exit."""
-        if self.version_sync is not None:  # a follower serves the owner's versions before workers join
-            await self.version_sync.open()
+        await self.cluster.open()  # the served state's versions before workers join
         await self.hub.listen_unix(self.worker_address[len("unix:") :])
         peers = None
         if self.frontend is not None:  # the other front ends read this one's metrics here
@@ -270,6 +267,7 @@ class InferenceServer:
                 traffic=self.traffic.statistics,
                 loads=self.loads,
                 frontend={"id": frontend_id(self.config), "zone": self.config.zone},
+                decider=self.cluster.decider,
             ),
             token,
         )
@@ -306,9 +304,10 @@ class InferenceServer:
                 ]
                 loops.append(tg.create_task(self.console.run(), name="console"))
                 supervisor = tg.create_task(self.supervisor.run(), name="supervisor")
-                if self.sync is not None:
-                    await self.sync.open()
-                    loops += [tg.create_task(loop, name=name) for name, loop in self.sync.loops().items()]
+                loops += [tg.create_task(loop, name=name) for name, loop in self.cluster.loops().items()]
+                if self.traffic_sync is not None:
+                    await self.traffic_sync.open()
+                    loops.append(tg.create_task(self.traffic_sync.run(), name="traffic-sync"))
                 if self.index_sync is not None:
                     loops.append(tg.create_task(self.index_sync.run(), name="index-sync"))
                 try:
@@ -372,11 +371,9 @@ class InferenceServer:
         if task is not None:
             task.cancel()
 
-    async def _reload(self) -> dict[str, Any]:
-        """POST /admin/reload: here (refused whole if invalid), then on every front end (config_sync.py)."""
-        if self.sync is None:
-            return {**self.gateway.reload(), "frontends": one_frontend()}
-        return await self.sync.config.reload()
+    async def _reload(self) -> Mapping[str, Any]:
+        """POST /admin/reload: here (refused whole if invalid), then on every front end (cluster/reload.py)."""
+        return await self.cluster.reload()
 
     def kill_worker(self, worker: WorkerConnection) -> None:
         """Kill a hung or silent worker. A local child is SIGKILLed (SIGSTOP cannot block that); a remote
@@ -392,6 +389,8 @@ class InferenceServer:
             rt.stop(ShuttingDown(f"model '{rt.name}' is shutting down"))
         for task in [*loops, *self._tasks.values()]:
             task.cancel()
+        await asyncio.wait(loops, timeout=2.0)  # the lease released (bounded), then the store closed
+        await self.cluster.close()
         await self.hub.close()
         if self.admin is not None:
             await self.admin.stop()

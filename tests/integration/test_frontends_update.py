@@ -1,9 +1,9 @@
 """A rolling update with `inferd serve --frontends 2`: the owner runs it, and the other front end follows
-(frontends/version_sync.py): it serves the new version before the new workers join it, moves its default
+(cluster/served.py): it serves the new version before the new workers join it, moves its default
 with the owner's, and retires the old version with it. Under checked load (each request on a new
 connection, so both front ends take them): every answer is a 200 whose digest is its version's, every
 request sent once the update answered is answered by version 2, on both front ends; a follower killed
-after the update comes back serving version 2; so does the owner killed after it (frontends/served_file.py),
+after the update comes back serving version 2; so does the owner killed after it (cluster/saved.py),
 with the same version-2 workers, adopted, not the config's version 1. An owner killed while its update
 waits for the first new worker comes back with the update undone: version 1 on the same two workers,
 the new version's starting worker stopped, every answer correct.
@@ -12,6 +12,7 @@ Bounded: one server, a load capped in count and time, every wait bounded."""
 
 from __future__ import annotations
 
+import asyncio
 import http.client
 import json
 import os
@@ -23,6 +24,8 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+from inferd.cluster.local import LocalStoreClient
+from inferd.cluster.served import SERVED
 from tests.checked_load import Load, infer, wait_for
 from tests.conftest import ServerProc, alive, child_pids, start_server
 from tests.frontends_harness import ready_workers, scrape
@@ -160,11 +163,25 @@ def versions_of(pids: set[int]) -> list[str]:
     return sorted(worker_arg(pid, "--model-version") for pid in pids)
 
 
+def served_updating(server: ServerProc) -> list[int]:
+    """The rolling update the served document (in the parent's store, cluster/local.py) says runs."""
+    (pid, *_) = worker_processes(server)
+    store = LocalStoreClient(str(server_folder(server) / "store.sock"), worker_arg(pid, "--token"))
+
+    async def read() -> list[int]:
+        try:
+            _, state = await SERVED.read(store)
+        finally:
+            await store.close()
+        return state.models["sim"].updating if "sim" in state.models else []
+
+    return asyncio.run(read())
+
+
 def test_an_update_cut_short_by_the_owners_death_is_undone(tmp_path: Path) -> None:
     repo, server = two_front_ends_with_a_repository(tmp_path)
     try:
         old = worker_processes(server)
-        served = server_folder(server) / "served.json"
         shutil.copytree(repo / "sim" / "1", repo / "sim" / "2")
         with (repo / "sim" / "model.toml").open("a") as f:
             f.write("\n[versions.2.params]\nload_ms = 8000.0\n")  # its first worker is not ready in time
@@ -172,7 +189,7 @@ def test_an_update_cut_short_by_the_owners_death_is_undone(tmp_path: Path) -> No
             wait_for(lambda: load.answered() >= 40, 20, "answers before the update")
             cut = threading.Thread(target=lambda: update_cut_short(server), daemon=True)
             cut.start()
-            wait_for(lambda: b'"updating":[1,2,2]' in served.read_bytes(), 20, "the update saved as running")
+            wait_for(lambda: served_updating(server) == [1, 2, 2], 20, "the update saved as running")
             wait_for(lambda: "2" in versions_of(worker_processes(server)), 20, "the new version's worker")
             owner, _ = frontend_pids(server)
             os.kill(owner, signal.SIGKILL)

@@ -10,7 +10,7 @@ import pytest
 
 from inferd.api.admin import AdminApi
 from inferd.clock import FakeClock
-from inferd.errors import Conflict
+from inferd.errors import ClusterUnavailable, Conflict
 from inferd.fleet.control import FleetControl
 from inferd.runtime.membership import WorkerDirectory
 from inferd.runtime.registry import ModelRegistry
@@ -58,7 +58,7 @@ class Refusing:
 
     async def until_serving(self, model: str, version: int) -> None:
         assert self.fleet is not None
-        self.updates_seen = self.fleet.updates()  # what the owner saves meanwhile (served_file.py)
+        self.updates_seen = self.fleet.updates()  # what the owner saves meanwhile (cluster/saved.py, cluster/served.py)
         raise Conflict(f"front end(s) [1] do not serve version {version} of {model!r}")
 
     async def until_moved(self, model: str, old: int, new: int) -> None:
@@ -90,7 +90,7 @@ async def test_the_admin_api_answers_a_refused_update_with_409() -> None:
     async def refused(model: str, version: int | None) -> dict[str, object]:
         raise Conflict("front end(s) [1] do not serve version 2 of 'sim'; nothing was changed")
 
-    api = AdminApi(SimpleNamespace(fleet=SimpleNamespace(rolling_update=refused)), None)  # type: ignore[arg-type]
+    api = AdminApi(SimpleNamespace(fleet=SimpleNamespace(rolling_update=refused), decider=None), None)  # type: ignore[arg-type]
     port = await api.start("127.0.0.1", 0)
     try:
         async with aiohttp.ClientSession() as http:
@@ -99,3 +99,65 @@ async def test_the_admin_api_answers_a_refused_update_with_409() -> None:
                 assert "nothing was changed" in (await r.json())["error"]
     finally:
         await api.stop()
+
+
+async def test_a_front_end_without_the_lease_changes_nothing() -> None:
+    registry = ModelRegistry()
+    registry.add(runtime(1))  # type: ignore[arg-type]
+    host, launcher = Host(registry), Launcher()
+
+    def gate() -> None:
+        raise ClusterUnavailable("this front end does not hold the lease of the server's decisions now")
+
+    fleet = FleetControl(registry, launcher, host, WorkerDirectory(FakeClock()), gate=gate)  # type: ignore[arg-type]
+    with pytest.raises(ClusterUnavailable):
+        await fleet.rolling_update("sim", 1)
+    with pytest.raises(ClusterUnavailable):
+        await fleet.scale_to("sim", 3)
+    assert launcher.added == [] and registry.versions("sim") == [1]
+
+
+async def test_the_admin_api_answers_a_change_without_the_store_with_503_and_retry_after() -> None:
+    async def refused(model: str, workers: int, version: int | None = None) -> int:
+        raise ClusterUnavailable("the cluster store does not answer: changes are refused until it does")
+
+    api = AdminApi(SimpleNamespace(fleet=SimpleNamespace(scale_to=refused), decider=None), None)  # type: ignore[arg-type]
+    port = await api.start("127.0.0.1", 0)
+    try:
+        async with aiohttp.ClientSession() as http:
+            async with http.post(f"http://127.0.0.1:{port}/admin/models/sim/scale?workers=2") as r:
+                assert r.status == 503 and r.headers["Retry-After"] == "1"
+                assert "the cluster store does not answer" in (await r.json())["error"]
+    finally:
+        await api.stop()
+
+
+async def test_a_change_asked_of_a_front_end_that_does_not_decide_is_carried_out_by_the_one_that_does() -> None:
+    scaled: list[str] = []
+
+    def fleet(name: str) -> SimpleNamespace:
+        async def scale_to(model: str, workers: int, version: int | None = None) -> int:
+            scaled.append(name)
+            return workers
+
+        return SimpleNamespace(scale_to=scale_to)
+
+    ports: dict[str, int] = {}
+
+    async def holder_is_other(of: str) -> str:  # each names the other: a forwarded change stops there
+        return f"127.0.0.1:{ports['holder' if of == 'other' else 'other']}"
+
+    apis = {
+        name: AdminApi(SimpleNamespace(fleet=fleet(name), decider=lambda n=name: holder_is_other(n)), "t")  # type: ignore[arg-type]
+        for name in ("holder", "other")
+    }
+    for name, api in apis.items():
+        ports[name] = await api.start("127.0.0.1", 0)
+    try:
+        async with aiohttp.ClientSession(headers={"Authorization": "Bearer t"}) as http:
+            async with http.post(f"http://127.0.0.1:{ports['other']}/admin/models/sim/scale?workers=3") as r:
+                assert r.status == 200 and await r.json() == {"model": "sim", "workers": 3}
+        assert scaled == ["holder"]
+    finally:
+        for api in apis.values():
+            await api.stop()

@@ -1,12 +1,9 @@
-"""The whole server's load with several front ends (runtime/frontend_load.py, frontends/load_sync.py): the
-owner adds the other front ends' fresh reports to its own load, drops stale ones, and its autoscaler
-observes the sum; a follower's report reaches the owner over the plan's socket."""
+"""The whole server's load with several front ends (runtime/frontend_load.py, cluster/load.py): the
+front end that decides adds the others' fresh reports to its own load, drops stale ones, and its
+autoscaler observes the sum; a front end's report reaches it through the cluster store."""
 
 from __future__ import annotations
 
-import shutil
-import tempfile
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any
@@ -14,10 +11,11 @@ from typing import Any
 import pytest
 
 from inferd.clock import FakeClock
+from inferd.cluster.load import LoadReports
+from inferd.cluster.memory import MemoryStore
+from inferd.cluster.store import StoreUnavailable
 from inferd.fleet.autoscaler import AutoscalerConfig
 from inferd.fleet.scaling import ScalingLoop, scaling_policy
-from inferd.frontends.load_sync import LoadSync
-from inferd.frontends.plan import FrontendPlan
 from inferd.kinds.batch.demand import Observation
 from inferd.kinds.builtin import builtin_kinds
 from inferd.runtime.contract import RuntimeStatistics
@@ -149,14 +147,7 @@ def test_the_admin_report_shows_what_the_autoscaler_observed() -> None:
     assert loop.report()["observed"] == {"queued_items": 5, "arrival_rate_items_s": 190.0, "busy_ratio": 0.53}
 
 
-# ---- over the plan's socket --------------------------------------------------------------------------
-@pytest.fixture
-def socket_dir() -> Iterator[str]:
-    path = tempfile.mkdtemp(prefix="inferd-load-")  # short: a Unix socket path has ~100 bytes
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
-
-
+# ---- through the cluster store ----------------------------------------------------------------------
 def serving(*runtimes: Any) -> ModelRegistry:
     registry = ModelRegistry()
     for rt in runtimes:
@@ -164,22 +155,38 @@ def serving(*runtimes: Any) -> ModelRegistry:
     return registry
 
 
-async def test_a_followers_load_reaches_the_owner_over_the_plans_socket(socket_dir: str) -> None:
+async def test_a_front_ends_load_reaches_the_one_that_decides_through_the_store() -> None:
     clock = FakeClock()
-    plan = FrontendPlan(0, 2, socket_dir, "token")
+    store = MemoryStore(clock)
     mine = Batch(queued=1, enqueued_total=0, busy_ratio=0.1)
     theirs = Batch(queued=4, enqueued_total=0, busy_ratio=0.3)
-    owner = LoadSync(plan, serving(mine), builtin_kinds(), clock)
-    follower = LoadSync(plan.at(1), serving(theirs), builtin_kinds(), clock)
-    assert owner.loads is not None and follower.loads is None
-    assert await follower.report() is False  # no owner yet
-    await owner.channel.open()
-    try:
-        clock.advance(1.0)
-        theirs.enqueued_total = 150  # 150 items in the second since its last report
-        assert await follower.report() is True
-        assert owner.loads.reporting() == [1]
-        whole = owner.loads.total(ModelLoad("m", 1, 1, 100.0, 0.1))
-        assert whole == ModelLoad("m", 1, 5, 250.0, pytest.approx(0.4))
-    finally:
-        owner.channel.close()
+    owner = LoadReports(store, "0", serving(mine), builtin_kinds(), clock, index=0, reads=True)
+    other = LoadReports(store, "1", serving(theirs), builtin_kinds(), clock, index=1)
+    assert owner.loads is not None and other.loads is None
+    await owner.collect()
+    assert owner.loads.reporting() == []  # nobody reported yet
+    assert await other.report() is True  # its meter's first look
+    clock.advance(1.0)
+    theirs.enqueued_total = 150  # 150 items in the second since its last report
+    assert await other.report() is True
+    assert await owner.report() is True  # its own is not recorded as another's
+    await owner.collect()
+    assert owner.loads.reporting() == [1]
+    whole = owner.loads.total(ModelLoad("m", 1, 1, 100.0, 0.1))
+    assert whole == ModelLoad("m", 1, 5, 250.0, pytest.approx(0.4))
+    clock.advance(EXPIRE_AFTER_S + 0.1)  # front end 1 stopped writing: its document expired
+    await owner.collect()
+    assert owner.loads.reporting() == []
+
+
+async def test_a_load_report_the_store_does_not_take_is_said_and_the_next_one_goes() -> None:
+    clock = FakeClock()
+    other = LoadReports(Down(), "1", serving(Batch()), builtin_kinds(), clock, index=1)
+    assert await other.report() is False
+
+
+class Down:
+    """A store that does not answer."""
+
+    async def write(self, *args: object, **kwargs: object) -> int:
+        raise StoreUnavailable("down")

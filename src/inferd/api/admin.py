@@ -16,13 +16,14 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import aiohttp
 from aiohttp import web
 
 from inferd.api.admin_gateway import GatewayView, cache_page, tenants_page
-from inferd.api.errors import status_of
+from inferd.api.errors import error_headers, status_of
 from inferd.clock import Clock
 from inferd.config import ConfigError
-from inferd.errors import BadRequest, Conflict, NotFound
+from inferd.errors import BadRequest, ClusterUnavailable, Conflict, NotFound
 from inferd.fleet.control import FleetControl
 from inferd.fleet.scaling import ScalingLoop
 from inferd.routing.retry import RetryBudget
@@ -36,6 +37,11 @@ from inferd.wire.connection import WorkerConnection, slot_of
 from inferd.worker.launcher import Launcher
 
 log = logging.getLogger("inferd.admin")
+
+FORWARDED = "X-Inferd-Forwarded"
+"""Marks a change forwarded to the front end that decides (it is not forwarded again)."""
+FORWARD_TIMEOUT_S = 900.0
+"""A forwarded update answers when done: as long as its workers take to start, one by one."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,6 +71,9 @@ class AdminTarget:
     items and busy ratio are then the whole server's."""
     frontend: Mapping[str, str | None] | None = None
     """This front end as GET /admin/workers shows it: {"id": config.frontend_id(), "zone": ...}."""
+    decider: Callable[[], Awaitable[str | None]] | None = None
+    """The admin address (HOST:PORT) of the front end that decides for the server when it is another
+    (cluster/frontend.py): a change (scale, update) asked here is carried out there. None: here."""
 
 
 class AdminApi:
@@ -119,6 +128,9 @@ class AdminApi:
             return await handler(request)
         except (NotFound, BadRequest, Conflict) as exc:  # 404, 400, 409 (a rolling update refused)
             return web.json_response({"error": exc.message}, status=status_of(exc)[0])
+        except ClusterUnavailable as exc:  # 503: the cluster store is down, or the lease is not held here
+            headers = {k.decode(): v.decode() for k, v in error_headers(exc)}
+            return web.json_response({"error": exc.message}, status=status_of(exc)[0], headers=headers)
 
     async def workers(self, request: web.Request) -> web.Response:
         t = self.target
@@ -179,14 +191,35 @@ class AdminApi:
             raise BadRequest("pass ?workers=N (a whole number of local workers)") from None
         model = request.match_info["model"]
         version = _version(request)
+        if (there := await self._forwarded(request)) is not None:
+            return there
         done = await self.target.fleet.scale_to(model, workers, version)
         return web.json_response({"model": model, "workers": done})
 
     async def update(self, request: web.Request) -> web.Response:
         """POST /admin/models/{model}/update[?version=N]: roll to version N (default: the repository's
         highest; lower versions roll back), worker by worker. Answers when done."""
+        if (there := await self._forwarded(request)) is not None:
+            return there
         model = request.match_info["model"]
         return web.json_response(await self.target.fleet.rolling_update(model, _version(request)))
+
+    async def _forwarded(self, request: web.Request) -> web.Response | None:
+        """A change asked of a front end that does not decide: its answer from the one that does (once:
+        a forwarded change is carried out, or refused, where it lands). None: carry it out here."""
+        if self.target.decider is None or request.headers.get(FORWARDED):
+            return None
+        where = await self.target.decider()
+        if where is None:
+            return None
+        headers = {FORWARDED: "1", **{k: v for k, v in request.headers.items() if k == "Authorization"}}
+        try:
+            async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=FORWARD_TIMEOUT_S)) as http:
+                async with http.post(f"{request.scheme}://{where}{request.path_qs}", headers=headers) as r:
+                    body = await r.read()
+                    return web.Response(status=r.status, body=body, content_type="application/json")
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            raise ClusterUnavailable(f"the front end that decides ({where}) did not answer: {exc!r}") from None
 
     async def reload(self, request: web.Request) -> web.Response:
         """POST /admin/reload: re-read the --config file and swap in its tenants, API keys, [gateway]

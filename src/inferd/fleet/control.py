@@ -47,7 +47,7 @@ class VersionHost(Protocol):
 
 
 class Followers(Protocol):
-    """The other front ends of `--frontends N` (frontends/version_sync.py): their workers are ours, so
+    """The other front ends (cluster/served.py, over the served state): their workers are ours, so
     they must serve a version before its workers start, and leave the old one before it goes."""
 
     async def until_serving(self, model: str, version: int) -> None:
@@ -69,6 +69,7 @@ class FleetControl:
         load_version: VersionLoader | None = None,
         ready_timeout_s: float = 120.0,
         followers: Followers | None = None,
+        gate: Callable[[], None] | None = None,
     ) -> None:
         self.registry = registry
         self.launcher = launcher
@@ -77,7 +78,10 @@ class FleetControl:
         self.load_version = load_version
         self.ready_timeout_s = ready_timeout_s
         self.followers = followers
-        """The other front ends (several front ends; None: this is the only one)."""
+        """The other front ends (None: none to wait for)."""
+        self.gate = gate
+        """Called before a change (scale, update): raises when this front end may not change the fleet
+        now (it does not hold the lease: cluster/lease.py)."""
         self._locks: dict[str, asyncio.Lock] = {}
         self._updating: dict[str, tuple[int, int, int]] = {}
         """Model -> (old version, new version, workers) while its rolling update runs."""
@@ -94,6 +98,8 @@ class FleetControl:
         """Set the number of local workers of a version (default: the default version); removed ones are
         drained (they finish what they hold)."""
         rt = self._with_workers(model, version)
+        if self.gate is not None:
+            self.gate()
         if not 0 <= workers <= MAX_LOCAL_WORKERS:
             raise BadRequest(f"workers must be within 0..{MAX_LOCAL_WORKERS}, got {workers}")
         async with self._lock(model):
@@ -126,6 +132,8 @@ class FleetControl:
         current default version's workers one by one. A version already served side by side becomes
         the default at once."""
         old = self._with_workers(model, None)
+        if self.gate is not None:
+            self.gate()
         if version is not None and version in self.registry.versions(model):
             self.registry.set_default(model, version)
             log.info("model %s: default version %d -> %d (already served)", model, old.version, version)

@@ -4,7 +4,8 @@ through fleet control (which starts workers, or drains them before they go). Wha
 its kind's (`Kind.autoscaling`, runtime/demand.py): batch models on batching-aware signals
 (kinds/batch/demand.py), LLM models on their engines' pressure (kinds/llm/demand.py).
 
-With several front ends (`--frontends N`) the owner's loop runs alone and hands its kind's observer the
+It acts only while its front end holds the lease of the server's decisions (`acts`). With several front
+ends (`--frontends N`) the owner's loop runs alone and hands its kind's observer the
 other front ends' reported loads (`others`, runtime/frontend_load.py): a batch model's queue depth,
 arrival rate and busy ratio are the whole server's."""
 
@@ -14,6 +15,7 @@ import asyncio
 import logging
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -63,6 +65,7 @@ class ScalingLoop:
         policy: ScalingPolicy,
         interval_s: float = 1.0,
         others: FrontendLoads | None = None,
+        acts: Callable[[], bool] | None = None,
     ) -> None:
         self.registry = registry
         self.fleet = fleet
@@ -78,10 +81,14 @@ class ScalingLoop:
         """The other front ends' reported loads (the owner of several front ends), else None."""
         self.observed: Observed | None = None
         """The latest observation (for the admin API)."""
+        self.acts = acts
+        """Whether this front end decides now (it holds the lease: cluster/lease.py); None: always."""
 
     async def run(self) -> None:
         while True:
             await asyncio.sleep(self.interval_s)
+            if self.acts is not None and not self.acts():
+                continue  # another front end decides, or the store is down: no change from here
             self.observed = self.observe()
             decision = self.autoscaler.decide(self.observed)
             self.last = decision

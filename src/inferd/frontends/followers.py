@@ -3,8 +3,8 @@ and when it came (`FollowerReports`), and waiting until no follower up lags (`un
 
 A follower counts as up while its last report is at most `live_s` old. One that dies sends no report
 to say so: `until` looks again at least every RECHECK_S, so it stops counting `live_s` after its last
-report, not at the wait's end. Used by version_sync.py (model versions), config_sync.py (config
-reloads) and frontends/index_sync.py (search indexes), each with its own report type and questions.
+report, not at the wait's end. Used by frontends/index_sync.py (search indexes); the model versions
+and the config reloads wait on reports in the cluster store instead (cluster/served.py, cluster/reload.py).
 """
 
 from __future__ import annotations

@@ -40,10 +40,6 @@ class FrontendPlan:
         canary outcomes, the search writes they forward."""
         return os.path.join(self.socket_dir, "owner.sock")
 
-    def served_path(self) -> str:
-        """What the owner serves, for an owner started again (frontends/served_file.py)."""
-        return os.path.join(self.socket_dir, "served.json")
-
     def store_path(self) -> str:
         """Where the parent serves the store the front ends share (cluster/local.py)."""
         return os.path.join(self.socket_dir, "store.sock")

@@ -3,6 +3,7 @@ gateway's tenants and API keys from the --config file."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import gc
 import logging
@@ -16,6 +17,7 @@ from types import FrameType
 from typing import Any
 
 import uvicorn
+import uvloop
 from prometheus_client import CollectorRegistry
 
 from inferd import tls
@@ -24,7 +26,11 @@ from inferd.api.asgi import AsgiApp
 from inferd.api.door_policy import DoorCollector, DoorLimits, DoorPolicy
 from inferd.api.frontdoor import front_door_protocol
 from inferd.clock import MonotonicClock
-from inferd.config import ModelConfig, ServerConfig
+from inferd.cluster.config import open_store, store_url
+from inferd.cluster.frontend import Seat
+from inferd.cluster.members import Membership, fingerprint, new_member
+from inferd.cluster.saved import take
+from inferd.config import ConfigError, ModelConfig, ServerConfig
 from inferd.frontends.plan import FrontendPlan
 from inferd.server import InferenceServer
 
@@ -104,9 +110,12 @@ def front_door_options(cfg: ServerConfig, metrics: CollectorRegistry, app: AsgiA
 
 
 def build_uvicorn(
-    cfg: ServerConfig, models: list[ModelConfig], frontend: FrontendPlan | None = None
+    cfg: ServerConfig,
+    models: list[ModelConfig],
+    frontend: FrontendPlan | None = None,
+    seat: Seat | None = None,
 ) -> tuple[uvicorn.Server, InferenceServer]:
-    server = InferenceServer(cfg, models, frontend=frontend)
+    server = InferenceServer(cfg, models, frontend=frontend, seat=seat)
     app = create_app(server)
     ucfg = uvicorn.Config(
         app,
@@ -129,9 +138,7 @@ def build_uvicorn(
 def run_server(cfg: ServerConfig, models: list[ModelConfig]) -> None:
     """One front end, this process (several: runner/parent.py)."""
     log_config(cfg, models)
-    userver, _ = build_uvicorn(cfg, models)
-    _settle_heap()
-    userver.run()
+    _run(cfg, models, None, None)
 
 
 def log_config(cfg: ServerConfig, models: list[ModelConfig]) -> None:
@@ -145,11 +152,48 @@ def log_config(cfg: ServerConfig, models: list[ModelConfig]) -> None:
 def serve_frontend(
     cfg: ServerConfig, models: list[ModelConfig], plan: FrontendPlan, sock: socket.socket
 ) -> None:
-    """One of several front ends (runner/parent.py), on its own SO_REUSEPORT socket."""
-    userver, _ = build_uvicorn(cfg, models, plan)
+    """One of several front ends (runner/parent.py), on its own SO_REUSEPORT socket, sharing the
+    parent's store (cluster/local.py). The owner, started again, serves what it served (cluster/saved.py)."""
     log.info("front end %d of %d (pid %d) serving on port %d", plan.index, plan.count, os.getpid(), cfg.port)
-    _settle_heap()
-    userver.run(sockets=[sock])
+    _run(cfg, models, plan, [sock])
+
+
+def _run(
+    cfg: ServerConfig, models: list[ModelConfig], plan: FrontendPlan | None, sockets: list[socket.socket] | None
+) -> None:
+    """The server on one event loop (uvloop), which opens its seat in the cluster first (the store's
+    clients belong to the loop that uses them)."""
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        try:
+            seat = runner.run(seat_of(cfg, models, plan))
+        except ConfigError as exc:  # the store fails its PING: refused with the fix
+            log.error("%s", exc)
+            raise SystemExit(2) from None
+        userver, _ = build_uvicorn(cfg, models, plan, seat)
+        _settle_heap()
+        runner.run(userver.serve(sockets=sockets))
+
+
+async def seat_of(cfg: ServerConfig, models: list[ModelConfig], plan: FrontendPlan | None) -> Seat:
+    """This front end's seat: the store it shares (`[cluster] store` / `--store`; with --frontends N and
+    none, the parent's), its id there, and what it served before a restart (the first on its host, which
+    runs the local workers: cluster/saved.py); on a shared store, its record `frontend/<id>`
+    (cluster/members.py). Alone with no store: a MemoryStore of its own."""
+    store = await open_store(cfg, plan.store_path() if plan else None, plan.token if plan else "")
+    if store is None:
+        return Seat()
+    index = plan.index if plan else 0
+    if store_url(cfg) is None:  # one host: the front ends are named by their index
+        me, named, count = str(index), index, plan.count if plan else 1
+    else:  # many hosts: by address (the id of --frontend-id takes its place once it exists)
+        me, named, count = f"{cfg.host}:{cfg.port}" + (f"/{index}" if plan else ""), -1, None
+    members = None
+    if store_url(cfg) is not None:  # one live front end per id: a second is refused (ConfigError)
+        admin = f"{cfg.admin_host}:{cfg.admin_port}" if cfg.admin_port is not None else None
+        record = new_member(me, f"{cfg.host}:{cfg.port}", fingerprint(models, cfg.model_repo), admin=admin)
+        members = Membership(store, record, MonotonicClock())
+        await members.join()
+    return Seat(store, me, named, count, await take(store, me) if index == 0 else {}, members)
 
 
 def _settle_heap() -> None:

@@ -24,6 +24,7 @@ while a front end restarts, and so that port 0 names one free port for all of th
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import ctypes
 import dataclasses
@@ -40,8 +41,9 @@ from multiprocessing.process import BaseProcess
 from types import FrameType
 
 from inferd.clock import MonotonicClock
+from inferd.cluster.config import open_store, store_url
 from inferd.cluster.local import LocalStoreServer
-from inferd.config import ModelConfig, ServerConfig
+from inferd.config import ConfigError, ModelConfig, ServerConfig
 from inferd.frontends.plan import FrontendPlan
 
 log = logging.getLogger("inferd.frontends")
@@ -243,4 +245,16 @@ def run_frontends(cfg: ServerConfig, models: list[ModelConfig]) -> int:
     from inferd.runner import log_config
 
     log_config(cfg, models)
+    if store_url(cfg) is not None:  # a shared store that fails its PING: refused once, not per front end
+        try:
+            asyncio.run(_reachable(cfg))
+        except ConfigError as exc:
+            log.error("%s", exc)
+            return 2
     return Frontends(cfg, models).run()
+
+
+async def _reachable(cfg: ServerConfig) -> None:
+    store = await open_store(cfg)
+    if store is not None:
+        await store.close()

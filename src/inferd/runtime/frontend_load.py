@@ -6,7 +6,8 @@ Each front end of `inferd serve --frontends N` queues, batches and measures only
 it: its queue depth, its arrival rate and its share of the devices' busy time (the workers are shared:
 each front end's busy ratio counts only its own batches). The owner's autoscaler must decide on the
 whole server's load, so the other front ends (followers) report their `ModelLoad`s to the owner every
-second (frontends/load_sync.py) and the owner adds the fresh ones to its own (`FrontendLoads.total`).
+second (cluster/load.py: each writes its `load/<frontend>` document in the cluster store, and the
+front end that decides reads them) and it adds the fresh ones to its own (`FrontendLoads.total`).
 A report older than `expire_after_s` no longer counts: a follower that died stops counting within a
 few intervals, one that restarts counts again from its next report. Plain objects, injected clock.
 """
@@ -85,20 +86,20 @@ class FrontendLoads:
     def __init__(self, clock: Clock, expire_after_s: float = EXPIRE_AFTER_S) -> None:
         self.clock = clock
         self.expire_after_s = expire_after_s
-        self._reports: dict[int, tuple[float, tuple[ModelLoad, ...]]] = {}
-        """Front end index -> (when its latest report came, its loads)."""
+        self._reports: dict[int | str, tuple[float, tuple[ModelLoad, ...]]] = {}
+        """Front end (its index on one host, else its id) -> (when its latest report came, its loads)."""
 
-    def record(self, frontend: int, loads: Iterable[ModelLoad]) -> None:
+    def record(self, frontend: int | str, loads: Iterable[ModelLoad]) -> None:
         """Front end `frontend` reported: its loads replace what it reported before."""
         self._reports[frontend] = (self.clock.now(), tuple(loads))
 
-    def reporting(self) -> list[int]:
+    def reporting(self) -> list[int | str]:
         """The front ends whose latest report still counts (stale ones are forgotten)."""
         now = self.clock.now()
         for index, (at, _) in list(self._reports.items()):
             if now - at > self.expire_after_s:
                 del self._reports[index]
-        return sorted(self._reports)
+        return sorted(self._reports, key=str)
 
     def total(self, own: ModelLoad) -> ModelLoad:
         """`own` (the owner's load) plus every fresh report of the same model and version."""

@@ -72,10 +72,10 @@ class Kind:
     text routes; "search"): a route takes models of its family, a fallback is of the same family."""
     queues_per_frontend: bool = False
     """Its requests queue in each front end (batch): with several front ends a follower reports its
-    load to the owner, whose autoscaler counts every front end's (frontends/load_sync.py)."""
+    load (cluster/load.py), and the autoscaler of the front end that decides counts every one's."""
     rolls_versions: bool = True
     """Its models' versions run on workers of ours, rolled by fleet updates, and every front end serves
-    the owner's versions (frontends/version_sync.py). False without workers, and for search (every front
+    the served versions (cluster/served.py). False without workers, and for search (every front
     end follows the owner's indexes through frontends/index_sync.py)."""
     streams_tokens: bool = False
     """Its models stream tokens: an [slo] table may set ttft_ms and itl_ms (checked by `check`)."""

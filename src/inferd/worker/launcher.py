@@ -175,7 +175,7 @@ class Launcher(abc.ABC, Generic[P]):
         return new
 
     def add_at(self, model: str, version: int, indexes: list[int]) -> list[WorkerSlot]:
-        """Slots at these indexes (a restarted owner takes back its predecessor's: frontends/served_file.py;
+        """Slots at these indexes (a restarted owner takes back its predecessor's: cluster/saved.py;
         each adopts that slot's surviving worker, else starts one). Before the launcher runs."""
         if self._tg is not None:
             raise RuntimeError("add_at is for slots taken back before the launcher runs")

@@ -1,51 +1,51 @@
-"""What the owner serves, kept in the parent's folder, so that an owner the parent starts again serves it.
+"""What a front end served, kept in the cluster store, so that one started again serves it.
 
 The versions of a model change at runtime (a rolling update, a rollback: fleet/control.py) while the
-config file still names the version the server started with. With several front ends the owner can die
-and be started again by the parent while the server goes on; without this file it would come back
-serving the config's versions, turn away the workers of the version it had rolled to, and take the
-followers back with it: a finished update silently undone.
+config file still names the version the server started with. A front end that runs workers (the owner of
+`--frontends N`: the holder of the lease) can die and be started again while the server goes on; serving
+the config's versions it would turn away the workers of the version it had rolled to, and take the others
+back with it: a finished update silently undone.
 
-So the owner writes what it serves, for the kinds with workers (each model's versions, default version,
-live worker slots, and the rolling update running, if any), to `served.json` in the parent's folder:
-looked at every SYNC_INTERVAL_S, written when it changed. The folder outlives the owner and is removed
-with the server, so only an owner of the same server reads it, before it makes its runtimes and its
-worker slots (`restore_for`). Each saved model is served as saved (versions loaded from the model
-repository, as the update loaded them) with its saved default, and takes back its saved slots at the
-same indexes: each adopts its surviving worker (worker/survivors.py) or starts one.
+So the state it serves is in the store, which outlives it (the parent's, with `--frontends N`; Redis
+across hosts): each model's versions, default version and the rolling update running, if any, are in
+the `served` document (cluster/served.py), and the live worker slots of the front end's own launcher in
+`local/<frontend>` (`save`, written when they changed). A front end reads both before it makes its
+runtimes and its worker slots (`take`). Each saved model is served as saved (versions loaded from the
+model repository, as the update loaded them) with its saved default, and takes back its saved slots at
+the same indexes: each adopts its surviving worker (worker/survivors.py) or starts one.
 
 A rolling update that was running is not resumed worker by worker: it ends at once where its default
 was (`SavedModel.settled`). Past the first new worker ready (the default moved), the old version is
 dropped and its slots come back as new slots of the new version: the update is finished, with the
 workers it would have ended with. Before that, the new version is dropped: the update is undone. The
-dropped version's surviving workers get SIGTERM (they drain), and the followers retire it (what they
-still had queued for it fails with 503). So the state saved a moment before the update's last step
-gives the same end as the state after it.
+dropped version's surviving workers get SIGTERM (they drain), and the others retire it once the holder
+writes the settled state (what they still had queued for it fails with 503). So the state saved a
+moment before the update's last step gives the same end as the state after it.
 
-A model whose saved versions cannot be loaded keeps the config's, and so does one the file does not
-name. The owners that start with a saved state are counted until one runs with it (`take`, `save`):
-after MAX_STARTS in a row died first (a state that fails the start, say), the next serves the config's
-versions. A server started afresh has a new folder and serves its config.
+A model whose saved versions cannot be loaded keeps the config's, and so does one the document does not
+name. The starts with a saved state are counted (in `local/<frontend>`) until one runs with it (`take`,
+`save`): after MAX_STARTS in a row died first (a state that fails the start, say), the next serves the
+config's versions. A server started afresh (a new parent, a new cluster name) serves its config.
 """
 
 from __future__ import annotations
 
 import logging
-import os
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import msgspec
 
+from inferd.cluster.follower import Document
+from inferd.cluster.served import SERVED
+from inferd.cluster.store import Store, StoreError
 from inferd.config import ConfigError, ModelConfig
 from inferd.fleet.control import MAX_LOCAL_WORKERS, VersionLoader
-from inferd.frontends.plan import FrontendPlan
 
 if TYPE_CHECKING:
     from inferd.runtime.registry import ModelRegistry
     from inferd.worker.launcher import Launcher
 
-log = logging.getLogger("inferd.frontends")
+log = logging.getLogger("inferd.cluster")
 
 
 class SavedModel(msgspec.Struct, frozen=True):
@@ -88,9 +88,20 @@ MAX_STARTS = 3
 """Owners in a row that may start with a saved state and die before they run with it (a SIGKILL in that
 moment, or a state that fails the start); the next one serves the config's versions."""
 
+LOCAL = "local/"
+"""`local/<frontend>`: what one front end's launcher runs (its worker slots), for its restart."""
 
-def _starts(path: Path) -> Path:
-    return path.with_name(f"{path.name}.starts")
+
+class LocalSlots(msgspec.Struct, frozen=True):
+    """A front end's `local/<frontend>` document: each model's live worker slots by version, and the
+    starts counted since one last ran with them (`take`, `save`)."""
+
+    slots: dict[str, dict[int, list[int]]] = {}
+    starts: int = 0
+
+
+def local_doc(frontend: str) -> Document[LocalSlots]:
+    return Document(LOCAL + frontend, LocalSlots, LocalSlots)
 
 
 def _an_update(updating: list[int], versions: list[int], default: int) -> bool:
@@ -106,55 +117,49 @@ def _an_update(updating: list[int], versions: list[int], default: int) -> bool:
     )
 
 
-def save(path: Path, models: dict[str, SavedModel]) -> None:
-    """Replace the file at once (a reader never sees half of it); the owner runs with it: its starts
-    are no longer counted."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_bytes(msgspec.json.encode(models))
-    os.replace(tmp, path)
-    _starts(path).unlink(missing_ok=True)
+async def save(store: Store, frontend: str, slots: dict[str, dict[int, list[int]]]) -> None:
+    """Keep this front end's worker slots; it runs with them: its starts are no longer counted."""
+    await store.write(LOCAL + frontend, msgspec.msgpack.encode(LocalSlots(slots)))
 
 
-def load(path: Path) -> dict[str, SavedModel]:
-    """What a previous owner saved; {} when none did (a server's first owner) or the file is unreadable."""
+async def load(store: Store, frontend: str) -> tuple[dict[str, SavedModel], int]:
+    """What the served document and this front end's slots say it served, and the starts counted; ({}, 0)
+    when this front end kept no slots (its first start), or a document is not what a front end writes."""
     try:
-        raw = path.read_bytes()
-    except FileNotFoundError:
-        return {}
-    except OSError as exc:
-        log.error("cannot read %s (%s): serving the config's versions", path, exc)
-        return {}
-    try:
-        return msgspec.json.decode(raw, type=dict[str, SavedModel])
+        _, served = await SERVED.read(store)
+        kept, local = await local_doc(frontend).read(store)
     except msgspec.DecodeError as exc:
-        log.error("%s is not what an owner front end writes (%s): serving the config's versions", path, exc)
-        return {}
+        log.error("the served state is not what a front end writes (%s): serving the config's versions", exc)
+        return {}, 0
+    if not kept:  # this front end never ran here: its config's workers (the served versions it follows)
+        return {}, 0
+    saved = {
+        name: SavedModel(m.versions, m.default, local.slots.get(name, {}), m.updating)
+        for name, m in served.models.items()
+    }
+    return saved, local.starts
 
 
-def take(path: Path) -> dict[str, SavedModel]:
-    """`load` for an owner about to start with it, counting the starts until one runs (`save`): after
-    MAX_STARTS owners in a row died first, the next serves the config's versions (a state that fails
-    the start does not keep the owner from starting)."""
-    saved = load(path)
-    if not saved:
-        return {}
-    counter = _starts(path)
+async def take(store: Store, frontend: str) -> dict[str, SavedModel]:
+    """`load` for a front end about to start with it, counting the starts until one runs (`save`): after
+    MAX_STARTS in a row died first, the next serves the config's versions (a state that fails the start
+    does not keep the front end from starting). {} when the store does not answer (the config's)."""
     try:
-        starts = int(counter.read_text())
-    except (OSError, ValueError):
-        starts = 0
-    if starts >= MAX_STARTS:
-        log.error(
-            "%d owner front ends in a row died before they ran with the versions saved in %s (their logs "
-            "say why, unless they were killed): serving the config's versions",
-            starts,
-            path,
-        )
-        return {}
-    try:
-        counter.write_text(str(starts + 1))
-    except OSError as exc:
-        log.error("cannot count the starts in %s (%s): serving the config's versions", counter, exc)
+        saved, starts = await load(store, frontend)
+        if not saved:
+            return {}
+        if starts >= MAX_STARTS:
+            log.error(
+                "%d front ends %s in a row died before they ran with the versions served (their logs say "
+                "why, unless they were killed): serving the config's versions",
+                starts,
+                frontend,
+            )
+            return {}
+        _, local = await local_doc(frontend).read(store)
+        await store.write(LOCAL + frontend, msgspec.msgpack.encode(LocalSlots(local.slots, starts + 1)))
+    except StoreError as exc:
+        log.error("the cluster store does not answer (%s): serving the config's versions", exc)
         return {}
     return saved
 
@@ -178,16 +183,6 @@ class Restored(msgspec.Struct, frozen=True):
                 launcher.add(m.name, n, m.version)
             else:
                 launcher.add_at(m.name, m.version, at)
-
-
-def restore_for(
-    plan: FrontendPlan | None, models: list[ModelConfig], load_version: VersionLoader | None
-) -> Restored:
-    """`restore` for the owner of several front ends, from its folder's file; the config's models as they
-    are for the only front end and for the followers (they follow the owner: version_sync.py)."""
-    if plan is None or not plan.is_owner:
-        return Restored(models)
-    return restore(models, take(Path(plan.served_path())), load_version)
 
 
 def restore(

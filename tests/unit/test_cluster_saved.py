@@ -1,17 +1,19 @@
-"""What an owner front end started again serves (frontends/served_file.py): each saved model's versions,
-default and worker slots at their indexes, a running rolling update ended where its default was; the
-config's when a saved version cannot be loaded, the file is not an owner's, or three owners in a row
-died before they ran with it."""
+"""What an owner front end started again serves (cluster/saved.py, from the cluster store): each saved
+model's versions, default and worker slots at their indexes, a running rolling update ended where its
+default was; the config's when a saved version cannot be loaded, the state is not a front end's, the
+store does not answer, or three owners in a row died before they ran with it."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
+import msgspec
 import pytest
 
+from inferd.clock import FakeClock
+from inferd.cluster.memory import MemoryStore
+from inferd.cluster.saved import Restored, SavedModel, load, restore, save, take
+from inferd.cluster.served import ModelServed, ServedState
+from inferd.cluster.store import StoreUnavailable
 from inferd.config import ConfigError, ModelConfig, TensorSpec
-from inferd.frontends.plan import FrontendPlan
-from inferd.frontends.served_file import Restored, SavedModel, load, restore, restore_for, save, take
 from inferd.runtime.registry import ModelRegistry
 from inferd.worker.supervisor import Supervisor
 
@@ -36,28 +38,42 @@ def repository(*present: tuple[str, int]) -> object:
     return load_version
 
 
-def test_the_file_round_trips_and_a_garbled_or_missing_one_is_empty(tmp_path: Path) -> None:
-    path = tmp_path / "served.json"
-    assert load(path) == {}
+async def served_as(store: MemoryStore, saved: dict[str, SavedModel], frontend: str = "0") -> None:
+    """The store as a holder leaves it: the served document and the front end's slots."""
+    models = {n: ModelServed(m.versions, m.default, m.updating) for n, m in saved.items()}
+    await store.write("served", msgspec.msgpack.encode(ServedState(models=models)))
+    await save(store, frontend, {n: m.slots for n, m in saved.items()})
+
+
+async def test_the_state_round_trips_through_the_store_and_a_garbled_or_missing_one_is_empty() -> None:
+    store = MemoryStore(FakeClock())
+    assert await load(store, "0") == ({}, 0)
     saved = {"sim": SavedModel([1, 2], 2, {1: [0], 2: [1, 2]}, [1, 2, 2])}
-    save(path, saved)
-    assert load(path) == saved
-    assert [p.name for p in tmp_path.iterdir()] == ["served.json"]  # no temporary file left
-    path.write_text('{"sim": {"versions": "two"}}')
-    assert load(path) == {}
-    path.unlink()
-    path.mkdir()  # unreadable: the config's versions, not a failed start
-    assert load(path) == {}
+    await served_as(store, saved)
+    assert await load(store, "0") == (saved, 0)
+    assert await load(store, "1") == ({}, 0)  # it never ran: its config's workers, and it follows the rest
+    await save(store, "1", {})
+    assert await load(store, "1") == ({"sim": SavedModel([1, 2], 2, {}, [1, 2, 2])}, 0)  # ran with no slots
+    await store.write("served", b"\x93garbled")
+    assert await load(store, "0") == ({}, 0)
 
 
-def test_owners_that_die_before_they_run_with_a_state_are_counted_up_to_three(tmp_path: Path) -> None:
-    path = tmp_path / "served.json"
+async def test_owners_that_die_before_they_run_with_a_state_are_counted_up_to_three() -> None:
+    store = MemoryStore(FakeClock())
     saved = {"sim": SavedModel([2], 2, {2: [2, 3]})}
-    save(path, saved)
-    assert [take(path) for _ in range(4)] == [saved, saved, saved, {}]  # three died before they ran
-    save(path, saved)  # an owner runs (with the config's versions, or the saved ones): counting anew
-    assert [p.name for p in tmp_path.iterdir()] == ["served.json"]
-    assert take(path) == saved
+    await served_as(store, saved)
+    assert [await take(store, "0") for _ in range(4)] == [saved, saved, saved, {}]  # three died before they ran
+    await save(store, "0", {"sim": {2: [2, 3]}})  # a front end runs (with the config's versions, or the saved)
+    assert await take(store, "0") == saved
+    assert (await load(store, "0"))[1] == 1  # counted until this one runs
+
+
+async def test_a_store_that_does_not_answer_at_start_leaves_the_config() -> None:
+    class Down(MemoryStore):
+        async def read(self, doc: str) -> None:
+            raise StoreUnavailable("down")
+
+    assert await take(Down(FakeClock()), "0") == {}
 
 
 def test_a_finished_update_is_served_again_with_its_slots() -> None:
@@ -135,16 +151,13 @@ def test_a_saved_version_that_cannot_be_loaded_leaves_the_config(load_version: o
     assert r == Restored(models)
 
 
-def test_only_the_owner_of_several_front_ends_restores(tmp_path: Path) -> None:
+async def test_an_owner_started_again_takes_its_saved_slots_and_default() -> None:
     models = [config("sim", 1)]
-    plan = FrontendPlan(0, 2, str(tmp_path), "token")
-    save(Path(plan.served_path()), {"sim": SavedModel([2], 2, {2: [1]})})
-    load_version = repository(("sim", 2))
-    assert restore_for(None, models, load_version) == Restored(models)
-    assert restore_for(plan.at(1), models, load_version) == Restored(models)
-    restored = restore_for(plan, models, load_version)
+    store = MemoryStore(FakeClock())
+    await served_as(store, {"sim": SavedModel([2], 2, {2: [1]})})
+    restored = restore(models, await take(store, "0"), repository(("sim", 2)))
     assert [m.version for m in restored.models] == [2]
-    assert Path(plan.served_path() + ".starts").read_text() == "1"  # counted until this owner runs
+    assert (await load(store, "0"))[1] == 1  # counted until this owner runs
 
     launcher, registry = Supervisor("unix:/nowhere", "token", "INFO"), ModelRegistry()  # never run
     restored.add_slots(launcher, [(m, 2) for m in restored.models])
