@@ -32,7 +32,7 @@ def test_a_stop_signal_during_a_front_ends_start_reaches_it(monkeypatch: pytest.
     frontends = Frontends.__new__(Frontends)
     frontends.context = SimpleNamespace(Process=Process)
     frontends.plan = SimpleNamespace(at=lambda index: index)
-    frontends.cfg = frontends.models = frontends.holder = None
+    frontends.cfg = frontends.models = frontends.holder = frontends.store = None
     frontends.procs = {}
     frontends.stopping = False
     previous = signal.signal(signal.SIGTERM, frontends._forward)

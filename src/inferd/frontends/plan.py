@@ -44,6 +44,10 @@ class FrontendPlan:
         """What the owner serves, for an owner started again (frontends/served_file.py)."""
         return os.path.join(self.socket_dir, "served.json")
 
+    def store_path(self) -> str:
+        """Where the parent serves the store the front ends share (cluster/local.py)."""
+        return os.path.join(self.socket_dir, "store.sock")
+
     def at(self, index: int) -> FrontendPlan:
         return FrontendPlan(index, self.count, self.socket_dir, self.token, self.parent_pid)
 

@@ -15,6 +15,9 @@ that dies.
 * SIGTERM, SIGINT and SIGHUP go to every front end; the parent exits once they all have, stopping any
   worker still there (one left by an owner that died while the server stopped).
 
+The parent serves the store the front ends share (cluster/local.py) from a thread of its own, started
+before the first front end: it outlives every front end's restart, so a restarted one finds the state.
+
 The parent holds a socket bound to the port (never listening) so that the port stays the server's
 while a front end restarts, and so that port 0 names one free port for all of them.
 """
@@ -36,6 +39,8 @@ import time
 from multiprocessing.process import BaseProcess
 from types import FrameType
 
+from inferd.clock import MonotonicClock
+from inferd.cluster.local import LocalStoreServer
 from inferd.config import ModelConfig, ServerConfig
 from inferd.frontends.plan import FrontendPlan
 
@@ -107,6 +112,7 @@ class Frontends:
     def __init__(self, cfg: ServerConfig, models: list[ModelConfig]) -> None:
         self.socket_dir = tempfile.mkdtemp(prefix="inferd-")
         self.plan = FrontendPlan(0, cfg.frontends, self.socket_dir, secrets.token_hex(16))
+        self.store = LocalStoreServer(self.plan.store_path(), self.plan.token, MonotonicClock())
         self.holder = reuseport_socket(cfg.host, cfg.port)
         self.cfg = cfg.model_copy(update={"port": self.holder.getsockname()[1]})
         self.models = models
@@ -123,18 +129,22 @@ class Frontends:
         else:
             log.warning("cannot become the workers' subreaper: the owner's workers exit with it")
         try:
+            self.store.start()
             for index in range(self.plan.count):
                 self._start(index)
             self._watch()
         finally:
             self._stop_strays()
+            self.store.stop()
             shutil.rmtree(self.socket_dir, ignore_errors=True)
             self.holder.close()
         return 0
 
     def _start(self, index: int) -> None:
         proc = self.context.Process(
-            target=_serve, args=(self.cfg, self.models, self.plan.at(index), self.holder), daemon=False
+            target=_serve,
+            args=(self.cfg, self.models, self.plan.at(index), self.holder, self.store),
+            daemon=False,
         )
         # Blocked across the fork: a signal that lands before the child resets its handlers waits for
         # it (the default action), rather than running the parent's handler in the child; and the
@@ -209,8 +219,12 @@ class Frontends:
                 os.kill(proc.pid, sig)
 
 
-def _serve(cfg: ServerConfig, models: list[ModelConfig], plan: FrontendPlan, holder: socket.socket) -> None:
-    """A front end's process: its own socket on the shared port, then the server as with one."""
+def _serve(
+    cfg: ServerConfig, models: list[ModelConfig], plan: FrontendPlan, holder: socket.socket,
+    store: LocalStoreServer,
+) -> None:
+    """A front end's process: its own socket on the shared port, then the server as with one. The
+    parent's store is reached over its socket (plan.store_path()), not through the copies forked here."""
     for sig in FORWARDED:
         signal.signal(sig, signal.SIG_DFL)
     # until the server takes SIGHUP (a reload), one sent to every front end (`kill -HUP` of the parent)
@@ -218,6 +232,7 @@ def _serve(cfg: ServerConfig, models: list[ModelConfig], plan: FrontendPlan, hol
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, FORWARDED)
     holder.close()
+    store.close_inherited()
     from inferd.runner import serve_frontend
 
     sock = reuseport_socket(cfg.host, cfg.port)
