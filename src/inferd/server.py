@@ -29,7 +29,6 @@ from inferd.errors import ShuttingDown
 from inferd.fleet.control import FleetControl, repository_loader
 from inferd.fleet.scaling import ScalingLoop, scaling_policy
 from inferd.frontends.config_sync import one_frontend
-from inferd.frontends.index_sync import IndexSync
 from inferd.frontends.metrics import scrape_all, serve_registry
 from inferd.frontends.plan import FrontendPlan, worker_sockets
 from inferd.frontends.readiness import await_ready, ready_wait_s
@@ -101,8 +100,9 @@ class InferenceServer:
             self.registry.add(self.kinds.get(m.kind).make_runtime(m, self.context))
         restored.set_defaults(self.registry)
         self.metrics.registry.register(RuntimeCollector(self.registry, self.kinds))
-        self.traffic = Traffic(self.registry, self.clock, self.metrics.traffic, follower=follower)
-        """Canary and A/B splits of requests that name no version (gateway/traffic_control.py)."""
+        self.traffic = Traffic(self.registry, self.clock, self.metrics.traffic, follower=frontend is not None)
+        """Canary and A/B splits of requests that name no version (gateway/traffic_control.py); with
+        several front ends the lease holder's decide (gateway/canary_share.py)."""
         self.sync = (
             FrontendSync(frontend, config.max_body_bytes, self.traffic, self.registry, self, self.clock)
             if frontend is not None
@@ -112,9 +112,7 @@ class InferenceServer:
         self.owner_channel = self.sync.channel if self.sync is not None else None
         self.version_sync = self.sync.versions if self.sync is not None else None
         self.loads = loads = self.sync.load.loads if self.sync is not None else None
-        self.index_sync = (
-            IndexSync(frontend, self.owner_channel, self, self.clock) if self.owner_channel else None
-        )
+        self.index_sync = self.sync.indexes if self.sync is not None else None
         """Several front ends: each serves the search indexes the owner serves."""
         check_fallbacks((rt.config for rt in self.registry.defaults()), self._kinds_of, self.kinds)
         self.shadows = Shadows(
@@ -309,8 +307,6 @@ class InferenceServer:
                 if self.sync is not None:
                     await self.sync.open()
                     loops += [tg.create_task(loop, name=name) for name, loop in self.sync.loops().items()]
-                if self.index_sync is not None:
-                    loops.append(tg.create_task(self.index_sync.run(), name="index-sync"))
                 try:
                     if self.frontend is not None:  # one of several: listen once workers are here
                         await await_ready(lambda: self.ready, ready_wait_s(self._local_workers, self.config))

@@ -4,7 +4,8 @@ and when it came (`FollowerReports`), and waiting until no follower up lags (`un
 A follower counts as up while its last report is at most `live_s` old. One that dies sends no report
 to say so: `until` looks again at least every RECHECK_S, so it stops counting `live_s` after its last
 report, not at the wait's end. Used by version_sync.py (model versions), config_sync.py (config
-reloads) and frontends/index_sync.py (search indexes), each with its own report type and questions.
+reloads), each with its own report type and questions (the search indexes' reports are documents in
+the shared store: kinds/search/shared_indexes.py).
 """
 
 from __future__ import annotations

@@ -2,9 +2,9 @@
 
 Every REPORT_INTERVAL_S, each follower measures every batch model version it serves (queued items,
 arrival rate, its share of the devices' busy time: runtime/frontend_load.py `ModelLoad`) and sends them
-to the owner over the plan's owner channel (frontends/owner_channel.py), as the canary outcomes go
-(frontends/traffic_sync.py). The owner keeps each follower's latest report (`FrontendLoads`) and adds
-the fresh ones to its own load when its autoscaler observes a model and when /admin/models shows one.
+to the owner over the plan's owner channel (frontends/owner_channel.py). The owner keeps each
+follower's latest report (`FrontendLoads`) and adds the fresh ones to its own load when its autoscaler
+observes a model and when /admin/models shows one.
 A follower that stops reporting (dead, restarting, or its owner away) stops counting once its last
 report expires.
 """

@@ -15,7 +15,7 @@ starts (or restarts) exchanges once before it takes workers or requests, so it s
 serves, and once more before it turns away a worker of a version it does not serve; while the owner is
 away, a follower keeps what it serves.
 
-Search indexes are not versions: frontends/index_sync.py follows them.
+Search indexes are not versions: kinds/search/shared_indexes.py follows them.
 """
 
 from __future__ import annotations
