@@ -387,3 +387,19 @@ def test_the_documents_survive_the_store() -> None:
     assert CANARY_DOC.decode(Versioned(1, CANARY_DOC.encode(doc)))[1] == doc
     sent = OutcomesDoc("i", [Batch(3, {"m": Outcomes("k", [(2, "ok", 0.5)])})])
     assert OUTCOMES_DOC.decode(Versioned(1, OUTCOMES_DOC.encode(sent)))[1] == sent
+
+
+async def test_a_holder_without_splits_clears_the_states_left_and_then_writes_nothing() -> None:
+    clock = FakeClock()
+    store = MemoryStore(clock)
+    site = Site(store, clock, "a", {})  # a reload removed the split: no canary here now
+    assert site.traffic.splits == {}
+    await store.write(CANARY, CANARY_DOC.encode(CanaryDoc({"m": SplitState("k", 1, "rolled_back", "why")})))
+    await site.follower.read_all()
+    await site.hold()
+    await site.share.step()
+    revision, doc = await CANARY_DOC.read(store)
+    assert doc.states == {}  # a split of that config added again starts afresh
+    await site.share.step()
+    await site.share.step()
+    assert (await CANARY_DOC.read(store))[0] == revision

@@ -244,3 +244,21 @@ async def test_a_report_is_written_again_before_it_expires() -> None:
         clock.advance(shared_indexes.REPORT_TTL_S / 4)
         await other.report()
         assert list(await owner.reports()) == ["1"]
+
+
+async def test_the_owner_writes_a_change_at_once_and_looks_again_at_its_document_now_and_then() -> None:
+    clock = FakeClock()
+    store = MemoryStore(clock)
+    owner, server, _ = site(store, clock, "0", owner=True)
+    server.add_version(index("notes", shards=1))
+    await owner._keep_published()
+    assert list((await INDEXES_DOC.read(store))[1].settings) == ["notes"]
+    server.add_version(index("docs", shards=1))
+    await owner._keep_published()  # changed: written at once
+    assert sorted((await INDEXES_DOC.read(store))[1].settings) == ["docs", "notes"]
+    await store.delete(INDEXES)  # a store that lost it
+    await owner._keep_published()
+    assert await store.read(INDEXES) is None  # unchanged here: not read again yet
+    clock.advance(shared_indexes.CONFIRM_EVERY_S)
+    await owner._keep_published()
+    assert sorted((await INDEXES_DOC.read(store))[1].settings) == ["docs", "notes"]

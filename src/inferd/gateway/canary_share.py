@@ -119,6 +119,8 @@ class CanaryShare:
         self._marks: dict[str, Mark] = {}
         """The holder's marks, as absorbed here (ahead of the document's when a write failed)."""
         self._failing = False
+        self._stale_states = False
+        """The last `canary` read holds states (of splits this front end may no longer run)."""
         follower.follow(CANARY, self._apply)
 
     async def open(self) -> None:
@@ -145,16 +147,15 @@ class CanaryShare:
                 self._failing = False
 
     async def step(self) -> None:
-        """One interval: this front end's outcomes to the store, then the holder's judging."""
-        if not self.traffic.splits and not self.pending:
-            self._follow()
-            return
-        await self.hand_over()
+        """One interval: this front end's outcomes to the store, then the holder's judging (also without
+        splits while `canary` holds states: a split removed by a reload leaves none behind)."""
+        if self.traffic.splits or self.pending:
+            await self.hand_over()
         grant = self.holding()
         if grant is None:
             self._follow()
-            return
-        await self.judge(grant)
+        elif self.traffic.splits or self._stale_states:
+            await self.judge(grant)
 
     # ---- every front end ----------------------------------------------------------------------------
     async def hand_over(self) -> None:
@@ -201,6 +202,7 @@ class CanaryShare:
     def _apply_doc(self, doc: CanaryDoc) -> None:
         """A `canary` document read: its states (the holder's own are ahead of it) and this front end's
         batches it marks absorbed."""
+        self._stale_states = bool(doc.states)
         if self._judging is None:
             self.traffic.merge(doc.states)
         mark = doc.absorbed.get(self.frontend)
@@ -227,10 +229,12 @@ class CanaryShare:
         self._absorb(await self.store.read_prefix(OUTCOMES_PREFIX))
         self.traffic.tick()
         written = CanaryDoc(self.traffic.shared(), dict(self._marks))
+        self._stale_states = bool(doc.states)
         if written == doc:
             return
         try:
             await self.store.write(CANARY, CANARY_DOC.encode(written), expect=revision, fence=grant)
+            self._stale_states = bool(written.states)
         except Fenced:
             self._follow()
             raise

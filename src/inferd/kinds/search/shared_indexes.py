@@ -45,6 +45,9 @@ SHARE_INTERVAL_S = 0.25
 """How often the owner checks its document, and a front end its report."""
 REPORT_TTL_S = 2.0
 """A front end whose report is older than this is down: the owner does not wait for it."""
+CONFIRM_EVERY_S = 5.0
+"""The owner reads its document again this often even when its indexes did not change (a store that
+lost it gets it again)."""
 FOLLOWERS_WAIT_S = 5.0
 RECHECK_S = 0.1
 """How often a waiting owner reads the reports again."""
@@ -88,6 +91,8 @@ class SharedIndexes:
         self.interval_s = interval_s
         self.revision = 0
         """The owner's document's revision last applied here."""
+        self._published: tuple[float, dict[str, dict[str, Any]]] | None = None
+        """(when, what) of the owner's document as last written or found the same."""
         self._reported: tuple[float, list[str]] | None = None
         """(when, what) of this front end's last report that landed."""
         self._applying = asyncio.Lock()
@@ -100,7 +105,7 @@ class SharedIndexes:
         while True:
             try:
                 if self.owner:
-                    await self.publish()
+                    await self._keep_published()
                 else:
                     await self.report()
             except StoreError as exc:
@@ -110,10 +115,18 @@ class SharedIndexes:
     # ---- the owner ----------------------------------------------------------------------------------
     async def publish(self) -> None:
         """Write the indexes served here, when the document says otherwise."""
-        settings = self._settings()
+        settings, started = self._settings(), self.clock.now()
         await INDEXES_DOC.update(
             self.store, lambda doc: None if doc.settings == settings else IndexesDoc(settings)
         )
+        self._published = (started, settings)
+
+    async def _keep_published(self) -> None:
+        if self._published is not None:
+            at, settings = self._published
+            if settings == self._settings() and self.clock.now() - at < CONFIRM_EVERY_S:
+                return
+        await self.publish()
 
     async def until_followers_serve(self, name: str) -> None:
         """The owner, before it starts a new index's workers: until the front ends up serve it."""
