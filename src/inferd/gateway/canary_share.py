@@ -121,6 +121,7 @@ class CanaryShare:
         self._failing = False
         self._stale_states = False
         """The last `canary` read holds states (of splits this front end may no longer run)."""
+        self._dropping = False
         follower.follow(CANARY, self._apply)
 
     async def open(self) -> None:
@@ -179,9 +180,13 @@ class CanaryShare:
         self._landed_at, self._dirty = now, False
 
     def _bound(self) -> None:
+        dropped = 0
         while sum(len(o.outcomes) for b in self.pending for o in b.outcomes.values()) > MAX_SAMPLES:
-            dropped = self.pending.pop(0)
-            log.warning("traffic: canary outcomes not judged for long: batch %d dropped", dropped.seq)
+            self.pending.pop(0)
+            dropped += 1
+        if dropped and not self._dropping:
+            log.warning("traffic: canary outcomes wait for a judge past %d: the oldest are dropped", MAX_SAMPLES)
+        self._dropping = bool(dropped)
 
     def _renew(self, now: float) -> None:
         """Sent batches that may have expired with this front end's document (and its mark) go; the
