@@ -363,6 +363,8 @@ async def test_a_deposed_holders_late_write_is_fenced_and_it_stops_judging() -> 
     with pytest.raises(Fenced):
         await a.share.step()
     assert a.traffic.follower is True
+    await a.share.step()  # the same stale grant: it follows, and writes nothing
+    assert a.traffic.follower is True
     await c.share.step()
     _, doc = await CANARY_DOC.read(store)
     assert doc.states["m"].step == 1

@@ -114,6 +114,8 @@ class CanaryShare:
         self._landed_at = clock.now()
         """When the last write of this incarnation that landed started (its start, at first)."""
         self._dirty = False
+        self._deposed: tuple[str, int] | None = None
+        """(holder, epoch) of a grant the store fenced: over, whatever `holding()` says until it knows."""
         self._judging: tuple[str, int] | None = None
         """(holder, epoch) of the grant under which this front end judges; None: it follows."""
         self._marks: dict[str, Mark] = {}
@@ -153,7 +155,7 @@ class CanaryShare:
         if self.traffic.splits or self.pending:
             await self.hand_over()
         grant = self.holding()
-        if grant is None:
+        if grant is None or (grant.holder, grant.epoch) == self._deposed:
             self._follow()
         elif self.traffic.splits or self._stale_states:
             await self.judge(grant)
@@ -241,6 +243,7 @@ class CanaryShare:
             await self.store.write(CANARY, CANARY_DOC.encode(written), expect=revision, fence=grant)
             self._stale_states = bool(written.states)
         except Fenced:
+            self._deposed = (grant.holder, grant.epoch)
             self._follow()
             raise
         except RevisionConflict:
