@@ -45,13 +45,16 @@ class OwnerLease:
 
     async def run(self) -> None:
         while self.contends:
-            started = self.clock.now()
-            try:
-                self._grant = await self.store.acquire(LEASE, self.holder, LEASE_TTL_S)
-                self._until = started + LEASE_TTL_S if self._grant is not None else 0.0
-            except StoreError:
-                pass  # the grant held lapses at its time
+            await self.renew()
             await asyncio.sleep(LEASE_TTL_S / 3)
+
+    async def renew(self) -> None:
+        started = self.clock.now()
+        try:
+            self._grant = await self.store.acquire(LEASE, self.holder, LEASE_TTL_S)
+            self._until = started + LEASE_TTL_S if self._grant is not None else 0.0
+        except StoreError:
+            pass  # the grant held lapses at its time
 
 
 class FrontendSync:
