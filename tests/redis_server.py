@@ -22,7 +22,7 @@ def ping(port: int) -> bool:
     try:
         with socket.create_connection(("127.0.0.1", port), timeout=0.5) as sock:
             sock.sendall(b"PING\r\n")
-            return sock.recv(16).startswith(b"+PONG")
+            return sock.recv(16).startswith((b"+PONG", b"-NOAUTH"))  # up (with a password: it asks for it)
     except OSError:
         return False
 
@@ -31,6 +31,8 @@ def ping(port: int) -> bool:
 class RedisServer:
     port: int = field(default_factory=free_port)
     proc: subprocess.Popen[bytes] | None = None
+    extra_args: tuple[str, ...] = ()
+    """More redis-server arguments (e.g. --requirepass)."""
 
     @property
     def url(self) -> str:
@@ -42,7 +44,7 @@ class RedisServer:
             pytest.fail(
                 "redis-server is not installed: run scripts/setup --test (it installs Debian's redis-server)"
             )
-        args = ["--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
+        args = ["--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", *self.extra_args]
         self.proc = subprocess.Popen([binary, *args], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         deadline = time.monotonic() + START_TIMEOUT_S
         while not ping(self.port):

@@ -6,12 +6,14 @@ the conformance tests' (test_cluster_store.py)."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import subprocess
 import sys
 import textwrap
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -125,7 +127,9 @@ async def test_the_state_outlives_a_failure_of_the_servers_loop(
         served.stop()
 
 
-async def test_a_store_gone_is_unavailable_to_calls_and_watchers(server: LocalStoreServer) -> None:
+async def test_a_store_gone_is_unavailable_to_calls_and_watchers(
+    server: LocalStoreServer, caplog: pytest.LogCaptureFixture
+) -> None:
     store = LocalStoreClient(server.path, TOKEN, timeout_s=1.0)
     names = store.watch()
     first = asyncio.ensure_future(anext(names))
@@ -133,7 +137,9 @@ async def test_a_store_gone_is_unavailable_to_calls_and_watchers(server: LocalSt
         await store.write("a", b"1")
         await asyncio.wait([first], timeout=0.05)
     assert first.result() == "a"
-    await asyncio.to_thread(server.stop)
+    with caplog.at_level(logging.ERROR):
+        await asyncio.to_thread(server.stop)  # with a watch and a pooled connection open
+    assert not caplog.records  # its connections ended cleanly, none cancelled mid-read
     with pytest.raises(StoreUnavailable):
         await anext(names)
     with pytest.raises(StoreUnavailable):
@@ -166,3 +172,46 @@ def test_a_front_end_forked_from_the_parent_reaches_its_store(server: LocalStore
     assert child.exitcode == 0
     found = server.state.read("served")
     assert found is not None and found.body == b"parent+child" and found.revision == 2
+
+
+def _sockets_on(path: str) -> int:
+    """How many of this process's fds are server-side sockets of `path` (the listener and the
+    connections it accepted carry its path in /proc/net/unix; a client's end does not)."""
+    with open("/proc/net/unix") as f:
+        inodes = {line.split()[6] for line in f.readlines()[1:] if line.split()[-1] == path}
+    mine = set()
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            mine.add(target[len("socket:[") : -1])
+    return len(mine & inodes)
+
+
+def _count_before_and_after(server: LocalStoreServer, path: str, out: Any) -> None:
+    before = _sockets_on(path)
+    server.close_inherited()
+    out.send((before, _sockets_on(path)))
+
+
+async def test_a_forked_front_end_keeps_no_copy_of_the_servers_sockets(server: LocalStoreServer) -> None:
+    import multiprocessing
+
+    store = LocalStoreClient(server.path, TOKEN)
+    names = store.watch()
+    first = asyncio.ensure_future(anext(names))
+    while not first.done():  # a watch connection and a pooled call connection are open
+        await store.write("a", b"1")
+        await asyncio.wait([first], timeout=0.05)
+    context = multiprocessing.get_context("fork")
+    reader, writer = context.Pipe(duplex=False)
+    child = context.Process(target=_count_before_and_after, args=(server, server.path, writer))
+    child.start()
+    before, after = await asyncio.to_thread(reader.recv)
+    child.join(30)
+    await names.aclose()
+    await store.close()
+    assert before >= 3  # the listener, the watch's connection, the call's connection
+    assert after == 0  # so a connection the server closes is closed for its client too

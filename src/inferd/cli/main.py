@@ -17,6 +17,7 @@ from inferd.cli.observability_flags import (
     observability_settings,
 )
 from inferd.cli.ports import check_ports_free
+from inferd.cluster.config import check_cluster, store_password, with_store  # registers [cluster] too
 from inferd.config import ConfigError, ModelConfig, ServerConfig, load_server_config
 from inferd.gateway.reload import build_gate  # also registers the [gateway] and [tenants.NAME] tables
 from inferd.observability.logging_setup import set_up_process
@@ -213,6 +214,15 @@ def serve(
             "~/.local/share/inferd)."
         ),
     ] = None,
+    store: Annotated[
+        str | None,
+        typer.Option(
+            help="The store front ends on many hosts share their served state in: redis://HOST:PORT/DB "
+            "or rediss:// (TLS); its password from INFERD_STORE_PASSWORD, never the URL (default: "
+            "[cluster] store, else [gateway] redis_url). Front ends with the same --store, model "
+            "repository and INFERD_JOIN_TOKEN form one server; with --frontends N each talks to it.",
+        ),
+    ] = None,
     insecure: Annotated[
         bool,
         typer.Option(
@@ -265,6 +275,9 @@ def serve(
         )
         if no_admin:
             cfg = cfg.model_copy(update={"admin_port": None})
+        if store is not None:
+            cfg = with_store(cfg, store)
+        check_cluster(cfg)
         if cfg.ray_address and cfg.frontends > 1:
             raise ConfigError("--ray runs with one front end: drop --frontends (or set it to 1)")
         if cfg.ray_address and importlib.util.find_spec("ray") is None:
@@ -280,6 +293,7 @@ def serve(
     from inferd.runner import run_server  # imports the server: only once the config is known good
 
     secrets = [s.get_secret_value() for s in (cfg.join_token, cfg.admin_token) if s is not None]
+    secrets += [p for p in (store_password(),) if p is not None]
     set_up_process(cfg.observability, cfg.log_level, "server", secrets)
     if cfg.frontends > 1:
         from inferd.runner.parent import run_frontends

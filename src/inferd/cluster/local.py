@@ -112,8 +112,9 @@ class LocalStoreServer:
         """Kept across restarts of the server's loop."""
         self.failures = 0
         self._watchers: set[asyncio.Queue[str]] = set()
-        self._fds: set[int] = set()
-        """The server's sockets, for a forked front end to close (close_inherited)."""
+        self._connections: dict[asyncio.Task[None], asyncio.StreamWriter] = {}
+        self._fds: dict[int, int] = {}
+        """The server's sockets (fd -> inode), for a forked front end to close (close_inherited)."""
         self._thread: threading.Thread | None = None
         self._ready = threading.Event()
         self._stopping = threading.Event()
@@ -125,6 +126,7 @@ class LocalStoreServer:
         self._thread.start()
         if not self._ready.wait(START_TIMEOUT_S):
             raise StoreError(f"the local store on {self.path} did not start within {START_TIMEOUT_S} s")
+        log.info("the front ends' shared store serves on %s", self.path)
 
     def stop(self) -> None:
         self._stopping.set()
@@ -136,10 +138,16 @@ class LocalStoreServer:
             self._thread.join(START_TIMEOUT_S)
 
     def close_inherited(self) -> None:
-        """In a process forked from the parent: close this process's copies of the server's sockets."""
-        for fd in list(self._fds):
+        """In a process forked from the parent: close this process's copies of the server's sockets. Each
+        fd is closed only if it is still the socket noted (same inode): one the server's loop closed just
+        before the fork may have been reused by then."""
+        for fd, inode in list(self._fds.items()):
             with contextlib.suppress(OSError):
-                os.close(fd)
+                if os.fstat(fd).st_ino == inode:
+                    os.close(fd)
+
+    def _note(self, fd: int) -> None:
+        self._fds[fd] = os.fstat(fd).st_ino
 
     def _run(self) -> None:
         while not self._stopping.is_set():
@@ -156,25 +164,41 @@ class LocalStoreServer:
         self._stop = asyncio.Event()
         self._loop = asyncio.get_running_loop()
         self._watchers.clear()
+        self._connections.clear()
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self.path)
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         listener.bind(self.path)
-        self._fds.add(listener.fileno())
+        fd = listener.fileno()
+        self._note(fd)
         try:
             server = await asyncio.start_unix_server(self._connection, sock=listener)
             async with server:
                 self._ready.set()
-                if self._stopping.is_set():
-                    return
-                await self._stop.wait()
+                if not self._stopping.is_set():
+                    await self._stop.wait()
+                await self._close_connections()
         finally:
-            self._fds.discard(listener.fileno())
+            self._fds.pop(fd, None)  # (the server closed the listener on its way out: its fileno is -1)
             listener.close()
+
+    async def _close_connections(self) -> None:
+        """At stop: end every connection so that its handler returns (one the loop's end cancelled would
+        be reported as an error by asyncio's streams); a watcher wakes up and finds its connection gone."""
+        for writer in self._connections.values():
+            writer.close()
+        for queue in self._watchers:
+            if not queue.full():
+                queue.put_nowait("")
+        if self._connections:
+            await asyncio.wait(list(self._connections), timeout=START_TIMEOUT_S)
 
     async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         fd = writer.get_extra_info("socket").fileno()
-        self._fds.add(fd)
+        self._note(fd)
+        task = asyncio.current_task()
+        assert task is not None  # asyncio's streams run each connection in a task
+        self._connections[task] = writer
         try:
             while True:
                 request = _requests.decode(await read_frame(reader))
@@ -194,7 +218,8 @@ class LocalStoreServer:
         except Exception:  # a bug in answering: this connection ends, the server and its state go on
             log.exception("the local store failed answering a connection; it is closed")
         finally:
-            self._fds.discard(fd)
+            self._connections.pop(task, None)
+            self._fds.pop(fd, None)
             writer.close()
 
     def _answer(self, request: Request) -> Answer:

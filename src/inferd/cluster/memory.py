@@ -66,11 +66,14 @@ class MemoryState:
         return self.docs[doc].revision
 
     def delete(self, doc: str, fence: Grant | None = None) -> bool:
-        """True when a live document was removed."""
+        """True when a live document was removed. Its last revision is kept, as for one that expired: a
+        document deleted and written again goes on from it."""
         self._check_fence(fence)
-        live = self._live(doc) is not None
-        self.docs.pop(doc, None)
-        return live
+        d = self._live(doc)
+        if d is None:
+            return False
+        self.docs[doc] = _Doc(d.revision, b"", -math.inf)
+        return True
 
     def acquire(self, lease: str, holder: str, ttl_s: float) -> Grant | None:
         now = self.clock.now()
