@@ -262,3 +262,31 @@ async def test_the_owner_writes_a_change_at_once_and_looks_again_at_its_document
     clock.advance(shared_indexes.CONFIRM_EVERY_S)
     await owner._keep_published()
     assert sorted((await INDEXES_DOC.read(store))[1].settings) == ["docs", "notes"]
+
+
+async def test_a_refresh_the_store_cannot_answer_leaves_it_to_the_follow_loop() -> None:
+    clock = FakeClock()
+    store = MemoryStore(clock)
+    other, server, follower = site(store, clock, "1", owner=False)
+    await publish(store, {"notes": {"shards": 1}})
+
+    async def down(doc: str) -> None:
+        raise StoreUnavailable("down for the test")
+
+    store.read = down  # type: ignore[method-assign]
+    await other.refresh()  # logged, not raised: the forwarded write's answer stands
+    assert server.registry.names() == []
+    del store.read
+    assert await follower.read_all()
+    assert server.registry.names() == ["notes"]
+
+
+async def test_settings_that_msgpack_turns_into_other_types_are_not_written_again() -> None:
+    clock = FakeClock()
+    store = MemoryStore(clock)
+    owner, server, _ = site(store, clock, "0", owner=True)
+    server.registry.served["notes"] = SimpleNamespace(config=SimpleNamespace(params={"fields": ("a", "b")}))
+    await owner.publish()
+    revision = (await INDEXES_DOC.read(store))[0]
+    await owner.publish()  # a tuple reads back as a list: still the same settings
+    assert (await INDEXES_DOC.read(store))[0] == revision == 1

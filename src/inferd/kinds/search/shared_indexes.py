@@ -161,13 +161,21 @@ class SharedIndexes:
             log.warning("index %s: front ends %s %s (%s)", name, lagging, what, str(exc) or "timed out")
 
     def _settings(self) -> dict[str, dict[str, Any]]:
+        """The indexes served here and their settings, as the document holds them (msgpack's types)."""
         registry = self.server.registry
-        return {name: registry.get(name).config.params for name in self._serving()}
+        settings = {name: registry.get(name).config.params for name in self._serving()}
+        return INDEXES_DOC.decode(Versioned(1, INDEXES_DOC.encode(IndexesDoc(settings))))[1].settings
 
     # ---- every other front end ----------------------------------------------------------------------
     async def refresh(self) -> None:
-        """Serve the owner's indexes now (a create or delete forwarded to the owner was answered)."""
-        await self._apply(await self.store.read(INDEXES))
+        """Serve the owner's indexes now (a create or delete forwarded to the owner was answered). A
+        store that does not answer leaves it to the follow loop: the write's answer is the owner's."""
+        try:
+            found = await self.store.read(INDEXES)
+        except StoreError as exc:
+            log.warning("search indexes: the owner's could not be read (%s): served once the store answers", exc)
+            return
+        await self._apply(found)
 
     async def report(self, force: bool = False) -> None:
         """Write the indexes served here, when they changed or the last report ages."""
