@@ -31,13 +31,12 @@ from inferd.config.identity import frontend_id
 from inferd.errors import ShuttingDown
 from inferd.fleet.control import FleetControl, repository_loader
 from inferd.fleet.scaling import ScalingLoop, scaling_policy
-from inferd.frontends.index_sync import IndexSync
 from inferd.frontends.metrics import scrape_all, serve_registry
 from inferd.frontends.owner_channel import MAX_MESSAGE_BYTES, OwnerChannel
 from inferd.frontends.plan import FrontendPlan, worker_sockets
 from inferd.frontends.readiness import await_ready, ready_wait_s
-from inferd.frontends.traffic_sync import TrafficSync
 from inferd.gateway.auth import tenant_counter
+from inferd.gateway.canary_share import CanaryShare
 from inferd.gateway.config import gateway_config
 from inferd.gateway.fallback import check_fallbacks
 from inferd.gateway.model_reload import ModelSettings, own_settings
@@ -47,6 +46,7 @@ from inferd.gateway.shadow import Shadows
 from inferd.gateway.traffic_control import Traffic
 from inferd.kinds.builtin import builtin_kinds
 from inferd.kinds.collectors import RuntimeCollector
+from inferd.kinds.search.shared_indexes import SharedIndexes
 from inferd.kinds.search.store import IndexStore
 from inferd.observability.metrics import Metrics
 from inferd.observability.slo_config import model_slos
@@ -105,17 +105,23 @@ class InferenceServer:
             self.registry.add(self.kinds.get(m.kind).make_runtime(m, self.context))
         restored.set_defaults(self.registry)
         self.metrics.registry.register(RuntimeCollector(self.registry, self.kinds))
-        self.traffic = Traffic(self.registry, self.clock, self.metrics.traffic, follower=follower)
-        """Canary and A/B splits of requests that name no version (gateway/traffic_control.py)."""
+        shares = frontend is not None or seat.store is not None  # other front ends share the state
+        self.traffic = Traffic(self.registry, self.clock, self.metrics.traffic, follower=shares)
+        """Canary and A/B splits of requests that name no version (gateway/traffic_control.py); shared
+        with other front ends, the lease holder's decide (gateway/canary_share.py)."""
         contends = frontend is None or frontend.is_owner  # the first on its host contends for the lease
-        self.cluster = ClusterFrontend(seat, self, self.clock, contends)
+        self.cluster = cluster = ClusterFrontend(seat, self, self.clock, contends)
         """The served state (cluster/): versions, defaults, updates, config generation, load, the lease."""
         self.cluster.register(self.metrics.registry)
         self.loads = loads = self.cluster.load.loads
         bound = max(MAX_MESSAGE_BYTES, config.max_body_bytes + 2**20)  # a forwarded search write's body
         self.owner_channel = OwnerChannel(frontend, bound) if frontend else None
-        self.traffic_sync = TrafficSync(frontend, self.traffic, channel=self.owner_channel) if frontend else None
-        self.index_sync = IndexSync(frontend, self.owner_channel, self, self.clock) if frontend else None
+        holding = cluster.keeper.grant if cluster.keeper is not None else _nobody
+        me, follows = cluster.me, cluster.follower
+        self.canary = CanaryShare(cluster.store, follows, self.traffic, me, holding, self.clock) if shares else None
+        self.index_sync = (
+            SharedIndexes(cluster.store, follows, self, me, frontend.is_owner, self.clock) if frontend else None
+        )
         """Several front ends: each serves the search indexes the owner serves."""
         check_fallbacks((rt.config for rt in self.registry.defaults()), self._kinds_of, self.kinds)
         self.shadows = Shadows(self.registry, self.metrics.shadow_requests, config.shadow_max_in_flight, clock=self.clock)
@@ -253,16 +259,8 @@ class InferenceServer:
         token = self.config.admin_token.get_secret_value() if self.config.admin_token else None
         self.admin = AdminApi(
             AdminTarget(
-                self.registry,
-                self.kinds,
-                self.fleet,
-                self.supervisor,
-                self.retry_budget,
-                self.scaling,
-                self.clock,
-                self.kill_worker,
-                self.directory,
-                self._reload,
+                self.registry, self.kinds, self.fleet, self.supervisor, self.retry_budget, self.scaling,
+                self.clock, self.kill_worker, self.directory, self._reload,
                 gateway=GatewayView(self.gateway, self.tenant_requests, self.cache.statistics),
                 traffic=self.traffic.statistics,
                 loads=self.loads,
@@ -276,15 +274,9 @@ class InferenceServer:
             self.admin_port = await self.admin.start(self.config.admin_host, self.config.admin_port, http_tls)
         worker_tls = tls.worker_port_context(self.config) if self._joins_over_tcp else None
         if self.config.worker_port is not None:
-            self.worker_port = await self.hub.listen_tcp(
-                self.config.worker_host, self.config.worker_port, worker_tls
-            )
-            log.info(
-                "workers on other hosts connect at %s:%d (%s)",
-                self.config.worker_host,
-                self.worker_port,
-                "TLS" if worker_tls else "plain TCP",
-            )
+            self.worker_port = await self.hub.listen_tcp(self.config.worker_host, self.config.worker_port, worker_tls)
+            how = "TLS" if worker_tls else "plain TCP"
+            log.info("workers on other hosts connect at %s:%d (%s)", self.config.worker_host, self.worker_port, how)
         if self.ray_launcher is not None:  # Ray actors join over TCP (a free port unless one is set)
             from inferd.fleet.ray_launcher import check_reachable
 
@@ -304,12 +296,15 @@ class InferenceServer:
                 ]
                 loops.append(tg.create_task(self.console.run(), name="console"))
                 supervisor = tg.create_task(self.supervisor.run(), name="supervisor")
+                if self.owner_channel is not None and self.frontend is not None and self.frontend.is_owner:
+                    await self.owner_channel.open()  # the others' forwarded search writes
+                if self.canary is not None:
+                    await self.canary.open()
                 loops += [tg.create_task(loop, name=name) for name, loop in self.cluster.loops().items()]
-                if self.traffic_sync is not None:
-                    await self.traffic_sync.open()
-                    loops.append(tg.create_task(self.traffic_sync.run(), name="traffic-sync"))
+                if self.canary is not None:
+                    loops.append(tg.create_task(self.canary.run(), name="canary-share"))
                 if self.index_sync is not None:
-                    loops.append(tg.create_task(self.index_sync.run(), name="index-sync"))
+                    loops.append(tg.create_task(self.index_sync.run(), name="index-share"))
                 try:
                     if self.frontend is not None:  # one of several: listen once workers are here
                         await await_ready(lambda: self.ready, ready_wait_s(self._local_workers, self.config))
@@ -391,8 +386,15 @@ class InferenceServer:
             task.cancel()
         await asyncio.wait(loops, timeout=2.0)  # the lease released (bounded), then the store closed
         await self.cluster.close()
+        if self.owner_channel is not None:
+            self.owner_channel.close()
         await self.hub.close()
         if self.admin is not None:
             await self.admin.stop()
         supervisor.cancel()
         log.info("stopped")
+
+
+def _nobody() -> None:
+    """The lease grant of a front end that does not contend for it."""
+    return None

@@ -5,12 +5,17 @@ connection to each front end, 8 failures each: under `min_requests` = 12 for eit
 over it summed. The owner judges the sum, and both front ends stop sending canary traffic: their
 weights go to 0 and their unversioned requests are answered by version 1.
 
+A stepping canary goes on from its step when the owner (the lease holder, the judge) is SIGKILLed and
+started again: the new owner takes the state the server shares, never its config's first step.
+
 Bounded: one server, a few dozen requests."""
 
 from __future__ import annotations
 
 import http.client
 import json
+import os
+import signal
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -18,7 +23,8 @@ from collections.abc import Iterator
 import pytest
 
 from inferd.models.sim import sim_digest
-from tests.conftest import ServerProc, start_server
+from tests.checked_load import wait_for
+from tests.conftest import ServerProc, alive, child_pids, start_server
 from tests.frontends_harness import scrape
 from tests.integration.test_traffic import COMMON, write_repo
 
@@ -28,6 +34,8 @@ FAILING = (
     + "[traffic]\ncanary = { version = 2, weight = 1.0 }\n"
     + "rollback = { max_error_ratio = 0.5, short_window_s = 30, long_window_s = 60, min_requests = 12 }\n"
 )
+STEPPING = COMMON + "[versions.2]\n\n[traffic]\ncanary = { version = 2, steps = [0.25, 0.75], step_interval_s = 4 }\n"
+"""Steps to 0.75 after 4 s and stays there: an owner started again from its config would send 0.25."""
 EACH = 8
 """Failed canary calls through each front end: under min_requests alone, over it summed."""
 
@@ -35,7 +43,7 @@ EACH = 8
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProc]:
     root = tmp_path_factory.mktemp("frontends-canary")
-    s = start_server(root, "--model-repo", str(write_repo(root, {"failing": FAILING})), "--frontends", "2")
+    s = start_server(root, "--model-repo", str(write_repo(root, {"failing": FAILING, "stepping": STEPPING})), "--frontends", "2")
     yield s
     assert s.stop() in (0, -15)
 
@@ -99,9 +107,9 @@ def one_connection_per_front_end(server: ServerProc) -> dict[int, http.client.HT
     raise AssertionError(f"no connection reached both front ends in 40 tries: {sorted(kept)}")
 
 
-def canary_weights(server: ServerProc) -> dict[int, float]:
+def canary_weights(server: ServerProc, model: str = "failing") -> dict[int, float | None]:
     sample = scrape(server)
-    return {i: sample[f'inferd_traffic_weight{{frontend="{i}",model="failing",version="2"}}'] for i in (0, 1)}
+    return {i: sample.get(f'inferd_traffic_weight{{frontend="{i}",model="{model}",version="2"}}') for i in (0, 1)}
 
 
 def test_canary_errors_split_over_two_front_ends_roll_back_the_canary_on_both(server: ServerProc) -> None:
@@ -134,3 +142,32 @@ def test_canary_errors_split_over_two_front_ends_roll_back_the_canary_on_both(se
     (event,) = [e for e in traffic["history"] if e["model"] == "failing"]
     assert f"short window, {2 * EACH} requests" in event["reason"], event  # the sum of both front ends' calls
     assert "rolled back to weight 0" in server.log()
+
+
+def test_an_owner_started_again_goes_on_from_the_canary_step_the_server_had(server: ServerProc) -> None:
+    wait_for(lambda: canary_weights(server, "stepping") == {0: 0.75, 1: 0.75}, 60, "step 1 on both front ends")
+    workers = worker_processes(server)
+    (owner,) = [p for p in child_pids(server.proc.pid) if alive(p) and set(child_pids(p)) & workers]
+    judges = server.log().count("it judges the canaries")
+    os.kill(owner, signal.SIGKILL)
+    wait_for(lambda: server.log().count("it judges the canaries") > judges, 60, "a new owner judging")
+    with urllib.request.urlopen(f"{server.admin_url}/admin/traffic", timeout=10) as r:
+        traffic = json.loads(r.read())
+    (split,) = [s for s in traffic["splits"] if s["model"] == "stepping"]
+    assert (split["step"], split["state"]) == (1, "active"), split  # 0 would be its config's first step
+    assert canary_weights(server, "stepping")[1] == 0.75  # the other front end never went back either
+
+
+def worker_processes(server: ServerProc) -> set[int]:
+    """The server's worker processes: its descendants that run inferd.worker.main."""
+    found, todo = set(), [server.proc.pid]
+    while todo:
+        for pid in child_pids(todo.pop()):
+            todo.append(pid)
+            try:
+                with open(f"/proc/{pid}/cmdline", "rb") as f:
+                    if b"inferd.worker.main" in f.read() and alive(pid):
+                        found.add(pid)
+            except OSError:
+                pass
+    return found

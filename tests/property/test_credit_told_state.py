@@ -24,7 +24,7 @@ step = st.one_of(
 
 def reference(ledger: CreditLedger, front: int) -> ToldState:
     now = ledger.clock.now()
-    fronts = ledger._fronts  # noqa: SLF001 - the oracle reads the ledger's own records
+    fronts = ledger._fronts  # the oracle reads the ledger's own records
     holders = [
         (d.holds_since, f == front)
         for f, d in fronts.items()

@@ -135,7 +135,7 @@ class SearchRoutes:
             if rt is not None:  # a document write: read-your-writes here too
                 await rt.index.forwarded(msgspec.json.decode(body)["seq"])
             else:  # an index created or deleted: served here as on the owner before the answer
-                await self.server.index_sync.exchange()
+                await self.server.index_sync.refresh()
         return json_response(body, 201 if created else 200)
 
     async def execute(self, write: Write) -> tuple[bytes, bool]:

@@ -3,7 +3,7 @@
 The owner listens on a Unix socket in the plan's folder (the parent's, readable by the server's user
 only); a follower connects, sends one request (its kind, the plan's token and a payload), closes its
 side, and reads the owner's answer to the end: one exchange per connection. Each kind has one handler
-on the owner (frontends/traffic_sync.py's canary outcomes, the search writes of api/search_routes.py).
+on the owner (the others' load, versions and reloads, the search writes of api/search_routes.py).
 A request with another token, of a kind nobody handles, over the channel's size bound, or not sent
 whole within READ_TIMEOUT_S, is closed unanswered.
 

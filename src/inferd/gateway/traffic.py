@@ -14,10 +14,10 @@ clock and random source, no I/O; decisions (promote, roll back) are returned as 
 
 Requests that name a version are never split: the owner consults the split only for those that do not.
 
-With several front ends (`--frontends N`) one split decides for all: the owner front end's (it judges
-every front end's outcomes, `record`, and steps on its clock, `tick`); the others follow it. A split's
-`shared()` state (step, rolled back or promoted, under the key of its config) goes to the other
-front ends, and `merge` moves a split forward to a peer's state, never back (frontends/traffic_sync.py).
+With several front ends one split decides for all: the lease holder's (it judges every front end's
+outcomes, `record`, and steps on its clock, `tick`); the others follow it. A split's `shared()` state
+(step, rolled back or promoted, under the key of its config) goes to the other front ends through the
+shared store, and `merge` moves a split forward to a peer's state, never back (gateway/canary_share.py).
 """
 
 from __future__ import annotations

@@ -10,10 +10,11 @@ changes a model's canary, rollback or A/B table (`Traffic.reload`) replaces its 
 again at its first step (a rolled-back one at its weight again). A reload that leaves them as they were
 keeps the split's state, rolled back included. The history and the per-version counters always stay.
 
-With several front ends, the owner's `Traffic` decides for the server and the others are followers
-(`follower=True`): a follower neither steps nor judges, it keeps the outcomes it sees for the owner
-(`take_outcomes`, judged there by `absorb`) and applies the owner's states (`merge`); the owner steps
-on its clock (`tick`). frontends/traffic_sync.py carries both ways.
+With several front ends, the lease holder's `Traffic` decides for the server and the others are
+followers (`follower` True): a follower neither steps nor judges, it keeps the outcomes it sees for the
+judge (`take_outcomes`, judged there by `absorb`) and applies the holder's states (`merge`); the holder
+steps on its clock (`tick`). gateway/canary_share.py carries both ways through the shared store, and
+sets `follower` as the lease moves.
 """
 
 from __future__ import annotations
@@ -130,7 +131,8 @@ class Traffic:
     ) -> None:
         check_traffic(rt.config for rt in registry)
         self.follower = follower
-        """One of several front ends that is not the owner: the owner's splits decide (module doc)."""
+        """One of several front ends that does not hold the lease: the holder's splits decide (module doc;
+        gateway/canary_share.py sets it as the lease moves)."""
         self._outbox: dict[str, deque[Outcome]] = {}
         self.registry = registry
         self.metrics = metrics
@@ -217,7 +219,7 @@ class Traffic:
             outbox = self._outbox.setdefault(rt.name, deque(maxlen=MAX_SAMPLES))
             outbox.append((rt.version, outcome, latency_s))
 
-    # ---- one decision for several front ends (frontends/traffic_sync.py) ------------------------------
+    # ---- one decision for several front ends (gateway/canary_share.py) --------------------------------
     def shared(self) -> dict[str, SplitState]:
         """Each canary split's state, for the other front ends."""
         return {name: s.shared() for name, s in self.splits.items() if s.canary_version is not None}
@@ -240,7 +242,7 @@ class Traffic:
         return taken
 
     def absorb(self, outcomes: dict[str, Outcomes]) -> None:
-        """The owner judges a follower's outcomes with its own (those of another config are dropped)."""
+        """The judge takes a follower's outcomes with its own (those of another config are dropped)."""
         for name, sent in outcomes.items():
             split = self.splits.get(name)
             if split is None or split.key != sent.key:
@@ -250,7 +252,7 @@ class Traffic:
                 self._apply(split.record(version, default, outcome, latency_s))
 
     def tick(self) -> None:
-        """The owner's periodic look: steps due and the judges' verdicts, without waiting for traffic."""
+        """The holder's periodic look: steps due and the judges' verdicts, without waiting for traffic."""
         for split in list(self.splits.values()):
             self._apply(split.advance())
             self._apply(split.judge())

@@ -31,6 +31,7 @@ from inferd.cluster.frontend import Seat
 from inferd.cluster.members import Membership, fingerprint, new_member
 from inferd.cluster.saved import take
 from inferd.config import ConfigError, ModelConfig, ServerConfig
+from inferd.config.identity import frontend_id
 from inferd.frontends.plan import FrontendPlan
 from inferd.server import InferenceServer
 
@@ -185,12 +186,16 @@ async def seat_of(cfg: ServerConfig, models: list[ModelConfig], plan: FrontendPl
     index = plan.index if plan else 0
     if store_url(cfg) is None:  # one host: the front ends are named by their index
         me, named, count = str(index), index, plan.count if plan else 1
-    else:  # many hosts: by address (the id of --frontend-id takes its place once it exists)
-        me, named, count = f"{cfg.host}:{cfg.port}" + (f"/{index}" if plan else ""), -1, None
+    else:  # many hosts: by --frontend-id, or its HTTP address (config/identity.py)
+        me, named, count = frontend_id(cfg) + (f"/{index}" if plan else ""), -1, None
     members = None
     if store_url(cfg) is not None:  # one live front end per id: a second is refused (ConfigError)
         admin = f"{cfg.admin_host}:{cfg.admin_port}" if cfg.admin_port is not None else None
-        record = new_member(me, f"{cfg.host}:{cfg.port}", fingerprint(models, cfg.model_repo), admin=admin)
+        workers = f"{cfg.worker_host}:{cfg.worker_port}" if cfg.worker_port is not None else None
+        record = new_member(
+            me, f"{cfg.host}:{cfg.port}", fingerprint(models, cfg.model_repo), workers=workers, admin=admin,
+            zone=cfg.zone,
+        )
         members = Membership(store, record, MonotonicClock())
         await members.join()
     return Seat(store, me, named, count, await take(store, me) if index == 0 else {}, members)

@@ -76,7 +76,7 @@ class Kind:
     rolls_versions: bool = True
     """Its models' versions run on workers of ours, rolled by fleet updates, and every front end serves
     the served versions (cluster/served.py). False without workers, and for search (every front
-    end follows the owner's indexes through frontends/index_sync.py)."""
+    end follows the owner's indexes through kinds/search/shared_indexes.py)."""
     streams_tokens: bool = False
     """Its models stream tokens: an [slo] table may set ttft_ms and itl_ms (checked by `check`)."""
     admin: AdminView = OTHER_MODELS

@@ -40,7 +40,8 @@ class Server(Protocol):
     """Every served version's workers: a new index's replicas join it."""
     supervisor: Any
     index_sync: Any
-    """Several front ends: the followers serve the owner's indexes (frontends/index_sync.py); else None."""
+    """Several front ends: every front end serves the owner's indexes (kinds/search/shared_indexes.py);
+    else None."""
 
     def add_version(self, config: ModelConfig) -> Runtime: ...
 

@@ -1,0 +1,292 @@
+"""Search indexes created or deleted through the API with several front ends, through the shared store
+(kinds/search/shared_indexes.py): what the owner waits for, and what another front end serves. On
+MemoryStore and a fake clock."""
+
+from __future__ import annotations
+
+import asyncio
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from inferd.clock import FakeClock
+from inferd.cluster.follower import Follower
+from inferd.cluster.memory import MemoryStore
+from inferd.cluster.store import StoreUnavailable, Versioned
+from inferd.config import ModelConfig
+from inferd.kinds.search import shared_indexes
+from inferd.kinds.search.config import index_config, params_of, parse_params
+from inferd.kinds.search.kind import search_kind
+from inferd.kinds.search.shared_indexes import (
+    INDEXES,
+    INDEXES_DOC,
+    SERVING_DOC,
+    SERVING_PREFIX,
+    IndexesDoc,
+    ServingDoc,
+    SharedIndexes,
+    missing,
+    still_serving,
+)
+from inferd.runtime.kinds import KindRegistry
+
+
+class Registry:
+    """The few ModelRegistry calls SharedIndexes makes, over search runtimes that hold only a config."""
+
+    def __init__(self) -> None:
+        self.served: dict[str, SimpleNamespace] = {}
+
+    def __contains__(self, name: str) -> bool:
+        return name in self.served
+
+    def names(self, kinds: frozenset[str] | None = None) -> list[str]:
+        return sorted(self.served)
+
+    def get(self, name: str) -> SimpleNamespace:
+        return self.served[name]
+
+
+class Server:
+    def __init__(self) -> None:
+        self.registry = Registry()
+        self.kinds = KindRegistry([search_kind()])
+        self.added: list[tuple[str, int]] = []
+
+    def add_version(self, config: ModelConfig) -> None:
+        self.registry.served[config.name] = SimpleNamespace(config=config, version=config.version)
+        self.added.append((config.name, params_of(config).shards))
+
+    def remove_version(self, name: str, version: int) -> None:
+        del self.registry.served[name]
+
+
+def index(name: str, **settings: Any) -> ModelConfig:
+    return index_config(name, parse_params(settings, "test"))
+
+
+class Flaky(MemoryStore):
+    """A MemoryStore that refuses one document's writes, or every read_prefix, as a store that does not
+    answer."""
+
+    refuse: str | None = None
+    refuse_prefix = False
+
+    async def write(self, doc: str, body: bytes, **kw: Any) -> int:
+        if doc == self.refuse:
+            raise StoreUnavailable(f"writes of {doc} refused by the test")
+        return await super().write(doc, body, **kw)
+
+    async def read_prefix(self, prefix: str) -> dict[str, Versioned]:
+        if self.refuse_prefix:
+            raise StoreUnavailable("read_prefix refused by the test")
+        return await super().read_prefix(prefix)
+
+
+def site(store: MemoryStore, clock: FakeClock, name: str, owner: bool) -> tuple[SharedIndexes, Server, Follower]:
+    server, follower = Server(), Follower(store, clock)
+    return SharedIndexes(store, follower, server, name, owner, clock), server, follower
+
+
+async def report(store: MemoryStore, frontend: str, serving: list[str]) -> None:
+    await store.write(
+        SERVING_PREFIX + frontend, SERVING_DOC.encode(ServingDoc(serving)), ttl_s=shared_indexes.REPORT_TTL_S
+    )
+
+
+async def publish(store: MemoryStore, settings: dict[str, dict[str, Any]]) -> None:
+    await INDEXES_DOC.update(store, lambda _: IndexesDoc(settings))
+
+
+# ---- the owner's waits --------------------------------------------------------------------------------
+async def test_a_new_index_waits_only_for_the_front_ends_up_that_do_not_serve_it() -> None:
+    clock = FakeClock()
+    store = MemoryStore(clock)
+    owner, _, _ = site(store, clock, "0", owner=True)
+    assert missing(await owner.reports(), "notes") == []  # no front end heard of: nobody to wait for
+    await report(store, "1", ["docs"])
+    await report(store, "2", ["docs", "notes"])
+    await report(store, "0", [])  # the owner's own report (if any) is never waited for
+    assert missing(await owner.reports(), "notes") == ["1"]
+    clock.advance(1.0)
+    await report(store, "1", ["docs", "notes"])
+    assert missing(await owner.reports(), "notes") == []
+    await report(store, "2", ["docs"])  # it has not caught up with a delete and a new create yet
+    assert missing(await owner.reports(), "notes") == ["2"]
+    clock.advance(2.5)  # silent since: down (it serves the owner's indexes when it starts again)
+    assert missing(await owner.reports(), "notes") == []
+
+
+async def test_a_deleted_index_waits_for_the_front_ends_up_that_still_serve_it() -> None:
+    clock = FakeClock()
+    store = MemoryStore(clock)
+    owner, _, _ = site(store, clock, "0", owner=True)
+    await report(store, "1", ["docs", "notes"])
+    await report(store, "2", ["docs"])
+    assert still_serving(await owner.reports(), "notes") == ["1"]
+    await report(store, "1", ["docs"])
+    assert still_serving(await owner.reports(), "notes") == []
+
+
+async def test_the_owner_answers_a_delete_once_the_others_dropped_the_index(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(shared_indexes, "FOLLOWERS_WAIT_S", 3600.0)  # only the report can end the wait
+    monkeypatch.setattr(shared_indexes, "RECHECK_S", 0.001)
+    clock = FakeClock()
+    store = MemoryStore(clock)
+    owner, _, _ = site(store, clock, "0", owner=True)
+    await report(store, "1", ["notes"])
+    deleted = asyncio.create_task(owner.until_followers_drop("notes"))
+    await asyncio.sleep(0.01)  # it waits
+    await report(store, "1", ["notes"])  # not yet
+    await asyncio.sleep(0.01)
+    assert not deleted.done()
+    _, doc = await INDEXES_DOC.read(store)
+    assert doc.settings == {}  # published before it waits
+    await report(store, "1", [])
+    await asyncio.wait_for(deleted, 30)  # a guard: a wait that missed the report fails here
+
+
+async def test_a_new_index_is_published_and_served_by_the_others_before_the_owner_goes_on(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(shared_indexes, "FOLLOWERS_WAIT_S", 3600.0)
+    monkeypatch.setattr(shared_indexes, "RECHECK_S", 0.001)
+    clock = FakeClock()
+    store = MemoryStore(clock)
+    owner, owner_server, _ = site(store, clock, "0", owner=True)
+    other, other_server, follower = site(store, clock, "1", owner=False)
+    await other.report()
+    owner_server.add_version(index("notes", shards=2))
+    waiting = asyncio.create_task(owner.until_followers_serve("notes"))
+    await asyncio.sleep(0.01)
+    assert not waiting.done()
+    assert await follower.read_all()  # the follow loop applies the owner's document, and reports
+    await asyncio.wait_for(waiting, 30)
+    assert other_server.added == [("notes", 2)]
+
+
+async def test_a_wait_the_store_cannot_answer_ends(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(shared_indexes, "FOLLOWERS_WAIT_S", 3600.0)
+    clock = FakeClock()
+    store = Flaky(clock)
+    owner, _, _ = site(store, clock, "0", owner=True)
+    store.refuse_prefix = True
+    await asyncio.wait_for(owner.until_followers_serve("notes"), 30)  # logged, not raised
+
+
+async def test_the_owner_writes_its_indexes_again_after_a_refused_write() -> None:
+    clock = FakeClock()
+    store = Flaky(clock)
+    owner, server, _ = site(store, clock, "0", owner=True)
+    server.add_version(index("notes", shards=1))
+    store.refuse = INDEXES
+    with pytest.raises(StoreUnavailable):
+        await owner.publish()
+    store.refuse = None
+    await owner.publish()
+    revision, doc = await INDEXES_DOC.read(store)
+    assert list(doc.settings) == ["notes"]
+    await owner.publish()  # unchanged: not written again
+    assert (await INDEXES_DOC.read(store))[0] == revision
+
+
+# ---- what another front end serves --------------------------------------------------------------------
+async def test_an_older_document_applied_after_a_newer_one_does_not_bring_back_a_deleted_index() -> None:
+    clock = FakeClock()
+    store = MemoryStore(clock)
+    other, server, _ = site(store, clock, "1", owner=False)
+    await publish(store, {"notes": {"shards": 1}})
+    older = await store.read(INDEXES)
+    await publish(store, {})  # deleted meanwhile
+    await other.refresh()
+    await other._apply(older)  # a read of before the delete, applied late
+    assert server.registry.names() == []  # the newer document is the last word
+    assert server.added == []
+
+
+async def test_an_index_created_again_with_other_settings_is_served_anew() -> None:
+    clock = FakeClock()
+    store = MemoryStore(clock)
+    other, server, _ = site(store, clock, "1", owner=False)
+    await publish(store, {"notes": {"shards": 1}})
+    await other.refresh()
+    await publish(store, {"notes": {"shards": 2}})  # deleted and created again between two reads
+    await other.refresh()
+    assert server.added == [("notes", 1), ("notes", 2)]
+    assert params_of(server.registry.get("notes").config).shards == 2
+    assert (await other.reports()) == {}  # its own report is not among the others'
+    found = await store.read(SERVING_PREFIX + "1")
+    assert SERVING_DOC.decode(found)[1].serving == ["notes"]
+
+
+async def test_a_document_never_written_keeps_the_indexes_served_and_the_same_settings_keep_an_index() -> None:
+    clock = FakeClock()
+    store = MemoryStore(clock)
+    other, server, _ = site(store, clock, "1", owner=False)
+    server.add_version(index("docs", shards=3))  # data_dir's, or the model repository's
+    await other.refresh()
+    assert server.registry.names() == ["docs"]
+    await publish(store, {"docs": params_of(server.registry.get("docs").config).model_dump()})
+    await other.refresh()
+    assert server.added == [("docs", 3)]  # the same settings: kept as it is
+
+
+async def test_a_report_is_written_again_before_it_expires() -> None:
+    clock = FakeClock()
+    store = MemoryStore(clock)
+    other, _, _ = site(store, clock, "1", owner=False)
+    owner, _, _ = site(store, clock, "0", owner=True)
+    await other.report()
+    for _ in range(10):
+        clock.advance(shared_indexes.REPORT_TTL_S / 4)
+        await other.report()
+        assert list(await owner.reports()) == ["1"]
+
+
+async def test_the_owner_writes_a_change_at_once_and_looks_again_at_its_document_now_and_then() -> None:
+    clock = FakeClock()
+    store = MemoryStore(clock)
+    owner, server, _ = site(store, clock, "0", owner=True)
+    server.add_version(index("notes", shards=1))
+    await owner._keep_published()
+    assert list((await INDEXES_DOC.read(store))[1].settings) == ["notes"]
+    server.add_version(index("docs", shards=1))
+    await owner._keep_published()  # changed: written at once
+    assert sorted((await INDEXES_DOC.read(store))[1].settings) == ["docs", "notes"]
+    await store.delete(INDEXES)  # a store that lost it
+    await owner._keep_published()
+    assert await store.read(INDEXES) is None  # unchanged here: not read again yet
+    clock.advance(shared_indexes.CONFIRM_EVERY_S)
+    await owner._keep_published()
+    assert sorted((await INDEXES_DOC.read(store))[1].settings) == ["docs", "notes"]
+
+
+async def test_a_refresh_the_store_cannot_answer_leaves_it_to_the_follow_loop() -> None:
+    clock = FakeClock()
+    store = MemoryStore(clock)
+    other, server, follower = site(store, clock, "1", owner=False)
+    await publish(store, {"notes": {"shards": 1}})
+
+    async def down(doc: str) -> None:
+        raise StoreUnavailable("down for the test")
+
+    store.read = down  # type: ignore[method-assign]
+    await other.refresh()  # logged, not raised: the forwarded write's answer stands
+    assert server.registry.names() == []
+    del store.read
+    assert await follower.read_all()
+    assert server.registry.names() == ["notes"]
+
+
+async def test_settings_that_msgpack_turns_into_other_types_are_not_written_again() -> None:
+    clock = FakeClock()
+    store = MemoryStore(clock)
+    owner, server, _ = site(store, clock, "0", owner=True)
+    server.registry.served["notes"] = SimpleNamespace(config=SimpleNamespace(params={"fields": ("a", "b")}))
+    await owner.publish()
+    revision = (await INDEXES_DOC.read(store))[0]
+    await owner.publish()  # a tuple reads back as a list: still the same settings
+    assert (await INDEXES_DOC.read(store))[0] == revision == 1
