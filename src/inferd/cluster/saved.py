@@ -31,19 +31,29 @@ config's versions. A server started afresh (a new parent, a new cluster name) se
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Protocol
 
 import msgspec
 
 from inferd.cluster.follower import Document
 from inferd.cluster.served import SERVED
 from inferd.cluster.store import Store, StoreError
-from inferd.config import ConfigError, ModelConfig
-from inferd.fleet.control import MAX_LOCAL_WORKERS, VersionLoader
+from inferd.config import MAX_WORKERS, ConfigError, ModelConfig
 
 if TYPE_CHECKING:
     from inferd.runtime.registry import ModelRegistry
-    from inferd.worker.launcher import Launcher
+
+VersionLoader = Callable[[str, "int | None"], ModelConfig]
+"""(model, version) -> that version's config from the model repository (fleet/control.py's loader)."""
+
+
+class SlotLauncher(Protocol):
+    """What of the front end's launcher (worker/launcher.py) a restart's slots use."""
+
+    def add(self, model: str, count: int, version: int | None = None) -> Any: ...
+
+    def add_at(self, model: str, version: int, indexes: list[int]) -> Any: ...
 
 log = logging.getLogger("inferd.cluster")
 
@@ -113,7 +123,7 @@ def _an_update(updating: list[int], versions: list[int], default: int) -> bool:
         old != new
         and {old, new} <= set(versions)
         and default in (old, new)
-        and 0 <= workers <= MAX_LOCAL_WORKERS
+        and 0 <= workers <= MAX_WORKERS
     )
 
 
@@ -175,7 +185,7 @@ class Restored(msgspec.Struct, frozen=True):
         for name, version in self.defaults.items():
             registry.set_default(name, version)
 
-    def add_slots(self, launcher: Launcher[Any], local: list[tuple[ModelConfig, int]]) -> None:
+    def add_slots(self, launcher: SlotLauncher, local: list[tuple[ModelConfig, int]]) -> None:
         """The worker slots: the saved ones of a restored version, else the config's count."""
         for m, n in local:
             at = self.slots.get((m.name, m.version))

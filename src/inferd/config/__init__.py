@@ -51,6 +51,8 @@ class ConfigError(Exception):
 
 TABLES: dict[str, type[BaseModel]] = {}
 """Top-level tables of the config file that components registered, beside [server] and [models.NAME]."""
+MAX_WORKERS = 64
+"""The most local workers of one model version (config, scale, a restart's saved slots)."""
 
 
 def register_table(name: str, model: type[BaseModel]) -> None:
@@ -144,7 +146,7 @@ class ModelConfig(_Frozen):
     workers' finishes (kinds/batch/mix.py): interactive requests wait less for a free worker."""
     idempotent: bool = True
     """Whether a batch may be run again after a worker failure. False: never retried."""
-    workers: int | None = Field(default=None, ge=0, le=64)
+    workers: int | None = Field(default=None, ge=0, le=MAX_WORKERS)
     """Worker processes (devices) for this model; None takes the server's --workers."""
     max_attempts: int = Field(default=3, ge=1, le=10)
     """Most runs of one item after worker crashes (isolation runs of a failing batch not counted)."""
@@ -248,7 +250,7 @@ class ServerConfig(ListenerSettings, IdentitySettings, _Frozen):
     """Address the HTTP API listens on."""
     port: int = Field(default=8000, ge=0, le=65535)
     """Port of the HTTP API (0 picks a free one)."""
-    workers: int = Field(default=1, ge=0, le=64)
+    workers: int = Field(default=1, ge=0, le=MAX_WORKERS)
     """Default local worker processes per model (0: only workers that join over TCP serve it)."""
     worker_host: str = "127.0.0.1"
     """Address where workers on other hosts connect (`inferd worker --connect HOST:PORT`)."""

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
-from inferd.config import ConfigError, ModelConfig
+from inferd.config import MAX_WORKERS, ConfigError, ModelConfig
 from inferd.errors import BadRequest, NotFound
 from inferd.kinds.repository import apply_overrides, load_model_version
 from inferd.runtime.contract import Runtime
@@ -29,7 +29,7 @@ from inferd.worker.launcher import Launcher, WorkerSlot
 
 log = logging.getLogger("inferd.fleet")
 
-MAX_LOCAL_WORKERS = 64
+MAX_LOCAL_WORKERS = MAX_WORKERS
 """The most local workers of one model version (`scale_to`)."""
 
 VersionLoader = Callable[[str, int | None], ModelConfig]
