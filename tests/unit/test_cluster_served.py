@@ -22,7 +22,8 @@ from inferd.cluster.served import (
     ServedState,
     ServedVersions,
     Serving,
-    until,
+    names,
+    serving_reports,
 )
 from inferd.cluster.store import Fenced, StoreUnavailable
 from inferd.config import ConfigError
@@ -91,13 +92,14 @@ async def test_an_update_waits_only_for_the_front_ends_up_that_lack_the_new_vers
     clock = FakeClock()
     store = MemoryStore(clock)
     lacking = lambda r: 2 not in r.of("sim").versions  # noqa: E731
-    assert await until(store, "0", lacking, 0.05) == []  # no front end heard of: nobody to wait for
+    reports = serving_reports(store, "0")
+    assert names(await reports.until(lacking, 0.05)) == []  # no front end heard of: nobody to wait for
     for index, versions in ((1, [1]), (2, [1, 2])):
         report = Serving(str(index), index, {"sim": Served(versions, 1)})
         await store.write(SERVING + str(index), msgspec.msgpack.encode(report), ttl_s=REPORT_TTL_S)
-    assert await until(store, "0", lacking, 0.05) == [1]
+    assert names(await reports.until(lacking, 0.05)) == [1]
     clock.advance(REPORT_TTL_S + 0.5)  # front end 1 silent since: its report expired (it reads first if back)
-    assert await until(store, "0", lacking, 0.05) == []
+    assert names(await reports.until(lacking, 0.05)) == []
 
 
 async def test_a_front_end_serves_the_new_version_takes_the_default_then_retires_the_old() -> None:

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from inferd.clock import FakeClock
+from inferd.cluster import reports
 from inferd.cluster.follower import Follower
 from inferd.cluster.memory import MemoryStore
 from inferd.cluster.store import StoreUnavailable, Versioned
@@ -26,8 +27,6 @@ from inferd.kinds.search.shared_indexes import (
     IndexesDoc,
     ServingDoc,
     SharedIndexes,
-    missing,
-    still_serving,
 )
 from inferd.runtime.kinds import KindRegistry
 
@@ -133,7 +132,7 @@ async def test_the_owner_answers_a_delete_once_the_others_dropped_the_index(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setattr(shared_indexes, "FOLLOWERS_WAIT_S", 3600.0)  # only the report can end the wait
-    monkeypatch.setattr(shared_indexes, "RECHECK_S", 0.001)
+    monkeypatch.setattr(reports, "RECHECK_S", 0.001)
     clock = FakeClock()
     store = MemoryStore(clock)
     owner, _, _ = site(store, clock, "0", owner=True)
@@ -153,7 +152,7 @@ async def test_a_new_index_is_published_and_served_by_the_others_before_the_owne
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setattr(shared_indexes, "FOLLOWERS_WAIT_S", 3600.0)
-    monkeypatch.setattr(shared_indexes, "RECHECK_S", 0.001)
+    monkeypatch.setattr(reports, "RECHECK_S", 0.001)
     clock = FakeClock()
     store = MemoryStore(clock)
     owner, owner_server, _ = site(store, clock, "0", owner=True)
@@ -290,3 +289,13 @@ async def test_settings_that_msgpack_turns_into_other_types_are_not_written_agai
     revision = (await INDEXES_DOC.read(store))[0]
     await owner.publish()  # a tuple reads back as a list: still the same settings
     assert (await INDEXES_DOC.read(store))[0] == revision == 1
+
+
+def missing(found: dict[str, frozenset[str]], name: str) -> list[str]:
+    """The front ends (of the reports: those up) that do not serve `name` yet."""
+    return sorted(f for f, serving in found.items() if name not in serving)
+
+
+def still_serving(found: dict[str, frozenset[str]], name: str) -> list[str]:
+    """The front ends up that serve `name` still (a deleted index)."""
+    return sorted(f for f, serving in found.items() if name in serving)

@@ -18,6 +18,7 @@ import logging
 import msgspec
 
 from inferd.clock import Clock
+from inferd.cluster.reports import Reports
 from inferd.cluster.store import Store, StoreError
 from inferd.runtime.frontend_load import (
     EXPIRE_AFTER_S,
@@ -47,8 +48,6 @@ class LoadReport(msgspec.Struct, frozen=True):
         return self.index if self.index >= 0 else self.frontend
 
 
-_report = msgspec.msgpack.Decoder(LoadReport)
-
 
 class LoadReports:
     def __init__(
@@ -63,6 +62,8 @@ class LoadReports:
         interval_s: float = REPORT_INTERVAL_S,
     ) -> None:
         self.store = store
+        self.reports = Reports(store, LOAD, LoadReport, me, EXPIRE_AFTER_S)
+        """Each front end's `load/<frontend>` report (cluster/reports.py)."""
         self.me = me
         self.index = index
         self.registry = registry
@@ -73,7 +74,7 @@ class LoadReports:
         """(The front end with the autoscaler and the admin API) the others' latest reports."""
         self._meters: dict[tuple[str, int], ArrivalMeter] = {}
         self._seen: dict[str, int] = {}
-        """Each other front end's document -> the revision recorded (a report is recorded once)."""
+        """Each other front end -> the revision of its report recorded (a report is recorded once)."""
         self._failing = False
 
     async def run(self) -> None:
@@ -102,7 +103,7 @@ class LoadReports:
     async def report(self) -> bool:
         """Write this front end's load; False when the store did not take it."""
         try:
-            await self.store.write(LOAD + self.me, msgspec.msgpack.encode(self.measure()), ttl_s=EXPIRE_AFTER_S)
+            await self.reports.publish(self.measure())
         except StoreError as exc:
             if not self._failing:
                 log.warning("load: the cluster store did not take this front end's load (%s)", exc)
@@ -117,15 +118,11 @@ class LoadReports:
         """Record the others' reports written since the last look (StoreError: none recorded)."""
         if self.loads is None:
             return
-        found = await self.store.read_prefix(LOAD)
-        for doc, value in found.items():
-            if doc == LOAD + self.me or self._seen.get(doc) == value.revision:
+        found = await self.reports.others()
+        for frontend, (revision, report) in found.items():
+            if self._seen.get(frontend) == revision:
                 continue
-            self._seen[doc] = value.revision
-            try:
-                report = _report.decode(value.body)
-            except msgspec.DecodeError:
-                continue
+            self._seen[frontend] = revision
             self.loads.record(report.name, report.loads)
-        for doc in set(self._seen) - set(found):
-            del self._seen[doc]
+        for frontend in set(self._seen) - set(found):
+            del self._seen[frontend]

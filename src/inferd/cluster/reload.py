@@ -29,7 +29,7 @@ from typing import Any
 import msgspec
 from prometheus_client.metrics_core import GaugeMetricFamily, Metric
 
-from inferd.cluster.served import FOLLOWERS_WAIT_S, SERVED, ServedState, Serving, reports, until
+from inferd.cluster.served import FOLLOWERS_WAIT_S, SERVED, ServedState, Serving, serving_reports
 from inferd.cluster.store import Store, StoreError
 from inferd.config import ConfigError
 
@@ -68,6 +68,7 @@ class ConfigReload:
     ) -> None:
         self.store = store
         self.me = me
+        self.reports = serving_reports(store, me)
         self.name = name
         """How answers name this front end (its index on one host)."""
         self.count = count
@@ -117,8 +118,10 @@ class ConfigReload:
                     exc,
                 )
                 return {**summary, "diverged": True, "frontends": outcome(self.name, self.count, [])}
-        behind = await until(self.store, self.me, lambda r: r.generation < generation, self.wait_s)
-        taken = [r for r in await reports(self.store, self.me) if r.generation >= generation]
+        behind = await self.reports.until(lambda r: r.generation < generation, self.wait_s)
+        taken = sorted(
+            (r for _, r in (await self.reports.others()).values() if r.generation >= generation), key=lambda r: str(r.name)
+        )
         answer = outcome(self.name, self.count, taken)
         if behind or answer["refused"]:
             log.warning("reload: front ends %s refused the file or did not answer in time", answer)

@@ -34,7 +34,7 @@ import asyncio
 import contextlib
 import logging
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any, Protocol
 
 import msgspec
@@ -42,6 +42,7 @@ import msgspec
 from inferd.clock import Clock
 from inferd.cluster.follower import Document
 from inferd.cluster.lease import LeaseKeeper
+from inferd.cluster.reports import Reports
 from inferd.cluster.store import Fenced, Store, StoreError, Versioned
 from inferd.config import ConfigError
 from inferd.errors import ClusterUnavailable, Conflict
@@ -56,8 +57,6 @@ REPORT_TTL_S = 2.0
 FOLLOWERS_WAIT_S = 10.0
 RETRY_FAILED_S = 10.0
 """A version that failed to load here is tried again after this long (not on every read)."""
-RECHECK_S = 0.1
-"""How often a wait on the reports reads them again."""
 
 
 class ModelServed(msgspec.Struct, frozen=True):
@@ -109,31 +108,14 @@ class Serving(msgspec.Struct, frozen=True):
         return self.models.get(model, Served([], 0))
 
 
-_serving = msgspec.msgpack.Decoder(Serving)
+def serving_reports(store: Store, me: str) -> Reports[Serving]:
+    """The front ends' `serving/<frontend>` reports (cluster/reports.py), as `me` writes and reads them."""
+    return Reports(store, SERVING, Serving, me, REPORT_TTL_S)
 
 
-async def reports(store: Store, me: str) -> list[Serving]:
-    """The live reports of the other front ends, by name."""
-    found = []
-    for doc, value in (await store.read_prefix(SERVING)).items():
-        if doc != SERVING + me:
-            with contextlib.suppress(msgspec.DecodeError):
-                found.append(_serving.decode(value.body))
-    return sorted(found, key=lambda r: str(r.name))
-
-
-async def until(store: Store, me: str, lagging: Callable[[Serving], bool], wait_s: float) -> list[Any]:
-    """Until no live front end is `lagging`, read every RECHECK_S; those still lagging after `wait_s`
-    ([] when none). StoreError when the store fails meanwhile."""
-    try:
-        async with asyncio.timeout(wait_s):
-            while True:
-                behind = [r.name for r in await reports(store, me) if lagging(r)]
-                if not behind:
-                    return []
-                await asyncio.sleep(RECHECK_S)
-    except TimeoutError:
-        return [r.name for r in await reports(store, me) if lagging(r)]
+def names(reports: dict[str, Serving]) -> list[Any]:
+    """How answers name these front ends (by their index on one host, else their id), in order."""
+    return sorted((r.name for r in reports.values()), key=str)
 
 
 @contextlib.contextmanager
@@ -165,6 +147,7 @@ class ServedVersions:
         self.store = store
         self.me = me
         self.index = index
+        self.reports = serving_reports(store, me)
         self.server = server
         """The composition root: its registry, add_version, remove_version, kinds and fleet (its version
         loader, the model repository, and its rolling updates)."""
@@ -255,7 +238,7 @@ class ServedVersions:
     async def report(self) -> None:
         generation, refused = (-1, "") if self.config is None else (self.config.taken, self.config.refused)
         report = Serving(self.me, self.index, self.served(with_busy=True), -1 if generation is None else generation, refused)
-        await self.store.write(SERVING + self.me, msgspec.msgpack.encode(report), ttl_s=REPORT_TTL_S)
+        await self.reports.publish(report)
 
     async def run(self) -> None:
         """Until cancelled: the holder writes what it serves, every front end reports, every interval."""
@@ -318,7 +301,7 @@ class ServedVersions:
         with changes():
             self.check_holder()
             await self.publish()
-            behind = await until(self.store, self.me, lambda r: version not in r.of(model).versions, self.wait_s)
+            behind = names(await self.reports.until(lambda r: version not in r.of(model).versions, self.wait_s))
         if behind:
             raise Conflict(
                 f"front end(s) {behind} do not serve version {version} of {model!r} (see their logs: it "
@@ -331,8 +314,8 @@ class ServedVersions:
         with changes():
             self.check_holder()
             await self.publish()
-            behind = await until(
-                self.store, self.me, lambda r: r.of(model).default != new or old in r.of(model).busy, self.wait_s
+            behind = names(
+                await self.reports.until(lambda r: r.of(model).default != new or old in r.of(model).busy, self.wait_s)
             )
         if behind:
             log.warning("model %s: front end(s) %s still use version %d; its last worker drains anyway", model, behind, old)

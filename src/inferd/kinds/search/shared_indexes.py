@@ -32,6 +32,7 @@ import msgspec
 
 from inferd.clock import Clock
 from inferd.cluster.follower import Document, Follower
+from inferd.cluster.reports import Reports
 from inferd.cluster.store import Store, StoreError, Versioned
 from inferd.config import ModelConfig
 from inferd.kinds.search.config import index_config, params_of, parse_params
@@ -49,8 +50,6 @@ CONFIRM_EVERY_S = 5.0
 """The owner reads its document again this often even when its indexes did not change (a store that
 lost it gets it again)."""
 FOLLOWERS_WAIT_S = 5.0
-RECHECK_S = 0.1
-"""How often a waiting owner reads the reports again."""
 
 
 class IndexesDoc(msgspec.Struct, frozen=True):
@@ -67,7 +66,7 @@ class ServingDoc(msgspec.Struct, frozen=True):
 
 INDEXES_DOC = Document(INDEXES, IndexesDoc, IndexesDoc)
 SERVING_DOC = Document(SERVING_PREFIX, ServingDoc, ServingDoc)
-"""The reports' codec (each front end's is named SERVING_PREFIX + its id)."""
+"""A report's codec, as cluster/reports.py writes it (each front end's is named SERVING_PREFIX + its id)."""
 
 
 class SharedIndexes:
@@ -82,6 +81,8 @@ class SharedIndexes:
         interval_s: float = SHARE_INTERVAL_S,
     ) -> None:
         self.store = store
+        self.reports_of = Reports(store, SERVING_PREFIX, ServingDoc, frontend, REPORT_TTL_S)
+        """Each front end's `kind/search/serving/<frontend>` report (cluster/reports.py)."""
         self.server = server
         """The composition root: its registry, kinds, add_version and remove_version."""
         self.frontend = frontend
@@ -130,35 +131,25 @@ class SharedIndexes:
 
     async def until_followers_serve(self, name: str) -> None:
         """The owner, before it starts a new index's workers: until the front ends up serve it."""
-        await self._until(lambda reports: missing(reports, name), name, "do not serve it yet")
+        await self._until(lambda r: name not in r.serving, name, "do not serve it yet")
 
     async def until_followers_drop(self, name: str) -> None:
         """The owner, once it deleted an index: until the front ends up no longer serve it."""
-        await self._until(lambda reports: still_serving(reports, name), name, "serve it still")
+        await self._until(lambda r: name in r.serving, name, "serve it still")
 
     async def reports(self) -> dict[str, frozenset[str]]:
         """The indexes each other front end up (its report not expired) serves, by front end."""
-        found = await self.store.read_prefix(SERVING_PREFIX)
-        reports = {
-            n[len(SERVING_PREFIX) :]: frozenset(SERVING_DOC.decode(v)[1].serving) for n, v in found.items()
-        }
-        reports.pop(self.frontend, None)
-        return reports
+        return {f: frozenset(r.serving) for f, (_, r) in (await self.reports_of.others()).items()}
 
-    async def _until(
-        self, waiting: Callable[[dict[str, frozenset[str]]], list[str]], name: str, what: str
-    ) -> None:
-        lagging: list[str] = []
+    async def _until(self, lagging: Callable[[ServingDoc], bool], name: str, what: str) -> None:
         try:
             await self.publish()
-            async with asyncio.timeout(FOLLOWERS_WAIT_S):
-                while True:  # polled: the reports are other front ends' documents
-                    lagging = waiting(await self.reports())
-                    if not lagging:
-                        return
-                    await asyncio.sleep(RECHECK_S)
-        except (TimeoutError, StoreError) as exc:
-            log.warning("index %s: front ends %s %s (%s)", name, lagging, what, str(exc) or "timed out")
+            behind = await self.reports_of.until(lagging, FOLLOWERS_WAIT_S)
+        except StoreError as exc:
+            log.warning("index %s: the front ends' reports could not be read (%s)", name, exc)
+            return
+        if behind:
+            log.warning("index %s: front ends %s %s (timed out)", name, sorted(behind), what)
 
     def _settings(self) -> dict[str, dict[str, Any]]:
         """The indexes served here and their settings, as the document holds them (msgpack's types)."""
@@ -185,9 +176,7 @@ class SharedIndexes:
             at, reported = self._reported
             if reported == serving and now - at < REPORT_TTL_S / 3:
                 return
-        await self.store.write(
-            SERVING_PREFIX + self.frontend, SERVING_DOC.encode(ServingDoc(serving)), ttl_s=REPORT_TTL_S
-        )
+        await self.reports_of.publish(ServingDoc(serving))
         self._reported = (now, serving)
 
     async def _apply(self, found: Versioned | None) -> None:
@@ -231,12 +220,3 @@ class SharedIndexes:
         self.server.remove_version(name, rt.version)
         log.info("index %s deleted by the owner front end: no longer served here", name)
 
-
-def missing(reports: dict[str, frozenset[str]], name: str) -> list[str]:
-    """The front ends (of `reports`: those up) that do not serve `name` yet."""
-    return sorted(f for f, serving in reports.items() if name not in serving)
-
-
-def still_serving(reports: dict[str, frozenset[str]], name: str) -> list[str]:
-    """The front ends up that serve `name` still (a deleted index)."""
-    return sorted(f for f, serving in reports.items() if name in serving)
