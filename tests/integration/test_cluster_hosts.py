@@ -396,8 +396,11 @@ def test_redis_stopped_for_10s_then_started_again(cluster: Cluster) -> None:
 
     # converged: a reload reaches all three, one holds the lease, a change asked of any is carried out
     ids = sorted(fe.id for fe in fes)
-    wait_for(lambda: sorted(post(f"{fes[0].admin_url}/admin/reload")[1]["frontends"]["reloaded"]) == ids, 30,
-             "a reload reaching every front end")
+    def reloaded() -> list[str]:
+        status, answer = post(f"{fes[0].admin_url}/admin/reload")
+        return sorted(answer["frontends"]["reloaded"]) if status == 200 else []
+
+    wait_for(lambda: reloaded() == ids, 30, "a reload reaching every front end")
     wait_for(lambda: sum(holds(fe) for fe in fes) == 1, 30, "a holder again")
     for fe in fes:
         status, answer = post(f"{fe.admin_url}/admin/models/sim/update?version=1")
