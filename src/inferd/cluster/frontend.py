@@ -31,7 +31,7 @@ from inferd.cluster.memory import MemoryStore
 from inferd.cluster.metrics import StoreCollector
 from inferd.cluster.reload import ConfigReload, DivergedCollector
 from inferd.cluster.saved import SavedModel
-from inferd.cluster.served import REPORT_EVERY_S, SERVED, ServedVersions
+from inferd.cluster.served import REPORT_EVERY_S, SERVED, ServedVersions, changes
 from inferd.cluster.store import Store, StoreError
 
 log = logging.getLogger("inferd.cluster")
@@ -119,13 +119,12 @@ class ClusterFrontend:
     async def decider(self) -> str | None:
         """The admin address of the front end that holds the lease, when another does (changes asked
         here go there: api/admin.py); None: here (this one holds it, or none is known: the change is
-        then refused here while the lease is not held)."""
+        then refused here while the lease is not held). ClusterUnavailable naming the store when it does
+        not answer (served.changes)."""
         if self.members is None or self.versions.holds():
             return None
-        try:
+        with changes():
             grant = await self.store.holder(LEASE)
-        except StoreError:
-            return None
         if grant is None or grant.holder == self.me:
             return None
         member = self.members.members.get(grant.holder)
