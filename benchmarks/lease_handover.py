@@ -8,7 +8,7 @@ N `inferd serve` front ends (--frontends, 3) on 127.0.0.1, 127.0.0.2, ... share 
 3. every --poll-ms (50) asks each survivor's /metrics whether it holds the lease, and each survivor's
    admin API for a scale to its current count (`POST /admin/models/sim/scale?workers=1`: a change that
    needs the lease, refused with 503 while no live front end holds it, forwarded to the holder by the
-   others), until every survivor's scale succeeded or --give-up-s;
+   others), until one showed the lease and every survivor's scale succeeded, or --give-up-s;
 4. stops what is left of the killed front end (its worker) and starts a new one in its place.
 
 Reported per run: the lease's time left at the kill, when a survivor first showed
@@ -90,7 +90,7 @@ def one_run(frontends: list[FrontEnd], redis: RedisProcess, args: argparse.Names
     refusals: dict[str, dict[int, int]] = {fe.id: {} for fe in survivors}
     first_error: dict[str, str] = {}
     last_error: dict[str, str] = {}
-    while time.monotonic() - t0 < args.give_up_s and len(scale_ok_at) < len(survivors):
+    while time.monotonic() - t0 < args.give_up_s and (len(scale_ok_at) < len(survivors) or not holder_at):
         round_start = time.monotonic()
         for fe in survivors:
             if fe.id not in holder_at and fe.holds():

@@ -11,8 +11,8 @@ end, so the key is not checked until then). Meanwhile, on a thread, on the clock
   SIGSTOPped and SIGCONTed (a hung store: connections open, nothing answered);
 - while down: each front end's `inferd_cluster_store_up` and the holder's `inferd_cluster_lease_holder`,
   polled every 100 ms (when each showed 0); a scale (`POST /admin/models/sim/scale?workers=1`, a change
-  that needs the lease) asked of every front end at once, again once the holder no longer acts, and
-  again halfway through: status, error and how long it took to answer;
+  that needs the lease) asked of every front end (all together) as Redis goes down, again once the
+  holder no longer acts, and again halfway through: status, error and how long it took to answer;
 - once Redis is back: when each front end shows the store up again, when one holds the lease, when a
   scale asked of each is carried out again; then a change: the config file gains a tenant with the
   load's key and `POST /admin/reload` is asked of front end 0, and each front end is asked every 50 ms
@@ -96,11 +96,21 @@ def poll_each(
 
 
 def scale_each(tl: Timeline, frontends: list[FrontEnd], event: str) -> list[dict[str, Any]]:
-    out = []
-    for fe in frontends:
+    """A scale asked of every front end at once (a thread each): what each answered, and how fast."""
+    out: list[dict[str, Any]] = []
+
+    def ask(fe: FrontEnd) -> None:
+        asked = tl.now()
         status, answer, took = fe.post_admin(SCALE, timeout_s=30.0)
-        out.append({"frontend": fe.id, "status": status, "answer_s": round(took, 3), "answer": answer})
-        tl.add(event, frontend=fe.id, status=status, answer_s=round(took, 3), answer=str(answer)[:160])
+        out.append({"frontend": fe.id, "asked_at": round(asked, 3), "status": status, "answer_s": round(took, 3),
+                    "answer": answer})  # fmt: skip
+        tl.add(event, frontend=fe.id, status=status, answer_s=round(took, 3), answer=str(answer)[:60])
+
+    threads = [threading.Thread(target=ask, args=(fe,), daemon=True) for fe in frontends]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(35.0)
     return out
 
 
@@ -141,8 +151,12 @@ class Outage:
         self.down()
         tl.add("redis down", how=a.how)
         r["down_at"] = round(tl.now(), 3)
-        r["scale_at_once"] = scale_each(tl, fes, "scale at once")
+        at_once = threading.Thread(
+            target=lambda: r.__setitem__("scale_at_once", scale_each(tl, fes, "scale at once")), daemon=True
+        )
+        at_once.start()  # while the gauges are polled
         r["store_down_seen"] = poll_each(tl, fes, "store_up 0", lambda fe: fe.store_up() == 0.0, a.down / 2)
+        at_once.join(35.0)
         r["holder_gone"] = poll_each(tl, holders, "lease_holder 0", lambda fe: not fe.holds(), a.down / 2)
         r["scale_down_1"] = scale_each(tl, fes, "scale once no holder")
         tl.sleep_until(a.before + a.down / 2)
