@@ -12,7 +12,8 @@ end, so the key is not checked until then). Meanwhile, on a thread, on the clock
 - while down: each front end's `inferd_cluster_store_up` and the holder's `inferd_cluster_lease_holder`,
   polled every 100 ms (when each showed 0); a scale (`POST /admin/models/sim/scale?workers=1`, a change
   that needs the lease) asked of every front end (all together) as Redis goes down, again once the
-  holder no longer acts, and again halfway through: status, error and how long it took to answer;
+  holder no longer acts, and again halfway through (and of the holder once it shows the store down, if
+  it still holds the lease then): status, error and how long it took to answer;
 - once Redis is back: when each front end shows the store up again, when one holds the lease, when a
   scale asked of each is carried out again; then a change: the config file gains a tenant with the
   load's key and `POST /admin/reload` is asked of front end 0, and each front end is asked every 50 ms
@@ -157,6 +158,8 @@ class Outage:
         at_once.start()  # while the gauges are polled
         r["store_down_seen"] = poll_each(tl, fes, "store_up 0", lambda fe: fe.store_up() == 0.0, a.down / 2)
         at_once.join(35.0)
+        if any(fe.holds() for fe in holders):  # it shows the store down and still holds the lease
+            r["scale_holder_store_down"] = scale_each(tl, holders, "scale asked of the holder showing store_up 0")
         r["holder_gone"] = poll_each(tl, holders, "lease_holder 0", lambda fe: not fe.holds(), a.down / 2)
         r["scale_down_1"] = scale_each(tl, fes, "scale once no holder")
         tl.sleep_until(a.before + a.down / 2)
@@ -288,7 +291,7 @@ def print_tables(run: dict[str, Any], args: argparse.Namespace) -> None:
     print("```")
     said = {
         str(s["answer"].get("error", s["answer"]))
-        for key in ("scale_at_once", "scale_down_1", "scale_down_2")
+        for key in ("scale_at_once", "scale_holder_store_down", "scale_down_1", "scale_down_2")
         for s in o.get(key, [])
         if s["status"] != 200
     }
