@@ -324,8 +324,8 @@ def main() -> int:
     key = new_key()
     outage: Outage | None = None
     frontends: list[FrontEnd] = []
+    redis = RedisProcess(ports.take(), log_path=log_dir / "redis.log")
     try:
-        redis = RedisProcess(ports.take(), log_path=log_dir / "redis.log")
         redis.start()
         redis.ready_s = redis.wait_ready()
         frontends = [FrontEnd(i, redis.url, config, ports, log_dir) for i in range(args.frontends)]
@@ -353,6 +353,7 @@ def main() -> int:
         if outage is not None:
             outage.restore()
             outage.redis.stop()
+        redis.stop()
         for fe in frontends:
             fe.stop()
     write_json(OUT_DIR / "store_outage.json", run)
