@@ -297,3 +297,16 @@ async def test_a_hub_asks_once_more_before_it_turns_away_a_worker_of_a_version_n
         assert not refused.accepted and "served versions: [1, 2]" in refused.reason and asked == [0, 1]
     finally:
         await hub.close()
+
+
+async def test_the_holder_refuses_a_change_while_the_store_does_not_answer_its_reads() -> None:
+    """Within its lease time a holder still holds the lease when the store stops answering; a change
+    made then could not be shared, so it is refused as soon as the follow loop's read failed."""
+    first, _, _ = await holder_and_other(Server([1], {1}), Server([1], {1}))
+    up = True
+    first.store_up = lambda: up
+    first.check_holder()  # holds the lease, the store answers: the change goes ahead
+    up = False
+    with pytest.raises(ClusterUnavailable, match="cluster store did not answer"):
+        first.check_holder()
+    assert first.holds()  # it holds the lease still: only changes wait for the store

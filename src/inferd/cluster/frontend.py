@@ -78,6 +78,7 @@ class ClusterFrontend:
         self.versions.config = self.config
         self.load = LoadReports(store, me, server.registry, server.kinds, clock, seat.index, contends and self.shared)
         self.follower.follow(SERVED.name, self.versions.apply)
+        self.versions.store_up = lambda: self.follower.up  # a change waits for a store that answers
 
     def register(self, metrics: CollectorRegistry) -> None:
         metrics.register(StoreCollector(lambda: self.follower.up))

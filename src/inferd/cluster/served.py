@@ -34,7 +34,7 @@ import asyncio
 import contextlib
 import logging
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any, Protocol
 
 import msgspec
@@ -155,6 +155,8 @@ class ServedVersions:
         self.keeper = keeper
         """The lease, where this front end contends for it (None: it never decides)."""
         self.config: GenerationFollower | None = None
+        self.store_up: Callable[[], bool] = _always
+        """Whether the store answered this front end's last read (cluster/follower.py's `up`)."""
         self.wait_s = FOLLOWERS_WAIT_S
         self.state = ServedState()
         self._failed: dict[tuple[str, int], float] = {}
@@ -170,6 +172,11 @@ class ServedVersions:
         """Before a change (an update, a scale): ClusterUnavailable unless this front end decides now."""
         if self.keeper is None:
             raise ClusterUnavailable("this front end does not decide for the server: ask the one that does")
+        if not self.store_up():
+            raise ClusterUnavailable(
+                "the cluster store did not answer this front end's last read: changes are refused until it "
+                "does (a change made now could not be shared); serving goes on"
+            )
         if self.keeper.grant() is None:
             raise ClusterUnavailable(
                 "this front end does not hold the lease of the server's decisions now (the cluster store "
@@ -319,6 +326,10 @@ class ServedVersions:
             )
         if behind:
             log.warning("model %s: front end(s) %s still use version %d; its last worker drains anyway", model, behind, old)
+
+
+def _always() -> bool:
+    return True
 
 
 def _holds_work(rt: Any) -> bool:
