@@ -310,3 +310,17 @@ async def test_the_holder_refuses_a_change_while_the_store_does_not_answer_its_r
     with pytest.raises(ClusterUnavailable, match="cluster store did not answer"):
         first.check_holder()
     assert first.holds()  # it holds the lease still: only changes wait for the store
+
+
+async def test_a_new_holder_serves_the_documents_versions_before_it_writes_its_own() -> None:
+    """A front end that just joined (its config serves version 1) takes the lease of a server that had
+    rolled to version 2: it serves version 2 as the default, and the document keeps saying so."""
+    clock = FakeClock()
+    store = MemoryStore(clock)
+    await store.write(SERVED.name, SERVED.encode(ServedState(models={"sim": ModelServed([2], 2, [])})))
+    joined = Server([1], {1, 2})
+    versions = ServedVersions(store, "new", joined, clock, await holding(store, clock, "new"), index=-1)
+    await versions.publish()
+    _, state = await SERVED.read(store)
+    assert state.models["sim"] == ModelServed([2], 2, [])
+    assert joined.registry.versions("sim") == [2] and joined.registry.default_version("sim") == 2

@@ -276,7 +276,9 @@ class ServedVersions:
         grant = self.keeper.grant() if self.keeper is not None else None
         if grant is None:
             return
-        if self._epoch != grant.epoch:
+        if self._epoch != grant.epoch:  # a new holder: the server's state first, as the last one left it
+            _, self.state = await SERVED.read(self.store)
+            self._adopt()
             self._settle()
             self._epoch = grant.epoch
         view = self.view()
@@ -285,6 +287,15 @@ class ServedVersions:
             return None if state.models == view else msgspec.structs.replace(state, models=view)
 
         _, self.state = await SERVED.update(self.store, change, fence=grant)
+
+    def _adopt(self) -> None:
+        """A new holder serves what the document says before it writes it: a front end that just joined
+        (a new pod, one started again elsewhere) serves its config's versions, not those the server rolled
+        to, and must not write those over the server's."""
+        updates = self.server.fleet.updates()
+        for model, ms in sorted(self.state.models.items()):
+            if model in self.server.registry and model not in updates:
+                self._follow(model, ms)
 
     def _settle(self) -> None:
         """A new holder: end the updates the document says run and nobody here runs, where their
