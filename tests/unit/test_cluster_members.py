@@ -8,6 +8,7 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -21,6 +22,7 @@ from inferd.cluster.members import (
     repository_mismatch,
 )
 from inferd.cluster.memory import MemoryStore
+from inferd.cluster.store import StoreError
 from inferd.config import ConfigError, ModelConfig
 
 MODELS = {"sim/1": "aaaa", "minilm/1": "bbbb"}
@@ -173,3 +175,36 @@ def test_the_fingerprint_is_each_model_tomls_digest(tmp_path: Path) -> None:
     (tmp_path / "sim" / "model.toml").write_text('kind = "batch"\nmax_batch_size = 8\n')
     assert fingerprint(models, tmp_path)["sim/1"] != first["sim/1"]
     assert fingerprint(models, None) == {"sim/1": "", "sim/2": ""}
+
+
+async def test_run_goes_on_when_the_store_answers_with_errors() -> None:
+    """A Redis that answers errors (READONLY after a failover, OOM) is a StoreError, not StoreUnavailable:
+    the renewal loop goes on (a loop that ended would stop the server: its task group)."""
+    clock = FakeClock()
+
+    class Refusing(MemoryStore):
+        refusing = 0
+
+        async def write(self, doc: str, body: bytes, **kw: Any) -> int:
+            if self.refusing:
+                self.refusing -= 1
+                raise StoreError("READONLY You can't write against a read only replica.")
+            return await super().write(doc, body, **kw)
+
+    store = Refusing(clock)
+    rounds = 0
+
+    async def sleep(seconds: float) -> None:
+        nonlocal rounds
+        rounds += 1
+        clock.advance(seconds)
+        if rounds == 6:
+            raise asyncio.CancelledError
+
+    mine = Membership(store, member("fe:8000"), clock, sleep=sleep)
+    await mine.join()
+    store.refusing = 2
+    with pytest.raises(asyncio.CancelledError):
+        await mine.run()
+    found = await store.read("frontend/fe:8000")
+    assert found is not None and found.revision == 4  # joined, refused twice, then renewed 3 times

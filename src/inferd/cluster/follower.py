@@ -24,7 +24,7 @@ from typing import Generic, TypeVar
 import msgspec
 
 from inferd.clock import Clock
-from inferd.cluster.store import Grant, RevisionConflict, Store, StoreUnavailable, Versioned
+from inferd.cluster.store import Grant, RevisionConflict, Store, StoreError, Versioned
 
 log = logging.getLogger("inferd.cluster")
 
@@ -110,7 +110,7 @@ class Follower:
         async with self._reading:
             try:
                 found = {doc: await self.store.read(doc) for doc in self.appliers}
-            except StoreUnavailable as exc:
+            except StoreError as exc:  # down, or answering errors (READONLY, OOM): the last state stays
                 if self.up:
                     log.warning("the cluster store does not answer (%s): serving the last state read", exc)
                 self.up = False
@@ -151,6 +151,6 @@ class Follower:
                 async for doc in self.store.watch():
                     if doc in self.appliers:
                         self.changed()
-            except StoreUnavailable:
+            except StoreError:
                 pass  # the periodic read goes on; watch again a moment later
             await asyncio.sleep(self.every_s)

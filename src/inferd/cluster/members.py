@@ -26,7 +26,7 @@ from pathlib import Path
 import msgspec
 
 from inferd.clock import Clock
-from inferd.cluster.store import RevisionConflict, Store, StoreError, StoreUnavailable
+from inferd.cluster.store import RevisionConflict, Store, StoreError
 from inferd.config import ConfigError, ModelConfig
 
 log = logging.getLogger("inferd.cluster")
@@ -235,7 +235,7 @@ class Membership:
             try:
                 await self.renew()
                 await self.refresh()
-            except StoreUnavailable:
+            except StoreError:  # down, or answering errors (a read-only replica after a failover): tried again
                 continue
 
     async def leave(self) -> None:
