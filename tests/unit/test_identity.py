@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
+from types import SimpleNamespace
 
 import msgspec
 import pytest
@@ -13,7 +14,7 @@ import pytest
 from inferd.api.admin import worker_row
 from inferd.clock import FakeClock
 from inferd.config import ConfigError, ServerConfig, load_server_config
-from inferd.config.identity import ZONE_RULE, check_frontend_id, check_zone, frontend_id
+from inferd.config.identity import ZONE_RULE, admin_address, check_frontend_id, check_zone, frontend_id
 from inferd.kinds.batch.admin_view import BATCH_ADMIN
 from inferd.models.sim import sim_config
 from inferd.runtime.hub import WorkerHub
@@ -149,3 +150,16 @@ def test_an_odd_worker_zone_is_refused_at_start_naming_the_rule() -> None:
         arguments().parse_args(["--connect", "127.0.0.1:9", "--model", "sim", "--zone", "Zone_A"])
     assert refused.value.code == 2
     assert arguments().parse_args(["--connect", "a:1", "--model", "m", "--zone", "zone-a"]).zone == "zone-a"
+
+
+def test_the_admin_address_others_forward_to_is_one_they_can_reach() -> None:
+    def cfg(admin_host: str, admin_port: int | None = 8001, frontend_id: str | None = None) -> SimpleNamespace:
+        return SimpleNamespace(admin_host=admin_host, admin_port=admin_port, frontend_id=frontend_id, host="0.0.0.0", port=8000)
+
+    assert admin_address(cfg("10.0.0.5")) == "10.0.0.5:8001"
+    assert admin_address(cfg("0.0.0.0", frontend_id="10.1.2.3:8000")) == "10.1.2.3:8001"  # Kubernetes: the pod's IP
+    assert admin_address(cfg("127.0.0.1", admin_port=None)) is None  # no admin API
+    with pytest.raises(ConfigError, match="--admin-host"):
+        admin_address(cfg("0.0.0.0"))  # every address, and the id names none either
+    with pytest.raises(ConfigError, match="fixed --admin-port"):
+        admin_address(cfg("10.0.0.5", admin_port=0))

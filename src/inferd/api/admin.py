@@ -212,12 +212,15 @@ class AdminApi:
         where = await self.target.decider()
         if where is None:
             return None
-        headers = {FORWARDED: "1", **{k: v for k, v in request.headers.items() if k == "Authorization"}}
+        headers = {FORWARDED: "1"}
+        if (token := request.headers.get("Authorization")) is not None:  # (any case: a multidict)
+            headers["Authorization"] = token
         try:
             async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=FORWARD_TIMEOUT_S)) as http:
                 async with http.post(f"{request.scheme}://{where}{request.path_qs}", headers=headers) as r:
                     body = await r.read()
-                    return web.Response(status=r.status, body=body, content_type="application/json")
+                    kept = {h: v for h in ("Retry-After",) if (v := r.headers.get(h)) is not None}
+                    return web.Response(status=r.status, body=body, content_type="application/json", headers=kept)
         except (aiohttp.ClientError, TimeoutError) as exc:
             raise ClusterUnavailable(f"the front end that decides ({where}) did not answer: {exc!r}") from None
 

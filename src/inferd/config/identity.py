@@ -74,3 +74,34 @@ def frontend_id(config: _Listening) -> str:
     listener (with port 0, pass --frontend-id: the port is not known before it binds). Two live front
     ends with one id are refused by the shared store (cluster/)."""
     return config.frontend_id or f"{config.host}:{config.port}"
+
+
+EVERY_ADDRESS = frozenset({"", "0.0.0.0", "::", "[::]"})
+"""Hosts a listener binds to listen on every address: nobody can connect to them from another host."""
+
+
+class _Administered(_Listening, Protocol):
+    admin_host: str
+    admin_port: int | None
+
+
+def admin_address(config: _Administered) -> str | None:
+    """Where the other front ends reach this one's admin API (its record in the shared store: a change
+    asked of a front end that does not decide is forwarded there): `--admin-host`, or, when that listens
+    on every address, the host of the front end's id (`--frontend-id POD_IP:PORT` on Kubernetes). None:
+    no admin API. ConfigError, with the fix, when neither names a host others can reach, or the port is
+    0 (not known before it binds)."""
+    from inferd.config import ConfigError  # (the package imports this module first)
+
+    if config.admin_port is None:
+        return None
+    host = config.admin_host
+    if host in EVERY_ADDRESS:
+        host = frontend_id(config).rpartition(":")[0]
+    if host in EVERY_ADDRESS or config.admin_port == 0:
+        raise ConfigError(
+            f"the admin API listens on {config.admin_host or '*'}:{config.admin_port}, which the other front "
+            "ends of a shared store cannot reach to forward changes to it: give --admin-host (or "
+            "--frontend-id HOST:PORT) an address they reach, and a fixed --admin-port"
+        )
+    return f"{host}:{config.admin_port}"

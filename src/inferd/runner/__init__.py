@@ -31,7 +31,7 @@ from inferd.cluster.frontend import Seat
 from inferd.cluster.members import Membership, fingerprint, new_member
 from inferd.cluster.saved import take
 from inferd.config import ConfigError, ModelConfig, ServerConfig
-from inferd.config.identity import frontend_id
+from inferd.config.identity import admin_address, frontend_id
 from inferd.frontends.plan import FrontendPlan
 from inferd.server import InferenceServer
 
@@ -190,7 +190,7 @@ async def seat_of(cfg: ServerConfig, models: list[ModelConfig], plan: FrontendPl
         me, named, count = frontend_id(cfg) + (f"/{index}" if plan else ""), -1, None
     members = None
     if store_url(cfg) is not None:  # one live front end per id: a second is refused (ConfigError)
-        admin = f"{cfg.admin_host}:{cfg.admin_port}" if cfg.admin_port is not None else None
+        admin = admin_address(cfg)  # where the others forward changes (ConfigError: none they reach)
         workers = f"{cfg.worker_host}:{cfg.worker_port}" if cfg.worker_port is not None else None
         record = new_member(
             me, f"{cfg.host}:{cfg.port}", fingerprint(models, cfg.model_repo), workers=workers, admin=admin,
