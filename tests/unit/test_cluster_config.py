@@ -16,9 +16,9 @@ from typer.testing import CliRunner
 
 import inferd.gateway.config  # noqa: F401  (registers [gateway])
 from inferd.cli.main import app
-from inferd.cluster.config import cluster_config, open_store, store_url, with_store
+from inferd.cluster.config import check_cluster, cluster_config, open_store, store_url, with_store
 from inferd.cluster.local import LocalStoreClient
-from inferd.cluster.redis_store import RedisStore
+from inferd.cluster.redis_store import RedisStore, without_password
 from inferd.config import ConfigError, ServerConfig, load_server_config
 from tests.conftest import ROOT, free_port
 from tests.redis_server import RedisServer, redis_server  # noqa: F401  (the fixture)
@@ -42,6 +42,18 @@ def test_the_store_defaults_to_the_gateways_redis(tmp_path: Path) -> None:
     assert store_url(config) == "redis://cache:6379/0"
     own = loaded(tmp_path, '[gateway]\nredis_url = "redis://cache:6379/0"\n[cluster]\nstore = "rediss://state:6380/1"\n')
     assert store_url(own) == "rediss://state:6380/1"
+
+
+def test_the_gateways_redis_as_the_store_is_checked_as_one(tmp_path: Path) -> None:
+    """The default store is refused as [cluster] store would be: a password in the file, another scheme;
+    and no error names the password."""
+    with pytest.raises(ConfigError, match="INFERD_STORE_PASSWORD") as refused:
+        check_cluster(loaded(tmp_path, '[gateway]\nredis_url = "redis://:hunter2@cache:6379/0"\n'))
+    assert "hunter2" not in str(refused.value)
+    with pytest.raises(ConfigError, match="must be redis://"):
+        check_cluster(loaded(tmp_path, '[gateway]\nredis_url = "unix:///run/redis.sock"\n'))
+    check_cluster(loaded(tmp_path, '[gateway]\nredis_url = "redis://cache:6379/0"\n[cluster]\nstore = "redis://s:1/0"\n'))
+    assert without_password("rediss://user:hunter2@state:6380/1") == "rediss://state:6380/1"
 
 
 @pytest.mark.parametrize(

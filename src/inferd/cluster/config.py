@@ -25,6 +25,7 @@ from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from inferd.cluster.redis_store import without_password
 from inferd.cluster.store import Store, StoreError
 from inferd.config import ConfigError, ServerConfig, register_table
 
@@ -126,9 +127,14 @@ def store_password(environ: Mapping[str, str] = os.environ) -> str | None:
 def check_cluster(config: ServerConfig) -> None:
     """Before start: a Redis store needs the redis package (ConfigError with the fix)."""
     url = store_url(config)
+    if url is not None and cluster_config(config).store is None:  # [gateway] redis_url, by default
+        try:
+            check_store_url(url, "[gateway] redis_url (the cluster store, unless [cluster] store is set)")
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
     if url is not None and importlib.util.find_spec("redis") is None:
         raise ConfigError(
-            f"the cluster store {url} needs the redis package: install inferd with the redis extra "
+            f"the cluster store {without_password(url)} needs the redis package: install inferd with the redis extra "
             "(pip install 'inferd[redis]')"
         )
 

@@ -126,6 +126,12 @@ def _current(lease: str, reply: list[Any]) -> Grant | None:
     return Grant(lease, holder.decode(), int(epoch), max(0, int(left_ms)) / 1000)
 
 
+def without_password(url: str) -> str:
+    """`url` as logs and answers may show it: without the user and password, if it holds them."""
+    parts = urlsplit(url)
+    return parts._replace(netloc=parts.netloc.rpartition("@")[2]).geturl()
+
+
 class RedisStore:
     """A `Store` in Redis; see the module's doc. `password` comes from the environment only
     (INFERD_STORE_PASSWORD, cluster/config.py)."""
@@ -147,6 +153,8 @@ class RedisStore:
                 "(pip install 'inferd[redis]'), or drop [cluster] store / --store"
             ) from None
         self.url = url
+        self.where = without_password(url)
+        """The URL as errors and logs name it."""
         self.name = name
         self.timeout_s = timeout_s
         self.channel = f"{{{name}}}:changes"
@@ -179,9 +187,9 @@ class RedisStore:
             async with asyncio.timeout(self.timeout_s + wait_s):
                 return await call
         except self._unreachable as exc:
-            raise StoreUnavailable(f"the cluster store at {self.url}: {type(exc).__name__}: {exc}") from exc
+            raise StoreUnavailable(f"the cluster store at {self.where}: {type(exc).__name__}: {exc}") from exc
         except self._refused as exc:  # answered with an error (a wrong password, a key of another type)
-            raise StoreError(f"the cluster store at {self.url} refused: {type(exc).__name__}: {exc}") from exc
+            raise StoreError(f"the cluster store at {self.where} refused: {type(exc).__name__}: {exc}") from exc
 
     async def ping(self) -> None:
         await self._run(self._client.ping())
@@ -256,7 +264,7 @@ class RedisStore:
                 if message is None:
                     if loop.time() - heard > WATCH_SILENCE_S:
                         raise StoreUnavailable(
-                            f"the cluster store at {self.url}: its subscription heard nothing in "
+                            f"the cluster store at {self.where}: its subscription heard nothing in "
                             f"{WATCH_SILENCE_S} s"
                         )
                     await self._run(pubsub.ping())
@@ -269,11 +277,11 @@ class RedisStore:
                 async with asyncio.timeout(self.timeout_s):
                     await pubsub.aclose()
             except self._unreachable as exc:  # cleanup only: the subscription is gone either way
-                log.debug("closing a subscription to %s: %s", self.url, exc)
+                log.debug("closing a subscription to %s: %s", self.where, exc)
 
     async def close(self) -> None:
         try:
             async with asyncio.timeout(self.timeout_s):
                 await self._client.aclose()
         except self._unreachable as exc:
-            log.debug("closing the cluster store's connections to %s: %s", self.url, exc)
+            log.debug("closing the cluster store's connections to %s: %s", self.where, exc)
