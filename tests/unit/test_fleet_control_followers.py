@@ -161,3 +161,31 @@ async def test_a_change_asked_of_a_front_end_that_does_not_decide_is_carried_out
     finally:
         for api in apis.values():
             await api.stop()
+
+
+async def test_a_holder_whose_lease_lapses_mid_update_stops_at_the_next_step() -> None:
+    """The gate is asked before each worker step, not only when the update starts: a holder that lost
+    the lease meanwhile starts no more workers, and a new version never made the default is dropped."""
+    registry = ModelRegistry()
+    registry.add(runtime(1))  # type: ignore[arg-type]
+    host, launcher = Host(registry), Launcher()
+    asked = 0
+
+    def gate() -> None:
+        nonlocal asked
+        asked += 1
+        if asked > 1:  # the lease lapsed once the update had started
+            raise ClusterUnavailable("this front end does not hold the lease of the server's decisions now")
+
+    fleet = FleetControl(
+        registry,
+        launcher,  # type: ignore[arg-type]
+        host,  # type: ignore[arg-type]
+        WorkerDirectory(FakeClock()),
+        load_version=lambda model, version: SimpleNamespace(name=model, version=2, kind="batch"),  # type: ignore[arg-type,return-value]
+        gate=gate,
+    )
+    with pytest.raises(ClusterUnavailable):
+        await fleet.rolling_update("sim")
+    assert launcher.added == [] and host.removed == [2]
+    assert registry.versions("sim") == [1] and registry.default_version("sim") == 1 and fleet.updates() == {}

@@ -98,8 +98,7 @@ class FleetControl:
         """Set the number of local workers of a version (default: the default version); removed ones are
         drained (they finish what they hold)."""
         rt = self._with_workers(model, version)
-        if self.gate is not None:
-            self.gate()
+        self._may_change()
         if not 0 <= workers <= MAX_LOCAL_WORKERS:
             raise BadRequest(f"workers must be within 0..{MAX_LOCAL_WORKERS}, got {workers}")
         async with self._lock(model):
@@ -132,8 +131,7 @@ class FleetControl:
         current default version's workers one by one. A version already served side by side becomes
         the default at once."""
         old = self._with_workers(model, None)
-        if self.gate is not None:
-            self.gate()
+        self._may_change()
         if version is not None and version in self.registry.versions(model):
             self.registry.set_default(model, version)
             log.info("model %s: default version %d -> %d (already served)", model, old.version, version)
@@ -166,8 +164,10 @@ class FleetControl:
             if self.followers is not None:  # a worker of a version a front end lacks is turned away
                 await self.followers.until_serving(model, new.version)
             for index, slot in enumerate(old_slots or [None]):
+                self._may_change()  # each step: a holder whose lease lapsed stops; the next one settles it
                 (fresh,) = self.launcher.add(model, 1, new.version)
                 await self._wait_ready(new, fresh)
+                self._may_change()
                 if index == 0:  # a new-version worker is ready: new requests go to it from now on
                     self.registry.set_default(model, new.version)
                 if slot is None:
@@ -186,6 +186,11 @@ class FleetControl:
             del self._updating[model]
         self.host.remove_version(model, old.version)
         return len(old_slots)
+
+    def _may_change(self) -> None:
+        """Raises when this front end may not change the fleet now (`gate`)."""
+        if self.gate is not None:
+            self.gate()
 
     def _load_config(self, model: str, version: int | None) -> ModelConfig:
         if self.load_version is None:
