@@ -262,9 +262,10 @@ def batch_runtime(version: int) -> SimpleNamespace:
     return SimpleNamespace(name="sim", version=version, kind="batch", config=config, accepts_workers=True)
 
 
-async def welcome_of(address: str, version: int) -> p.Welcome:
+async def welcome_of(address: str, version: int, token: str = "") -> p.Welcome:
     reader, writer = await p.open_connection(address, None)
-    writer.write(p.encode_frame(p.Hello(worker_id="sim-2.0", model="sim", pid=1, host="h", version=version)))
+    hello = p.Hello(worker_id="sim-2.0", model="sim", pid=1, host="h", version=version, token=token)
+    writer.write(p.encode_frame(hello))
     try:
         welcome = await asyncio.wait_for(p.read_message(reader), 30)
     finally:
@@ -295,6 +296,27 @@ async def test_a_hub_asks_once_more_before_it_turns_away_a_worker_of_a_version_n
         assert (await welcome_of(address, 2)).accepted and asked == [0]
         refused = await welcome_of(address, 3)  # still not served once asked: turned away
         assert not refused.accepted and "served versions: [1, 2]" in refused.reason and asked == [0, 1]
+    finally:
+        await hub.close()
+
+
+async def test_a_worker_with_a_bad_token_never_makes_the_hub_read_the_store(tmp_path: Path) -> None:
+    registry = ModelRegistry()
+    registry.add(batch_runtime(1))  # type: ignore[arg-type]
+    clock = FakeClock()
+    hub = WorkerHub(registry, clock, WorkerDirectory(clock), tokens=("secret",))
+    asked: list[int] = []
+
+    async def learn() -> None:
+        asked.append(len(asked))
+
+    hub.before_refusal = learn
+    await hub.listen_unix(str(tmp_path / "w.sock"))
+    try:
+        address = f"unix:{tmp_path / 'w.sock'}"
+        refused = await welcome_of(address, 2, token="guess")
+        assert not refused.accepted and refused.reason == "bad join token" and asked == []
+        assert not (await welcome_of(address, 2, token="secret")).accepted and asked == [0]  # a real worker: asked
     finally:
         await hub.close()
 

@@ -163,6 +163,10 @@ class WorkerHub:
             return False
 
     def _unknown_version(self, hello: p.Hello) -> bool:
+        """A worker with a good token, of a model served here at a version not served (yet): worth one
+        more read of the served state. Never for a bad token: a stranger must not make us read the store."""
+        if self.tokens and not any(hmac.compare_digest(hello.token.encode(), t.encode()) for t in self.tokens):
+            return False
         return hello.model in self.registry and hello.version not in (0, *self.registry.versions(hello.model))
 
     def _resolve(self, hello: p.Hello) -> tuple[str, Runtime | None]:
