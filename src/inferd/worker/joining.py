@@ -132,6 +132,8 @@ class FrontEnds:
             await asyncio.wait({task}, timeout=DRAIN_ANSWER_TIMEOUT_S)
             if not task.done():
                 self.joiner.cut_unanswered(index)
+        del self.tasks[index]  # gone for good: a worker behind a name whose front ends churn keeps none
+        self._left.discard(index)
 
     def cancel(self) -> None:
         for task in self.tasks.values():
