@@ -13,7 +13,7 @@ import pytest
 from inferd.clock import FakeClock
 from inferd.cluster import reports
 from inferd.cluster.follower import Follower
-from inferd.cluster.memory import MemoryStore
+from inferd.cluster.memory import MemoryState, MemoryStore
 from inferd.cluster.store import StoreUnavailable, Versioned
 from inferd.config import ModelConfig
 from inferd.kinds.search import shared_indexes
@@ -290,6 +290,21 @@ async def test_settings_that_msgpack_turns_into_other_types_are_not_written_agai
     await owner.publish()  # a tuple reads back as a list: still the same settings
     assert (await INDEXES_DOC.read(store))[0] == revision == 1
 
+
+async def test_a_follower_serves_the_owners_indexes_again_after_the_store_lost_its_data() -> None:
+    """A Redis restarted empty numbers revisions from 1 again: a document written anew at a revision
+    the follower saw already, with other indexes, is applied all the same."""
+    clock = FakeClock()
+    store = MemoryStore(clock)
+    _, server, loop = site(store, clock, "1", owner=False)
+    for names in (["a"], ["a", "b"]):  # revisions 1 and 2
+        await publish(store, {n: params_of(index(n)).model_dump() for n in names})
+        await loop.read_all()
+    assert server.registry.names() == ["a", "b"]
+    store.state = MemoryState(clock)  # the store lost everything
+    await publish(store, {"c": params_of(index("c")).model_dump()})  # revision 1 again, other bytes
+    await loop.read_all()
+    assert server.registry.names() == ["c"]
 
 def missing(found: dict[str, frozenset[str]], name: str) -> list[str]:
     """The front ends (of the reports: those up) that do not serve `name` yet."""

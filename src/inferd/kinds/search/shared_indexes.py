@@ -24,6 +24,7 @@ DELETE, frontends/search_writes.py). Two kinds of document:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Callable
 from typing import Any
@@ -90,8 +91,9 @@ class SharedIndexes:
         """This front end writes the shard logs: its indexes are the server's."""
         self.clock = clock
         self.interval_s = interval_s
-        self.revision = 0
-        """The owner's document's revision last applied here."""
+        self.applied: tuple[int, bytes] | None = None
+        """The owner's document as last applied here: (revision, bytes). The bytes too: a store that lost
+        its data (a Redis restarted empty) numbers revisions from 1 again."""
         self._published: tuple[float, dict[str, dict[str, Any]]] | None = None
         """(when, what) of the owner's document as last written or found the same."""
         self._reported: tuple[float, list[str]] | None = None
@@ -181,11 +183,13 @@ class SharedIndexes:
 
     async def _apply(self, found: Versioned | None) -> None:
         async with self._applying:
-            if found is None or found.revision <= self.revision:
-                return  # never written (data_dir's indexes stay), or older than the one applied
-            revision, doc = INDEXES_DOC.decode(found)
+            with contextlib.suppress(StoreError):  # the latest, read under the lock: an older read that
+                found = await self.store.read(INDEXES)  # waited for it is never applied after a newer one
+            if found is None or (found.revision, found.body) == self.applied:
+                return  # never written (data_dir's indexes stay), or applied already
+            _, doc = INDEXES_DOC.decode(found)
             self._serve(doc.settings)
-            self.revision = revision
+            self.applied = (found.revision, found.body)
         try:
             await self.report(force=True)  # the owner may be waiting on it
         except StoreError as exc:
