@@ -10,7 +10,7 @@ import pytest
 
 from inferd.clock import FakeClock
 from inferd.cluster.memory import MemoryStore
-from inferd.cluster.saved import Restored, SavedModel, load, restore, save, take
+from inferd.cluster.saved import LOCAL_TTL_S, Restored, SavedModel, load, restore, save, take
 from inferd.cluster.served import ModelServed, ServedState
 from inferd.cluster.store import StoreUnavailable
 from inferd.config import ConfigError, ModelConfig, TensorSpec
@@ -56,6 +56,21 @@ async def test_the_state_round_trips_through_the_store_and_a_garbled_or_missing_
     assert await load(store, "1") == ({"sim": SavedModel([1, 2], 2, {}, [1, 2, 2])}, 0)  # ran with no slots
     await store.write("served", b"\x93garbled")
     assert await load(store, "0") == ({}, 0)
+
+
+async def test_the_slots_of_a_front_end_gone_for_good_expire() -> None:
+    """`local/<frontend>` lives LOCAL_TTL_S after its last write: ids that never come back (a Kubernetes
+    pod's address) do not pile up; one that comes back in time serves its slots."""
+    clock = FakeClock()
+    store = MemoryStore(clock)
+    saved = {"sim": SavedModel([1], 1, {1: [0]}, [])}
+    await served_as(store, saved)
+    await save(store, "gone", {"sim": {1: [0]}})
+    clock.advance(LOCAL_TTL_S / 2)
+    assert await load(store, "gone") == (saved, 0)
+    clock.advance(LOCAL_TTL_S / 2 + 1)
+    assert await load(store, "gone") == ({}, 0)
+    assert await store.read_prefix("local/") == {}
 
 
 async def test_owners_that_die_before_they_run_with_a_state_are_counted_up_to_three() -> None:

@@ -148,16 +148,17 @@ class ClusterFrontend:
                 await self.config.converge()
 
     async def _keep_slots(self) -> None:
-        """Keep this front end's live worker slots in `local/<frontend>` (written when they changed)."""
-        kept = None
+        """Keep this front end's live worker slots in `local/<frontend>` (written when they changed, and
+        again well within its ttl)."""
+        kept, at = None, 0.0
         while True:
             await asyncio.sleep(REPORT_EVERY_S)
-            now = self._slots()
-            if now == kept:
+            now, clock = self._slots(), self.follower.clock.now()
+            if now == kept and clock - at < saved.LOCAL_TTL_S / 4:
                 continue
             try:
                 await saved.save(self.store, self.me, now)
-                kept = now
+                kept, at = now, clock
             except StoreError:
                 pass  # said by the follower's gauge; written once the store answers
 

@@ -99,6 +99,10 @@ MAX_STARTS = 3
 moment, or a state that fails the start); the next one serves the config's versions."""
 
 LOCAL = "local/"
+LOCAL_TTL_S = 3600.0
+"""`local/<frontend>` expires unless written again within this long (its front end rewrites it well
+before): ids of front ends gone for good (a Kubernetes pod's address) do not pile up in the store. A
+front end started again later than that starts its config's workers."""
 """`local/<frontend>`: what one front end's launcher runs (its worker slots), for its restart."""
 
 
@@ -129,7 +133,7 @@ def _an_update(updating: list[int], versions: list[int], default: int) -> bool:
 
 async def save(store: Store, frontend: str, slots: dict[str, dict[int, list[int]]]) -> None:
     """Keep this front end's worker slots; it runs with them: its starts are no longer counted."""
-    await store.write(LOCAL + frontend, msgspec.msgpack.encode(LocalSlots(slots)))
+    await store.write(LOCAL + frontend, msgspec.msgpack.encode(LocalSlots(slots)), ttl_s=LOCAL_TTL_S)
 
 
 async def load(store: Store, frontend: str) -> tuple[dict[str, SavedModel], int]:
@@ -167,7 +171,9 @@ async def take(store: Store, frontend: str) -> dict[str, SavedModel]:
             )
             return {}
         _, local = await local_doc(frontend).read(store)
-        await store.write(LOCAL + frontend, msgspec.msgpack.encode(LocalSlots(local.slots, starts + 1)))
+        await store.write(
+            LOCAL + frontend, msgspec.msgpack.encode(LocalSlots(local.slots, starts + 1)), ttl_s=LOCAL_TTL_S
+        )
     except StoreError as exc:
         log.error("the cluster store does not answer (%s): serving the config's versions", exc)
         return {}
