@@ -116,12 +116,12 @@ class InferenceServer:
         self.loads = loads = self.cluster.load.loads
         bound = max(MAX_MESSAGE_BYTES, config.max_body_bytes + 2**20)  # a forwarded search write's body
         self.owner_channel = OwnerChannel(frontend, bound) if frontend else None
-        holding = cluster.keeper.grant if cluster.keeper is not None else _nobody
+        holding = cluster.keeper.grant if cluster.keeper is not None else lambda: None
         me, follows = cluster.me, cluster.follower
         self.canary = CanaryShare(cluster.store, follows, self.traffic, me, holding, self.clock) if shares else None
-        self.index_sync = (
-            SharedIndexes(cluster.store, follows, self, me, frontend.is_owner, self.clock) if frontend else None
-        )
+        scope = frontend_id(config)  # one host's --frontends N: one owner of its search indexes
+        owns = frontend is not None and frontend.is_owner
+        self.index_sync = SharedIndexes(cluster.store, follows, self, me, owns, self.clock, scope=scope) if frontend else None
         """Several front ends: each serves the search indexes the owner serves."""
         check_fallbacks((rt.config for rt in self.registry.defaults()), self._kinds_of, self.kinds)
         self.shadows = Shadows(self.registry, self.metrics.shadow_requests, config.shadow_max_in_flight, clock=self.clock)
@@ -393,8 +393,3 @@ class InferenceServer:
             await self.admin.stop()
         supervisor.cancel()
         log.info("stopped")
-
-
-def _nobody() -> None:
-    """The lease grant of a front end that does not contend for it."""
-    return None

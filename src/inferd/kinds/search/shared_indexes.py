@@ -80,9 +80,14 @@ class SharedIndexes:
         owner: bool,
         clock: Clock,
         interval_s: float = SHARE_INTERVAL_S,
+        scope: str = "",
     ) -> None:
         self.store = store
-        self.reports_of = Reports(store, SERVING_PREFIX, ServingDoc, frontend, REPORT_TTL_S)
+        self.doc = INDEXES_DOC if not scope else Document(f"{INDEXES}/{scope}", IndexesDoc, IndexesDoc)
+        """The owner's document: `scope` names the group of front ends of one owner (the `--frontends N` of
+        one host), so that owners on several hosts sharing one store each keep their own."""
+        prefix = SERVING_PREFIX if not scope else f"{SERVING_PREFIX}{scope}/"
+        self.reports_of = Reports(store, prefix, ServingDoc, frontend, REPORT_TTL_S)
         """Each front end's `kind/search/serving/<frontend>` report (cluster/reports.py)."""
         self.server = server
         """The composition root: its registry, kinds, add_version and remove_version."""
@@ -101,7 +106,7 @@ class SharedIndexes:
         self._applying = asyncio.Lock()
         """One application at a time: an older document is never applied after a newer one."""
         if not owner:
-            follower.follow(INDEXES, self._apply)
+            follower.follow(self.doc.name, self._apply)
 
     async def run(self) -> None:
         """Until cancelled: the owner keeps its document true, another front end its report."""
@@ -119,7 +124,7 @@ class SharedIndexes:
     async def publish(self) -> None:
         """Write the indexes served here, when the document says otherwise."""
         settings, started = self._settings(), self.clock.now()
-        await INDEXES_DOC.update(
+        await self.doc.update(
             self.store, lambda doc: None if doc.settings == settings else IndexesDoc(settings)
         )
         self._published = (started, settings)
@@ -164,7 +169,7 @@ class SharedIndexes:
         """Serve the owner's indexes now (a create or delete forwarded to the owner was answered). A
         store that does not answer leaves it to the follow loop: the write's answer is the owner's."""
         try:
-            found = await self.store.read(INDEXES)
+            found = await self.store.read(self.doc.name)
         except StoreError as exc:
             log.warning("search indexes: the owner's could not be read (%s): served once the store answers", exc)
             return
@@ -184,10 +189,10 @@ class SharedIndexes:
     async def _apply(self, found: Versioned | None) -> None:
         async with self._applying:
             with contextlib.suppress(StoreError):  # the latest, read under the lock: an older read that
-                found = await self.store.read(INDEXES)  # waited for it is never applied after a newer one
+                found = await self.store.read(self.doc.name)  # waited for it is never applied after a newer one
             if found is None or (found.revision, found.body) == self.applied:
                 return  # never written (data_dir's indexes stay), or applied already
-            _, doc = INDEXES_DOC.decode(found)
+            _, doc = self.doc.decode(found)
             self._serve(doc.settings)
             self.applied = (found.revision, found.body)
         try:
