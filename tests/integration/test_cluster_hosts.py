@@ -38,7 +38,7 @@ from pathlib import Path
 import pytest
 
 from inferd.cluster.redis_store import RedisStore
-from inferd.cluster.served import SERVED, ModelServed, ServedState, reports
+from inferd.cluster.served import SERVED, ModelServed, ServedState, serving_reports
 from tests.checked_load import Load, assert_exactly_once, infer, tally, wait_answers, wait_for
 from tests.conftest import ROOT
 from tests.lan import Host, Lan
@@ -227,7 +227,7 @@ def in_store(address: str) -> tuple[ServedState, dict[str, tuple[dict, int]]]:
         store = RedisStore(f"redis://{address}:{REDIS_PORT}/0", timeout_s=2.0)
         try:
             _, served = await SERVED.read(store)
-            found = await reports(store, "")
+            found = [r for _, r in (await serving_reports(store, "").others()).values()]
         finally:
             await store.close()
         return served, {
