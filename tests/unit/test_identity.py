@@ -159,7 +159,7 @@ def test_the_admin_address_others_forward_to_is_one_they_can_reach() -> None:
     assert admin_address(cfg("10.0.0.5")) == "10.0.0.5:8001"
     assert admin_address(cfg("0.0.0.0", frontend_id="10.1.2.3:8000")) == "10.1.2.3:8001"  # Kubernetes: the pod's IP
     assert admin_address(cfg("127.0.0.1", admin_port=None)) is None  # no admin API
-    with pytest.raises(ConfigError, match="--admin-host"):
+    with pytest.raises(ValueError, match="--admin-host"):
         admin_address(cfg("0.0.0.0"))  # every address, and the id names none either
-    with pytest.raises(ConfigError, match="fixed --admin-port"):
+    with pytest.raises(ValueError, match="fixed --admin-port"):
         admin_address(cfg("10.0.0.5", admin_port=0))

@@ -89,17 +89,15 @@ def admin_address(config: _Administered) -> str | None:
     """Where the other front ends reach this one's admin API (its record in the shared store: a change
     asked of a front end that does not decide is forwarded there): `--admin-host`, or, when that listens
     on every address, the host of the front end's id (`--frontend-id POD_IP:PORT` on Kubernetes). None:
-    no admin API. ConfigError, with the fix, when neither names a host others can reach, or the port is
+    no admin API. ValueError, with the fix, when neither names a host others can reach, or the port is
     0 (not known before it binds)."""
-    from inferd.config import ConfigError  # (the package imports this module first)
-
     if config.admin_port is None:
         return None
     host = config.admin_host
     if host in EVERY_ADDRESS:
         host = frontend_id(config).rpartition(":")[0]
     if host in EVERY_ADDRESS or config.admin_port == 0:
-        raise ConfigError(
+        raise ValueError(
             f"the admin API listens on {config.admin_host or '*'}:{config.admin_port}, which the other front "
             "ends of a shared store cannot reach to forward changes to it: give --admin-host (or "
             "--frontend-id HOST:PORT) an address they reach, and a fixed --admin-port"

@@ -190,7 +190,10 @@ async def seat_of(cfg: ServerConfig, models: list[ModelConfig], plan: FrontendPl
         me, named, count = frontend_id(cfg) + (f"/{index}" if plan else ""), -1, None
     members = None
     if store_url(cfg) is not None:  # one live front end per id: a second is refused (ConfigError)
-        admin = admin_address(cfg)  # where the others forward changes (ConfigError: none they reach)
+        try:
+            admin = admin_address(cfg)  # where the others forward changes to it
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
         workers = f"{cfg.worker_host}:{cfg.worker_port}" if cfg.worker_port is not None else None
         record = new_member(
             me, f"{cfg.host}:{cfg.port}", fingerprint(models, cfg.model_repo), workers=workers, admin=admin,
