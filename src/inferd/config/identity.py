@@ -76,7 +76,7 @@ def frontend_id(config: _Listening) -> str:
     return config.frontend_id or f"{config.host}:{config.port}"
 
 
-EVERY_ADDRESS = frozenset({"", "0.0.0.0", "::", "[::]"})
+EVERY_ADDRESS = frozenset({"", "0.0.0.0", "::", "[::]"})  # nosec B104 - recognizes a wildcard, binds nothing
 """Hosts a listener binds to listen on every address: nobody can connect to them from another host."""
 
 
