@@ -27,7 +27,7 @@ from inferd.errors import BadRequest, ClusterUnavailable, Conflict, NotFound
 from inferd.fleet.control import FleetControl
 from inferd.fleet.scaling import ScalingLoop
 from inferd.routing.retry import RetryBudget
-from inferd.runtime.admin_view import AdminView, plain
+from inferd.runtime.admin_view import AdminView, fleet_rows, plain
 from inferd.runtime.contract import Runtime, RuntimeStatistics, WorkerSnapshot
 from inferd.runtime.frontend_load import FrontendLoads, model_load
 from inferd.runtime.kinds import KindRegistry
@@ -153,11 +153,12 @@ class AdminApi:
         t = self.target
         budget = t.retry_budget.statistics()
         sections: dict[str, dict[str, Any]] = {"models": {}, "llm_models": {}, "other_models": {}}
-        for rt in t.registry:
-            stats = rt.statistics()
+        every = [(rt, rt.statistics()) for rt in t.registry]
+        fleets = fleet_rows(stats for _, stats in every)
+        for rt, stats in every:
             default = t.registry.default_version(rt.name) == rt.version
             key = rt.name if len(t.registry.versions(rt.name)) == 1 else f"{rt.name}:{rt.version}"
-            row = {"kind": stats.kind, "version": stats.version, "default": default}
+            row = {"kind": stats.kind, "version": stats.version, "default": default, "fleet": fleets.get(rt.name, [])}
             loop = t.scaling.get(rt.name) if default else None
             row["autoscaler"] = loop.report() if loop is not None else None
             kind = t.kinds.get(stats.kind)
