@@ -262,10 +262,9 @@ class InferenceServer:
                 self.registry, self.kinds, self.fleet, self.supervisor, self.retry_budget, self.scaling,
                 self.clock, self.kill_worker, self.directory, self._reload,
                 gateway=GatewayView(self.gateway, self.tenant_requests, self.cache.statistics),
-                traffic=self.traffic.statistics,
-                loads=self.loads,
+                traffic=self.traffic.statistics, loads=self.loads,
                 frontend={"id": frontend_id(self.config), "zone": self.config.zone},
-                decider=self.cluster.decider,
+                decider=self.cluster.decider, cluster=self.cluster.view,
             ),
             token,
         )

@@ -121,3 +121,38 @@ def test_redis_stopped_then_started_again(tmp_path: Path, redis_server: RedisSer
         for s in servers:
             if s.proc.poll() is None:
                 assert s.stop() in (0, -15)
+
+
+def admin_get(server: ServerProc, path: str) -> dict:
+    with urllib.request.urlopen(f"{server.admin_url}{path}", timeout=30) as r:
+        return json.loads(r.read())
+
+
+def test_front_ends_with_different_model_repositories_are_reported(
+    tmp_path: Path, redis_server: RedisServer  # noqa: F811
+) -> None:
+    """Reported on GET /admin/cluster (and in each one's log), not silently split."""
+    repos = []
+    for i, base_ms in enumerate((5.0, 7.0)):  # the same model, configured differently
+        repo = tmp_path / f"repo-{i}"
+        (repo / "sim" / "1").mkdir(parents=True)
+        (repo / "sim" / "model.toml").write_text(f'builtin = "sim"\nworkers = 1\n\n[params]\nbase_ms = {base_ms}\n')
+        repos.append(repo)
+    servers = [
+        start_server(tmp_path, "--model-repo", str(repo), "--store", redis_server.url, "--data-dir", str(tmp_path / f"data-{i}"))
+        for i, repo in enumerate(repos)
+    ]
+    try:
+        ids = sorted(f"127.0.0.1:{s.port}" for s in servers)
+        wait_for(lambda: all(admin_get(s, "/admin/cluster")["repository_mismatch"] for s in servers), 20, "the mismatch seen")
+        for s in servers:
+            view = admin_get(s, "/admin/cluster")
+            assert [f["id"] for f in view["frontends"]] == ids and view["shared"] is True
+            mismatch = view["repository_mismatch"]
+            assert sorted(g["frontends"] for g in mismatch["groups"]) == [[ids[0]], [ids[1]]]
+            assert mismatch["differing"] == ["sim/1"] and "same --model-repo" in mismatch["message"]
+            assert "front ends serve different model repositories" in s.log()
+    finally:
+        for s in servers:
+            if s.proc.poll() is None:
+                assert s.stop() in (0, -15)

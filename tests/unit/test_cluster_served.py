@@ -293,5 +293,6 @@ async def test_a_hub_asks_once_more_before_it_turns_away_a_worker_of_a_version_n
         assert (await welcome_of(address, 2)).accepted and asked == [0]
         refused = await welcome_of(address, 3)  # still not served once asked: turned away
         assert not refused.accepted and "served versions: [1, 2]" in refused.reason and asked == [0, 1]
+        assert "version 3 of model 'sim'" in refused.reason and "default version (2)" in refused.reason
     finally:
         await hub.close()

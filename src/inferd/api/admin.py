@@ -74,6 +74,9 @@ class AdminTarget:
     decider: Callable[[], Awaitable[str | None]] | None = None
     """The admin address (HOST:PORT) of the front end that decides for the server when it is another
     (cluster/frontend.py): a change (scale, update) asked here is carried out there. None: here."""
+    cluster: Callable[[], Awaitable[Mapping[str, Any]]] | None = None
+    """GET /admin/cluster: the live front ends, the lease's holder, a model repository mismatch
+    (cluster/frontend.py `ClusterFrontend.view`)."""
 
 
 class AdminApi:
@@ -88,6 +91,7 @@ class AdminApi:
             [
                 web.get("/admin/workers", self.workers),
                 web.get("/admin/models", self.models),
+                web.get("/admin/cluster", self.cluster),
                 web.post("/admin/workers/{worker_id}/drain", self.drain),
                 web.post("/admin/workers/{worker_id}/restart", self.restart),
                 web.post("/admin/models/{model}/scale", self.scale),
@@ -143,6 +147,12 @@ class AdminApi:
             for w in stats.workers
         ]
         return web.json_response({"workers": rows, "time": time.time(), "frontend": t.frontend})
+
+    async def cluster(self, request: web.Request) -> web.Response:
+        """The front ends that form the server (those whose records are live in the shared store)."""
+        if self.target.cluster is None:
+            raise NotFound("this server has no cluster to report on")
+        return web.json_response(dict(await self.target.cluster()))
 
     async def traffic(self, request: web.Request) -> web.Response:
         """Canary and A/B splits now, and why canaries were rolled back or promoted (newest last)."""

@@ -18,6 +18,7 @@ from collections.abc import Coroutine, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+import msgspec
 from prometheus_client import CollectorRegistry
 
 from inferd.clock import Clock
@@ -130,6 +131,31 @@ class ClusterFrontend:
             return None
         member = self.members.members.get(grant.holder)
         return None if member is None else member.admin
+
+    async def view(self) -> dict[str, Any]:
+        """GET /admin/cluster: the live front ends (id, zone, addresses, host, pid), the lease's holder,
+        and the model repositories when front ends differ (`repository_mismatch`: reported, never split
+        silently); a front end alone: itself only."""
+        try:
+            grant = await self.store.holder(LEASE)
+        except StoreError:
+            grant = None
+        members = self.members.members if self.members is not None else {}
+        mismatch = self.members.mismatch if self.members is not None else None
+        return {
+            "me": self.me,
+            "shared": self.shared,
+            "store_up": self.follower.up,
+            "holder": None if grant is None else grant.holder,
+            "frontends": [
+                {"id": m.id, "zone": m.zone, "http": m.http, "workers": m.workers, "admin": m.admin,
+                 "host": m.host, "pid": m.pid, "repository": m.repository}
+                for _, m in sorted(members.items())
+            ],
+            "repository_mismatch": None if mismatch is None else {
+                "message": mismatch.message(), **msgspec.to_builtins(mismatch)
+            },
+        }
 
     async def reload(self) -> Mapping[str, Any]:
         return await self.config.reload()
