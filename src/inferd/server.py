@@ -283,6 +283,8 @@ class InferenceServer:
             if self.worker_port is None:
                 self.worker_port = await self.hub.listen_tcp(self.config.worker_host, 0, worker_tls)
             self.ray_launcher.address = f"{self.config.worker_host}:{self.worker_port}"
+        if self.frontend is None and self.ray_launcher is None and worker_tls is None:  # one per host, no TLS
+            self.cluster.join_every_front_end(self.supervisor, self.worker_address, self.config)
         self._log_models()
         try:
             async with asyncio.TaskGroup() as tg:
@@ -333,12 +335,7 @@ class InferenceServer:
             f"{rt.name} v{rt.version} ({rt.kind}{', default' if rt.version == self.registry.default_version(rt.name) else ''})"
             for rt in self.registry
         ]
-        log.info(
-            "serving %d model version(s): %s; workers connect at %s",
-            len(rows),
-            "; ".join(rows),
-            self.worker_address,
-        )
+        log.info("serving %d model version(s): %s; workers connect at %s", len(rows), "; ".join(rows), self.worker_address)
 
     def _start(self, rt: Runtime) -> None:
         if self._group is None:

@@ -27,7 +27,7 @@ from inferd.cluster.config import cluster_config
 from inferd.cluster.follower import Follower
 from inferd.cluster.lease import LEASE, LeaseCollector, LeaseKeeper, keep_lease
 from inferd.cluster.load import LoadReports
-from inferd.cluster.members import Membership
+from inferd.cluster.members import Member, Membership
 from inferd.cluster.memory import MemoryStore
 from inferd.cluster.metrics import StoreCollector
 from inferd.cluster.reload import ConfigReload, DivergedCollector
@@ -157,6 +157,22 @@ class ClusterFrontend:
             },
         }
 
+    def join_every_front_end(self, launcher: Any, own: str, config: Any) -> None:
+        """On a shared store, this front end's local workers (`launcher`: worker/launcher.py) join every
+        live front end: their `--connect` is asked at each start (`Launcher.connect`: `own` and the
+        others' worker addresses from their records), and they present the join token, which every
+        front end accepts (plain TCP off loopback: `--insecure`, as the server was given). So all of
+        them serve a rolling update's new version. Not without a join token (the others would refuse
+        them), over TLS (they would not trust the others' certificates), nor with Ray: here only."""
+        join = config.join_token.get_secret_value() if config.join_token else ""
+        if self.members is None or not join:
+            return
+        launcher.connect, launcher.token = (lambda: self.worker_addresses(own)), join
+        launcher.extra_args += ("--insecure",) if config.insecure else ()
+
+    def worker_addresses(self, own: str) -> str:
+        return worker_addresses(own, self.me, self.members.members if self.members is not None else {})
+
     async def reload(self) -> Mapping[str, Any]:
         return await self.config.reload()
 
@@ -193,3 +209,14 @@ class ClusterFrontend:
             name: {v: [w.index for w in launcher.live_slots(name, v)] for v in registry.versions(name)}
             for name in self.versions.served()
         }
+
+
+def worker_addresses(own: str, me: str, members: Mapping[str, Member]) -> str:
+    """`own` (this front end's worker address) and every other live front end's (its record's
+    `--worker-host:--worker-port`; one listening on every interface, 0.0.0.0 or ::, names no address
+    to reach it by and is left out), comma-separated: where this front end's local workers join."""
+    others = {
+        m.workers for i, m in members.items()
+        if i != me and m.workers and m.workers.rpartition(":")[0].strip("[]") not in ("0.0.0.0", "::", "")
+    }
+    return ",".join([own, *sorted(others)])

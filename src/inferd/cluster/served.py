@@ -214,6 +214,7 @@ class ServedVersions:
         if not set(ms.versions) <= set(registry.versions(model)):
             return  # a version failed to load: keep serving the others, the holder's update waits
         for version in sorted(set(registry.versions(model)) - set(ms.versions)):
+            self.server.fleet.move_slots(model, version, ms.default)  # its local workers follow the default
             self.server.remove_version(model, version)
             log.info("model %s: version %d retired by the server: no longer served here", model, version)
         if registry.default_version(model) != ms.default:
@@ -308,6 +309,7 @@ class ServedVersions:
             dropped = old if ms.default == new else new
             if dropped in registry.versions(model) and ms.default in registry.versions(model):
                 registry.set_default(model, ms.default)
+                self.server.fleet.move_slots(model, dropped, ms.default)
                 self.server.remove_version(model, dropped)
                 log.info("model %s: the update %d -> %d the last holder left ends at %d", model, old, new, ms.default)
 

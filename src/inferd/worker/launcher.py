@@ -147,6 +147,10 @@ class Launcher(abc.ABC, Generic[P]):
     ) -> None:
         self.address = address
         """Where workers connect; settable until `run` (the server learns its TCP port late)."""
+        self.connect: Callable[[], str] | None = None
+        """Where workers connect, asked again at each worker start (None: `address`): the front ends of
+        a shared store give this front end's address and every other live one's, so its local workers
+        join every front end (server.py `_join_every_front_end`)."""
         self.token = token
         self.log_level = log_level
         self.env = dict(env or {})
@@ -234,7 +238,8 @@ class Launcher(abc.ABC, Generic[P]):
             await self.stop_all()
 
     def bootstrap(self) -> WorkerBootstrap:
-        return WorkerBootstrap(self.address, self.token, self.log_level, self.env, self.extra_args)
+        address = self.address if self.connect is None else self.connect()
+        return WorkerBootstrap(address, self.token, self.log_level, self.env, self.extra_args)
 
     async def _keep_running(self, slot: WorkerSlot) -> None:
         while not self._stopping and not slot.retired:
