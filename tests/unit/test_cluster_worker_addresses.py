@@ -29,16 +29,17 @@ def test_local_workers_join_this_front_end_first_then_every_other_live_one() -> 
 def test_the_launcher_gets_the_front_ends_and_the_join_token_only_with_both() -> None:
     members = SimpleNamespace(members={"b:1": Member(id="b:1", workers="10.0.0.2:9000")})
     front = SimpleNamespace(me="a:1", members=members, worker_addresses=lambda own: worker_addresses(own, "a:1", members.members))
-    launcher = SimpleNamespace(connect=None, token="local", extra_args=())
+    launcher = SimpleNamespace(connect=None, token="local", extra_args=(), env={})
     config = SimpleNamespace(join_token=None, insecure=True)
     ClusterFrontend.join_every_front_end(front, launcher, "unix:/w", config)  # type: ignore[arg-type]
     assert launcher.connect is None and launcher.token == "local"  # the others would refuse its token
     config.join_token = SecretStr("join")
     ClusterFrontend.join_every_front_end(front, launcher, "unix:/w", config)  # type: ignore[arg-type]
-    assert launcher.connect() == "unix:/w,10.0.0.2:9000" and launcher.token == "join"
+    assert launcher.connect() == "unix:/w,10.0.0.2:9000"
+    assert launcher.token == "" and launcher.env == {"INFERD_JOIN_TOKEN": "join"}  # not on their command line
     assert launcher.extra_args == ("--insecure",)
     members.members["c:1"] = Member(id="c:1", workers="10.0.0.3:9000")  # asked again at each start
     assert launcher.connect() == "unix:/w,10.0.0.2:9000,10.0.0.3:9000"
-    alone = SimpleNamespace(connect=None, token="local", extra_args=())
+    alone = SimpleNamespace(connect=None, token="local", extra_args=(), env={})
     ClusterFrontend.join_every_front_end(SimpleNamespace(members=None), alone, "unix:/w", config)  # type: ignore[arg-type]
     assert alone.connect is None

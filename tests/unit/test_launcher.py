@@ -177,3 +177,5 @@ async def test_a_worker_joins_the_front_ends_its_launcher_names_at_each_start() 
         runner.cancel()
     launcher.connect = None
     assert launcher.bootstrap().address == "unix:/tmp/w.sock"  # none: the launcher's own address
+    launcher.token = ""  # the join token, in the workers' environment: no --token on their command line
+    assert "--token" not in launcher.bootstrap().args(WorkerSlot("sim", 0))

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ipaddress
 import logging
 from collections.abc import Coroutine, Mapping
 from dataclasses import dataclass, field
@@ -160,14 +161,16 @@ class ClusterFrontend:
     def join_every_front_end(self, launcher: Any, own: str, config: Any) -> None:
         """On a shared store, this front end's local workers (`launcher`: worker/launcher.py) join every
         live front end: their `--connect` is asked at each start (`Launcher.connect`: `own` and the
-        others' worker addresses from their records), and they present the join token, which every
-        front end accepts (plain TCP off loopback: `--insecure`, as the server was given). So all of
+        others' worker addresses from their records), and they present the join token (from their
+        environment: a command line is seen by every user of the host), which every front end accepts
+        (plain TCP off loopback: `--insecure`, as the server was given). So all of
         them serve a rolling update's new version. Not without a join token (the others would refuse
         them), over TLS (they would not trust the others' certificates), nor with Ray: here only."""
         join = config.join_token.get_secret_value() if config.join_token else ""
         if self.members is None or not join:
             return
-        launcher.connect, launcher.token = (lambda: self.worker_addresses(own)), join
+        launcher.connect = lambda: self.worker_addresses(own)
+        launcher.token, launcher.env["INFERD_JOIN_TOKEN"] = "", join  # in their environment, not their argv
         launcher.extra_args += ("--insecure",) if config.insecure else ()
 
     def worker_addresses(self, own: str) -> str:
@@ -215,8 +218,13 @@ def worker_addresses(own: str, me: str, members: Mapping[str, Member]) -> str:
     """`own` (this front end's worker address) and every other live front end's (its record's
     `--worker-host:--worker-port`; one listening on every interface, 0.0.0.0 or ::, names no address
     to reach it by and is left out), comma-separated: where this front end's local workers join."""
-    others = {
-        m.workers for i, m in members.items()
-        if i != me and m.workers and m.workers.rpartition(":")[0].strip("[]") not in ("0.0.0.0", "::", "")
-    }
+    others = {m.workers for i, m in members.items() if i != me and m.workers and _reachable(m.workers)}
     return ",".join([own, *sorted(others)])
+
+
+def _reachable(address: str) -> bool:
+    host = address.rpartition(":")[0].strip("[]")
+    try:
+        return not ipaddress.ip_address(host).is_unspecified
+    except ValueError:  # a host name
+        return bool(host)

@@ -111,7 +111,7 @@ class WorkerBootstrap:
             *("--connect", self.address),
             *("--model", slot.model),
             *("--worker-id", slot.incarnation),
-            *("--token", self.token),
+            *(("--token", self.token) if self.token else ()),  # "": the environment's INFERD_JOIN_TOKEN
             *("--log-level", self.log_level),
         ]
         if slot.version is not None:
@@ -150,7 +150,7 @@ class Launcher(abc.ABC, Generic[P]):
         self.connect: Callable[[], str] | None = None
         """Where workers connect, asked again at each worker start (None: `address`): the front ends of
         a shared store give this front end's address and every other live one's, so its local workers
-        join every front end (server.py `_join_every_front_end`)."""
+        join every front end (cluster/frontend.py `join_every_front_end`)."""
         self.token = token
         self.log_level = log_level
         self.env = dict(env or {})
