@@ -136,7 +136,7 @@ class ClusterFrontend:
     async def view(self) -> dict[str, Any]:
         """GET /admin/cluster: the live front ends (id, zone, addresses, host, pid), the lease's holder,
         and the model repositories when front ends differ (`repository_mismatch`: reported, never split
-        silently); a front end alone: itself only."""
+        silently); a front end with no shared store lists none (`shared` false)."""
         try:
             grant = await self.store.holder(LEASE)
         except StoreError:
