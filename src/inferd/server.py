@@ -175,6 +175,8 @@ class InferenceServer:
             )
             self.supervisor = self.ray_launcher
         self.supervisor.restart_hooks.append(self._count_restart)
+        if seat.members is not None and frontend is None:  # on many hosts, local worker ids name their front end
+            self.supervisor.prefix = f"{cluster.me.replace('/', '_')}:"
         local = [
             (m, config.workers if m.workers is None else m.workers)
             for m in models

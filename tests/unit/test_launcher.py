@@ -179,3 +179,14 @@ async def test_a_worker_joins_the_front_ends_its_launcher_names_at_each_start() 
     assert launcher.bootstrap().address == "unix:/tmp/w.sock"  # none: the launcher's own address
     launcher.token = ""  # the join token, in the workers' environment: no --token on their command line
     assert "--token" not in launcher.bootstrap().args(WorkerSlot("sim", 0))
+
+
+def test_a_prefix_names_the_launchers_slots_where_workers_of_several_meet() -> None:
+    """Local workers of several front ends joining the same front ends: each front end's ids differ."""
+    launcher = ScriptedLauncher(FakeClock())
+    (plain,) = launcher.add("sim", 1)
+    launcher.prefix = "fe-a:"
+    (named,) = launcher.add("sim", 1, version=2)
+    assert plain.worker_id == "sim-0" and named.worker_id == "fe-a:sim-1"
+    assert arg(launcher.bootstrap().args(named), "--worker-id") == "fe-a:sim-1.0"
+    assert launcher.live_slots("sim", 2) == [named]

@@ -71,6 +71,8 @@ class ClusterFrontend:
         ttl_s = cluster_config(server.config).lease_ttl_s  # [cluster] lease_ttl_s
         self.keeper = LeaseKeeper(me, clock, ttl_s) if contends else None
         self.versions = ServedVersions(store, me, server, clock, self.keeper, seat.index)
+        if seat.members is not None:
+            self.versions.refresh_members = seat.members.refresh
         has_file = server.config.config_path is not None
         self.config = ConfigReload(
             store, me, seat.index if seat.index >= 0 else me, seat.count,

@@ -34,7 +34,7 @@ import asyncio
 import contextlib
 import logging
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Any, Protocol
 
 import msgspec
@@ -179,6 +179,9 @@ class ServedVersions:
         self._epoch: int | None = None
         """The epoch this front end last wrote under (a new one: it settles what a previous holder left)."""
         self._failing = False
+        self.refresh_members: Callable[[], Awaitable[object]] | None = None
+        """Read the front ends' records again (cluster/members.py) once they all serve an update's new
+        version, before its workers start: they join every front end live then."""
 
     def holds(self) -> bool:
         return self.keeper is not None and self.keeper.grant() is not None
@@ -321,6 +324,8 @@ class ServedVersions:
             self.check_holder()
             await self.publish()
             behind = await until(self.store, self.me, lambda r: version not in r.of(model).versions, self.wait_s)
+            if self.refresh_members is not None:
+                await self.refresh_members()
         if behind:
             raise Conflict(
                 f"front end(s) {behind} do not serve version {version} of {model!r} (see their logs: it "
