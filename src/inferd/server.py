@@ -175,6 +175,8 @@ class InferenceServer:
             )
             self.supervisor = self.ray_launcher
         self.supervisor.restart_hooks.append(self._count_restart)
+        if seat.members is not None and frontend is None:  # on many hosts, local worker ids name their front end
+            self.supervisor.prefix = f"{cluster.me.replace('/', '_')}:"
         local = [
             (m, config.workers if m.workers is None else m.workers)
             for m in models
@@ -262,10 +264,9 @@ class InferenceServer:
                 self.registry, self.kinds, self.fleet, self.supervisor, self.retry_budget, self.scaling,
                 self.clock, self.kill_worker, self.directory, self._reload,
                 gateway=GatewayView(self.gateway, self.tenant_requests, self.cache.statistics),
-                traffic=self.traffic.statistics,
-                loads=self.loads,
+                traffic=self.traffic.statistics, loads=self.loads,
                 frontend={"id": frontend_id(self.config), "zone": self.config.zone},
-                decider=self.cluster.decider,
+                decider=self.cluster.decider, cluster=self.cluster.view,
             ),
             token,
         )
@@ -284,6 +285,8 @@ class InferenceServer:
             if self.worker_port is None:
                 self.worker_port = await self.hub.listen_tcp(self.config.worker_host, 0, worker_tls)
             self.ray_launcher.address = f"{self.config.worker_host}:{self.worker_port}"
+        if self.frontend is None and self.ray_launcher is None and worker_tls is None:  # one per host, no TLS
+            self.cluster.join_every_front_end(self.supervisor, self.worker_address, self.config)
         self._log_models()
         try:
             async with asyncio.TaskGroup() as tg:
@@ -334,12 +337,7 @@ class InferenceServer:
             f"{rt.name} v{rt.version} ({rt.kind}{', default' if rt.version == self.registry.default_version(rt.name) else ''})"
             for rt in self.registry
         ]
-        log.info(
-            "serving %d model version(s): %s; workers connect at %s",
-            len(rows),
-            "; ".join(rows),
-            self.worker_address,
-        )
+        log.info("serving %d model version(s): %s; workers connect at %s", len(rows), "; ".join(rows), self.worker_address)
 
     def _start(self, rt: Runtime) -> None:
         if self._group is None:

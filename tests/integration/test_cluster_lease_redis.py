@@ -11,9 +11,11 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+import pytest
+
 from inferd.gateway.keys import key_digest, new_key
 from tests.checked_load import wait_for
-from tests.conftest import ServerProc, start_server
+from tests.conftest import ServerProc, free_port, start_server
 from tests.frontends_harness import scrape
 from tests.redis_server import RedisServer, redis_server  # noqa: F401  (the fixture)
 
@@ -117,6 +119,83 @@ def test_redis_stopped_then_started_again(tmp_path: Path, redis_server: RedisSer
         wait_for(lambda: ask(other, None) == 401, 20, "the other front end's file re-read")
         assert ask(other, key) == 200
         wait_for(lambda: sum(holds(s) for s in servers) == 1, 20, "a holder again")
+    finally:
+        for s in servers:
+            if s.proc.poll() is None:
+                assert s.stop() in (0, -15)
+
+
+def admin_get(server: ServerProc, path: str) -> dict:
+    with urllib.request.urlopen(f"{server.admin_url}{path}", timeout=30) as r:
+        return json.loads(r.read())
+
+
+def test_front_ends_with_different_model_repositories_are_reported(
+    tmp_path: Path, redis_server: RedisServer  # noqa: F811
+) -> None:
+    """Reported on GET /admin/cluster (and in each one's log), not silently split."""
+    repos = []
+    for i, base_ms in enumerate((5.0, 7.0)):  # the same model, configured differently
+        repo = tmp_path / f"repo-{i}"
+        (repo / "sim" / "1").mkdir(parents=True)
+        (repo / "sim" / "model.toml").write_text(f'builtin = "sim"\nworkers = 1\n\n[params]\nbase_ms = {base_ms}\n')
+        repos.append(repo)
+    servers = [
+        start_server(tmp_path, "--model-repo", str(repo), "--store", redis_server.url, "--data-dir", str(tmp_path / f"data-{i}"))
+        for i, repo in enumerate(repos)
+    ]
+    try:
+        ids = sorted(f"127.0.0.1:{s.port}" for s in servers)
+        wait_for(lambda: all(admin_get(s, "/admin/cluster")["repository_mismatch"] for s in servers), 20, "the mismatch seen")
+        for s in servers:
+            view = admin_get(s, "/admin/cluster")
+            assert [f["id"] for f in view["frontends"]] == ids and view["shared"] is True
+            mismatch = view["repository_mismatch"]
+            assert sorted(g["frontends"] for g in mismatch["groups"]) == [[ids[0]], [ids[1]]]
+            assert mismatch["differing"] == ["sim/1"] and "same --model-repo" in mismatch["message"]
+            assert "front ends serve different model repositories" in s.log()
+    finally:
+        for s in servers:
+            if s.proc.poll() is None:
+                assert s.stop() in (0, -15)
+
+
+def test_local_workers_join_every_front_end_and_follow_an_update(
+    tmp_path: Path, redis_server: RedisServer, monkeypatch: pytest.MonkeyPatch  # noqa: F811
+) -> None:
+    """With a join token, each front end's local worker joins both (the same fleet on both); an update
+    rolled by the holder replaces its own, and the other's local worker of the retired version moves to
+    the new one (FleetControl.move_slots): no worker is left on a version nobody serves."""
+    monkeypatch.setenv("INFERD_JOIN_TOKEN", "join-secret-for-the-mesh")
+    repo = tmp_path / "repo"
+    (repo / "sim" / "1").mkdir(parents=True)
+    (repo / "sim" / "model.toml").write_text('builtin = "sim"\nworkers = 1\n\n[params]\nbase_ms = 2.0\n')
+    servers = [
+        start_server(
+            tmp_path, "--model-repo", str(repo), "--store", redis_server.url, "--worker-port", str(free_port()),
+            "--data-dir", str(tmp_path / f"data-{i}"),
+        )
+        for i in range(2)
+    ]
+
+    def fleet(s: ServerProc) -> list[tuple[int, str]]:
+        return sorted((w["version"], w["state"]) for w in admin_get(s, "/admin/models")["models"]["sim"]["fleet"])
+
+    try:
+        # the second started after the first's worker: the first's next worker joins it (below)
+        wait_for(lambda: all(len(fleet(s)) >= 1 for s in servers), 30, "a worker on each front end")
+        wait_for(lambda: sum(holds(s) for s in servers) == 1, 20, "one holder")
+        (holder,) = [s for s in servers if holds(s)]
+        (other,) = [s for s in servers if s is not holder]
+        (repo / "sim" / "2").mkdir()
+        status, answer = post(f"{other.admin_url}/admin/models/sim/update?version=2")
+        assert status == 200 and answer["to"] == 2, answer
+        # the holder's new worker joined both; the other's worker of version 1 moved to 2 and joins both
+        wait_for(lambda: all(fleet(s) == [(2, "ready"), (2, "ready")] for s in servers), 60, "both workers at 2 on both")
+        ids = {s.port: sorted(w["worker_id"] for w in admin_get(s, "/admin/models")["models"]["sim"]["fleet"]) for s in servers}
+        assert ids[holder.port] == ids[other.port], ids
+        assert "local worker(s) of version 1 move to version 2" in other.log()
+        assert all(ask(s, None) == 200 for s in servers)
     finally:
         for s in servers:
             if s.proc.poll() is None:

@@ -118,9 +118,14 @@ async def test_rolling_update_under_load_fails_no_request(fleet: tuple[ServerPro
         load.stop()
         await runner
         workers = (await admin(http, server, "/admin/workers"))["workers"]
+        fleet_row = (await admin(http, server, "/admin/models"))["models"]["sim"]["fleet"]
         async with http.get(f"{server.url}/v2/models/sim") as r:
             meta = await r.json()
     assert result == {"model": "sim", "from": 1, "to": 2, "replaced": 2}
+    assert fleet_row == sorted(
+        ({"worker_id": w["worker_id"], "zone": None, "version": 2, "state": "ready"} for w in workers),
+        key=lambda r: r["worker_id"],
+    )
     assert load.failures == []
     assert {"1", "2"} <= set(load.versions) and set(load.versions[-50:]) == {"2"}
     assert sorted(w["version"] for w in workers) == [2, 2]

@@ -208,3 +208,38 @@ def test_a_remote_worker_stopped_by_sigterm_drains_its_batches_and_exits_0(
     left = [line for line in router.log().splitlines() if "remote-leaves" in line]
     assert any("drained and left" in line for line in left), left
     assert not any(" lost" in line for line in left), left
+
+
+def admin_json(server: ServerProc, path: str, post: bool = False) -> dict:
+    req = urllib.request.Request(f"{server.admin_url}{path}", data=b"" if post else None, method="POST" if post else "GET")
+    with urllib.request.urlopen(req, timeout=60) as r:
+        return json.loads(r.read())
+
+
+def test_a_remote_worker_of_the_default_version_follows_a_rolling_update(tmp_path: Path, router_env: None) -> None:
+    """`inferd worker --model sim` (no --model-version) serves the default version: once an update
+    retires it, the worker is told so (Drain, retired), drains and joins again at the new default."""
+    repo = tmp_path / "repo"
+    (repo / "sim" / "1").mkdir(parents=True)
+    (repo / "sim" / "model.toml").write_text('builtin = "sim"\nworkers = 0\n\n[params]\nbase_ms = 2.0\n')
+    worker_port = free_port()
+    router = start_server(tmp_path, "--model-repo", str(repo), "--worker-port", str(worker_port), ready_path="/v2/health/live")
+    worker = start_worker(tmp_path, worker_port, TOKEN)
+    try:
+        wait_ready(router.url, 30)
+        assert infer(router.url, "before") == sim_digest("sim", 1, "before")
+        (repo / "sim" / "2").mkdir()
+        assert admin_json(router, "/admin/models/sim/update?version=2", post=True)["to"] == 2
+
+        def remote_at_2() -> bool:
+            rows = admin_json(router, "/admin/models")["models"]["sim"]["fleet"]
+            return {"worker_id": "remote-1", "zone": None, "version": 2, "state": "ready"} in rows
+        wait_for(remote_at_2, 30, "the remote worker joined again at version 2")
+        assert worker.poll() is None, "it joined again: it did not exit"
+        assert infer(router.url, "after") == sim_digest("sim", 2, "after")
+        (log,) = tmp_path.glob("worker-remote-1-*.log")
+        assert "joining again at the default version" in log.read_text()
+    finally:
+        worker.send_signal(signal.SIGTERM)
+        worker.wait(10)
+        router.stop()

@@ -134,13 +134,17 @@ async def test_a_joining_front_end_with_another_repository_is_logged_and_kept_fo
     mine = Membership(store, member("a:1"), clock)
     await mine.join()
     assert mine.mismatch is None
+    other = Membership(store, member("b:1", {"sim/2": "eeee"}), clock)
     with caplog.at_level(logging.WARNING, "inferd.cluster"):
-        await Membership(store, member("b:1", {"sim/2": "eeee"}), clock).join()
+        await other.join()
         await mine.refresh()
         await mine.refresh()  # nobody new: not logged again
     assert mine.mismatch is not None and mine.mismatch.differing == ["minilm/1", "sim/1", "sim/2"]
     assert sum("different model repositories" in r.message for r in caplog.records) == 2  # each front end's
     assert set(mine.members) == {"a:1", "b:1"}
+    await other.leave()  # the odd one gone: nothing differs any more
+    await mine.refresh()
+    assert mine.mismatch is None and set(mine.members) == {"a:1"}
 
 
 async def test_run_renews_the_record_and_goes_on_while_the_store_is_away() -> None:

@@ -44,7 +44,12 @@ class Server:
         self.loadable = loadable
         self.busy: set[int] = set()
         self.updating: dict[str, tuple[int, int, int]] = {}
-        self.fleet = SimpleNamespace(load_version=self.load, updates=lambda: dict(self.updating))
+        self.moved: list[tuple[str, int, int]] = []
+        """(model, version, default): the local slots of a version no longer served moved to the default."""
+        self.fleet = SimpleNamespace(
+            load_version=self.load, updates=lambda: dict(self.updating),
+            move_slots=lambda model, version, default: self.moved.append((model, version, default)),
+        )
         self.kinds = builtin_kinds()
         for v in versions:
             self.add_version(self.load("sim", v))
@@ -130,6 +135,7 @@ async def test_a_front_end_serves_the_new_version_takes_the_default_then_retires
     await first.publish()
     await follow(second)
     assert other.registry.versions("sim") == [2]
+    assert other.moved == [("sim", 1, 2)] and holder.moved == []  # its local workers follow the default
 
 
 async def test_an_update_is_refused_while_a_front_end_cannot_load_the_new_version() -> None:
@@ -211,6 +217,7 @@ async def test_a_new_holder_ends_an_update_the_last_one_left_where_its_default_w
         versions.keeper.granted(clock.now(), await store.acquire("decider", "1", 5.0))  # the holder died
         await versions.publish()
         assert other.registry.versions("sim") == kept and other.registry.default_version("sim") == default
+        assert other.moved == [("sim", 3 - default, default)]
         assert (await SERVED.read(store))[1].models["sim"] == ModelServed(kept, default, [])
 
 
@@ -296,6 +303,7 @@ async def test_a_hub_asks_once_more_before_it_turns_away_a_worker_of_a_version_n
         assert (await welcome_of(address, 2)).accepted and asked == [0]
         refused = await welcome_of(address, 3)  # still not served once asked: turned away
         assert not refused.accepted and "served versions: [1, 2]" in refused.reason and asked == [0, 1]
+        assert "version 3 of model 'sim'" in refused.reason and "default version (2)" in refused.reason
     finally:
         await hub.close()
 

@@ -189,3 +189,70 @@ async def test_a_holder_whose_lease_lapses_mid_update_stops_at_the_next_step() -
         await fleet.rolling_update("sim")
     assert launcher.added == [] and host.removed == [2]
     assert registry.versions("sim") == [1] and registry.default_version("sim") == 1 and fleet.updates() == {}
+
+
+def test_a_version_retired_by_the_server_takes_this_front_ends_local_workers_to_the_default() -> None:
+    """A front end that did not roll the update (the holder did): its local slots of the retired version
+    are retired (not restarted once their workers exit) and as many start at the default version."""
+    from inferd.worker.launcher import Launcher as RealLauncher
+    from inferd.worker.launcher import WorkerBootstrap, WorkerExit
+
+    class Slots(RealLauncher):  # type: ignore[type-arg]
+        async def _start(self, slot: object, bootstrap: WorkerBootstrap) -> object:
+            raise AssertionError("not running")
+
+        async def _wait(self, slot: object, process: object) -> WorkerExit:
+            raise AssertionError("not running")
+
+        async def stop_all(self, grace_s: float = 5.0) -> None:
+            pass
+
+    registry = ModelRegistry()
+    registry.add(runtime(2))  # type: ignore[arg-type]
+    launcher = Slots("unix:/w", "t", "INFO")
+    old = launcher.add("sim", 2, 1)
+    fleet = FleetControl(registry, launcher, Host(registry), WorkerDirectory(FakeClock()))  # type: ignore[arg-type]
+    assert fleet.move_slots("sim", 1, 2) == 2
+    assert all(s.retired for s in old) and launcher.live_slots("sim", 1) == []
+    assert [s.version for s in launcher.live_slots("sim")] == [2, 2]
+    assert fleet.move_slots("sim", 1, 2) == 0  # none left there: nothing moves
+
+
+async def test_an_update_without_local_old_workers_waits_for_the_front_ends_to_move_before_it_retires() -> None:
+    """The old version's workers are all on other hosts (none here to replace): its one new worker
+    ready, the update still waits until the front ends send new requests to the new version (and the old
+    holds no work) before the old version goes."""
+    registry = ModelRegistry()
+    registry.add(runtime(1))  # type: ignore[arg-type]
+    host, said = Host(registry), []
+
+    class NoSlots:
+        def live_slots(self, model: str, version: int) -> list[SimpleNamespace]:
+            return []
+
+        def add(self, model: str, n: int, version: int) -> list[SimpleNamespace]:
+            return [SimpleNamespace(worker_id="sim-0")]
+
+    class Moving:
+        async def until_serving(self, model: str, version: int) -> None:
+            said.append(f"serving {version}")
+
+        async def until_moved(self, model: str, old: int, new: int) -> None:
+            said.append(f"moved {old}->{new} (default {registry.default_version(model)}, removed {host.removed})")
+
+    fleet = FleetControl(
+        registry, NoSlots(), host, WorkerDirectory(FakeClock()),  # type: ignore[arg-type]
+        load_version=lambda model, version: SimpleNamespace(name=model, version=2, kind="batch"),  # type: ignore[arg-type,return-value]
+        followers=Moving(),
+    )
+
+    async def ready(rt: object, slot: object) -> None:
+        said.append("new worker ready")
+
+    async def idle(rt: object, poll_s: float = 0.05) -> None:
+        said.append("old idle")
+
+    fleet._wait_ready, fleet._wait_idle = ready, idle  # type: ignore[method-assign]
+    assert await fleet.rolling_update("sim") == {"model": "sim", "from": 1, "to": 2, "replaced": 0}
+    assert said == ["serving 2", "new worker ready", "moved 1->2 (default 2, removed [])", "old idle"]
+    assert host.removed == [1] and registry.versions("sim") == [2]

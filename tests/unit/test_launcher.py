@@ -156,3 +156,37 @@ def test_every_worker_starts_from_one_bootstrap() -> None:
     env = boot.environment()
     assert env is not None and env["INFERD_SIM_SLOWDOWN"] == "3" and "PATH" in env
     assert WorkerBootstrap("a", "t", "INFO").environment() is None  # inherits the server's as it is
+
+
+async def test_a_worker_joins_the_front_ends_its_launcher_names_at_each_start() -> None:
+    """`Launcher.connect` is asked at every start (the front ends of a shared store: this one's address
+    and every other live one's, cluster/frontend.py `worker_addresses`): a restarted worker, or a
+    rolling update's new one, joins the front ends live then."""
+    launcher = ScriptedLauncher(FakeClock())
+    fronts = ["unix:/tmp/w.sock", "10.0.0.2:9000"]
+    launcher.connect = lambda: ",".join(fronts)
+    launcher.add("sim", 1)
+    async with asyncio.TaskGroup() as tg:
+        runner = tg.create_task(launcher.run())
+        first = await launcher.next_start()
+        assert arg(first.args, "--connect") == "unix:/tmp/w.sock,10.0.0.2:9000"
+        fronts.append("10.0.0.3:9000")  # a front end joined meanwhile
+        launcher.exit(first, 1, 0.5)
+        again = await launcher.next_start()
+        assert arg(again.args, "--connect") == "unix:/tmp/w.sock,10.0.0.2:9000,10.0.0.3:9000"
+        runner.cancel()
+    launcher.connect = None
+    assert launcher.bootstrap().address == "unix:/tmp/w.sock"  # none: the launcher's own address
+    launcher.token = ""  # the join token, in the workers' environment: no --token on their command line
+    assert "--token" not in launcher.bootstrap().args(WorkerSlot("sim", 0))
+
+
+def test_a_prefix_names_the_launchers_slots_where_workers_of_several_meet() -> None:
+    """Local workers of several front ends joining the same front ends: each front end's ids differ."""
+    launcher = ScriptedLauncher(FakeClock())
+    (plain,) = launcher.add("sim", 1)
+    launcher.prefix = "fe-a:"
+    (named,) = launcher.add("sim", 1, version=2)
+    assert plain.worker_id == "sim-0" and named.worker_id == "fe-a:sim-1"
+    assert arg(launcher.bootstrap().args(named), "--worker-id") == "fe-a:sim-1.0"
+    assert launcher.live_slots("sim", 2) == [named]

@@ -113,7 +113,9 @@ async def test_a_dropped_version_leaves_and_wakes_its_waiters_and_its_workers_ar
     assert directory.workers("sim", 1) == ()
     with pytest.raises(NotFound, match="not served"):
         await directory.changed("sim", 1)
-    assert directory.connections() == [straggler]  # still connected: the hub closes it at shutdown
+    assert directory.connections() == [straggler]  # still connected, drained: it exits (or joins again)
+    assert straggler.state is WorkerState.DRAINING
+    assert straggler.writer.sent[-1] == p.Drain(retired=True)  # type: ignore[attr-defined]  # its version went
     assert directory.members("sim", 1) is not rt.members  # type: ignore[attr-defined]  # served again: anew
     directory.drop("sim", 1)
     rt.on_worker_lost(straggler, "exit 0")

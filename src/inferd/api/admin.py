@@ -27,7 +27,7 @@ from inferd.errors import BadRequest, ClusterUnavailable, Conflict, NotFound
 from inferd.fleet.control import FleetControl
 from inferd.fleet.scaling import ScalingLoop
 from inferd.routing.retry import RetryBudget
-from inferd.runtime.admin_view import AdminView, plain
+from inferd.runtime.admin_view import AdminView, fleet_rows, plain
 from inferd.runtime.contract import Runtime, RuntimeStatistics, WorkerSnapshot
 from inferd.runtime.frontend_load import FrontendLoads, model_load
 from inferd.runtime.kinds import KindRegistry
@@ -74,6 +74,9 @@ class AdminTarget:
     decider: Callable[[], Awaitable[str | None]] | None = None
     """The admin address (HOST:PORT) of the front end that decides for the server when it is another
     (cluster/frontend.py): a change (scale, update) asked here is carried out there. None: here."""
+    cluster: Callable[[], Awaitable[Mapping[str, Any]]] | None = None
+    """GET /admin/cluster: the live front ends, the lease's holder, a model repository mismatch
+    (cluster/frontend.py `ClusterFrontend.view`)."""
 
 
 class AdminApi:
@@ -88,6 +91,7 @@ class AdminApi:
             [
                 web.get("/admin/workers", self.workers),
                 web.get("/admin/models", self.models),
+                web.get("/admin/cluster", self.cluster),
                 web.post("/admin/workers/{worker_id}/drain", self.drain),
                 web.post("/admin/workers/{worker_id}/restart", self.restart),
                 web.post("/admin/models/{model}/scale", self.scale),
@@ -144,6 +148,12 @@ class AdminApi:
         ]
         return web.json_response({"workers": rows, "time": time.time(), "frontend": t.frontend})
 
+    async def cluster(self, request: web.Request) -> web.Response:
+        """The front ends that form the server (those whose records are live in the shared store)."""
+        if self.target.cluster is None:
+            raise NotFound("this server has no cluster to report on")
+        return web.json_response(dict(await self.target.cluster()))
+
     async def traffic(self, request: web.Request) -> web.Response:
         """Canary and A/B splits now, and why canaries were rolled back or promoted (newest last)."""
         snapshot = self.target.traffic() if self.target.traffic is not None else None
@@ -153,11 +163,12 @@ class AdminApi:
         t = self.target
         budget = t.retry_budget.statistics()
         sections: dict[str, dict[str, Any]] = {"models": {}, "llm_models": {}, "other_models": {}}
-        for rt in t.registry:
-            stats = rt.statistics()
+        every = [(rt, rt.statistics()) for rt in t.registry]
+        fleets = fleet_rows(stats for _, stats in every)
+        for rt, stats in every:
             default = t.registry.default_version(rt.name) == rt.version
             key = rt.name if len(t.registry.versions(rt.name)) == 1 else f"{rt.name}:{rt.version}"
-            row = {"kind": stats.kind, "version": stats.version, "default": default}
+            row = {"kind": stats.kind, "version": stats.version, "default": default, "fleet": fleets.get(rt.name, [])}
             loop = t.scaling.get(rt.name) if default else None
             row["autoscaler"] = loop.report() if loop is not None else None
             kind = t.kinds.get(stats.kind)

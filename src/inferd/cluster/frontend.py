@@ -13,11 +13,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ipaddress
 import logging
 from collections.abc import Coroutine, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+import msgspec
 from prometheus_client import CollectorRegistry
 
 from inferd.clock import Clock
@@ -26,7 +28,7 @@ from inferd.cluster.config import cluster_config
 from inferd.cluster.follower import Follower
 from inferd.cluster.lease import LEASE, LeaseCollector, LeaseKeeper, keep_lease
 from inferd.cluster.load import LoadReports
-from inferd.cluster.members import Membership
+from inferd.cluster.members import Member, Membership
 from inferd.cluster.memory import MemoryStore
 from inferd.cluster.metrics import StoreCollector
 from inferd.cluster.reload import ConfigReload, DivergedCollector
@@ -69,6 +71,8 @@ class ClusterFrontend:
         ttl_s = cluster_config(server.config).lease_ttl_s  # [cluster] lease_ttl_s
         self.keeper = LeaseKeeper(me, clock, ttl_s) if contends else None
         self.versions = ServedVersions(store, me, server, clock, self.keeper, seat.index)
+        if seat.members is not None:
+            self.versions.refresh_members = seat.members.refresh
         has_file = server.config.config_path is not None
         self.config = ConfigReload(
             store, me, seat.index if seat.index >= 0 else me, seat.count,
@@ -131,6 +135,49 @@ class ClusterFrontend:
         member = self.members.members.get(grant.holder)
         return None if member is None else member.admin
 
+    async def view(self) -> dict[str, Any]:
+        """GET /admin/cluster: the live front ends (id, zone, addresses, host, pid), the lease's holder,
+        and the model repositories when front ends differ (`repository_mismatch`: reported, never split
+        silently); a front end with no shared store lists none (`shared` false)."""
+        try:
+            grant = await self.store.holder(LEASE)
+        except StoreError:
+            grant = None
+        members = self.members.members if self.members is not None else {}
+        mismatch = self.members.mismatch if self.members is not None else None
+        return {
+            "me": self.me,
+            "shared": self.shared,
+            "store_up": self.follower.up,
+            "holder": None if grant is None else grant.holder,
+            "frontends": [
+                {"id": m.id, "zone": m.zone, "http": m.http, "workers": m.workers, "admin": m.admin,
+                 "host": m.host, "pid": m.pid, "repository": m.repository}
+                for _, m in sorted(members.items())
+            ],
+            "repository_mismatch": None if mismatch is None else {
+                "message": mismatch.message(), **msgspec.to_builtins(mismatch)
+            },
+        }
+
+    def join_every_front_end(self, launcher: Any, own: str, config: Any) -> None:
+        """On a shared store, this front end's local workers (`launcher`: worker/launcher.py) join every
+        live front end: their `--connect` is asked at each start (`Launcher.connect`: `own` and the
+        others' worker addresses from their records), and they present the join token (from their
+        environment: a command line is seen by every user of the host), which every front end accepts
+        (plain TCP off loopback: `--insecure`, as the server was given). So all of
+        them serve a rolling update's new version. Not without a join token (the others would refuse
+        them), over TLS (they would not trust the others' certificates), nor with Ray: here only."""
+        join = config.join_token.get_secret_value() if config.join_token else ""
+        if self.members is None or not join:
+            return
+        launcher.connect = lambda: self.worker_addresses(own)
+        launcher.token, launcher.env["INFERD_JOIN_TOKEN"] = "", join  # in their environment, not their argv
+        launcher.extra_args += ("--insecure",) if config.insecure else ()
+
+    def worker_addresses(self, own: str) -> str:
+        return worker_addresses(own, self.me, self.members.members if self.members is not None else {})
+
     async def reload(self) -> Mapping[str, Any]:
         return await self.config.reload()
 
@@ -168,3 +215,19 @@ class ClusterFrontend:
             name: {v: [w.index for w in launcher.live_slots(name, v)] for v in registry.versions(name)}
             for name in self.versions.served()
         }
+
+
+def worker_addresses(own: str, me: str, members: Mapping[str, Member]) -> str:
+    """`own` (this front end's worker address) and every other live front end's (its record's
+    `--worker-host:--worker-port`; one listening on every interface, 0.0.0.0 or ::, names no address
+    to reach it by and is left out), comma-separated: where this front end's local workers join."""
+    others = {m.workers for i, m in members.items() if i != me and m.workers and _reachable(m.workers)}
+    return ",".join([own, *sorted(others)])
+
+
+def _reachable(address: str) -> bool:
+    host = address.rpartition(":")[0].strip("[]")
+    try:
+        return not ipaddress.ip_address(host).is_unspecified
+    except ValueError:  # a host name
+        return bool(host)

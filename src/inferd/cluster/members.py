@@ -220,10 +220,11 @@ class Membership:
             if new != self.me.id:
                 m = current[new]
                 log.info("front end %s joined (host %s, pid %d, zone %s)", new, m.host, m.pid, m.zone)
+        changed = set(current) != set(self.members)
         self.members = current
-        if joined:
+        if changed:  # a front end joined or left: the mismatch as it is now (logged whenever one joins)
             self.mismatch = repository_mismatch(current)
-            if self.mismatch is not None:
+            if self.mismatch is not None and joined:
                 log.warning("%s", self.mismatch.message())
         return current
 

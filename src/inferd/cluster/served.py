@@ -34,7 +34,7 @@ import asyncio
 import contextlib
 import logging
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Any, Protocol
 
 import msgspec
@@ -164,6 +164,9 @@ class ServedVersions:
         self._epoch: int | None = None
         """The epoch this front end last wrote under (a new one: it settles what a previous holder left)."""
         self._failing = False
+        self.refresh_members: Callable[[], Awaitable[object]] | None = None
+        """Read the front ends' records again (cluster/members.py) once they all serve an update's new
+        version, before its workers start: they join every front end live then."""
 
     def holds(self) -> bool:
         return self.keeper is not None and self.keeper.grant() is not None
@@ -204,6 +207,7 @@ class ServedVersions:
         if not set(ms.versions) <= set(registry.versions(model)):
             return  # a version failed to load: keep serving the others, the holder's update waits
         for version in sorted(set(registry.versions(model)) - set(ms.versions)):
+            self.server.fleet.move_slots(model, version, ms.default)  # its local workers follow the default
             self.server.remove_version(model, version)
             log.info("model %s: version %d retired by the server: no longer served here", model, version)
         if registry.default_version(model) != ms.default:
@@ -309,6 +313,7 @@ class ServedVersions:
             dropped = old if ms.default == new else new
             if dropped in registry.versions(model) and ms.default in registry.versions(model):
                 registry.set_default(model, ms.default)
+                self.server.fleet.move_slots(model, dropped, ms.default)
                 self.server.remove_version(model, dropped)
                 log.info("model %s: the update %d -> %d the last holder left ends at %d", model, old, new, ms.default)
 
@@ -320,6 +325,8 @@ class ServedVersions:
             self.check_holder()
             await self.publish()
             behind = names(await self.reports.until(lambda r: version not in r.of(model).versions, self.wait_s))
+            if self.refresh_members is not None:
+                await self.refresh_members()
         if behind:
             raise Conflict(
                 f"front end(s) {behind} do not serve version {version} of {model!r} (see their logs: it "

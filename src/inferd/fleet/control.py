@@ -126,6 +126,19 @@ class FleetControl:
                     self._retire(rt, slot)
             return workers
 
+    def move_slots(self, model: str, version: int, default: int) -> int:
+        """This front end stops serving `version` though it did not roll it (the server's holder did, or
+        a new holder settles what the last one left): its local slots of that version move to the
+        `default` version, as many (their workers, told their version is retired, exit and are not
+        restarted; the new ones join at `default`). Returns how many moved."""
+        slots = self.launcher.live_slots(model, version)
+        for slot in slots:
+            self.launcher.retire(slot)
+        if slots and default != version:
+            self.launcher.add(model, len(slots), default)
+            log.info("model %s: %d local worker(s) of version %d move to version %d", model, len(slots), version, default)
+        return len(slots)
+
     async def rolling_update(self, model: str, version: int | None = None) -> dict[str, Any]:
         """Make `version` (None: the repository's highest) the model's default version, replacing the
         current default version's workers one by one. A version already served side by side becomes
@@ -178,6 +191,10 @@ class FleetControl:
                     await self._wait_idle(old)  # the last old worker answers what the old version holds
                 self._retire(old, slot)
                 await self._wait_gone(old, slot)
+            if not old_slots:  # no local worker of the old version (workers on other hosts serve it)
+                if self.followers is not None:
+                    await self.followers.until_moved(model, old.version, new.version)
+                await self._wait_idle(old)  # its workers answer what it holds before it goes
         except BaseException:
             if self.registry.default_version(model) != new.version:
                 self.host.remove_version(model, new.version)  # never served: nothing to hand over

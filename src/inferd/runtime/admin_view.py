@@ -4,7 +4,7 @@ common ones, their names and nesting, are the admin API's."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, is_dataclass
 from typing import Any
 
@@ -25,6 +25,18 @@ def plain(value: Any) -> Any:
 def detail_row(stats: RuntimeStatistics) -> dict[str, Any]:
     """A model of a kind with no view of its own: ready, and its kind's detail as it is."""
     return {"ready": stats.ready, "detail": plain(stats.detail)}
+
+
+def fleet_rows(every: Iterable[RuntimeStatistics]) -> dict[str, list[dict[str, Any]]]:
+    """Each model's workers, every served version's, as each row of GET /admin/models shows them under
+    `fleet`: worker id, zone, version and state, sorted by version then worker id. Workers join every
+    front end of the server, and name themselves, so every front end shows the same fleet."""
+    fleets: dict[str, list[dict[str, Any]]] = {}
+    for stats in every:
+        fleets.setdefault(stats.name, []).extend(
+            {"worker_id": w.worker_id, "zone": w.zone, "version": w.version, "state": w.state} for w in stats.workers
+        )
+    return {name: sorted(rows, key=lambda r: (r["version"], r["worker_id"])) for name, rows in fleets.items()}
 
 
 def no_keys(worker: WorkerSnapshot, now: float) -> dict[str, Any]:

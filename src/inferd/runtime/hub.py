@@ -189,7 +189,15 @@ class WorkerHub:
         try:
             runtime = self.registry.get(hello.model, hello.version or None)
         except NotFound as exc:
-            return exc.message, None
+            if not self._unknown_version(hello):
+                return exc.message, None
+            served = self.registry.versions(hello.model)
+            return (
+                f"this server does not serve version {hello.version} of model {hello.model!r} (served "
+                f"versions: {served}): start the worker with one of them as --model-version, or without it "
+                f"to serve the default version ({self.registry.default_version(hello.model)})",
+                None,
+            )
         if not runtime.accepts_workers:
             return f"model {hello.model!r} is a {runtime.kind} model: it has no workers", None
         return "", runtime

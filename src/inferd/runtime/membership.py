@@ -48,12 +48,13 @@ class Membership:
         self.workers.append(worker)
         self.announce()
 
-    def drain(self, worker: WorkerConnection) -> bool:
-        """Tell a ready worker to drain; False when it was not ready (draining already, or gone)."""
+    def drain(self, worker: WorkerConnection, retired: bool = False) -> bool:
+        """Tell a ready worker to drain (`retired`: because its version is no longer served); False when
+        it was not ready (draining already, or gone)."""
         if worker.state is not WorkerState.READY:
             return False
         worker.state = WorkerState.DRAINING
-        worker.send(p.Drain())
+        worker.send(p.Drain(retired=retired))
         return True
 
     def lose(self, worker: WorkerConnection) -> WorkerState:
@@ -99,10 +100,14 @@ class WorkerDirectory:
     def drop(self, model: str, version: int) -> None:
         """The version is no longer served (`remove_version`, the old version of a rolling update): its
         membership leaves, and whoever waits on it wakes. A runtime of the same version served again
-        starts with a membership of its own."""
+        starts with a membership of its own. Its workers still ready (workers on other hosts, which no
+        rolling update drains) are told to drain, as retired: one that serves the default version joins
+        again at the new default (`Drain.retired`), one pinned to this version exits."""
         members = self._members.pop((model, version), None)
         if members is None:
             return
+        for worker in list(members.workers):
+            members.drain(worker, retired=True)
         if members.workers:
             self._retired.append(members)
         members.announce()

@@ -110,6 +110,11 @@ class Drain(msgspec.Struct, tag="drain"):
     another front end's Drain): send me no new work, and answer Drain after the last you sent. The
     worker's device stops once every front end has sent one (worker/main.py `_drain`)."""
 
+    retired: bool = False
+    """Front end -> worker: the version it serves is no longer served (a rolling update's old one). A
+    worker that serves the model's default version (no --model-version) then joins again, at the default
+    version the front ends serve now, instead of exiting (worker/main.py `main`)."""
+
 
 # ---- LLM engine (models with platform "inferd_llm"): one AddSequence per request, one StepDeltas per step
 

@@ -4,6 +4,7 @@ builds these arguments)."""
 from __future__ import annotations
 
 import argparse
+import os
 from pathlib import Path
 
 from inferd.config.identity import check_zone
@@ -41,7 +42,10 @@ def arguments() -> argparse.ArgumentParser:
         help="look each dns: name up again this often",
     )
     parser.add_argument("--model", required=True, help="name of the model this worker serves")
-    parser.add_argument("--token", default="", help="join token, if the front end requires one")
+    parser.add_argument(
+        "--token", default=os.environ.get("INFERD_JOIN_TOKEN", ""),
+        help="join token, if the front end requires one (default: INFERD_JOIN_TOKEN in the environment)",
+    )
     parser.add_argument("--worker-id", default="", help="worker id (default: random)")
     parser.add_argument("--reconnect", action="store_true", help="rejoin lost front ends (remote workers)")
     parser.add_argument(

@@ -73,14 +73,16 @@ class WorkerSlot:
     retired: bool = False
     """Set when the slot is being removed (scale-down, rolling update): its process is not restarted."""
     exit_codes: list[int] = field(default_factory=list)
+    prefix: str = ""
+    """Before its id, where workers of several launchers meet (`Launcher.prefix`)."""
 
     @property
     def worker_id(self) -> str:
-        return f"{self.model}-{self.index}"
+        return f"{self.prefix}{self.model}-{self.index}"
 
     @property
     def incarnation(self) -> str:
-        """The id its current worker registers with: `MODEL-INDEX.RESTARTS`."""
+        """The id its current worker registers with: `MODEL-INDEX.RESTARTS` (after the prefix)."""
         return f"{self.worker_id}.{self.restarts}"
 
 
@@ -111,7 +113,7 @@ class WorkerBootstrap:
             *("--connect", self.address),
             *("--model", slot.model),
             *("--worker-id", slot.incarnation),
-            *("--token", self.token),
+            *(("--token", self.token) if self.token else ()),  # "": the environment's INFERD_JOIN_TOKEN
             *("--log-level", self.log_level),
         ]
         if slot.version is not None:
@@ -147,6 +149,13 @@ class Launcher(abc.ABC, Generic[P]):
     ) -> None:
         self.address = address
         """Where workers connect; settable until `run` (the server learns its TCP port late)."""
+        self.connect: Callable[[], str] | None = None
+        """Where workers connect, asked again at each worker start (None: `address`): the front ends of
+        a shared store give this front end's address and every other live one's, so its local workers
+        join every front end (cluster/frontend.py `join_every_front_end`)."""
+        self.prefix = ""
+        """Before the id of every slot added from now on: where local workers of several front ends
+        join the same front ends, each front end's name, so their ids differ (`FRONTEND:MODEL-INDEX`)."""
         self.token = token
         self.log_level = log_level
         self.env = dict(env or {})
@@ -167,7 +176,7 @@ class Launcher(abc.ABC, Generic[P]):
         already runs (scale-up)."""
         self.served.add((model, version))
         first = max((s.index + 1 for s in self.slots if s.model == model), default=0)
-        new = [WorkerSlot(model, first + i, version) for i in range(count)]
+        new = [WorkerSlot(model, first + i, version, prefix=self.prefix) for i in range(count)]
         self.slots.extend(new)
         if self._tg is not None:
             for slot in new:
@@ -181,7 +190,7 @@ class Launcher(abc.ABC, Generic[P]):
             raise RuntimeError("add_at is for slots taken back before the launcher runs")
         self.served.add((model, version))
         taken = {s.index for s in self.slots if s.model == model}
-        new = [WorkerSlot(model, i, version) for i in sorted(set(indexes) - taken)]
+        new = [WorkerSlot(model, i, version, prefix=self.prefix) for i in sorted(set(indexes) - taken)]
         self.slots.extend(new)
         return new
 
@@ -234,7 +243,8 @@ class Launcher(abc.ABC, Generic[P]):
             await self.stop_all()
 
     def bootstrap(self) -> WorkerBootstrap:
-        return WorkerBootstrap(self.address, self.token, self.log_level, self.env, self.extra_args)
+        address = self.address if self.connect is None else self.connect()
+        return WorkerBootstrap(address, self.token, self.log_level, self.env, self.extra_args)
 
     async def _keep_running(self, slot: WorkerSlot) -> None:
         while not self._stopping and not slot.retired:

@@ -9,7 +9,8 @@ Per front end: join -> receive (batches, demand, sequences), with a heartbeat be
 a thread so heartbeats and the next (staged) batch keep flowing while the device is busy. The credit
 ledger (worker/credits.py) keeps the worker at 1 running + 1 staged batch whichever front ends sent them.
 The device never waits on one front end for the others, and one that stops reading is cut off
-(worker/stuck.py). SIGTERM drains the worker (worker/signals.py, `Worker.drain`), as a front end's Drain does.
+(worker/stuck.py). SIGTERM drains the worker (worker/signals.py, `Worker.drain`), as a front end's Drain does;
+one saying its version is retired makes a worker of the default version join again, at the new one (`main`).
 Which front ends it joins and leaves, and when: worker/joining.py (worker/discovery.py decides).
 """
 
@@ -63,18 +64,9 @@ a partition is abandoned and retried, so a worker rejoins within seconds of the 
 
 class Worker:
     def __init__(
-        self,
-        address: str,
-        model: str,
-        token: str,
-        worker_id: str,
-        reconnect: bool = False,
-        model_repo: Path | None = None,
-        model_version: int = 0,
-        tls_context: ssl.SSLContext | None = None,
-        stuck_after_s: float = STUCK_AFTER_S,
-        zone: str | None = None,
-        resolver: Resolver | None = None,
+        self, address: str, model: str, token: str, worker_id: str, reconnect: bool = False,
+        model_repo: Path | None = None, model_version: int = 0, tls_context: ssl.SSLContext | None = None,
+        stuck_after_s: float = STUCK_AFTER_S, zone: str | None = None, resolver: Resolver | None = None,
     ) -> None:
         self.connect = address
         """The front ends this worker serves (one, or several sharing it; dns: names followed)."""
@@ -111,6 +103,8 @@ class Worker:
         self._stopped: bool | None = None  # `_stop_device` was called (True: finish); a later engine stops
         self._finished = asyncio.Event()
         """The device has stopped (drained): every link ends."""
+        self.retired = False
+        """It drains as a front end no longer serves its version (`Drain.retired`), not stopped by a signal."""
 
     async def run(self) -> int:
         """Serve the front ends. A local worker (a child of `inferd serve`) exits when its first front end
@@ -265,6 +259,7 @@ class Worker:
                 self._grant()
             elif isinstance(msg, p.Drain):  # asked to, or the answer to ours: it sends no more work
                 link.answered_drain = True
+                self.retired = self.retired or (msg.retired and not link.leaving and not self.draining)
                 self._answered.set()
                 if not link.leaving:  # the worker drains (a left front end's answer ends its link only)
                     self.drain()
@@ -276,11 +271,12 @@ class Worker:
             elif isinstance(msg, (p.AddSequence, p.AbortSequence)) and self._engine is not None:
                 self._engine.submit(self.owners.inbound(link, msg))
 
-    def drain(self) -> bool:
+    def drain(self, signalled: bool = False) -> bool:
         """Take no new work, finish what the device holds, exit 0 (SIGTERM, or a front end's Drain):
         every front end is told (Drain) and answers Drain after the last work it sent; then the device
         stops. False: a kind's worker side (a search replica), which cannot drain on its own (stop it at
         once)."""
+        self.retired = self.retired and not signalled  # SIGTERM: it exits, whatever a front end said
         if self.side is not None:
             return False
         if not self.draining:
@@ -374,11 +370,7 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    worker = Worker(
-        args.connect, args.model, args.token, args.worker_id or uuid.uuid4().hex[:8], args.reconnect,
-        args.model_repo, args.model_version, tls_context, args.stuck_after_s, args.zone,
-        Resolver(args.hosts_file, args.resolve_every_s),
-    )
+    worker_id = args.worker_id or uuid.uuid4().hex[:8]
     try:
         import uvloop
 
@@ -386,11 +378,20 @@ def main(argv: list[str] | None = None) -> int:
     except ImportError:
         runner = asyncio.run
     try:
-        return runner(run_until_done(worker.run(), worker.drain))
+        while True:  # once more each time its version is retired, serving the default version
+            worker = Worker(
+                args.connect, args.model, args.token, worker_id, args.reconnect, args.model_repo,
+                args.model_version, tls_context, args.stuck_after_s, args.zone,
+                Resolver(args.hosts_file, args.resolve_every_s),
+            )
+            code = runner(run_until_done(worker.run(), lambda w=worker: w.drain(signalled=True)))
+            if code != 0 or not worker.retired or args.model_version or worker.side is not None:
+                return code
+            log.info("worker %s: its version is no longer served: joining again at the default version", worker_id)
     except KeyboardInterrupt:
         return 130
     except (ConnectionError, p.ConnectionClosed, BaseExceptionGroup) as exc:
-        log.warning("worker %s lost its front end: %r", worker.worker_id, exc)
+        log.warning("worker %s lost its front end: %r", worker_id, exc)
         return 1
 
 
