@@ -33,7 +33,11 @@ class Switchable(MemoryStore):
 
 
 def front_end(store: MemoryStore, clock: FakeClock, me: str, others: dict[str, str]) -> ClusterFrontend:
-    members = SimpleNamespace(members={m: Member(id=m, admin=admin) for m, admin in others.items()})
+    async def refresh() -> None:  # the records are as given
+        return None
+
+    records = {m: Member(id=m, admin=admin) for m, admin in others.items()}
+    members = SimpleNamespace(members=records, refresh=refresh)
     server = SimpleNamespace(config=ServerConfig(), registry=ModelRegistry(), kinds=builtin_kinds())
     seat = Seat(store=store, me=me, index=-1, count=None, members=members)  # type: ignore[arg-type]
     return ClusterFrontend(seat, server, clock, contends=True)
