@@ -214,6 +214,8 @@ class InferenceServer:
             extras=self._console_extras,
         )
         self._tasks: dict[tuple[str, int], asyncio.Task[None]] = {}
+        self._gone: list[asyncio.Task[None]] = []
+        """The tasks of versions no longer served (cancelled)."""
         self._group: asyncio.TaskGroup | None = None
         self.admin: AdminApi | None = None
         self.admin_port: int | None = None
@@ -342,9 +344,7 @@ class InferenceServer:
     def _start(self, rt: Runtime) -> None:
         if self._group is None:
             raise RuntimeError("the server is not running")
-        self._tasks[(rt.name, rt.version)] = self._group.create_task(
-            rt.run(), name=f"runtime-{rt.name}-v{rt.version}"
-        )
+        self._tasks[(rt.name, rt.version)] = self._group.create_task(rt.run(), name=f"runtime-{rt.name}-v{rt.version}")
 
     def add_version(self, config: ModelConfig) -> Runtime:
         """Serve another version of a model beside the ones served (a rolling update's new version)."""
@@ -360,9 +360,9 @@ class InferenceServer:
         rt = self.registry.remove(name, version)
         self.directory.drop(name, version)
         rt.stop(ShuttingDown(f"model '{name}' version {version} is no longer served"))
-        task = self._tasks.pop((name, version), None)
-        if task is not None:
+        if (task := self._tasks.pop((name, version), None)) is not None:
             task.cancel()
+            self._gone = [t for t in self._gone if not t.done()] + [task]  # the task group waits for it still
 
     async def _reload(self) -> Mapping[str, Any]:
         """POST /admin/reload: here (refused whole if invalid), then on every front end (cluster/reload.py)."""
@@ -390,4 +390,7 @@ class InferenceServer:
         if self.admin is not None:
             await self.admin.stop()
         supervisor.cancel()
+        _, stuck = await asyncio.wait([*loops, *self._tasks.values(), *self._gone, supervisor], timeout=10.0)
+        if stuck:  # the task group waits for them: name them, so a shutdown that hangs says where
+            log.error("shutdown: still waiting on %s", sorted(t.get_name() for t in stuck))
         log.info("stopped")
