@@ -53,6 +53,12 @@ class ServerProc:
     port: int
     log_path: Path
     admin_port: int = 0
+    grpc_port: int = 0
+
+    @property
+    def grpc_target(self) -> str:
+        """HOST:PORT of its gRPC API, as grpc and tritonclient.grpc take it."""
+        return f"127.0.0.1:{self.grpc_port}"
 
     @property
     def admin_url(self) -> str:
@@ -91,9 +97,11 @@ class ServerProc:
 def start_server(
     tmp_path: Path, *args: str, ready_timeout_s: float = 60.0, ready_path: str = "/v2/health/ready"
 ) -> ServerProc:
-    port, admin_port = free_port(), free_port()
+    port, admin_port, grpc_port = free_port(), free_port(), free_port()
     while admin_port in (port, port + 1):  # the kernel may hand the same free port out twice in a row
         admin_port = free_port()
+    while grpc_port in (port, admin_port):
+        grpc_port = free_port()
     if "--port" in args:  # a restarted server on the same port
         i = args.index("--port")
         port, args = int(args[i + 1]), args[:i] + args[i + 2 :]
@@ -111,6 +119,7 @@ def start_server(
             str(port),
             "--admin-port",
             str(admin_port),
+            *(() if "--no-grpc" in args or "--grpc-port" in args else ("--grpc-port", str(grpc_port))),
             "--shutdown-grace-s",  # stop at once in teardown (a test may pass its own)
             "0",
             *args,
@@ -119,7 +128,9 @@ def start_server(
         stderr=subprocess.STDOUT,
         cwd=ROOT,
     )
-    server = ServerProc(proc, port, log_path, admin_port)
+    if "--grpc-port" in args:
+        grpc_port = int(args[args.index("--grpc-port") + 1])
+    server = ServerProc(proc, port, log_path, admin_port, 0 if "--no-grpc" in args else grpc_port)
     deadline = time.monotonic() + ready_timeout_s
     import urllib.request
 

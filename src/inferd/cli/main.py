@@ -110,8 +110,8 @@ def serve(
     admin_port: Annotated[
         int | None,
         typer.Option(
-            help="Port of the admin API (worker list, drain, restart) (default: the HTTP port + 1, "
-            "so 8001 for 8000; a free one, logged at start, with --port 0). "
+            help="Port of the admin API (worker list, drain, restart) (default: the HTTP port + 2, "
+            "so 8002 for 8000; a free one, logged at start, with --port 0). "
             "Set INFERD_ADMIN_TOKEN to require a bearer token."
         ),
     ] = None,
@@ -119,6 +119,14 @@ def serve(
         str | None, typer.Option(help="Address of the admin API (default: 127.0.0.1).")
     ] = None,
     no_admin: Annotated[bool, typer.Option("--no-admin", help="Do not serve the admin API.")] = False,
+    grpc_port: Annotated[
+        int | None,
+        typer.Option(
+            help="Port of the gRPC API (KServe v2 / Triton's GRPCInferenceService, health, reflection), on "
+            "--host (default: the HTTP port + 1, so 8001 for 8000; a free one, logged, with --port 0)."
+        ),
+    ] = None,
+    no_grpc: Annotated[bool, typer.Option("--no-grpc", help="Do not serve the gRPC API.")] = False,
     worker_port: Annotated[
         int | None,
         typer.Option(
@@ -243,9 +251,10 @@ def serve(
 ) -> None:
     """Serve models over HTTP (KServe OIP v2 and OpenAI-compatible embeddings).
 
-    The admin API listens on the HTTP port + 1 unless --admin-port is given (8000 -> 8001, 9000 -> 9001),
-    so servers on one host need HTTP ports at least 2 apart; `inferd status --port 9000` finds the admin
-    API of the server on port 9000 by the same rule. A port in use is reported at start with the fix.
+    gRPC listens on the HTTP port + 1 and the admin API on the HTTP port + 2 unless --grpc-port and
+    --admin-port say otherwise (8000 -> 8001 and 8002, as Triton), so servers on one host need HTTP ports
+    at least 3 apart; `inferd status --port 9000` finds the admin API of the server on port 9000 by the
+    same rule. A port in use is reported at start with the fix.
     """
     try:
         observe = observability_settings(log_format, access_log_sample, trace_endpoint, trace_sample)
@@ -264,6 +273,7 @@ def serve(
                 "log_level": log_level,
                 "admin_port": admin_port,
                 "admin_host": admin_host,
+                "grpc_port": grpc_port,
                 "worker_port": worker_port,
                 "worker_host": worker_host,
                 "ray_address": ray,
@@ -286,6 +296,8 @@ def serve(
         )
         if no_admin:
             cfg = cfg.model_copy(update={"admin_port": None})
+        if no_grpc:
+            cfg = cfg.model_copy(update={"grpc_port": None})
         if store is not None:
             cfg = with_store(cfg, store)
         check_cluster(cfg)

@@ -21,6 +21,9 @@ from pydantic import (
 from inferd.config.autoscaler import AutoscalerConfig
 from inferd.config.cache import CacheConfig
 from inferd.config.identity import IdentitySettings
+from inferd.config.ports import GrpcSettings, default_admin_port, default_grpc_port
+from inferd.config.ports import admin_port_for as admin_port_for  # re-exported for the tools
+from inferd.config.ports import grpc_port_for as grpc_port_for  # re-exported for the tools
 from inferd.config.traffic import TrafficConfig
 from inferd.listener_config import ListenerSettings
 from inferd.observability.settings import ObservabilitySettings
@@ -238,13 +241,9 @@ class ModelConfig(_Frozen):
         return self.max_wait_ms / 1000.0
 
 
-def admin_port_for(http_port: int) -> int:
-    """The admin API's port when none is set: the HTTP port + 1 (8001 for 8000); 0 (a free port) for 0."""
-    return 0 if http_port == 0 else http_port + 1
-
-
-class ServerConfig(ListenerSettings, IdentitySettings, _Frozen):
-    """Settings of `inferd serve` (listeners' limits and TLS: ListenerSettings; zone, id: IdentitySettings)."""
+class ServerConfig(ListenerSettings, IdentitySettings, GrpcSettings, _Frozen):
+    """Settings of `inferd serve` (listeners' limits and TLS: ListenerSettings; zone, id: IdentitySettings;
+    the gRPC listener: GrpcSettings)."""
 
     host: str = "127.0.0.1"
     """Address the HTTP API listens on."""
@@ -289,12 +288,11 @@ class ServerConfig(ListenerSettings, IdentitySettings, _Frozen):
     """Bearer token of the admin API; taken from the environment (INFERD_ADMIN_TOKEN), never from files."""
     admin_host: str = "127.0.0.1"
     """Address of the admin API (worker list, drain, restart)."""
-    admin_port: int | None = Field(
-        default_factory=lambda data: admin_port_for(data.get("port", 8000)), ge=0, le=65535, validate_default=True
-    )
-    """Port of the admin API; None disables it. Unless set, the HTTP port + 1 (8001 for 8000), so servers
-    on different HTTP ports have different admin ports; 0 (the default with port 0): a free one, logged at
-    start. Protected by INFERD_ADMIN_TOKEN when that is set."""
+    admin_port: int | None = Field(default_factory=default_admin_port, ge=0, le=65535, validate_default=True)
+    """Port of the admin API; None disables it. Unless set, the HTTP port + 2 (config/ports.py); 0 (the
+    default with port 0): a free one, logged. Protected by INFERD_ADMIN_TOKEN when that is set."""
+    grpc_port: int | None = Field(default_factory=default_grpc_port, ge=0, le=65535, validate_default=True)
+    """Port of the gRPC API on `host`; None: none (`--no-grpc`). Unless set, the HTTP port + 1; 0: free."""
     shutdown_grace_s: float = Field(default=5.0, ge=0.0, le=600.0)
     """After SIGTERM, how long /v2/health/ready answers 503 while the HTTP listener still accepts and
     serves requests, so probes and load balancers stop sending work before the drain closes the
