@@ -1,13 +1,16 @@
 """tritonclient's gRPC client, sync and asyncio, against a real `inferd serve` (the sim and scale models
 of examples/model_repo): the checks the REST suite makes, over Triton's GRPCInferenceService; and with
-tenants configured, keys and quotas (a raw grpc stub reads the trailers). Two servers in all."""
+tenants configured, keys and quotas (a raw grpc stub reads the trailers); and TLS. Three servers in all."""
 
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
 import time
 import urllib.request
 from collections.abc import Iterator
+from pathlib import Path
 
 import grpc
 import numpy as np
@@ -15,6 +18,7 @@ import pytest
 import tritonclient.grpc as tc
 import tritonclient.grpc.aio as tc_aio
 import tritonclient.http as tc_http
+import trustme
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from tritonclient.utils import InferenceServerException
@@ -23,7 +27,7 @@ from inferd.gateway.keys import key_digest, new_key
 from inferd.grpc_edge.protos import grpc_service_pb2 as pb
 from inferd.grpc_edge.protos import grpc_service_pb2_grpc as pb_grpc
 from inferd.models.sim import sim_digest
-from tests.conftest import ROOT, ServerProc, start_server
+from tests.conftest import ROOT, ServerProc, free_port, start_server
 
 ALPHA, LIMITED = new_key(), new_key()
 TENANTS = f"""
@@ -320,3 +324,41 @@ def test_a_cancelled_call_is_withdrawn_and_counted_cancelled(server: ServerProc)
         assert stub.ModelInfer(sim_request(b"next"), timeout=10).model_name == "sim"
         assert metric(server, depth) == 0
         assert metric(server, cut) - cut_before < 400 + 1  # its waiting items were withdrawn, never run
+
+
+# ---- TLS: the HTTP listener's certificate -------------------------------------------------------------
+def test_grpc_speaks_tls_with_the_https_certificate(tmp_path: Path) -> None:
+    ca = trustme.CA()
+    issued = ca.issue_cert("127.0.0.1", "localhost")
+    ca.cert_pem.write_to_path(tmp_path / "ca.pem")
+    (tmp_path / "cert.pem").write_bytes(b"".join(b.bytes() for b in issued.cert_chain_pems))
+    issued.private_key_pem.write_to_path(tmp_path / "key.pem")
+    port, grpc_port, admin_port = free_port(), free_port(), free_port()
+    proc = subprocess.Popen(
+        [
+            *(sys.executable, "-m", "inferd.cli.main", "serve", "--model", "sim", "--shutdown-grace-s", "0"),
+            *("--port", str(port), "--grpc-port", str(grpc_port), "--admin-port", str(admin_port)),
+            *("--ssl-certfile", str(tmp_path / "cert.pem"), "--ssl-keyfile", str(tmp_path / "key.pem")),
+            *("--data-dir", str(tmp_path / "data")),
+        ],
+        stdout=open(tmp_path / "server.log", "wb"),
+        stderr=subprocess.STDOUT,
+        cwd=ROOT,
+    )
+    server = ServerProc(proc, port, tmp_path / "server.log", admin_port, grpc_port)
+    roots = (tmp_path / "ca.pem").read_bytes()
+    try:
+        with grpc.secure_channel(server.grpc_target, grpc.ssl_channel_credentials(roots)) as channel:
+            health = health_pb2_grpc.HealthStub(channel)
+            request = health_pb2.HealthCheckRequest(service="sim")
+            assert health.Check(request, wait_for_ready=True, timeout=60).status == health_pb2.HealthCheckResponse.SERVING
+        client = tc.InferenceServerClient(server.grpc_target, ssl=True, root_certificates=str(tmp_path / "ca.pem"))
+        result = client.infer("sim", [texts_input([b"over tls"])])
+        assert result.as_numpy("OUTPUT0").tolist() == [sim_digest("sim", 1, "over tls").encode()]
+        client.close()
+        with grpc.insecure_channel(server.grpc_target) as plain:
+            with pytest.raises(grpc.RpcError) as err:
+                health_pb2_grpc.HealthStub(plain).Check(health_pb2.HealthCheckRequest(), timeout=5)
+        assert err.value.code() == grpc.StatusCode.UNAVAILABLE
+    finally:
+        assert server.stop() in (0, -15), server.log()
