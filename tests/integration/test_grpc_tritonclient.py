@@ -45,7 +45,9 @@ burst = 1
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProc]:
-    s = start_server(tmp_path_factory.mktemp("grpc"), "--model-repo", str(ROOT / "examples" / "model_repo"))
+    root = tmp_path_factory.mktemp("grpc")
+    (root / "inferd.toml").write_text("[models.scale.cache]\nenabled = true\n")  # one response cache for both edges
+    s = start_server(root, "--model-repo", str(ROOT / "examples" / "model_repo"), "--config", str(root / "inferd.toml"))
     yield s
     assert s.stop() in (0, -15)
 
@@ -362,3 +364,19 @@ def test_grpc_speaks_tls_with_the_https_certificate(tmp_path: Path) -> None:
         assert err.value.code() == grpc.StatusCode.UNAVAILABLE
     finally:
         assert server.stop() in (0, -15), server.log()
+
+
+def test_the_response_cache_answers_either_edge_from_the_other(server: ServerProc) -> None:
+    data = np.array([[9.0, 8.0, 7.0, 6.0]], dtype=np.float32)
+    rest = tc_http.InferenceServerClient(server.url.removeprefix("http://"))
+    inp = tc_http.InferInput("INPUT0", [1, 4], "FP32")
+    inp.set_data_from_numpy(data, binary_data=True)
+    outputs = [tc_http.InferRequestedOutput(name, binary_data=True) for name in ("DOUBLED", "SUM")]
+    assert rest.infer("scale", [inp], outputs=outputs).get_response()["parameters"]["cache"] == "miss"
+    rest.close()
+    tensor = pb.ModelInferRequest.InferInputTensor(name="INPUT0", datatype="FP32", shape=[1, 4])
+    request = pb.ModelInferRequest(model_name="scale", inputs=[tensor], raw_input_contents=[data.tobytes()])
+    with grpc.insecure_channel(server.grpc_target) as channel:
+        answer, call = pb_grpc.GRPCInferenceServiceStub(channel).ModelInfer.with_call(request, timeout=10)
+    assert dict(call.trailing_metadata())["x-inferd-cache"] == "hit"
+    assert np.frombuffer(answer.raw_output_contents[0], dtype=np.float32).tolist() == (data * 2).ravel().tolist()
