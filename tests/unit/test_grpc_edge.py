@@ -15,7 +15,7 @@ from inferd.api.http import request_deadline
 from inferd.api.oip_answer import Inference
 from inferd.api.oip_tensors import DecodedRequest
 from inferd.clock import FakeClock
-from inferd.config import ModelConfig, TensorSpec
+from inferd.config import ModelConfig, ServerConfig, TensorSpec
 from inferd.core.call import Call
 from inferd.errors import (
     BadRequest,
@@ -33,6 +33,7 @@ from inferd.errors import (
 )
 from inferd.grpc_edge.calls import RpcMetadata, grpc_call, read_hints
 from inferd.grpc_edge.codec import decode_request, encode_response
+from inferd.grpc_edge.edge import server_options
 from inferd.grpc_edge.errors import GrpcErrors, code_of
 from inferd.grpc_edge.health import NOT_SERVING, SERVING, Health
 from inferd.grpc_edge.model_config import model_config
@@ -321,3 +322,21 @@ async def test_health_watch_sends_each_change_once() -> None:
     unknown = health.Watch(health_pb2.HealthCheckRequest(service="nope"), None)  # type: ignore[arg-type]
     assert (await anext(unknown)).status == health_pb2.HealthCheckResponse.SERVICE_UNKNOWN
     await unknown.aclose()
+
+
+# ---- the listener's options ---------------------------------------------------------------------------
+def test_the_listener_options_follow_the_settings() -> None:
+    plain = dict(server_options(ServerConfig(max_body_bytes=1 << 20), reuseport=False))
+    assert plain["grpc.max_receive_message_length"] == 1 << 20  # max_body_bytes when unset
+    assert plain["grpc.so_reuseport"] == 0 and "grpc.max_connection_age_ms" not in plain
+    assert (plain["grpc.keepalive_time_ms"], plain["grpc.keepalive_timeout_ms"]) == (60_000, 20_000)
+    cfg = ServerConfig(
+        grpc_max_message_bytes=4096,
+        grpc_keepalive_time_s=5,
+        grpc_max_connection_age_s=300,
+        grpc_max_connection_age_grace_s=10,
+    )
+    tuned = dict(server_options(cfg, reuseport=True))
+    assert tuned["grpc.max_receive_message_length"] == 4096 and tuned["grpc.so_reuseport"] == 1
+    assert tuned["grpc.keepalive_time_ms"] == 5000
+    assert (tuned["grpc.max_connection_age_ms"], tuned["grpc.max_connection_age_grace_ms"]) == (300_000, 10_000)
