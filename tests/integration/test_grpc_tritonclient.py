@@ -134,6 +134,15 @@ def test_unknown_model_is_not_found(client: tc.InferenceServerClient) -> None:
     assert err.value.status() == "StatusCode.NOT_FOUND"
 
 
+def test_a_version_asked_for_is_served_or_not_found(client: tc.InferenceServerClient) -> None:
+    result = client.infer("sim", [texts_input([b"v1"])], model_version="1")
+    assert result.get_response().model_version == "1"
+    with pytest.raises(InferenceServerException) as err:
+        client.infer("sim", [texts_input([b"v9"])], model_version="9")
+    assert err.value.status() == "StatusCode.NOT_FOUND"
+    assert "9" in err.value.message()
+
+
 def test_a_bad_shape_is_an_invalid_argument_naming_it(client: tc.InferenceServerClient) -> None:
     inp = tc.InferInput("INPUT0", [2, 3], "FP32")
     inp.set_data_from_numpy(np.zeros((2, 3), dtype=np.float32))
