@@ -5,6 +5,7 @@ tenants configured, keys and quotas (a raw grpc stub reads the trailers); and TL
 from __future__ import annotations
 
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -389,3 +390,28 @@ def test_the_response_cache_answers_either_edge_from_the_other(server: ServerPro
         answer, call = pb_grpc.GRPCInferenceServiceStub(channel).ModelInfer.with_call(request, timeout=10)
     assert dict(call.trailing_metadata())["x-inferd-cache"] == "hit"
     assert np.frombuffer(answer.raw_output_contents[0], dtype=np.float32).tolist() == (data * 2).ravel().tolist()
+
+
+# ---- shutdown -----------------------------------------------------------------------------------------
+def test_sigterm_lets_grpc_calls_in_flight_finish_before_the_runtimes_stop(tmp_path: Path) -> None:
+    server = start_server(tmp_path, "--model", "sim")
+    texts = [f"drain-{i}".encode() for i in range(300)]  # three batches: still running at SIGTERM
+    request = pb.ModelInferRequest(
+        model_name="sim",
+        inputs=[pb.ModelInferRequest.InferInputTensor(name="INPUT0", datatype="BYTES", shape=[300])],
+        raw_input_contents=[b"".join(len(t).to_bytes(4, "little") + t for t in texts)],
+    )
+    depth = 'inferd_queue_depth{model="sim",version="1"}'
+    try:
+        with grpc.insecure_channel(server.grpc_target) as channel:
+            future = pb_grpc.GRPCInferenceServiceStub(channel).ModelInfer.future(request, timeout=30)
+            while not future.done() and metric(server, depth) == 0:  # its items are queued
+                time.sleep(0.002)
+            assert not future.done()  # a batch or more of its work is left
+            server.proc.send_signal(signal.SIGTERM)
+            answer = future.result()
+        got = [answer.raw_output_contents[0][4 + 36 * i : 36 * (i + 1)].decode() for i in range(300)]
+        assert got == [sim_digest("sim", 1, t) for t in texts]
+    finally:
+        assert server.stop() in (0, -15), server.log()
+    assert "gRPC API stopped" in server.log()
