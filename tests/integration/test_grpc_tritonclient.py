@@ -1,6 +1,7 @@
 """tritonclient's gRPC client, sync and asyncio, against a real `inferd serve` (the sim and scale models
 of examples/model_repo): the checks the REST suite makes, over Triton's GRPCInferenceService; and with
-tenants configured, keys and quotas (a raw grpc stub reads the trailers); and TLS. Three servers in all."""
+tenants configured, keys and quotas (a raw grpc stub reads the trailers); TLS; and SIGTERM with a call in
+flight. Four servers in all: two shared by the module's tests, one each for TLS and shutdown."""
 
 from __future__ import annotations
 
