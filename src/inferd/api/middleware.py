@@ -15,6 +15,7 @@ routes from the path, OpenAI routes from the body), so accounting counts every r
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import random
 from collections.abc import Callable
@@ -38,6 +39,24 @@ def record_stream_error(call: Call, exc: ServingError) -> None:
     call.outcome = status_of(exc)[1]
 
 
+def refused(call: Call, exc: ServingError) -> int:
+    """The call ends with `exc`: its outcome (and, for a refusal, the reason accounting counts) recorded
+    on the call; returns the error's HTTP status (an edge's error layer: this one, grpc_edge/errors.py)."""
+    status, call.outcome = status_of(exc)
+    if isinstance(exc, Overloaded) or status == 429:
+        call.notes["rejected"] = getattr(exc, "reason", "rate_limited")
+    return status
+
+
+def internal(call: Call, exc: Exception) -> Internal:
+    """An unexpected error, logged with its traceback under an id; the caller gets the id, never the
+    traceback."""
+    error_id = f"{id(exc):x}"
+    log.exception("internal error %s on %s %s", error_id, call.method, call.target)
+    call.outcome = "internal"
+    return Internal(f"internal error (id {error_id})")
+
+
 class Errors:
     """Errors become responses: a ServingError gets its status and the route's error body; a client that
     went away gets 499; anything else a 500 with an id the caller can quote (never a traceback)."""
@@ -49,18 +68,13 @@ class Errors:
         try:
             return await self.inner(call, request)
         except ServingError as exc:
-            status, call.outcome = status_of(exc)
-            if isinstance(exc, Overloaded) or status == 429:
-                call.notes["rejected"] = getattr(exc, "reason", "rate_limited")
+            status = refused(call, exc)
             return json_response(call.error_body(exc, status), status, error_headers(exc))
         except ClientGone:
             call.outcome = "cancelled"
             return HttpResponse(status=499, content_type=None)
         except Exception as exc:
-            error_id = f"{id(exc):x}"
-            log.exception("internal error %s on %s %s", error_id, call.method, call.target)
-            call.outcome = "internal"
-            return json_response(call.error_body(Internal(f"internal error (id {error_id})"), 500), 500)
+            return json_response(call.error_body(internal(call, exc), 500), 500)
 
 
 class Accounting:
@@ -83,7 +97,12 @@ class Accounting:
 
     async def __call__(self, call: Call, request: object) -> Response:
         call.started_at = self.clock.now()
-        response = await self.inner(call, request)
+        try:
+            response = await self.inner(call, request)
+        except asyncio.CancelledError:  # the edge cancelled the call (a gRPC client left): counted, as a 499 is
+            call.outcome = "cancelled"
+            self._count(call)
+            raise
         if response.streamed:
             response.on_close(lambda: self._count(call))
         else:
@@ -95,7 +114,7 @@ class Accounting:
         if rt is None:  # refused before a model was known (bad route, unknown model): no model label
             return
         latency_s = self.clock.now() - call.started_at
-        requests = self.metrics.requests_for(rt.name, rt.version)
+        requests = self.metrics.requests_for(rt.name, rt.version, call.protocol)
         requests.observe(call.outcome, latency_s)
         self.metrics.slo.request(rt.name, call.outcome, call.notes.get("rejected"), latency_s)
         if self.observe is not None:
@@ -159,6 +178,6 @@ class AccessLog:
             "%s %s status=%d outcome=%s model=%s ms=%.2f queue_ms=%s batch_id=%s batch_size=%s "
             "compute_ms=%s attempts=%s",
             *fields.values(),
-            extra={"fields": fields},
+            extra={"fields": {**fields, "protocol": call.protocol}},
         )
         return response
