@@ -144,14 +144,11 @@ def test_bad_bool_and_repeated_inputs_are_refused() -> None:
         llm.read_text_request(empty)
 
 
-def test_text_response_carries_text_output_and_the_final_flag() -> None:
-    response = llm.text_response("r1", "sim-llm", "2", ["a", "bc"], final=True)
+def test_text_response_carries_text_output() -> None:
+    response = llm.text_response("r1", "sim-llm", "2", ["a", "bc"])
     assert (response.id, response.model_name, response.model_version) == ("r1", "sim-llm", "2")
-    assert texts_of(response) == ["a", "bc"]
-    assert response.parameters[llm.FINAL].bool_param is True
-    unary = llm.text_response("", "m", "1", ["x"], final=None)
-    assert llm.FINAL not in unary.parameters
-    empty = llm.text_response("r1", "m", "1", None, final=True)
+    assert texts_of(response) == ["a", "bc"] and not response.parameters
+    empty = llm.text_response("r1", "m", "1", None)
     assert not empty.outputs and not empty.raw_output_contents
 
 
@@ -159,11 +156,11 @@ def test_streamed_pieces_end_with_one_final_response() -> None:
     text = llm.read_text_request(raw_request(text_input="say", stream=True, exclude_input_in_output=False))
     responses = llm.PieceResponses("r9", "sim-llm", "1", text)
     first = responses.piece(0, " one", None)
-    assert first is not None and texts_of(first) == ["say one"]  # the prompt goes before the first piece
-    assert first.parameters[llm.FINAL].bool_param is False
+    assert first is not None and texts_of(first[0]) == ["say one"] and not first[1]  # the prompt first
+    assert first[0].id == "r9"
     assert responses.piece(0, "", None) is None  # no text, not the end: nothing to send
     last = responses.piece(0, " two", "length")
-    assert last is not None and texts_of(last) == [" two"] and last.parameters[llm.FINAL].bool_param
+    assert last is not None and texts_of(last[0]) == [" two"] and last[1]
     assert responses.ended and responses.last() is None
 
 
@@ -172,9 +169,9 @@ def test_several_choices_end_when_the_last_one_does() -> None:
     text = llm.read_text_request(raw_request(text_input="p", stream=True, sampling_parameters=sampling))
     responses = llm.PieceResponses("r", "m", "1", text)
     one = responses.piece(1, "b", "stop")
-    assert one is not None and texts_of(one) == ["", "b"] and not one.parameters[llm.FINAL].bool_param
+    assert one is not None and texts_of(one[0]) == ["", "b"] and not one[1]
     final = responses.piece(0, "", "length")  # the end, with no text: a final response without outputs
-    assert final is not None and not final.outputs and final.parameters[llm.FINAL].bool_param
+    assert final is not None and not final[0].outputs and final[1]
     assert responses.last() is None
 
 
@@ -182,5 +179,5 @@ def test_a_stream_that_ends_without_a_finish_still_gets_its_final_response() -> 
     text = llm.read_text_request(raw_request(text_input="p", stream=True))
     responses = llm.PieceResponses("r", "m", "1", text)
     final = responses.last()
-    assert final is not None and final.id == "r" and final.parameters[llm.FINAL].bool_param
+    assert final is not None and final[0].id == "r" and not final[0].outputs and final[1]
     assert responses.last() is None

@@ -12,7 +12,7 @@ import grpc
 import pytest
 
 from inferd.grpc_edge.protos import grpc_service_pb2 as pb
-from inferd.grpc_edge.stream import Response, StreamRequests, error_response
+from inferd.grpc_edge.stream import FINAL, Response, StreamRequests, error_response
 
 
 def answered(request: pb.ModelInferRequest, text: str = "") -> pb.ModelStreamInferResponse:
@@ -115,6 +115,7 @@ async def test_a_request_past_the_bound_is_refused_at_once_and_its_room_comes_ba
     await fakes.until_written(1)
     (refused,) = fakes.written
     assert refused.infer_response.id == "c" and stream.in_flight == 2
+    assert refused.infer_response.parameters[FINAL].bool_param
     message = refused.error_message
     assert message.startswith("[StatusCode.RESOURCE_EXHAUSTED] the stream has 2 requests in flight")
     assert "grpc_stream_max_in_flight" in message and message.endswith("(request 'c')")
@@ -145,6 +146,7 @@ async def test_the_room_is_free_once_the_last_response_is_made_before_it_is_writ
     requests.close()
     await run
     assert seen == [1, 1, 0] and len(fakes.written) == 3
+    assert [r.infer_response.parameters[FINAL].bool_param for r in fakes.written] == [False, False, True]
 
 
 async def test_an_answer_that_raises_is_an_internal_error_and_the_stream_goes_on() -> None:

@@ -20,9 +20,9 @@ ignore OpenAI fields they do not implement; any other key is refused naming it, 
 values are then checked as on REST (`GenerationRequest.checked`: the same messages).
 
 Answers: `text_output` BYTES of shape [n] (one element per choice) in `raw_output_contents`. Streamed,
-each piece is one response whose other choices' elements are empty; every response of a stream carries
-`parameters.triton_final_response` (false, then true on the last one, which carries no outputs when it
-carries no text), which tritonclient's `enable_empty_final_response` relies on.
+each piece is one response whose other choices' elements are empty; the one that ends the last choice
+is the request's last (grpc_edge/stream.py marks it `triton_final_response`), and carries no outputs
+when it carries no text.
 """
 
 from __future__ import annotations
@@ -44,8 +44,6 @@ STREAM = "stream"
 SAMPLING = "sampling_parameters"
 EXCLUDE_INPUT = "exclude_input_in_output"
 TEXT_OUTPUT = "text_output"
-FINAL = "triton_final_response"
-"""The response parameter that marks a request's last response (Triton's decoupled models)."""
 
 INPUTS = {TEXT_INPUT: "BYTES", STREAM: "BOOL", SAMPLING: "BYTES", EXCLUDE_INPUT: "BOOL"}
 """Every input an LLM model takes over gRPC, with its datatype (grpc_edge's ModelConfig declares them)."""
@@ -236,11 +234,8 @@ def _stops(value: object) -> tuple[str, ...]:
     raise BadRequest(f"{SAMPLING}: stop must be a string or a list of strings, got {value!r}")
 
 
-def text_response(
-    request_id: str, model: str, version: str, texts: Sequence[str] | None, final: bool | None
-) -> pb.ModelInferResponse:
-    """A response carrying `texts` (one per choice) as `text_output`, or no outputs (None); `final`: the
-    triton_final_response parameter (None: none, as a unary answer has)."""
+def text_response(request_id: str, model: str, version: str, texts: Sequence[str] | None) -> pb.ModelInferResponse:
+    """A response carrying `texts` (one per choice) as `text_output`, or no outputs (None)."""
     response = pb.ModelInferResponse(model_name=model, model_version=version, id=request_id)
     if texts is not None:
         out = response.outputs.add()
@@ -248,9 +243,11 @@ def text_response(
         out.datatype = "BYTES"
         out.shape.append(len(texts))
         response.raw_output_contents.append(binary.encode_bytes_elements([t.encode() for t in texts]))
-    if final is not None:
-        response.parameters[FINAL].bool_param = final
     return response
+
+
+Piece = tuple[pb.ModelInferResponse, bool]
+"""A streamed request's response, and whether it is its last."""
 
 
 class PieceResponses:
@@ -270,7 +267,7 @@ class PieceResponses:
         self.ended = False
         """Whether the final response has been made."""
 
-    def piece(self, choice: int, text: str, finish: str | None) -> pb.ModelInferResponse | None:
+    def piece(self, choice: int, text: str, finish: str | None) -> Piece | None:
         """The piece's response (None: a piece with no text that ends no request)."""
         if finish is not None:
             self._left -= 1
@@ -285,14 +282,14 @@ class PieceResponses:
         if text:
             texts = [""] * self._n
             texts[choice] = text
-        return text_response(self._request_id, self._model, self._version, texts, final)
+        return text_response(self._request_id, self._model, self._version, texts), final
 
-    def last(self) -> pb.ModelInferResponse | None:
+    def last(self) -> Piece | None:
         """The final response if no piece has made it (None: it has been made)."""
         if self.ended:
             return None
         self.ended = True
-        return text_response(self._request_id, self._model, self._version, None, True)
+        return text_response(self._request_id, self._model, self._version, None), True
 
 
 def whole_texts(text: TextRequest, texts: Sequence[str]) -> list[str]:

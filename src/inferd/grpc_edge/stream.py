@@ -7,6 +7,7 @@
               unary call (its own Call): one response, or one per text piece for a streamed LLM request
     write     every response, one at a time (a stream's writes never overlap)
 
+Every response carries `parameters.triton_final_response`: false, then true on its request's last one.
 A request leaves the count when its last response is made, before it is written, so a client that sends
 its next request once it has read an answer always finds the room it freed.
 
@@ -36,6 +37,10 @@ from inferd.grpc_edge.protos import grpc_service_pb2 as pb
 
 log = logging.getLogger("inferd.grpc")
 
+FINAL = "triton_final_response"
+"""The parameter of every response of a stream that says whether it is its request's last (Triton's;
+tritonclient's `enable_empty_final_response` relies on it)."""
+
 Response = tuple[pb.ModelStreamInferResponse, bool]
 """A response of a request, and whether it is the request's last."""
 Answer = Callable[[pb.ModelInferRequest], AsyncIterator[Response]]
@@ -57,6 +62,7 @@ def error_response(
     answer.id = request.id
     answer.model_name = request.model_name
     answer.model_version = request.model_version
+    answer.parameters[FINAL].bool_param = True  # an error is its request's last response
     for name, value in metadata:
         answer.parameters[name].string_param = value
     return response
@@ -119,6 +125,7 @@ class StreamRequests:
                         error_id = f"{id(exc):x}"
                         log.exception("internal error %s on a stream's request %r", error_id, request.id)
                         response, last = _internal(request, f"internal error (id {error_id})"), True
+                    response.infer_response.parameters[FINAL].bool_param = last
                     if last:  # the room is free before the client can read the answer
                         counted = False
                         self._in_flight -= 1
