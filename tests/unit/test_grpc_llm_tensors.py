@@ -79,8 +79,10 @@ def test_typed_contents_are_read_as_raw_ones() -> None:
 @pytest.mark.parametrize(
     ("params", "message"),
     [
-        ("{not json", "input 'sampling_parameters' is not JSON"),
-        ("[1, 2]", "must be a JSON object, got list"),
+        ("{not json", "input 'sampling_parameters': malformed JSON"),
+        ("[1, 2]", "input 'sampling_parameters': invalid value: Expected `object`, got `array`"),
+        ("", "input 'sampling_parameters' is empty"),
+        ('{"a": ' + "[" * 10_000, "input 'sampling_parameters': JSON is nested too deeply"),
         ('{"temprature": 0.1, "zeta": 1}', "unknown keys ['temprature', 'zeta']"),
         ('{"max_tokens": "ten"}', "max_tokens must be an integer, got 'ten'"),
         ('{"max_tokens": 1.5}', "max_tokens must be an integer, got 1.5"),

@@ -245,14 +245,9 @@ class _TextCall:
             answer = (choices, _usage(done.prompt_tokens, done.completion_tokens), done.worker_id)
             return answer, len(_encoder.encode(answer))
 
-        req = self.req
-        if self.rt.config.cache.enabled and (
-            req.temperature == 0 or (req.seed is not None and req.seed >= 0)
-        ):
-            g, r = self.sampling, self.request  # what changes the text; never the deadline or priority
-            canonical = (self.object, r.prompt, r.max_tokens, g.seed, g.temperature, g.top_p, g.ignore_eos)
-            canonical += (req.n, self.stops)
-            answer, _ = await api.cache.answer(self.call, self.rt, canonical, compute)
+        key = generation.cache_key(self.request) if self.rt.config.cache.enabled else None
+        if key is not None:
+            answer, _ = await api.cache.answer(self.call, self.rt, (self.object, *key), compute)
         else:
             answer, _ = await compute()
         choices, usage, worker = answer

@@ -4,6 +4,8 @@ to the model's LlmService (kinds/llm/service.py).
 
 Deadlines: text generation has none by default (a model's default_timeout_ms would cut long answers
 short); the caller's (`call.timeout_ms`, in (0, max_timeout_ms]) applies.
+Cache: a whole answer whose text is deterministic (temperature 0, or a seed) may come from the model's
+response cache (`cache_key`).
 Quotas: a limited tenant's call reserves its tokens (prompt + n x max_tokens) before anything is
 submitted, and is refunded what its choices did not use (gateway/quota_layer.py `reserve_tokens`).
 """
@@ -11,6 +13,7 @@ submitted, and is refunded what its choices did not use (gateway/quota_layer.py 
 from __future__ import annotations
 
 from functools import partial
+from typing import Any
 
 from inferd.api.http import request_deadline
 from inferd.clock import Clock
@@ -50,6 +53,15 @@ async def collect(rt: LLMRuntime, request: GenerationRequest, call: Call) -> Com
         reserve=token_reserve(call),
         gone=call.departure.watch,
     )
+
+
+def cache_key(request: GenerationRequest) -> tuple[Any, ...] | None:
+    """What decides a whole answer's text, for the response cache (never the deadline or priority);
+    None when the text is not deterministic (a temperature above 0 without a seed): not cached."""
+    if not (request.temperature == 0 or (request.seed is not None and request.seed >= 0)):
+        return None
+    g = request.checked()
+    return (request.prompt, request.max_tokens, g.seed, g.temperature, g.top_p, g.ignore_eos, request.n, request.stops)
 
 
 def token_reserve(call: Call) -> Reserve | None:

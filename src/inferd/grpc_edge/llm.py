@@ -27,14 +27,16 @@ when it carries no text.
 
 from __future__ import annotations
 
-import json
 import math
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import msgspec
+
 from inferd.api import binary
+from inferd.api.http import decode_json
 from inferd.errors import BadRequest
 from inferd.grpc_edge.protos import grpc_service_pb2 as pb
 from inferd.kinds.llm.service import GenerationRequest
@@ -82,6 +84,9 @@ IGNORED = frozenset(
     }
 )
 """vLLM SamplingParams keys accepted and ignored (inferd's engines have no such knob)."""
+
+
+_sampling = msgspec.json.Decoder(dict[str, Any])
 
 
 @dataclass(frozen=True, slots=True)
@@ -171,12 +176,12 @@ def _from_contents(contents: pb.InferTensorContents, datatype: str, name: str) -
 def sampling_parameters(raw: bytes) -> dict[str, Any]:
     """sampling_parameters' JSON as `GenerationRequest` fields: the honored keys converted, vLLM's
     others dropped, any other key refused naming it."""
+    if not raw:
+        raise BadRequest(f"input {SAMPLING!r} is empty: send a JSON object (or leave the input out)")
     try:
-        params = json.loads(raw)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise BadRequest(f"input {SAMPLING!r} is not JSON: {exc}") from None
-    if not isinstance(params, dict):
-        raise BadRequest(f"input {SAMPLING!r} must be a JSON object, got {type(params).__name__}")
+        params = decode_json(_sampling, raw, "value", "")
+    except BadRequest as exc:  # REST's message (malformed, nested too deeply, not an object), named
+        raise BadRequest(f"input {SAMPLING!r}: {exc.message}") from None
     unknown = sorted(k for k in params if k not in HONORED and k not in IGNORED)
     if unknown:
         raise BadRequest(f"{SAMPLING} has unknown keys {unknown}: inferd honors {list(HONORED)}")
