@@ -153,7 +153,7 @@ def _chat_choice(i: int, text: str, finish: str | None) -> dict[str, Any]:
 def text_model(api: ApiContext, call: Call, body: bytes, request: HttpRequest) -> LLMRuntime | UpstreamRuntime:
     """The model the request names: generated here (LLMRuntime) or forwarded (UpstreamRuntime)."""
     name = decode_json(_named, body, "completion request", 'send {"model": ..., ...}').model
-    rt = api.text_model(call, name, request)
+    rt = api.text_model(call, name, request.header)
     if not isinstance(rt, LLMRuntime | UpstreamRuntime):
         raise BadRequest(f"model {name!r} is a {rt.kind} model: it does not generate text")
     return rt

@@ -25,10 +25,12 @@ from inferd.kinds.llm.runtime import LLMRuntime
 from inferd.kinds.llm.service import Choices, Completion, GenerationRequest, Reserve
 
 
-def text_deadline(clock: Clock, config: ModelConfig, call: Call) -> float | None:
-    """The caller's deadline (`call.timeout_ms`); text generation gets no default deadline, so a long
-    answer is never cut short unless the caller asks."""
-    return request_deadline(clock, config.max_timeout_ms, None, call.timeout_ms, None)
+def text_deadline(clock: Clock, config: ModelConfig, call: Call, timeout_us: float | None = None) -> float | None:
+    """The caller's deadline: the smallest of `call.timeout_ms` (X-Request-Timeout-Ms), `timeout_us` (a
+    request's own, OIP's parameters.timeout) and `call.deadline` (the one its wire carries, gRPC's);
+    text generation gets no default deadline, so a long answer is never cut short unless the caller
+    asks."""
+    return request_deadline(clock, config.max_timeout_ms, timeout_us, call.timeout_ms, None, call.deadline)
 
 
 async def generate(rt: LLMRuntime, request: GenerationRequest, call: Call) -> Choices:
