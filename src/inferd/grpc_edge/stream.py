@@ -33,7 +33,12 @@ from contextlib import aclosing
 
 import grpc
 
+from inferd.api.middleware import internal
+from inferd.core.call import Call
+from inferd.errors import ServingError
+from inferd.grpc_edge.errors import code_of, error_reply
 from inferd.grpc_edge.protos import grpc_service_pb2 as pb
+from inferd.grpc_edge.reply import GrpcReply
 
 log = logging.getLogger("inferd.grpc")
 
@@ -80,6 +85,34 @@ def refusal(request: pb.ModelInferRequest, limit: int) -> pb.ModelStreamInferRes
         f"the stream has {limit} requests in flight, its most (grpc_stream_max_in_flight): send this one "
         "again once one of them is answered",
     )
+
+
+async def reply_responses(
+    call: Call, request: pb.ModelInferRequest, reply: GrpcReply
+) -> AsyncIterator[Response]:
+    """A request's reply as the stream's responses: an error reply's error response; a unary reply's
+    one response; a streamed reply's pieces (an LLM's), then, if one fails after the first, its error
+    as the request's last response (the call accounted with that error's outcome). The streamed reply
+    is closed at the end, however it ends (its `on_close` callbacks: accounting, the LLM sequences
+    aborted)."""
+    if reply.code is not None:
+        yield error_response(request, reply.code, reply.details, reply.trailers()), True
+        return
+    if not reply.streamed:
+        yield pb.ModelStreamInferResponse(infer_response=reply.message), True
+        return
+    try:
+        async with aclosing(reply.message) as pieces:
+            try:
+                async for response, last in pieces:
+                    yield pb.ModelStreamInferResponse(infer_response=response), last
+            except ServingError as exc:  # after the first piece: its error ends the request
+                failed = error_reply(call, exc)
+                yield error_response(request, code_of(exc), failed.details, failed.trailers()), True
+            except Exception as exc:
+                yield _internal(request, internal(call, exc).message), True
+    finally:
+        reply.close()
 
 
 class StreamRequests:
