@@ -2,7 +2,8 @@
 `async_stream_infer`, `stop_stream`): many sim requests on one stream answered by id while an earlier
 one still runs; the in-flight bound; sim-llm with Triton's vLLM tensors (text pieces, then a final
 response; the same text as the REST route for the same seed; a whole answer over unary ModelInfer);
-errors as error responses while the stream goes on; and a cancelled stream whose sequences are aborted,
+errors as error responses while the stream goes on (a request's timeout mid-stream among them); a
+limited tenant's token quota; and a cancelled stream whose sequences are aborted,
 with the KV blocks back to 0 and no request left in flight."""
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import pytest
 import tritonclient.grpc as triton
 from tritonclient.utils import InferenceServerException
 
+from inferd.gateway.keys import key_digest, new_key
 from inferd.kinds.llm.sim_llm import sim_llm_tokens
 from inferd.models.sim import sim_digest
 from tests.conftest import ServerProc, start_server
@@ -44,10 +46,10 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProc]:
 class Stream:
     """A tritonclient stream whose callbacks land in a queue: (request id, result, error)."""
 
-    def __init__(self, server: ServerProc) -> None:
+    def __init__(self, server: ServerProc, headers: dict[str, str] | None = None) -> None:
         self.client = triton.InferenceServerClient(server.grpc_target)
         self.answers: queue.Queue[tuple[str | None, Any, InferenceServerException | None]] = queue.Queue()
-        self.client.start_stream(callback=self._got)
+        self.client.start_stream(callback=self._got, headers=headers)
 
     def _got(self, result: Any, error: InferenceServerException | None) -> None:
         rid = result.get_response().id if result is not None else None
@@ -276,3 +278,68 @@ def test_a_cancelled_stream_aborts_its_sequences_and_frees_the_kv_blocks(server:
     until_engine_idle(server)
     assert metric(server, aborted) == aborted_before + 3
     assert metric(server, gone) == gone_before + 3
+
+
+def test_a_request_s_timeout_cuts_its_stream_with_an_error_and_frees_the_kv_blocks(server: ServerProc) -> None:
+    stream = Stream(server)
+    try:
+        inputs = llm_inputs("a story past its time", stream=True, max_tokens=1500)
+        stream.client.async_stream_infer("sim-llm", inputs, request_id="late", timeout=400_000)  # microseconds
+        pieces = []
+        while True:
+            rid, result, error = stream.next()
+            if error is not None:
+                break
+            assert rid == "late" and not is_final(result)
+            pieces.append(text_of(result))
+        message = str(error)
+        assert message.startswith("[StatusCode.DEADLINE_EXCEEDED]") and message.endswith("(request 'late')")
+        words = "".join(p or "" for p in pieces).split()
+        assert 1 <= len(words) < 1500 and words == sim_llm_tokens("a story past its time", None, len(words))
+        # the stream goes on
+        stream.client.async_stream_infer("sim", sim_inputs("after"), request_id="after")
+        rid, result, error = stream.next()
+        assert error is None and rid == "after"
+    finally:
+        stream.close()
+    until_engine_idle(server)
+
+
+TOKENS = new_key()
+CONTEXT = 2048
+"""sim-llm's context length: tokens_per_min may not be lower (the longest request it accepts)."""
+
+
+@pytest.fixture(scope="module")
+def tenant_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProc]:
+    root = tmp_path_factory.mktemp("grpc-stream-tenants")
+    path = root / "inferd.toml"
+    path.write_text(f'[tenants.tok]\napi_key_sha256 = ["{key_digest(TOKENS)}"]\ntokens_per_min = {CONTEXT}\n')
+    s = start_server(root, "--model", "sim-llm", "--config", str(path))
+    yield s
+    assert s.stop() in (0, -15)
+
+
+def test_a_limited_tenant_s_llm_requests_reserve_their_tokens(tenant_server: ServerProc) -> None:
+    stream = Stream(tenant_server, headers={"authorization": f"Bearer {TOKENS}"})
+    try:
+        stream.client.async_stream_infer("sim-llm", llm_inputs("hi", max_tokens=200), request_id="small")
+        rid, _, error = stream.next()
+        assert error is None and rid == "small"
+        # 1 + 200 tokens used (6 s of the bucket's refill): the next one's 1 + 2047 no longer fit
+        stream.client.async_stream_infer("sim-llm", llm_inputs("hi", max_tokens=CONTEXT - 1), request_id="big")
+        _, _, error = stream.next()
+        assert error is not None and str(error).startswith("[StatusCode.RESOURCE_EXHAUSTED]")
+        assert "tokens" in str(error) and str(error).endswith("(request 'big')")
+    finally:
+        stream.close()
+    client = triton.InferenceServerClient(tenant_server.grpc_target)
+    try:
+        with pytest.raises(InferenceServerException) as err:
+            client.infer("sim-llm", llm_inputs("hi", max_tokens=CONTEXT - 1), headers={"x-api-key": TOKENS})
+        assert err.value.status() == "StatusCode.RESOURCE_EXHAUSTED" and "tokens" in str(err.value)
+        with pytest.raises(InferenceServerException) as err:
+            client.infer("sim-llm", llm_inputs("hi", max_tokens=2))  # no key
+        assert err.value.status() == "StatusCode.UNAUTHENTICATED"
+    finally:
+        client.close()

@@ -183,6 +183,7 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         the call's metadata or deadline is refused)."""
         keys = self.enforced()
         call = grpc_call(context, metadata, SERVICE + method, request.model_name, request.model_version, keys)
+        call.reserves_tokens = self._generates_text(request.model_name)  # a token quota's admission
         try:
             read_hints(call, metadata, context, self.clock, keys)
         except ServingError as exc:
