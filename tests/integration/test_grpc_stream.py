@@ -34,7 +34,13 @@ LIMIT = 4
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProc]:
     root = tmp_path_factory.mktemp("grpc-stream")
     repo = root / "repo"
-    for name, toml in {"sim": 'builtin = "sim"\n', "sim-llm": 'builtin = "sim-llm"\n'}.items():
+    models = {
+        "sim": 'builtin = "sim"\n',
+        "sim-llm": 'builtin = "sim-llm"\n',
+        # one item a batch, 300 ms each: a stream's requests wait in its queue
+        "slow": 'builtin = "sim"\nmax_batch_size = 1\nmax_wait_ms = 0\n[params]\nbase_ms = 300\n',
+    }
+    for name, toml in models.items():
         (repo / name).mkdir(parents=True)
         (repo / name / "model.toml").write_text(toml)
     (root / "inferd.toml").write_text(f"[server]\ngrpc_stream_max_in_flight = {LIMIT}\n")
@@ -94,12 +100,19 @@ def is_final(result: Any) -> bool:
     return result.get_response().parameters["triton_final_response"].bool_param
 
 
-def metric(server: ServerProc, name: str) -> float:
+def metric_or(server: ServerProc, name: str, absent: float | None) -> float:
+    """A sample's value; `absent` when the series does not exist yet (None: that fails the test)."""
     with urllib.request.urlopen(f"{server.url}/metrics", timeout=5) as r:
         text = r.read().decode()
     found = re.search(rf"^{re.escape(name)} ([0-9.e+-]+)$", text, re.M)
+    if found is None and absent is not None:
+        return absent
     assert found, f"{name} not in /metrics"
     return float(found.group(1))
+
+
+def metric(server: ServerProc, name: str) -> float:
+    return metric_or(server, name, None)
 
 
 def llm_engine(server: ServerProc) -> tuple[float, float, float]:
@@ -255,8 +268,10 @@ def test_errors_are_error_responses_and_the_stream_goes_on(server: ServerProc) -
 def test_a_cancelled_stream_aborts_its_sequences_and_frees_the_kv_blocks(server: ServerProc) -> None:
     aborted = 'inferd_llm_sequences_ended_total{model="sim-llm",outcome="aborted",version="1"}'
     gone = 'inferd_llm_client_aborts_total{model="sim-llm",version="1"}'
+    cancelled = 'inferd_requests_total{model="sim-llm",outcome="cancelled",protocol="grpc",version="1"}'
     until_engine_idle(server)
     aborted_before, gone_before = metric(server, aborted), metric(server, gone)
+    cancelled_before = metric_or(server, cancelled, 0.0)
     stream = Stream(server)
     try:
         stream.client.async_stream_infer(
@@ -278,6 +293,33 @@ def test_a_cancelled_stream_aborts_its_sequences_and_frees_the_kv_blocks(server:
     until_engine_idle(server)
     assert metric(server, aborted) == aborted_before + 3
     assert metric(server, gone) == gone_before + 3
+    assert metric(server, cancelled) >= cancelled_before + 1  # the streamed one, cut before its end
+
+
+def test_a_cancelled_stream_withdraws_its_queued_items(server: ServerProc) -> None:
+    depth = 'inferd_queue_depth{model="slow",version="1"}'
+    inflight = 'inferd_inflight_batches{model="slow",version="1"}'
+    ran = 'inferd_batch_executions_total{model="slow",outcome="ok",version="1"}'
+    ran_before = metric_or(server, ran, 0.0)
+    stream = Stream(server)
+    try:
+        for i in range(LIMIT):
+            stream.client.async_stream_infer("slow", sim_inputs(f"queued {i}"), request_id=f"q{i}")
+        for _ in range(200):  # the worker has its batches, the rest wait in the front end's queue
+            if metric(server, depth) > 0 and metric(server, inflight) > 0:
+                break
+            time.sleep(0.01)
+        assert metric(server, depth) > 0 and stream.answers.empty()
+    finally:
+        stream.close(cancel=True)
+    for _ in range(300):  # the queue empties at once; the batches the worker had end
+        if metric(server, depth) == 0 and metric(server, inflight) == 0:
+            break
+        time.sleep(0.01)
+    assert metric(server, depth) == 0 and metric(server, inflight) == 0
+    ran_after = metric_or(server, ran, 0.0)
+    assert ran_after < ran_before + LIMIT, "items of the cancelled stream ran after it went away"
+    assert metric(server, depth) == 0 and metric(server, inflight) == 0 and metric_or(server, ran, 0.0) == ran_after
 
 
 def test_a_request_s_timeout_cuts_its_stream_with_an_error_and_frees_the_kv_blocks(server: ServerProc) -> None:

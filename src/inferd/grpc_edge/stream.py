@@ -92,26 +92,32 @@ async def reply_responses(
 ) -> AsyncIterator[Response]:
     """A request's reply as the stream's responses: an error reply's error response; a unary reply's
     one response; a streamed reply's pieces (an LLM's), then, if one fails after the first, its error
-    as the request's last response (the call accounted with that error's outcome). The streamed reply
-    is closed at the end, however it ends (its `on_close` callbacks: accounting, the LLM sequences
-    aborted)."""
+    as the request's last response (the call accounted with that error's outcome; "cancelled" when the
+    stream ends first). The streamed reply is closed at the end, however it ends (its `on_close`
+    callbacks: accounting, the LLM sequences aborted)."""
     if reply.code is not None:
         yield error_response(request, reply.code, reply.details, reply.trailers()), True
         return
     if not reply.streamed:
         yield pb.ModelStreamInferResponse(infer_response=reply.message), True
         return
+    ended = False
     try:
         async with aclosing(reply.message) as pieces:
             try:
                 async for response, last in pieces:
+                    ended = last
                     yield pb.ModelStreamInferResponse(infer_response=response), last
             except ServingError as exc:  # after the first piece: its error ends the request
+                ended = True
                 failed = error_reply(call, exc)
                 yield error_response(request, code_of(exc), failed.details, failed.trailers()), True
             except Exception as exc:
+                ended = True
                 yield _internal(request, internal(call, exc).message), True
     finally:
+        if not ended:  # the stream was cancelled before the request's last response
+            call.outcome = "cancelled"
         reply.close()
 
 
