@@ -156,7 +156,7 @@ def test_text_response_carries_text_output() -> None:
 
 def test_streamed_pieces_end_with_one_final_response() -> None:
     text = llm.read_text_request(raw_request(text_input="say", stream=True, exclude_input_in_output=False))
-    responses = llm.PieceResponses("r9", "sim-llm", "1", text)
+    responses = llm.PieceResponses("r9", "sim-llm", "1", text, empty_final=True)
     first = responses.piece(0, " one", None)
     assert first is not None and texts_of(first[0]) == ["say one"] and not first[1]  # the prompt first
     assert first[0].id == "r9"
@@ -169,7 +169,7 @@ def test_streamed_pieces_end_with_one_final_response() -> None:
 def test_several_choices_end_when_the_last_one_does() -> None:
     sampling = json.dumps({"n": 2})
     text = llm.read_text_request(raw_request(text_input="p", stream=True, sampling_parameters=sampling))
-    responses = llm.PieceResponses("r", "m", "1", text)
+    responses = llm.PieceResponses("r", "m", "1", text, empty_final=True)
     one = responses.piece(1, "b", "stop")
     assert one is not None and texts_of(one[0]) == ["", "b"] and not one[1]
     final = responses.piece(0, "", "length")  # the end, with no text: a final response without outputs
@@ -179,7 +179,20 @@ def test_several_choices_end_when_the_last_one_does() -> None:
 
 def test_a_stream_that_ends_without_a_finish_still_gets_its_final_response() -> None:
     text = llm.read_text_request(raw_request(text_input="p", stream=True))
-    responses = llm.PieceResponses("r", "m", "1", text)
+    responses = llm.PieceResponses("r", "m", "1", text, empty_final=True)
     final = responses.last()
     assert final is not None and final[0].id == "r" and not final[0].outputs and final[1]
     assert responses.last() is None
+
+
+def test_a_final_response_without_text_has_empty_texts_unless_the_client_takes_empty_ones() -> None:
+    sampling = json.dumps({"n": 2})
+    text = llm.read_text_request(raw_request(text_input="p", stream=True, sampling_parameters=sampling))
+    responses = llm.PieceResponses("r", "m", "1", text, empty_final=False)
+    assert responses.piece(0, "", "stop") is None
+    final = responses.piece(1, "", "length")
+    assert final is not None and texts_of(final[0]) == ["", ""] and final[1]
+    request = raw_request(text_input="p")
+    assert not llm.empty_final(request)
+    request.parameters["triton_enable_empty_final_response"].bool_param = True
+    assert llm.empty_final(request)
