@@ -5,6 +5,7 @@ tenants configured, keys and quotas (a raw grpc stub reads the trailers). Two se
 from __future__ import annotations
 
 import re
+import time
 import urllib.request
 from collections.abc import Iterator
 
@@ -282,3 +283,40 @@ def test_a_tenant_over_its_rate_is_resource_exhausted_with_retry_after(keyed: Se
     assert float(refused["x-inferd-retry-after-ms"]) > 0
     assert "x-ratelimit-limit-requests" in refused
     assert refused["x-request-id"]
+
+
+def metric(server: ServerProc, series: str) -> float:
+    with urllib.request.urlopen(f"{server.url}/metrics", timeout=10) as r:
+        text = r.read().decode()
+    found = re.search(rf"^{re.escape(series)} (\S+)$", text, re.M)
+    return float(found.group(1)) if found else 0.0
+
+
+def test_a_cancelled_call_is_withdrawn_and_counted_cancelled(server: ServerProc) -> None:
+    cancelled = 'inferd_requests_total{model="sim",outcome="cancelled",protocol="grpc",version="1"}'
+    depth = 'inferd_queue_depth{model="sim",version="1"}'
+    cut = 'inferd_batch_size_sum{model="sim",version="1"}'  # items put in batches
+    before = metric(server, cancelled)
+    texts = [f"gone-{i}".encode() for i in range(400)]  # four batches of 100: the last wait while one runs
+    request = pb.ModelInferRequest(
+        model_name="sim",
+        inputs=[pb.ModelInferRequest.InferInputTensor(name="INPUT0", datatype="BYTES", shape=[400])],
+        raw_input_contents=[b"".join(len(t).to_bytes(4, "little") + t for t in texts)],
+    )
+    with grpc.insecure_channel(server.grpc_target) as channel:
+        stub = pb_grpc.GRPCInferenceServiceStub(channel)
+        for _ in range(5):  # cancelled while its items wait (a try that ends first is tried again)
+            cut_before = metric(server, cut)
+            future = stub.ModelInfer.future(request, timeout=30)
+            while not future.done() and metric(server, depth) == 0:
+                time.sleep(0.002)
+            if future.cancel():
+                break
+        assert future.cancelled()
+        deadline = time.monotonic() + 10
+        while metric(server, cancelled) == before and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert metric(server, cancelled) == before + 1
+        assert stub.ModelInfer(sim_request(b"next"), timeout=10).model_name == "sim"
+        assert metric(server, depth) == 0
+        assert metric(server, cut) - cut_before < 400 + 1  # its waiting items were withdrawn, never run
