@@ -293,14 +293,15 @@ def test_a_cancelled_stream_aborts_its_sequences_and_frees_the_kv_blocks(server:
     until_engine_idle(server)
     assert metric(server, aborted) == aborted_before + 3
     assert metric(server, gone) == gone_before + 3
-    assert metric(server, cancelled) >= cancelled_before + 1  # the streamed one, cut before its end
+    assert metric(server, cancelled) == cancelled_before + 2  # both requests, cut before their end
 
 
 def test_a_cancelled_stream_withdraws_its_queued_items(server: ServerProc) -> None:
     depth = 'inferd_queue_depth{model="slow",version="1"}'
     inflight = 'inferd_inflight_batches{model="slow",version="1"}'
     ran = 'inferd_batch_executions_total{model="slow",outcome="ok",version="1"}'
-    ran_before = metric_or(server, ran, 0.0)
+    cancelled = 'inferd_requests_total{model="slow",outcome="cancelled",protocol="grpc",version="1"}'
+    ran_before, cancelled_before = metric_or(server, ran, 0.0), metric_or(server, cancelled, 0.0)
     stream = Stream(server)
     try:
         for i in range(LIMIT):
@@ -320,6 +321,7 @@ def test_a_cancelled_stream_withdraws_its_queued_items(server: ServerProc) -> No
     ran_after = metric_or(server, ran, 0.0)
     assert ran_after < ran_before + LIMIT, "items of the cancelled stream ran after it went away"
     assert metric(server, depth) == 0 and metric(server, inflight) == 0 and metric_or(server, ran, 0.0) == ran_after
+    assert metric(server, cancelled) == cancelled_before + LIMIT  # every request of the stream, as 499s are
 
 
 def test_a_request_s_timeout_cuts_its_stream_with_an_error_and_frees_the_kv_blocks(server: ServerProc) -> None:

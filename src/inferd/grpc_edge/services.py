@@ -25,7 +25,7 @@ from inferd.api.oip_metadata import model_metadata
 from inferd.core.call import Call, Handler, Layer, chain
 from inferd.errors import NotFound, ServingError
 from inferd.gateway.auth import check_model
-from inferd.grpc_edge.calls import SERVICE, RpcDeparture, RpcMetadata, grpc_call, read_hints
+from inferd.grpc_edge.calls import SERVICE, RpcMetadata, grpc_call, read_hints
 from inferd.grpc_edge.codec import GrpcOip, encode_response
 from inferd.grpc_edge.model_config import model_config, model_statistics
 from inferd.grpc_edge.protos import grpc_service_pb2 as pb
@@ -177,17 +177,16 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
 
     async def ModelStreamInfer(self, request_iterator: AsyncIterator[pb.ModelInferRequest], context: Context) -> None:
         """Many requests on one stream, each through the chain as a ModelInfer call (grpc_edge/stream.py);
-        one departure for all of them: the stream's cancellation."""
+        the stream's cancellation cancels every one's task."""
         metadata = RpcMetadata(context.invocation_metadata())
-        answer = partial(self._stream_request, context, metadata, RpcDeparture(context))
+        answer = partial(self._stream_request, context, metadata)
         limit = self.server.config.grpc_stream_max_in_flight
         await StreamRequests(limit, answer, context.write).run(request_iterator)
 
     async def _stream_request(
-        self, context: Context, metadata: RpcMetadata, departure: RpcDeparture, request: pb.ModelInferRequest
+        self, context: Context, metadata: RpcMetadata, request: pb.ModelInferRequest
     ) -> AsyncIterator[Response]:
         call, run = self._infer_call(context, metadata, "ModelStreamInfer", request, self._stream_infer)
-        call.departure = departure
         reply = await run(call, InferRpc(request, metadata))
         async with aclosing(reply_responses(call, request, reply)) as responses:
             async for response in responses:
