@@ -1,7 +1,8 @@
 """ModelStreamInfer through a real `inferd serve`, with tritonclient.grpc's stream (`start_stream`,
 `async_stream_infer`, `stop_stream`): many sim requests on one stream answered by id while an earlier
 one still runs; the in-flight bound; sim-llm with Triton's vLLM tensors (text pieces, then a final
-response; the same text as the REST route for the same seed; a whole answer over unary ModelInfer);
+response; the same text as the REST route for the same seed; a whole answer over unary ModelInfer, from
+the response cache when deterministic);
 errors as error responses while the stream goes on (a request's timeout mid-stream among them); a
 limited tenant's token quota; and a cancelled stream whose sequences are aborted,
 with the KV blocks back to 0 and no request left in flight."""
@@ -16,12 +17,16 @@ import urllib.request
 from collections.abc import Iterator
 from typing import Any
 
+import grpc
 import numpy as np
 import pytest
 import tritonclient.grpc as triton
 from tritonclient.utils import InferenceServerException
 
+from inferd.api.binary import decode_bytes_elements, encode_bytes_elements
 from inferd.gateway.keys import key_digest, new_key
+from inferd.grpc_edge.protos import grpc_service_pb2 as pb
+from inferd.grpc_edge.protos import grpc_service_pb2_grpc as pb_grpc
 from inferd.kinds.llm.sim_llm import sim_llm_tokens
 from inferd.models.sim import sim_digest
 from tests.conftest import ServerProc, start_server
@@ -37,6 +42,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProc]:
     models = {
         "sim": 'builtin = "sim"\n',
         "sim-llm": 'builtin = "sim-llm"\n',
+        "cached-llm": 'builtin = "sim-llm"\ncache = { enabled = true }\n',
         # one item a batch, 300 ms each: a stream's requests wait in its queue
         "slow": 'builtin = "sim"\nmax_batch_size = 1\nmax_wait_ms = 0\n[params]\nbase_ms = 300\n',
     }
@@ -237,6 +243,32 @@ def test_llm_over_unary_model_infer_is_one_whole_answer(server: ServerProc) -> N
         assert err.value.status() == "StatusCode.INVALID_ARGUMENT" and "ModelStreamInfer" in str(err.value)
     finally:
         client.close()
+
+
+def test_a_deterministic_whole_answer_comes_from_the_response_cache(server: ServerProc) -> None:
+    channel = grpc.insecure_channel(server.grpc_target)
+    stub = pb_grpc.GRPCInferenceServiceStub(channel)
+    try:
+        request = pb.ModelInferRequest(model_name="cached-llm", id="c")
+        sampling = json.dumps({"max_tokens": 6, "seed": 4}).encode()
+        for name, value in (("text_input", b"cache me"), ("sampling_parameters", sampling)):
+            request.inputs.add(name=name, datatype="BYTES", shape=[1])
+            request.raw_input_contents.append(encode_bytes_elements([value]))
+        answers, seen = [], []
+        for _ in range(2):
+            response, rpc = stub.ModelInfer.with_call(request, timeout=30)
+            trailers = dict(rpc.trailing_metadata())
+            seen.append(trailers["x-inferd-cache"])
+            answers.append(decode_bytes_elements(memoryview(response.raw_output_contents[0]), 1, "text_output"))
+        assert seen == ["miss", "hit"] and answers[0] == answers[1]
+        assert answers[0] == [("cache me" + " ".join(sim_llm_tokens("cache me", 4, 6))).encode()]
+        request.inputs[1].name = "stream"  # no seed: the text is not deterministic, never cached
+        request.inputs[1].datatype = "BOOL"
+        request.raw_input_contents[1] = b"\x00"
+        _, rpc = stub.ModelInfer.with_call(request, timeout=30)
+        assert dict(rpc.trailing_metadata())["x-inferd-cache"] == "bypass"
+    finally:
+        channel.close()
 
 
 def test_errors_are_error_responses_and_the_stream_goes_on(server: ServerProc) -> None:
