@@ -14,13 +14,14 @@ import queue
 import re
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import grpc
 import numpy as np
 import pytest
 import tritonclient.grpc as triton
+import tritonclient.grpc.aio as triton_aio
 from tritonclient.utils import InferenceServerException
 
 from inferd.api.binary import decode_bytes_elements, encode_bytes_elements
@@ -231,6 +232,32 @@ def test_llm_streams_text_pieces_then_a_final_response_with_rest_s_text(server: 
         assert text_of(whole) == prompt + rest_text
     finally:
         stream.close()
+
+
+async def test_the_asyncio_client_streams_several_llm_requests_on_one_stream(server: ServerProc) -> None:
+    prompts = {f"a{i}": (f"caller {i} says hi", i, 5 + i) for i in range(3)}
+    client = triton_aio.InferenceServerClient(server.grpc_target)
+
+    async def requests() -> AsyncIterator[dict[str, Any]]:
+        for rid, (prompt, seed, n) in prompts.items():
+            inputs = llm_inputs(prompt, stream=True, max_tokens=n, seed=seed)
+            yield {"model_name": "sim-llm", "inputs": inputs, "request_id": rid, "enable_empty_final_response": True}
+
+    texts: dict[str, str] = dict.fromkeys(prompts, "")
+    ended: set[str] = set()
+    try:
+        async for result, error in client.stream_infer(requests()):
+            assert error is None, error
+            rid = result.get_response().id
+            assert rid not in ended
+            texts[rid] += text_of(result) or ""
+            if is_final(result):
+                ended.add(rid)
+            if ended == set(prompts):
+                break
+    finally:
+        await client.close()
+    assert texts == {rid: " ".join(sim_llm_tokens(p, seed, n)) for rid, (p, seed, n) in prompts.items()}
 
 
 def test_llm_over_unary_model_infer_is_one_whole_answer(server: ServerProc) -> None:
