@@ -398,7 +398,7 @@ def test_a_request_s_timeout_cuts_its_stream_with_an_error_and_frees_the_kv_bloc
         message = str(error)
         assert message.startswith("[StatusCode.DEADLINE_EXCEEDED]") and message.endswith("(request 'late')")
         words = "".join(p or "" for p in pieces).split()
-        assert 1 <= len(words) < 1500 and words == sim_llm_tokens("a story past its time", None, len(words))
+        assert len(words) < 1500 and words == sim_llm_tokens("a story past its time", None, len(words))
         # the stream goes on
         stream.client.async_stream_infer("sim", sim_inputs("after"), request_id="after")
         rid, result, error = stream.next()
