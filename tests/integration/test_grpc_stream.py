@@ -15,6 +15,7 @@ import re
 import time
 import urllib.request
 from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -446,3 +447,19 @@ def test_a_limited_tenant_s_llm_requests_reserve_their_tokens(tenant_server: Ser
         assert err.value.status() == "StatusCode.UNAUTHENTICATED"
     finally:
         client.close()
+
+
+def test_a_stopping_server_answers_what_a_stream_sent_then_ends_it(tmp_path: Path) -> None:
+    s = start_server(tmp_path, "--model", "sim-llm")
+    stream = Stream(s)
+    try:
+        inputs = llm_inputs("a story to finish", stream=True, max_tokens=300)
+        stream.client.async_stream_infer("sim-llm", inputs, request_id="open")
+        rid, _, error = stream.next()
+        assert error is None and rid == "open"
+        assert s.stop() == 0  # the open stream holds the shutdown only until its request is answered
+        pieces, _ = read_pieces(stream, "open")
+        assert "".join(pieces).split()[-299:] == sim_llm_tokens("a story to finish", None, 300)[1:]
+        assert stream.answers.empty()
+    finally:
+        stream.close()

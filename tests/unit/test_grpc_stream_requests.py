@@ -51,12 +51,15 @@ class Fakes:
         self.closed: list[str] = []
         self.writing = 0
         self.most_writing = 0
+        self.answering = asyncio.Event()
+        """Set once an answer has begun (its request read and admitted)."""
 
     def hold(self, rid: str) -> None:
         self.release[rid] = asyncio.Event()
 
     async def answer(self, request: pb.ModelInferRequest) -> AsyncIterator[Response]:
         rid = request.id
+        self.answering.set()
         try:
             if rid.startswith("boom"):
                 raise RuntimeError("a defect")
@@ -216,3 +219,42 @@ def test_error_response_names_the_status_the_request_and_its_metadata() -> None:
     assert answer.parameters["retry-after"].string_param == "1"
     anonymous = error_response(pb.ModelInferRequest(), grpc.StatusCode.INTERNAL, "oops")
     assert anonymous.error_message == "[StatusCode.INTERNAL] oops"
+
+
+async def test_a_drained_stream_reads_no_more_and_ends_once_what_it_read_is_answered() -> None:
+    fakes, requests = Fakes(), Requests()
+    fakes.hold("a")
+    stream = StreamRequests(4, fakes.answer, fakes.write)
+    run = asyncio.create_task(stream.run(requests))
+    requests.send("a")
+    await fakes.answering.wait()  # "a" read and admitted; the reader waits for the next request
+    stream.drain()
+    requests.send("late")  # sent after the drain began: never read
+    await asyncio.sleep(0)
+    assert not run.done()  # "a" is still owed its answer
+    fakes.release["a"].set()
+    await run
+    assert fakes.ids() == ["a"] and stream.in_flight == 0 and requests.queue.qsize() == 1
+
+
+async def test_a_drain_while_a_request_is_being_admitted_keeps_that_request() -> None:
+    fakes, requests = Fakes(), Requests()
+    refusals: list[pb.ModelStreamInferResponse] = []
+
+    async def write(response: pb.ModelStreamInferResponse) -> None:
+        if response.error_message:  # the refusal's write: the drain comes while the reader is busy
+            stream.drain()
+            refusals.append(response)
+        await fakes.write(response)
+
+    fakes.hold("a")
+    stream = StreamRequests(1, fakes.answer, write)
+    run = asyncio.create_task(stream.run(requests))
+    requests.send("a")
+    requests.send("b")  # past the bound: refused, and the drain begins during that write
+    requests.send("c")
+    await fakes.until_written(1)
+    fakes.release["a"].set()
+    await run
+    assert [r.infer_response.id for r in refusals] == ["b"] and fakes.ids() == ["b", "a"]
+    assert requests.queue.qsize() == 1  # "c" never read

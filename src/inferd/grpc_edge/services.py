@@ -73,6 +73,8 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         self._statistics = chain(layers, self._model_statistics)
         self._infer = chain(layers, self._model_infer)
         self._stream_infer = chain(layers, partial(self._model_infer, streams=True))
+        self._streams: set[StreamRequests] = set()
+        """The open ModelStreamInfer streams, for `drain_streams`."""
 
     async def _rpc(
         self, context: Context, method: str, run: Handler, request: Any, model: str = "", version: str = ""
@@ -180,8 +182,18 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         the stream's cancellation cancels every one's task."""
         metadata = RpcMetadata(context.invocation_metadata())
         answer = partial(self._stream_request, context, metadata)
-        limit = self.server.config.grpc_stream_max_in_flight
-        await StreamRequests(limit, answer, context.write).run(request_iterator)
+        stream = StreamRequests(self.server.config.grpc_stream_max_in_flight, answer, context.write)
+        self._streams.add(stream)
+        try:
+            await stream.run(request_iterator)
+        finally:
+            self._streams.discard(stream)
+
+    def drain_streams(self) -> None:
+        """The server stops: every open stream reads no more requests and ends once those it read are
+        answered (the edge then gives them its grace)."""
+        for stream in self._streams:
+            stream.drain()
 
     async def _stream_request(
         self, context: Context, metadata: RpcMetadata, request: pb.ModelInferRequest

@@ -1,6 +1,7 @@
 """ModelStreamInfer: many requests on one bidirectional stream, each answered by its id, in any order.
 
-    read      the client's requests, one after the other, as they come
+    read      the client's requests, one after the other, as they come (until it half-closes, or the
+              server stops: `drain`, and the stream ends once what was read is answered)
     admit     at most `limit` (cfg.grpc_stream_max_in_flight) of the stream's requests in flight; past it
               a request is answered at once with an error response (RESOURCE_EXHAUSTED, naming the bound)
     answer    each admitted request in a task of the stream's TaskGroup, through the same chain as a
@@ -125,7 +126,7 @@ class StreamRequests:
     """One stream's requests: each admitted one answered in its own task, at most `limit` at a time;
     the responses written one at a time."""
 
-    __slots__ = ("_answer", "_in_flight", "_limit", "_write", "_writing")
+    __slots__ = ("_answer", "_draining", "_in_flight", "_limit", "_reader", "_write", "_writing")
 
     def __init__(self, limit: int, answer: Answer, write: Write) -> None:
         self._limit = limit
@@ -133,6 +134,9 @@ class StreamRequests:
         self._write = write
         self._writing = asyncio.Lock()
         self._in_flight = 0
+        self._draining = False
+        self._reader: asyncio.Task[None] | None = None
+        """The task reading the client's requests while it waits for one (None: it is not waiting)."""
 
     @property
     def in_flight(self) -> int:
@@ -140,16 +144,33 @@ class StreamRequests:
         return self._in_flight
 
     async def run(self, requests: AsyncIterable[pb.ModelInferRequest]) -> None:
-        """Every request answered: returns once the client has sent its last request and every answer is
-        written. Cancelled, it cancels every request's task (their work withdrawn or aborted) and
-        raises CancelledError."""
+        """Every request answered: returns once the client has sent its last request (or `drain` was
+        called) and every answer is written. Cancelled, it cancels every request's task (their work
+        withdrawn or aborted) and raises CancelledError."""
         async with asyncio.TaskGroup() as tasks:
-            async for request in requests:
-                if self._in_flight >= self._limit:
-                    await self._send(refusal(request, self._limit))
-                    continue
-                self._in_flight += 1
-                tasks.create_task(self._one(request))
+            tasks.create_task(self._read(aiter(requests), tasks))
+
+    def drain(self) -> None:
+        """Read no more requests (the server is stopping): the stream ends once the requests already
+        read are answered."""
+        self._draining = True
+        if self._reader is not None:  # waiting for a request: none is lost by stopping the wait
+            self._reader.cancel()
+
+    async def _read(self, requests: AsyncIterator[pb.ModelInferRequest], tasks: asyncio.TaskGroup) -> None:
+        while not self._draining:
+            self._reader = asyncio.current_task()
+            try:
+                request = await anext(requests)
+            except StopAsyncIteration:
+                return
+            finally:
+                self._reader = None
+            if self._in_flight >= self._limit:
+                await self._send(refusal(request, self._limit))
+                continue
+            self._in_flight += 1
+            tasks.create_task(self._one(request))
 
     async def _one(self, request: pb.ModelInferRequest) -> None:
         counted = True
