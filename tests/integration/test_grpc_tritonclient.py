@@ -1,13 +1,16 @@
 """tritonclient's gRPC client, sync and asyncio, against a real `inferd serve` (the sim and scale models
 of examples/model_repo): the checks the REST suite makes, over Triton's GRPCInferenceService; and with
-tenants configured, keys and quotas (a raw grpc stub reads the trailers). Two servers in all."""
+tenants configured, keys and quotas (a raw grpc stub reads the trailers); and TLS. Three servers in all."""
 
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
 import time
 import urllib.request
 from collections.abc import Iterator
+from pathlib import Path
 
 import grpc
 import numpy as np
@@ -15,6 +18,7 @@ import pytest
 import tritonclient.grpc as tc
 import tritonclient.grpc.aio as tc_aio
 import tritonclient.http as tc_http
+import trustme
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from tritonclient.utils import InferenceServerException
@@ -23,7 +27,7 @@ from inferd.gateway.keys import key_digest, new_key
 from inferd.grpc_edge.protos import grpc_service_pb2 as pb
 from inferd.grpc_edge.protos import grpc_service_pb2_grpc as pb_grpc
 from inferd.models.sim import sim_digest
-from tests.conftest import ROOT, ServerProc, start_server
+from tests.conftest import ROOT, ServerProc, free_port, start_server
 
 ALPHA, LIMITED = new_key(), new_key()
 TENANTS = f"""
@@ -41,7 +45,9 @@ burst = 1
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProc]:
-    s = start_server(tmp_path_factory.mktemp("grpc"), "--model-repo", str(ROOT / "examples" / "model_repo"))
+    root = tmp_path_factory.mktemp("grpc")
+    (root / "inferd.toml").write_text("[models.scale.cache]\nenabled = true\n")  # one response cache for both edges
+    s = start_server(root, "--model-repo", str(ROOT / "examples" / "model_repo"), "--config", str(root / "inferd.toml"))
     yield s
     assert s.stop() in (0, -15)
 
@@ -126,6 +132,15 @@ def test_unknown_model_is_not_found(client: tc.InferenceServerClient) -> None:
     with pytest.raises(InferenceServerException) as err:
         client.is_model_ready("nope")
     assert err.value.status() == "StatusCode.NOT_FOUND"
+
+
+def test_a_version_asked_for_is_served_or_not_found(client: tc.InferenceServerClient) -> None:
+    result = client.infer("sim", [texts_input([b"v1"])], model_version="1")
+    assert result.get_response().model_version == "1"
+    with pytest.raises(InferenceServerException) as err:
+        client.infer("sim", [texts_input([b"v9"])], model_version="9")
+    assert err.value.status() == "StatusCode.NOT_FOUND"
+    assert "9" in err.value.message()
 
 
 def test_a_bad_shape_is_an_invalid_argument_naming_it(client: tc.InferenceServerClient) -> None:
@@ -320,3 +335,57 @@ def test_a_cancelled_call_is_withdrawn_and_counted_cancelled(server: ServerProc)
         assert stub.ModelInfer(sim_request(b"next"), timeout=10).model_name == "sim"
         assert metric(server, depth) == 0
         assert metric(server, cut) - cut_before < 400 + 1  # its waiting items were withdrawn, never run
+
+
+# ---- TLS: the HTTP listener's certificate -------------------------------------------------------------
+def test_grpc_speaks_tls_with_the_https_certificate(tmp_path: Path) -> None:
+    ca = trustme.CA()
+    issued = ca.issue_cert("127.0.0.1", "localhost")
+    ca.cert_pem.write_to_path(tmp_path / "ca.pem")
+    (tmp_path / "cert.pem").write_bytes(b"".join(b.bytes() for b in issued.cert_chain_pems))
+    issued.private_key_pem.write_to_path(tmp_path / "key.pem")
+    port, grpc_port, admin_port = free_port(), free_port(), free_port()
+    proc = subprocess.Popen(
+        [
+            *(sys.executable, "-m", "inferd.cli.main", "serve", "--model", "sim", "--shutdown-grace-s", "0"),
+            *("--port", str(port), "--grpc-port", str(grpc_port), "--admin-port", str(admin_port)),
+            *("--ssl-certfile", str(tmp_path / "cert.pem"), "--ssl-keyfile", str(tmp_path / "key.pem")),
+            *("--data-dir", str(tmp_path / "data")),
+        ],
+        stdout=open(tmp_path / "server.log", "wb"),
+        stderr=subprocess.STDOUT,
+        cwd=ROOT,
+    )
+    server = ServerProc(proc, port, tmp_path / "server.log", admin_port, grpc_port)
+    roots = (tmp_path / "ca.pem").read_bytes()
+    try:
+        with grpc.secure_channel(server.grpc_target, grpc.ssl_channel_credentials(roots)) as channel:
+            health = health_pb2_grpc.HealthStub(channel)
+            request = health_pb2.HealthCheckRequest(service="sim")
+            assert health.Check(request, wait_for_ready=True, timeout=60).status == health_pb2.HealthCheckResponse.SERVING
+        client = tc.InferenceServerClient(server.grpc_target, ssl=True, root_certificates=str(tmp_path / "ca.pem"))
+        result = client.infer("sim", [texts_input([b"over tls"])])
+        assert result.as_numpy("OUTPUT0").tolist() == [sim_digest("sim", 1, "over tls").encode()]
+        client.close()
+        with grpc.insecure_channel(server.grpc_target) as plain:
+            with pytest.raises(grpc.RpcError) as err:
+                health_pb2_grpc.HealthStub(plain).Check(health_pb2.HealthCheckRequest(), timeout=5)
+        assert err.value.code() == grpc.StatusCode.UNAVAILABLE
+    finally:
+        assert server.stop() in (0, -15), server.log()
+
+
+def test_the_response_cache_answers_either_edge_from_the_other(server: ServerProc) -> None:
+    data = np.array([[9.0, 8.0, 7.0, 6.0]], dtype=np.float32)
+    rest = tc_http.InferenceServerClient(server.url.removeprefix("http://"))
+    inp = tc_http.InferInput("INPUT0", [1, 4], "FP32")
+    inp.set_data_from_numpy(data, binary_data=True)
+    outputs = [tc_http.InferRequestedOutput(name, binary_data=True) for name in ("DOUBLED", "SUM")]
+    assert rest.infer("scale", [inp], outputs=outputs).get_response()["parameters"]["cache"] == "miss"
+    rest.close()
+    tensor = pb.ModelInferRequest.InferInputTensor(name="INPUT0", datatype="FP32", shape=[1, 4])
+    request = pb.ModelInferRequest(model_name="scale", inputs=[tensor], raw_input_contents=[data.tobytes()])
+    with grpc.insecure_channel(server.grpc_target) as channel:
+        answer, call = pb_grpc.GRPCInferenceServiceStub(channel).ModelInfer.with_call(request, timeout=10)
+    assert dict(call.trailing_metadata())["x-inferd-cache"] == "hit"
+    assert np.frombuffer(answer.raw_output_contents[0], dtype=np.float32).tolist() == (data * 2).ravel().tolist()

@@ -1,6 +1,6 @@
 """The gRPC edge's pure parts, without a server: the error table and its layer, the reading of a call's
 metadata and deadline, the deadline rule with a wire deadline, the codec's typed contents and answers,
-the reply, and the model config."""
+the reply, the model config, and health."""
 
 from __future__ import annotations
 
@@ -9,12 +9,13 @@ from typing import Any
 import grpc
 import numpy as np
 import pytest
+from grpc_health.v1 import health_pb2
 
 from inferd.api.http import request_deadline
 from inferd.api.oip_answer import Inference
 from inferd.api.oip_tensors import DecodedRequest
 from inferd.clock import FakeClock
-from inferd.config import ModelConfig, TensorSpec
+from inferd.config import ModelConfig, ServerConfig, TensorSpec
 from inferd.core.call import Call
 from inferd.errors import (
     BadRequest,
@@ -32,7 +33,9 @@ from inferd.errors import (
 )
 from inferd.grpc_edge.calls import RpcMetadata, grpc_call, read_hints
 from inferd.grpc_edge.codec import decode_request, encode_response
+from inferd.grpc_edge.edge import server_options
 from inferd.grpc_edge.errors import GrpcErrors, code_of
+from inferd.grpc_edge.health import NOT_SERVING, SERVING, Health
 from inferd.grpc_edge.model_config import model_config
 from inferd.grpc_edge.protos import grpc_service_pb2 as pb
 from inferd.grpc_edge.reply import GrpcReply
@@ -272,3 +275,68 @@ def test_an_llm_is_configured_as_tritons_vllm_backend_decoupled() -> None:
     assert [o.name for o in llm.output] == ["text_output"]
     batch = model_config(rt, "oip")  # type: ignore[arg-type]
     assert batch.max_batch_size == 8 and list(batch.input[0].dims) == [] and not batch.model_transaction_policy.decoupled
+
+
+# ---- health -------------------------------------------------------------------------------------------
+class Registry:
+    def __init__(self, ready: bool) -> None:
+        self.model = type("Rt", (), {"ready": ready})()
+
+    def __contains__(self, name: object) -> bool:
+        return name == "sim"
+
+    def get(self, name: str) -> Any:
+        return self.model
+
+
+class ServerView:
+    def __init__(self) -> None:
+        self.registry = Registry(ready=True)
+        self.shutting_down = False
+
+    @property
+    def ready(self) -> bool:
+        return not self.shutting_down and self.registry.model.ready
+
+
+def test_health_reads_the_server_and_each_model_live() -> None:
+    view = ServerView()
+    health = Health(view)  # type: ignore[arg-type]
+    assert health.status("") == SERVING and health.status("sim") == SERVING
+    assert health.status("nope") is None
+    view.registry.model.ready = False
+    assert health.status("") == NOT_SERVING and health.status("sim") == NOT_SERVING
+    view.registry.model.ready = True
+    view.shutting_down = True  # SIGTERM's grace period: still answering, no longer ready
+    assert health.status("") == NOT_SERVING and health.status("sim") == NOT_SERVING
+
+
+async def test_health_watch_sends_each_change_once() -> None:
+    view = ServerView()
+    health = Health(view, poll_s=0.001)  # type: ignore[arg-type]
+    watch = health.Watch(health_pb2.HealthCheckRequest(service=""), None)  # type: ignore[arg-type]
+    assert (await anext(watch)).status == SERVING
+    view.shutting_down = True
+    assert (await anext(watch)).status == NOT_SERVING
+    await watch.aclose()
+    unknown = health.Watch(health_pb2.HealthCheckRequest(service="nope"), None)  # type: ignore[arg-type]
+    assert (await anext(unknown)).status == health_pb2.HealthCheckResponse.SERVICE_UNKNOWN
+    await unknown.aclose()
+
+
+# ---- the listener's options ---------------------------------------------------------------------------
+def test_the_listener_options_follow_the_settings() -> None:
+    plain = dict(server_options(ServerConfig(max_body_bytes=1 << 20), reuseport=False))
+    assert plain["grpc.max_receive_message_length"] == 1 << 20  # max_body_bytes when unset
+    assert plain["grpc.so_reuseport"] == 0 and "grpc.max_connection_age_ms" not in plain
+    assert (plain["grpc.keepalive_time_ms"], plain["grpc.keepalive_timeout_ms"]) == (60_000, 20_000)
+    cfg = ServerConfig(
+        grpc_max_message_bytes=4096,
+        grpc_keepalive_time_s=5,
+        grpc_max_connection_age_s=300,
+        grpc_max_connection_age_grace_s=10,
+    )
+    tuned = dict(server_options(cfg, reuseport=True))
+    assert tuned["grpc.max_receive_message_length"] == 4096 and tuned["grpc.so_reuseport"] == 1
+    assert tuned["grpc.keepalive_time_ms"] == 5000
+    assert (tuned["grpc.max_connection_age_ms"], tuned["grpc.max_connection_age_grace_ms"]) == (300_000, 10_000)
