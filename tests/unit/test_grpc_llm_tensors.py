@@ -166,6 +166,14 @@ def test_streamed_pieces_end_with_one_final_response() -> None:
     assert responses.ended and responses.last() is None
 
 
+def test_each_choice_streamed_starts_with_the_prompt_when_echoed() -> None:
+    sampling = json.dumps({"n": 2})
+    req = raw_request(text_input="p:", stream=True, exclude_input_in_output=False, sampling_parameters=sampling)
+    responses = llm.PieceResponses("r", "m", "1", llm.read_text_request(req), empty_final=True)
+    pieces = [responses.piece(1, "b", None), responses.piece(0, "a", None), responses.piece(1, "c", "stop")]
+    assert [texts_of(p[0]) for p in pieces if p is not None] == [["", "p:b"], ["p:a", ""], ["", "c"]]
+
+
 def test_several_choices_end_when_the_last_one_does() -> None:
     sampling = json.dumps({"n": 2})
     text = llm.read_text_request(raw_request(text_input="p", stream=True, sampling_parameters=sampling))

@@ -260,11 +260,12 @@ Piece = tuple[pb.ModelInferResponse, bool]
 class PieceResponses:
     """A streamed request's responses, one per text piece: `piece` for each (choice, text, finish) as
     `Choices.stream` yields them, and `last` once they end. The response that ends the last choice is
-    the final one; the prompt goes before the first piece when the request echoes it. A final response
+    the final one; the prompt goes before each choice's first piece when the request echoes it (as
+    `whole_texts` puts it before each choice's whole text). A final response
     with no text carries no outputs when the client asked for empty final responses (tritonclient's
     `enable_empty_final_response`), else empty texts (so every response it reads has text_output)."""
 
-    __slots__ = ("_echo", "_empty", "_left", "_model", "_n", "_request_id", "_version", "ended")
+    __slots__ = ("_echo", "_empty", "_left", "_model", "_n", "_request_id", "_unechoed", "_version", "ended")
 
     def __init__(self, request_id: str, model: str, version: str, text: TextRequest, empty_final: bool) -> None:
         self._request_id = request_id
@@ -272,7 +273,9 @@ class PieceResponses:
         self._version = version
         self._n = text.choices
         self._left = text.choices
-        self._echo: str | None = text.prompt if text.echo else None
+        self._echo = text.prompt
+        self._unechoed = set(range(text.choices)) if text.echo else set()
+        """The choices whose first piece has not gone yet (the prompt goes before it)."""
         self._empty = None if empty_final else [""] * text.choices
         self.ended = False
         """Whether the final response has been made."""
@@ -282,9 +285,9 @@ class PieceResponses:
         if finish is not None:
             self._left -= 1
         final = self._left == 0
-        if self._echo is not None:
+        if choice in self._unechoed:
             text = self._echo + text
-            self._echo = None
+            self._unechoed.discard(choice)
         if not text and not final:
             return None
         self.ended = final
