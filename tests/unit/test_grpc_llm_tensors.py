@@ -204,3 +204,13 @@ def test_a_final_response_without_text_has_empty_texts_unless_the_client_takes_e
     assert not llm.empty_final(request)
     request.parameters["triton_enable_empty_final_response"].bool_param = True
     assert llm.empty_final(request)
+
+
+def test_a_model_served_upstream_is_refused_naming_the_rest_routes() -> None:
+    from types import SimpleNamespace
+
+    from inferd.grpc_edge.text import llm_runtime
+
+    upstream = SimpleNamespace(name="gpt", kind="upstream")
+    with pytest.raises(BadRequest, match=r"model 'gpt' \(kind upstream\) is served by an external engine: call it over REST"):
+        llm_runtime(upstream)  # type: ignore[arg-type]

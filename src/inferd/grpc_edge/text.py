@@ -75,7 +75,7 @@ def llm_runtime(rt: Runtime) -> LLMRuntime:
     """The LLM runtime serving a text model's request over gRPC (an upstream model is refused)."""
     if not isinstance(rt, LLMRuntime):
         raise BadRequest(
-            f"model {rt.name!r} is a {rt.kind} model, served by an external engine: call it over REST "
+            f"model {rt.name!r} (kind {rt.kind}) is served by an external engine: call it over REST "
             "(/v1/completions or /v1/chat/completions)"
         )
     return rt
