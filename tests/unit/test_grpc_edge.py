@@ -4,19 +4,24 @@ the reply, the model config, and health."""
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import grpc
 import numpy as np
 import pytest
 from grpc_health.v1 import health_pb2
+from prometheus_client import CollectorRegistry, Counter
 
 from inferd.api.http import request_deadline
+from inferd.api.middleware import Accounting
 from inferd.api.oip_answer import Inference
 from inferd.api.oip_tensors import DecodedRequest
 from inferd.clock import FakeClock
 from inferd.config import ModelConfig, ServerConfig, TensorSpec
+from inferd.config.tenants import TenantConfig
 from inferd.core.call import Call
+from inferd.core.tenant import Tenant
 from inferd.errors import (
     BadRequest,
     ClientGone,
@@ -31,6 +36,7 @@ from inferd.errors import (
     Unauthorized,
     WorkerUnavailable,
 )
+from inferd.gateway.auth import TenantRequests
 from inferd.grpc_edge.calls import RpcMetadata, grpc_call, read_hints
 from inferd.grpc_edge.codec import decode_request, encode_response
 from inferd.grpc_edge.edge import server_options
@@ -39,6 +45,7 @@ from inferd.grpc_edge.health import NOT_SERVING, SERVING, Health
 from inferd.grpc_edge.model_config import model_config
 from inferd.grpc_edge.protos import grpc_service_pb2 as pb
 from inferd.grpc_edge.reply import GrpcReply
+from inferd.observability.metrics import Metrics
 from inferd.routing.fairness import BULK
 
 Code = grpc.StatusCode
@@ -340,3 +347,30 @@ def test_the_listener_options_follow_the_settings() -> None:
     assert tuned["grpc.max_receive_message_length"] == 4096 and tuned["grpc.so_reuseport"] == 1
     assert tuned["grpc.keepalive_time_ms"] == 5000
     assert (tuned["grpc.max_connection_age_ms"], tuned["grpc.max_connection_age_grace_ms"]) == (300_000, 10_000)
+
+
+# ---- a call its edge cancels --------------------------------------------------------------------------
+async def test_a_call_cancelled_by_its_edge_is_counted_cancelled_under_its_protocol() -> None:
+    clock = FakeClock()
+    metrics = Metrics({}, clock)
+    registry = CollectorRegistry()
+    tenants = Counter("t_requests_total", "", ["tenant", "outcome"], registry=registry)
+    started = asyncio.Event()
+
+    async def handler(call: Call, request: object) -> GrpcReply:
+        call.runtime = type("Rt", (), {"name": "sim", "version": 1})()  # type: ignore[assignment]
+        started.set()
+        await asyncio.Event().wait()  # until grpc.aio cancels the RPC's task
+        raise AssertionError("not reached")
+
+    call = read({})
+    call.tenant = Tenant("acme", TenantConfig())
+    task = asyncio.create_task(Accounting(TenantRequests(handler, tenants), metrics, clock)(call, None))
+    await started.wait()
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    labels = {"model": "sim", "version": "1", "outcome": "cancelled", "protocol": "grpc"}
+    assert metrics.registry.get_sample_value("inferd_requests_total", labels) == 1
+    assert metrics.request_statistics("sim", 1).failed == 1
+    assert tenants.labels("acme", "cancelled")._value.get() == 1

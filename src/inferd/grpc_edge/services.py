@@ -41,8 +41,8 @@ EXTENSIONS = ["model_configuration", "statistics"]
 
 
 class InferRpc:
-    """ModelInfer's request along the chain: the message and the call's metadata (an A/B split may read
-    it), as api/oip_answer.py's `OipSource`."""
+    """ModelInfer's request along the chain: the message as api/oip_answer.py's `OipSource`, and the
+    call's metadata (an A/B split sticky by a header reads it)."""
 
     __slots__ = ("metadata", "source")
 
