@@ -60,10 +60,12 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProc]:
 class Stream:
     """A tritonclient stream whose callbacks land in a queue: (request id, result, error)."""
 
-    def __init__(self, server: ServerProc, headers: dict[str, str] | None = None) -> None:
+    def __init__(
+        self, server: ServerProc, headers: dict[str, str] | None = None, timeout_s: float | None = None
+    ) -> None:
         self.client = triton.InferenceServerClient(server.grpc_target)
         self.answers: queue.Queue[tuple[str | None, Any, InferenceServerException | None]] = queue.Queue()
-        self.client.start_stream(callback=self._got, headers=headers)
+        self.client.start_stream(callback=self._got, headers=headers, stream_timeout=timeout_s)
 
     def _got(self, result: Any, error: InferenceServerException | None) -> None:
         rid = result.get_response().id if result is not None else None
@@ -254,10 +256,9 @@ async def test_the_asyncio_client_streams_several_llm_requests_on_one_stream(ser
             texts[rid] += text_of(result) or ""
             if is_final(result):
                 ended.add(rid)
-            if ended == set(prompts):
-                break
-    finally:
+    finally:  # the requests sent, the client half-closed: the stream ends once every one is answered
         await client.close()
+    assert ended == set(prompts)
     assert texts == {rid: " ".join(sim_llm_tokens(p, seed, n)) for rid, (p, seed, n) in prompts.items()}
 
 
@@ -404,6 +405,22 @@ def test_a_request_s_timeout_cuts_its_stream_with_an_error_and_frees_the_kv_bloc
         stream.client.async_stream_infer("sim", sim_inputs("after"), request_id="after")
         rid, result, error = stream.next()
         assert error is None and rid == "after"
+    finally:
+        stream.close()
+    until_engine_idle(server)
+
+
+def test_the_stream_s_deadline_bounds_its_requests(server: ServerProc) -> None:
+    stream = Stream(server, timeout_s=1.0)
+    try:
+        inputs = llm_inputs("a story longer than the stream", stream=True, max_tokens=1500)
+        stream.client.async_stream_infer("sim-llm", inputs, request_id="bounded")
+        while True:
+            _, result, error = stream.next()
+            if error is not None:
+                break
+            assert not is_final(result)
+        assert "DEADLINE_EXCEEDED" in str(error), str(error)  # the request's own, or the stream's
     finally:
         stream.close()
     until_engine_idle(server)
