@@ -33,6 +33,7 @@ from inferd.grpc_edge.protos import grpc_service_pb2_grpc as pb_grpc
 from inferd.grpc_edge.reply import GrpcReply
 from inferd.grpc_edge.stream import Response, StreamRequests, reply_responses
 from inferd.grpc_edge.text import text_reply
+from inferd.observability.logging_setup import accept_request_id
 
 Context = aio.ServicerContext[Any, Any]
 
@@ -199,6 +200,8 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         self, context: Context, metadata: RpcMetadata, request: pb.ModelInferRequest
     ) -> AsyncIterator[Response]:
         call, run = self._infer_call(context, metadata, "ModelStreamInfer", request, self._stream_infer)
+        if request.id:  # each request of a stream is known by its own id in logs and traces
+            call.request_id = accept_request_id(request.id)
         reply = await run(call, InferRpc(request, metadata))
         async with aclosing(reply_responses(call, request, reply)) as responses:
             async for response in responses:
