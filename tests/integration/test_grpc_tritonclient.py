@@ -1,10 +1,13 @@
 """tritonclient's gRPC client, sync and asyncio, against a real `inferd serve` (the sim and scale models
-of examples/model_repo): the checks the REST suite makes, over Triton's GRPCInferenceService; and with
-tenants configured, keys and quotas (a raw grpc stub reads the trailers); and TLS. Three servers in all."""
+of examples/model_repo, and sim-llm): the checks the REST suite makes, over Triton's GRPCInferenceService; and with
+tenants configured, keys and quotas (a raw grpc stub reads the trailers); TLS; and SIGTERM with a call in
+flight. Four servers in all: two shared by the module's tests, one each for TLS and shutdown."""
 
 from __future__ import annotations
 
 import re
+import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -47,7 +50,11 @@ burst = 1
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProc]:
     root = tmp_path_factory.mktemp("grpc")
     (root / "inferd.toml").write_text("[models.scale.cache]\nenabled = true\n")  # one response cache for both edges
-    s = start_server(root, "--model-repo", str(ROOT / "examples" / "model_repo"), "--config", str(root / "inferd.toml"))
+    repo = root / "models"  # examples/model_repo, and an LLM
+    shutil.copytree(ROOT / "examples" / "model_repo", repo)
+    (repo / "sim-llm").mkdir()
+    (repo / "sim-llm" / "model.toml").write_text('builtin = "sim-llm"\n')
+    s = start_server(root, "--model-repo", str(repo), "--config", str(root / "inferd.toml"))
     yield s
     assert s.stop() in (0, -15)
 
@@ -82,6 +89,19 @@ def test_model_metadata_names_the_tensors_with_the_batch_dimension(client: tc.In
     scale = client.get_model_metadata("scale", as_json=True)
     assert scale["inputs"] == [{"name": "INPUT0", "datatype": "FP32", "shape": ["-1", "4"]}]
     assert [o["name"] for o in scale["outputs"]] == ["DOUBLED", "SUM"]
+
+
+def test_an_llm_presents_tritons_vllm_tensors(client: tc.InferenceServerClient) -> None:
+    meta = client.get_model_metadata("sim-llm", as_json=True)
+    assert [(t["name"], t["datatype"]) for t in meta["inputs"]] == [
+        ("text_input", "BYTES"), ("stream", "BOOL"), ("sampling_parameters", "BYTES"), ("exclude_input_in_output", "BOOL")
+    ]
+    assert meta["outputs"] == [{"name": "text_output", "datatype": "BYTES", "shape": ["-1"]}]
+    config = client.get_model_config("sim-llm", as_json=True)["config"]
+    assert config["model_transaction_policy"] == {"decoupled": True}
+    assert [i["name"] for i in config["input"] if i.get("optional")] == [
+        "stream", "sampling_parameters", "exclude_input_in_output"
+    ]
 
 
 def test_model_config_is_triton_shaped(client: tc.InferenceServerClient) -> None:
@@ -178,7 +198,7 @@ def test_statistics_count_the_answered_requests(client: tc.InferenceServerClient
     ok = after["inference_stats"]["success"]
     assert int(ok["count"]) == int(after["inference_count"]) and int(ok["ns"]) > 0
     every = client.get_inference_statistics(as_json=True)["model_stats"]
-    assert {m["name"] for m in every} == {"sim", "scale"}
+    assert {m["name"] for m in every} == {"sim", "scale", "sim-llm"}
 
 
 def test_the_metrics_count_grpc_calls_under_their_protocol(server: ServerProc, client: tc.InferenceServerClient) -> None:
@@ -362,7 +382,10 @@ def test_grpc_speaks_tls_with_the_https_certificate(tmp_path: Path) -> None:
         with grpc.secure_channel(server.grpc_target, grpc.ssl_channel_credentials(roots)) as channel:
             health = health_pb2_grpc.HealthStub(channel)
             request = health_pb2.HealthCheckRequest(service="sim")
-            assert health.Check(request, wait_for_ready=True, timeout=60).status == health_pb2.HealthCheckResponse.SERVING
+            deadline = time.monotonic() + 60
+            while health.Check(request, wait_for_ready=True, timeout=60).status != health_pb2.HealthCheckResponse.SERVING:
+                assert time.monotonic() < deadline, f"sim not served over TLS within 60 s:\n{server.log()}"
+                time.sleep(0.05)  # the gRPC API is up before the model's worker is ready
         client = tc.InferenceServerClient(server.grpc_target, ssl=True, root_certificates=str(tmp_path / "ca.pem"))
         result = client.infer("sim", [texts_input([b"over tls"])])
         assert result.as_numpy("OUTPUT0").tolist() == [sim_digest("sim", 1, "over tls").encode()]
@@ -389,3 +412,28 @@ def test_the_response_cache_answers_either_edge_from_the_other(server: ServerPro
         answer, call = pb_grpc.GRPCInferenceServiceStub(channel).ModelInfer.with_call(request, timeout=10)
     assert dict(call.trailing_metadata())["x-inferd-cache"] == "hit"
     assert np.frombuffer(answer.raw_output_contents[0], dtype=np.float32).tolist() == (data * 2).ravel().tolist()
+
+
+# ---- shutdown -----------------------------------------------------------------------------------------
+def test_sigterm_lets_grpc_calls_in_flight_finish_before_the_runtimes_stop(tmp_path: Path) -> None:
+    server = start_server(tmp_path, "--model", "sim")
+    texts = [f"drain-{i}".encode() for i in range(300)]  # three batches: still running at SIGTERM
+    request = pb.ModelInferRequest(
+        model_name="sim",
+        inputs=[pb.ModelInferRequest.InferInputTensor(name="INPUT0", datatype="BYTES", shape=[300])],
+        raw_input_contents=[b"".join(len(t).to_bytes(4, "little") + t for t in texts)],
+    )
+    depth = 'inferd_queue_depth{model="sim",version="1"}'
+    try:
+        with grpc.insecure_channel(server.grpc_target) as channel:
+            future = pb_grpc.GRPCInferenceServiceStub(channel).ModelInfer.future(request, timeout=30)
+            while not future.done() and metric(server, depth) == 0:  # its items are queued
+                time.sleep(0.002)
+            assert not future.done()  # a batch or more of its work is left
+            server.proc.send_signal(signal.SIGTERM)
+            answer = future.result()
+        got = [answer.raw_output_contents[0][4 + 36 * i : 36 * (i + 1)].decode() for i in range(300)]
+        assert got == [sim_digest("sim", 1, t) for t in texts]
+    finally:
+        assert server.stop() in (0, -15), server.log()
+    assert "gRPC API stopped" in server.log()
