@@ -38,6 +38,13 @@ def texts_of(response: pb.ModelInferResponse) -> list[str]:
     return [b.decode() for b in decode_bytes_elements(memoryview(raw), out.shape[0], out.name)]
 
 
+def test_the_tensors_read_are_those_the_model_config_declares() -> None:
+    from inferd.grpc_edge.model_config import LLM_OUTPUTS
+
+    assert llm.INPUTS == {"text_input": "BYTES", "stream": "BOOL", "sampling_parameters": "BYTES", "exclude_input_in_output": "BOOL"}
+    assert [(t.name, t.datatype) for t in LLM_OUTPUTS] == [(llm.TEXT_OUTPUT, "BYTES")]
+
+
 def test_prompt_alone_is_a_whole_answer_that_echoes_the_prompt() -> None:
     text = llm.read_text_request(raw_request(text_input="hello there"))
     assert text.generation == GenerationRequest("hello there")

@@ -39,6 +39,7 @@ import msgspec
 from inferd.api import binary
 from inferd.api.http import decode_json
 from inferd.errors import BadRequest
+from inferd.grpc_edge.model_config import LLM_INPUTS
 from inferd.grpc_edge.protos import grpc_service_pb2 as pb
 from inferd.kinds.llm.service import GenerationRequest
 
@@ -49,8 +50,9 @@ EXCLUDE_INPUT = "exclude_input_in_output"
 TEXT_OUTPUT = "text_output"
 EMPTY_FINAL = "triton_enable_empty_final_response"
 
-INPUTS = {TEXT_INPUT: "BYTES", STREAM: "BOOL", SAMPLING: "BYTES", EXCLUDE_INPUT: "BOOL"}
-"""Every input an LLM model takes over gRPC, with its datatype (grpc_edge's ModelConfig declares them)."""
+INPUTS = {t.name: t.datatype for t in LLM_INPUTS}
+"""Every input an LLM model takes over gRPC, with its datatype, as its ModelConfig and ModelMetadata
+declare them (grpc_edge/model_config.py)."""
 
 _FLOATS = ("temperature", "top_p")
 _INTS = ("max_tokens", "seed", "n")
