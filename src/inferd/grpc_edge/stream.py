@@ -37,7 +37,7 @@ import grpc
 from inferd.api.middleware import internal
 from inferd.core.call import Call
 from inferd.errors import ServingError
-from inferd.grpc_edge.errors import code_of, error_reply
+from inferd.grpc_edge.errors import error_reply
 from inferd.grpc_edge.protos import grpc_service_pb2 as pb
 from inferd.grpc_edge.reply import GrpcReply
 
@@ -112,7 +112,8 @@ async def reply_responses(
             except ServingError as exc:  # after the first piece: its error ends the request
                 ended = True
                 failed = error_reply(call, exc)
-                yield error_response(request, code_of(exc), failed.details, failed.trailers()), True
+                code = failed.code or grpc.StatusCode.INTERNAL  # an error reply always has its code
+                yield error_response(request, code, failed.details, failed.trailers()), True
             except Exception as exc:
                 ended = True
                 yield _internal(request, internal(call, exc).message), True
