@@ -1,6 +1,7 @@
-"""The admin port rule with real `inferd serve` processes: the admin API is on the HTTP port + 1 unless
---admin-port says otherwise, so servers on different ports of one host both start, and the tools find
-each one's admin API from its HTTP port."""
+"""The default port rule with real `inferd serve` processes: the gRPC API is on the HTTP port + 1 and the
+admin API on the HTTP port + 2 unless --grpc-port and --admin-port say otherwise, so servers whose HTTP
+ports are 3 apart on one host both start, the tools find each one's admin API from its HTTP port, and a
+port in use is refused at start with the fix."""
 
 from __future__ import annotations
 
@@ -15,22 +16,24 @@ from pathlib import Path
 from tests.conftest import ROOT, ServerProc, free_port, start_server
 
 
-def port_pair() -> int:
-    """A free port whose next port is free too (an HTTP port for the default admin rule)."""
+def port_triple() -> int:
+    """A free port whose next two ports are free too (an HTTP port for the default gRPC and admin rule)."""
     for _ in range(100):
         port = free_port()
-        if port < 65535:
-            with socket.socket() as s:
+        if port < 65534:
+            with socket.socket() as a, socket.socket() as b:
                 try:
-                    s.bind(("127.0.0.1", port + 1))
+                    a.bind(("127.0.0.1", port + 1))
+                    b.bind(("127.0.0.1", port + 2))
                 except OSError:
                     continue
             return port
-    raise AssertionError("no free pair of ports found")
+    raise AssertionError("no three free ports in a row found")
 
 
 def serve_with_default_admin_port(tmp_path: Path, port: int) -> ServerProc:
-    """`inferd serve --port PORT` without --admin-port (conftest's start_server always sets one)."""
+    """`inferd serve --port PORT` without --admin-port or --grpc-port (conftest's start_server always
+    sets both)."""
     log_path = tmp_path / f"server-{port}.log"
     serve = ["serve", "--port", str(port), "--model", "sim", "--shutdown-grace-s", "0"]
     serve += ["--data-dir", str(tmp_path / f"data-{port}")]  # each server its own data folder
@@ -40,7 +43,7 @@ def serve_with_default_admin_port(tmp_path: Path, port: int) -> ServerProc:
         stderr=subprocess.STDOUT,
         cwd=ROOT,
     )
-    server = ServerProc(proc, port, log_path, port + 1)
+    server = ServerProc(proc, port, log_path, port + 2, port + 1)
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         if proc.poll() is not None:
@@ -62,9 +65,9 @@ def inferd(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_two_servers_on_one_host_each_serve_an_admin_api_that_status_finds(tmp_path: Path) -> None:
-    first = serve_with_default_admin_port(tmp_path, port_pair())
+    first = serve_with_default_admin_port(tmp_path, port_triple())
     try:
-        second = serve_with_default_admin_port(tmp_path, port_pair())
+        second = serve_with_default_admin_port(tmp_path, port_triple())
         try:
             for server in (first, second):
                 with urllib.request.urlopen(f"{server.admin_url}/admin/workers", timeout=5) as r:
@@ -75,7 +78,7 @@ def test_two_servers_on_one_host_each_serve_an_admin_api_that_status_finds(tmp_p
                 assert status.returncode == 0, status.stderr
                 seen = json.loads(status.stdout)["workers"]["workers"]
                 assert {w["pid"] for w in seen} == pids
-                assert f"admin API on http://127.0.0.1:{server.port + 1}" in server.log()
+                assert f"admin API on http://127.0.0.1:{server.port + 2}" in server.log()
         finally:
             assert second.stop() == 0
     finally:
@@ -83,17 +86,39 @@ def test_two_servers_on_one_host_each_serve_an_admin_api_that_status_finds(tmp_p
 
 
 def test_an_admin_port_in_use_is_refused_at_start_naming_the_fix(tmp_path: Path) -> None:
-    port = port_pair()
+    port = port_triple()
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", port + 2))
+        taken.listen()
+        refused = inferd("serve", "--port", str(port), "--model", "sim")
+        assert refused.returncode == 2
+        assert f"admin port {port + 2} (the HTTP port {port} + 2)" in refused.stderr
+        assert "--admin-port" in refused.stderr and "--no-admin" in refused.stderr
+        assert "HTTP ports at least 3 apart" in refused.stderr
+        assert "Traceback" not in refused.stderr
+        server = start_server(tmp_path, "--port", str(port), "--no-admin", "--model", "sim")
+        try:
+            assert "admin API on" not in server.log()
+        finally:
+            assert server.stop() == 0
+
+
+def test_a_grpc_port_in_use_is_refused_at_start_naming_the_fix(tmp_path: Path) -> None:
+    port = port_triple()
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", port + 1))
         taken.listen()
         refused = inferd("serve", "--port", str(port), "--model", "sim")
         assert refused.returncode == 2
-        assert f"admin port {port + 1} (the HTTP port {port} + 1)" in refused.stderr
-        assert "--admin-port" in refused.stderr and "--no-admin" in refused.stderr
+        assert f"gRPC port {port + 1} (the HTTP port {port} + 1) on 127.0.0.1 is in use" in refused.stderr
+        assert "--grpc-port" in refused.stderr and "--no-grpc" in refused.stderr
+        assert "HTTP ports at least 3 apart" in refused.stderr
         assert "Traceback" not in refused.stderr
-        server = start_server(tmp_path, "--port", str(port), "--no-admin", "--model", "sim")
+        given = inferd("serve", "--port", "0", "--grpc-port", str(port + 1), "--model", "sim")
+        assert given.returncode == 2
+        assert f"gRPC port {port + 1} on 127.0.0.1 is in use" in given.stderr  # set, so not "the HTTP port + 1"
+        server = start_server(tmp_path, "--port", str(port), "--no-grpc", "--model", "sim")
         try:
-            assert "admin API on" not in server.log()
+            assert "gRPC API on" not in server.log()
         finally:
             assert server.stop() == 0

@@ -97,7 +97,7 @@ def fetch_json(url: str, token: str | None, timeout_s: float = FETCH_TIMEOUT_S) 
         reason = getattr(exc, "reason", exc)
         raise AdminUnavailable(
             f"cannot reach the admin API at {url} ({reason}); is `inferd serve` running, "
-            "and is this its admin address (its HTTP port + 1 unless it set --admin-port: "
+            "and is this its admin address (its HTTP port + 2 unless it set --admin-port: "
             "pass --port or --admin-url)?"
         ) from None
     try:
@@ -312,8 +312,8 @@ def status(
     port: Annotated[
         int | None,
         typer.Option(
-            help="Port of the server's HTTP API (its --port); its admin API is on this port + 1 "
-            "(default: 8000, so admin 8001)."
+            help="Port of the server's HTTP API (its --port); its admin API is on this port + 2 "
+            "(default: 8000, so admin 8002)."
         ),
     ] = None,
     token: Annotated[
@@ -328,7 +328,7 @@ def status(
     ] = False,
 ) -> None:
     """Show the workers and models of a running inferd server, from its admin API (found on the HTTP
-    port + 1, as `inferd serve` puts it, unless --admin-url says where)."""
+    port + 2, as `inferd serve` puts it, unless --admin-url says where)."""
     try:
         url = ports.admin_url(admin_url, host, port)
     except ConfigError as exc:
