@@ -256,9 +256,9 @@ def test_help_lists_every_option() -> None:
         assert option in result.output, option
 
 
-def test_status_finds_the_admin_api_on_the_http_port_plus_one(admin: StubAdmin) -> None:
+def test_status_finds_the_admin_api_on_the_http_port_plus_two(admin: StubAdmin) -> None:
     admin_port = int(admin.url.rsplit(":", 1)[1])
-    result = invoke("--port", str(admin_port - 1), "--host", "127.0.0.1", "--json")
+    result = invoke("--port", str(admin_port - 2), "--host", "127.0.0.1", "--json")
     assert result.exit_code == 0, result.output
     assert json.loads(result.stdout)["workers"] == WORKERS
     assert sorted(admin.hits) == ["/admin/models", "/admin/workers"]
