@@ -137,7 +137,7 @@ def test_free_ports_pass_and_one_port_for_two_apis_does_not() -> None:
         check_ports_free(load_server_config(None, {"port": port, "admin_port": port}, environ={}))
     with pytest.raises(ConfigError, match=r"HTTP port and the gRPC port are both.*--grpc-port.*--no-grpc"):
         check_ports_free(load_server_config(None, {"port": port, "grpc_port": port}, environ={}))
-    with pytest.raises(ConfigError, match=r"gRPC port and the admin port are both.*--admin-port"):
+    with pytest.raises(ConfigError, match=r"gRPC port and the admin port are both 7000: pass --grpc-port.*--admin-port"):
         check_ports_free(load_server_config(None, {"port": port, "grpc_port": 7000, "admin_port": 7000}, environ={}))
     free = load_server_config(None, {"port": 0}, environ={})  # port 0: free ones, never the same
     check_ports_free(free)

@@ -68,15 +68,16 @@ def check_ports_free(cfg: ServerConfig) -> None:
 def _check_distinct(cfg: ServerConfig) -> None:
     """Two APIs set to one fixed port (the HTTP and gRPC APIs share --host; the admin API may have a
     host of its own, but one port for two listeners is a mistake either way)."""
-    named = [("HTTP", "--port", cfg.port), ("gRPC", "--grpc-port", cfg.grpc_port)]
-    named.append(("admin", "--admin-port", cfg.admin_port))
-    fixed = [(api, flag, port) for api, flag, port in named if port]  # None (off) and 0 (free) never clash
-    for i, (api, _, port) in enumerate(fixed):
-        for other, flag, port2 in fixed[i + 1 :]:
-            if port == port2:
-                off = {"gRPC": ", or --no-grpc", "admin": ", or --no-admin"}[other]
+    named = [("HTTP", cfg.port), ("gRPC", cfg.grpc_port), ("admin", cfg.admin_port)]
+    fixed = [(api, port) for api, port in named if port]  # None (off) and 0 (a free one) never clash
+    fixes = {"gRPC": "--grpc-port PORT or --no-grpc", "admin": "--admin-port PORT or --no-admin"}
+    for i, (api, port) in enumerate(fixed):
+        for other, other_port in fixed[i + 1 :]:
+            if port == other_port:
+                fix = " or ".join(fixes[a] for a in (api, other) if a in fixes)
                 raise ConfigError(
-                    f"the {api} port and the {other} port are both {port}: pass another {flag}{off}"
+                    f"the {api} port and the {other} port are both {port}: pass {fix} (by default gRPC is "
+                    "on the HTTP port + 1 and the admin API on + 2)"
                 )
 
 
