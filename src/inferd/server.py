@@ -220,6 +220,9 @@ class InferenceServer:
         self.admin: AdminApi | None = None
         self.admin_port: int | None = None
         self.worker_port: int | None = None
+        self.grpc_address: str | None = None
+        """HOST:PORT the gRPC API listens on, set by the runner once it is bound (the port picked for
+        port 0 included); None: no gRPC API (--no-grpc), or not yet. GET /admin/workers reports it."""
 
     @property
     def ready(self) -> bool:
@@ -268,7 +271,7 @@ class InferenceServer:
                 gateway=GatewayView(self.gateway, self.tenant_requests, self.cache.statistics),
                 traffic=self.traffic.statistics, loads=self.loads,
                 frontend={"id": frontend_id(self.config), "zone": self.config.zone},
-                decider=self.cluster.decider, cluster=self.cluster.view,
+                decider=self.cluster.decider, cluster=self.cluster.view, grpc=lambda: self.grpc_address,
             ),
             token,
         )

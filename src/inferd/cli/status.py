@@ -249,6 +249,11 @@ def _frontend(frontend: Any) -> str:
     return f" (front end {frontend['id']}{f', zone {zone}' if zone else ''})"
 
 
+def _grpc(address: Any) -> str:
+    """'; gRPC API on HOST:PORT' as GET /admin/workers says; '' without one (or from an older server)."""
+    return f"; gRPC API on {address}" if isinstance(address, str) and address else ""
+
+
 def render_snapshot(snapshot: AdminSnapshot, admin_url: str, error: str | None = None) -> RenderableType:
     parts: list[RenderableType] = [
         workers_table(list(snapshot.workers.get("workers", []))),
@@ -262,7 +267,11 @@ def render_snapshot(snapshot: AdminSnapshot, admin_url: str, error: str | None =
         ),
         Text(retry_budget_line(snapshot.models.get("retry_budget"))),
         *gateway_parts(snapshot.tenants, snapshot.cache, snapshot.traffic),
-        Text(f"from {admin_url}{_frontend(snapshot.workers.get('frontend'))} at {time.strftime('%H:%M:%S')}", style="dim"),
+        Text(
+            f"from {admin_url}{_frontend(snapshot.workers.get('frontend'))}{_grpc(snapshot.workers.get('grpc'))} "
+            f"at {time.strftime('%H:%M:%S')}",
+            style="dim",
+        ),
     ]
     if error is not None:
         parts.append(Text(f"last refresh failed: {error}", style="bold red"))
