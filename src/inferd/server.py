@@ -220,9 +220,7 @@ class InferenceServer:
         self.admin: AdminApi | None = None
         self.admin_port: int | None = None
         self.worker_port: int | None = None
-        self.grpc_address: str | None = None
-        """HOST:PORT the gRPC API listens on, set by the runner once it is bound (the port picked for
-        port 0 included); None: no gRPC API (--no-grpc), or not yet. GET /admin/workers reports it."""
+        self.grpc_address: str | None = None  # the gRPC API's HOST:PORT as bound (the runner sets it); None: none
 
     @property
     def ready(self) -> bool:
