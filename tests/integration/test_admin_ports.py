@@ -6,6 +6,8 @@ port in use is refused at start with the fix."""
 from __future__ import annotations
 
 import json
+import os
+import re
 import socket
 import subprocess
 import sys
@@ -13,7 +15,17 @@ import time
 import urllib.request
 from pathlib import Path
 
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
 from tests.conftest import ROOT, ServerProc, free_port, start_server
+
+
+def grpc_serving(target: str) -> bool:
+    """Whether grpc.health.v1 at `target` answers SERVING for the server (service "")."""
+    with grpc.insecure_channel(target) as channel:
+        answer = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(service=""), timeout=10)
+    return answer.status == health_pb2.HealthCheckResponse.SERVING
 
 
 def port_triple() -> int:
@@ -76,9 +88,12 @@ def test_two_servers_on_one_host_each_serve_an_admin_api_that_status_finds(tmp_p
                 assert pids and pids <= set(server.worker_pids())  # this server's own workers
                 status = inferd("status", "--port", str(server.port), "--json")
                 assert status.returncode == 0, status.stderr
-                seen = json.loads(status.stdout)["workers"]["workers"]
-                assert {w["pid"] for w in seen} == pids
+                page = json.loads(status.stdout)["workers"]
+                assert {w["pid"] for w in page["workers"]} == pids
+                assert page["grpc"] == f"127.0.0.1:{server.port + 1}"
                 assert f"admin API on http://127.0.0.1:{server.port + 2}" in server.log()
+                assert f"gRPC API on 127.0.0.1:{server.port + 1}" in server.log()
+                assert grpc_serving(server.grpc_target)
         finally:
             assert second.stop() == 0
     finally:
@@ -122,3 +137,61 @@ def test_a_grpc_port_in_use_is_refused_at_start_naming_the_fix(tmp_path: Path) -
             assert "gRPC API on" not in server.log()
         finally:
             assert server.stop() == 0
+
+
+def test_a_second_server_on_a_grpc_port_in_use_is_refused_at_start_naming_the_fix(tmp_path: Path) -> None:
+    """The first server's gRPC port is its own (grpcio's so_reuseport is off for one front end): a second
+    `inferd serve` given it stops before anything starts, and the first serves on."""
+    first = start_server(tmp_path, "--model", "sim")
+    try:
+        assert grpc_serving(first.grpc_target)
+        second = inferd(
+            "serve", "--port", str(free_port()), "--grpc-port", str(first.grpc_port), "--admin-port", "0",
+            "--model", "sim", "--data-dir", str(tmp_path / "second"),
+        )  # fmt: skip
+        assert second.returncode == 2, second.stderr
+        assert f"gRPC port {first.grpc_port} on 127.0.0.1 is in use" in second.stderr
+        assert "--grpc-port PORT (0: a free one), or --no-grpc" in second.stderr
+        assert "Traceback" not in second.stderr
+        assert grpc_serving(first.grpc_target)
+    finally:
+        assert first.stop() == 0
+
+
+def test_port_0_gives_a_free_grpc_port_logged_and_shown_by_status(tmp_path: Path) -> None:
+    log_path = tmp_path / "server.log"
+    proc = subprocess.Popen(
+        [
+            sys.executable, "-m", "inferd.cli.main", "serve", "--port", "0", "--model", "sim",
+            "--shutdown-grace-s", "0", "--data-dir", str(tmp_path / "data"),
+        ],
+        stdout=open(log_path, "wb"),
+        stderr=subprocess.STDOUT,
+        cwd=ROOT,
+    )  # fmt: skip
+    server = ServerProc(proc, 0, log_path)
+    try:
+        deadline = time.monotonic() + 60
+        found: list[str] = []
+        patterns = (r"gRPC API on 127\.0\.0\.1:(\d+)", r"admin API on (http://127\.0\.0\.1:\d+)", r"running on http://127\.0\.0\.1:(\d+)")
+        while len(found) < len(patterns):
+            assert proc.poll() is None, server.log()
+            assert time.monotonic() < deadline, f"no gRPC, admin and HTTP addresses logged:\n{server.log()}"
+            time.sleep(0.1)
+            found = [m[1] for m in (re.search(p, server.log()) for p in patterns) if m is not None]
+        grpc_port, admin_url, http_port = int(found[0]), found[1], int(found[2])
+        assert 0 < grpc_port != http_port
+        while not grpc_serving(f"127.0.0.1:{grpc_port}"):  # SERVING once the model's worker is ready
+            assert time.monotonic() < deadline, server.log()
+            time.sleep(0.2)
+        status = inferd("status", "--admin-url", admin_url, "--json")
+        assert status.returncode == 0, status.stderr
+        assert json.loads(status.stdout)["workers"]["grpc"] == f"127.0.0.1:{grpc_port}"
+        table = subprocess.run(
+            [sys.executable, "-m", "inferd.cli.main", "status", "--admin-url", admin_url],
+            capture_output=True, text=True, timeout=60, cwd=ROOT, env={**os.environ, "COLUMNS": "200"},
+        )  # fmt: skip
+        assert table.returncode == 0, table.stderr
+        assert f"gRPC API on 127.0.0.1:{grpc_port}" in table.stdout
+    finally:
+        assert server.stop() == 0

@@ -60,7 +60,7 @@ def test_the_front_ends_get_the_ports_the_parent_holds_and_share_them() -> None:
                 a.listen()  # two front ends' listeners on the held port, as grpcio's with so_reuseport
                 b.listen()
             with socket.socket() as plain, pytest.raises(OSError) as err:
-                plain.bind((cfg.host, port))  # another server (no SO_REUSEPORT) cannot take it meanwhile
+                plain.bind((cfg.host, port))  # a plain socket (no SO_REUSEADDR or SO_REUSEPORT) cannot take it
             assert err.value.errno == errno.EADDRINUSE
         off = shared_ports(cfg.model_copy(update={"grpc_port": None}), http, None)
         assert (off.port, off.grpc_port) == (shared.port, None)  # --no-grpc: none held, none served
