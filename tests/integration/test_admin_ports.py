@@ -16,6 +16,7 @@ import urllib.request
 from pathlib import Path
 
 import grpc
+import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from tests.conftest import ROOT, ServerProc, free_port, start_server
@@ -158,12 +159,14 @@ def test_a_second_server_on_a_grpc_port_in_use_is_refused_at_start_naming_the_fi
         assert first.stop() == 0
 
 
-def test_port_0_gives_a_free_grpc_port_logged_and_shown_by_status(tmp_path: Path) -> None:
+@pytest.mark.parametrize("frontends", [1, 2])
+def test_port_0_gives_a_free_grpc_port_logged_and_shown_by_status(tmp_path: Path, frontends: int) -> None:
+    """With --frontends 2 the parent picks the port once: both front ends listen on it."""
     log_path = tmp_path / "server.log"
     proc = subprocess.Popen(
         [
             sys.executable, "-m", "inferd.cli.main", "serve", "--port", "0", "--model", "sim",
-            "--shutdown-grace-s", "0", "--data-dir", str(tmp_path / "data"),
+            "--frontends", str(frontends), "--shutdown-grace-s", "0", "--data-dir", str(tmp_path / "data"),
         ],
         stdout=open(log_path, "wb"),
         stderr=subprocess.STDOUT,
@@ -172,15 +175,18 @@ def test_port_0_gives_a_free_grpc_port_logged_and_shown_by_status(tmp_path: Path
     server = ServerProc(proc, 0, log_path)
     try:
         deadline = time.monotonic() + 60
-        found: list[str] = []
-        patterns = (r"gRPC API on 127\.0\.0\.1:(\d+)", r"admin API on (http://127\.0\.0\.1:\d+)", r"running on http://127\.0\.0\.1:(\d+)")
-        while len(found) < len(patterns):
+        grpc_ports: list[str] = []
+        admin = None
+        while len(grpc_ports) < frontends or admin is None:  # each front end logs its gRPC listener
             assert proc.poll() is None, server.log()
-            assert time.monotonic() < deadline, f"no gRPC, admin and HTTP addresses logged:\n{server.log()}"
+            assert time.monotonic() < deadline, f"no gRPC and admin addresses logged:\n{server.log()}"
             time.sleep(0.1)
-            found = [m[1] for m in (re.search(p, server.log()) for p in patterns) if m is not None]
-        grpc_port, admin_url, http_port = int(found[0]), found[1], int(found[2])
-        assert 0 < grpc_port != http_port
+            grpc_ports = re.findall(r"gRPC API on 127\.0\.0\.1:(\d+)", server.log())
+            admin = re.search(r"admin API on (http://127\.0\.0\.1:\d+)", server.log())
+        assert len(set(grpc_ports)) == 1, grpc_ports  # one port, shared by the front ends
+        grpc_port, admin_url = int(grpc_ports[0]), admin[1]
+        http = re.search(r"(?:running on http://127\.0\.0\.1:|front ends on 127\.0\.0\.1:)(\d+)", server.log())
+        assert http is not None and 0 < grpc_port != int(http[1]), server.log()
         while not grpc_serving(f"127.0.0.1:{grpc_port}"):  # SERVING once the model's worker is ready
             assert time.monotonic() < deadline, server.log()
             time.sleep(0.2)
