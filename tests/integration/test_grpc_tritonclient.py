@@ -1,24 +1,53 @@
 """tritonclient's gRPC client, sync and asyncio, against a real `inferd serve` (the sim and scale models
-of examples/model_repo): the checks the REST suite makes, over Triton's GRPCInferenceService."""
+of examples/model_repo): the checks the REST suite makes, over Triton's GRPCInferenceService; and with
+tenants configured, keys and quotas (a raw grpc stub reads the trailers); and TLS. Three servers in all."""
 
 from __future__ import annotations
 
+import re
+import subprocess
+import sys
+import time
+import urllib.request
 from collections.abc import Iterator
+from pathlib import Path
 
+import grpc
 import numpy as np
 import pytest
 import tritonclient.grpc as tc
 import tritonclient.grpc.aio as tc_aio
 import tritonclient.http as tc_http
+import trustme
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
+from inferd.gateway.keys import key_digest, new_key
+from inferd.grpc_edge.protos import grpc_service_pb2 as pb
+from inferd.grpc_edge.protos import grpc_service_pb2_grpc as pb_grpc
 from inferd.models.sim import sim_digest
-from tests.conftest import ROOT, ServerProc, start_server
+from tests.conftest import ROOT, ServerProc, free_port, start_server
+
+ALPHA, LIMITED = new_key(), new_key()
+TENANTS = f"""
+[tenants.alpha]
+models = ["sim"]
+api_key_sha256 = ["{key_digest(ALPHA)}"]
+
+[tenants.limited]
+models = ["sim"]
+api_key_sha256 = ["{key_digest(LIMITED)}"]
+requests_per_s = 0.01
+burst = 1
+"""
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProc]:
-    s = start_server(tmp_path_factory.mktemp("grpc"), "--model-repo", str(ROOT / "examples" / "model_repo"))
+    root = tmp_path_factory.mktemp("grpc")
+    (root / "inferd.toml").write_text("[models.scale.cache]\nenabled = true\n")  # one response cache for both edges
+    s = start_server(root, "--model-repo", str(ROOT / "examples" / "model_repo"), "--config", str(root / "inferd.toml"))
     yield s
     assert s.stop() in (0, -15)
 
@@ -128,3 +157,226 @@ async def test_the_asyncio_client_gets_the_same_answers(server: ServerProc) -> N
         assert [x.decode() for x in result.as_numpy("OUTPUT0").tolist()] == [sim_digest("sim", 1, t) for t in texts]
     finally:
         await client.close()
+
+
+def test_statistics_count_the_answered_requests(client: tc.InferenceServerClient) -> None:
+    before = client.get_inference_statistics("sim", as_json=True)["model_stats"][0]
+    for i in range(3):
+        client.infer("sim", [texts_input([f"s{i}".encode()])])
+    after = client.get_inference_statistics("sim", as_json=True)["model_stats"][0]
+    assert after["name"] == "sim" and after["version"] == "1"
+    assert int(after["inference_count"]) - int(before.get("inference_count", 0)) == 3
+    ok = after["inference_stats"]["success"]
+    assert int(ok["count"]) == int(after["inference_count"]) and int(ok["ns"]) > 0
+    every = client.get_inference_statistics(as_json=True)["model_stats"]
+    assert {m["name"] for m in every} == {"sim", "scale"}
+
+
+def test_the_metrics_count_grpc_calls_under_their_protocol(server: ServerProc, client: tc.InferenceServerClient) -> None:
+    client.infer("sim", [texts_input([b"metrics"])])
+    with urllib.request.urlopen(f"{server.url}/metrics", timeout=10) as r:
+        text = r.read().decode()
+    grpc_ok = re.search(r'inferd_requests_total\{model="sim",outcome="ok",protocol="grpc",version="1"\} (\S+)', text)
+    assert grpc_ok and float(grpc_ok.group(1)) >= 1
+    assert 'inferd_request_duration_seconds_count{model="sim",outcome="ok",protocol="grpc",version="1"}' in text
+
+
+def test_a_client_deadline_ends_the_call_deadline_exceeded(client: tc.InferenceServerClient) -> None:
+    with pytest.raises(InferenceServerException) as err:  # admitted (nothing queued), but sim computes 20 ms
+        client.infer("sim", [texts_input([b"slow"])], client_timeout=0.005)
+    assert err.value.status() == "StatusCode.DEADLINE_EXCEEDED"
+    assert client.infer("sim", [texts_input([b"after"])], client_timeout=10).as_numpy("OUTPUT0") is not None
+
+
+def test_the_smaller_of_the_deadline_and_parameters_timeout_wins(client: tc.InferenceServerClient) -> None:
+    with pytest.raises(InferenceServerException) as err:  # 2 ms cannot hold a 20 ms batch, 30 s could
+        client.infer("sim", [texts_input([b"t"])], client_timeout=30, timeout=2000)
+    assert err.value.status() == "StatusCode.DEADLINE_EXCEEDED"
+    assert "deadline" in err.value.message()
+    with pytest.raises(InferenceServerException) as err:  # and the other way round
+        client.infer("sim", [texts_input([b"t"])], client_timeout=0.002, timeout=30_000_000)
+    assert err.value.status() == "StatusCode.DEADLINE_EXCEEDED"
+
+
+def test_health_check_answers_serving_for_the_server_and_each_model(server: ServerProc) -> None:
+    with grpc.insecure_channel(server.grpc_target) as channel:
+        health = health_pb2_grpc.HealthStub(channel)
+        serving = health_pb2.HealthCheckResponse.SERVING
+        assert health.Check(health_pb2.HealthCheckRequest(service="")).status == serving
+        assert health.Check(health_pb2.HealthCheckRequest(service="sim")).status == serving
+        with pytest.raises(grpc.RpcError) as err:
+            health.Check(health_pb2.HealthCheckRequest(service="nope"))
+        assert err.value.code() == grpc.StatusCode.NOT_FOUND
+
+
+def test_reflection_lists_the_services(server: ServerProc) -> None:
+    with grpc.insecure_channel(server.grpc_target) as channel:
+        stub = reflection_pb2_grpc.ServerReflectionStub(channel)
+        answers = stub.ServerReflectionInfo(iter([reflection_pb2.ServerReflectionRequest(list_services="")]))
+        names = {s.name for s in next(answers).list_services_response.service}
+    assert {"inference.GRPCInferenceService", "grpc.health.v1.Health", "grpc.reflection.v1alpha.ServerReflection"} <= names
+
+
+def test_the_repository_rpcs_are_unimplemented(client: tc.InferenceServerClient) -> None:
+    with pytest.raises(InferenceServerException) as err:
+        client.get_model_repository_index()
+    assert err.value.status() == "StatusCode.UNIMPLEMENTED"
+
+
+# ---- with tenants: keys and quotas -------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def keyed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProc]:
+    root = tmp_path_factory.mktemp("grpc-keys")
+    (root / "inferd.toml").write_text(TENANTS)
+    s = start_server(
+        root, "--model-repo", str(ROOT / "examples" / "model_repo"), "--config", str(root / "inferd.toml")
+    )
+    yield s
+    assert s.stop() in (0, -15)
+
+
+def sim_request(text: bytes = b"k") -> pb.ModelInferRequest:
+    blob = len(text).to_bytes(4, "little") + text
+    tensor = pb.ModelInferRequest.InferInputTensor(name="INPUT0", datatype="BYTES", shape=[1])
+    return pb.ModelInferRequest(model_name="sim", inputs=[tensor], raw_input_contents=[blob])
+
+
+def test_a_call_without_a_key_is_unauthenticated_but_probes_stay_open(keyed: ServerProc) -> None:
+    client = tc.InferenceServerClient(keyed.grpc_target)
+    try:
+        assert client.is_server_live() and client.is_server_ready()
+        with pytest.raises(InferenceServerException) as err:
+            client.infer("sim", [texts_input([b"x"])])
+        assert err.value.status() == "StatusCode.UNAUTHENTICATED"
+        assert "an API key is required" in err.value.message()
+        with pytest.raises(InferenceServerException) as err:
+            client.is_model_ready("sim", headers={"authorization": "Bearer not-a-key"})
+        assert err.value.status() == "StatusCode.UNAUTHENTICATED"
+    finally:
+        client.close()
+
+
+def test_a_key_calls_its_models_and_no_other(keyed: ServerProc) -> None:
+    client = tc.InferenceServerClient(keyed.grpc_target)
+    try:
+        for headers in ({"authorization": f"Bearer {ALPHA}"}, {"x-api-key": ALPHA}):
+            result = client.infer("sim", [texts_input([b"keyed"])], headers=headers)
+            assert result.as_numpy("OUTPUT0").tolist() == [sim_digest("sim", 1, "keyed").encode()]
+        inp = tc.InferInput("INPUT0", [1, 4], "FP32")
+        inp.set_data_from_numpy(np.zeros((1, 4), dtype=np.float32))
+        with pytest.raises(InferenceServerException) as err:
+            client.infer("scale", [inp], headers={"x-api-key": ALPHA})
+        assert err.value.status() == "StatusCode.PERMISSION_DENIED"
+        assert "may not call model 'scale'" in err.value.message()
+    finally:
+        client.close()
+
+
+def test_a_tenant_over_its_rate_is_resource_exhausted_with_retry_after(keyed: ServerProc) -> None:
+    metadata = (("authorization", f"Bearer {LIMITED}"),)
+    with grpc.insecure_channel(keyed.grpc_target) as channel:
+        stub = pb_grpc.GRPCInferenceServiceStub(channel)
+        answer, call = stub.ModelInfer.with_call(sim_request(), metadata=metadata, timeout=10)
+        assert answer.model_name == "sim"
+        trailers = dict(call.trailing_metadata())
+        assert trailers["x-inferd-model"] == "sim" and trailers["x-inferd-model-version"] == "1"
+        assert int(trailers["x-inferd-batch-size"]) >= 1 and trailers["x-request-id"]
+        with pytest.raises(grpc.RpcError) as err:
+            stub.ModelInfer(sim_request(), metadata=metadata, timeout=10)
+    assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    refused = dict(err.value.trailing_metadata())
+    assert int(refused["retry-after"]) >= 1
+    assert float(refused["x-inferd-retry-after-ms"]) > 0
+    assert "x-ratelimit-limit-requests" in refused
+    assert refused["x-request-id"]
+
+
+def metric(server: ServerProc, series: str) -> float:
+    with urllib.request.urlopen(f"{server.url}/metrics", timeout=10) as r:
+        text = r.read().decode()
+    found = re.search(rf"^{re.escape(series)} (\S+)$", text, re.M)
+    return float(found.group(1)) if found else 0.0
+
+
+def test_a_cancelled_call_is_withdrawn_and_counted_cancelled(server: ServerProc) -> None:
+    cancelled = 'inferd_requests_total{model="sim",outcome="cancelled",protocol="grpc",version="1"}'
+    depth = 'inferd_queue_depth{model="sim",version="1"}'
+    cut = 'inferd_batch_size_sum{model="sim",version="1"}'  # items put in batches
+    before = metric(server, cancelled)
+    texts = [f"gone-{i}".encode() for i in range(400)]  # four batches of 100: the last wait while one runs
+    request = pb.ModelInferRequest(
+        model_name="sim",
+        inputs=[pb.ModelInferRequest.InferInputTensor(name="INPUT0", datatype="BYTES", shape=[400])],
+        raw_input_contents=[b"".join(len(t).to_bytes(4, "little") + t for t in texts)],
+    )
+    with grpc.insecure_channel(server.grpc_target) as channel:
+        stub = pb_grpc.GRPCInferenceServiceStub(channel)
+        for _ in range(5):  # cancelled while its items wait (a try that ends first is tried again)
+            cut_before = metric(server, cut)
+            future = stub.ModelInfer.future(request, timeout=30)
+            while not future.done() and metric(server, depth) == 0:
+                time.sleep(0.002)
+            if future.cancel():
+                break
+        assert future.cancelled()
+        deadline = time.monotonic() + 10
+        while metric(server, cancelled) == before and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert metric(server, cancelled) == before + 1
+        assert stub.ModelInfer(sim_request(b"next"), timeout=10).model_name == "sim"
+        assert metric(server, depth) == 0
+        assert metric(server, cut) - cut_before < 400 + 1  # its waiting items were withdrawn, never run
+
+
+# ---- TLS: the HTTP listener's certificate -------------------------------------------------------------
+def test_grpc_speaks_tls_with_the_https_certificate(tmp_path: Path) -> None:
+    ca = trustme.CA()
+    issued = ca.issue_cert("127.0.0.1", "localhost")
+    ca.cert_pem.write_to_path(tmp_path / "ca.pem")
+    (tmp_path / "cert.pem").write_bytes(b"".join(b.bytes() for b in issued.cert_chain_pems))
+    issued.private_key_pem.write_to_path(tmp_path / "key.pem")
+    port, grpc_port, admin_port = free_port(), free_port(), free_port()
+    proc = subprocess.Popen(
+        [
+            *(sys.executable, "-m", "inferd.cli.main", "serve", "--model", "sim", "--shutdown-grace-s", "0"),
+            *("--port", str(port), "--grpc-port", str(grpc_port), "--admin-port", str(admin_port)),
+            *("--ssl-certfile", str(tmp_path / "cert.pem"), "--ssl-keyfile", str(tmp_path / "key.pem")),
+            *("--data-dir", str(tmp_path / "data")),
+        ],
+        stdout=open(tmp_path / "server.log", "wb"),
+        stderr=subprocess.STDOUT,
+        cwd=ROOT,
+    )
+    server = ServerProc(proc, port, tmp_path / "server.log", admin_port, grpc_port)
+    roots = (tmp_path / "ca.pem").read_bytes()
+    try:
+        with grpc.secure_channel(server.grpc_target, grpc.ssl_channel_credentials(roots)) as channel:
+            health = health_pb2_grpc.HealthStub(channel)
+            request = health_pb2.HealthCheckRequest(service="sim")
+            assert health.Check(request, wait_for_ready=True, timeout=60).status == health_pb2.HealthCheckResponse.SERVING
+        client = tc.InferenceServerClient(server.grpc_target, ssl=True, root_certificates=str(tmp_path / "ca.pem"))
+        result = client.infer("sim", [texts_input([b"over tls"])])
+        assert result.as_numpy("OUTPUT0").tolist() == [sim_digest("sim", 1, "over tls").encode()]
+        client.close()
+        with grpc.insecure_channel(server.grpc_target) as plain:
+            with pytest.raises(grpc.RpcError) as err:
+                health_pb2_grpc.HealthStub(plain).Check(health_pb2.HealthCheckRequest(), timeout=5)
+        assert err.value.code() == grpc.StatusCode.UNAVAILABLE
+    finally:
+        assert server.stop() in (0, -15), server.log()
+
+
+def test_the_response_cache_answers_either_edge_from_the_other(server: ServerProc) -> None:
+    data = np.array([[9.0, 8.0, 7.0, 6.0]], dtype=np.float32)
+    rest = tc_http.InferenceServerClient(server.url.removeprefix("http://"))
+    inp = tc_http.InferInput("INPUT0", [1, 4], "FP32")
+    inp.set_data_from_numpy(data, binary_data=True)
+    outputs = [tc_http.InferRequestedOutput(name, binary_data=True) for name in ("DOUBLED", "SUM")]
+    assert rest.infer("scale", [inp], outputs=outputs).get_response()["parameters"]["cache"] == "miss"
+    rest.close()
+    tensor = pb.ModelInferRequest.InferInputTensor(name="INPUT0", datatype="FP32", shape=[1, 4])
+    request = pb.ModelInferRequest(model_name="scale", inputs=[tensor], raw_input_contents=[data.tobytes()])
+    with grpc.insecure_channel(server.grpc_target) as channel:
+        answer, call = pb_grpc.GRPCInferenceServiceStub(channel).ModelInfer.with_call(request, timeout=10)
+    assert dict(call.trailing_metadata())["x-inferd-cache"] == "hit"
+    assert np.frombuffer(answer.raw_output_contents[0], dtype=np.float32).tolist() == (data * 2).ravel().tolist()

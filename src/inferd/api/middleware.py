@@ -15,6 +15,7 @@ routes from the path, OpenAI routes from the body), so accounting counts every r
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import random
 from collections.abc import Callable
@@ -96,7 +97,12 @@ class Accounting:
 
     async def __call__(self, call: Call, request: object) -> Response:
         call.started_at = self.clock.now()
-        response = await self.inner(call, request)
+        try:
+            response = await self.inner(call, request)
+        except asyncio.CancelledError:  # the edge cancelled the call (a gRPC client left): counted, as a 499 is
+            call.outcome = "cancelled"
+            self._count(call)
+            raise
         if response.streamed:
             response.on_close(lambda: self._count(call))
         else:
@@ -108,7 +114,7 @@ class Accounting:
         if rt is None:  # refused before a model was known (bad route, unknown model): no model label
             return
         latency_s = self.clock.now() - call.started_at
-        requests = self.metrics.requests_for(rt.name, rt.version)
+        requests = self.metrics.requests_for(rt.name, rt.version, call.protocol)
         requests.observe(call.outcome, latency_s)
         self.metrics.slo.request(rt.name, call.outcome, call.notes.get("rejected"), latency_s)
         if self.observe is not None:
@@ -172,6 +178,6 @@ class AccessLog:
             "%s %s status=%d outcome=%s model=%s ms=%.2f queue_ms=%s batch_id=%s batch_size=%s "
             "compute_ms=%s attempts=%s",
             *fields.values(),
-            extra={"fields": fields},
+            extra={"fields": {**fields, "protocol": call.protocol}},
         )
         return response
