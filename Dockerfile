@@ -83,7 +83,8 @@ ENV PATH=/opt/inferd/bin:$PATH \
     PYTHONUNBUFFERED=1
 USER 10001:10001
 WORKDIR /home/inferd
-# 8000 HTTP (OIP v2, OpenAI, /metrics), 8001 admin (loopback unless --admin-host), 9000 remote workers
-EXPOSE 8000 9000
+# 8000 HTTP (OIP v2, OpenAI, /metrics), 8001 gRPC (KServe v2 / Triton, health, reflection: the HTTP port
+# + 1), 8002 admin (the HTTP port + 2; loopback unless --admin-host), 9000 remote workers
+EXPOSE 8000 8001 8002 9000
 ENTRYPOINT ["inferd"]
 CMD ["serve", "--host", "0.0.0.0", "--port", "8000"]

@@ -95,7 +95,7 @@ def main() -> None:
     p.add_argument("--fail-at", type=float, default=30.0, help="seconds before v2 starts failing")
     args = p.parse_args()
     with InferdServer(models={"sim": MODEL}, name="canary", grace_s=10.0) as server:
-        admin_url = f"http://127.0.0.1:{server.port + 1}"
+        admin_url = server.admin_url
         run = asyncio.run(load(server.url, args.rate, args.duration, args.fail_at))
         traffic = admin_traffic(admin_url)
     rollbacks = [e for e in traffic["history"] if e["event"] == "rolled_back"]

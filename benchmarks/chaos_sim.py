@@ -49,7 +49,7 @@ def main() -> int:
     parser.add_argument("--timeout-ms", type=float, default=5000.0, help="client deadline per request")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--port", type=int, default=8000)
-    parser.add_argument("--admin-port", type=int, default=8001)
+    parser.add_argument("--admin-port", type=int, default=8002)
     parser.add_argument("--ready-timeout", type=float, default=120.0, help="seconds to wait for ready")
     parser.add_argument("--grace", type=float, default=15.0, help="seconds from SIGTERM to SIGKILL")
     parser.add_argument("--json-out", type=Path, default=OUT_DIR / "chaos_sim.json")

@@ -12,6 +12,7 @@ pip-installed with pinned versions; they are NOT inferd dependencies:
 The servers (one at a time, so an idle one never competes for the 2 cores):
 
     inferd    .venv/bin/python -m inferd.cli.main serve --model sim --host 127.0.0.1 --port P --no-access-log
+              --no-grpc --admin-port 0
     litserve  .bench/venvs/litserve/bin/python benchmarks/peers/litserve_sim.py --port P
     rayserve  .bench/venvs/rayserve/bin/python benchmarks/peers/rayserve_sim.py --port P
 
@@ -152,7 +153,8 @@ def ensure_venv(system: str) -> str:
 
 def make_server(system: str, port: int) -> SimServer:
     if system == "inferd":
-        serve = ["--model", "sim", "--host", "127.0.0.1", "--port", str(port), "--no-access-log"]
+        serve = ["--model", "sim", "--host", "127.0.0.1", "--port", str(port), "--no-access-log", "--no-grpc"]
+        serve += ["--admin-port", "0"]  # the peers serve HTTP only; nothing on the HTTP port + 1 or + 2
         return SimServer(system, inferd_command("serve", *serve, "--log-level", "WARNING"), port)
     script = (
         ROOT / "benchmarks" / "peers" / ("litserve_sim.py" if system == "litserve" else "rayserve_sim.py")

@@ -18,6 +18,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import tomllib
 import urllib.error
 import urllib.request
 from collections.abc import Mapping
@@ -245,6 +246,8 @@ class ServerProcess:
 class InferdServer(ServerProcess):
     """`inferd serve ARGS` on 127.0.0.1:`port` (a free one by default), with its config and model
     repository (model name -> model.toml text) written to a temporary folder it removes when stopped.
+    Its gRPC and admin APIs on free ports too unless ARGS set them (--grpc-port / --no-grpc,
+    --admin-port / --no-admin): never the HTTP port + 1 and + 2, which something else may hold.
     Ready when /v2/health/ready answers 200."""
 
     def __init__(
@@ -254,8 +257,11 @@ class InferdServer(ServerProcess):
         config: str | None = None,
         models: Mapping[str, str] | None = None,
         port: int | None = None,
+        free_ports: bool = True,
         **kw: Any,
     ) -> None:
+        """`free_ports=False`: no --grpc-port / --admin-port added (a tree older than them: the HTTP
+        port's defaults, which the caller makes sure are free)."""
         self.tmp = tempfile.TemporaryDirectory(prefix=f"{name}.")
         base = Path(self.tmp.name)
         options = list(args)
@@ -273,6 +279,19 @@ class InferdServer(ServerProcess):
             options += ["--data-dir", str(base / "data")]
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
+        table = tomllib.loads(config).get("server", {}) if config is not None else {}
+        self.grpc_port = int(table.get("grpc_port", self.port + 1))
+        """The gRPC API's port (0: none, --no-grpc)."""
+        self.admin_port = int(table.get("admin_port", self.port + 2))
+        """The admin API's port (0: none, --no-admin)."""
+        if free_ports and "grpc_port" not in table:
+            self.grpc_port = _option_port(options, "--grpc-port", "--no-grpc", self.port)
+        if free_ports and "admin_port" not in table:
+            self.admin_port = _option_port(options, "--admin-port", "--no-admin", self.port, self.grpc_port)
+        host = _option(options, "--host") or "127.0.0.1"
+        self.grpc_target = f"{host}:{self.grpc_port}"
+        """HOST:PORT of its gRPC API, as grpc and tritonclient.grpc take it."""
+        self.admin_url = f"http://{_option(options, '--admin-host') or '127.0.0.1'}:{self.admin_port}"
         super().__init__(inferd_command("serve", *options, "--port", str(self.port)), name=name, **kw)
 
     def ready(self) -> bool:
@@ -282,6 +301,30 @@ class InferdServer(ServerProcess):
         stopped = super().stop()
         self.tmp.cleanup()
         return stopped
+
+
+def _option(options: list[str], flag: str) -> str | None:
+    """The value `flag` has in `options` (`flag VALUE` or `flag=VALUE`), None when absent."""
+    for i, option in enumerate(options):
+        if option == flag and i + 1 < len(options):
+            return options[i + 1]
+        if option.startswith(f"{flag}="):
+            return option.split("=", 1)[1]
+    return None
+
+
+def _option_port(options: list[str], flag: str, off: str, *taken: int) -> int:
+    """The port `flag` gives in `options` (0 with `off`); else a free one other than `taken`, appended to
+    `options` as `flag PORT`."""
+    if off in options:
+        return 0
+    if (given := _option(options, flag)) is not None:
+        return int(given)
+    port = free_port()
+    while port in taken:  # the kernel may hand the same free port out twice in a row
+        port = free_port()
+    options += [flag, str(port)]
+    return port
 
 
 _RUNNING: list[ServerProcess] = []

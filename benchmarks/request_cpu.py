@@ -40,7 +40,8 @@ TARGETS = {"cpu_1000": 190.0, "cpu_3000": 120.0, "p99_3000": 100.0, "goodput_sha
 
 
 def server_port() -> int:
-    """A free port whose next two are free too (the admin port is the HTTP port + 1 by default)."""
+    """A free port whose next two are free too (with --tree, a tree that may predate --grpc-port: its
+    gRPC API, if it has one, on the HTTP port + 1, its admin API on + 1 or + 2)."""
     while True:
         port = free_port()
         if port < 65000 and port_free(port + 1) and port_free(port + 2):
@@ -110,7 +111,8 @@ def main() -> int:
     out: dict = {"command": " ".join(sys.argv), "runs": []}
     env = None if args.tree is None else {"PYTHONPATH": os.path.join(os.path.abspath(args.tree), "src")}
     server = InferdServer(
-        "--model", "sim", name="request_cpu", port=server_port(), ready_timeout_s=60.0, grace_s=30.0, env=env
+        "--model", "sim", name="request_cpu", port=server_port(), ready_timeout_s=60.0, grace_s=30.0, env=env,
+        free_ports=args.tree is None,
     )  # fmt: skip
     with server:
         time.sleep(1.0)  # let start-up settle before the idle reading

@@ -37,6 +37,8 @@ def one_walk(tree: Path, path: str, body: bytes) -> list[dict]:
     env = {**os.environ, "INFERD_WALK_OUT": str(out), "PYTHONPATH": f"{HOOK}:{tree / 'src'}"}
     cmd = [sys.executable, "-m", "inferd.cli.main", "serve", "--model", "sim", "--model", "sim-llm",
            "--port", str(port), "--no-admin", "--log-level", "WARNING"]  # fmt: skip
+    if (tree / "src" / "inferd" / "grpc_edge").is_dir():  # a tree with the gRPC API: the walk is HTTP's
+        cmd.append("--no-grpc")
     server = subprocess.Popen(cmd, env=env, cwd=tree, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         deadline = time.monotonic() + 60

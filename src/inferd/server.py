@@ -12,7 +12,7 @@ import os
 import secrets
 import shutil
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 import msgspec
@@ -220,6 +220,7 @@ class InferenceServer:
         self.admin: AdminApi | None = None
         self.admin_port: int | None = None
         self.worker_port: int | None = None
+        self.grpc_address: Callable[[], str | None] = lambda: None  # the gRPC API's HOST:PORT once bound (runner)
 
     @property
     def ready(self) -> bool:
@@ -268,7 +269,7 @@ class InferenceServer:
                 gateway=GatewayView(self.gateway, self.tenant_requests, self.cache.statistics),
                 traffic=self.traffic.statistics, loads=self.loads,
                 frontend={"id": frontend_id(self.config), "zone": self.config.zone},
-                decider=self.cluster.decider, cluster=self.cluster.view,
+                decider=self.cluster.decider, cluster=self.cluster.view, grpc=lambda: self.grpc_address(),
             ),
             token,
         )

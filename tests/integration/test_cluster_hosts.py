@@ -45,7 +45,7 @@ from tests.lan import Host, Lan
 
 TOKEN = "join-secret-for-many-hosts"
 NAME = "routers"
-HTTP_PORT, ADMIN_PORT, WORKER_PORT, REDIS_PORT = 8000, 8001, 9000, 6379
+HTTP_PORT, ADMIN_PORT, WORKER_PORT, REDIS_PORT = 8000, 8002, 9000, 6379  # gRPC: 8001 (the default)
 MODEL_TOML = """builtin = "sim"
 workers = 0
 max_batch_size = 8

@@ -13,7 +13,7 @@ from tests.conftest import ROOT, free_port, start_server
 
 
 def serve(data_dir: Path) -> subprocess.CompletedProcess[str]:
-    args = ["--model", "sim", "--workers", "0", "--port", str(free_port()), "--no-admin"]
+    args = ["--model", "sim", "--workers", "0", "--port", str(free_port()), "--no-admin", "--no-grpc"]
     return subprocess.run(
         [sys.executable, "-m", "inferd.cli.main", "serve", *args, "--data-dir", str(data_dir)],
         capture_output=True,

@@ -9,7 +9,9 @@
   required by the reloaded file is required at once whichever front end takes the request, also by a
   front end started again since;
 * front ends with no local workers (remote ones only, none joined yet) open the port within seconds,
-  not after the local workers' start timeout.
+  not after the local workers' start timeout;
+* both front ends serve the gRPC API on the one gRPC port (SO_REUSEPORT): connections spread over them
+  and each answers ModelInfer with the sim digest.
 
 Bounded: one server for the module, loads capped in count and time."""
 
@@ -24,9 +26,13 @@ import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
+import grpc
 import pytest
 
 from inferd.gateway.keys import key_digest, new_key
+from inferd.grpc_edge.protos import grpc_service_pb2 as pb
+from inferd.grpc_edge.protos import grpc_service_pb2_grpc as pb_grpc
+from inferd.models.sim import sim_digest
 from tests.checked_load import Load, tally, wait_for
 from tests.conftest import ServerProc, alive, child_pids, free_port, start_server
 from tests.frontends_harness import ready_workers, scrape, two_frontends
@@ -89,6 +95,39 @@ def test_metrics_cover_both_front_ends_and_a_shared_worker_keeps_its_batch_cap(s
     assert all(w["credits"] is not None for w in workers), workers
     marks = [w["batch_high_water"] for w in workers]
     assert all(1 <= m <= 2 for m in marks), marks
+
+
+def grpc_infer_on_a_new_connection(target: str, text: bytes) -> str:
+    """ModelInfer of `text` on sim over a connection of its own (no subchannel shared with an earlier
+    channel of this process): the kernel hands each new connection to either front end."""
+    with grpc.insecure_channel(target, options=[("grpc.use_local_subchannel_pool", 1)]) as channel:
+        stub = pb_grpc.GRPCInferenceServiceStub(channel)
+        assert stub.ServerLive(pb.ServerLiveRequest(), timeout=10).live
+        tensor = pb.ModelInferRequest.InferInputTensor(
+            name="INPUT0", datatype="BYTES", shape=[1], contents=pb.InferTensorContents(bytes_contents=[text])
+        )
+        answer = stub.ModelInfer(pb.ModelInferRequest(model_name="sim", inputs=[tensor]), timeout=10)
+    (raw,) = answer.raw_output_contents
+    size = int.from_bytes(raw[:4], "little")  # one BYTES element: its length, then its bytes
+    assert len(raw) == 4 + size
+    return raw[4:].decode()
+
+
+def test_both_front_ends_answer_grpc_on_the_one_grpc_port(server: ServerProc) -> None:
+    before = scrape(server)
+    calls = 0
+
+    def both_answered() -> bool:
+        nonlocal calls
+        for _ in range(8):
+            text = f"grpc-{calls}".encode()
+            assert grpc_infer_on_a_new_connection(server.grpc_target, text) == sim_digest("sim", 1, text)
+            calls += 1
+        sample = scrape(server)
+        return all(ok_requests(sample, fe) > ok_requests(before, fe) for fe in ("0", "1"))
+
+    wait_for(both_answered, 60, "gRPC answers from both front ends")
+    assert server.log().count(f"gRPC API on 127.0.0.1:{server.grpc_port}") >= 2  # each front end its listener
 
 
 def test_sigkill_of_one_front_end_fails_only_its_own_requests(server: ServerProc) -> None:

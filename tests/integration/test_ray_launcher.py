@@ -296,7 +296,7 @@ def test_unreachable_ray_cluster_fails_startup_fast(tmp_path: Path) -> None:
     proc = subprocess.run(
         [
             *(sys.executable, "-m", "inferd.cli.main", "serve", "--ray", f"127.0.0.1:{closed}"),
-            *("--port", str(free_port()), "--no-admin", "--workers", "1"),
+            *("--port", str(free_port()), "--no-admin", "--no-grpc", "--workers", "1"),
         ],
         capture_output=True,
         text=True,

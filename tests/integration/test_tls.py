@@ -78,11 +78,14 @@ def get(url: str, ctx: ssl.SSLContext, timeout_s: float = 5.0) -> tuple[int, byt
 
 @pytest.fixture(scope="module")
 def server(certs: Certs, tmp_path_factory: pytest.TempPathFactory) -> Iterator[TlsServer]:
-    port, admin_port, worker_port = free_port(), free_port(), free_port()
+    port, admin_port, worker_port, grpc_port = free_port(), free_port(), free_port(), free_port()
+    while len({port, admin_port, worker_port, grpc_port}) < 4:  # the kernel may hand one out twice
+        admin_port, worker_port, grpc_port = free_port(), free_port(), free_port()
     log_path = tmp_path_factory.mktemp("tls") / "server.log"
     serve = [
         *("serve", "--model", "sim", "--workers", "1", "--shutdown-grace-s", "0"),
         *("--port", str(port), "--admin-port", str(admin_port), "--worker-port", str(worker_port)),
+        *("--grpc-port", str(grpc_port)),
         *("--ssl-certfile", str(certs.cert), "--ssl-keyfile", str(certs.key)),
     ]
     proc = subprocess.Popen(
@@ -92,7 +95,7 @@ def server(certs: Certs, tmp_path_factory: pytest.TempPathFactory) -> Iterator[T
         stderr=subprocess.STDOUT,
         cwd=ROOT,
     )
-    s = TlsServer(proc, port, log_path, admin_port, worker_port)
+    s = TlsServer(proc, port, log_path, admin_port=admin_port, grpc_port=grpc_port, worker_port=worker_port)
     deadline = time.monotonic() + 60
     while True:
         if proc.poll() is not None:

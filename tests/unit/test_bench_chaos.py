@@ -236,7 +236,7 @@ def test_window_stats_counts_sent_ok_failed_and_latency_of_ok_answers() -> None:
 
 def test_chaos_spec_defaults_and_validation() -> None:
     spec = ChaosSpec(mode="kill", admin_token="t0ken")
-    assert (spec.interval_s, spec.first_s, spec.admin_url) == (3.0, 3.0, "http://127.0.0.1:8001")
+    assert (spec.interval_s, spec.first_s, spec.admin_url) == (3.0, 3.0, "http://127.0.0.1:8002")
     assert "t0ken" not in repr(spec) and "t0ken" not in json.dumps(spec.to_dict())
     assert spec.to_dict()["admin_token_set"] is True
     assert ChaosSpec(mode="stop", interval_s=2.0, start_s=0.5).first_s == 0.5

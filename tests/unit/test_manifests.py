@@ -22,6 +22,7 @@ import typer.main
 import yaml
 
 from inferd.cli.main import app
+from inferd.config.ports import admin_port_for, grpc_port_for
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
@@ -346,6 +347,55 @@ def test_manifest_arguments_are_real_cli_flags(overlay: str) -> None:
     assert checked
 
 
+def served_ports(c: dict[str, Any]) -> dict[str, int]:
+    """The ports `inferd serve` listens on with a container's args, by inferd's own rule (config/ports.py:
+    gRPC on the HTTP port + 1, admin on + 2, unless set; --no-grpc / --no-admin: none)."""
+    given = dict(a.removeprefix("--").split("=", 1) for a in c["args"][1:] if a.startswith("--") and "=" in a)
+    http = int(given.get("port", 8000))
+    ports = {"http": http}
+    if "--no-grpc" not in c["args"]:
+        ports["grpc"] = int(given.get("grpc-port", grpc_port_for(http)))
+    if "--no-admin" not in c["args"]:
+        ports["admin"] = int(given.get("admin-port", admin_port_for(http)))
+    if "worker-port" in given:
+        ports["worker-port"] = int(given["worker-port"])
+    return ports
+
+
+@pytest.mark.parametrize("overlay", ["overlays/cpu-demo", "overlays/gpu", "ray"])
+def test_front_end_ports_are_where_inferd_listens_and_grpc_is_served(overlay: str) -> None:
+    """Each named container port is the port inferd listens on for that API (the gRPC one on the HTTP
+    port + 1 by default, the admin API on + 2), no two APIs share one, and the front end's Service and
+    network policy carry gRPC beside HTTP."""
+    docs = render(overlay)
+    deployment = find(docs, "Deployment", "inferd")
+    c = container(deployment)
+    listening = served_ports(c)
+    named = {p["name"]: p["containerPort"] for p in c["ports"]}
+    assert len(set(named.values())) == len(named), named
+    for name, port in named.items():
+        assert listening[name] == port, (name, port, listening)
+    assert named["grpc"] == named["http"] + 1 == 8001  # Triton's convention
+    service = find(docs, "Service", "inferd")
+    by_name = {p["name"]: p for p in service["spec"]["ports"]}
+    assert by_name["grpc"]["targetPort"] == "grpc" and by_name["grpc"]["port"] == named["grpc"]
+    assert selects(service["spec"]["selector"], deployment)
+    for policy in [d for d in docs if d["kind"] == "NetworkPolicy" and selects(d["spec"]["podSelector"]["matchLabels"], deployment)]:
+        open_to_all = {p["port"] for rule in policy["spec"]["ingress"] if "from" not in rule for p in rule["ports"]}
+        assert {named["http"], named["grpc"]} <= open_to_all, policy["metadata"]["name"]
+        assert named.get("admin") not in open_to_all
+
+
+def test_gpu_admin_service_reaches_the_routers_admin_api() -> None:
+    """`kubectl port-forward svc/inferd-admin 8002` then `inferd status`: the Service's port is the one
+    `inferd status` looks at for a server on 8000 (8000 + 2), and it targets the admin API's port."""
+    docs = render("overlays/gpu")
+    router = container(find(docs, "Deployment", "inferd"))
+    (port,) = find(docs, "Service", "inferd-admin")["spec"]["ports"]
+    assert port["port"] == admin_port_for(8000) == int(arg(router, "--admin-port"))
+    assert {p["name"]: p["containerPort"] for p in router["ports"]}[port["targetPort"]] == port["port"]
+
+
 def inferd_metric_names() -> set[str]:
     src = ROOT / "src" / "inferd"
     sources = [
@@ -407,6 +457,11 @@ def test_dockerfile_base_is_a_pinned_build_argument() -> None:
     assert "@sha256:" in image or re.fullmatch(r"\d+\.\d+\.\d+-[a-z-]+", tag), f"unpinned base image {image}"
     froms = [line for line in lines if line.startswith("FROM ")]
     assert froms and all(f.split()[1] in ("${BASE}", "build") for f in froms)
+
+
+def test_dockerfile_exposes_the_default_ports() -> None:
+    exposed = {int(p) for line in dockerfile_lines() if line.startswith("EXPOSE ") for p in line.split()[1:]}
+    assert exposed >= {8000, grpc_port_for(8000), admin_port_for(8000)} == {8000, 8001, 8002}
 
 
 def test_dockerfile_runs_as_a_non_root_user() -> None:

@@ -11,9 +11,10 @@ from dataclasses import dataclass, field
 import pytest
 import typer
 from aiohttp import web
+from rich.console import Console
 from typer.testing import CliRunner
 
-from inferd.cli.status import AdminSnapshot, AdminUnavailable, status, watch_loop
+from inferd.cli.status import AdminSnapshot, AdminUnavailable, render_snapshot, status, watch_loop
 from tests.conftest import free_port
 
 pytestmark = pytest.mark.timeout(30)
@@ -56,6 +57,7 @@ WORKERS = {
     ],
     "time": 1700000000.0,
     "frontend": {"id": "fe-1", "zone": "zone-a"},
+    "grpc": "127.0.0.1:8001",
 }
 MODELS = {
     "models": {
@@ -175,7 +177,7 @@ def test_status_prints_worker_and_model_tables_with_the_retry_budget(admin: Stub
     for header in ("zone", "in-flight", "latency", "completed", "restarts", "progress age", "heartbeat age"):
         assert header in out, header
     assert "zone-b" in out, "a worker's zone (the other, of an older inferd, has none)"
-    assert "(front end fe-1, zone zone-a)" in out
+    assert "(front end fe-1, zone zone-a); gRPC API on 127.0.0.1:8001" in out
     assert "212 ms" in out
     for text in ("ready workers", "queued", "batch timeout", "busy ratio", "2.5 s", "62%", "17"):
         assert text in out, text
@@ -256,9 +258,9 @@ def test_help_lists_every_option() -> None:
         assert option in result.output, option
 
 
-def test_status_finds_the_admin_api_on_the_http_port_plus_one(admin: StubAdmin) -> None:
+def test_status_finds_the_admin_api_on_the_http_port_plus_two(admin: StubAdmin) -> None:
     admin_port = int(admin.url.rsplit(":", 1)[1])
-    result = invoke("--port", str(admin_port - 1), "--host", "127.0.0.1", "--json")
+    result = invoke("--port", str(admin_port - 2), "--host", "127.0.0.1", "--json")
     assert result.exit_code == 0, result.output
     assert json.loads(result.stdout)["workers"] == WORKERS
     assert sorted(admin.hits) == ["/admin/models", "/admin/workers"]
@@ -276,3 +278,12 @@ def test_status_refuses_an_address_it_cannot_resolve(args: list[str], message: s
     assert result.exit_code == 2
     assert message in result.stderr
     assert "Traceback" not in result.output
+
+
+def test_status_says_nothing_of_grpc_for_a_server_without_it() -> None:
+    snapshot = AdminSnapshot(workers={**WORKERS, "grpc": None}, models=MODELS)
+    console = Console(width=200, record=True)
+    console.print(render_snapshot(snapshot, "http://127.0.0.1:8002"))
+    text = console.export_text()
+    assert "from http://127.0.0.1:8002 (front end fe-1, zone zone-a) at" in text
+    assert "gRPC" not in text

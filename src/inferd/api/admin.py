@@ -77,6 +77,9 @@ class AdminTarget:
     cluster: Callable[[], Awaitable[Mapping[str, Any]]] | None = None
     """GET /admin/cluster: the live front ends, the lease's holder, a model repository mismatch
     (cluster/frontend.py `ClusterFrontend.view`)."""
+    grpc: Callable[[], str | None] | None = None
+    """HOST:PORT of the server's gRPC API (the one bound, for port 0 too), as GET /admin/workers shows
+    it; None (or answering None): no gRPC API."""
 
 
 class AdminApi:
@@ -146,7 +149,8 @@ class AdminApi:
             for stats in (rt.statistics(),)
             for w in stats.workers
         ]
-        return web.json_response({"workers": rows, "time": time.time(), "frontend": t.frontend})
+        grpc = t.grpc() if t.grpc is not None else None
+        return web.json_response({"workers": rows, "time": time.time(), "frontend": t.frontend, "grpc": grpc})
 
     async def cluster(self, request: web.Request) -> web.Response:
         """The front ends that form the server (those whose records are live in the shared store)."""

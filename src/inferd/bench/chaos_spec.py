@@ -21,7 +21,7 @@ class ChaosSpec:
     """Seconds between injections."""
     start_s: float | None = None
     """First injection this many seconds into the measured window (None: `interval_s`)."""
-    admin_url: str = "http://127.0.0.1:8001"
+    admin_url: str = "http://127.0.0.1:8002"  # the admin API of a server on port 8000
     admin_token: str | None = field(default=None, repr=False)
     """Sent as `Authorization: Bearer TOKEN` when set; never reported."""
     seed: int = 0

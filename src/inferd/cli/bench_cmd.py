@@ -107,8 +107,9 @@ def bench(
         typer.Option(help="First injection this many seconds into the measured window (default: interval)."),
     ] = None,
     admin_url: Annotated[
-        str, typer.Option(help="Base URL of the server's admin API (worker list).")
-    ] = "http://127.0.0.1:8001",
+        str,
+        typer.Option(help="Base URL of the server's admin API (worker list): its HTTP port + 2 unless it set --admin-port."),
+    ] = "http://127.0.0.1:8002",
     admin_token: Annotated[
         str | None,
         typer.Option(

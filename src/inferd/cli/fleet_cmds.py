@@ -22,7 +22,10 @@ AdminUrl = Annotated[
 Host = Annotated[str | None, typer.Option(help="Host of the server's HTTP API (default: 127.0.0.1).")]
 Port = Annotated[
     int | None,
-    typer.Option(help="Port of the server's HTTP API; its admin API is on this port + 1 (default: 8000)."),
+    typer.Option(
+        help="Port of the server's HTTP API (its --port); its admin API is on this port + 2 (default: 8000, "
+        "so admin 8002)."
+    ),
 ]
 Token = Annotated[
     str | None, typer.Option(envvar="INFERD_ADMIN_TOKEN", help="Admin token (default: INFERD_ADMIN_TOKEN).")
@@ -50,7 +53,11 @@ def _post(url: str, token: str | None, timeout_s: float) -> dict[str, Any]:
             detail = ""
         typer.echo(f"error: {url} answered {exc.code}: {detail or exc.reason}", err=True)
     except (urllib.error.URLError, OSError) as exc:
-        typer.echo(f"error: cannot reach the admin API at {url} ({getattr(exc, 'reason', exc)})", err=True)
+        typer.echo(
+            f"error: cannot reach the admin API at {url} ({getattr(exc, 'reason', exc)}); is this the "
+            "server's admin address (its HTTP port + 2 unless it set --admin-port: pass --port or --admin-url)?",
+            err=True,
+        )
     raise typer.Exit(1)
 
 

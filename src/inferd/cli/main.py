@@ -102,7 +102,7 @@ def serve(
     frontends: Annotated[
         int | None,
         typer.Option(
-            help="Front-end processes sharing the HTTP port (SO_REUSEPORT) and the workers (default: 1); "
+            help="Front-end processes sharing the HTTP and gRPC ports (SO_REUSEPORT) and the workers (default: 1); "
             "front end 0 runs the local workers, the admin API and the autoscaler. With --worker-port P, "
             "front end i takes remote workers on P + i."
         ),

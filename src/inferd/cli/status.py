@@ -97,7 +97,7 @@ def fetch_json(url: str, token: str | None, timeout_s: float = FETCH_TIMEOUT_S) 
         reason = getattr(exc, "reason", exc)
         raise AdminUnavailable(
             f"cannot reach the admin API at {url} ({reason}); is `inferd serve` running, "
-            "and is this its admin address (its HTTP port + 1 unless it set --admin-port: "
+            "and is this its admin address (its HTTP port + 2 unless it set --admin-port: "
             "pass --port or --admin-url)?"
         ) from None
     try:
@@ -249,6 +249,11 @@ def _frontend(frontend: Any) -> str:
     return f" (front end {frontend['id']}{f', zone {zone}' if zone else ''})"
 
 
+def _grpc(address: Any) -> str:
+    """'; gRPC API on HOST:PORT' as GET /admin/workers says; '' without one (or from an older server)."""
+    return f"; gRPC API on {address}" if isinstance(address, str) and address else ""
+
+
 def render_snapshot(snapshot: AdminSnapshot, admin_url: str, error: str | None = None) -> RenderableType:
     parts: list[RenderableType] = [
         workers_table(list(snapshot.workers.get("workers", []))),
@@ -262,7 +267,11 @@ def render_snapshot(snapshot: AdminSnapshot, admin_url: str, error: str | None =
         ),
         Text(retry_budget_line(snapshot.models.get("retry_budget"))),
         *gateway_parts(snapshot.tenants, snapshot.cache, snapshot.traffic),
-        Text(f"from {admin_url}{_frontend(snapshot.workers.get('frontend'))} at {time.strftime('%H:%M:%S')}", style="dim"),
+        Text(
+            f"from {admin_url}{_frontend(snapshot.workers.get('frontend'))}{_grpc(snapshot.workers.get('grpc'))} "
+            f"at {time.strftime('%H:%M:%S')}",
+            style="dim",
+        ),
     ]
     if error is not None:
         parts.append(Text(f"last refresh failed: {error}", style="bold red"))
@@ -312,8 +321,8 @@ def status(
     port: Annotated[
         int | None,
         typer.Option(
-            help="Port of the server's HTTP API (its --port); its admin API is on this port + 1 "
-            "(default: 8000, so admin 8001)."
+            help="Port of the server's HTTP API (its --port); its admin API is on this port + 2 "
+            "(default: 8000, so admin 8002)."
         ),
     ] = None,
     token: Annotated[
@@ -328,7 +337,7 @@ def status(
     ] = False,
 ) -> None:
     """Show the workers and models of a running inferd server, from its admin API (found on the HTTP
-    port + 1, as `inferd serve` puts it, unless --admin-url says where)."""
+    port + 2, as `inferd serve` puts it, unless --admin-url says where)."""
     try:
         url = ports.admin_url(admin_url, host, port)
     except ConfigError as exc:

@@ -106,7 +106,7 @@ def serve(
     config = log_dir / f"fleet-sim-{model}-{port}.toml"
     config.write_text(config_toml)
     log = (log_dir / f"fleet-sim-{model}-{port}.log").open("wb")
-    cmd = [sys.executable, "-m", "inferd.cli.main", "serve", "--port", str(port), "--admin-port", "0"]
+    cmd = [sys.executable, "-m", "inferd.cli.main", "serve", "--port", str(port), "--admin-port", "0", "--no-grpc"]
     cmd += ["--model", model, "--workers", str(workers), "--config", str(config)]
     cmd += ["--shutdown-grace-s", "0"] + (["--frontends", str(frontends)] if frontends > 1 else [])
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)  # nosec B603  # our own argv

@@ -159,6 +159,9 @@ def build_uvicorn(
     )
     # the front ends of one server share the gRPC port as they share the HTTP one (SO_REUSEPORT)
     edge = None if cfg.grpc_port is None else GrpcEdge(api, reuseport=frontend is not None and frontend.count > 1)
+    if edge is not None:  # GET /admin/workers' grpc: the address as bound (port 0's pick too)
+        host = f"[{cfg.host}]" if ":" in cfg.host else cfg.host
+        server.grpc_address = lambda: None if edge.port is None else f"{host}:{edge.port}"
     userver = GracefulServer(
         ucfg, server.begin_shutdown, cfg.shutdown_grace_s, server.gateway.reload_or_log, edge
     )

@@ -19,7 +19,10 @@ The parent serves the store the front ends share (cluster/local.py) from a threa
 before the first front end: it outlives every front end's restart, so a restarted one finds the state.
 
 The parent holds a socket bound to the port (never listening) so that the port stays the server's
-while a front end restarts, and so that port 0 names one free port for all of them.
+while a front end restarts, and so that port 0 names one free port for all of them. The same for the
+gRPC port: every front end serves the gRPC API on it too (SO_REUSEPORT, grpcio's `grpc.so_reuseport`,
+which a single front end leaves off so that a second server on its port is refused), and with port 0
+the parent picks it once and hands it to every front end in its config.
 """
 
 from __future__ import annotations
@@ -116,14 +119,18 @@ class Frontends:
         self.plan = FrontendPlan(0, cfg.frontends, self.socket_dir, secrets.token_hex(16))
         self.store = LocalStoreServer(self.plan.store_path(), self.plan.token, MonotonicClock())
         self.holder = reuseport_socket(cfg.host, cfg.port)
-        self.cfg = cfg.model_copy(update={"port": self.holder.getsockname()[1]})
+        self.grpc_holder = None if cfg.grpc_port is None else reuseport_socket(cfg.host, cfg.grpc_port)
+        self.cfg = shared_ports(cfg, self.holder, self.grpc_holder)
         self.models = models
         self.context = multiprocessing.get_context("fork")
         self.procs: dict[int, BaseProcess] = {}
         self.stopping = False
 
     def run(self) -> int:
-        log.info("%d front ends on %s:%d (owner: front end 0)", self.plan.count, self.cfg.host, self.cfg.port)
+        grpc = "" if self.cfg.grpc_port is None else f", gRPC on port {self.cfg.grpc_port}"
+        log.info(
+            "%d front ends on %s:%d%s (owner: front end 0)", self.plan.count, self.cfg.host, self.cfg.port, grpc
+        )
         for sig in FORWARDED:
             signal.signal(sig, self._forward)
         if become_subreaper() and os.path.isdir("/proc"):
@@ -140,12 +147,14 @@ class Frontends:
             self.store.stop()
             shutil.rmtree(self.socket_dir, ignore_errors=True)
             self.holder.close()
+            if self.grpc_holder is not None:
+                self.grpc_holder.close()
         return 0
 
     def _start(self, index: int) -> None:
         proc = self.context.Process(
             target=_serve,
-            args=(self.cfg, self.models, self.plan.at(index), self.holder, self.store),
+            args=(self.cfg, self.models, self.plan.at(index), self.holders(), self.store),
             daemon=False,
         )
         # Blocked across the fork: a signal that lands before the child resets its handlers waits for
@@ -158,6 +167,10 @@ class Frontends:
         finally:
             signal.pthread_sigmask(signal.SIG_UNBLOCK, FORWARDED)
         log.info("front end %d started (pid %s)", index, proc.pid)
+
+    def holders(self) -> list[socket.socket]:
+        """The parent's sockets that hold the shared ports (a front end closes its copies)."""
+        return [self.holder] + ([self.grpc_holder] if self.grpc_holder is not None else [])
 
     def _watch(self) -> None:
         died_at: dict[int, float] = {}
@@ -221,8 +234,16 @@ class Frontends:
                 os.kill(proc.pid, sig)
 
 
+def shared_ports(cfg: ServerConfig, http: socket.socket, grpc: socket.socket | None) -> ServerConfig:
+    """The front ends' settings: the HTTP and gRPC ports the parent holds (the ones picked for port 0)."""
+    update = {"port": http.getsockname()[1]}
+    if grpc is not None:
+        update["grpc_port"] = grpc.getsockname()[1]
+    return cfg.model_copy(update=update)
+
+
 def _serve(
-    cfg: ServerConfig, models: list[ModelConfig], plan: FrontendPlan, holder: socket.socket,
+    cfg: ServerConfig, models: list[ModelConfig], plan: FrontendPlan, holders: list[socket.socket],
     store: LocalStoreServer,
 ) -> None:
     """A front end's process: its own socket on the shared port, then the server as with one. The
@@ -233,7 +254,8 @@ def _serve(
     # must not end a front end still starting: its config is read after this anyway
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, FORWARDED)
-    holder.close()
+    for holder in holders:
+        holder.close()
     store.close_inherited()
     from inferd.runner import serve_frontend
 
