@@ -301,6 +301,36 @@ def test_a_key_calls_its_models_and_no_other(keyed: ServerProc) -> None:
         client.close()
 
 
+def test_a_models_health_needs_a_key_its_tenant_may_use_as_its_ready_route_does(keyed: ServerProc) -> None:
+    """The server's health ("") is a probe's, open; a model's says which models are served and whether
+    they are ready, as GET /v2/models/{name}/ready does: it needs a key, and the key's tenant sees only
+    its own models."""
+    serving = health_pb2.HealthCheckResponse.SERVING
+    with grpc.insecure_channel(keyed.grpc_target) as channel:
+        health = health_pb2_grpc.HealthStub(channel)
+        assert health.Check(health_pb2.HealthCheckRequest(service="")).status == serving
+        for service in ("sim", "scale", "nope"):  # without a key, nothing is told about any model
+            with pytest.raises(grpc.RpcError) as err:
+                health.Check(health_pb2.HealthCheckRequest(service=service))
+            assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED, service
+            assert "an API key is required" in (err.value.details() or "")
+        with pytest.raises(grpc.RpcError) as err:
+            next(iter(health.Watch(health_pb2.HealthCheckRequest(service="sim"))))
+        assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        key = (("x-api-key", ALPHA),)
+        assert health.Check(health_pb2.HealthCheckRequest(service="sim"), metadata=key).status == serving
+        watch = health.Watch(health_pb2.HealthCheckRequest(service="sim"), metadata=key)
+        assert next(iter(watch)).status == serving
+        watch.cancel()
+        with pytest.raises(grpc.RpcError) as err:
+            health.Check(health_pb2.HealthCheckRequest(service="scale"), metadata=key)
+        assert err.value.code() == grpc.StatusCode.PERMISSION_DENIED
+        with pytest.raises(grpc.RpcError) as err:
+            health.Check(health_pb2.HealthCheckRequest(service="nope"), metadata=key)
+        assert err.value.code() == grpc.StatusCode.NOT_FOUND
+        assert "served models: ['sim']" in (err.value.details() or "")
+
+
 def test_a_tenant_over_its_rate_is_resource_exhausted_with_retry_after(keyed: ServerProc) -> None:
     metadata = (("authorization", f"Bearer {LIMITED}"),)
     with grpc.insecure_channel(keyed.grpc_target) as channel:

@@ -63,11 +63,16 @@ class Auth:
     async def __call__(self, call: Call, request: object) -> Reply:
         gate = self.gate()
         if needs_key(gate, call.route):
-            found = gate.directory.check(call.credential)
-            if found.tenant is None:
-                raise Unauthorized(_REFUSALS[found.status])
-            call.tenant = found.tenant
+            call.tenant = authenticate(gate, call.credential)
         return await self.inner(call, request)
+
+
+def authenticate(gate: Gate, credential: str | None) -> Tenant:
+    """The tenant whose key `credential` is: Unauthorized (missing, unknown or expired) otherwise."""
+    found = gate.directory.check(credential)
+    if found.tenant is None:
+        raise Unauthorized(_REFUSALS[found.status])
+    return found.tenant
 
 
 def check_model(tenant: Tenant, name: str, served_names: Callable[[], list[str]]) -> None:

@@ -88,7 +88,7 @@ class GrpcEdge:
         server = aio.server(options=server_options(cfg, self.reuseport))
         self.service = InferenceService(self.api, grpc_layers(self.api))
         pb_grpc.add_GRPCInferenceServiceServicer_to_server(self.service, server)
-        health_pb2_grpc.add_HealthServicer_to_server(Health(self.api.server), server)
+        health_pb2_grpc.add_HealthServicer_to_server(Health(self.api.server, self.api.server.gateway.current), server)
         reflection.enable_server_reflection(SERVICE_NAMES, server)
         host = f"[{cfg.host}]" if ":" in cfg.host else cfg.host
         address = f"{host}:{cfg.grpc_port}"

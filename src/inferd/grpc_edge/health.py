@@ -2,21 +2,32 @@
 state on every Check (nothing to keep in sync): "" is SERVING while the server is ready
 (/v2/health/ready's 200) and NOT_SERVING once it is shutting down (SIGTERM's grace period); a model is
 SERVING while its default version is ready and the server is not shutting down; any other name is
-NOT_FOUND. Watch polls the same state every `poll_s` and sends each change. Health stays open when
-tenants are configured, as the REST health routes do: probes carry no key.
+NOT_FOUND. Watch polls the same state every `poll_s` and sends each change.
+
+With tenants configured the server's health ("") stays open, as /v2/health/ready does: probes carry no
+key. A model's tells which models are served and whether they are ready, as GET
+/v2/models/{name}/ready does, so it asks what that route asks: a key (`authorization: Bearer KEY` or
+`x-api-key`; else UNAUTHENTICATED, whatever the name), and a model its tenant may call (else
+PERMISSION_DENIED, or NOT_FOUND naming only the tenant's models), with the REST twin's messages.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import grpc
 from grpc import aio
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from inferd.api.http_call import key_from
 from inferd.api.server_view import ServerView
+from inferd.errors import ServingError
+from inferd.gateway.auth import authenticate, check_model
+from inferd.gateway.reload import Gate
+from inferd.grpc_edge.calls import RpcMetadata
+from inferd.grpc_edge.errors import code_of
 
 Status = health_pb2.HealthCheckResponse.ServingStatus
 SERVING = health_pb2.HealthCheckResponse.SERVING
@@ -25,9 +36,29 @@ SERVICE_UNKNOWN = health_pb2.HealthCheckResponse.SERVICE_UNKNOWN
 
 
 class Health(health_pb2_grpc.HealthServicer):
-    def __init__(self, server: ServerView, poll_s: float = 1.0) -> None:
+    def __init__(self, server: ServerView, gate: Callable[[], Gate] | None = None, poll_s: float = 1.0) -> None:
         self.server = server
+        self.gate = gate
+        """The current tenants and keys (None: none are ever configured)."""
         self.poll_s = poll_s
+
+    def check_caller(self, service: str, context: aio.ServicerContext[Any, Any]) -> None:
+        """A model's health asks the caller what its ready route asks (with tenants: a key, and a model
+        its tenant may call); the server's asks nothing. Raises the refusal."""
+        if service == "" or self.gate is None:
+            return
+        gate = self.gate()
+        if not gate.enforced:
+            return
+        tenant = authenticate(gate, key_from(RpcMetadata(context.invocation_metadata()).get))
+        check_model(tenant, service, self.server.registry.names)
+
+    async def _admit(self, service: str, context: aio.ServicerContext[Any, Any]) -> None:
+        """The caller's refusal ends the call (context.abort raises)."""
+        try:
+            self.check_caller(service, context)
+        except ServingError as exc:
+            await context.abort(code_of(exc), exc.message)
 
     def status(self, service: str) -> Status | None:
         """The service's status now (None: no such service)."""
@@ -42,6 +73,7 @@ class Health(health_pb2_grpc.HealthServicer):
     async def Check(
         self, request: health_pb2.HealthCheckRequest, context: aio.ServicerContext[Any, Any]
     ) -> health_pb2.HealthCheckResponse:
+        await self._admit(request.service, context)
         status = self.status(request.service)
         if status is None:
             await context.abort(grpc.StatusCode.NOT_FOUND, f"unknown service {request.service!r}")
@@ -50,6 +82,7 @@ class Health(health_pb2_grpc.HealthServicer):
     async def Watch(
         self, request: health_pb2.HealthCheckRequest, context: aio.ServicerContext[Any, Any]
     ) -> AsyncIterator[health_pb2.HealthCheckResponse]:
+        await self._admit(request.service, context)
         last = None
         while True:
             status = self.status(request.service)
