@@ -155,3 +155,17 @@ def test_response_json_and_binary() -> None:
     head = json.loads(body[:header_len])
     assert head["outputs"][0]["parameters"]["binary_data_size"] == 24
     assert np.frombuffer(body[header_len:], np.float32).tolist() == [1, 2, 3, 4, 5, 6]
+
+
+def test_a_bytes_blob_holding_more_elements_than_its_shape_is_refused_once_it_passes_the_count() -> None:
+    """A blob of empty elements costs 4 bytes each: decoding all of an 8 MiB one for a shape of one
+    element would hold the event loop for most of a second. The decoder stops at the first element past
+    the shape's count (here before the blob's truncated tail, which it never reaches)."""
+    from inferd.api.binary import decode_bytes_elements
+
+    raw = memoryview(struct.pack("<II", 0, 0) + b"\x01\x00")  # two empty elements, then 2 stray bytes
+    with pytest.raises(BadRequest, match=r"shape holds 1 elements but the binary data holds more"):
+        decode_bytes_elements(raw, 1, "x")
+    with pytest.raises(BadRequest, match=r"shape holds 3 elements but the binary data holds 2"):
+        decode_bytes_elements(memoryview(struct.pack("<II", 0, 0)), 3, "x")
+    assert decode_bytes_elements(memoryview(struct.pack("<I", 2) + b"ab"), 1, "x") == [b"ab"]

@@ -37,6 +37,8 @@ def decode_bytes_elements(raw: memoryview, count: int, name: str) -> list[bytes]
     while pos < end:
         if pos + 4 > end:
             raise BadRequest(f"input {name!r}: truncated BYTES element length at offset {pos}")
+        if len(out) == count:  # more than the shape holds: refused now, the rest never decoded
+            raise BadRequest(f"input {name!r}: shape holds {count} elements but the binary data holds more")
         (length,) = _U32.unpack_from(raw, pos)
         pos += 4
         if pos + length > end:
