@@ -72,14 +72,19 @@ class InProcess:
 
 
 @pytest.fixture(scope="module")
-def stub() -> Iterator[pb_grpc.GRPCInferenceServiceStub]:
+def channel() -> Iterator[grpc.Channel]:
     service = InProcess()
     channel = grpc.insecure_channel(f"127.0.0.1:{service.port}")
     try:
-        yield pb_grpc.GRPCInferenceServiceStub(channel)
+        yield channel
     finally:
         channel.close()
         service.stop()
+
+
+@pytest.fixture(scope="module")
+def stub(channel: grpc.Channel) -> pb_grpc.GRPCInferenceServiceStub:
+    return pb_grpc.GRPCInferenceServiceStub(channel)
 
 
 def tensor(name: str, datatype: str, value: bytes | bool, shape: list[int] | None = None) -> tuple[Any, bytes]:
@@ -173,3 +178,23 @@ def test_the_named_cases_get_their_status_and_the_stream_goes_on(stub: pb_grpc.G
     assert "input 'text_input' is missing" in messages["r0"]
     assert "input 'sampling_parameters': malformed JSON" in messages["r1"]
     assert "unknown model 'nope'" in messages["r2"]
+
+
+def test_a_message_that_is_not_a_request_ends_the_stream_invalid_argument_after_the_answers_owed(
+    channel: grpc.Channel,
+) -> None:
+    """Bytes that do not parse as a ModelInferRequest: the request read before them is answered, then
+    the stream ends INVALID_ARGUMENT naming why (grpc.aio reads nothing after such a message)."""
+    stream = channel.stream_stream(
+        "/inference.GRPCInferenceService/ModelStreamInfer",
+        request_serializer=None,
+        response_deserializer=pb.ModelStreamInferResponse.FromString,
+    )
+    first = pb.ModelInferRequest(model_name="nope", id="r1").SerializeToString()
+    answers = stream(iter([first, b"\xff\xff\xff not a message"]), timeout=30)
+    (answer,) = [next(answers)]
+    assert answer.infer_response.id == "r1" and answer.error_message.startswith("[StatusCode.NOT_FOUND]")
+    with pytest.raises(grpc.RpcError) as err:
+        next(answers)
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "a message of the stream is not a ModelInferRequest" in (err.value.details() or "")

@@ -315,3 +315,30 @@ async def test_a_streamed_reply_cut_by_the_stream_s_end_is_counted_cancelled() -
         async for _ in responses:
             break  # the stream went away after the first piece
     assert closed == ["cancelled"]
+
+
+async def test_a_message_that_does_not_parse_ends_the_stream_invalid_argument_once_those_read_are_answered() -> None:
+    """grpc.aio's request iterator raises protobuf's DecodeError for a message that is not a
+    ModelInferRequest, and reads nothing more: the requests already read are answered, then the stream
+    ends with INVALID_ARGUMENT (not UNKNOWN, and no request of it cancelled)."""
+    from google.protobuf.message import DecodeError
+
+    from inferd.errors import BadRequest
+
+    fakes = Fakes()
+    fakes.hold("slow")
+
+    async def requests() -> AsyncIterator[pb.ModelInferRequest]:
+        yield pb.ModelInferRequest(id="slow", model_name="m")
+        await fakes.answering.wait()
+        raise DecodeError("Error parsing message with type 'inference.ModelInferRequest'")
+
+    stream = StreamRequests(8, fakes.answer, fakes.write)
+    run = asyncio.create_task(stream.run(requests()))
+    await fakes.answering.wait()
+    await asyncio.sleep(0)
+    assert not run.done()  # "slow" is still owed its answer
+    fakes.release["slow"].set()
+    with pytest.raises(BadRequest, match="a message of the stream is not a ModelInferRequest"):
+        await run
+    assert fakes.ids() == ["slow"] and not fakes.cancelled and stream.in_flight == 0

@@ -27,6 +27,7 @@ from inferd.errors import NotFound, ServingError
 from inferd.gateway.auth import check_model
 from inferd.grpc_edge.calls import SERVICE, RpcMetadata, grpc_call, read_hints
 from inferd.grpc_edge.codec import GrpcOip, encode_response
+from inferd.grpc_edge.errors import code_of
 from inferd.grpc_edge.model_config import LLM_INPUTS, LLM_OUTPUTS, model_config, model_statistics
 from inferd.grpc_edge.protos import grpc_service_pb2 as pb
 from inferd.grpc_edge.protos import grpc_service_pb2_grpc as pb_grpc
@@ -189,6 +190,8 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         self._streams.add(stream)
         try:
             await stream.run(request_iterator)
+        except ServingError as exc:  # a message that did not parse: the stream ends with its status
+            await context.abort(code_of(exc), exc.message)
         finally:
             self._streams.discard(stream)
 

@@ -23,6 +23,10 @@ Cancellation: when the client cancels the stream (or its channel closes) grpcio 
 and the TaskGroup every request's task: a batch request's wait withdraws its queued items, an LLM
 request's choices abort their sequences in the engines. A client that half-closes gets every answer
 still owed before the stream ends.
+
+A message that is not a ModelInferRequest (grpc.aio's request iterator raises protobuf's DecodeError,
+and yields nothing more): the stream reads no more, answers the requests it read, then ends
+INVALID_ARGUMENT (`run` raises the BadRequest).
 """
 
 from __future__ import annotations
@@ -33,10 +37,11 @@ from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, S
 from contextlib import aclosing
 
 import grpc
+from google.protobuf.message import DecodeError
 
 from inferd.api.middleware import internal
 from inferd.core.call import Call
-from inferd.errors import ServingError
+from inferd.errors import BadRequest, ServingError
 from inferd.grpc_edge.errors import error_reply
 from inferd.grpc_edge.protos import grpc_service_pb2 as pb
 from inferd.grpc_edge.reply import GrpcReply
@@ -127,7 +132,7 @@ class StreamRequests:
     """One stream's requests: each admitted one answered in its own task, at most `limit` at a time;
     the responses written one at a time."""
 
-    __slots__ = ("_answer", "_draining", "_in_flight", "_limit", "_reader", "_write", "_writing")
+    __slots__ = ("_answer", "_draining", "_in_flight", "_limit", "_malformed", "_reader", "_write", "_writing")
 
     def __init__(self, limit: int, answer: Answer, write: Write) -> None:
         self._limit = limit
@@ -138,6 +143,8 @@ class StreamRequests:
         self._draining = False
         self._reader: asyncio.Task[None] | None = None
         """The task reading the client's requests while it waits for one (None: it is not waiting)."""
+        self._malformed: str | None = None
+        """Why a message of the stream could not be read (None: every one could)."""
 
     @property
     def in_flight(self) -> int:
@@ -147,9 +154,12 @@ class StreamRequests:
     async def run(self, requests: AsyncIterable[pb.ModelInferRequest]) -> None:
         """Every request answered: returns once the client has sent its last request (or `drain` was
         called) and every answer is written. Cancelled, it cancels every request's task (their work
-        withdrawn or aborted) and raises CancelledError."""
+        withdrawn or aborted) and raises CancelledError. BadRequest, once the requests read are answered,
+        when a message was not a ModelInferRequest."""
         async with asyncio.TaskGroup() as tasks:
             tasks.create_task(self._read(aiter(requests), tasks))
+        if self._malformed is not None:
+            raise BadRequest(f"a message of the stream is not a ModelInferRequest: {self._malformed}")
 
     def drain(self) -> None:
         """Read no more requests (the server is stopping): the stream ends once the requests already
@@ -164,6 +174,9 @@ class StreamRequests:
             try:
                 request = await anext(requests)
             except StopAsyncIteration:
+                return
+            except DecodeError as exc:  # the iterator ends with it: the requests read are still answered
+                self._malformed = str(exc)
                 return
             finally:
                 self._reader = None
