@@ -24,7 +24,7 @@ from inferd.config import ModelConfig, ServerConfig, TensorSpec
 from inferd.errors import BadRequest, DeadlineExceeded, ServingError
 from inferd.grpc_edge.calls import RpcMetadata, grpc_call, read_hints
 from inferd.grpc_edge.codec import decode_request
-from inferd.grpc_edge.edge import server_options
+from inferd.grpc_edge.edge import add_inference_service, server_options
 from inferd.grpc_edge.errors import code_of
 from inferd.grpc_edge.protos import grpc_service_pb2 as pb
 from inferd.grpc_edge.protos import grpc_service_pb2_grpc as pb_grpc
@@ -306,6 +306,32 @@ async def test_an_oversized_message_is_refused_by_its_size_before_it_is_decoded(
             with pytest.raises(aio.AioRpcError) as err:
                 await stub.ModelInfer(big)
         assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert servicer.seen == 1
+    finally:
+        await server.stop(None)
+
+
+async def test_a_unary_message_that_does_not_parse_is_an_invalid_argument() -> None:
+    """Bytes that are not the RPC's request message: INVALID_ARGUMENT naming it, never grpc's UNKNOWN
+    (its 'Unexpected DecodeError', logged with a traceback); the servicer never sees them."""
+    server = aio.server()
+    servicer = Recording()
+    add_inference_service(servicer, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    try:
+        async with aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+            infer = channel.unary_unary(
+                "/inference.GRPCInferenceService/ModelInfer",
+                request_serializer=None,
+                response_deserializer=pb.ModelInferResponse.FromString,
+            )
+            with pytest.raises(aio.AioRpcError) as err:
+                await infer(b"\xff\xff\xff not a message")
+            assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+            assert "the message is not an inference.ModelInferRequest" in (err.value.details() or "")
+            good = pb.ModelInferRequest(model_name="sim").SerializeToString()
+            assert (await infer(good)).model_name == "sim"
         assert servicer.seen == 1
     finally:
         await server.stop(None)

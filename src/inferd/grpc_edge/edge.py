@@ -12,14 +12,20 @@ grpc_max_message_bytes (None: max_body_bytes) is refused RESOURCE_EXHAUSTED by i
 decoded; answers are bounded by the model, as on REST; keepalive pings and a maximum connection age
 (so clients behind a load balancer spread over new front ends); SO_REUSEPORT only where the runner says
 a server's front ends share the port (`--frontends N`).
+
+A unary request whose bytes do not parse as the RPC's message is refused INVALID_ARGUMENT naming it
+(`add_inference_service`: grpc.aio alone would answer UNKNOWN and log the DecodeError as a servicer's
+failure); a stream's is ended INVALID_ARGUMENT by the stream itself (grpc_edge/stream.py).
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Any
 
 import grpc
+from google.protobuf.message import DecodeError
 from grpc import aio
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
@@ -72,6 +78,67 @@ def credentials(cfg: ServerConfig) -> grpc.ServerCredentials | None:
     return grpc.ssl_server_credentials([(cfg.ssl_keyfile.read_bytes(), cfg.ssl_certfile.read_bytes())])
 
 
+class _Malformed:
+    """A request's bytes that did not parse (the deserializer's answer, which the handler refuses)."""
+
+    __slots__ = ("reason",)
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+
+
+class _Handlers:
+    """Stands for the server while the generated code registers the service: keeps its method handlers."""
+
+    def __init__(self) -> None:
+        self.service = ""
+        self.methods: dict[str, grpc.RpcMethodHandler] = {}
+
+    def add_generic_rpc_handlers(self, handlers: Any) -> None:
+        pass  # the same handlers again, in the generic form: `add_inference_service` adds both
+
+    def add_registered_method_handlers(self, service: str, methods: dict[str, grpc.RpcMethodHandler]) -> None:
+        self.service, self.methods = service, methods
+
+
+def _tolerant(parse: Callable[[bytes], Any]) -> Callable[[bytes], Any]:
+    def deserialize(data: bytes) -> Any:
+        try:
+            return parse(data)
+        except DecodeError as exc:
+            return _Malformed(str(exc))
+
+    return deserialize
+
+
+def _refusing(behavior: Callable[..., Any], message: str) -> Callable[..., Any]:
+    async def handle(request: Any, context: aio.ServicerContext[Any, Any]) -> Any:
+        if isinstance(request, _Malformed):
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"the message is not {message}: {request.reason}")
+        return await behavior(request, context)
+
+    return handle
+
+
+def add_inference_service(servicer: pb_grpc.GRPCInferenceServiceServicer, server: aio.Server) -> None:
+    """Triton's inference service on `server`, as the generated code adds it, but for its unary RPCs'
+    requests: bytes that do not parse are refused INVALID_ARGUMENT before the servicer sees them."""
+    found = _Handlers()
+    pb_grpc.add_GRPCInferenceServiceServicer_to_server(servicer, found)
+    methods = {}
+    for name, handler in found.methods.items():
+        if handler.unary_unary is not None:
+            message = pb.DESCRIPTOR.services_by_name["GRPCInferenceService"].methods_by_name[name].input_type
+            handler = grpc.unary_unary_rpc_method_handler(
+                _refusing(handler.unary_unary, f"an {message.full_name}"),
+                request_deserializer=_tolerant(handler.request_deserializer),
+                response_serializer=handler.response_serializer,
+            )
+        methods[name] = handler
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(found.service, methods),))
+    server.add_registered_method_handlers(found.service, methods)
+
+
 class GrpcEdge:
     def __init__(self, api: Api, reuseport: bool = False) -> None:
         self.api = api
@@ -87,7 +154,7 @@ class GrpcEdge:
         assert cfg.grpc_port is not None  # the runner builds no edge with gRPC off
         server = aio.server(options=server_options(cfg, self.reuseport))
         self.service = InferenceService(self.api, grpc_layers(self.api))
-        pb_grpc.add_GRPCInferenceServiceServicer_to_server(self.service, server)
+        add_inference_service(self.service, server)
         health_pb2_grpc.add_HealthServicer_to_server(Health(self.api.server, self.api.server.gateway.current), server)
         reflection.enable_server_reflection(SERVICE_NAMES, server)
         host = f"[{cfg.host}]" if ":" in cfg.host else cfg.host
