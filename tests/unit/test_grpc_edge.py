@@ -331,6 +331,27 @@ async def test_health_watch_sends_each_change_once() -> None:
     await unknown.aclose()
 
 
+async def test_a_stopping_edge_ends_its_health_watches_so_they_do_not_hold_the_shutdown() -> None:
+    """A Watch never ends of itself: GrpcEdge.stop's grace would wait for it to the end (the HTTP
+    side and the runtimes' drain after it). `stop_watches` sends each watch its last status and ends it
+    at once, however long its poll."""
+    view = ServerView()
+    health = Health(view, poll_s=3600)  # type: ignore[arg-type]
+    watch = health.Watch(health_pb2.HealthCheckRequest(service=""), None)  # type: ignore[arg-type]
+    assert (await anext(watch)).status == SERVING
+    waiting = asyncio.ensure_future(anext(watch))
+    await asyncio.sleep(0)
+    view.shutting_down = True
+    health.stop_watches()
+    assert (await asyncio.wait_for(waiting, 5)).status == NOT_SERVING
+    with pytest.raises(StopAsyncIteration):
+        await asyncio.wait_for(anext(watch), 5)
+    late = health.Watch(health_pb2.HealthCheckRequest(service=""), None)  # type: ignore[arg-type]
+    assert (await anext(late)).status == NOT_SERVING  # one opened while stopping: its status, then the end
+    with pytest.raises(StopAsyncIteration):
+        await asyncio.wait_for(anext(late), 5)
+
+
 # ---- the listener's options ---------------------------------------------------------------------------
 def test_the_listener_options_follow_the_settings() -> None:
     plain = dict(server_options(ServerConfig(max_body_bytes=1 << 20), reuseport=False))

@@ -146,6 +146,7 @@ class GrpcEdge:
         self.reuseport = reuseport
         self.server: aio.Server | None = None
         self.service: InferenceService | None = None
+        self.health: Health | None = None
         self.port: int | None = None
 
     async def start(self) -> int:
@@ -155,7 +156,8 @@ class GrpcEdge:
         server = aio.server(options=server_options(cfg, self.reuseport))
         self.service = InferenceService(self.api, grpc_layers(self.api))
         add_inference_service(self.service, server)
-        health_pb2_grpc.add_HealthServicer_to_server(Health(self.api.server, self.api.server.gateway.current), server)
+        self.health = Health(self.api.server, self.api.server.gateway.current)
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
         reflection.enable_server_reflection(SERVICE_NAMES, server)
         host = f"[{cfg.host}]" if ":" in cfg.host else cfg.host
         address = f"{host}:{cfg.grpc_port}"
@@ -167,11 +169,13 @@ class GrpcEdge:
         return port
 
     async def stop(self, grace_s: float) -> None:
-        """Stop accepting, and open streams stop reading requests; calls in flight (a stream's requests
-        already read) have `grace_s` to finish, then are cancelled."""
+        """Stop accepting, open streams stop reading requests and health watches end; calls in flight (a
+        stream's requests already read) have `grace_s` to finish, then are cancelled."""
         server, self.server = self.server, None
         if server is not None:
             if self.service is not None:  # open streams read no more requests: they end once answered
                 self.service.drain_streams()
+            if self.health is not None:  # health watches end (they never would of themselves)
+                self.health.stop_watches()
             await server.stop(grace_s)
             log.info("gRPC API stopped")

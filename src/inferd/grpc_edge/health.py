@@ -2,7 +2,8 @@
 state on every Check (nothing to keep in sync): "" is SERVING while the server is ready
 (/v2/health/ready's 200) and NOT_SERVING once it is shutting down (SIGTERM's grace period); a model is
 SERVING while its default version is ready and the server is not shutting down; any other name is
-NOT_FOUND. Watch polls the same state every `poll_s` and sends each change.
+NOT_FOUND. Watch polls the same state every `poll_s` and sends each change; a stopping edge ends every
+watch (`stop_watches`: its last status sent), which would otherwise hold the edge's grace to its end.
 
 With tenants configured the server's health ("") stays open, as /v2/health/ready does: probes carry no
 key. A model's tells which models are served and whether they are ready, as GET
@@ -41,6 +42,12 @@ class Health(health_pb2_grpc.HealthServicer):
         self.gate = gate
         """The current tenants and keys (None: none are ever configured)."""
         self.poll_s = poll_s
+        self._stopping = asyncio.Event()
+        """Set once the edge stops: every watch sends its last status and ends."""
+
+    def stop_watches(self) -> None:
+        """The edge stops: every Watch (and any opened from now on) sends its status and ends."""
+        self._stopping.set()
 
     def check_caller(self, service: str, context: aio.ServicerContext[Any, Any]) -> None:
         """A model's health asks the caller what its ready route asks (with tenants: a key, and a model
@@ -91,4 +98,9 @@ class Health(health_pb2_grpc.HealthServicer):
             if status != last:
                 last = status
                 yield health_pb2.HealthCheckResponse(status=status)
-            await asyncio.sleep(self.poll_s)
+            if self._stopping.is_set():
+                return
+            try:
+                await asyncio.wait_for(self._stopping.wait(), self.poll_s)
+            except TimeoutError:
+                pass
