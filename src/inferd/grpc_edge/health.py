@@ -101,6 +101,7 @@ class Health(health_pb2_grpc.HealthServicer):
             if self._stopping.is_set():
                 return
             try:
-                await asyncio.wait_for(self._stopping.wait(), self.poll_s)
+                async with asyncio.timeout(self.poll_s):  # the next poll, or the edge stopping first
+                    await self._stopping.wait()
             except TimeoutError:
                 pass
