@@ -477,6 +477,10 @@ def test_a_stopping_server_answers_what_a_stream_sent_then_ends_it(tmp_path: Pat
         assert s.stop() == 0  # the open stream holds the shutdown only until its request is answered
         pieces, _ = read_pieces(stream, "open")
         assert "".join(pieces).split()[-299:] == sim_llm_tokens("a story to finish", None, 300)[1:]
+        # then the stream's own end: UNAVAILABLE, as it read no more (the client had not half-closed)
+        rid, result, error = stream.next()
+        assert rid is None and result is None and error is not None
+        assert error.status() == "StatusCode.UNAVAILABLE" and "the server is stopping" in error.message()
         assert stream.answers.empty()
     finally:
         stream.close()

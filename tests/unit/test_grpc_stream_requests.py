@@ -15,7 +15,7 @@ import pytest
 
 from inferd.core.call import Call
 from inferd.core.disconnect import STAYING
-from inferd.errors import DeadlineExceeded
+from inferd.errors import DeadlineExceeded, ShuttingDown
 from inferd.grpc_edge.protos import grpc_service_pb2 as pb
 from inferd.grpc_edge.reply import GrpcReply
 from inferd.grpc_edge.stream import FINAL, Response, StreamRequests, error_response, reply_responses
@@ -239,7 +239,8 @@ async def test_a_drained_stream_reads_no_more_and_ends_once_what_it_read_is_answ
     await asyncio.sleep(0)
     assert not run.done()  # "a" is still owed its answer
     fakes.release["a"].set()
-    await run
+    with pytest.raises(ShuttingDown, match="send the requests it has not answered again"):
+        await run  # the stream ends UNAVAILABLE: the client learns "late" was never read
     assert fakes.ids() == ["a"] and stream.in_flight == 0 and requests.queue.qsize() == 1
 
 
@@ -261,7 +262,8 @@ async def test_a_drain_while_a_request_is_being_admitted_keeps_that_request() ->
     requests.send("c")
     await fakes.until_written(1)
     fakes.release["a"].set()
-    await run
+    with pytest.raises(ShuttingDown):
+        await run
     assert [r.infer_response.id for r in refusals] == ["b"] and fakes.ids() == ["b", "a"]
     assert requests.queue.qsize() == 1  # "c" never read
 
@@ -342,3 +344,21 @@ async def test_a_message_that_does_not_parse_ends_the_stream_invalid_argument_on
     with pytest.raises(BadRequest, match="a message of the stream is not a ModelInferRequest"):
         await run
     assert fakes.ids() == ["slow"] and not fakes.cancelled and stream.in_flight == 0
+
+
+async def test_a_stream_the_client_closed_before_the_drain_ends_as_usual() -> None:
+    """Every request of a half-closed stream was read: the drain leaves nothing unanswered, so the
+    stream ends OK once they are."""
+    fakes = Fakes()
+    fakes.hold("a")
+
+    async def one_then_closed() -> AsyncIterator[pb.ModelInferRequest]:
+        yield pb.ModelInferRequest(id="a", model_name="m")  # then the half-close, read at once
+
+    stream = StreamRequests(4, fakes.answer, fakes.write)
+    run = asyncio.create_task(stream.run(one_then_closed()))
+    await fakes.answering.wait()
+    stream.drain()
+    fakes.release["a"].set()
+    await run
+    assert fakes.ids() == ["a"] and stream.in_flight == 0

@@ -19,6 +19,10 @@ text names the status, as a unary call's does. Its `infer_response` carries the 
 too, and the error's metadata (retry-after, x-ratelimit-*) as string parameters, for clients that match
 answers by id.
 
+Stopping: `drain` (the server stops) reads no more requests; once those read are answered the stream
+ends UNAVAILABLE (`run` raises ShuttingDown) unless the client had half-closed, so a client that sent
+more learns that they were not read.
+
 Cancellation: when the client cancels the stream (or its channel closes) grpcio cancels the handler,
 and the TaskGroup every request's task: a batch request's wait withdraws its queued items, an LLM
 request's choices abort their sequences in the engines. A client that half-closes gets every answer
@@ -41,7 +45,7 @@ from google.protobuf.message import DecodeError
 
 from inferd.api.middleware import internal
 from inferd.core.call import Call
-from inferd.errors import BadRequest, ServingError
+from inferd.errors import BadRequest, ServingError, ShuttingDown
 from inferd.grpc_edge.errors import error_reply
 from inferd.grpc_edge.protos import grpc_service_pb2 as pb
 from inferd.grpc_edge.reply import GrpcReply
@@ -132,7 +136,9 @@ class StreamRequests:
     """One stream's requests: each admitted one answered in its own task, at most `limit` at a time;
     the responses written one at a time."""
 
-    __slots__ = ("_answer", "_draining", "_in_flight", "_limit", "_malformed", "_reader", "_write", "_writing")
+    __slots__ = (
+        "_answer", "_closed", "_draining", "_in_flight", "_limit", "_malformed", "_reader", "_write", "_writing",
+    )
 
     def __init__(self, limit: int, answer: Answer, write: Write) -> None:
         self._limit = limit
@@ -145,6 +151,8 @@ class StreamRequests:
         """The task reading the client's requests while it waits for one (None: it is not waiting)."""
         self._malformed: str | None = None
         """Why a message of the stream could not be read (None: every one could)."""
+        self._closed = False
+        """The client half-closed: every request it sent was read."""
 
     @property
     def in_flight(self) -> int:
@@ -154,12 +162,19 @@ class StreamRequests:
     async def run(self, requests: AsyncIterable[pb.ModelInferRequest]) -> None:
         """Every request answered: returns once the client has sent its last request (or `drain` was
         called) and every answer is written. Cancelled, it cancels every request's task (their work
-        withdrawn or aborted) and raises CancelledError. BadRequest, once the requests read are answered,
-        when a message was not a ModelInferRequest."""
+        withdrawn or aborted) and raises CancelledError. Once the requests read are answered: BadRequest
+        when a message was not a ModelInferRequest; ShuttingDown when `drain` stopped the reading before
+        the client half-closed (requests it sent after may not have been read: the stream's status says
+        so, rather than an OK that would pass them over)."""
         async with asyncio.TaskGroup() as tasks:
             tasks.create_task(self._read(aiter(requests), tasks))
         if self._malformed is not None:
             raise BadRequest(f"a message of the stream is not a ModelInferRequest: {self._malformed}")
+        if self._draining and not self._closed:
+            raise ShuttingDown(
+                "the server is stopping: this stream read no more requests once those it had were answered; "
+                "send the requests it has not answered again (on a new stream, to another server)"
+            )
 
     def drain(self) -> None:
         """Read no more requests (the server is stopping): the stream ends once the requests already
@@ -174,6 +189,7 @@ class StreamRequests:
             try:
                 request = await anext(requests)
             except StopAsyncIteration:
+                self._closed = True
                 return
             except DecodeError as exc:  # the iterator ends with it: the requests read are still answered
                 self._malformed = str(exc)
