@@ -395,3 +395,39 @@ async def test_a_call_cancelled_by_its_edge_is_counted_cancelled_under_its_proto
     assert metrics.registry.get_sample_value("inferd_requests_total", labels) == 1
     assert metrics.request_statistics("sim", 1).failed == 1
     assert tenants.labels("acme", "cancelled")._value.get() == 1
+
+
+async def test_a_stream_opened_once_the_edge_drains_reads_nothing_and_ends_unavailable() -> None:
+    """An RPC accepted just before the listener stopped may start after `drain_streams`: it is drained
+    too (its requests left unread, UNAVAILABLE), rather than reading on until the grace cancels it."""
+    from inferd.api.app import Api
+    from inferd.grpc_edge.edge import grpc_layers
+    from inferd.grpc_edge.services import InferenceService
+    from inferd.models.sim import sim_config
+    from inferd.server import InferenceServer
+
+    server = InferenceServer(ServerConfig(admin_port=None, workers=0), [sim_config()], spawn_workers=False)
+    api = Api(server)
+    service = InferenceService(api, grpc_layers(api))
+    service.drain_streams()
+    read: list[pb.ModelInferRequest] = []
+
+    async def requests() -> Any:
+        while True:  # a client that keeps its side open
+            request = pb.ModelInferRequest(model_name="sim", id=f"r{len(read)}")
+            read.append(request)
+            yield request
+            await asyncio.Event().wait()
+
+    class StreamContext(Context):
+        async def abort(self, code: Code, details: str, trailers: Any = ()) -> None:
+            await super().abort(code, details, trailers)
+
+        async def write(self, response: Any) -> None:
+            raise AssertionError("nothing to answer")
+
+    context = StreamContext()
+    with pytest.raises(RuntimeError, match="aborted"):
+        await service.ModelStreamInfer(requests(), context)  # type: ignore[arg-type]
+    assert read == [] and context.aborted[0] == Code.UNAVAILABLE
+    assert "the server is stopping" in context.aborted[1]

@@ -77,6 +77,8 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         self._stream_infer = chain(layers, partial(self._model_infer, streams=True))
         self._streams: set[StreamRequests] = set()
         """The open ModelStreamInfer streams, for `drain_streams`."""
+        self._draining = False
+        """`drain_streams` was called: a stream starting now is drained at once."""
 
     async def _rpc(
         self, context: Context, method: str, run: Handler, request: Any, model: str = "", version: str = ""
@@ -188,6 +190,8 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         answer = partial(self._stream_request, context, metadata)
         stream = StreamRequests(self.server.config.grpc_stream_max_in_flight, answer, context.write)
         self._streams.add(stream)
+        if self._draining:  # accepted just before the listener stopped: it reads nothing
+            stream.drain()
         try:
             await stream.run(request_iterator)
         except ServingError as exc:  # a message that did not parse: the stream ends with its status
@@ -197,7 +201,8 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
 
     def drain_streams(self) -> None:
         """The server stops: every open stream reads no more requests and ends once those it read are
-        answered (the edge then gives them its grace)."""
+        answered (the edge then gives them its grace); so does any stream that starts from now on."""
+        self._draining = True
         for stream in self._streams:
             stream.drain()
 
