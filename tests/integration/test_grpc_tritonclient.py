@@ -5,6 +5,7 @@ flight. Four servers in all: two shared by the module's tests, one each for TLS 
 
 from __future__ import annotations
 
+import queue
 import re
 import shutil
 import signal
@@ -467,3 +468,24 @@ def test_sigterm_lets_grpc_calls_in_flight_finish_before_the_runtimes_stop(tmp_p
     finally:
         assert server.stop() in (0, -15), server.log()
     assert "gRPC API stopped" in server.log()
+
+
+# ---- the listener's bound on calls at once ------------------------------------------------------------
+def test_calls_past_the_bound_are_refused_resource_exhausted_before_they_run(tmp_path: Path) -> None:
+    (tmp_path / "inferd.toml").write_text("[server]\ngrpc_max_concurrent_rpcs = 1\n")
+    server = start_server(tmp_path, "--model", "sim", "--config", str(tmp_path / "inferd.toml"))
+    try:
+        with grpc.insecure_channel(server.grpc_target) as channel:
+            stub = pb_grpc.GRPCInferenceServiceStub(channel)
+            requests: queue.Queue[pb.ModelInferRequest | None] = queue.Queue()
+            stream = stub.ModelStreamInfer(iter(requests.get, None), timeout=30)  # holds the one slot
+            requests.put(sim_request(b"held"))
+            assert next(stream).infer_response.model_name == "sim"  # the stream is running
+            with pytest.raises(grpc.RpcError) as refused:
+                stub.ModelInfer(sim_request(b"past"), timeout=10)
+            assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+            requests.put(None)  # the stream ends: its slot is free again
+            assert list(stream) == []
+            assert stub.ModelInfer(sim_request(b"after"), timeout=10).model_name == "sim"
+    finally:
+        server.stop()

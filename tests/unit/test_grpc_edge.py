@@ -358,15 +358,17 @@ def test_the_listener_options_follow_the_settings() -> None:
     assert plain["grpc.max_receive_message_length"] == 1 << 20  # max_body_bytes when unset
     assert plain["grpc.so_reuseport"] == 0 and "grpc.max_connection_age_ms" not in plain
     assert (plain["grpc.keepalive_time_ms"], plain["grpc.keepalive_timeout_ms"]) == (60_000, 20_000)
+    assert plain["grpc.max_concurrent_streams"] == 256
     cfg = ServerConfig(
         grpc_max_message_bytes=4096,
         grpc_keepalive_time_s=5,
         grpc_max_connection_age_s=300,
         grpc_max_connection_age_grace_s=10,
+        grpc_max_streams_per_connection=8,
     )
     tuned = dict(server_options(cfg, reuseport=True))
     assert tuned["grpc.max_receive_message_length"] == 4096 and tuned["grpc.so_reuseport"] == 1
-    assert tuned["grpc.keepalive_time_ms"] == 5000
+    assert tuned["grpc.keepalive_time_ms"] == 5000 and tuned["grpc.max_concurrent_streams"] == 8
     assert (tuned["grpc.max_connection_age_ms"], tuned["grpc.max_connection_age_grace_ms"]) == (300_000, 10_000)
 
 

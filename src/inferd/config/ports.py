@@ -56,5 +56,12 @@ class GrpcSettings(BaseModel):
     grpc_max_message_bytes: int | None = Field(default=None, ge=1024, le=2**31 - 1)
     """Largest request message; a larger one is refused with RESOURCE_EXHAUSTED by its size, before it
     is decoded. None: the same as max_body_bytes."""
+    grpc_max_concurrent_rpcs: int = Field(default=4096, ge=1, le=1_000_000)
+    """RPCs this front end runs at once (unary calls and open streams, over every connection); the next
+    is refused RESOURCE_EXHAUSTED at once, before its handler runs: the gRPC twin of max_connections,
+    which bounds the memory held by messages received and not yet answered."""
+    grpc_max_streams_per_connection: int = Field(default=256, ge=1, le=100_000)
+    """HTTP/2 streams (calls) one connection may have open at once (SETTINGS_MAX_CONCURRENT_STREAMS);
+    a client past it waits for one to end."""
     grpc_stream_max_in_flight: int = Field(default=64, ge=1, le=100_000)
     """Requests one ModelStreamInfer stream may have in flight; the next gets RESOURCE_EXHAUSTED."""

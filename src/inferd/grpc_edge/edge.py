@@ -9,7 +9,9 @@ runtimes outlive gRPC calls (runner/__init__.py).
 
 Listener options (the `[server]` grpc_* settings, config/ports.py): a request message larger than
 grpc_max_message_bytes (None: max_body_bytes) is refused RESOURCE_EXHAUSTED by its size before it is
-decoded; answers are bounded by the model, as on REST; keepalive pings and a maximum connection age
+decoded; answers are bounded by the model, as on REST; at most grpc_max_concurrent_rpcs calls and
+streams run at once (the next is refused RESOURCE_EXHAUSTED before its handler runs), and a connection
+may open grpc_max_streams_per_connection of them; keepalive pings and a maximum connection age
 (so clients behind a load balancer spread over new front ends); SO_REUSEPORT only where the runner says
 a server's front ends share the port (`--frontends N`).
 
@@ -64,6 +66,7 @@ def server_options(cfg: ServerConfig, reuseport: bool) -> list[tuple[str, Any]]:
         ("grpc.keepalive_timeout_ms", round(cfg.grpc_keepalive_timeout_s * 1000)),
         ("grpc.http2.max_pings_without_data", 0),
         ("grpc.so_reuseport", 1 if reuseport else 0),
+        ("grpc.max_concurrent_streams", cfg.grpc_max_streams_per_connection),
     ]
     if cfg.grpc_max_connection_age_s is not None:
         options.append(("grpc.max_connection_age_ms", round(cfg.grpc_max_connection_age_s * 1000)))
@@ -153,7 +156,9 @@ class GrpcEdge:
         """Listen and serve (on the running loop); returns the bound port (a free one for port 0)."""
         cfg = self.config
         assert cfg.grpc_port is not None  # the runner builds no edge with gRPC off
-        server = aio.server(options=server_options(cfg, self.reuseport))
+        server = aio.server(
+            options=server_options(cfg, self.reuseport), maximum_concurrent_rpcs=cfg.grpc_max_concurrent_rpcs
+        )
         self.service = InferenceService(self.api, grpc_layers(self.api))
         add_inference_service(self.service, server)
         self.health = Health(self.api.server, self.api.server.gateway.current)
