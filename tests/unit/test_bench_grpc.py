@@ -5,6 +5,7 @@ code, deadlines cancel the RPC, and requests spread over the channels."""
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 
@@ -208,3 +209,95 @@ async def test_a_target_nobody_listens_on_gives_connection_errors() -> None:
         port = s.getsockname()[1]
     report = await run_load(spec(f"127.0.0.1:{port}", duration_s=0.05, timeout_ms=2000.0))
     assert report.sent > 0 and report.measured.errors == {"connection": report.sent}
+
+
+# --- bench-llm --protocol grpc: ModelStreamInfer with the vLLM backend's tensors ---
+
+
+@dataclass
+class LLMStub:
+    """How the stub answers request i (its id "seed-i")."""
+
+    error: Rule = never
+    foreign_id: Rule = never
+    no_final: Rule = never
+    wrong_text: Rule = never
+    requests: list[pb.ModelInferRequest] = field(default_factory=list)
+    half_closed: int = 0
+
+
+def _stream_response(rid: str, text: str | None, final: bool) -> bytes:
+    resp = pb.ModelInferResponse(model_name="sim-llm", model_version="1", id=rid)
+    if text is not None:
+        resp.outputs.add(name="text_output", datatype="BYTES", shape=[1])
+        resp.raw_output_contents.append(bytes_element(text.encode()))
+    resp.parameters["triton_final_response"].bool_param = final
+    return pb.ModelStreamInferResponse(infer_response=resp).SerializeToString()
+
+
+def _llm_handler(b: LLMStub) -> grpc.GenericRpcHandler:
+    from inferd.bench.grpc_llm import bytes_elements
+    from inferd.kinds.llm.sim_llm import sim_llm_tokens
+
+    async def stream(requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext) -> AsyncIterator[bytes]:
+        async for raw in requests:
+            req = pb.ModelInferRequest.FromString(raw)
+            b.requests.append(req)
+            tensors = {t.name: bytes_elements(c) if t.datatype == "BYTES" else c for t, c in
+                       zip(req.inputs, req.raw_input_contents, strict=True)}  # fmt: skip
+            params = json.loads(tensors["sampling_parameters"][0])
+            i = int(req.id.rsplit("-", 1)[1])
+            if b.error(i):
+                yield pb.ModelStreamInferResponse(error_message="[StatusCode.RESOURCE_EXHAUSTED] full").SerializeToString()
+                continue
+            rid = "other" if b.foreign_id(i) else req.id
+            words = sim_llm_tokens(tensors["text_input"][0].decode(), params["seed"], params["max_tokens"])
+            if b.wrong_text(i):
+                words[-1] = "nope"
+            for k, word in enumerate(words):
+                yield _stream_response(rid, word if k == 0 else " " + word, False)
+            if not b.no_final(i):
+                yield _stream_response(rid, None, True)
+            else:
+                return
+        b.half_closed += 1
+
+    return grpc.method_handlers_generic_handler(
+        "inference.GRPCInferenceService", {"ModelStreamInfer": grpc.stream_stream_rpc_method_handler(stream)}
+    )
+
+
+async def test_llm_streams_carry_the_vllm_tensors_and_are_checked_and_timed(no_leftover_tasks: None) -> None:
+    from inferd.bench.llm_loadgen import run_llm_load
+    from inferd.bench.llm_workload import LengthDist, LLMLoadSpec
+
+    b = LLMStub(error=lambda i: i == 1, foreign_id=lambda i: i == 2, no_final=lambda i: i == 3,
+                wrong_text=lambda i: i == 4)  # fmt: skip
+    server = grpc.aio.server()
+    server.add_generic_rpc_handlers((_llm_handler(b),))
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    try:
+        spec = LLMLoadSpec(
+            url=f"127.0.0.1:{port}", protocol="grpc", rate=100.0, duration_s=0.1, arrival="constant",
+            prompt_tokens=LengthDist(8, 8), output_tokens=LengthDist(5, 5), timeout_s=5.0, temperature=0.5,
+        )  # fmt: skip
+        report = await run_llm_load(spec)
+    finally:
+        await server.stop(None)
+    m = report.measured
+    assert m.sent == 10 and m.ok == 6
+    assert m.errors == {"stream_error": 1, "incomplete": 1}
+    assert m.mismatch_kinds == {"wrong_text": 1, "wrong_length": 0, "wrong_id": 1}
+    assert m.output_tokens == 30 and m.itl_ms["p50"] is not None and m.ttft_ms["p50"] is not None
+    # every stream that got its final response (6 good, 1 wrong text) was half-closed by the client
+    assert b.half_closed >= 7
+    req = b.requests[0]
+    assert [(t.name, t.datatype, list(t.shape)) for t in req.inputs] == [
+        ("text_input", "BYTES", [1]),
+        ("stream", "BOOL", [1]),
+        ("sampling_parameters", "BYTES", [1]),
+        ("exclude_input_in_output", "BOOL", [1]),
+    ]
+    assert req.raw_input_contents[1] == b"\x01" and req.raw_input_contents[3] == b"\x01"
+    assert json.loads(req.raw_input_contents[2][4:]) == {"max_tokens": 5, "temperature": 0.5, "seed": 0}

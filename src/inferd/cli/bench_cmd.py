@@ -17,6 +17,7 @@ from inferd.bench.command_line import (
     JsonOption,
     MaxRequestsOption,
     PriorityOption,
+    ProtocolChoice,
     RateOption,
     WarmupOption,
     build_spec,
@@ -31,11 +32,6 @@ from inferd.fleetsim.profiles import save_measured_profile, server_cpu_s
 class ClientChoice(StrEnum):
     raw = "raw"
     aiohttp = "aiohttp"
-
-
-class ProtocolChoice(StrEnum):
-    http = "http"
-    grpc = "grpc"
 
 
 class ChaosChoice(StrEnum):

@@ -1,0 +1,157 @@
+"""`inferd bench-llm --protocol grpc`: each planned request as one `ModelStreamInfer` stream carrying
+Triton's vLLM-backend tensors, its responses timed as they arrive, as the SSE mode times its chunks.
+
+The request: `text_input` BYTES (the prompt), `stream` BOOL true, `sampling_parameters` BYTES holding
+JSON (max_tokens, temperature, seed), `exclude_input_in_output` BOOL true, each [1], in
+`raw_input_contents`. Each response is a `ModelStreamInferResponse`: one carrying text (`text_output`)
+is a chunk (TTFT is the first, ITL the gaps between them), `error_message` ends the request as a stream
+error, and the one whose `parameters.triton_final_response` is true ends it. The client then half-closes
+the stream and expects it to end with OK and nothing more; a response with another request's id is a
+misrouted answer (`wrong_id`).
+
+One stream per request over a few channels (one HTTP/2 connection each), as the SSE mode opens one
+connection per request: a late or abandoned stream can never be read as another request's, and
+cancelling it (the client's deadline) resets only its own stream, which the server must see as the
+caller gone.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+from collections.abc import Callable
+from typing import Protocol
+
+import grpc
+
+from inferd.bench.grpc_infer import GrpcChannels, bytes_element, error_kind, is_connect_failure
+from inferd.bench.llm_workload import LLMLoadSpec, PlannedRequest
+from inferd.grpc_edge.protos import grpc_service_pb2 as pb
+
+STREAM_METHOD = "/inference.GRPCInferenceService/ModelStreamInfer"
+_TRUE = b"\x01"
+
+
+class TextChunks(Protocol):
+    """Where a stream's pieces go (`inferd.bench.llm_loadgen.SSEStream`)."""
+
+    done_at: float | None
+    error: str | None
+
+    def add_text(self, text: str, now: float) -> None: ...
+
+
+def llm_request(model: str, rid: str, req: PlannedRequest, temperature: float) -> bytes:
+    """The serialized ModelInferRequest of one planned request, with the vLLM backend's tensors."""
+    params = {"max_tokens": req.max_tokens, "temperature": temperature, "seed": req.seed}
+    msg = pb.ModelInferRequest(model_name=model, id=rid)
+    for name, datatype in (
+        ("text_input", "BYTES"),
+        ("stream", "BOOL"),
+        ("sampling_parameters", "BYTES"),
+        ("exclude_input_in_output", "BOOL"),
+    ):
+        msg.inputs.add(name=name, datatype=datatype, shape=[1])
+    msg.raw_input_contents.extend(
+        (
+            bytes_element(req.prompt.encode()),
+            _TRUE,
+            bytes_element(json.dumps(params, separators=(",", ":")).encode()),
+            _TRUE,
+        )
+    )
+    return msg.SerializeToString()
+
+
+def bytes_elements(blob: bytes) -> list[bytes]:
+    """Every element of a raw BYTES tensor; ValueError when a length prefix runs past the blob."""
+    out, at = [], 0
+    while at < len(blob):
+        if at + 4 > len(blob):
+            raise ValueError("truncated length prefix")
+        n = int.from_bytes(blob[at : at + 4], "little")
+        if at + 4 + n > len(blob):
+            raise ValueError("truncated element")
+        out.append(blob[at + 4 : at + 4 + n])
+        at += 4 + n
+    return out
+
+
+def response_text(resp: pb.ModelInferResponse) -> str:
+    """The text_output of one response ('' when it carries none); ValueError when it is malformed."""
+    for i, out in enumerate(resp.outputs):
+        if out.name != "text_output":
+            continue
+        if i < len(resp.raw_output_contents):
+            pieces = bytes_elements(resp.raw_output_contents[i])
+        else:
+            pieces = list(out.contents.bytes_contents)
+        return b"".join(pieces).decode()
+    return ""
+
+
+def feed(rid: str, raw: bytes, now: float, stream: TextChunks) -> None:
+    """One ModelStreamInferResponse into `stream`: a text chunk, its end, or what went wrong."""
+    try:
+        msg = pb.ModelStreamInferResponse.FromString(raw)
+        if msg.error_message:
+            stream.error = "stream_error"
+            return
+        resp = msg.infer_response
+        if resp.id != rid:
+            stream.error = "wrong_id"
+            return
+        text = response_text(resp)
+    except Exception:  # protobuf's DecodeError (upb raises its own), a bad length prefix, not UTF-8
+        stream.error = "bad_response"
+        return
+    if text:
+        stream.add_text(text, now)
+    final = resp.parameters.get("triton_final_response")
+    if stream.error is None and final is not None and final.bool_param:
+        stream.done_at = now
+
+
+class GrpcStreamClient:
+    """Streams one planned request per ModelStreamInfer call; `stream(req, chunks)` -> None when the
+    stream ended as it should, else the error kind (`grpc_<code>`)."""
+
+    def __init__(self, spec: LLMLoadSpec, now: Callable[[], float]) -> None:
+        self._model = spec.model
+        self._seed = spec.seed
+        self._temperature = spec.temperature
+        self._metadata = (("x-priority", spec.priority),) if spec.priority is not None else ()
+        self._now = now
+        self._pool = GrpcChannels(spec.url, spec.channels)
+        calls = [ch.stream_stream(STREAM_METHOD) for ch in self._pool.channels]  # bytes in, bytes out
+        self._next = itertools.cycle(calls).__next__
+
+    async def start(self) -> None:
+        await self._pool.connect(1.0)
+
+    async def close(self) -> None:
+        await self._pool.close()
+
+    async def stream(self, req: PlannedRequest, chunks: TextChunks) -> str | None:
+        rid = f"{self._seed}-{req.i}"
+        call = self._next()(metadata=self._metadata)
+        try:
+            await call.write(llm_request(self._model, rid, req, self._temperature))
+            while chunks.done_at is None and chunks.error is None:
+                raw = await call.read()
+                if raw is grpc.aio.EOF:
+                    return None  # ended before its final response: the caller counts it incomplete
+                feed(rid, raw, self._now(), chunks)
+            if chunks.error is not None:
+                return None
+            await call.done_writing()
+            if await call.read() is not grpc.aio.EOF:
+                chunks.error = "overlong"  # something after the final response
+            return None
+        except grpc.aio.AioRpcError as exc:
+            if is_connect_failure(exc):
+                raise ConnectionError(exc.details()) from exc
+            return error_kind(exc)
+        finally:
+            if not call.done():
+                call.cancel()  # our deadline, the run's hard stop, or a stream we stopped reading
