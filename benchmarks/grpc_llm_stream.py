@@ -1,0 +1,142 @@
+"""LLM streaming over gRPC against SSE on one server: sim-llm at a 2 ms step (the device costs next to
+nothing, so what moves is the front end), the same open-loop tool (`inferd bench-llm`'s) and the same
+check of every stream's text, through `ModelStreamInfer` with Triton's vLLM tensors (one stream per
+request over a few channels) and through streaming `/v1/completions` (SSE, a connection per request).
+
+For each protocol, alternating, `--repeats` times after one warm-up run of each: TTFT and ITL (p50/p99,
+from the intended send time, as `inferd bench-llm` measures them) and the CPU per streamed token of the
+front end (the `inferd serve` process, where both edges run; /proc/PID/stat, every thread) and of the
+worker, over the measured run.
+
+    .venv/bin/python benchmarks/grpc_llm_stream.py [--rate 50] [--duration 8] [--output-tokens 64]
+
+Bounded: 2 x (1 + repeats) runs of at most duration + 30 s each. Prints a markdown table and one JSON
+line (also in .bench/grpc_llm_stream.json).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import statistics
+import sys
+import time
+
+from grpc_vs_rest import server_ports, wait_grpc
+from harness import OUT_DIR, InferdServer, cell, interrupt_on, write_json
+from procfs import CLK_TCK, machine_busy_s
+
+from inferd.bench.llm_loadgen import run_llm_load_blocking
+from inferd.bench.llm_workload import LengthDist, LLMLoadSpec
+
+SIM_LLM = (
+    'builtin = "sim-llm"\nworkers = 1\n[params]\nstep_base_ms = 2.0\nper_token_ms = 0.001\n'
+    "per_context_token_ms = 0.0\n"
+)
+PROTOCOLS = ("http", "grpc")
+
+
+def one_run(server: InferdServer, target: str, protocol: str, duration: float, seed: int,
+            args: argparse.Namespace) -> dict:  # fmt: skip
+    spec = LLMLoadSpec(
+        url=server.url if protocol == "http" else target, protocol=protocol, channels=args.channels,
+        model="sim-llm", rate=args.rate, duration_s=duration, seed=seed, timeout_s=30.0,
+        prompt_tokens=LengthDist(args.prompt_tokens, args.prompt_tokens),
+        output_tokens=LengthDist(args.output_tokens, args.output_tokens),
+    )  # fmt: skip
+    front = server.pid
+    before = server.cpu_ticks()
+    busy0 = machine_busy_s()
+    report = run_llm_load_blocking(spec)
+    after = server.cpu_ticks()
+    fe = (after.get(front, 0) - before.get(front, 0)) / CLK_TCK
+    workers = sum(t - before.get(pid, 0) for pid, t in after.items() if pid != front) / CLK_TCK
+    other = machine_busy_s() - busy0 - fe - workers - report.generator_cpu_s
+    m = report.measured
+    tokens = max(1, m.output_tokens)
+    return {
+        "protocol": protocol,
+        "rate": args.rate,
+        "sent": m.sent,
+        "ok": m.ok,
+        "errors": m.errors,
+        "mismatched": report.mismatched_total,
+        "output_tokens": m.output_tokens,
+        "ttft_p50_ms": m.ttft_ms.get("p50"),
+        "ttft_p99_ms": m.ttft_ms.get("p99"),
+        "itl_p50_ms": m.itl_ms.get("p50"),
+        "itl_p99_ms": m.itl_ms.get("p99"),
+        "frontend_us_per_token": round(fe / tokens * 1e6, 1),
+        "worker_us_per_token": round(workers / tokens * 1e6, 1),
+        "generator_us_per_token": round(report.generator_cpu_s / tokens * 1e6, 1),
+        "other_cpu_s": round(max(0.0, other), 2),
+        "load_1m": round(os.getloadavg()[0], 2),
+    }
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rate", type=float, default=50.0, help="requests/s")
+    ap.add_argument("--duration", type=float, default=8.0, help="seconds of each measured run")
+    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--prompt-tokens", type=int, default=32)
+    ap.add_argument("--output-tokens", type=int, default=64)
+    ap.add_argument("--channels", type=int, default=4, help="gRPC channels of the load tool")
+    ap.add_argument("--tree", default=None, help="serve this checkout's src/ instead of this tree's")
+    args = ap.parse_args()
+    interrupt_on(signal.SIGTERM)
+    env = None if args.tree is None else {"PYTHONPATH": os.path.join(os.path.abspath(args.tree), "src")}
+    http_port, grpc_port = server_ports()
+    target = f"127.0.0.1:{grpc_port}"
+    out: dict = {"command": " ".join(sys.argv), "runs": []}
+    server = InferdServer(
+        "--grpc-port", str(grpc_port), name="grpc_llm_stream", port=http_port, models={"sim-llm": SIM_LLM},
+        log_path=OUT_DIR / "grpc_llm_stream.server.log", ready_timeout_s=60.0, grace_s=30.0, env=env,
+    )  # fmt: skip
+    t_start = time.monotonic()
+    with server:
+        wait_grpc(target, 30.0)
+        for protocol in PROTOCOLS:  # warm-up: connections, imports, the engine's first steps
+            one_run(server, target, protocol, 2.0, 100, args)
+        for repeat in range(args.repeats):
+            for protocol in PROTOCOLS if repeat % 2 == 0 else PROTOCOLS[::-1]:
+                run = one_run(server, target, protocol, args.duration, repeat + 1, args)
+                out["runs"].append(run)
+                print(f"  {protocol}: front end {run['frontend_us_per_token']} us/token, "
+                      f"ITL p99 {cell(run['itl_p99_ms'])} ms", file=sys.stderr)  # fmt: skip
+    out["wall_s"] = round(time.monotonic() - t_start, 1)
+    print(f"\nsim-llm (2 ms step), {args.rate:g} req/s, prompt {args.prompt_tokens} / output "
+          f"{args.output_tokens} tokens; gRPC: ModelStreamInfer, a stream per request; http: SSE\n")  # fmt: skip
+    print("| protocol | ok/sent | errors | TTFT p50 / p99 ms | ITL p50 / p99 ms | front end us/token "
+          "| worker us/token | load tool us/token | other CPU s | load 1m |")  # fmt: skip
+    print("|---|---:|---|---:|---:|---:|---:|---:|---:|---:|")
+    for r in out["runs"]:
+        print(
+            f"| {r['protocol']} | {r['ok']}/{r['sent']} | {r['errors'] or '-'} "
+            f"| {cell(r['ttft_p50_ms'], 2)} / {cell(r['ttft_p99_ms'], 2)} "
+            f"| {cell(r['itl_p50_ms'], 2)} / {cell(r['itl_p99_ms'], 2)} | {r['frontend_us_per_token']:.1f} "
+            f"| {r['worker_us_per_token']:.1f} | {r['generator_us_per_token']:.1f} | {r['other_cpu_s']} "
+            f"| {r['load_1m']} |"
+        )
+    summary: dict = {}
+    for protocol in PROTOCOLS:
+        runs = [r for r in out["runs"] if r["protocol"] == protocol]
+        summary[protocol] = {
+            key: statistics.median(r[key] or 0 for r in runs)
+            for key in ("frontend_us_per_token", "itl_p50_ms", "itl_p99_ms", "ttft_p99_ms")
+        }
+        summary[protocol]["mismatched"] = sum(r["mismatched"] for r in runs)
+        summary[protocol]["errors"] = sum(sum(r["errors"].values()) for r in runs)
+    summary["frontend_ratio_grpc_over_http"] = round(
+        summary["grpc"]["frontend_us_per_token"] / max(1e-9, summary["http"]["frontend_us_per_token"]), 3
+    )
+    out["summary"] = summary
+    write_json(OUT_DIR / "grpc_llm_stream.json", out)
+    print(json.dumps({"summary": summary, "wall_s": out["wall_s"], "command": out["command"]}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
