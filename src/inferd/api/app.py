@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Awaitable, Callable
 from functools import partial
-from typing import Any, cast
+from typing import cast
 
 from prometheus_client import CONTENT_TYPE_LATEST
 
@@ -23,25 +23,24 @@ from inferd.api.console import ConsoleAccess, add_console_routes
 from inferd.api.http import check_content_type, json_response, parse_priority, read_body, request_deadline
 from inferd.api.http_call import MODEL_WORK, Hints, http_call, read_hints
 from inferd.api.middleware import AccessLog, Accounting, Errors, ModelVersion
+from inferd.api.oip_answer import Inference, OipSource, fallback_headers, lifecycle_headers, oip_answer
 from inferd.api.oip_metadata import model_metadata
 from inferd.api.openapi import openapi_document
 from inferd.api.request_context import RequestContext
 from inferd.api.search_routes import add_search_routes
 from inferd.api.server_view import ServerView
+from inferd.config import ModelConfig
 from inferd.core.call import Call, ErrorBody, Layer, chain
 from inferd.errors import BadRequest, ServingError
 from inferd.gateway.auth import Auth, TenantRequests, allowed_models, check_model, tenant_share
-from inferd.gateway.cache import encoded_size
 from inferd.gateway.fallback import Fallbacks, falls_back
 from inferd.gateway.quota_layer import Quotas
-from inferd.kinds.batch.dispatcher import ItemResult, ModelRuntime
+from inferd.kinds.batch.dispatcher import ModelRuntime
 from inferd.observability.logging_setup import accept_request_id, current_request_id
 from inferd.runtime.contract import Runtime
 
 log = logging.getLogger("inferd.api")
 
-Answer = tuple[int, list[dict[str, Any]], dict[str, Any]]
-"""An OIP answer before encoding: the version that ran it, per-item outputs, the lifecycle record."""
 Route = Callable[[Call, HttpRequest], Awaitable[Response]]
 """A route's handler: the Call the edge read, and the request (for its body, read after the precheck)."""
 
@@ -50,8 +49,10 @@ def oip_error(exc: ServingError, status: int) -> bytes:
     return oip.encode_json({"error": exc.message, "request_id": current_request_id()})
 
 
-def create_app(server: ServerView) -> AsgiApp:
-    api = Api(server)
+def create_app(server: ServerView, api: Api | None = None) -> AsgiApp:
+    """The HTTP app of `server`, over `api` (the runner builds one `Api` for every edge: the gRPC edge
+    shares its fallbacks' breakers and its cache; None: one of its own)."""
+    api = api if api is not None else Api(server)
     r = Router()
     oai = openai_routes.openai_error
 
@@ -99,41 +100,25 @@ async def _refuse(exc: ServingError, call: Call, request: HttpRequest) -> Respon
     raise exc
 
 
-def lifecycle(results: list[ItemResult]) -> dict[str, Any]:
-    """The per-request lifecycle record: queue wait, batch id and size, compute time, attempts."""
-    first = results[0]
-    if len(results) == 1:
-        return {
-            "queue_ms": round(first.queue_s * 1000, 3),
-            "batch_id": first.batch_id,
-            "batch_size": first.batch_size,
-            "compute_ms": round(first.compute_s * 1000, 3),
-            "attempts": first.attempts,
-        }
-    batches = list(dict.fromkeys(r.batch_id for r in results))[:8]
-    sizes = list(dict.fromkeys(r.batch_size for r in results))[:8]
-    return {
-        "queue_ms": round(max(r.queue_s for r in results) * 1000, 3),
-        "batch_id": ",".join(map(str, batches)),
-        "batch_size": ",".join(map(str, sizes)),
-        "compute_ms": round(max(r.compute_s for r in results) * 1000, 3),
-        "attempts": max(r.attempts for r in results),
-    }
+class HttpOip:
+    """An OIP REST request's body (JSON, or Triton's binary extension), read after the precheck."""
 
+    __slots__ = ("body", "header_length", "limit", "request")
 
-def fallback_headers(rt: Runtime) -> list[tuple[bytes, bytes]]:
-    """An answer given by a model's fallback names it (X-Inferd-Model-Version names its version)."""
-    return [(b"x-inferd-fallback", rt.name.encode()), (b"x-inferd-model", rt.name.encode())]
+    def __init__(self, request: HttpRequest, limit: int) -> None:
+        self.request = request
+        self.limit = limit
+        self.body = b""
+        self.header_length: str | None = None
 
+    async def read(self) -> None:
+        request = self.request
+        check_content_type(request)
+        self.body = await read_body(request, self.limit)
+        self.header_length = request.header(b"inference-header-content-length")
 
-def lifecycle_headers(record: dict[str, Any]) -> list[tuple[bytes, bytes]]:
-    return [
-        (b"x-inferd-queue-ms", str(record["queue_ms"]).encode()),
-        (b"x-inferd-batch-id", str(record["batch_id"]).encode()),
-        (b"x-inferd-batch-size", str(record["batch_size"]).encode()),
-        (b"x-inferd-compute-ms", str(record["compute_ms"]).encode()),
-        (b"x-inferd-attempts", str(record["attempts"]).encode()),
-    ]
+    def decode(self, config: ModelConfig) -> oip.DecodedRequest:
+        return oip.decode_request(self.body, self.header_length, config)
 
 
 class Api:
@@ -185,9 +170,10 @@ class Api:
         return route
 
     # ---- finding the model that serves a request ---------------------------------------------------
-    def resolve(self, call: Call, name: str, request: HttpRequest, api: str) -> Runtime:
+    def resolve(self, call: Call, name: str, metadata: Callable[[bytes], str | None], api: str) -> Runtime:
         """The runtime serving `name` at the version the call asks for (`call.version`; None: the
-        default), if its kind serves this family of routes (`Kind.api`); recorded on the call for
+        default, or a canary or A/B split's choice, which may read the caller's `metadata` by lower-case
+        name), if its kind serves this family of routes (`Kind.api`); recorded on the call for
         accounting. Unknown models get a 404 listing every model (with tenants: every model the caller
         may call); a model outside the tenant's list a 403."""
         version = call.version
@@ -195,7 +181,7 @@ class Api:
         check_model(tenant, name, self.registry.names)
         if version is None:  # a canary or A/B split may send it to another version than the default
             sticky = None if tenant.anonymous else tenant.name
-            version = self.server.traffic.choose(name, sticky, request.header)
+            version = self.server.traffic.choose(name, sticky, metadata)
         rt = call.runtime = self.registry.get(name, version)
         kind = self.server.kinds.get(rt.kind)
         if kind.api != api:
@@ -203,12 +189,12 @@ class Api:
             raise BadRequest(f"model {name!r} is a {rt.kind} model: send its requests to {routes}")
         return rt
 
-    def text_model(self, call: Call, name: str, request: HttpRequest) -> Runtime:
+    def text_model(self, call: Call, name: str, metadata: Callable[[bytes], str | None]) -> Runtime:
         """An LLM or upstream model for the OpenAI text routes (X-Inferd-Model-Version may pin a version)."""
-        return self.resolve(call, name, request, "text")
+        return self.resolve(call, name, metadata, "text")
 
-    def batch_model(self, call: Call, name: str, request: HttpRequest) -> ModelRuntime:
-        return cast(ModelRuntime, self.resolve(call, name, request, "oip"))  # the batch kind's runtime
+    def batch_model(self, call: Call, name: str, metadata: Callable[[bytes], str | None]) -> ModelRuntime:
+        return cast(ModelRuntime, self.resolve(call, name, metadata, "oip"))  # the batch kind's runtime
 
     # ---- health and metadata ----------------------------------------------------------------------
     async def live(self, call: Call, request: HttpRequest) -> HttpResponse:
@@ -251,66 +237,51 @@ class Api:
 
     # ---- inference ----------------------------------------------------------------------------------
     async def infer(self, call: Call, request: HttpRequest) -> HttpResponse:
-        primary = self.batch_model(call, request.path_params["model"], request)
-        fallback = self.fallback_for(call, primary)
-        share = tenant_share(call.tenant)  # call.priority: X-Priority's (the body may change it)
-        # 503 / 429 decided before the body is read; a model that cannot take it hands it to its fallback
-        rt, _ = self.fallbacks.admit(primary, fallback, lambda r: r.precheck(call.priority, share))
-        call.runtime = rt
-        check_content_type(request)
-        body = await read_body(request, self.max_body)
-        header_length = request.header(b"inference-header-content-length")
-        req = oip.decode_request(body, header_length, rt.config)
-        call.deadline = self.deadline(rt, call, req.timeout_us)
-        if req.priority is not None:
-            call.priority = parse_priority(req.priority, None)
-        try:
-            version, rows, record = await self.oip_answer(call, rt, req)
-        except ServingError as exc:  # refused at enqueue (queue full, deadline unmeetable)
-            if rt is not primary or fallback is None or not falls_back(exc):
-                raise
-            self.fallbacks.refused(primary, fallback, exc)
-            rt = call.runtime = fallback
-            req = oip.decode_request(body, header_length, rt.config)
-            version, rows, record = await self.oip_answer(call, rt, req)
-        headers: list[tuple[bytes, bytes]] = []
-        if rt is not primary:
-            record = {**record, "fallback": rt.name}
-            headers = fallback_headers(rt)
-        elif (shadow := self.shadows.target(rt)) is not None:
-            self.shadows.mirror(shadow, rows, partial(self.shadows.copy_items, req.items))
-        out, header_len = oip.encode_response(rt.config, version, req.request_id, req.outputs, rows, record)
-        headers += lifecycle_headers(record)
+        model = request.path_params["model"]
+        done = await self.run_oip(call, model, request.header, HttpOip(request, self.max_body))
+        rt, req = done.runtime, done.request
+        out, header_len = oip.encode_response(
+            rt.config, done.version, req.request_id, req.outputs, done.rows, done.record
+        )
+        headers = fallback_headers(rt) if done.fallback else []
+        headers += lifecycle_headers(done.record)
         if header_len is None:
             return json_response(out, headers=headers)
         headers.append((b"inference-header-content-length", str(header_len).encode()))
         return HttpResponse(out, 200, b"application/octet-stream", headers)
 
-    async def oip_answer(self, call: Call, rt: ModelRuntime, req: oip.DecodedRequest) -> Answer:
-        """Queue an OIP request's items on `rt` and wait, under the call's deadline and priority, in its
-        tenant's lane (through the response cache when it is on)."""
-        if not rt.config.cache.enabled:
-            return await self._queue_and_wait(call, rt, req)
-
-        async def compute() -> tuple[Answer, int]:
-            answer = await self._queue_and_wait(call, rt, req)
-            return answer, encoded_size(answer[1])
-
-        # the same answer for the same inputs and requested outputs
-        canonical = ("oip", req.items, [spec.name for spec, _ in req.outputs])
-        (version, rows, record), lookup = await self.cache.answer(call, rt, canonical, compute)
-        # a hit's record is that of the run that computed it
-        return version, rows, {**record, "cache": lookup}
-
-    async def _queue_and_wait(self, call: Call, rt: ModelRuntime, req: oip.DecodedRequest) -> Answer:
-        results = await rt.service.infer(
-            req.items,
-            deadline=call.deadline,
-            priority=call.priority,
-            share=tenant_share(call.tenant),
-            gone=call.departure.watch,
-        )
-        return results[0].version, [r.outputs for r in results], lifecycle(results)
+    async def run_oip(
+        self, call: Call, name: str, metadata: Callable[[bytes], str | None], source: OipSource
+    ) -> Inference:
+        """The one OIP inference path of every edge: the model `name` resolved (canary and A/B splits
+        choose by `metadata`, the caller's headers or gRPC metadata), admitted before `source` is read
+        (a model without room hands it to its fallback), decoded, answered under the call's deadline
+        (through the cache), and mirrored to a shadow. The edge encodes the answer."""
+        primary = self.batch_model(call, name, metadata)
+        fallback = self.fallback_for(call, primary)
+        share = tenant_share(call.tenant)  # call.priority: the edge's (the request may change it)
+        # 503 / 429 decided before the body is read; a model that cannot take it hands it to its fallback
+        rt, _ = self.fallbacks.admit(primary, fallback, lambda r: r.precheck(call.priority, share))
+        call.runtime = rt
+        await source.read()
+        req = source.decode(rt.config)
+        call.deadline = self.deadline(rt, call, req.timeout_us)
+        if req.priority is not None:
+            call.priority = parse_priority(req.priority, None)
+        try:
+            version, rows, record = await oip_answer(self.cache, call, rt, req)
+        except ServingError as exc:  # refused at enqueue (queue full, deadline unmeetable)
+            if rt is not primary or fallback is None or not falls_back(exc):
+                raise
+            self.fallbacks.refused(primary, fallback, exc)
+            rt = call.runtime = fallback
+            req = source.decode(rt.config)
+            version, rows, record = await oip_answer(self.cache, call, rt, req)
+        if rt is not primary:
+            record = {**record, "fallback": rt.name}
+        elif (shadow := self.shadows.target(rt)) is not None:
+            self.shadows.mirror(shadow, rows, partial(self.shadows.copy_items, req.items))
+        return Inference(rt, rt is not primary, req, version, rows, record)
 
     async def answer_with_fallback(
         self, call: Call, primary: Runtime, answer: Callable[[Runtime], Awaitable[Response]]
@@ -344,7 +315,10 @@ class Api:
 
     # ---- shared -------------------------------------------------------------------------------------
     def deadline(self, rt: Runtime, call: Call, timeout_us: float | None = None) -> float | None:
-        """The request's absolute deadline: the smaller of the body's `timeout_us` (OIP) and the call's
-        `timeout_ms` (X-Request-Timeout-Ms), else the model's default_timeout_ms."""
+        """The request's absolute deadline: the smaller of the body's `timeout_us` (OIP), the call's
+        `timeout_ms` (X-Request-Timeout-Ms) and the deadline its wire carries (`call.deadline`: gRPC's),
+        else the model's default_timeout_ms."""
         c = rt.config
-        return request_deadline(self.clock, c.max_timeout_ms, timeout_us, call.timeout_ms, c.default_timeout_ms)
+        return request_deadline(
+            self.clock, c.max_timeout_ms, timeout_us, call.timeout_ms, c.default_timeout_ms, call.deadline
+        )

@@ -157,16 +157,17 @@ def _chat_choice(i: int, text: str, finish: str | None) -> dict[str, Any]:
 def text_model(api: ApiContext, call: Call, body: bytes, request: HttpRequest) -> LLMRuntime | UpstreamRuntime:
     """The model the request names: generated here (LLMRuntime) or forwarded (UpstreamRuntime)."""
     name = decode_json(_named, body, "completion request", 'send {"model": ..., ...}').model
-    rt = api.text_model(call, name, request)
+    rt = api.text_model(call, name, request.header)
     if not isinstance(rt, LLMRuntime | UpstreamRuntime):
         raise BadRequest(f"model {name!r} is a {rt.kind} model: it does not generate text")
     return rt
 
 
 def text_deadline(api: ApiContext, config: ModelConfig, call: Call) -> float | None:
-    """The caller's deadline (`call.timeout_ms`: X-Request-Timeout-Ms); text generation gets no default
-    deadline, so a long answer is never cut short unless the caller asks."""
-    return request_deadline(api.clock, config.max_timeout_ms, None, call.timeout_ms, None)
+    """The caller's deadline (`call.timeout_ms`: X-Request-Timeout-Ms; `call.deadline`: the one its wire
+    carries, gRPC's); text generation gets no default deadline, so a long answer is never cut short
+    unless the caller asks."""
+    return request_deadline(api.clock, config.max_timeout_ms, None, call.timeout_ms, None, call.deadline)
 
 
 def streamed(text: _TextCall, choices: Choices, make: MakeChunk) -> StreamingResponse:

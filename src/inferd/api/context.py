@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import Protocol
 
-from inferd.api.asgi import HttpRequest, HttpResponse, StreamingResponse
+from inferd.api.asgi import HttpResponse, StreamingResponse
 from inferd.api.cache_hook import CacheHook
 from inferd.clock import Clock
 from inferd.core.call import Call
@@ -24,11 +24,12 @@ class ApiContext(Protocol):
     shadows: Shadows
     """Shadow copies of sampled requests (a model's traffic.shadow), for routes that mirror them."""
 
-    def batch_model(self, call: Call, name: str, request: HttpRequest) -> ModelRuntime:
-        """The batch-kind runtime (ModelRuntime) serving `name`, recorded on the call; 400 for other kinds."""
+    def batch_model(self, call: Call, name: str, metadata: Callable[[bytes], str | None]) -> ModelRuntime:
+        """The batch-kind runtime (ModelRuntime) serving `name`, recorded on the call; 400 for other kinds.
+        `metadata`: the caller's headers (or gRPC metadata) by lower-case name, for an A/B split."""
         ...
 
-    def text_model(self, call: Call, name: str, request: HttpRequest) -> Runtime:
+    def text_model(self, call: Call, name: str, metadata: Callable[[bytes], str | None]) -> Runtime:
         """The llm- or upstream-kind runtime serving `name`, recorded on the call; 400 for other kinds."""
         ...
 

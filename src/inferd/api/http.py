@@ -148,11 +148,17 @@ def request_deadline(
     timeout_us: float | None,
     header_ms: float | None,
     default_ms: float | None,
+    wire: float | None = None,
 ) -> float | None:
     """A request's absolute deadline on `clock`, the one rule of every route: the smaller of OIP
     parameters.timeout (microseconds, Triton's way) and X-Request-Timeout-Ms (`Call.timeout_ms`) when
     both are given, the one given, else `default_ms` (None: no deadline). A value given outside
-    (0, max_timeout_ms] is a 400."""
+    (0, max_timeout_ms] is a 400.
+
+    `wire`: the deadline the caller's wire carries, absolute on `clock` (a gRPC deadline: the edge's
+    `Call.deadline`). It is the request's deadline as a timeout given would be (no default then), the
+    smaller of it and the others winning; one beyond max_timeout_ms is cut to it (clients set long
+    deadlines: not a bad request)."""
     timeout_ms = None
     for given in (None if timeout_us is None else timeout_us / 1000.0, header_ms):
         if given is None:
@@ -160,10 +166,14 @@ def request_deadline(
         if not 0 < given <= max_timeout_ms:
             raise BadRequest(f"timeout of {given} ms is outside (0, {max_timeout_ms}] ms")
         timeout_ms = given if timeout_ms is None else min(timeout_ms, given)
-    if timeout_ms is None:
+    if timeout_ms is None and wire is None:
         timeout_ms = default_ms
+    now = clock.now()
+    if wire is not None:
+        bound = min(wire, now + max_timeout_ms / 1000.0)
+        return bound if timeout_ms is None else min(bound, now + timeout_ms / 1000.0)
     if timeout_ms is None:
         return None
     if not 0 < timeout_ms <= max_timeout_ms:
         raise BadRequest(f"timeout of {timeout_ms} ms is outside (0, {max_timeout_ms}] ms")
-    return clock.now() + timeout_ms / 1000.0
+    return now + timeout_ms / 1000.0

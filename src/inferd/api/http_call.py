@@ -13,6 +13,7 @@ chain (api/app.py `Api.endpoint`), so a call without its key still gets its 401 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from inferd.api.asgi import HttpRequest
@@ -21,6 +22,9 @@ from inferd.core.call import Call, ErrorBody
 from inferd.core.tenant import MAX_ANONYMOUS_NAME, anonymous
 from inferd.errors import BadRequest
 from inferd.observability.logging_setup import accept_request_id
+
+Header = Callable[[bytes], str | None]
+"""A caller's metadata value by lower-case name (None: not sent)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,7 +68,12 @@ def http_call(request: HttpRequest, error_body: ErrorBody, route: str, keys: boo
 def read_hints(call: Call, request: HttpRequest, hints: Hints, keys: bool) -> None:
     """`hints` of `request` into `call`: BadRequest naming the header when one is not a valid value.
     `keys`: tenants are configured, and X-Tenant is not even read (the key names the tenant)."""
-    header = request.header
+    hints_from(call, request.header, hints, keys)
+
+
+def hints_from(call: Call, header: Header, hints: Hints, keys: bool) -> None:
+    """`read_hints` over any edge's metadata: `header` looks a value up by lower-case name (HTTP
+    headers, gRPC metadata)."""
     if hints.priority:
         value = header(b"x-priority")
         if value is not None:
@@ -83,14 +92,19 @@ def read_hints(call: Call, request: HttpRequest, hints: Hints, keys: bool) -> No
 
 def presented_key(request: HttpRequest) -> str | None:
     """The key the caller sent: a Bearer credential, else X-API-Key (None: neither)."""
+    return key_from(request.header)
+
+
+def key_from(header: Header) -> str | None:
+    """`presented_key` over any edge's metadata (`header`: a value by lower-case name)."""
     raw = None
-    authorization = request.header(b"authorization")
+    authorization = header(b"authorization")
     if authorization:
         scheme, _, credential = authorization.strip().partition(" ")
         if scheme.lower() == "bearer":
             raw = credential.strip()
     if not raw:
-        raw = (request.header(b"x-api-key") or "").strip()
+        raw = (header(b"x-api-key") or "").strip()
     if not raw:
         return None
     return raw.encode("latin-1").decode("utf-8", "surrogateescape")  # the header's bytes, as sent

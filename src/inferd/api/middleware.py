@@ -38,6 +38,24 @@ def record_stream_error(call: Call, exc: ServingError) -> None:
     call.outcome = status_of(exc)[1]
 
 
+def refused(call: Call, exc: ServingError) -> int:
+    """The call ends with `exc`: its outcome (and, for a refusal, the reason accounting counts) recorded
+    on the call; returns the error's HTTP status (an edge's error layer: this one, grpc_edge/errors.py)."""
+    status, call.outcome = status_of(exc)
+    if isinstance(exc, Overloaded) or status == 429:
+        call.notes["rejected"] = getattr(exc, "reason", "rate_limited")
+    return status
+
+
+def internal(call: Call, exc: Exception) -> Internal:
+    """An unexpected error, logged with its traceback under an id; the caller gets the id, never the
+    traceback."""
+    error_id = f"{id(exc):x}"
+    log.exception("internal error %s on %s %s", error_id, call.method, call.target)
+    call.outcome = "internal"
+    return Internal(f"internal error (id {error_id})")
+
+
 class Errors:
     """Errors become responses: a ServingError gets its status and the route's error body; a client that
     went away gets 499; anything else a 500 with an id the caller can quote (never a traceback)."""
@@ -49,18 +67,13 @@ class Errors:
         try:
             return await self.inner(call, request)
         except ServingError as exc:
-            status, call.outcome = status_of(exc)
-            if isinstance(exc, Overloaded) or status == 429:
-                call.notes["rejected"] = getattr(exc, "reason", "rate_limited")
+            status = refused(call, exc)
             return json_response(call.error_body(exc, status), status, error_headers(exc))
         except ClientGone:
             call.outcome = "cancelled"
             return HttpResponse(status=499, content_type=None)
         except Exception as exc:
-            error_id = f"{id(exc):x}"
-            log.exception("internal error %s on %s %s", error_id, call.method, call.target)
-            call.outcome = "internal"
-            return json_response(call.error_body(Internal(f"internal error (id {error_id})"), 500), 500)
+            return json_response(call.error_body(internal(call, exc), 500), 500)
 
 
 class Accounting:

@@ -53,7 +53,7 @@ async def embeddings(api: ApiContext, call: Call, request: HttpRequest) -> HttpR
     check_content_type(request, ("application/json", ""))
     body = await read_body(request, api.max_body)
     req = decode_json(_decoder, body, "embeddings request", 'send {"model": ..., "input": ...}')
-    primary = api.batch_model(call, req.model, request)
+    primary = api.batch_model(call, req.model, request.header)
     # a batch model's fallback is a batch model too (same API family: KindRegistry.same_api)
     return await api.answer_with_fallback(call, primary, lambda rt: _embed(api, call, req, rt, primary))
 

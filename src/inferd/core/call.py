@@ -86,7 +86,11 @@ class Call:
     handler turns it into `deadline` once the model (and its bounds) is known."""
     deadline: float | None = None
     """When the call must be answered, absolute on the server's clock (None: no deadline), once the
-    handler has parsed the request."""
+    handler has parsed the request. An edge whose wire carries a deadline (gRPC) sets it before the
+    chain; the handler then takes the smaller of it and the request's own (api/http.py
+    `request_deadline`)."""
+    protocol: str = "http"
+    """The edge the call came by: "http" or "grpc" (a label of the request metrics, spans and logs)."""
     runtime: Runtime | None = None
     """The model version serving the call, once the handler has resolved it."""
     outcome: str = "ok"

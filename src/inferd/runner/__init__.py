@@ -21,7 +21,7 @@ import uvloop
 from prometheus_client import CollectorRegistry
 
 from inferd import tls
-from inferd.api.app import create_app
+from inferd.api.app import Api, create_app
 from inferd.api.asgi import AsgiApp
 from inferd.api.door_policy import DoorCollector, DoorLimits, DoorPolicy
 from inferd.api.frontdoor import front_door_protocol
@@ -33,6 +33,7 @@ from inferd.cluster.saved import take
 from inferd.config import ConfigError, ModelConfig, ServerConfig
 from inferd.config.identity import admin_address, frontend_id
 from inferd.frontends.plan import FrontendPlan
+from inferd.grpc_edge.edge import GrpcEdge
 from inferd.server import InferenceServer
 
 log = logging.getLogger("inferd")
@@ -44,7 +45,12 @@ class GracefulServer(uvicorn.Server):
     uvicorn's own shutdown starts (stop accepting, finish in-flight requests, lifespan drain) and the
     process exits 0. Ctrl-C, or a second SIGTERM, ends the grace period at once.
 
-    SIGHUP calls `on_hangup` (the gateway's reload) from the event loop, at the next tick."""
+    SIGHUP calls `on_hangup` (the gateway's reload) from the event loop, at the next tick.
+
+    The gRPC edge (`grpc`), when there is one, starts once the lifespan startup has built the server,
+    and stops first at shutdown (stop accepting, calls in flight finish within the HTTP side's graceful
+    timeout), before the HTTP side and the lifespan drain: runtimes outlive gRPC calls. During SIGTERM's
+    grace period its health answers NOT_SERVING, as /v2/health/ready answers 503."""
 
     def __init__(
         self,
@@ -52,11 +58,13 @@ class GracefulServer(uvicorn.Server):
         on_terminate: Callable[[], None],
         grace_s: float,
         on_hangup: Callable[[], None] | None = None,
+        grpc: GrpcEdge | None = None,
     ) -> None:
         super().__init__(config)
         self.on_terminate = on_terminate
         self.grace_s = grace_s
         self.on_hangup = on_hangup
+        self.grpc = grpc
         self.exit_at: float | None = None
         self._announced = False
         self._hangup = False
@@ -74,6 +82,22 @@ class GracefulServer(uvicorn.Server):
                 yield
         finally:
             signal.signal(signal.SIGHUP, previous)
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets)
+        if self.grpc is None or self.should_exit:
+            return
+        try:
+            await self.grpc.start()
+        except RuntimeError as exc:  # grpcio's "Failed to bind": the port is taken or the host not ours
+            log.error("gRPC API: cannot listen on port %s: %s", self.grpc.config.grpc_port, exc)
+            await self.lifespan.shutdown()
+            raise SystemExit(3) from None  # uvicorn's own exit status for a listener that failed
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        if self.grpc is not None:
+            await self.grpc.stop(self.config.timeout_graceful_shutdown or 30.0)
+        await super().shutdown(sockets)
 
     def handle_hangup(self, sig: int, frame: FrameType | None) -> None:
         self._hangup = True  # a signal handler: the reload itself runs on the event loop (on_tick)
@@ -117,7 +141,8 @@ def build_uvicorn(
     seat: Seat | None = None,
 ) -> tuple[uvicorn.Server, InferenceServer]:
     server = InferenceServer(cfg, models, frontend=frontend, seat=seat)
-    app = create_app(server)
+    api = Api(server)  # one per front end, shared by both edges: its fallbacks' breakers, its cache
+    app = create_app(server, api)
     ucfg = uvicorn.Config(
         app,
         host=cfg.host,
@@ -132,7 +157,11 @@ def build_uvicorn(
         log_config=None,
         **tls.uvicorn_options(cfg),
     )
-    userver = GracefulServer(ucfg, server.begin_shutdown, cfg.shutdown_grace_s, server.gateway.reload_or_log)
+    # the front ends of one server share the gRPC port as they share the HTTP one (SO_REUSEPORT)
+    edge = None if cfg.grpc_port is None else GrpcEdge(api, reuseport=frontend is not None and frontend.count > 1)
+    userver = GracefulServer(
+        ucfg, server.begin_shutdown, cfg.shutdown_grace_s, server.gateway.reload_or_log, edge
+    )
     return userver, server
 
 

@@ -1,0 +1,104 @@
+"""The one table from the error tree (inferd/errors.py) to gRPC status codes, and `GrpcErrors`, the
+chain layer that turns an error into a `GrpcReply`: the gRPC twin of api/middleware.py `Errors`.
+
+Each error's details are the message its REST twin carries; its trailing metadata the REST twin's
+headers (api/errors.py `error_headers`): `retry-after` and `x-inferd-retry-after-ms` on a refusal that
+names a wait, the quota layer's `x-ratelimit-*`, `www-authenticate` on UNAUTHENTICATED.
+
+| error                                        | code               | REST |
+|----------------------------------------------|--------------------|------|
+| BadRequest, UnsupportedMediaType             | INVALID_ARGUMENT   | 400, 415 |
+| Unauthorized                                 | UNAUTHENTICATED    | 401 |
+| Forbidden                                    | PERMISSION_DENIED  | 403 |
+| NotFound                                     | NOT_FOUND          | 404 |
+| Conflict                                     | FAILED_PRECONDITION| 409 |
+| RateLimited, Overloaded, PayloadTooLarge, HeaderTooLarge | RESOURCE_EXHAUSTED | 429, 413, 431 |
+| WorkerUnavailable, WorkerDied, ShuttingDown  | UNAVAILABLE        | 503 |
+| DeadlineExceeded, RequestTimeout             | DEADLINE_EXCEEDED  | 504, 408 |
+| ModelError                                   | INTERNAL           | 422 (Triton answers a model's failure INTERNAL; the details say the model failed) |
+| the caller left (ClientGone)                 | CANCELLED          | 499 |
+| anything else                                | INTERNAL, with an id to quote (never a traceback) | 500 |
+"""
+
+from __future__ import annotations
+
+import grpc
+
+from inferd.api.errors import error_headers
+from inferd.api.middleware import internal, refused
+from inferd.core.call import Call, Handler
+from inferd.errors import (
+    BadRequest,
+    ClientGone,
+    Conflict,
+    DeadlineExceeded,
+    Forbidden,
+    HeaderTooLarge,
+    ModelError,
+    NotFound,
+    Overloaded,
+    PayloadTooLarge,
+    RateLimited,
+    RequestTimeout,
+    ServingError,
+    ShuttingDown,
+    Unauthorized,
+    UnsupportedMediaType,
+    WorkerDied,
+    WorkerUnavailable,
+)
+from inferd.grpc_edge.reply import GrpcReply
+
+Code = grpc.StatusCode
+
+_CODES: list[tuple[type[ServingError], Code]] = [
+    (BadRequest, Code.INVALID_ARGUMENT),
+    (UnsupportedMediaType, Code.INVALID_ARGUMENT),
+    (Unauthorized, Code.UNAUTHENTICATED),
+    (Forbidden, Code.PERMISSION_DENIED),
+    (NotFound, Code.NOT_FOUND),
+    (Conflict, Code.FAILED_PRECONDITION),
+    (RateLimited, Code.RESOURCE_EXHAUSTED),
+    (Overloaded, Code.RESOURCE_EXHAUSTED),
+    (PayloadTooLarge, Code.RESOURCE_EXHAUSTED),
+    (HeaderTooLarge, Code.RESOURCE_EXHAUSTED),
+    (WorkerUnavailable, Code.UNAVAILABLE),
+    (WorkerDied, Code.UNAVAILABLE),
+    (ShuttingDown, Code.UNAVAILABLE),
+    (DeadlineExceeded, Code.DEADLINE_EXCEEDED),
+    (RequestTimeout, Code.DEADLINE_EXCEEDED),
+    (ModelError, Code.INTERNAL),
+]
+
+
+def code_of(exc: ServingError) -> Code:
+    """The gRPC status code of an error (INTERNAL for one the table does not name)."""
+    for cls, code in _CODES:
+        if isinstance(exc, cls):
+            return code
+    return Code.INTERNAL
+
+
+def error_reply(call: Call, exc: ServingError) -> GrpcReply:
+    """The reply of a call that ends with `exc`, its outcome recorded on the call as REST records it."""
+    status = refused(call, exc)
+    return GrpcReply(None, error_headers(exc), status, code_of(exc), exc.message)
+
+
+class GrpcErrors:
+    """Errors become error replies: a ServingError its code, details and trailers; a caller that left
+    CANCELLED; anything else INTERNAL with an id the caller can quote."""
+
+    def __init__(self, inner: Handler) -> None:
+        self.inner = inner
+
+    async def __call__(self, call: Call, request: object) -> GrpcReply:
+        try:
+            return await self.inner(call, request)
+        except ServingError as exc:
+            return error_reply(call, exc)
+        except ClientGone:
+            call.outcome = "cancelled"
+            return GrpcReply(None, None, 499, Code.CANCELLED, "the caller cancelled the call")
+        except Exception as exc:
+            return GrpcReply(None, None, 500, Code.INTERNAL, internal(call, exc).message)

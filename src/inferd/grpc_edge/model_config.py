@@ -1,0 +1,65 @@
+"""ModelConfig's answer: a model as Triton's `inference.ModelConfig` describes one, so that
+`get_model_config` and perf_analyzer find what they read there.
+
+A batch model (OIP): platform and backend "inferd", `max_batch_size` (the most items one request may
+carry: max_items_per_request, capped at the model's device batch), its tensors with `TYPE_*` data
+types and dims without the batch dimension (an empty dims list: one scalar per item), and
+`dynamic_batching` (max_queue_delay_microseconds from max_wait_ms, preferred batch sizes). An LLM
+(the `text` family) takes Triton's vLLM backend tensors and is decoupled (answers stream on
+ModelStreamInfer): text_input BYTES [1], stream BOOL [1], sampling_parameters BYTES [1] and
+exclude_input_in_output BOOL [1] (both optional); text_output BYTES [-1].
+"""
+
+from __future__ import annotations
+
+from inferd.config import TensorSpec
+from inferd.grpc_edge.protos import model_config_pb2 as mc
+from inferd.runtime.contract import Runtime
+
+BACKEND = "inferd"
+
+
+def data_type(datatype: str) -> int:
+    """A KServe datatype (FP32, BYTES...) as Triton's config enum (TYPE_FP32, TYPE_STRING...)."""
+    return mc.DataType.Value("TYPE_STRING" if datatype == "BYTES" else f"TYPE_{datatype}")
+
+
+def _tensor(cls: type, spec: TensorSpec) -> object:
+    return cls(name=spec.name, data_type=data_type(spec.datatype), dims=list(spec.shape))
+
+
+def model_config(rt: Runtime, api: str) -> mc.ModelConfig:
+    """`rt`'s config; `api`: its kind's family of routes ("oip": a batch model, "text": an LLM or
+    upstream model, else a kind served by neither: name and platform only)."""
+    c = rt.config
+    if api == "text":
+        return llm_config(rt)
+    config = mc.ModelConfig(name=c.name, platform=c.platform, backend=BACKEND)
+    if api != "oip":
+        return config
+    config.max_batch_size = min(c.max_items_per_request, c.max_batch_size)
+    config.input.extend(_tensor(mc.ModelInput, t) for t in c.inputs)
+    config.output.extend(_tensor(mc.ModelOutput, t) for t in c.outputs)
+    config.dynamic_batching.max_queue_delay_microseconds = round(c.max_wait_ms * 1000)
+    config.dynamic_batching.preferred_batch_size.extend(c.preferred_batch_sizes)
+    return config
+
+
+def llm_config(rt: Runtime) -> mc.ModelConfig:
+    """An LLM as Triton's vLLM backend presents one (decoupled: its answers stream)."""
+    c = rt.config
+    string, boolean = mc.DataType.TYPE_STRING, mc.DataType.TYPE_BOOL
+    return mc.ModelConfig(
+        name=c.name,
+        platform=c.platform,
+        backend=BACKEND,
+        max_batch_size=0,
+        model_transaction_policy=mc.ModelTransactionPolicy(decoupled=True),
+        input=[
+            mc.ModelInput(name="text_input", data_type=string, dims=[1]),
+            mc.ModelInput(name="stream", data_type=boolean, dims=[1], optional=True),
+            mc.ModelInput(name="sampling_parameters", data_type=string, dims=[1], optional=True),
+            mc.ModelInput(name="exclude_input_in_output", data_type=boolean, dims=[1], optional=True),
+        ],
+        output=[mc.ModelOutput(name="text_output", data_type=string, dims=[-1])],
+    )

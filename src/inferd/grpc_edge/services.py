@@ -1,0 +1,158 @@
+"""Triton's `inference.GRPCInferenceService` over the request core: each RPC is read into its Call
+(grpc_edge/calls.py), passes the same chain as a REST route (api/app.py `Api.layers`, with `GrpcErrors`
+for `Errors`), then its handler, which answers a `GrpcReply`; `GrpcReply.send` ends the RPC.
+
+ModelInfer runs the REST infer route's own path (`Api.run_oip`: resolve with canary and A/B splits,
+fallback, precheck, deadline, cache, shadow) over the ModelInferRequest (grpc_edge/codec.py). The
+repository and shared-memory RPCs answer UNIMPLEMENTED (the generated base class's default).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from functools import partial
+from typing import Any
+
+from grpc import aio
+
+from inferd import __version__
+from inferd.api.app import Api
+from inferd.api.oip_answer import fallback_headers, lifecycle_headers
+from inferd.api.oip_metadata import model_metadata
+from inferd.core.call import Call, Handler, Layer, chain
+from inferd.errors import ServingError
+from inferd.gateway.auth import check_model
+from inferd.grpc_edge.calls import SERVICE, RpcMetadata, grpc_call, read_hints
+from inferd.grpc_edge.codec import GrpcOip, encode_response
+from inferd.grpc_edge.model_config import model_config
+from inferd.grpc_edge.protos import grpc_service_pb2 as pb
+from inferd.grpc_edge.protos import grpc_service_pb2_grpc as pb_grpc
+from inferd.grpc_edge.reply import GrpcReply
+
+Context = aio.ServicerContext[Any, Any]
+
+EXTENSIONS = ["model_configuration"]
+"""The Triton protocol extensions this service answers (ServerMetadata)."""
+
+
+class InferRpc:
+    """ModelInfer's request along the chain: the message and the call's metadata (an A/B split may read
+    it), as api/oip_answer.py's `OipSource`."""
+
+    __slots__ = ("metadata", "source")
+
+    def __init__(self, message: pb.ModelInferRequest, metadata: RpcMetadata) -> None:
+        self.source = GrpcOip(message)
+        self.metadata = metadata
+
+
+async def _refuse(exc: ServingError, call: Call, request: object) -> GrpcReply:
+    """The handler of a call the edge could not read (a bad metadata value, a deadline past): its error."""
+    raise exc
+
+
+class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
+    def __init__(self, api: Api, layers: list[Layer]) -> None:
+        self.api = api
+        self.server = server = api.server
+        self.registry = server.registry
+        self.clock = server.clock
+        self.layers = layers
+        self.enforced = api.tenants_enforced
+        self._live = chain(layers, self._server_live)
+        self._ready = chain(layers, self._server_ready)
+        self._server_meta = chain(layers, self._server_metadata)
+        self._model_ready = chain(layers, self._model_ready_of)
+        self._model_meta = chain(layers, self._model_metadata)
+        self._config = chain(layers, self._model_config)
+        self._infer = chain(layers, self._model_infer)
+
+    async def _rpc(
+        self, context: Context, method: str, run: Handler, request: Any, model: str = "", version: str = ""
+    ) -> Any:
+        """One unary RPC through the chain: its Call read, `run`, and the reply sent."""
+        metadata = RpcMetadata(context.invocation_metadata())
+        keys = self.enforced()
+        call = grpc_call(context, metadata, SERVICE + method, model, version, keys)
+        reply = await run(call, request)
+        return await reply.send(context)
+
+    # ---- health and metadata ----------------------------------------------------------------------
+    async def ServerLive(self, request: pb.ServerLiveRequest, context: Context) -> pb.ServerLiveResponse:
+        return await self._rpc(context, "ServerLive", self._live, request)
+
+    async def ServerReady(self, request: pb.ServerReadyRequest, context: Context) -> pb.ServerReadyResponse:
+        return await self._rpc(context, "ServerReady", self._ready, request)
+
+    async def ServerMetadata(
+        self, request: pb.ServerMetadataRequest, context: Context
+    ) -> pb.ServerMetadataResponse:
+        return await self._rpc(context, "ServerMetadata", self._server_meta, request)
+
+    async def ModelReady(self, request: pb.ModelReadyRequest, context: Context) -> pb.ModelReadyResponse:
+        return await self._rpc(context, "ModelReady", self._model_ready, request, request.name, request.version)
+
+    async def ModelMetadata(
+        self, request: pb.ModelMetadataRequest, context: Context
+    ) -> pb.ModelMetadataResponse:
+        return await self._rpc(context, "ModelMetadata", self._model_meta, request, request.name, request.version)
+
+    async def ModelConfig(self, request: pb.ModelConfigRequest, context: Context) -> pb.ModelConfigResponse:
+        return await self._rpc(context, "ModelConfig", self._config, request, request.name, request.version)
+
+    async def _server_live(self, call: Call, request: Any) -> GrpcReply:
+        return GrpcReply(pb.ServerLiveResponse(live=True))
+
+    async def _server_ready(self, call: Call, request: Any) -> GrpcReply:
+        return GrpcReply(pb.ServerReadyResponse(ready=self.server.ready))
+
+    async def _server_metadata(self, call: Call, request: Any) -> GrpcReply:
+        return GrpcReply(pb.ServerMetadataResponse(name="inferd", version=__version__, extensions=EXTENSIONS))
+
+    async def _model_ready_of(self, call: Call, request: pb.ModelReadyRequest) -> GrpcReply:
+        rt = self._model(call, request.name, request.version)
+        return GrpcReply(pb.ModelReadyResponse(ready=rt.ready and not self.server.shutting_down))
+
+    async def _model_metadata(self, call: Call, request: pb.ModelMetadataRequest) -> GrpcReply:
+        rt = self._model(call, request.name, request.version)
+        oip = self.server.kinds.get(rt.kind).api == "oip"
+        meta = model_metadata(rt.config, self.registry.versions(rt.name), oip)
+        tensor = pb.ModelMetadataResponse.TensorMetadata
+        return GrpcReply(
+            pb.ModelMetadataResponse(
+                name=meta["name"],
+                versions=meta["versions"],
+                platform=meta["platform"],
+                inputs=[tensor(**t) for t in meta.get("inputs", ())],
+                outputs=[tensor(**t) for t in meta.get("outputs", ())],
+            )
+        )
+
+    async def _model_config(self, call: Call, request: pb.ModelConfigRequest) -> GrpcReply:
+        rt = self._model(call, request.name, request.version)
+        return GrpcReply(pb.ModelConfigResponse(config=model_config(rt, self.server.kinds.get(rt.kind).api)))
+
+    def _model(self, call: Call, name: str, version: str) -> Any:
+        """The runtime of `name` at `version` ("" the default): NotFound, or Forbidden for a tenant."""
+        check_model(call.tenant, name, self.registry.names)
+        return self.registry.get(name, version or None)  # not call.runtime: not counted, as on REST
+
+    # ---- inference ----------------------------------------------------------------------------------
+    async def ModelInfer(self, request: pb.ModelInferRequest, context: Context) -> pb.ModelInferResponse:
+        metadata = RpcMetadata(context.invocation_metadata())
+        keys = self.enforced()
+        call = grpc_call(context, metadata, SERVICE + "ModelInfer", request.model_name, request.model_version, keys)
+        run: Callable[[Call, Any], Awaitable[GrpcReply]] = self._infer
+        try:
+            read_hints(call, metadata, context, self.clock, keys)
+        except ServingError as exc:
+            run = chain(self.layers, partial(_refuse, exc))
+        reply = await run(call, InferRpc(request, metadata))
+        return await reply.send(context)
+
+    async def _model_infer(self, call: Call, rpc: InferRpc) -> GrpcReply:
+        source = rpc.source
+        done = await self.api.run_oip(call, source.message.model_name, rpc.metadata.get, source)
+        headers = fallback_headers(done.runtime) if done.fallback else []
+        headers += lifecycle_headers(done.record)
+        return GrpcReply(encode_response(done), headers)
