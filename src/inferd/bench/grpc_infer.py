@@ -185,7 +185,7 @@ class GrpcInferClient:
             if is_connect_failure(exc):
                 raise ConnectionError(exc.details()) from exc
             return error_kind(exc), wanted(exc.trailing_metadata()), b""
-        return None, wanted(await call.initial_metadata(), await call.trailing_metadata()), raw
+        return None, wanted(await call.trailing_metadata()), raw  # the edge sends its record as trailers
 
     async def close(self) -> None:
         await self._pool.close()
