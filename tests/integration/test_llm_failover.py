@@ -259,7 +259,7 @@ async def test_overload_gives_fast_429_and_running_streams_keep_their_pace(serve
         text = await r.text()
     # LLM refusals are accounted like every other model's: by outcome, and by reason
     rejected = re.search(
-        r'^inferd_requests_total\{model="tight",outcome="rejected",version="1"\} (\S+)$', text, re.M
+        r'^inferd_requests_total\{model="tight",outcome="rejected",protocol="http",version="1"\} (\S+)$', text, re.M
     )
     reason = re.search(
         r'^inferd_requests_rejected_total\{model="tight",reason="llm_queue_full",version="1"\} (\S+)$',

@@ -345,7 +345,7 @@ async def test_deadline_is_a_504_and_frees_the_sequence_in_the_engine(server: Se
 async def test_deadline_mid_stream_is_an_error_event_and_frees_the_kv_blocks(server: ServerProc) -> None:
     body = {"model": "sim-llm", "prompt": "stream a story", "max_tokens": 1500, "stream": True}
     events: list[bytes] = []
-    cut = 'inferd_requests_total{model="sim-llm",outcome="deadline",version="1"}'
+    cut = 'inferd_requests_total{model="sim-llm",outcome="deadline",protocol="http",version="1"}'
     cut_before = await ametric(server, cut, absent=0.0)
     async with aiohttp.ClientSession() as http:
         headers = {"X-Request-Timeout-Ms": "1500"}

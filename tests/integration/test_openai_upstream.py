@@ -347,14 +347,14 @@ async def test_a_deadline_travels_upstream_and_bounds_the_call(servers: Servers)
 def test_upstream_requests_are_accounted_like_every_other_model(servers: Servers) -> None:
     """One request accounting for all kinds: upstream answers, refusals and their reasons land in the same
     series as batch and LLM models, labelled by model and version (run after the 429 test above)."""
-    ok = 'inferd_requests_total{model="up",outcome="ok",version="1"}'
+    ok = 'inferd_requests_total{model="up",outcome="ok",protocol="http",version="1"}'
     before = metric(servers.front, ok)
     client(servers).completions.create(model="up", prompt="count me", max_tokens=3, seed=1)
     assert metric(servers.front, ok) == before + 1
     assert (
-        metric(servers.front, 'inferd_request_duration_seconds_count{model="up",outcome="ok",version="1"}')
+        metric(servers.front, 'inferd_request_duration_seconds_count{model="up",outcome="ok",protocol="http",version="1"}')
         >= 1
     )
-    assert metric(servers.front, 'inferd_requests_total{model="tight",outcome="rejected",version="1"}') >= 1
+    assert metric(servers.front, 'inferd_requests_total{model="tight",outcome="rejected",protocol="http",version="1"}') >= 1
     refused = 'inferd_requests_rejected_total{model="tight",reason="upstreams_full",version="1"}'
     assert metric(servers.front, refused) >= 1

@@ -105,7 +105,7 @@ async def test_client_disconnect_withdraws_queued_request(server: ServerProc) ->
     url = f"{server.url}/v2/models/sim/infer"
     async with aiohttp.ClientSession() as http:
         before = await metric(
-            http, server.url, r'inferd_requests_total\{model="sim",outcome="cancelled",version="1"\}'
+            http, server.url, r'inferd_requests_total\{model="sim",outcome="cancelled",protocol="http",version="1"\}'
         )
         # three full batches of 10 items: one runs (200 ms), one is staged, one waits in the queue
         fill = [
@@ -128,7 +128,7 @@ async def test_client_disconnect_withdraws_queued_request(server: ServerProc) ->
         for f in fill:
             (await f).release()
         after = await metric(
-            http, server.url, r'inferd_requests_total\{model="sim",outcome="cancelled",version="1"\}'
+            http, server.url, r'inferd_requests_total\{model="sim",outcome="cancelled",protocol="http",version="1"\}'
         )
         depth = await metric(http, server.url, r'inferd_queue_depth\{model="sim",version="1"\}')
     assert after == before + 1

@@ -120,7 +120,7 @@ async def test_metrics_exposes_batching_signals(server: ServerProc) -> None:
         'inferd_queue_depth_by_priority{model="sim",priority="bulk",version="1"}',
     ):
         assert name in text, name
-    ok = re.search(r'inferd_requests_total\{model="sim",outcome="ok",version="1"\} (\d+)', text)
+    ok = re.search(r'inferd_requests_total\{model="sim",outcome="ok",protocol="http",version="1"\} (\d+)', text)
     assert ok and int(float(ok.group(1))) >= 1
 
 

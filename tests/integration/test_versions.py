@@ -78,7 +78,7 @@ async def test_each_version_answers_for_itself_and_the_default_moves(side_by_sid
         async with http.get(f"{server.url}/metrics") as r:
             metrics = await r.text()
     for version in ("1", "2"):
-        assert f'inferd_requests_total{{model="sim",outcome="ok",version="{version}"}}' in metrics or (
+        assert f'inferd_requests_total{{model="sim",outcome="ok",protocol="http",version="{version}"}}' in metrics or (
             f'inferd_requests_total{{model="sim",version="{version}",outcome="ok"}}' in metrics
         )
 

@@ -123,6 +123,7 @@ async def test_a_success_is_fast_up_to_exactly_latency_ms(metrics: Metrics, cloc
         model="sim",
         version="1",
         outcome="ok",
+        protocol="http",
     )
     assert bucket(le="0.1") == 1
     assert bucket(le="0.125") == 2

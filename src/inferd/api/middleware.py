@@ -108,7 +108,7 @@ class Accounting:
         if rt is None:  # refused before a model was known (bad route, unknown model): no model label
             return
         latency_s = self.clock.now() - call.started_at
-        requests = self.metrics.requests_for(rt.name, rt.version)
+        requests = self.metrics.requests_for(rt.name, rt.version, call.protocol)
         requests.observe(call.outcome, latency_s)
         self.metrics.slo.request(rt.name, call.outcome, call.notes.get("rejected"), latency_s)
         if self.observe is not None:
@@ -172,6 +172,6 @@ class AccessLog:
             "%s %s status=%d outcome=%s model=%s ms=%.2f queue_ms=%s batch_id=%s batch_size=%s "
             "compute_ms=%s attempts=%s",
             *fields.values(),
-            extra={"fields": fields},
+            extra={"fields": {**fields, "protocol": call.protocol}},
         )
         return response

@@ -44,7 +44,7 @@ class RequestContext:
         self.inner = inner
 
     async def __call__(self, call: Call, request: object) -> Response:
-        log_token = CURRENT.set(RequestLog(call.request_id, call, describe))
+        log_token = CURRENT.set(RequestLog(call.request_id, call, describe, call.protocol))
         if tracing.ENABLED:
             return await self._traced(call, request, log_token)
         return await self._untraced(call, request, log_token)
@@ -94,5 +94,6 @@ class RequestContext:
             "priority": "bulk" if call.priority == BULK else "interactive",
             "outcome": call.outcome,
             "request_id": call.request_id,
+            "protocol": call.protocol,
         }
         tracing.finish_request(span, status, attributes)

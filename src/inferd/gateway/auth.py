@@ -5,9 +5,10 @@ Bearer KEY` (what OpenAI clients send) or `X-API-Key: KEY`, which the edge reads
 (api/http_call.py): this layer reads the Call, never a header. The key names the tenant (`X-Tenant` is
 then ignored); the layer sets `call.tenant` for the layers after it and the handlers. A missing,
 unknown or expired key is a 401 with `WWW-Authenticate: Bearer`; a model outside the tenant's `models`
-is a 403, and the unknown-model 404 names only the models the tenant may call. The health routes and
-/openapi.json stay open, and /metrics too unless `[gateway] metrics_require_key = true`. With no tenant
-configured nothing is enforced and calls carry the edge's anonymous tenant (core/tenant.py).
+is a 403, and the unknown-model 404 names only the models the tenant may call. The health routes (REST's,
+gRPC's ServerLive and ServerReady) and /openapi.json stay open, and /metrics too unless `[gateway]
+metrics_require_key = true`. With no tenant configured nothing is enforced and calls carry the edge's
+anonymous tenant (core/tenant.py).
 
 Keys are never logged nor echoed: error messages say what was wrong, never what was sent.
 """
@@ -25,8 +26,16 @@ from inferd.gateway.keys import KeyStatus
 from inferd.gateway.reload import Gate
 from inferd.routing.fairness import NO_TENANT, TenantShare
 
-OPEN_PATHS = frozenset({"/openapi.json", "/v2/health/live", "/v2/health/ready"})
-"""Routes that never need a key (probes, the API description)."""
+OPEN_PATHS = frozenset(
+    {
+        "/openapi.json",
+        "/v2/health/live",
+        "/v2/health/ready",
+        "/inference.GRPCInferenceService/ServerLive",
+        "/inference.GRPCInferenceService/ServerReady",
+    }
+)
+"""Routes that never need a key (probes, the API description): REST paths, gRPC methods' full names."""
 METRICS_PATH = "/metrics"
 
 _REFUSALS = {

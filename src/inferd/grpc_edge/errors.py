@@ -13,11 +13,16 @@ names a wait, the quota layer's `x-ratelimit-*`, `www-authenticate` on UNAUTHENT
 | NotFound                                     | NOT_FOUND          | 404 |
 | Conflict                                     | FAILED_PRECONDITION| 409 |
 | RateLimited, Overloaded, PayloadTooLarge, HeaderTooLarge | RESOURCE_EXHAUSTED | 429, 413, 431 |
+| Overloaded for its deadline (the predicted wait exceeds what is left) | DEADLINE_EXCEEDED | 429 |
 | WorkerUnavailable, WorkerDied, ShuttingDown  | UNAVAILABLE        | 503 |
 | DeadlineExceeded, RequestTimeout             | DEADLINE_EXCEEDED  | 504, 408 |
 | ModelError                                   | INTERNAL           | 422 (Triton answers a model's failure INTERNAL; the details say the model failed) |
 | the caller left (ClientGone)                 | CANCELLED          | 499 |
 | anything else                                | INTERNAL, with an id to quote (never a traceback) | 500 |
+
+A call refused because its deadline cannot be met is DEADLINE_EXCEEDED rather than RESOURCE_EXHAUSTED:
+a gRPC client that set the deadline reads it as the deadline's outcome, not as load to back off from
+(its trailers still carry the retry-after REST's 429 carries).
 """
 
 from __future__ import annotations
@@ -73,6 +78,8 @@ _CODES: list[tuple[type[ServingError], Code]] = [
 
 def code_of(exc: ServingError) -> Code:
     """The gRPC status code of an error (INTERNAL for one the table does not name)."""
+    if isinstance(exc, Overloaded) and exc.reason == "deadline":
+        return Code.DEADLINE_EXCEEDED  # refused up front: the call's deadline cannot be met
     for cls, code in _CODES:
         if isinstance(exc, cls):
             return code

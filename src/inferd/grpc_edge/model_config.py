@@ -1,5 +1,5 @@
-"""ModelConfig's answer: a model as Triton's `inference.ModelConfig` describes one, so that
-`get_model_config` and perf_analyzer find what they read there.
+"""ModelConfig's and ModelStatistics' answers: a model as Triton's `inference.ModelConfig` describes one,
+so that `get_model_config` and perf_analyzer find what they read there, and its request counts.
 
 A batch model (OIP): platform and backend "inferd", `max_batch_size` (the most items one request may
 carry: max_items_per_request, capped at the model's device batch), its tensors with `TYPE_*` data
@@ -13,7 +13,9 @@ exclude_input_in_output BOOL [1] (both optional); text_output BYTES [-1].
 from __future__ import annotations
 
 from inferd.config import TensorSpec
+from inferd.grpc_edge.protos import grpc_service_pb2 as pb
 from inferd.grpc_edge.protos import model_config_pb2 as mc
+from inferd.observability.metrics import RequestStatistics
 from inferd.runtime.contract import Runtime
 
 BACKEND = "inferd"
@@ -62,4 +64,21 @@ def llm_config(rt: Runtime) -> mc.ModelConfig:
             mc.ModelInput(name="exclude_input_in_output", data_type=boolean, dims=[1], optional=True),
         ],
         output=[mc.ModelOutput(name="text_output", data_type=string, dims=[-1])],
+    )
+
+
+def model_statistics(rt: Runtime, requests: RequestStatistics) -> pb.ModelStatistics:
+    """ModelStatistics of one model version: its requests answered so far (every protocol), ok as
+    `success` and `inference_count`, any other outcome as `fail`, with their summed durations. Batch
+    executions are not counted per version here (execution_count stays 0): inferd_batch_executions_total
+    has them."""
+    duration = pb.StatisticDuration
+    return pb.ModelStatistics(
+        name=rt.name,
+        version=str(rt.version),
+        inference_count=requests.ok,
+        inference_stats=pb.InferStatistics(
+            success=duration(count=requests.ok, ns=round(requests.ok_s * 1e9)),
+            fail=duration(count=requests.failed, ns=round(requests.failed_s * 1e9)),
+        ),
     )

@@ -24,14 +24,14 @@ from inferd.errors import ServingError
 from inferd.gateway.auth import check_model
 from inferd.grpc_edge.calls import SERVICE, RpcMetadata, grpc_call, read_hints
 from inferd.grpc_edge.codec import GrpcOip, encode_response
-from inferd.grpc_edge.model_config import model_config
+from inferd.grpc_edge.model_config import model_config, model_statistics
 from inferd.grpc_edge.protos import grpc_service_pb2 as pb
 from inferd.grpc_edge.protos import grpc_service_pb2_grpc as pb_grpc
 from inferd.grpc_edge.reply import GrpcReply
 
 Context = aio.ServicerContext[Any, Any]
 
-EXTENSIONS = ["model_configuration"]
+EXTENSIONS = ["model_configuration", "statistics"]
 """The Triton protocol extensions this service answers (ServerMetadata)."""
 
 
@@ -65,6 +65,7 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         self._model_ready = chain(layers, self._model_ready_of)
         self._model_meta = chain(layers, self._model_metadata)
         self._config = chain(layers, self._model_config)
+        self._statistics = chain(layers, self._model_statistics)
         self._infer = chain(layers, self._model_infer)
 
     async def _rpc(
@@ -100,6 +101,11 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
     async def ModelConfig(self, request: pb.ModelConfigRequest, context: Context) -> pb.ModelConfigResponse:
         return await self._rpc(context, "ModelConfig", self._config, request, request.name, request.version)
 
+    async def ModelStatistics(
+        self, request: pb.ModelStatisticsRequest, context: Context
+    ) -> pb.ModelStatisticsResponse:
+        return await self._rpc(context, "ModelStatistics", self._statistics, request, request.name, request.version)
+
     async def _server_live(self, call: Call, request: Any) -> GrpcReply:
         return GrpcReply(pb.ServerLiveResponse(live=True))
 
@@ -131,6 +137,17 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
     async def _model_config(self, call: Call, request: pb.ModelConfigRequest) -> GrpcReply:
         rt = self._model(call, request.name, request.version)
         return GrpcReply(pb.ModelConfigResponse(config=model_config(rt, self.server.kinds.get(rt.kind).api)))
+
+    async def _model_statistics(self, call: Call, request: pb.ModelStatisticsRequest) -> GrpcReply:
+        """One model version's statistics (`name`, `version`: the default), or every served version's
+        (no name) that the caller may call."""
+        if request.name:
+            runtimes = [self._model(call, request.name, request.version)]
+        else:
+            runtimes = [rt for rt in self.registry if call.tenant.may_call(rt.name)]
+        metrics = self.server.metrics
+        stats = [model_statistics(rt, metrics.request_statistics(rt.name, rt.version)) for rt in runtimes]
+        return GrpcReply(pb.ModelStatisticsResponse(model_stats=stats))
 
     def _model(self, call: Call, name: str, version: str) -> Any:
         """The runtime of `name` at `version` ("" the default): NotFound, or Forbidden for a tenant."""

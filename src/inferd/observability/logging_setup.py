@@ -33,14 +33,20 @@ class RequestLog:
     """The request a task is working for, as its log lines name it. `describe(source)` reads the tenant
     and the model lazily: they are learnt (authentication, model resolution) after its first line."""
 
-    __slots__ = ("describe", "request_id", "source")
+    __slots__ = ("describe", "protocol", "request_id", "source")
 
     def __init__(
-        self, request_id: str, source: Any, describe: Callable[[Any], tuple[str | None, str | None]]
+        self,
+        request_id: str,
+        source: Any,
+        describe: Callable[[Any], tuple[str | None, str | None]],
+        protocol: str = "http",
     ) -> None:
         self.request_id = request_id
         self.source = source
         self.describe = describe
+        self.protocol = protocol
+        """The edge the request came by: lines name it when it is not HTTP (protocol=grpc)."""
 
 
 CURRENT: ContextVar[RequestLog | None] = ContextVar("inferd_request_log", default=None)
@@ -65,7 +71,7 @@ def current_request_id() -> str | None:
 
 
 def context_fields() -> dict[str, str]:
-    """request_id, trace_id, span_id, tenant and model, those that apply here."""
+    """request_id, trace_id, span_id, tenant, model and protocol (when not http), those that apply here."""
     fields: dict[str, str] = {}
     entry = CURRENT.get()
     if entry is not None:
@@ -79,6 +85,8 @@ def context_fields() -> dict[str, str]:
             fields["tenant"] = tenant
         if model is not None:
             fields["model"] = model
+        if entry.protocol != "http":
+            fields["protocol"] = entry.protocol
     return fields
 
 

@@ -7,6 +7,7 @@ thousands of requests per second.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, ProcessCollector
 
@@ -56,8 +57,8 @@ class Metrics:
         ProcessCollector(registry=r)  # process_cpu_seconds_total etc.: the front end's own CPU and memory
         self.requests = Counter(
             "inferd_requests_total",
-            "Logical requests by final outcome.",
-            ["model", "version", "outcome"],
+            "Logical requests by final outcome, and the protocol they came by (http, grpc).",
+            ["model", "version", "outcome", "protocol"],
             registry=r,
         )
         self.rejected = Counter(
@@ -68,8 +69,8 @@ class Metrics:
         )
         self.request_duration = Histogram(
             "inferd_request_duration_seconds",
-            "Time from request arrival to response, by model and outcome.",
-            ["model", "version", "outcome"],
+            "Time from request arrival to response, by model, outcome and protocol (http, grpc).",
+            ["model", "version", "outcome", "protocol"],
             buckets=latency_buckets(slos, "latency"),
             registry=r,
         )
@@ -178,15 +179,25 @@ class Metrics:
         )
         self.slo = SloMetrics(r, slos, clock or MonotonicClock())
         """SLI events and short-window burn rates of the models with an [slo] table."""
-        self._requests: dict[tuple[str, int], RequestMetrics] = {}
+        self._requests: dict[tuple[str, int, str], RequestMetrics] = {}
 
-    def requests_for(self, name: str, version: int) -> RequestMetrics:
-        """The request counters of one model version (bound once, then cached)."""
-        key = (name, version)
+    def requests_for(self, name: str, version: int, protocol: str = "http") -> RequestMetrics:
+        """The request counters of one model version's calls by one protocol (bound once, then cached)."""
+        key = (name, version, protocol)
         metrics = self._requests.get(key)
         if metrics is None:
-            metrics = self._requests[key] = RequestMetrics(self, name, version)
+            metrics = self._requests[key] = RequestMetrics(self, name, version, protocol)
         return metrics
+
+    def request_statistics(self, name: str, version: int) -> RequestStatistics:
+        """The requests of one model version answered so far, by every protocol."""
+        found = [m.statistics() for (n, v, _), m in self._requests.items() if n == name and v == version]
+        return RequestStatistics(
+            ok=sum(s.ok for s in found),
+            ok_s=sum(s.ok_s for s in found),
+            failed=sum(s.failed for s in found),
+            failed_s=sum(s.failed_s for s in found),
+        )
 
     def for_model(self, name: str, version: int = 1) -> ModelMetrics:
         return ModelMetrics(self, name, version)
@@ -215,20 +226,41 @@ OUTCOMES = (
 )
 
 
-class RequestMetrics:
-    """Logical requests of one model version, whatever its kind and route: outcome counts, durations and
-    refusals by reason (recorded by the API's accounting layer)."""
+@dataclass(frozen=True, slots=True)
+class RequestStatistics:
+    """A model version's requests answered so far (gRPC's ModelStatistics): ok, and every other outcome."""
 
-    def __init__(self, m: Metrics, model: str, version: int) -> None:
+    ok: int = 0
+    ok_s: float = 0.0
+    """Their durations, summed."""
+    failed: int = 0
+    failed_s: float = 0.0
+
+
+class RequestMetrics:
+    """Logical requests of one model version by one protocol, whatever its kind and route: outcome
+    counts, durations and refusals by reason (recorded by the API's accounting layer)."""
+
+    def __init__(self, m: Metrics, model: str, version: int, protocol: str = "http") -> None:
         self.model = model
         self.version = str(version)
         self._m = m
-        self._requests = {o: m.requests.labels(model, self.version, o) for o in OUTCOMES}
-        self._duration = {o: m.request_duration.labels(model, self.version, o) for o in OUTCOMES}
+        self._requests = {o: m.requests.labels(model, self.version, o, protocol) for o in OUTCOMES}
+        self._duration = {o: m.request_duration.labels(model, self.version, o, protocol) for o in OUTCOMES}
+        self._ok, self._ok_s, self._failed, self._failed_s = 0, 0.0, 0, 0.0
 
     def observe(self, outcome: str, duration_s: float) -> None:
         self._requests[outcome].inc()
         self._duration[outcome].observe(duration_s)
+        if outcome == "ok":
+            self._ok += 1
+            self._ok_s += duration_s
+        else:
+            self._failed += 1
+            self._failed_s += duration_s
+
+    def statistics(self) -> RequestStatistics:
+        return RequestStatistics(self._ok, self._ok_s, self._failed, self._failed_s)
 
     def rejected(self, reason: str) -> None:
         self._m.rejected.labels(self.model, self.version, reason).inc()
