@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
-from inferd.api import upstream
+from inferd.api import generation, upstream
 from inferd.api.asgi import HttpRequest, HttpResponse, StreamingResponse
 from inferd.api.errors import status_of
 from inferd.api.http import (
@@ -37,19 +37,15 @@ from inferd.api.http import (
     json_response,
     parse_priority,
     read_body,
-    request_deadline,
 )
 from inferd.api.middleware import record_stream_error
 from inferd.api.openai import openai_error
 from inferd.api.prompts import chat_prompt
 from inferd.api.prompts import prompt_text as _prompt_text
-from inferd.config import ModelConfig
 from inferd.core.call import Call
 from inferd.errors import BadRequest, ServingError
-from inferd.gateway.auth import tenant_share
-from inferd.gateway.quota_layer import reserve_tokens
 from inferd.kinds.llm.runtime import LLMRuntime
-from inferd.kinds.llm.service import Choices, Completion, GenerationRequest, Reserve
+from inferd.kinds.llm.service import Choices, Completion, GenerationRequest
 from inferd.kinds.upstream.runtime import UpstreamRuntime
 
 if TYPE_CHECKING:
@@ -111,7 +107,7 @@ async def completions(api: ApiContext, call: Call, request: HttpRequest) -> Http
 
 
 async def _complete(api: ApiContext, call: Call, body: bytes, rt: TextRuntime) -> Response:
-    call.deadline = text_deadline(api, rt.config, call)
+    call.deadline = generation.text_deadline(api.clock, rt.config, call)
     if isinstance(rt, UpstreamRuntime):  # served by external engines
         return await upstream.forward(api, call, rt, body, "/completions")
     req = decode_json(_completion_decoder, body, "completion request", 'send {"model": ..., "prompt": ...}')
@@ -129,7 +125,7 @@ async def chat_completions(api: ApiContext, call: Call, request: HttpRequest) ->
 
 
 async def _chat(api: ApiContext, call: Call, body: bytes, rt: TextRuntime) -> Response:
-    call.deadline = text_deadline(api, rt.config, call)
+    call.deadline = generation.text_deadline(api.clock, rt.config, call)
     if isinstance(rt, UpstreamRuntime):  # served by external engines
         return await upstream.forward(api, call, rt, body, "/chat/completions")
     req = decode_json(
@@ -161,13 +157,6 @@ def text_model(api: ApiContext, call: Call, body: bytes, request: HttpRequest) -
     if not isinstance(rt, LLMRuntime | UpstreamRuntime):
         raise BadRequest(f"model {name!r} is a {rt.kind} model: it does not generate text")
     return rt
-
-
-def text_deadline(api: ApiContext, config: ModelConfig, call: Call) -> float | None:
-    """The caller's deadline (`call.timeout_ms`: X-Request-Timeout-Ms; `call.deadline`: the one its wire
-    carries, gRPC's); text generation gets no default deadline, so a long answer is never cut short
-    unless the caller asks."""
-    return request_deadline(api.clock, config.max_timeout_ms, None, call.timeout_ms, None, call.deadline)
 
 
 def streamed(text: _TextCall, choices: Choices, make: MakeChunk) -> StreamingResponse:
@@ -227,32 +216,12 @@ class _TextCall:
             call.priority = parse_priority(req.priority, None)
 
     async def start(self) -> Choices:
-        """Every choice submitted (rt.service: tokenize, check the context, the deadline and the quota),
-        under the call's deadline, priority and tenant (one value: the prefix-cache salt and the lane)."""
-        call = self.call
-        return await self.rt.service.generate(
-            self.request,
-            deadline=call.deadline,
-            priority=call.priority,
-            share=tenant_share(call.tenant),
-            reserve=self._reserve(),
-        )
+        """Every choice submitted, under the call's deadline, priority, tenant and quota."""
+        return await generation.generate(self.rt, self.request, self.call)
 
     async def whole(self) -> Completion:
         """`start`, then every choice's whole text; the wait ends (499) if the caller leaves."""
-        call = self.call
-        return await self.rt.service.collect(
-            self.request,
-            deadline=call.deadline,
-            priority=call.priority,
-            share=tenant_share(call.tenant),
-            reserve=self._reserve(),
-            gone=call.departure.watch,
-        )
-
-    def _reserve(self) -> Reserve | None:
-        """The quota's token admission of a limited tenant's call (None: nothing to reserve)."""
-        return None if self.call.quota is None else partial(reserve_tokens, self.call)
+        return await generation.collect(self.rt, self.request, self.call)
 
     @property
     def include_usage(self) -> bool:
@@ -276,14 +245,9 @@ class _TextCall:
             answer = (choices, _usage(done.prompt_tokens, done.completion_tokens), done.worker_id)
             return answer, len(_encoder.encode(answer))
 
-        req = self.req
-        if self.rt.config.cache.enabled and (
-            req.temperature == 0 or (req.seed is not None and req.seed >= 0)
-        ):
-            g, r = self.sampling, self.request  # what changes the text; never the deadline or priority
-            canonical = (self.object, r.prompt, r.max_tokens, g.seed, g.temperature, g.top_p, g.ignore_eos)
-            canonical += (req.n, self.stops)
-            answer, _ = await api.cache.answer(self.call, self.rt, canonical, compute)
+        key = generation.cache_key(self.request) if self.rt.config.cache.enabled else None
+        if key is not None:
+            answer, _ = await api.cache.answer(self.call, self.rt, (self.object, *key), compute)
         else:
             answer, _ = await compute()
         choices, usage, worker = answer

@@ -80,14 +80,23 @@ def decode_request(message: pb.ModelInferRequest, config: ModelConfig) -> Decode
         else:
             raise BadRequest(f"input {inp.name!r} has neither contents nor raw_input_contents")
     items = columns.items()
-    params = message.parameters
+    timeout_us, priority = request_parameters(message)
     return DecodedRequest(
         request_id=message.id or None,
         items=items,
         outputs=_requested_outputs(message, config),
-        timeout_us=_number_param(params, "timeout") if params else None,
-        priority=_param(params["priority"]) if params and "priority" in params else None,
+        timeout_us=timeout_us,
+        priority=priority,
     )
+
+
+def request_parameters(message: pb.ModelInferRequest) -> tuple[float | None, Param | None]:
+    """The request's `timeout` (microseconds) and `priority` parameters, as REST reads them (None: not
+    given); BadRequest for a timeout that is not a number."""
+    params = message.parameters
+    if not params:
+        return None, None
+    return _number_param(params, "timeout"), _param(params["priority"]) if "priority" in params else None
 
 
 def _typed(contents: pb.InferTensorContents, spec: TensorSpec, count: int) -> Any:

@@ -3,13 +3,16 @@
 for `Errors`), then its handler, which answers a `GrpcReply`; `GrpcReply.send` ends the RPC.
 
 ModelInfer runs the REST infer route's own path (`Api.run_oip`: resolve with canary and A/B splits,
-fallback, precheck, deadline, cache, shadow) over the ModelInferRequest (grpc_edge/codec.py). The
+fallback, precheck, deadline, cache, shadow) over the ModelInferRequest (grpc_edge/codec.py); an LLM's
+request (Triton's vLLM tensors) runs the REST text routes' (grpc_edge/text.py). ModelStreamInfer takes
+many such requests on one stream (grpc_edge/stream.py), each its own Call through the same chain. The
 repository and shared-memory RPCs answer UNIMPLEMENTED (the generated base class's default).
 """
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator
+from contextlib import aclosing
 from functools import partial
 from typing import Any
 
@@ -20,14 +23,16 @@ from inferd.api.app import Api
 from inferd.api.oip_answer import fallback_headers, lifecycle_headers
 from inferd.api.oip_metadata import model_metadata
 from inferd.core.call import Call, Handler, Layer, chain
-from inferd.errors import ServingError
+from inferd.errors import NotFound, ServingError
 from inferd.gateway.auth import check_model
-from inferd.grpc_edge.calls import SERVICE, RpcMetadata, grpc_call, read_hints
+from inferd.grpc_edge.calls import SERVICE, RpcDeparture, RpcMetadata, grpc_call, read_hints
 from inferd.grpc_edge.codec import GrpcOip, encode_response
 from inferd.grpc_edge.model_config import model_config, model_statistics
 from inferd.grpc_edge.protos import grpc_service_pb2 as pb
 from inferd.grpc_edge.protos import grpc_service_pb2_grpc as pb_grpc
 from inferd.grpc_edge.reply import GrpcReply
+from inferd.grpc_edge.stream import Response, StreamRequests, reply_responses
+from inferd.grpc_edge.text import text_reply
 
 Context = aio.ServicerContext[Any, Any]
 
@@ -67,6 +72,7 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         self._config = chain(layers, self._model_config)
         self._statistics = chain(layers, self._model_statistics)
         self._infer = chain(layers, self._model_infer)
+        self._stream_infer = chain(layers, partial(self._model_infer, streams=True))
 
     async def _rpc(
         self, context: Context, method: str, run: Handler, request: Any, model: str = "", version: str = ""
@@ -149,6 +155,14 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         stats = [model_statistics(rt, metrics.request_statistics(rt.name, rt.version)) for rt in runtimes]
         return GrpcReply(pb.ModelStatisticsResponse(model_stats=stats))
 
+    def _generates_text(self, name: str) -> bool:
+        """Whether `name` is a model of the text family (an LLM): its requests are Triton's vLLM tensors."""
+        try:
+            rt = self.registry.get(name)
+        except NotFound:  # the OIP path answers it (404, or 403 to a tenant)
+            return False
+        return self.server.kinds.get(rt.kind).api == "text"
+
     def _model(self, call: Call, name: str, version: str) -> Any:
         """The runtime of `name` at `version` ("" the default): NotFound, or Forbidden for a tenant."""
         check_model(call.tenant, name, self.registry.names)
@@ -157,17 +171,46 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
     # ---- inference ----------------------------------------------------------------------------------
     async def ModelInfer(self, request: pb.ModelInferRequest, context: Context) -> pb.ModelInferResponse:
         metadata = RpcMetadata(context.invocation_metadata())
+        call, run = self._infer_call(context, metadata, "ModelInfer", request, self._infer)
+        reply = await run(call, InferRpc(request, metadata))
+        return await reply.send(context)
+
+    async def ModelStreamInfer(self, request_iterator: AsyncIterator[pb.ModelInferRequest], context: Context) -> None:
+        """Many requests on one stream, each through the chain as a ModelInfer call (grpc_edge/stream.py);
+        one departure for all of them: the stream's cancellation."""
+        metadata = RpcMetadata(context.invocation_metadata())
+        answer = partial(self._stream_request, context, metadata, RpcDeparture(context))
+        limit = self.server.config.grpc_stream_max_in_flight
+        await StreamRequests(limit, answer, context.write).run(request_iterator)
+
+    async def _stream_request(
+        self, context: Context, metadata: RpcMetadata, departure: RpcDeparture, request: pb.ModelInferRequest
+    ) -> AsyncIterator[Response]:
+        call, run = self._infer_call(context, metadata, "ModelStreamInfer", request, self._stream_infer)
+        call.departure = departure
+        reply = await run(call, InferRpc(request, metadata))
+        async with aclosing(reply_responses(call, request, reply)) as responses:
+            async for response in responses:
+                yield response
+
+    def _infer_call(
+        self, context: Context, metadata: RpcMetadata, method: str, request: pb.ModelInferRequest, run: Handler
+    ) -> tuple[Call, Handler]:
+        """An inference request's Call, and the chain to run it through (one that answers its error when
+        the call's metadata or deadline is refused)."""
         keys = self.enforced()
-        call = grpc_call(context, metadata, SERVICE + "ModelInfer", request.model_name, request.model_version, keys)
-        run: Callable[[Call, Any], Awaitable[GrpcReply]] = self._infer
+        call = grpc_call(context, metadata, SERVICE + method, request.model_name, request.model_version, keys)
         try:
             read_hints(call, metadata, context, self.clock, keys)
         except ServingError as exc:
             run = chain(self.layers, partial(_refuse, exc))
-        reply = await run(call, InferRpc(request, metadata))
-        return await reply.send(context)
+        return call, run
 
-    async def _model_infer(self, call: Call, rpc: InferRpc) -> GrpcReply:
+    async def _model_infer(self, call: Call, rpc: InferRpc, streams: bool = False) -> GrpcReply:
+        """A batch model's request (the REST infer route's path), or an LLM's (grpc_edge/text.py; `streams`:
+        on ModelStreamInfer, where its answer may stream)."""
+        if self._generates_text(rpc.source.message.model_name):
+            return await text_reply(self.api, call, rpc.source.message, rpc.metadata.get, streams)
         source = rpc.source
         done = await self.api.run_oip(call, source.message.model_name, rpc.metadata.get, source)
         headers = fallback_headers(done.runtime) if done.fallback else []
