@@ -1,6 +1,8 @@
-"""`inferd bench --protocol grpc` against a real `inferd serve --model sim`: a few hundred ModelInfer
-calls, every answer's digest checked as REST's is, the edge's lifecycle record read from its trailers;
-and the same load over REST on the same server, for the same counts."""
+"""`inferd bench --protocol grpc` and `inferd bench-llm --protocol grpc` against one real `inferd serve`
+(sim and sim-llm): a few hundred ModelInfer calls, every answer's digest checked as REST's is, the edge's
+lifecycle record read from its trailers, and the same load over REST on the same server for the same
+counts; a couple of seconds of ModelStreamInfer streams with Triton's vLLM tensors, every stream's text
+checked against sim-llm's."""
 
 from __future__ import annotations
 
@@ -10,13 +12,18 @@ from collections.abc import Iterator
 import pytest
 from typer.testing import CliRunner
 
+from inferd.bench.llm_workload import LengthDist, LLMLoadSpec, plan_requests
 from inferd.cli.main import app
 from tests.conftest import ServerProc, start_server
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProc]:
-    s = start_server(tmp_path_factory.mktemp("grpc_bench"), "--model", "sim", "--no-admin")
+    root = tmp_path_factory.mktemp("grpc_bench")
+    for name in ("sim", "sim-llm"):
+        (root / "repo" / name).mkdir(parents=True)
+        (root / "repo" / name / "model.toml").write_text(f'builtin = "{name}"\n')
+    s = start_server(root, "--model-repo", str(root / "repo"), "--no-admin")
     yield s
     assert s.stop() in (0, -15)
 
@@ -43,3 +50,20 @@ def test_rest_on_the_same_server_counts_the_same(server: ServerProc) -> None:
     rest = bench("--url", server.url)
     assert rest["spec"]["protocol"] == "http"
     assert (rest["measured"]["ok"], rest["measured"]["mismatched"], rest["measured"]["errors"]) == (300, 0, {})
+
+
+def test_grpc_llm_streams_are_checked_and_timed(server: ServerProc) -> None:
+    args = ["bench-llm", "--protocol", "grpc", "--grpc-target", server.grpc_target, "--rate", "10"]
+    args += ["--duration", "2", "--arrival", "constant", "--prompt-tokens", "8-32", "--output-tokens", "4-16"]
+    result = CliRunner().invoke(app, [*args, "--seed", "2", "--json"])
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.output)
+    m = report["measured"]
+    assert report["spec"]["protocol"] == "grpc" and report["spec"]["check"] is True
+    assert (m["sent"], m["ok"], m["mismatched"], m["errors"]) == (20, 20, 0, {})
+    plan = plan_requests(
+        LLMLoadSpec(rate=10, duration_s=2, arrival="constant", prompt_tokens=LengthDist(8, 32),
+                    output_tokens=LengthDist(4, 16), seed=2)
+    )  # fmt: skip
+    assert m["output_tokens"] == sum(r.max_tokens for r in plan)  # one text response per token
+    assert 0 < m["ttft_ms"]["p50"] <= m["ttft_ms"]["p99"] < 1500 and 0 < m["itl_ms"]["p50"] < 150
