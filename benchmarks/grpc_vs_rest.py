@@ -191,7 +191,7 @@ def main() -> int:
             )
             for p in protocols
         }
-        entry = {f"{p}_frontend_us": med[p] for p in protocols}
+        entry = {f"{p}_frontend_us": round(med[p], 1) for p in protocols}
         if set(protocols) == set(PROTOCOLS):
             entry["ratio"] = round(med["grpc"] / med["http"], 3)
             entry["goal_met"] = entry["ratio"] <= GOAL_RATIO
