@@ -10,6 +10,11 @@ worker, over the measured run.
 
     .venv/bin/python benchmarks/grpc_llm_stream.py [--rate 50] [--duration 8] [--output-tokens 64]
 
+`--model smollm2`: the real SmolLM2-135M on the CPU (llama.cpp) instead, texts not checked (a real
+model's); its output tokens are the usage chunk's count over SSE and the text-carrying responses over
+gRPC (one per token unless the detokenizer holds a piece back). Use a low rate (e.g. 2 req/s, 32
+tokens): the model takes most of two cores.
+
 Bounded: 2 x (1 + repeats) runs of at most duration + 30 s each. Prints a markdown table and one JSON
 line (also in .bench/grpc_llm_stream.json).
 """
@@ -36,13 +41,15 @@ SIM_LLM = (
     "per_context_token_ms = 0.0\n"
 )
 PROTOCOLS = ("http", "grpc")
+MODELS = {"sim-llm": SIM_LLM, "smollm2": 'builtin = "smollm2"\n'}
 
 
 def one_run(server: InferdServer, target: str, protocol: str, duration: float, seed: int,
             args: argparse.Namespace) -> dict:  # fmt: skip
     spec = LLMLoadSpec(
         url=server.url if protocol == "http" else target, protocol=protocol, channels=args.channels,
-        model="sim-llm", rate=args.rate, duration_s=duration, seed=seed, timeout_s=30.0,
+        model=args.model, rate=args.rate, duration_s=duration, seed=seed, timeout_s=30.0,
+        check=args.model == "sim-llm",
         prompt_tokens=LengthDist(args.prompt_tokens, args.prompt_tokens),
         output_tokens=LengthDist(args.output_tokens, args.output_tokens),
     )  # fmt: skip
@@ -78,6 +85,7 @@ def one_run(server: InferdServer, target: str, protocol: str, duration: float, s
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", choices=sorted(MODELS), default="sim-llm")
     ap.add_argument("--rate", type=float, default=50.0, help="requests/s")
     ap.add_argument("--duration", type=float, default=8.0, help="seconds of each measured run")
     ap.add_argument("--repeats", type=int, default=2)
@@ -92,7 +100,7 @@ def main() -> int:
     target = f"127.0.0.1:{grpc_port}"
     out: dict = {"command": " ".join(sys.argv), "runs": []}
     server = InferdServer(
-        "--grpc-port", str(grpc_port), name="grpc_llm_stream", port=http_port, models={"sim-llm": SIM_LLM},
+        "--grpc-port", str(grpc_port), name="grpc_llm_stream", port=http_port, models={args.model: MODELS[args.model]},
         log_path=OUT_DIR / "grpc_llm_stream.server.log", ready_timeout_s=60.0, grace_s=30.0, env=env,
     )  # fmt: skip
     t_start = time.monotonic()
@@ -107,7 +115,8 @@ def main() -> int:
                 print(f"  {protocol}: front end {run['frontend_us_per_token']} us/token, "
                       f"ITL p99 {cell(run['itl_p99_ms'])} ms", file=sys.stderr)  # fmt: skip
     out["wall_s"] = round(time.monotonic() - t_start, 1)
-    print(f"\nsim-llm (2 ms step), {args.rate:g} req/s, prompt {args.prompt_tokens} / output "
+    model = "sim-llm (2 ms step)" if args.model == "sim-llm" else args.model
+    print(f"\n{model}, {args.rate:g} req/s, prompt {args.prompt_tokens} / output "
           f"{args.output_tokens} tokens; gRPC: ModelStreamInfer, a stream per request; http: SSE\n")  # fmt: skip
     print("| protocol | ok/sent | errors | TTFT p50 / p99 ms | ITL p50 / p99 ms | front end us/token "
           "| worker us/token | load tool us/token | other CPU s | load 1m |")  # fmt: skip
