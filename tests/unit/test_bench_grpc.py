@@ -287,7 +287,7 @@ async def test_llm_streams_carry_the_vllm_tensors_and_are_checked_and_timed(no_l
         await server.stop(None)
     m = report.measured
     assert m.sent == 10 and m.ok == 6
-    assert m.errors == {"stream_error": 1, "incomplete": 1}
+    assert m.errors == {"grpc_resource_exhausted": 1, "incomplete": 1}
     assert m.mismatch_kinds == {"wrong_text": 1, "wrong_length": 0, "wrong_id": 1}
     assert m.output_tokens == 30 and m.itl_ms["p50"] is not None and m.ttft_ms["p50"] is not None
     # every stream that got its final response (6 good, 1 wrong text) was half-closed by the client
@@ -301,3 +301,13 @@ async def test_llm_streams_carry_the_vllm_tensors_and_are_checked_and_timed(no_l
     ]
     assert req.raw_input_contents[1] == b"\x01" and req.raw_input_contents[3] == b"\x01"
     assert json.loads(req.raw_input_contents[2][4:]) == {"max_tokens": 5, "temperature": 0.5, "seed": 0}
+
+
+def test_stream_error_kinds_name_the_status_when_the_message_does() -> None:
+    from inferd.bench.grpc_llm import stream_error_kind
+
+    assert stream_error_kind("[StatusCode.RESOURCE_EXHAUSTED] 64 in flight (request '0-1')") == (
+        "grpc_resource_exhausted"
+    )
+    assert stream_error_kind("[StatusCode.INVALID_ARGUMENT] no text_input") == "grpc_invalid_argument"
+    assert stream_error_kind("model failed") == "stream_error"

@@ -5,7 +5,8 @@ The request: `text_input` BYTES (the prompt), `stream` BOOL true, `sampling_para
 JSON (max_tokens, temperature, seed), `exclude_input_in_output` BOOL true, each [1], in
 `raw_input_contents`. Each response is a `ModelStreamInferResponse`: one carrying text (`text_output`)
 is a chunk (TTFT is the first, ITL the gaps between them), `error_message` ends the request as a stream
-error, and the one whose `parameters.triton_final_response` is true ends it. The client then half-closes
+error (`grpc_<code>` when the message names its status as inferd's edge does, "[StatusCode.X] ..."),
+and the one whose `parameters.triton_final_response` is true ends it. The client then half-closes
 the stream and expects it to end with OK and nothing more; a response with another request's id is a
 misrouted answer (`wrong_id`).
 
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import re
 from collections.abc import Callable
 from typing import Protocol
 
@@ -90,12 +92,22 @@ def response_text(resp: pb.ModelInferResponse) -> str:
     return ""
 
 
+_STATUS = re.compile(r"^\[StatusCode\.([A-Z_]+)\]")
+
+
+def stream_error_kind(message: str) -> str:
+    """`grpc_<code>` for an error response naming its status as inferd's edge does
+    ("[StatusCode.RESOURCE_EXHAUSTED] ..."), else 'stream_error'."""
+    m = _STATUS.match(message)
+    return f"grpc_{m.group(1).lower()}" if m else "stream_error"
+
+
 def feed(rid: str, raw: bytes, now: float, stream: TextChunks) -> None:
     """One ModelStreamInferResponse into `stream`: a text chunk, its end, or what went wrong."""
     try:
         msg = pb.ModelStreamInferResponse.FromString(raw)
         if msg.error_message:
-            stream.error = "stream_error"
+            stream.error = stream_error_kind(msg.error_message)
             return
         resp = msg.infer_response
         if resp.id != rid:
