@@ -1,7 +1,9 @@
 """LLM streaming over gRPC against SSE on one server: sim-llm at a 2 ms step (the device costs next to
 nothing, so what moves is the front end), the same open-loop tool (`inferd bench-llm`'s) and the same
 check of every stream's text, through `ModelStreamInfer` with Triton's vLLM tensors (one stream per
-request over a few channels) and through streaming `/v1/completions` (SSE, a connection per request).
+request over a few channels, or with `--streams N` every request on one of N long-lived streams, as
+tritonclient's start_stream sends them) and through streaming `/v1/completions` (SSE, a connection per
+request).
 
 For each protocol, alternating, `--repeats` times after one warm-up run of each: TTFT and ITL (p50/p99,
 from the intended send time, as `inferd bench-llm` measures them) and the CPU per streamed token of the
@@ -48,6 +50,7 @@ def one_run(server: InferdServer, target: str, protocol: str, duration: float, s
             args: argparse.Namespace) -> dict:  # fmt: skip
     spec = LLMLoadSpec(
         url=server.url if protocol == "http" else target, protocol=protocol, channels=args.channels,
+        streams=args.streams,
         model=args.model, rate=args.rate, duration_s=duration, seed=seed, timeout_s=30.0,
         check=args.model == "sim-llm",
         prompt_tokens=LengthDist(args.prompt_tokens, args.prompt_tokens),
@@ -92,6 +95,12 @@ def main() -> int:
     ap.add_argument("--prompt-tokens", type=int, default=32)
     ap.add_argument("--output-tokens", type=int, default=64)
     ap.add_argument("--channels", type=int, default=4, help="gRPC channels of the load tool")
+    ap.add_argument(
+        "--streams",
+        type=int,
+        default=0,
+        help="gRPC: 0, a stream per request; N, every request on one of N long-lived streams",
+    )
     ap.add_argument("--tree", default=None, help="serve this checkout's src/ instead of this tree's")
     args = ap.parse_args()
     interrupt_on(signal.SIGTERM)
@@ -116,8 +125,9 @@ def main() -> int:
                       f"ITL p99 {cell(run['itl_p99_ms'])} ms", file=sys.stderr)  # fmt: skip
     out["wall_s"] = round(time.monotonic() - t_start, 1)
     model = "sim-llm (2 ms step)" if args.model == "sim-llm" else args.model
+    shared = f"requests on {args.streams} long-lived streams" if args.streams else "a stream per request"
     print(f"\n{model}, {args.rate:g} req/s, prompt {args.prompt_tokens} / output "
-          f"{args.output_tokens} tokens; gRPC: ModelStreamInfer, a stream per request; http: SSE\n")  # fmt: skip
+          f"{args.output_tokens} tokens; gRPC: ModelStreamInfer, {shared}; http: SSE\n")  # fmt: skip
     print("| protocol | ok/sent | errors | TTFT p50 / p99 ms | ITL p50 / p99 ms | front end us/token "
           "| worker us/token | load tool us/token | other CPU s | load 1m |")  # fmt: skip
     print("|---|---:|---|---:|---:|---:|---:|---:|---:|---:|")

@@ -52,8 +52,11 @@ def test_rest_on_the_same_server_counts_the_same(server: ServerProc) -> None:
     assert (rest["measured"]["ok"], rest["measured"]["mismatched"], rest["measured"]["errors"]) == (300, 0, {})
 
 
-def test_grpc_llm_streams_are_checked_and_timed(server: ServerProc) -> None:
-    args = ["bench-llm", "--protocol", "grpc", "--grpc-target", server.grpc_target, "--rate", "10"]
+@pytest.mark.parametrize("streams", ["0", "2"])
+def test_grpc_llm_streams_are_checked_and_timed(server: ServerProc, streams: str) -> None:
+    """A stream per request (0), and every request on two long-lived streams matched by id (2)."""
+    args = ["bench-llm", "--protocol", "grpc", "--grpc-target", server.grpc_target, "--streams", streams]
+    args += ["--rate", "10"]
     args += ["--duration", "2", "--arrival", "constant", "--prompt-tokens", "8-32", "--output-tokens", "4-16"]
     result = CliRunner().invoke(app, [*args, "--seed", "2", "--json"])
     assert result.exit_code == 0, result.output
@@ -65,5 +68,5 @@ def test_grpc_llm_streams_are_checked_and_timed(server: ServerProc) -> None:
         LLMLoadSpec(rate=10, duration_s=2, arrival="constant", prompt_tokens=LengthDist(8, 32),
                     output_tokens=LengthDist(4, 16), seed=2)
     )  # fmt: skip
-    assert m["output_tokens"] == sum(r.max_tokens for r in plan)  # one text response per token
+    assert m["output_tokens"] == sum(r.max_tokens for r in plan)
     assert 0 < m["ttft_ms"]["p50"] <= m["ttft_ms"]["p99"] < 1500 and 0 < m["itl_ms"]["p50"] < 150

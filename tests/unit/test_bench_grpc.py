@@ -224,6 +224,7 @@ class LLMStub:
     wrong_text: Rule = never
     requests: list[pb.ModelInferRequest] = field(default_factory=list)
     half_closed: int = 0
+    opened: int = 0
 
 
 def _stream_response(rid: str, text: str | None, final: bool) -> bytes:
@@ -240,6 +241,7 @@ def _llm_handler(b: LLMStub) -> grpc.GenericRpcHandler:
     from inferd.kinds.llm.sim_llm import sim_llm_tokens
 
     async def stream(requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext) -> AsyncIterator[bytes]:
+        b.opened += 1
         async for raw in requests:
             req = pb.ModelInferRequest.FromString(raw)
             b.requests.append(req)
@@ -248,7 +250,9 @@ def _llm_handler(b: LLMStub) -> grpc.GenericRpcHandler:
             params = json.loads(tensors["sampling_parameters"][0])
             i = int(req.id.rsplit("-", 1)[1])
             if b.error(i):
-                yield pb.ModelStreamInferResponse(error_message="[StatusCode.RESOURCE_EXHAUSTED] full").SerializeToString()
+                error = pb.ModelStreamInferResponse(error_message="[StatusCode.RESOURCE_EXHAUSTED] full")
+                error.infer_response.id = req.id  # as inferd's edge answers an error on a stream
+                yield error.SerializeToString()
                 continue
             rid = "other" if b.foreign_id(i) else req.id
             words = sim_llm_tokens(tensors["text_input"][0].decode(), params["seed"], params["max_tokens"])
@@ -290,8 +294,8 @@ async def test_llm_streams_carry_the_vllm_tensors_and_are_checked_and_timed(no_l
     assert m.errors == {"grpc_resource_exhausted": 1, "incomplete": 1}
     assert m.mismatch_kinds == {"wrong_text": 1, "wrong_length": 0, "wrong_id": 1}
     assert m.output_tokens == 30 and m.itl_ms["p50"] is not None and m.ttft_ms["p50"] is not None
-    # every stream that got its final response (6 good, 1 wrong text) was half-closed by the client
-    assert b.half_closed >= 7
+    # a stream per request; every one that got its final response (6 good, 1 wrong text) was half-closed
+    assert b.opened == 10 and b.half_closed >= 7
     req = b.requests[0]
     assert [(t.name, t.datatype, list(t.shape)) for t in req.inputs] == [
         ("text_input", "BYTES", [1]),
@@ -311,3 +315,28 @@ def test_stream_error_kinds_name_the_status_when_the_message_does() -> None:
     )
     assert stream_error_kind("[StatusCode.INVALID_ARGUMENT] no text_input") == "grpc_invalid_argument"
     assert stream_error_kind("model failed") == "stream_error"
+
+
+async def test_llm_requests_share_long_lived_streams_matched_by_id(no_leftover_tasks: None) -> None:
+    from inferd.bench.llm_loadgen import run_llm_load
+    from inferd.bench.llm_workload import LengthDist, LLMLoadSpec
+
+    # an answer under an id nobody sent is dropped: its request times out; the others are matched by id
+    b = LLMStub(error=lambda i: i == 1, foreign_id=lambda i: i == 2, wrong_text=lambda i: i == 4)
+    server = grpc.aio.server()
+    server.add_generic_rpc_handlers((_llm_handler(b),))
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    try:
+        spec = LLMLoadSpec(
+            url=f"127.0.0.1:{port}", protocol="grpc", streams=2, rate=200.0, duration_s=0.1,
+            arrival="constant", prompt_tokens=LengthDist(8, 8), output_tokens=LengthDist(5, 5), timeout_s=1.0,
+        )  # fmt: skip
+        report = await run_llm_load(spec)
+    finally:
+        await server.stop(None)
+    m = report.measured
+    assert m.sent == 20 and m.ok == 17
+    assert m.errors == {"grpc_resource_exhausted": 1, "timeout": 1}
+    assert m.mismatch_kinds == {"wrong_text": 1, "wrong_length": 0, "wrong_id": 0}
+    assert len(b.requests) == 20 and b.opened == 2  # two streams carried every request

@@ -18,6 +18,7 @@ caller gone.
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import json
 import re
@@ -102,19 +103,35 @@ def stream_error_kind(message: str) -> str:
     return f"grpc_{m.group(1).lower()}" if m else "stream_error"
 
 
-def feed(rid: str, raw: bytes, now: float, stream: TextChunks) -> None:
-    """One ModelStreamInferResponse into `stream`: a text chunk, its end, or what went wrong."""
+def parse(raw: bytes) -> pb.ModelStreamInferResponse | None:
+    """A ModelStreamInferResponse, or None when the bytes are not one."""
     try:
-        msg = pb.ModelStreamInferResponse.FromString(raw)
-        if msg.error_message:
-            stream.error = stream_error_kind(msg.error_message)
-            return
-        resp = msg.infer_response
-        if resp.id != rid:
-            stream.error = "wrong_id"
-            return
+        return pb.ModelStreamInferResponse.FromString(raw)
+    except Exception:  # protobuf's DecodeError (upb raises its own)
+        return None
+
+
+def feed(rid: str, raw: bytes, now: float, stream: TextChunks) -> None:
+    """One serialized ModelStreamInferResponse into `stream` (`feed_message`)."""
+    msg = parse(raw)
+    if msg is None:
+        stream.error = "bad_response"
+        return
+    feed_message(rid, msg, now, stream)
+
+
+def feed_message(rid: str, msg: pb.ModelStreamInferResponse, now: float, stream: TextChunks) -> None:
+    """One response into `stream`: a text chunk, its end, or what went wrong."""
+    if msg.error_message:
+        stream.error = stream_error_kind(msg.error_message)
+        return
+    resp = msg.infer_response
+    if resp.id != rid:
+        stream.error = "wrong_id"
+        return
+    try:
         text = response_text(resp)
-    except Exception:  # protobuf's DecodeError (upb raises its own), a bad length prefix, not UTF-8
+    except ValueError:  # a bad length prefix, or not UTF-8
         stream.error = "bad_response"
         return
     if text:
@@ -167,3 +184,81 @@ class GrpcStreamClient:
         finally:
             if not call.done():
                 call.cancel()  # our deadline, the run's hard stop, or a stream we stopped reading
+
+
+class SharedStreamsClient:
+    """`--streams N`: every request on one of N long-lived ModelStreamInfer streams (spread over the
+    channels), as tritonclient's `start_stream` + `async_stream_infer` send them, answers matched by id.
+    `stream(req, chunks)` -> None once the request's final response (or its error) has come, else the
+    error kind that ended its stream. A request abandoned at its deadline stays on the server (a stream
+    has no per-request cancel); its later responses are dropped (`late` counts them)."""
+
+    def __init__(self, spec: LLMLoadSpec, now: Callable[[], float]) -> None:
+        self._model = spec.model
+        self._seed = spec.seed
+        self._temperature = spec.temperature
+        self._metadata = (("x-priority", spec.priority),) if spec.priority is not None else ()
+        self._now = now
+        self._n = spec.streams
+        self._pool = GrpcChannels(spec.url, min(spec.channels, spec.streams))
+        self._calls: list[grpc.aio.StreamStreamCall] = []
+        self._locks: list[asyncio.Lock] = []
+        self._pending: list[dict[str, tuple[TextChunks, asyncio.Future[str | None]]]] = []
+        self._readers: list[asyncio.Task[None]] = []
+        self._next = itertools.cycle(range(self._n)).__next__
+        self.late = 0
+
+    async def start(self) -> None:
+        await self._pool.connect(1.0)
+        methods = [ch.stream_stream(STREAM_METHOD) for ch in self._pool.channels]
+        for i in range(self._n):
+            call = methods[i % len(methods)](metadata=self._metadata)
+            self._calls.append(call)
+            self._locks.append(asyncio.Lock())
+            self._pending.append({})
+            self._readers.append(asyncio.create_task(self._read(call, self._pending[i])))
+
+    async def stream(self, req: PlannedRequest, chunks: TextChunks) -> str | None:
+        rid = f"{self._seed}-{req.i}"
+        i = self._next()
+        pending = self._pending[i]
+        outcome: asyncio.Future[str | None] = asyncio.get_running_loop().create_future()
+        pending[rid] = (chunks, outcome)
+        try:
+            async with self._locks[i]:  # one write at a time on a stream
+                await self._calls[i].write(llm_request(self._model, rid, req, self._temperature))
+            return await outcome
+        except grpc.aio.AioRpcError as exc:  # the stream had already ended
+            if is_connect_failure(exc):
+                raise ConnectionError(exc.details()) from exc
+            return error_kind(exc)
+        finally:
+            pending.pop(rid, None)
+
+    async def _read(self, call: grpc.aio.StreamStreamCall, pending: dict) -> None:
+        ended: str | None = "incomplete"
+        try:
+            while (raw := await call.read()) is not grpc.aio.EOF:
+                msg = parse(raw)
+                entry = None if msg is None else pending.get(msg.infer_response.id)
+                if entry is None:
+                    self.late += 1
+                    continue
+                chunks, outcome = entry
+                feed_message(msg.infer_response.id, msg, self._now(), chunks)
+                if (chunks.done_at is not None or chunks.error is not None) and not outcome.done():
+                    outcome.set_result(None)
+        except grpc.aio.AioRpcError as exc:
+            ended = "connection" if is_connect_failure(exc) else error_kind(exc)
+        finally:
+            for _, outcome in pending.values():  # the stream ended under them
+                if not outcome.done():
+                    outcome.set_result(ended)
+
+    async def close(self) -> None:
+        for call in self._calls:
+            call.cancel()
+        for reader in self._readers:
+            reader.cancel()
+        await asyncio.gather(*self._readers, return_exceptions=True)
+        await self._pool.close()

@@ -8,8 +8,9 @@ count from the intended send time (see `inferd.bench.llm_report` for the definit
 rule).
 
 For sim-llm every stream is checked: its text must be `sim_llm_tokens(prompt, seed, max_tokens)`
-joined by spaces, and the usage chunk (over gRPC, which has none: the text-carrying responses) must
-count exactly `max_tokens` tokens.
+joined by spaces, and the usage chunk must count exactly `max_tokens` tokens (gRPC has no usage chunk:
+its text alone is checked, and a stream whose text is right carried max_tokens tokens, however many
+responses the server merged them into). An unchecked gRPC stream counts its text-carrying responses.
 
 Everything is bounded: the number of requests (planned up front), the streams open at once
 (`connections`), each request's time (`timeout_s` from its intended time, then a hard stop for the
@@ -27,7 +28,7 @@ from urllib.parse import urlsplit
 import httptools
 import msgspec
 
-from inferd.bench.grpc_llm import GrpcStreamClient
+from inferd.bench.grpc_llm import GrpcStreamClient, SharedStreamsClient
 from inferd.bench.http_clients import HttpProtocolError
 from inferd.bench.llm_report import (
     MISMATCH_KINDS,
@@ -218,6 +219,16 @@ class CompletionsClient:
         return None if conn.status == 200 else f"http_{conn.status}"
 
 
+LLMClient = CompletionsClient | GrpcStreamClient | SharedStreamsClient
+
+
+def make_client(spec: LLMLoadSpec, now: Callable[[], float]) -> LLMClient:
+    """SSE, or over gRPC a stream per request or requests shared by `spec.streams` streams."""
+    if spec.protocol != "grpc":
+        return CompletionsClient(spec, now)
+    return SharedStreamsClient(spec, now) if spec.streams else GrpcStreamClient(spec, now)
+
+
 def check_sim_stream(req: PlannedRequest, text: str, tokens: int) -> str:
     """'ok', 'wrong_length' (usage is not max_tokens) or 'wrong_text' (not sim-llm's documented words)."""
     if tokens != req.max_tokens:
@@ -231,7 +242,7 @@ class _Run:
     """One run's moving parts, owned by `run_llm_load`."""
 
     spec: LLMLoadSpec
-    client: CompletionsClient | GrpcStreamClient
+    client: LLMClient
     now: Callable[[], float]
     t0: float
     warmup: LLMRecorder
@@ -282,12 +293,16 @@ class _Run:
         if stream.done_at is None or not stream.chunk_times:
             rec.error("incomplete")
             return
-        tokens = stream.completion_tokens if stream.completion_tokens is not None else len(stream.chunk_times)
+        tokens = stream.completion_tokens
         if self.spec.check:
+            # No usage count (gRPC has none): the text alone is checked, and it is max_tokens tokens.
+            tokens = req.max_tokens if tokens is None else tokens
             verdict = check_sim_stream(req, "".join(stream.text), tokens)
             if verdict != "ok":
                 rec.mismatch(verdict)
                 return
+        if tokens is None:
+            tokens = len(stream.chunk_times)  # a lower bound where the server merged pieces
         times = [t - intended for t in stream.chunk_times]
         timing = StreamTiming.from_chunk_times(times, stream.done_at - intended, tokens)
         rec.ok(timing, req.prompt_tokens, stream.done_at)
@@ -300,21 +315,21 @@ async def run_llm_load(spec: LLMLoadSpec) -> LLMLoadReport:
     cpu0 = time.process_time()
     now = time.monotonic  # not loop.time(): uvloop's is whole milliseconds and cached per iteration
     loop = asyncio.get_running_loop()
-    client = GrpcStreamClient(spec, now) if spec.protocol == "grpc" else CompletionsClient(spec, now)
-    await client.start()
-    t0 = now() + 0.01
-    run = _Run(
-        spec,
-        client,
-        now,
-        t0,
-        warmup=LLMRecorder(slo, t0, spec.warmup_s or 1.0),
-        measured=LLMRecorder(slo, t0 + spec.warmup_s, spec.duration_s),
-        slots=asyncio.Semaphore(spec.connections),
-        loop_skew=loop.time() - now(),
-    )
-    hard_stop = t0 + spec.total_s + spec.timeout_s + spec.grace_s
+    client = make_client(spec, now)
     try:
+        await client.start()
+        t0 = now() + 0.01
+        run = _Run(
+            spec,
+            client,
+            now,
+            t0,
+            warmup=LLMRecorder(slo, t0, spec.warmup_s or 1.0),
+            measured=LLMRecorder(slo, t0 + spec.warmup_s, spec.duration_s),
+            slots=asyncio.Semaphore(spec.connections),
+            loop_skew=loop.time() - now(),
+        )
+        hard_stop = t0 + spec.total_s + spec.timeout_s + spec.grace_s
         async with asyncio.timeout_at(hard_stop + run.loop_skew), asyncio.TaskGroup() as tg:
             await run.dispatch(plan, tg)
     except TimeoutError:

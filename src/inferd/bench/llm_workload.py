@@ -93,6 +93,9 @@ class LLMLoadSpec:
     """'http': streaming /v1/completions (SSE); 'grpc': ModelStreamInfer with Triton's vLLM tensors."""
     channels: int = 4
     """protocol grpc: grpc.aio channels (one HTTP/2 connection each) the streams take in turn."""
+    streams: int = 0
+    """protocol grpc: 0, a ModelStreamInfer stream per request; N, every request on one of N long-lived
+    streams, answers matched by id (as tritonclient's start_stream + async_stream_infer)."""
     temperature: float = 1.0
     """Sent in gRPC's sampling_parameters (the completions route's default when the body has none)."""
 
@@ -104,6 +107,7 @@ class LLMLoadSpec:
             "ttft_slo_ms and itl_slo_ms must be > 0": self.ttft_slo_ms > 0 and self.itl_slo_ms > 0,
             "protocol must be 'http' or 'grpc'": self.protocol in ("http", "grpc"),
             "channels must be >= 1": self.channels >= 1,
+            "streams must be >= 0": self.streams >= 0,
             "url must be http://HOST[:PORT]": self.protocol != "http" or is_plain_http(self.url),
             "protocol grpc needs a HOST:PORT target": self.protocol != "grpc" or is_grpc_target(self.url),
         }

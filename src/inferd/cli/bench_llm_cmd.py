@@ -50,6 +50,13 @@ def bench_llm(
         int,
         typer.Option(help="--protocol grpc: gRPC channels (an HTTP/2 connection each) streams take in turn."),
     ] = 4,
+    streams: Annotated[
+        int,
+        typer.Option(
+            help="--protocol grpc: 0, a ModelStreamInfer stream per request; N, every request on one of N "
+            "long-lived streams, answers matched by id (as tritonclient's start_stream)."
+        ),
+    ] = 0,
     rate: RateOption = 5.0,
     duration: DurationOption = 30.0,
     warmup: WarmupOption = 0.0,
@@ -132,6 +139,7 @@ def bench_llm(
             priority=priority,
             protocol=protocol.value,
             channels=channels,
+            streams=streams,
         )
     )
     cpu_before = server_cpu_s(url) if save_profile else None
