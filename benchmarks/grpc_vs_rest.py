@@ -10,11 +10,16 @@ the same answer check (the sim digest), on the same default `inferd serve --mode
 2. The highest rate held: a short sweep (`--sweep`, each step `--step-duration` s after `--warmup` s),
    per protocol, stopping at its first step that fails: held means p99 <= `--p99-ms`, no errors, no
    wrong answer, and at least 95% of the offered rate answered ok.
+3. Overload (`--overload-rate`, default 4,000 req/s, past sim's 3,333 ceiling; 0: skip), one step per
+   protocol: ok/s, errors by kind, and how many of the requests the server's own request counter
+   (`inferd_requests_total` of that protocol, from /metrics) saw: a refusal the server makes is counted
+   there, one that never reaches inferd is not.
 
 The load tool runs in this process, on the same cores as the server; its own CPU per request is printed
 for each run (grpc.aio's client costs more than the raw HTTP client: on a machine where the tool and the
 server share two cores, that caps the gRPC sweep before the server does). Bounded: at most
-len(cpu_rates) x 2 x repeats + 2 x len(sweep) runs of warmup + duration seconds, plus the server's start.
+len(cpu_rates) x 2 x repeats + 2 x (len(sweep) + 1) runs of warmup + duration seconds, plus the
+server's start.
 
     .venv/bin/python benchmarks/grpc_vs_rest.py [--repeats 2] [--duration 8] [--sweep 500,1000,...]
 
@@ -30,6 +35,7 @@ import signal
 import statistics
 import sys
 import time
+import urllib.request
 
 import grpc
 from harness import OUT_DIR, InferdServer, cell, free_port, interrupt_on, port_free, write_json
@@ -105,6 +111,15 @@ def one_run(server: InferdServer, target: str, protocol: str, rate: float, durat
     }
 
 
+def requests_counted(url: str, protocol: str) -> int:
+    """The server's inferd_requests_total over every model and outcome, for one protocol."""
+    with urllib.request.urlopen(f"{url}/metrics", timeout=10) as r:
+        text = r.read().decode()
+    label = f'protocol="{protocol}"'
+    return int(sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+                   if line.startswith("inferd_requests_total{") and label in line))  # fmt: skip
+
+
 def held(r: dict, p99_ms: float) -> bool:
     """The step held: p99 within the bound, no error, no wrong answer, >= 95% of the offered rate ok."""
     return (
@@ -125,6 +140,7 @@ def main() -> int:
     ap.add_argument("--sweep", default="500,1000,1500,2000,2500,3000")
     ap.add_argument("--step-duration", type=float, default=5.0)
     ap.add_argument("--p99-ms", type=float, default=100.0)
+    ap.add_argument("--overload-rate", type=float, default=4000.0)
     ap.add_argument("--channels", type=int, default=4, help="gRPC channels of the load tool")
     ap.add_argument("--protocols", default="http,grpc")
     ap.add_argument("--tree", default=None, help="serve this checkout's src/ instead of this tree's")
@@ -136,7 +152,12 @@ def main() -> int:
     env = None if args.tree is None else {"PYTHONPATH": os.path.join(os.path.abspath(args.tree), "src")}
     http_port, grpc_port = server_ports()
     target = f"127.0.0.1:{grpc_port}"
-    out: dict = {"command": " ".join(sys.argv), "cpu_runs": [], "sweep": {p: [] for p in protocols}}
+    out: dict = {
+        "command": " ".join(sys.argv),
+        "cpu_runs": [],
+        "sweep": {p: [] for p in protocols},
+        "overload": [],
+    }
     server = InferdServer(
         "--model", "sim", "--grpc-port", str(grpc_port), name="grpc_vs_rest", port=http_port,
         log_path=OUT_DIR / "grpc_vs_rest.server.log", ready_timeout_s=60.0, grace_s=30.0, env=env,
@@ -168,6 +189,14 @@ def main() -> int:
                 )
                 if not run["held"]:
                     break
+        for protocol in protocols if args.overload_rate > 0 else ():
+            seed += 1
+            counted0 = requests_counted(server.url, protocol)
+            run = one_run(
+                server, target, protocol, args.overload_rate, args.step_duration, args.warmup, args, seed
+            )
+            run["counted_by_server"] = requests_counted(server.url, protocol) - counted0
+            out["overload"].append(run)
     out["wall_s"] = round(time.monotonic() - t_start, 1)
     out["server_stopped"] = server.stopped.how if server.stopped else None
 
@@ -211,6 +240,20 @@ def main() -> int:
             )
         held_rates = [r["rate"] for r in runs if r["held"]]
         summary["highest_held_rps"][protocol] = max(held_rates) if held_rates else None
+    if out["overload"]:
+        print(f"\nOverload: {args.overload_rate:,.0f} req/s offered (sim's ceiling ~3,333)\n")
+        print("| protocol | sent | ok/s | p99 ms | errors | counted by the server | load tool us/req |")
+        print("|---|---:|---:|---:|---|---:|---:|")
+        for r in out["overload"]:
+            print(
+                f"| {r['protocol']} | {r['sent']:,} | {r['achieved']:,.0f} | {cell(r['p99_ms'])} | {r['errors'] or '-'} "
+                f"| {r['counted_by_server']:,} | {r['generator_cpu_us_per_request']:.0f} |"
+            )
+        summary["overload"] = {
+            r["protocol"]: {"ok_per_s": r["achieved"], "errors": r["errors"], "counted_by_server": r["counted_by_server"],
+                            "sent": r["sent"]}
+            for r in out["overload"]
+        }  # fmt: skip
     out["summary"] = summary
     print("\nmedians of the front end's CPU per request, gRPC / REST (goal <= 1.25):")
     for rate, entry in summary["cpu"].items():
