@@ -143,7 +143,7 @@ def main() -> int:
     for protocol in PROTOCOLS:
         runs = [r for r in out["runs"] if r["protocol"] == protocol]
         summary[protocol] = {
-            key: statistics.median(r[key] or 0 for r in runs)
+            key: round(statistics.median(r[key] or 0 for r in runs), 3)
             for key in ("frontend_us_per_token", "itl_p50_ms", "itl_p99_ms", "ttft_p99_ms")
         }
         summary[protocol]["mismatched"] = sum(r["mismatched"] for r in runs)
