@@ -17,7 +17,12 @@ model's); its output tokens are the usage chunk's count over SSE and the text-ca
 gRPC (one per token unless the detokenizer holds a piece back). Use a low rate (e.g. 2 req/s, 32
 tokens): the model takes most of two cores.
 
-Bounded: 2 x (1 + repeats) runs of at most duration + 30 s each. Prints a markdown table and one JSON
+With `--floor` (the default for sim-llm), one more gRPC run against a bare grpc.aio server (this script,
+in a process of its own: a generic ModelStreamInfer handler that answers sim-llm's words one response
+each, 2 ms apart, then the final response): the CPU per streamed message grpcio itself costs, the floor
+under the edge's.
+
+Bounded: 2 x (1 + repeats) + 1 runs of at most duration + 30 s each. Prints a markdown table and one JSON
 line (also in .bench/grpc_llm_stream.json).
 """
 
@@ -32,7 +37,7 @@ import sys
 import time
 
 from grpc_vs_rest import server_ports, wait_grpc
-from harness import OUT_DIR, InferdServer, cell, interrupt_on, write_json
+from harness import OUT_DIR, InferdServer, ServerProcess, cell, free_port, interrupt_on, write_json
 from procfs import CLK_TCK, machine_busy_s
 
 from inferd.bench.llm_loadgen import run_llm_load_blocking
@@ -46,10 +51,11 @@ PROTOCOLS = ("http", "grpc")
 MODELS = {"sim-llm": SIM_LLM, "smollm2": 'builtin = "smollm2"\n'}
 
 
-def one_run(server: InferdServer, target: str, protocol: str, duration: float, seed: int,
+def one_run(server: InferdServer | ServerProcess, target: str, protocol: str, duration: float, seed: int,
             args: argparse.Namespace) -> dict:  # fmt: skip
     spec = LLMLoadSpec(
-        url=server.url if protocol == "http" else target, protocol=protocol, channels=args.channels,
+        url=server.url if protocol == "http" else target,  # type: ignore[union-attr]
+        protocol=protocol, channels=args.channels,
         streams=args.streams,
         model=args.model, rate=args.rate, duration_s=duration, seed=seed, timeout_s=30.0,
         check=args.model == "sim-llm",
@@ -86,6 +92,59 @@ def one_run(server: InferdServer, target: str, protocol: str, duration: float, s
     }
 
 
+async def serve_floor(port: int) -> None:
+    """The floor: ModelStreamInfer as a bare grpc.aio handler, sim-llm's words at a 2 ms step."""
+    import asyncio
+
+    import grpc
+
+    from inferd.bench.grpc_infer import bytes_element
+    from inferd.bench.grpc_llm import bytes_elements
+    from inferd.grpc_edge.protos import grpc_service_pb2 as pb
+    from inferd.kinds.llm.sim_llm import sim_llm_tokens
+
+    def response(rid: str, text: str | None) -> bytes:
+        resp = pb.ModelInferResponse(model_name="sim-llm", model_version="1", id=rid)
+        if text is not None:
+            resp.outputs.add(name="text_output", datatype="BYTES", shape=[1])
+            resp.raw_output_contents.append(bytes_element(text.encode()))
+        resp.parameters["triton_final_response"].bool_param = text is None
+        return pb.ModelStreamInferResponse(infer_response=resp).SerializeToString()
+
+    async def stream(requests, context):  # type: ignore[no-untyped-def]
+        async for raw in requests:
+            req = pb.ModelInferRequest.FromString(raw)
+            tensors = {t.name: c for t, c in zip(req.inputs, req.raw_input_contents, strict=True)}
+            params = json.loads(bytes_elements(tensors["sampling_parameters"])[0])
+            prompt = bytes_elements(tensors["text_input"])[0].decode()
+            for k, word in enumerate(sim_llm_tokens(prompt, params["seed"], params["max_tokens"])):
+                await asyncio.sleep(0.002)
+                yield response(req.id, word if k == 0 else " " + word)
+            yield response(req.id, None)
+
+    handler = grpc.method_handlers_generic_handler(
+        "inference.GRPCInferenceService", {"ModelStreamInfer": grpc.stream_stream_rpc_method_handler(stream)}
+    )
+    server = grpc.aio.server()
+    server.add_generic_rpc_handlers((handler,))
+    server.add_insecure_port(f"127.0.0.1:{port}")
+    await server.start()
+    await server.wait_for_termination()
+
+
+def floor_run(args: argparse.Namespace) -> dict:
+    """One gRPC run against the bare grpc.aio floor, in a process of its own."""
+    port = free_port()
+    floor = ServerProcess([sys.executable, __file__, "--serve-floor", str(port)], name="grpc_floor",
+                          log_path=OUT_DIR / "grpc_llm_stream.floor.log")  # fmt: skip
+    with floor:
+        wait_grpc(f"127.0.0.1:{port}", 30.0)
+        return {
+            **one_run(floor, f"127.0.0.1:{port}", "grpc", args.duration, 50, args),
+            "protocol": "grpc floor",
+        }
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", choices=sorted(MODELS), default="sim-llm")
@@ -101,8 +160,20 @@ def main() -> int:
         default=0,
         help="gRPC: 0, a stream per request; N, every request on one of N long-lived streams",
     )
+    ap.add_argument(
+        "--floor",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="also measure a bare grpc.aio stream handler (sim-llm only)",
+    )
     ap.add_argument("--tree", default=None, help="serve this checkout's src/ instead of this tree's")
+    ap.add_argument("--serve-floor", type=int, help=argparse.SUPPRESS)  # the floor's own process
     args = ap.parse_args()
+    if args.serve_floor:
+        import uvloop
+
+        uvloop.run(serve_floor(args.serve_floor))
+        return 0
     interrupt_on(signal.SIGTERM)
     env = None if args.tree is None else {"PYTHONPATH": os.path.join(os.path.abspath(args.tree), "src")}
     http_port, grpc_port = server_ports()
@@ -123,6 +194,8 @@ def main() -> int:
                 out["runs"].append(run)
                 print(f"  {protocol}: front end {run['frontend_us_per_token']} us/token, "
                       f"ITL p99 {cell(run['itl_p99_ms'])} ms", file=sys.stderr)  # fmt: skip
+    if args.floor and args.model == "sim-llm":
+        out["runs"].append(floor_run(args))
     out["wall_s"] = round(time.monotonic() - t_start, 1)
     model = "sim-llm (2 ms step)" if args.model == "sim-llm" else args.model
     shared = f"requests on {args.streams} long-lived streams" if args.streams else "a stream per request"
@@ -140,7 +213,7 @@ def main() -> int:
             f"| {r['load_1m']} |"
         )
     summary: dict = {}
-    for protocol in PROTOCOLS:
+    for protocol in sorted({r["protocol"] for r in out["runs"]}):
         runs = [r for r in out["runs"] if r["protocol"] == protocol]
         summary[protocol] = {
             key: round(statistics.median(r[key] or 0 for r in runs), 3)
