@@ -10,7 +10,11 @@ the same answer check (the sim digest), on the same default `inferd serve --mode
 2. The highest rate held: a short sweep (`--sweep`, each step `--step-duration` s after `--warmup` s),
    per protocol, stopping at its first step that fails: held means p99 <= `--p99-ms`, no errors, no
    wrong answer, and at least 95% of the offered rate answered ok.
-3. Overload (`--overload-rate`, default 4,000 req/s, past sim's 3,333 ceiling; 0: skip), one step per
+3. The floors (`--floor`, the default): at the first CPU rate, the same load against a bare grpc.aio
+   ModelInfer handler and a bare httptools protocol answering the sim digest (`benchmarks/http_floor.py
+   --server grpc|httptools`, each its own process): what grpcio and HTTP parsing cost per request alone,
+   under the edge's and the front door's figures.
+4. Overload (`--overload-rate`, default 4,000 req/s, past sim's 3,333 ceiling; 0: skip), one step per
    protocol: ok/s, errors by kind, and how many of the requests the server's own request counter
    (`inferd_requests_total` of that protocol, from /metrics) saw: a refusal the server makes is counted
    there, one that never reaches inferd is not.
@@ -38,7 +42,17 @@ import time
 import urllib.request
 
 import grpc
-from harness import OUT_DIR, InferdServer, cell, free_port, interrupt_on, port_free, write_json
+from harness import (
+    OUT_DIR,
+    InferdServer,
+    ServerProcess,
+    cell,
+    free_port,
+    http_ok,
+    interrupt_on,
+    port_free,
+    write_json,
+)
 from procfs import CLK_TCK, cpu_seconds_since, cpu_ticks, machine_busy_s
 
 from inferd.bench.loadgen import LoadSpec, run_load_blocking
@@ -111,6 +125,42 @@ def one_run(server: InferdServer, target: str, protocol: str, rate: float, durat
     }
 
 
+def floor_run(kind: str, rate: float, args: argparse.Namespace) -> dict:
+    """`benchmarks/http_floor.py --server KIND` in its own process under the same load: its CPU per request."""
+    port = free_port()
+    while not port_free(port + 1):
+        port = free_port()
+    here = os.path.dirname(os.path.abspath(__file__))
+    cmd = [sys.executable, os.path.join(here, "http_floor.py"), "--server", kind, "--serve-port", str(port)]
+    floor = ServerProcess(cmd, name=f"floor-{kind}", log_path=OUT_DIR / f"grpc_vs_rest.floor-{kind}.log")
+    with floor:
+        deadline = time.monotonic() + 30.0
+        while not http_ok(f"http://127.0.0.1:{port}/v2/health/ready") and time.monotonic() < deadline:
+            time.sleep(0.1)
+        if kind == "grpc":
+            wait_grpc(f"127.0.0.1:{port + 1}", 30.0)
+        spec = LoadSpec(
+            url=f"127.0.0.1:{port + 1}" if kind == "grpc" else f"http://127.0.0.1:{port}",
+            protocol="grpc" if kind == "grpc" else "http", channels=args.channels, model="sim", rate=rate,
+            duration_s=args.duration, warmup_s=args.warmup, timeout_ms=5000.0, seed=7,
+        )  # fmt: skip
+        before = floor.cpu_ticks()
+        report = run_load_blocking(spec)
+        cpu_s = cpu_seconds_since(before, floor.pids())
+    m = report.measured
+    sent = max(1, report.sent)
+    return {
+        "server": f"bare {kind}",
+        "rate": rate,
+        "achieved": round(m.achieved_rps, 1),
+        "errors": m.errors,
+        "mismatched": report.mismatched_total,
+        "p99_ms": m.latency_ms.get("p99"),
+        "server_cpu_us_per_request": round(1e6 * cpu_s / sent, 1),
+        "generator_cpu_us_per_request": round(1e6 * report.generator_cpu_s / sent, 1),
+    }
+
+
 def requests_counted(url: str, protocol: str) -> int:
     """The server's inferd_requests_total over every model and outcome, for one protocol."""
     with urllib.request.urlopen(f"{url}/metrics", timeout=10) as r:
@@ -141,6 +191,7 @@ def main() -> int:
     ap.add_argument("--step-duration", type=float, default=5.0)
     ap.add_argument("--p99-ms", type=float, default=100.0)
     ap.add_argument("--overload-rate", type=float, default=4000.0)
+    ap.add_argument("--floor", action=argparse.BooleanOptionalAction, default=True)
     ap.add_argument("--channels", type=int, default=4, help="gRPC channels of the load tool")
     ap.add_argument("--protocols", default="http,grpc")
     ap.add_argument("--tree", default=None, help="serve this checkout's src/ instead of this tree's")
@@ -157,6 +208,7 @@ def main() -> int:
         "cpu_runs": [],
         "sweep": {p: [] for p in protocols},
         "overload": [],
+        "floors": [],
     }
     server = InferdServer(
         "--model", "sim", "--grpc-port", str(grpc_port), name="grpc_vs_rest", port=http_port,
@@ -197,6 +249,9 @@ def main() -> int:
             )
             run["counted_by_server"] = requests_counted(server.url, protocol) - counted0
             out["overload"].append(run)
+    if args.floor and cpu_rates:
+        for kind in ("grpc", "httptools"):
+            out["floors"].append(floor_run(kind, cpu_rates[0], args))
     out["wall_s"] = round(time.monotonic() - t_start, 1)
     out["server_stopped"] = server.stopped.how if server.stopped else None
 
@@ -240,6 +295,16 @@ def main() -> int:
             )
         held_rates = [r["rate"] for r in runs if r["held"]]
         summary["highest_held_rps"][protocol] = max(held_rates) if held_rates else None
+    if out["floors"]:
+        print(f"\nFloors at {cpu_rates[0]:,.0f} req/s: a bare server answering the sim digest (no inferd)\n")
+        print("| server | achieved | p99 ms | errors | server us/req | load tool us/req |")
+        print("|---|---:|---:|---|---:|---:|")
+        for r in out["floors"]:
+            print(
+                f"| {r['server']} | {r['achieved']:,.0f} | {cell(r['p99_ms'])} | {r['errors'] or '-'} "
+                f"| {r['server_cpu_us_per_request']:.0f} | {r['generator_cpu_us_per_request']:.0f} |"
+            )
+        summary["floors_us"] = {r["server"]: r["server_cpu_us_per_request"] for r in out["floors"]}
     if out["overload"]:
         print(f"\nOverload: {args.overload_rate:,.0f} req/s offered (sim's ceiling ~3,333)\n")
         print("| protocol | sent | ok/s | p99 ms | errors | counted by the server | load tool us/req |")
