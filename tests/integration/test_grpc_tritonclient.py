@@ -1,12 +1,19 @@
 """tritonclient's gRPC client, sync and asyncio, against a real `inferd serve` (the sim and scale models
-of examples/model_repo): the checks the REST suite makes, over Triton's GRPCInferenceService; and with
-tenants configured, keys and quotas (a raw grpc stub reads the trailers). Two servers in all."""
+of examples/model_repo, and sim-llm): the checks the REST suite makes, over Triton's GRPCInferenceService; and with
+tenants configured, keys and quotas (a raw grpc stub reads the trailers); TLS; and SIGTERM with a call in
+flight. Four servers in all: two shared by the module's tests, one each for TLS and shutdown."""
 
 from __future__ import annotations
 
 import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
 import urllib.request
 from collections.abc import Iterator
+from pathlib import Path
 
 import grpc
 import numpy as np
@@ -14,6 +21,7 @@ import pytest
 import tritonclient.grpc as tc
 import tritonclient.grpc.aio as tc_aio
 import tritonclient.http as tc_http
+import trustme
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from tritonclient.utils import InferenceServerException
@@ -22,7 +30,7 @@ from inferd.gateway.keys import key_digest, new_key
 from inferd.grpc_edge.protos import grpc_service_pb2 as pb
 from inferd.grpc_edge.protos import grpc_service_pb2_grpc as pb_grpc
 from inferd.models.sim import sim_digest
-from tests.conftest import ROOT, ServerProc, start_server
+from tests.conftest import ROOT, ServerProc, free_port, start_server
 
 ALPHA, LIMITED = new_key(), new_key()
 TENANTS = f"""
@@ -40,7 +48,13 @@ burst = 1
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProc]:
-    s = start_server(tmp_path_factory.mktemp("grpc"), "--model-repo", str(ROOT / "examples" / "model_repo"))
+    root = tmp_path_factory.mktemp("grpc")
+    (root / "inferd.toml").write_text("[models.scale.cache]\nenabled = true\n")  # one response cache for both edges
+    repo = root / "models"  # examples/model_repo, and an LLM
+    shutil.copytree(ROOT / "examples" / "model_repo", repo)
+    (repo / "sim-llm").mkdir()
+    (repo / "sim-llm" / "model.toml").write_text('builtin = "sim-llm"\n')
+    s = start_server(root, "--model-repo", str(repo), "--config", str(root / "inferd.toml"))
     yield s
     assert s.stop() in (0, -15)
 
@@ -75,6 +89,19 @@ def test_model_metadata_names_the_tensors_with_the_batch_dimension(client: tc.In
     scale = client.get_model_metadata("scale", as_json=True)
     assert scale["inputs"] == [{"name": "INPUT0", "datatype": "FP32", "shape": ["-1", "4"]}]
     assert [o["name"] for o in scale["outputs"]] == ["DOUBLED", "SUM"]
+
+
+def test_an_llm_presents_tritons_vllm_tensors(client: tc.InferenceServerClient) -> None:
+    meta = client.get_model_metadata("sim-llm", as_json=True)
+    assert [(t["name"], t["datatype"]) for t in meta["inputs"]] == [
+        ("text_input", "BYTES"), ("stream", "BOOL"), ("sampling_parameters", "BYTES"), ("exclude_input_in_output", "BOOL")
+    ]
+    assert meta["outputs"] == [{"name": "text_output", "datatype": "BYTES", "shape": ["-1"]}]
+    config = client.get_model_config("sim-llm", as_json=True)["config"]
+    assert config["model_transaction_policy"] == {"decoupled": True}
+    assert [i["name"] for i in config["input"] if i.get("optional")] == [
+        "stream", "sampling_parameters", "exclude_input_in_output"
+    ]
 
 
 def test_model_config_is_triton_shaped(client: tc.InferenceServerClient) -> None:
@@ -127,6 +154,15 @@ def test_unknown_model_is_not_found(client: tc.InferenceServerClient) -> None:
     assert err.value.status() == "StatusCode.NOT_FOUND"
 
 
+def test_a_version_asked_for_is_served_or_not_found(client: tc.InferenceServerClient) -> None:
+    result = client.infer("sim", [texts_input([b"v1"])], model_version="1")
+    assert result.get_response().model_version == "1"
+    with pytest.raises(InferenceServerException) as err:
+        client.infer("sim", [texts_input([b"v9"])], model_version="9")
+    assert err.value.status() == "StatusCode.NOT_FOUND"
+    assert "9" in err.value.message()
+
+
 def test_a_bad_shape_is_an_invalid_argument_naming_it(client: tc.InferenceServerClient) -> None:
     inp = tc.InferInput("INPUT0", [2, 3], "FP32")
     inp.set_data_from_numpy(np.zeros((2, 3), dtype=np.float32))
@@ -162,7 +198,7 @@ def test_statistics_count_the_answered_requests(client: tc.InferenceServerClient
     ok = after["inference_stats"]["success"]
     assert int(ok["count"]) == int(after["inference_count"]) and int(ok["ns"]) > 0
     every = client.get_inference_statistics(as_json=True)["model_stats"]
-    assert {m["name"] for m in every} == {"sim", "scale"}
+    assert {m["name"] for m in every} == {"sim", "scale", "sim-llm"}
 
 
 def test_the_metrics_count_grpc_calls_under_their_protocol(server: ServerProc, client: tc.InferenceServerClient) -> None:
@@ -282,3 +318,122 @@ def test_a_tenant_over_its_rate_is_resource_exhausted_with_retry_after(keyed: Se
     assert float(refused["x-inferd-retry-after-ms"]) > 0
     assert "x-ratelimit-limit-requests" in refused
     assert refused["x-request-id"]
+
+
+def metric(server: ServerProc, series: str) -> float:
+    with urllib.request.urlopen(f"{server.url}/metrics", timeout=10) as r:
+        text = r.read().decode()
+    found = re.search(rf"^{re.escape(series)} (\S+)$", text, re.M)
+    return float(found.group(1)) if found else 0.0
+
+
+def test_a_cancelled_call_is_withdrawn_and_counted_cancelled(server: ServerProc) -> None:
+    cancelled = 'inferd_requests_total{model="sim",outcome="cancelled",protocol="grpc",version="1"}'
+    depth = 'inferd_queue_depth{model="sim",version="1"}'
+    cut = 'inferd_batch_size_sum{model="sim",version="1"}'  # items put in batches
+    before = metric(server, cancelled)
+    texts = [f"gone-{i}".encode() for i in range(400)]  # four batches of 100: the last wait while one runs
+    request = pb.ModelInferRequest(
+        model_name="sim",
+        inputs=[pb.ModelInferRequest.InferInputTensor(name="INPUT0", datatype="BYTES", shape=[400])],
+        raw_input_contents=[b"".join(len(t).to_bytes(4, "little") + t for t in texts)],
+    )
+    with grpc.insecure_channel(server.grpc_target) as channel:
+        stub = pb_grpc.GRPCInferenceServiceStub(channel)
+        for _ in range(5):  # cancelled while its items wait (a try that ends first is tried again)
+            cut_before = metric(server, cut)
+            future = stub.ModelInfer.future(request, timeout=30)
+            while not future.done() and metric(server, depth) == 0:
+                time.sleep(0.002)
+            if future.cancel():
+                break
+        assert future.cancelled()
+        deadline = time.monotonic() + 10
+        while metric(server, cancelled) == before and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert metric(server, cancelled) == before + 1
+        assert stub.ModelInfer(sim_request(b"next"), timeout=10).model_name == "sim"
+        assert metric(server, depth) == 0
+        assert metric(server, cut) - cut_before < 400 + 1  # its waiting items were withdrawn, never run
+
+
+# ---- TLS: the HTTP listener's certificate -------------------------------------------------------------
+def test_grpc_speaks_tls_with_the_https_certificate(tmp_path: Path) -> None:
+    ca = trustme.CA()
+    issued = ca.issue_cert("127.0.0.1", "localhost")
+    ca.cert_pem.write_to_path(tmp_path / "ca.pem")
+    (tmp_path / "cert.pem").write_bytes(b"".join(b.bytes() for b in issued.cert_chain_pems))
+    issued.private_key_pem.write_to_path(tmp_path / "key.pem")
+    port, grpc_port, admin_port = free_port(), free_port(), free_port()
+    proc = subprocess.Popen(
+        [
+            *(sys.executable, "-m", "inferd.cli.main", "serve", "--model", "sim", "--shutdown-grace-s", "0"),
+            *("--port", str(port), "--grpc-port", str(grpc_port), "--admin-port", str(admin_port)),
+            *("--ssl-certfile", str(tmp_path / "cert.pem"), "--ssl-keyfile", str(tmp_path / "key.pem")),
+            *("--data-dir", str(tmp_path / "data")),
+        ],
+        stdout=open(tmp_path / "server.log", "wb"),
+        stderr=subprocess.STDOUT,
+        cwd=ROOT,
+    )
+    server = ServerProc(proc, port, tmp_path / "server.log", admin_port, grpc_port)
+    roots = (tmp_path / "ca.pem").read_bytes()
+    try:
+        with grpc.secure_channel(server.grpc_target, grpc.ssl_channel_credentials(roots)) as channel:
+            health = health_pb2_grpc.HealthStub(channel)
+            request = health_pb2.HealthCheckRequest(service="sim")
+            deadline = time.monotonic() + 60
+            while health.Check(request, wait_for_ready=True, timeout=60).status != health_pb2.HealthCheckResponse.SERVING:
+                assert time.monotonic() < deadline, f"sim not served over TLS within 60 s:\n{server.log()}"
+                time.sleep(0.05)  # the gRPC API is up before the model's worker is ready
+        client = tc.InferenceServerClient(server.grpc_target, ssl=True, root_certificates=str(tmp_path / "ca.pem"))
+        result = client.infer("sim", [texts_input([b"over tls"])])
+        assert result.as_numpy("OUTPUT0").tolist() == [sim_digest("sim", 1, "over tls").encode()]
+        client.close()
+        with grpc.insecure_channel(server.grpc_target) as plain:
+            with pytest.raises(grpc.RpcError) as err:
+                health_pb2_grpc.HealthStub(plain).Check(health_pb2.HealthCheckRequest(), timeout=5)
+        assert err.value.code() == grpc.StatusCode.UNAVAILABLE
+    finally:
+        assert server.stop() in (0, -15), server.log()
+
+
+def test_the_response_cache_answers_either_edge_from_the_other(server: ServerProc) -> None:
+    data = np.array([[9.0, 8.0, 7.0, 6.0]], dtype=np.float32)
+    rest = tc_http.InferenceServerClient(server.url.removeprefix("http://"))
+    inp = tc_http.InferInput("INPUT0", [1, 4], "FP32")
+    inp.set_data_from_numpy(data, binary_data=True)
+    outputs = [tc_http.InferRequestedOutput(name, binary_data=True) for name in ("DOUBLED", "SUM")]
+    assert rest.infer("scale", [inp], outputs=outputs).get_response()["parameters"]["cache"] == "miss"
+    rest.close()
+    tensor = pb.ModelInferRequest.InferInputTensor(name="INPUT0", datatype="FP32", shape=[1, 4])
+    request = pb.ModelInferRequest(model_name="scale", inputs=[tensor], raw_input_contents=[data.tobytes()])
+    with grpc.insecure_channel(server.grpc_target) as channel:
+        answer, call = pb_grpc.GRPCInferenceServiceStub(channel).ModelInfer.with_call(request, timeout=10)
+    assert dict(call.trailing_metadata())["x-inferd-cache"] == "hit"
+    assert np.frombuffer(answer.raw_output_contents[0], dtype=np.float32).tolist() == (data * 2).ravel().tolist()
+
+
+# ---- shutdown -----------------------------------------------------------------------------------------
+def test_sigterm_lets_grpc_calls_in_flight_finish_before_the_runtimes_stop(tmp_path: Path) -> None:
+    server = start_server(tmp_path, "--model", "sim")
+    texts = [f"drain-{i}".encode() for i in range(300)]  # three batches: still running at SIGTERM
+    request = pb.ModelInferRequest(
+        model_name="sim",
+        inputs=[pb.ModelInferRequest.InferInputTensor(name="INPUT0", datatype="BYTES", shape=[300])],
+        raw_input_contents=[b"".join(len(t).to_bytes(4, "little") + t for t in texts)],
+    )
+    depth = 'inferd_queue_depth{model="sim",version="1"}'
+    try:
+        with grpc.insecure_channel(server.grpc_target) as channel:
+            future = pb_grpc.GRPCInferenceServiceStub(channel).ModelInfer.future(request, timeout=30)
+            while not future.done() and metric(server, depth) == 0:  # its items are queued
+                time.sleep(0.002)
+            assert not future.done()  # a batch or more of its work is left
+            server.proc.send_signal(signal.SIGTERM)
+            answer = future.result()
+        got = [answer.raw_output_contents[0][4 + 36 * i : 36 * (i + 1)].decode() for i in range(300)]
+        assert got == [sim_digest("sim", 1, t) for t in texts]
+    finally:
+        assert server.stop() in (0, -15), server.log()
+    assert "gRPC API stopped" in server.log()

@@ -15,6 +15,7 @@ routes from the path, OpenAI routes from the body), so accounting counts every r
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import random
 from collections.abc import Callable
@@ -96,7 +97,12 @@ class Accounting:
 
     async def __call__(self, call: Call, request: object) -> Response:
         call.started_at = self.clock.now()
-        response = await self.inner(call, request)
+        try:
+            response = await self.inner(call, request)
+        except asyncio.CancelledError:  # the edge cancelled the call (a gRPC client left): counted, as a 499 is
+            call.outcome = "cancelled"
+            self._count(call)
+            raise
         if response.streamed:
             response.on_close(lambda: self._count(call))
         else:

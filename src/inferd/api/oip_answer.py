@@ -40,9 +40,10 @@ class OipSource(Protocol):
         ...
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Inference:
-    """An OIP request's answer, for its edge to encode."""
+    """An OIP request's answer, for its edge to encode (one per call: not frozen, which costs a
+    microsecond to build)."""
 
     runtime: ModelRuntime
     """The model version that answered (the primary's, or its fallback's)."""

@@ -15,6 +15,7 @@ Keys are never logged nor echoed: error messages say what was wrong, never what 
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 
 from prometheus_client import CollectorRegistry, Counter
@@ -112,7 +113,13 @@ class TenantRequests:
         self.counter = counter
 
     async def __call__(self, call: Call, request: object) -> Reply:
-        response = await self.inner(call, request)
+        try:
+            response = await self.inner(call, request)
+        except asyncio.CancelledError:  # the edge cancelled the call (a gRPC client left): counted, as a 499 is
+            if not call.tenant.anonymous:
+                call.outcome = "cancelled"
+                self._count(call)
+            raise
         if not call.tenant.anonymous:
             if response.streamed:
                 response.on_close(lambda: self._count(call))

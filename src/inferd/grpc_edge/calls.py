@@ -9,14 +9,14 @@ clock), which the handler makes the smaller of it and the request's own timeouts
 max_timeout_ms (api/http.py `request_deadline`); one already past is DEADLINE_EXCEEDED. A bad value is
 answered through the whole chain, so a call without its key still gets UNAUTHENTICATED first.
 
-The call's `departure` is the RPC itself (`RpcDeparture`): a cancelled RPC (the client cancelled, its
-deadline passed, its connection closed) withdraws its queued items as an HTTP disconnect does.
+A caller that leaves needs no watching (the call's `departure` is core/disconnect.py's STAYING): when
+the client cancels, its deadline passes or its connection closes, grpc.aio cancels the RPC's task, and
+that cancellation withdraws its queued items (kinds/batch/service.py) as an HTTP disconnect does; the
+Accounting layer counts the call "cancelled", as REST's 499.
 """
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import Callable
 from typing import Any
 
 from grpc import aio
@@ -24,7 +24,7 @@ from grpc import aio
 from inferd.api.http_call import MODEL_WORK, hints_from, key_from
 from inferd.clock import Clock
 from inferd.core.call import Call
-from inferd.core.disconnect import Unwatch
+from inferd.core.disconnect import STAYING
 from inferd.errors import DeadlineExceeded, ServingError
 from inferd.observability.logging_setup import accept_request_id
 
@@ -74,42 +74,6 @@ def _error_body(exc: ServingError, status: int) -> bytes:
     return exc.message.encode()
 
 
-class RpcDeparture:
-    """The edge's hook on an RPC's caller (core/disconnect.py `Departure`): the RPC done, cancelled."""
-
-    __slots__ = ("_context", "_watchers")
-
-    def __init__(self, context: aio.ServicerContext[Any, Any]) -> None:
-        self._context = context
-        self._watchers: list[Callable[[], None]] | None = None
-
-    def watch(self, on_gone: Callable[[], None]) -> Unwatch:
-        if self._context.cancelled():
-            asyncio.get_running_loop().call_soon(on_gone)
-            return _nothing
-        if self._watchers is None:  # one done-callback per RPC, however many waits watch it
-            self._watchers = []
-            self._context.add_done_callback(self._done)
-        watchers = self._watchers
-        watchers.append(on_gone)
-
-        def unwatch() -> None:
-            if on_gone in watchers:
-                watchers.remove(on_gone)
-
-        return unwatch
-
-    def _done(self, context: Any) -> None:
-        watchers, self._watchers = self._watchers or [], []
-        if context.cancelled():
-            for on_gone in watchers:
-                on_gone()
-
-
-def _nothing() -> None:
-    return None
-
-
 def grpc_call(
     context: aio.ServicerContext[Any, Any],
     metadata: RpcMetadata,
@@ -125,7 +89,7 @@ def grpc_call(
     traceparent = found.get("traceparent")
     call = Call(
         _error_body,
-        RpcDeparture(context),
+        STAYING,
         route,
         "POST",
         route,

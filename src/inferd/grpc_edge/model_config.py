@@ -47,10 +47,19 @@ def model_config(rt: Runtime, api: str) -> mc.ModelConfig:
     return config
 
 
+LLM_INPUTS = (
+    TensorSpec(name="text_input", datatype="BYTES", shape=(1,)),
+    TensorSpec(name="stream", datatype="BOOL", shape=(1,)),
+    TensorSpec(name="sampling_parameters", datatype="BYTES", shape=(1,)),
+    TensorSpec(name="exclude_input_in_output", datatype="BOOL", shape=(1,)),
+)
+"""Triton's vLLM backend's inputs (all but text_input optional)."""
+LLM_OUTPUTS = (TensorSpec(name="text_output", datatype="BYTES", shape=(-1,)),)
+
+
 def llm_config(rt: Runtime) -> mc.ModelConfig:
     """An LLM as Triton's vLLM backend presents one (decoupled: its answers stream)."""
     c = rt.config
-    string, boolean = mc.DataType.TYPE_STRING, mc.DataType.TYPE_BOOL
     return mc.ModelConfig(
         name=c.name,
         platform=c.platform,
@@ -58,12 +67,10 @@ def llm_config(rt: Runtime) -> mc.ModelConfig:
         max_batch_size=0,
         model_transaction_policy=mc.ModelTransactionPolicy(decoupled=True),
         input=[
-            mc.ModelInput(name="text_input", data_type=string, dims=[1]),
-            mc.ModelInput(name="stream", data_type=boolean, dims=[1], optional=True),
-            mc.ModelInput(name="sampling_parameters", data_type=string, dims=[1], optional=True),
-            mc.ModelInput(name="exclude_input_in_output", data_type=boolean, dims=[1], optional=True),
+            mc.ModelInput(name=t.name, data_type=data_type(t.datatype), dims=list(t.shape), optional=i > 0)
+            for i, t in enumerate(LLM_INPUTS)
         ],
-        output=[mc.ModelOutput(name="text_output", data_type=string, dims=[-1])],
+        output=[_tensor(mc.ModelOutput, t) for t in LLM_OUTPUTS],
     )
 
 

@@ -27,7 +27,7 @@ from inferd.errors import NotFound, ServingError
 from inferd.gateway.auth import check_model
 from inferd.grpc_edge.calls import SERVICE, RpcDeparture, RpcMetadata, grpc_call, read_hints
 from inferd.grpc_edge.codec import GrpcOip, encode_response
-from inferd.grpc_edge.model_config import model_config, model_statistics
+from inferd.grpc_edge.model_config import LLM_INPUTS, LLM_OUTPUTS, model_config, model_statistics
 from inferd.grpc_edge.protos import grpc_service_pb2 as pb
 from inferd.grpc_edge.protos import grpc_service_pb2_grpc as pb_grpc
 from inferd.grpc_edge.reply import GrpcReply
@@ -41,8 +41,8 @@ EXTENSIONS = ["model_configuration", "statistics"]
 
 
 class InferRpc:
-    """ModelInfer's request along the chain: the message and the call's metadata (an A/B split may read
-    it), as api/oip_answer.py's `OipSource`."""
+    """ModelInfer's request along the chain: the message as api/oip_answer.py's `OipSource`, and the
+    call's metadata (an A/B split sticky by a header reads it)."""
 
     __slots__ = ("metadata", "source")
 
@@ -130,13 +130,15 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         oip = self.server.kinds.get(rt.kind).api == "oip"
         meta = model_metadata(rt.config, self.registry.versions(rt.name), oip)
         tensor = pb.ModelMetadataResponse.TensorMetadata
+        if self.server.kinds.get(rt.kind).api == "text":  # an LLM takes Triton's vLLM backend tensors here
+            inputs = [tensor(name=t.name, datatype=t.datatype, shape=t.shape) for t in LLM_INPUTS]
+            outputs = [tensor(name=t.name, datatype=t.datatype, shape=t.shape) for t in LLM_OUTPUTS]
+        else:
+            inputs = [tensor(**t) for t in meta.get("inputs", ())]
+            outputs = [tensor(**t) for t in meta.get("outputs", ())]
         return GrpcReply(
             pb.ModelMetadataResponse(
-                name=meta["name"],
-                versions=meta["versions"],
-                platform=meta["platform"],
-                inputs=[tensor(**t) for t in meta.get("inputs", ())],
-                outputs=[tensor(**t) for t in meta.get("outputs", ())],
+                name=meta["name"], versions=meta["versions"], platform=meta["platform"], inputs=inputs, outputs=outputs
             )
         )
 

@@ -104,6 +104,13 @@ SERVING_PANELS = (
         "Quota refusals are a tenant's own limit and do not count against availability.",
     ),
     Panel(
+        "Requests by protocol",
+        "timeseries",
+        ((_sum_rate(REQUESTS, "model, protocol"), "{{model}} {{protocol}}"),),
+        "reqps",
+        "The edge each request came by: http (REST) or grpc.",
+    ),
+    Panel(
         "Request latency of successful requests",
         "timeseries",
         (
