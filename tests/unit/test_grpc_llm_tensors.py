@@ -38,6 +38,13 @@ def texts_of(response: pb.ModelInferResponse) -> list[str]:
     return [b.decode() for b in decode_bytes_elements(memoryview(raw), out.shape[0], out.name)]
 
 
+def test_the_tensors_read_are_those_the_model_config_declares() -> None:
+    from inferd.grpc_edge.model_config import LLM_OUTPUTS
+
+    assert llm.INPUTS == {"text_input": "BYTES", "stream": "BOOL", "sampling_parameters": "BYTES", "exclude_input_in_output": "BOOL"}
+    assert [(t.name, t.datatype) for t in LLM_OUTPUTS] == [(llm.TEXT_OUTPUT, "BYTES")]
+
+
 def test_prompt_alone_is_a_whole_answer_that_echoes_the_prompt() -> None:
     text = llm.read_text_request(raw_request(text_input="hello there"))
     assert text.generation == GenerationRequest("hello there")
@@ -156,7 +163,7 @@ def test_text_response_carries_text_output() -> None:
 
 def test_streamed_pieces_end_with_one_final_response() -> None:
     text = llm.read_text_request(raw_request(text_input="say", stream=True, exclude_input_in_output=False))
-    responses = llm.PieceResponses("r9", "sim-llm", "1", text)
+    responses = llm.PieceResponses("r9", "sim-llm", "1", text, empty_final=True)
     first = responses.piece(0, " one", None)
     assert first is not None and texts_of(first[0]) == ["say one"] and not first[1]  # the prompt first
     assert first[0].id == "r9"
@@ -166,10 +173,18 @@ def test_streamed_pieces_end_with_one_final_response() -> None:
     assert responses.ended and responses.last() is None
 
 
+def test_each_choice_streamed_starts_with_the_prompt_when_echoed() -> None:
+    sampling = json.dumps({"n": 2})
+    req = raw_request(text_input="p:", stream=True, exclude_input_in_output=False, sampling_parameters=sampling)
+    responses = llm.PieceResponses("r", "m", "1", llm.read_text_request(req), empty_final=True)
+    pieces = [responses.piece(1, "b", None), responses.piece(0, "a", None), responses.piece(1, "c", "stop")]
+    assert [texts_of(p[0]) for p in pieces if p is not None] == [["", "p:b"], ["p:a", ""], ["", "c"]]
+
+
 def test_several_choices_end_when_the_last_one_does() -> None:
     sampling = json.dumps({"n": 2})
     text = llm.read_text_request(raw_request(text_input="p", stream=True, sampling_parameters=sampling))
-    responses = llm.PieceResponses("r", "m", "1", text)
+    responses = llm.PieceResponses("r", "m", "1", text, empty_final=True)
     one = responses.piece(1, "b", "stop")
     assert one is not None and texts_of(one[0]) == ["", "b"] and not one[1]
     final = responses.piece(0, "", "length")  # the end, with no text: a final response without outputs
@@ -179,7 +194,30 @@ def test_several_choices_end_when_the_last_one_does() -> None:
 
 def test_a_stream_that_ends_without_a_finish_still_gets_its_final_response() -> None:
     text = llm.read_text_request(raw_request(text_input="p", stream=True))
-    responses = llm.PieceResponses("r", "m", "1", text)
+    responses = llm.PieceResponses("r", "m", "1", text, empty_final=True)
     final = responses.last()
     assert final is not None and final[0].id == "r" and not final[0].outputs and final[1]
     assert responses.last() is None
+
+
+def test_a_final_response_without_text_has_empty_texts_unless_the_client_takes_empty_ones() -> None:
+    sampling = json.dumps({"n": 2})
+    text = llm.read_text_request(raw_request(text_input="p", stream=True, sampling_parameters=sampling))
+    responses = llm.PieceResponses("r", "m", "1", text, empty_final=False)
+    assert responses.piece(0, "", "stop") is None
+    final = responses.piece(1, "", "length")
+    assert final is not None and texts_of(final[0]) == ["", ""] and final[1]
+    request = raw_request(text_input="p")
+    assert not llm.empty_final(request)
+    request.parameters["triton_enable_empty_final_response"].bool_param = True
+    assert llm.empty_final(request)
+
+
+def test_a_model_served_upstream_is_refused_naming_the_rest_routes() -> None:
+    from types import SimpleNamespace
+
+    from inferd.grpc_edge.text import llm_runtime
+
+    upstream = SimpleNamespace(name="gpt", kind="upstream")
+    with pytest.raises(BadRequest, match=r"model 'gpt' \(kind upstream\) is served by an external engine: call it over REST"):
+        llm_runtime(upstream)  # type: ignore[arg-type]

@@ -1,18 +1,24 @@
 """One ModelStreamInfer stream's bookkeeping (grpc_edge/stream.py StreamRequests), with fake answers and
 a fake writer: answers by id in any order, exactly one last response per request, the in-flight bound,
 errors that leave the stream going, writes that never overlap, a half-close that still gets every
-answer, and a cancelled stream that cancels every request's work."""
+answer, a cancelled stream that cancels every request's work, the drain; and `reply_responses`, a
+chain's reply as the stream's responses."""
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from contextlib import aclosing
 
 import grpc
 import pytest
 
+from inferd.core.call import Call
+from inferd.core.disconnect import STAYING
+from inferd.errors import DeadlineExceeded
 from inferd.grpc_edge.protos import grpc_service_pb2 as pb
-from inferd.grpc_edge.stream import FINAL, Response, StreamRequests, error_response
+from inferd.grpc_edge.reply import GrpcReply
+from inferd.grpc_edge.stream import FINAL, Response, StreamRequests, error_response, reply_responses
 
 
 def answered(request: pb.ModelInferRequest, text: str = "") -> pb.ModelStreamInferResponse:
@@ -51,12 +57,15 @@ class Fakes:
         self.closed: list[str] = []
         self.writing = 0
         self.most_writing = 0
+        self.answering = asyncio.Event()
+        """Set once an answer has begun (its request read and admitted)."""
 
     def hold(self, rid: str) -> None:
         self.release[rid] = asyncio.Event()
 
     async def answer(self, request: pb.ModelInferRequest) -> AsyncIterator[Response]:
         rid = request.id
+        self.answering.set()
         try:
             if rid.startswith("boom"):
                 raise RuntimeError("a defect")
@@ -216,3 +225,93 @@ def test_error_response_names_the_status_the_request_and_its_metadata() -> None:
     assert answer.parameters["retry-after"].string_param == "1"
     anonymous = error_response(pb.ModelInferRequest(), grpc.StatusCode.INTERNAL, "oops")
     assert anonymous.error_message == "[StatusCode.INTERNAL] oops"
+
+
+async def test_a_drained_stream_reads_no_more_and_ends_once_what_it_read_is_answered() -> None:
+    fakes, requests = Fakes(), Requests()
+    fakes.hold("a")
+    stream = StreamRequests(4, fakes.answer, fakes.write)
+    run = asyncio.create_task(stream.run(requests))
+    requests.send("a")
+    await fakes.answering.wait()  # "a" read and admitted; the reader waits for the next request
+    stream.drain()
+    requests.send("late")  # sent after the drain began: never read
+    await asyncio.sleep(0)
+    assert not run.done()  # "a" is still owed its answer
+    fakes.release["a"].set()
+    await run
+    assert fakes.ids() == ["a"] and stream.in_flight == 0 and requests.queue.qsize() == 1
+
+
+async def test_a_drain_while_a_request_is_being_admitted_keeps_that_request() -> None:
+    fakes, requests = Fakes(), Requests()
+    refusals: list[pb.ModelStreamInferResponse] = []
+
+    async def write(response: pb.ModelStreamInferResponse) -> None:
+        if response.error_message:  # the refusal's write: the drain comes while the reader is busy
+            stream.drain()
+            refusals.append(response)
+        await fakes.write(response)
+
+    fakes.hold("a")
+    stream = StreamRequests(1, fakes.answer, write)
+    run = asyncio.create_task(stream.run(requests))
+    requests.send("a")
+    requests.send("b")  # past the bound: refused, and the drain begins during that write
+    requests.send("c")
+    await fakes.until_written(1)
+    fakes.release["a"].set()
+    await run
+    assert [r.infer_response.id for r in refusals] == ["b"] and fakes.ids() == ["b", "a"]
+    assert requests.queue.qsize() == 1  # "c" never read
+
+
+def make_call() -> Call:
+    return Call(lambda exc, status: b"", STAYING)
+
+
+async def collect(call: Call, request: pb.ModelInferRequest, reply: GrpcReply) -> list[tuple[pb.ModelStreamInferResponse, bool]]:
+    return [r async for r in reply_responses(call, request, reply)]
+
+
+async def test_a_reply_becomes_the_stream_s_responses() -> None:
+    request = pb.ModelInferRequest(id="r", model_name="m")
+    refused = GrpcReply(None, [(b"retry-after", b"1")], 429, grpc.StatusCode.RESOURCE_EXHAUSTED, "over quota")
+    ((error, last),) = await collect(make_call(), request, refused)
+    assert last and error.error_message == "[StatusCode.RESOURCE_EXHAUSTED] over quota (request 'r')"
+    assert error.infer_response.parameters["retry-after"].string_param == "1"
+    unary = GrpcReply(pb.ModelInferResponse(id="r", model_name="m"))
+    ((answer, last),) = await collect(make_call(), request, unary)
+    assert last and answer.infer_response.id == "r" and not answer.error_message
+
+
+async def test_a_streamed_reply_s_error_after_its_pieces_is_its_last_response() -> None:
+    closed: list[str] = []
+
+    async def pieces() -> AsyncIterator[tuple[pb.ModelInferResponse, bool]]:
+        yield pb.ModelInferResponse(id="r"), False
+        raise DeadlineExceeded("the request ran past its deadline")
+
+    call, request = make_call(), pb.ModelInferRequest(id="r")
+    reply = GrpcReply(pieces(), streamed=True)
+    reply.on_close(lambda: closed.append(call.outcome))
+    out = await collect(call, request, reply)
+    assert [last for _, last in out] == [False, True] and not out[0][0].error_message
+    assert out[1][0].error_message.startswith("[StatusCode.DEADLINE_EXCEEDED] the request ran past its deadline")
+    assert closed == ["deadline"]  # accounted with the error's outcome, once the reply closed
+
+
+async def test_a_streamed_reply_cut_by_the_stream_s_end_is_counted_cancelled() -> None:
+    closed: list[str] = []
+
+    async def pieces() -> AsyncIterator[tuple[pb.ModelInferResponse, bool]]:
+        for _ in range(3):
+            yield pb.ModelInferResponse(id="r"), False
+
+    call = make_call()
+    reply = GrpcReply(pieces(), streamed=True)
+    reply.on_close(lambda: closed.append(call.outcome))
+    async with aclosing(reply_responses(call, pb.ModelInferRequest(id="r"), reply)) as responses:
+        async for _ in responses:
+            break  # the stream went away after the first piece
+    assert closed == ["cancelled"]

@@ -97,6 +97,9 @@ class Call:
     started_at: float = 0.0
     quota: TokenAdmission | None = None
     """The Quotas layer's admission of a limited tenant's call, for a token route's handler to take."""
+    reserves_tokens: bool = False
+    """The handler takes the call's admission itself once it knows the tokens it will generate
+    (`quota.reserve`), as on the token routes: an LLM's request on another route (gRPC's ModelInfer)."""
     notes: dict[str, Any] = field(default_factory=dict)
     """Per-call values layers hand each other (the refusal reason for accounting, the cache result)."""
 

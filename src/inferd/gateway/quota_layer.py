@@ -2,9 +2,10 @@
 to its calls, after `Auth` has named the tenant.
 
 A call of a limited tenant takes one admission: on most routes when it enters the layer (a request and a
-concurrency slot); on the token routes (/v1/completions, /v1/chat/completions) when the handler knows
-what it will generate, so the tokens limit reserves prompt + n x max_tokens (`reserve_tokens`). The
-unused part is refunded and the concurrency slot freed when the answer ends (a stream: when it closes).
+concurrency slot); on the token routes (/v1/completions, /v1/chat/completions) and an LLM's gRPC
+requests (`Call.reserves_tokens`) when the handler knows what it will generate, so the tokens limit
+reserves prompt + n x max_tokens (`reserve_tokens`). The unused part is refunded and the concurrency
+slot freed when the answer ends (a stream: when it closes).
 A refusal is a 429 with an honest Retry-After; every response of a limited tenant carries OpenAI's
 `x-ratelimit-*` headers.
 """
@@ -105,7 +106,7 @@ class Quotas:
         ticket = QuotaTicket(self.engine(), tenant)
         call.quota = ticket
         try:
-            if call.route not in TOKEN_ROUTES:
+            if call.route not in TOKEN_ROUTES and not call.reserves_tokens:
                 await ticket.admit(None)
             response = await self.inner(call, request)
         except ServingError as exc:

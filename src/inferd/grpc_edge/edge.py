@@ -78,6 +78,7 @@ class GrpcEdge:
         self.config = api.server.config
         self.reuseport = reuseport
         self.server: aio.Server | None = None
+        self.service: InferenceService | None = None
         self.port: int | None = None
 
     async def start(self) -> int:
@@ -85,7 +86,8 @@ class GrpcEdge:
         cfg = self.config
         assert cfg.grpc_port is not None  # the runner builds no edge with gRPC off
         server = aio.server(options=server_options(cfg, self.reuseport))
-        pb_grpc.add_GRPCInferenceServiceServicer_to_server(InferenceService(self.api, grpc_layers(self.api)), server)
+        self.service = InferenceService(self.api, grpc_layers(self.api))
+        pb_grpc.add_GRPCInferenceServiceServicer_to_server(self.service, server)
         health_pb2_grpc.add_HealthServicer_to_server(Health(self.api.server), server)
         reflection.enable_server_reflection(SERVICE_NAMES, server)
         host = f"[{cfg.host}]" if ":" in cfg.host else cfg.host
@@ -98,8 +100,11 @@ class GrpcEdge:
         return port
 
     async def stop(self, grace_s: float) -> None:
-        """Stop accepting; calls in flight have `grace_s` to finish, then are cancelled."""
+        """Stop accepting, and open streams stop reading requests; calls in flight (a stream's requests
+        already read) have `grace_s` to finish, then are cancelled."""
         server, self.server = self.server, None
         if server is not None:
+            if self.service is not None:  # open streams read no more requests: they end once answered
+                self.service.drain_streams()
             await server.stop(grace_s)
             log.info("gRPC API stopped")

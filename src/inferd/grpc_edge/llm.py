@@ -21,8 +21,9 @@ values are then checked as on REST (`GenerationRequest.checked`: the same messag
 
 Answers: `text_output` BYTES of shape [n] (one element per choice) in `raw_output_contents`. Streamed,
 each piece is one response whose other choices' elements are empty; the one that ends the last choice
-is the request's last (grpc_edge/stream.py marks it `triton_final_response`), and carries no outputs
-when it carries no text.
+is the request's last (grpc_edge/stream.py marks it `triton_final_response`); when it has no text it
+carries no outputs if the request's `triton_enable_empty_final_response` parameter is true (Triton's
+empty final response), else empty texts.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ import msgspec
 from inferd.api import binary
 from inferd.api.http import decode_json
 from inferd.errors import BadRequest
+from inferd.grpc_edge.model_config import LLM_INPUTS
 from inferd.grpc_edge.protos import grpc_service_pb2 as pb
 from inferd.kinds.llm.service import GenerationRequest
 
@@ -46,9 +48,11 @@ STREAM = "stream"
 SAMPLING = "sampling_parameters"
 EXCLUDE_INPUT = "exclude_input_in_output"
 TEXT_OUTPUT = "text_output"
+EMPTY_FINAL = "triton_enable_empty_final_response"
 
-INPUTS = {TEXT_INPUT: "BYTES", STREAM: "BOOL", SAMPLING: "BYTES", EXCLUDE_INPUT: "BOOL"}
-"""Every input an LLM model takes over gRPC, with its datatype (grpc_edge's ModelConfig declares them)."""
+INPUTS = {t.name: t.datatype for t in LLM_INPUTS}
+"""Every input an LLM model takes over gRPC, with its datatype, as its ModelConfig and ModelMetadata
+declare them (grpc_edge/model_config.py)."""
 
 _FLOATS = ("temperature", "top_p")
 _INTS = ("max_tokens", "seed", "n")
@@ -258,17 +262,23 @@ Piece = tuple[pb.ModelInferResponse, bool]
 class PieceResponses:
     """A streamed request's responses, one per text piece: `piece` for each (choice, text, finish) as
     `Choices.stream` yields them, and `last` once they end. The response that ends the last choice is
-    the final one; the prompt goes before the first piece when the request echoes it."""
+    the final one; the prompt goes before each choice's first piece when the request echoes it (as
+    `whole_texts` puts it before each choice's whole text). A final response
+    with no text carries no outputs when the client asked for empty final responses (tritonclient's
+    `enable_empty_final_response`), else empty texts (so every response it reads has text_output)."""
 
-    __slots__ = ("_echo", "_left", "_model", "_n", "_request_id", "_version", "ended")
+    __slots__ = ("_echo", "_empty", "_left", "_model", "_n", "_request_id", "_unechoed", "_version", "ended")
 
-    def __init__(self, request_id: str, model: str, version: str, text: TextRequest) -> None:
+    def __init__(self, request_id: str, model: str, version: str, text: TextRequest, empty_final: bool) -> None:
         self._request_id = request_id
         self._model = model
         self._version = version
         self._n = text.choices
         self._left = text.choices
-        self._echo: str | None = text.prompt if text.echo else None
+        self._echo = text.prompt
+        self._unechoed = set(range(text.choices)) if text.echo else set()
+        """The choices whose first piece has not gone yet (the prompt goes before it)."""
+        self._empty = None if empty_final else [""] * text.choices
         self.ended = False
         """Whether the final response has been made."""
 
@@ -277,13 +287,13 @@ class PieceResponses:
         if finish is not None:
             self._left -= 1
         final = self._left == 0
-        if self._echo is not None:
+        if choice in self._unechoed:
             text = self._echo + text
-            self._echo = None
+            self._unechoed.discard(choice)
         if not text and not final:
             return None
         self.ended = final
-        texts = None
+        texts = self._empty
         if text:
             texts = [""] * self._n
             texts[choice] = text
@@ -294,7 +304,14 @@ class PieceResponses:
         if self.ended:
             return None
         self.ended = True
-        return text_response(self._request_id, self._model, self._version, None), True
+        return text_response(self._request_id, self._model, self._version, self._empty), True
+
+
+def empty_final(request: pb.ModelInferRequest) -> bool:
+    """Whether the client takes a final response without outputs (tritonclient sets this parameter
+    when `enable_empty_final_response` is true)."""
+    params = request.parameters
+    return bool(params) and EMPTY_FINAL in params and params[EMPTY_FINAL].bool_param
 
 
 def whole_texts(text: TextRequest, texts: Sequence[str]) -> list[str]:

@@ -25,7 +25,7 @@ from inferd.api.oip_metadata import model_metadata
 from inferd.core.call import Call, Handler, Layer, chain
 from inferd.errors import NotFound, ServingError
 from inferd.gateway.auth import check_model
-from inferd.grpc_edge.calls import SERVICE, RpcDeparture, RpcMetadata, grpc_call, read_hints
+from inferd.grpc_edge.calls import SERVICE, RpcMetadata, grpc_call, read_hints
 from inferd.grpc_edge.codec import GrpcOip, encode_response
 from inferd.grpc_edge.model_config import LLM_INPUTS, LLM_OUTPUTS, model_config, model_statistics
 from inferd.grpc_edge.protos import grpc_service_pb2 as pb
@@ -33,6 +33,7 @@ from inferd.grpc_edge.protos import grpc_service_pb2_grpc as pb_grpc
 from inferd.grpc_edge.reply import GrpcReply
 from inferd.grpc_edge.stream import Response, StreamRequests, reply_responses
 from inferd.grpc_edge.text import text_reply
+from inferd.observability.logging_setup import accept_request_id
 
 Context = aio.ServicerContext[Any, Any]
 
@@ -73,6 +74,8 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         self._statistics = chain(layers, self._model_statistics)
         self._infer = chain(layers, self._model_infer)
         self._stream_infer = chain(layers, partial(self._model_infer, streams=True))
+        self._streams: set[StreamRequests] = set()
+        """The open ModelStreamInfer streams, for `drain_streams`."""
 
     async def _rpc(
         self, context: Context, method: str, run: Handler, request: Any, model: str = "", version: str = ""
@@ -179,17 +182,28 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
 
     async def ModelStreamInfer(self, request_iterator: AsyncIterator[pb.ModelInferRequest], context: Context) -> None:
         """Many requests on one stream, each through the chain as a ModelInfer call (grpc_edge/stream.py);
-        one departure for all of them: the stream's cancellation."""
+        the stream's cancellation cancels every one's task."""
         metadata = RpcMetadata(context.invocation_metadata())
-        answer = partial(self._stream_request, context, metadata, RpcDeparture(context))
-        limit = self.server.config.grpc_stream_max_in_flight
-        await StreamRequests(limit, answer, context.write).run(request_iterator)
+        answer = partial(self._stream_request, context, metadata)
+        stream = StreamRequests(self.server.config.grpc_stream_max_in_flight, answer, context.write)
+        self._streams.add(stream)
+        try:
+            await stream.run(request_iterator)
+        finally:
+            self._streams.discard(stream)
+
+    def drain_streams(self) -> None:
+        """The server stops: every open stream reads no more requests and ends once those it read are
+        answered (the edge then gives them its grace)."""
+        for stream in self._streams:
+            stream.drain()
 
     async def _stream_request(
-        self, context: Context, metadata: RpcMetadata, departure: RpcDeparture, request: pb.ModelInferRequest
+        self, context: Context, metadata: RpcMetadata, request: pb.ModelInferRequest
     ) -> AsyncIterator[Response]:
         call, run = self._infer_call(context, metadata, "ModelStreamInfer", request, self._stream_infer)
-        call.departure = departure
+        if request.id:  # each request of a stream is known by its own id in logs and traces
+            call.request_id = accept_request_id(request.id)
         reply = await run(call, InferRpc(request, metadata))
         async with aclosing(reply_responses(call, request, reply)) as responses:
             async for response in responses:
@@ -202,6 +216,7 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         the call's metadata or deadline is refused)."""
         keys = self.enforced()
         call = grpc_call(context, metadata, SERVICE + method, request.model_name, request.model_version, keys)
+        call.reserves_tokens = self._generates_text(request.model_name)  # a token quota's admission
         try:
             read_hints(call, metadata, context, self.clock, keys)
         except ServingError as exc:

@@ -1,6 +1,7 @@
 """ModelStreamInfer: many requests on one bidirectional stream, each answered by its id, in any order.
 
-    read      the client's requests, one after the other, as they come
+    read      the client's requests, one after the other, as they come (until it half-closes, or the
+              server stops: `drain`, and the stream ends once what was read is answered)
     admit     at most `limit` (cfg.grpc_stream_max_in_flight) of the stream's requests in flight; past it
               a request is answered at once with an error response (RESOURCE_EXHAUSTED, naming the bound)
     answer    each admitted request in a task of the stream's TaskGroup, through the same chain as a
@@ -36,7 +37,7 @@ import grpc
 from inferd.api.middleware import internal
 from inferd.core.call import Call
 from inferd.errors import ServingError
-from inferd.grpc_edge.errors import code_of, error_reply
+from inferd.grpc_edge.errors import error_reply
 from inferd.grpc_edge.protos import grpc_service_pb2 as pb
 from inferd.grpc_edge.reply import GrpcReply
 
@@ -92,26 +93,33 @@ async def reply_responses(
 ) -> AsyncIterator[Response]:
     """A request's reply as the stream's responses: an error reply's error response; a unary reply's
     one response; a streamed reply's pieces (an LLM's), then, if one fails after the first, its error
-    as the request's last response (the call accounted with that error's outcome). The streamed reply
-    is closed at the end, however it ends (its `on_close` callbacks: accounting, the LLM sequences
-    aborted)."""
+    as the request's last response (the call accounted with that error's outcome; "cancelled" when the
+    stream ends first). The streamed reply is closed at the end, however it ends (its `on_close`
+    callbacks: accounting, the LLM sequences aborted)."""
     if reply.code is not None:
         yield error_response(request, reply.code, reply.details, reply.trailers()), True
         return
     if not reply.streamed:
         yield pb.ModelStreamInferResponse(infer_response=reply.message), True
         return
+    ended = False
     try:
         async with aclosing(reply.message) as pieces:
             try:
                 async for response, last in pieces:
+                    ended = last
                     yield pb.ModelStreamInferResponse(infer_response=response), last
             except ServingError as exc:  # after the first piece: its error ends the request
+                ended = True
                 failed = error_reply(call, exc)
-                yield error_response(request, code_of(exc), failed.details, failed.trailers()), True
+                code = failed.code or grpc.StatusCode.INTERNAL  # an error reply always has its code
+                yield error_response(request, code, failed.details, failed.trailers()), True
             except Exception as exc:
+                ended = True
                 yield _internal(request, internal(call, exc).message), True
     finally:
+        if not ended:  # the stream was cancelled before the request's last response
+            call.outcome = "cancelled"
         reply.close()
 
 
@@ -119,7 +127,7 @@ class StreamRequests:
     """One stream's requests: each admitted one answered in its own task, at most `limit` at a time;
     the responses written one at a time."""
 
-    __slots__ = ("_answer", "_in_flight", "_limit", "_write", "_writing")
+    __slots__ = ("_answer", "_draining", "_in_flight", "_limit", "_reader", "_write", "_writing")
 
     def __init__(self, limit: int, answer: Answer, write: Write) -> None:
         self._limit = limit
@@ -127,6 +135,9 @@ class StreamRequests:
         self._write = write
         self._writing = asyncio.Lock()
         self._in_flight = 0
+        self._draining = False
+        self._reader: asyncio.Task[None] | None = None
+        """The task reading the client's requests while it waits for one (None: it is not waiting)."""
 
     @property
     def in_flight(self) -> int:
@@ -134,16 +145,33 @@ class StreamRequests:
         return self._in_flight
 
     async def run(self, requests: AsyncIterable[pb.ModelInferRequest]) -> None:
-        """Every request answered: returns once the client has sent its last request and every answer is
-        written. Cancelled, it cancels every request's task (their work withdrawn or aborted) and
-        raises CancelledError."""
+        """Every request answered: returns once the client has sent its last request (or `drain` was
+        called) and every answer is written. Cancelled, it cancels every request's task (their work
+        withdrawn or aborted) and raises CancelledError."""
         async with asyncio.TaskGroup() as tasks:
-            async for request in requests:
-                if self._in_flight >= self._limit:
-                    await self._send(refusal(request, self._limit))
-                    continue
-                self._in_flight += 1
-                tasks.create_task(self._one(request))
+            tasks.create_task(self._read(aiter(requests), tasks))
+
+    def drain(self) -> None:
+        """Read no more requests (the server is stopping): the stream ends once the requests already
+        read are answered."""
+        self._draining = True
+        if self._reader is not None:  # waiting for a request: none is lost by stopping the wait
+            self._reader.cancel()
+
+    async def _read(self, requests: AsyncIterator[pb.ModelInferRequest], tasks: asyncio.TaskGroup) -> None:
+        while not self._draining:
+            self._reader = asyncio.current_task()
+            try:
+                request = await anext(requests)
+            except StopAsyncIteration:
+                return
+            finally:
+                self._reader = None
+            if self._in_flight >= self._limit:
+                await self._send(refusal(request, self._limit))
+                continue
+            self._in_flight += 1
+            tasks.create_task(self._one(request))
 
     async def _one(self, request: pb.ModelInferRequest) -> None:
         counted = True

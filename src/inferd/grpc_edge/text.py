@@ -66,7 +66,7 @@ async def _answer(
         response, worker = await whole(api.cache, call, rt, text, message.id)
         return GrpcReply(response, [(b"x-inferd-worker", worker.encode())])
     choices = await generation.generate(rt, text.generation, call)
-    reply = GrpcReply(pieces(choices, rt, text, message.id), streamed=True)
+    reply = GrpcReply(pieces(choices, rt, text, message.id, llm.empty_final(message)), streamed=True)
     reply.on_close(partial(choices.abort, True))  # a no-op for every sequence that has ended
     return reply
 
@@ -75,7 +75,7 @@ def llm_runtime(rt: Runtime) -> LLMRuntime:
     """The LLM runtime serving a text model's request over gRPC (an upstream model is refused)."""
     if not isinstance(rt, LLMRuntime):
         raise BadRequest(
-            f"model {rt.name!r} is a {rt.kind} model, served by an external engine: call it over REST "
+            f"model {rt.name!r} (kind {rt.kind}) is served by an external engine: call it over REST "
             "(/v1/completions or /v1/chat/completions)"
         )
     return rt
@@ -100,12 +100,12 @@ async def whole(
 
 
 async def pieces(
-    choices: Choices, rt: LLMRuntime, text: llm.TextRequest, request_id: str
+    choices: Choices, rt: LLMRuntime, text: llm.TextRequest, request_id: str, empty_final: bool
 ) -> AsyncIterator[llm.Piece]:
     """One response per text piece, the last one flagged; a choice's error (a deadline, a lost worker)
     is raised after the pieces already made. Closing it early aborts every sequence still running; one
     never started has no code of its own to run: its owner aborts the choices (`choices.abort(True)`)."""
-    responses = llm.PieceResponses(request_id, rt.name, str(rt.version), text)
+    responses = llm.PieceResponses(request_id, rt.name, str(rt.version), text, empty_final)
     async with aclosing(choices.stream()) as texts:
         async for i, piece, finish in texts:
             response = responses.piece(i, piece, finish)

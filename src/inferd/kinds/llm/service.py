@@ -1,7 +1,8 @@
 """LlmService: the one way a request's text generation reaches an LLM model and comes back, whatever the
-edge (the OpenAI routes in api/completions.py; gRPC next). The edge parses its wire once into a
-`GenerationRequest` and the call's deadline, priority and tenant share (`rt.service.generate` or
-`collect`); it only encodes what comes back.
+edge (the OpenAI routes in api/completions.py, the gRPC edge's vLLM tensors in grpc_edge/text.py, both
+through api/generation.py). The edge parses its wire once into a `GenerationRequest` and the call's
+deadline, priority and tenant share (`rt.service.generate` or `collect`); it only encodes what comes
+back.
 
     check     n and the sampling parameters (`GenerationRequest.checked`: a 400 naming the bad one)
     tokenize  in a thread for a long prompt; an empty one is a 400
