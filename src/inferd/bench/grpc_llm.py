@@ -13,7 +13,8 @@ misrouted answer (`wrong_id`).
 One stream per request over a few channels (one HTTP/2 connection each), as the SSE mode opens one
 connection per request: a late or abandoned stream can never be read as another request's, and
 cancelling it (the client's deadline) resets only its own stream, which the server must see as the
-caller gone.
+caller gone. With `streams` N (`--streams N`), every request goes on one of N long-lived streams instead
+and answers are matched by id (`SharedStreamsClient`), as tritonclient's `start_stream` sends them.
 """
 
 from __future__ import annotations
