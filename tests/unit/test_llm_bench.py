@@ -284,7 +284,7 @@ async def test_errors_and_wrong_streams_are_counted_apart_from_good_ones(stub: S
     report = await run_llm_load(llm_spec(stub.url, output_tokens=LengthDist(3, 6)))
     m = report.measured
     assert m.errors == {"http_429": 1, "stream_error": 1, "incomplete": 1}
-    assert m.mismatch_kinds == {"wrong_text": 1, "wrong_length": 0}
+    assert m.mismatch_kinds == {"wrong_text": 1, "wrong_length": 0, "wrong_id": 0}
     assert (m.ok, m.good) == (16, 16) and report.mismatched_total == 1
 
 

@@ -11,6 +11,11 @@ from typing import Annotated, Protocol, TypeVar
 import typer
 
 
+class ProtocolChoice(StrEnum):
+    http = "http"
+    grpc = "grpc"
+
+
 class ArrivalChoice(StrEnum):
     poisson = "poisson"
     constant = "constant"

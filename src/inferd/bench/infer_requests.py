@@ -3,11 +3,13 @@ answer is its own.
 
 The response id must be the id we sent and OUTPUT0 must be `sim_digest(model_name, model_version,
 payload)`; an answer that fails either check is `mismatched` (it belongs to another caller, or to nobody).
+The check is the same over REST and gRPC; only the reading of the answer's fields differs.
 """
 
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import msgspec
@@ -31,6 +33,18 @@ def request_body(rid: str, payload: str) -> bytes:
     return b"".join((_BODY_HEAD, rid.encode(), _BODY_MID, payload.encode(), _BODY_TAIL))
 
 
+class BadAnswer(ValueError):
+    """A success answer that is not a readable inference response."""
+
+
+Fields = tuple[str | None, str, str, str]
+"""What the check reads of an answer: (id, model_name, model_version, OUTPUT0's digest)."""
+
+Answer = tuple[str | None, Mapping[str, str], bytes]
+"""What a transport's send returns: (None on success else the error kind, the response metadata the
+recorder reads, the answer's bytes)."""
+
+
 class _Output(msgspec.Struct):
     data: list[Any] = []
 
@@ -42,25 +56,38 @@ class _InferResponse(msgspec.Struct):
     outputs: list[_Output] = []
 
 
-class AnswerChecker:
-    """Decides whether a 200 answer is ours: right id, right digest; remembers outstanding ids."""
+_decode_json = msgspec.json.Decoder(_InferResponse).decode
 
-    def __init__(self) -> None:
+
+def json_fields(raw: bytes) -> Fields:
+    """The checked fields of an OIP v2 JSON answer (`BadAnswer` when it is not one)."""
+    try:
+        resp = _decode_json(raw)
+        digest = resp.outputs[0].data[0]
+    except (msgspec.DecodeError, IndexError) as exc:
+        raise BadAnswer(str(exc)) from exc
+    return resp.id, resp.model_name, str(resp.model_version), digest
+
+
+class AnswerChecker:
+    """Decides whether a success answer is ours: right id, right digest; remembers outstanding ids.
+    `fields` reads the answer's wire format (`json_fields`, or the gRPC edge's protobuf)."""
+
+    def __init__(self, fields: Callable[[bytes], Fields] = json_fields) -> None:
         self.outstanding: set[str] = set()
-        self._decoder = msgspec.json.Decoder(_InferResponse)
+        self._fields = fields
         self._prefixes: dict[tuple[str, str], bytes] = {}
 
     def check(self, rid: str, payload: str, raw: bytes) -> str:
         """'ok', 'wrong_id', 'unknown_id' (id not outstanding), 'wrong_digest' or 'bad_response'."""
         try:
-            resp = self._decoder.decode(raw)
-            digest = resp.outputs[0].data[0]
-        except (msgspec.DecodeError, IndexError):
+            resp_id, model, version, digest = self._fields(raw)
+        except BadAnswer:
             return "bad_response"
-        if resp.id != rid:
-            return "wrong_id" if resp.id in self.outstanding else "unknown_id"
+        if resp_id != rid:
+            return "wrong_id" if resp_id in self.outstanding else "unknown_id"
         try:
-            expected = self._expected(resp.model_name, str(resp.model_version), payload)
+            expected = self._expected(model, version, payload)
         except ValueError:  # model_version is not an integer
             return "bad_response"
         return "ok" if digest == expected else "wrong_digest"

@@ -2,11 +2,15 @@
 
 Each planned request is sent at its intended time whatever the server is doing, as a streaming
 `POST /v1/completions` on its own connection, and every Server-Sent Event is timestamped as its bytes
-arrive (httptools parses the HTTP framing; nothing waits for the whole body). Times count from the
-intended send time (see `inferd.bench.llm_report` for the definitions and the goodput rule).
+arrive (httptools parses the HTTP framing; nothing waits for the whole body). With `protocol` grpc it is
+one `ModelStreamInfer` stream instead, its responses timed the same way (`inferd.bench.grpc_llm`). Times
+count from the intended send time (see `inferd.bench.llm_report` for the definitions and the goodput
+rule).
 
 For sim-llm every stream is checked: its text must be `sim_llm_tokens(prompt, seed, max_tokens)`
-joined by spaces, and the usage chunk must count exactly `max_tokens` tokens.
+joined by spaces, and the usage chunk must count exactly `max_tokens` tokens (gRPC has no usage chunk:
+its text alone is checked, and a stream whose text is right carried max_tokens tokens, however many
+responses the server merged them into). An unchecked gRPC stream counts its text-carrying responses.
 
 Everything is bounded: the number of requests (planned up front), the streams open at once
 (`connections`), each request's time (`timeout_s` from its intended time, then a hard stop for the
@@ -24,8 +28,16 @@ from urllib.parse import urlsplit
 import httptools
 import msgspec
 
+from inferd.bench.grpc_llm import GrpcStreamClient, SharedStreamsClient
 from inferd.bench.http_clients import HttpProtocolError
-from inferd.bench.llm_report import SLO, LLMLoadReport, LLMPhaseReport, LLMRecorder, StreamTiming
+from inferd.bench.llm_report import (
+    MISMATCH_KINDS,
+    SLO,
+    LLMLoadReport,
+    LLMPhaseReport,
+    LLMRecorder,
+    StreamTiming,
+)
 from inferd.bench.llm_workload import LLMLoadSpec, PlannedRequest, completion_body, plan_requests
 from inferd.bench.open_loop import run_blocking, sleep_until
 from inferd.kinds.llm.sim_llm import sim_llm_tokens
@@ -103,11 +115,15 @@ class SSEStream:
                 self.completion_tokens = event.usage.completion_tokens
             text = "".join(c.text for c in event.choices)
             if text:
-                if len(self.chunk_times) >= self.max_chunks:
-                    self.error = "overlong"
-                    return
-                self.chunk_times.append(now)
-                self.text.append(text)
+                self.add_text(text, now)
+
+    def add_text(self, text: str, now: float) -> None:
+        """A chunk carrying text, arrived at `now`."""
+        if len(self.chunk_times) >= self.max_chunks:
+            self.error = "overlong"
+            return
+        self.chunk_times.append(now)
+        self.text.append(text)
 
 
 class _StreamConnection(asyncio.Protocol):
@@ -166,6 +182,7 @@ class CompletionsClient:
     never be read as another request's."""
 
     def __init__(self, spec: LLMLoadSpec, now: Callable[[], float]) -> None:
+        self._spec = spec
         parts = urlsplit(spec.url.rstrip("/") + "/v1/completions")
         self._host = parts.hostname or ""
         self._port = parts.port or 80
@@ -178,8 +195,16 @@ class CompletionsClient:
             head += f"X-Priority: {spec.priority}\r\n"
         self._head = head.encode("latin-1")
 
-    async def stream(self, body: bytes, stream: SSEStream) -> int:
-        """Send the request and feed its body into `stream`; the HTTP status once the body is complete."""
+    async def start(self) -> None:
+        pass
+
+    async def close(self) -> None:
+        pass
+
+    async def stream(self, req: PlannedRequest, stream: SSEStream) -> str | None:
+        """Send the request and feed its body into `stream`; once the body is complete, None when the
+        status is 200, else the error kind `http_<status>`."""
+        body = completion_body(self._spec, req)
         request = b"%sContent-Length: %d\r\n\r\n%s" % (self._head, len(body), body)
         loop = asyncio.get_running_loop()
         _, conn = await loop.create_connection(
@@ -191,7 +216,17 @@ class CompletionsClient:
             conn.close()  # also on cancellation: the server sees the disconnect and aborts the sequence
             if not conn.finished.done():
                 conn.finished.cancel()  # nobody will read a late failure
-        return conn.status
+        return None if conn.status == 200 else f"http_{conn.status}"
+
+
+LLMClient = CompletionsClient | GrpcStreamClient | SharedStreamsClient
+
+
+def make_client(spec: LLMLoadSpec, now: Callable[[], float]) -> LLMClient:
+    """SSE, or over gRPC a stream per request or requests shared by `spec.streams` streams."""
+    if spec.protocol != "grpc":
+        return CompletionsClient(spec, now)
+    return SharedStreamsClient(spec, now) if spec.streams else GrpcStreamClient(spec, now)
 
 
 def check_sim_stream(req: PlannedRequest, text: str, tokens: int) -> str:
@@ -207,7 +242,7 @@ class _Run:
     """One run's moving parts, owned by `run_llm_load`."""
 
     spec: LLMLoadSpec
-    client: CompletionsClient
+    client: LLMClient
     now: Callable[[], float]
     t0: float
     warmup: LLMRecorder
@@ -229,10 +264,9 @@ class _Run:
     async def one(self, req: PlannedRequest, intended: float, rec: LLMRecorder) -> None:
         rec.send_lag(self.now() - intended)
         stream = SSEStream(max_chunks=req.max_tokens + _EXTRA_CHUNKS)
-        body = completion_body(self.spec, req)
         try:
             async with asyncio.timeout_at(intended + self.spec.timeout_s + self.loop_skew), self.slots:
-                status = await self.client.stream(body, stream)
+                failed = await self.client.stream(req, stream)
         except TimeoutError:
             rec.error("timeout")
         except OSError:
@@ -241,14 +275,17 @@ class _Run:
             rec.error("timeout")  # the run's hard stop
             raise
         else:
-            self.settle(req, intended, status, stream, rec)
+            self.settle(req, intended, failed, stream, rec)
 
     def settle(
-        self, req: PlannedRequest, intended: float, status: int, stream: SSEStream, rec: LLMRecorder
+        self, req: PlannedRequest, intended: float, failed: str | None, stream: SSEStream, rec: LLMRecorder
     ) -> None:
         """Classify a finished response and record it."""
-        if status != 200:
-            rec.error(f"http_{status}")
+        if failed is not None:
+            rec.error(failed)
+            return
+        if stream.error in MISMATCH_KINDS:
+            rec.mismatch(stream.error)
             return
         if stream.error is not None:
             rec.error(stream.error)
@@ -256,12 +293,16 @@ class _Run:
         if stream.done_at is None or not stream.chunk_times:
             rec.error("incomplete")
             return
-        tokens = stream.completion_tokens if stream.completion_tokens is not None else len(stream.chunk_times)
+        tokens = stream.completion_tokens
         if self.spec.check:
+            # No usage count (gRPC has none): the text alone is checked, and it is max_tokens tokens.
+            tokens = req.max_tokens if tokens is None else tokens
             verdict = check_sim_stream(req, "".join(stream.text), tokens)
             if verdict != "ok":
                 rec.mismatch(verdict)
                 return
+        if tokens is None:
+            tokens = len(stream.chunk_times)  # a lower bound where the server merged pieces
         times = [t - intended for t in stream.chunk_times]
         timing = StreamTiming.from_chunk_times(times, stream.done_at - intended, tokens)
         rec.ok(timing, req.prompt_tokens, stream.done_at)
@@ -274,23 +315,27 @@ async def run_llm_load(spec: LLMLoadSpec) -> LLMLoadReport:
     cpu0 = time.process_time()
     now = time.monotonic  # not loop.time(): uvloop's is whole milliseconds and cached per iteration
     loop = asyncio.get_running_loop()
-    t0 = now() + 0.01
-    run = _Run(
-        spec,
-        CompletionsClient(spec, now),
-        now,
-        t0,
-        warmup=LLMRecorder(slo, t0, spec.warmup_s or 1.0),
-        measured=LLMRecorder(slo, t0 + spec.warmup_s, spec.duration_s),
-        slots=asyncio.Semaphore(spec.connections),
-        loop_skew=loop.time() - now(),
-    )
-    hard_stop = t0 + spec.total_s + spec.timeout_s + spec.grace_s
+    client = make_client(spec, now)
     try:
+        await client.start()
+        t0 = now() + 0.01
+        run = _Run(
+            spec,
+            client,
+            now,
+            t0,
+            warmup=LLMRecorder(slo, t0, spec.warmup_s or 1.0),
+            measured=LLMRecorder(slo, t0 + spec.warmup_s, spec.duration_s),
+            slots=asyncio.Semaphore(spec.connections),
+            loop_skew=loop.time() - now(),
+        )
+        hard_stop = t0 + spec.total_s + spec.timeout_s + spec.grace_s
         async with asyncio.timeout_at(hard_stop + run.loop_skew), asyncio.TaskGroup() as tg:
             await run.dispatch(plan, tg)
     except TimeoutError:
         pass  # outstanding streams were cancelled and counted as timeouts
+    finally:
+        await client.close()
     return LLMLoadReport(
         spec=spec.to_dict(),
         scheduled=len(plan),

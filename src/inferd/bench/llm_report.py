@@ -4,11 +4,12 @@ frozen report, and its rendering as a table or JSON.
 Definitions (all times from the request's *intended* send time, so a late generator or a stalled server
 shows up as latency, never as a quietly lower offered rate):
 
-* TTFT: arrival of the first SSE chunk that carries text.
+* TTFT: arrival of the first SSE chunk (over gRPC: the first ModelStreamInferResponse) that carries text.
 * ITL: the gap between consecutive text-carrying chunks. When the server merges several tokens into one
   chunk (a slow reader), that is one gap: ITL is what the client saw.
 * TPOT: (e2e - TTFT) / (output tokens - 1), output tokens from the usage chunk; none for one token.
-* e2e: arrival of the end of the stream (`data: [DONE]`).
+* e2e: arrival of the end of the stream (`data: [DONE]`; over gRPC the response with
+  `triton_final_response` true).
 * A request is **good** when it is ok (HTTP 200, stream complete, and, when checked, its text is the
   expected one) and TTFT <= ttft_slo and its own p99 ITL <= itl_slo. The per-request p99 is the nearest
   rank: with fewer than 100 gaps it is the request's largest gap; with 100 to 199 gaps the largest may
@@ -36,8 +37,12 @@ _LOWEST_US = 1
 _HIGHEST_US = 3_600_000_000
 _DIGITS = 3
 PERCENTILES = (50, 90, 99)
-ALWAYS_SHOWN_ERRORS = ("http_429", "http_503", "timeout", "connection", "stream_error", "incomplete")
-MISMATCH_KINDS = ("wrong_text", "wrong_length")
+ALWAYS_SHOWN_ERRORS = {
+    "http": ("http_429", "http_503", "timeout", "connection", "stream_error", "incomplete"),
+    "grpc": ("grpc_resource_exhausted", "grpc_unavailable", "timeout", "connection", "stream_error", "incomplete"),
+}
+MISMATCH_KINDS = ("wrong_text", "wrong_length", "wrong_id")
+"""wrong_id: a gRPC stream answered with another request's id."""
 
 
 @dataclass(frozen=True)
@@ -263,11 +268,11 @@ def _dist(d: dict[str, float | None]) -> str:
     return " / ".join(_f(d[k]) for k in ("p50", "p90", "p99", "max"))
 
 
-def _rows(p: LLMPhaseReport) -> list[tuple[str, str, bool]]:
+def _rows(p: LLMPhaseReport, protocol: str) -> list[tuple[str, str, bool]]:
     attainment = "-" if p.slo_attainment is None else f"{100 * p.slo_attainment:.1f}%"
     slo = f"TTFT <= {p.slo['ttft_ms']:g} ms, p99 ITL <= {p.slo['itl_ms']:g} ms"
     kinds = ", ".join(f"{k} {v}" for k, v in p.mismatch_kinds.items())
-    errors = {kind: p.errors.get(kind, 0) for kind in ALWAYS_SHOWN_ERRORS} | p.errors
+    errors = {kind: p.errors.get(kind, 0) for kind in ALWAYS_SHOWN_ERRORS[protocol]} | p.errors
     rows = [
         ("offered", f"{p.offered_rps:,.2f} req/s ({p.sent:,} sent in {p.window_s:g} s)", False),
         (f"goodput ({slo})", f"{p.goodput_rps:,.2f} req/s ({p.good:,} good, {attainment})", False),
@@ -287,14 +292,16 @@ def _rows(p: LLMPhaseReport) -> list[tuple[str, str, bool]]:
 
 def render(report: LLMLoadReport, console: Console | None = None) -> None:
     spec = report.spec
+    protocol = spec.get("protocol", "http")
     title = (
-        f"inferd bench-llm: {spec['arrival']} {spec['rate']:g} req/s -> {spec['url']} model {spec['model']}, "
+        f"inferd bench-llm: {spec['arrival']} {spec['rate']:g} req/s -> {spec['url']} ({protocol}) "
+        f"model {spec['model']}, "
         f"prompt {spec['prompt_tokens']} / output {spec['output_tokens']} tokens"
     )
     table = Table(title=title)
     table.add_column("measured window", style="bold")
     table.add_column("value", justify="right")
-    for name, value, bad in _rows(report.measured):
+    for name, value, bad in _rows(report.measured, protocol):
         table.add_row(name, value, style="bold red" if bad else None)
     if report.warmup is not None:
         w = report.warmup

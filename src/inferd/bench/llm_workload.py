@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from inferd.bench.open_loop import Arrival, arrival_checks, arrival_offsets
-from inferd.bench.spec_checks import is_plain_http, require
+from inferd.bench.spec_checks import is_grpc_target, is_plain_http, require
 
 _PROMPT_WORDS = (
     "alpha bravo charlie delta echo foxtrot golf hotel india juliet kilo lima mike november oscar papa "
@@ -61,6 +61,7 @@ class LLMLoadSpec:
     """What to offer, to whom, for how long, and the SLO that decides goodput."""
 
     url: str = "http://127.0.0.1:8000"
+    """protocol http: the server's base URL; grpc: its gRPC target, HOST:PORT."""
     model: str = "sim-llm"
     rate: float = 5.0
     """Offered requests per second."""
@@ -88,6 +89,15 @@ class LLMLoadSpec:
     """Check each stream's text against `sim_llm_tokens` (only meaningful for sim-llm)."""
     priority: str | None = None
     """Sent as `X-Priority` when set."""
+    protocol: str = "http"
+    """'http': streaming /v1/completions (SSE); 'grpc': ModelStreamInfer with Triton's vLLM tensors."""
+    channels: int = 4
+    """protocol grpc: grpc.aio channels (one HTTP/2 connection each) the streams take in turn."""
+    streams: int = 0
+    """protocol grpc: 0, a ModelStreamInfer stream per request; N, every request on one of N long-lived
+    streams, answers matched by id (as tritonclient's start_stream + async_stream_infer)."""
+    temperature: float = 1.0
+    """Sent in gRPC's sampling_parameters (the completions route's default when the body has none)."""
 
     def __post_init__(self) -> None:
         checks = arrival_checks(self) | {
@@ -95,7 +105,11 @@ class LLMLoadSpec:
             "connections must be >= 1": self.connections >= 1,
             "grace_s must be >= 0": self.grace_s >= 0,
             "ttft_slo_ms and itl_slo_ms must be > 0": self.ttft_slo_ms > 0 and self.itl_slo_ms > 0,
-            "url must be http://HOST[:PORT]": is_plain_http(self.url),
+            "protocol must be 'http' or 'grpc'": self.protocol in ("http", "grpc"),
+            "channels must be >= 1": self.channels >= 1,
+            "streams must be >= 0": self.streams >= 0,
+            "url must be http://HOST[:PORT]": self.protocol != "http" or is_plain_http(self.url),
+            "protocol grpc needs a HOST:PORT target": self.protocol != "grpc" or is_grpc_target(self.url),
         }
         require(checks, self)
 

@@ -7,9 +7,10 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from inferd.bench.open_loop import Arrival, arrival_checks
-from inferd.bench.spec_checks import header_ok, is_plain_http, require
+from inferd.bench.spec_checks import header_ok, is_grpc_target, is_plain_http, require
 
 Client = Literal["raw", "aiohttp"]
+WireProtocol = Literal["http", "grpc"]
 
 _PATH = "/v2/models/{model}/infer"
 
@@ -19,6 +20,7 @@ class LoadSpec:
     """What to offer, to whom, and for how long."""
 
     url: str = "http://127.0.0.1:8000"
+    """protocol http: the server's base URL; grpc: its gRPC target, HOST:PORT."""
     model: str = "sim"
     rate: float = 100.0
     """Offered requests per second."""
@@ -49,6 +51,10 @@ class LoadSpec:
     """When set, also report goodput: ok answers within this latency, per second."""
     client: Client = "raw"
     """HTTP client: 'raw' (lean keep-alive HTTP/1.1 over asyncio, plain http only) or 'aiohttp'."""
+    protocol: WireProtocol = "http"
+    """'http': OIP v2 JSON over `client`; 'grpc': Triton's ModelInfer with raw_input_contents."""
+    channels: int = 4
+    """protocol grpc: grpc.aio channels (one HTTP/2 connection each) the requests take in turn."""
 
     def __post_init__(self) -> None:
         checks = arrival_checks(self) | {
@@ -57,8 +63,12 @@ class LoadSpec:
             "payload_bytes must be >= 0": self.payload_bytes >= 0,
             "grace_s must be >= 0": self.grace_s >= 0,
             "client must be 'raw' or 'aiohttp'": self.client in ("raw", "aiohttp"),
-            "the raw client needs an http:// url with a host": self.client != "raw"
+            "protocol must be 'http' or 'grpc'": self.protocol in ("http", "grpc"),
+            "channels must be >= 1": self.channels >= 1,
+            "the raw client needs an http:// url with a host": self.protocol != "http"
+            or self.client != "raw"
             or is_plain_http(self.url),
+            "protocol grpc needs a HOST:PORT target": self.protocol != "grpc" or is_grpc_target(self.url),
             "a header name must be a token and no header may hold CR or LF": all(
                 header_ok(name, value) for name, value in self.headers
             ),

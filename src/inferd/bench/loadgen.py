@@ -7,7 +7,8 @@ shows up as latency instead of as a quietly lower offered rate (no coordinated o
 
 Each request carries a unique payload, and each answer is checked (`inferd.bench.infer_requests`): the
 response id must be the id we sent and OUTPUT0 must be `sim_digest(model_name, model_version, payload)`.
-Requests travel over the client `spec.client` names (`inferd.bench.http_clients`).
+Requests travel over the protocol `spec.protocol` names (`inferd.bench.infer_transport`): OIP v2 JSON
+over the HTTP client `spec.client` names, or Triton's gRPC ModelInfer.
 """
 
 from __future__ import annotations
@@ -25,8 +26,8 @@ import numpy as np
 
 from inferd.bench.chaos import ChaosAgent
 from inferd.bench.chaos_spec import ChaosSpec
-from inferd.bench.http_clients import HttpClient, make_client
-from inferd.bench.infer_requests import AnswerChecker, payload_for, request_body, request_id
+from inferd.bench.infer_requests import AnswerChecker, payload_for, request_id
+from inferd.bench.infer_transport import InferTransport, make_transport
 from inferd.bench.load_spec import LoadSpec
 from inferd.bench.open_loop import arrival_offsets, run_blocking, sleep_until
 from inferd.bench.report import LoadReport, PhaseReport, Recorder
@@ -53,12 +54,12 @@ class _Run:
     """One run's moving parts, owned by `offer_load`."""
 
     spec: LoadSpec
-    client: HttpClient
+    client: InferTransport
     now: Callable[[], float]
     t0: float
+    checker: AnswerChecker
     loop_skew: float = 0.0
     """The loop's clock minus `now`, for deadlines given to the loop."""
-    checker: AnswerChecker = field(default_factory=AnswerChecker)
     sent: int = 0
     results: list[float] = field(default_factory=list)
 
@@ -83,7 +84,7 @@ class _Run:
         self.checker.outstanding.add(rid)
         try:
             async with asyncio.timeout_at(deadline + self.loop_skew):
-                status, headers, raw = await self.client.post(request_body(rid, payload), deadline)
+                failed, headers, raw = await self.client.send(rid, payload, deadline)
         except TimeoutError:
             rec.error("timeout")
         except (aiohttp.ClientError, OSError):
@@ -93,8 +94,8 @@ class _Run:
             raise
         else:
             latency = self.now() - intended
-            if status != 200:
-                rec.error(f"http_{status}", latency)
+            if failed is not None:
+                rec.error(failed, latency)
                 return
             verdict = self.checker.check(rid, payload, raw)
             if verdict == "ok":
@@ -114,18 +115,18 @@ async def offer_load(
     recorder_for: RecorderFor,
     on_start: Callable[[float], None] | None = None,
 ) -> OfferedLoad:
-    """Send request i at t0 + offsets[i] over one client of `spec.client`, whatever the server is doing,
+    """Send request i at t0 + offsets[i] over one transport of `spec`, whatever the server is doing,
     and record each outcome in `recorder_for(i, offsets[i])`. `on_start(t0)` runs once t0 is fixed,
     before the first send. Returns once every request is answered or `spec.hard_stop_s` has passed."""
     loop = asyncio.get_running_loop()
     # The clock for intended times, latencies and lags. Not loop.time(): uvloop's is in whole milliseconds
     # and cached per loop iteration. Deadlines go to the loop's timers shifted by the (tiny) skew.
     now = time.monotonic
-    client = make_client(spec, now)
+    client = make_transport(spec, now)
     try:
         await client.start()
         t0 = now() + 0.01
-        run = _Run(spec, client, now, t0, loop_skew=loop.time() - now())
+        run = _Run(spec, client, now, t0, AnswerChecker(client.fields), loop_skew=loop.time() - now())
         run.results = [math.nan] * len(offsets)
         if on_start is not None:
             on_start(t0)

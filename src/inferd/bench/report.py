@@ -17,7 +17,9 @@ from rich.table import Table
 _LOWEST_US = 1
 _HIGHEST_US = 60_000_000
 _DIGITS = 3
-_ALWAYS_SHOWN_ERRORS = ("http_429", "http_503", "http_504", "timeout", "connection")
+# Overload refusals (their latency: how fast overload is refused) and server timeouts, REST's and gRPC's.
+REJECTIONS = {"http": ("http_429", "http_503"), "grpc": ("grpc_resource_exhausted", "grpc_unavailable")}
+SERVER_TIMEOUT = {"http": "http_504", "grpc": "grpc_deadline_exceeded"}
 MISMATCH_KINDS = ("wrong_id", "unknown_id", "wrong_digest")
 
 
@@ -63,7 +65,7 @@ class Recorder:
 
     def error(self, kind: str, latency_s: float | None = None) -> None:
         self.errors[kind] += 1
-        if latency_s is not None and kind in ("http_429", "http_503"):  # how fast overload is refused
+        if latency_s is not None and kind in REJECTIONS["http"] + REJECTIONS["grpc"]:
             self.rejection_us.record_value(max(_LOWEST_US, int(latency_s * 1e6)))
 
     def mismatch(self, kind: str) -> None:
@@ -230,7 +232,7 @@ class LoadReport:
         lost: requests that got no answer at all (client deadline or hard stop, no response);
         duplicated: answers carrying an id no longer outstanding (already answered);
         misrouted: answers with another outstanding caller's id, or the wrong digest;
-        timed_out: requests the server answered as past their deadline (HTTP 504);
+        timed_out: requests the server answered as past their deadline (HTTP 504, gRPC DEADLINE_EXCEEDED);
         errors: every error by kind (the above's `timeout` and `http_504` included)."""
         phases = [self.measured] + ([self.warmup] if self.warmup else [])
         errors: Counter[str] = Counter()
@@ -242,7 +244,7 @@ class LoadReport:
             "lost": errors["timeout"],
             "duplicated": kinds["unknown_id"],
             "misrouted": kinds["wrong_id"] + kinds["wrong_digest"],
-            "timed_out": errors["http_504"],
+            "timed_out": errors["http_504"] + errors["grpc_deadline_exceeded"],
             "errors": dict(sorted(errors.items())),
         }
 
@@ -279,7 +281,7 @@ def _f(value: float | None, unit: str = "") -> str:
     return "-" if value is None else f"{value:,.2f}{unit}"
 
 
-def _phase_rows(p: PhaseReport) -> list[tuple[str, str]]:
+def _phase_rows(p: PhaseReport, protocol: str) -> list[tuple[str, str]]:
     lat, ovh = p.latency_ms, p.overhead_ms
     kinds = ", ".join(f"{k} {v}" for k, v in p.mismatch_kinds.items())
     rows = [
@@ -290,7 +292,8 @@ def _phase_rows(p: PhaseReport) -> list[tuple[str, str]]:
     ]
     if p.goodput_rps is not None:
         rows.insert(2, ("goodput (within SLO)", f"{p.goodput_rps:,.1f} req/s"))
-    errors = {kind: p.errors.get(kind, 0) for kind in _ALWAYS_SHOWN_ERRORS} | p.errors
+    shown = (*REJECTIONS[protocol], SERVER_TIMEOUT[protocol], "timeout", "connection")
+    errors = {kind: p.errors.get(kind, 0) for kind in shown} | p.errors
     rows += [(f"error {kind}", f"{count:,}") for kind, count in errors.items()]
     rows += [
         (
@@ -303,7 +306,7 @@ def _phase_rows(p: PhaseReport) -> list[tuple[str, str]]:
         ("batch size mean/p50/p99", " / ".join(_f(p.batch_size[k]) for k in ("mean", "p50", "p99"))),
         ("retried (attempts > 1)", f"{p.retried:,}"),
         ("send lag ms p99/max", f"{_f(p.send_lag_ms['p99'])} / {_f(p.send_lag_ms['max'])}"),
-        ("429/503 answered in ms p50/p99", f"{_f(p.rejection_ms['p50'])} / {_f(p.rejection_ms['p99'])}"),
+        ("refusals (429/503) in ms p50/p99", f"{_f(p.rejection_ms['p50'])} / {_f(p.rejection_ms['p99'])}"),
     ]
     return rows
 
@@ -320,7 +323,7 @@ def _invariant_rows(report: LoadReport) -> list[tuple[str, str, bool]]:
         ("LOST (no answer by the deadline)", f"{inv['lost']:,}", inv["lost"] > 0),
         ("DUPLICATED (id already answered)", f"{inv['duplicated']:,}", inv["duplicated"] > 0),
         ("MISROUTED (wrong id or digest)", f"{inv['misrouted']:,}", inv["misrouted"] > 0),
-        ("TIMED OUT (server 504)", f"{inv['timed_out']:,}", inv["timed_out"] > 0),
+        ("TIMED OUT (server 504 / DEADLINE_EXCEEDED)", f"{inv['timed_out']:,}", inv["timed_out"] > 0),
         ("errors by kind (whole run)", errors, bool(inv["errors"])),
     ]
 
@@ -371,14 +374,15 @@ def _chaos_rows(c: ChaosReport) -> list[tuple[str, str, bool]]:
 def render(report: LoadReport, console: Console | None = None) -> None:
     """Print the report as a table: the measured window, then warmup and generator lines."""
     spec = report.spec
-    title = f"inferd bench: {spec['arrival']} {spec['rate']:g} req/s -> {spec['url']} model {spec['model']}"
+    protocol = spec.get("protocol", "http")
+    title = f"inferd bench: {spec['arrival']} {spec['rate']:g} req/s -> {spec['url']} ({protocol}) model {spec['model']}"
     table = Table(title=title, show_header=True)
     table.add_column("measured window", style="bold")
     table.add_column("value", justify="right")
     for name, value, bad in _invariant_rows(report):
         table.add_row(name, value, style="bold red" if bad else "bold green")
     table.add_section()
-    for name, value in _phase_rows(report.measured):
+    for name, value in _phase_rows(report.measured, protocol):
         style = "red" if name == "mismatched" and report.measured.mismatched else None
         table.add_row(name, value, style=style)
     if report.warmup is not None:

@@ -24,6 +24,23 @@ def is_plain_http(url: str) -> bool:
     return parts.scheme == "http" and bool(parts.hostname)
 
 
+def is_grpc_target(target: str) -> bool:
+    """HOST:PORT (a bracketed IPv6 host too), no scheme: what a gRPC channel is opened to."""
+    host, colon, port = target.rpartition(":")
+    return bool(colon and host and "/" not in host and port.isdigit() and 0 < int(port) < 65536)
+
+
+def default_grpc_target(url: str) -> str:
+    """The gRPC target of a server whose HTTP API is at `url`: its host, the HTTP port + 1 (inferd's and
+    Triton's default); ValueError when `url` has no host."""
+    parts = urlsplit(url)
+    if not parts.hostname:
+        raise ValueError(f"no host in {url!r} to derive the gRPC target from: give --grpc-target")
+    host = f"[{parts.hostname}]" if ":" in parts.hostname else parts.hostname
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    return f"{host}:{port + 1}"
+
+
 _TOKEN = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")
 
 

@@ -17,6 +17,7 @@ from inferd.bench.command_line import (
     JsonOption,
     MaxRequestsOption,
     PriorityOption,
+    ProtocolChoice,
     RateOption,
     WarmupOption,
     build_spec,
@@ -24,7 +25,7 @@ from inferd.bench.command_line import (
 )
 from inferd.bench.loadgen import LoadSpec, run_load_blocking
 from inferd.bench.report import render, to_json
-from inferd.bench.spec_checks import parse_header
+from inferd.bench.spec_checks import default_grpc_target, parse_header
 from inferd.fleetsim.profiles import save_measured_profile, server_cpu_s
 
 
@@ -42,6 +43,21 @@ class ChaosChoice(StrEnum):
 def bench(
     url: Annotated[str, typer.Option(help="Base URL of the inferd server.")] = "http://127.0.0.1:8000",
     model: Annotated[str, typer.Option(help="Model name: requests go to /v2/models/MODEL/infer.")] = "sim",
+    protocol: Annotated[
+        ProtocolChoice,
+        typer.Option(
+            help="http: OIP v2 JSON to URL; grpc: Triton's ModelInfer (raw_input_contents, the same "
+            "answer check) to --grpc-target."
+        ),
+    ] = ProtocolChoice.http,
+    grpc_target: Annotated[
+        str | None,
+        typer.Option(help="--protocol grpc: the server's gRPC HOST:PORT (default: URL's host, its port + 1).")
+    ] = None,
+    channels: Annotated[
+        int,
+        typer.Option(help="--protocol grpc: gRPC channels (an HTTP/2 connection each) requests take in turn."),
+    ] = 4,
     rate: RateOption = 100.0,
     duration: DurationOption = 10.0,
     warmup: WarmupOption = 0.0,
@@ -140,7 +156,7 @@ def bench(
     """
     spec = build_spec(
         lambda: LoadSpec(
-            url=url,
+            url=url if protocol is ProtocolChoice.http else grpc_target or default_grpc_target(url),
             model=model,
             rate=rate,
             duration_s=duration,
@@ -157,6 +173,8 @@ def bench(
             connections=connections,
             slo_ms=slo_ms,
             client=client.value,
+            protocol=protocol.value,
+            channels=channels,
         )
     )
     chaos_spec = build_spec(

@@ -15,6 +15,7 @@ from inferd.bench.command_line import (
     JsonOption,
     MaxRequestsOption,
     PriorityOption,
+    ProtocolChoice,
     RateOption,
     WarmupOption,
     build_spec,
@@ -23,6 +24,7 @@ from inferd.bench.command_line import (
 from inferd.bench.llm_loadgen import run_llm_load_blocking
 from inferd.bench.llm_report import render, to_json
 from inferd.bench.llm_workload import LengthDist, LLMLoadSpec
+from inferd.bench.spec_checks import default_grpc_target
 from inferd.fleetsim.profiles import server_cpu_s
 
 _SIM_LLM = "sim-llm"
@@ -33,6 +35,28 @@ def bench_llm(
         "http://127.0.0.1:8000"
     ),
     model: Annotated[str, typer.Option(help="Model name sent in each request.")] = _SIM_LLM,
+    protocol: Annotated[
+        ProtocolChoice,
+        typer.Option(
+            help="http: streaming /v1/completions (SSE) at URL; grpc: ModelStreamInfer with Triton's vLLM "
+            "tensors (text_input, stream, sampling_parameters) at --grpc-target."
+        ),
+    ] = ProtocolChoice.http,
+    grpc_target: Annotated[
+        str | None,
+        typer.Option(help="--protocol grpc: the server's gRPC HOST:PORT (default: URL's host, its port + 1).")
+    ] = None,
+    channels: Annotated[
+        int,
+        typer.Option(help="--protocol grpc: gRPC channels (an HTTP/2 connection each) streams take in turn."),
+    ] = 4,
+    streams: Annotated[
+        int,
+        typer.Option(
+            help="--protocol grpc: 0, a ModelStreamInfer stream per request; N, every request on one of N "
+            "long-lived streams, answers matched by id (as tritonclient's start_stream)."
+        ),
+    ] = 0,
     rate: RateOption = 5.0,
     duration: DurationOption = 30.0,
     warmup: WarmupOption = 0.0,
@@ -97,7 +121,7 @@ def bench_llm(
     """
     spec = build_spec(
         lambda: LLMLoadSpec(
-            url=url,
+            url=url if protocol is ProtocolChoice.http else grpc_target or default_grpc_target(url),
             model=model,
             rate=rate,
             duration_s=duration,
@@ -113,24 +137,28 @@ def bench_llm(
             itl_slo_ms=itl_slo_ms,
             check=model == _SIM_LLM if check is None else check,
             priority=priority,
+            protocol=protocol.value,
+            channels=channels,
+            streams=streams,
         )
     )
     cpu_before = server_cpu_s(url) if save_profile else None
     report = run_llm_load_blocking(spec)
     if save_profile is not None:
-        save_llm_profile(save_profile, report, spec, devices, cpu_before)
+        save_llm_profile(save_profile, report, spec, devices, cpu_before, url)
     emit(report, json_output, to_json, render)
 
 
 def save_llm_profile(
-    path: Path, report: Any, spec: LLMLoadSpec, devices: int, cpu_before: float | None
+    path: Path, report: Any, spec: LLMLoadSpec, devices: int, cpu_before: float | None, url: str
 ) -> None:
-    """`--save-profile`: fit the measured phase (fleetsim/llm_profile.py profile_from_llm_run) and write it."""
+    """`--save-profile`: fit the measured phase (fleetsim/llm_profile.py profile_from_llm_run) and write it;
+    the server's CPU from its /metrics at `url`."""
     import socket
 
     from inferd.fleetsim.llm_profile import profile_from_llm_run
 
-    cpu_after = server_cpu_s(spec.url)
+    cpu_after = server_cpu_s(url)
     per_request = None
     if cpu_before is not None and cpu_after is not None and report.sent:
         per_request = (cpu_after - cpu_before) / report.sent
