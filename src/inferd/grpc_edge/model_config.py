@@ -1,5 +1,6 @@
 """ModelConfig's and ModelStatistics' answers: a model as Triton's `inference.ModelConfig` describes one,
-so that `get_model_config` (and perf_analyzer, which reads the same fields) find what they read there, and its request counts.
+so that `get_model_config` (and perf_analyzer, which reads the same fields) find what they read there,
+and its request counts.
 
 A batch model (OIP): platform and backend "inferd", `max_batch_size` (the most items one request may
 carry: max_items_per_request, capped at the model's device batch), its tensors with `TYPE_*` data
