@@ -280,3 +280,18 @@ async def test_when_one_of_the_links_behind_drains_the_others_still_behind_are_c
     a_writer.drained.set()
     await asyncio.wait_for(flushing, 5)  # not held until b drains
     assert b_writer.transport.aborted and b.closed and not a.closed
+
+
+def test_a_left_link_is_done_only_once_its_batches_and_sequences_are_back() -> None:
+    # The heartbeat ends a left link's session when this says so: it once did as soon as the front end
+    # answered Drain, dropping the batches still on the device (the front end counted them lost).
+    front, _ = link(0)
+    front.took()
+    assert not front.has_left(holds_sequences=False)  # not left
+    front.leaving = True
+    assert not front.has_left(holds_sequences=False)  # no answer to its Drain yet: it may still send work
+    front.answered_drain = True
+    assert not front.has_left(holds_sequences=False)  # a batch of its is still on the worker
+    front.answered()
+    assert front.has_left(holds_sequences=False)
+    assert not front.has_left(holds_sequences=True)  # an engine's sequence of its still runs

@@ -92,6 +92,11 @@ class FrontLink:
         if self.held == 0:
             self._none_held.set()
 
+    def has_left(self, holds_sequences: bool) -> bool:
+        """Left, and done with: the worker left it, it answered Drain (it sends no more work), no batch of
+        its is still on the worker, and (`holds_sequences`) no LLM sequence of its still runs."""
+        return self.leaving and self.answered_drain and self.held == 0 and not holds_sequences
+
     async def none_held(self) -> None:
         """Returns once no batch of its is on the worker."""
         await self._none_held.wait()

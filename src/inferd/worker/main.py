@@ -355,8 +355,8 @@ class Worker:
             link.send(p.Heartbeat(device.running, device.completed, high_water=self.ledger.high_water))
             if link.cut_off_if_stuck(self.ledger.clock.now()):
                 return "lost"
-            if link.leaving and link.answered_drain and not self.owners.holds(link.index):
-                return "left"  # an engine's: its last sequences there have finished
+            if link.has_left(self.owners.holds(link.index)):
+                return "left"  # an engine's last sequences there have finished; a batch device's last batches
 
 
 def main(argv: list[str] | None = None) -> int:
