@@ -28,7 +28,7 @@ from inferd.cluster.frontend import ClusterFrontend, Seat
 from inferd.cluster.saved import restore
 from inferd.config import ModelConfig, ServerConfig
 from inferd.config.identity import frontend_id
-from inferd.errors import ShuttingDown
+from inferd.errors import ServingError, ShuttingDown
 from inferd.fleet.control import FleetControl, repository_loader
 from inferd.fleet.scaling import ScalingLoop, scaling_policy
 from inferd.frontends.metrics import scrape_all, serve_registry
@@ -356,11 +356,12 @@ class InferenceServer:
             self._start(rt)
         return rt
 
-    def remove_version(self, name: str, version: int) -> None:
-        """Stop serving one version (its workers are drained already): fail what it still holds."""
+    def remove_version(self, name: str, version: int, why: ServingError | None = None) -> None:
+        """Stop serving one version (its workers are drained already): fail what it still holds with
+        `why` (default: 503, no longer served)."""
         rt = self.registry.remove(name, version)
         self.directory.drop(name, version)
-        rt.stop(ShuttingDown(f"model '{name}' version {version} is no longer served"))
+        rt.stop(why or ShuttingDown(f"model '{name}' version {version} is no longer served"))
         if (task := self._tasks.pop((name, version), None)) is not None:
             task.cancel()
             self._gone = [t for t in self._gone if not t.done()] + [task]  # the task group waits for it still

@@ -12,7 +12,7 @@ from types import SimpleNamespace
 import pytest
 
 from inferd.clock import FakeClock
-from inferd.errors import BadRequest, PayloadTooLarge
+from inferd.errors import BadRequest, NotFound, PayloadTooLarge, ShuttingDown
 from inferd.kinds.search.caches import LRU
 from inferd.kinds.search.config import parse_params
 from inferd.kinds.search.embedder import EmbedderHealth, EmbedderState
@@ -246,11 +246,32 @@ async def test_concurrent_writers_share_group_commits_and_get_consecutive_seqs(t
     await log.snapshotted(15, keep_after=17)
     assert [e.seq for e in log.entries_after(17, 100)] == [18, 19, 20]
     assert log.entries_after(10, 100) is None  # behind the tail: reload the snapshot
-    log.close()
+    log.close(ShuttingDown("stopping"))
     reopened = ShardLog(0, tmp_path / "shard-0" / "wal")
     assert reopened.durable_seq == 20 and reopened.first_seq == 16
     assert await reopened.append([Delete(id="d1")]) == 21
-    reopened.close()
+    reopened.close(ShuttingDown("stopping"))
+
+
+async def test_a_write_racing_its_logs_close_gets_the_closing_reason_never_a_500(tmp_path: Path) -> None:
+    # An outside fuzzer found it: a write sent while its index was deleted answered 500 (the log's
+    # executor was shut down: "cannot schedule new futures after shutdown").
+    log = ShardLog(0, tmp_path / "shard-0" / "wal")
+    first = asyncio.ensure_future(log.append([Upsert(doc=Document(id="a", text="t"))]))
+    await asyncio.sleep(0)  # it holds the lock, its write running
+    waiting = asyncio.ensure_future(log.append([Upsert(doc=Document(id="b", text="t"))]))  # behind it
+    await asyncio.sleep(0)
+    gone = NotFound("index 'x' was deleted")
+    log.close(gone)
+    assert await first == 1  # the write already running finishes, and is acknowledged
+    with pytest.raises(NotFound, match="was deleted"):
+        await waiting  # queued behind it: refused, nothing written
+    with pytest.raises(NotFound, match="was deleted"):
+        await log.append([Delete(id="a")])  # arriving later
+    await log.snapshotted(1, keep_after=1)  # a snapshot finishing after the close: nothing to do
+    reopened = ShardLog(0, tmp_path / "shard-0" / "wal")
+    assert reopened.durable_seq == 1
+    reopened.close(ShuttingDown("stopping"))
 
 
 class _NoServer:

@@ -16,6 +16,7 @@ from inferd.cluster.follower import Follower
 from inferd.cluster.memory import MemoryState, MemoryStore
 from inferd.cluster.store import StoreUnavailable, Versioned
 from inferd.config import ModelConfig
+from inferd.errors import NotFound, ServingError
 from inferd.kinds.search import shared_indexes
 from inferd.kinds.search.config import index_config, params_of, parse_params
 from inferd.kinds.search.kind import search_kind
@@ -57,7 +58,8 @@ class Server:
         self.registry.served[config.name] = SimpleNamespace(config=config, version=config.version)
         self.added.append((config.name, params_of(config).shards))
 
-    def remove_version(self, name: str, version: int) -> None:
+    def remove_version(self, name: str, version: int, why: ServingError | None = None) -> None:
+        assert isinstance(why, NotFound)  # what still reaches a deleted index is told it is gone
         del self.registry.served[name]
 
 

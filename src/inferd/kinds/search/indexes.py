@@ -14,7 +14,7 @@ import logging
 from typing import Any, Protocol
 
 from inferd.config import ModelConfig
-from inferd.errors import BadRequest, Conflict, NotFound
+from inferd.errors import BadRequest, Conflict, NotFound, ServingError
 from inferd.kinds.search.config import SearchParams, index_config, params_of
 from inferd.kinds.search.store import SETTINGS_FILE, IndexStore
 from inferd.runtime.contract import Runtime
@@ -45,7 +45,7 @@ class Server(Protocol):
 
     def add_version(self, config: ModelConfig) -> Runtime: ...
 
-    def remove_version(self, name: str, version: int) -> None: ...
+    def remove_version(self, name: str, version: int, why: ServingError | None = None) -> None: ...
 
 
 def worker_cap(cpus: int | None) -> int:
@@ -125,7 +125,8 @@ class IndexAdmin:
             for slot in supervisor.live_slots(name):
                 supervisor.retire(slot)
                 supervisor.kill(slot.incarnation)
-            self.server.remove_version(name, rt.version)
+            # what still reaches it (a write racing the deletion) is told it is gone: 404, never a 500
+            self.server.remove_version(name, rt.version, NotFound(f"index {name!r} was deleted"))
             self.store.remove(name)
             if self.server.index_sync is not None:  # a name created again must not find the old index
                 await self.server.index_sync.until_followers_drop(name)

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from inferd.config import ModelConfig
-from inferd.errors import ServingError, WorkerDied, from_wire
+from inferd.errors import ServingError, ShuttingDown, WorkerDied, from_wire
 from inferd.kinds.search import wire
 from inferd.kinds.search.config import params_of
 from inferd.kinds.search.follower import KnownSeqs, Note, take_note
@@ -151,8 +151,9 @@ class SearchRuntime:
                 if self.index.reembedder is not None:
                     tg.create_task(self.index.reembedder.run())
         finally:
+            refuse = self._stopping or ShuttingDown(f"index {self.name!r} is no longer served")
             for lg in self.logs:
-                lg.close()
+                lg.close(refuse)
 
     def stop(self, exc: ServingError) -> None:
         self._stopping = exc

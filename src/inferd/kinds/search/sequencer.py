@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from inferd.errors import Internal
+from inferd.errors import Internal, ServingError
 from inferd.kinds.search.types import LogEntry, Op
 from inferd.kinds.search.wal import WriteAheadLog
 
@@ -36,6 +36,8 @@ class ShardLog:
         self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"inferd-wal-{shard}")
         self.broken = ""
         """Why the log refuses writes (a failed write leaves its state unknown until a restart)."""
+        self.closed: ServingError | None = None
+        """Closed (its index deleted, or the server stopping): what a write still arriving gets."""
         self.writes = 0
         self.entries = 0
 
@@ -46,6 +48,8 @@ class ShardLog:
 
     async def append(self, ops: list[Op]) -> int:
         """Log `ops` as one entry; returns its seq once it is on disk (group commit)."""
+        if self.closed is not None:
+            raise self.closed
         if self.broken:
             raise Internal(f"shard {self.shard}'s log refuses writes: {self.broken}")
         loop = asyncio.get_running_loop()
@@ -54,6 +58,10 @@ class ShardLog:
         async with self._lock:  # whoever holds it writes everything pending, its own entry included
             if not done.done() and self._pending:
                 batch, self._pending = self._pending, []
+                if self.closed is not None:  # closed while this waited for the lock: nothing is written
+                    for _, waiter in batch:
+                        waiter.set_exception(self.closed)
+                    return await done
                 entries = [LogEntry(seq=self._next_seq + i, ops=ops) for i, (ops, _) in enumerate(batch)]
                 self._next_seq += len(entries)
                 write = loop.run_in_executor(self._thread, self.wal.append, entries)
@@ -91,12 +99,19 @@ class ShardLog:
     async def snapshotted(self, seq: int, keep_after: int) -> None:
         """A snapshot holds everything up to `seq`: drop the log before it on disk, and the tail up to
         `keep_after` (the slowest connected replica's seq, so nobody connected must reload)."""
+        if self.closed is not None:
+            return
         loop = asyncio.get_running_loop()
         await loop.run_in_executor(self._thread, self.wal.truncate_before, seq + 1)
         cut = min(seq, keep_after) + 1 - self.first_seq
         if cut > 0:
             del self.tail[:cut]
 
-    def close(self) -> None:
+    def close(self, refuse: ServingError) -> None:
+        """Close the log once the write running (if any) is done; a write arriving later gets `refuse`
+        (the index's deletion: 404; the server stopping: 503), never the executor's RuntimeError."""
+        if self.closed is not None:
+            return
+        self.closed = refuse
         self._thread.submit(self.wal.close)
         self._thread.shutdown(wait=True)

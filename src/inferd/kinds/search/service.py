@@ -148,8 +148,11 @@ class IndexService:
         return await self._write({shard_of(doc_id, self.params.shards): [Delete(id=doc_id)]})
 
     async def _write(self, ops: dict[int, list[Op]]) -> list[int]:
-        async with asyncio.TaskGroup() as tg:
-            appends = {s: tg.create_task(self.cluster.logs[s].append(o)) for s, o in ops.items()}
+        try:
+            async with asyncio.TaskGroup() as tg:
+                appends = {s: tg.create_task(self.cluster.logs[s].append(o)) for s, o in ops.items()}
+        except* ServingError as group:  # a shard's refusal (its index deleted: 404), as the caller catches it
+            raise group.exceptions[0] from None
         for shard in appends:
             self.cluster.appended(shard)
         self.results_changed()

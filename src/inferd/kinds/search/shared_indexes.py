@@ -36,6 +36,7 @@ from inferd.cluster.follower import Document, Follower
 from inferd.cluster.reports import Reports
 from inferd.cluster.store import Store, StoreError, Versioned
 from inferd.config import ModelConfig
+from inferd.errors import NotFound
 from inferd.kinds.search.config import index_config, params_of, parse_params
 from inferd.kinds.search.kind import API
 
@@ -226,6 +227,6 @@ class SharedIndexes:
 
     def _drop(self, name: str) -> None:
         rt = self.server.registry.get(name)
-        self.server.remove_version(name, rt.version)
+        self.server.remove_version(name, rt.version, NotFound(f"index {name!r} was deleted"))
         log.info("index %s deleted by the owner front end: no longer served here", name)
 
