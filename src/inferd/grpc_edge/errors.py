@@ -1,4 +1,4 @@
-"""The one table from the error tree (inferd/errors.py) to gRPC status codes, and `GrpcErrors`, the
+"""The one table from REST's statuses of the error tree (api/errors.py `status_of`) to gRPC status codes, and `GrpcErrors`, the
 chain layer that turns an error into a `GrpcReply`: the gRPC twin of api/middleware.py `Errors`.
 
 Each error's details are the message its REST twin carries; its trailing metadata the REST twin's
@@ -29,61 +29,38 @@ from __future__ import annotations
 
 import grpc
 
-from inferd.api.errors import error_headers
+from inferd.api.errors import error_headers, status_of
 from inferd.api.middleware import internal, refused
 from inferd.core.call import Call, Handler
-from inferd.errors import (
-    BadRequest,
-    ClientGone,
-    Conflict,
-    DeadlineExceeded,
-    Forbidden,
-    HeaderTooLarge,
-    ModelError,
-    NotFound,
-    Overloaded,
-    PayloadTooLarge,
-    RateLimited,
-    RequestTimeout,
-    ServingError,
-    ShuttingDown,
-    Unauthorized,
-    UnsupportedMediaType,
-    WorkerDied,
-    WorkerUnavailable,
-)
+from inferd.errors import ClientGone, Overloaded, ServingError
 from inferd.grpc_edge.reply import GrpcReply
 
 Code = grpc.StatusCode
 
-_CODES: list[tuple[type[ServingError], Code]] = [
-    (BadRequest, Code.INVALID_ARGUMENT),
-    (UnsupportedMediaType, Code.INVALID_ARGUMENT),
-    (Unauthorized, Code.UNAUTHENTICATED),
-    (Forbidden, Code.PERMISSION_DENIED),
-    (NotFound, Code.NOT_FOUND),
-    (Conflict, Code.FAILED_PRECONDITION),
-    (RateLimited, Code.RESOURCE_EXHAUSTED),
-    (Overloaded, Code.RESOURCE_EXHAUSTED),
-    (PayloadTooLarge, Code.RESOURCE_EXHAUSTED),
-    (HeaderTooLarge, Code.RESOURCE_EXHAUSTED),
-    (WorkerUnavailable, Code.UNAVAILABLE),
-    (WorkerDied, Code.UNAVAILABLE),
-    (ShuttingDown, Code.UNAVAILABLE),
-    (DeadlineExceeded, Code.DEADLINE_EXCEEDED),
-    (RequestTimeout, Code.DEADLINE_EXCEEDED),
-    (ModelError, Code.INTERNAL),
-]
+_CODES: dict[int, Code] = {
+    400: Code.INVALID_ARGUMENT,
+    415: Code.INVALID_ARGUMENT,
+    401: Code.UNAUTHENTICATED,
+    403: Code.PERMISSION_DENIED,
+    404: Code.NOT_FOUND,
+    409: Code.FAILED_PRECONDITION,
+    413: Code.RESOURCE_EXHAUSTED,
+    429: Code.RESOURCE_EXHAUSTED,
+    431: Code.RESOURCE_EXHAUSTED,
+    503: Code.UNAVAILABLE,
+    408: Code.DEADLINE_EXCEEDED,
+    504: Code.DEADLINE_EXCEEDED,
+    422: Code.INTERNAL,
+}
+"""The code of each REST status: an error is classified once (api/errors.py `status_of`), and each edge
+says that class in its own protocol."""
 
 
 def code_of(exc: ServingError) -> Code:
-    """The gRPC status code of an error (INTERNAL for one the table does not name)."""
+    """The gRPC status code of an error: its REST twin's status in gRPC (INTERNAL for any other)."""
     if isinstance(exc, Overloaded) and exc.reason == "deadline":
         return Code.DEADLINE_EXCEEDED  # refused up front: the call's deadline cannot be met
-    for cls, code in _CODES:
-        if isinstance(exc, cls):
-            return code
-    return Code.INTERNAL
+    return _CODES.get(status_of(exc)[0], Code.INTERNAL)
 
 
 def error_reply(call: Call, exc: ServingError) -> GrpcReply:
