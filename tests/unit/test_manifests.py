@@ -315,6 +315,17 @@ def lifecycle_hooks(node: Any) -> list[Any]:
 
 
 @pytest.mark.parametrize("overlay", RENDERED)
+def test_every_inferd_container_runs_the_one_image_its_overlay_names(overlay: str) -> None:
+    """Init containers too: an image an overlay's `images` did not rewrite (a container added by a patch
+    after it) would be the bare placeholder `inferd`, which no registry serves."""
+    images = {
+        c["image"] for c in containers_of(list(render(overlay)))
+        if c["image"].rpartition("/")[2].split(":")[0] == "inferd"
+    }
+    assert len(images) <= 1 and "inferd" not in images, images
+
+
+@pytest.mark.parametrize("overlay", RENDERED)
 def test_no_hook_names_a_variable_kubernetes_would_not_expand(overlay: str) -> None:
     """Kubernetes expands $(VAR) in a container's command and args, not in its lifecycle hooks: a hook
     would get the text `$(VAR)` itself."""

@@ -68,6 +68,7 @@ def test_each_pod_starts_inferd_with_the_zone_its_init_container_read_from_its_n
     spec = deployment["spec"]["template"]["spec"]
     (init,) = spec["initContainers"]
     main = container(deployment)
+    assert init["image"] == main["image"]  # the inferd image's Python runs the script
     python, script, secrets, out = init["command"]
     assert python == "python" and Path(script).name == "node_zone.py"
     env = {e["name"]: e for e in init["env"]}
