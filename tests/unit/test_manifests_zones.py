@@ -85,6 +85,9 @@ def test_each_pod_starts_inferd_with_the_zone_its_init_container_read_from_its_n
     assert mounts(main)[out_mount["name"]]["readOnly"] is True
     assert main["command"] == ZONE_WRAPPER and f"< {out} &&" in ZONE_WRAPPER[2]
     assert not any(a.startswith("--zone") for a in main["args"])  # the wrapper's is the only one
+    # otherwise the gpu overlay's container, whose args the zones overlay restates for workers
+    gpu = container(find(render("overlays/gpu"), "Deployment", name))
+    assert main["args"] == [a for a in gpu["args"] if a != "--zone=$(ZONE)"]
     # the API token and CA: a projected volume only the init container mounts
     (token_mount,) = [m for m in init["volumeMounts"] if m["mountPath"] == secrets]
     sources = by_name[token_mount["name"]]["projected"]["sources"]
