@@ -7,7 +7,10 @@ hedging watchdog and recovery run unchanged. Only the edges are simulated:
   (one at a time, the staged one after), then the runtime gets the worker's `BatchDone`;
 - the front end's own CPU is a FIFO server taking `frontend_s` per request, and every answer gets the
   profile's `overhead_s` (HTTP and IPC);
-- the supervisor brings a killed device back after `restart_s`.
+- the supervisor brings a killed device back after `restart_s`;
+- failures (devices killed or slowed, a front end or a zone lost) come at their times (failures.py).
+With zones (fleetsim/zones.py) each front end, device and client is in one, and each front end's runtime
+routes with the server's own `LocalityPolicy`.
 
 Front ends split the arrivals round-robin, as a connection-balancing load balancer would. Every device
 serves every front end under inferd's own credit ledger (batch_devices.py), as the workers of `inferd
