@@ -151,8 +151,9 @@ def test_plan_json_has_one_schema_for_llm_and_search() -> None:
     llm = json.loads(plan_llm(bundled(), LLMTargets(1000, 500, 200, 1000, 100), check=False).to_json())
     profile, name = load_profile(None)
     search = json.loads(search_report(plan_search(profile, SearchTargets(1e6, 1000), name)).to_json())
-    keys = {"schema", "kind", "inputs", "resources", "cost", "reasoning", "check", "profile", "details"}
+    keys = {"schema", "kind", "inputs", "resources", "cost", "reasoning", "check", "profile", "details", "zones"}
     assert set(llm) == set(search) == keys
+    assert llm["zones"]["zones"] == 1 and search["zones"] is None  # search plans no zones
     assert llm["schema"] == search["schema"] == SCHEMA
     assert set(llm["resources"]) == set(search["resources"])
     assert (llm["kind"], search["kind"]) == ("llm", "search")

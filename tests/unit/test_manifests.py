@@ -27,7 +27,8 @@ from inferd.config.ports import admin_port_for, grpc_port_for
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
 KUBERNETES_VERSION = "1.31.0"
-RENDERED = ["overlays/cpu-demo", "overlays/gpu", "ray", "prometheus-adapter"]
+RENDERED = ["overlays/cpu-demo", "overlays/gpu", "overlays/zones", "ray", "prometheus-adapter"]
+FRONT_ENDS = ["overlays/cpu-demo", "overlays/gpu", "overlays/zones", "ray"]  # those with a front end
 CUSTOM = {
     ("monitoring.coreos.com/v1", "ServiceMonitor"): "servicemonitor-monitoring-v1.json",
     ("ray.io/v1", "RayCluster"): "raycluster-ray-v1.json",
@@ -120,7 +121,7 @@ def test_a_broken_ray_pod_template_is_rejected() -> None:
         validate(doc)
 
 
-@pytest.mark.parametrize("overlay", ["overlays/cpu-demo", "overlays/gpu", "ray"])
+@pytest.mark.parametrize("overlay", FRONT_ENDS)
 def test_front_end_probes_health_routes_and_drains_on_stop(overlay: str) -> None:
     deployment = find(render(overlay), "Deployment", "inferd")
     c = container(deployment)
@@ -314,6 +315,17 @@ def lifecycle_hooks(node: Any) -> list[Any]:
 
 
 @pytest.mark.parametrize("overlay", RENDERED)
+def test_every_inferd_container_runs_the_one_image_its_overlay_names(overlay: str) -> None:
+    """Init containers too: an image an overlay's `images` did not rewrite (a container added by a patch
+    after it) would be the bare placeholder `inferd`, which no registry serves."""
+    images = {
+        c["image"] for c in containers_of(list(render(overlay)))
+        if c["image"].rpartition("/")[2].split(":")[0] == "inferd"
+    }
+    assert len(images) <= 1 and "inferd" not in images, images
+
+
+@pytest.mark.parametrize("overlay", RENDERED)
 def test_no_hook_names_a_variable_kubernetes_would_not_expand(overlay: str) -> None:
     """Kubernetes expands $(VAR) in a container's command and args, not in its lifecycle hooks: a hook
     would get the text `$(VAR)` itself."""
@@ -326,12 +338,21 @@ def cli_options(command: str) -> set[str]:
     return {opt for p in click_app.commands[command].params for opt in p.opts}  # type: ignore[attr-defined]
 
 
+# The zones overlay starts inferd through a shell that adds `--zone` from the file its init container
+# wrote (deploy/overlays/zones/zone-pod.yaml); the container's args are still inferd's own.
+ZONE_WRAPPER = [
+    "/bin/sh", "-c", 'read -r zone < /run/inferd-zone/zone && exec inferd "$@" --zone="$zone"', "inferd"
+]
+
+
 def runs_inferd(c: dict[str, Any]) -> bool:
-    """The container runs the inferd image's entrypoint (`inferd`), not another program (Redis)."""
-    return "command" not in c and c["image"].rpartition("/")[2].split(":")[0] == "inferd"
+    """The container runs the inferd image's entrypoint (`inferd`), or execs it through the zones
+    overlay's wrapper, not another program (Redis)."""
+    image = c["image"].rpartition("/")[2].split(":")[0]
+    return c.get("command", ZONE_WRAPPER) == ZONE_WRAPPER and image == "inferd"
 
 
-@pytest.mark.parametrize("overlay", ["overlays/cpu-demo", "overlays/gpu", "ray"])
+@pytest.mark.parametrize("overlay", FRONT_ENDS)
 def test_manifest_arguments_are_real_cli_flags(overlay: str) -> None:
     checked = 0
     for doc in render(overlay):
@@ -362,7 +383,7 @@ def served_ports(c: dict[str, Any]) -> dict[str, int]:
     return ports
 
 
-@pytest.mark.parametrize("overlay", ["overlays/cpu-demo", "overlays/gpu", "ray"])
+@pytest.mark.parametrize("overlay", FRONT_ENDS)
 def test_front_end_ports_are_where_inferd_listens_and_grpc_is_served(overlay: str) -> None:
     """Each named container port is the port inferd listens on for that API (the gRPC one on the HTTP
     port + 1 by default, the admin API on + 2), no two APIs share one, and the front end's Service and
@@ -407,7 +428,7 @@ def inferd_metric_names() -> set[str]:
     return {m for f in sources for m in re.findall(r'"(inferd_[a-z_]+)"', f.read_text())}
 
 
-@pytest.mark.parametrize("overlay", ["overlays/cpu-demo", "overlays/gpu"])
+@pytest.mark.parametrize("overlay", ["overlays/cpu-demo", "overlays/gpu", "overlays/zones"])
 def test_autoscalers_use_metrics_inferd_exports_and_the_adapter_serves(overlay: str) -> None:
     (adapter,) = render("prometheus-adapter")
     rules = yaml.safe_load(adapter["data"]["config.yaml"])
@@ -428,7 +449,7 @@ def test_autoscalers_use_metrics_inferd_exports_and_the_adapter_serves(overlay: 
 
 
 def test_disruption_budgets_select_pods_of_their_overlay() -> None:
-    for overlay in ("overlays/cpu-demo", "overlays/gpu"):
+    for overlay in ("overlays/cpu-demo", "overlays/gpu", "overlays/zones"):
         docs = render(overlay)
         pdbs = [d for d in docs if d["kind"] == "PodDisruptionBudget"]
         assert pdbs

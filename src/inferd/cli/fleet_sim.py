@@ -27,7 +27,7 @@ fleet_sim_app = typer.Typer(help=__doc__, no_args_is_help=True)
 
 def parse_failure(kind: str, raw: str) -> Failure:
     """'VALUE@SECONDS': kill 0.1@20 (a share of the devices), slow 10@5 (one device's slowdown),
-    lose-frontend 0@30 (a front end's index)."""
+    lose-frontend 0@30 (a front end's index), lose-zone 1@30 and heal-zone 1@45 (a zone's index)."""
     value, sep, at = raw.partition("@")
     try:
         number, at_s = float(value), float(at)
@@ -39,7 +39,9 @@ def parse_failure(kind: str, raw: str) -> Failure:
         return Failure("kill", at_s, fraction=number)
     if kind == "slow":
         return Failure("slow", at_s, factor=number)
-    return Failure("lose_frontend", at_s, index=int(number))
+    if kind in ("lose-zone", "heal-zone") and (not number.is_integer() or number < 0):
+        raise typer.BadParameter(f"--{kind} takes ZONE_INDEX@SECONDS (0 is zone-a); got {raw!r}")
+    return Failure(kind.replace("-", "_"), at_s, index=int(number))
 
 
 def parse_tenant(raw: str) -> SimTenant:
@@ -96,6 +98,25 @@ def run(
     lose_frontend: Annotated[
         list[str] | None, typer.Option(help="INDEX@SECONDS: that front end dies.")
     ] = None,
+    zones: Annotated[
+        int,
+        typer.Option(
+            min=0,
+            help="Spread front ends, devices and clients over this many zones (zone-a, zone-b, ...; "
+            "front end and device i in zone i % N): each front end routes to its zone first, as the "
+            "server does (needs --frontends >= N, shared devices). 0: no zones.",
+        ),
+    ] = 0,
+    overprovisioning: Annotated[
+        float, typer.Option(min=1.0, help="With --zones: [cluster] overprovisioning of every front end.")
+    ] = 1.4,
+    lose_zone: Annotated[
+        list[str] | None,
+        typer.Option(help="INDEX@SECONDS: that zone (0: zone-a) loses its front ends and devices at once."),
+    ] = None,
+    heal_zone: Annotated[
+        list[str] | None, typer.Option(help="INDEX@SECONDS: that lost zone comes back.")
+    ] = None,
     autoscale: Annotated[
         bool, typer.Option(help="Run the server's autoscaler on the fleet (one front end).")
     ] = False,
@@ -129,9 +150,14 @@ def run(
     model = sim_config(max_batch_size=max_batch_size, max_wait_ms=max_wait_ms, **overrides)
     failures = [
         parse_failure(k, raw)
-        for k, values in (("kill", kill), ("slow", slow), ("lose-frontend", lose_frontend))
+        for k, values in (
+            ("kill", kill), ("slow", slow), ("lose-frontend", lose_frontend), ("lose-zone", lose_zone),
+            ("heal-zone", heal_zone),
+        )
         for raw in values or ()
-    ]
+    ]  # fmt: skip
+    if any("zone" in f.kind for f in failures) and not zones:
+        raise typer.BadParameter("--lose-zone and --heal-zone need --zones")
     if autoscale and frontends != 1:
         raise typer.BadParameter("--autoscale simulates one front end: drop --frontends or --autoscale")
     scaling = AutoscalerConfig(min_workers=min_devices, max_workers=max_devices) if autoscale else None
@@ -146,11 +172,16 @@ def run(
         seed=seed,
         autoscale=scaling,
         shared_devices=shared_devices,
+        zones=zones,
+        overprovisioning=overprovisioning,
     )
     spec.tenants = [parse_tenant(raw) for raw in tenant or ()]
     shared_devices = spec.shares_devices  # one front end has its devices to itself
     started = time.perf_counter()
-    report = simulate(spec)
+    try:
+        report = simulate(spec)
+    except ValueError as exc:  # a layout the fleet cannot take (zones without a front end each)
+        raise typer.BadParameter(str(exc)) from None
     wall = time.perf_counter() - started
     out = {
         **report.to_dict(),
@@ -169,8 +200,29 @@ def run(
     table.add_column("")
     table.add_column("value", justify="right")
     for key, value in out.items():
-        table.add_row(key, str(value))
+        if key != "zones":
+            table.add_row(key, str(value))
     Console().print(table)
+    if report.zones is not None:
+        Console().print(_zones_table(report.zones))
+
+
+def _zones_table(zones: dict) -> Table:
+    """Per client zone (and all of them): the measured window, then each phase around a zone's loss."""
+    table = Table(title=f"zones (overprovisioning {zones['overprovisioning']:g}): clients of each zone")
+    for header in ("zone", "arrived", "requests", "goodput/s", "failed", "429", "timeouts", "p99 ms",
+                   "in-zone", "via other zone"):  # fmt: skip
+        table.add_column(header, justify="right")
+    for name, z in zones.items():
+        if not isinstance(z, dict):
+            continue
+        for when, f in [("measured", z), *((f"{p['from_s']:g}-{p['to_s']:.4g} s", p) for p in z.get("phases", []))]:
+            table.add_row(
+                name, when, str(f["requests"]), f"{f['goodput_rps']:g}", str(f["failed"]), str(f["rejected"]),
+                str(f["timeouts"]), str(f["p99_ms"]), "-" if f["in_zone_share"] is None else f"{f['in_zone_share']:.1%}",
+                str(f.get("via_other_zone", "-")),
+            )  # fmt: skip
+    return table
 
 
 @fleet_sim_app.command()

@@ -44,6 +44,14 @@ def plan_llm_cmd(
     seeds: Annotated[
         int, typer.Option(min=1, help="Simulated runs per rate; the rate holds only if every one does.")
     ] = CHECK_SEEDS,
+    zones: Annotated[
+        int,
+        typer.Option(
+            min=1,
+            help="Zones the fleet spreads over; with 2 or more each zone is sized so that the others "
+            "carry the whole load when it is lost (1: no zone's loss planned for).",
+        ),
+    ] = 1,
     check_seconds: Annotated[
         float, typer.Option(min=1.0, help="Virtual seconds each simulated run lasts.")
     ] = 40.0,
@@ -61,7 +69,8 @@ def plan_llm_cmd(
             rps, prompt_tokens, output_tokens, ttft_p99_ms, itl_p99_ms, device_cost_per_hour, max_utilisation
         )
         report = plan_llm(
-            profile, targets, check, slice_devices, check_seconds, shared_devices=shared_devices, seeds=seeds
+            profile, targets, check, slice_devices, check_seconds, shared_devices=shared_devices, seeds=seeds,
+            zones=zones,
         )
     except (ConfigError, ValueError) as exc:
         raise typer.BadParameter(str(exc)) from None
@@ -76,6 +85,7 @@ def plan_llm_cmd(
     typer.echo(f"  front ends:   {r.frontends:,}")
     typer.echo(f"  cores:        {r.cores:,}")
     typer.echo(f"  host memory:  {r.memory_gib:,.0f} GiB")
+    _echo_zones(report.zones)
     cost = report.cost
     typer.echo(
         "  cost:         " + (f"{cost.per_hour:,.2f}/h, {cost.per_million_tokens} per million output tokens"
@@ -86,6 +96,25 @@ def plan_llm_cmd(
         typer.echo(f"  {i}. {step}")
     if report.check is not None:
         _echo_check(report.check)
+
+
+def _echo_zones(z: dict | None) -> None:
+    if z is None:
+        return
+    if not z["survives_zone_loss"]:
+        typer.echo("  zones:        1 (no zone's loss planned for; --zones N sizes N zones so N - 1 carry the load)")
+        return
+    cost = f", {z['headroom_cost_per_hour']:,.2f}/h" if z["headroom_cost_per_hour"] is not None else ""
+    typer.echo(
+        f"  zones:        {z['zones']}, each {z['devices_per_zone']:,} devices and {z['frontends_per_zone']:,} "
+        f"front ends, sized so any {z['zones'] - 1} carry the load"
+    )
+    typer.echo(
+        f"  zone loss:    headroom {z['headroom_devices']:+,} devices ({z['headroom_share']:+.0%} over the "
+        f"{z['no_loss_devices']:,} of a plan for no zone's loss{cost}), {z['headroom_frontends']:+,} front ends; "
+        f"{z['rate_per_device_all_up']} req/s per device while all are up, {z['rate_per_device_one_lost']} "
+        "with one lost"
+    )
 
 
 def _echo_check(check: dict) -> None:

@@ -106,6 +106,7 @@ class BatchLink(FrontLink):
         model = device.fleet.model
         self.conn = WorkerConnection(device.worker_id, model.name, 0, "sim", self, credits=0)  # type: ignore[arg-type]
         self.conn.version = model.version
+        self.conn.zone = device.zone  # its Hello's
         self.batches = 0
         """Batches of this front end the device finished."""
 
@@ -153,11 +154,17 @@ class SharedBatchDevice:
     """One device and its worker process, serving every live front end through one BatchLink each."""
 
     def __init__(
-        self, fleet: Fleet, worker_id: str, frontends: list[SimFrontend], slowdown: float = 1.0
+        self,
+        fleet: Fleet,
+        worker_id: str,
+        frontends: list[SimFrontend],
+        slowdown: float = 1.0,
+        zone: str | None = None,
     ) -> None:
         self.fleet = fleet
         self.worker_id = worker_id
         self.slowdown = slowdown
+        self.zone = zone
         self.dead = False
         self.ledger = CreditLedger(fleet.clock)
         """inferd's own grantor: 1 running + 1 staged batch in total, across the front ends."""
@@ -181,6 +188,17 @@ class SharedBatchDevice:
         self.grant()
         for link in self.links.values():
             self.fleet.dispatch(link.frontend)
+
+    def add(self, fe: SimFrontend) -> None:
+        """A front end started after the device (a zone healed): the worker joins it as the others."""
+        link = BatchLink(self, fe)
+        self.links[fe.index] = link
+        self.all_links += (link,)
+        self.ledger.join(fe.index)
+        fe.devices.append(link)
+        fe.rt.add_worker(link.conn)
+        self.grant()
+        self.fleet.dispatch(fe)
 
     def grant(self) -> None:
         """As the worker's `_grant`: hand out free slots, and tell front ends holding slots when the

@@ -7,7 +7,10 @@ hedging watchdog and recovery run unchanged. Only the edges are simulated:
   (one at a time, the staged one after), then the runtime gets the worker's `BatchDone`;
 - the front end's own CPU is a FIFO server taking `frontend_s` per request, and every answer gets the
   profile's `overhead_s` (HTTP and IPC);
-- the supervisor brings a killed device back after `restart_s`.
+- the supervisor brings a killed device back after `restart_s`;
+- failures (devices killed or slowed, a front end or a zone lost) come at their times (failures.py).
+With zones (fleetsim/zones.py) each front end, device and client is in one, and each front end's runtime
+routes with the server's own `LocalityPolicy`.
 
 Front ends split the arrivals round-robin, as a connection-balancing load balancer would. Every device
 serves every front end under inferd's own credit ledger (batch_devices.py), as the workers of `inferd
@@ -22,7 +25,6 @@ front end has the devices to itself (a worker serving it alone grants it every f
 from __future__ import annotations
 
 import asyncio
-import itertools
 import math
 from dataclasses import dataclass, field
 
@@ -34,14 +36,17 @@ from inferd.config.autoscaler import AutoscalerConfig
 from inferd.errors import Overloaded, ServingError
 from inferd.fleetsim.batch_devices import SharedBatchDevice, SimDevice
 from inferd.fleetsim.events import EventQueue
+from inferd.fleetsim.failures import Failure, inject
 from inferd.fleetsim.profiles import BatchProfile
 from inferd.fleetsim.report import Outcome, SimReport
 from inferd.fleetsim.scaling import SimScaling
 from inferd.fleetsim.tenants import SimTenant, SimTenants
+from inferd.fleetsim.zones import SimZones
 from inferd.kinds.batch.dispatcher import ModelRuntime
 from inferd.kinds.batch.queue import QueuedItem
 from inferd.observability.metrics import Metrics
 from inferd.routing.fairness import INTERACTIVE, NO_TENANT
+from inferd.routing.locality import LocalityPolicy
 from inferd.routing.retry import RetryBudget
 from inferd.wire import protocol as p
 from inferd.wire.connection import Batch, WorkerConnection
@@ -53,18 +58,6 @@ DISPATCH_QUANTUM_S = 0.001
 """The default time resolution of arrivals' dispatch: arrivals within this much of each other share one
 dispatch pass, as requests read in one turn of the server's event loop do; completions and the batch
 policy's own wake-ups dispatch at once."""
-
-
-@dataclass(frozen=True, slots=True)
-class Failure:
-    """At `at_s`: kill `fraction` of the devices ("kill"), slow one device by `factor` ("slow"), or lose
-    front end number `index` ("lose_frontend")."""
-
-    kind: str
-    at_s: float
-    fraction: float = 0.0
-    factor: float = 1.0
-    index: int = 0
 
 
 @dataclass(slots=True)
@@ -89,6 +82,10 @@ class FleetSpec:
     shared_devices: bool = True
     """With several front ends: every device serves every front end, under its credit ledger
     (fleetsim/batch_devices.py); False: device d is front end d % frontends' alone."""
+    zones: int = 0
+    """Front ends, devices and clients spread over this many zones (fleetsim/zones.py); 0: no zones."""
+    overprovisioning: float = 1.4
+    """With zones: each front end's `[cluster] overprovisioning` (routing/locality.py)."""
 
     @property
     def shares_devices(self) -> bool:
@@ -96,14 +93,17 @@ class FleetSpec:
 
 
 class Frontend:
-    def __init__(self, fleet: BatchFleet, index: int) -> None:
+    def __init__(self, fleet: BatchFleet, index: int, zone: str | None = None) -> None:
         self.index = index
+        self.zone = zone
+        over = fleet.spec.overprovisioning
         self.rt = ModelRuntime(
             fleet.model,
             fleet.clock,
             fleet.metrics.for_model(fleet.model.name),
             RetryBudget(fleet.clock, 0.1, 10.0),
             kill_worker=fleet.kill_hung,
+            locality=None if zone is None else LocalityPolicy(fleet.clock, zone, overprovisioning=over),
         )
         self.free_at = 0.0
         self.wake_at: float | None = None
@@ -140,7 +140,11 @@ class BatchFleet:
         wake-up it asked for (with preferred sizes or SLO batching it can: every arrival dispatches)."""
         self.batched_items = 0
         self.restarts = 0
-        self.frontends = [Frontend(self, i) for i in range(spec.frontends)]
+        self.zones = None if not spec.zones else SimZones(spec.zones, n)
+        if self.zones is not None and not (spec.shares_devices and spec.frontends >= spec.zones):
+            raise ValueError("zones need a front end in each (--frontends >= --zones) and shared devices")
+        zone_of = (lambda i: None) if self.zones is None else self.zones.frontend_zone
+        self.frontends = [Frontend(self, i, zone_of(i)) for i in range(spec.frontends)]
         self.shared: list[SharedBatchDevice] | None = [] if spec.shares_devices else None
         """Every shared device started (killed ones included); None: each front end has its own."""
         for d in range(spec.devices):
@@ -161,7 +165,9 @@ class BatchFleet:
     # ---- devices ---------------------------------------------------------------------------------------
     def start_device(self, fe: Frontend, worker_id: str, slowdown: float = 1.0) -> None:
         if self.shared is not None:  # it joins every live front end
-            shared = SharedBatchDevice(self, worker_id, [f for f in self.frontends if not f.lost], slowdown)
+            zone = None if self.zones is None else self.zones.slot_zone(worker_id.rpartition(".")[0])
+            live = [f for f in self.frontends if not f.lost]
+            shared = SharedBatchDevice(self, worker_id, live, slowdown, zone)
             self.shared.append(shared)
             return shared.join()
         device = SimDevice(self, fe, worker_id, slowdown)
@@ -214,7 +220,7 @@ class BatchFleet:
 
     def restart(self, slot: str, generation: int, slowdown: float) -> None:
         live = [fe for fe in self.frontends if not fe.lost]
-        if not live:
+        if not live or (self.zones is not None and self.zones.wait_for_heal(slot, generation, slowdown)):
             return
         self.restarts += 1
         fe = min(live, key=lambda f: len(f.devices))
@@ -250,6 +256,8 @@ class BatchFleet:
                 self.items[rid] = None
                 if self.tenants is not None:
                     self.tenants.release(rid, now)
+                if self.zones is not None:
+                    self.zones.answered(rid, conn.zone)
         self.dispatch(fe)
 
     # ---- front ends --------------------------------------------------------------------------------------
@@ -260,7 +268,7 @@ class BatchFleet:
         if not live:
             self.outcome[rid] = Outcome.FAILED
             return
-        fe = live[rid % len(live)]
+        fe = live[rid % len(live)] if self.zones is None else self.zones.frontend_for(rid, live)
         now = self.clock.now()
         start = max(now, fe.free_at)
         fe.free_at = start + self.profile.frontend_s
@@ -286,11 +294,22 @@ class BatchFleet:
             return
         self.items[rid] = item
         self.owner[rid] = fe.index
+        if self.zones is not None and fe.zone is not None:
+            self.zones.admitted(rid, fe.zone)
         if fe.wake_at is not None and len(fe.rt.queue) < self.full_batch:
             return  # BatchPolicy cuts below a full batch only at its wake-up, which is already due
         if not fe.pass_pending:
             fe.pass_pending = True
             self.events.at(self.clock.now() + self.spec.dispatch_quantum_s, self._pass, fe)
+
+    def add_frontend(self, zone: str) -> Frontend:
+        """A front end starts (a zone healed): every live device joins it."""
+        fe = Frontend(self, len(self.frontends), zone)
+        self.frontends.append(fe)
+        for device in self.shared or ():
+            if not device.dead:
+                device.add(fe)
+        return fe
 
     def dispatch(self, fe: Frontend) -> None:
         if fe.lost:
@@ -321,42 +340,6 @@ class BatchFleet:
             self.dispatch(fe)
         self.events.at(now + WATCHDOG_EVERY_S, self.watchdog)
 
-    # ---- failures ----------------------------------------------------------------------------------------
-    def inject(self, failure: Failure) -> None:
-        # round-robin over the front ends: a killed share is spread evenly, not one front end's whole set
-        per_fe = [[d for d in fe.devices if not d.dead] for fe in self.frontends]
-        devices = [d for group in itertools.zip_longest(*per_fe) for d in group if d is not None]
-        if self.shared is not None:
-            devices = [d for d in self.shared if not d.dead]
-        if failure.kind == "kill":
-            count = math.ceil(failure.fraction * len(devices))
-            for device in devices[:count]:
-                self.kill(device, "killed (simulated failure)")
-        elif failure.kind == "slow" and devices:
-            devices[0].slowdown = failure.factor
-        elif failure.kind == "lose_frontend":
-            self.lose_frontend(self.frontends[failure.index % len(self.frontends)])
-        else:
-            raise ValueError(f"unknown failure kind {failure.kind!r}")
-
-    def lose_frontend(self, fe: Frontend) -> None:
-        """Its requests fail (the clients see a broken connection); its devices join the others (shared
-        devices close its links and serve the others on)."""
-        fe.lost = True
-        now = self.clock.now()
-        for rid in np.flatnonzero((self.owner == fe.index) & (self.outcome == Outcome.PENDING)):
-            self.outcome[rid] = Outcome.FAILED
-            self.done_at[rid] = now
-            self.items[rid] = None
-        for device in list(fe.devices):
-            if self.shared is not None:  # only its links close
-                device.close()
-                continue
-            device.dead = True
-            slot, _, generation = device.conn.worker_id.rpartition(".")
-            self.events.at(now, self.restart, slot, int(generation) + 1, device.slowdown)
-        fe.devices.clear()
-
     # ---- running -------------------------------------------------------------------------------------------
     def run(self) -> SimReport:
         spec = self.spec
@@ -367,7 +350,7 @@ class BatchFleet:
         if self.scaling is not None:
             self.events.at(self.scaling.interval_s, self.scaling.tick)
         for failure in spec.failures:
-            self.events.at(failure.at_s, self.inject, failure)
+            self.events.at(failure.at_s, inject, self, failure)
         drain = 10.0 if spec.timeout_s is None else spec.timeout_s
         self.events.run_until(end + drain)
         self._settle_failures()

@@ -22,7 +22,8 @@ tokens and outputs of O, a profile step_s = a + b x tokens + c x context, and co
     nothing refused or failed, r drops by 10% and the slice runs again (at most 4 rates).
 Fleet: devices = ceil(rps / r); front ends = ceil(rps / (frontend_utilisation / cpu per request)) + 1
 (cpu per request = frontend_s + P x frontend_prompt_token_s + O x frontend_token_s; the spare
-survives the loss of one).
+survives the loss of one). Over N zones (--zones), each zone sized so that N - 1 carry the load
+(fleetsim/zone_plan.py).
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from inferd.fleetsim.llm_fleet import LLMFleetSpec, simulate_llm
 from inferd.fleetsim.llm_profile import LLMProfile, poisson_quantile
 from inferd.fleetsim.llm_report import LLMSimReport
 from inferd.fleetsim.plan_schema import Cost, PlanReport, Resources
+from inferd.fleetsim.zone_plan import ZoneSizing, size_zones, zone_step
 
 ADJUST = 0.9
 CHECK_HEADROOM = 0.95
@@ -242,11 +244,15 @@ def plan_llm(
     duration_s: float = 40.0,
     shared_devices: bool = True,
     seeds: int = CHECK_SEEDS,
+    zones: int = 1,
 ) -> PlanReport:
     """`shared_devices`: the deployment planned (and simulated by the check): every worker joins every
-    front end; False: each front end has its own devices."""
+    front end; False: each front end has its own devices. `zones`: over how many zones, each sized so
+    that the others carry the load when it is lost (1: no zone's loss planned for)."""
     if check and (seeds < 1 or slice_devices < 1):
         raise ValueError("the check needs at least one seed and one device")
+    if zones < 1:
+        raise ValueError(f"zones must be at least 1, not {zones}")
     analytic, binding = max_rate(profile, t)
     if analytic.rate <= 0:
         raise ValueError(f"one device cannot meet the targets at any rate (binding: {binding})")
@@ -258,9 +264,8 @@ def plan_llm(
         fe_slice = slice_frontends(slice_devices, frontends, math.ceil(t.rps / analytic.rate))
         s = CheckSlice(slice_devices, fe_slice, shared_devices, seeds, duration_s)
         d, sim = checked_rate(profile, t, analytic, s)
-    devices = math.ceil(t.rps / d.rate)
-    if not shared_devices:  # an even split: every front end's own devices at <= r each
-        devices = frontends * math.ceil(t.rps / frontends / d.rate)
+    z = size_zones(t.rps, d.rate, fe_rps, zones, shared_devices)
+    devices, frontends = z.devices, z.frontends
     cores = frontends + devices * t.cores_per_device
     memory = frontends * t.frontend_memory_gib + devices * profile.host_memory_gib
     out_tps = t.rps * t.output_tokens
@@ -272,11 +277,9 @@ def plan_llm(
             round(per_hour / (out_tps * 3600) * 1e6, 4),
             "devices only, per million output tokens; front-end cores and memory not priced",
         )
-    deployment = _deployment(t.rps, d.rate, devices, frontends, shared_devices)
-    reasoning = _reasoning(
-        profile, t, analytic, binding, d, devices, fe_cpu, fe_rps, frontends, cores, memory, cost, sim
-    )
-    reasoning.insert(-2, deployment)  # after the front ends, before the cores
+    deployment = _deployment(t.rps, d.rate, z.no_loss_devices, z.no_loss_frontends, shared_devices)
+    reasoning = _reasoning(profile, t, analytic, binding, d, z, fe_cpu, fe_rps, cores, memory, cost, sim)
+    reasoning[-2:-2] = [deployment, zone_step(z, t.device_cost_per_hour)]  # after the front ends
     return PlanReport(
         kind="llm",
         inputs={
@@ -286,6 +289,7 @@ def plan_llm(
             "ttft_p99_ms": t.ttft_p99_ms,
             "itl_p99_ms": t.itl_p99_ms,
             "device_cost_per_hour": t.device_cost_per_hour,
+            "zones": zones,
         },
         resources=Resources(
             devices,
@@ -312,13 +316,17 @@ def plan_llm(
         },
         cost=cost,
         check=sim,
+        zones=z.to_dict(t.device_cost_per_hour),
     )
 
 
 def _reasoning(
-    profile: LLMProfile, t: LLMTargets, analytic: DeviceAt, binding: str, d: DeviceAt, devices: int,
-    fe_cpu: float, fe_rps: float, frontends: int, cores: int, memory: float, cost: Cost | None, sim: dict | None,
+    profile: LLMProfile, t: LLMTargets, analytic: DeviceAt, binding: str, d: DeviceAt, z: ZoneSizing,
+    fe_cpu: float, fe_rps: float, cores: int, memory: float, cost: Cost | None, sim: dict | None,
 ) -> list[str]:  # fmt: skip
+    """The devices and front-end steps say the plan for no zone's loss; the zones' step (inserted after
+    them) the fleet over the zones, which the cores, memory and cost steps count."""
+    devices, frontends = z.no_loss_devices, z.no_loss_frontends
     P, O = t.prompt_tokens, t.output_tokens  # noqa: E741  # the docstring's names
     a, b, c = profile.step_base_s, profile.per_token_s, profile.per_context_token_s
     steps = [
@@ -360,13 +368,13 @@ def _reasoning(
         f"{profile.frontend_token_s * 1e6:.2f} us per streamed token = {fe_cpu * 1e6:.1f} us; at "
         f"{t.frontend_utilisation:.0%} CPU one front end takes {fe_rps:,.0f} req/s; "
         f"front ends = ceil({t.rps:g} / {fe_rps:,.0f}) + 1 spare = {frontends}",
-        f"cores = {frontends} front ends x 1 + {devices:,} devices x {t.cores_per_device} = {cores:,}; "
-        f"host memory = {frontends} x {t.frontend_memory_gib:g} GiB + {devices:,} x "
+        f"cores = {z.frontends} front ends x 1 + {z.devices:,} devices x {t.cores_per_device} = {cores:,}; "
+        f"host memory = {z.frontends} x {t.frontend_memory_gib:g} GiB + {z.devices:,} x "
         f"{profile.host_memory_gib:g} GiB = {memory:,.0f} GiB",
     ]
     if cost is not None:
         steps.append(
-            f"cost = {devices:,} x {t.device_cost_per_hour:g}/h = {cost.per_hour:,.2f}/h; per million output "
+            f"cost = {z.devices:,} x {t.device_cost_per_hour:g}/h = {cost.per_hour:,.2f}/h; per million output "
             f"tokens = {cost.per_hour:,.2f} / ({t.rps * O:,.0f} x 3600) x 1e6 = {cost.per_million_tokens}"
         )
     else:

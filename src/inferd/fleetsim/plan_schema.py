@@ -25,7 +25,16 @@ costs, why (the arithmetic, step by step), and how it was checked.
                                         "rejected", "failed" and "unfinished" (summed), "per_seed": [{"seed", "held",
                                         figures}] (a rate stops at the first seed that misses)}]}
       "profile": {"name": str, "source": str},   where the per-device figures come from
-      "details": {...}                  the kind's own intermediate numbers
+      "details": {...},                 the kind's own intermediate numbers
+      "zones": {...} | null             over how many zones the resources are, and what surviving the loss
+                                        of one costs (null: the kind does not plan zones; search);
+                                        llm (fleetsim/zone_plan.py): {"zones": int, "survives_zone_loss":
+                                        bool, "devices_per_zone", "frontends_per_zone", "rps_per_zone",
+                                        "rps_per_zone_one_lost" (null for 1 zone), "rate_per_device_all_up",
+                                        "rate_per_device_one_lost", "no_loss_devices" and
+                                        "no_loss_frontends" (the plan for no zone's loss), "headroom_devices",
+                                        "headroom_frontends", "headroom_share" (of no_loss_devices),
+                                        "headroom_cost_per_hour" (null unless priced)}
     }
 """
 
@@ -65,6 +74,7 @@ class PlanReport:
     details: dict[str, Any] = field(default_factory=dict)
     cost: Cost | None = None
     check: dict[str, Any] | None = None
+    zones: dict[str, Any] | None = None
     schema: str = SCHEMA
 
     def to_dict(self) -> dict[str, Any]:

@@ -67,6 +67,9 @@ class SimReport:
     """Refused by their tenant's quota."""
     tenants: dict[str, Any] | None = None
     """Per tenant: requests, ok, limited, p99_ms."""
+    zones: dict[str, Any] | None = None
+    """With zones: per client zone (and in all) requests, goodput, failures, p99, in-zone share, and per
+    phase around a zone's loss (fleetsim/zones.py `summary`)."""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -110,6 +113,11 @@ class SimReport:
             else fleet.tenants.summary(
                 outcome == Outcome.OK, outcome == Outcome.LIMITED, latency * 1000.0, window
             ),  # type: ignore[attr-defined]
+            zones=None
+            if getattr(fleet, "zones", None) is None
+            else fleet.zones.summary(  # type: ignore[attr-defined]
+                outcome, latency * 1000.0, arrivals, spec.warmup_s, end_s, spec.failures, spec.overprovisioning
+            ),
         )
 
 
