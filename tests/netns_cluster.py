@@ -39,7 +39,9 @@ TOKEN = "join-secret-for-many-hosts"
 HTTP_PORT, ADMIN_PORT, WORKER_PORT, REDIS_PORT = 8000, 8002, 9000, 6379  # gRPC: 8001 (the default)
 
 
-def sim_model_toml(timeout_ms: int = 10000, base_ms: float = 5.0, max_batch_size: int = 8) -> str:
+def sim_model_toml(
+    timeout_ms: int = 10000, base_ms: float = 5.0, max_batch_size: int = 8, per_item_ms: float = 0.0
+) -> str:
     """The `sim` model with no local workers (they come from the worker hosts)."""
     return f"""builtin = "sim"
 workers = 0
@@ -49,7 +51,7 @@ default_timeout_ms = {timeout_ms}
 
 [params]
 base_ms = {base_ms}
-per_item_ms = 0.0
+per_item_ms = {per_item_ms}
 """
 
 
