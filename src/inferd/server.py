@@ -155,7 +155,8 @@ class InferenceServer:
             local_workers,
             self._token,
             config.log_level,
-            extra_args=[*config.observability.worker_args(), *(["--reconnect"] if subreaper else [])],
+            extra_args=[*config.observability.worker_args(), *(["--reconnect"] if subreaper else []),
+                        *(["--zone", config.zone] if config.zone else [])],  # local workers: our zone
             env=server_pids_env(os.getpid(), subreaper) if subreaper else None,
             adopt=bool(subreaper) and frontend is not None and frontend.is_owner,
         )

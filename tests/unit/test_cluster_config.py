@@ -33,7 +33,7 @@ def loaded(tmp_path: Path, toml: str) -> ServerConfig:
 def test_the_cluster_table_has_defaults_and_no_store(tmp_path: Path) -> None:
     config = loaded(tmp_path, "")
     cluster = cluster_config(config)
-    assert (cluster.store, cluster.name, cluster.lease_ttl_s) == (None, "inferd", 5.0)
+    assert (cluster.store, cluster.name, cluster.lease_ttl_s, cluster.overprovisioning) == (None, "inferd", 5.0, 1.4)
     assert store_url(config) is None
 
 
@@ -64,6 +64,8 @@ def test_the_gateways_redis_as_the_store_is_checked_as_one(tmp_path: Path) -> No
         ('store = "redis://:hunter2@redis:6379/0"', "remove it from the URL and set INFERD_STORE_PASSWORD"),
         ('store = "redis:///0"', "names no host"),
         ('name = "a b{c}"', "[cluster] name"),
+        ("overprovisioning = 0.9", "[cluster] overprovisioning 0.9 is below 1"),
+        ("overprovisioning = nan", "Set it to 1 or more (default 1.4, Envoy's), or remove it"),
     ],
 )
 def test_a_bad_cluster_table_is_refused_with_the_fix(tmp_path: Path, table: str, says: str) -> None:

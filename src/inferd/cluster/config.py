@@ -16,6 +16,7 @@ trusted) when the server starts is refused, with the fix.
 from __future__ import annotations
 
 import importlib.util
+import math
 import os
 import re
 from collections.abc import Mapping
@@ -73,11 +74,25 @@ class ClusterConfig(BaseModel):
     """How long a lease holder acts without renewing: after its death, the longest wait for another."""
     tls_ca_file: Path | None = None
     """The CA bundle (PEM) that verifies a rediss:// store (default: the system's)."""
+    overprovisioning: float = 1.4
+    """Zone routing (routing/locality.py), Envoy's factor: a front end with a zone keeps a model's work in
+    its zone while overprovisioning x its zone's healthy share of the zone's workers is at least 1, and
+    spills the rest to the other zones. At least 1 (1: spill as soon as one local worker is unhealthy)."""
 
     @field_validator("store")
     @classmethod
     def _store(cls, url: str | None) -> str | None:
         return None if url is None else check_store_url(url, "[cluster] store")
+
+    @field_validator("overprovisioning")
+    @classmethod
+    def _overprovisioning(cls, factor: float) -> float:
+        if not (math.isfinite(factor) and factor >= 1.0):
+            raise ValueError(
+                f"[cluster] overprovisioning {factor} is below 1: a zone would give away work while all its "
+                "workers are healthy. Set it to 1 or more (default 1.4, Envoy's), or remove it"
+            )
+        return factor
 
     @field_validator("name")
     @classmethod

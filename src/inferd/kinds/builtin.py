@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import cast
 
+from inferd.cluster.config import cluster_config
 from inferd.config import ModelConfig
 from inferd.kinds.batch.admin_view import BATCH_ADMIN
 from inferd.kinds.batch.demand import BATCH_AUTOSCALING
@@ -19,9 +20,16 @@ from inferd.kinds.llm.runtime import LLMRuntime
 from inferd.kinds.search.kind import search_kind
 from inferd.kinds.upstream.metrics import UpstreamMetrics, upstream_families
 from inferd.kinds.upstream.runtime import UpstreamConfig, UpstreamRuntime
+from inferd.routing.locality import LocalityPolicy
 from inferd.routing.retry import RetryBudget
 from inferd.runtime.contract import Runtime
 from inferd.runtime.kinds import Kind, KindRegistry, RuntimeContext
+
+
+def _locality(ctx: RuntimeContext) -> LocalityPolicy:
+    """A model version's zone routing: this front end's zone first (`[server] zone`), spilling by
+    `[cluster] overprovisioning` (routing/locality.py); with no zone, it routes as without zones."""
+    return LocalityPolicy(ctx.clock, ctx.server.zone, overprovisioning=cluster_config(ctx.server).overprovisioning)
 
 
 def _batch_runtime(config: ModelConfig, ctx: RuntimeContext) -> Runtime:
@@ -33,6 +41,7 @@ def _batch_runtime(config: ModelConfig, ctx: RuntimeContext) -> Runtime:
         ctx.kill_worker,
         heartbeat_timeout_s=ctx.server.heartbeat_timeout_s,
         members=ctx.directory.members(config.name, config.version),
+        locality=_locality(ctx),
     )
 
 

@@ -1,6 +1,7 @@
 """Gauges read at scrape time from every served runtime's snapshot (one statistics() per runtime per
-scrape): workers and their load for every kind, then each kind's own families (`Kind.metric_families`,
-declared in the kind's package), in the order the kinds were registered."""
+scrape): workers and their load for every kind, the work sent to each zone (the kinds that route by zone),
+then each kind's own families (`Kind.metric_families`, declared in the kind's package), in the order the
+kinds were registered."""
 
 from __future__ import annotations
 
@@ -30,7 +31,7 @@ class RuntimeCollector(Collector):
             by_kind.setdefault(s.kind, []).append(s)
         kinds = list(self._kinds)
         counted = frozenset(k.name for k in kinds if k.counts_workers)
-        families = worker_families(snapshots, counted)
+        families = [*worker_families(snapshots, counted), *zone_families(snapshots)]
         for kind in kinds:
             if kind.metric_families is not None:
                 families.extend(kind.metric_families(by_kind.get(kind.name, [])))
@@ -74,3 +75,37 @@ def worker_families(snapshots: list[RuntimeStatistics], counted: frozenset[str])
                 workers.add_metric([*key, state], counts.get(state, 0))
     return [workers, ready, load, busy, done]
 
+
+
+def zone_families(snapshots: list[RuntimeStatistics]) -> list[Any]:
+    """Where each model version's work went, by zone, on a front end with a zone whose workers have zones
+    (routing/locality.py): the share served in its own zone is the rate of `local="true"` over the rate of
+    all of `inferd_requests_by_zone_total`. Workers without a zone are zone "". None of these families
+    while no model routes by zone."""
+    zoned = [(s, s.locality) for s in snapshots if s.locality is not None and s.locality.active]
+    if not zoned:
+        return []
+    labels = ["model", "version", "zone", "local"]
+    served = CounterMetricFamily(
+        "inferd_requests_by_zone",
+        "Units of work sent to the workers of each zone (batch items, LLM sequences); local: the front "
+        "end's own zone.",
+        labels=labels,
+    )
+    spilled = CounterMetricFamily(
+        "inferd_requests_spilled_by_zone",
+        "Of those, sent beyond the zone shares because the zones with a share had no free worker (load spill).",
+        labels=labels,
+    )
+    share = GaugeMetricFamily(
+        "inferd_zone_share",
+        "The share of the model's work the zone routing gives each zone now (failback included).",
+        labels=labels,
+    )
+    for s, locality in zoned:
+        for z in locality.zones:
+            key = [s.name, str(s.version), z.zone, "true" if z.local else "false"]
+            served.add_metric(key, z.served)
+            spilled.add_metric(key, z.spilled)
+            share.add_metric(key, z.share)
+    return [served, spilled, share]

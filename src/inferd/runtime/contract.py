@@ -17,6 +17,7 @@ from typing import Any, ClassVar, Protocol, runtime_checkable
 
 from inferd.config import ModelConfig
 from inferd.errors import ServingError
+from inferd.routing.locality import LocalityStatistics
 from inferd.wire import protocol as p
 from inferd.wire.connection import WorkerConnection
 
@@ -81,6 +82,8 @@ class RuntimeStatistics:
     """Work started and not yet answered: items in running batches, running sequences, open upstream calls."""
     detail: Any = None
     """The kind's own frozen snapshot (BatchStatistics, LLMRuntimeStatistics, PoolStatistics, ...)."""
+    locality: LocalityStatistics | None = None
+    """Its zones' shares and what each was sent (routing/locality.py); None: a kind that routes by no zone."""
 
 
 @runtime_checkable

@@ -63,19 +63,19 @@ class Dispatcher:
         self._shed_lost()
         while True:
             now = self.state.clock.now()
-            idle, staging = self.routing.free_workers(self.state.workers)
+            oldest_at = self._oldest_at()
+            free = self.routing.free_workers(self.state.workers, oldest_at, now, self.state.config.max_wait_s)
+            idle, staging = free.idle, free.staging
             if self.state.isolation and (idle or staging):  # retried work first, to any free slot
                 self._dispatch_isolated(self.routing.choose(idle or staging), now)
                 continue
             times = {w.worker_id: self._stage_time(w) for w in staging}
             stage_at = min(times.values(), default=None)
-            decision = self.policy.decide(
-                now, len(queue), queue.oldest_at(), len(idle), len(staging), stage_at
-            )
+            decision = self.policy.decide(now, len(queue), queue.oldest_at(), len(idle), len(staging), stage_at)
             if not decision.size:
                 wake_queued = decision.wake_queued
                 self.state.wake_queued = sys.maxsize if wake_queued is None else wake_queued
-                return decision.wake_at
+                return _earliest(decision.wake_at, free.spill_at)
             if not decision.idle and queue.live_in(INTERACTIVE) < decision.size:
                 self.state.wake_queued = 1
                 return None  # stage only all-interactive batches: interactive work never waits behind bulk
@@ -84,6 +84,14 @@ class Dispatcher:
             items, expired = self._cut_for(worker, decision.size, now, decision.since)
             self._expire_cut(expired, now)
             self._send(worker, items, now)
+
+    def _oldest_at(self) -> float | None:
+        """When the work the next batch serves was enqueued: isolated (retried) work first, else the
+        queue's oldest item (what a load spill to another zone waits on)."""
+        isolation = self.state.isolation
+        if isolation:
+            return min((i.enqueued_at for i in isolation[0]), default=None)
+        return self.state.queue.oldest_at()
 
     def report_demand(self) -> None:
         """Tell shared workers what is left queued, and give back slots this front end cannot use."""
@@ -179,6 +187,11 @@ class Dispatcher:
         if tracing.ENABLED:
             batch.span = tracing.start_batch(batch.batch_id, items, worker.worker_id, self.state.name, now)
         worker.send_batch(batch)
+        self.routing.sent(worker, len(items))
         self.state.metrics.observe_batch_cut(
             len(items), self.state.config.max_batch_size, [now - i.enqueued_at for i in items]
         )
+
+
+def _earliest(a: float | None, b: float | None) -> float | None:
+    return b if a is None else a if b is None else min(a, b)

@@ -38,6 +38,7 @@ from inferd.observability import tracing
 from inferd.observability.metrics import ModelMetrics
 from inferd.routing import EjectionRecord, OutlierEjector, P2CBalancer
 from inferd.routing.fairness import BULK, INTERACTIVE, NO_TENANT, TenantShare, gave_way, over_share
+from inferd.routing.locality import LocalityPolicy
 from inferd.routing.retry import RetryBudget
 from inferd.runtime.contract import RuntimeStatistics, WorkerSnapshot
 from inferd.runtime.membership import Membership
@@ -70,6 +71,7 @@ class ModelRuntime:
         ejector: OutlierEjector | None = None,
         rng: random.Random | None = None,
         members: Membership | None = None,
+        locality: LocalityPolicy | None = None,
     ) -> None:
         self.name = config.name
         self.clock = clock
@@ -83,6 +85,7 @@ class ModelRuntime:
             balancer or P2CBalancer(MAX_INFLIGHT),
             ejector or OutlierEjector(clock),
             rng or random.Random(0),  # seeded: routing replays the same way; inject another to vary  # nosec B311
+            locality,  # the front end's zone first (routing/locality.py); None: no zones
         )
         self._state = state
         self._routing = routing
@@ -358,6 +361,7 @@ class ModelRuntime:
             # owned: a hedged item counts once, in the batch that answers for it now
             in_flight=sum(len(owned(b)) for w in state.workers for b in w.inflight.values()),
             detail=self._batch_statistics(),
+            locality=self._routing.zones(),
         )
 
     def _batch_statistics(self) -> BatchStatistics:

@@ -25,7 +25,7 @@ class BatchMembership:
 
     def add(self, worker: WorkerConnection) -> None:
         self.members.add(worker)
-        self.routing.join(worker.worker_id)
+        self.routing.join(worker)
         log.info(
             "worker %s (pid %d) of model %s v%d is ready",
             worker.worker_id,
@@ -47,7 +47,7 @@ class BatchMembership:
         """The connection broke or the process exited: the worker leaves and is closed. Returns the
         batches it held (running first), now nobody's: the caller recovers them."""
         was = self.members.lose(worker)
-        self.routing.leave(worker.worker_id)
+        self.routing.leave(worker.worker_id, lost=was is WorkerState.READY)
         worker.close()
         batches = list(worker.inflight.values())
         worker.inflight.clear()

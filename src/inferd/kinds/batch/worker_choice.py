@@ -1,40 +1,68 @@
-"""The choice of worker for a batch: the balancer (power of two choices) and the outlier ejector, fed
-with each batch's outcome."""
+"""The choice of worker for a batch: the zones that may take it (routing/locality.py, when the front end
+and the workers have zones), the balancer (power of two choices) among their free workers, and the outlier
+ejector, fed with each batch's outcome."""
 
 from __future__ import annotations
 
 import logging
 import random
+from dataclasses import dataclass, field
 
 from inferd.routing import Candidate, EjectionRecord, Health, HealthChange, OutlierEjector, P2CBalancer
+from inferd.routing.locality import NO_ZONE, LocalityPolicy, LocalityStatistics
 from inferd.wire import protocol as p
 from inferd.wire.connection import WorkerConnection, WorkerState
 
 log = logging.getLogger("inferd.dispatcher")
 
 
+@dataclass(frozen=True, slots=True)
+class Free:
+    """The workers that may take the next batch now: idle ones and busy ones with a free staging slot."""
+
+    idle: list[WorkerConnection] = field(default_factory=list)
+    staging: list[WorkerConnection] = field(default_factory=list)
+    spill_at: float | None = None
+    """Another zone's worker is free and the zones with a share have none: when the oldest item will
+    have waited its batching wait, and may go there (load spill). None: not so."""
+
+
+NONE_FREE = Free()
+
+
 class Routing:
     """Which of a model's workers may take a batch, and which one does. Plain objects underneath (the
-    balancer and the ejector); this class feeds them and logs the ejector's decisions once."""
+    zones' shares, the balancer and the ejector); this class feeds them and logs the ejector's decisions
+    once."""
 
     def __init__(
-        self, model: str, balancer: P2CBalancer, ejector: OutlierEjector, rng: random.Random
+        self,
+        model: str,
+        balancer: P2CBalancer,
+        ejector: OutlierEjector,
+        rng: random.Random,
+        locality: LocalityPolicy | None = None,
     ) -> None:
         self.model = model
         self.balancer = balancer
         self.ejector = ejector
         self.rng = rng
+        self.locality = locality
+        """None, or a front end or workers without zones: every worker is one pool."""
 
     def free_workers(
-        self, workers: list[WorkerConnection]
-    ) -> tuple[list[WorkerConnection], list[WorkerConnection]]:
+        self, workers: list[WorkerConnection], oldest_at: float | None = None, now: float = 0.0,
+        wait_s: float = 0.0,
+    ) -> Free:
         """Ready workers that may take a batch now: idle ones, and busy ones with a free staging slot.
         Ejected workers sit out (unless all are: then they work rather than stall the model); a probing
-        worker takes one batch at a time; nobody goes over the balancer's per-worker cap."""
+        worker takes one batch at a time; nobody goes over the balancer's per-worker cap. With zones, only
+        the workers of the zone the next batch goes to (`_zone`: the oldest queued item, enqueued at
+        `oldest_at`, may spill to another zone once it has waited `wait_s`)."""
         ready = [w for w in workers if w.state is WorkerState.READY]
         open_ = [w for w in ready if w.idle or w.stage_free]
         if not open_:
-            return [], []  # the common case under load, and the cheap one: nobody has a free slot
+            return NONE_FREE  # the common case under load, and the cheap one: nobody has a free slot
         health_of = self.ejector.health
         health = {w.worker_id: health_of(w.worker_id) for w in open_}
         # only workers with a free slot can take a batch: the others' health matters only to know whether
@@ -44,7 +72,42 @@ class Routing:
         fits = [w for w in pool if self.balancer.eligible(self._candidate(w, health[w.worker_id]))]
         idle = [w for w in fits if w.idle]
         staging = [w for w in fits if w.stage_free and health[w.worker_id] is Health.READY]
-        return idle, staging
+        locality = self.locality
+        if locality is None or not locality.active or not (idle or staging):
+            return Free(idle, staging)
+        waited_s = None if oldest_at is None else now - oldest_at
+        return self._zone(locality, ready, idle, staging, waited_s, wait_s, now)
+
+    def _zone(
+        self,
+        locality: LocalityPolicy,
+        ready: list[WorkerConnection],
+        idle: list[WorkerConnection],
+        staging: list[WorkerConnection],
+        waited_s: float | None,
+        wait_s: float,
+        now: float,
+    ) -> Free:
+        """The free workers of the zone the next batch goes to (locality.choose): the idle ones of a zone
+        with a share; else, once the work has waited `wait_s`, another zone's idle ones (a load spill); else
+        the staging slots of a zone with a share, and when the work may spill."""
+        healthy: dict[str, int] = {}
+        health_of = self.ejector.health
+        for w in ready:
+            if health_of(w.worker_id) in Health.ROUTABLE:  # probing: it must get its probe batch
+                zone = w.zone or NO_ZONE
+                healthy[zone] = healthy.get(zone, 0) + 1
+        shares = locality.shares(healthy)
+        if not shares.shares:  # no healthy worker anywhere: every free worker works, as without zones
+            return Free(idle, staging)
+        choice = locality.choose(shares, {w.zone or NO_ZONE for w in idle}, waited_s, wait_s)
+        spill_at = None if choice.spill_in_s is None else now + choice.spill_in_s
+        if choice.zone is not None:
+            return Free([w for w in idle if (w.zone or NO_ZONE) == choice.zone])
+        # no idle worker of a zone with a share: a staging slot there, until the work may spill
+        choice = locality.choose(shares, {w.zone or NO_ZONE for w in staging})
+        zone = choice.zone
+        return Free([], [w for w in staging if zone is not None and (w.zone or NO_ZONE) == zone], spill_at)
 
     def candidate(self, worker: WorkerConnection) -> Candidate:
         """A ready worker as the balancer sees it: suspect while probing (or ejected with the whole fleet)."""
@@ -88,14 +151,27 @@ class Routing:
             self.balancer.forget(change.target)  # its slow history no longer describes it
         log.warning("model %s: %s", self.model, change)
 
-    def join(self, worker_id: str) -> None:
-        self.ejector.add(worker_id)
+    def sent(self, worker: WorkerConnection, items: int) -> None:
+        """A batch of `items` went to the worker: counted against its zone's share."""
+        if self.locality is not None and self.locality.active:
+            self.locality.served(worker.zone or NO_ZONE, items)
 
-    def leave(self, worker_id: str) -> None:
-        """The worker takes no more work (draining or lost): it leaves the fleet the ejector counts."""
+    def join(self, worker: WorkerConnection) -> None:
+        self.ejector.add(worker.worker_id)
+        if self.locality is not None:
+            self.locality.join(worker.worker_id, worker.zone)
+
+    def leave(self, worker_id: str, lost: bool = False) -> None:
+        """The worker takes no more work (draining, or `lost`): it leaves the fleet the ejector counts; a
+        lost one's zone still expects it for a while (routing/locality.py)."""
         self.balancer.forget(worker_id)
         for change in self.ejector.remove(worker_id):
             self.note(change)
+        if self.locality is not None:
+            (self.locality.lose if lost else self.locality.leave)(worker_id)
+
+    def zones(self) -> LocalityStatistics | None:
+        return None if self.locality is None else self.locality.statistics()
 
     def ejection(self, worker_id: str) -> EjectionRecord:
         return self.ejector.status(worker_id)

@@ -1,0 +1,286 @@
+"""Zone-aware routing, Envoy's priority rule: a front end sends a model's work to workers of its own zone,
+and spills to the other zones only as its zone's healthy capacity runs short, by an overprovisioning
+factor; when its zone heals, the work comes back gradually, without flapping.
+
+A plain object with an injected clock and no I/O, one per model version. The caller tells it which workers
+exist (`join` with their zone, `leave` when one drains, `lose` when one is lost), how many of each zone's are
+healthy now (`shares`), and what it sent where (`served`); decisions come back as values (`ZoneShares`,
+`ZoneChoice`).
+
+The rule:
+
+* **Zones.** The front end's zone is the local one. It is in force only when the front end has a zone and
+  at least one of the model's workers has one (`active`); otherwise every worker is one pool, as without
+  zones. A worker without a zone counts as a zone of its own, "" (not the local one).
+* **Health.** A zone's *expected* workers are those that joined and are not draining, plus those lost in
+  the last `lost_expected_s` (a worker joining the zone again takes a lost one's place); its *healthy*
+  workers are the caller's count of those in service now (ready, not ejected).
+* **The local share** is `min(1, overprovisioning x healthy_local / expected_local)` (0 with no expected
+  local worker). The other zones together get `min(1 - local, min(1, overprovisioning x healthy_other /
+  expected_other))`; when the two add up to less than 1 (both short), both are scaled up to sum to 1. The
+  other zones split theirs in proportion to their healthy workers. A zone with no healthy worker gets
+  nothing; with no healthy worker anywhere the shares are empty (the caller routes as without zones).
+* **Failback without flapping.** The local share falls at once when the rule's value falls. It rises only
+  after the rule's value has stayed above it for `hold_s` without a new fall, then by at most 1 per
+  `failback_s` (a ramp), up to the rule's value. A worker that flaps faster than `hold_s` keeps the share
+  at its low value instead of flapping it.
+* **Choosing a zone for one unit of work** (a batch, a sequence: `choose`): among the zones with a free
+  worker and a share, the one most behind its share (smooth weighted round robin over what was `served`).
+* **Load spill.** When no zone with a share has a free worker and the work has waited past the batching
+  wait it is given, it may go to another zone's free healthy worker (the one with most healthy workers)
+  rather than keep waiting: a zone over its capacity spills instead of refusing. Before that, the choice
+  says when it may (`spill_in_s`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass, field
+
+from inferd.clock import Clock
+
+NO_ZONE = ""
+"""The zone of a worker that named none."""
+_TICK_S = 1e-6
+"""Work that waited its batching wait to within this has waited it (the timer set for it may fire a
+rounding error early)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ZoneShares:
+    """Each zone's share of the model's work now (summing to 1; empty: no healthy worker anywhere)."""
+
+    local: str
+    shares: Mapping[str, float] = field(default_factory=dict)
+    healthy: Mapping[str, int] = field(default_factory=dict)
+    """The healthy workers the shares were computed from, per zone."""
+    rule: float = 0.0
+    """The local share the rule gives now, before failback holds it lower."""
+
+    def of(self, zone: str) -> float:
+        return self.shares.get(zone, 0.0)
+
+    @property
+    def local_share(self) -> float:
+        return self.of(self.local)
+
+
+@dataclass(frozen=True, slots=True)
+class ZoneChoice:
+    """Where one unit of work goes. `zone` None: nowhere now (no zone with a share has a free worker);
+    `spill_in_s`: in how long it may spill to a free worker of another zone (None: it may not)."""
+
+    zone: str | None
+    spilled: bool = False
+    """Beyond the shares, to a zone with none: the zones with a share had no free worker."""
+    spill_in_s: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ZoneStatistics:
+    zone: str
+    local: bool
+    share: float
+    healthy: int
+    expected: int
+    served: int
+    """Units of work (batch items, sequences) sent to the zone's workers since start."""
+    spilled: int
+    """Of those, sent beyond the shares (load spill)."""
+
+
+@dataclass(frozen=True, slots=True)
+class LocalityStatistics:
+    local: str
+    active: bool
+    local_share: float
+    rule_share: float
+    """The local share the rule gives now; above `local_share` while failback ramps."""
+    zones: tuple[ZoneStatistics, ...]
+
+
+@dataclass(slots=True)
+class _Zone:
+    members: set[str] = field(default_factory=set)
+    lost: dict[str, float] = field(default_factory=dict)
+    """Lost worker id -> when: still expected until `lost_expected_s` after."""
+    served: int = 0
+    spilled: int = 0
+    credit: float = 0.0
+    """Smooth weighted round robin: how far the zone is behind its share (in units of work)."""
+
+
+class LocalityPolicy:
+    def __init__(
+        self,
+        clock: Clock,
+        zone: str | None,
+        *,
+        overprovisioning: float = 1.4,
+        failback_s: float = 10.0,
+        hold_s: float = 5.0,
+        lost_expected_s: float = 60.0,
+    ) -> None:
+        if not (math.isfinite(overprovisioning) and overprovisioning >= 1.0):
+            raise ValueError(f"overprovisioning must be >= 1, got {overprovisioning}")
+        if failback_s <= 0 or hold_s < 0 or lost_expected_s < 0:
+            raise ValueError(
+                f"need failback_s > 0, hold_s >= 0 and lost_expected_s >= 0, got {failback_s}, {hold_s}, "
+                f"{lost_expected_s}"
+            )
+        self.clock = clock
+        self.zone = zone
+        self.overprovisioning = overprovisioning
+        self.failback_s = failback_s
+        self.hold_s = hold_s
+        self.lost_expected_s = lost_expected_s
+        self._zones: dict[str, _Zone] = {}
+        self._zone_of: dict[str, str] = {}
+        self._zoned = 0
+        """Members that named a zone (the rule is in force only with one)."""
+        self._local: float | None = None
+        """The local share in force (None: not computed yet)."""
+        self._rising_since: float | None = None
+        """Since when the rule's value has stayed above the share in force (None: it has not)."""
+        self._rise_base = 0.0
+        self._last = ZoneShares(zone or NO_ZONE)
+
+    # ---- the fleet -------------------------------------------------------------------------------------
+    @property
+    def active(self) -> bool:
+        """Whether zones steer the work: the front end has a zone and a worker has one."""
+        return self.zone is not None and self._zoned > 0
+
+    def join(self, worker_id: str, zone: str | None) -> None:
+        """The worker is in service in `zone` (None: it named none); it takes a lost worker's place there."""
+        self.leave(worker_id)
+        name = zone or NO_ZONE
+        z = self._zones.setdefault(name, _Zone())
+        if z.lost:
+            del z.lost[worker_id if worker_id in z.lost else min(z.lost, key=z.lost.__getitem__)]
+        z.members.add(worker_id)
+        self._zone_of[worker_id] = name
+        self._zoned += zone is not None
+
+    def leave(self, worker_id: str) -> None:
+        """The worker drains (or leaves for good): it is no longer expected."""
+        name = self._zone_of.pop(worker_id, None)
+        if name is not None:
+            self._zones[name].members.discard(worker_id)
+            self._zoned -= name != NO_ZONE
+
+    def lose(self, worker_id: str) -> None:
+        """The worker was lost (its connection broke, it died): still expected, and unhealthy, for
+        `lost_expected_s` or until a worker joins its zone in its place."""
+        name = self._zone_of.get(worker_id)
+        self.leave(worker_id)
+        if name is not None and self.lost_expected_s > 0:
+            self._zones[name].lost[worker_id] = self.clock.now()
+
+    def zone_of(self, worker_id: str) -> str:
+        return self._zone_of.get(worker_id, NO_ZONE)
+
+    def expected(self, zone: str) -> int:
+        z = self._zones.get(zone)
+        if z is None:
+            return 0
+        cutoff = self.clock.now() - self.lost_expected_s
+        for wid in [w for w, at in z.lost.items() if at <= cutoff]:
+            del z.lost[wid]
+        return len(z.members) + len(z.lost)
+
+    # ---- the rule ---------------------------------------------------------------------------------------
+    def shares(self, healthy: Mapping[str, int]) -> ZoneShares:
+        """Each zone's share now, from its healthy workers (`healthy`: zone -> count; "" for workers without
+        a zone). Moves the failback state: call it when work is to be placed, not in a loop of its own."""
+        local = self.zone or NO_ZONE
+        counts = {z: m for z, n in healthy.items() if n > 0 and (m := min(n, self.expected(z))) > 0}
+        expected_local = self.expected(local)
+        rule = self._health(counts.get(local, 0), expected_local)
+        own = self._failback(rule)
+        others = {z: n for z, n in counts.items() if z != local}
+        expected_others = sum(self.expected(z) for z in self._zones if z != local)
+        spill = min(1.0 - own, self._health(sum(others.values()), expected_others))
+        total = own + spill
+        if total <= 0.0:
+            # failback holds the local share at 0 while no other zone can take the work: it is the local one's
+            own, total = (1.0, 1.0) if counts.get(local) else (0.0, 0.0)
+        shares: dict[str, float] = {}
+        if own > 0.0:
+            shares[local] = own / total
+        healthy_others = sum(others.values())
+        for z, n in others.items() if spill > 0.0 else ():
+            shares[z] = spill / total * n / healthy_others
+        self._last = ZoneShares(local, shares, counts, rule)
+        return self._last
+
+    def _health(self, healthy: int, expected: int) -> float:
+        """Envoy's health of a priority level: overprovisioning x its healthy share, at most 1."""
+        return 0.0 if expected <= 0 else min(1.0, self.overprovisioning * healthy / expected)
+
+    def _failback(self, rule: float) -> float:
+        """The local share in force: falls at once to the rule's value, rises after `hold_s` by 1 per
+        `failback_s`."""
+        now = self.clock.now()
+        current = self._local
+        if current is None or rule <= current:
+            self._local, self._rising_since = rule, None
+            return rule
+        if self._rising_since is None:
+            self._rising_since, self._rise_base = now, current
+        ramp = max(0.0, now - self._rising_since - self.hold_s) / self.failback_s
+        self._local = min(rule, self._rise_base + ramp)
+        if self._local >= rule:
+            self._rising_since = None
+        return self._local
+
+    # ---- choosing --------------------------------------------------------------------------------------
+    def choose(
+        self, shares: ZoneShares, free: Collection[str], waited_s: float | None = None, wait_s: float = 0.0
+    ) -> ZoneChoice:
+        """The zone for the next unit of work, among the zones with a free worker (`free`). `waited_s`: how
+        long the work has waited (None: not waiting yet); `wait_s`: its batching wait (load spill)."""
+        best: str | None = None
+        best_credit = 0.0
+        for zone in free:
+            share = shares.of(zone)
+            if share <= 0.0:
+                continue
+            z = self._zones.get(zone)
+            credit = share + (z.credit if z is not None else 0.0)
+            if best is None or credit > best_credit:
+                best, best_credit = zone, credit
+        if best is not None:
+            return ZoneChoice(best)
+        spill = [z for z in free if shares.healthy.get(z, 0) > 0]
+        if not spill or waited_s is None:
+            return ZoneChoice(None)
+        if waited_s < wait_s - _TICK_S:
+            return ZoneChoice(None, spill_in_s=wait_s - waited_s)
+        return ZoneChoice(max(spill, key=lambda z: (shares.healthy[z], z)), spilled=True)
+
+    def served(self, zone: str, n: int = 1) -> None:
+        """`n` units of work went to a worker of `zone` (one batch's items, a sequence): beyond the shares
+        (a load spill) if the last shares gave the zone none."""
+        z = self._zones.setdefault(zone, _Zone())
+        z.served += n
+        shares = self._last.shares
+        if zone not in shares:
+            z.spilled += n if shares else 0
+            return
+        for name, share in shares.items():
+            other = self._zones.setdefault(name, _Zone())
+            other.credit = min(1.0, other.credit + share)  # bounded: a zone long without a free worker
+        z.credit = max(-1.0, z.credit - 1.0)  # does not take a burst when one frees
+
+    # ---- snapshots --------------------------------------------------------------------------------------
+    def statistics(self) -> LocalityStatistics:
+        local, last = self.zone or NO_ZONE, self._last
+        zones = tuple(
+            ZoneStatistics(
+                name, name == local, last.of(name), last.healthy.get(name, 0), self.expected(name), z.served, z.spilled
+            )
+            for name, z in sorted(self._zones.items())
+        )
+        return LocalityStatistics(local, self.active, last.local_share, last.rule, zones)

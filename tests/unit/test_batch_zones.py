@@ -1,0 +1,149 @@
+"""A batch model's zone routing (kinds/batch/worker_choice.py with routing/locality.py): batches go to the
+front end's zone while it is healthy, spill to another zone only after the batching wait when the local
+workers have no free slot, move at once when the local zone is lost and come back after the failback
+ramp; a front end without a zone routes as before. What went where is on /metrics."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from prometheus_client import CollectorRegistry, generate_latest
+
+from inferd.clock import FakeClock
+from inferd.kinds.batch.dispatcher import ModelRuntime
+from inferd.kinds.collectors import zone_families
+from inferd.models.sim import sim_config
+from inferd.observability.metrics import Metrics
+from inferd.routing.locality import LocalityPolicy
+from inferd.routing.retry import RetryBudget
+from inferd.wire import protocol as p
+from inferd.wire.connection import WorkerConnection
+from tests.fakes.worker import fake_connection
+
+
+def runtime(zone: str | None, fleet: dict[str, int], max_batch: int = 2, wait_ms: float = 10.0) -> ModelRuntime:
+    clock = FakeClock()
+    rt = ModelRuntime(
+        sim_config(max_batch_size=max_batch, max_wait_ms=wait_ms, idempotent=True),
+        clock,
+        Metrics().for_model("sim"),
+        RetryBudget(clock),
+        kill_worker=lambda w: None,
+        locality=LocalityPolicy(clock, zone, failback_s=10.0, hold_s=5.0),
+    )
+    pid = 100
+    for z, n in fleet.items():
+        for i in range(n):
+            conn = fake_connection(f"{z}-{i}.1", pid)
+            conn.zone = z or None
+            rt.add_worker(conn)
+            pid += 1
+    return rt
+
+
+def clock_of(rt: ModelRuntime) -> FakeClock:
+    assert isinstance(rt.clock, FakeClock)
+    return rt.clock
+
+
+def by_id(rt: ModelRuntime) -> dict[str, WorkerConnection]:
+    return {w.worker_id: w for w in rt.members.connections()}
+
+
+def answer_all(rt: ModelRuntime) -> Counter[str]:
+    """Every batch in flight answered; returns the zone of each batch's worker, counted."""
+    zones: Counter[str] = Counter()
+    for w in list(rt.members.connections()):
+        while w.inflight:
+            batch = next(iter(w.inflight.values()))
+            zones[w.zone or ""] += 1
+            rt.on_batch_done(w, p.BatchDone(batch.batch_id, 0.01, outputs=[{"o": 0}] * len(batch.items)))
+    return zones
+
+
+def run_full_batches(rt: ModelRuntime, batches: int) -> Counter[str]:
+    """`batches` full batches, one at a time, each answered before the next: where each ran."""
+    zones: Counter[str] = Counter()
+    for _ in range(batches):
+        rt.enqueue([b"x"] * rt.config.max_batch_size, None)
+        rt.dispatch_due()
+        zones += answer_all(rt)
+        clock_of(rt).advance(0.05)
+    return zones
+
+
+async def test_batches_stay_in_the_front_ends_zone_while_it_is_healthy() -> None:
+    rt = runtime("a", {"a": 2, "b": 2})
+    assert run_full_batches(rt, 40) == {"a": 40}
+    for _ in range(2):  # two full batches at once: both local workers, none remote
+        rt.enqueue([b"x", b"y"], None)
+    rt.dispatch_due()
+    assert sorted(w.worker_id for w in rt.members.connections() if w.inflight) == ["a-0.1", "a-1.1"]
+
+
+async def test_a_front_end_or_workers_without_a_zone_route_as_before() -> None:
+    for rt in (runtime(None, {"a": 2, "b": 2}), runtime("a", {"": 4})):
+        for _ in range(4):  # four full batches at once: every worker takes one (p2c among the idle)
+            rt.enqueue([b"x", b"y"], None)
+        rt.dispatch_due()
+        assert all(w.inflight for w in rt.members.connections())
+        assert rt.statistics().locality is not None and not rt.statistics().locality.active
+        assert zone_families([rt.statistics()]) == []  # nor on /metrics
+
+
+async def test_work_spills_to_another_zone_only_after_its_batching_wait() -> None:
+    rt = runtime("a", {"a": 1, "b": 1})
+    clock = clock_of(rt)
+    workers = by_id(rt)
+    rt.enqueue([b"1", b"2"], None)
+    rt.enqueue([b"3", b"4"], None)
+    rt.dispatch_due()  # one runs on a-0, the next is staged behind it
+    assert len(workers["a-0.1"].inflight) == 2 and not workers["b-0.1"].inflight
+    rt.enqueue([b"5"], None)
+    wake_at = rt.dispatch_due()
+    assert not workers["b-0.1"].inflight  # the local worker is full: the item waits ...
+    assert wake_at is not None and abs(wake_at - (clock.now() + 0.010)) < 1e-9  # ... its batching wait
+    clock.advance(0.004)
+    rt.dispatch_due()
+    assert not workers["b-0.1"].inflight
+    clock.advance(0.006)
+    rt.dispatch_due()
+    assert len(workers["b-0.1"].inflight) == 1  # then spills to the free worker of zone b
+    zones = {z.zone: z for z in rt.statistics().locality.zones}
+    assert (zones["a"].served, zones["b"].served, zones["b"].spilled) == (4, 1, 1)
+
+
+async def test_losing_the_local_zone_moves_the_work_at_once_and_it_comes_back_after_the_ramp() -> None:
+    rt = runtime("a", {"a": 2, "b": 2})
+    clock = clock_of(rt)
+    assert run_full_batches(rt, 10) == {"a": 10}
+    workers = by_id(rt)
+    for wid in ("a-0.1", "a-1.1"):
+        rt.on_worker_lost(workers[wid], "cut off")
+    assert run_full_batches(rt, 10) == {"b": 10}  # at once, with no wait
+    clock.advance(30.0)
+    for i, wid in enumerate(("a-0.1", "a-1.1")):  # healed: the same workers join again
+        conn = fake_connection(wid, 200 + i)
+        conn.zone = "a"
+        rt.add_worker(conn)
+    ramp = [run_full_batches(rt, 10)["a"] for _ in range(40)]  # 10 batches every 0.5 s
+    assert ramp[:10] == [0] * 10  # held for 5 s
+    assert ramp[-4:] == [10] * 4  # all local again after the 10 s ramp
+    assert ramp == sorted(ramp) and 0 < ramp[15] < 10  # gradually, never back down
+
+
+async def test_the_in_zone_share_is_on_metrics() -> None:
+    rt = runtime("a", {"a": 2, "b": 1})
+    run_full_batches(rt, 3)
+    registry = CollectorRegistry()
+
+    class Zones:
+        def collect(self) -> list[object]:
+            return zone_families([rt.statistics()])
+
+    registry.register(Zones())  # type: ignore[arg-type]
+    text = generate_latest(registry).decode()
+    assert 'inferd_requests_by_zone_total{local="true",model="sim",version="1",zone="a"} 6.0' in text
+    assert 'inferd_requests_by_zone_total{local="false",model="sim",version="1",zone="b"} 0.0' in text
+    assert 'inferd_zone_share{local="true",model="sim",version="1",zone="a"} 1.0' in text
+    assert 'inferd_requests_spilled_by_zone_total{local="false",model="sim",version="1",zone="b"} 0.0' in text
