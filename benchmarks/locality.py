@@ -104,6 +104,7 @@ def main() -> int:
     ap.add_argument("--base-ms", type=float, default=40.0)
     ap.add_argument("--per-item-ms", type=float, default=5.0)
     ap.add_argument("--max-batch", type=int, default=8)
+    ap.add_argument("--max-wait-ms", type=float, default=2.0, help="the batching wait (and the spill wait)")
     args = ap.parse_args()
     levels = [float(x) for x in args.levels.split(",") if x.strip()]
     if not 2 <= args.zones <= 6 or not 1 <= args.workers <= 4 or not all(0 < x <= 1.5 for x in levels):
@@ -113,7 +114,7 @@ def main() -> int:
     interrupt_on(signal.SIGTERM, signal.SIGHUP)
     log_dir = OUT_DIR / "locality"
     log_dir.mkdir(parents=True, exist_ok=True)
-    device = Device(args.base_ms, args.per_item_ms, args.max_batch)
+    device = Device(args.base_ms, args.per_item_ms, args.max_batch, args.max_wait_ms)
     started = time.strftime("%H:%M:%S")
     try:
         with ZoneFleet(args.zones, args.workers, device, log_dir) as fleet:

@@ -55,6 +55,9 @@ class Device:
     base_ms: float = 40.0
     per_item_ms: float = 5.0
     max_batch: int = 8
+    max_wait_ms: float = 2.0
+    """The batching wait (a batch waits this long for company, and a zone's work this long before it may
+    spill to another zone's idle worker: routing/locality.py)."""
 
     def capacity_rps(self) -> float:
         """One worker's answers per second with full batches."""
@@ -99,7 +102,7 @@ class ZoneFleet:
         root, d = self.log_dir, self.device
         for sub in ("repo", *(f"data-fe-{z}" for z in self.names)):  # a fresh start
             shutil.rmtree(root / sub, ignore_errors=True)
-        sim_repo(root, sim_model_toml(10000, d.base_ms, d.max_batch, d.per_item_ms))
+        sim_repo(root, sim_model_toml(10000, d.base_ms, d.max_batch, d.per_item_ms, d.max_wait_ms))
         (root / "inferd.toml").write_text(self.config)
         redis_host = self.lan.host("zredis")
         for z in self.names:

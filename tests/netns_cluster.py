@@ -40,13 +40,14 @@ HTTP_PORT, ADMIN_PORT, WORKER_PORT, REDIS_PORT = 8000, 8002, 9000, 6379  # gRPC:
 
 
 def sim_model_toml(
-    timeout_ms: int = 10000, base_ms: float = 5.0, max_batch_size: int = 8, per_item_ms: float = 0.0
+    timeout_ms: int = 10000, base_ms: float = 5.0, max_batch_size: int = 8, per_item_ms: float = 0.0,
+    max_wait_ms: float = 2.0,
 ) -> str:
     """The `sim` model with no local workers (they come from the worker hosts)."""
     return f"""builtin = "sim"
 workers = 0
 max_batch_size = {max_batch_size}
-max_wait_ms = 2
+max_wait_ms = {max_wait_ms:g}
 default_timeout_ms = {timeout_ms}
 
 [params]
