@@ -204,3 +204,11 @@ def test_statistics_say_the_rule_and_each_zone() -> None:
 def test_an_overprovisioning_below_one_is_refused(factor: float) -> None:
     with pytest.raises(ValueError, match="overprovisioning must be >= 1"):
         LocalityPolicy(FakeClock(), "a", overprovisioning=factor)
+
+
+def test_work_that_cannot_wait_tries_the_chosen_zone_then_the_shared_ones_then_the_others() -> None:
+    p = policy("a", {"a": 10, "b": 2, "c": 6, "d": 1}, overprovisioning=1.0)
+    shares = p.shares({"a": 10, "b": 2, "c": 6, "d": 0})
+    assert p.order(shares, {"a", "b", "c", "d"}) == ["a", "c", "b"]  # d: no healthy worker, never tried
+    shares = p.shares({"a": 5, "b": 2, "c": 6})  # a: 0.5, then b and c share the rest 1 : 3
+    assert p.order(shares, {"b", "c"}) == ["c", "b"]

@@ -54,6 +54,7 @@ def _llm_runtime(config: ModelConfig, ctx: RuntimeContext) -> Runtime:
         kill_worker=ctx.kill_worker,
         heartbeat_timeout_s=ctx.server.heartbeat_timeout_s,
         members=ctx.directory.members(config.name, config.version),
+        locality=_locality(ctx),
     )
 
 

@@ -260,6 +260,17 @@ class LocalityPolicy:
             return ZoneChoice(None, spill_in_s=wait_s - waited_s)
         return ZoneChoice(max(spill, key=lambda z: (shares.healthy[z], z)), spilled=True)
 
+    def order(self, shares: ZoneShares, zones: Collection[str]) -> list[str]:
+        """The zones to try in turn for work that cannot wait (an LLM sequence: its zone full is a 429):
+        `choose`'s zone, then the other zones with a share (larger first), then the other healthy ones (a
+        load spill, more healthy workers first). Zones without a healthy worker are not tried."""
+        first = self.choose(shares, zones).zone
+        rest = sorted(
+            (z for z in zones if z != first and shares.healthy.get(z, 0) > 0),
+            key=lambda z: (-shares.of(z), -shares.healthy.get(z, 0), z),
+        )
+        return rest if first is None else [first, *rest]
+
     def served(self, zone: str, n: int = 1) -> None:
         """`n` units of work went to a worker of `zone` (one batch's items, a sequence): beyond the shares
         (a load spill) if the last shares gave the zone none."""

@@ -2,7 +2,8 @@
 sequence there (AddSequence), the per-worker counts admission needs, deadlines, and failover moves.
 
 choose: the ready worker routing (inferd.kinds.llm.routing) picks among those whose engine would queue the
-    sequence: each engine bounds its waiting queue (`params.scheduler.max_waiting_seqs`,
+    sequence, within the zone that zone routing (routing/locality.py) gives first, then the others in its
+    order (a zone whose workers have no room spills to the next rather than refuse): each engine bounds its waiting queue (`params.scheduler.max_waiting_seqs`,
     `max_waiting_prompt_tokens`); the front end counts, per worker, what it has sent and not yet seen
     admitted (StepDeltas.admitted, or a first delta), so it refuses with Overloaded (429 + Retry-After,
     before any response starts) exactly when no ready worker's engine would queue the sequence.
@@ -36,6 +37,7 @@ from inferd.kinds.llm.stream import TokenStream
 from inferd.observability import tracing
 from inferd.routing.fairness import INTERACTIVE, TenantShare, displacement, gave_way
 from inferd.routing.health import Health
+from inferd.routing.locality import NO_ZONE, LocalityPolicy
 from inferd.routing.retry import RetryBudget
 from inferd.wire import protocol as p
 from inferd.wire.connection import WorkerConnection, WorkerState
@@ -128,6 +130,7 @@ class Placement:
         router: PrefixAffinityRouter,
         retry_budget: RetryBudget,
         clock: Clock,
+        locality: LocalityPolicy | None = None,
     ) -> None:
         self.name = name
         self.workers = workers
@@ -136,6 +139,8 @@ class Placement:
         self.router = router
         self.retry_budget = retry_budget
         self.clock = clock
+        self.locality = locality
+        """Zone routing (routing/locality.py); None, or a front end or workers without zones: one pool."""
         self.live: dict[str, Live] = {}
         self.loads: dict[str, Load] = {}
         self._views: dict[str, WorkerLoad] = {}
@@ -171,11 +176,17 @@ class Placement:
         if not ready:
             raise WorkerUnavailable(f"model '{self.name}' has no ready worker; retry shortly")
         views = self._views
-        choice = self.router.pick(
-            [views.get(w.worker_id) or self._view(w.worker_id) for w in ready], hashes, prompt_tokens
-        )
+        loads = [views.get(w.worker_id) or self._view(w.worker_id) for w in ready]
+        locality = self.locality
+        if locality is None or not locality.active:
+            choice = self.router.pick(loads, hashes, prompt_tokens)
+        else:
+            choice = self.router.pick_first(self._by_zone(locality, ready, loads), hashes, prompt_tokens)
         if choice is not None:
-            return next(w for w in ready if w.worker_id == choice.worker_id)
+            worker = next(w for w in ready if w.worker_id == choice.worker_id)
+            if locality is not None and locality.active:
+                locality.served(worker.zone or NO_ZONE)
+            return worker
         worker = self._make_room(ready, prompt_tokens, gen)
         if worker is None:
             s = self.scheduler
@@ -187,6 +198,19 @@ class Placement:
                 reason="llm_queue_full",
             )
         return worker
+
+    @staticmethod
+    def _by_zone(
+        locality: LocalityPolicy, ready: list[WorkerConnection], loads: list[WorkerLoad]
+    ) -> list[list[WorkerLoad]]:
+        """The ready workers by zone, in the order zone routing tries them (`LocalityPolicy.order`)."""
+        zones: dict[str, list[WorkerLoad]] = {}
+        for w, load in zip(ready, loads, strict=True):
+            zones.setdefault(w.zone or NO_ZONE, []).append(load)
+        shares = locality.shares({zone: len(loads) for zone, loads in zones.items()})
+        if not shares.shares:
+            return [loads]
+        return [zones[zone] for zone in locality.order(shares, zones)]
 
     def _make_room(
         self, ready: list[WorkerConnection], prompt_tokens: int, gen: Generation

@@ -6,6 +6,9 @@ A plain object with an injected clock and no I/O; the LLMRuntime drives it.
   chained, salted with the tenant, the model's `params.scheduler.block_size`), and remembers for a while
   which worker was sent which blocks (bounded per worker, least recently sent forgotten first; entries
   older than `affinity_ttl_s` no longer count, since the worker may have evicted them).
+* With zones (routing/locality.py), the placement passes the workers grouped by zone, in the order the zone
+  routing gives (`pick_first`): the rules below apply within the first zone with room, so prefix affinity
+  and the load cap hold within a zone first.
 * A worker may take the sequence only if its health is routable (routing.health: READY or PROBING) and
   its engine would accept it: its sequences not yet admitted stay under `max_waiting_seqs` and their
   prompt tokens under `max_waiting_prompt_tokens` (the engine's own bounds; see LLMRuntime). None fits
@@ -187,8 +190,25 @@ class PrefixAffinityRouter:
     def pick(
         self, workers: Sequence[WorkerLoad], hashes: Sequence[BlockHash], prompt_tokens: int
     ) -> Choice | None:
-        """The worker for a new sequence, or None when no routable worker has room for it. The rule of
-        the module docstring, in a few passes over the workers (it runs for every request)."""
+        """The worker for a new sequence, or None when no routable worker has room for it."""
+        return self.pick_first((workers,), hashes, prompt_tokens)
+
+    def pick_first(
+        self, groups: Sequence[Sequence[WorkerLoad]], hashes: Sequence[BlockHash], prompt_tokens: int
+    ) -> Choice | None:
+        """`pick` in the first group with a worker that has room (zones in the order zone routing gives:
+        affinity and the load cap apply within a zone first); None when none has."""
+        for workers in groups:
+            choice = self._pick(workers, hashes, prompt_tokens)
+            if choice is not None:
+                return choice
+        self._full += 1
+        return None
+
+    def _pick(
+        self, workers: Sequence[WorkerLoad], hashes: Sequence[BlockHash], prompt_tokens: int
+    ) -> Choice | None:
+        """The rule of the module docstring, in a few passes over the workers (it runs for every request)."""
         s = self.scheduler
         max_seqs, max_tokens = s.max_waiting_seqs, s.max_waiting_prompt_tokens - prompt_tokens
         routable = Health.ROUTABLE
@@ -198,7 +218,6 @@ class PrefixAffinityRouter:
             if w.health in routable and w.waiting_seqs < max_seqs and w.waiting_prompt_tokens <= max_tokens
         ]
         if not candidates:
-            self._full += 1
             return None
         loads = [w.live_seqs for w in candidates]
         limit = self.cap(min(loads))

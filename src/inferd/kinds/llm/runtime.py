@@ -42,6 +42,7 @@ from inferd.kinds.llm.stream import TokenStream
 from inferd.kinds.llm.watchdog import HangPolicy, WorkerProgress
 from inferd.observability import tracing
 from inferd.observability.metrics import LLMMetrics
+from inferd.routing.locality import LocalityPolicy
 from inferd.routing.retry import RetryBudget
 from inferd.runtime.contract import RuntimeStatistics, WorkerSnapshot
 from inferd.runtime.membership import Membership
@@ -78,6 +79,7 @@ class LLMRuntime:
         kill_worker: KillWorker,
         heartbeat_timeout_s: float = 5.0,
         members: Membership | None = None,
+        locality: LocalityPolicy | None = None,
     ) -> None:
         self.config = config
         self.name = config.name
@@ -97,8 +99,9 @@ class LLMRuntime:
         WorkerDirectory's for this version; a runtime built alone (tests, fleetsim) has its own."""
         self.workers = self.members.workers
         self.placement = Placement(
-            self.name, self.workers, self.scheduler_config, self.router, self.retry_budget, clock
+            self.name, self.workers, self.scheduler_config, self.router, self.retry_budget, clock, locality
         )
+        self.locality = locality
         self.hang = HangPolicy(clock, params.hang_timeout_s, heartbeat_timeout_s)
         self.ttft = TTFTWindow(clock)
         self._stats: dict[str, p.LLMStats] = {}
@@ -278,11 +281,15 @@ class LLMRuntime:
     # ---- workers ----------------------------------------------------------------------------------
     def add_worker(self, worker: WorkerConnection) -> None:
         self.members.add(worker)
+        if self.locality is not None:
+            self.locality.join(worker.worker_id, worker.zone)
         log.info("LLM worker %s (pid %d) of model %s is ready", worker.worker_id, worker.pid, self.name)
 
     def drain_worker(self, worker: WorkerConnection) -> None:
         """No new sequences for it; its engine finishes the live ones, then the worker exits."""
         if self.members.drain(worker):
+            if self.locality is not None:
+                self.locality.leave(worker.worker_id)
             log.info(
                 "draining LLM worker %s (pid %d) of model %s: %d live sequence(s) to finish",
                 worker.worker_id,
@@ -292,7 +299,9 @@ class LLMRuntime:
             )
 
     def on_worker_lost(self, worker: WorkerConnection, reason: str) -> None:
-        self.members.lose(worker)
+        was = self.members.lose(worker)
+        if self.locality is not None:  # a lost worker's zone still expects it for a while; a drained one's not
+            (self.locality.lose if was is WorkerState.READY else self.locality.leave)(worker.worker_id)
         self._stats.pop(worker.worker_id, None)
         orphans = self.placement.forget(worker)
         log.warning(
@@ -330,6 +339,7 @@ class LLMRuntime:
             queued=queued,
             in_flight=len(self.placement.live) - queued,
             detail=self._detail(),
+            locality=None if self.locality is None else self.locality.statistics(),
         )
 
     def _snapshot(self, w: WorkerConnection) -> WorkerSnapshot:
