@@ -42,7 +42,7 @@ from tests.netns_cluster import (
     workers_of,
 )
 
-__all__ = ["BY_ZONE", "SPILLED", "Device", "FrontEnd", "ZoneFleet", "by_zone", "delta", "live", "workers_of"]
+__all__ = ["BY_ZONE", "SPILLED", "Device", "FrontEnd", "ZoneFleet", "by_zone", "counters", "delta", "live", "workers_of"]
 
 BY_ZONE = "inferd_requests_by_zone_total"
 SPILLED = "inferd_requests_spilled_by_zone_total"
@@ -167,15 +167,26 @@ class ZoneFleet:
 
 def by_zone(fe: FrontEnd, name: str = BY_ZONE) -> dict[str, float] | None:
     """Work this front end sent to each zone's workers so far (None: it did not answer)."""
+    found = counters(fe)
+    return None if found is None else found[name]
+
+
+def counters(fe: FrontEnd) -> dict[str, dict[str, float]] | None:
+    """One scrape: the work sent to each zone (BY_ZONE), what of it spilled (SPILLED), and the items retried
+    and batches failed ("retried", "failed": {"": total}); None when the front end did not answer."""
     try:
         samples = scrape(fe)
     except OSError:
         return None
-    out: dict[str, float] = {}
+    out: dict[str, dict[str, float]] = {BY_ZONE: {}, SPILLED: {}, "retried": {"": 0.0}, "failed": {"": 0.0}}
+    totals = {"inferd_retried_items_total": "retried", "inferd_batch_failures_total": "failed"}
     for key, value in samples.items():
-        if key.startswith(name + "{"):
+        name = key.split("{", 1)[0]
+        if name in (BY_ZONE, SPILLED):
             zone = key.split('zone="', 1)[1].split('"', 1)[0]
-            out[zone] = out.get(zone, 0.0) + value
+            out[name][zone] = out[name].get(zone, 0.0) + value
+        elif name in totals:
+            out[totals[name]][""] += value
     return out
 
 

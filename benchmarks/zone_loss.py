@@ -41,7 +41,7 @@ from dataclasses import replace
 from typing import Any
 
 from harness import OUT_DIR, cell, interrupt_on, write_json
-from zone_cluster import SPILLED, Device, ZoneFleet, by_zone, delta, live, workers_of
+from zone_cluster import BY_ZONE, SPILLED, Device, ZoneFleet, counters, delta, live, workers_of
 
 from inferd.bench.load_spec import LoadSpec
 from inferd.bench.loadgen import offer_load
@@ -85,8 +85,8 @@ class Loss:
     def __init__(self, args: argparse.Namespace, fleet: ZoneFleet) -> None:
         self.args, self.fleet = args, fleet
         self.lost = fleet.names[-1]
-        self.counts: list[dict[str, dict[str, float] | None]] = []
-        self.spilled: list[dict[str, dict[str, float] | None]] = []
+        self.counts: list[dict[str, dict[str, dict[str, float]] | None]] = []
+        """At each phase bound, each front end's `counters` (None: not asked or no answer)."""
         self.dropped = 0
         self.tl: Timeline | None = None
         self.thread: threading.Thread | None = None
@@ -100,8 +100,7 @@ class Loss:
     def _snapshot(self, cut: bool = False) -> None:
         """Each front end's work by zone so far (None for the cut-off one: it cannot be asked)."""
         away = self.fleet.front_end(self.lost) if cut else None
-        self.counts.append({fe.id: None if fe is away else by_zone(fe) for fe in self.fleet.front_ends})
-        self.spilled.append({fe.id: None if fe is away else by_zone(fe, SPILLED) for fe in self.fleet.front_ends})
+        self.counts.append({fe.id: None if fe is away else counters(fe) for fe in self.fleet.front_ends})
 
     def _run(self) -> None:
         try:
@@ -131,8 +130,7 @@ class Loss:
         end = heal_at + a.after
         lost_fe = fleet.front_end(z)
         tl.when("answers its clients again", lambda: live(lost_fe), end, frontend=lost_fe.id)
-        self.counts[-1][lost_fe.id] = by_zone(lost_fe)  # its "after" counted from here
-        self.spilled[-1][lost_fe.id] = by_zone(lost_fe, SPILLED)
+        self.counts[-1][lost_fe.id] = counters(lost_fe)  # its "after" counted from here
         for fe in survivors:
             tl.when("the zone's workers back", lambda fe=fe: gone <= set(workers_of(fe)), end, frontend=fe.id)
         tl.sleep_until(end)
@@ -219,13 +217,16 @@ def in_zone(loss: Loss) -> dict[str, dict[str, Any]]:
         for fe in loss.fleet.front_ends:
             if len(loss.counts) <= hi:
                 continue
-            d = delta(loss.counts[hi][fe.id], loss.counts[lo][fe.id])
-            s = delta(loss.spilled[hi][fe.id], loss.spilled[lo][fe.id])
+            now, was = loss.counts[hi][fe.id], loss.counts[lo][fe.id]
+            if now is None or was is None:
+                row[fe.id] = None
+                continue
+            d, s, r, f = (delta(now[k], was[k]) or {} for k in (BY_ZONE, SPILLED, "retried", "failed"))
             zone = fe.id.removeprefix("fe-")
-            served = sum(d.values()) if d else 0.0
-            row[fe.id] = None if d is None else {
+            served = sum(d.values())
+            row[fe.id] = {
                 "served": served, "in_zone": d.get(zone, 0.0) / served if served else None,
-                "spilled": sum(s.values()) if s else 0.0, "by_zone": d,
+                "spilled": sum(s.values()), "by_zone": d, "retried": r.get("", 0.0), "failed_batches": f.get("", 0.0),
             }  # fmt: skip
         out[p] = row
     return out
@@ -254,16 +255,16 @@ def print_tables(run: dict[str, Any], args: argparse.Namespace) -> None:
             f"{cell(lat.get('p50'))} | {cell(lat.get('p99'))} | {failures(s)} | {lost['sent']:,} | {lost['ok']:,} | "
             f"{failures(lost)} |"
         )
-    print("\n| phase | front end | served in its own zone | spilled | work by zone |")
-    print("|---|---|---:|---:|---|")
+    print("\n| phase | front end | served in its own zone | spilled | work by zone | items retried | batches failed |")
+    print("|---|---|---:|---:|---|---:|---:|")
     for name, row in run["in_zone"].items():
         for fe, r in row.items():
             if r is None:
-                print(f"| {name} | {fe} | (did not answer) | | |")
+                print(f"| {name} | {fe} | (did not answer) | | | | |")
                 continue
             share = "-" if r["in_zone"] is None else f"{r['in_zone']:.1%}"
             work = ", ".join(f"{z}: {v:.0f}" for z, v in r["by_zone"].items())
-            print(f"| {name} | {fe} | {share} | {r['spilled']:.0f} | {work} |")
+            print(f"| {name} | {fe} | {share} | {r['spilled']:.0f} | {work} | {r['retried']:.0f} | {r['failed_batches']:.0f} |")
     print("\n```")
     for e in run["events"]:
         print(f"{e['t']:7.2f} s  {e['event']}  " + ", ".join(f"{k}={v}" for k, v in e.items() if k not in ("t", "event")))
