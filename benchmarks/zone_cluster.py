@@ -40,6 +40,7 @@ from tests.netns_cluster import (
     wait_live,
     worker_argv,
     workers_of,
+    zone_share,
 )
 
 __all__ = ["BY_ZONE", "SPILLED", "Device", "FrontEnd", "ZoneFleet", "by_zone", "counters", "delta", "live", "workers_of"]
@@ -137,6 +138,11 @@ class ZoneFleet:
         while not all(set(workers_of(fe)) == ids for fe in front_ends):
             if time.monotonic() > deadline:
                 raise TimeoutError(f"not every worker ready on every front end within 120 s: {ids}")
+            time.sleep(0.2)
+        # a front end whose own zone's workers joined after another zone's ramps its share up (failback)
+        while not all(zone_share(fe).get(fe.id.removeprefix("fe-")) == 1.0 for fe in front_ends):
+            if time.monotonic() > deadline:
+                raise TimeoutError("not every front end keeping its work in its own zone within 120 s")
             time.sleep(0.2)
 
     # ---- the fleet --------------------------------------------------------------------------------------

@@ -8,7 +8,8 @@ worker --connect A,B,...`), every process real, in its own process group, logged
 * `sim_repo`, `redis_proc`, `serve_argv`, `worker_argv`: the pieces of a topology; `start_redis`.
 * `PacedLoad`: checked clients (tests/checked_load.py) that pause before each request.
 * Reading a front end: `get_json`, `post`, `scrape` / `metric_total` (/metrics), `workers_of` (its ready
-  workers), `live` / `wait_live`, `redis_answers`.
+  workers), `live` / `wait_live`, `redis_answers`; its zone routing (`zone_routing`: per zone, the
+  work sent, what spilled, the shares; `by_zone`, `zone_share`).
 
 Cutting hosts off is tests/lan.py's (`Lan.cut_off(hosts)`, `Lan.heal(hosts)`)."""
 
@@ -248,6 +249,38 @@ def scrape(fe: FrontEnd) -> dict[str, float]:
 def metric_total(fe: FrontEnd, name: str) -> float:
     """The sum of a metric's samples, whatever their labels."""
     return sum(v for k, v in scrape(fe).items() if k == name or k.startswith(name + "{"))
+
+
+ZONE_METRICS = {
+    "sent": "inferd_requests_by_zone_total",
+    "spilled": "inferd_requests_spilled_by_zone_total",
+    "share": "inferd_zone_share",
+}
+"""What a front end's zone routing shows on /metrics: the work (batch items) it sent to each zone's workers,
+of that what went beyond the zone shares (a load spill: its zone's workers were busy), and the share of its
+work it gives each zone now."""
+
+
+def zone_routing(fe: FrontEnd) -> dict[str, dict[str, float]]:
+    """One /metrics scrape: for each of ZONE_METRICS, its samples summed by zone."""
+    out: dict[str, dict[str, float]] = {key: {} for key in ZONE_METRICS}
+    names = {name: key for key, name in ZONE_METRICS.items()}
+    for sample, value in scrape(fe).items():
+        key = names.get(sample.split("{", 1)[0])
+        if key is not None:
+            zone = sample.split('zone="', 1)[1].split('"', 1)[0]
+            out[key][zone] = out[key].get(zone, 0.0) + value
+    return out
+
+
+def by_zone(fe: FrontEnd) -> dict[str, float]:
+    """Work (batch items) this front end sent to each zone's workers so far."""
+    return zone_routing(fe)["sent"]
+
+
+def zone_share(fe: FrontEnd) -> dict[str, float]:
+    """The share of its work the zone routing gives each zone now."""
+    return zone_routing(fe)["share"]
 
 
 def workers_of(fe: FrontEnd) -> dict[str, dict]:
