@@ -28,6 +28,7 @@ from tests.lan import Host, Lan
 from tests.netns_cluster import (
     Cluster,
     FrontEnd,
+    PacedLoad,
     Proc,
     connect_list,
     live,
@@ -139,11 +140,17 @@ class ZoneFleet:
             if time.monotonic() > deadline:
                 raise TimeoutError(f"not every worker ready on every front end within 120 s: {ids}")
             time.sleep(0.2)
-        # a front end whose own zone's workers joined after another zone's ramps its share up (failback)
-        while not all(zone_share(fe).get(fe.id.removeprefix("fe-")) == 1.0 for fe in front_ends):
-            if time.monotonic() > deadline:
-                raise TimeoutError("not every front end keeping its work in its own zone within 120 s")
-            time.sleep(0.2)
+        # a front end whose own zone's workers joined after another zone's ramps its share up as work flows
+        # (failback: a hold, then a ramp): light load until every front end keeps its work in its zone
+        warm = [PacedLoad(fe.url, f"warm-{fe.id}", clients=1, max_requests=100_000, max_s=120, pace_s=0.05)
+                for fe in front_ends]  # fmt: skip
+        with contextlib.ExitStack() as stack:
+            for load in warm:
+                stack.enter_context(load)
+            while not all(zone_share(fe).get(fe.id.removeprefix("fe-")) == 1.0 for fe in front_ends):
+                if time.monotonic() > deadline + 60:
+                    raise TimeoutError("not every front end keeping its work in its own zone within 180 s")
+                time.sleep(0.2)
 
     # ---- the fleet --------------------------------------------------------------------------------------
     @property
