@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections import Counter
 
+import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
 from inferd.clock import FakeClock
@@ -92,7 +93,7 @@ async def test_a_front_end_or_workers_without_a_zone_route_as_before() -> None:
 
 
 async def test_work_spills_to_another_zone_only_after_its_batching_wait() -> None:
-    rt = runtime("a", {"a": 1, "b": 1})
+    rt = runtime("a", {"a": 1, "b": 1})  # no batch measured yet: the batching wait alone
     clock = clock_of(rt)
     workers = by_id(rt)
     rt.enqueue([b"1", b"2"], None)
@@ -111,6 +112,32 @@ async def test_work_spills_to_another_zone_only_after_its_batching_wait() -> Non
     assert len(workers["b-0.1"].inflight) == 1  # then spills to the free worker of zone b
     zones = {z.zone: z for z in rt.statistics().locality.zones}
     assert (zones["a"].served, zones["b"].served, zones["b"].spilled) == (4, 1, 1)
+
+
+async def test_the_spill_waits_a_batchs_time_more_once_batches_were_measured() -> None:
+    """Below its capacity a zone's worker frees within a batch's time: work waits that long (plus its
+    batching wait) for one before it spills."""
+    rt = runtime("a", {"a": 1, "b": 1})
+    clock = clock_of(rt)
+    workers = by_id(rt)
+    rt.enqueue([b"0", b"0"], None)
+    rt.dispatch_due()
+    (batch,) = workers["a-0.1"].inflight.values()
+    clock.advance(0.05)
+    rt.on_batch_done(workers["a-0.1"], p.BatchDone(batch.batch_id, 0.05, outputs=[{"o": 0}] * 2))
+    assert rt.estimator.batch_latency_s == pytest.approx(0.05)
+    rt.enqueue([b"1", b"2"], None)
+    rt.enqueue([b"3", b"4"], None)
+    rt.dispatch_due()  # a-0 runs one and holds the next
+    rt.enqueue([b"5"], None)
+    wake_at = rt.dispatch_due()
+    assert wake_at is not None and wake_at <= clock.now() + 0.010 + 0.05 + 1e-9  # looks again by then
+    clock.advance(0.055)
+    rt.dispatch_due()
+    assert not workers["b-0.1"].inflight
+    clock.advance(0.005)
+    rt.dispatch_due()
+    assert len(workers["b-0.1"].inflight) == 1
 
 
 async def test_losing_the_local_zone_moves_the_work_at_once_and_it_comes_back_after_the_ramp() -> None:

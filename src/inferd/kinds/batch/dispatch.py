@@ -61,10 +61,10 @@ class Dispatcher:
         """Send every batch that is due now; return when to look again (None: at the next event)."""
         queue = self.state.queue
         self._shed_lost()
+        spill_wait_s = self._spill_wait_s()
         while True:
             now = self.state.clock.now()
-            oldest_at = self._oldest_at()
-            free = self.routing.free_workers(self.state.workers, oldest_at, now, self.state.config.max_wait_s)
+            free = self.routing.free_workers(self.state.workers, self._oldest_at(), now, spill_wait_s)
             idle, staging = free.idle, free.staging
             if self.state.isolation and (idle or staging):  # retried work first, to any free slot
                 self._dispatch_isolated(self.routing.choose(idle or staging), now)
@@ -84,6 +84,13 @@ class Dispatcher:
             items, expired = self._cut_for(worker, decision.size, now, decision.since)
             self._expire_cut(expired, now)
             self._send(worker, items, now)
+
+    def _spill_wait_s(self) -> float:
+        """How long work waits for a worker of a zone with a share before it may spill to another zone's
+        (routing/locality.py): its batching wait, plus a batch's time (the measured EWMA), the longest a
+        local worker takes to free while its zone has the capacity."""
+        latency_s = self.state.estimator.batch_latency_s
+        return self.state.config.max_wait_s + (latency_s or 0.0)
 
     def _oldest_at(self) -> float | None:
         """When the work the next batch serves was enqueued: isolated (retried) work first, else the

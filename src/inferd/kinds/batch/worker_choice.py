@@ -51,8 +51,7 @@ class Routing:
         """None, or a front end or workers without zones: every worker is one pool."""
 
     def free_workers(
-        self, workers: list[WorkerConnection], oldest_at: float | None = None, now: float = 0.0,
-        wait_s: float = 0.0,
+        self, workers: list[WorkerConnection], oldest_at: float | None, now: float, wait_s: float
     ) -> Free:
         """Ready workers that may take a batch now: idle ones, and busy ones with a free staging slot.
         Ejected workers sit out (unless all are: then they work rather than stall the model); a probing
