@@ -54,6 +54,8 @@ class Load:
     max_requests: int = 3000
     max_s: float = 90.0
     """No request starts later than this after the clients started."""
+    timeout_s: float = 40.0
+    """A request unanswered this long is given up (unanswered)."""
     answers: list[Answer] = field(default_factory=list)
     unanswered: list[str] = field(default_factory=list)
     sent: int = 0
@@ -91,7 +93,7 @@ class Load:
 
     def _client(self) -> None:
         while (text := self._next()) is not None:
-            answer = infer(self.url, text)
+            answer = infer(self.url, text, self.timeout_s)
             with self._lock:
                 if answer is None:
                     self.unanswered.append(text)
@@ -99,7 +101,7 @@ class Load:
                     self.answers.append(answer)
 
 
-def infer(url: str, text: str) -> Answer | None:
+def infer(url: str, text: str, timeout_s: float = 40.0) -> Answer | None:
     body = json.dumps(
         {"inputs": [{"name": "INPUT0", "shape": [1], "datatype": "BYTES", "data": [text]}]}
     ).encode()
@@ -108,7 +110,7 @@ def infer(url: str, text: str) -> Answer | None:
     )
     t0 = time.monotonic()
     try:
-        with urllib.request.urlopen(req, timeout=40) as r:
+        with urllib.request.urlopen(req, timeout=timeout_s) as r:
             output = json.loads(r.read())["outputs"][0]["data"][0]
             version = r.headers.get("X-Inferd-Model-Version", "1")
             return Answer(text, r.status, output, time.monotonic() - t0, version, t0)
