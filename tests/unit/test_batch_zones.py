@@ -1,6 +1,7 @@
 """A batch model's zone routing (kinds/batch/worker_choice.py with routing/locality.py): batches go to the
-front end's zone while it is healthy, spill to another zone only after the batching wait when the local
-workers have no free slot, move at once when the local zone is lost and come back after the failback
+front end's zone while it is healthy, wait for a busy local worker and spill to another zone only when
+the local zone is short of capacity (after the batching wait and a batch's time), keep an ejected worker's
+zone share, move at once when the local zone is lost and come back after the failback
 ramp; a front end without a zone routes as before. What went where is on /metrics."""
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from inferd.kinds.batch.dispatcher import ModelRuntime
 from inferd.kinds.collectors import zone_families
 from inferd.models.sim import sim_config
 from inferd.observability.metrics import Metrics
+from inferd.routing.health import Health
 from inferd.routing.locality import LocalityPolicy
 from inferd.routing.retry import RetryBudget
 from inferd.wire import protocol as p
@@ -92,8 +94,11 @@ async def test_a_front_end_or_workers_without_a_zone_route_as_before() -> None:
         assert zone_families([rt.statistics()]) == []  # nor on /metrics
 
 
-async def test_work_spills_to_another_zone_only_after_its_batching_wait() -> None:
-    rt = runtime("a", {"a": 1, "b": 1})  # no batch measured yet: the batching wait alone
+async def test_a_busy_local_worker_keeps_the_work_until_its_zone_is_short_then_it_spills() -> None:
+    """The local worker is busy but its zone is not short of capacity: the work waits for it however long
+    another zone's worker idles. Once the queue is past half its bound (admission would soon refuse), it
+    spills, after its batching wait (no batch measured yet: the floor is the batching wait alone)."""
+    rt = runtime("a", {"a": 1, "b": 1})  # batches of 2, a queue of 8
     clock = clock_of(rt)
     workers = by_id(rt)
     rt.enqueue([b"1", b"2"], None)
@@ -101,22 +106,22 @@ async def test_work_spills_to_another_zone_only_after_its_batching_wait() -> Non
     rt.dispatch_due()  # one runs on a-0, the next is staged behind it
     assert len(workers["a-0.1"].inflight) == 2 and not workers["b-0.1"].inflight
     rt.enqueue([b"5"], None)
+    assert rt.dispatch_due() is None  # not short: no time to look again at, only a queue length
+    assert rt._state.wake_queued == 4
+    clock.advance(1.0)
+    rt.dispatch_due()
+    assert not workers["b-0.1"].inflight  # a second on: still waiting for its own zone
+    rt.enqueue([b"6", b"7", b"8"], None)  # 4 queued: half the bound
     wake_at = rt.dispatch_due()
-    assert not workers["b-0.1"].inflight  # the local worker is full: the item waits ...
-    assert wake_at is not None and abs(wake_at - (clock.now() + 0.010)) < 1e-9  # ... its batching wait
-    clock.advance(0.004)
-    rt.dispatch_due()
-    assert not workers["b-0.1"].inflight
-    clock.advance(0.006)
-    rt.dispatch_due()
-    assert len(workers["b-0.1"].inflight) == 1  # then spills to the free worker of zone b
+    assert len(workers["b-0.1"].inflight) == 1  # the oldest waited past its floor: spills to zone b
+    assert wake_at is None or wake_at > clock.now()
     zones = {z.zone: z for z in rt.statistics().locality.zones}
-    assert (zones["a"].served, zones["b"].served, zones["b"].spilled) == (4, 1, 1)
+    assert (zones["a"].served, zones["b"].served, zones["b"].spilled) == (4, 2, 2)
 
 
-async def test_the_spill_waits_a_batchs_time_more_once_batches_were_measured() -> None:
-    """Below its capacity a zone's worker frees within a batch's time: work waits that long (plus its
-    batching wait) for one before it spills."""
+async def test_a_short_zones_work_spills_after_its_floor_a_batchs_time_more_once_measured() -> None:
+    """Below its capacity a zone's worker frees within a batch's time: even a short zone's work waits that
+    long (plus its batching wait) for one before it spills."""
     rt = runtime("a", {"a": 1, "b": 1})
     clock = clock_of(rt)
     workers = by_id(rt)
@@ -129,8 +134,10 @@ async def test_the_spill_waits_a_batchs_time_more_once_batches_were_measured() -
     rt.enqueue([b"1", b"2"], None)
     rt.enqueue([b"3", b"4"], None)
     rt.dispatch_due()  # a-0 runs one and holds the next
-    rt.enqueue([b"5"], None)
+    rt.enqueue([b"5", b"6"], None)
+    rt.enqueue([b"7", b"8"], None)  # 4 queued: short
     wake_at = rt.dispatch_due()
+    assert not workers["b-0.1"].inflight
     assert wake_at is not None and wake_at <= clock.now() + 0.010 + 0.05 + 1e-9  # looks again by then
     clock.advance(0.055)
     rt.dispatch_due()
@@ -138,6 +145,48 @@ async def test_the_spill_waits_a_batchs_time_more_once_batches_were_measured() -
     clock.advance(0.005)
     rt.dispatch_due()
     assert len(workers["b-0.1"].inflight) == 1
+
+
+async def test_a_deadline_nearing_makes_a_zone_short() -> None:
+    """Clearing the queue would take more than half of the oldest item's remaining deadline: it spills
+    (the dispatcher looks again then, not only at the next event)."""
+    rt = runtime("a", {"a": 1, "b": 1})
+    clock = clock_of(rt)
+    workers = by_id(rt)
+    rt.enqueue([b"0", b"0"], None)
+    rt.dispatch_due()
+    (batch,) = workers["a-0.1"].inflight.values()
+    clock.advance(0.05)
+    rt.on_batch_done(workers["a-0.1"], p.BatchDone(batch.batch_id, 0.05, outputs=[{"o": 0}] * 2))
+    rt.enqueue([b"1", b"2"], None)
+    rt.enqueue([b"3", b"4"], None)
+    rt.dispatch_due()  # a-0 runs one and holds the next
+    rt.enqueue([b"5"], clock.now() + 1.0)  # 1 batch to clear: 0.05 s, half of what is left at 0.9 s
+    spill_at = clock.now() + 0.9
+    while (wake_at := rt.dispatch_due()) is not None and wake_at < spill_at - 1e-9:
+        assert not workers["b-0.1"].inflight
+        clock.advance(wake_at - clock.now())
+    assert wake_at == pytest.approx(spill_at) and not workers["b-0.1"].inflight  # looks again then
+    clock.advance(spill_at - clock.now())
+    rt.dispatch_due()
+    assert len(workers["b-0.1"].inflight) == 1
+
+
+async def test_an_ejected_one_worker_zone_keeps_its_share_and_its_work_spills_meanwhile() -> None:
+    """The ejector's verdict steers the work, but is no zone health: the share stays (no failback hold
+    and ramp after the ejection) while the zone's work goes to another zone at once."""
+    rt = runtime("a", {"a": 1, "b": 1})
+    clock = clock_of(rt)
+    workers = by_id(rt)
+    assert run_full_batches(rt, 3) == {"a": 3}
+    for _ in range(rt.ejector.consecutive_failures):  # failed batches in a row eject it
+        rt.ejector.failure("a-0.1")
+    assert rt.ejector.health("a-0.1") is Health.EJECTED
+    assert run_full_batches(rt, 3) == {"b": 3}  # at once, no floor
+    assert rt.statistics().locality.local_share == 1.0
+    clock.advance(60.0)  # the ejection is over
+    assert run_full_batches(rt, 5) == {"a": 5}  # back at once: no hold, no ramp
+    assert not workers["b-0.1"].inflight
 
 
 async def test_losing_the_local_zone_moves_the_work_at_once_and_it_comes_back_after_the_ramp() -> None:

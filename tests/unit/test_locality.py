@@ -1,7 +1,8 @@
 """The zone-routing rule (routing/locality.py) on a fake clock: Envoy's priority rule with the
 overprovisioning factor, spill in proportion to healthy workers, no traffic to a zone without a healthy
 worker, lost workers still expected, failback that ramps after a hold (no flapping), the choice of zone
-per unit of work (smooth weighted round robin) and the load spill."""
+per unit of work (smooth weighted round robin), the load spill only when a zone is short of capacity, the
+ejector's verdict kept out of the shares, a late first worker without a ramp, and shares at scrape time."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from collections import Counter
 import pytest
 
 from inferd.clock import FakeClock
-from inferd.routing.locality import NO_ZONE, LocalityPolicy, ZoneChoice
+from inferd.routing.locality import NO_ZONE, Backlog, LocalityPolicy, ZoneChoice
 
 
 def policy(zone: str | None = "a", fleet: dict[str, int] | None = None, **kw: float) -> LocalityPolicy:
@@ -175,20 +176,91 @@ def test_a_zone_with_a_share_but_no_free_worker_leaves_its_turn_to_the_others() 
     assert p.choose(shares, {"a"}) == ZoneChoice("a")
 
 
-def test_load_spills_to_another_zone_only_after_the_batching_wait() -> None:
+def backlog(queued: int, waited_s: float = 1.0, **kw: float | None) -> Backlog:
+    """Work waiting for a zone's workers: batches of 8, a bound of 1000, a 10 ms floor; no deadline."""
+    fields: dict = {"floor_s": 0.010, "bound": 1000, "max_batch": 8, "batch_s": 0.05, "remaining_s": None}
+    fields.update(kw)
+    return Backlog(waited_s=waited_s, queued=queued, **fields)
+
+
+def test_a_momentarily_busy_zone_keeps_its_work_while_another_zone_is_idle() -> None:
+    """Below its capacity a zone's busy worker frees within a batch's time: the work waits for it, however
+    long past its floor, rather than cross zones (spills between equally busy zones gain nothing)."""
     p = policy("a", {"a": 2, "b": 2})
     shares = p.shares({"a": 2, "b": 2})  # all local
-    assert p.choose(shares, {"b"}) == ZoneChoice(None)  # nothing waiting yet
-    early = p.choose(shares, {"b"}, waited_s=0.004, wait_s=0.010)
-    assert early.zone is None and early.spill_in_s == pytest.approx(0.006)
-    late = p.choose(shares, {"b"}, waited_s=0.010, wait_s=0.010)
-    assert late == ZoneChoice("b", spilled=True)
+    assert p.choose(shares, {"b"}) == ZoneChoice(None)  # nothing waiting
+    for queued in (1, 16, 64):  # up to 4 full batches per local worker in service: not short
+        choice = p.choose(shares, {"b"}, backlog(queued, waited_s=10.0))
+        assert choice == ZoneChoice(None, spill_at_queued=65)  # not by time; the dispatcher looks again at 65
+    far = backlog(16, waited_s=10.0, remaining_s=30.0)  # a deadline far off: 2 batches take 0.05 s
+    assert p.choose(shares, {"b"}, far) == ZoneChoice(None, spill_in_s=pytest.approx(29.9), spill_at_queued=65)
+
+
+def test_load_spills_once_the_zone_is_short_after_its_floor_to_an_idle_zone_in_service() -> None:
+    p = policy("a", {"a": 2, "b": 2, "c": 1})
+    shares = p.shares({"a": 2, "b": 2, "c": 1})
+    # a backlog of more than 4 full batches per worker in service
+    early = p.choose(shares, {"b", "c"}, backlog(65, waited_s=0.004))
+    assert early.zone is None and early.spill_in_s == pytest.approx(0.006)  # ... after its floor
+    assert p.choose(shares, {"b", "c"}, backlog(65, waited_s=0.010)) == ZoneChoice("b", spilled=True)  # most in service
+    # the queue past half its bound
+    assert p.choose(shares, {"c"}, backlog(10, bound=20)) == ZoneChoice("c", spilled=True)
+    # clearing the queue (2 batches x 0.05 s / 2 workers) takes more than half the oldest item's time left
+    assert p.choose(shares, {"c"}, backlog(16, remaining_s=0.09)) == ZoneChoice("c", spilled=True)
+    soon = p.choose(shares, {"c"}, backlog(16, waited_s=0.0, remaining_s=0.5))
+    assert soon.zone is None and soon.spill_in_s == pytest.approx(0.4)  # when 0.1 s is half of what is left
+    assert p.choose(shares, {"c"}, backlog(64, batch_s=None, remaining_s=0.01)).zone is None  # nothing measured
+    # only to an idle zone in service: not one whose workers are all ejected, nor one without a healthy worker
+    ejected_c = p.shares({"a": 2, "b": 2, "c": 1}, serving={"a": 2, "b": 2, "c": 0})
+    assert p.choose(ejected_c, {"c"}, backlog(100)) == ZoneChoice(None)
+    assert p.choose(p.shares({"a": 2}), {"b"}, backlog(100)) == ZoneChoice(None)
     p.served("b", 3)
     p.served("a", 5)
     stats = {z.zone: z for z in p.statistics().zones}
     assert (stats["a"].served, stats["a"].spilled, stats["a"].local) == (5, 0, True)
     assert (stats["b"].served, stats["b"].spilled, stats["b"].local) == (3, 3, False)
-    assert p.choose(p.shares({"a": 2}), {"b"}, waited_s=1.0, wait_s=0.01) == ZoneChoice(None)  # b unhealthy
+
+
+def test_an_ejected_worker_steers_the_work_but_keeps_its_zones_share() -> None:
+    """The outlier ejector's verdict is no zone health: a one-worker zone whose worker is ejected keeps its
+    share (no failback hold when it returns), and its work spills at once, with no floor, while it is out."""
+    p = policy("a", {"a": 1, "b": 1})
+    assert p.shares({"a": 1, "b": 1}).local_share == 1.0
+    out = p.shares({"a": 1, "b": 1}, serving={"a": 0, "b": 1})  # a-0 ejected
+    assert out.local_share == 1.0 and out.rule == 1.0
+    assert p.choose(out, {"b"}, backlog(1, waited_s=0.0)) == ZoneChoice("b", spilled=True)
+    clock(p).advance(5.0)
+    back = p.shares({"a": 1, "b": 1})
+    assert back.local_share == 1.0 and p.choose(back, {"a", "b"}, backlog(1)) == ZoneChoice("a")
+
+
+def test_a_zone_whose_first_worker_joins_late_starts_at_the_rule() -> None:
+    """A front end that started before its zone's workers: the zone had no expected worker, it did not
+    fall, so there is no failback hold or ramp when its first worker joins."""
+    p = policy("a", {"b": 1})
+    assert p.shares({"b": 1}).shares == {"b": 1.0}  # nothing local yet
+    clock(p).advance(0.5)
+    p.join("a-0", "a")
+    assert p.shares({"a": 1, "b": 1}).local_share == 1.0
+    p.lose("a-0")  # but a zone that falls does hold
+    assert p.shares({"b": 1}).local_share == 0.0
+    p.join("a-0", "a")
+    assert p.shares({"a": 1, "b": 1}).local_share == 0.0
+    clock(p).advance(5.0 + 5.0)
+    assert p.shares({"a": 1, "b": 1}).local_share == pytest.approx(0.5)
+
+
+def test_statistics_given_the_fleet_compute_the_shares_now() -> None:
+    """/metrics reads the shares at scrape time: true while no work is placed."""
+    p = policy("a", {"a": 2, "b": 2})
+    assert p.shares({"a": 2, "b": 2}).local_share == 1.0
+    p.lose("a-0")
+    p.lose("a-1")
+    assert p.statistics().local_share == 1.0  # the last shares placed work by
+    now = p.statistics({"b": 2})
+    assert now.local_share == 0.0 and {z.zone: z.share for z in now.zones} == {"a": 0.0, "b": 1.0}
+    clock(p).advance(1.0)
+    assert p.statistics().local_share == 0.0
 
 
 def test_statistics_say_the_rule_and_each_zone() -> None:

@@ -14,7 +14,11 @@ The rule:
   zones. A worker without a zone counts as a zone of its own, "" (not the local one).
 * **Health.** A zone's *expected* workers are those that joined and are not draining, plus those lost in
   the last `lost_expected_s` (a worker joining the zone again takes a lost one's place); its *healthy*
-  workers are the caller's count of those in service now (ready, not ejected).
+  workers are the caller's count of those connected and ready now (joined, not draining, not lost). The
+  outlier ejector's verdict is not health here: one slow batch must not take a one-worker zone's share
+  away for the failback's hold and ramp. The caller gives its own count of the workers *in service*
+  (healthy and not ejected, `serving`): the ejector steers the choice of worker within a zone, and a
+  zone with a share but none in service is short at once (load spill, below).
 * **The local share** is `min(1, overprovisioning x healthy_local / expected_local)` (0 with no expected
   local worker). The other zones together get `min(1 - local, min(1, overprovisioning x healthy_other /
   expected_other))`; when the two add up to less than 1 (both short), both are scaled up to sum to 1. The
@@ -23,13 +27,24 @@ The rule:
 * **Failback without flapping.** The local share falls at once when the rule's value falls. It rises only
   after the rule's value has stayed above it for `hold_s` without a new fall, then by at most 1 per
   `failback_s` (a ramp), up to the rule's value. A worker that flaps faster than `hold_s` keeps the share
-  at its low value instead of flapping it.
+  at its low value instead of flapping it. A zone that had no expected worker did not fall: when its
+  first worker joins (a front end that started before its zone's workers), its share starts at the
+  rule's value.
 * **Choosing a zone for one unit of work** (a batch, a sequence: `choose`): among the zones with a free
   worker and a share, the one most behind its share (smooth weighted round robin over what was `served`).
-* **Load spill.** When no zone with a share has a free worker and the work has waited past the batching
-  wait it is given, it may go to another zone's free healthy worker (the one with most healthy workers)
-  rather than keep waiting: a zone over its capacity spills instead of refusing. Before that, the choice
-  says when it may (`spill_in_s`).
+* **Load spill.** A zone with a share whose worker is momentarily busy is not short of capacity: the
+  work waits for it, even while another zone's worker is idle (below its capacity a zone's worker frees
+  within a batch's time). Work spills beyond the shares only when the zones with a share are *short*,
+  from the `Backlog` the caller gives: none of their workers is in service; or what is queued would take
+  them more than `spill_backlog` full batches per worker in service to clear (a sustained backlog, not
+  a busy moment); or the time to clear it (batches x the measured batch time / workers in service)
+  exceeds `spill_deadline_share` of the oldest item's remaining deadline (admission would soon refuse
+  on it); or the queue is past `spill_queue_share` of its bound. Even then it waits its floor first
+  (its batching wait plus a batch's time, `Backlog.floor_s`; not when no worker with a share is in
+  service), and goes only to a zone with an idle worker in service, nothing of any front end's running
+  on it (the one with most workers in service). A zone over its capacity so spills instead of
+  refusing, and zones equally busy keep their work. The choice says when the work may spill
+  (`spill_in_s`, as its deadline nears) or at what queue length (`spill_at_queued`).
 """
 
 from __future__ import annotations
@@ -43,8 +58,8 @@ from inferd.clock import Clock
 NO_ZONE = ""
 """The zone of a worker that named none."""
 _TICK_S = 1e-6
-"""Work that waited its batching wait to within this has waited it (the timer set for it may fire a
-rounding error early)."""
+"""Work that waited its floor, or a zone short within this, is so (the timer set for it may fire a rounding
+error early)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,6 +72,8 @@ class ZoneShares:
     """The healthy workers the shares were computed from, per zone."""
     rule: float = 0.0
     """The local share the rule gives now, before failback holds it lower."""
+    serving: Mapping[str, int] = field(default_factory=dict)
+    """Of the healthy workers, those in service (not ejected), per zone."""
 
     def of(self, zone: str) -> float:
         return self.shares.get(zone, 0.0)
@@ -67,14 +84,36 @@ class ZoneShares:
 
 
 @dataclass(frozen=True, slots=True)
+class Backlog:
+    """The work waiting for a worker, as the caller sees it (what the load spill decides from)."""
+
+    waited_s: float
+    """How long the oldest waiting item has waited."""
+    floor_s: float
+    """The least it waits for a worker of a zone with a share before it may spill: its batching wait
+    plus a batch's time (the longest a busy worker there takes to free)."""
+    queued: int
+    """Items waiting for the model (the oldest included)."""
+    bound: int
+    """The queue's bound (admission refuses past it)."""
+    max_batch: int
+    batch_s: float | None = None
+    """A batch's time, measured (EWMA); None: none measured yet."""
+    remaining_s: float | None = None
+    """The oldest item's remaining deadline; None: it has none."""
+
+
+@dataclass(frozen=True, slots=True)
 class ZoneChoice:
     """Where one unit of work goes. `zone` None: nowhere now (no zone with a share has a free worker);
-    `spill_in_s`: in how long it may spill to a free worker of another zone (None: it may not)."""
+    `spill_in_s`: in how long it may spill to a free worker of another zone, `spill_at_queued`: at how
+    many items queued (None: not by time, not by queue length)."""
 
     zone: str | None
     spilled: bool = False
-    """Beyond the shares, to a zone with none: the zones with a share had no free worker."""
+    """Beyond the shares, to a zone with none: the zones with a share were short of capacity."""
     spill_in_s: float | None = None
+    spill_at_queued: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,6 +160,9 @@ class LocalityPolicy:
         failback_s: float = 10.0,
         hold_s: float = 5.0,
         lost_expected_s: float = 60.0,
+        spill_backlog: float = 4.0,
+        spill_deadline_share: float = 0.5,
+        spill_queue_share: float = 0.5,
     ) -> None:
         if not (math.isfinite(overprovisioning) and overprovisioning >= 1.0):
             raise ValueError(f"overprovisioning must be >= 1, got {overprovisioning}")
@@ -129,12 +171,20 @@ class LocalityPolicy:
                 f"need failback_s > 0, hold_s >= 0 and lost_expected_s >= 0, got {failback_s}, {hold_s}, "
                 f"{lost_expected_s}"
             )
+        if spill_backlog <= 0 or not (0 < spill_deadline_share <= 1 and 0 < spill_queue_share <= 1):
+            raise ValueError(
+                f"need spill_backlog > 0 and spill shares in (0, 1], got {spill_backlog}, "
+                f"{spill_deadline_share}, {spill_queue_share}"
+            )
         self.clock = clock
         self.zone = zone
         self.overprovisioning = overprovisioning
         self.failback_s = failback_s
         self.hold_s = hold_s
         self.lost_expected_s = lost_expected_s
+        self.spill_backlog = spill_backlog
+        self.spill_deadline_share = spill_deadline_share
+        self.spill_queue_share = spill_queue_share
         self._zones: dict[str, _Zone] = {}
         self._zone_of: dict[str, str] = {}
         self._zoned = 0
@@ -191,14 +241,19 @@ class LocalityPolicy:
         return len(z.members) + len(z.lost)
 
     # ---- the rule ---------------------------------------------------------------------------------------
-    def shares(self, healthy: Mapping[str, int]) -> ZoneShares:
+    def shares(self, healthy: Mapping[str, int], serving: Mapping[str, int] | None = None) -> ZoneShares:
         """Each zone's share now, from its healthy workers (`healthy`: zone -> count; "" for workers without
-        a zone). Moves the failback state: call it when work is to be placed, not in a loop of its own."""
+        a zone) and, of those, the ones in service (`serving`; None: all of them). Moves the failback
+        state: call it when work is to be placed, or to report the shares, not in a loop of its own."""
         local = self.zone or NO_ZONE
         counts = {z: m for z, n in healthy.items() if n > 0 and (m := min(n, self.expected(z))) > 0}
+        in_service = dict(counts) if serving is None else {z: min(serving.get(z, 0), n) for z, n in counts.items()}
         expected_local = self.expected(local)
         rule = self._health(counts.get(local, 0), expected_local)
-        own = self._failback(rule)
+        if expected_local == 0:  # no expected worker: nothing fell, and its first worker starts at the rule
+            self._local, self._rising_since, own = None, None, 0.0
+        else:
+            own = self._failback(rule)
         others = {z: n for z, n in counts.items() if z != local}
         expected_others = sum(self.expected(z) for z in self._zones if z != local)
         spill = min(1.0 - own, self._health(sum(others.values()), expected_others))
@@ -212,7 +267,7 @@ class LocalityPolicy:
         healthy_others = sum(others.values())
         for z, n in others.items() if spill > 0.0 else ():
             shares[z] = spill / total * n / healthy_others
-        self._last = ZoneShares(local, shares, counts, rule)
+        self._last = ZoneShares(local, shares, counts, rule, in_service)
         return self._last
 
     def _health(self, healthy: int, expected: int) -> float:
@@ -236,11 +291,9 @@ class LocalityPolicy:
         return self._local
 
     # ---- choosing --------------------------------------------------------------------------------------
-    def choose(
-        self, shares: ZoneShares, free: Collection[str], waited_s: float | None = None, wait_s: float = 0.0
-    ) -> ZoneChoice:
-        """The zone for the next unit of work, among the zones with a free worker (`free`). `waited_s`: how
-        long the work has waited (None: not waiting yet); `wait_s`: its batching wait (load spill)."""
+    def choose(self, shares: ZoneShares, free: Collection[str], backlog: Backlog | None = None) -> ZoneChoice:
+        """The zone for the next unit of work, among the zones with a free worker (`free`). `backlog`: the
+        work waiting (None: none waits; it may not spill)."""
         best: str | None = None
         best_credit = 0.0
         for zone in free:
@@ -253,12 +306,38 @@ class LocalityPolicy:
                 best, best_credit = zone, credit
         if best is not None:
             return ZoneChoice(best)
-        spill = [z for z in free if shares.healthy.get(z, 0) > 0]
-        if not spill or waited_s is None:
+        spill = [z for z in free if shares.serving.get(z, 0) > 0]
+        if backlog is None:
             return ZoneChoice(None)
-        if waited_s < wait_s - _TICK_S:
-            return ZoneChoice(None, spill_in_s=wait_s - waited_s)
-        return ZoneChoice(max(spill, key=lambda z: (shares.healthy[z], z)), spilled=True)
+        return self._spill(shares, spill, backlog)
+
+    def _spill(self, shares: ZoneShares, spill: list[str], backlog: Backlog) -> ZoneChoice:
+        """The load spill (the module's docstring): to a zone in `spill` (idle workers in service, no
+        share) if the zones with a share are short, after the floor; else when it may."""
+        serving = sum(n for z, n in shares.serving.items() if shares.of(z) > 0.0)
+        target = max(spill, key=lambda z: (shares.serving[z], z)) if spill else None
+        if serving == 0:  # none in service where the shares send the work (all ejected): no point waiting
+            return ZoneChoice(target, spilled=target is not None)
+        batches = math.ceil(backlog.queued / backlog.max_batch)
+        at_queued = min(  # more than spill_backlog full batches per worker in service, or the queue's share
+            math.floor(self.spill_backlog * serving * backlog.max_batch) + 1,
+            math.ceil(self.spill_queue_share * backlog.bound),
+        )
+        short_in = math.inf
+        if backlog.queued >= at_queued:
+            short_in = 0.0
+        elif backlog.batch_s is not None and backlog.remaining_s is not None:
+            clear_s = batches * backlog.batch_s / serving
+            short_in = max(0.0, backlog.remaining_s - clear_s / self.spill_deadline_share)
+        if target is None:
+            return ZoneChoice(None)
+        floor_in = backlog.floor_s - backlog.waited_s
+        if short_in > _TICK_S:
+            spill_in = None if math.isinf(short_in) else max(short_in, floor_in)
+            return ZoneChoice(None, spill_in_s=spill_in, spill_at_queued=at_queued)
+        if floor_in > _TICK_S:
+            return ZoneChoice(None, spill_in_s=floor_in)
+        return ZoneChoice(target, spilled=True)
 
     def order(self, shares: ZoneShares, zones: Collection[str]) -> list[str]:
         """The zones to try in turn for work that cannot wait (an LLM sequence: its zone full is a 429):
@@ -286,7 +365,13 @@ class LocalityPolicy:
         z.credit = max(-1.0, z.credit - 1.0)  # does not take a burst when one frees
 
     # ---- snapshots --------------------------------------------------------------------------------------
-    def statistics(self) -> LocalityStatistics:
+    def statistics(
+        self, healthy: Mapping[str, int] | None = None, serving: Mapping[str, int] | None = None
+    ) -> LocalityStatistics:
+        """What the policy did and gives now. With `healthy` (and `serving`, as for `shares`) the shares are
+        computed now, so a scrape sees them true while no work is placed; without, the last ones."""
+        if healthy is not None and self.active:
+            self.shares(healthy, serving)
         local, last = self.zone or NO_ZONE, self._last
         zones = tuple(
             ZoneStatistics(

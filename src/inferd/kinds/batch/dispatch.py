@@ -27,6 +27,7 @@ from inferd.kinds.batch.state import ModelState
 from inferd.kinds.batch.worker_choice import Routing
 from inferd.observability import tracing
 from inferd.routing.fairness import BULK, INTERACTIVE
+from inferd.routing.locality import Backlog
 from inferd.wire.connection import Batch, WorkerConnection, WorkerState
 
 log = logging.getLogger("inferd.dispatcher")
@@ -61,10 +62,9 @@ class Dispatcher:
         """Send every batch that is due now; return when to look again (None: at the next event)."""
         queue = self.state.queue
         self._shed_lost()
-        spill_wait_s = self._spill_wait_s()
         while True:
             now = self.state.clock.now()
-            free = self.routing.free_workers(self.state.workers, self._oldest_at(), now, spill_wait_s)
+            free = self.routing.free_workers(self.state.workers, now, self._backlog(now))
             idle, staging = free.idle, free.staging
             if self.state.isolation and (idle or staging):  # retried work first, to any free slot
                 self._dispatch_isolated(self.routing.choose(idle or staging), now)
@@ -73,7 +73,7 @@ class Dispatcher:
             stage_at = min(times.values(), default=None)
             decision = self.policy.decide(now, len(queue), queue.oldest_at(), len(idle), len(staging), stage_at)
             if not decision.size:
-                wake_queued = decision.wake_queued
+                wake_queued = min((n for n in (decision.wake_queued, free.spill_at_queued) if n is not None), default=None)
                 self.state.wake_queued = sys.maxsize if wake_queued is None else wake_queued
                 return _earliest(decision.wake_at, free.spill_at)
             if not decision.idle and queue.live_in(INTERACTIVE) < decision.size:
@@ -85,20 +85,34 @@ class Dispatcher:
             self._expire_cut(expired, now)
             self._send(worker, items, now)
 
-    def _spill_wait_s(self) -> float:
-        """How long work waits for a worker of a zone with a share before it may spill to another zone's
-        (routing/locality.py): its batching wait, plus a batch's time (the measured EWMA), the longest a
-        local worker takes to free while its zone has the capacity."""
-        latency_s = self.state.estimator.batch_latency_s
-        return self.state.config.max_wait_s + (latency_s or 0.0)
-
-    def _oldest_at(self) -> float | None:
-        """When the work the next batch serves was enqueued: isolated (retried) work first, else the
-        queue's oldest item (what a load spill to another zone waits on)."""
-        isolation = self.state.isolation
-        if isolation:
-            return min((i.enqueued_at for i in isolation[0]), default=None)
-        return self.state.queue.oldest_at()
+    def _backlog(self, now: float) -> Backlog | None:
+        """The work the next batch serves, as the zone routing's load spill sees it (routing/locality.py):
+        isolated (retried) work first, else the queue's oldest item; None: nothing waits. Its floor is its
+        batching wait plus a batch's time (the measured EWMA), the longest a busy worker of its zone takes
+        to free while the zone has the capacity."""
+        state = self.state
+        if state.isolation:
+            group = state.isolation[0]
+            if not group:
+                return None
+            oldest_at = min(i.enqueued_at for i in group)
+            deadlines = [i.deadline for i in group if i.deadline is not None]
+            deadline = min(deadlines) if deadlines else None
+        else:
+            head = state.queue.oldest()
+            if head is None:
+                return None
+            oldest_at, deadline = head.enqueued_at, head.deadline
+        latency_s = state.estimator.batch_latency_s
+        return Backlog(
+            waited_s=now - oldest_at,
+            floor_s=state.config.max_wait_s + (latency_s or 0.0),
+            queued=len(state.queue) + state.isolated_items(),
+            bound=state.queue.max_size,
+            max_batch=state.config.max_batch_size,
+            batch_s=latency_s,
+            remaining_s=None if deadline is None else deadline - now,
+        )
 
     def report_demand(self) -> None:
         """Tell shared workers what is left queued, and give back slots this front end cannot use."""

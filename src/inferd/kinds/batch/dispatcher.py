@@ -361,7 +361,7 @@ class ModelRuntime:
             # owned: a hedged item counts once, in the batch that answers for it now
             in_flight=sum(len(owned(b)) for w in state.workers for b in w.inflight.values()),
             detail=self._batch_statistics(),
-            locality=self._routing.zones(),
+            locality=self._routing.zones(state.workers),
         )
 
     def _batch_statistics(self) -> BatchStatistics:

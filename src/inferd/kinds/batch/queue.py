@@ -203,14 +203,18 @@ class _Lanes:
             lane.pop()
         return out
 
-    def oldest_at(self) -> float | None:
+    def oldest(self) -> QueuedItem | None:
         heads = []
         for lane in self.lanes.values():
             while lane and lane[0].state is not ItemState.QUEUED:
                 lane.popleft()
             if lane:
-                heads.append(lane[0].enqueued_at)
-        return min(heads) if heads else None
+                heads.append(lane[0])
+        return min(heads, key=lambda i: i.enqueued_at) if heads else None
+
+    def oldest_at(self) -> float | None:
+        head = self.oldest()
+        return None if head is None else head.enqueued_at
 
     def items(self) -> list[QueuedItem]:
         return [i for lane in self.lanes.values() for i in lane if i.state is ItemState.QUEUED]
@@ -261,9 +265,14 @@ class RequestQueue:
     def free(self) -> int:
         return self.max_size - len(self)
 
+    def oldest(self) -> QueuedItem | None:
+        """The live item that has waited longest, of any class."""
+        heads = [i for i in (c.oldest() for c in self._classes) if i is not None]
+        return min(heads, key=lambda i: i.enqueued_at) if heads else None
+
     def oldest_at(self) -> float | None:
-        heads = [t for t in (c.oldest_at() for c in self._classes) if t is not None]
-        return min(heads) if heads else None
+        head = self.oldest()
+        return None if head is None else head.enqueued_at
 
     def oldest_in(self, priority: int) -> float | None:
         return self._classes[priority].oldest_at()

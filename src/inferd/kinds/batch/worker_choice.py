@@ -9,7 +9,7 @@ import random
 from dataclasses import dataclass, field
 
 from inferd.routing import Candidate, EjectionRecord, Health, HealthChange, OutlierEjector, P2CBalancer
-from inferd.routing.locality import NO_ZONE, LocalityPolicy, LocalityStatistics
+from inferd.routing.locality import NO_ZONE, Backlog, LocalityPolicy, LocalityStatistics
 from inferd.wire import protocol as p
 from inferd.wire.connection import WorkerConnection, WorkerState
 
@@ -23,8 +23,10 @@ class Free:
     idle: list[WorkerConnection] = field(default_factory=list)
     staging: list[WorkerConnection] = field(default_factory=list)
     spill_at: float | None = None
-    """Another zone's worker is free and the zones with a share have none: when the oldest item will
-    have waited its batching wait, and may go there (load spill). None: not so."""
+    """Another zone's worker is free and the zones with a share have none: when the waiting work may go
+    there (load spill). None: not by time."""
+    spill_at_queued: int | None = None
+    """... or at how many items queued it may (None: not by queue length)."""
 
 
 NONE_FREE = Free()
@@ -50,14 +52,12 @@ class Routing:
         self.locality = locality
         """None, or a front end or workers without zones: every worker is one pool."""
 
-    def free_workers(
-        self, workers: list[WorkerConnection], oldest_at: float | None, now: float, wait_s: float
-    ) -> Free:
+    def free_workers(self, workers: list[WorkerConnection], now: float, backlog: Backlog | None = None) -> Free:
         """Ready workers that may take a batch now: idle ones, and busy ones with a free staging slot.
         Ejected workers sit out (unless all are: then they work rather than stall the model); a probing
         worker takes one batch at a time; nobody goes over the balancer's per-worker cap. With zones, only
-        the workers of the zone the next batch goes to (`_zone`: the oldest queued item, enqueued at
-        `oldest_at`, may spill to another zone once it has waited `wait_s`)."""
+        the workers of the zone the next batch goes to (`_zone`: the waiting work, `backlog`, may spill to
+        another zone once its zone is short of capacity)."""
         ready = [w for w in workers if w.state is WorkerState.READY]
         open_ = [w for w in ready if w.idle or w.stage_free]
         if not open_:
@@ -74,8 +74,7 @@ class Routing:
         locality = self.locality
         if locality is None or not locality.active or not (idle or staging):
             return Free(idle, staging)
-        waited_s = None if oldest_at is None else now - oldest_at
-        return self._zone(locality, ready, idle, staging, waited_s, wait_s, now)
+        return self._zone(locality, ready, idle, staging, backlog, now, everyone_out)
 
     def _zone(
         self,
@@ -83,30 +82,41 @@ class Routing:
         ready: list[WorkerConnection],
         idle: list[WorkerConnection],
         staging: list[WorkerConnection],
-        waited_s: float | None,
-        wait_s: float,
+        backlog: Backlog | None,
         now: float,
+        everyone_out: bool,
     ) -> Free:
         """The free workers of the zone the next batch goes to (locality.choose): the idle ones of a zone
-        with a share; else, once the work has waited `wait_s`, another zone's idle ones (a load spill); else
-        the staging slots of a zone with a share, and when the work may spill."""
-        healthy: dict[str, int] = {}
-        health_of = self.ejector.health
-        for w in ready:
-            if health_of(w.worker_id) in Health.ROUTABLE:  # probing: it must get its probe batch
-                zone = w.zone or NO_ZONE
-                healthy[zone] = healthy.get(zone, 0) + 1
-        shares = locality.shares(healthy)
+        with a share; else, once that zone is short of capacity, another zone's idle ones (a load spill);
+        else the staging slots of a zone with a share, and when the work may spill."""
+        shares = locality.shares(*self._health(ready, everyone_out))
         if not shares.shares:  # no healthy worker anywhere: every free worker works, as without zones
             return Free(idle, staging)
-        choice = locality.choose(shares, {w.zone or NO_ZONE for w in idle}, waited_s, wait_s)
-        spill_at = None if choice.spill_in_s is None else now + choice.spill_in_s
+        choice = locality.choose(shares, {w.zone or NO_ZONE for w in idle}, backlog)
         if choice.zone is not None:
             return Free([w for w in idle if (w.zone or NO_ZONE) == choice.zone])
+        spill_at = None if choice.spill_in_s is None else now + choice.spill_in_s
         # no idle worker of a zone with a share: a staging slot there, until the work may spill
-        choice = locality.choose(shares, {w.zone or NO_ZONE for w in staging})
-        zone = choice.zone
-        return Free([], [w for w in staging if zone is not None and (w.zone or NO_ZONE) == zone], spill_at)
+        zone = locality.choose(shares, {w.zone or NO_ZONE for w in staging}).zone
+        return Free(
+            [], [w for w in staging if zone is not None and (w.zone or NO_ZONE) == zone], spill_at, choice.spill_at_queued
+        )
+
+    def _health(
+        self, ready: list[WorkerConnection], everyone_out: bool = False
+    ) -> tuple[dict[str, int], dict[str, int]]:
+        """Per zone, the healthy workers (ready: connected, joined, not draining, not lost) and, of those,
+        the ones in service (not ejected; all of them when every one is). The ejector's verdict is no
+        zone health (routing/locality.py): it steers which workers take work, not the zones' shares."""
+        healthy: dict[str, int] = {}
+        serving: dict[str, int] = {}
+        health_of = self.ejector.health
+        for w in ready:
+            zone = w.zone or NO_ZONE
+            healthy[zone] = healthy.get(zone, 0) + 1
+            if everyone_out or health_of(w.worker_id) in Health.ROUTABLE:  # probing: it must get its probe
+                serving[zone] = serving.get(zone, 0) + 1
+        return healthy, serving
 
     def candidate(self, worker: WorkerConnection) -> Candidate:
         """A ready worker as the balancer sees it: suspect while probing (or ejected with the whole fleet)."""
@@ -169,8 +179,13 @@ class Routing:
         if self.locality is not None:
             (self.locality.lose if lost else self.locality.leave)(worker_id)
 
-    def zones(self) -> LocalityStatistics | None:
-        return None if self.locality is None else self.locality.statistics()
+    def zones(self, workers: list[WorkerConnection]) -> LocalityStatistics | None:
+        """The zones' statistics, their shares computed now from `workers` (true at scrape time)."""
+        if self.locality is None:
+            return None
+        ready = [w for w in workers if w.state is WorkerState.READY]
+        everyone_out = all(self.ejector.health(w.worker_id) is Health.EJECTED for w in ready)
+        return self.locality.statistics(*self._health(ready, everyone_out))
 
     def ejection(self, worker_id: str) -> EjectionRecord:
         return self.ejector.status(worker_id)

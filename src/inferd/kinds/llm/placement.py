@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import heapq
 import logging
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
@@ -37,7 +38,7 @@ from inferd.kinds.llm.stream import TokenStream
 from inferd.observability import tracing
 from inferd.routing.fairness import INTERACTIVE, TenantShare, displacement, gave_way
 from inferd.routing.health import Health
-from inferd.routing.locality import NO_ZONE, LocalityPolicy
+from inferd.routing.locality import NO_ZONE, LocalityPolicy, LocalityStatistics
 from inferd.routing.retry import RetryBudget
 from inferd.wire import protocol as p
 from inferd.wire.connection import WorkerConnection, WorkerState
@@ -198,6 +199,13 @@ class Placement:
                 reason="llm_queue_full",
             )
         return worker
+
+    def zones(self) -> LocalityStatistics | None:
+        """The zones' statistics, their shares computed now from the ready workers (true at scrape time)."""
+        if self.locality is None:
+            return None
+        healthy = Counter(w.zone or NO_ZONE for w in self.workers if w.state is WorkerState.READY and not w.failure)
+        return self.locality.statistics(healthy)
 
     @staticmethod
     def _by_zone(

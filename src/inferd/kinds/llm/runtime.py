@@ -339,7 +339,7 @@ class LLMRuntime:
             queued=queued,
             in_flight=len(self.placement.live) - queued,
             detail=self._detail(),
-            locality=None if self.locality is None else self.locality.statistics(),
+            locality=self.placement.zones(),
         )
 
     def _snapshot(self, w: WorkerConnection) -> WorkerSnapshot:
