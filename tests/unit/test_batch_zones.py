@@ -21,7 +21,7 @@ from inferd.routing.locality import LocalityPolicy
 from inferd.routing.retry import RetryBudget
 from inferd.wire import protocol as p
 from inferd.wire.connection import WorkerConnection
-from tests.fakes.worker import fake_connection
+from tests.fakes.worker import FakeWriter, fake_connection
 
 
 def runtime(zone: str | None, fleet: dict[str, int], max_batch: int = 2, wait_ms: float = 10.0) -> ModelRuntime:
@@ -223,3 +223,30 @@ async def test_the_in_zone_share_is_on_metrics() -> None:
     assert 'inferd_requests_by_zone_total{local="false",model="sim",version="1",zone="b"} 0.0' in text
     assert 'inferd_zone_share{local="true",model="sim",version="1",zone="a"} 1.0' in text
     assert 'inferd_requests_spilled_by_zone_total{local="false",model="sim",version="1",zone="b"} 0.0' in text
+
+
+def demands(conn: WorkerConnection) -> list[p.Demand]:
+    """The Demand messages the front end sent the worker."""
+    writer = conn.writer
+    assert isinstance(writer, FakeWriter)
+    return [m for f in writer.frames if isinstance(m := p.decode_message(f[4:]), p.Demand)]
+
+
+async def test_a_front_end_asks_another_zones_shared_workers_for_slots_only_once_its_zone_is_short() -> None:
+    """A slot of another zone's shared worker held unused is one less for that zone's own front end: the
+    front end gives such slots back, and asks for them only while its zones with a share are short."""
+    rt = runtime("a", {"a": 1, "b": 1})  # batches of 2, a queue of 8
+    workers = by_id(rt)
+    for w in workers.values():  # shared, credited, busy with another front end's batch
+        w.credits, w.shared, w.worker_idle = 0, True, False
+    workers["b-0.1"].credits = 1  # zone b's worker granted this front end a slot
+    rt.enqueue([b"1"], None)
+    rt.dispatch_due()
+    rt.report_demand()
+    assert demands(workers["a-0.1"]) == [p.Demand(1, 0.0)]  # its own zone's: asked
+    assert demands(workers["b-0.1"]) == [p.Demand(0, 0.0, returned=1)]  # zone b's: given back
+    assert workers["b-0.1"].credits == 0 and not workers["b-0.1"].inflight
+    rt.enqueue([b"2", b"3", b"4"], None)  # 4 queued, half the bound: short
+    rt.dispatch_due()
+    rt.report_demand()
+    assert demands(workers["b-0.1"])[-1] == p.Demand(4, 0.0)  # now asked too

@@ -311,24 +311,19 @@ class LocalityPolicy:
             return ZoneChoice(None)
         return self._spill(shares, spill, backlog)
 
+    def short(self, shares: ZoneShares, backlog: Backlog | None) -> bool:
+        """Whether the zones with a share are short of capacity for the waiting work now (the load spill's
+        test, its floor aside): the caller then asks the other zones' workers for slots, and not before
+        (a slot held there unused would be one less for that zone's own front end)."""
+        return bool(shares.shares) and backlog is not None and self._short_in(shares, backlog)[0] <= _TICK_S
+
     def _spill(self, shares: ZoneShares, spill: list[str], backlog: Backlog) -> ZoneChoice:
         """The load spill (the module's docstring): to a zone in `spill` (idle workers in service, no
         share) if the zones with a share are short, after the floor; else when it may."""
-        serving = sum(n for z, n in shares.serving.items() if shares.of(z) > 0.0)
         target = max(spill, key=lambda z: (shares.serving[z], z)) if spill else None
-        if serving == 0:  # none in service where the shares send the work (all ejected): no point waiting
+        short_in, at_queued = self._short_in(shares, backlog)
+        if at_queued is None:  # none in service where the shares send the work (all ejected): no point waiting
             return ZoneChoice(target, spilled=target is not None)
-        batches = math.ceil(backlog.queued / backlog.max_batch)
-        at_queued = min(  # more than spill_backlog full batches per worker in service, or the queue's share
-            math.floor(self.spill_backlog * serving * backlog.max_batch) + 1,
-            math.ceil(self.spill_queue_share * backlog.bound),
-        )
-        short_in = math.inf
-        if backlog.queued >= at_queued:
-            short_in = 0.0
-        elif backlog.batch_s is not None and backlog.remaining_s is not None:
-            clear_s = batches * backlog.batch_s / serving
-            short_in = max(0.0, backlog.remaining_s - clear_s / self.spill_deadline_share)
         if target is None:
             return ZoneChoice(None)
         floor_in = backlog.floor_s - backlog.waited_s
@@ -338,6 +333,28 @@ class LocalityPolicy:
         if floor_in > _TICK_S:
             return ZoneChoice(None, spill_in_s=floor_in)
         return ZoneChoice(target, spilled=True)
+
+    def _short_in(self, shares: ZoneShares, backlog: Backlog) -> tuple[float, int | None]:
+        """In how long the zones with a share are short of capacity for `backlog` (0: now; inf: not by
+        time), and at how many items queued they are (None: short now, with no worker in service)."""
+        serving = sum(n for z, n in shares.serving.items() if shares.of(z) > 0.0)
+        if serving == 0:
+            return 0.0, None
+        at_queued = min(  # more than spill_backlog full batches per worker in service, or the queue's share
+            math.floor(self.spill_backlog * serving * backlog.max_batch) + 1,
+            math.ceil(self.spill_queue_share * backlog.bound),
+        )
+        if backlog.queued >= at_queued:
+            return 0.0, at_queued
+        if backlog.batch_s is None or backlog.remaining_s is None:
+            return math.inf, at_queued
+        clear_s = math.ceil(backlog.queued / backlog.max_batch) * backlog.batch_s / serving
+        return max(0.0, backlog.remaining_s - clear_s / self.spill_deadline_share), at_queued
+
+    @property
+    def last(self) -> ZoneShares:
+        """The shares last computed."""
+        return self._last
 
     def order(self, shares: ZoneShares, zones: Collection[str]) -> list[str]:
         """The zones to try in turn for work that cannot wait (an LLM sequence: its zone full is a 429):

@@ -115,11 +115,18 @@ class Dispatcher:
         )
 
     def report_demand(self) -> None:
-        """Tell shared workers what is left queued, and give back slots this front end cannot use."""
-        queue = self.state.queue
+        """Tell shared workers what is left queued, and give back slots this front end cannot use: with
+        zones, those of the zones it would not send the work to now (routing/locality.py)."""
+        queue, workers = self.state.queue, self.state.workers
+        now = self.state.clock.now()
         oldest_at = queue.oldest_at()
-        age_s = 0.0 if oldest_at is None else self.state.clock.now() - oldest_at
-        report_demand(self.state.workers, len(queue) + len(self.state.isolation), age_s)
+        age_s = 0.0 if oldest_at is None else now - oldest_at
+        queued = len(queue) + len(self.state.isolation)
+        wanted = self.routing.wanted(workers, self._backlog(now)) if queued else workers
+        report_demand(wanted, queued, age_s)
+        if len(wanted) < len(workers):
+            asked = {id(w) for w in wanted}
+            report_demand([w for w in workers if id(w) not in asked], 0, 0.0)
 
     def _cut_for(
         self, worker: WorkerConnection, size: int, now: float, since: float | None

@@ -118,6 +118,18 @@ class Routing:
                 serving[zone] = serving.get(zone, 0) + 1
         return healthy, serving
 
+    def wanted(self, workers: list[WorkerConnection], backlog: Backlog | None) -> list[WorkerConnection]:
+        """The workers the waiting work may go to now, those to ask for slots (kinds/batch/credit_demand.py):
+        with zones, those of the zones with a share, and every one once those zones are short of capacity
+        (routing/locality.py); without, all."""
+        locality = self.locality
+        if locality is None or not locality.active:
+            return workers
+        shares = locality.last
+        if not shares.shares or locality.short(shares, backlog):
+            return workers
+        return [w for w in workers if shares.of(w.zone or NO_ZONE) > 0.0]
+
     def candidate(self, worker: WorkerConnection) -> Candidate:
         """A ready worker as the balancer sees it: suspect while probing (or ejected with the whole fleet)."""
         return self._candidate(worker, self.ejector.health(worker.worker_id))
