@@ -31,8 +31,9 @@ from inferd.config.identity import frontend_id
 from inferd.errors import ServingError, ShuttingDown
 from inferd.fleet.control import FleetControl, repository_loader
 from inferd.fleet.scaling import ScalingLoop, scaling_policy
+from inferd.frontends.channel import MAX_MESSAGE_BYTES
 from inferd.frontends.metrics import scrape_all, serve_registry
-from inferd.frontends.owner_channel import MAX_MESSAGE_BYTES, OwnerChannel
+from inferd.frontends.peers import peers_of
 from inferd.frontends.plan import FrontendPlan, worker_sockets
 from inferd.frontends.readiness import await_ready, ready_wait_s
 from inferd.gateway.auth import tenant_counter
@@ -115,7 +116,8 @@ class InferenceServer:
         self.cluster.register(self.metrics.registry)
         self.loads = loads = self.cluster.load.loads
         bound = max(MAX_MESSAGE_BYTES, config.max_body_bytes + 2**20)  # a forwarded search write's body
-        self.owner_channel = OwnerChannel(frontend, bound) if frontend else None
+        self.peers = peers_of(config, frontend, seat.members, bound)
+        """The other front ends and the channel to them (frontends/peers.py); None: this one alone."""
         holding = cluster.keeper.grant if cluster.keeper is not None else lambda: None
         me, follows = cluster.me, cluster.follower
         self.canary = CanaryShare(cluster.store, follows, self.traffic, me, holding, self.clock) if shares else None
@@ -256,9 +258,11 @@ class InferenceServer:
         """Start listening for workers, the runtimes' loops and the local workers; stop them on exit."""
         await self.cluster.open()  # the served state's versions before workers join
         await self.hub.listen_unix(self.worker_address[len("unix:") :])
-        peers = None
+        if self.peers is not None:  # the others' forwarded search writes
+            await self.peers.open()
+        scraped = None
         if self.frontend is not None:  # the other front ends read this one's metrics here
-            peers = await serve_registry(
+            scraped = await serve_registry(
                 self.frontend.metrics_path(self.frontend.index), self.metrics.registry
             )
         token = self.config.admin_token.get_secret_value() if self.config.admin_token else None
@@ -302,8 +306,6 @@ class InferenceServer:
                 ]
                 loops.append(tg.create_task(self.console.run(), name="console"))
                 supervisor = tg.create_task(self.supervisor.run(), name="supervisor")
-                if self.owner_channel is not None and self.frontend is not None and self.frontend.is_owner:
-                    await self.owner_channel.open()  # the others' forwarded search writes
                 if self.canary is not None:
                     await self.canary.open()
                 loops += [tg.create_task(loop, name=name) for name, loop in self.cluster.loops().items()]
@@ -319,8 +321,8 @@ class InferenceServer:
                     await self._shutdown(loops, supervisor)
         finally:
             self._group = None
-            if peers is not None:
-                peers.close()
+            if scraped is not None:
+                scraped.close()
             if self.frontend is None:  # several front ends share the parent's folder
                 shutil.rmtree(self._socket_dir, ignore_errors=True)
 
@@ -386,8 +388,8 @@ class InferenceServer:
             task.cancel()
         await asyncio.wait(loops, timeout=2.0)  # the lease released (bounded), then the store closed
         await self.cluster.close()
-        if self.owner_channel is not None:
-            self.owner_channel.close()
+        if self.peers is not None:
+            self.peers.close()
         await self.hub.close()
         if self.admin is not None:
             await self.admin.stop()

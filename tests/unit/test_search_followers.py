@@ -1,6 +1,6 @@
 """Search with several front ends: a follower's view of the shards (kinds/search/follower.py), the writes it
-forwards to the owner (frontends/search_writes.py, over frontends/owner_channel.py) once their bodies pass the
-owner's own parsing (api/search_routes.py), and the replica that serves every front end
+forwards to the front end that runs them (frontends/search_writes.py, over frontends/channel.py) once their
+bodies pass the writer's own parsing (api/search_routes.py), and the replica that serves every front end
 (kinds/search/replica.py's links and notes)."""
 
 from __future__ import annotations
@@ -25,9 +25,19 @@ from inferd.errors import (
     RateLimited,
     WorkerUnavailable,
 )
-from inferd.frontends.owner_channel import OwnerUnreachable
+from inferd.frontends.channel import PeerUnreachable
 from inferd.frontends.plan import FrontendPlan
-from inferd.frontends.search_writes import KIND, Forwarder, Write, WriteDesk, forwarded_writes
+from inferd.frontends.search_writes import (
+    HERE,
+    KIND,
+    Forwarder,
+    Nobody,
+    Write,
+    WriteDesk,
+    forwarded_writes,
+    refusal,
+    route,
+)
 from inferd.kinds.search import wire
 from inferd.kinds.search.config import SearchParams
 from inferd.kinds.search.follower import KnownSeqs, Note, take_note
@@ -80,7 +90,7 @@ def test_a_replica_not_assigned_yet_counts_for_no_shard() -> None:
 
 
 # ---- forwarded writes -----------------------------------------------------------------------------------
-async def test_the_owners_answer_and_errors_come_back_as_they_were() -> None:
+async def test_the_writers_answer_and_errors_come_back_as_they_were() -> None:
     async def execute(write: Write) -> tuple[bytes, bool]:
         if write.key == "missing":
             raise NotFound("no document 'missing'")
@@ -97,24 +107,24 @@ async def test_the_owners_answer_and_errors_come_back_as_they_were() -> None:
     registry = CollectorRegistry()
     desk = WriteDesk(execute, forwarded_writes(registry))
 
-    async def ask(kind: str, payload: bytes, timeout_s: float) -> bytes:
-        assert kind == KIND
+    async def ask(to: str, kind: str, payload: bytes, timeout_s: float) -> bytes:
+        assert (to, kind) == ("unix:/writer.sock", KIND)
         return await desk.answer(payload)
 
-    forwarder = Forwarder(ask)
-    assert await forwarder.forward(Write("delete", "docs", key="d1")) == (b'{"seq": [1, 0]}', False)
+    forwarder = Forwarder(ask, {"w": "unix:/writer.sock"}.get)
+    assert await forwarder.forward(Write("delete", "docs", key="d1"), "w") == (b'{"seq": [1, 0]}', False)
     with pytest.raises(NotFound, match="no document 'missing'"):
-        await forwarder.forward(Write("delete", "docs", key="missing"))
+        await forwarder.forward(Write("delete", "docs", key="missing"), "w")
     with pytest.raises(Conflict):
-        await forwarder.forward(Write("delete", "docs", key="clash"))
+        await forwarder.forward(Write("delete", "docs", key="clash"), "w")
     with pytest.raises(WorkerUnavailable) as busy:
-        await forwarder.forward(Write("delete", "docs", key="busy"))
+        await forwarder.forward(Write("delete", "docs", key="busy"), "w")
     assert busy.value.retry_after_s == 3.0
     with pytest.raises(Overloaded) as full:  # a 429 stays a 429, with the owner's Retry-After
-        await forwarder.forward(Write("delete", "docs", key="full"))
+        await forwarder.forward(Write("delete", "docs", key="full"), "w")
     assert full.value.retry_after_s == 2.0
     with pytest.raises(RateLimited) as tenant:
-        await forwarder.forward(Write("delete", "docs", key="tenant"))
+        await forwarder.forward(Write("delete", "docs", key="tenant"), "w")
     assert tenant.value.retry_after_s == 4.0
     counted = {
         outcome: registry.get_sample_value(
@@ -125,34 +135,125 @@ async def test_the_owners_answer_and_errors_come_back_as_they_were() -> None:
     assert counted == dict.fromkeys(counted, 1.0)
 
 
-async def test_a_write_while_the_owner_is_away_is_a_retryable_503_naming_it() -> None:
-    async def ask(kind: str, payload: bytes, timeout_s: float) -> bytes:
-        raise OwnerUnreachable("ConnectionRefusedError")
+async def test_a_write_while_its_writer_is_away_is_a_retryable_503_naming_it() -> None:
+    async def ask(to: str, kind: str, payload: bytes, timeout_s: float) -> bytes:
+        raise PeerUnreachable("ConnectionRefusedError")
 
-    with pytest.raises(WorkerUnavailable, match="owner front end") as exc:
-        await Forwarder(ask).forward(Write("upsert", "docs", body=b"{}"))
+    with pytest.raises(WorkerUnavailable, match="front end 'w' writes the index") as exc:
+        await Forwarder(ask, {"w": "unix:/w.sock"}.get).forward(Write("upsert", "docs", body=b"{}"), "w")
     assert exc.value.retry_after_s > 0
+    with pytest.raises(WorkerUnavailable, match="no address to reach it by"):  # its record expired
+        await Forwarder(ask, {}.get).forward(Write("upsert", "docs", body=b"{}"), "w")
+    with pytest.raises(WorkerUnavailable, match="'d' holds the lease of the server's decisions"):
+        await Forwarder(ask, {"d": "10.0.0.2:4000"}.get).forward(Write("create", "docs", body=b"{}"), "d")
 
 
-class Owner:
-    """The owner channel as a follower's SearchRoutes sees it: what was forwarded; the owner is away."""
+# ---- where a write runs ---------------------------------------------------------------------------------
+class Lease:
+    """An index's writer as kinds/search/writers.py answers: `writes` here, or `holder` elsewhere."""
+
+    def __init__(self, writes: bool = False, holder: str | None = None, retry_after_s: float = 5.0) -> None:
+        self._writes, self.holder, self._retry = writes, holder, retry_after_s
+
+    def writes(self) -> bool:
+        return self._writes
+
+    def writer(self) -> str | None:
+        return "me" if self._writes else self.holder
+
+    def retry_after_s(self) -> float:
+        return self._retry
+
+
+def test_a_document_write_runs_on_the_indexs_writer_and_an_index_op_on_the_decider() -> None:
+    upsert, create, drop = Write("upsert", "docs"), Write("create", "docs"), Write("drop", "docs")
+    assert route(upsert, Lease(writes=True), None, "me") == HERE
+    assert route(upsert, Lease(holder="b"), None, "me") == "b"
+    nobody = route(upsert, Lease(retry_after_s=5.0), "me", "me")  # the lease free: not the decider's
+    assert isinstance(nobody, Nobody) and nobody.retry_after_s == 5.0 and "no writer" in nobody.why
+    taking_over = route(upsert, Lease(holder="me"), None, "me")  # named, but its takeover runs
+    assert isinstance(taking_over, Nobody)
+    assert route(create, None, "me", "me") == HERE and route(drop, None, "d", "me") == "d"
+    assert isinstance(route(create, None, None, "me"), Nobody)  # no decider now
+    refused = refusal(Nobody("index 'docs' has no writer now", 5.0))
+    assert refused.retry_after_s == 5.0 and "retry" in refused.message
+
+
+class Peers:
+    """The peers a SearchRoutes sees: the channel (what was forwarded where; nobody answers) and the
+    address book."""
 
     def __init__(self) -> None:
-        self.asked: list[bytes] = []
+        self.asked: list[tuple[str, bytes]] = []
+        self.handlers: dict[str, object] = {}
+        self.channel = self
 
-    async def ask_watched(self, kind: str, payload: bytes, timeout_s: float) -> bytes:
-        self.asked.append(payload)
-        raise OwnerUnreachable("ConnectionRefusedError")
+    def handle(self, kind: str, handler: object, timeout_s: float) -> None:
+        self.handlers[kind] = handler
+
+    async def ask_watched(self, to: str, kind: str, payload: bytes, timeout_s: float) -> bytes:
+        self.asked.append((to, payload))
+        raise PeerUnreachable("ConnectionRefusedError")
+
+    def address(self, frontend: str) -> str | None:
+        return f"unix:/{frontend}.sock"
 
 
-def follower_routes(tmp_path: Path) -> tuple[SearchRoutes, Owner]:
-    owner = Owner()
+class Store:
+    def __init__(self, holder: str | None) -> None:
+        self.grant = None if holder is None else SimpleNamespace(holder=holder)
+
+    async def holder(self, lease: str) -> object:
+        return self.grant
+
+
+def routes_on(tmp_path: Path, me: str = "1", decider: str | None = "0") -> tuple[SearchRoutes, Peers]:
+    """A SearchRoutes on front end `me` of one host's two (front end 0 writes every index and decides)."""
+    peers = Peers()
     server = SimpleNamespace(
         config=SimpleNamespace(data_dir=tmp_path, max_body_bytes=2**20),
-        frontend=FrontendPlan(1, 2, str(tmp_path), "token"),
-        owner_channel=owner,
+        frontend=FrontendPlan(int(me), 2, str(tmp_path), "token"),
+        peers=peers,
+        metrics=SimpleNamespace(registry=CollectorRegistry()),
+        cluster=SimpleNamespace(
+            me=me, versions=SimpleNamespace(holds=lambda: decider == me), store=Store(decider)
+        ),
+        index_sync=SimpleNamespace(),
+        registry=SimpleNamespace(),
     )
-    return SearchRoutes(server), owner
+    return SearchRoutes(server), peers
+
+
+def follower_routes(tmp_path: Path) -> tuple[SearchRoutes, Peers]:
+    return routes_on(tmp_path)
+
+
+async def test_a_write_forwarded_to_a_front_end_that_does_not_run_it_is_refused_not_forwarded_again(
+    tmp_path: Path,
+) -> None:
+    routes, peers = routes_on(tmp_path, me="1", decider="0")  # front end 1: neither writer nor decider
+    routes.admin.find = lambda name: SimpleNamespace(name=name)  # type: ignore[method-assign]
+    for write in (Write("upsert", "docs", body=b"{}"), Write("create", "notes", body=b"{}")):
+        with pytest.raises(WorkerUnavailable, match="does not") as refused:
+            await routes.run_forwarded(write)
+        assert refused.value.retry_after_s is not None and refused.value.retry_after_s > 0
+    assert peers.asked == []
+    assert KIND in peers.handlers  # every front end answers forwarded writes
+
+
+async def test_an_index_op_goes_to_the_decider_and_none_is_a_503_after_the_bodys_check(
+    tmp_path: Path,
+) -> None:
+    routes, peers = routes_on(tmp_path, me="1", decider="0")
+    with pytest.raises(WorkerUnavailable, match="front end '0' holds the lease"):
+        await routes.write(Write("create", "notes", body=b'{"embedder": "none"}'))
+    assert [to for to, _ in peers.asked] == ["unix:/0.sock"]
+    routes, peers = routes_on(tmp_path, me="1", decider=None)
+    with pytest.raises(BadRequest, match="shards"):  # a bad body is a 400 whoever decides
+        await routes.write(Write("create", "notes", body=b'{"shards": 0}'))
+    with pytest.raises(WorkerUnavailable, match="no front end holds the lease") as refused:
+        await routes.write(Write("create", "notes", body=b'{"embedder": "none"}'))
+    assert refused.value.retry_after_s is not None and peers.asked == []
 
 
 @pytest.mark.parametrize(
@@ -173,14 +274,14 @@ def follower_routes(tmp_path: Path) -> tuple[SearchRoutes, Owner]:
 async def test_a_follower_refuses_a_bad_upsert_itself_and_never_forwards_it(
     tmp_path: Path, body: bytes, error: type[Exception], names: str
 ) -> None:
-    routes, owner = follower_routes(tmp_path)
+    routes, peers = follower_routes(tmp_path)
     index = SimpleNamespace(params=SearchParams(embedder="none", fields={"year": "int"}))
     with pytest.raises(error, match=re.escape(names)):
         await routes.write(Write("upsert", "docs", body=body), index)
-    assert owner.asked == []
+    assert peers.asked == []
     with pytest.raises(WorkerUnavailable):  # a good one is forwarded (the owner is away here)
         await routes.write(Write("upsert", "docs", body=b'{"documents": [{"id": "a", "text": "x"}]}'), index)
-    assert len(owner.asked) == 1
+    assert len(peers.asked) == 1
 
 
 @pytest.mark.parametrize(
@@ -195,13 +296,13 @@ async def test_a_follower_refuses_a_bad_upsert_itself_and_never_forwards_it(
 async def test_a_follower_refuses_bad_index_settings_itself_and_never_forwards_them(
     tmp_path: Path, name: str, body: bytes, names: str
 ) -> None:
-    routes, owner = follower_routes(tmp_path)
+    routes, peers = follower_routes(tmp_path)
     with pytest.raises(BadRequest, match=names):
         await routes.write(Write("create", name, body=body))
-    assert owner.asked == []
+    assert peers.asked == []
     with pytest.raises(WorkerUnavailable):
         await routes.write(Write("create", "notes", body=b'{"embedder": "none"}'))
-    assert len(owner.asked) == 1
+    assert len(peers.asked) == 1
 
 
 # ---- the replica shared by several front ends ----------------------------------------------------------
