@@ -94,10 +94,16 @@ async def test_the_driver_renews_and_releases_the_lease_when_stopped() -> None:
     clock = FakeClock()
     store = MemoryStore(clock)
     a = IndexWriter("docs", "a", clock, 0.3)
-    tries = []
-    task = asyncio.create_task(keep_writer_lease(a, store, lambda: tries.append(a.epoch())))
-    while len(tries) < 3:
-        await asyncio.sleep(0.01)
+    tries: list[int | None] = []
+    three = asyncio.Event()
+
+    def tried() -> None:
+        tries.append(a.epoch())
+        if len(tries) == 3:
+            three.set()
+
+    task = asyncio.create_task(keep_writer_lease(a, store, tried))
+    await asyncio.wait_for(three.wait(), 10)
     task.cancel()
     await asyncio.gather(task, return_exceptions=True)
     assert tries[0] is not None and len(set(tries)) == 1  # renewed under one epoch
