@@ -19,6 +19,8 @@ import logging
 from dataclasses import dataclass
 from typing import ClassVar
 
+from inferd.cluster.config import cluster_config
+from inferd.cluster.memory import MemoryStore
 from inferd.config import ModelConfig
 from inferd.errors import ServingError, ShuttingDown, WorkerDied, from_wire
 from inferd.kinds.search import wire
@@ -29,6 +31,7 @@ from inferd.kinds.search.sequencer import ShardLog
 from inferd.kinds.search.service import IndexService, ServiceStatistics
 from inferd.kinds.search.store import IndexStore
 from inferd.kinds.search.wire import ANNOUNCE
+from inferd.kinds.search.writers import IndexWriter, keep_writer_lease
 from inferd.runtime.contract import RuntimeStatistics, WorkerSnapshot
 from inferd.runtime.kinds import RuntimeContext
 from inferd.runtime.membership import Membership
@@ -93,6 +96,12 @@ class SearchRuntime:
         runtime/membership.py); `replicas` holds what each one serves."""
         self.index = IndexService(self, ctx)
         """The write and query paths (the API calls them)."""
+        self.writer = IndexWriter(
+            self.name, "0", self.clock, cluster_config(ctx.server).lease_ttl_s, contends=not self.follower
+        )
+        """Whether this front end writes the index now, and which does (kinds/search/writers.py)."""
+        self._shared_store = ctx.shared_store
+        self._takeover: asyncio.Task[None] | None = None
 
     # ---- the contract ------------------------------------------------------------------------------------
     @property
@@ -142,8 +151,10 @@ class SearchRuntime:
 
     async def run(self) -> None:
         try:
+            store, self.writer.me = self._shared_store() if self._shared_store else (MemoryStore(self.clock), "0")
             async with asyncio.TaskGroup() as tg:
                 tg.create_task(self._watch())
+                tg.create_task(keep_writer_lease(self.writer, store, self._lead))
                 if self.follower:
                     tg.create_task(self.index.follow_embedder())
                 else:
@@ -151,6 +162,8 @@ class SearchRuntime:
                 if self.index.reembedder is not None:
                     tg.create_task(self.index.reembedder.run())
         finally:
+            if self._takeover is not None:
+                self._takeover.cancel()
             refuse = self._stopping or ShuttingDown(f"index {self.name!r} is no longer served")
             for lg in self.logs:
                 lg.close(refuse)
@@ -226,6 +239,16 @@ class SearchRuntime:
         if self.known.learn(note.shard, note.applied_seq):
             self.index.results_changed()
         self._changed()
+
+    def _lead(self) -> None:
+        """After each try for the writer lease: a grant not taken over yet starts its takeover."""
+        epoch = self.writer.taking_over()
+        if epoch is not None and (self._takeover is None or self._takeover.done()):
+            self._takeover = asyncio.create_task(self._take_over(epoch), name=f"search-takeover-{self.name}")
+
+    async def _take_over(self, epoch: int) -> None:
+        """This front end's own logs are the index's (the one writer of its host)."""
+        self.writer.took_over(epoch)
 
     # ---- calls -------------------------------------------------------------------------------------------
     def seq(self, shard: int) -> int:
