@@ -100,7 +100,7 @@ class InferenceServer:
         self.directory = WorkerDirectory(self.clock)
         self.context = RuntimeContext(
             config, self.clock, self.metrics, self.retry_budget, self.kill_worker, self.directory,
-            self.registry.get, follower, self.kinds.api_of,
+            self.registry.get, follower, self.kinds.api_of, lambda: (self.cluster.store, self.cluster.me),
         )
         for m in models:
             self.registry.add(self.kinds.get(m.kind).make_runtime(m, self.context))

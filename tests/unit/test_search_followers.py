@@ -232,7 +232,7 @@ async def test_a_write_forwarded_to_a_front_end_that_does_not_run_it_is_refused_
     tmp_path: Path,
 ) -> None:
     routes, peers = routes_on(tmp_path, me="1", decider="0")  # front end 1: neither writer nor decider
-    routes.admin.find = lambda name: SimpleNamespace(name=name)  # type: ignore[method-assign]
+    routes.admin.find = lambda name: SimpleNamespace(name=name, writer=Lease(holder="0"))  # type: ignore[method-assign]
     for write in (Write("upsert", "docs", body=b"{}"), Write("create", "notes", body=b"{}")):
         with pytest.raises(WorkerUnavailable, match="does not") as refused:
             await routes.run_forwarded(write)
@@ -275,7 +275,7 @@ async def test_a_follower_refuses_a_bad_upsert_itself_and_never_forwards_it(
     tmp_path: Path, body: bytes, error: type[Exception], names: str
 ) -> None:
     routes, peers = follower_routes(tmp_path)
-    index = SimpleNamespace(params=SearchParams(embedder="none", fields={"year": "int"}))
+    index = SimpleNamespace(params=SearchParams(embedder="none", fields={"year": "int"}), writer=Lease(holder="0"))
     with pytest.raises(error, match=re.escape(names)):
         await routes.write(Write("upsert", "docs", body=body), index)
     assert peers.asked == []

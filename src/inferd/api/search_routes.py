@@ -53,6 +53,7 @@ from inferd.kinds.search.indexes import IndexAdmin, worker_cap
 from inferd.kinds.search.kind import API
 from inferd.kinds.search.requests import json_object, parse_documents, parse_search
 from inferd.kinds.search.store import IndexStore
+from inferd.kinds.search.writers import writer_lease
 
 Add = Callable[..., None]
 """api/app.py's: (method, path, handler(call, request), [error body, hints])."""
@@ -160,11 +161,17 @@ class SearchRoutes:
             if self.server.index_sync is None:  # indexes not shared: each front end has its own
                 return HERE
             return route(write, None, await self.decider(), me)
-        return route(write, self.writer_of(rt), None, me)
+        to = route(write, self.writer_of(rt), None, me)
+        if isinstance(to, Nobody):  # none known here: the store's word now (a writer new since its last try)
+            with changes():
+                grant = await self.server.cluster.store.holder(writer_lease(write.index))
+            if grant is not None and grant.holder != me:
+                return str(grant.holder)
+        return to
 
     def writer_of(self, rt: Any) -> Writer:
-        """Who writes the index of `rt`."""
-        return OwnerWrites(self.server.cluster.me, self.server.frontend)
+        """Who writes the index of `rt` (kinds/search/writers.py)."""
+        return rt.writer
 
     async def decider(self) -> str | None:
         """The id of the front end that holds the `decider` lease (it creates and deletes indexes):
@@ -217,26 +224,6 @@ class SearchRoutes:
         req = parse_search(await self.body(request), rt.params.fields, rt.params.shards, call.timeout_ms)
         call.deadline = search_deadline(rt.clock.now(), req.timeout_ms)
         return _answer(await rt.index.search(req))
-
-
-class OwnerWrites:
-    """The writer of every index on one host's front ends: the owner (front end 0), whose runtimes hold
-    the logs."""
-
-    def __init__(self, me: str, plan: Any) -> None:
-        self.me = me
-        owner = me if plan is None or plan.is_owner else me[: len(me) - len(str(plan.index))] + "0"
-        self.owner = owner
-        """Its id: front end 0's of this host (its ids end in the index: `0`, or `ID/0` on a shared store)."""
-
-    def writes(self) -> bool:
-        return self.me == self.owner
-
-    def writer(self) -> str | None:
-        return self.owner
-
-    def retry_after_s(self) -> float:
-        return 1.0
 
 
 def search_deadline(now: float, timeout_ms: float) -> float:
