@@ -121,10 +121,10 @@ class InferenceServer:
         holding = cluster.keeper.grant if cluster.keeper is not None else lambda: None
         me, follows = cluster.me, cluster.follower
         self.canary = CanaryShare(cluster.store, follows, self.traffic, me, holding, self.clock) if shares else None
-        scope = frontend_id(config)  # one host's --frontends N: one owner of its search indexes
-        owns = frontend is not None and frontend.is_owner
-        self.index_sync = SharedIndexes(cluster.store, follows, self, me, owns, self.clock, scope=scope) if frontend else None
-        """Several front ends: each serves the search indexes the owner serves."""
+        self.index_sync = (
+            SharedIndexes(cluster.store, follows, self, me, holding, self.clock, supervises=spawn_workers) if shares else None
+        )
+        """Several front ends: each serves the server's search indexes (the decider lease holder's)."""
         check_fallbacks((rt.config for rt in self.registry.defaults()), self._kinds_of, self.kinds)
         self.shadows = Shadows(self.registry, self.metrics.shadow_requests, config.shadow_max_in_flight, clock=self.clock)
         """Shadow copies of requests (a model's traffic.shadow): cancelled at shutdown."""
