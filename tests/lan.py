@@ -5,6 +5,9 @@ reaches every host, and every host reaches every other.
 * `Lan.host(name)`: a new host (its namespace, its address); `Host.argv(argv)` runs a command there.
 * `Host.cut()` / `Host.heal()`: lose every packet to and from the host (nftables in its namespace, as
   tests/netns.py does for one namespace), and back.
+* `Lan.cut_off(hosts)` / `Lan.heal(hosts)`: a set of hosts (a zone) loses every packet to and from
+  everything else, the machine itself included, while its hosts still reach one another; and back.
+  `Host.dropped()` counts the packets a cut has dropped so far (a cut that drops nothing is no fault).
 * `Host.resolve(names)`: what names resolve to inside the host (`ip netns exec` bind-mounts
   /etc/netns/NAME/hosts over /etc/hosts; the file is rewritten in place so a running process sees the
   change on its next lookup).
@@ -16,6 +19,7 @@ also after a test failed half-way. A missing `ip` or `nft` is an error, never a 
 from __future__ import annotations
 
 import contextlib
+import re
 import secrets
 import shutil
 import subprocess
@@ -68,13 +72,26 @@ class Host:
 
     def cut(self) -> None:
         """Lose every packet between this host and the LAN (its own loopback goes on)."""
+        self.cut_except([])
+
+    def cut_except(self, peers: Sequence[str]) -> None:
+        """Lose every packet between this host and the LAN but those to and from `peers` (addresses)."""
         self.heal()
-        self.nft(f"add rule inet {TABLE} incoming iifname {self.ns_if} drop")
-        self.nft(f"add rule inet {TABLE} outgoing oifname {self.ns_if} drop")
+        keep = f"ip saddr != {{ {', '.join(peers)} }} " if peers else ""
+        self.nft(f"add rule inet {TABLE} incoming iifname {self.ns_if} {keep}counter drop")
+        keep = f"ip daddr != {{ {', '.join(peers)} }} " if peers else ""
+        self.nft(f"add rule inet {TABLE} outgoing oifname {self.ns_if} {keep}counter drop")
 
     def heal(self) -> None:
         for chain in ("incoming", "outgoing"):
             self.nft(f"flush chain inet {TABLE} {chain}")
+
+    def dropped(self) -> int:
+        """Packets the current cut has dropped so far, both ways (0 once healed)."""
+        listing = "".join(
+            _run(*self.argv(["nft", "list", "chain", "inet", TABLE, chain])) for chain in ("incoming", "outgoing")
+        )
+        return sum(int(n) for n in re.findall(r"counter packets (\d+)", listing))
 
     def resolve(self, names: dict[str, list[str]]) -> None:
         """Inside this host, each name resolves to its addresses (the file is rewritten in place)."""
@@ -125,6 +142,17 @@ class Lan:
             self.close()
             raise
         return host
+
+    def cut_off(self, hosts: Sequence[Host]) -> None:
+        """`hosts` lose every packet to and from every other host and the machine itself (the bridge's
+        address); they still reach one another, as a zone cut off from the others does."""
+        inside = [h.address for h in hosts]
+        for host in hosts:
+            host.cut_except(inside)
+
+    def heal(self, hosts: Sequence[Host]) -> None:
+        for host in hosts:
+            host.heal()
 
     def close(self) -> None:
         """Remove every host and the bridge; safe to call twice, and after a failed create."""

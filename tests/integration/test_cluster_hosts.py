@@ -21,163 +21,39 @@ namespace removed at the end, also after a failure."""
 from __future__ import annotations
 
 import asyncio
-import json
-import os
-import shutil
-import signal
-import socket
-import subprocess
-import sys
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
-from dataclasses import dataclass, field
-from pathlib import Path
 
 import pytest
 
 from inferd.cluster.redis_store import RedisStore
 from inferd.cluster.served import SERVED, ModelServed, ServedState, serving_reports
 from tests.checked_load import Load, assert_exactly_once, infer, tally, wait_answers, wait_for
-from tests.conftest import ROOT
-from tests.lan import Host, Lan
+from tests.lan import Lan
+from tests.netns_cluster import (
+    REDIS_PORT,
+    WORKER_PORT,
+    Cluster,
+    FrontEnd,
+    PacedLoad,
+    Proc,
+    connect_list,
+    get_json,
+    metric_total,
+    post,
+    redis_answers,
+    redis_proc,
+    scrape,
+    serve_argv,
+    sim_model_toml,
+    sim_repo,
+    start_redis,
+    wait_live,
+    worker_argv,
+    workers_of,
+)
 
-TOKEN = "join-secret-for-many-hosts"
 NAME = "routers"
-HTTP_PORT, ADMIN_PORT, WORKER_PORT, REDIS_PORT = 8000, 8002, 9000, 6379  # gRPC: 8001 (the default)
-MODEL_TOML = """builtin = "sim"
-workers = 0
-max_batch_size = 8
-max_wait_ms = 2
-default_timeout_ms = 10000
-
-[params]
-base_ms = 5.0
-per_item_ms = 0.0
-"""
-
-
-@dataclass
-class Proc:
-    """One process on one host: started in its own process group, its output in a log file."""
-
-    name: str
-    host: Host
-    argv: list[str]
-    log_path: Path
-    proc: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> None:
-        with open(self.log_path, "ab") as log:
-            self.proc = subprocess.Popen(
-                self.host.argv(self.argv),
-                env={**os.environ, "INFERD_JOIN_TOKEN": TOKEN},
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                cwd=ROOT,
-                start_new_session=True,
-            )
-
-    def alive(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
-
-    def kill(self, sig: int = signal.SIGKILL) -> None:
-        if self.proc is None:
-            return
-        try:
-            os.killpg(self.proc.pid, sig)
-        except ProcessLookupError:
-            pass
-
-    def stop(self) -> None:
-        """SIGTERM to its process group, SIGKILL after 15 s."""
-        if self.proc is None:
-            return
-        self.kill(signal.SIGTERM)
-        try:
-            self.proc.wait(15)
-        except subprocess.TimeoutExpired:
-            self.kill(signal.SIGKILL)
-            self.proc.wait(10)
-        self.kill(signal.SIGKILL)  # anything it left in its group
-
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace")
-
-
-@dataclass
-class FrontEnd(Proc):
-    id: str = ""
-
-    @property
-    def url(self) -> str:
-        return f"http://{self.host.address}:{HTTP_PORT}"
-
-    @property
-    def admin_url(self) -> str:
-        return f"http://{self.host.address}:{ADMIN_PORT}"
-
-
-@dataclass
-class Cluster:
-    lan: Lan
-    root: Path
-    redis: Proc
-    front_ends: list[FrontEnd]
-    workers: list[Proc] = field(default_factory=list)
-
-    def processes(self) -> list[Proc]:
-        return [*self.workers, *self.front_ends, self.redis]
-
-
-@dataclass
-class PacedLoad(Load):
-    """A Load whose clients wait `pace_s` before each request: a few hundred requests span seconds."""
-
-    pace_s: float = 0.1
-
-    def _next(self) -> str | None:
-        time.sleep(self.pace_s)
-        return super()._next()
-
-
-def get_json(url: str) -> dict:
-    with urllib.request.urlopen(url, timeout=10) as r:
-        return json.loads(r.read())
-
-
-def post(url: str) -> tuple[int, dict]:
-    req = urllib.request.Request(url, data=b"", method="POST")
-    try:
-        with urllib.request.urlopen(req, timeout=60) as r:
-            return r.status, json.loads(r.read())
-    except urllib.error.HTTPError as exc:
-        return exc.code, json.loads(exc.read())
-
-
-def scrape(fe: FrontEnd) -> dict[str, float]:
-    with urllib.request.urlopen(f"{fe.url}/metrics", timeout=10) as r:
-        text = r.read().decode()
-    out = {}
-    for line in text.splitlines():
-        if line and not line.startswith("#"):
-            name, _, value = line.rpartition(" ")
-            out[name] = float(value)
-    return out
-
-
-def metric_total(fe: FrontEnd, name: str) -> float:
-    return sum(v for k, v in scrape(fe).items() if k == name or k.startswith(name + "{"))
-
-
-def workers_of(fe: FrontEnd) -> dict[str, dict]:
-    """Ready workers on this front end, by id."""
-    try:
-        rows = get_json(f"{fe.admin_url}/admin/workers")["workers"]
-    except OSError:
-        return {}
-    return {w["worker_id"]: w for w in rows if w["state"] == "ready"}
 
 
 def holds(fe: FrontEnd) -> bool:
@@ -186,31 +62,6 @@ def holds(fe: FrontEnd) -> bool:
 
 def store_up(fe: FrontEnd) -> float | None:
     return scrape(fe).get("inferd_cluster_store_up")
-
-
-def redis_answers(address: str) -> bool:
-    try:
-        with socket.create_connection((address, REDIS_PORT), timeout=0.5) as sock:
-            sock.sendall(b"PING\r\n")
-            return sock.recv(16).startswith(b"+PONG")
-    except OSError:
-        return False
-
-
-def live(fe: FrontEnd) -> bool:
-    try:
-        with urllib.request.urlopen(f"{fe.url}/v2/health/live", timeout=2) as r:
-            return r.status == 200
-    except OSError:
-        return False
-
-
-def wait_live(fe: FrontEnd, within_s: float = 60) -> None:
-    deadline = time.monotonic() + within_s
-    while not live(fe):
-        assert fe.alive(), f"front end {fe.id} exited:\n{fe.log()[-4000:]}"
-        assert time.monotonic() < deadline, f"front end {fe.id} not live within {within_s}s:\n{fe.log()[-4000:]}"
-        time.sleep(0.1)
 
 
 def served_state(fe: FrontEnd) -> dict:
@@ -246,66 +97,36 @@ def converged(address: str, ids: list[str]) -> bool:
     }
 
 
-def serve_argv(fe_id: str, address: str, zone: str, root: Path, redis_address: str) -> list[str]:
-    return [
-        *(sys.executable, "-m", "inferd.cli.main", "serve", "--host", address, "--port", str(HTTP_PORT)),
-        *("--admin-host", address, "--admin-port", str(ADMIN_PORT)),
-        *("--worker-host", address, "--worker-port", str(WORKER_PORT), "--insecure"),
-        *("--store", f"redis://{redis_address}:{REDIS_PORT}/0", "--data-dir", str(root / f"data-{fe_id}")),
-        *("--zone", zone, "--frontend-id", fe_id, "--model-repo", str(root / "repo"), "--model", "sim"),
-        *("--workers", "0", "--config", str(root / "inferd.toml"), "--shutdown-grace-s", "0"),
-    ]
-
-
-def worker_argv(worker_id: str, connect: str, zone: str) -> list[str]:
-    return [
-        *(sys.executable, "-m", "inferd.cli.main", "worker", "--connect", connect, "--model", "sim"),
-        *("--worker-id", worker_id, "--zone", zone, "--insecure"),
-    ]
-
-
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    redis_server = shutil.which("redis-server")
-    if redis_server is None:
-        pytest.fail("redis-server is not installed: run scripts/setup --test (it installs Debian's redis-server)")
     root = tmp_path_factory.mktemp("hosts")
-    (root / "repo" / "sim" / "1").mkdir(parents=True)
-    (root / "repo" / "sim" / "model.toml").write_text(MODEL_TOML)
+    sim_repo(root, sim_model_toml(timeout_ms=10000))
     (root / "inferd.toml").write_text("")
     with Lan() as lan:
         fe_hosts = [lan.host(f"fe-{x}") for x in "abc"]
         w_hosts = [lan.host(f"wk-{i}") for i in (1, 2)]
         redis_host = lan.host("redis")
-        redis = Proc(
-            "redis",
-            redis_host,
-            [
-                redis_server, "--port", str(REDIS_PORT), "--bind", redis_host.address,
-                "--protected-mode", "no", "--save", "", "--appendonly", "no",
-            ],
-            root / "redis.log",
-        )
         front_ends = [
-            FrontEnd(f"fe-{x}", h, serve_argv(f"fe-{x}", h.address, zone, root, redis_host.address),
-                     root / f"fe-{x}.log", id=f"fe-{x}")
+            FrontEnd(
+                f"fe-{x}", h,
+                serve_argv(f"fe-{x}", h.address, root, redis_host.address, "--zone", zone, "--config", str(root / "inferd.toml")),
+                root / f"fe-{x}.log", id=f"fe-{x}",
+            )
             for x, h, zone in zip("abc", fe_hosts, ("zone-a", "zone-b", "zone-a"), strict=True)
         ]
-        c = Cluster(lan, root, redis, front_ends)
-        try:
-            redis.start()
-            wait_for(lambda: redis_answers(redis_host.address), 10, "redis-server answering PING")
+        c = Cluster(root, redis_proc(redis_host, root), front_ends)
+        with c.running(log_tail=2000):
+            start_redis(c.redis)
             for fe in front_ends:
                 fe.start()
             for fe in front_ends:
                 wait_live(fe)
-            everyone = ",".join(f"{h.address}:{WORKER_PORT}" for h in fe_hosts)
             w_hosts[1].resolve({NAME: [h.address for h in fe_hosts[:2]]})  # before the worker starts there
             c.workers = [
-                Proc("w1", w_hosts[0], worker_argv("w1", everyone, "zone-a"), root / "w1.log"),
+                Proc("w1", w_hosts[0], worker_argv("w1", connect_list(front_ends), "--zone", "zone-a"), root / "w1.log"),
                 Proc(
                     "w2", w_hosts[1],
-                    [*worker_argv("w2", f"dns:{NAME}:{WORKER_PORT}", "zone-b"), "--resolve-every-s", "0.5"],
+                    worker_argv("w2", f"dns:{NAME}:{WORKER_PORT}", "--zone", "zone-b", "--resolve-every-s", "0.5"),
                     root / "w2.log",
                 ),
             ]
@@ -316,11 +137,6 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
             wait_for(lambda: set(workers_of(fe_c)) == {"w1"}, 60, "w1 on c")
             wait_for(lambda: sum(holds(fe) for fe in front_ends) == 1, 30, "one front end holding the lease")
             yield c
-        finally:
-            for p in c.processes():
-                p.stop()
-            for p in c.processes():
-                print(f"--- {p.name} (last lines)\n{p.log()[-2000:]}" if p.log_path.exists() else "")
 
 
 def test_sigkill_of_a_front_end_fails_only_its_own_requests(cluster: Cluster) -> None:

@@ -24,109 +24,37 @@ namespace removed at the end, also after a failure."""
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import signal
-import socket
-import subprocess
-import sys
 import threading
 import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
-from dataclasses import dataclass, field
-from pathlib import Path
+from dataclasses import dataclass
 
 import pytest
 
-from tests.checked_load import Load, tally, wait_answers, wait_for
-from tests.conftest import ROOT
-from tests.lan import Host, Lan
-
-TOKEN = "join-secret-for-updates-on-many-hosts"
-HTTP_PORT, ADMIN_PORT, WORKER_PORT, REDIS_PORT = 8000, 8002, 9000, 6379  # gRPC: 8001 (the default)
-MODEL_TOML = """builtin = "sim"
-workers = 0
-max_batch_size = 8
-max_wait_ms = 2
-default_timeout_ms = 20000
-
-[params]
-base_ms = 5.0
-per_item_ms = 0.0
-"""
-
-
-@dataclass
-class Proc:
-    """One process on one host, in its own process group (its local workers with it), logged to a file."""
-
-    name: str
-    host: Host
-    argv: list[str]
-    log_path: Path
-    proc: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> None:
-        with open(self.log_path, "ab") as log:
-            self.proc = subprocess.Popen(
-                self.host.argv(self.argv), env={**os.environ, "INFERD_JOIN_TOKEN": TOKEN}, stdout=log,
-                stderr=subprocess.STDOUT, cwd=ROOT, start_new_session=True,
-            )
-
-    def alive(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
-
-    def kill(self, sig: int = signal.SIGKILL) -> None:
-        if self.proc is not None:
-            try:
-                os.killpg(self.proc.pid, sig)
-            except ProcessLookupError:
-                pass
-
-    def stop(self) -> None:
-        """SIGTERM to its process group, SIGKILL after 15 s (and to whatever it left in its group)."""
-        if self.proc is None:
-            return
-        self.kill(signal.SIGTERM)
-        try:
-            self.proc.wait(15)
-        except subprocess.TimeoutExpired:
-            self.kill(signal.SIGKILL)
-            self.proc.wait(10)
-        self.kill(signal.SIGKILL)
-
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+from tests.checked_load import tally, wait_answers, wait_for
+from tests.lan import Lan
+from tests.netns_cluster import (
+    Cluster,
+    FrontEnd,
+    PacedLoad,
+    Proc,
+    connect_list,
+    get_json,
+    post,
+    redis_proc,
+    serve_argv,
+    sim_model_toml,
+    sim_repo,
+    start_redis,
+    wait_live,
+    worker_argv,
+)
 
 
 @dataclass
-class FrontEnd(Proc):
-    id: str = ""
-
-    @property
-    def url(self) -> str:
-        return f"http://{self.host.address}:{HTTP_PORT}"
-
-    @property
-    def admin_url(self) -> str:
-        return f"http://{self.host.address}:{ADMIN_PORT}"
-
-
-@dataclass
-class Cluster:
-    root: Path
-    redis: Proc
-    front_ends: list[FrontEnd]
-    workers: list[Proc] = field(default_factory=list)
-
-    def processes(self) -> list[Proc]:
-        return [*self.workers, *self.front_ends, self.redis]
-
-    def live(self) -> list[FrontEnd]:
-        return [fe for fe in self.front_ends if fe.alive()]
-
+class Updates(Cluster):
     def holder(self) -> FrontEnd | None:
         """The live front end that holds the lease, as every live one names it (None: not agreed yet)."""
         named = {cluster_page(fe).get("holder") for fe in self.live()}
@@ -135,31 +63,6 @@ class Cluster:
 
     def add_version(self, version: int) -> None:
         (self.root / "repo" / "sim" / str(version)).mkdir()
-
-
-@dataclass
-class PacedLoad(Load):
-    """A Load whose clients wait `pace_s` before each request: a few hundred requests span seconds."""
-
-    pace_s: float = 0.05
-
-    def _next(self) -> str | None:
-        time.sleep(self.pace_s)
-        return super()._next()
-
-
-def get_json(url: str) -> dict:
-    with urllib.request.urlopen(url, timeout=10) as r:
-        return json.loads(r.read())
-
-
-def post(url: str, timeout_s: float = 90) -> tuple[int, dict]:
-    req = urllib.request.Request(url, data=b"", method="POST")
-    try:
-        with urllib.request.urlopen(req, timeout=timeout_s) as r:
-            return r.status, json.loads(r.read())
-    except urllib.error.HTTPError as exc:
-        return exc.code, json.loads(exc.read())
 
 
 def cluster_page(fe: FrontEnd) -> dict:
@@ -202,105 +105,46 @@ def answer(fe: FrontEnd, text: str) -> tuple[int, str | None]:
         return exc.code, None
 
 
-def live(fe: FrontEnd) -> bool:
-    try:
-        with urllib.request.urlopen(f"{fe.url}/v2/health/live", timeout=2) as r:
-            return r.status == 200
-    except OSError:
-        return False
-
-
-def wait_live(fe: FrontEnd, within_s: float = 60) -> None:
-    deadline = time.monotonic() + within_s
-    while not live(fe):
-        assert fe.alive(), f"front end {fe.id} exited:\n{fe.log()[-4000:]}"
-        assert time.monotonic() < deadline, f"front end {fe.id} not live within {within_s}s:\n{fe.log()[-4000:]}"
-        time.sleep(0.1)
-
-
-def redis_answers(address: str) -> bool:
-    try:
-        with socket.create_connection((address, REDIS_PORT), timeout=0.5) as sock:
-            sock.sendall(b"PING\r\n")
-            return sock.recv(16).startswith(b"+PONG")
-    except OSError:
-        return False
-
-
-def serve_argv(fe_id: str, address: str, root: Path, redis_address: str) -> list[str]:
-    return [
-        *(sys.executable, "-m", "inferd.cli.main", "serve", "--host", address, "--port", str(HTTP_PORT)),
-        *("--admin-host", address, "--admin-port", str(ADMIN_PORT)),
-        *("--worker-host", address, "--worker-port", str(WORKER_PORT), "--insecure"),
-        *("--store", f"redis://{redis_address}:{REDIS_PORT}/0", "--data-dir", str(root / f"data-{fe_id}")),
-        *("--frontend-id", fe_id, "--model-repo", str(root / "repo"), "--model", "sim", "--workers", "0"),
-        *("--shutdown-grace-s", "0"),
-    ]
-
-
-def worker_argv(worker_id: str, connect: str) -> list[str]:
-    return [
-        *(sys.executable, "-m", "inferd.cli.main", "worker", "--connect", connect, "--model", "sim"),
-        *("--worker-id", worker_id, "--insecure"),
-    ]
-
-
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    redis_server = shutil.which("redis-server")
-    if redis_server is None:
-        pytest.fail("redis-server is not installed: run scripts/setup --test (it installs Debian's redis-server)")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Updates]:
     root = tmp_path_factory.mktemp("updates-hosts")
-    (root / "repo" / "sim" / "1").mkdir(parents=True)
-    (root / "repo" / "sim" / "model.toml").write_text(MODEL_TOML)
+    sim_repo(root, sim_model_toml(timeout_ms=20000))
     with Lan() as lan:
         fe_hosts = [lan.host(f"up-{x}") for x in "abc"]
         w_hosts = [lan.host(f"upw-{i}") for i in (1, 2)]
         redis_host = lan.host("upredis")
-        redis = Proc(
-            "redis", redis_host,
-            [redis_server, "--port", str(REDIS_PORT), "--bind", redis_host.address, "--protected-mode", "no",
-             "--save", "", "--appendonly", "no"],
-            root / "redis.log",
-        )
         front_ends = [
             FrontEnd(f"fe-{x}", h, serve_argv(f"fe-{x}", h.address, root, redis_host.address), root / f"fe-{x}.log", id=f"fe-{x}")
             for x, h in zip("abc", fe_hosts, strict=True)
         ]
-        c = Cluster(root, redis, front_ends)
-        try:
-            redis.start()
-            wait_for(lambda: redis_answers(redis_host.address), 10, "redis-server answering PING")
+        c = Updates(root, redis_proc(redis_host, root), front_ends)
+        with c.running():
+            start_redis(c.redis)
             for fe in front_ends:
                 fe.start()
             for fe in front_ends:
                 wait_live(fe)
-            everyone = ",".join(f"{h.address}:{WORKER_PORT}" for h in fe_hosts)
+            everyone = connect_list(front_ends)
             c.workers = [Proc(f"w{i}", h, worker_argv(f"w{i}", everyone), root / f"w{i}.log") for i, h in enumerate(w_hosts, 1)]
             for w in c.workers:
                 w.start()
             wait_for(lambda: all(ready_at(fe, 1) == {"w1", "w2"} for fe in front_ends), 60, "w1 and w2 on every front end")
             wait_for(lambda: c.holder() is not None, 30, "one front end holding the lease, named by all")
             yield c
-        finally:
-            for p in c.processes():
-                p.stop()
-            for p in c.processes():
-                print(f"--- {p.name} (last lines)\n{p.log()[-3000:]}")
 
 
-def test_an_update_asked_of_a_front_end_without_the_lease_is_served_by_every_front_end(cluster: Cluster) -> None:
+def test_an_update_asked_of_a_front_end_without_the_lease_is_served_by_every_front_end(cluster: Updates) -> None:
     holder = cluster.holder()
     assert holder is not None
     asker = next(fe for fe in cluster.front_ends if fe is not holder)  # forwarded to the holder
     cluster.add_version(2)
-    loads = [PacedLoad(fe.url, f"u1-{fe.id}", clients=2, max_requests=600, max_s=60) for fe in cluster.front_ends]
+    loads = [PacedLoad(fe.url, f"u1-{fe.id}", clients=2, max_requests=600, max_s=60, pace_s=0.05) for fe in cluster.front_ends]
     for load in loads:
         load.__enter__()
     try:
         for load in loads:
             wait_answers(load, 10)
-        status, result = post(f"{asker.admin_url}/admin/models/sim/update?version=2")
+        status, result = post(f"{asker.admin_url}/admin/models/sim/update?version=2", timeout_s=90)
         assert (status, result) == (200, {"model": "sim", "from": 1, "to": 2, "replaced": 0}), result
         # the workers on the worker hosts, told version 1 is retired, join every front end again at 2
         wait_for(lambda: all({"w1", "w2"} <= ready_at(fe, 2) for fe in cluster.front_ends), 60, "w1, w2 at version 2")
@@ -325,7 +169,7 @@ def test_an_update_asked_of_a_front_end_without_the_lease_is_served_by_every_fro
         assert "its version is no longer served: joining again at the default version" in w.log(), w.name
 
 
-def test_sigkill_of_the_lease_holder_mid_update_leaves_no_version_without_workers(cluster: Cluster) -> None:
+def test_sigkill_of_the_lease_holder_mid_update_leaves_no_version_without_workers(cluster: Updates) -> None:
     holder = cluster.holder()
     assert holder is not None
     asker = next(fe for fe in cluster.front_ends if fe is not holder)
@@ -334,7 +178,7 @@ def test_sigkill_of_the_lease_holder_mid_update_leaves_no_version_without_worker
 
     def ask() -> None:
         try:
-            asked.append(post(f"{asker.admin_url}/admin/models/sim/update?version=3"))
+            asked.append(post(f"{asker.admin_url}/admin/models/sim/update?version=3", timeout_s=90))
         except (OSError, ValueError) as exc:  # the forwarded update's holder died under it
             asked.append(exc)
 
@@ -369,7 +213,7 @@ def test_sigkill_of_the_lease_holder_mid_update_leaves_no_version_without_worker
         assert asked[0][0] in (200, 503), asked[0]
 
 
-def test_sigkill_of_the_lease_holder_once_the_default_moved_finishes_the_update(cluster: Cluster) -> None:
+def test_sigkill_of_the_lease_holder_once_the_default_moved_finishes_the_update(cluster: Updates) -> None:
     holder = cluster.holder()
     assert holder is not None
     (asker,) = [fe for fe in cluster.live() if fe is not holder]
@@ -416,6 +260,6 @@ def test_sigkill_of_the_lease_holder_once_the_default_moved_finishes_the_update(
 
 def _post_or_error(url: str) -> object:
     try:
-        return post(url)
+        return post(url, timeout_s=90)
     except (OSError, ValueError) as exc:
         return exc
