@@ -20,10 +20,11 @@ from inferd.clock import FakeClock
 from inferd.cluster.memory import MemoryStore
 from inferd.config import ServerConfig
 from inferd.errors import WorkerUnavailable
-from inferd.kinds.search import wire
+from inferd.kinds.search import snapshot, wire
 from inferd.kinds.search.config import SearchParams, index_config
 from inferd.kinds.search.replica import Replica
 from inferd.kinds.search.runtime import SearchRuntime
+from inferd.kinds.search.shard import ShardIndex
 from inferd.kinds.search.store import IndexStore
 from inferd.kinds.search.types import Document, LogEntry, Upsert
 from inferd.kinds.search.writers import IndexWriter
@@ -55,8 +56,9 @@ class Cluster:
     tasks: list[asyncio.Task] = field(default_factory=list)
 
 
-def front_end(name: str, tmp: Path, clock: FakeClock, store: MemoryStore) -> FrontEnd:
-    config = index_config("docs", SearchParams(shards=1, replicas=2, embedder="none"))
+def front_end(name: str, tmp: Path, clock: FakeClock, store: MemoryStore, snapshot_every: int = 1000) -> FrontEnd:
+    params = SearchParams(shards=1, replicas=2, embedder="none", snapshot_every=snapshot_every)
+    config = index_config("docs", params)
     ctx = RuntimeContext(
         ServerConfig(data_dir=tmp / name),
         clock,
@@ -210,3 +212,61 @@ async def test_a_new_writer_takes_over_from_the_highest_replica_and_the_old_one_
             assert held(replica) == sorted(acked)
         found = await b.rt.index.get("d7", c.clock.now() + 5)
         assert found.id == "d7"
+
+
+async def test_snapshots_travel_as_bytes_into_the_writers_data_dir_and_to_a_joining_replica(
+    tmp_path: Path,
+) -> None:
+    async with cluster(tmp_path) as c:
+        a = front_end("a", tmp_path, c.clock, c.store, snapshot_every=3)
+        await start(c, a)
+        await until(a.rt.writer.writes, "a writes the index")
+        await join(a, c.replicas["r1"], 0)
+        await until(lambda: serving(a, 1), "r1 serves")
+        for i in range(1, 8):
+            await a.rt.index.upsert(docs(i))
+        path = IndexStore(tmp_path / "a").snapshot_path("docs", 0)
+        await until(lambda: snapshot.current_seq(path) >= 6, "a snapshot of r1's index in a's data_dir")
+        await until(lambda: a.rt.logs[0].first_seq > 1, "the log before it dropped")
+        assert not (tmp_path / "r1").exists()  # no replica writes a data_dir
+        late = Replica("r3")
+        await join(a, late, 0)
+        await until(lambda: late.index is not None and late.index.applied_seq == 7, "r3 loaded and caught up")
+        assert held(late) == [f"d{i}" for i in range(1, 8)]
+
+
+async def test_a_write_no_replica_applied_before_its_writer_lapsed_is_not_acknowledged(tmp_path: Path) -> None:
+    async with cluster(tmp_path) as c:
+        a = front_end("a", tmp_path, c.clock, c.store)
+        await start(c, a)
+        await until(a.rt.writer.writes, "a writes the index")
+        writing = asyncio.create_task(a.rt.index.upsert(docs(1)))  # no replica: nobody applies it
+        await until(lambda: a.rt.logs[0].durable_seq == 1, "logged")
+        assert not writing.done()
+        a.rt.writer.contends = False  # stopped: its grant runs out
+        c.clock.advance(TTL * 1.2)
+        with pytest.raises(WorkerUnavailable) as refused:
+            await asyncio.wait_for(writing, 10)
+        assert "no longer writes" in refused.value.message
+
+
+async def test_a_shard_it_cannot_source_refuses_writes_until_a_replica_answers(tmp_path: Path) -> None:
+    async with cluster(tmp_path) as c:
+        b = front_end("b", tmp_path, c.clock, c.store)
+        b.rt.known.learn(0, 4)  # it heard of seq 4 (a replica's note), its own log is empty
+        replica = c.replicas["r1"]
+        replica.index = ShardIndex(b.rt.settings)  # the replica holds seq 4 of a writer gone
+        for seq in range(1, 5):
+            replica.index.apply(LogEntry(seq=seq, ops=[Upsert(doc=Document(id=f"d{seq}", text="x"))]))
+        replica.shard, replica.settings = 0, wire.encode(b.rt.settings)
+        await start(c, b)
+        await until(lambda: b.rt.writer.epoch() is not None, "b holds the lease")
+        await asyncio.sleep(TTL)  # a few tries: nothing to take the shard from
+        assert not b.rt.writer.writes() and b.rt.writer.writer() is None
+        with pytest.raises(WorkerUnavailable):
+            await b.rt.index.upsert(docs(9))
+        await join(b, replica, 0)
+        await until(b.rt.writer.writes, "b took the index over from r1")
+        assert b.rt.logs[0].durable_seq == 4
+        await b.rt.index.upsert(docs(5))
+        assert held(replica) == [f"d{i}" for i in range(1, 6)]

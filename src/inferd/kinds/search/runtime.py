@@ -247,7 +247,9 @@ class SearchRuntime:
 
     # ---- the writer lease --------------------------------------------------------------------------------
     def _lead(self) -> None:
-        """After each try for the writer lease: a grant not taken over yet starts its takeover."""
+        """After each try for the writer lease: a grant not taken over yet starts its takeover; writes
+        waiting for their acknowledgement look again (this front end may no longer write)."""
+        self._notify()
         epoch = self.writer.taking_over()
         if epoch is not None and (self._takeover is None or self._takeover.done()):
             self._takeover = asyncio.create_task(self._take_over(epoch), name=f"search-takeover-{self.name}")
