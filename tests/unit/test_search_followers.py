@@ -46,7 +46,7 @@ from inferd.kinds.search.replicas import Replica as ReplicaView
 from inferd.kinds.search.replicas import ReplicaPhase, least_served_shard
 from inferd.kinds.search.requests import MAX_BATCH_DOCUMENTS
 from inferd.kinds.search.shard import ShardIndex
-from inferd.kinds.search.types import Document, LogEntry, Upsert
+from inferd.kinds.search.types import Document, IndexSettings, LogEntry, Upsert
 from inferd.kinds.search.wire import ANNOUNCE
 from inferd.wire import protocol as p
 from inferd.wire.connection import WorkerState
@@ -352,7 +352,7 @@ async def test_readers_learn_the_shard_and_progress_and_cannot_drain_the_replica
     owner, reader = Link(), Link()
     settings = wire.encode(SearchParams(embedder="none").settings())
     from_owner, from_reader = asyncio.StreamReader(), asyncio.StreamReader()
-    from_owner.feed_data(p.encode_frame(p.ShardAssign(1, settings, str(tmp_path / "snap"))))
+    from_owner.feed_data(p.encode_frame(p.ShardAssign(1, settings)))
     entry = LogEntry(seq=1, ops=[Upsert(doc=Document(id="a", text="alpha"))])
     from_owner.feed_data(p.encode_frame(p.ShardCall(1, "apply", wire.encode([entry]))))
     from_owner.feed_data(p.encode_frame(p.Drain()))
@@ -382,7 +382,7 @@ async def writer_comes_back(tmp_path: Path, readers: int) -> Link:
     entry = LogEntry(seq=1, ops=[Upsert(doc=Document(id="a", text="alpha"))])
     for _ in range(2):  # the owner front end, then the one started again after it died
         link, feed = Link(), asyncio.StreamReader()
-        feed.feed_data(p.encode_frame(p.ShardAssign(0, settings, str(tmp_path / "snap"))))
+        feed.feed_data(p.encode_frame(p.ShardAssign(0, settings)))
         feed.feed_data(p.encode_frame(p.ShardCall(1, "apply", wire.encode([entry]))))
         session = asyncio.create_task(replica.serve(0, feed, link, 1, 3600.0))  # type: ignore[arg-type]
         await link.answered.wait()  # the apply's answer: then the front end goes
@@ -414,20 +414,20 @@ async def test_a_front_end_joining_while_the_replica_loads_another_shard_hears_i
     owner = Link()
     settings = wire.encode(SearchParams(embedder="none").settings())
     from_owner = asyncio.StreamReader()
-    from_owner.feed_data(p.encode_frame(p.ShardAssign(0, settings, str(tmp_path / "snap0"))))
+    from_owner.feed_data(p.encode_frame(p.ShardAssign(0, settings)))
     entries = [LogEntry(seq=s, ops=[Upsert(doc=Document(id=f"d{s}", text="alpha"))]) for s in (1, 2, 3)]
     from_owner.feed_data(p.encode_frame(p.ShardCall(1, "apply", wire.encode(entries))))
     writing = asyncio.create_task(replica.serve(0, from_owner, owner, 1, 3600.0))  # type: ignore[arg-type]
     await owner.answered.wait()  # shard 0 at seq 3
     loading, release = threading.Event(), threading.Event()
 
-    def slow_load(directory: Path, settings: object) -> ShardIndex:
+    def slow_load(data: bytes, settings: IndexSettings) -> ShardIndex:
         loading.set()
         release.wait(30)
-        raise FileNotFoundError(directory)  # no snapshot: it starts empty
+        return ShardIndex(settings)  # the snapshot sent held nothing
 
-    monkeypatch.setattr(ShardIndex, "load", slow_load)
-    from_owner.feed_data(p.encode_frame(p.ShardAssign(1, settings, str(tmp_path / "snap1"))))
+    monkeypatch.setattr(ShardIndex, "unpacked", slow_load)
+    from_owner.feed_data(p.encode_frame(p.ShardAssign(1, settings, snapshot=b"a snapshot")))
     await asyncio.to_thread(loading.wait, 30)
     joiner = Link()
     joining = asyncio.create_task(replica.serve(1, asyncio.StreamReader(), joiner, 1, 3600.0))  # type: ignore[arg-type]
@@ -444,7 +444,7 @@ async def test_a_reading_front_end_that_stopped_reading_holds_up_no_other_link(t
     owner, stalled = Link(), Link(stalled=True)
     settings = wire.encode(SearchParams(embedder="none").settings())
     from_owner = asyncio.StreamReader()
-    from_owner.feed_data(p.encode_frame(p.ShardAssign(0, settings, str(tmp_path / "snap"))))
+    from_owner.feed_data(p.encode_frame(p.ShardAssign(0, settings)))
     for seq in (1, 2, 3):
         entry = LogEntry(seq=seq, ops=[Upsert(doc=Document(id=f"d{seq}", text="alpha"))])
         from_owner.feed_data(p.encode_frame(p.ShardCall(seq, "apply", wire.encode([entry]))))
@@ -464,7 +464,7 @@ async def test_a_replica_whose_calls_runner_fails_ends_its_links_instead_of_goin
     replica = Replica("w")
     owner, reader = Link(), Link()
     from_owner = asyncio.StreamReader()
-    from_owner.feed_data(p.encode_frame(p.ShardAssign(0, b"\xc1 not settings", str(tmp_path / "snap"))))
+    from_owner.feed_data(p.encode_frame(p.ShardAssign(0, b"\xc1 not settings")))
     served = [
         asyncio.create_task(replica.serve(0, from_owner, owner, 1, 3600.0)),  # type: ignore[arg-type]
         asyncio.create_task(replica.serve(1, asyncio.StreamReader(), reader, 1, 3600.0)),  # type: ignore[arg-type]
