@@ -3,7 +3,8 @@ a search index (2 shards x 2 replicas of each front end's own, joining both with
 
 * exactly one front end writes the index (it holds the lease `search-writer/docs`); writes through the
   other are forwarded to it over TCP (the address in its record `frontend/<id>`, with the join token) and
-  acknowledged with its answer; the writer counts them, and finds every one;
+  acknowledged with its answer; the writer counts them, and searches through either front end find
+  every one;
 * a bad body sent to the other front end is its own 400 and is never forwarded;
 * an index created through the front end that does not hold the `decider` lease is created by the one
   that does, and served by both; deleted through it, gone from both (one `kind/search/indexes` document
@@ -83,14 +84,20 @@ def writer_and_other(pair: list[ServerProc]) -> tuple[ServerProc, ServerProc]:
 def test_writes_through_either_front_end_are_written_by_the_one_writer(pair: list[ServerProc]) -> None:
     writer, other = writer_and_other(pair)
     before = forwarded(writer, "upsert")
+    seqs = []
     for i in range(DOCS):
         through = (writer, other)[i % 2]
         status, body = call(f"{through.url}/v1/indexes/docs/documents", "POST", {"documents": [doc(i, "alpha")]})
         assert status == 200 and body["documents"] == 1, body
+        seqs.append(body["seq"])
     assert forwarded(writer, "upsert") == before + DOCS // 2
     assert forwarded(other) == 0  # nothing went the other way
-    status, found = call(f"{writer.url}/v1/indexes/docs/search", "POST", {"query": "alpha", "k": 50, "mode": "lexical"})
-    assert status == 200 and sorted(h["id"] for h in found["hits"]) == sorted(f"d{i}" for i in range(DOCS))
+    latest = [max(s[shard] for s in seqs) for shard in range(2)]
+    for s in (writer, other):  # read through either front end, from the replicas
+        status, found = call(
+            f"{s.url}/v1/indexes/docs/search", "POST", {"query": "alpha", "k": 50, "mode": "lexical", "min_seq": latest}
+        )
+        assert status == 200 and sorted(h["id"] for h in found["hits"]) == sorted(f"d{i}" for i in range(DOCS))
 
 
 def test_a_bad_body_is_the_receiving_front_ends_400_and_never_forwarded(pair: list[ServerProc]) -> None:

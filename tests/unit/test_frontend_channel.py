@@ -14,8 +14,12 @@ import msgspec
 import pytest
 
 from inferd.clock import FakeClock
+from inferd.cluster.members import Membership, new_member
+from inferd.cluster.memory import MemoryStore
+from inferd.config import ServerConfig
 from inferd.frontends import channel
 from inferd.frontends.channel import PING, FrontendChannel, Liveness, PeerUnreachable, Request, tcp_host
+from inferd.frontends.peers import Peers, peers_of
 from inferd.frontends.plan import FrontendPlan
 
 
@@ -267,3 +271,37 @@ async def test_watched_asks_pending_at_once_share_one_watcher_per_front_end(sock
     assert answers == [str(i).encode() for i in range(20)]  # each its own answer
     assert 10 <= len(pings) < 20  # one ping at a time for all 20 (a watcher each would send 20 at a time)
     assert follower._watchers == {}  # nobody waits: it stopped
+
+
+# ---- where each front end is reached (frontends/peers.py) ----------------------------------------------
+def test_a_front_end_is_found_by_its_socket_on_one_host_and_by_its_record_across_hosts(socket_dir: str) -> None:
+    config = ServerConfig()
+    plan = FrontendPlan(1, 3, socket_dir, "token")
+    one_host = Peers(config, plan, None, 1024)
+    assert one_host.address("0") == plan.channel_address(0) and one_host.address("2") == plan.channel_address(2)
+    assert one_host.address("3") is None and one_host.address("fe-a") is None  # no such front end
+    members = Membership(MemoryStore(FakeClock()), new_member("fe-b", "10.0.0.2:8000", {}), FakeClock())
+    members.members = {
+        "fe-a": msgspec.structs.replace(new_member("fe-a", "10.0.0.1:8000", {}), channel="10.0.0.1:40123"),
+        "fe-c": new_member("fe-c", "10.0.0.3:8000", {}),  # not listening yet: no address
+    }
+    hosts = Peers(config, None, members, 1024)
+    assert hosts.address("fe-a") == "10.0.0.1:40123"
+    assert hosts.address("fe-c") is None and hosts.address("fe-gone") is None
+    assert peers_of(config, None, None, 1024) is None  # alone: nobody to ask
+
+
+async def test_a_front_end_on_a_shared_store_writes_where_it_listens_into_its_record() -> None:
+    clock = FakeClock()
+    store = MemoryStore(clock)
+    members = Membership(store, new_member("fe-a", "127.0.0.1:8000", {}), clock)
+    await members.join()
+    config = ServerConfig(join_token="join", worker_host="127.0.0.1")
+    peers = Peers(config, None, members, 1024)
+    await peers.open()
+    try:
+        address = peers.channel.address()
+        assert address is not None and address.startswith("127.0.0.1:")
+        assert (await members.refresh())["fe-a"].channel == address
+    finally:
+        peers.close()
