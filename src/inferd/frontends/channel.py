@@ -94,7 +94,7 @@ class FrontendChannel:
         self,
         token: str,
         path: str | None = None,
-        join_token: str = "",
+        join_token: str | None = None,
         max_bytes: int = MAX_MESSAGE_BYTES,
         clock: Clock | None = None,
         ping_every_s: float = PING_EVERY_S,
@@ -104,7 +104,7 @@ class FrontendChannel:
         """The token of the Unix sockets of one host's front ends (the plan's)."""
         self.path = path
         """This front end's Unix socket (None: it listens on none)."""
-        self.join_token = join_token
+        self.join_token = join_token or ""
         """The token over TCP, between hosts (the cluster's join token; "": no TCP, either way)."""
         self.max_bytes = max_bytes
         """The bound on a request (where it is answered) or an answer (where it was asked)."""
