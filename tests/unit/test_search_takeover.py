@@ -50,7 +50,25 @@ def test_an_own_log_older_than_the_replicas_writer_is_not_trusted_even_when_long
 
 def test_a_shard_it_cannot_source_refuses_the_takeover() -> None:
     why = choose(1, [heard("a", 0, 8)], own_seq=2, own_epoch=1, known_seq=5)
-    assert isinstance(why, str) and "shard 1" in why and "behind seq 5" in why
+    assert isinstance(why, str) and "shard 1" in why and "seq 5" in why
+
+
+def test_a_replica_of_an_older_writer_is_not_the_state_even_when_further() -> None:
+    # r_old applied the old writer's 6 and 7 (never acknowledged); the newer writer took over at 5 and
+    # wrote its own 6, which r_new applied and which may have been acknowledged
+    answers = [heard("r_old", 0, 7, epoch=1), heard("r_new", 0, 6, epoch=2)]
+    source = choose(0, answers, own_seq=0, own_epoch=0, known_seq=7)
+    assert isinstance(source, Source) and source.replica.worker_id == "r_new" and source.seq == 6  # type: ignore[union-attr]
+
+
+def test_after_a_whole_restart_only_the_last_writers_own_log_counts() -> None:
+    empty = [heard("a", 0, 0, epoch=0)]  # its replicas started again: empty
+    assert choose(0, empty, own_seq=9, own_epoch=4, known_seq=0, last_epoch=4) == Source(0, None, 9)
+    stale = choose(0, empty, own_seq=12, own_epoch=3, known_seq=0, last_epoch=4)
+    assert isinstance(stale, str) and "epoch 4" in stale  # a longer log, but not the last writer's
+    assert isinstance(choose(0, [], own_seq=0, own_epoch=0, known_seq=0, last_epoch=4), str)
+    newest = choose(0, [heard("b", 0, 3, epoch=4)], own_seq=12, own_epoch=3, known_seq=0, last_epoch=4)
+    assert isinstance(newest, Source) and newest.replica is not None and newest.seq == 3
 
 
 # ---- a replica's fence ------------------------------------------------------------------------------------

@@ -24,6 +24,7 @@ from inferd.kinds.search import snapshot, wire
 from inferd.kinds.search.config import SearchParams, index_config
 from inferd.kinds.search.replica import Replica
 from inferd.kinds.search.runtime import SearchRuntime
+from inferd.kinds.search.sequencer import ShardLog
 from inferd.kinds.search.shard import ShardIndex
 from inferd.kinds.search.store import IndexStore
 from inferd.kinds.search.types import Document, LogEntry, Upsert
@@ -260,13 +261,52 @@ async def test_a_shard_it_cannot_source_refuses_writes_until_a_replica_answers(t
             replica.index.apply(LogEntry(seq=seq, ops=[Upsert(doc=Document(id=f"d{seq}", text="x"))]))
         replica.shard, replica.settings = 0, wire.encode(b.rt.settings)
         await start(c, b)
-        await until(lambda: b.rt.writer.epoch() is not None, "b holds the lease")
-        await asyncio.sleep(TTL)  # a few tries: nothing to take the shard from
+        await until(lambda: not b.rt.writer.contending(), "b found nothing to take the shard from: it stood down")
+        assert await c.store.holder(b.rt.writer.lease) is None  # let go, for another to take
         assert not b.rt.writer.writes() and b.rt.writer.writer() is None
         with pytest.raises(WorkerUnavailable):
             await b.rt.index.upsert(docs(9))
         await join(b, replica, 0)
+        c.clock.advance(TTL)  # its time standing down is over
         await until(b.rt.writer.writes, "b took the index over from r1")
         assert b.rt.logs[0].durable_seq == 4
         await b.rt.index.upsert(docs(5))
         assert held(replica) == [f"d{i}" for i in range(1, 6)]
+
+
+async def test_after_a_whole_restart_only_the_last_writers_own_log_is_the_index(tmp_path: Path) -> None:
+    async with cluster(tmp_path) as c:
+        a = front_end("a", tmp_path, c.clock, c.store)
+        await start(c, a)
+        await until(a.rt.writer.writes, "a writes the index")
+        await join(a, c.replicas["r1"], 0)
+        await until(lambda: serving(a, 1), "r1 serves a")
+        for i in range(1, 4):
+            await a.rt.index.upsert(docs(i))
+        # the whole server stops: a, and its replica (which starts again empty)
+        a.rt.stop(WorkerUnavailable("stopped"))
+        for task in a.tasks:
+            task.cancel()
+        c.tasks[0].cancel()
+        await asyncio.gather(c.tasks[0], *a.tasks, return_exceptions=True)
+        del c.front_ends["a"]
+        c.clock.advance(TTL * 2)
+        # b, whose data_dir holds an older log of its own (it wrote seq 1 under epoch 1 long ago)
+        b_store = IndexStore(tmp_path / "b")
+        shard_log = ShardLog(0, b_store.wal_path("docs", 0))
+        await shard_log.append([Upsert(doc=Document(id="old", text="old"))])
+        shard_log.close(WorkerUnavailable("closed"))
+        b_store.save_written_epoch("docs", 0)
+        b = front_end("b", tmp_path, c.clock, c.store)
+        await start(c, b)
+        fresh = Replica("r2")
+        await join(b, fresh, 0)
+        await until(lambda: not b.rt.writer.contending(), "b stood down: its log is not the last writer's")
+        assert not b.rt.writer.writes()
+        # a starts again: its own log is the index
+        a2 = front_end("a", tmp_path, c.clock, c.store)
+        await start(c, a2)
+        await join(a2, fresh, 1)
+        await until(a2.rt.writer.writes, "a took the index over from its own log")
+        await until(lambda: fresh.index is not None and fresh.index.applied_seq == 3, "r2 replayed a's log")
+        assert held(fresh) == ["d1", "d2", "d3"]

@@ -13,6 +13,7 @@ paths live in kinds/search/service.py; this module holds the replicas and their 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import logging
 from collections.abc import Coroutine
@@ -21,6 +22,7 @@ from typing import Any, ClassVar
 
 from inferd.cluster.config import cluster_config
 from inferd.cluster.memory import MemoryStore
+from inferd.cluster.store import Store, StoreError
 from inferd.config import ModelConfig
 from inferd.errors import ServingError, ShuttingDown, WorkerDied, WorkerUnavailable, from_wire
 from inferd.kinds.search import wire
@@ -95,6 +97,8 @@ class SearchRuntime:
         self._stopping: ServingError | None = None
         self._progress = asyncio.Event()
         self._shared_store = ctx.shared_store
+        self.lease_store: Store = MemoryStore(self.clock)
+        """Where the writer lease is: the store the front ends share (set when the runtime runs)."""
         self._takeover: asyncio.Task[None] | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         self.members: Membership = ctx.directory.members(config.name, config.version)
@@ -156,11 +160,12 @@ class SearchRuntime:
 
     async def run(self) -> None:
         try:
-            store, self.writer.me = self._shared_store() if self._shared_store else (MemoryStore(self.clock), "0")
+            shared = self._shared_store() if self._shared_store else (MemoryStore(self.clock), "0")
+            self.lease_store, self.writer.me = shared
             self.home = "" if self.first_on_host else self.writer.me
             async with asyncio.TaskGroup() as tg:
                 tg.create_task(self._watch())
-                tg.create_task(keep_writer_lease(self.writer, store, self._lead))
+                tg.create_task(keep_writer_lease(self.writer, self.lease_store, self._lead))
                 tg.create_task(self._snapshots())
                 tg.create_task(self.index.follow_embedder())
                 if self.index.reembedder is not None:
@@ -259,8 +264,13 @@ class SearchRuntime:
             self.logs = self._open_logs()
             self.shipper.snapshot_seq = [lg.first_seq - 1 for lg in self.logs]
         why = await take_over(self, epoch)
-        if why is not None:
-            log.warning("index %s: not taken over yet (again shortly): %s", self.name, why)
+        if why is not None:  # another front end may: this one lets the lease go for a while
+            log.warning("index %s: not taken over: %s", self.name, why)
+            grant = self.writer.stand_down(self.writer.ttl_s)
+            if grant is not None:
+                with contextlib.suppress(StoreError, TimeoutError):
+                    async with asyncio.timeout(self.writer.ttl_s):
+                        await self.lease_store.release(grant)
             return
         for replica in list(self.replicas.values()):  # under the new epoch: from now on this one ships
             if replica.phase is ReplicaPhase.GONE:

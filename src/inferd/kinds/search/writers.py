@@ -12,6 +12,12 @@ its lease time (the LeaseKeeper's rule), before the store gives the lease to ano
 writer finds its grant lapsed and refuses writes.
 
 `keep_writer_lease` is its asyncio driver (acquire and renew, or read who holds it, every ttl/3).
+
+The store also keeps the epoch of the last writer that finished a takeover (`kind/search/writer/<index>`,
+written fenced by its grant: `record_writer`, read by `last_writer`): after a whole server restarted
+(its replicas empty), only that writer's own log is the index, and a front end whose log is another's
+never serves it as the index (kinds/search/takeover.py). A front end that cannot take the index over
+stands down (`stand_down`: it lets the lease go and does not contend for a while) so another can.
 """
 
 from __future__ import annotations
@@ -21,18 +27,44 @@ import contextlib
 import logging
 from collections.abc import Callable
 
+import msgspec
+
 from inferd.clock import Clock
+from inferd.cluster.follower import Document
 from inferd.cluster.lease import TTL_S, LeaseKeeper
 from inferd.cluster.store import Grant, Store, StoreError
 
 log = logging.getLogger("inferd.search")
 
 WRITER_PREFIX = "search-writer/"
+RECORD_PREFIX = "kind/search/writer/"
+
+
+class WriterRecord(msgspec.Struct, frozen=True):
+    """The last writer of an index that finished its takeover: its lease epoch and front end."""
+
+    epoch: int = 0
+    holder: str = ""
 
 
 def writer_lease(index: str) -> str:
     """The name of the lease whose holder writes `index`'s logs."""
     return f"{WRITER_PREFIX}{index}"
+
+
+def _record(index: str) -> Document[WriterRecord]:
+    return Document(f"{RECORD_PREFIX}{index}", WriterRecord, WriterRecord)
+
+
+async def last_writer(store: Store, index: str) -> WriterRecord:
+    """The last writer that took `index` over (epoch 0: none recorded). StoreError."""
+    return (await _record(index).read(store))[1]
+
+
+async def record_writer(store: Store, index: str, grant: Grant) -> None:
+    """Record the holder of `grant` as the index's writer; Fenced when the grant is no longer current."""
+    doc = _record(index)
+    await store.write(doc.name, doc.encode(WriterRecord(grant.epoch, grant.holder)), fence=grant)
 
 
 class IndexWriter:
@@ -49,6 +81,8 @@ class IndexWriter:
         """The epoch of the grant whose takeover finished (this front end writes while it holds it)."""
         self._other: tuple[str, float] | None = None
         """The other front end the store last named as the holder, and until when its grant runs."""
+        self._quiet_until = -1.0
+        """It stood down: it does not contend before this time."""
 
     @property
     def lease(self) -> str:
@@ -113,6 +147,21 @@ class IndexWriter:
             self._took_over = epoch
             log.info("index %s: written by this front end (%s), epoch %d", self.index, self.me, epoch)
 
+    def contending(self) -> bool:
+        """Whether to try for the lease now (it contends, and has not stood down lately)."""
+        return self.contends and self.clock.now() >= self._quiet_until
+
+    def grant(self) -> Grant | None:
+        """The grant held (a takeover's record is fenced by it)."""
+        return self.keeper.grant()
+
+    def stand_down(self, for_s: float) -> Grant | None:
+        """It could not take the index over: it does not contend for `for_s` (another may take the
+        lease); the grant to release, if it holds one."""
+        self._quiet_until = self.clock.now() + for_s
+        log.warning("index %s: this front end (%s) stands down as its writer for %.1fs", self.index, self.me, for_s)
+        return self.dropped()
+
     def dropped(self) -> Grant | None:
         """This front end stops: the grant to release, if it still holds one."""
         self._took_over = None
@@ -132,7 +181,7 @@ async def keep_writer_lease(
             started = writer.clock.now()
             try:
                 async with asyncio.timeout(writer.wait_s()):
-                    if writer.contends:
+                    if writer.contending():
                         writer.granted(started, await store.acquire(writer.lease, writer.me, writer.ttl_s))
                     if writer.epoch() is None:
                         writer.heard(started, await store.holder(writer.lease))
