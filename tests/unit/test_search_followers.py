@@ -36,7 +36,8 @@ from inferd.frontends.search_writes import (
     WriteDesk,
     forwarded_writes,
     refusal,
-    route,
+    route_document,
+    route_index_op,
 )
 from inferd.kinds.search import wire
 from inferd.kinds.search.config import SearchParams
@@ -166,15 +167,15 @@ class Lease:
 
 
 def test_a_document_write_runs_on_the_indexs_writer_and_an_index_op_on_the_decider() -> None:
-    upsert, create, drop = Write("upsert", "docs"), Write("create", "docs"), Write("drop", "docs")
-    assert route(upsert, Lease(writes=True), None, "me") == HERE
-    assert route(upsert, Lease(holder="b"), None, "me") == "b"
-    nobody = route(upsert, Lease(retry_after_s=5.0), "me", "me")  # the lease free: not the decider's
+    upsert = Write("upsert", "docs")
+    assert route_document(upsert, Lease(writes=True), "me") == HERE
+    assert route_document(upsert, Lease(holder="b"), "me") == "b"
+    nobody = route_document(upsert, Lease(retry_after_s=5.0), "me")  # the lease free
     assert isinstance(nobody, Nobody) and nobody.retry_after_s == 5.0 and "no writer" in nobody.why
-    taking_over = route(upsert, Lease(holder="me"), None, "me")  # named, but its takeover runs
+    taking_over = route_document(upsert, Lease(holder="me"), "me")  # named, but its takeover runs
     assert isinstance(taking_over, Nobody)
-    assert route(create, None, "me", "me") == HERE and route(drop, None, "d", "me") == "d"
-    assert isinstance(route(create, None, None, "me"), Nobody)  # no decider now
+    assert route_index_op("me", "me") == HERE and route_index_op("d", "me") == "d"
+    assert isinstance(route_index_op(None, "me"), Nobody)  # no decider now
     refused = refusal(Nobody("index 'docs' has no writer now", 5.0))
     assert refused.retry_after_s == 5.0 and "retry" in refused.message
 

@@ -45,7 +45,8 @@ from inferd.frontends.search_writes import (
     Writer,
     forwarded_writes,
     refusal,
-    route,
+    route_document,
+    route_index_op,
 )
 from inferd.gateway.auth import allowed_models, check_model
 from inferd.kinds.search.config import SearchParams, parse_params
@@ -139,15 +140,15 @@ class SearchRoutes:
 
     async def write(self, write: Write, rt: Any = None) -> HttpResponse:
         """Run a write here, or have the front end that runs it run it and answer as it did."""
-        to = HERE if self.forwarder is None else await self.route(write, rt)
-        if to == HERE:
+        forwarder = self.forwarder
+        to = HERE if forwarder is None else await self.route(write, rt)
+        if forwarder is None or to == HERE:
             body, created = await self.execute(write)
             return json_response(body, 201 if created else 200)
         check(write, rt)  # a bad body is a 400 here: it is never forwarded
         if isinstance(to, Nobody):
             raise refusal(to)
-        assert self.forwarder is not None  # (routed elsewhere only when there are other front ends)
-        body, created = await self.forwarder.forward(write, to)
+        body, created = await forwarder.forward(write, to)
         if rt is not None:  # a document write: read-your-writes here too
             await rt.index.forwarded(msgspec.json.decode(body)["seq"])
         else:  # an index created or deleted: served here as where it ran before the answer
@@ -160,8 +161,8 @@ class SearchRoutes:
         if write.op in INDEX_OPS:
             if self.server.index_sync is None:  # indexes not shared: each front end has its own
                 return HERE
-            return route(write, None, await self.decider(), me)
-        to = route(write, self.writer_of(rt), None, me)
+            return route_index_op(await self.decider(), me)
+        to = route_document(write, self.writer_of(rt), me)
         if isinstance(to, Nobody):  # none known here: the store's word now (a writer new since its last try)
             with changes():
                 grant = await self.server.cluster.store.holder(writer_lease(write.index))

@@ -87,17 +87,19 @@ class Nobody(msgspec.Struct, frozen=True):
 
 
 HERE = ""
-"""`route`'s answer for a write this front end runs."""
+"""The route of a write this front end runs (`route_index_op`, `route_document`)."""
 
 
-def route(write: Write, writer: Writer | None, decider: str | None, me: str) -> str | Nobody:
-    """Where `write` runs: HERE, another front end's id, or Nobody. `writer`: the index's (None for an
-    index op); `decider`: the id of the `decider` lease's holder (None: none holds it)."""
-    if write.op in INDEX_OPS:
-        if decider is None:
-            return Nobody("no front end holds the lease of the server's decisions now", AWAY_RETRY_AFTER_S)
-        return HERE if decider == me else decider
-    assert writer is not None  # a document write: its index is served here
+def route_index_op(decider: str | None, me: str) -> str | Nobody:
+    """Where an index is created or deleted: HERE, another front end's id, or Nobody. `decider`: the id
+    of the `decider` lease's holder (None: none holds it)."""
+    if decider is None:
+        return Nobody("no front end holds the lease of the server's decisions now", AWAY_RETRY_AFTER_S)
+    return HERE if decider == me else decider
+
+
+def route_document(write: Write, writer: Writer, me: str) -> str | Nobody:
+    """Where a document write runs: HERE, another front end's id, or Nobody. `writer`: its index's."""
     if writer.writes():
         return HERE
     who = writer.writer()
