@@ -9,6 +9,7 @@ import shutil
 import socket
 import tempfile
 from collections.abc import Iterator
+from pathlib import Path
 
 import msgspec
 import pytest
@@ -305,3 +306,24 @@ async def test_a_front_end_on_a_shared_store_writes_where_it_listens_into_its_re
         assert (await members.refresh())["fe-a"].channel == address
     finally:
         peers.close()
+
+
+async def test_no_tcp_where_the_worker_port_would_be_encrypted_or_plain_off_loopback_unasked(
+    tmp_path: Path,
+) -> None:
+    clock = FakeClock()
+    members = Membership(MemoryStore(clock), new_member("fe-a", "10.0.0.1:8000", {}), clock)
+    await members.join()
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    for config in (
+        ServerConfig(join_token="join", worker_host="10.0.0.1"),  # off loopback, plain, no --insecure
+        ServerConfig(join_token="join", worker_host="127.0.0.1", worker_ssl_certfile=cert, worker_ssl_keyfile=key),
+    ):
+        peers = Peers(config, None, members, 1024)
+        await peers.open()
+        assert peers.channel.tcp_address is None and peers.channel.address() is None
+        peers.close()
+    plain = Peers(ServerConfig(join_token="join", worker_host="127.0.0.1"), None, members, 1024)
+    await plain.open()  # the same on loopback, plain: it listens
+    assert plain.channel.tcp_address is not None
+    plain.close()

@@ -6,8 +6,11 @@ where each other front end listens on theirs.
 - **Many hosts** (a shared store, cluster/members.py): each front end also listens on TCP (at its
   `--worker-host`, the address the other hosts reach it by, a port the system picks) with the cluster's
   join token, and writes that address into its record `frontend/<id>` once it listens; the others read
-  it from there (a front end with no join token listens on its Unix socket only, which its own host's
-  front ends reach).
+  it from there. Plain TCP, so only where the worker port takes the join token over plain TCP too (no
+  TLS on it, and a loopback `--worker-host` or `--insecure`): the token never crosses a network the
+  server was told to encrypt. A front end with no join token, or with TLS on its worker port, listens on
+  its Unix socket only, which its own host's front ends reach; the others' forwarded writes then get 503
+  naming why.
 - **Alone**: no channel.
 """
 
@@ -24,6 +27,7 @@ from inferd.config import ServerConfig
 from inferd.config.identity import frontend_id
 from inferd.frontends.channel import FrontendChannel, tcp_host
 from inferd.frontends.plan import FrontendPlan
+from inferd.tls import plain_join_allowed, worker_cert
 
 log = logging.getLogger("inferd.frontends")
 
@@ -45,15 +49,17 @@ class Peers:
 
     async def open(self) -> None:
         """Listen for the others' requests; on a shared store, say where in this front end's record."""
-        members = self.members
-        tcp = tcp_host(self.config.worker_host, frontend_id(self.config)) if members is not None else None
+        members, config = self.members, self.config
+        plain = worker_cert(config) is None and plain_join_allowed(config.worker_host, tls=False, insecure=config.insecure)
+        tcp = tcp_host(config.worker_host, frontend_id(config)) if members is not None and plain else None
         await self.channel.open(tcp)
         if members is None:
             return
         if tcp is None or not self.channel.join_token:
             log.warning(
                 "front ends on other hosts cannot forward search writes to this one: it needs a join token "
-                "(INFERD_JOIN_TOKEN) and a --worker-host they reach"
+                "(INFERD_JOIN_TOKEN), a --worker-host they reach, and plain TCP there (no TLS on the worker "
+                "port; --insecure off loopback)"
             )
         if (address := self.channel.address()) is not None:
             with contextlib.suppress(StoreError):  # written with the next renewal otherwise
