@@ -285,10 +285,15 @@ def test_a_front_end_is_found_by_its_socket_on_one_host_and_by_its_record_across
     members.members = {
         "fe-a": msgspec.structs.replace(new_member("fe-a", "10.0.0.1:8000", {}), channel="10.0.0.1:40123"),
         "fe-c": new_member("fe-c", "10.0.0.3:8000", {}),  # not listening yet: no address
+        "fe-d": msgspec.structs.replace(
+            new_member("fe-d", "10.0.0.4:8000", {}), host="other-host", channel="unix:/tmp/x/frontend-0.sock"
+        ),  # on another host, its Unix socket only: no address from here
+        "fe-e": msgspec.structs.replace(new_member("fe-e", "10.0.0.5:8000", {}), channel="unix:/tmp/y.sock"),
     }
     hosts = Peers(config, None, members, 1024)
     assert hosts.address("fe-a") == "10.0.0.1:40123"
     assert hosts.address("fe-c") is None and hosts.address("fe-gone") is None
+    assert hosts.address("fe-d") is None and hosts.address("fe-e") == "unix:/tmp/y.sock"  # fe-e: this host
     assert peers_of(config, None, None, 1024) is None  # alone: nobody to ask
 
 

@@ -25,7 +25,7 @@ from inferd.cluster.members import Membership
 from inferd.cluster.store import StoreError
 from inferd.config import ServerConfig
 from inferd.config.identity import frontend_id
-from inferd.frontends.channel import FrontendChannel, tcp_host
+from inferd.frontends.channel import UNIX, FrontendChannel, tcp_host
 from inferd.frontends.plan import FrontendPlan
 from inferd.tls import plain_join_allowed, worker_cert
 
@@ -70,7 +70,10 @@ class Peers:
         store, its Unix socket among one host's front ends. None: not known (its record expired)."""
         if self.members is not None:
             member = self.members.members.get(frontend)
-            return None if member is None else member.channel
+            if member is None or member.channel is None:
+                return None
+            elsewhere = member.host != self.members.me.host  # its Unix socket is no address from here
+            return None if elsewhere and member.channel.startswith(UNIX) else member.channel
         if self.plan is not None and frontend.isdigit() and int(frontend) < self.plan.count:
             return self.plan.channel_address(int(frontend))
         return None

@@ -179,7 +179,10 @@ class Forwarder:
         address = self.address_of(to)
         try:
             if address is None:
-                raise PeerUnreachable("its record names no address to reach it by")
+                raise PeerUnreachable(
+                    "its record names no address to reach it by from here (it is down, or it listens on no "
+                    "TCP: that needs a join token, and plain TCP on its worker port)"
+                )
             raw = await self.ask(address, KIND, msgspec.msgpack.encode(write), FORWARD_TIMEOUT_S)
             answer = msgspec.msgpack.decode(raw, type=Answer)
         except (PeerUnreachable, msgspec.DecodeError) as exc:
