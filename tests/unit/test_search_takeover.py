@@ -93,6 +93,8 @@ def test_a_replica_keeps_its_index_only_within_the_writers_log() -> None:
     assert not keeps((1, b"settings", 8), assign) and not keeps((0, b"other", 8), assign)
     assert not keeps(None, assign)
     assert keeps(held, p.ShardAssign(0, b"settings"))  # no bounds said: a writer that came back
+    reload = p.ShardAssign(0, b"settings", epoch=2, base_seq=5, last_seq=9, reload=True)
+    assert not keeps(held, reload)  # it follows an older writer: its entries may differ from the new one's
 
 
 def test_snapshot_pieces_are_joined_per_link() -> None:

@@ -219,6 +219,9 @@ class ShardAssign(msgspec.Struct, tag="shard_assign"):
     writer does not hold (a former writer's) and cannot keep its index either."""
     snapshot: bytes = b""
     more: bool = False
+    reload: bool = False
+    """Do not keep the index held even when it fits the log (it follows an older writer, whose entries
+    may differ from this one's): load the snapshot sent, or start empty."""
 
 
 class ShardCall(msgspec.Struct, tag="shard_call"):

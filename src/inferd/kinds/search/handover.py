@@ -51,7 +51,7 @@ class WriterFence:
 def keeps(held: tuple[int, bytes, int] | None, msg: p.ShardAssign) -> bool:
     """Whether the index `held` (shard, settings, applied seq; None: none) stays as it is under the
     assignment `msg` (its writer's log runs from its base_seq to its last_seq)."""
-    if held is None:
+    if held is None or msg.reload:
         return False
     shard, settings, applied = held
     top = applied if msg.last_seq is None else msg.last_seq

@@ -82,11 +82,20 @@ class Shipper:
         first: the replica is not shipped entries meanwhile)."""
         shard_log = self.rt.logs[replica.shard]
         base = shard_log.first_seq - 1
+        reload = force_snapshot or replica.applied_seq < 0  # (-1: what it holds is of no use)
         head = p.ShardAssign(
-            replica.shard, wire.encode(self.rt.settings), self.rt.writer.epoch() or 0, base, shard_log.durable_seq
+            replica.shard,
+            wire.encode(self.rt.settings),
+            self.rt.writer.epoch() or 0,
+            base,
+            shard_log.durable_seq,
+            reload=reload,
         )
-        if base == 0 or (not force_snapshot and base <= replica.applied_seq <= shard_log.durable_seq):
-            replica.shipped_seq = max(replica.applied_seq, 0)  # what it holds: the log follows
+        keeps = not reload and base <= replica.applied_seq <= shard_log.durable_seq
+        if keeps or base == 0:
+            if not keeps:
+                replica.phase = ReplicaPhase.ASSIGNING
+            replica.shipped_seq = replica.applied_seq if keeps else 0  # what it holds: the log follows
             replica.conn.send(head)  # at once: entries shipped after it reach the replica after it
             return
         replica.phase = ReplicaPhase.ASSIGNING

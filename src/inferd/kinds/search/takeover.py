@@ -55,6 +55,8 @@ class Source:
     shard: int
     replica: Replica | None
     seq: int
+    replica_epoch: int = 0
+    """The epoch of the writer the replica followed (its history is that writer's)."""
 
 
 def choose(
@@ -73,7 +75,7 @@ def choose(
             f"shard {shard}: no replica of the last writer (epoch {last_epoch}) answered, and this front "
             f"end's log (seq {own_seq}, epoch {own_epoch}) is not known to hold the index (seq {known_seq})"
         )
-    return Source(shard, best.replica, best.applied_seq)
+    return Source(shard, best.replica, best.applied_seq, best.epoch)
 
 
 class Takeover(Writing, Protocol):
@@ -123,7 +125,8 @@ async def take_over(rt: Takeover, epoch: int) -> str | None:
     missing = [s for s in sources if isinstance(s, str)]
     if missing:
         return "; ".join(missing)
-    for source in (s for s in sources if isinstance(s, Source)):
+    found = [s for s in sources if isinstance(s, Source)]
+    for source in found:
         if source.replica is None:
             continue
         try:
@@ -146,6 +149,8 @@ async def take_over(rt: Takeover, epoch: int) -> str | None:
         await record_writer(rt.lease_store, rt.name, grant)
     except StoreError as exc:
         return f"the takeover could not be recorded: {exc}"
-    for h in heard:  # what each replica said it holds: the assignment keeps it when it fits the log
-        h.replica.shard, h.replica.applied_seq = h.shard, h.applied_seq
+    lineage = {s.shard: (s.replica_epoch if s.replica is not None else own_epoch) for s in found}
+    for h in heard:  # what each replica said it holds: the assignment keeps it when it fits the log and
+        fits = h.shard in lineage and h.epoch == lineage[h.shard]  # came from the same writer's history
+        h.replica.shard, h.replica.applied_seq = h.shard, h.applied_seq if fits else -1
     return None
