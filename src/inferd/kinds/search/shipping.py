@@ -72,6 +72,9 @@ class Shipper:
         """Apply calls in flight, by call id."""
         self.snapshot_seq = [lg.first_seq - 1 for lg in rt.logs]
         """The seq of each shard's snapshot in data_dir (as far as this front end knows)."""
+        self.lineage = [(-1, 0)] * rt.params.shards
+        """Per shard, the epoch of the writer whose entries this front end's log continues and the seq up
+        to which (its takeover's source; -1: not known): a replica built under another writer reloads."""
         self._sent_snapshot: set[Replica] = set()
         """Replicas sent the snapshot's bytes since they last answered an assignment."""
 
@@ -90,6 +93,8 @@ class Shipper:
             base,
             shard_log.durable_seq,
             reload=reload,
+            lineage=self.lineage[replica.shard][0],
+            lineage_seq=self.lineage[replica.shard][1],
         )
         keeps = not reload and base <= replica.applied_seq <= shard_log.durable_seq
         if keeps or base == 0:

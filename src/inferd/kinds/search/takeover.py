@@ -125,15 +125,18 @@ async def take_over(rt: Takeover, epoch: int) -> str | None:
     missing = [s for s in sources if isinstance(s, str)]
     if missing:
         return "; ".join(missing)
-    found = [s for s in sources if isinstance(s, Source)]
-    for source in found:
+    lineage: dict[int, tuple[int, int]] = {}
+    """Per shard, the writer whose entries the log continues (its epoch) and up to which seq."""
+    for source in (s for s in sources if isinstance(s, Source)):
         if source.replica is None:
+            lineage[source.shard] = (own_epoch, source.seq)
             continue
         try:
             seq = await rt.shipper.keep(source.shard, await fetch_snapshot(rt, source.replica))
         except (ServingError, TimeoutError) as exc:
             return f"shard {source.shard}: the snapshot of replica {source.replica.worker_id} failed: {exc}"
-        await rt.logs[source.shard].rebase(seq)
+        await rt.logs[source.shard].rebase(seq)  # (seq: the snapshot's, at least what the replica said)
+        lineage[source.shard] = (source.replica_epoch, seq)
         log.info(
             "index %s shard %d taken over at seq %d from replica %s",
             rt.name,
@@ -149,8 +152,9 @@ async def take_over(rt: Takeover, epoch: int) -> str | None:
         await record_writer(rt.lease_store, rt.name, grant)
     except StoreError as exc:
         return f"the takeover could not be recorded: {exc}"
-    lineage = {s.shard: (s.replica_epoch if s.replica is not None else own_epoch) for s in found}
+    rt.shipper.lineage = [lineage[shard] for shard in range(rt.params.shards)]
     for h in heard:  # what each replica said it holds: the assignment keeps it when it fits the log and
-        fits = h.shard in lineage and h.epoch == lineage[h.shard]  # came from the same writer's history
+        followed, upto = lineage.get(h.shard, (-1, 0))  # came from the same writer's entries, no further
+        fits = h.epoch == followed and h.applied_seq <= upto
         h.replica.shard, h.replica.applied_seq = h.shard, h.applied_seq if fits else -1
     return None
