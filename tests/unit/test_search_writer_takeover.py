@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import shutil
 import socket
 import threading
 from collections.abc import AsyncIterator, Callable
@@ -360,3 +361,24 @@ async def test_a_replica_holding_a_deposed_writers_entries_past_the_takeover_doe
         await b.rt.index.upsert(docs(6))
         await until(lambda: all(r.index and r.index.applied_seq == 5 for r in (r1, r2)), "both at 5")
         assert held(r1) == held(r2) == ["d1", "d2", "d3", "d5", "d6"]
+
+
+async def test_a_replica_that_cannot_reach_the_log_without_a_snapshot_is_drained_not_reassigned_forever(
+    tmp_path: Path,
+) -> None:
+    async with cluster(tmp_path) as c:
+        a = front_end("a", tmp_path, c.clock, c.store, snapshot_every=3)
+        await start(c, a)
+        await until(a.rt.writer.writes, "a writes the index")
+        await join(a, c.replicas["r1"], 0)
+        await until(lambda: serving(a, 1), "r1 serves")
+        for i in range(1, 8):
+            await a.rt.index.upsert(docs(i))
+        await until(lambda: a.rt.logs[0].first_seq > 1, "a snapshot taken and the log before it dropped")
+        shutil.rmtree(IndexStore(tmp_path / "a").snapshot_path("docs", 0))  # lost from data_dir
+        late = Replica("r3")
+        await join(a, late, 0)
+        conn, _ = a.links["r3"]
+        await until(lambda: conn.state is WorkerState.DRAINING, "r3 drained")
+        assert late.index is None or late.index.applied_seq == 0  # drained: it exits, holding nothing
+        assert not any(r.readable for r in a.rt.replicas.values() if r.worker_id == "r3")

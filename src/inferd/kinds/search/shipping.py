@@ -108,11 +108,15 @@ class Shipper:
 
     async def _send_snapshot(self, replica: Replica, head: p.ShardAssign) -> None:
         path = self.rt.store.snapshot_path(self.rt.name, head.shard, self.rt.home)
-        packed = await asyncio.to_thread(snapshot.read_packed, path)
+        try:
+            packed = await asyncio.to_thread(snapshot.read_packed, path)
+        except (ServingError, OSError) as exc:
+            log.error("shard %d's snapshot in %s cannot be read: %s", head.shard, path, exc)
+            packed = None
+        self._sent_snapshot.add(replica)  # all there is: if it does not reach the log, it is drained
         if packed is None:
             replica.conn.send(head)
             return
-        self._sent_snapshot.add(replica)
         pieces = snapshot.chunks(packed[1])
         for i, piece in enumerate(pieces):
             replica.conn.send(msgspec.structs.replace(head, snapshot=piece, more=i < len(pieces) - 1))
