@@ -170,6 +170,7 @@ class Replica:
                 await self._retire_runner()
                 if not self.links:  # no front end kept it: the next one assigns it afresh, as with one
                     self.index, self.shard, self.settings, self.index_epoch = None, -1, b"", 0
+                    self.fence = WriterFence()  # (a front end's store may number epochs anew)
         return outcome
 
     @property
