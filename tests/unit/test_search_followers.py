@@ -477,3 +477,21 @@ async def test_a_replica_whose_calls_runner_fails_ends_its_links_instead_of_goin
             session.result()
         assert isinstance(failed.value.exceptions[0], Internal)
         assert "DecodeError" in str(failed.value.exceptions[0])
+
+
+async def test_a_replica_every_front_end_left_takes_a_writer_of_any_epoch_again() -> None:
+    replica = Replica("w")
+    settings = wire.encode(SearchParams(embedder="none").settings())
+    answers = []
+    for epoch in (5, 1):  # the front end started again on a store that numbers its epochs anew
+        link, feed = Link(), asyncio.StreamReader()
+        feed.feed_data(p.encode_frame(p.ShardAssign(0, settings, epoch=epoch)))
+        feed.feed_data(p.encode_frame(p.ShardCall(1, "applied")))
+        session = asyncio.create_task(replica.serve(0, feed, link, 1, 3600.0))  # type: ignore[arg-type]
+        await link.answered.wait()
+        feed.feed_eof()
+        assert await session == "lost"
+        answers.append([m for m in link.messages() if isinstance(m, p.ShardReply) and m.call_id != ANNOUNCE])
+    for epoch, replies in zip((5, 1), answers, strict=True):
+        assert [(r.call_id, r.error) for r in replies] == [(0, None), (1, None)]
+        assert wire.pair(replies[1].body) == (0, epoch)  # serves shard 0, built under that writer

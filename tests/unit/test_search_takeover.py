@@ -85,14 +85,21 @@ def test_a_replica_follows_the_newest_writer_and_refuses_a_deposed_one() -> None
 
 
 def test_a_replica_keeps_its_index_only_within_the_writers_log() -> None:
-    held = (0, b"settings", 8)
+    held = (0, b"settings", 8, 1)
     assign = p.ShardAssign(0, b"settings", epoch=2, base_seq=5, last_seq=9)
     assert keeps(held, assign)
-    assert not keeps((0, b"settings", 4), assign)  # behind the log: the snapshot
-    assert not keeps((0, b"settings", 10), assign)  # a former writer's entries past the new log's end
-    assert not keeps((1, b"settings", 8), assign) and not keeps((0, b"other", 8), assign)
+    assert not keeps((0, b"settings", 4, 1), assign)  # behind the log: the snapshot
+    assert not keeps((0, b"settings", 10, 1), assign)  # a former writer's entries past the new log's end
+    assert not keeps((1, b"settings", 8, 1), assign) and not keeps((0, b"other", 8, 1), assign)
     assert not keeps(None, assign)
+    continues = p.ShardAssign(0, b"settings", epoch=3, base_seq=5, last_seq=9, lineage=2, lineage_seq=8)
+    assert keeps((0, b"settings", 8, 2), continues)  # built under the writer whose log it continues
+    assert keeps((0, b"settings", 9, 3), continues)  # or under this one
+    assert not keeps((0, b"settings", 8, 1), continues)  # another writer's seq 6..8 may differ
+    assert not keeps((0, b"settings", 9, 2), continues)  # that writer's seq 9 was not taken over
     assert keeps(held, p.ShardAssign(0, b"settings"))  # no bounds said: a writer that came back
+    reload = p.ShardAssign(0, b"settings", epoch=2, base_seq=5, last_seq=9, reload=True)
+    assert not keeps(held, reload)  # it follows an older writer: its entries may differ from the new one's
 
 
 def test_snapshot_pieces_are_joined_per_link() -> None:

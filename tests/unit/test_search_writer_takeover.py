@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import shutil
 import socket
+import threading
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -310,3 +312,73 @@ async def test_after_a_whole_restart_only_the_last_writers_own_log_is_the_index(
         await until(a2.rt.writer.writes, "a took the index over from its own log")
         await until(lambda: fresh.index is not None and fresh.index.applied_seq == 3, "r2 replayed a's log")
         assert held(fresh) == ["d1", "d2", "d3"]
+
+
+async def test_a_replica_holding_a_deposed_writers_entries_past_the_takeover_does_not_keep_them(
+    tmp_path: Path,
+) -> None:
+    async with cluster(tmp_path) as c:
+        a = front_end("a", tmp_path, c.clock, c.store)
+        b = front_end("b", tmp_path, c.clock, c.store)
+        await start(c, a)
+        await until(a.rt.writer.writes, "a writes the index")
+        await start(c, b)
+        r1, r2 = c.replicas["r1"], c.replicas["r2"]
+        await join(a, r1, 0)
+        await join(b, r1, 1)
+        await join(a, r2, 0)  # r2 does not reach b yet
+        await until(lambda: serving(a, 2), "both replicas serve a")
+        for i in range(1, 4):
+            await a.rt.index.upsert(docs(i))
+        await until(lambda: all(r.index and r.index.applied_seq == 3 for r in (r1, r2)), "both at 3")
+        conn_r1, writer_r1 = a.links.pop("r1")  # r1 no longer reaches a
+        writer_r1.close()
+        conn_r1.writer.close()
+        a.rt.on_worker_lost(conn_r1, "the test cut it")
+
+        gate = threading.Event()
+        assert r2.index is not None
+        applying = r2.index.apply
+
+        def slow_apply(entry: LogEntry) -> None:
+            gate.wait(30)
+            applying(entry)
+
+        r2.index.apply = slow_apply  # type: ignore[method-assign]
+        write = asyncio.create_task(a.rt.index.upsert(docs(4)))
+        await until(lambda: a.rt.logs[0].durable_seq == 4, "a logged d4 (seq 4) and shipped it to r2")
+        a.rt.writer.contends = False  # a stops before r2 applies it
+        c.clock.advance(TTL * 1.2)
+        gate.set()
+        with pytest.raises(WorkerUnavailable):  # not acknowledged: its writer lapsed first
+            await asyncio.wait_for(write, 10)
+        await until(lambda: r2.index is not None and r2.index.applied_seq == 4, "r2 applied a's seq 4")
+
+        await until(b.rt.writer.writes, "b took over from r1, at seq 3")
+        assert b.rt.logs[0].durable_seq == 3
+        await b.rt.index.upsert(docs(5))  # b's own seq 4
+        await join(b, r2, 1)  # r2 holds a's seq 4 (d4): it must not keep it as b's seq 4
+        await b.rt.index.upsert(docs(6))
+        await until(lambda: all(r.index and r.index.applied_seq == 5 for r in (r1, r2)), "both at 5")
+        assert held(r1) == held(r2) == ["d1", "d2", "d3", "d5", "d6"]
+
+
+async def test_a_replica_that_cannot_reach_the_log_without_a_snapshot_is_drained_not_reassigned_forever(
+    tmp_path: Path,
+) -> None:
+    async with cluster(tmp_path) as c:
+        a = front_end("a", tmp_path, c.clock, c.store, snapshot_every=3)
+        await start(c, a)
+        await until(a.rt.writer.writes, "a writes the index")
+        await join(a, c.replicas["r1"], 0)
+        await until(lambda: serving(a, 1), "r1 serves")
+        for i in range(1, 8):
+            await a.rt.index.upsert(docs(i))
+        await until(lambda: a.rt.logs[0].first_seq > 1, "a snapshot taken and the log before it dropped")
+        shutil.rmtree(IndexStore(tmp_path / "a").snapshot_path("docs", 0))  # lost from data_dir
+        late = Replica("r3")
+        await join(a, late, 0)
+        conn, _ = a.links["r3"]
+        await until(lambda: conn.state is WorkerState.DRAINING, "r3 drained")
+        assert late.index is None or late.index.applied_seq == 0  # drained: it exits, holding nothing
+        assert not any(r.readable for r in a.rt.replicas.values() if r.worker_id == "r3")

@@ -219,6 +219,14 @@ class ShardAssign(msgspec.Struct, tag="shard_assign"):
     writer does not hold (a former writer's) and cannot keep its index either."""
     snapshot: bytes = b""
     more: bool = False
+    reload: bool = False
+    lineage: int = -1
+    lineage_seq: int = 0
+    """This writer's log continues the entries of the writer of epoch `lineage` up to `lineage_seq` (its
+    takeover's source; -1: not said): a replica whose index was built under that writer keeps it only
+    up to that seq, and one built under any other writer but this one does not keep it."""
+    """Do not keep the index held even when it fits the log (it follows an older writer, whose entries
+    may differ from this one's): load the snapshot sent, or start empty."""
 
 
 class ShardCall(msgspec.Struct, tag="shard_call"):

@@ -6,7 +6,9 @@
   stopped while another took the lease over) neither reassigns the replica nor ships it entries.
 - `keeps`: whether an assignment leaves the index held as it is: the same shard and settings, applied
   at least to the writer's snapshot and at most to its log's end (past it, the replica applied entries
-  of a former writer that the new one does not hold: it must load the new writer's snapshot).
+  of a former writer that the new one does not hold: it must load the new writer's snapshot), and built
+  under this writer, or under the one whose entries its log continues and no further than it took
+  them (another writer's entries, and that one's past the takeover, may differ at the same seqs).
 - `IncomingSnapshot`: the pieces of a snapshot arriving in ShardAssigns (`more`), joined per link.
 - `OutgoingSnapshot`: the replica's index packed once for a "snapshot" call at offset 0, then read
   piece by piece by the writer (each answer at most snapshot.CHUNK_BYTES).
@@ -48,12 +50,16 @@ class WriterFence:
             self.link = None
 
 
-def keeps(held: tuple[int, bytes, int] | None, msg: p.ShardAssign) -> bool:
-    """Whether the index `held` (shard, settings, applied seq; None: none) stays as it is under the
-    assignment `msg` (its writer's log runs from its base_seq to its last_seq)."""
-    if held is None:
+def keeps(held: tuple[int, bytes, int, int] | None, msg: p.ShardAssign) -> bool:
+    """Whether the index `held` (shard, settings, applied seq, the epoch of the writer it was built under;
+    None: none) stays as it is under the assignment `msg` (its writer's log runs from its base_seq to its
+    last_seq and continues the entries of the writer of epoch `lineage` up to `lineage_seq`)."""
+    if held is None or msg.reload:
         return False
-    shard, settings, applied = held
+    shard, settings, applied, epoch = held
+    if msg.lineage >= 0 and epoch != msg.epoch:  # built under another writer than this one
+        if epoch != msg.lineage or applied > msg.lineage_seq:
+            return False
     top = applied if msg.last_seq is None else msg.last_seq
     return (shard, settings) == (msg.shard, msg.settings) and msg.base_seq <= applied <= top
 

@@ -105,6 +105,8 @@ class Replica:
         self.incoming = IncomingSnapshot()
         self.outgoing = OutgoingSnapshot()
         self.index: ShardIndex | None = None
+        self.index_epoch = 0
+        """The epoch of the writer whose assignment the index was kept or loaded under (its entries)."""
         self.shard = -1
         self.settings = b""
         """The assigned index settings (as sent): a new assignment of the same shard may keep the index."""
@@ -167,7 +169,8 @@ class Replica:
             if not self.links:
                 await self._retire_runner()
                 if not self.links:  # no front end kept it: the next one assigns it afresh, as with one
-                    self.index, self.shard, self.settings = None, -1, b""
+                    self.index, self.shard, self.settings, self.index_epoch = None, -1, b"", 0
+                    self.fence = WriterFence()  # (a front end's store may number epochs anew)
         return outcome
 
     @property
@@ -300,7 +303,8 @@ class Replica:
 
     # ---- on the shard's thread (short reads: on the event loop) -------------------------------------------
     def _assign(self, msg: p.ShardAssign) -> p.ShardReply:
-        held = None if self.index is None else (self.shard, self.settings, self.index.applied_seq)
+        held = None if self.index is None else (self.shard, self.settings, self.index.applied_seq, self.index_epoch)
+        self.index_epoch = msg.epoch  # kept or loaded, its entries are this writer's from now on
         if keeps(held, msg):
             log.info("replica %s keeps shard %d at seq %d", self.worker_id, self.shard, self._seq())
             return self._reply(0)
@@ -356,7 +360,7 @@ class Replica:
                 piece = self.outgoing.piece(offset, lambda: (index.applied_seq, index.packed()))
                 return self._reply(msg.call_id, wire.encode(piece))
             if msg.op == "applied":  # a takeover asks: the shard, the writer epoch (the reply: its seq)
-                return self._reply(msg.call_id, wire.encode((self.shard, self.fence.epoch)))
+                return self._reply(msg.call_id, wire.encode((self.shard, self.index_epoch)))
             return self._reply(msg.call_id, error=("BadRequest", f"unknown shard op {msg.op!r}"))
         except ServingError as exc:
             return self._reply(msg.call_id, error=(exc.code, exc.message))

@@ -263,7 +263,10 @@ class SearchRuntime:
         if not self.logs:
             self.logs = self._open_logs()
             self.shipper.snapshot_seq = [lg.first_seq - 1 for lg in self.logs]
-        why = await take_over(self, epoch)
+        try:
+            why = await take_over(self, epoch)
+        except (ServingError, OSError) as exc:  # its log closed (the index goes), a disk that fails
+            why = f"{type(exc).__name__}: {exc}"
         if why is not None:  # another front end may: this one lets the lease go for a while
             log.warning("index %s: not taken over: %s", self.name, why)
             grant = self.writer.stand_down(self.writer.ttl_s)

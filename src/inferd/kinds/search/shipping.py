@@ -72,6 +72,9 @@ class Shipper:
         """Apply calls in flight, by call id."""
         self.snapshot_seq = [lg.first_seq - 1 for lg in rt.logs]
         """The seq of each shard's snapshot in data_dir (as far as this front end knows)."""
+        self.lineage = [(-1, 0)] * rt.params.shards
+        """Per shard, the epoch of the writer whose entries this front end's log continues and the seq up
+        to which (its takeover's source; -1: not known): a replica built under another writer reloads."""
         self._sent_snapshot: set[Replica] = set()
         """Replicas sent the snapshot's bytes since they last answered an assignment."""
 
@@ -82,11 +85,22 @@ class Shipper:
         first: the replica is not shipped entries meanwhile)."""
         shard_log = self.rt.logs[replica.shard]
         base = shard_log.first_seq - 1
+        reload = force_snapshot or replica.applied_seq < 0  # (-1: what it holds is of no use)
         head = p.ShardAssign(
-            replica.shard, wire.encode(self.rt.settings), self.rt.writer.epoch() or 0, base, shard_log.durable_seq
+            replica.shard,
+            wire.encode(self.rt.settings),
+            self.rt.writer.epoch() or 0,
+            base,
+            shard_log.durable_seq,
+            reload=reload,
+            lineage=self.lineage[replica.shard][0],
+            lineage_seq=self.lineage[replica.shard][1],
         )
-        if base == 0 or (not force_snapshot and base <= replica.applied_seq <= shard_log.durable_seq):
-            replica.shipped_seq = max(replica.applied_seq, 0)  # what it holds: the log follows
+        keeps = not reload and base <= replica.applied_seq <= shard_log.durable_seq
+        if keeps or base == 0:
+            if not keeps:
+                replica.phase = ReplicaPhase.ASSIGNING
+            replica.shipped_seq = replica.applied_seq if keeps else 0  # what it holds: the log follows
             replica.conn.send(head)  # at once: entries shipped after it reach the replica after it
             return
         replica.phase = ReplicaPhase.ASSIGNING
@@ -94,11 +108,15 @@ class Shipper:
 
     async def _send_snapshot(self, replica: Replica, head: p.ShardAssign) -> None:
         path = self.rt.store.snapshot_path(self.rt.name, head.shard, self.rt.home)
-        packed = await asyncio.to_thread(snapshot.read_packed, path)
+        try:
+            packed = await asyncio.to_thread(snapshot.read_packed, path)
+        except (ServingError, OSError) as exc:
+            log.error("shard %d's snapshot in %s cannot be read: %s", head.shard, path, exc)
+            packed = None
+        self._sent_snapshot.add(replica)  # all there is: if it does not reach the log, it is drained
         if packed is None:
             replica.conn.send(head)
             return
-        self._sent_snapshot.add(replica)
         pieces = snapshot.chunks(packed[1])
         for i, piece in enumerate(pieces):
             replica.conn.send(msgspec.structs.replace(head, snapshot=piece, more=i < len(pieces) - 1))

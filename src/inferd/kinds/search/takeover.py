@@ -55,6 +55,8 @@ class Source:
     shard: int
     replica: Replica | None
     seq: int
+    replica_epoch: int = 0
+    """The epoch of the writer the replica followed (its history is that writer's)."""
 
 
 def choose(
@@ -73,7 +75,7 @@ def choose(
             f"shard {shard}: no replica of the last writer (epoch {last_epoch}) answered, and this front "
             f"end's log (seq {own_seq}, epoch {own_epoch}) is not known to hold the index (seq {known_seq})"
         )
-    return Source(shard, best.replica, best.applied_seq)
+    return Source(shard, best.replica, best.applied_seq, best.epoch)
 
 
 class Takeover(Writing, Protocol):
@@ -123,14 +125,18 @@ async def take_over(rt: Takeover, epoch: int) -> str | None:
     missing = [s for s in sources if isinstance(s, str)]
     if missing:
         return "; ".join(missing)
+    lineage: dict[int, tuple[int, int]] = {}
+    """Per shard, the writer whose entries the log continues (its epoch) and up to which seq."""
     for source in (s for s in sources if isinstance(s, Source)):
         if source.replica is None:
+            lineage[source.shard] = (own_epoch, source.seq)
             continue
         try:
             seq = await rt.shipper.keep(source.shard, await fetch_snapshot(rt, source.replica))
         except (ServingError, TimeoutError) as exc:
             return f"shard {source.shard}: the snapshot of replica {source.replica.worker_id} failed: {exc}"
-        await rt.logs[source.shard].rebase(seq)
+        await rt.logs[source.shard].rebase(seq)  # (seq: the snapshot's, at least what the replica said)
+        lineage[source.shard] = (source.replica_epoch, seq)
         log.info(
             "index %s shard %d taken over at seq %d from replica %s",
             rt.name,
@@ -146,6 +152,9 @@ async def take_over(rt: Takeover, epoch: int) -> str | None:
         await record_writer(rt.lease_store, rt.name, grant)
     except StoreError as exc:
         return f"the takeover could not be recorded: {exc}"
-    for h in heard:  # what each replica said it holds: the assignment keeps it when it fits the log
-        h.replica.shard, h.replica.applied_seq = h.shard, h.applied_seq
+    rt.shipper.lineage = [lineage[shard] for shard in range(rt.params.shards)]
+    for h in heard:  # what each replica said it holds: the assignment keeps it when it fits the log and
+        followed, upto = lineage.get(h.shard, (-1, 0))  # came from the same writer's entries, no further
+        fits = h.epoch == followed and h.applied_seq <= upto
+        h.replica.shard, h.replica.applied_seq = h.shard, h.applied_seq if fits else -1
     return None
