@@ -20,6 +20,7 @@ end first parses a write's body as the writer does (`check`, the same functions)
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Callable
 from typing import Any
@@ -31,6 +32,7 @@ from inferd.api.http import check_content_type, json_response, read_body
 from inferd.api.http_call import Hints
 from inferd.cluster.lease import LEASE
 from inferd.cluster.served import changes
+from inferd.cluster.store import StoreError
 from inferd.core.call import Call
 from inferd.errors import BadRequest, WorkerUnavailable
 from inferd.frontends.search_writes import (
@@ -54,7 +56,9 @@ from inferd.kinds.search.indexes import IndexAdmin, worker_cap
 from inferd.kinds.search.kind import API
 from inferd.kinds.search.requests import json_object, parse_documents, parse_search
 from inferd.kinds.search.store import IndexStore
-from inferd.kinds.search.writers import writer_lease
+from inferd.kinds.search.writers import RECORD_PREFIX, writer_lease
+
+log = logging.getLogger("inferd.search")
 
 Add = Callable[..., None]
 """api/app.py's: (method, path, handler(call, request), [error body, hints])."""
@@ -205,6 +209,7 @@ class SearchRoutes:
         rt = self.admin.find(write.index)
         if write.op == "drop":
             await self.admin.delete(rt.name)
+            await self._forget_writer(rt.name)
             return _json.encode({"deleted": rt.name}), False
         if write.op == "upsert":
             docs = parse_documents(write.body, rt.params.fields)  # as `check` does before forwarding
@@ -214,6 +219,14 @@ class SearchRoutes:
             await rt.index.get(write.key, rt.clock.now() + GET_TIMEOUT_S)  # 404 when there is none
             return _json.encode({"seq": await rt.index.delete(write.key), "deleted": write.key}), False
         raise BadRequest(f"unknown search write {write.op!r}")
+
+    async def _forget_writer(self, name: str) -> None:
+        """A deleted index's record of its last writer goes with it (kinds/search/writers.py): an index
+        created again under its name starts afresh, never held back waiting for the old one's replicas."""
+        try:
+            await self.server.cluster.store.delete(f"{RECORD_PREFIX}{name}")
+        except StoreError as exc:
+            log.warning("index %s: its last writer's record could not be removed (%s)", name, exc)
 
     async def _create(self, name: str, body: bytes) -> tuple[bytes, bool]:
         created = await self.admin.create(name, index_settings(name, body))
