@@ -5,9 +5,14 @@ Two set-ups (`--mode`):
   its SIGKILL is followed by the parent starting it again, which takes the writer lease back.
 - `hosts`: two `inferd serve` front ends on 127.0.0.1 and 127.0.0.2 sharing one redis-server (started
   and stopped here, no persistence), each with its own ports, data folder and local replica workers,
-  the same INFERD_JOIN_TOKEN: one server, as on two hosts. The writer is the holder of the lease
-  `search-writer/docs` (read in Redis); its SIGKILL leaves the other front end to take the lease over
-  once it expires (`[cluster] lease_ttl_s`, --ttl).
+  the same INFERD_JOIN_TOKEN: one server, as on two hosts; and two replica workers of their own
+  (`inferd worker --model docs --connect A,B`, as on a worker host) joined to both. The writer is the
+  holder of the lease `search-writer/docs` (read in Redis); its SIGKILL (the front end and its local
+  workers) leaves the other front end to take the lease over once it expires (`[cluster] lease_ttl_s`,
+  --ttl) and the shards over from the freshest replica it reaches. (The workers of their own matter: a
+  front end's local workers join the front ends whose records they find when they start, so those of
+  the front end that started first may never join the other; were the writer's host the only one whose
+  replicas held the writes, nobody could take the index over, and it would refuse writes.)
 
 Each run starts a fresh server with index `docs` (2 shards x 2 replicas, embedder "none": lexical only),
 then --clients threads write one document per request (new connection each; on `hosts` spread over both
@@ -42,7 +47,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from harness import OUT_DIR, InferdServer, ServerNotReady, cell, interrupt_on, write_json
+from harness import (
+    OUT_DIR,
+    InferdServer,
+    ServerNotReady,
+    ServerProcess,
+    cell,
+    inferd_command,
+    interrupt_on,
+    write_json,
+)
 from store_cluster import JOIN_TOKEN, Ports, RedisProcess, wait_until
 
 INDEX = """
@@ -119,6 +133,9 @@ class Server(InferdServer):
         )  # fmt: skip
         self.url = f"http://{host}:{self.port}"
         self.id = f"{host}:{self.port}"
+        port = args[args.index("--worker-port") + 1] if "--worker-port" in args else None
+        self.worker_address = f"{host}:{port}" if port else None
+        """Where workers on other hosts join it (HOST:PORT); None: none."""
 
 
 def owner_pid(parent: int) -> int:
@@ -143,6 +160,7 @@ def redis_holder(port: int, lease: str) -> str | None:
 def one_run(mode: str, clients: int, before_s: float, after_s: float, ttl: float, log_dir: Path) -> dict[str, Any]:
     config = f"[cluster]\nlease_ttl_s = {ttl}\n"
     servers: list[Server] = []
+    workers: list[ServerProcess] = []
     redis: RedisProcess | None = None
     try:
         cfg = log_dir / "inferd.toml"
@@ -168,11 +186,27 @@ def one_run(mode: str, clients: int, before_s: float, after_s: float, ttl: float
                 s.start()
             for s in servers:
                 s.wait_ready()
+            connect = ",".join(s.worker_address for s in servers)
+            for i in range(2):
+                worker = ServerProcess(
+                    inferd_command("worker", "--connect", connect, "--model", "docs", "--worker-id", f"w{i}"),
+                    name=f"worker-{i}", env={"INFERD_JOIN_TOKEN": JOIN_TOKEN},
+                )
+                worker.start()
+                workers.append(worker)
             urls = [s.url for s in servers]
         for url in urls:  # every front end takes writes before the clock starts
             wait_until(f"a write through {url}", lambda url=url: call(
                 f"{url}/v1/indexes/docs/documents", "POST", {"documents": [{"id": "warm", "text": WORD}]}
             )[0] == 200, 60.0, 0.2)  # fmt: skip
+        if mode == "hosts":  # the workers of their own serve a shard, as every front end sees them
+            def joined(url: str) -> bool:
+                _, index, _ = call(f"{url}/v1/indexes/docs")
+                rows = [r for shard in index.get("workers", []) for r in shard]
+                return {r["worker"] for r in rows if r["applied_seq"] >= 0} >= {"w0", "w1"}
+
+            for url in urls:
+                wait_until(f"w0 and w1 serving on {url}", lambda url=url: joined(url), 60.0, 0.2)
         writers = Writers(urls, clients)
         threads = writers.start()
         time.sleep(before_s)
@@ -182,10 +216,13 @@ def one_run(mode: str, clients: int, before_s: float, after_s: float, ttl: float
             assert redis is not None
             holder = redis_holder(redis.port, "search-writer/docs")
             (victim,) = [s for s in servers if s.id == holder]
-            victim_pid, survivors = victim.proc.pid, [s.url for s in servers if s is not victim]
+            victim_pid, survivors = -victim.pid, [s.url for s in servers if s is not victim]
             writers.urls = survivors  # a client of the killed front end moves to another
         killed_at = time.monotonic()
-        os.kill(victim_pid, signal.SIGKILL)
+        if victim_pid > 0:
+            os.kill(victim_pid, signal.SIGKILL)
+        else:  # its process group: the front end and its local workers, as a host lost
+            os.killpg(-victim_pid, signal.SIGKILL)
 
         def acked_after() -> bool:
             with writers.lock:
@@ -198,8 +235,8 @@ def one_run(mode: str, clients: int, before_s: float, after_s: float, ttl: float
             t.join(90)
         return report(writers.outcomes, killed_at, survivors[0])
     finally:
-        for s in servers:
-            s.stop()
+        for p in [*workers, *servers]:
+            p.stop()
         if redis is not None:
             redis.stop()
 
