@@ -1,5 +1,6 @@
 """Two `inferd serve` front ends on loopback sharing one redis-server (`--store`), as on two hosts, serving
-a search index (2 shards x 2 replicas of each front end's own, joining both with the join token):
+a search index (2 shards x 2 replicas of each front end's own, joining, with the join token, every front
+end whose record they find when they start: those of the second front end join both):
 
 * exactly one front end writes the index (it holds the lease `search-writer/docs`); writes through the
   other are forwarded to it over TCP (the address in its record `frontend/<id>`, with the join token) and
