@@ -157,8 +157,7 @@ class InferenceServer:
             local_workers,
             self._token,
             config.log_level,
-            extra_args=[*config.observability.worker_args(), *(["--reconnect"] if subreaper else []),
-                        *(["--zone", config.zone] if config.zone else [])],  # local workers: our zone
+            extra_args=[*config.observability.worker_args(), *(["--reconnect"] if subreaper else []), *config.zone_args()],
             env=server_pids_env(os.getpid(), subreaper) if subreaper else None,
             adopt=bool(subreaper) and frontend is not None and frontend.is_owner,
         )
