@@ -31,8 +31,9 @@ from inferd.config.identity import frontend_id
 from inferd.errors import ServingError, ShuttingDown
 from inferd.fleet.control import FleetControl, repository_loader
 from inferd.fleet.scaling import ScalingLoop, scaling_policy
+from inferd.frontends.channel import MAX_MESSAGE_BYTES
 from inferd.frontends.metrics import scrape_all, serve_registry
-from inferd.frontends.owner_channel import MAX_MESSAGE_BYTES, OwnerChannel
+from inferd.frontends.peers import peers_of
 from inferd.frontends.plan import FrontendPlan, worker_sockets
 from inferd.frontends.readiness import await_ready, ready_wait_s
 from inferd.gateway.auth import tenant_counter
@@ -99,7 +100,7 @@ class InferenceServer:
         self.directory = WorkerDirectory(self.clock)
         self.context = RuntimeContext(
             config, self.clock, self.metrics, self.retry_budget, self.kill_worker, self.directory,
-            self.registry.get, follower, self.kinds.api_of,
+            self.registry.get, follower, self.kinds.api_of, lambda: (self.cluster.store, self.cluster.me),
         )
         for m in models:
             self.registry.add(self.kinds.get(m.kind).make_runtime(m, self.context))
@@ -115,14 +116,15 @@ class InferenceServer:
         self.cluster.register(self.metrics.registry)
         self.loads = loads = self.cluster.load.loads
         bound = max(MAX_MESSAGE_BYTES, config.max_body_bytes + 2**20)  # a forwarded search write's body
-        self.owner_channel = OwnerChannel(frontend, bound) if frontend else None
+        self.peers = peers_of(config, frontend, seat.members, bound)
+        """The other front ends and the channel to them (frontends/peers.py); None: this one alone."""
         holding = cluster.keeper.grant if cluster.keeper is not None else lambda: None
         me, follows = cluster.me, cluster.follower
         self.canary = CanaryShare(cluster.store, follows, self.traffic, me, holding, self.clock) if shares else None
-        scope = frontend_id(config)  # one host's --frontends N: one owner of its search indexes
-        owns = frontend is not None and frontend.is_owner
-        self.index_sync = SharedIndexes(cluster.store, follows, self, me, owns, self.clock, scope=scope) if frontend else None
-        """Several front ends: each serves the search indexes the owner serves."""
+        self.index_sync = (
+            SharedIndexes(cluster.store, follows, self, me, holding, self.clock, supervises=spawn_workers) if shares else None
+        )
+        """Several front ends: each serves the server's search indexes (the decider lease holder's)."""
         check_fallbacks((rt.config for rt in self.registry.defaults()), self._kinds_of, self.kinds)
         self.shadows = Shadows(self.registry, self.metrics.shadow_requests, config.shadow_max_in_flight, clock=self.clock)
         """Shadow copies of requests (a model's traffic.shadow): cancelled at shutdown."""
@@ -155,8 +157,7 @@ class InferenceServer:
             local_workers,
             self._token,
             config.log_level,
-            extra_args=[*config.observability.worker_args(), *(["--reconnect"] if subreaper else []),
-                        *(["--zone", config.zone] if config.zone else [])],  # local workers: our zone
+            extra_args=[*config.observability.worker_args(), *(["--reconnect"] if subreaper else []), *config.zone_args()],
             env=server_pids_env(os.getpid(), subreaper) if subreaper else None,
             adopt=bool(subreaper) and frontend is not None and frontend.is_owner,
         )
@@ -257,9 +258,11 @@ class InferenceServer:
         """Start listening for workers, the runtimes' loops and the local workers; stop them on exit."""
         await self.cluster.open()  # the served state's versions before workers join
         await self.hub.listen_unix(self.worker_address[len("unix:") :])
-        peers = None
+        if self.peers is not None:  # the others' forwarded search writes
+            await self.peers.open()
+        scraped = None
         if self.frontend is not None:  # the other front ends read this one's metrics here
-            peers = await serve_registry(
+            scraped = await serve_registry(
                 self.frontend.metrics_path(self.frontend.index), self.metrics.registry
             )
         token = self.config.admin_token.get_secret_value() if self.config.admin_token else None
@@ -303,8 +306,6 @@ class InferenceServer:
                 ]
                 loops.append(tg.create_task(self.console.run(), name="console"))
                 supervisor = tg.create_task(self.supervisor.run(), name="supervisor")
-                if self.owner_channel is not None and self.frontend is not None and self.frontend.is_owner:
-                    await self.owner_channel.open()  # the others' forwarded search writes
                 if self.canary is not None:
                     await self.canary.open()
                 loops += [tg.create_task(loop, name=name) for name, loop in self.cluster.loops().items()]
@@ -320,8 +321,8 @@ class InferenceServer:
                     await self._shutdown(loops, supervisor)
         finally:
             self._group = None
-            if peers is not None:
-                peers.close()
+            if scraped is not None:
+                scraped.close()
             if self.frontend is None:  # several front ends share the parent's folder
                 shutil.rmtree(self._socket_dir, ignore_errors=True)
 
@@ -387,8 +388,8 @@ class InferenceServer:
             task.cancel()
         await asyncio.wait(loops, timeout=2.0)  # the lease released (bounded), then the store closed
         await self.cluster.close()
-        if self.owner_channel is not None:
-            self.owner_channel.close()
+        if self.peers is not None:
+            self.peers.close()
         await self.hub.close()
         if self.admin is not None:
             await self.admin.stop()

@@ -160,7 +160,7 @@ def search_routes(clock: FakeClock, data_dir: Path) -> tuple[SearchRoutes, FakeI
             return ["docs"]
 
     config = SimpleNamespace(data_dir=data_dir, max_body_bytes=1 << 20)
-    server = SimpleNamespace(config=config, registry=Registry(), frontend=None, owner_channel=None)
+    server = SimpleNamespace(config=config, registry=Registry(), frontend=None, peers=None)
     return SearchRoutes(server), index
 
 

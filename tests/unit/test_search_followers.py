@@ -1,6 +1,6 @@
 """Search with several front ends: a follower's view of the shards (kinds/search/follower.py), the writes it
-forwards to the owner (frontends/search_writes.py, over frontends/owner_channel.py) once their bodies pass the
-owner's own parsing (api/search_routes.py), and the replica that serves every front end
+forwards to the front end that runs them (frontends/search_writes.py, over frontends/channel.py) once their
+bodies pass the writer's own parsing (api/search_routes.py), and the replica that serves every front end
 (kinds/search/replica.py's links and notes)."""
 
 from __future__ import annotations
@@ -25,9 +25,20 @@ from inferd.errors import (
     RateLimited,
     WorkerUnavailable,
 )
-from inferd.frontends.owner_channel import OwnerUnreachable
+from inferd.frontends.channel import PeerUnreachable
 from inferd.frontends.plan import FrontendPlan
-from inferd.frontends.search_writes import KIND, Forwarder, Write, WriteDesk, forwarded_writes
+from inferd.frontends.search_writes import (
+    HERE,
+    KIND,
+    Forwarder,
+    Nobody,
+    Write,
+    WriteDesk,
+    forwarded_writes,
+    refusal,
+    route_document,
+    route_index_op,
+)
 from inferd.kinds.search import wire
 from inferd.kinds.search.config import SearchParams
 from inferd.kinds.search.follower import KnownSeqs, Note, take_note
@@ -36,7 +47,7 @@ from inferd.kinds.search.replicas import Replica as ReplicaView
 from inferd.kinds.search.replicas import ReplicaPhase, least_served_shard
 from inferd.kinds.search.requests import MAX_BATCH_DOCUMENTS
 from inferd.kinds.search.shard import ShardIndex
-from inferd.kinds.search.types import Document, LogEntry, Upsert
+from inferd.kinds.search.types import Document, IndexSettings, LogEntry, Upsert
 from inferd.kinds.search.wire import ANNOUNCE
 from inferd.wire import protocol as p
 from inferd.wire.connection import WorkerState
@@ -80,7 +91,7 @@ def test_a_replica_not_assigned_yet_counts_for_no_shard() -> None:
 
 
 # ---- forwarded writes -----------------------------------------------------------------------------------
-async def test_the_owners_answer_and_errors_come_back_as_they_were() -> None:
+async def test_the_writers_answer_and_errors_come_back_as_they_were() -> None:
     async def execute(write: Write) -> tuple[bytes, bool]:
         if write.key == "missing":
             raise NotFound("no document 'missing'")
@@ -97,24 +108,24 @@ async def test_the_owners_answer_and_errors_come_back_as_they_were() -> None:
     registry = CollectorRegistry()
     desk = WriteDesk(execute, forwarded_writes(registry))
 
-    async def ask(kind: str, payload: bytes, timeout_s: float) -> bytes:
-        assert kind == KIND
+    async def ask(to: str, kind: str, payload: bytes, timeout_s: float) -> bytes:
+        assert (to, kind) == ("unix:/writer.sock", KIND)
         return await desk.answer(payload)
 
-    forwarder = Forwarder(ask)
-    assert await forwarder.forward(Write("delete", "docs", key="d1")) == (b'{"seq": [1, 0]}', False)
+    forwarder = Forwarder(ask, {"w": "unix:/writer.sock"}.get)
+    assert await forwarder.forward(Write("delete", "docs", key="d1"), "w") == (b'{"seq": [1, 0]}', False)
     with pytest.raises(NotFound, match="no document 'missing'"):
-        await forwarder.forward(Write("delete", "docs", key="missing"))
+        await forwarder.forward(Write("delete", "docs", key="missing"), "w")
     with pytest.raises(Conflict):
-        await forwarder.forward(Write("delete", "docs", key="clash"))
+        await forwarder.forward(Write("delete", "docs", key="clash"), "w")
     with pytest.raises(WorkerUnavailable) as busy:
-        await forwarder.forward(Write("delete", "docs", key="busy"))
+        await forwarder.forward(Write("delete", "docs", key="busy"), "w")
     assert busy.value.retry_after_s == 3.0
     with pytest.raises(Overloaded) as full:  # a 429 stays a 429, with the owner's Retry-After
-        await forwarder.forward(Write("delete", "docs", key="full"))
+        await forwarder.forward(Write("delete", "docs", key="full"), "w")
     assert full.value.retry_after_s == 2.0
     with pytest.raises(RateLimited) as tenant:
-        await forwarder.forward(Write("delete", "docs", key="tenant"))
+        await forwarder.forward(Write("delete", "docs", key="tenant"), "w")
     assert tenant.value.retry_after_s == 4.0
     counted = {
         outcome: registry.get_sample_value(
@@ -125,34 +136,125 @@ async def test_the_owners_answer_and_errors_come_back_as_they_were() -> None:
     assert counted == dict.fromkeys(counted, 1.0)
 
 
-async def test_a_write_while_the_owner_is_away_is_a_retryable_503_naming_it() -> None:
-    async def ask(kind: str, payload: bytes, timeout_s: float) -> bytes:
-        raise OwnerUnreachable("ConnectionRefusedError")
+async def test_a_write_while_its_writer_is_away_is_a_retryable_503_naming_it() -> None:
+    async def ask(to: str, kind: str, payload: bytes, timeout_s: float) -> bytes:
+        raise PeerUnreachable("ConnectionRefusedError")
 
-    with pytest.raises(WorkerUnavailable, match="owner front end") as exc:
-        await Forwarder(ask).forward(Write("upsert", "docs", body=b"{}"))
+    with pytest.raises(WorkerUnavailable, match="front end 'w' writes the index") as exc:
+        await Forwarder(ask, {"w": "unix:/w.sock"}.get).forward(Write("upsert", "docs", body=b"{}"), "w")
     assert exc.value.retry_after_s > 0
+    with pytest.raises(WorkerUnavailable, match="no address to reach it by"):  # its record expired
+        await Forwarder(ask, {}.get).forward(Write("upsert", "docs", body=b"{}"), "w")
+    with pytest.raises(WorkerUnavailable, match="'d' holds the lease of the server's decisions"):
+        await Forwarder(ask, {"d": "10.0.0.2:4000"}.get).forward(Write("create", "docs", body=b"{}"), "d")
 
 
-class Owner:
-    """The owner channel as a follower's SearchRoutes sees it: what was forwarded; the owner is away."""
+# ---- where a write runs ---------------------------------------------------------------------------------
+class Lease:
+    """An index's writer as kinds/search/writers.py answers: `writes` here, or `holder` elsewhere."""
+
+    def __init__(self, writes: bool = False, holder: str | None = None, retry_after_s: float = 5.0) -> None:
+        self._writes, self.holder, self._retry = writes, holder, retry_after_s
+
+    def writes(self) -> bool:
+        return self._writes
+
+    def writer(self) -> str | None:
+        return "me" if self._writes else self.holder
+
+    def retry_after_s(self) -> float:
+        return self._retry
+
+
+def test_a_document_write_runs_on_the_indexs_writer_and_an_index_op_on_the_decider() -> None:
+    upsert = Write("upsert", "docs")
+    assert route_document(upsert, Lease(writes=True), "me") == HERE
+    assert route_document(upsert, Lease(holder="b"), "me") == "b"
+    nobody = route_document(upsert, Lease(retry_after_s=5.0), "me")  # the lease free
+    assert isinstance(nobody, Nobody) and nobody.retry_after_s == 5.0 and "no writer" in nobody.why
+    taking_over = route_document(upsert, Lease(holder="me"), "me")  # named, but its takeover runs
+    assert isinstance(taking_over, Nobody)
+    assert route_index_op("me", "me") == HERE and route_index_op("d", "me") == "d"
+    assert isinstance(route_index_op(None, "me"), Nobody)  # no decider now
+    refused = refusal(Nobody("index 'docs' has no writer now", 5.0))
+    assert refused.retry_after_s == 5.0 and "retry" in refused.message
+
+
+class Peers:
+    """The peers a SearchRoutes sees: the channel (what was forwarded where; nobody answers) and the
+    address book."""
 
     def __init__(self) -> None:
-        self.asked: list[bytes] = []
+        self.asked: list[tuple[str, bytes]] = []
+        self.handlers: dict[str, object] = {}
+        self.channel = self
 
-    async def ask_watched(self, kind: str, payload: bytes, timeout_s: float) -> bytes:
-        self.asked.append(payload)
-        raise OwnerUnreachable("ConnectionRefusedError")
+    def handle(self, kind: str, handler: object, timeout_s: float) -> None:
+        self.handlers[kind] = handler
+
+    async def ask_watched(self, to: str, kind: str, payload: bytes, timeout_s: float) -> bytes:
+        self.asked.append((to, payload))
+        raise PeerUnreachable("ConnectionRefusedError")
+
+    def address(self, frontend: str) -> str | None:
+        return f"unix:/{frontend}.sock"
 
 
-def follower_routes(tmp_path: Path) -> tuple[SearchRoutes, Owner]:
-    owner = Owner()
+class Store:
+    def __init__(self, holder: str | None) -> None:
+        self.grant = None if holder is None else SimpleNamespace(holder=holder)
+
+    async def holder(self, lease: str) -> object:
+        return self.grant
+
+
+def routes_on(tmp_path: Path, me: str = "1", decider: str | None = "0") -> tuple[SearchRoutes, Peers]:
+    """A SearchRoutes on front end `me` of one host's two (front end 0 writes every index and decides)."""
+    peers = Peers()
     server = SimpleNamespace(
         config=SimpleNamespace(data_dir=tmp_path, max_body_bytes=2**20),
-        frontend=FrontendPlan(1, 2, str(tmp_path), "token"),
-        owner_channel=owner,
+        frontend=FrontendPlan(int(me), 2, str(tmp_path), "token"),
+        peers=peers,
+        metrics=SimpleNamespace(registry=CollectorRegistry()),
+        cluster=SimpleNamespace(
+            me=me, versions=SimpleNamespace(holds=lambda: decider == me), store=Store(decider)
+        ),
+        index_sync=SimpleNamespace(),
+        registry=SimpleNamespace(),
     )
-    return SearchRoutes(server), owner
+    return SearchRoutes(server), peers
+
+
+def follower_routes(tmp_path: Path) -> tuple[SearchRoutes, Peers]:
+    return routes_on(tmp_path)
+
+
+async def test_a_write_forwarded_to_a_front_end_that_does_not_run_it_is_refused_not_forwarded_again(
+    tmp_path: Path,
+) -> None:
+    routes, peers = routes_on(tmp_path, me="1", decider="0")  # front end 1: neither writer nor decider
+    routes.admin.find = lambda name: SimpleNamespace(name=name, writer=Lease(holder="0"))  # type: ignore[method-assign]
+    for write in (Write("upsert", "docs", body=b"{}"), Write("create", "notes", body=b"{}")):
+        with pytest.raises(WorkerUnavailable, match="does not") as refused:
+            await routes.run_forwarded(write)
+        assert refused.value.retry_after_s is not None and refused.value.retry_after_s > 0
+    assert peers.asked == []
+    assert KIND in peers.handlers  # every front end answers forwarded writes
+
+
+async def test_an_index_op_goes_to_the_decider_and_none_is_a_503_after_the_bodys_check(
+    tmp_path: Path,
+) -> None:
+    routes, peers = routes_on(tmp_path, me="1", decider="0")
+    with pytest.raises(WorkerUnavailable, match="front end '0' holds the lease"):
+        await routes.write(Write("create", "notes", body=b'{"embedder": "none"}'))
+    assert [to for to, _ in peers.asked] == ["unix:/0.sock"]
+    routes, peers = routes_on(tmp_path, me="1", decider=None)
+    with pytest.raises(BadRequest, match="shards"):  # a bad body is a 400 whoever decides
+        await routes.write(Write("create", "notes", body=b'{"shards": 0}'))
+    with pytest.raises(WorkerUnavailable, match="no front end holds the lease") as refused:
+        await routes.write(Write("create", "notes", body=b'{"embedder": "none"}'))
+    assert refused.value.retry_after_s is not None and peers.asked == []
 
 
 @pytest.mark.parametrize(
@@ -173,14 +275,14 @@ def follower_routes(tmp_path: Path) -> tuple[SearchRoutes, Owner]:
 async def test_a_follower_refuses_a_bad_upsert_itself_and_never_forwards_it(
     tmp_path: Path, body: bytes, error: type[Exception], names: str
 ) -> None:
-    routes, owner = follower_routes(tmp_path)
-    index = SimpleNamespace(params=SearchParams(embedder="none", fields={"year": "int"}))
+    routes, peers = follower_routes(tmp_path)
+    index = SimpleNamespace(params=SearchParams(embedder="none", fields={"year": "int"}), writer=Lease(holder="0"))
     with pytest.raises(error, match=re.escape(names)):
         await routes.write(Write("upsert", "docs", body=body), index)
-    assert owner.asked == []
+    assert peers.asked == []
     with pytest.raises(WorkerUnavailable):  # a good one is forwarded (the owner is away here)
         await routes.write(Write("upsert", "docs", body=b'{"documents": [{"id": "a", "text": "x"}]}'), index)
-    assert len(owner.asked) == 1
+    assert len(peers.asked) == 1
 
 
 @pytest.mark.parametrize(
@@ -195,13 +297,13 @@ async def test_a_follower_refuses_a_bad_upsert_itself_and_never_forwards_it(
 async def test_a_follower_refuses_bad_index_settings_itself_and_never_forwards_them(
     tmp_path: Path, name: str, body: bytes, names: str
 ) -> None:
-    routes, owner = follower_routes(tmp_path)
+    routes, peers = follower_routes(tmp_path)
     with pytest.raises(BadRequest, match=names):
         await routes.write(Write("create", name, body=body))
-    assert owner.asked == []
+    assert peers.asked == []
     with pytest.raises(WorkerUnavailable):
         await routes.write(Write("create", "notes", body=b'{"embedder": "none"}'))
-    assert len(owner.asked) == 1
+    assert len(peers.asked) == 1
 
 
 # ---- the replica shared by several front ends ----------------------------------------------------------
@@ -251,7 +353,7 @@ async def test_readers_learn_the_shard_and_progress_and_cannot_drain_the_replica
     owner, reader = Link(), Link()
     settings = wire.encode(SearchParams(embedder="none").settings())
     from_owner, from_reader = asyncio.StreamReader(), asyncio.StreamReader()
-    from_owner.feed_data(p.encode_frame(p.ShardAssign(1, settings, str(tmp_path / "snap"))))
+    from_owner.feed_data(p.encode_frame(p.ShardAssign(1, settings)))
     entry = LogEntry(seq=1, ops=[Upsert(doc=Document(id="a", text="alpha"))])
     from_owner.feed_data(p.encode_frame(p.ShardCall(1, "apply", wire.encode([entry]))))
     from_owner.feed_data(p.encode_frame(p.Drain()))
@@ -281,7 +383,7 @@ async def writer_comes_back(tmp_path: Path, readers: int) -> Link:
     entry = LogEntry(seq=1, ops=[Upsert(doc=Document(id="a", text="alpha"))])
     for _ in range(2):  # the owner front end, then the one started again after it died
         link, feed = Link(), asyncio.StreamReader()
-        feed.feed_data(p.encode_frame(p.ShardAssign(0, settings, str(tmp_path / "snap"))))
+        feed.feed_data(p.encode_frame(p.ShardAssign(0, settings)))
         feed.feed_data(p.encode_frame(p.ShardCall(1, "apply", wire.encode([entry]))))
         session = asyncio.create_task(replica.serve(0, feed, link, 1, 3600.0))  # type: ignore[arg-type]
         await link.answered.wait()  # the apply's answer: then the front end goes
@@ -313,20 +415,20 @@ async def test_a_front_end_joining_while_the_replica_loads_another_shard_hears_i
     owner = Link()
     settings = wire.encode(SearchParams(embedder="none").settings())
     from_owner = asyncio.StreamReader()
-    from_owner.feed_data(p.encode_frame(p.ShardAssign(0, settings, str(tmp_path / "snap0"))))
+    from_owner.feed_data(p.encode_frame(p.ShardAssign(0, settings)))
     entries = [LogEntry(seq=s, ops=[Upsert(doc=Document(id=f"d{s}", text="alpha"))]) for s in (1, 2, 3)]
     from_owner.feed_data(p.encode_frame(p.ShardCall(1, "apply", wire.encode(entries))))
     writing = asyncio.create_task(replica.serve(0, from_owner, owner, 1, 3600.0))  # type: ignore[arg-type]
     await owner.answered.wait()  # shard 0 at seq 3
     loading, release = threading.Event(), threading.Event()
 
-    def slow_load(directory: Path, settings: object) -> ShardIndex:
+    def slow_load(data: bytes, settings: IndexSettings) -> ShardIndex:
         loading.set()
         release.wait(30)
-        raise FileNotFoundError(directory)  # no snapshot: it starts empty
+        return ShardIndex(settings)  # the snapshot sent held nothing
 
-    monkeypatch.setattr(ShardIndex, "load", slow_load)
-    from_owner.feed_data(p.encode_frame(p.ShardAssign(1, settings, str(tmp_path / "snap1"))))
+    monkeypatch.setattr(ShardIndex, "unpacked", slow_load)
+    from_owner.feed_data(p.encode_frame(p.ShardAssign(1, settings, snapshot=b"a snapshot")))
     await asyncio.to_thread(loading.wait, 30)
     joiner = Link()
     joining = asyncio.create_task(replica.serve(1, asyncio.StreamReader(), joiner, 1, 3600.0))  # type: ignore[arg-type]
@@ -343,7 +445,7 @@ async def test_a_reading_front_end_that_stopped_reading_holds_up_no_other_link(t
     owner, stalled = Link(), Link(stalled=True)
     settings = wire.encode(SearchParams(embedder="none").settings())
     from_owner = asyncio.StreamReader()
-    from_owner.feed_data(p.encode_frame(p.ShardAssign(0, settings, str(tmp_path / "snap"))))
+    from_owner.feed_data(p.encode_frame(p.ShardAssign(0, settings)))
     for seq in (1, 2, 3):
         entry = LogEntry(seq=seq, ops=[Upsert(doc=Document(id=f"d{seq}", text="alpha"))])
         from_owner.feed_data(p.encode_frame(p.ShardCall(seq, "apply", wire.encode([entry]))))
@@ -363,7 +465,7 @@ async def test_a_replica_whose_calls_runner_fails_ends_its_links_instead_of_goin
     replica = Replica("w")
     owner, reader = Link(), Link()
     from_owner = asyncio.StreamReader()
-    from_owner.feed_data(p.encode_frame(p.ShardAssign(0, b"\xc1 not settings", str(tmp_path / "snap"))))
+    from_owner.feed_data(p.encode_frame(p.ShardAssign(0, b"\xc1 not settings")))
     served = [
         asyncio.create_task(replica.serve(0, from_owner, owner, 1, 3600.0)),  # type: ignore[arg-type]
         asyncio.create_task(replica.serve(1, asyncio.StreamReader(), reader, 1, 3600.0)),  # type: ignore[arg-type]
@@ -375,3 +477,21 @@ async def test_a_replica_whose_calls_runner_fails_ends_its_links_instead_of_goin
             session.result()
         assert isinstance(failed.value.exceptions[0], Internal)
         assert "DecodeError" in str(failed.value.exceptions[0])
+
+
+async def test_a_replica_every_front_end_left_takes_a_writer_of_any_epoch_again() -> None:
+    replica = Replica("w")
+    settings = wire.encode(SearchParams(embedder="none").settings())
+    answers = []
+    for epoch in (5, 1):  # the front end started again on a store that numbers its epochs anew
+        link, feed = Link(), asyncio.StreamReader()
+        feed.feed_data(p.encode_frame(p.ShardAssign(0, settings, epoch=epoch)))
+        feed.feed_data(p.encode_frame(p.ShardCall(1, "applied")))
+        session = asyncio.create_task(replica.serve(0, feed, link, 1, 3600.0))  # type: ignore[arg-type]
+        await link.answered.wait()
+        feed.feed_eof()
+        assert await session == "lost"
+        answers.append([m for m in link.messages() if isinstance(m, p.ShardReply) and m.call_id != ANNOUNCE])
+    for epoch, replies in zip((5, 1), answers, strict=True):
+        assert [(r.call_id, r.error) for r in replies] == [(0, None), (1, None)]
+        assert wire.pair(replies[1].body) == (0, epoch)  # serves shard 0, built under that writer

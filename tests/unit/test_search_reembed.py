@@ -103,6 +103,7 @@ class FakeLog:
 
 class FakeShards:
     name = "idx"
+    follower = False
 
     def __init__(self) -> None:
         self.indexes = [ShardIndex(SETTINGS), ShardIndex(SETTINGS)]

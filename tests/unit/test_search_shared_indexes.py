@@ -1,6 +1,6 @@
 """Search indexes created or deleted through the API with several front ends, through the shared store
-(kinds/search/shared_indexes.py): what the owner waits for, and what another front end serves. On
-MemoryStore and a fake clock."""
+(kinds/search/shared_indexes.py): what the `decider` lease's holder (the owner, below) writes and waits for,
+and what another front end serves. On MemoryStore and a fake clock."""
 
 from __future__ import annotations
 
@@ -13,8 +13,9 @@ import pytest
 from inferd.clock import FakeClock
 from inferd.cluster import reports
 from inferd.cluster.follower import Follower
+from inferd.cluster.lease import LEASE
 from inferd.cluster.memory import MemoryState, MemoryStore
-from inferd.cluster.store import StoreUnavailable, Versioned
+from inferd.cluster.store import Fenced, Grant, StoreUnavailable, Versioned
 from inferd.config import ModelConfig
 from inferd.errors import NotFound, ServingError
 from inferd.kinds.search import shared_indexes
@@ -85,9 +86,25 @@ class Flaky(MemoryStore):
         return await super().read_prefix(prefix)
 
 
-def site(store: MemoryStore, clock: FakeClock, name: str, owner: bool) -> tuple[SharedIndexes, Server, Follower]:
+class Holding:
+    """The `decider` lease as a front end holds it: `grant` while it acts as the holder, else None."""
+
+    def __init__(self) -> None:
+        self.grant: Grant | None = None
+
+    def __call__(self) -> Grant | None:
+        return self.grant
+
+
+def site(
+    store: MemoryStore, clock: FakeClock, name: str, owner: bool, holding: Holding | None = None
+) -> tuple[SharedIndexes, Server, Follower]:
+    """Front end `name`; `owner`: it holds the `decider` lease (a grant the store gives it now)."""
     server, follower = Server(), Follower(store, clock)
-    return SharedIndexes(store, follower, server, name, owner, clock), server, follower
+    holding = holding or Holding()
+    if owner:
+        holding.grant = store.state.acquire(LEASE, name, 3600.0)
+    return SharedIndexes(store, follower, server, name, holding, clock), server, follower
 
 
 async def report(store: MemoryStore, frontend: str, serving: list[str]) -> None:
@@ -316,3 +333,106 @@ def missing(found: dict[str, frozenset[str]], name: str) -> list[str]:
 def still_serving(found: dict[str, frozenset[str]], name: str) -> list[str]:
     """The front ends up that serve `name` still (a deleted index)."""
     return sorted(f for f, serving in found.items() if name in serving)
+
+
+# ---- one document for the whole server, written by the decider lease's holder ----------------------------
+async def test_a_deposed_holders_write_is_refused_and_only_a_holder_writes() -> None:
+    clock = FakeClock()
+    store = MemoryStore(clock)
+    holding = Holding()
+    old, server, _ = site(store, clock, "a", owner=True, holding=holding)
+    server.add_version(index("notes", shards=1))
+    await old.publish()
+    assert list((await INDEXES_DOC.read(store))[1].settings) == ["notes"]
+    deposed = holding.grant
+    assert deposed is not None
+    store.state.release(deposed)
+    assert store.state.acquire(LEASE, "b", 3600.0) is not None  # the lease moved to front end b
+    server.add_version(index("docs", shards=1))
+    with pytest.raises(Fenced):  # it still believes it holds it (a paused process): the store says no
+        await old.publish()
+    holding.grant = None  # it knows it lost it: it does not even try
+    await old.publish()
+    assert list((await INDEXES_DOC.read(store))[1].settings) == ["notes"]
+
+
+async def test_a_new_holder_catches_up_with_the_document_before_it_writes_it() -> None:
+    clock = FakeClock()
+    store = MemoryStore(clock)
+    a_holding, b_holding = Holding(), Holding()
+    a, a_server, _ = site(store, clock, "a", owner=True, holding=a_holding)
+    b, b_server, _ = site(store, clock, "b", owner=False, holding=b_holding)
+    a_server.add_version(index("notes", shards=1))
+    await a.publish()
+    await b.refresh()
+    assert b_server.registry.names() == ["notes"]
+    del a_server.registry.served["notes"]  # a deletes it; b has not read the document since
+    await a.publish()
+    assert a_holding.grant is not None
+    store.state.release(a_holding.grant)
+    a_holding.grant, b_holding.grant = None, store.state.acquire(LEASE, "b", 3600.0)
+    revision = (await INDEXES_DOC.read(store))[0]
+    await b.publish()  # b holds the lease now: it applies the deletion first, and writes nothing back
+    assert b_server.registry.names() == []
+    assert (await INDEXES_DOC.read(store)) == (revision, IndexesDoc({}))
+
+
+class Supervisor:
+    """The local workers of a front end that runs them: slots per index."""
+
+    def __init__(self) -> None:
+        self.slots: dict[str, list[SimpleNamespace]] = {}
+        self.killed: list[str] = []
+
+    def add(self, model: str, n: int, version: int | None) -> None:
+        self.slots.setdefault(model, []).extend(
+            SimpleNamespace(incarnation=f"{model}-{i}") for i in range(n)
+        )
+
+    def live_slots(self, model: str) -> list[SimpleNamespace]:
+        return list(self.slots.get(model, []))
+
+    def retire(self, slot: SimpleNamespace) -> None:
+        for slots in self.slots.values():
+            if slot in slots:
+                slots.remove(slot)
+
+    def kill(self, incarnation: str) -> None:
+        self.killed.append(incarnation)
+
+
+async def test_the_first_front_end_of_each_host_starts_and_retires_its_share_of_an_indexs_workers() -> None:
+    clock = FakeClock()
+    store = MemoryStore(clock)
+    runs, other = Server(), Server()
+    runs.supervisor, other.supervisor = Supervisor(), Supervisor()  # type: ignore[attr-defined]
+    sites = [
+        SharedIndexes(store, Follower(store, clock), s, name, Holding(), clock, supervises=supervises)
+        for s, name, supervises in ((runs, "b/0", True), (other, "b/1", False))
+    ]
+    await publish(store, {"notes": {"shards": 2, "replicas": 2, "embedder": "none"}})
+    for s in sites:
+        await s.refresh()
+    assert len(runs.supervisor.live_slots("notes")) == 4  # type: ignore[attr-defined]
+    assert other.supervisor.live_slots("notes") == []  # type: ignore[attr-defined]
+    assert runs.registry.names() == other.registry.names() == ["notes"]
+    await publish(store, {})
+    for s in sites:
+        await s.refresh()
+    assert runs.supervisor.live_slots("notes") == [] and len(runs.supervisor.killed) == 4  # type: ignore[attr-defined]
+    assert runs.registry.names() == other.registry.names() == []
+
+
+async def test_every_front_end_reports_what_it_serves_the_holder_too() -> None:
+    clock = FakeClock()
+    store = MemoryStore(clock)
+    holder, server, _ = site(store, clock, "a", owner=True)
+    other, _, _ = site(store, clock, "b", owner=False)
+    server.add_version(index("notes", shards=1))
+    runs = asyncio.create_task(holder.run())
+    try:
+        await asyncio.sleep(0.05)
+    finally:
+        runs.cancel()
+    assert await other.reports() == {"a": frozenset({"notes"})}
+    assert list((await INDEXES_DOC.read(store))[1].settings) == ["notes"]

@@ -10,14 +10,17 @@ parse -> the index's service (kinds/search/service.py) or administration (kinds/
     DELETE /v1/indexes/{name}/documents/{id}
     POST   /v1/indexes/{name}/search           {"query", "k", "mode", "filter", "timeout_ms"}
 
-With several front ends (`--frontends N`), the writes of a follower (documents, and indexes created or
-deleted) are forwarded to the owner (frontends/search_writes.py), which runs them as here; the follower answers
-with the owner's answer. A follower first parses a write's body as the owner does (`check`, the same
-functions): a bad body is its 400, never forwarded; the owner parses it again, as the authority.
+With several front ends (`--frontends N`, or front ends on many hosts sharing a store), a document write
+runs on the front end that writes the index (the holder of its writer lease), an index created or
+deleted on the holder of the `decider` lease; any other front end forwards it there
+(frontends/search_writes.py), which runs it as here, and answers with its answer. The forwarding front
+end first parses a write's body as the writer does (`check`, the same functions): a bad body is its own
+400, never forwarded; the writer parses it again, as the authority.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Callable
 from typing import Any
@@ -27,15 +30,25 @@ import msgspec
 from inferd.api.asgi import HttpRequest, HttpResponse
 from inferd.api.http import check_content_type, json_response, read_body
 from inferd.api.http_call import Hints
+from inferd.cluster.lease import LEASE
+from inferd.cluster.served import changes
+from inferd.cluster.store import StoreError
 from inferd.core.call import Call
-from inferd.errors import BadRequest
+from inferd.errors import BadRequest, WorkerUnavailable
 from inferd.frontends.search_writes import (
     FORWARD_TIMEOUT_S,
+    HERE,
+    INDEX_OPS,
     KIND,
     Forwarder,
+    Nobody,
     Write,
     WriteDesk,
+    Writer,
     forwarded_writes,
+    refusal,
+    route_document,
+    route_index_op,
 )
 from inferd.gateway.auth import allowed_models, check_model
 from inferd.kinds.search.config import SearchParams, parse_params
@@ -43,6 +56,9 @@ from inferd.kinds.search.indexes import IndexAdmin, worker_cap
 from inferd.kinds.search.kind import API
 from inferd.kinds.search.requests import json_object, parse_documents, parse_search
 from inferd.kinds.search.store import IndexStore
+from inferd.kinds.search.writers import RECORD_PREFIX, writer_lease
+
+log = logging.getLogger("inferd.search")
 
 Add = Callable[..., None]
 """api/app.py's: (method, path, handler(call, request), [error body, hints])."""
@@ -69,12 +85,13 @@ class SearchRoutes:
         self.server = server
         self.admin = IndexAdmin(server, IndexStore(server.config.data_dir), worker_cap(os.cpu_count()))
         self.max_body = server.config.max_body_bytes
-        plan, channel = server.frontend, server.owner_channel
-        self.forwarder = Forwarder(channel.ask_watched) if plan is not None and not plan.is_owner else None
-        """A follower front end: its writes go to the owner (frontends/search_writes.py)."""
-        if plan is not None and plan.is_owner:
-            desk = WriteDesk(self.execute, forwarded_writes(server.metrics.registry))
-            channel.handle(KIND, desk.answer, FORWARD_TIMEOUT_S)
+        peers = server.peers
+        self.forwarder = None if peers is None else Forwarder(peers.channel.ask_watched, peers.address)
+        """Other front ends: a write goes to the one that runs it (frontends/search_writes.py); None: this
+        one alone runs every write."""
+        if peers is not None:
+            desk = WriteDesk(self.run_forwarded, forwarded_writes(server.metrics.registry))
+            peers.channel.handle(KIND, desk.answer, FORWARD_TIMEOUT_S)
 
     def indexes(self) -> list[str]:
         """The served models of the kinds that come in on these routes (`Kind.api`)."""
@@ -126,34 +143,90 @@ class SearchRoutes:
         return await self.write(Write("delete", rt.name, key=request.path_params["id"]), rt)
 
     async def write(self, write: Write, rt: Any = None) -> HttpResponse:
-        """Run a write here, or (a follower) have the owner run it and answer as it did."""
-        if self.forwarder is None:
+        """Run a write here, or have the front end that runs it run it and answer as it did."""
+        forwarder = self.forwarder
+        to = HERE if forwarder is None else await self.route(write, rt)
+        if forwarder is None or to == HERE:
             body, created = await self.execute(write)
-        else:
-            check(write, rt)  # a bad body is a 400 here: it never reaches the owner
-            body, created = await self.forwarder.forward(write)
-            if rt is not None:  # a document write: read-your-writes here too
-                await rt.index.forwarded(msgspec.json.decode(body)["seq"])
-            else:  # an index created or deleted: served here as on the owner before the answer
-                await self.server.index_sync.refresh()
+            return json_response(body, 201 if created else 200)
+        check(write, rt)  # a bad body is a 400 here: it is never forwarded
+        if isinstance(to, Nobody):
+            raise refusal(to)
+        body, created = await forwarder.forward(write, to)
+        if rt is not None:  # a document write: read-your-writes here too
+            await rt.index.forwarded(msgspec.json.decode(body)["seq"])
+        else:  # an index created or deleted: served here as where it ran before the answer
+            await self.server.index_sync.refresh()
         return json_response(body, 201 if created else 200)
 
+    async def route(self, write: Write, rt: Any) -> str | Nobody:
+        """Where `write` runs: HERE, another front end's id, or Nobody (frontends/search_writes.py)."""
+        me = self.server.cluster.me
+        if write.op in INDEX_OPS:
+            if self.server.index_sync is None:  # indexes not shared: each front end has its own
+                return HERE
+            return route_index_op(await self.decider(), me)
+        to = route_document(write, self.writer_of(rt), me)
+        if isinstance(to, Nobody):  # none known here: the store's word now (a writer new since its last try)
+            with changes():
+                grant = await self.server.cluster.store.holder(writer_lease(write.index))
+            if grant is not None and grant.holder != me:
+                return str(grant.holder)
+        return to
+
+    def writer_of(self, rt: Any) -> Writer:
+        """Who writes the index of `rt` (kinds/search/writers.py)."""
+        return rt.writer
+
+    async def decider(self) -> str | None:
+        """The id of the front end that holds the `decider` lease (it creates and deletes indexes):
+        this one's while it acts as the holder; None while none does. ClusterUnavailable (503) when the
+        store does not answer."""
+        cluster = self.server.cluster
+        if cluster.versions.holds():
+            return str(cluster.me)
+        with changes():
+            grant = await cluster.store.holder(LEASE)
+        if grant is None or grant.holder == cluster.me:  # (ours, while we do not act on it: lapsed)
+            return None
+        return str(grant.holder)
+
+    async def run_forwarded(self, write: Write) -> tuple[bytes, bool]:
+        """A write another front end forwarded here: run, or refused (503, Retry-After) when this front
+        end does not run it (any more: the lease moved meanwhile). It is never forwarded again."""
+        rt = None if write.op in INDEX_OPS else self.admin.find(write.index)
+        to = await self.route(write, rt)
+        if to != HERE:
+            what = "hold the lease of the server's decisions" if rt is None else f"write index {write.index!r}"
+            retry = to.retry_after_s if isinstance(to, Nobody) else 1.0
+            raise WorkerUnavailable(f"front end {self.server.cluster.me!r} does not {what} now: retry shortly", retry)
+        return await self.execute(write)
+
     async def execute(self, write: Write) -> tuple[bytes, bool]:
-        """A write on the front end that writes the logs: (the answer's JSON body, whether it created)."""
+        """A write on the front end that runs it: (the answer's JSON body, whether it created)."""
         if write.op == "create":
             return await self._create(write.index, write.body)
         rt = self.admin.find(write.index)
         if write.op == "drop":
             await self.admin.delete(rt.name)
+            await self._forget_writer(rt.name)
             return _json.encode({"deleted": rt.name}), False
         if write.op == "upsert":
-            docs = parse_documents(write.body, rt.params.fields)  # as `check` does on a follower
+            docs = parse_documents(write.body, rt.params.fields)  # as `check` does before forwarding
             seq = await rt.index.upsert(docs)
             return _json.encode({"seq": seq, "documents": len(docs)}), False
         if write.op == "delete":
             await rt.index.get(write.key, rt.clock.now() + GET_TIMEOUT_S)  # 404 when there is none
             return _json.encode({"seq": await rt.index.delete(write.key), "deleted": write.key}), False
         raise BadRequest(f"unknown search write {write.op!r}")
+
+    async def _forget_writer(self, name: str) -> None:
+        """A deleted index's record of its last writer goes with it (kinds/search/writers.py): an index
+        created again under its name starts afresh, never held back waiting for the old one's replicas."""
+        try:
+            await self.server.cluster.store.delete(f"{RECORD_PREFIX}{name}")
+        except StoreError as exc:
+            log.warning("index %s: its last writer's record could not be removed (%s)", name, exc)
 
     async def _create(self, name: str, body: bytes) -> tuple[bytes, bool]:
         created = await self.admin.create(name, index_settings(name, body))
@@ -174,8 +247,8 @@ def search_deadline(now: float, timeout_ms: float) -> float:
 
 
 def check(write: Write, rt: Any) -> None:
-    """A write's body parsed as the owner's `execute` parses it (BadRequest, PayloadTooLarge naming the
-    problem): what a follower does before forwarding. `rt`: the index of a document write."""
+    """A write's body parsed as `execute` parses it (BadRequest, PayloadTooLarge naming the problem):
+    what a front end does before forwarding. `rt`: the index of a document write."""
     if write.op == "upsert":
         parse_documents(write.body, rt.params.fields)
     elif write.op == "create":

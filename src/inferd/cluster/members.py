@@ -47,6 +47,9 @@ class Member(msgspec.Struct, frozen=True, kw_only=True):
     """Where workers on other hosts join it (HOST:PORT); None: local workers only."""
     admin: str | None = None
     """Its admin API (HOST:PORT); None: none."""
+    channel: str | None = None
+    """Where the other front ends send it requests (frontends/channel.py: HOST:PORT over TCP, or
+    `unix:PATH` on its host); None: not yet known (it opens once it runs), or none."""
     zone: str | None = None
     pid: int = 0
     host: str = ""
@@ -188,6 +191,11 @@ class Membership:
 
     async def _write(self, expect: int) -> int:
         return await self.store.write(self.doc, msgspec.msgpack.encode(self.me), expect=expect, ttl_s=self.ttl_s)
+
+    async def publish(self, me: Member) -> None:
+        """Our record is now `me` (an address known once it listens): written at once."""
+        self.me = me
+        await self.renew()
 
     async def renew(self) -> None:
         """Write our record again (compare-and-set on our last revision); when another front end wrote

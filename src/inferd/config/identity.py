@@ -46,11 +46,16 @@ class IdentitySettings(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     zone: str | None = None
-    """The zone this front end runs in (`--zone`), a DNS label; shown by the admin API (GET
+    """The zone this front end runs in (`--zone`), a DNS label: its work stays in this zone first
+    (routing/locality.py) and its local workers are started in it; shown by the admin API (GET
     /admin/workers' `frontend`). None: no zone."""
     frontend_id: str | None = None
     """This front end's id in a fleet of front ends (`--frontend-id`); None: the `HOST:PORT` of its HTTP
     listener (`frontend_id()`). Printable, no whitespace, at most 128 characters."""
+
+    def zone_args(self) -> list[str]:
+        """The local workers' `--zone`: this front end's."""
+        return ["--zone", self.zone] if self.zone else []
 
     @field_validator("zone")
     @classmethod

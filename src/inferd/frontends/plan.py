@@ -35,10 +35,13 @@ class FrontendPlan:
     def metrics_path(self, index: int) -> str:
         return os.path.join(self.socket_dir, f"metrics-{index}.sock")
 
-    def owner_path(self) -> str:
-        """Where the owner takes the other front ends' requests (frontends/owner_channel.py): their
-        canary outcomes, the search writes they forward."""
-        return os.path.join(self.socket_dir, "owner.sock")
+    def channel_path(self, index: int) -> str:
+        """Where front end `index` takes the other front ends' requests (frontends/channel.py): the
+        search writes they forward to it."""
+        return os.path.join(self.socket_dir, f"frontend-{index}.sock")
+
+    def channel_address(self, index: int) -> str:
+        return f"unix:{self.channel_path(index)}"
 
     def store_path(self) -> str:
         """Where the parent serves the store the front ends share (cluster/local.py)."""

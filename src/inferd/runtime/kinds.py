@@ -47,6 +47,11 @@ class RuntimeContext:
     api_of: Callable[[Runtime], str] | None = None
     """The family of routes a runtime's kind is served on (`KindRegistry.api_of`): what a runtime asks of
     another model instead of comparing its kind's name (a search index's embedder serves "oip")."""
+    shared_store: Callable[[], tuple[Any, str]] | None = None
+    """The store the front ends share (cluster/store.py's Store; typed loosely: runtime/ sits below
+    cluster/) and this front end's id in it, once the composition root built them (a callable: the
+    cluster is built after this context). A search index's writer lease lives there
+    (kinds/search/writers.py). None: a front end alone, each index on a store of its own."""
 
 
 RuntimeFactory = Callable[[ModelConfig, RuntimeContext], Runtime]

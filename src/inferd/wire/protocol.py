@@ -24,14 +24,15 @@ from typing import Any
 import msgspec
 import numpy as np
 
-PROTOCOL_VERSION = 4
+PROTOCOL_VERSION = 5
 """Bumped whenever a message changes shape in a way the other side cannot read; a worker of another
 protocol is refused at Hello, with the reason. Fields added at the end with defaults are not a change
 of shape: an older peer ignores them, a newer one reads the default (Credit.running_items, -1: "does
 not say", and running_for_s). 2: Hello.version (versions side by side).
 3: AddSequence.weight (tenants' shares of LLM admissions); search shard replicas (ShardAssign,
 ShardCall, ShardReply; the other messages are unchanged). 4: StepDeltas.decoded_ids / decoded_tokens
-(single tokens no longer travel as SeqDeltas)."""
+(single tokens no longer travel as SeqDeltas). 5: ShardAssign carries the writer's epoch and the snapshot's
+bytes, no longer a data_dir path."""
 MAX_FRAME_BYTES = 512 * 1024 * 1024
 MAX_HELLO_BYTES = 64 * 1024
 """Largest first frame (Hello) of a connection: a peer is not trusted with large frames before its token."""
@@ -200,18 +201,39 @@ class StepDeltas(msgspec.Struct, tag="llm_step"):
 
 
 class ShardAssign(msgspec.Struct, tag="shard_assign"):
-    """Serve this shard: load its snapshot from `snapshot_dir` if there is one (else start empty), then
-    answer ShardReply(call_id=0) with the seq it holds; the front end ships the log from there."""
+    """Serve this shard, for the index's writer of lease epoch `epoch`: a replica that holds the shard
+    with the same settings, applied within `base_seq`..`last_seq`, keeps its index; else it loads the snapshot
+    sent (`snapshot`: a packed snapshot cut in pieces, every ShardAssign but the last with `more`), or
+    starts empty when none is sent. It then answers ShardReply(call_id=0) with the seq it holds; the
+    writer ships the log from there. An epoch older than one the replica accepted is refused (a deposed
+    writer): the answer carries the error."""
 
     shard: int
     settings: bytes
     """The index settings (IndexSettings as MessagePack)."""
-    snapshot_dir: str
+    epoch: int = 0
+    base_seq: int = 0
+    """The seq the writer's log starts after (its snapshot's): a replica behind it cannot keep its index."""
+    last_seq: int | None = None
+    """The writer's last seq when it sent this (None: not said): a replica past it applied entries this
+    writer does not hold (a former writer's) and cannot keep its index either."""
+    snapshot: bytes = b""
+    more: bool = False
+    reload: bool = False
+    lineage: int = -1
+    lineage_seq: int = 0
+    """This writer's log continues the entries of the writer of epoch `lineage` up to `lineage_seq` (its
+    takeover's source; -1: not said): a replica whose index was built under that writer keeps it only
+    up to that seq, and one built under any other writer but this one does not keep it."""
+    """Do not keep the index held even when it fits the log (it follows an older writer, whose entries
+    may differ from this one's): load the snapshot sent, or start empty."""
 
 
 class ShardCall(msgspec.Struct, tag="shard_call"):
-    """One operation on the replica's shard, run in arrival order: "apply" (body: log entries),
-    "search" (body: a ShardQuery), "get" (body: a document id), "snapshot" (write one to snapshot_dir)."""
+    """One operation on the replica's shard, run in arrival order: "apply" (body: log entries, from the
+    link that assigned the shard only), "search" (body: a ShardQuery), "get" (body: a document id),
+    "snapshot" (body: an offset; answered with (seq, total size, the packed snapshot's bytes from the
+    offset): the index packed when the offset is 0, the same blob sliced after)."""
 
     call_id: int
     op: str

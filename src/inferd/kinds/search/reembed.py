@@ -54,6 +54,8 @@ Ask = Callable[[int, str, bytes, int, float], Awaitable[bytes | None]]
 class Shards(Protocol):
     name: str
     logs: list[ShardLog]
+    follower: bool
+    """This front end does not write the index now: no re-embed runs here meanwhile."""
 
     def appended(self, shard: int) -> None: ...
 
@@ -92,6 +94,8 @@ class Reembedder:
     async def run(self) -> None:
         while True:
             await asyncio.sleep(WATCH_INTERVAL_S)
+            if self.shards.follower:  # another front end writes the index (or none does yet)
+                continue
             try:
                 await self.step()
             except ServingError as exc:

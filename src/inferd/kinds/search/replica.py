@@ -2,9 +2,13 @@
 
 worker/main.py hands each front end's connection (a link) here when its model's kind is "search"; a
 worker shared by several front ends (`inferd serve --frontends N`) holds ONE replica for all its links.
-The writer front end (the owner: the one that sends ShardAssign) assigns a shard: the replica loads the
-shard's latest snapshot, if any, and says which seq it holds; the writer then ships the log entries
-after it, in seq order (ShardCall "apply"), and sends searches, gets and snapshot orders the same way.
+The index's writer front end (the holder of its lease: the one that sends ShardAssign) assigns a shard:
+the replica keeps the index it holds when that one fits the writer's log, else loads the snapshot the
+assignment carries (its bytes, over the connection: no replica reads a data_dir), and says which seq it
+holds; the writer then ships the log entries after it, in seq order (ShardCall "apply"), and sends
+searches, gets and snapshot calls the same way. A new writer (another front end took the lease over)
+assigns the shard again under a newer epoch: from then on only its link may apply (kinds/search/handover.py),
+and a deposed writer's assignments and applies are refused.
 The other links only read: they are told the replica's shard and applied seq by a note (a ShardReply
 with call_id ANNOUNCE, its body the shard, -1 while one loads) when they join, when a shard is assigned
 and after every apply. Calls of every link run one at a time, in arrival order: a search sees every
@@ -29,10 +33,10 @@ import logging
 import struct
 import time
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 from inferd.errors import Internal, ServingError
-from inferd.kinds.search import snapshot, wire
+from inferd.kinds.search import wire
+from inferd.kinds.search.handover import IncomingSnapshot, OutgoingSnapshot, WriterFence, keeps
 from inferd.kinds.search.shard import ShardIndex
 from inferd.kinds.search.types import IndexSettings
 from inferd.kinds.search.wire import ANNOUNCE
@@ -96,11 +100,14 @@ class Replica:
         self.worker_id = worker_id
         self.links: dict[int, asyncio.StreamWriter] = {}
         """The front ends served, by their place in --connect."""
-        self.writer_link: int | None = None
-        """The link that assigned the shard (the owner front end: it ships the log)."""
+        self.fence = WriterFence()
+        """The link that assigned the shard (the index's writer: it ships the log), by lease epoch."""
+        self.incoming = IncomingSnapshot()
+        self.outgoing = OutgoingSnapshot()
         self.index: ShardIndex | None = None
+        self.index_epoch = 0
+        """The epoch of the writer whose assignment the index was kept or loaded under (its entries)."""
         self.shard = -1
-        self.snapshot_dir: Path | None = None
         self.settings = b""
         """The assigned index settings (as sent): a new assignment of the same shard may keep the index."""
         self.completed = 0
@@ -157,13 +164,18 @@ class Replica:
                     task.cancel()
         finally:
             self.links.pop(link, None)
-            if self.writer_link == link:
-                self.writer_link = None
+            self.fence.left(link)
+            self.incoming.left(link)
             if not self.links:
                 await self._retire_runner()
                 if not self.links:  # no front end kept it: the next one assigns it afresh, as with one
-                    self.index, self.shard, self.settings = None, -1, b""
+                    self.index, self.shard, self.settings, self.index_epoch = None, -1, b"", 0
+                    self.fence = WriterFence()  # (a front end's store may number epochs anew)
         return outcome
+
+    @property
+    def writer_link(self) -> int | None:
+        return self.fence.link
 
     def _runner_done(self, runner: asyncio.Task[None]) -> None:
         if not runner.cancelled() and runner.exception() is not None:
@@ -209,13 +221,27 @@ class Replica:
                     self._deliver(self.links[link], self._call(msg))
                     await self._yield_if_held()
                 elif isinstance(msg, p.ShardAssign):
-                    self.writer_link = link
-                    if msg.shard != self.shard:  # the readers stop reading it until it holds the new one
-                        self._tell_readers(link, self._note(loading=True))
-                    await self._calls.put((link, self.links[link], msg))
+                    await self._assigning(link, msg)
+                elif isinstance(msg, p.ShardCall) and msg.op == "apply" and not self.fence.writes(link):
+                    why = "this front end no longer writes the shard (another took it over)"
+                    self._deliver(self.links[link], self._reply(msg.call_id, error=("Conflict", why)))
                 elif isinstance(msg, p.ShardCall):
                     await self._calls.put((link, self.links[link], msg))
             await self._flush(link)
+
+    async def _assigning(self, link: int, msg: p.ShardAssign) -> None:
+        """A piece of an assignment: refused from a deposed writer; queued once whole."""
+        refused = self.fence.admit(link, msg.epoch)
+        if refused is not None:
+            log.warning("replica %s: an assignment refused: %s", self.worker_id, refused)
+            self._deliver(self.links[link], self._reply(0, error=("Conflict", refused)))
+            return
+        whole = self.incoming.add(link, msg)
+        if whole is None:
+            return
+        if whole.shard != self.shard:  # the readers stop reading it until it holds the new one
+            self._tell_readers(link, self._note(loading=True))
+        await self._calls.put((link, self.links[link], whole))
 
     async def _yield_if_held(self) -> None:
         """Let the loop run (heartbeats, other connections) once inline work held it a slice's length;
@@ -277,21 +303,23 @@ class Replica:
 
     # ---- on the shard's thread (short reads: on the event loop) -------------------------------------------
     def _assign(self, msg: p.ShardAssign) -> p.ShardReply:
-        if self._keeps(msg):
+        held = None if self.index is None else (self.shard, self.settings, self.index.applied_seq, self.index_epoch)
+        self.index_epoch = msg.epoch  # kept or loaded, its entries are this writer's from now on
+        if keeps(held, msg):
             log.info("replica %s keeps shard %d at seq %d", self.worker_id, self.shard, self._seq())
             return self._reply(0)
         settings: IndexSettings = wire.settings(msg.settings)
         self.index = None  # loading: a link that joins now is told so, not the old index's seq as the new's
-        self.shard, self.snapshot_dir, self.settings = msg.shard, Path(msg.snapshot_dir), msg.settings
+        self.shard, self.settings = msg.shard, msg.settings
         t0 = time.perf_counter()
+        how = "empty"
         try:
-            self.index = ShardIndex.load(self.snapshot_dir, settings)
-            how = "from its snapshot"
-        except (FileNotFoundError, ServingError) as exc:  # none yet, or unusable: the log rebuilds it
-            if self.snapshot_dir.exists():
-                log.warning("shard %d snapshot at %s not used: %s", msg.shard, self.snapshot_dir, exc)
+            if msg.snapshot:
+                self.index, how = ShardIndex.unpacked(msg.snapshot, settings), "from the snapshot sent"
+        except ServingError as exc:  # unusable: it starts empty, and its writer sees it holds too little
+            log.warning("shard %d: the snapshot sent is not used: %s", msg.shard, exc)
+        if self.index is None:
             self.index = ShardIndex(settings)
-            how = "empty"
         log.info(
             "replica %s serves shard %d, %s at seq %d (%d documents) in %.2fs",
             self.worker_id,
@@ -302,17 +330,6 @@ class Replica:
             time.perf_counter() - t0,
         )
         return self._reply(0)
-
-    def _keeps(self, msg: p.ShardAssign) -> bool:
-        """Whether the index held is this assignment's (a writer that came back while another front end
-        kept the replica, e.g. the owner front end restarted): the same shard and settings, at least as
-        fresh as the shard's snapshot."""
-        return (
-            self.index is not None
-            and (msg.shard, msg.settings, Path(msg.snapshot_dir))
-            == (self.shard, self.settings, self.snapshot_dir)
-            and self.index.applied_seq >= snapshot.current_seq(Path(msg.snapshot_dir))
-        )
 
     def _seq(self) -> int:
         return self.index.applied_seq if self.index is not None else 0
@@ -338,10 +355,12 @@ class Replica:
                 doc = self.index.get(wire.text(msg.body))
                 self.policy.observe("get", time.thread_time() - t0)
                 return self._reply(msg.call_id, wire.encode(doc))
-            if msg.op == "snapshot" and self.snapshot_dir is not None:
-                seq = self.index.applied_seq
-                self.index.save(self.snapshot_dir)
-                return self._reply(msg.call_id, wire.encode(seq))
+            if msg.op == "snapshot":  # the index packed, read piece by piece by the writer
+                index, offset = self.index, wire.number(msg.body) if msg.body else 0
+                piece = self.outgoing.piece(offset, lambda: (index.applied_seq, index.packed()))
+                return self._reply(msg.call_id, wire.encode(piece))
+            if msg.op == "applied":  # a takeover asks: the shard, the writer epoch (the reply: its seq)
+                return self._reply(msg.call_id, wire.encode((self.shard, self.index_epoch)))
             return self._reply(msg.call_id, error=("BadRequest", f"unknown shard op {msg.op!r}"))
         except ServingError as exc:
             return self._reply(msg.call_id, error=(exc.code, exc.message))

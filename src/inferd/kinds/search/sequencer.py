@@ -4,13 +4,17 @@ waiting while one write runs goes into the next write: one write and one fsync f
 only then answers the writers: an acknowledged write is on disk. The entries since the last snapshot
 stay in memory (`tail`) to be shipped to replicas in seq order; a replica further behind than the tail
 reloads the snapshot first.
+
+Only the index's writer appends (kinds/search/writers.py): `gate` says why a write is refused while
+this front end does not write the index (no lease, or its takeover still runs); a new writer `rebase`s
+its log on the snapshot it took over.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -21,9 +25,15 @@ from inferd.kinds.search.wal import WriteAheadLog
 log = logging.getLogger("inferd.search")
 
 
+def _open(_: int) -> ServingError | None:
+    return None
+
+
 class ShardLog:
-    def __init__(self, shard: int, path: Path) -> None:
+    def __init__(self, shard: int, path: Path, gate: Callable[[int], ServingError | None] = _open) -> None:
         self.shard = shard
+        self.gate = gate
+        """Why a write is refused now (this front end does not write the shard), None when it is not."""
         path.parent.mkdir(parents=True, exist_ok=True)
         self.wal = WriteAheadLog(path)
         self.tail: list[LogEntry] = list(self.wal.read_from(0))
@@ -52,15 +62,18 @@ class ShardLog:
             raise self.closed
         if self.broken:
             raise Internal(f"shard {self.shard}'s log refuses writes: {self.broken}")
+        if (refused := self.gate(self.shard)) is not None:
+            raise refused
         loop = asyncio.get_running_loop()
         done: asyncio.Future[int] = loop.create_future()
         self._pending.append((ops, done))
         async with self._lock:  # whoever holds it writes everything pending, its own entry included
             if not done.done() and self._pending:
                 batch, self._pending = self._pending, []
-                if self.closed is not None:  # closed while this waited for the lock: nothing is written
+                refused = self.closed or self.gate(self.shard)
+                if refused is not None:  # closed or deposed while this waited: nothing is written
                     for _, waiter in batch:
-                        waiter.set_exception(self.closed)
+                        waiter.set_exception(refused)
                     return await done
                 entries = [LogEntry(seq=self._next_seq + i, ops=ops) for i, (ops, _) in enumerate(batch)]
                 self._next_seq += len(entries)
@@ -106,6 +119,16 @@ class ShardLog:
         cut = min(seq, keep_after) + 1 - self.first_seq
         if cut > 0:
             del self.tail[:cut]
+
+    async def rebase(self, seq: int) -> None:
+        """Start the log afresh after `seq` (a takeover's snapshot holds everything up to it); an entry of
+        its own past it was never acknowledged (no replica applied it) and goes."""
+        async with self._lock:
+            if self.closed is not None:
+                raise self.closed
+            await asyncio.get_running_loop().run_in_executor(self._thread, self.wal.reset, seq)
+            self.tail, self.durable_seq, self._next_seq = [], seq, seq + 1
+            self.broken = ""
 
     def close(self, refuse: ServingError) -> None:
         """Close the log once the write running (if any) is done; a write arriving later gets `refuse`

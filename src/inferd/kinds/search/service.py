@@ -1,11 +1,16 @@
 """A search index's write and query paths (the API calls these; kinds/search/runtime.py holds the replicas).
 
 Writes: the batch is checked whole (kinds/search/requests.py), embedded through the batcher, split by shard
-(a hash of the id), and appended to each shard's log by its one writer (fsync before the answer). The
-answer waits (up to VISIBLE_WAIT_S) until a replica of every shard written has applied the write, and
-reads prefer replicas that applied every write acknowledged before they began: a search sees every
-write acknowledged before it started (read-your-writes) while such a replica lives. A `min_seq` in the
-search (the `seq` a write returned) asks for the same guarantee explicitly.
+(a hash of the id), and appended to each shard's log by the index's writer (the holder of its lease,
+kinds/search/writers.py; fsync before going on). A write is acknowledged (200) once it is in the writer's
+log on its disk AND a replica of each shard written, in another process, applied it: one on another host
+than the writer's when the shard has a readable one there (waited for up to ACK_WAIT_S, then any
+replica's apply counts). A write no replica applied within ACK_WAIT_S, or whose writer lost its lease
+meanwhile, is answered 503 with Retry-After: it may or may not be written (a new writer takes the shards
+over from the freshest replica; an entry no replica applied is not part of the index then). Reads prefer
+replicas that applied every write acknowledged before they began: a search sees every write
+acknowledged before it started (read-your-writes) while such a replica lives. A `min_seq` in the search
+(the `seq` a write returned) asks for the same guarantee explicitly.
 
 Reads: embed the query (unless lexical), scatter to one replica per shard (kinds/search/scatter.py), merge
 each list across shards, fuse (reciprocal rank fusion), and cache complete answers by generation.
@@ -14,7 +19,9 @@ each list across shards, fuse (reciprocal rank fusion), and cache complete answe
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
+import socket
 import time
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -33,11 +40,14 @@ from inferd.kinds.search.scatter import Scatter, ShardCalls
 from inferd.kinds.search.sequencer import ShardLog
 from inferd.kinds.search.store import IndexStore
 from inferd.kinds.search.types import Delete, Document, Op, ShardHit, ShardQuery, Upsert
+from inferd.kinds.search.writers import IndexWriter
 from inferd.observability import tracing
 from inferd.runtime.kinds import RuntimeContext
 
 INGEST_TIMEOUT_S = 120.0
 VISIBLE_WAIT_S = 2.0
+ACK_WAIT_S = 10.0
+"""The most a write waits for a replica's apply before it is answered 503 (not acknowledged)."""
 FOLLOW_INTERVAL_S = 1.0
 RESULT_CACHE_ENTRIES = 2048
 EMBED_BUDGET_S = 0.25
@@ -49,8 +59,11 @@ class Cluster(ShardCalls, Protocol):
     name: str
     params: SearchParams
     logs: list[ShardLog]
-    """The shards' logs (the owner's; a follower front end has none: it forwards writes)."""
+    """The shards' logs (the writer's; another front end's are not written)."""
     follower: bool
+    """This front end does not write the index now (it forwards writes)."""
+    first_on_host: bool
+    writer: IndexWriter
     known: KnownSeqs
     generation: int
     store: IndexStore
@@ -78,6 +91,10 @@ class ServiceStatistics:
     reembed: ReembedStatistics | None
 
 
+HOST = socket.gethostname()
+"""This front end's host, as a replica's Hello names its own (`WorkerConnection.host`)."""
+
+
 def shard_of(doc_id: str, shards: int) -> int:
     return int.from_bytes(hashlib.blake2b(doc_id.encode(), digest_size=8).digest(), "big") % shards
 
@@ -99,7 +116,7 @@ class IndexService:
         self.searches = self.degraded = self.partial = 0
         self.reembedder = (
             None
-            if self.embedder is None or cluster.follower
+            if self.embedder is None or not cluster.first_on_host
             else Reembedder(
                 cluster, self.embedder, self.scatter.ask, cluster.store, ctx.clock, self.results_changed
             )
@@ -157,8 +174,36 @@ class IndexService:
             self.cluster.appended(shard)
         self.results_changed()
         written = {s: t.result() for s, t in appends.items()}
-        await self._until_visible(written)
+        await self._until_acknowledged(written)
         return self.seqs()
+
+    async def _until_acknowledged(self, written: dict[int, int]) -> None:
+        """Until a replica of each shard written applied it (one on another host when there is one, for
+        half the wait): the write is acknowledged then. WorkerUnavailable (503) when it is not within
+        ACK_WAIT_S, or this front end stopped writing the index meanwhile."""
+        deadline = self.clock.now() + ACK_WAIT_S
+        remote_until = self.clock.now() + ACK_WAIT_S / 2
+        writer = self.cluster.writer
+        while writer.writes() and self.clock.now() < deadline:
+            prefer = self.clock.now() < remote_until
+            if all(self._acknowledged(s, seq, prefer) for s, seq in written.items()):
+                return
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(max(0.0, (remote_until if prefer else deadline) - self.clock.now())):
+                    await self.cluster.wait_progress()
+        if writer.writes() and all(self._acknowledged(s, seq, False) for s, seq in written.items()):
+            return
+        lost = "" if writer.writes() else ": this front end no longer writes the index"
+        raise WorkerUnavailable(
+            f"the write to index {self.cluster.name!r} was logged but no replica applied it in time{lost}; it "
+            "may or may not be written: retry it (an upsert replaces, a delete of a deleted document is a 404)",
+            writer.retry_after_s(),
+        )
+
+    def _acknowledged(self, shard: int, seq: int, prefer_remote: bool) -> bool:
+        readable = [r for r in self.cluster.shard_replicas(shard) if r.readable]
+        remote = [r for r in readable if r.conn.host != HOST] if prefer_remote else []
+        return any(r.applied_seq >= seq for r in remote or readable)
 
     def seqs(self) -> list[int]:
         return [self.cluster.seq(s) for s in range(self.params.shards)]
@@ -176,7 +221,7 @@ class IndexService:
         re-embedder records in data_dir (kinds/search/reembed.py); looked at every second."""
         while self.embedder is not None:
             version, _ = self.cluster.store.embedder_versions(self.cluster.name)
-            if version is not None and version != self.embedder.version:
+            if self.cluster.follower and version is not None and version != self.embedder.version:
                 self.embedder.promote(version)
                 self.results_changed()
             await asyncio.sleep(FOLLOW_INTERVAL_S)

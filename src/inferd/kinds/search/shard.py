@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import io
 from pathlib import Path
+from typing import Any
 
 import msgspec
 import numpy as np
@@ -245,6 +246,14 @@ class ShardIndex:
 
     def save(self, directory: Path) -> None:
         """Write a snapshot of this shard (atomic: snapshot.py) holding applied_seq."""
+        snapshot.write(directory, self.applied_seq, *self.snapshot_parts())
+
+    def packed(self) -> bytes:
+        """A snapshot of this shard as one blob, for the wire (snapshot.pack)."""
+        return snapshot.pack(self.applied_seq, *self.snapshot_parts())
+
+    def snapshot_parts(self) -> tuple[dict[str, bytes], dict[str, Any]]:
+        """(files, metadata) of a snapshot of this shard."""
         files = {"docs.msgpack": _docs_encoder.encode(self._docs), **_dense_files(self._dense, "")}
         if self._next is not None:
             files.update(_dense_files(self._next, "next_"))
@@ -255,15 +264,31 @@ class ShardIndex:
             "dense_version": self.dense_version,
             "next_version": self.next_version if self._next is not None else None,
         }
-        snapshot.write(directory, self.applied_seq, files, meta)
+        return files, meta
 
     @classmethod
     def load(cls, directory: Path, settings: IndexSettings, **options: float) -> ShardIndex:
         """The shard a snapshot holds; the caller then replays its log from applied_seq + 1."""
-        applied_seq, files, meta = snapshot.read(directory)
+        return cls.from_parts(*snapshot.read(directory), settings, f"snapshot in {directory}", **options)
+
+    @classmethod
+    def unpacked(cls, data: bytes, settings: IndexSettings) -> ShardIndex:
+        """The shard a packed snapshot (from the wire) holds."""
+        return cls.from_parts(*snapshot.unpack(data), settings, "the snapshot received")
+
+    @classmethod
+    def from_parts(
+        cls,
+        applied_seq: int,
+        files: dict[str, bytes],
+        meta: dict[str, Any],
+        settings: IndexSettings,
+        where: str,
+        **options: float,
+    ) -> ShardIndex:
         if meta.get("format") != SNAPSHOT_FORMAT or meta.get("dim") != settings.dim:
             raise CorruptSnapshot(
-                f"snapshot in {directory} has format {meta.get('format')} and dim {meta.get('dim')}; "
+                f"{where} has format {meta.get('format')} and dim {meta.get('dim')}; "
                 f"expected format {SNAPSHOT_FORMAT} and dim {settings.dim}"
             )
         shard = cls(settings, **options)  # type: ignore[arg-type]

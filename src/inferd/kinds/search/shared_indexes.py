@@ -1,24 +1,28 @@
 """Every front end of one server serves the same search indexes, through the shared store
 (cluster/store.py): the search kind's own documents, which the store knows only as names and bytes.
 
-An index created or deleted through the API is created or deleted by the index owner, the front end
-that writes the shard logs (front end 0 of `--frontends N`; another front end forwards the PUT or
-DELETE, frontends/search_writes.py). Two kinds of document:
-- `kind/search/indexes` (`IndexesDoc`): the indexes the owner serves and their settings. Written by the
-  owner, compare-and-set on the revision it read (not fenced by the lease: the owner is the front end
-  that holds the logs, whoever holds the lease), on each create and delete and again every interval
-  while it differs from what the owner serves (a write the store refused is made again). Every other
-  front end follows it (`Follower`): it serves the indexes it lacks, stops serving the ones that are
-  gone, and serves again (anew) one whose settings differ (deleted and created again). A document
-  never written changes nothing: a front end serves data_dir's indexes until the owner's come.
+An index created or deleted through the API is created or deleted by the holder of the `decider` lease
+(cluster/lease.py), wherever it runs (another front end forwards the PUT or DELETE to it,
+frontends/search_writes.py). Two kinds of document:
+- `kind/search/indexes` (`IndexesDoc`): the indexes of the whole server and their settings, one document
+  for every front end on every host. Written by the lease's holder, fenced with its grant (a deposed
+  holder's late write is refused) and compare-and-set on the revision read, on each create and delete,
+  and again every interval while it differs from what the holder serves (a write the store refused is
+  made again), but only once the holder has applied the document's current revision itself (a front end
+  that just took the lease never writes back what it had not caught up with). Every front end follows
+  it (`Follower`): it serves the indexes it lacks, stops serving the ones that are gone, and serves again
+  (anew) one whose settings differ (deleted and created again); a front end that runs local workers (the
+  first of its host) starts its share of an index's replica workers there too, and retires them when
+  the index goes. A document never written changes nothing: a front end serves data_dir's indexes until
+  the holder's come.
 - `kind/search/serving/<frontend>` (`ServingDoc`, expiring after REPORT_TTL_S): the indexes that front
-  end serves, written once it applied the owner's document and at least every REPORT_TTL_S / 3. The owner
+  end serves, written once it applied the document and at least every REPORT_TTL_S / 3. The holder
   reads them with `read_prefix`: it starts a new index's replica workers only once every front end that
   reported lately serves the index too (at most FOLLOWERS_WAIT_S), because a worker joins every front end
   and a front end that does not know its index would turn it away for good; and a delete answers once
   those front ends no longer serve the index (as long at most), so that an index created again under its
   name is never taken for the old one (its replicas, seqs and cached results). A front end that is down
-  meanwhile (its report expired) is not waited for: it serves the owner's indexes when it starts again.
+  meanwhile (its report expired) is not waited for: it serves the server's indexes when it starts again.
 """
 
 from __future__ import annotations
@@ -34,7 +38,7 @@ import msgspec
 from inferd.clock import Clock
 from inferd.cluster.follower import Document, Follower
 from inferd.cluster.reports import Reports
-from inferd.cluster.store import Store, StoreError, Versioned
+from inferd.cluster.store import Grant, Store, StoreError, Versioned
 from inferd.config import ModelConfig
 from inferd.errors import NotFound
 from inferd.kinds.search.config import index_config, params_of, parse_params
@@ -45,17 +49,17 @@ log = logging.getLogger("inferd.search")
 INDEXES = "kind/search/indexes"
 SERVING_PREFIX = "kind/search/serving/"
 SHARE_INTERVAL_S = 0.25
-"""How often the owner checks its document, and a front end its report."""
+"""How often the holder checks the document, and a front end its report."""
 REPORT_TTL_S = 2.0
-"""A front end whose report is older than this is down: the owner does not wait for it."""
+"""A front end whose report is older than this is down: the holder does not wait for it."""
 CONFIRM_EVERY_S = 5.0
-"""The owner reads its document again this often even when its indexes did not change (a store that
+"""The holder reads the document again this often even when its indexes did not change (a store that
 lost it gets it again)."""
 FOLLOWERS_WAIT_S = 5.0
 
 
 class IndexesDoc(msgspec.Struct, frozen=True):
-    """The owner's: the indexes it serves and their settings."""
+    """The server's indexes and their settings (written by the `decider` lease's holder)."""
 
     settings: dict[str, dict[str, Any]] = {}
 
@@ -78,56 +82,71 @@ class SharedIndexes:
         follower: Follower,
         server: Any,
         frontend: str,
-        owner: bool,
+        holding: Callable[[], Grant | None],
         clock: Clock,
         interval_s: float = SHARE_INTERVAL_S,
-        scope: str = "",
+        supervises: bool = False,
     ) -> None:
         self.store = store
-        self.doc = INDEXES_DOC if not scope else Document(f"{INDEXES}/{scope}", IndexesDoc, IndexesDoc)
-        """The owner's document: `scope` names the group of front ends of one owner (the `--frontends N` of
-        one host), so that owners on several hosts sharing one store each keep their own."""
-        prefix = SERVING_PREFIX if not scope else f"{SERVING_PREFIX}{scope}/"
-        self.reports_of = Reports(store, prefix, ServingDoc, frontend, REPORT_TTL_S)
+        self.doc = INDEXES_DOC
+        self.reports_of = Reports(store, SERVING_PREFIX, ServingDoc, frontend, REPORT_TTL_S)
         """Each front end's `kind/search/serving/<frontend>` report (cluster/reports.py)."""
         self.server = server
-        """The composition root: its registry, kinds, add_version and remove_version."""
+        """The composition root: its registry, kinds, add_version, remove_version and supervisor."""
         self.frontend = frontend
-        self.owner = owner
-        """This front end writes the shard logs: its indexes are the server's."""
+        self.holding = holding
+        """The grant of the `decider` lease while this front end acts as its holder (cluster/lease.py's
+        LeaseKeeper.grant); None otherwise."""
+        self.supervises = supervises
+        """This front end runs its host's local workers: it starts and retires an index's there."""
         self.clock = clock
         self.interval_s = interval_s
         self.applied: tuple[int, bytes] | None = None
-        """The owner's document as last applied here: (revision, bytes). The bytes too: a store that lost
-        its data (a Redis restarted empty) numbers revisions from 1 again."""
+        """The document as last applied (or written) here: (revision, bytes). The bytes too: a store that
+        lost its data (a Redis restarted empty) numbers revisions from 1 again."""
         self._published: tuple[float, dict[str, dict[str, Any]]] | None = None
-        """(when, what) of the owner's document as last written or found the same."""
+        """(when, what) of the document as last written or found the same."""
         self._reported: tuple[float, list[str]] | None = None
         """(when, what) of this front end's last report that landed."""
         self._applying = asyncio.Lock()
-        """One application at a time: an older document is never applied after a newer one."""
-        if not owner:
-            follower.follow(self.doc.name, self._apply)
+        """One application or publication at a time: an older document is never applied after a newer
+        one, nor written back."""
+        follower.follow(self.doc.name, self._apply)
+
+    @property
+    def holds(self) -> bool:
+        """This front end holds the lease: it writes the document."""
+        return self.holding() is not None
 
     async def run(self) -> None:
-        """Until cancelled: the owner keeps its document true, another front end its report."""
+        """Until cancelled: the holder keeps the document true; every front end keeps its report."""
         while True:
             try:
-                if self.owner:
+                if self.holds:
                     await self._keep_published()
-                else:
-                    await self.report()
+                await self.report()
             except StoreError as exc:
                 log.debug("search indexes: the cluster store refused a write (%s): again shortly", exc)
             await asyncio.sleep(self.interval_s)
 
-    # ---- the owner ----------------------------------------------------------------------------------
+    # ---- the holder -----------------------------------------------------------------------------------
     async def publish(self) -> None:
-        """Write the indexes served here, when the document says otherwise."""
-        settings, started = self._settings(), self.clock.now()
-        await self.doc.update(
-            self.store, lambda doc: None if doc.settings == settings else IndexesDoc(settings)
-        )
+        """Write the indexes served here, when the document says otherwise: only while holding the lease
+        (fenced with its grant), and once the document's current revision is applied here."""
+        grant = self.holding()
+        if grant is None:
+            return
+        started = self.clock.now()
+        async with self._applying:
+            found = await self.store.read(self.doc.name)
+            if found is not None and (found.revision, found.body) != self.applied:
+                self._take(found)  # caught up first: what it had not applied is never written back
+            settings = self._settings()
+            revision, doc = await self.doc.update(
+                self.store, lambda doc: None if doc.settings == settings else IndexesDoc(settings), fence=grant
+            )
+            if revision:
+                self.applied = (revision, self.doc.encode(doc))
         self._published = (started, settings)
 
     async def _keep_published(self) -> None:
@@ -138,11 +157,11 @@ class SharedIndexes:
         await self.publish()
 
     async def until_followers_serve(self, name: str) -> None:
-        """The owner, before it starts a new index's workers: until the front ends up serve it."""
+        """The holder, before it starts a new index's workers: until the front ends up serve it."""
         await self._until(lambda r: name not in r.serving, name, "do not serve it yet")
 
     async def until_followers_drop(self, name: str) -> None:
-        """The owner, once it deleted an index: until the front ends up no longer serve it."""
+        """The holder, once it deleted an index: until the front ends up no longer serve it."""
         await self._until(lambda r: name in r.serving, name, "serve it still")
 
     async def reports(self) -> dict[str, frozenset[str]]:
@@ -165,14 +184,14 @@ class SharedIndexes:
         settings = {name: registry.get(name).config.params for name in self._serving()}
         return INDEXES_DOC.decode(Versioned(1, INDEXES_DOC.encode(IndexesDoc(settings))))[1].settings
 
-    # ---- every other front end ----------------------------------------------------------------------
+    # ---- every front end ------------------------------------------------------------------------------
     async def refresh(self) -> None:
-        """Serve the owner's indexes now (a create or delete forwarded to the owner was answered). A
-        store that does not answer leaves it to the follow loop: the write's answer is the owner's."""
+        """Serve the server's indexes now (a create or delete forwarded to the holder was answered). A
+        store that does not answer leaves it to the follow loop: the write's answer is the holder's."""
         try:
             found = await self.store.read(self.doc.name)
         except StoreError as exc:
-            log.warning("search indexes: the owner's could not be read (%s): served once the store answers", exc)
+            log.warning("search indexes: the server's could not be read (%s): served once the store answers", exc)
             return
         await self._apply(found)
 
@@ -193,13 +212,17 @@ class SharedIndexes:
                 found = await self.store.read(self.doc.name)  # waited for it is never applied after a newer one
             if found is None or (found.revision, found.body) == self.applied:
                 return  # never written (data_dir's indexes stay), or applied already
-            _, doc = self.doc.decode(found)
-            self._serve(doc.settings)
-            self.applied = (found.revision, found.body)
+            self._take(found)
         try:
-            await self.report(force=True)  # the owner may be waiting on it
+            await self.report(force=True)  # the holder may be waiting on it
         except StoreError as exc:
             log.debug("search indexes: this front end's report was refused (%s): again shortly", exc)
+
+    def _take(self, found: Versioned) -> None:
+        """Serve what `found` (the document) says; under `_applying`."""
+        _, doc = self.doc.decode(found)
+        self._serve(doc.settings)
+        self.applied = (found.revision, found.body)
 
     def _serve(self, settings: dict[str, dict[str, Any]]) -> None:
         for name in sorted(set(self._serving()) - set(settings)):
@@ -223,10 +246,16 @@ class SharedIndexes:
             return
         config: ModelConfig = index_config(name, parse_params(settings, f"settings of index {name!r}"))
         self.server.add_version(config)
-        log.info("index %s created by the owner front end: served here too", name)
+        if self.supervises:  # this host's share of its replica workers (they join every front end)
+            self.server.supervisor.add(name, config.workers, None)
+        log.info("index %s created (by the decider lease's holder): served here too", name)
 
     def _drop(self, name: str) -> None:
         rt = self.server.registry.get(name)
+        if self.supervises:
+            supervisor = self.server.supervisor
+            for slot in supervisor.live_slots(name):
+                supervisor.retire(slot)
+                supervisor.kill(slot.incarnation)
         self.server.remove_version(name, rt.version, NotFound(f"index {name!r} was deleted"))
-        log.info("index %s deleted by the owner front end: no longer served here", name)
-
+        log.info("index %s deleted (by the decider lease's holder): no longer served here", name)

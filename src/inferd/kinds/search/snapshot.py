@@ -5,6 +5,11 @@ holds applied_seq, the caller's metadata and a CRC32 per file) and `CURRENT`, na
 `write` fills a temporary folder, fsyncs every file and the folder, renames it into place, then replaces
 CURRENT (temp file + fsync + rename + fsync of the directory) and only then removes older folders. A crash at
 any point leaves CURRENT naming a complete folder (or no CURRENT yet: no snapshot).
+
+Over the wire a snapshot travels as one blob (`pack`/`unpack`: applied_seq, files and metadata, with a
+CRC32 per file as on disk), cut into chunks of at most CHUNK_BYTES (`chunks`): a replica answers the
+writer's "snapshot" call with its index packed, and the writer sends a replica the snapshot it keeps in
+its data_dir inside ShardAssign. No replica reads or writes a data_dir.
 """
 
 from __future__ import annotations
@@ -17,10 +22,17 @@ import zlib
 from pathlib import Path
 from typing import Any
 
+import msgspec
+
 from inferd.kinds.search.types import CorruptSnapshot
 
 CURRENT = "CURRENT"
 META = "meta.json"
+CHUNK_BYTES = 8 * 2**20
+"""The most snapshot bytes in one message (a ShardAssign, a "snapshot" call's answer)."""
+
+_packer = msgspec.msgpack.Encoder()
+_unpacker = msgspec.msgpack.Decoder(tuple[int, dict[str, bytes], dict[str, int], dict[str, Any]])
 
 
 def _fsync_path(path: Path) -> None:
@@ -95,3 +107,35 @@ def read(directory: Path) -> tuple[int, dict[str, bytes], dict[str, Any]]:
         if zlib.crc32(files[name]) != crc:
             raise CorruptSnapshot(f"snapshot {folder}: {name} does not match its checksum")
     return int(head["applied_seq"]), files, head["meta"]
+
+
+def pack(applied_seq: int, files: dict[str, bytes], meta: dict[str, Any]) -> bytes:
+    """A snapshot as one blob, for the wire."""
+    checks = {name: zlib.crc32(data) for name, data in files.items()}
+    return _packer.encode((applied_seq, files, checks, meta))
+
+
+def unpack(data: bytes) -> tuple[int, dict[str, bytes], dict[str, Any]]:
+    """(applied_seq, files, meta) of a packed snapshot; CorruptSnapshot when it does not decode or a file
+    does not match its checksum."""
+    try:
+        applied_seq, files, checks, meta = _unpacker.decode(data)
+    except msgspec.DecodeError as exc:
+        raise CorruptSnapshot(f"a snapshot received does not decode: {exc}") from exc
+    if set(checks) != set(files) or any(zlib.crc32(files[n]) != crc for n, crc in checks.items()):
+        raise CorruptSnapshot("a snapshot received does not match its checksums")
+    return applied_seq, files, meta
+
+
+def read_packed(directory: Path) -> tuple[int, bytes] | None:
+    """The current snapshot of `directory`, packed, with its seq; None when there is none."""
+    try:
+        applied_seq, files, meta = read(directory)
+    except FileNotFoundError:
+        return None
+    return applied_seq, pack(applied_seq, files, meta)
+
+
+def chunks(data: bytes, size: int = CHUNK_BYTES) -> list[bytes]:
+    """`data` cut into pieces of at most `size` bytes (one empty piece for no data)."""
+    return [data[i : i + size] for i in range(0, len(data), size)] or [b""]

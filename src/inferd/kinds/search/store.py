@@ -1,8 +1,12 @@
 """Where indexes live on disk, under the server's data_dir:
 
     DATA_DIR/indexes/NAME/index.json        settings of an index created through the API
-    DATA_DIR/indexes/NAME/shard-N/wal/      the shard's write-ahead log (the front end writes it)
-    DATA_DIR/indexes/NAME/shard-N/snapshot/ its latest snapshot (a replica writes it when told to)
+    DATA_DIR/indexes/NAME/shard-N/wal       the shard's write-ahead log (its writer front end writes it)
+    DATA_DIR/indexes/NAME/shard-N/snapshot/ its latest snapshot (the writer writes what a replica sent)
+    DATA_DIR/indexes/NAME/writer.json       the lease epoch under which these logs were last written
+
+Those are the first front end's of its host; another of `--frontends N` (which shares the data_dir) keeps
+its own, suffixed with its id (`wal.ID`, `snapshot.ID`, `writer.ID.json`): two writers never share a file.
 
 An index declared in the model repository has no index.json (its settings are the repository's); its
 logs and snapshots live here all the same, so its documents survive restarts too.
@@ -37,11 +41,22 @@ class IndexStore:
     def shard_folder(self, name: str, shard: int) -> Path:
         return self.folder(name) / f"shard-{shard}"
 
-    def wal_path(self, name: str, shard: int) -> Path:
-        return self.shard_folder(name, shard) / "wal"
+    def wal_path(self, name: str, shard: int, writer: str = "") -> Path:
+        return self.shard_folder(name, shard) / _own("wal", writer)
 
-    def snapshot_path(self, name: str, shard: int) -> Path:
-        return self.shard_folder(name, shard) / "snapshot"
+    def snapshot_path(self, name: str, shard: int, writer: str = "") -> Path:
+        return self.shard_folder(name, shard) / _own("snapshot", writer)
+
+    def written_epoch(self, name: str, writer: str = "") -> int:
+        """The lease epoch under which this front end's logs of `name` were last written (0: never)."""
+        try:
+            with open(self.folder(name) / _own("writer", writer, ".json")) as f:
+                return int(json.load(f).get("epoch", 0))
+        except (FileNotFoundError, ValueError, AttributeError):
+            return 0
+
+    def save_written_epoch(self, name: str, epoch: int, writer: str = "") -> None:
+        self._write(name, _own("writer", writer, ".json"), {"epoch": epoch})
 
     def save(self, name: str, params: SearchParams) -> None:
         """Record an API-created index (atomically: temp file, fsync, rename) so it is served again after
@@ -96,6 +111,13 @@ class IndexStore:
                 continue
             configs.append(index_config(folder.name, params))
         return configs
+
+
+def _own(base: str, writer: str, ext: str = "") -> str:
+    """A writer's file name: `base` for the first front end of its host, else suffixed with its id."""
+    if not writer:
+        return base + ext
+    return f"{base}.{''.join(c if c.isalnum() or c in '-_' else '_' for c in writer)}{ext}"
 
 
 def _fsync_dir(path: Path) -> None:

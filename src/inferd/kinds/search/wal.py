@@ -152,6 +152,20 @@ class WriteAheadLog:
         self._end -= shift
         self.base_seq = new_base
 
+    def reset(self, base_seq: int) -> None:
+        """Empty the log, its next entry `base_seq + 1` (a new writer's log, based on the snapshot it took
+        from a replica: entries of its own past that point were never acknowledged)."""
+        temp = self.path.with_name(self.path.name + ".tmp")
+        with open(temp, "wb") as f:
+            f.write(_header(base_seq))
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(temp, self.path)
+        _fsync_dir(self.path.parent)
+        os.close(self._fd)
+        self._fd = os.open(self.path, os.O_RDWR)
+        self._offsets, self._end, self.base_seq = [], _HEADER.size, base_seq
+
     def close(self) -> None:
         if self._fd >= 0:
             os.close(self._fd)

@@ -28,6 +28,7 @@ _int = msgspec.msgpack.Decoder(int)
 _str = msgspec.msgpack.Decoder(str)
 _page = msgspec.msgpack.Decoder(UnvectoredPage)
 _pair = msgspec.msgpack.Decoder(tuple[int, int])
+_piece = msgspec.msgpack.Decoder(tuple[int, int, bytes])
 
 
 def encode(value: object) -> bytes:
@@ -68,3 +69,8 @@ def page(body: bytes) -> UnvectoredPage:
 
 def pair(body: bytes) -> tuple[int, int]:
     return _pair.decode(body)
+
+
+def piece(body: bytes) -> tuple[int, int, bytes]:
+    """A "snapshot" call's answer: (the snapshot's seq, its packed size, the bytes from the offset asked)."""
+    return _piece.decode(body)
