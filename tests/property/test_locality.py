@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from inferd.clock import FakeClock
-from inferd.routing.locality import LocalityPolicy
+from inferd.routing.locality import Backlog, LocalityPolicy
 
 ZONES = ("a", "b", "c")
 FAILBACK_S, HOLD_S = 10.0, 5.0
@@ -83,3 +83,46 @@ def test_the_local_share_falls_at_once_and_rises_only_after_the_hold_along_the_r
             assert local - last <= (now - max(last_at, low_since + HOLD_S)) / FAILBACK_S + 1e-9
         low_since = None if local >= rule - 1e-12 else (low_since if low_since is not None and local >= last - 1e-12 else now)
         last_at, last = now, local
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.fixed_dictionaries({z: st.integers(0, 4) for z in ZONES}),
+    st.fixed_dictionaries({z: st.integers(0, 4) for z in ZONES}),
+    st.sets(st.sampled_from(ZONES)),
+    st.integers(1, 200),
+    st.floats(0.0, 1.0),
+    st.one_of(st.none(), st.floats(0.001, 0.5)),
+    st.one_of(st.none(), st.floats(-1.0, 30.0)),
+)
+def test_work_spills_only_from_short_zones_after_the_floor_to_an_idle_zone_in_service(
+    healthy: dict[str, int],
+    ejected: dict[str, int],
+    free: set[str],
+    queued: int,
+    waited_s: float,
+    batch_s: float | None,
+    remaining_s: float | None,
+) -> None:
+    """Whatever the fleet and the backlog: a spill goes to a zone with no share, an idle worker and one in
+    service, only while the zones with a share are short of capacity, and (unless none of theirs is in
+    service) only after the floor; the zone chosen otherwise has a share."""
+    p = LocalityPolicy(FakeClock(), "a")
+    for z in ZONES:
+        for i in range(4):
+            p.join(f"{z}-{i}", z)
+    serving = {z: max(0, n - ejected[z]) for z, n in healthy.items()}
+    shares = p.shares(healthy, serving)
+    backlog = Backlog(waited_s, 0.05, queued, bound=100, max_batch=8, batch_s=batch_s, remaining_s=remaining_s)
+    choice = p.choose(shares, free, backlog)
+    if choice.zone is None:
+        return
+    assert choice.zone in free
+    if not choice.spilled:
+        assert shares.of(choice.zone) > 0.0
+        return
+    assert shares.of(choice.zone) == 0.0 and shares.serving.get(choice.zone, 0) > 0
+    assert p.short(shares, backlog)
+    in_service = sum(n for z, n in shares.serving.items() if shares.of(z) > 0.0)
+    assert waited_s >= 0.05 - 1e-6 or in_service == 0
+    assert not any(shares.of(z) > 0.0 for z in free)  # a zone with a share and an idle worker takes it first
