@@ -9,7 +9,7 @@ each inferd's open-loop generator (Poisson arrivals, every answer checked) for -
   - only the first zone's clients do (the other zones idle: room to spill into).
 The share served in-zone is read from each front end's /metrics (inferd_requests_by_zone_total, the
 work it sent to each zone's workers; inferd_requests_spilled_by_zone_total, what went beyond the zone
-shares because its zone had no free worker), over the measured window.
+shares because its zone was short of capacity), over the measured window.
 
     sudo .venv/bin/python benchmarks/locality.py [--zones 3] [--workers 1] [--levels 0.3,0.6,0.9]
         [--seconds 15] [--warmup 3] [--slo-ms 500]
@@ -104,7 +104,7 @@ def main() -> int:
     ap.add_argument("--base-ms", type=float, default=40.0)
     ap.add_argument("--per-item-ms", type=float, default=5.0)
     ap.add_argument("--max-batch", type=int, default=8)
-    ap.add_argument("--max-wait-ms", type=float, default=2.0, help="the batching wait (and the spill wait)")
+    ap.add_argument("--max-wait-ms", type=float, default=2.0, help="the batching wait (part of the load spill's floor)")
     args = ap.parse_args()
     levels = [float(x) for x in args.levels.split(",") if x.strip()]
     if not 2 <= args.zones <= 6 or not 1 <= args.workers <= 4 or not all(0 < x <= 1.5 for x in levels):

@@ -286,7 +286,7 @@ def main() -> int:
     ap.add_argument("--base-ms", type=float, default=40.0)
     ap.add_argument("--per-item-ms", type=float, default=5.0)
     ap.add_argument("--max-batch", type=int, default=8)
-    ap.add_argument("--max-wait-ms", type=float, default=2.0, help="the batching wait (and the spill wait)")
+    ap.add_argument("--max-wait-ms", type=float, default=2.0, help="the batching wait (part of the load spill's floor)")
     args = ap.parse_args()
     if not 2 <= args.zones <= 6 or not 1 <= args.workers <= 4 or not 0 < args.load <= 1.5:
         raise SystemExit("--zones within 2..6, --workers within 1..4, --load within (0, 1.5]")

@@ -94,7 +94,7 @@ def zone_families(snapshots: list[RuntimeStatistics]) -> list[Any]:
     )
     spilled = CounterMetricFamily(
         "inferd_requests_spilled_by_zone",
-        "Of those, sent beyond the zone shares because the zones with a share had no free worker (load spill).",
+        "Of those, sent beyond the zone shares because the zones with a share were short of capacity (load spill).",
         labels=labels,
     )
     share = GaugeMetricFamily(
