@@ -137,13 +137,20 @@ class Follower:
 
     async def run(self) -> None:
         """Until cancelled: read on every notification and at least every `every_s`."""
-        async with asyncio.TaskGroup() as tg:
-            tg.create_task(self._notifications(), name="cluster-watch")
+        watch = asyncio.create_task(self._notifications(), name="cluster-watch")
+        try:
             while True:
                 await self.read_all()
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._wake.wait(), self.every_s)
+                with contextlib.suppress(TimeoutError):  # asyncio.timeout, not wait_for: Python 3.11's
+                    async with asyncio.timeout(self.every_s):  # wait_for loses a cancellation that comes
+                        await self._wake.wait()  # as it times out, and this loop then never ended
                 self._wake.clear()
+                if (me := asyncio.current_task()) is not None and me.cancelling():
+                    raise asyncio.CancelledError  # a call below ended as if it was not cancelled
+                if watch.done():  # it ends only by a bug: raise it here
+                    watch.result()
+        finally:
+            await _cancel_until_done(watch)
 
     async def _notifications(self) -> None:
         while True:
@@ -154,3 +161,12 @@ class Follower:
             except StoreError:
                 pass  # the periodic read goes on; watch again a moment later
             await asyncio.sleep(self.every_s)
+
+
+async def _cancel_until_done(task: asyncio.Task[None]) -> None:
+    """Cancel `task` until it ends. One cancellation is not always enough for a Redis watch: redis-py's
+    pubsub read can end a cancelled read as "no message" (its own read timeout expiring as the cancellation
+    arrives), and the watch would then go on for good, so a front end's shutdown waited on it forever."""
+    while not task.done():
+        task.cancel()
+        await asyncio.wait([task], timeout=0.1)
