@@ -5,6 +5,7 @@ and what another front end serves. On MemoryStore and a fake clock."""
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -20,6 +21,7 @@ from inferd.config import ModelConfig
 from inferd.errors import NotFound, ServingError
 from inferd.kinds.search import shared_indexes
 from inferd.kinds.search.config import index_config, params_of, parse_params
+from inferd.kinds.search.indexes import IndexAdmin
 from inferd.kinds.search.kind import search_kind
 from inferd.kinds.search.shared_indexes import (
     INDEXES,
@@ -30,6 +32,7 @@ from inferd.kinds.search.shared_indexes import (
     ServingDoc,
     SharedIndexes,
 )
+from inferd.kinds.search.store import IndexStore
 from inferd.runtime.kinds import KindRegistry
 
 
@@ -436,3 +439,41 @@ async def test_every_front_end_reports_what_it_serves_the_holder_too() -> None:
         runs.cancel()
     assert await other.reports() == {"a": frozenset({"notes"})}
     assert list((await INDEXES_DOC.read(store))[1].settings) == ["notes"]
+
+
+class AdminServer(Server):
+    """A front end as IndexAdmin sees it (its index_sync, supervisor and directory); a new index is ready
+    at once."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.index_sync: SharedIndexes | None = None
+        self.supervisor = Supervisor()
+        self.directory = None
+
+    def add_version(self, config: ModelConfig) -> SimpleNamespace:  # type: ignore[override]
+        super().add_version(config)
+        self.registry.served[config.name].ready = True
+        return self.registry.served[config.name]
+
+
+async def test_a_new_holder_behind_the_document_keeps_the_index_it_creates(tmp_path: Path) -> None:
+    clock = FakeClock()
+    store = MemoryStore(clock)
+    a_holding, b_holding = Holding(), Holding()
+    a, a_server, _ = site(store, clock, "a", owner=True, holding=a_holding)
+    b_server = AdminServer()
+    b = SharedIndexes(store, Follower(store, clock), b_server, "b", b_holding, clock)
+    b_server.index_sync = b
+    a_server.add_version(index("notes", shards=1))
+    await a.publish()  # b has not read the document yet (its follow loop is behind)
+    assert a_holding.grant is not None
+    store.state.release(a_holding.grant)
+    a_holding.grant, b_holding.grant = None, store.state.acquire(LEASE, "b", 3600.0)
+    admin = IndexAdmin(b_server, IndexStore(tmp_path), max_workers=16)  # type: ignore[arg-type]
+    assert await admin.create("docs", parse_params({"shards": 1}, "test")) is True
+    assert b_server.registry.names() == ["docs", "notes"]  # the index it answered 201 for is served
+    assert sorted((await INDEXES_DOC.read(store))[1].settings) == ["docs", "notes"]
+    assert b_server.supervisor.live_slots("docs")
+    await b.publish()
+    assert b_server.registry.names() == ["docs", "notes"]

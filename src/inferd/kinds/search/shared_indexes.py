@@ -9,7 +9,9 @@ frontends/search_writes.py). Two kinds of document:
   holder's late write is refused) and compare-and-set on the revision read, on each create and delete,
   and again every interval while it differs from what the holder serves (a write the store refused is
   made again), but only once the holder has applied the document's current revision itself (a front end
-  that just took the lease never writes back what it had not caught up with). Every front end follows
+  that just took the lease never writes back what it had not caught up with; a create or delete
+  catches up before it starts, `catch_up`, so the index it creates is never dropped as one the document
+  lacks). Every front end follows
   it (`Follower`): it serves the indexes it lacks, stops serving the ones that are gone, and serves again
   (anew) one whose settings differ (deleted and created again); a front end that runs local workers (the
   first of its host) starts its share of an index's replica workers there too, and retires them when
@@ -138,9 +140,7 @@ class SharedIndexes:
             return
         started = self.clock.now()
         async with self._applying:
-            found = await self.store.read(self.doc.name)
-            if found is not None and (found.revision, found.body) != self.applied:
-                self._take(found)  # caught up first: what it had not applied is never written back
+            await self._catch_up()  # first: what it had not applied is never written back
             settings = self._settings()
             revision, doc = await self.doc.update(
                 self.store, lambda doc: None if doc.settings == settings else IndexesDoc(settings), fence=grant
@@ -148,6 +148,18 @@ class SharedIndexes:
             if revision:
                 self.applied = (revision, self.doc.encode(doc))
         self._published = (started, settings)
+
+    async def catch_up(self) -> None:
+        """The holder, before it creates or deletes an index: serve the document's current revision
+        first. A holder still behind it (it just took the lease) would otherwise drop the index it
+        creates when it publishes, as one the document lacks. StoreError when the store does not answer."""
+        async with self._applying:
+            await self._catch_up()
+
+    async def _catch_up(self) -> None:
+        found = await self.store.read(self.doc.name)
+        if found is not None and (found.revision, found.body) != self.applied:
+            self._take(found)
 
     async def _keep_published(self) -> None:
         if self._published is not None:
