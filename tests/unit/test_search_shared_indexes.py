@@ -57,6 +57,7 @@ class Server:
         self.registry = Registry()
         self.kinds = KindRegistry([search_kind()])
         self.added: list[tuple[str, int]] = []
+        self.config = SimpleNamespace(data_dir=Path("/nonexistent/data_dir"))
 
     def add_version(self, config: ModelConfig) -> None:
         self.registry.served[config.name] = SimpleNamespace(config=config, version=config.version)
@@ -477,3 +478,31 @@ async def test_a_new_holder_behind_the_document_keeps_the_index_it_creates(tmp_p
     assert b_server.supervisor.live_slots("docs")
     await b.publish()
     assert b_server.registry.names() == ["docs", "notes"]
+
+
+async def test_an_index_deleted_elsewhere_leaves_no_log_on_this_host_for_one_created_again(tmp_path: Path) -> None:
+    clock = FakeClock()
+    store = MemoryStore(clock)
+    server = Server()
+    server.config = SimpleNamespace(data_dir=tmp_path)
+    files = IndexStore(tmp_path)
+    b = SharedIndexes(store, Follower(store, clock), server, "b", Holding(), clock)
+    await publish(store, {"notes": {"shards": 1, "embedder": "none"}, "kept": {"shards": 1, "embedder": "none"}})
+    await b.refresh()
+    assert server.registry.names() == ["kept", "notes"]
+    for name in ("notes", "kept"):  # this front end wrote them (it was their writer): its logs in data_dir
+        files.wal_path(name, 0).parent.mkdir(parents=True)
+        files.wal_path(name, 0).write_bytes(b"entries")
+        files.save_written_epoch(name, 3)
+    declared = files.wal_path("repo", 0)  # an index of the model repository served here too
+    declared.parent.mkdir(parents=True)
+    declared.write_bytes(b"entries")
+    server.add_version(index("repo", shards=1))
+    await publish(store, {"kept": {"shards": 1, "embedder": "none"}})  # notes deleted (through another host)
+    await b.refresh()
+    assert server.registry.names() == ["kept"]
+    # its log would be taken for the index's if one were created again under its name (its writer here
+    # trusts its own log when no replica is further: a new index's replicas start empty)
+    assert not files.folder("notes").exists()
+    assert files.wal_path("kept", 0).is_file() and files.written_epoch("kept") == 3
+    assert declared.is_file()  # dropped here, never erased: the repository declares it

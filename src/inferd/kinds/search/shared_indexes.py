@@ -11,9 +11,9 @@ frontends/search_writes.py). Two kinds of document:
   made again), but only once the holder has applied the document's current revision itself (a front end
   that just took the lease never writes back what it had not caught up with; a create or delete
   catches up before it starts, `catch_up`, so the index it creates is never dropped as one the document
-  lacks). Every front end follows
-  it (`Follower`): it serves the indexes it lacks, stops serving the ones that are gone, and serves again
-  (anew) one whose settings differ (deleted and created again); a front end that runs local workers (the
+  lacks). Every front end follows it (`Follower`): it serves the indexes it lacks, stops serving the
+  ones that are gone (their files in its host's data_dir go too, unless the model repository declares
+  them: a log of the old index is never taken for a new one's), and serves again (anew) one whose settings differ (deleted and created again); a front end that runs local workers (the
   first of its host) starts its share of an index's replica workers there too, and retires them when
   the index goes. A document never written changes nothing: a front end serves data_dir's indexes until
   the holder's come.
@@ -45,6 +45,7 @@ from inferd.config import ModelConfig
 from inferd.errors import NotFound
 from inferd.kinds.search.config import index_config, params_of, parse_params
 from inferd.kinds.search.kind import API
+from inferd.kinds.search.store import SETTINGS_FILE, IndexStore
 
 log = logging.getLogger("inferd.search")
 
@@ -110,6 +111,8 @@ class SharedIndexes:
         """(when, what) of the document as last written or found the same."""
         self._reported: tuple[float, list[str]] | None = None
         """(when, what) of this front end's last report that landed."""
+        self._added: set[str] = set()
+        """The indexes this front end serves because the document has them (`_add`)."""
         self._applying = asyncio.Lock()
         """One application or publication at a time: an older document is never applied after a newer
         one, nor written back."""
@@ -238,7 +241,7 @@ class SharedIndexes:
 
     def _serve(self, settings: dict[str, dict[str, Any]]) -> None:
         for name in sorted(set(self._serving()) - set(settings)):
-            self._drop(name)
+            self._drop(name, deleted=True)
         for name in sorted(set(self._serving()) & set(settings)):
             if self._other_settings(name, settings[name]):  # deleted and created again
                 self._drop(name)
@@ -258,11 +261,19 @@ class SharedIndexes:
             return
         config: ModelConfig = index_config(name, parse_params(settings, f"settings of index {name!r}"))
         self.server.add_version(config)
+        self._added.add(name)
         if self.supervises:  # this host's share of its replica workers (they join every front end)
             self.server.supervisor.add(name, config.workers, None)
         log.info("index %s created (by the decider lease's holder): served here too", name)
 
-    def _drop(self, name: str) -> None:
+    def _drop(self, name: str, deleted: bool = False) -> None:
+        """Stop serving `name`; `deleted` (the document has it no more): its files in this host's
+        data_dir go too, unless the model repository declares it. Its logs there would otherwise be taken
+        for the index's by a writer here of one created again under its name (a new index's replicas
+        start empty: an own log as far as all of them is the index, kinds/search/takeover.py)."""
+        files = IndexStore(self.server.config.data_dir)
+        created = name in self._added or (files.folder(name) / SETTINGS_FILE).is_file()  # not declared
+        self._added.discard(name)
         rt = self.server.registry.get(name)
         if self.supervises:
             supervisor = self.server.supervisor
@@ -270,4 +281,9 @@ class SharedIndexes:
                 supervisor.retire(slot)
                 supervisor.kill(slot.incarnation)
         self.server.remove_version(name, rt.version, NotFound(f"index {name!r} was deleted"))
+        if deleted and created:
+            try:
+                files.remove(name)
+            except OSError as exc:  # (another front end of this host may remove it at once)
+                log.warning("index %s: its files in data_dir could not be removed: %s", name, exc)
         log.info("index %s deleted (by the decider lease's holder): no longer served here", name)
