@@ -13,9 +13,9 @@ frontends/search_writes.py). Two kinds of document:
   catches up before it starts, `catch_up`, so the index it creates is never dropped as one the document
   lacks). Every front end follows it (`Follower`): it serves the indexes it lacks, stops serving the
   ones that are gone (their files in its host's data_dir go too, unless the model repository declares
-  them: a log of the old index is never taken for a new one's), and serves again (anew) one whose settings differ (deleted and created again); a front end that runs local workers (the
-  first of its host) starts its share of an index's replica workers there too, and retires them when
-  the index goes. A document never written changes nothing: a front end serves data_dir's indexes until
+  them: a log of the old index is never taken for a new one's), and serves again (anew) one whose
+  settings differ (deleted and created again); a front end that runs local workers (the first of its
+  host) starts its share of an index's replica workers there too, and retires them when the index goes. A document never written changes nothing: a front end serves data_dir's indexes until
   the holder's come.
 - `kind/search/serving/<frontend>` (`ServingDoc`, expiring after REPORT_TTL_S): the indexes that front
   end serves, written once it applied the document and at least every REPORT_TTL_S / 3. The holder
