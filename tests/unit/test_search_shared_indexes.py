@@ -18,7 +18,7 @@ from inferd.cluster.lease import LEASE
 from inferd.cluster.memory import MemoryState, MemoryStore
 from inferd.cluster.store import Fenced, Grant, StoreUnavailable, Versioned
 from inferd.config import ModelConfig
-from inferd.errors import NotFound, ServingError
+from inferd.errors import ClusterUnavailable, NotFound, ServingError
 from inferd.kinds.search import shared_indexes
 from inferd.kinds.search.config import index_config, params_of, parse_params
 from inferd.kinds.search.indexes import IndexAdmin
@@ -455,6 +455,7 @@ class AdminServer(Server):
     def add_version(self, config: ModelConfig) -> SimpleNamespace:  # type: ignore[override]
         super().add_version(config)
         self.registry.served[config.name].ready = True
+        self.registry.served[config.name].kind = "search"
         return self.registry.served[config.name]
 
 
@@ -506,3 +507,25 @@ async def test_an_index_deleted_elsewhere_leaves_no_log_on_this_host_for_one_cre
     assert not files.folder("notes").exists()
     assert files.wal_path("kept", 0).is_file() and files.written_epoch("kept") == 3
     assert declared.is_file()  # dropped here, never erased: the repository declares it
+
+
+async def test_an_index_the_store_did_not_take_is_not_answered_created_nor_left_half_made(tmp_path: Path) -> None:
+    clock = FakeClock()
+    store = Flaky(clock)
+    holding = Holding()
+    server = AdminServer()
+    holder = SharedIndexes(store, Follower(store, clock), server, "a", holding, clock)
+    server.index_sync = holder
+    holding.grant = store.state.acquire(LEASE, "a", 3600.0)
+    admin = IndexAdmin(server, IndexStore(tmp_path), max_workers=16)  # type: ignore[arg-type]
+    store.refuse = INDEXES  # the store takes no write of the server's indexes now
+    with pytest.raises(ClusterUnavailable):  # 503: never a 201 for an index the other front ends never hear of
+        await admin.create("docs", parse_params({"shards": 1}, "test"))
+    assert server.registry.names() == [] and not IndexStore(tmp_path).folder("docs").exists()
+    assert server.supervisor.live_slots("docs") == []
+    store.refuse = None
+    assert await admin.create("docs", parse_params({"shards": 1}, "test")) is True  # tried again: made
+    assert list((await INDEXES_DOC.read(store))[1].settings) == ["docs"]
+    store.refuse = INDEXES
+    with pytest.raises(ClusterUnavailable):  # a delete the document does not say yet is not answered done
+        await admin.delete("docs")

@@ -99,7 +99,13 @@ class IndexAdmin:
             self.store.save(name, params)  # first: a crash from here on serves it again at start
             rt = self.server.add_version(config)
             if self.server.index_sync is not None:  # a worker joins every front end: each must know it
-                await self.server.index_sync.until_followers_serve(name)
+                try:
+                    with changes():  # the server's document did not take it: 503, and nothing is left
+                        await self.server.index_sync.until_followers_serve(name)
+                except ServingError:
+                    self.server.remove_version(name, rt.version, NotFound(f"index {name!r} was not created"))
+                    self.store.remove(name)
+                    raise
             self.server.supervisor.add(name, config.workers, None)
             log.info("index %s created: %s", name, params.model_dump())
         await self._until_ready(rt)
@@ -140,5 +146,6 @@ class IndexAdmin:
             self.server.remove_version(name, rt.version, NotFound(f"index {name!r} was deleted"))
             self.store.remove(name)
             if self.server.index_sync is not None:  # a name created again must not find the old index
-                await self.server.index_sync.until_followers_drop(name)
+                with changes():  # gone here; the server's document says so once the store answers
+                    await self.server.index_sync.until_followers_drop(name)
             log.info("index %s deleted", name)

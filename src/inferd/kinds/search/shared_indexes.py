@@ -184,8 +184,10 @@ class SharedIndexes:
         return {f: frozenset(r.serving) for f, (_, r) in (await self.reports_of.others()).items()}
 
     async def _until(self, lagging: Callable[[ServingDoc], bool], name: str, what: str) -> None:
+        """Publish, then wait for the front ends' reports (bounded). StoreError (or Fenced) when the
+        document could not be written: the create or delete is not answered done then."""
+        await self.publish()
         try:
-            await self.publish()
             behind = await self.reports_of.until(lagging, FOLLOWERS_WAIT_S)
         except StoreError as exc:
             log.warning("index %s: the front ends' reports could not be read (%s)", name, exc)
