@@ -529,3 +529,7 @@ async def test_an_index_the_store_did_not_take_is_not_answered_created_nor_left_
     store.refuse = INDEXES
     with pytest.raises(ClusterUnavailable):  # a delete the document does not say yet is not answered done
         await admin.delete("docs")
+    store.refuse, holding.grant = None, None  # it no longer holds the lease (it lapsed meanwhile)
+    with pytest.raises(ClusterUnavailable, match="no longer decides"):
+        await admin.create("notes", parse_params({"shards": 1}, "test"))
+    assert "notes" not in server.registry.names()

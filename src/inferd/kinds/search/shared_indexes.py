@@ -42,7 +42,7 @@ from inferd.cluster.follower import Document, Follower
 from inferd.cluster.reports import Reports
 from inferd.cluster.store import Grant, Store, StoreError, Versioned
 from inferd.config import ModelConfig
-from inferd.errors import NotFound
+from inferd.errors import ClusterUnavailable, NotFound
 from inferd.kinds.search.config import index_config, params_of, parse_params
 from inferd.kinds.search.kind import API
 from inferd.kinds.search.store import SETTINGS_FILE, IndexStore
@@ -185,7 +185,10 @@ class SharedIndexes:
 
     async def _until(self, lagging: Callable[[ServingDoc], bool], name: str, what: str) -> None:
         """Publish, then wait for the front ends' reports (bounded). StoreError (or Fenced) when the
-        document could not be written: the create or delete is not answered done then."""
+        document could not be written, ClusterUnavailable when this front end no longer holds the lease:
+        the create or delete is not answered done then."""
+        if not self.holds:  # lost since the write was routed here: the next holder's document is the word
+            raise ClusterUnavailable("this front end no longer decides for the server (its lease lapsed); try again")
         await self.publish()
         try:
             behind = await self.reports_of.until(lagging, FOLLOWERS_WAIT_S)
