@@ -165,6 +165,9 @@ class Lease:
     def retry_after_s(self) -> float:
         return self._retry
 
+    def taking_over(self) -> int | None:
+        return None
+
 
 def test_a_document_write_runs_on_the_indexs_writer_and_an_index_op_on_the_decider() -> None:
     upsert = Write("upsert", "docs")
@@ -495,3 +498,39 @@ async def test_a_replica_every_front_end_left_takes_a_writer_of_any_epoch_again(
     for epoch, replies in zip((5, 1), answers, strict=True):
         assert [(r.call_id, r.error) for r in replies] == [(0, None), (1, None)]
         assert wire.pair(replies[1].body) == (0, epoch)  # serves shard 0, built under that writer
+
+
+class Counting(Store):
+    """The store of `routes_on`, counting the times it is asked who holds a lease."""
+
+    def __init__(self, holder: str | None) -> None:
+        super().__init__(holder)
+        self.asked = 0
+
+    async def holder(self, lease: str) -> object:
+        self.asked += 1
+        return await super().holder(lease)
+
+
+class TakingOver(Lease):
+    """This front end holds the index's writer lease and its takeover runs: it writes nothing yet."""
+
+    def taking_over(self) -> int | None:
+        return 7
+
+
+async def test_a_write_during_this_front_ends_takeover_is_a_503_without_asking_the_store(tmp_path: Path) -> None:
+    routes, peers = routes_on(tmp_path, me="1", decider="1")
+    store = routes.server.cluster.store = Counting("1")  # the store names this front end: it holds the lease
+    upsert = Write("upsert", "docs", body=b'{"documents": [{"id": "a", "text": "x"}]}')
+    for _ in range(3):
+        to = await routes.route(upsert, SimpleNamespace(writer=TakingOver()))
+        assert isinstance(to, Nobody) and to.retry_after_s == 5.0
+    assert store.asked == 0  # no store round trip per write while the takeover runs
+    assert await routes.route(upsert, SimpleNamespace(writer=Lease(holder=None))) == Nobody(
+        "index 'docs' has no writer now (its lease is being taken over)", 5.0
+    )
+    assert store.asked == 1  # no writer known here: the store's word is asked (it may be new since)
+    store.grant = SimpleNamespace(holder="2")
+    assert await routes.route(upsert, SimpleNamespace(writer=Lease(holder=None))) == "2"
+    assert peers.asked == []

@@ -5,6 +5,7 @@ and what another front end serves. On MemoryStore and a fake clock."""
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -17,9 +18,10 @@ from inferd.cluster.lease import LEASE
 from inferd.cluster.memory import MemoryState, MemoryStore
 from inferd.cluster.store import Fenced, Grant, StoreUnavailable, Versioned
 from inferd.config import ModelConfig
-from inferd.errors import NotFound, ServingError
+from inferd.errors import ClusterUnavailable, NotFound, ServingError
 from inferd.kinds.search import shared_indexes
 from inferd.kinds.search.config import index_config, params_of, parse_params
+from inferd.kinds.search.indexes import IndexAdmin
 from inferd.kinds.search.kind import search_kind
 from inferd.kinds.search.shared_indexes import (
     INDEXES,
@@ -30,6 +32,7 @@ from inferd.kinds.search.shared_indexes import (
     ServingDoc,
     SharedIndexes,
 )
+from inferd.kinds.search.store import IndexStore
 from inferd.runtime.kinds import KindRegistry
 
 
@@ -54,6 +57,7 @@ class Server:
         self.registry = Registry()
         self.kinds = KindRegistry([search_kind()])
         self.added: list[tuple[str, int]] = []
+        self.config = SimpleNamespace(data_dir=Path("/nonexistent/data_dir"))
 
     def add_version(self, config: ModelConfig) -> None:
         self.registry.served[config.name] = SimpleNamespace(config=config, version=config.version)
@@ -436,3 +440,96 @@ async def test_every_front_end_reports_what_it_serves_the_holder_too() -> None:
         runs.cancel()
     assert await other.reports() == {"a": frozenset({"notes"})}
     assert list((await INDEXES_DOC.read(store))[1].settings) == ["notes"]
+
+
+class AdminServer(Server):
+    """A front end as IndexAdmin sees it (its index_sync, supervisor and directory); a new index is ready
+    at once."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.index_sync: SharedIndexes | None = None
+        self.supervisor = Supervisor()
+        self.directory = None
+
+    def add_version(self, config: ModelConfig) -> SimpleNamespace:  # type: ignore[override]
+        super().add_version(config)
+        self.registry.served[config.name].ready = True
+        self.registry.served[config.name].kind = "search"
+        return self.registry.served[config.name]
+
+
+async def test_a_new_holder_behind_the_document_keeps_the_index_it_creates(tmp_path: Path) -> None:
+    clock = FakeClock()
+    store = MemoryStore(clock)
+    a_holding, b_holding = Holding(), Holding()
+    a, a_server, _ = site(store, clock, "a", owner=True, holding=a_holding)
+    b_server = AdminServer()
+    b = SharedIndexes(store, Follower(store, clock), b_server, "b", b_holding, clock)
+    b_server.index_sync = b
+    a_server.add_version(index("notes", shards=1))
+    await a.publish()  # b has not read the document yet (its follow loop is behind)
+    assert a_holding.grant is not None
+    store.state.release(a_holding.grant)
+    a_holding.grant, b_holding.grant = None, store.state.acquire(LEASE, "b", 3600.0)
+    admin = IndexAdmin(b_server, IndexStore(tmp_path), max_workers=16)  # type: ignore[arg-type]
+    assert await admin.create("docs", parse_params({"shards": 1}, "test")) is True
+    assert b_server.registry.names() == ["docs", "notes"]  # the index it answered 201 for is served
+    assert sorted((await INDEXES_DOC.read(store))[1].settings) == ["docs", "notes"]
+    assert b_server.supervisor.live_slots("docs")
+    await b.publish()
+    assert b_server.registry.names() == ["docs", "notes"]
+
+
+async def test_an_index_deleted_elsewhere_leaves_no_log_on_this_host_for_one_created_again(tmp_path: Path) -> None:
+    clock = FakeClock()
+    store = MemoryStore(clock)
+    server = Server()
+    server.config = SimpleNamespace(data_dir=tmp_path)
+    files = IndexStore(tmp_path)
+    b = SharedIndexes(store, Follower(store, clock), server, "b", Holding(), clock)
+    await publish(store, {"notes": {"shards": 1, "embedder": "none"}, "kept": {"shards": 1, "embedder": "none"}})
+    await b.refresh()
+    assert server.registry.names() == ["kept", "notes"]
+    for name in ("notes", "kept"):  # this front end wrote them (it was their writer): its logs in data_dir
+        files.wal_path(name, 0).parent.mkdir(parents=True)
+        files.wal_path(name, 0).write_bytes(b"entries")
+        files.save_written_epoch(name, 3)
+    declared = files.wal_path("repo", 0)  # an index of the model repository served here too
+    declared.parent.mkdir(parents=True)
+    declared.write_bytes(b"entries")
+    server.add_version(index("repo", shards=1))
+    await publish(store, {"kept": {"shards": 1, "embedder": "none"}})  # notes deleted (through another host)
+    await b.refresh()
+    assert server.registry.names() == ["kept"]
+    # its log would be taken for the index's if one were created again under its name (its writer here
+    # trusts its own log when no replica is further: a new index's replicas start empty)
+    assert not files.folder("notes").exists()
+    assert files.wal_path("kept", 0).is_file() and files.written_epoch("kept") == 3
+    assert declared.is_file()  # dropped here, never erased: the repository declares it
+
+
+async def test_an_index_the_store_did_not_take_is_not_answered_created_nor_left_half_made(tmp_path: Path) -> None:
+    clock = FakeClock()
+    store = Flaky(clock)
+    holding = Holding()
+    server = AdminServer()
+    holder = SharedIndexes(store, Follower(store, clock), server, "a", holding, clock)
+    server.index_sync = holder
+    holding.grant = store.state.acquire(LEASE, "a", 3600.0)
+    admin = IndexAdmin(server, IndexStore(tmp_path), max_workers=16)  # type: ignore[arg-type]
+    store.refuse = INDEXES  # the store takes no write of the server's indexes now
+    with pytest.raises(ClusterUnavailable):  # 503: never a 201 for an index the other front ends never hear of
+        await admin.create("docs", parse_params({"shards": 1}, "test"))
+    assert server.registry.names() == [] and not IndexStore(tmp_path).folder("docs").exists()
+    assert server.supervisor.live_slots("docs") == []
+    store.refuse = None
+    assert await admin.create("docs", parse_params({"shards": 1}, "test")) is True  # tried again: made
+    assert list((await INDEXES_DOC.read(store))[1].settings) == ["docs"]
+    store.refuse = INDEXES
+    with pytest.raises(ClusterUnavailable):  # a delete the document does not say yet is not answered done
+        await admin.delete("docs")
+    store.refuse, holding.grant = None, None  # it no longer holds the lease (it lapsed meanwhile)
+    with pytest.raises(ClusterUnavailable, match="no longer decides"):
+        await admin.create("notes", parse_params({"shards": 1}, "test"))
+    assert "notes" not in server.registry.names()

@@ -22,7 +22,7 @@ from inferd.clock import FakeClock
 from inferd.cluster.memory import MemoryStore
 from inferd.config import ServerConfig
 from inferd.errors import WorkerUnavailable
-from inferd.kinds.search import snapshot, wire
+from inferd.kinds.search import snapshot, takeover, wire
 from inferd.kinds.search.config import SearchParams, index_config
 from inferd.kinds.search.replica import Replica
 from inferd.kinds.search.runtime import SearchRuntime
@@ -382,3 +382,55 @@ async def test_a_replica_that_cannot_reach_the_log_without_a_snapshot_is_drained
         await until(lambda: conn.state is WorkerState.DRAINING, "r3 drained")
         assert late.index is None or late.index.applied_seq == 0  # drained: it exits, holding nothing
         assert not any(r.readable for r in a.rt.replicas.values() if r.worker_id == "r3")
+
+
+async def test_a_takeover_waits_for_a_live_replica_that_answers_late_and_loses_no_acknowledged_write(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(takeover, "ASK_S", 0.2)
+    async with cluster(tmp_path) as c:
+        a = front_end("a", tmp_path, c.clock, c.store)
+        b = front_end("b", tmp_path, c.clock, c.store)
+        await start(c, a)
+        await until(a.rt.writer.writes, "a writes the index")
+        await start(c, b)
+        r1, r2 = c.replicas["r1"], c.replicas["r2"]
+        for replica in (r1, r2):
+            await join(a, replica, 0)
+            await join(b, replica, 1)
+        await until(lambda: serving(a, 2), "both replicas serve on a")
+        await until(lambda: b.rt.writer.writer() == "a", "b knows a writes")
+        acked = []
+        for i in range(1, 4):
+            await a.rt.index.upsert(docs(i))
+            acked.append(f"d{i}")
+        conn_r2, writer_r2 = a.links.pop("r2")  # r2 no longer reaches a: a goes on with r1 alone
+        writer_r2.close()
+        conn_r2.writer.close()
+        a.rt.on_worker_lost(conn_r2, "the test cut it")
+        for i in range(4, 7):
+            await a.rt.index.upsert(docs(i))  # acknowledged: r1 applied them
+            acked.append(f"d{i}")
+        assert r1.index is not None and r1.index.applied_seq == 6
+
+        gate = threading.Event()  # r1 is busy (a long call on its thread): it answers the takeover late
+        calling = r1._call
+
+        def late(msg: p.ShardCall) -> p.ShardReply:
+            if msg.op == "applied":
+                gate.wait(30)
+            return calling(msg)
+
+        r1._call = late  # type: ignore[method-assign]
+        a.rt.writer.contends = False  # a is stopped: its grant runs out
+        c.clock.advance(TTL * 1.2)
+        await until(lambda: b.rt.writer.writes() or not b.rt.writer.contending(), "b tried to take over")
+        assert not b.rt.writer.writes()  # not from r2 at seq 3: r1, alive, holds acknowledged seqs 4-6
+        gate.set()
+        c.clock.advance(TTL)  # its time standing down is over
+        await until(b.rt.writer.writes, "b took the index over")
+        assert b.rt.logs[0].durable_seq == 6
+        await b.rt.index.upsert(docs(7))
+        acked.append("d7")
+        await until(lambda: all(r.index and r.index.applied_seq == 7 for r in (r1, r2)), "both at 7")
+        assert held(r1) == held(r2) == sorted(acked)

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
+
 from inferd.clock import FakeClock
 from inferd.cluster.memory import MemoryStore
 from inferd.kinds.search.writers import IndexWriter, keep_writer_lease, writer_lease
@@ -109,3 +111,18 @@ async def test_the_driver_renews_and_releases_the_lease_when_stopped() -> None:
     assert tries[0] is not None and len(set(tries)) == 1  # renewed under one epoch
     assert await store.holder(a.lease) is None  # released on the way out
     assert a.epoch() is None
+
+
+async def test_the_lease_is_logged_and_held_under_the_id_the_runtime_gives_the_writer(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    clock = FakeClock()
+    store = MemoryStore(clock)
+    writer = IndexWriter("docs", "0", clock, TTL)  # as a runtime builds it, before it knows its front end
+    writer.me = "10.0.0.7:8000"
+    assert writer.keeper.holder == "10.0.0.7:8000"
+    with caplog.at_level("INFO", logger="inferd.cluster"):
+        await _try(writer, store)
+    assert writer.epoch() is not None
+    assert "held by this front end (10.0.0.7:8000)" in caplog.text
+    assert "(0)" not in caplog.text

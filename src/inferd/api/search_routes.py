@@ -166,8 +166,11 @@ class SearchRoutes:
             if self.server.index_sync is None:  # indexes not shared: each front end has its own
                 return HERE
             return route_index_op(await self.decider(), me)
-        to = route_document(write, self.writer_of(rt), me)
-        if isinstance(to, Nobody):  # none known here: the store's word now (a writer new since its last try)
+        writer = self.writer_of(rt)
+        to = route_document(write, writer, me)
+        # none known here: the store's word now (a writer new since its last try), unless this front end
+        # holds the lease and takes the index over (the store names this one: no round trip per write)
+        if isinstance(to, Nobody) and writer.taking_over() is None:
             with changes():
                 grant = await self.server.cluster.store.holder(writer_lease(write.index))
             if grant is not None and grant.holder != me:

@@ -78,6 +78,11 @@ class Writer(Protocol):
         """How long a write refused while there is no writer should wait."""
         ...
 
+    def taking_over(self) -> int | None:
+        """The epoch of this front end's grant while its takeover runs (it writes nothing yet); None
+        otherwise."""
+        ...
+
 
 class Nobody(msgspec.Struct, frozen=True):
     """No front end runs the write now: it is refused with 503, Retry-After `retry_after_s`."""

@@ -13,6 +13,7 @@ import asyncio
 import logging
 from typing import Any, Protocol
 
+from inferd.cluster.served import changes
 from inferd.config import ModelConfig
 from inferd.errors import BadRequest, Conflict, NotFound, ServingError
 from inferd.kinds.search.config import SearchParams, index_config, params_of
@@ -79,6 +80,7 @@ class IndexAdmin:
                 f"({WORKERS_PER_CPU} per CPU, at least {MIN_WORKER_CAP}): use fewer shards or replicas"
             )
         async with self._lock:
+            await self._catch_up()
             registry = self.server.registry
             if name in registry:
                 rt = registry.get(name)
@@ -97,11 +99,25 @@ class IndexAdmin:
             self.store.save(name, params)  # first: a crash from here on serves it again at start
             rt = self.server.add_version(config)
             if self.server.index_sync is not None:  # a worker joins every front end: each must know it
-                await self.server.index_sync.until_followers_serve(name)
+                try:
+                    with changes():  # the server's document did not take it: 503, and nothing is left
+                        await self.server.index_sync.until_followers_serve(name)
+                except ServingError:
+                    self.server.remove_version(name, rt.version, NotFound(f"index {name!r} was not created"))
+                    self.store.remove(name)
+                    raise
             self.server.supervisor.add(name, config.workers, None)
             log.info("index %s created: %s", name, params.model_dump())
         await self._until_ready(rt)
         return True
+
+    async def _catch_up(self) -> None:
+        """Several front ends: serve the server's indexes as the shared store has them before one is
+        created or deleted here (kinds/search/shared_indexes.py); ClusterUnavailable (503) when the store
+        does not answer."""
+        if self.server.index_sync is not None:
+            with changes():
+                await self.server.index_sync.catch_up()
 
     async def _until_ready(self, rt: Runtime) -> None:
         """Until every shard has a serving replica (bounded: the answer then says ready: false)."""
@@ -116,6 +132,7 @@ class IndexAdmin:
 
     async def delete(self, name: str) -> None:
         async with self._lock:
+            await self._catch_up()
             rt = self.find(name)
             if not (self.store.folder(name) / SETTINGS_FILE).is_file():
                 raise Conflict(
@@ -129,5 +146,6 @@ class IndexAdmin:
             self.server.remove_version(name, rt.version, NotFound(f"index {name!r} was deleted"))
             self.store.remove(name)
             if self.server.index_sync is not None:  # a name created again must not find the old index
-                await self.server.index_sync.until_followers_drop(name)
+                with changes():  # gone here; the server's document says so once the store answers
+                    await self.server.index_sync.until_followers_drop(name)
             log.info("index %s deleted", name)

@@ -9,11 +9,13 @@ frontends/search_writes.py). Two kinds of document:
   holder's late write is refused) and compare-and-set on the revision read, on each create and delete,
   and again every interval while it differs from what the holder serves (a write the store refused is
   made again), but only once the holder has applied the document's current revision itself (a front end
-  that just took the lease never writes back what it had not caught up with). Every front end follows
-  it (`Follower`): it serves the indexes it lacks, stops serving the ones that are gone, and serves again
-  (anew) one whose settings differ (deleted and created again); a front end that runs local workers (the
-  first of its host) starts its share of an index's replica workers there too, and retires them when
-  the index goes. A document never written changes nothing: a front end serves data_dir's indexes until
+  that just took the lease never writes back what it had not caught up with; a create or delete
+  catches up before it starts, `catch_up`, so the index it creates is never dropped as one the document
+  lacks). Every front end follows it (`Follower`): it serves the indexes it lacks, stops serving the
+  ones that are gone (their files in its host's data_dir go too, unless the model repository declares
+  them: a log of the old index is never taken for a new one's), and serves again (anew) one whose
+  settings differ (deleted and created again); a front end that runs local workers (the first of its
+  host) starts its share of an index's replica workers there too, and retires them when the index goes. A document never written changes nothing: a front end serves data_dir's indexes until
   the holder's come.
 - `kind/search/serving/<frontend>` (`ServingDoc`, expiring after REPORT_TTL_S): the indexes that front
   end serves, written once it applied the document and at least every REPORT_TTL_S / 3. The holder
@@ -40,9 +42,10 @@ from inferd.cluster.follower import Document, Follower
 from inferd.cluster.reports import Reports
 from inferd.cluster.store import Grant, Store, StoreError, Versioned
 from inferd.config import ModelConfig
-from inferd.errors import NotFound
+from inferd.errors import ClusterUnavailable, NotFound
 from inferd.kinds.search.config import index_config, params_of, parse_params
 from inferd.kinds.search.kind import API
+from inferd.kinds.search.store import SETTINGS_FILE, IndexStore
 
 log = logging.getLogger("inferd.search")
 
@@ -108,6 +111,8 @@ class SharedIndexes:
         """(when, what) of the document as last written or found the same."""
         self._reported: tuple[float, list[str]] | None = None
         """(when, what) of this front end's last report that landed."""
+        self._added: set[str] = set()
+        """The indexes this front end serves because the document has them (`_add`)."""
         self._applying = asyncio.Lock()
         """One application or publication at a time: an older document is never applied after a newer
         one, nor written back."""
@@ -138,9 +143,7 @@ class SharedIndexes:
             return
         started = self.clock.now()
         async with self._applying:
-            found = await self.store.read(self.doc.name)
-            if found is not None and (found.revision, found.body) != self.applied:
-                self._take(found)  # caught up first: what it had not applied is never written back
+            await self._catch_up()  # first: what it had not applied is never written back
             settings = self._settings()
             revision, doc = await self.doc.update(
                 self.store, lambda doc: None if doc.settings == settings else IndexesDoc(settings), fence=grant
@@ -148,6 +151,18 @@ class SharedIndexes:
             if revision:
                 self.applied = (revision, self.doc.encode(doc))
         self._published = (started, settings)
+
+    async def catch_up(self) -> None:
+        """The holder, before it creates or deletes an index: serve the document's current revision
+        first. A holder still behind it (it just took the lease) would otherwise drop the index it
+        creates when it publishes, as one the document lacks. StoreError when the store does not answer."""
+        async with self._applying:
+            await self._catch_up()
+
+    async def _catch_up(self) -> None:
+        found = await self.store.read(self.doc.name)
+        if found is not None and (found.revision, found.body) != self.applied:
+            self._take(found)
 
     async def _keep_published(self) -> None:
         if self._published is not None:
@@ -169,8 +184,13 @@ class SharedIndexes:
         return {f: frozenset(r.serving) for f, (_, r) in (await self.reports_of.others()).items()}
 
     async def _until(self, lagging: Callable[[ServingDoc], bool], name: str, what: str) -> None:
+        """Publish, then wait for the front ends' reports (bounded). StoreError (or Fenced) when the
+        document could not be written, ClusterUnavailable when this front end no longer holds the lease:
+        the create or delete is not answered done then."""
+        if not self.holds:  # lost since the write was routed here: the next holder's document is the word
+            raise ClusterUnavailable("this front end no longer decides for the server (its lease lapsed); try again")
+        await self.publish()
         try:
-            await self.publish()
             behind = await self.reports_of.until(lagging, FOLLOWERS_WAIT_S)
         except StoreError as exc:
             log.warning("index %s: the front ends' reports could not be read (%s)", name, exc)
@@ -226,7 +246,7 @@ class SharedIndexes:
 
     def _serve(self, settings: dict[str, dict[str, Any]]) -> None:
         for name in sorted(set(self._serving()) - set(settings)):
-            self._drop(name)
+            self._drop(name, deleted=True)
         for name in sorted(set(self._serving()) & set(settings)):
             if self._other_settings(name, settings[name]):  # deleted and created again
                 self._drop(name)
@@ -246,11 +266,19 @@ class SharedIndexes:
             return
         config: ModelConfig = index_config(name, parse_params(settings, f"settings of index {name!r}"))
         self.server.add_version(config)
+        self._added.add(name)
         if self.supervises:  # this host's share of its replica workers (they join every front end)
             self.server.supervisor.add(name, config.workers, None)
         log.info("index %s created (by the decider lease's holder): served here too", name)
 
-    def _drop(self, name: str) -> None:
+    def _drop(self, name: str, deleted: bool = False) -> None:
+        """Stop serving `name`; `deleted` (the document has it no more): its files in this host's
+        data_dir go too, unless the model repository declares it. Its logs there would otherwise be taken
+        for the index's by a writer here of one created again under its name (a new index's replicas
+        start empty: an own log as far as all of them is the index, kinds/search/takeover.py)."""
+        files = IndexStore(self.server.config.data_dir)
+        created = name in self._added or (files.folder(name) / SETTINGS_FILE).is_file()  # not declared
+        self._added.discard(name)
         rt = self.server.registry.get(name)
         if self.supervises:
             supervisor = self.server.supervisor
@@ -258,4 +286,9 @@ class SharedIndexes:
                 supervisor.retire(slot)
                 supervisor.kill(slot.incarnation)
         self.server.remove_version(name, rt.version, NotFound(f"index {name!r} was deleted"))
+        if deleted and created:
+            try:
+                files.remove(name)
+            except OSError as exc:  # (another front end of this host may remove it at once)
+                log.warning("index %s: its files in data_dir could not be removed: %s", name, exc)
         log.info("index %s deleted (by the decider lease's holder): no longer served here", name)

@@ -1,6 +1,7 @@
 """A front end that gained an index's writer lease (kinds/search/writers.py) takes the index over before it
 writes: for each shard it asks every live replica (they join every front end) how far it applied and
-under which writer's epoch; the freshest of those that follow the newest writer (an older writer's
+under which writer's epoch (every one must answer: a live one that does not, within ASK_S, holds the
+takeover back, since it may be the one replica that applied an acknowledged entry); the freshest of those that follow the newest writer (an older writer's
 replica may hold entries past the newest one's takeover that the newest never had), at seq m, is the
 shard's state. It takes that replica's
 index (packed, over the connection: shipping.fetch_snapshot), keeps it in its data_dir and starts its
@@ -35,7 +36,9 @@ from inferd.kinds.search.writers import last_writer, record_writer
 log = logging.getLogger("inferd.search")
 
 ASK_S = 5.0
-"""The most a takeover waits for the replicas' answers (one that does not answer is not reachable)."""
+"""The most a takeover waits for the replicas' answers. A live replica silent that long holds the takeover
+back (it may hold acknowledged entries no other replica has): it is tried again later. A lost one (dead,
+or killed once its heartbeats stop) is not waited for."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,14 +87,20 @@ class Takeover(Writing, Protocol):
     lease_store: Store
 
 
-async def ask(rt: Takeover) -> list[Heard]:
-    """Every live replica's answer (those that do not answer within ASK_S are left out)."""
+async def ask(rt: Takeover) -> tuple[list[Heard], list[Replica]]:
+    """Every live replica's answer, and the live replicas that gave none within ASK_S (one that died
+    meanwhile is neither)."""
     asked = [r for r in rt.replicas.values() if r.phase is not ReplicaPhase.GONE]
     answers = await asyncio.gather(*(_ask_one(rt, r) for r in asked))
-    return [h for h in answers if h is not None]
+    heard = [h for h in answers if isinstance(h, Heard)]
+    return heard, [r for r, h in zip(asked, answers, strict=True) if h is SILENT]
 
 
-async def _ask_one(rt: Takeover, replica: Replica) -> Heard | None:
+SILENT = "silent"
+"""A live replica's answer that did not come within ASK_S."""
+
+
+async def _ask_one(rt: Takeover, replica: Replica) -> Heard | str | None:
     try:
         call_id, fut = rt.call(replica, "applied", b"")
     except ServingError:
@@ -99,8 +108,10 @@ async def _ask_one(rt: Takeover, replica: Replica) -> Heard | None:
     try:
         async with asyncio.timeout(ASK_S):
             reply = await fut
-    except (ServingError, TimeoutError):
+    except ServingError:  # it died, or the runtime stops
         return None
+    except TimeoutError:
+        return SILENT
     finally:
         rt.forget(replica, call_id)
     if reply.error is not None:  # it holds no shard yet
@@ -116,7 +127,13 @@ async def take_over(rt: Takeover, epoch: int) -> str | None:
         last = (await last_writer(rt.lease_store, rt.name)).epoch
     except StoreError as exc:
         return f"the last writer's record could not be read: {exc}"
-    heard = await ask(rt)
+    heard, silent = await ask(rt)
+    if silent:  # alive (it heartbeats) but busy: it may hold acknowledged entries no other replica has
+        names = ", ".join(r.worker_id for r in silent)
+        return (
+            f"replicas {names} did not say how far they applied within {ASK_S:.0f}s: the index is not taken "
+            "over without them (they may hold acknowledged entries alone) until they answer or are lost"
+        )
     own_epoch = rt.store.written_epoch(rt.name, rt.home)
     sources = [
         choose(s, heard, rt.logs[s].durable_seq, own_epoch, rt.known.seqs[s], last)

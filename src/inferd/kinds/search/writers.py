@@ -72,7 +72,6 @@ class IndexWriter:
 
     def __init__(self, index: str, me: str, clock: Clock, ttl_s: float = TTL_S, contends: bool = True) -> None:
         self.index = index
-        self.me = me
         self.clock = clock
         self.contends = contends
         """Whether this front end tries to take the lease (False: it only learns who holds it)."""
@@ -83,6 +82,15 @@ class IndexWriter:
         """The other front end the store last named as the holder, and until when its grant runs."""
         self._quiet_until = -1.0
         """It stood down: it does not contend before this time."""
+
+    @property
+    def me(self) -> str:
+        """This front end's id: the lease's holder when it holds it (the runtime sets it when it runs)."""
+        return self.keeper.holder
+
+    @me.setter
+    def me(self, me: str) -> None:
+        self.keeper.holder = me
 
     @property
     def lease(self) -> str:
