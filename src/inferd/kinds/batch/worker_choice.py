@@ -121,11 +121,12 @@ class Routing:
     def wanted(self, workers: list[WorkerConnection], backlog: Backlog | None) -> list[WorkerConnection]:
         """The workers the waiting work may go to now, those to ask for slots (kinds/batch/credit_demand.py):
         with zones, those of the zones with a share, and every one once those zones are short of capacity
-        (routing/locality.py); without, all."""
+        (routing/locality.py); without, all. The shares are computed now: with no worker free (shared
+        workers hold no slot until asked) no batch computed them since the zones' health last changed."""
         locality = self.locality
         if locality is None or not locality.active:
             return workers
-        shares = locality.last
+        shares = locality.shares(*self._health_now(workers))
         if not shares.shares or locality.short(shares, backlog):
             return workers
         return [w for w in workers if shares.of(w.zone or NO_ZONE) > 0.0]
@@ -195,9 +196,13 @@ class Routing:
         """The zones' statistics, their shares computed now from `workers` (true at scrape time)."""
         if self.locality is None:
             return None
+        return self.locality.statistics(*self._health_now(workers))
+
+    def _health_now(self, workers: list[WorkerConnection]) -> tuple[dict[str, int], dict[str, int]]:
+        """`_health` of the ready ones among `workers`."""
         ready = [w for w in workers if w.state is WorkerState.READY]
         everyone_out = all(self.ejector.health(w.worker_id) is Health.EJECTED for w in ready)
-        return self.locality.statistics(*self._health(ready, everyone_out))
+        return self._health(ready, everyone_out)
 
     def ejection(self, worker_id: str) -> EjectionRecord:
         return self.ejector.status(worker_id)
