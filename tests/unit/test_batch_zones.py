@@ -270,3 +270,28 @@ async def test_a_front_end_whose_zone_is_lost_asks_another_zones_shared_workers_
     rt.dispatch_due()
     rt.report_demand()
     assert demands(workers["b-0.1"])[-1] == p.Demand(1, 0.0)  # asked at once
+
+
+async def test_without_zones_the_dispatcher_computes_no_backlog_for_the_load_spill(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The request path pays nothing for zones it does not have: the backlog the load spill reads is not
+    computed on a front end without a zone, nor on one whose workers have none."""
+    from inferd.kinds.batch.dispatch import Dispatcher
+
+    def refuse(self: Dispatcher, now: float) -> None:
+        raise AssertionError("backlog computed without zones")
+
+    for rt in (runtime(None, {"a": 1, "b": 1}), runtime("a", {"": 2})):
+        monkeypatch.setattr(Dispatcher, "_backlog", refuse)
+        for _ in range(3):
+            rt.enqueue([b"x", b"y"], None)
+        rt.dispatch_due()
+        rt.report_demand()
+        assert sum(len(w.inflight) for w in rt.members.connections()) == 3
+        monkeypatch.undo()
+    zoned = runtime("a", {"a": 1, "b": 1})
+    monkeypatch.setattr(Dispatcher, "_backlog", refuse)
+    zoned.enqueue([b"x", b"y"], None)
+    with pytest.raises(AssertionError, match="backlog computed"):
+        zoned.dispatch_due()

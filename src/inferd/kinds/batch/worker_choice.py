@@ -52,6 +52,12 @@ class Routing:
         self.locality = locality
         """None, or a front end or workers without zones: every worker is one pool."""
 
+    @property
+    def zoned(self) -> bool:
+        """Whether zones steer the work now (the front end and a worker have zones)."""
+        locality = self.locality
+        return locality is not None and locality.active
+
     def free_workers(self, workers: list[WorkerConnection], now: float, backlog: Backlog | None = None) -> Free:
         """Ready workers that may take a batch now: idle ones, and busy ones with a free staging slot.
         Ejected workers sit out (unless all are: then they work rather than stall the model); a probing
