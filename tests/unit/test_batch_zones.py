@@ -250,3 +250,48 @@ async def test_a_front_end_asks_another_zones_shared_workers_for_slots_only_once
     rt.dispatch_due()
     rt.report_demand()
     assert demands(workers["b-0.1"])[-1] == p.Demand(4, 0.0)  # now asked too
+
+
+async def test_a_front_end_whose_zone_is_lost_asks_another_zones_shared_workers_at_once() -> None:
+    """Its own zone's shared worker lost and no slot held anywhere (no worker is free, so no batch computed
+    the shares since): the slots it asks for are those of the zones with a share now, zone b's, not those
+    of the zones the shares gave the work to before the loss (its work would wait for a zone with no
+    worker)."""
+    rt = runtime("a", {"a": 1, "b": 1})
+    workers = by_id(rt)
+    for w in workers.values():  # shared, credited, busy with another front end's batch
+        w.credits, w.shared, w.worker_idle = 0, True, False
+    workers["b-0.1"].credits = 1
+    rt.enqueue([b"1"], None)
+    rt.dispatch_due()
+    rt.report_demand()
+    assert demands(workers["b-0.1"]) == [p.Demand(0, 0.0, returned=1)]  # zone a has the share: given back
+    rt.on_worker_lost(workers["a-0.1"], "cut off")
+    rt.dispatch_due()
+    rt.report_demand()
+    assert demands(workers["b-0.1"])[-1] == p.Demand(1, 0.0)  # asked at once
+
+
+async def test_without_zones_the_dispatcher_computes_no_backlog_for_the_load_spill(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The request path pays nothing for zones it does not have: the backlog the load spill reads is not
+    computed on a front end without a zone, nor on one whose workers have none."""
+    from inferd.kinds.batch.dispatch import Dispatcher
+
+    def refuse(self: Dispatcher, now: float) -> None:
+        raise AssertionError("backlog computed without zones")
+
+    for rt in (runtime(None, {"a": 1, "b": 1}), runtime("a", {"": 2})):
+        monkeypatch.setattr(Dispatcher, "_backlog", refuse)
+        for _ in range(3):
+            rt.enqueue([b"x", b"y"], None)
+        rt.dispatch_due()
+        rt.report_demand()
+        assert sum(len(w.inflight) for w in rt.members.connections()) == 3
+        monkeypatch.undo()
+    zoned = runtime("a", {"a": 1, "b": 1})
+    monkeypatch.setattr(Dispatcher, "_backlog", refuse)
+    zoned.enqueue([b"x", b"y"], None)
+    with pytest.raises(AssertionError, match="backlog computed"):
+        zoned.dispatch_due()

@@ -37,6 +37,11 @@ def test_a_front_end_or_workers_without_a_zone_leave_the_rule_out() -> None:
     assert p.active
     p.leave("b-0")
     assert not p.active
+    p.join("c-0", "")  # an empty zone is no zone: it neither turns the rule on nor keeps it on
+    assert not p.active
+    p.join("c-0", "c")
+    p.lose("c-0")
+    assert not p.active
 
 
 def test_all_local_workers_healthy_keep_every_unit_of_work_local() -> None:

@@ -211,7 +211,7 @@ class LocalityPolicy:
             del z.lost[worker_id if worker_id in z.lost else min(z.lost, key=z.lost.__getitem__)]
         z.members.add(worker_id)
         self._zone_of[worker_id] = name
-        self._zoned += zone is not None
+        self._zoned += name != NO_ZONE
 
     def leave(self, worker_id: str) -> None:
         """The worker drains (or leaves for good): it is no longer expected."""

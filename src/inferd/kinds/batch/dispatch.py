@@ -64,7 +64,8 @@ class Dispatcher:
         self._shed_lost()
         while True:
             now = self.state.clock.now()
-            free = self.routing.free_workers(self.state.workers, now, self._backlog(now))
+            backlog = self._backlog(now) if self.routing.zoned else None  # without zones: nothing to pay
+            free = self.routing.free_workers(self.state.workers, now, backlog)
             idle, staging = free.idle, free.staging
             if self.state.isolation and (idle or staging):  # retried work first, to any free slot
                 self._dispatch_isolated(self.routing.choose(idle or staging), now)
@@ -122,7 +123,7 @@ class Dispatcher:
         oldest_at = queue.oldest_at()
         age_s = 0.0 if oldest_at is None else now - oldest_at
         queued = len(queue) + len(self.state.isolation)
-        wanted = self.routing.wanted(workers, self._backlog(now)) if queued else workers
+        wanted = self.routing.wanted(workers, self._backlog(now)) if queued and self.routing.zoned else workers
         report_demand(wanted, queued, age_s)
         if len(wanted) < len(workers):
             asked = {id(w) for w in wanted}

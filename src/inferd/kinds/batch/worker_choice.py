@@ -52,6 +52,12 @@ class Routing:
         self.locality = locality
         """None, or a front end or workers without zones: every worker is one pool."""
 
+    @property
+    def zoned(self) -> bool:
+        """Whether zones steer the work now (the front end and a worker have zones)."""
+        locality = self.locality
+        return locality is not None and locality.active
+
     def free_workers(self, workers: list[WorkerConnection], now: float, backlog: Backlog | None = None) -> Free:
         """Ready workers that may take a batch now: idle ones, and busy ones with a free staging slot.
         Ejected workers sit out (unless all are: then they work rather than stall the model); a probing
@@ -121,11 +127,12 @@ class Routing:
     def wanted(self, workers: list[WorkerConnection], backlog: Backlog | None) -> list[WorkerConnection]:
         """The workers the waiting work may go to now, those to ask for slots (kinds/batch/credit_demand.py):
         with zones, those of the zones with a share, and every one once those zones are short of capacity
-        (routing/locality.py); without, all."""
+        (routing/locality.py); without, all. The shares are computed now: with no worker free (shared
+        workers hold no slot until asked) no batch computed them since the zones' health last changed."""
         locality = self.locality
         if locality is None or not locality.active:
             return workers
-        shares = locality.last
+        shares = locality.shares(*self._health_now(workers))
         if not shares.shares or locality.short(shares, backlog):
             return workers
         return [w for w in workers if shares.of(w.zone or NO_ZONE) > 0.0]
@@ -195,9 +202,13 @@ class Routing:
         """The zones' statistics, their shares computed now from `workers` (true at scrape time)."""
         if self.locality is None:
             return None
+        return self.locality.statistics(*self._health_now(workers))
+
+    def _health_now(self, workers: list[WorkerConnection]) -> tuple[dict[str, int], dict[str, int]]:
+        """`_health` of the ready ones among `workers`."""
         ready = [w for w in workers if w.state is WorkerState.READY]
         everyone_out = all(self.ejector.health(w.worker_id) is Health.EJECTED for w in ready)
-        return self.locality.statistics(*self._health(ready, everyone_out))
+        return self._health(ready, everyone_out)
 
     def ejection(self, worker_id: str) -> EjectionRecord:
         return self.ejector.status(worker_id)
