@@ -32,6 +32,7 @@ from pathlib import Path
 
 import pytest
 
+from tests import frontends_harness
 from tests.checked_load import Load, wait_for
 from tests.conftest import ROOT
 from tests.lan import Host
@@ -235,15 +236,8 @@ def post(url: str, timeout_s: float = 60) -> tuple[int, dict]:
 
 
 def scrape(fe: FrontEnd) -> dict[str, float]:
-    """Sample line (name and labels) -> value, of one /metrics scrape."""
-    with urllib.request.urlopen(f"{fe.url}/metrics", timeout=10) as r:
-        text = r.read().decode()
-    out = {}
-    for line in text.splitlines():
-        if line and not line.startswith("#"):
-            name, _, value = line.rpartition(" ")
-            out[name] = float(value)
-    return out
+    """Sample line (name and labels) -> value, of one /metrics scrape (tests/frontends_harness.py's)."""
+    return frontends_harness.scrape(fe)  # type: ignore[arg-type]  # any object with a url
 
 
 def metric_total(fe: FrontEnd, name: str) -> float:
