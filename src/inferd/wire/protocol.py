@@ -24,7 +24,7 @@ from typing import Any
 import msgspec
 import numpy as np
 
-PROTOCOL_VERSION = 5
+PROTOCOL_VERSION = 6
 """Bumped whenever a message changes shape in a way the other side cannot read; a worker of another
 protocol is refused at Hello, with the reason. Fields added at the end with defaults are not a change
 of shape: an older peer ignores them, a newer one reads the default (Credit.running_items, -1: "does
@@ -32,7 +32,8 @@ not say", and running_for_s). 2: Hello.version (versions side by side).
 3: AddSequence.weight (tenants' shares of LLM admissions); search shard replicas (ShardAssign,
 ShardCall, ShardReply; the other messages are unchanged). 4: StepDeltas.decoded_ids / decoded_tokens
 (single tokens no longer travel as SeqDeltas). 5: ShardAssign carries the writer's epoch and the snapshot's
-bytes, no longer a data_dir path."""
+bytes, no longer a data_dir path. 6: model pools (Hello.pool, Welcome.pool_config_json, LoadModel,
+UnloadModel, LoadResult, PoolState)."""
 MAX_FRAME_BYTES = 512 * 1024 * 1024
 MAX_HELLO_BYTES = 64 * 1024
 """Largest first frame (Hello) of a connection: a peer is not trusted with large frames before its token."""
@@ -55,6 +56,10 @@ class Hello(msgspec.Struct, tag="hello"):
     the front ends it serves."""
     zone: str | None = None
     """The worker's zone (`inferd worker --zone`, a DNS label); None: none, or an older worker."""
+    pool: str | None = None
+    """The pool this worker belongs to (`inferd worker --pool NAME`). With `model` empty: the worker's
+    pool link (LoadModel / UnloadModel in, LoadResult / PoolState / Heartbeat out, never a batch); with
+    `model` set: one model the pool worker holds, served as any worker of that model is."""
 
 
 class Welcome(msgspec.Struct, tag="welcome"):
@@ -69,6 +74,8 @@ class Welcome(msgspec.Struct, tag="welcome"):
     backoff (up to two minutes) on a connection the front end has already closed."""
     credits: bool = False
     """The front end sends batches only against the worker's Credit grants (when Hello.credits)."""
+    pool_config_json: bytes = b""
+    """A pool link's answer: the pool's settings (`[pools.NAME]`, PoolConfig as JSON: budget, limits)."""
 
 
 class Ready(msgspec.Struct, tag="ready"):
@@ -115,6 +122,67 @@ class Drain(msgspec.Struct, tag="drain"):
     """Front end -> worker: the version it serves is no longer served (a rolling update's old one). A
     worker that serves the model's default version (no --model-version) then joins again, at the default
     version the front ends serve now, instead of exiting (worker/main.py `main`)."""
+
+
+# ---- model pools: a pool worker loads and unloads models on demand (Hello.pool, its pool link)
+
+
+class LoadModel(msgspec.Struct, tag="pool_load"):
+    """Front end -> pool worker: load this model version (its config, as a Welcome carries it). A load
+    of a model loading or loaded already joins it. `wait_s`: how long the load may wait for room (every
+    loaded model protected by min_resident_s) before it is given up."""
+
+    model: str
+    version: int
+    config_json: bytes
+    wait_s: float = 0.0
+
+
+class UnloadModel(msgspec.Struct, tag="pool_unload"):
+    """Front end -> pool worker: drain this model version (it finishes what it holds), then unload it."""
+
+    model: str
+    version: int
+
+
+class LoadResult(msgspec.Struct, tag="pool_loaded"):
+    """Pool worker -> every front end: a load ended. `error` names the cause when it failed (its
+    sizes, when the model does not fit the budget)."""
+
+    model: str
+    version: int
+    ok: bool
+    load_s: float = 0.0
+    memory_mb: float = 0.0
+    """What the load cost, measured (device memory where there is a device, else resident memory)."""
+    error: str = ""
+
+
+class HeldModel(msgspec.Struct):
+    model: str
+    version: int
+    state: str
+    """"loading", "ready" or "unloading"."""
+    memory_mb: float
+    """Measured once loaded; the model's estimate (memory_mb) while it loads."""
+    idle_s: float = 0.0
+    """Since its last batch ended (or its load, when it ran none)."""
+    evictable: bool = False
+    """Idle, and past min_resident_s: the next load that needs room may evict it."""
+
+
+class PoolState(msgspec.Struct, tag="pool_state"):
+    """Pool worker -> every front end: what it holds, on every change and with each heartbeat."""
+
+    budget_mb: float
+    used_mb: float
+    models: list[HeldModel] = []
+    loads: dict[str, int] = {}
+    """Model -> loads that ended ready on this worker since it started (cumulative)."""
+    evictions: dict[str, int] = {}
+    """Model -> evictions on this worker since it started (cumulative)."""
+    waiting_loads: int = 0
+    """Loads waiting for room or for a load slot (max_concurrent_loads)."""
 
 
 # ---- LLM engine (models with platform "inferd_llm"): one AddSequence per request, one StepDeltas per step
@@ -298,6 +366,10 @@ Message = (
     | ShardReply
     | Credit
     | Demand
+    | LoadModel
+    | UnloadModel
+    | LoadResult
+    | PoolState
 )
 
 
