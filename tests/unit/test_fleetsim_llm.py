@@ -385,3 +385,15 @@ def test_fleet_sim_llm_shares_devices_unless_partitioned(monkeypatch: pytest.Mon
         "simulate_llm",
         ["fleet-sim", "llm", "--devices", "2", "--frontends", "2", "--rate", "5", "--duration", "4"],
     )
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "flag"),
+    [("rps", 0.0, "--rps"), ("rps", float("nan"), "--rps"), ("itl_p99_ms", 0.0, "--itl-p99-ms"),
+     ("ttft_p99_ms", -1.0, "--ttft-p99-ms"), ("max_utilisation", 1.5, "--max-utilisation")],
+)
+def test_plan_targets_that_cannot_be_planned_are_refused_naming_the_flag(field: str, value: float, flag: str) -> None:
+    settings = {"rps": 100.0, "prompt_tokens": 500, "output_tokens": 200, "ttft_p99_ms": 1000.0, "itl_p99_ms": 100.0}
+    settings[field] = value
+    with pytest.raises(ValueError, match=flag):
+        LLMTargets(**settings)  # type: ignore[arg-type]
