@@ -19,7 +19,15 @@ from inferd.cluster.members import Membership, new_member
 from inferd.cluster.memory import MemoryStore
 from inferd.config import ServerConfig
 from inferd.frontends import channel
-from inferd.frontends.channel import PING, FrontendChannel, Liveness, PeerUnreachable, Request, tcp_host
+from inferd.frontends.channel import (
+    MAX_HEADER_BYTES,
+    PING,
+    FrontendChannel,
+    Liveness,
+    PeerUnreachable,
+    encode_request,
+    tcp_host,
+)
 from inferd.frontends.peers import Peers, peers_of
 from inferd.frontends.plan import FrontendPlan
 
@@ -160,19 +168,37 @@ async def test_a_front_end_refuses_odd_tokens_oversized_and_unfinished_requests(
         return payload
 
     owner.handle("echo", record, 1.0)
+    huge_header = b"\x00\x01\x00\x00" + msgspec.msgpack.encode(["echo", "t" * 70_000])
     for request, eof in [
-        (Request("echo", "tökén", b"x"), True),  # a token that is not ASCII: refused like any other
-        (Request("echo", "token", b"x" * 2048), True),  # over the bound
-        (Request("echo", "token", b"x"), False),  # never sent whole
+        (encode_request("echo", "tökén", b"x"), True),  # a token that is not ASCII: refused like any other
+        (encode_request("echo", "token", b"x" * 2048), True),  # over the bound
+        (encode_request("echo", "token", b"x"), False),  # never sent whole
+        (msgspec.msgpack.encode(["echo", "token", b"x"]), True),  # no header: not a request of ours
+        (huge_header, True),  # a header past MAX_HEADER_BYTES is not read
     ]:
         monkeypatch.setattr(channel, "READ_TIMEOUT_S", 0.05)
         answered = Answered()
-        await asyncio.wait_for(owner._answer("token", sent(msgspec.msgpack.encode(request), eof), answered), 30)  # type: ignore[arg-type]
+        await asyncio.wait_for(owner._answer("token", sent(request, eof), answered), 30)  # type: ignore[arg-type]
         assert (answered.data, answered.closed) == (b"", True)
     assert handled == []
     answered = Answered()
-    await owner._answer("token", sent(msgspec.msgpack.encode(Request("echo", "token", b"x"))), answered)  # type: ignore[arg-type]
+    await owner._answer("token", sent(encode_request("echo", "token", b"x")), answered)  # type: ignore[arg-type]
     assert (answered.data, handled) == (b"x", [b"x"])
+
+
+async def test_a_request_with_a_wrong_token_is_refused_before_its_payload_is_read(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A stranger gets the header read, at most MAX_HEADER_BYTES, never the payload: the refusal comes
+    while the payload is still being sent (no end of it ever arrives here), not at READ_TIMEOUT_S."""
+    monkeypatch.setattr(channel, "READ_TIMEOUT_S", 3600.0)
+    owner = FrontendChannel("token", "/nonexistent", max_bytes=64 * 2**20)
+    owner.handle("echo", lambda payload: asyncio.sleep(0, payload), 1.0)
+    request = encode_request("echo", "wrong", b"x" * 2**20)
+    assert len(request) - 2**20 <= MAX_HEADER_BYTES
+    answered = Answered()
+    await asyncio.wait_for(owner._answer("token", sent(request, eof=False), answered), 30)  # type: ignore[arg-type]
+    assert (answered.data, answered.closed) == (b"", True)
 
 
 # ---- liveness: a hung front end told from a slow one -----------------------------------------------------

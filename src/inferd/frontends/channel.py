@@ -5,8 +5,9 @@ Unix socket in the plan's folder (the parent's, readable by the server's user on
 token; across hosts on TCP, at the address its record `frontend/<id>` names (cluster/members.py), with
 the cluster's join token (`[server] join_token`; never a client's key: the asking front end checked
 its client). A front end asks another by its address (`unix:PATH` or `HOST:PORT`): it connects, sends
-one request (its kind, the token of that transport and a payload), closes its side, and reads the
-answer to the end: one exchange per connection. Each kind has one handler where it is answered (the
+one request (a small header: its kind and the token of that transport; then its payload), closes its
+side, and reads the answer to the end: one exchange per connection. The header is read and checked
+before the payload: a stranger without the token gets no more than MAX_HEADER_BYTES read. Each kind has one handler where it is answered (the
 search writes of api/search_routes.py, forwarded to the index's writer or to the holder of the
 `decider` lease). A request with another token, of a kind nobody handles, over the channel's size
 bound, or not sent whole within READ_TIMEOUT_S, is closed unanswered.
@@ -24,6 +25,7 @@ import contextlib
 import functools
 import hmac
 import logging
+import struct
 from collections.abc import Awaitable, Callable
 
 import msgspec
@@ -39,6 +41,9 @@ MAX_MESSAGE_BYTES = 64 * 2**20
 READ_TIMEOUT_S = 30.0
 """Most a front end waits for a request to arrive whole (the asking one sends it at once)."""
 READ_CHUNK = 2**16
+MAX_HEADER_BYTES = 4096
+"""The most read of a request before its token is checked (its header: the kind and the token)."""
+_HEADER_LEN = struct.Struct(">I")
 PING = "ping"
 """The channel's own request kind: answered from the event loop, at once."""
 PING_EVERY_S = 1.0
@@ -51,10 +56,27 @@ Handler = Callable[[bytes], Awaitable[bytes]]
 """Takes a request's payload, returns the answer's bytes (errors are the handler's to encode)."""
 
 
-class Request(msgspec.Struct):
+class Header(msgspec.Struct, array_like=True):
+    """What comes first on a request's connection, length-prefixed; the payload follows to the end."""
+
     kind: str
     token: str
-    payload: bytes
+
+
+def encode_request(kind: str, token: str, payload: bytes) -> bytes:
+    header = msgspec.msgpack.encode(Header(kind, token))
+    return _HEADER_LEN.pack(len(header)) + header + payload
+
+
+async def read_header(reader: asyncio.StreamReader) -> Header:
+    """A request's header; ValueError when it is not one, or is over MAX_HEADER_BYTES."""
+    try:
+        (size,) = _HEADER_LEN.unpack(await reader.readexactly(_HEADER_LEN.size))
+        if size > MAX_HEADER_BYTES:
+            raise ValueError(f"a front end channel header of {size} bytes (at most {MAX_HEADER_BYTES})")
+        return msgspec.msgpack.decode(await reader.readexactly(size), type=Header)
+    except (asyncio.IncompleteReadError, msgspec.DecodeError) as exc:
+        raise ValueError(f"not a front end channel request: {exc}") from None
 
 
 class PeerUnreachable(Exception):
@@ -157,7 +179,7 @@ class FrontendChannel:
         token = self.token if unix else self.join_token
         if not token:
             raise PeerUnreachable(f"{to} is another host's front end, and this one has no join token to ask it")
-        sent = msgspec.msgpack.encode(Request(kind, token, payload))
+        sent = encode_request(kind, token, payload)
         try:
             async with asyncio.timeout(timeout_s):
                 if unix:
@@ -222,18 +244,18 @@ class FrontendChannel:
     async def _answer(self, token: str, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
             async with asyncio.timeout(READ_TIMEOUT_S):
-                raw = await read_all(reader, self.max_bytes)
-            request = msgspec.msgpack.decode(raw, type=Request)
-            handler, timeout_s = self.handlers.get(request.kind, (None, 0.0))
-            if handler is None or not hmac.compare_digest(request.token.encode(), token.encode()):
-                log.warning("front end channel: refused a request of kind %r", request.kind)
-                return
+                header = await read_header(reader)
+                handler, timeout_s = self.handlers.get(header.kind, (None, 0.0))
+                if handler is None or not hmac.compare_digest(header.token.encode(), token.encode()):
+                    log.warning("front end channel: refused a request of kind %r", header.kind)
+                    return
+                payload = await read_all(reader, self.max_bytes)
             async with asyncio.timeout(timeout_s):
-                writer.write(await handler(request.payload))
+                writer.write(await handler(payload))
                 await writer.drain()
         except (ConnectionResetError, BrokenPipeError) as exc:  # it stopped waiting (a ping's answer)
             log.debug("front end channel: a front end left before its answer: %r", exc)
-        except (OSError, TimeoutError, msgspec.DecodeError, PayloadTooLarge) as exc:
+        except (OSError, TimeoutError, ValueError, PayloadTooLarge) as exc:
             log.warning("front end channel: a front end's request failed: %r", exc)
         finally:
             with contextlib.suppress(OSError):
