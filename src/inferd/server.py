@@ -199,7 +199,7 @@ class InferenceServer:
             gate=self.cluster.versions.check_holder,
         )
         owner = frontend is None or frontend.is_owner  # the autoscaler runs on the owner alone
-        self.scaling = scaling_loops(self.registry, self.fleet, self.clock, self.kinds, loads, self.cluster.versions.holds) if owner else {}
+        self.scaling = scaling_loops(self.registry, self.fleet, self.clock, self.kinds, loads, self.cluster.versions.holds, self.wakers, owner)
         self.console = ConsoleFeed(
             self.metrics.registry,
             lambda: [rt.statistics() for rt in self.registry],
