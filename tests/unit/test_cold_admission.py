@@ -238,3 +238,16 @@ async def test_a_waker_registered_after_the_runtime_was_built_is_asked() -> None
     wakers.set("sim", waker, SCALE_FROM_ZERO)
     rt.enqueue([b"a"], None)
     assert len(waker.wakes) == 1
+
+
+async def test_a_waker_that_fails_is_logged_and_the_request_stays_held(caplog: pytest.LogCaptureFixture) -> None:
+    class Broken(FakeWaker):
+        def wake(self, model: str, version: int, waiting: int, oldest_age_s: float) -> None:
+            raise RuntimeError("the pool is confused")
+
+    rt, _, _ = cold_runtime(Broken())
+    items = rt.enqueue([b"a"], None)  # the caller gets its items, to wait on and withdraw
+    assert len(rt.queue) == 1 and not items[0].reply.done()
+    assert "the waker of model sim failed" in caplog.text
+    rt.withdraw(items)
+    assert len(rt.queue) == 0

@@ -22,10 +22,13 @@ registered with (`Wakers.set(model, waker, cause)`: "scale_from_zero", "pool_loa
 from __future__ import annotations
 
 import asyncio
+import logging
 
 from inferd.errors import Overloaded, WorkerUnavailable, retry_after_s
 from inferd.kinds.batch.state import ModelState
 from inferd.runtime.waking import Wake, Wakers
+
+log = logging.getLogger("inferd.dispatcher")
 
 REWAKE_S = 0.25
 """While requests are held with no worker in service, the waker is told again this often."""
@@ -142,7 +145,12 @@ class ColdAdmission:
             self._held.clear()
 
     def _tell(self, wake: Wake) -> None:
+        """Tell the waker what waits. Its failure is logged, never raised: the requests are queued
+        already (their callers wait on them), and they stay held until a worker comes or they expire."""
         queue = self.state.queue
         oldest_at = queue.oldest_at()
         age = 0.0 if oldest_at is None else self.state.clock.now() - oldest_at
-        wake.waker.wake(self.state.name, self.state.config.version, len(queue), age)
+        try:
+            wake.waker.wake(self.state.name, self.state.config.version, len(queue), age)
+        except Exception:
+            log.exception("the waker of model %s failed; its held requests wait", self.state.name)
