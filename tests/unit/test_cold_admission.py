@@ -25,11 +25,11 @@ from tests.fakes.worker import fake_connection
 class FakeWaker:
     """Records every wake; says what the test sets (a reason it cannot wake, a measured eta)."""
 
-    reason: str | None = None
+    reason: str | WorkerUnavailable | None = None
     eta: float | None = None
     wakes: list[tuple[str, int, int, float]] = field(default_factory=list)
 
-    def wakeable(self, model: str, version: int) -> str | None:
+    def wakeable(self, model: str, version: int) -> str | WorkerUnavailable | None:
         return self.reason
 
     def wake(self, model: str, version: int, waiting: int, oldest_age_s: float) -> None:
@@ -114,6 +114,15 @@ async def test_a_waker_that_cannot_wake_gives_its_reason_as_the_503() -> None:
     with pytest.raises(WorkerUnavailable, match="pool 'p' has no worker"):
         rt.enqueue([b"a"], None)
     assert len(rt.queue) == 0 and waker.wakes == []
+
+
+async def test_a_waker_may_give_the_503_itself_with_its_retry_after() -> None:
+    waker = FakeWaker(reason=WorkerUnavailable("loading model 'sim' failed: out of memory; retry in 8 s", 7.5))
+    rt, _, _ = cold_runtime(waker, POOL_LOAD)
+    assert not rt.ready
+    with pytest.raises(WorkerUnavailable, match="out of memory") as refused:
+        rt.enqueue([b"a"], None)
+    assert refused.value.retry_after_s == 7.5 and len(rt.queue) == 0
 
 
 async def test_held_requests_wake_the_waker_and_are_served_by_the_first_worker() -> None:

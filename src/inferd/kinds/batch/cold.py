@@ -3,7 +3,7 @@
 instead of refusing them with a 503. The rule, for a request of `n` items arriving then:
 
     no waker registered                  -> 503 "has no ready worker", as for every model without one
-    the waker cannot wake it (a reason)  -> 503 with that reason
+    the waker cannot wake it (a reason)  -> 503 with that reason (or the 503 it gave: its Retry-After)
     the cold queue would pass its bound  -> 429, Retry-After = the waker's measured eta (1 s unmeasured)
     the eta is past the request's deadline -> 429, Retry-After = the eta
     else                                 -> admitted: queued as any request is (the normal room and
@@ -99,7 +99,7 @@ class ColdAdmission:
         config = state.config
         reason = wake.waker.wakeable(state.name, config.version)
         if reason is not None:
-            raise WorkerUnavailable(reason)
+            raise reason if isinstance(reason, WorkerUnavailable) else WorkerUnavailable(reason)
         bound = cold_bound(config.cold_queue_size, config.max_queue_size, config.max_batch_size)
         eta = wake.waker.eta_s(state.name, config.version)
         refusal = cold_refusal(state.name, len(state.queue), n, bound, state.clock.now(), deadline, eta)
