@@ -135,11 +135,13 @@ async def test_held_requests_wake_the_waker_and_are_served_by_the_first_worker()
     second = rt.enqueue([b"b", b"c"], None)
     assert waker.wakes[-1] == ("sim", 2, 3, 0.5)
     assert rt.statistics().queued == 3 and rt.dispatch_due() is None  # nothing to send them to
+    assert rt.statistics().detail.cold_for_s == 0.5
     clock.advance(1.5)
     worker = fake_connection("sim-0.1", 100)
     worker.version = 2
     rt.add_worker(worker)
     assert cold_starts(metrics, SCALE_FROM_ZERO) == (1.0, 2.0)  # from the first held to the worker
+    assert rt.statistics().detail.cold_for_s is None
     rt.dispatch_due()
     (batch,) = worker.inflight.values()
     assert [i.payload for i in batch.items] == [b"a", b"b", b"c"]

@@ -124,6 +124,10 @@ class ColdAdmission:
         self.state.metrics.cold_started(self._cause, self.state.clock.now() - self.since)
         self.since = None
 
+    def held_for_s(self) -> float | None:
+        """How long the cold start under way has held requests (None: none under way)."""
+        return None if self.since is None else self.state.clock.now() - self.since
+
     def failed(self) -> None:
         """The waker gave up (a failed load): the held requests were answered; the next cold start is
         measured afresh."""
