@@ -16,6 +16,7 @@ from pathlib import Path
 import aiohttp
 
 from inferd.models.sim import sim_digest
+from tests.checked_load import wait_for
 from tests.conftest import ServerProc, start_server
 from tests.integration.test_fleet import admin, ready_count, until
 
@@ -102,12 +103,19 @@ async def test_a_model_at_zero_workers_answers_its_first_request_and_bounds_a_bu
         server.stop()
 
 
+def listeners(port: int) -> int:
+    """Sockets listening on the TCP port (each front end of `--frontends N` binds its own: SO_REUSEPORT)."""
+    rows = [line.split() for line in Path("/proc/net/tcp").read_text().splitlines()[1:]]
+    return sum(1 for r in rows if r[3] == "0A" and int(r[1].rpartition(":")[2], 16) == port)
+
+
 async def test_a_follower_holds_its_requests_for_the_owners_scaling_loop(tmp_path: Path) -> None:
     repo = tmp_path / "repo"
     (repo / "sim" / "1").mkdir(parents=True)
     (repo / "sim" / "model.toml").write_text(MODEL_TOML.replace("cold_queue_size = 6", "cold_queue_size = 32"))
     server = start_server(tmp_path, "--model-repo", str(repo), "--frontends", "2")
-    try:
+    try:  # both front ends take connections (the first one ready answered start_server), the owner's admin API
+        wait_for(lambda: listeners(server.port) == 2 and listeners(server.admin_port) == 1, 20, "both listening")
         connector = aiohttp.TCPConnector(force_close=True)  # a connection per request: both front ends get some
         async with aiohttp.ClientSession(connector=connector) as http:
             assert await ready_count(http, server) == 0
