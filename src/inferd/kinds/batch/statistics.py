@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 from inferd.routing.balancer import BalancerStatistics
 from inferd.routing.ejection import EjectionRecord, EjectionStatistics
+from inferd.wire.connection import WorkerConnection
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,6 +44,9 @@ class BatchStatistics:
     loop_lag_s: float
     """EWMA of how late the event loop runs timers: the front end's own saturation."""
     max_batch_size: int
+    cold_for_s: float | None = None
+    """How long requests have been held with no worker in service, waiting for the one woken
+    (kinds/batch/cold.py); None: no cold start under way."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,3 +61,8 @@ class BatchWorkerDetail:
     """Batch slots the worker granted this front end and it has not used (None: no credits)."""
     high_water: int = 0
     """The most batches the worker held at once, from all its front ends (1 running + 1 staged: 2)."""
+
+    @classmethod
+    def of(cls, w: WorkerConnection, latency_s: float, ejection: EjectionRecord) -> BatchWorkerDetail:
+        """The connection's batch fields now, with the balancer's latency and the ejection record."""
+        return cls(w.slot_id, len(w.inflight), latency_s, ejection, w.credits, w.high_water)
