@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from inferd.cli.plan_llm import refuse_unplannable
 from inferd.config import ConfigError
 from inferd.fleetsim.llm_fleet import LLMFleet, LLMFleetSpec, simulate_llm
 from inferd.fleetsim.llm_links import SharedLLMDevice
@@ -396,4 +397,4 @@ def test_plan_targets_that_cannot_be_planned_are_refused_naming_the_flag(field: 
     settings = {"rps": 100.0, "prompt_tokens": 500, "output_tokens": 200, "ttft_p99_ms": 1000.0, "itl_p99_ms": 100.0}
     settings[field] = value
     with pytest.raises(ValueError, match=flag):
-        LLMTargets(**settings)  # type: ignore[arg-type]
+        refuse_unplannable(LLMTargets(**settings))  # type: ignore[arg-type]

@@ -9,7 +9,7 @@ from typing import Annotated
 import typer
 
 from inferd.config import ConfigError
-from inferd.fleetsim.llm_plan import CHECK_SEEDS
+from inferd.fleetsim.llm_plan import CHECK_SEEDS, LLMTargets
 
 
 def plan_llm_cmd(
@@ -61,13 +61,14 @@ def plan_llm_cmd(
 ) -> None:
     """The fleet an LLM workload needs, with the arithmetic step by step (docs/capacity.md)."""
     from inferd.cli.fleet_sim_llm import load_llm_profile
-    from inferd.fleetsim.llm_plan import LLMTargets, plan_llm
+    from inferd.fleetsim.llm_plan import plan_llm
 
     try:
         profile = load_llm_profile(device_profile)
         targets = LLMTargets(
             rps, prompt_tokens, output_tokens, ttft_p99_ms, itl_p99_ms, device_cost_per_hour, max_utilisation
         )
+        refuse_unplannable(targets)
         report = plan_llm(
             profile, targets, check, slice_devices, check_seconds, shared_devices=shared_devices, seeds=seeds,
             zones=zones,
@@ -130,3 +131,17 @@ def _echo_check(check: dict) -> None:
             f"{run['itl_p99_ms']} ms, attainment {run['slo_attainment']} over {len(run['per_seed'])} "
             f"seed(s), {'held' if run['held'] else 'MISSED'}"
         )
+
+
+def refuse_unplannable(t: LLMTargets) -> None:
+    """ValueError naming the flag, for targets no plan can meet (a rate of 0 would divide by it)."""
+    cost = 0.0 if t.device_cost_per_hour is None else t.device_cost_per_hour
+    for flag, value, ok, want in [
+        ("--rps", t.rps, t.rps > 0, "above 0"),  # each `ok` is False for NaN too
+        ("--ttft-p99-ms", t.ttft_p99_ms, t.ttft_p99_ms > 0, "above 0"),
+        ("--itl-p99-ms", t.itl_p99_ms, t.itl_p99_ms > 0, "above 0"),
+        ("--max-utilisation", t.max_utilisation, 0 < t.max_utilisation <= 1, "within (0, 1]"),
+        ("--device-cost-per-hour", cost, cost >= 0, "0 or more"),
+    ]:
+        if not ok:
+            raise ValueError(f"{flag} must be {want}, got {value:g}")

@@ -68,16 +68,6 @@ class LLMTargets:
     """Host cores per device's worker process (its engine loop and device thread)."""
     frontend_memory_gib: float = 1.0
 
-    def __post_init__(self) -> None:
-        positive = {"--rps": self.rps, "--ttft-p99-ms": self.ttft_p99_ms, "--itl-p99-ms": self.itl_p99_ms}
-        for flag, value in positive.items():
-            if not value > 0:  # NaN too
-                raise ValueError(f"{flag} must be above 0, got {value:g}")
-        if not 0 < self.max_utilisation <= 1:
-            raise ValueError(f"--max-utilisation must be within (0, 1], got {self.max_utilisation:g}")
-        if self.device_cost_per_hour is not None and not self.device_cost_per_hour >= 0:
-            raise ValueError(f"--device-cost-per-hour must be 0 or more, got {self.device_cost_per_hour:g}")
-
 
 @dataclass(frozen=True, slots=True)
 class DeviceAt:

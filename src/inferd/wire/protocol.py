@@ -12,6 +12,9 @@ what it has queued (Demand). Negotiated by those two fields, not by PROTOCOL_VER
 older inferd leaves them False and the connection runs as before (the front end may hold two batches
 on the worker); a worker joined to several front ends refuses such a front end (it could not keep its
 cap).
+
+Two families of messages live in their own modules and are part of `Message`: search shard replicas'
+(wire/shards.py) and model pools' (wire/pools.py).
 """
 
 from __future__ import annotations
@@ -23,6 +26,10 @@ from typing import Any
 
 import msgspec
 import numpy as np
+
+from inferd.wire.pools import HeldModel as HeldModel
+from inferd.wire.pools import LoadModel, LoadResult, PoolState, UnloadModel
+from inferd.wire.shards import ShardAssign, ShardCall, ShardReply
 
 PROTOCOL_VERSION = 6
 """Bumped whenever a message changes shape in a way the other side cannot read; a worker of another
@@ -124,67 +131,6 @@ class Drain(msgspec.Struct, tag="drain"):
     version the front ends serve now, instead of exiting (worker/main.py `main`)."""
 
 
-# ---- model pools: a pool worker loads and unloads models on demand (Hello.pool, its pool link)
-
-
-class LoadModel(msgspec.Struct, tag="pool_load"):
-    """Front end -> pool worker: load this model version (its config, as a Welcome carries it). A load
-    of a model loading or loaded already joins it. `wait_s`: how long the load may wait for room (every
-    loaded model protected by min_resident_s) before it is given up."""
-
-    model: str
-    version: int
-    config_json: bytes
-    wait_s: float = 0.0
-
-
-class UnloadModel(msgspec.Struct, tag="pool_unload"):
-    """Front end -> pool worker: drain this model version (it finishes what it holds), then unload it."""
-
-    model: str
-    version: int
-
-
-class LoadResult(msgspec.Struct, tag="pool_loaded"):
-    """Pool worker -> every front end: a load ended. `error` names the cause when it failed (its
-    sizes, when the model does not fit the budget)."""
-
-    model: str
-    version: int
-    ok: bool
-    load_s: float = 0.0
-    memory_mb: float = 0.0
-    """What the load cost, measured (device memory where there is a device, else resident memory)."""
-    error: str = ""
-
-
-class HeldModel(msgspec.Struct):
-    model: str
-    version: int
-    state: str
-    """"loading", "ready" or "unloading"."""
-    memory_mb: float
-    """Measured once loaded; the model's estimate (memory_mb) while it loads."""
-    idle_s: float = 0.0
-    """Since its last batch ended (or its load, when it ran none)."""
-    evictable: bool = False
-    """Idle, and past min_resident_s: the next load that needs room may evict it."""
-
-
-class PoolState(msgspec.Struct, tag="pool_state"):
-    """Pool worker -> every front end: what it holds, on every change and with each heartbeat."""
-
-    budget_mb: float
-    used_mb: float
-    models: list[HeldModel] = []
-    loads: dict[str, int] = {}
-    """Model -> loads that ended ready on this worker since it started (cumulative)."""
-    evictions: dict[str, int] = {}
-    """Model -> evictions on this worker since it started (cumulative)."""
-    waiting_loads: int = 0
-    """Loads waiting for room or for a load slot (max_concurrent_loads)."""
-
-
 # ---- LLM engine (models with platform "inferd_llm"): one AddSequence per request, one StepDeltas per step
 
 
@@ -263,60 +209,6 @@ class StepDeltas(msgspec.Struct, tag="llm_step"):
         """Every sequence's delta, the single tokens as SeqDeltas too (for inspection, not the hot path)."""
         one = zip(self.decoded_ids, self.decoded_tokens, strict=True)
         return [*(SeqDelta(i, [t]) for i, t in one), *self.deltas]
-
-
-# ---- search shard replicas (models of kind "search"): one ShardAssign, then ShardCall / ShardReply
-
-
-class ShardAssign(msgspec.Struct, tag="shard_assign"):
-    """Serve this shard, for the index's writer of lease epoch `epoch`: a replica that holds the shard
-    with the same settings, applied within `base_seq`..`last_seq`, keeps its index; else it loads the snapshot
-    sent (`snapshot`: a packed snapshot cut in pieces, every ShardAssign but the last with `more`), or
-    starts empty when none is sent. It then answers ShardReply(call_id=0) with the seq it holds; the
-    writer ships the log from there. An epoch older than one the replica accepted is refused (a deposed
-    writer): the answer carries the error."""
-
-    shard: int
-    settings: bytes
-    """The index settings (IndexSettings as MessagePack)."""
-    epoch: int = 0
-    base_seq: int = 0
-    """The seq the writer's log starts after (its snapshot's): a replica behind it cannot keep its index."""
-    last_seq: int | None = None
-    """The writer's last seq when it sent this (None: not said): a replica past it applied entries this
-    writer does not hold (a former writer's) and cannot keep its index either."""
-    snapshot: bytes = b""
-    more: bool = False
-    reload: bool = False
-    lineage: int = -1
-    lineage_seq: int = 0
-    """This writer's log continues the entries of the writer of epoch `lineage` up to `lineage_seq` (its
-    takeover's source; -1: not said): a replica whose index was built under that writer keeps it only
-    up to that seq, and one built under any other writer but this one does not keep it."""
-    """Do not keep the index held even when it fits the log (it follows an older writer, whose entries
-    may differ from this one's): load the snapshot sent, or start empty."""
-
-
-class ShardCall(msgspec.Struct, tag="shard_call"):
-    """One operation on the replica's shard, run in arrival order: "apply" (body: log entries, from the
-    link that assigned the shard only), "search" (body: a ShardQuery), "get" (body: a document id),
-    "snapshot" (body: an offset; answered with (seq, total size, the packed snapshot's bytes from the
-    offset): the index packed when the offset is 0, the same blob sliced after)."""
-
-    call_id: int
-    op: str
-    body: bytes = b""
-
-
-class ShardReply(msgspec.Struct, tag="shard_reply"):
-    call_id: int
-    """The call answered; 0: the answer to ShardAssign."""
-    applied_seq: int
-    documents: int
-    body: bytes = b""
-    """The op's result as MessagePack (a ShardResult, a Document or None, the snapshot's seq)."""
-    error: tuple[str, str] | None = None
-    """(code, message) when the op failed."""
 
 
 # ---- Credits: a worker's batch slots, granted to the front ends it serves (Hello/Welcome.credits)
