@@ -16,6 +16,7 @@ from inferd.clock import MonotonicClock
 from inferd.config import ModelConfig
 from inferd.kinds.llm.engine import LLMEngine, new_scheduler, scheduler_config
 from inferd.kinds.llm.model import LLMModel
+from inferd.kinds.llm.warmup import warm_up
 from inferd.models.base import Model
 from inferd.models.loader import instantiate
 from inferd.observability import tracing
@@ -74,8 +75,9 @@ class Device:
             model = instantiate(config)
             await loop.run_in_executor(self.executor, model.load)
             t1 = time.perf_counter()
-            warm = model.warmup_inputs()
-            if warm:
+            if isinstance(model, LLMModel):  # a short prefill and decode (kinds/llm/warmup.py)
+                await loop.run_in_executor(self.executor, warm_up, model)
+            elif warm := model.warmup_inputs():
                 result = await self.predict(model, warm)
                 convert_outputs(config, result, len(warm))
         except Exception as exc:  # a model that fails to load is reported, not crashed on
@@ -85,7 +87,6 @@ class Device:
             return None
         t2 = time.perf_counter()
         self.config = config
-        link.send(p.Ready(version=config.version, load_s=t1 - t0, warmup_s=t2 - t1))
         log.info(
             "worker %s ready: model %s v%d loaded in %.2fs, warm-up %.3fs",
             self.worker_id,
@@ -94,6 +95,9 @@ class Device:
             t1 - t0,
             t2 - t1,
         )
+        # Ready only after the warm-up: the front end sends the worker no work before it (the gate; logged
+        # first, so the worker's log shows the warm-up's end before the front end could hear of it)
+        link.send(p.Ready(version=config.version, load_s=t1 - t0, warmup_s=t2 - t1))
         return model
 
     def new_engine(self, owners: SequenceOwners) -> LLMEngine | None:
