@@ -229,7 +229,7 @@ def test_a_batch_worker_gets_no_request_before_its_warm_up_ends(fleet: Fleet) ->
     check_gate(warm_end, new, sent, polls, lambda s: pid_of(s.key) == new_pid)
     # its own record: the warm-up ran first and took its 2 s; the front end took it in after it ended
     runs = [(at, item) for pid, at, item in fleet.runs() if pid == new_pid]
-    assert runs[0][1] == "warmup" and all(at >= warm_end for at, _ in runs[1:])
+    assert runs[0][1] == "warmup" and all(at + 0.001 >= warm_end for at, _ in runs[1:])  # (times to the ms)
     (took_in, _), *_ = fleet.lines(rf"worker {re.escape(new)} \(pid \d+\) of model warm v\d+ is ready")
     assert took_in >= warm_end
 
@@ -281,7 +281,9 @@ def test_a_search_replica_gets_no_query_before_its_warm_up_ends(fleet: Fleet) ->
 
     def send(i: int) -> Sent:
         at = time.time()
-        status, body = call(f"{server.url}/v1/indexes/docs/search", "POST", {"query": "alpha", "k": 5})
+        status, body = call(
+            f"{server.url}/v1/indexes/docs/search", "POST", {"query": "alpha", "k": 5, "cache": False}
+        )
         assert status == 200 and body["coverage"] == {"shards": 1, "answered": 1}, body
         assert [h["id"] for h in body["hits"]] == ["a"]
         return Sent(at, "", "alpha")
@@ -289,16 +291,12 @@ def test_a_search_replica_gets_no_query_before_its_warm_up_ends(fleet: Fleet) ->
     def warmed() -> tuple[float, str] | None:
         return warm_up_ended(fleet, r"replica (\S+) serves shard 0, .* warm-up (\S+)s", started)
 
-    new_serving: list[bool] = []
-
-    def by_new(new: str, sent: list[Sent]) -> bool:
-        new_serving.append(new in serving())
-        return new_serving[-1]
+    def by_new(new: str, sent: list[Sent]) -> bool:  # (which replica answers a search is not told)
+        return new in serving()
 
     warm_end, new, sent, polls = run_until(fleet, send, serving, warmed, by_new)
     assert new not in (victim, survivor)
     assert [s for s in sent if s.at < warm_end], "no search was sent while the new replica warmed up"
     seen_before = [p for p in polls if p.returned < warm_end]
-    assert seen_before and all(
-        p.admitted == {survivor} for p in seen_before
-    )  # the other replica answered them
+    # until its warm-up ended, the front end read only from the other replica: it answered every search
+    assert seen_before and all(p.admitted == {survivor} for p in seen_before), seen_before
