@@ -10,7 +10,7 @@ import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import msgspec
 
@@ -114,9 +114,13 @@ class PoolFront:
             return await self.model_links.get()
 
 
+def _log_file(path: Path) -> BinaryIO:
+    return open(path, "wb")  # the child writes to it; closed when the spawn returns
+
+
 async def start_pool_worker(socket_path: Path, log_path: Path, pool: str = "p") -> asyncio.subprocess.Process:
     env = {**os.environ, "PYTHONPATH": f"{ROOT / 'src'}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
-    with open(log_path, "wb") as log:
+    with _log_file(log_path) as log:
         return await asyncio.create_subprocess_exec(
             sys.executable, "-m", "inferd.worker.main", "--pool", pool, "--connect", f"unix:{socket_path}",
             "--token", TOKEN, "--worker-id", "pw-1", "--reconnect",

@@ -92,7 +92,7 @@ class Holdings:
         self.compute = asyncio.Lock()
         """The device: one batch at a time across the models (each model server's `Turn`)."""
         self.configs: dict[Key, bytes] = {}
-        """The config each load asked for (its model server serves it)."""
+        """The config the last load of each model asked for (its model server serves it)."""
         self.servers: dict[Key, ModelServer] = {}
         self.tasks: set[asyncio.Task[None]] = set()
         """Loads and model servers running (each unloads its model when it ends)."""
@@ -126,7 +126,8 @@ class Holdings:
             return p.LoadResult(msg.model, msg.version, False, error=asked.reason)
         if isinstance(asked, Joined) and asked.ready:
             return p.LoadResult(msg.model, msg.version, True, memory_mb=self.residency.held[key].size_mb)
-        self.configs.setdefault(key, msg.config_json)
+        if not isinstance(asked, Joined):  # a new load: of the config asked now
+            self.configs[key] = msg.config_json
         self.changed()
         return None
 
@@ -260,7 +261,6 @@ class Holdings:
             log.exception("pool worker %s: the model server of %s v%d failed", self.worker_id, *key)
         finally:
             self.servers.pop(key, None)
-            self.configs.pop(key, None)
             try:
                 await asyncio.shield(server.device.unload())
             finally:
