@@ -12,6 +12,10 @@ Failure injection (for tests and benchmarks): an input that starts with ``params
 ``params.crash_prefix`` (default ``"!crash"``) kills the worker process mid-batch, as a segfault would.
 A slow device (one worker of a fleet): the environment variable ``INFERD_SIM_SLOWDOWN`` of a worker
 process multiplies its batch cost (e.g. 10 for a device 10x slower than its peers).
+A slow first call (lazy initialization, kernel autotuning): ``params.warmup_ms`` adds that much to the
+first batch after load, which is the warm-up (`warmup_inputs`) the worker runs before it takes traffic.
+Memory (pools): ``params.memory_mb`` MiB are allocated and touched at load (the worker's resident memory
+grows by that much) and freed at unload; ``params.load_ms`` is how long a load takes.
 """
 
 from __future__ import annotations
@@ -71,7 +75,12 @@ class SimModel(Model):
         self.crash_prefix = str(p.get("crash_prefix", "!crash")).encode()
         self.rng = random.Random(int(p.get("seed", 0)))  # nosec B311  # simulated jitter, not secrets
         self.prefix = f"{self.config.name}:{self.config.version}:".encode()
+        self.first_call_s = float(p.get("warmup_ms", 0.0)) / 1000.0
+        self.memory = bytearray(b"\x01") * int(float(p.get("memory_mb", 0.0)) * 2**20)  # every page touched
         time.sleep(float(p.get("load_ms", 0.0)) / 1000.0)
+
+    def unload(self) -> None:
+        self.memory = bytearray()
 
     def cost_s(self, n: int) -> float:
         cost = self.base_s + self.per_item_s * n
@@ -81,6 +90,7 @@ class SimModel(Model):
 
     def predict_batch(self, inputs: list[bytes]) -> list[str]:
         start = time.perf_counter()
+        extra_s, self.first_call_s = self.first_call_s, 0.0  # the first call's cost (warmup_ms), once
         for item in inputs:
             if item.startswith(self.fail_prefix):
                 raise ValueError(f"simulated failure on input {item[:40]!r}")
@@ -88,7 +98,7 @@ class SimModel(Model):
                 time.sleep(self.base_s / 2)
                 os._exit(70)  # a crash, not an exception: nothing is sent back
         out = [hashlib.sha256(self.prefix + item).hexdigest()[:32] for item in inputs]
-        remaining = self.cost_s(len(inputs)) - (time.perf_counter() - start)
+        remaining = extra_s + self.cost_s(len(inputs)) - (time.perf_counter() - start)
         if remaining > 0:
             time.sleep(remaining)
         return out

@@ -6,6 +6,8 @@ Cost model, per engine step (one step = one forward pass over every scheduled ch
 
 `tokens_in_step` counts prefill chunk tokens and one token per decoding sequence; `context_tokens` sums
 the context each chunk attends over. All three are `params` (defaults 5 ms, 0.05 ms, 0.0005 ms).
+A slow first call (lazy initialization, kernel autotuning): `params.warmup_ms` adds that much to the first
+step after load, which is the worker's warm-up (kinds/llm/warmup.py), run before it takes traffic.
 
 Tokens are words. The tokenizer splits on whitespace; a prompt word's id is a stable hash of the word.
 Output token i of a request is a documented deterministic function of the request, so any client can
@@ -123,6 +125,7 @@ class SimLLM(LLMModel):
         self.base_s = float(p.get("step_base_ms", 5.0)) / 1000.0
         self.per_token_s = float(p.get("per_token_ms", 0.05)) / 1000.0
         self.per_context_s = float(p.get("per_context_token_ms", 0.0005)) / 1000.0
+        self.first_call_s = float(p.get("warmup_ms", 0.0)) / 1000.0
         self._digests: dict[str, bytes] = {}
 
     def step_cost_s(self, plan: StepPlan) -> float:
@@ -131,6 +134,7 @@ class SimLLM(LLMModel):
 
     def run_step(self, plan: StepPlan, requests: Mapping[str, LLMRequest]) -> dict[str, SeqOutput]:
         start = time.perf_counter()
+        extra_s, self.first_call_s = self.first_call_s, 0.0  # the first call's cost (warmup_ms), once
         outputs = {}
         for chunk in plan.chunks:
             if not chunk.samples:
@@ -141,7 +145,7 @@ class SimLLM(LLMModel):
                 digest = self._digests[chunk.seq_id] = _prompt_digest(req.seed or 0, req.prompt)
             i = chunk.start + len(chunk.token_ids) - len(req.prompt)
             outputs[chunk.seq_id] = SeqOutput(token=_token_at(digest, i))
-        remaining = self.step_cost_s(plan) - (time.perf_counter() - start)
+        remaining = extra_s + self.step_cost_s(plan) - (time.perf_counter() - start)
         if remaining > 0:
             time.sleep(remaining)
         return outputs

@@ -4,9 +4,10 @@ worker/main.py hands each front end's connection (a link) here when its model's 
 worker shared by several front ends (`inferd serve --frontends N`) holds ONE replica for all its links.
 The index's writer front end (the holder of its lease: the one that sends ShardAssign) assigns a shard:
 the replica keeps the index it holds when that one fits the writer's log, else loads the snapshot the
-assignment carries (its bytes, over the connection: no replica reads a data_dir), and says which seq it
-holds; the writer then ships the log entries after it, in seq order (ShardCall "apply"), and sends
-searches, gets and snapshot calls the same way. A new writer (another front end took the lease over)
+assignment carries (its bytes, over the connection: no replica reads a data_dir), runs a warm-up query on
+a built or loaded one (kinds/search/warmup.py), and then says which seq it holds; the writer then ships
+the log entries after it, in seq order (ShardCall "apply"), and sends searches, gets and snapshot calls
+the same way. A new writer (another front end took the lease over)
 assigns the shard again under a newer epoch: from then on only its link may apply (kinds/search/handover.py),
 and a deposed writer's assignments and applies are refused.
 The other links only read: they are told the replica's shard and applied seq by a note (a ShardReply
@@ -39,6 +40,7 @@ from inferd.kinds.search import wire
 from inferd.kinds.search.handover import IncomingSnapshot, OutgoingSnapshot, WriterFence, keeps
 from inferd.kinds.search.shard import ShardIndex
 from inferd.kinds.search.types import IndexSettings
+from inferd.kinds.search.warmup import warm_up
 from inferd.kinds.search.wire import ANNOUNCE
 from inferd.wire import protocol as p
 
@@ -312,22 +314,18 @@ class Replica:
         self.index = None  # loading: a link that joins now is told so, not the old index's seq as the new's
         self.shard, self.settings = msg.shard, msg.settings
         t0 = time.perf_counter()
-        how = "empty"
+        index, how = None, "empty"
         try:
             if msg.snapshot:
-                self.index, how = ShardIndex.unpacked(msg.snapshot, settings), "from the snapshot sent"
+                index, how = ShardIndex.unpacked(msg.snapshot, settings), "from the snapshot sent"
         except ServingError as exc:  # unusable: it starts empty, and its writer sees it holds too little
             log.warning("shard %d: the snapshot sent is not used: %s", msg.shard, exc)
-        if self.index is None:
-            self.index = ShardIndex(settings)
+        index = ShardIndex(settings) if index is None else index
+        loaded_s, warm_s = time.perf_counter() - t0, warm_up(index)  # before the answer: no read comes sooner
+        self.index = index  # warm: links that join from now on are told it serves the shard
         log.info(
-            "replica %s serves shard %d, %s at seq %d (%d documents) in %.2fs",
-            self.worker_id,
-            msg.shard,
-            how,
-            self.index.applied_seq,
-            self.index.documents,
-            time.perf_counter() - t0,
+            "replica %s serves shard %d, %s at seq %d (%d documents) in %.2fs, warm-up %.3fs",
+            *(self.worker_id, msg.shard, how, index.applied_seq, index.documents, loaded_s, warm_s),
         )
         return self._reply(0)
 
