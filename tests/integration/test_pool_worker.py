@@ -158,3 +158,20 @@ async def test_sigterm_drains_every_model_server_then_the_pool_link(tmp_path: Pa
             assert await asyncio.wait_for(proc.wait(), 20) == 0
         finally:
             await stop(proc)
+
+
+async def test_a_local_pool_worker_exits_when_the_front_end_that_runs_it_goes(tmp_path: Path) -> None:
+    socket_path = tmp_path / "fe.sock"
+    models = {"a": model_json("a", memory_mb=20)}
+    async with PoolFront(socket_path, {"memory_budget_mb": 1000.0}, models) as front:
+        proc = await start_pool_worker(socket_path, tmp_path / "worker.log", reconnect=False)
+        try:
+            pool = await front.pool_link()
+            pool.send(p.LoadModel("a", 1, models["a"]))
+            assert (await pool.expect(p.LoadResult)).ok
+            await (await front.model_link()).expect(p.Ready)
+            await front.close()
+            assert await asyncio.wait_for(proc.wait(), 20) == 0
+            assert "unloaded a v1" in (tmp_path / "worker.log").read_text()
+        finally:
+            await stop(proc)

@@ -226,15 +226,18 @@ class Holdings:
         try:
             config = device.localize(ModelConfig(**msgspec.json.decode(config_json, type=dict)))
             model, load_s, warmup_s = await device.load_model(config)
-        except Exception as exc:  # a model that fails to load is reported, not crashed on
-            log.exception("pool worker %s: model %s v%d failed to load", self.worker_id, *key)
-            await device.unload()
-            memory.give_back()
-            self.residency.load_failed(key)
-            self.configs.pop(key, None)
-            self.tell(p.LoadResult(key[0], key[1], False, error=f"{type(exc).__name__}: {exc}"))
-            self._gone.set()
-            self.changed()
+        except (Exception, asyncio.CancelledError) as exc:  # a model that fails to load is reported
+            if not isinstance(exc, asyncio.CancelledError):
+                log.exception("pool worker %s: model %s v%d failed to load", self.worker_id, *key)
+                self.tell(p.LoadResult(key[0], key[1], False, error=f"{type(exc).__name__}: {exc}"))
+            try:
+                await asyncio.shield(self._release(device))
+            finally:
+                self.residency.load_failed(key)
+                self._gone.set()
+                self.changed()
+            if isinstance(exc, asyncio.CancelledError):
+                raise
             return
         size_mb = before.grown_to(memory.reading())
         keep = self.residency.loaded(key, size_mb)
@@ -262,13 +265,18 @@ class Holdings:
         finally:
             self.servers.pop(key, None)
             try:
-                await asyncio.shield(server.device.unload())
+                await asyncio.shield(self._release(server.device))
             finally:
-                memory.give_back()
                 self.residency.unloaded(key)
                 self._gone.set()
                 log.info("pool worker %s unloaded %s v%d", self.worker_id, *key)
                 self.changed()
+
+    @staticmethod
+    async def _release(device: Device) -> None:
+        """Unload the device's model and give its memory back (collect, trim: in a thread, off the loop)."""
+        await device.unload()
+        await asyncio.to_thread(memory.give_back)
 
     def _drain_server(self, key: Key) -> None:
         server = self.servers.get(key)

@@ -355,13 +355,13 @@ def main(argv: list[str] | None = None) -> int:
         runner = uvloop.run
     except ImportError:
         runner = asyncio.run
-    if args.pool:  # many models on demand (worker/pool.py), each served by a Worker of its own
-        pool = PoolWorker(
-            args.connect, args.pool, args.token, worker_id, args.reconnect, args.model_repo, tls_context,
-            args.stuck_after_s, args.zone, Resolver(args.hosts_file, args.resolve_every_s), model_server=Worker,
-        )
-        return runner(run_until_done(pool.run(), lambda: pool.drain(signalled=True)))
     try:
+        if args.pool:  # many models on demand (worker/pool.py), each served by a Worker of its own
+            pool = PoolWorker(
+                args.connect, args.pool, args.token, worker_id, args.reconnect, args.model_repo, tls_context,
+                args.stuck_after_s, args.zone, Resolver(args.hosts_file, args.resolve_every_s), model_server=Worker,
+            )
+            return runner(run_until_done(pool.run(), lambda: pool.drain(signalled=True)))
         while True:  # once more each time its version is retired, serving the default version
             worker = Worker(
                 args.connect, args.model, args.token, worker_id, args.reconnect, args.model_repo,
