@@ -62,6 +62,7 @@ async def test_models_take_turns_on_the_device_and_a_load_runs_beside_their_batc
     holdings.configure(Limits(budget_mb=1000.0, max_concurrent_loads=1, min_resident_s=0.0))
     counting = "tests.pool_models:CountingBatches"
     pool_models.LOAD_GATE.clear()
+    pool_models.LOAD_STARTED.clear()
     async with asyncio.TaskGroup() as tg:
         planner = tg.create_task(holdings.plan(tg))
         for name in ("a", "b"):
@@ -105,6 +106,31 @@ async def test_an_eviction_drains_the_model_server_and_every_front_end_is_told()
         assert a.drained.is_set()  # type: ignore[attr-defined]
         assert set(holdings.residency.held) == {("b", 1)}
         assert holdings.state().evictions == {"a": 1}
+        holdings.close()
+        async with asyncio.timeout(20):
+            await holdings.emptied()
+        planner.cancel()
+
+
+async def test_loads_past_max_concurrent_loads_wait_their_turn_and_are_counted_as_waiting() -> None:
+    told = Told()
+    holdings = Holdings("pw", None, told, WaitingServer)
+    holdings.configure(Limits(budget_mb=1000.0, max_concurrent_loads=1))
+    pool_models.LOAD_GATE.clear()
+    pool_models.LOAD_STARTED.clear()
+    gated = "tests.pool_models:GatedLoad"
+    async with asyncio.TaskGroup() as tg:
+        planner = tg.create_task(holdings.plan(tg))
+        for name in ("one", "two"):
+            assert holdings.ask(p.LoadModel(name, 1, config_json(name, gated))) is None
+        await asyncio.to_thread(pool_models.LOAD_STARTED.wait, 20)
+        state = holdings.state()
+        assert {m.model: m.state for m in state.models} == {"one": "loading"} and state.waiting_loads == 1
+        joined = holdings.ask(p.LoadModel("two", 1, config_json("two", gated)))
+        assert joined is None and holdings.state().waiting_loads == 1  # the same load, asked again
+        pool_models.LOAD_GATE.set()
+        assert (await told.result("one")).ok and (await told.result("two")).ok
+        assert [r for r in told.messages if isinstance(r, p.LoadResult)] == []  # one LoadResult per load
         holdings.close()
         async with asyncio.timeout(20):
             await holdings.emptied()
