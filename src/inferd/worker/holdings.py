@@ -202,9 +202,11 @@ class Holdings:
             self._publish()
 
     def _publish(self) -> None:
-        """PoolState to every front end when what they see changed (idle times aside: the heartbeats')."""
+        """PoolState to every front end when what they see changed: a model's state or size, the loads,
+        evictions, waiting loads. Idle times and `evictable` (which flips with every batch) go with the
+        heartbeats only: a PoolState per batch to every front end would cost more than it tells."""
         state = self.state()
-        seen = (state.used_mb, [(m.model, m.version, m.state, m.memory_mb, m.evictable) for m in state.models],
+        seen = (state.used_mb, [(m.model, m.version, m.state, m.memory_mb) for m in state.models],
                 state.loads, state.evictions, state.waiting_loads)
         if seen != self._told:
             self._told = seen
