@@ -96,10 +96,12 @@ async def test_an_eviction_drains_the_model_server_and_every_front_end_is_told()
     holdings.configure(Limits(budget_mb=1000.0, max_loaded_models=1, min_resident_s=0.0))
     async with asyncio.TaskGroup() as tg:
         planner = tg.create_task(holdings.plan(tg))
-        holdings.ask(p.LoadModel("a", 1, config_json("a")))
-        assert (await told.result("a")).ok
+        holdings.ask(p.LoadModel("a", 1, config_json("a", load_ms=50)))
+        first = await told.result("a")
+        assert first.ok and first.load_s >= 0.05
         again = holdings.ask(p.LoadModel("a", 1, config_json("a")))
-        assert again is not None and again.ok  # held already: answered at once
+        assert again is not None and again.ok  # held already: answered at once, with what its load took
+        assert (again.load_s, again.memory_mb) == (first.load_s, first.memory_mb)
         a = holdings.servers[("a", 1)]
         holdings.ask(p.LoadModel("b", 1, config_json("b")))
         assert (await told.result("b")).ok
