@@ -14,7 +14,6 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from inferd.kinds.llm.sim_llm import sim_llm_config
 from inferd.models.sim import sim_digest
 from inferd.wire import protocol as p
 from tests.pool_front import PoolFront, model_json, resident_mb, serve_one_batch, start_pool_worker, stop
@@ -93,10 +92,6 @@ async def test_a_load_that_fails_or_cannot_fit_is_answered_with_its_cause(tmp_pa
             refused = await pool.expect(p.LoadResult)
             assert not refused.ok and refused.model == "big"
             assert "5000 MB" in refused.error and "1000 MB" in refused.error, refused
-            llm = sim_llm_config("chat").model_dump_json().encode()
-            pool.send(p.LoadModel("chat", 1, llm))
-            not_batch = await pool.expect(p.LoadResult)
-            assert not not_batch.ok and "batch models only" in not_batch.error, not_batch
             state = await pool.expect(p.PoolState)
             assert state.models == [] and state.loads == {}
             assert front.model_links.empty()

@@ -230,8 +230,6 @@ class Holdings:
         before = memory.reading()
         try:
             config = device.localize(ModelConfig(**msgspec.json.decode(config_json, type=dict)))
-            if config.kind != "batch":
-                raise ValueError(f"model {config.name} is of kind {config.kind!r}: a pool serves batch models only")
             model, load_s, warmup_s = await device.load_model(config)
         except (Exception, asyncio.CancelledError) as exc:  # a model that fails to load is reported
             if not isinstance(exc, asyncio.CancelledError):
