@@ -2,7 +2,7 @@
 never exceeds the budget (sizes as measured equal to their estimates), nor the count max_loaded_models,
 nor the loads under way max_concurrent_loads; nothing busy or protected by min_resident_s is evicted; a
 model is never loaded twice at once; and every load asked ends (started, failed, or given up) once the
-models held are let go."""
+models held are let go; and the next wake-up it asks for is never one already due."""
 
 from __future__ import annotations
 
@@ -55,7 +55,7 @@ class Driver:
         protected_s = self.r.limits.min_resident_s
         evictable = {  # the rule, restated: ready, no batch held, loaded for min_resident_s
             k for k, res in self.r.held.items()
-            if res.state == READY and not self.running.get(k) and now - res.since >= protected_s
+            if res.state == READY and not self.running.get(k) and now >= res.since + protected_s
         }
         for action in self.r.step():
             if isinstance(action, StartLoad):
@@ -77,6 +77,8 @@ class Driver:
         if limits.max_loaded_models is not None:
             assert len(self.r.held) <= limits.max_loaded_models
         assert sum(1 for res in self.r.held.values() if res.state == LOADING) <= limits.max_concurrent_loads
+        wake = self.r.next_at()
+        assert wake is None or wake > self.clock.now(), "a wake-up already due: the planner would spin"
 
     def apply(self, operation: tuple) -> None:
         kind = operation[0]

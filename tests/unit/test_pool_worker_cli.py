@@ -3,6 +3,9 @@ worker/memory.py's measuring of what a load took."""
 
 from __future__ import annotations
 
+import sys
+from types import SimpleNamespace
+
 import pytest
 from typer.testing import CliRunner
 
@@ -53,3 +56,26 @@ def test_a_reading_prefers_the_device_once_there_is_one() -> None:
     assert cpu.grown_to(memory.Reading(resident_mb=600.0, device_mb=None)) == 100.0
     assert cpu.grown_to(memory.Reading(resident_mb=900.0, device_mb=250.0)) == 250.0  # CUDA started in the load
     assert memory.Reading(500.0, 300.0).grown_to(memory.Reading(520.0, 280.0)) == 0.0
+
+
+def test_device_memory_is_read_from_torch_only_once_it_has_initialized_cuda(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No GPU here: a stand-in for torch's module says what torch.cuda would (the reading never imports
+    torch itself, nor starts CUDA)."""
+
+    class Cuda:
+        initialized = False
+
+        def is_initialized(self) -> bool:
+            return self.initialized
+
+        def memory_allocated(self) -> int:
+            return 3 * 2**20
+
+    cuda = Cuda()
+    monkeypatch.setitem(sys.modules, "torch", SimpleNamespace(cuda=cuda))
+    assert memory.device_mb() is None
+    cuda.initialized = True
+    assert memory.device_mb() == 3.0
+    assert memory.reading().device_mb == 3.0
+    monkeypatch.delitem(sys.modules, "torch")
+    assert memory.device_mb() is None

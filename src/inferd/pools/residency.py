@@ -219,13 +219,11 @@ class Residency:
         protected model becoming evictable. None: only an event can change anything."""
         if not self.pending:
             return None
+        now = self.clock.now()
         times = [load.deadline for load in self.pending]
-        times += [
-            r.since + self.limits.min_resident_s
-            for r in self.held.values()
-            if r.state == READY and r.since + self.limits.min_resident_s > self.clock.now()
-        ]
-        return min(times)
+        times += [self.protected_until(r) for r in self.held.values() if r.state == READY]
+        times = [t for t in times if t > now]
+        return min(times, default=None)  # never a time gone by: a driver would wake at once, again and again
 
     # ---- what it holds --------------------------------------------------------------------------------
     def size_mb(self, key: Key, estimate_mb: float) -> float:
@@ -236,11 +234,13 @@ class Residency:
         return sum(r.size_mb for r in self.held.values())
 
     def evictable(self, resident: Resident, now: float) -> bool:
-        return (
-            resident.state == READY
-            and resident.busy == 0
-            and now - resident.since >= self.limits.min_resident_s
-        )
+        return resident.state == READY and resident.busy == 0 and now >= self.protected_until(resident)
+
+    def protected_until(self, resident: Resident) -> float:
+        """When min_resident_s ends for it: `evictable` and `next_at` compare the same sum with `now`
+        (`now - since >= min_resident_s` can be false where `since + min_resident_s <= now` is true, in
+        floating point: the wake-up for it would then be skipped)."""
+        return resident.since + self.limits.min_resident_s
 
     def _count(self, state: str) -> int:
         return sum(1 for r in self.held.values() if r.state == state)
