@@ -30,6 +30,7 @@ from inferd.config import ModelConfig, ServerConfig
 from inferd.config.identity import frontend_id
 from inferd.errors import ServingError, ShuttingDown
 from inferd.fleet.control import FleetControl, repository_loader
+from inferd.fleet.model_control import ModelControl
 from inferd.fleet.scaling import ScalingLoop, scaling_policy
 from inferd.frontends.channel import MAX_MESSAGE_BYTES
 from inferd.frontends.metrics import scrape_all, serve_registry
@@ -90,7 +91,9 @@ class InferenceServer:
         self.kinds = kinds or builtin_kinds()
         loader = repository_loader(config.model_repo, config.model_overrides) if config.model_repo else None
         seat = seat or Seat()
-        restored = restore(models, seat.saved, loader)  # started again: it serves what it served
+        self.model_control = ModelControl(self, config, several=frontend is not None or seat.store is not None)
+        """Load and unload while serving (the repository API); "explicit": only --load-model's at start."""
+        restored = restore(self.model_control.at_start_models(models), seat.saved, loader)  # started again: it serves what it served
         models = [*restored.models, *IndexStore(config.data_dir).stored({m.name for m in models})]
         for m in models:
             self.kinds.check(m)
@@ -134,9 +137,7 @@ class InferenceServer:
         settings = ModelSettings(
             self.registry, self.traffic, self.cache, config.model_overrides, own_settings(config), self.kinds
         )
-        self.gateway = Gateway(
-            config, self.registry.names, context_lengths=self._context_lengths, models=settings
-        )
+        self.gateway = Gateway(config, self.model_control.names, context_lengths=self._context_lengths, models=settings)
         """Tenants and API keys (gateway/reload.py): the API's auth layer reads its current gate; a
         reload also re-reads the models' traffic and cache tables."""
         if frontend is not None and config.config_path is not None:  # restarted since a reload: the file now
@@ -305,6 +306,7 @@ class InferenceServer:
                     for name, loop in self.scaling.items()
                 ]
                 loops.append(tg.create_task(self.console.run(), name="console"))
+                loops.append(tg.create_task(self.model_control.run(), name="model-control"))
                 supervisor = tg.create_task(self.supervisor.run(), name="supervisor")
                 if self.canary is not None:
                     await self.canary.open()
@@ -338,10 +340,8 @@ class InferenceServer:
         return self.config.worker_port is not None or self.ray_launcher is not None
 
     def _log_models(self) -> None:
-        rows = [
-            f"{rt.name} v{rt.version} ({rt.kind}{', default' if rt.version == self.registry.default_version(rt.name) else ''})"
-            for rt in self.registry
-        ]
+        default = self.registry.default_version
+        rows = [f"{rt.name} v{rt.version} ({rt.kind}{', default' if rt.version == default(rt.name) else ''})" for rt in self.registry]
         log.info("serving %d model version(s): %s; workers connect at %s", len(rows), "; ".join(rows), self.worker_address)
 
     def _start(self, rt: Runtime) -> None:

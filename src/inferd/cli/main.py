@@ -9,6 +9,7 @@ from typing import Annotated
 
 import typer
 
+from inferd.cli.model_control_flags import LoadModelFlag, ModelControlFlag
 from inferd.cli.observability_flags import (
     AccessLogSample,
     LogFormat,
@@ -73,6 +74,8 @@ def resolve_models(config: ServerConfig) -> list[ModelConfig]:
                 f"--model names unknown models {unknown}; available: {sorted(m.name for m in models)}"
             )
         models = [m for m in models if m.name in config.models]
+    if unknown := sorted(set(config.load_model) - {"*", *(m.name for m in models)}):
+        raise ConfigError(f"--load-model names unknown models {unknown}; available: {sorted({m.name for m in models})}")
     return apply_overrides(models, config.model_overrides)
 
 
@@ -99,6 +102,8 @@ def serve(
         ),
     ] = None,
     model: Annotated[list[str] | None, typer.Option(help="Serve only this model (repeatable).")] = None,
+    model_control: ModelControlFlag = None,
+    load_model: LoadModelFlag = None,
     frontends: Annotated[
         int | None,
         typer.Option(
@@ -269,6 +274,8 @@ def serve(
                 "workers": workers,
                 "frontends": frontends,
                 "models": tuple(model) if model else None,
+                "model_control": model_control,
+                "load_model": tuple(load_model) if load_model else None,
                 "access_log": access_log,
                 "log_level": log_level,
                 "admin_port": admin_port,

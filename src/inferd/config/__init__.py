@@ -21,6 +21,7 @@ from pydantic import (
 from inferd.config.autoscaler import AutoscalerConfig
 from inferd.config.cache import CacheConfig
 from inferd.config.identity import IdentitySettings
+from inferd.config.model_control import ModelControlSettings
 from inferd.config.ports import GrpcSettings, default_admin_port, default_grpc_port
 from inferd.config.ports import admin_port_for as admin_port_for  # re-exported for the tools
 from inferd.config.ports import grpc_port_for as grpc_port_for  # re-exported for the tools
@@ -241,7 +242,7 @@ class ModelConfig(_Frozen):
         return self.max_wait_ms / 1000.0
 
 
-class ServerConfig(ListenerSettings, IdentitySettings, GrpcSettings, _Frozen):
+class ServerConfig(ListenerSettings, IdentitySettings, GrpcSettings, ModelControlSettings, _Frozen):
     """Settings of `inferd serve` (listeners' limits and TLS: ListenerSettings; zone, id: IdentitySettings;
     the gRPC listener: GrpcSettings)."""
 

@@ -89,6 +89,8 @@ class ScalingLoop:
             await asyncio.sleep(self.interval_s)
             if self.acts is not None and not self.acts():
                 continue  # another front end decides, or the store is down: no change from here
+            if self.model not in self.registry:
+                continue  # unloaded (fleet/model_control.py): nothing to scale until it is loaded again
             self.observed = self.observe()
             decision = self.autoscaler.decide(self.observed)
             self.last = decision
