@@ -189,14 +189,13 @@ class ModelControl:
 
     def refuse_unloaded(self, name: str) -> None:
         """Raises when `name` is a model of the repository that is not served now: loading (503), or
-        unloaded (404 saying so, and how to load it)."""
+        unloaded (404 saying so, and how to load it). A served model being reloaded serves on."""
+        why = self.unloaded.get(name)
+        if why is None:
+            return
         if name in self._loading:
             raise WorkerUnavailable(f"model {name!r} is loading: send its requests once its load has answered")
-        why = self.unloaded.get(name)
-        if why is not None:
-            raise NotFound(
-                f"model {name!r} is unloaded ({why}): load it with POST /v2/repository/models/{name}/load"
-            )
+        raise NotFound(f"model {name!r} is unloaded ({why}): load it with POST /v2/repository/models/{name}/load")
 
     def index(self, visible: Callable[[str], bool], ready_only: bool = False) -> list[IndexRow]:
         """The repository index: every model `visible` to the caller, a row per served version."""
@@ -205,7 +204,7 @@ class ModelControl:
         for name in self.names():
             if not visible(name):
                 continue
-            if name in self._loading:
+            if name in self._loading and name in self.unloaded:
                 rows.append(IndexRow(name, "", ModelState.LOADING, "loading"))
             elif name in self.unloaded or name not in registry:
                 rows.append(IndexRow(name, "", ModelState.UNAVAILABLE, self.unloaded.get(name, NOT_LOADED)))
@@ -285,8 +284,10 @@ class ModelControl:
                         host.fleet.launcher.add(name, self._workers(rt.config), rt.version)
                 if self._workers(default.config):  # else workers on other hosts join it when they will
                     await self._until_ready(default)
-        except BaseException:
+        except BaseException as exc:
             await self._stop(name, [rt.version for rt in added], drain=False)
+            if isinstance(exc, ServingError):  # the index says why it is not served
+                self.unloaded[name] = f"its last load failed: {exc.message}"
             raise
         self.unloaded.pop(name, None)
         self.broken.pop(name, None)
