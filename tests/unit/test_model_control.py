@@ -46,7 +46,7 @@ class FakeRuntime:
 
 class FakeKinds:
     def get(self, kind: str) -> Any:
-        return SimpleNamespace(has_workers=False)  # workers: the integration tests'
+        return SimpleNamespace(has_workers=False, rolls_versions=kind != "search")  # workers: the integration tests'
 
     def check(self, config: ModelConfig) -> None:
         return None
@@ -162,7 +162,7 @@ async def test_a_load_that_is_not_ready_in_time_is_503_and_leaves_it_unloaded(tm
     async with running(tmp_path) as (control, server):
         await control.unload("a")
         control.ready_timeout_s = 0.01
-        server.kinds = SimpleNamespace(get=lambda kind: SimpleNamespace(has_workers=True), check=lambda c: None)  # type: ignore[assignment]
+        server.kinds = SimpleNamespace(get=lambda kind: SimpleNamespace(has_workers=True, rolls_versions=True), check=lambda c: None)  # type: ignore[assignment]
         directory = SimpleNamespace(workers=lambda name, version: (), changed=_never)  # no worker ever joins
         launcher = SimpleNamespace(add=lambda *a: [])
         server.fleet = SimpleNamespace(launcher=launcher, scale_to=_no_workers, directory=directory)
@@ -247,3 +247,12 @@ def test_the_watch_reports_added_changed_and_removed_model_folders(tmp_path: Pat
     changes = watch.update(fingerprints(repo))
     assert (changes.added, changes.changed, changes.removed) == (("c",), ("a",), ("b",))
     assert fingerprints(repo, only=("a",)).keys() == {"a"}
+
+
+async def test_a_search_index_is_not_unloaded_through_the_repository_api(tmp_path: Path) -> None:
+    async with running(tmp_path) as (control, server):
+        a = server.registry.get("a")
+        server.registry.add(FakeRuntime("idx", 1, a.config, kind="search"))  # type: ignore[arg-type]
+        with pytest.raises(BadRequest, match="'idx' is a search model"):
+            await control.unload("idx")
+        control.refuse_unloaded("idx")  # still served

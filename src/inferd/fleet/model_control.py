@@ -163,7 +163,7 @@ class ModelControl:
         self.broken.pop(name, None)
         registry = self.host.registry
         served = name in registry and configs[0].version != registry.default_version(name)
-        if served or (name not in registry and name not in self.unloaded):  # a new version, a new model
+        if served or (name not in registry and self.unloaded.get(name) != UNLOADED):  # a new version, a new model
             log.info("model %s: version %d in the repository: loading it", name, configs[0].version)
             await self.load(name)
 
@@ -241,6 +241,7 @@ class ModelControl:
                 if name in self.unloaded or name in self.repository_names():
                     return  # not served: nothing to do
                 raise NotFound(f"unknown model {name!r}; the repository's models: {self.names()}")
+            self._check_kind(self.host.registry.get(name).kind, name)
             self.unloaded[name] = UNLOADED  # its new requests: 404 from now on
             running = self._unloading[name] = self._spawn(self._unload(name), f"unload-{name}")
             running.add_done_callback(lambda _: self._unloading.pop(name, None))
@@ -262,7 +263,14 @@ class ModelControl:
                 self.host.kinds.check(c)
         except (ConfigError, ValueError) as exc:
             raise BadRequest(f"cannot load model {name!r}: {exc}") from None
+        self._check_kind(configs[0].kind, name)
         return configs
+
+    def _check_kind(self, kind: str, name: str) -> None:
+        """Only the kinds that roll versions (batch, llm, upstream) load and unload here: a search index
+        has its own API (docs/search.md)."""
+        if not self.host.kinds.get(kind).rolls_versions:
+            raise BadRequest(f"model {name!r} is a {kind} model: it is not loaded nor unloaded through the repository API")
 
     async def _load(self, name: str, configs: list[ModelConfig]) -> None:
         host = self.host
