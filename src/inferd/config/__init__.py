@@ -71,7 +71,6 @@ BATCH_ONLY = frozenset(
         "batching",
         "pool",
         "memory_mb",
-        "cold_queue_size",
     }
 )
 """Settings only the batch kind reads."""
@@ -149,9 +148,6 @@ class ModelConfig(_Frozen):
     """The `[pools.NAME]` whose workers load it on demand (no workers of its own); None: its own workers."""
     memory_mb: float | None = Field(default=None, gt=0.0)
     """What one loaded copy takes (MiB), until a load measured it; a pooled model must set it."""
-    cold_queue_size: int | None = Field(default=None, ge=1, le=1_000_000)
-    """Items held while no worker serves it yet (it is being loaded or started); None: min(max_queue_size,
-    4 x max_batch_size). Past it, 429 with Retry-After."""
 
     @model_validator(mode="before")
     @classmethod
