@@ -21,6 +21,9 @@ import asyncio
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
+
+import msgspec
 
 from inferd.clock import Clock
 from inferd.config import ModelConfig
@@ -282,3 +285,35 @@ class PoolManager:
     def close(self) -> None:
         for link in self.links.values():
             link.writer.close()
+
+    # ---- the view (GET /admin/pools) ------------------------------------------------------------------
+    def view(self) -> dict[str, Any]:
+        """The pool as operators see it: its settings, each worker's budget, use and models, the loads
+        in flight and in backoff."""
+        now = self.clock.now()
+        workers = []
+        for link in sorted(self.links.values(), key=lambda w: w.worker_id):
+            state = link.state or p.PoolState(self.config.memory_budget_mb, 0.0)
+            workers.append({
+                "worker_id": link.worker_id, "pid": link.pid, "host": link.host, "draining": link.draining,
+                "budget_mb": state.budget_mb, "used_mb": state.used_mb, "waiting_loads": state.waiting_loads,
+                "silent_s": round(now - link.last_heard, 3),
+                "models": [msgspec.to_builtins(m) for m in state.models],
+            })
+        backoff = {}
+        for s in self.served():
+            left = self.placement.retry_in(s.config.name, s.config.version)
+            if left is not None:
+                backoff[f"{s.config.name}:{s.config.version}"] = {
+                    "retry_in_s": round(left, 3), "error": self._errors.get((s.config.name, s.config.version), "")
+                }
+        models = [
+            {
+                "model": s.config.name, "version": s.config.version, "waiting": s.waiting, "serving": s.serving,
+                "memory_mb": self.size_mb(s.config), "load_s": self._load_s.get((s.config.name, s.config.version)),
+                "loading_on": self.placement.pending(s.config.name, s.config.version),
+            }
+            for s in self.served()
+        ]
+        return {"name": self.name, "config": self.config.model_dump(), "workers": workers, "models": models,
+                "backoff": backoff}
