@@ -12,7 +12,9 @@ from dataclasses import dataclass, field
 
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
+from rich.console import Console
 
+from inferd.cli.pool_status import pools_parts
 from inferd.clock import FakeClock
 from inferd.config import ModelConfig
 from inferd.config.pools import PoolConfig
@@ -210,3 +212,24 @@ def test_a_front_end_that_does_not_export_adds_no_families() -> None:
     metrics.counted("p", "w0", p.PoolState(1000.0, 10.0, loads={"a": 1}))
     metrics.loaded("a", 0.5)
     assert b"inferd_model_loads" not in generate_latest(registry)
+
+
+async def test_the_view_and_inferd_status_show_what_each_worker_holds(pool: Fixture) -> None:
+    w0 = await join(pool, "w0")
+    w0.send(p.PoolState(1000.0, 300.0, [p.HeldModel("a", 1, "ready", 300.0, idle_s=7.0, evictable=True)],
+                        waiting_loads=1))
+    await settle(pool, lambda: pool.manager.links["w0"].state is not None)
+    pool.served.append(ServedModel(config("b"), waiting=4, serving=0, batch_cycle_s=0.0))
+    view = pool.manager.view()
+    [worker] = view["workers"]
+    assert (worker["worker_id"], worker["used_mb"], worker["budget_mb"], worker["waiting_loads"]) == ("w0", 300.0, 1000.0, 1)
+    assert worker["models"] == [
+        {"model": "a", "version": 1, "state": "ready", "memory_mb": 300.0, "idle_s": 7.0, "evictable": True}
+    ]
+    console = Console(width=200, record=True)
+    for part in pools_parts({"pools": [view]}):
+        console.print(part)
+    text = console.export_text()
+    assert "a v1 ready 300 MiB idle 7.0s evictable" in text
+    assert "pool p: model b v1: 4 waiting, 0 serving" in text
+    assert pools_parts({"pools": []}) == []
