@@ -83,8 +83,7 @@ def pool_refusal(model: Pooled, pools: Mapping[str, PoolConfig]) -> str | None:
     return None
 
 
-def check_pools(models: Iterable[Pooled], pools: Mapping[str, PoolConfig]) -> None:
-    """Every pooled model fits its pool: else ValueError naming the model, the key and the fix."""
-    for model in models:
-        if (refusal := pool_refusal(model, pools)) is not None:
-            raise ValueError(refusal)
+def pool_refusals(models: Iterable[Pooled], pools: Mapping[str, PoolConfig]) -> list[str]:
+    """Why each pooled model that does not fit the pools is refused at start (`pool_refusal`); []: none.
+    The callers raise ConfigError with the first (this module sits below inferd.config's error)."""
+    return [r for r in (pool_refusal(m, pools) for m in models) if r is not None]

@@ -24,7 +24,7 @@ from prometheus_client import CollectorRegistry
 
 from inferd.clock import Clock
 from inferd.config import ConfigError, ModelConfig, ServerConfig
-from inferd.config.pools import pool_refusal
+from inferd.config.pools import pool_refusals
 from inferd.errors import NotFound, ServingError
 from inferd.kinds.batch.dispatcher import ModelRuntime
 from inferd.kinds.batch.statistics import BatchStatistics
@@ -40,10 +40,9 @@ from inferd.worker.launcher import Launcher
 def check_pooled(models: Iterable[ModelConfig], config: ServerConfig) -> None:
     """Every pooled model names a pool of this server and fits its budget: else ConfigError, naming
     the model, the key and the fix."""
-    for model in models:
-        refusal = pool_refusal(model, config.pools)
-        if refusal is not None:
-            raise ConfigError(refusal)
+    refusals = pool_refusals(models, config.pools)
+    if refusals:
+        raise ConfigError(refusals[0])
 
 
 class ServerPools:
