@@ -233,3 +233,36 @@ def test_explicit_serves_only_the_load_model_ones_at_start(tmp_path: Path) -> No
         client.close()
     finally:
         assert s.stop() in (0, -15)
+
+
+POOLED = 'builtin = "sim"\npool = "p"\nmemory_mb = 60\nmax_wait_ms = 1\n[params]\nbase_ms = 2.0\nmemory_mb = 20\n'
+POOLS = "[pools.p]\nworkers = 1\nmemory_budget_mb = 300\nmin_resident_s = 0.1\n"
+
+
+def test_a_pooled_model_unloads_from_its_pool_loads_ready_at_once_and_too_big_is_400(tmp_path: Path) -> None:
+    (tmp_path / "models" / "pooled").mkdir(parents=True)
+    (tmp_path / "models" / "pooled" / "model.toml").write_text(POOLED)
+    (tmp_path / "inferd.toml").write_text(POOLS)
+    s = start_server(tmp_path, "--model-repo", str(tmp_path / "models"), "--config", str(tmp_path / "inferd.toml"))
+    client = tc_http.InferenceServerClient(f"127.0.0.1:{s.port}")
+    try:
+        assert client.infer("pooled", [sim_input(tc_http.InferInput)]).as_numpy("OUTPUT0") is not None
+        client.unload_model("pooled")
+        with pytest.raises(InferenceServerException) as refused:
+            client.infer("pooled", [sim_input(tc_http.InferInput)])
+        assert refused.value.status() == "404" and "unloaded" in refused.value.message()
+        assert "told to unload it" in s.log()
+
+        client.load_model("pooled")  # served on demand: READY at once, loaded by the pool on its first request
+        assert states(client.get_model_repository_index()) == {"pooled": ("READY", "")}
+        assert client.infer("pooled", [sim_input(tc_http.InferInput)]).as_numpy("OUTPUT0") is not None
+
+        client.unload_model("pooled")
+        (tmp_path / "models" / "pooled" / "model.toml").write_text(POOLED.replace("memory_mb = 60", "memory_mb = 500"))
+        with pytest.raises(InferenceServerException) as too_big:
+            client.load_model("pooled")
+        assert too_big.value.status() == "400"
+        assert "500" in too_big.value.message() and "300" in too_big.value.message()
+    finally:
+        client.close()
+        assert s.stop() in (0, -15)

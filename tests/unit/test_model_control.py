@@ -56,7 +56,8 @@ class FakeKinds:
 class FakeServer:
     registry: ModelRegistry = field(default_factory=ModelRegistry)
     kinds: FakeKinds = field(default_factory=FakeKinds)
-    fleet: Any = None
+    fleet: Any = field(default_factory=lambda: SimpleNamespace(directory=SimpleNamespace(workers=lambda n, v: ())))
+    pools: Any = field(default_factory=lambda: SimpleNamespace(manager_for=lambda config: None))  # none pooled
     added: list[tuple[str, int]] = field(default_factory=list)
 
     def add_version(self, config: ModelConfig) -> Any:

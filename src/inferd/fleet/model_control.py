@@ -40,6 +40,7 @@ from inferd.errors import (
     WorkerUnavailable,
 )
 from inferd.fleet.control import FleetControl
+from inferd.fleet.pools import ServerPools, check_pooled
 from inferd.fleet.repository_watch import RepositoryWatch, fingerprints
 from inferd.kinds.repository import apply_overrides, load_model_folder
 from inferd.runtime.contract import Runtime
@@ -75,19 +76,12 @@ class ControlHost(Protocol):
     registry: ModelRegistry
     kinds: KindRegistry
     fleet: FleetControl
+    pools: ServerPools
+    """The pools (fleet/pools.py): a pooled model is served on demand by its pool's workers."""
 
     def add_version(self, config: ModelConfig) -> Runtime: ...
 
     def remove_version(self, name: str, version: int) -> None: ...
-
-
-class PooledModels(Protocol):
-    """The pools' front-end side (pools/manager.py): a pooled model is served on demand by its pool's
-    workers, and unloaded by telling its holders to."""
-
-    def pooled(self, config: ModelConfig) -> bool: ...
-
-    async def unload(self, model: str, version: int) -> None: ...
 
 
 class ModelControl:
@@ -97,7 +91,6 @@ class ModelControl:
         self.repo: Path | None = config.model_repo
         self.several = several
         """Several front ends share the served models: load and unload are refused (409)."""
-        self.pools: PooledModels | None = None
         self.ready_timeout_s = config.worker_start_timeout_s
         self.at_start: dict[str, list[ModelConfig]] = {}
         """The models of the start's list: what a load serves when there is no repository folder."""
@@ -261,9 +254,14 @@ class ModelControl:
             configs = apply_overrides(configs, overrides)
             for c in configs:
                 self.host.kinds.check(c)
+            check_pooled(configs, self.config)  # its pool exists, and its memory_mb fits its budget
         except (ConfigError, ValueError) as exc:
             raise BadRequest(f"cannot load model {name!r}: {exc}") from None
         self._check_kind(configs[0].kind, name)
+        for c in configs:  # a pooled model bigger than every worker of its pool: 400 with the sizes
+            manager = self.host.pools.manager_for(c)
+            if manager is not None and (why := manager.load_refusal(c)) is not None:
+                raise BadRequest(f"cannot load model {name!r}: {why}")
         return configs
 
     def _check_kind(self, kind: str, name: str) -> None:
@@ -284,7 +282,7 @@ class ModelControl:
             for config in configs:
                 added.append(host.add_version(config))
             default = host.registry.get(name)
-            if self.pools is not None and self.pools.pooled(default.config):
+            if self.host.pools.manager_for(default.config) is not None:
                 log.info("model %s: loaded (pooled: served on demand)", name)
             elif host.kinds.get(default.kind).has_workers:
                 for rt in added:
@@ -312,12 +310,13 @@ class ModelControl:
             rt = host.registry.get(name, version)
             if drain:
                 await self._until(lambda rt=rt: _idle(rt))
-            if self.pools is not None and self.pools.pooled(rt.config):
-                await self.pools.unload(name, version)
+            if host.pools.manager_for(rt.config) is not None:  # each holder drains it, then unloads it
+                told = host.pools.unload(name, version)
+                log.info("model %s v%d: pool worker(s) %s told to unload it", name, version, told)
             elif host.kinds.get(rt.kind).has_workers:
                 await host.fleet.scale_to(name, 0, version)
-                if drain:  # they finish what they hold, then leave
-                    await self._until(lambda rt=rt: not host.fleet.directory.workers(rt.name, rt.version))
+            if drain:  # its workers (local, or a pool's model servers) finish what they hold, then leave
+                await self._until(lambda rt=rt: not host.fleet.directory.workers(rt.name, rt.version))
             host.remove_version(name, version)
 
     def _workers(self, config: ModelConfig) -> int:
