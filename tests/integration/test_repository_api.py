@@ -110,6 +110,7 @@ def test_grpc_index_unload_load_with_a_model_control_tenant(server: ServerProc) 
     with pytest.raises(InferenceServerException) as refused:
         client.infer("sim", [sim_input(tc_grpc.InferInput)], headers=ops)
     assert "NOT_FOUND" in str(refused.value.status()) and "unloaded" in refused.value.message()
+    assert not client.is_model_ready("sim", headers=ops)
     rows = client.get_model_repository_index(headers=ops, as_json=True)["models"]
     assert {"name": "sim", "state": "UNAVAILABLE", "reason": "unloaded"}.items() <= next(
         r for r in rows if r["name"] == "sim"

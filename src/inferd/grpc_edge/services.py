@@ -151,6 +151,8 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         return GrpcReply(pb.ServerMetadataResponse(name="inferd", version=__version__, extensions=EXTENSIONS))
 
     async def _model_ready_of(self, call: Call, request: pb.ModelReadyRequest) -> GrpcReply:
+        if request.name in self.server.model_control.unloaded and call.tenant.may_call(request.name):
+            return GrpcReply(pb.ModelReadyResponse(ready=False))  # tritonclient's is_model_ready: False
         rt = self._model(call, request.name, request.version)
         return GrpcReply(pb.ModelReadyResponse(ready=rt.ready and not self.server.shutting_down))
 
