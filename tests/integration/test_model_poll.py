@@ -1,5 +1,5 @@
 """`--model-control poll` against a real `inferd serve`: a model folder removed from the repository is
-drained and unloaded (its requests then answer 404 saying so); a new version folder copied in is served
+drained and unloaded (its requests then answer 404 saying so), and served again once put back; a new version folder copied in is served
 (a rolling update: the answers come from the new version); a model.toml that stops parsing leaves that
 version serving, and the index and the log report it."""
 
@@ -61,23 +61,36 @@ def test_poll_serves_new_versions_keeps_a_broken_folder_serving_and_unloads_remo
         until("the removed model answers 404 (unloaded)", unloaded, s)
         until("it leaves the index", lambda: "other" not in {r["name"] for r in client.get_model_repository_index()}, s)
         assert unloaded()
+        (repo / "other").mkdir()  # back: served again (an operator's unload would keep it unloaded)
+        (repo / "other" / "model.toml").write_text(SIM)
+
+        def answers() -> bool:
+            try:
+                return infer(client, "other")["model_version"] == "1"
+            except InferenceServerException:
+                return False
+
+        until("the model folder put back is served again", answers, s)
 
         assert infer(client, "sim")["model_version"] == "1"
         (repo / "sim" / "2").mkdir()  # a built-in's new version: its folder
         until("version 2 answers", lambda: infer(client, "sim")["model_version"] == "2", s)
         index = client.get_model_repository_index()
-        assert [(r["name"], r["version"], r["state"]) for r in index] == [("sim", "2", "READY")]
+        assert [(r["name"], r["version"], r["state"]) for r in index] == [("other", "1", "READY"), ("sim", "2", "READY")]
 
         (repo / "sim" / "model.toml").write_text("builtin = [not toml\n")
 
+        def sim_row() -> dict:
+            (row,) = [r for r in client.get_model_repository_index() if r["name"] == "sim"]
+            return row
+
         def reported() -> bool:
-            (row,) = client.get_model_repository_index()
-            return "not valid TOML" in row["reason"]
+            return "not valid TOML" in sim_row()["reason"]
 
         until("the broken folder is reported in the index", reported, s)
         assert infer(client, "sim")["model_version"] == "2"  # the old version serves on
         assert "its repository folder does not load" in s.log()
-        (row,) = client.get_model_repository_index()
+        row = sim_row()
         assert row["state"] == "READY" and row["version"] == "2"
     finally:
         client.close()

@@ -52,6 +52,7 @@ log = logging.getLogger("inferd.fleet")
 
 UNLOADED = "unloaded"
 NOT_LOADED = "not loaded"
+REMOVED = "removed from the repository"
 
 
 class ModelState(StrEnum):
@@ -141,9 +142,13 @@ class ModelControl:
             for name in changes.removed:
                 if name in self.host.registry:
                     log.info("model %s: its folder left the repository: unloading it", name)
-                    await self._polled(name, self.unload)
+                    await self._polled(name, self._removed)
             for name in (*changes.added, *changes.changed):
                 await self._polled(name, self._changed)
+
+    async def _removed(self, name: str) -> None:
+        await self.unload(name)
+        self.unloaded[name] = REMOVED  # served again if its folder comes back (an operator's unload is not)
 
     async def _changed(self, name: str) -> None:
         try:
