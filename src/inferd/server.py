@@ -224,7 +224,7 @@ class InferenceServer:
 
     @property
     def ready(self) -> bool:
-        return not self.shutting_down and all(rt.ready for rt in self.registry)
+        return not self.shutting_down and all(rt.ready for rt in self.registry if rt.name not in self.model_control.unloaded)
 
     def begin_shutdown(self) -> None:
         """Readiness answers 503 from now on (SIGTERM's grace period); requests are still served.

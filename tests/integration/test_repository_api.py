@@ -227,6 +227,10 @@ def test_explicit_serves_only_the_load_model_ones_at_start(tmp_path: Path) -> No
         loads = [threading.Thread(target=c.load_model, args=("slow",)) for c in clients]
         for t in loads:  # the second joins the first's load
             t.start()
+        while states(client.get_model_repository_index())["slow"][0] != "LOADING":  # its worker starts
+            assert any(t.is_alive() for t in loads), "the load ended before the index said LOADING"
+        with urllib.request.urlopen(f"{s.url}/v2/health/ready") as r:  # a model loading holds nothing down
+            assert r.status == 200
         for t in loads:
             t.join()
         assert client.infer("slow", [sim_input(tc_http.InferInput)]).as_numpy("OUTPUT0") is not None

@@ -96,7 +96,8 @@ class ModelControl:
         self.at_start: dict[str, list[ModelConfig]] = {}
         """The models of the start's list: what a load serves when there is no repository folder."""
         self.unloaded: dict[str, str] = {}
-        """Model -> why it is not served (UNLOADED, NOT_LOADED, a failed load's cause)."""
+        """Model -> why it is not served (UNLOADED, NOT_LOADED, REMOVED, a failed load's cause); a model
+        here while it loads or unloads holds no readiness down (the server's `ready`)."""
         self.broken: dict[str, str] = {}
         """Model -> why its repository folder does not load now (poll), while its old version serves on."""
         self._loading: dict[str, asyncio.Future[None]] = {}
