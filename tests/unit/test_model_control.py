@@ -257,3 +257,10 @@ async def test_a_search_index_is_not_unloaded_through_the_repository_api(tmp_pat
         with pytest.raises(BadRequest, match="'idx' is a search model"):
             await control.unload("idx")
         control.refuse_unloaded("idx")  # still served
+
+
+def test_a_key_that_is_not_utf8_is_refused_not_an_error() -> None:
+    raw = b"\xff\xfe-not-utf8".decode("utf-8", "surrogateescape")  # as the edges read header bytes
+    assert not controller(gate(False), "tok", raw).may_control
+    with pytest.raises(Unauthorized):
+        controller(gate(True), "tok", raw)

@@ -8,7 +8,8 @@ unknown or expired key is a 401 with `WWW-Authenticate: Bearer`; a model outside
 is a 403, and the unknown-model 404 names only the models the tenant may call. The health routes (REST's,
 gRPC's ServerLive and ServerReady) and /openapi.json stay open, and /metrics too unless `[gateway]
 metrics_require_key = true`. With no tenant configured nothing is enforced and calls carry the edge's
-anonymous tenant (core/tenant.py).
+anonymous tenant (core/tenant.py). The repository API's routes (`CONTROL_ROUTES`) find their caller
+themselves (`controller`): the admin token, or a tenant key whose table allows model control.
 
 Keys are never logged nor echoed: error messages say what was wrong, never what was sent.
 """
@@ -107,7 +108,8 @@ def controller(gate: Gate, admin_token: str | None, credential: str | None) -> C
     tenant key sees its models and controls them when its table says `model_control = true` (a missing,
     unknown or expired key: Unauthorized); without tenants, anyone sees every model, and controls them
     when no admin token is set."""
-    if admin_token and credential is not None and hmac.compare_digest(credential.encode(), admin_token.encode()):
+    given = None if credential is None else credential.encode("utf-8", "surrogateescape")  # the bytes as sent
+    if admin_token and given is not None and hmac.compare_digest(given, admin_token.encode()):
         return Controller(ANONYMOUS, True, admin=True)
     how = "the admin token (Authorization: Bearer <INFERD_ADMIN_TOKEN>)" if admin_token else ""
     if gate.enforced:
