@@ -30,6 +30,8 @@ from inferd.config import ModelConfig, ServerConfig
 from inferd.config.identity import frontend_id
 from inferd.errors import ServingError, ShuttingDown
 from inferd.fleet.control import FleetControl, repository_loader
+from inferd.fleet.model_control import ModelControl
+from inferd.fleet.pools import ServerPools, check_pooled
 from inferd.fleet.scaling import scaling_loops
 from inferd.frontends.channel import MAX_MESSAGE_BYTES
 from inferd.frontends.metrics import scrape_all, serve_registry
@@ -91,10 +93,13 @@ class InferenceServer:
         self.kinds = kinds or builtin_kinds()
         loader = repository_loader(config.model_repo, config.model_overrides) if config.model_repo else None
         seat = seat or Seat()
-        restored = restore(models, seat.saved, loader)  # started again: it serves what it served
+        self.model_control = ModelControl(self, config, several=frontend is not None or seat.store is not None)
+        """Load and unload while serving (the repository API); "explicit": only --load-model's at start."""
+        restored = restore(self.model_control.at_start_models(models), seat.saved, loader)  # started again: it serves what it served
         models = [*restored.models, *IndexStore(config.data_dir).stored({m.name for m in models})]
         for m in models:
             self.kinds.check(m)
+        check_pooled(models, config)
         self.retry_budget = RetryBudget(self.clock, config.retry_budget_ratio, config.retry_budget_min_per_s)
         self.registry = ModelRegistry()
         follower = frontend is not None and not frontend.is_owner
@@ -108,6 +113,8 @@ class InferenceServer:
         for m in models:
             self.registry.add(self.kinds.get(m.kind).make_runtime(m, self.context))
         restored.set_defaults(self.registry)
+        owner = frontend is None or frontend.is_owner  # the local workers, the autoscaler, the pool metrics
+        self.pools = ServerPools(config, self.registry, self.wakers, self.clock, self.metrics.registry, export=owner)
         self.metrics.registry.register(RuntimeCollector(self.registry, self.kinds))
         shares = frontend is not None or seat.store is not None  # other front ends share the state
         self.traffic = Traffic(self.registry, self.clock, self.metrics.traffic, follower=shares)
@@ -137,9 +144,7 @@ class InferenceServer:
         settings = ModelSettings(
             self.registry, self.traffic, self.cache, config.model_overrides, own_settings(config), self.kinds
         )
-        self.gateway = Gateway(
-            config, self.registry.names, context_lengths=self._context_lengths, models=settings
-        )
+        self.gateway = Gateway(config, self.model_control.names, context_lengths=self._context_lengths, models=settings)
         """Tenants and API keys (gateway/reload.py): the API's auth layer reads its current gate; a
         reload also re-reads the models' traffic and cache tables."""
         if frontend is not None and config.config_path is not None:  # restarted since a reload: the file now
@@ -154,6 +159,7 @@ class InferenceServer:
             load_timeout_s=config.worker_start_timeout_s,
             silence_timeout_s=config.heartbeat_timeout_s,
         )
+        self.hub.pool_links = self.pools
         self._socket_dir, self.worker_address, local_workers = worker_sockets(frontend)
         subreaper = frontend.parent_pid if frontend is not None else 0
         self.supervisor: Launcher[Any] = Supervisor(
@@ -183,7 +189,7 @@ class InferenceServer:
         if seat.members is not None and frontend is None:  # on many hosts, local worker ids name their front end
             self.supervisor.prefix = f"{cluster.me.replace('/', '_')}:"
         local = [
-            (m, config.workers if m.workers is None else m.workers)
+            (m, 0 if m.pool else config.workers if m.workers is None else m.workers)
             for m in models
             if self.kinds.get(m.kind).has_workers
         ]
@@ -192,13 +198,13 @@ class InferenceServer:
         if spawn_workers:
             restored.add_slots(self.supervisor, local)
             self._local_workers = len(self.supervisor.slots)  # the restored slots, when restored
+            self._local_workers += self.pools.add_slots(self.supervisor, config)
         self.shutting_down = False
         self.hub.on_first_batch.append(lambda conn: self.supervisor.mark_healthy(conn.worker_id))
         self.fleet = FleetControl(
             self.registry, self.supervisor, self, self.directory, loader, followers=self.cluster.versions,
             gate=self.cluster.versions.check_holder,
         )
-        owner = frontend is None or frontend.is_owner  # the autoscaler runs on the owner alone
         self.scaling = scaling_loops(self.registry, self.fleet, self.clock, self.kinds, loads, self.cluster.versions.holds, self.wakers, owner)
         self.console = ConsoleFeed(
             self.metrics.registry,
@@ -218,7 +224,7 @@ class InferenceServer:
 
     @property
     def ready(self) -> bool:
-        return not self.shutting_down and all(rt.ready for rt in self.registry)
+        return not self.shutting_down and all(rt.ready for rt in self.registry if rt.name not in self.model_control.unloaded)
 
     def begin_shutdown(self) -> None:
         """Readiness answers 503 from now on (SIGTERM's grace period); requests are still served.
@@ -235,10 +241,9 @@ class InferenceServer:
         return self.kinds.get(kind).has_workers
 
     def _console_extras(self) -> dict[str, Any]:
-        """The console's tenants (limits, quota use) and traffic splits: what /admin/tenants and
-        /admin/traffic show (the console needs the admin token whenever tenants exist)."""
-        view = GatewayView(self.gateway, self.tenant_requests, self.cache.statistics)
-        return {"tenants": tenants_page(view), "traffic": msgspec.to_builtins(self.traffic.statistics())}
+        """What /admin/tenants, /admin/traffic and /admin/pools show (needs the admin token with tenants)."""
+        view, traffic = GatewayView(self.gateway, self.tenant_requests, self.cache.statistics), self.traffic.statistics()
+        return {"tenants": tenants_page(view), "traffic": msgspec.to_builtins(traffic), **self.pools.view()}
 
     def _count_restart(self, slot: WorkerSlot) -> None:
         if slot.model in self.registry:
@@ -266,6 +271,7 @@ class InferenceServer:
                 traffic=self.traffic.statistics, loads=self.loads,
                 frontend={"id": frontend_id(self.config), "zone": self.config.zone},
                 decider=self.cluster.decider, cluster=self.cluster.view, grpc=lambda: self.grpc_address(),
+                pools=self.pools.view,
             ),
             token,
         )
@@ -297,6 +303,8 @@ class InferenceServer:
                     for name, loop in self.scaling.items()
                 ]
                 loops.append(tg.create_task(self.console.run(), name="console"))
+                loops.append(tg.create_task(self.model_control.run(), name="model-control"))
+                loops.append(tg.create_task(self.pools.run(), name="pools"))
                 supervisor = tg.create_task(self.supervisor.run(), name="supervisor")
                 if self.canary is not None:
                     await self.canary.open()
@@ -330,10 +338,8 @@ class InferenceServer:
         return self.config.worker_port is not None or self.ray_launcher is not None
 
     def _log_models(self) -> None:
-        rows = [
-            f"{rt.name} v{rt.version} ({rt.kind}{', default' if rt.version == self.registry.default_version(rt.name) else ''})"
-            for rt in self.registry
-        ]
+        default = self.registry.default_version
+        rows = [f"{rt.name} v{rt.version} ({rt.kind}{', default' if rt.version == default(rt.name) else ''})" for rt in self.registry]
         log.info("serving %d model version(s): %s; workers connect at %s", len(rows), "; ".join(rows), self.worker_address)
 
     def _start(self, rt: Runtime) -> None:
@@ -344,8 +350,10 @@ class InferenceServer:
     def add_version(self, config: ModelConfig) -> Runtime:
         """Serve another version of a model beside the ones served (a rolling update's new version)."""
         self.kinds.check(config)
+        check_pooled([config], self.config)
         rt = self.kinds.get(config.kind).make_runtime(config, self.context)
         self.registry.add(rt)
+        self.pools.adopt(rt)
         if self._group is not None:  # else it starts with the others
             self._start(rt)
         return rt

@@ -247,10 +247,14 @@ def test_reflection_lists_the_services(server: ServerProc) -> None:
     assert {"inference.GRPCInferenceService", "grpc.health.v1.Health", "grpc.reflection.v1alpha.ServerReflection"} <= names
 
 
-def test_the_repository_rpcs_are_unimplemented(client: tc.InferenceServerClient) -> None:
+def test_the_shared_memory_rpcs_are_unimplemented_and_the_repository_index_answers(
+    client: tc.InferenceServerClient,
+) -> None:
     with pytest.raises(InferenceServerException) as err:
-        client.get_model_repository_index()
+        client.get_system_shared_memory_status()
     assert err.value.status() == "StatusCode.UNIMPLEMENTED"
+    index = client.get_model_repository_index(as_json=True)["models"]  # tests/integration/test_repository_api.py
+    assert {m["name"] for m in index} == {"sim", "scale", "sim-llm"}
 
 
 # ---- with tenants: keys and quotas -------------------------------------------------------------------

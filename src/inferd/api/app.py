@@ -1,7 +1,7 @@
 """The HTTP front end. Each handler reads top to bottom: parse -> submit -> encode.
 
-Routes: OIP v2 (health, metadata, infer with Triton's binary extension), OpenAI /v1/embeddings and
-/v1/models, /metrics, /openapi.json.
+Routes: OIP v2 (health, metadata, infer with Triton's binary extension, the repository extension:
+api/repository.py), OpenAI /v1/embeddings and /v1/models, /metrics, /openapi.json.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from inferd.api.middleware import AccessLog, Accounting, Errors, ModelVersion
 from inferd.api.oip_answer import Inference, OipSource, fallback_headers, lifecycle_headers, oip_answer
 from inferd.api.oip_metadata import model_metadata
 from inferd.api.openapi import openapi_document
+from inferd.api.repository import add_repository_routes
 from inferd.api.request_context import RequestContext
 from inferd.api.search_routes import add_search_routes
 from inferd.api.server_view import ServerView
@@ -73,6 +74,7 @@ def create_app(server: ServerView, api: Api | None = None) -> AsgiApp:
     add("POST", "/v1/completions", partial(completion_routes.completions, api), oai, MODEL_WORK)
     add("POST", "/v1/chat/completions", partial(completion_routes.chat_completions, api), oai, MODEL_WORK)
     add_search_routes(add, server)
+    add_repository_routes(add, server, oip_error)
     add("GET", "/metrics", api.metrics)
     add("GET", "/openapi.json", api.openapi)
     token = server.config.admin_token.get_secret_value() if server.config.admin_token else None
@@ -178,7 +180,7 @@ class Api:
         may call); a model outside the tenant's list a 403."""
         version = call.version
         tenant = call.tenant
-        check_model(tenant, name, self.registry.names)
+        self.check_served(call, name)
         if version is None:  # a canary or A/B split may send it to another version than the default
             sticky = None if tenant.anonymous else tenant.name
             version = self.server.traffic.choose(name, sticky, metadata)
@@ -188,6 +190,12 @@ class Api:
             routes = kind.routes
             raise BadRequest(f"model {name!r} is a {rt.kind} model: send its requests to {routes}")
         return rt
+
+    def check_served(self, call: Call, name: str) -> None:
+        """The caller may call `name` and it is served: else 404 (an unloaded model's says so), or 403."""
+        if call.tenant.may_call(name):
+            self.server.model_control.refuse_unloaded(name)
+        check_model(call.tenant, name, self.registry.names)
 
     def text_model(self, call: Call, name: str, metadata: Callable[[bytes], str | None]) -> Runtime:
         """An LLM or upstream model for the OpenAI text routes (X-Inferd-Model-Version may pin a version)."""
@@ -210,7 +218,7 @@ class Api:
 
     async def model_metadata(self, call: Call, request: HttpRequest) -> HttpResponse:
         params = request.path_params  # the version in the path only: X-Inferd-Model-Version is not read
-        check_model(call.tenant, params["model"], self.registry.names)
+        self.check_served(call, params["model"])
         rt = self.registry.get(params["model"], params.get("version"))
         versions = self.registry.versions(rt.name)
         return json_response(
@@ -219,7 +227,7 @@ class Api:
 
     async def model_ready(self, call: Call, request: HttpRequest) -> HttpResponse:
         params = request.path_params  # the version in the path only
-        check_model(call.tenant, params["model"], self.registry.names)
+        self.check_served(call, params["model"])
         rt = self.registry.get(params["model"], params.get("version"))
         ready = rt.ready and not self.server.shutting_down
         return HttpResponse(status=200 if ready else 503, content_type=None)

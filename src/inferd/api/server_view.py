@@ -12,6 +12,7 @@ from inferd.api.cache_hook import CacheHook
 from inferd.api.console_feed import ConsoleFeed
 from inferd.clock import Clock
 from inferd.config import ServerConfig
+from inferd.fleet.model_control import ModelControl
 from inferd.gateway.reload import Gateway
 from inferd.gateway.shadow import Shadows
 from inferd.gateway.traffic_control import Traffic
@@ -31,6 +32,7 @@ class ServerView(Protocol):
     traffic: Traffic
     gateway: Gateway
     console: ConsoleFeed
+    model_control: ModelControl
     tenant_requests: Counter
     started_at: float
     shutting_down: bool

@@ -9,6 +9,7 @@ from typing import Annotated
 
 import typer
 
+from inferd.cli.model_control_flags import LoadModelFlag, ModelControlFlag
 from inferd.cli.observability_flags import (
     AccessLogSample,
     LogFormat,
@@ -19,6 +20,7 @@ from inferd.cli.observability_flags import (
 from inferd.cli.ports import check_ports_free
 from inferd.cluster.config import check_cluster, store_password, with_store  # registers [cluster] too
 from inferd.config import ConfigError, ModelConfig, ServerConfig, identity, load_server_config
+from inferd.config.pools import pool_refusals
 from inferd.data_lock import hold_data_dir
 from inferd.gateway.reload import build_gate  # also registers the [gateway] and [tenants.NAME] tables
 from inferd.observability.logging_setup import set_up_process
@@ -73,6 +75,8 @@ def resolve_models(config: ServerConfig) -> list[ModelConfig]:
                 f"--model names unknown models {unknown}; available: {sorted(m.name for m in models)}"
             )
         models = [m for m in models if m.name in config.models]
+    if unknown := sorted(set(config.load_model) - {"*", *(m.name for m in models)}):
+        raise ConfigError(f"--load-model names unknown models {unknown}; available: {sorted({m.name for m in models})}")
     return apply_overrides(models, config.model_overrides)
 
 
@@ -99,6 +103,8 @@ def serve(
         ),
     ] = None,
     model: Annotated[list[str] | None, typer.Option(help="Serve only this model (repeatable).")] = None,
+    model_control: ModelControlFlag = None,
+    load_model: LoadModelFlag = None,
     frontends: Annotated[
         int | None,
         typer.Option(
@@ -269,6 +275,8 @@ def serve(
                 "workers": workers,
                 "frontends": frontends,
                 "models": tuple(model) if model else None,
+                "model_control": model_control,
+                "load_model": tuple(load_model) if load_model else None,
                 "access_log": access_log,
                 "log_level": log_level,
                 "admin_port": admin_port,
@@ -308,6 +316,8 @@ def serve(
         models = resolve_models(cfg)
         check_models(models)
         check_gateway(cfg, models)
+        if refusals := pool_refusals(models, cfg.pools):  # an unknown pool, a model over its budget
+            raise ConfigError(refusals[0])
         check_ports_free(cfg)
         check_server_tls(cfg)
     except ConfigError as exc:

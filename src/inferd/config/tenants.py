@@ -49,6 +49,8 @@ class TenantConfig(BaseModel):
     """LLM tokens per minute, reserved at admission as prompt + max_tokens, the unused part refunded."""
     max_concurrency: int | None = Field(default=None, ge=1)
     """Most requests of this tenant in flight at once."""
+    model_control: bool = False
+    """May load and unload models (POST /v2/repository/models/{m}/load, /unload), as the admin token may."""
 
     @field_validator("api_key_sha256")
     @classmethod

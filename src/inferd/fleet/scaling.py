@@ -143,6 +143,8 @@ class ScalingLoop:
             await self._pause()
             if self.acts is not None and not self.acts():
                 continue  # another front end decides, or the store is down: no change from here
+            if self.model not in self.registry:
+                continue  # unloaded (fleet/model_control.py): nothing to scale until it is loaded again
             await self.tick()
 
     async def tick(self) -> None:
@@ -178,7 +180,7 @@ class ScalingLoop:
                     self._woken.clear()
                     return
             left -= step
-            if self._starting_since is not None:
+            if self._starting_since is not None and self.model in self.registry:
                 self._timed(self.registry.get(self.model).statistics().ready_workers)
 
     def _timed(self, ready_workers: int) -> None:

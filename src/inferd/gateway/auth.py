@@ -8,7 +8,8 @@ unknown or expired key is a 401 with `WWW-Authenticate: Bearer`; a model outside
 is a 403, and the unknown-model 404 names only the models the tenant may call. The health routes (REST's,
 gRPC's ServerLive and ServerReady) and /openapi.json stay open, and /metrics too unless `[gateway]
 metrics_require_key = true`. With no tenant configured nothing is enforced and calls carry the edge's
-anonymous tenant (core/tenant.py).
+anonymous tenant (core/tenant.py). The repository API's routes (`CONTROL_ROUTES`) find their caller
+themselves (`controller`): the admin token, or a tenant key whose table allows model control.
 
 Keys are never logged nor echoed: error messages say what was wrong, never what was sent.
 """
@@ -16,12 +17,14 @@ Keys are never logged nor echoed: error messages say what was wrong, never what 
 from __future__ import annotations
 
 import asyncio
+import hmac
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Counter
 
 from inferd.core.call import Call, Handler, Reply
-from inferd.core.tenant import Tenant
+from inferd.core.tenant import ANONYMOUS, Tenant
 from inferd.errors import Forbidden, NotFound, Unauthorized
 from inferd.gateway.keys import KeyStatus
 from inferd.gateway.reload import Gate
@@ -38,6 +41,18 @@ OPEN_PATHS = frozenset(
 )
 """Routes that never need a key (probes, the API description): REST paths, gRPC methods' full names."""
 METRICS_PATH = "/metrics"
+CONTROL_ROUTES = frozenset(
+    {
+        "/v2/repository/index",
+        "/v2/repository/models/{model}/load",
+        "/v2/repository/models/{model}/unload",
+        "/inference.GRPCInferenceService/RepositoryIndex",
+        "/inference.GRPCInferenceService/RepositoryModelLoad",
+        "/inference.GRPCInferenceService/RepositoryModelUnload",
+    }
+)
+"""The repository API's routes: their handlers find the caller (`controller`), who may be the admin
+token's holder as well as a tenant, so the Auth layer passes them over."""
 
 _REFUSALS = {
     KeyStatus.MISSING: "an API key is required: send `Authorization: Bearer KEY` or `X-API-Key: KEY`",
@@ -47,7 +62,7 @@ _REFUSALS = {
 
 
 def needs_key(gate: Gate, route: str) -> bool:
-    if not gate.enforced or route in OPEN_PATHS:
+    if not gate.enforced or route in OPEN_PATHS or route in CONTROL_ROUTES:
         return False
     return route != METRICS_PATH or gate.config.metrics_require_key
 
@@ -73,6 +88,39 @@ def authenticate(gate: Gate, credential: str | None) -> Tenant:
     if found.tenant is None:
         raise Unauthorized(_REFUSALS[found.status])
     return found.tenant
+
+
+@dataclass(frozen=True, slots=True)
+class Controller:
+    """Who calls the repository API: the models it sees (`tenant.may_call`), and whether it may load and
+    unload them."""
+
+    tenant: Tenant
+    may_control: bool
+    why_not: str = ""
+    """Why it may not load or unload (the 403's message)."""
+    admin: bool = False
+
+
+def controller(gate: Gate, admin_token: str | None, credential: str | None) -> Controller:
+    """The caller of a repository route, by the key it presented (`credential`, read whether tenants are
+    configured or not): the admin token (when one is set) sees and controls every model; with tenants, a
+    tenant key sees its models and controls them when its table says `model_control = true` (a missing,
+    unknown or expired key: Unauthorized); without tenants, anyone sees every model, and controls them
+    when no admin token is set."""
+    given = None if credential is None else credential.encode("utf-8", "surrogateescape")  # the bytes as sent
+    if admin_token and given is not None and hmac.compare_digest(given, admin_token.encode()):
+        return Controller(ANONYMOUS, True, admin=True)
+    how = "the admin token (Authorization: Bearer <INFERD_ADMIN_TOKEN>)" if admin_token else ""
+    if gate.enforced:
+        tenant = authenticate(gate, credential)
+        why = f"tenant {tenant.name!r} may not load nor unload models: that needs " + (
+            f"{how}, or a tenant whose table sets model_control = true" if how else "a tenant whose table sets model_control = true"
+        )
+        return Controller(tenant, tenant.config.model_control, "" if tenant.config.model_control else why)
+    if admin_token is None:
+        return Controller(ANONYMOUS, True)
+    return Controller(ANONYMOUS, False, f"loading and unloading models needs {how}")
 
 
 def check_model(tenant: Tenant, name: str, served_names: Callable[[], list[str]]) -> None:

@@ -6,7 +6,8 @@ ModelInfer runs the REST infer route's own path (`Api.run_oip`: resolve with can
 fallback, precheck, deadline, cache, shadow) over the ModelInferRequest (grpc_edge/codec.py); an LLM's
 request (Triton's vLLM tensors) runs the REST text routes' (grpc_edge/text.py). ModelStreamInfer takes
 many such requests on one stream (grpc_edge/stream.py), each its own Call through the same chain. The
-repository and shared-memory RPCs answer UNIMPLEMENTED (the generated base class's default).
+repository RPCs run the REST repository routes' code (grpc_edge/repository.py); the shared-memory RPCs
+answer UNIMPLEMENTED (the generated base class's default).
 """
 
 from __future__ import annotations
@@ -22,9 +23,9 @@ from inferd import __version__
 from inferd.api.app import Api
 from inferd.api.oip_answer import fallback_headers, lifecycle_headers
 from inferd.api.oip_metadata import model_metadata
+from inferd.api.repository import Repository
 from inferd.core.call import Call, Handler, Layer, chain
 from inferd.errors import NotFound, ServingError
-from inferd.gateway.auth import check_model
 from inferd.grpc_edge.calls import SERVICE, RpcMetadata, grpc_call, read_hints
 from inferd.grpc_edge.codec import GrpcOip, encode_response
 from inferd.grpc_edge.errors import code_of
@@ -32,13 +33,14 @@ from inferd.grpc_edge.model_config import LLM_INPUTS, LLM_OUTPUTS, model_config,
 from inferd.grpc_edge.protos import grpc_service_pb2 as pb
 from inferd.grpc_edge.protos import grpc_service_pb2_grpc as pb_grpc
 from inferd.grpc_edge.reply import GrpcReply
+from inferd.grpc_edge.repository import RepositoryRpcs
 from inferd.grpc_edge.stream import Response, StreamRequests, reply_responses
 from inferd.grpc_edge.text import text_reply
 from inferd.observability.logging_setup import accept_request_id
 
 Context = aio.ServicerContext[Any, Any]
 
-EXTENSIONS = ["model_configuration", "statistics"]
+EXTENSIONS = ["model_configuration", "statistics", "model_repository"]
 """The Triton protocol extensions this service answers (ServerMetadata)."""
 
 
@@ -75,18 +77,22 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         self._statistics = chain(layers, self._model_statistics)
         self._infer = chain(layers, self._model_infer)
         self._stream_infer = chain(layers, partial(self._model_infer, streams=True))
+        rpcs = RepositoryRpcs(Repository(server))
+        self._repository = {"RepositoryIndex": chain(layers, rpcs.index), "RepositoryModelLoad": chain(layers, rpcs.load)}
+        self._repository["RepositoryModelUnload"] = chain(layers, rpcs.unload)
         self._streams: set[StreamRequests] = set()
         """The open ModelStreamInfer streams, for `drain_streams`."""
         self._draining = False
         """`drain_streams` was called: a stream starting now is drained at once."""
 
     async def _rpc(
-        self, context: Context, method: str, run: Handler, request: Any, model: str = "", version: str = ""
+        self, context: Context, method: str, run: Handler, request: Any, model: str = "", version: str = "",
+        keys: bool = False,
     ) -> Any:
-        """One unary RPC through the chain: its Call read, `run`, and the reply sent."""
+        """One unary RPC through the chain: its Call read (the caller's key too when tenants are
+        configured, or `keys`), `run`, and the reply sent."""
         metadata = RpcMetadata(context.invocation_metadata())
-        keys = self.enforced()
-        call = grpc_call(context, metadata, SERVICE + method, model, version, keys)
+        call = grpc_call(context, metadata, SERVICE + method, model, version, keys or self.enforced())
         reply = await run(call, request)
         return await reply.send(context)
 
@@ -118,6 +124,23 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
     ) -> pb.ModelStatisticsResponse:
         return await self._rpc(context, "ModelStatistics", self._statistics, request, request.name, request.version)
 
+    async def RepositoryIndex(
+        self, request: pb.RepositoryIndexRequest, context: Context
+    ) -> pb.RepositoryIndexResponse:
+        return await self._rpc(context, "RepositoryIndex", self._repository["RepositoryIndex"], request, keys=True)
+
+    async def RepositoryModelLoad(
+        self, request: pb.RepositoryModelLoadRequest, context: Context
+    ) -> pb.RepositoryModelLoadResponse:
+        run = self._repository["RepositoryModelLoad"]
+        return await self._rpc(context, "RepositoryModelLoad", run, request, request.model_name, keys=True)
+
+    async def RepositoryModelUnload(
+        self, request: pb.RepositoryModelUnloadRequest, context: Context
+    ) -> pb.RepositoryModelUnloadResponse:
+        run = self._repository["RepositoryModelUnload"]
+        return await self._rpc(context, "RepositoryModelUnload", run, request, request.model_name, keys=True)
+
     async def _server_live(self, call: Call, request: Any) -> GrpcReply:
         return GrpcReply(pb.ServerLiveResponse(live=True))
 
@@ -128,6 +151,8 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         return GrpcReply(pb.ServerMetadataResponse(name="inferd", version=__version__, extensions=EXTENSIONS))
 
     async def _model_ready_of(self, call: Call, request: pb.ModelReadyRequest) -> GrpcReply:
+        if request.name in self.server.model_control.unloaded and call.tenant.may_call(request.name):
+            return GrpcReply(pb.ModelReadyResponse(ready=False))  # tritonclient's is_model_ready: False
         rt = self._model(call, request.name, request.version)
         return GrpcReply(pb.ModelReadyResponse(ready=rt.ready and not self.server.shutting_down))
 
@@ -172,8 +197,9 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         return self.server.kinds.get(rt.kind).api == "text"
 
     def _model(self, call: Call, name: str, version: str) -> Any:
-        """The runtime of `name` at `version` ("" the default): NotFound, or Forbidden for a tenant."""
-        check_model(call.tenant, name, self.registry.names)
+        """The runtime of `name` at `version` ("" the default): NotFound (an unloaded model's says so), or
+        Forbidden for a tenant."""
+        self.api.check_served(call, name)
         return self.registry.get(name, version or None)  # not call.runtime: not counted, as on REST
 
     # ---- inference ----------------------------------------------------------------------------------

@@ -1,0 +1,124 @@
+"""The repository API (Triton's extension) over REST, and what its gRPC twin (grpc_edge/repository.py)
+shares with it: who calls (gateway/auth.py `controller`), Triton's overrides refused, and the model
+control underneath (fleet/model_control.py).
+
+    POST /v2/repository/index                  {"ready": bool} (optional) -> [{name, version, state, reason}]
+    POST /v2/repository/models/{m}/load        {"parameters": {...}} (optional) -> 200 once served
+    POST /v2/repository/models/{m}/unload      {"parameters": {"unload_dependents": bool}} -> 200 once drained
+
+Load and unload need the admin token (when one is set) or a tenant whose table sets `model_control =
+true` (403 otherwise); the index lists the caller's models only. A load's `parameters.config` or `file:`
+parameters (Triton's overrides of the repository) are refused with 400: models load from the repository.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import msgspec
+
+from inferd.api.asgi import HttpRequest, HttpResponse
+from inferd.api.http import json_response, read_body
+from inferd.api.http_call import presented_key
+from inferd.api.server_view import ServerView
+from inferd.core.call import Call, ErrorBody
+from inferd.errors import BadRequest, Forbidden
+from inferd.fleet.model_control import IndexRow
+from inferd.gateway.auth import Controller, controller
+
+INDEX = "/v2/repository/index"
+LOAD = "/v2/repository/models/{model}/load"
+UNLOAD = "/v2/repository/models/{model}/unload"
+_LIMIT = 1 << 20
+"""The largest body a repository route reads (its parameters are small; Triton's file overrides are refused)."""
+
+
+class IndexRequest(msgspec.Struct):
+    ready: bool = False
+    repository_name: str = ""
+
+
+class ControlRequest(msgspec.Struct):
+    parameters: dict[str, Any] = {}
+
+
+class Repository:
+    """The three operations, whatever the edge: the edge reads the caller's key and the request."""
+
+    def __init__(self, server: ServerView) -> None:
+        self.server = server
+        self.control = server.model_control
+
+    def caller(self, call: Call, credential: str | None) -> Controller:
+        """Who calls, from the key it presented: recorded as the call's tenant."""
+        token = self.server.config.admin_token
+        found = controller(self.server.gateway.current(), token.get_secret_value() if token else None, credential)
+        call.tenant = found.tenant
+        return found
+
+    def index(self, who: Controller, ready_only: bool) -> list[IndexRow]:
+        return self.control.index(who.tenant.may_call, ready_only)
+
+    async def load(self, who: Controller, model: str, parameters: Iterable[str]) -> None:
+        check_parameters(parameters)
+        self._may_control(who, model)
+        await self.control.load(model)
+
+    async def unload(self, who: Controller, model: str) -> None:
+        self._may_control(who, model)
+        await self.control.unload(model)
+
+    def _may_control(self, who: Controller, model: str) -> None:
+        if not who.may_control:
+            raise Forbidden(who.why_not)
+        if not who.tenant.may_call(model):
+            raise Forbidden(f"tenant {who.tenant.name!r} may not call model {model!r}, nor load or unload it")
+
+
+def check_parameters(names: Iterable[str]) -> None:
+    """Triton's overrides of the repository (`config`, `file:<path>`) are refused: BadRequest naming them."""
+    refused = sorted(n for n in names if n == "config" or n.startswith("file:"))
+    if refused:
+        raise BadRequest(
+            f"load parameters {refused} are not supported: inferd loads models from the repository only "
+            "(edit the model's folder, then load it again)"
+        )
+
+
+_index_request = msgspec.json.Decoder(IndexRequest)
+_control_request = msgspec.json.Decoder(ControlRequest)
+_encoder = msgspec.json.Encoder()
+
+
+def _decode(decoder: msgspec.json.Decoder[Any], body: bytes, what: str) -> Any:
+    try:
+        return decoder.decode(body if body.strip() else b"{}")
+    except msgspec.DecodeError as exc:
+        raise BadRequest(f"{what}: {exc}") from None
+
+
+def add_repository_routes(add: Callable[[str, str, Any, ErrorBody], None], server: ServerView, errors: ErrorBody) -> None:
+    """The three routes, through `add` (api/app.py's: the whole chain, then the handler)."""
+    repo = Repository(server)
+
+    async def index(call: Call, request: HttpRequest) -> HttpResponse:
+        who = repo.caller(call, presented_key(request))
+        body = _decode(_index_request, await read_body(request, _LIMIT), "repository index request")
+        return json_response(_encoder.encode(repo.index(who, body.ready)))  # dataclass rows: JSON objects
+
+    async def load(call: Call, request: HttpRequest) -> HttpResponse:
+        who = repo.caller(call, presented_key(request))
+        body = _decode(_control_request, await read_body(request, _LIMIT), "load request")
+        await repo.load(who, request.path_params["model"], body.parameters)
+        return json_response(b"{}")
+
+    async def unload(call: Call, request: HttpRequest) -> HttpResponse:
+        who = repo.caller(call, presented_key(request))
+        _decode(_control_request, await read_body(request, _LIMIT), "unload request")
+        await repo.unload(who, request.path_params["model"])
+        return json_response(b"{}")
+
+    add("POST", INDEX, index, errors)
+    add("POST", LOAD, load, errors)
+    add("POST", UNLOAD, unload, errors)

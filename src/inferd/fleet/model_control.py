@@ -1,0 +1,399 @@
+"""Model control (Triton's repository extension): which models of the repository are served, changed
+while the server runs.
+
+- **At start** (`ServerConfig.model_control`): "none" and "poll" serve every model; "explicit" only
+  those `load_model` names ("*": all). The others are in the index as UNAVAILABLE ("not loaded").
+- **Unload** refuses the model's new requests at once (404 saying it is unloaded, and how to load it),
+  lets what it holds finish (its queue empties, its workers drain: FleetControl.scale_to 0; a pooled
+  model's holders are told to unload), then stops serving it. It no longer holds the server's
+  readiness down: it is not in the registry.
+- **Load** re-reads the model's folder from the repository (the config file's [models.NAME] overrides
+  applied), serves it, starts its local workers and answers once one is ready (else a 503 naming why,
+  and the model stays unloaded); a pooled model is served on demand, READY at once. A model already
+  served is rolled to the repository's version (FleetControl.rolling_update). A load asked while one
+  runs joins it (the same answer). Unknown models: 404.
+- **Poll** (fleet/repository_watch.py) drives the same load and unload from the folder's changes.
+
+One front end only: with several (--frontends N, a cluster store), load and unload are refused with a
+409, since the other front ends would not follow (the index works).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from enum import StrEnum
+from pathlib import Path
+from typing import Any, Protocol
+
+from inferd.config import ConfigError, ModelConfig, ServerConfig
+from inferd.errors import (
+    BadRequest,
+    Conflict,
+    Internal,
+    NotFound,
+    ServingError,
+    ShuttingDown,
+    WorkerUnavailable,
+)
+from inferd.fleet.control import FleetControl
+from inferd.fleet.pools import ServerPools, check_pooled
+from inferd.fleet.repository_watch import RepositoryWatch, fingerprints
+from inferd.kinds.repository import apply_overrides, load_model_folder
+from inferd.runtime.contract import Runtime
+from inferd.runtime.kinds import KindRegistry
+from inferd.runtime.registry import ModelRegistry
+from inferd.wire.connection import WorkerState
+
+log = logging.getLogger("inferd.fleet")
+
+UNLOADED = "unloaded"
+NOT_LOADED = "not loaded"
+REMOVED = "removed from the repository"
+
+
+class ModelState(StrEnum):
+    READY = "READY"
+    LOADING = "LOADING"
+    UNAVAILABLE = "UNAVAILABLE"
+
+
+@dataclass(frozen=True, slots=True)
+class IndexRow:
+    """One row of the repository index (Triton's JSON: name, version, state, reason)."""
+
+    name: str
+    version: str
+    state: ModelState
+    reason: str = ""
+
+
+class ControlHost(Protocol):
+    """What serves versions (the server)."""
+
+    registry: ModelRegistry
+    kinds: KindRegistry
+    fleet: FleetControl
+    pools: ServerPools
+    """The pools (fleet/pools.py): a pooled model is served on demand by its pool's workers."""
+
+    def add_version(self, config: ModelConfig) -> Runtime: ...
+
+    def remove_version(self, name: str, version: int) -> None: ...
+
+
+class ModelControl:
+    def __init__(self, host: ControlHost, config: ServerConfig, several: bool = False) -> None:
+        self.host = host
+        self.config = config
+        self.repo: Path | None = config.model_repo
+        self.several = several
+        """Several front ends share the served models: load and unload are refused (409)."""
+        self.ready_timeout_s = config.worker_start_timeout_s
+        self.at_start: dict[str, list[ModelConfig]] = {}
+        """The models of the start's list: what a load serves when there is no repository folder."""
+        self.unloaded: dict[str, str] = {}
+        """Model -> why it is not served (UNLOADED, NOT_LOADED, REMOVED, a failed load's cause); a model
+        here while it loads or unloads holds no readiness down (the server's `ready`)."""
+        self.broken: dict[str, str] = {}
+        """Model -> why its repository folder does not load now (poll), while its old version serves on."""
+        self._loading: dict[str, asyncio.Future[None]] = {}
+        self._unloading: dict[str, asyncio.Future[None]] = {}
+        self._tg: asyncio.TaskGroup | None = None
+
+    # ---- at start -------------------------------------------------------------------------------------
+    def at_start_models(self, models: list[ModelConfig]) -> list[ModelConfig]:
+        """The models served at start, of `models` (every version of each): all, or with "explicit"
+        those `load_model` names. ConfigError for a name that is not among them."""
+        for m in models:
+            self.at_start.setdefault(m.name, []).append(m)
+        if self.config.model_control != "explicit" or "*" in self.config.load_model:
+            return models
+        unknown = sorted(set(self.config.load_model) - set(self.at_start))
+        if unknown:
+            raise ConfigError(f"--load-model names unknown models {unknown}; the repository's: {sorted(self.at_start)}")
+        for name in sorted(set(self.at_start) - set(self.config.load_model)):
+            self.unloaded[name] = NOT_LOADED
+        log.info("model control explicit: serving %s at start; not loaded: %s", sorted(self.config.load_model), sorted(self.unloaded))
+        return [m for m in models if m.name in self.config.load_model]
+
+    async def run(self) -> None:
+        """Until cancelled: own the loads and unloads running, and poll the repository ("poll")."""
+        async with asyncio.TaskGroup() as tg:
+            self._tg = tg
+            try:
+                if self.config.model_control == "poll" and self.repo is not None:
+                    await self._poll(self.repo)
+                await asyncio.Event().wait()
+            finally:
+                self._tg = None
+
+    async def _poll(self, repo: Path) -> None:
+        """Every repository_poll_s: serve a model's new version (a rolling update), a new model folder;
+        unload a removed model; a folder that does not load leaves what serves and is reported."""
+        only = self.config.models
+        watch = RepositoryWatch(await asyncio.to_thread(fingerprints, repo, only))
+        log.info("model control poll: watching %s every %g s", repo, self.config.repository_poll_s)
+        while True:
+            await asyncio.sleep(self.config.repository_poll_s)
+            changes = watch.update(await asyncio.to_thread(fingerprints, repo, only))
+            for name in changes.removed:
+                if name in self.host.registry:
+                    log.info("model %s: its folder left the repository: unloading it", name)
+                    await self._polled(name, self._removed)
+            for name in (*changes.added, *changes.changed):
+                await self._polled(name, self._changed)
+
+    async def _removed(self, name: str) -> None:
+        await self.unload(name)
+        self.unloaded[name] = REMOVED  # served again if its folder comes back (an operator's unload is not)
+
+    async def _changed(self, name: str) -> None:
+        try:
+            configs = self.read(name)
+        except ServingError as exc:
+            if self.broken.get(name) != exc.message:
+                log.error("model %s: its repository folder does not load, what it serves stays: %s", name, exc.message)
+            self.broken[name] = exc.message
+            return
+        self.broken.pop(name, None)
+        registry = self.host.registry
+        served = name in registry and configs[0].version != registry.default_version(name)
+        if served or (name not in registry and self.unloaded.get(name) != UNLOADED):  # a new version, a new model
+            log.info("model %s: version %d in the repository: loading it", name, configs[0].version)
+            await self.load(name)
+
+    async def _polled(self, name: str, act: Callable[[str], Awaitable[None]]) -> None:
+        """One model's change, logged when it fails (the poll goes on with the others)."""
+        try:
+            await act(name)
+        except ServingError as exc:
+            log.error("model %s: the repository's change was not applied: %s", name, exc.message)
+        except Exception:  # a model's own code (its load): the poll goes on
+            log.exception("model %s: the repository's change was not applied", name)
+
+    # ---- what is served -------------------------------------------------------------------------------
+    def names(self) -> list[str]:
+        """Every model the server may serve: those served, and the repository's (loaded or not)."""
+        return sorted({*self.host.registry.names(), *self.repository_names()})
+
+    def repository_names(self) -> list[str]:
+        if self.repo is None or not self.repo.is_dir():
+            return sorted(self.at_start)
+        found = [d.name for d in self.repo.iterdir() if not d.name.startswith(".") and (d / "model.toml").is_file()]
+        return sorted(n for n in found if not self.config.models or n in self.config.models)
+
+    def refuse_unloaded(self, name: str) -> None:
+        """Raises when `name` is a model of the repository that is not served now: loading (503), or
+        unloaded (404 saying so, and how to load it). A served model being reloaded serves on."""
+        why = self.unloaded.get(name)
+        if why is None:
+            return
+        if name in self._loading:
+            raise WorkerUnavailable(f"model {name!r} is loading: send its requests once its load has answered")
+        raise NotFound(f"model {name!r} is unloaded ({why}): load it with POST /v2/repository/models/{name}/load")
+
+    def index(self, visible: Callable[[str], bool], ready_only: bool = False) -> list[IndexRow]:
+        """The repository index: every model `visible` to the caller, a row per served version."""
+        rows: list[IndexRow] = []
+        registry = self.host.registry
+        for name in self.names():
+            if not visible(name):
+                continue
+            if name in self._loading and name in self.unloaded:
+                rows.append(IndexRow(name, "", ModelState.LOADING, "loading"))
+            elif name in self.unloaded or name not in registry:
+                rows.append(IndexRow(name, "", ModelState.UNAVAILABLE, self.unloaded.get(name, NOT_LOADED)))
+            else:
+                broken = self.broken.get(name, "")
+                for version in registry.versions(name):
+                    ready = registry.get(name, version).ready
+                    state = ModelState.READY if ready else ModelState.UNAVAILABLE
+                    reason = broken or ("" if ready else "no worker ready")
+                    rows.append(IndexRow(name, str(version), state, reason))
+        return [r for r in rows if r.state is ModelState.READY or not ready_only]
+
+    # ---- load and unload ------------------------------------------------------------------------------
+    async def load(self, name: str) -> None:
+        """Serve `name` from the repository (a load already running: join it). Answers once served."""
+        self._may_change()
+        if (pending := self._unloading.get(name)) is not None:
+            with contextlib.suppress(ServingError):
+                await asyncio.shield(pending)
+        if (running := self._loading.get(name)) is None:
+            configs = self.read(name)
+            running = self._loading[name] = self._spawn(self._load(name, configs), f"load-{name}")
+            running.add_done_callback(lambda _: self._loading.pop(name, None))
+        await asyncio.shield(running)
+
+    async def unload(self, name: str) -> None:
+        """Stop serving `name` once what it holds is answered (an unload already running: join it)."""
+        self._may_change()
+        if (pending := self._loading.get(name)) is not None:
+            with contextlib.suppress(ServingError):
+                await asyncio.shield(pending)
+        if (running := self._unloading.get(name)) is None:
+            if name not in self.host.registry:
+                if name in self.unloaded or name in self.repository_names():
+                    return  # not served: nothing to do
+                raise NotFound(f"unknown model {name!r}; the repository's models: {self.names()}")
+            self._check_kind(self.host.registry.get(name).kind, name)
+            self.unloaded[name] = UNLOADED  # its new requests: 404 from now on
+            running = self._unloading[name] = self._spawn(self._unload(name), f"unload-{name}")
+            running.add_done_callback(lambda _: self._unloading.pop(name, None))
+        await asyncio.shield(running)
+
+    def read(self, name: str) -> list[ModelConfig]:
+        """The model's served versions as the repository holds them now (NotFound, BadRequest)."""
+        if self.repo is None:
+            if name not in self.at_start:
+                raise NotFound(f"unknown model {name!r}; the server's models: {self.names()}")
+            return self.at_start[name]
+        if name not in self.repository_names():
+            raise NotFound(f"unknown model {name!r}; the repository's models: {self.repository_names()}")
+        try:
+            configs = load_model_folder(self.repo / name)
+            overrides = {k: v for k, v in self.config.model_overrides.items() if k == name}
+            configs = apply_overrides(configs, overrides)
+            for c in configs:
+                self.host.kinds.check(c)
+            check_pooled(configs, self.config)  # its pool exists, and its memory_mb fits its budget
+        except (ConfigError, ValueError) as exc:
+            raise BadRequest(f"cannot load model {name!r}: {exc}") from None
+        self._check_kind(configs[0].kind, name)
+        for c in configs:  # a pooled model bigger than every worker of its pool: 400 with the sizes
+            manager = self.host.pools.manager_for(c)
+            if manager is not None and (why := manager.load_refusal(c)) is not None:
+                raise BadRequest(f"cannot load model {name!r}: {why}")
+        return configs
+
+    def _check_kind(self, kind: str, name: str) -> None:
+        """Only the kinds that roll versions (batch, llm, upstream) load and unload here: a search index
+        has its own API (docs/search.md)."""
+        if not self.host.kinds.get(kind).rolls_versions:
+            raise BadRequest(f"model {name!r} is a {kind} model: it is not loaded nor unloaded through the repository API")
+
+    async def _load(self, name: str, configs: list[ModelConfig]) -> None:
+        host = self.host
+        if name in host.registry:  # served: roll it to the repository's version
+            if host.kinds.get(host.registry.get(name).kind).has_workers:
+                await host.fleet.rolling_update(name, configs[0].version)
+            self.unloaded.pop(name, None)
+            return
+        added = []
+        try:
+            for config in configs:
+                added.append(host.add_version(config))
+            default = host.registry.get(name)
+            if self.host.pools.manager_for(default.config) is not None:
+                log.info("model %s: loaded (pooled: served on demand)", name)
+            elif host.kinds.get(default.kind).has_workers:
+                for rt in added:
+                    if self._workers(rt.config):
+                        host.fleet.launcher.add(name, self._workers(rt.config), rt.version)
+                if self._workers(default.config):  # else workers on other hosts join it when they will
+                    await self._until_ready(default)
+        except BaseException as exc:
+            await self._stop(name, [rt.version for rt in added], drain=False)
+            if isinstance(exc, ServingError):  # the index says why it is not served
+                self.unloaded[name] = f"its last load failed: {exc.message}"
+            raise
+        self.unloaded.pop(name, None)
+        self.broken.pop(name, None)
+        log.info("model %s: loaded, versions %s", name, [rt.version for rt in added])
+
+    async def _unload(self, name: str) -> None:
+        await self._stop(name, self.host.registry.versions(name), drain=True)
+        log.info("model %s: unloaded", name)
+
+    async def _stop(self, name: str, versions: list[int], drain: bool) -> None:
+        """Stop serving these versions: (`drain`) once their queues are empty, their workers drained."""
+        host = self.host
+        for version in versions:
+            rt = host.registry.get(name, version)
+            if drain:
+                await self._until(lambda rt=rt: _idle(rt))
+            if host.pools.manager_for(rt.config) is not None:  # each holder drains it, then unloads it
+                told = host.pools.unload(name, version)
+                log.info("model %s v%d: pool worker(s) %s told to unload it", name, version, told)
+            elif host.kinds.get(rt.kind).has_workers:
+                await host.fleet.scale_to(name, 0, version)
+            if drain:  # its workers (local, or a pool's model servers) finish what they hold, then leave
+                await self._until(lambda rt=rt: not host.fleet.directory.workers(rt.name, rt.version))
+            host.remove_version(name, version)
+
+    def _workers(self, config: ModelConfig) -> int:
+        """The local workers a version of the model starts with (as at the server's start)."""
+        return self.config.workers if config.workers is None else config.workers
+
+    async def _until_ready(self, rt: Runtime) -> None:
+        directory = self.host.fleet.directory
+        try:
+            async with asyncio.timeout(self.ready_timeout_s):
+                while not any(w.state is WorkerState.READY for w in directory.workers(rt.name, rt.version)):
+                    await directory.changed(rt.name, rt.version)
+        except TimeoutError:
+            raise WorkerUnavailable(
+                f"model {rt.name!r} version {rt.version}: no worker was ready within {self.ready_timeout_s:g} s "
+                "(worker_start_timeout_s) of its load; it stays unloaded (see the server's log for its workers)"
+            ) from None
+
+    async def _until(self, done: Callable[[], bool], poll_s: float = 0.05) -> None:
+        """Until `done()`, at most ready_timeout_s (then on: what is left fails as the version goes)."""
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(self.ready_timeout_s):
+                while True:
+                    if done():
+                        return
+                    await asyncio.sleep(poll_s)
+
+    def _may_change(self) -> None:
+        if self.several:
+            raise Conflict(
+                "model control with several front ends is not supported yet: the other front ends would "
+                "not follow a load or unload (run one front end to load and unload models)"
+            )
+        if self._tg is None:
+            raise ShuttingDown("the server is not running: models cannot be loaded nor unloaded now")
+
+    def _spawn(self, work: Awaitable[None], name: str) -> asyncio.Future[None]:
+        """Run `work` in the control's task group (it goes on when its callers leave): its outcome as a
+        future every caller awaits (shielded)."""
+        if self._tg is None:
+            raise ShuttingDown("the server is not running: models cannot be loaded nor unloaded now")
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        done.add_done_callback(lambda f: f.cancelled() or f.exception())  # retrieved: callers may have left
+
+        async def run() -> None:
+            try:
+                await work
+            except asyncio.CancelledError:
+                _settle(done, ShuttingDown(f"{name}: the server is stopping"))
+                raise
+            except ServingError as exc:
+                _settle(done, exc)
+            except Exception as exc:  # a model's own code: the caller gets a 500, the server serves on
+                log.exception("%s failed", name)
+                _settle(done, Internal(f"{name} failed: {exc!r}"))
+            else:
+                _settle(done, None)
+
+        self._tg.create_task(run(), name=f"model-control-{name}")
+        return done
+
+
+def _idle(rt: Runtime) -> bool:
+    stats = rt.statistics()
+    return stats.queued == 0 and stats.in_flight == 0
+
+
+def _settle(fut: asyncio.Future[Any], exc: BaseException | None) -> None:
+    if fut.done():
+        return
+    if exc is None:
+        fut.set_result(None)
+    else:
+        fut.set_exception(exc)

@@ -1,0 +1,273 @@
+"""The repository API (Triton's extension) against a real `inferd serve`, through tritonclient's http and
+grpc clients unchanged: the index, unload (then an infer is a 404 saying it is unloaded), load (then it
+answers again); who may call (the admin token, a tenant with model_control = true; a plain tenant key
+403, and it sees only its models); Triton's overrides refused (400); an unknown model 404; an unload
+with requests in flight drains them (all 200); `--model-control explicit` serves only --load-model's.
+Two servers in all."""
+
+from __future__ import annotations
+
+import json
+import threading
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tritonclient.grpc as tc_grpc
+import tritonclient.http as tc_http
+from tritonclient.utils import InferenceServerException
+
+from inferd.gateway.keys import key_digest, new_key
+from tests.conftest import ServerProc, start_server
+
+ADMIN = "admin-token-for-the-repository-test"
+CONTROL, PLAIN = new_key(), new_key()
+TENANTS = f"""
+[tenants.ops]
+api_key_sha256 = ["{key_digest(CONTROL)}"]
+model_control = true
+
+[tenants.plain]
+models = ["sim"]
+api_key_sha256 = ["{key_digest(PLAIN)}"]
+"""
+SIM = 'builtin = "sim"\nmax_wait_ms = 1\n[params]\nbase_ms = 2.0\n'
+SLOW = 'builtin = "sim"\nmax_wait_ms = 1\nmax_batch_size = 2\n[params]\nbase_ms = 150.0\n'
+
+
+def repository(root: Path) -> Path:
+    repo = root / "models"
+    for name, toml in (("sim", SIM), ("slow", SLOW)):
+        (repo / name).mkdir(parents=True)
+        (repo / name / "model.toml").write_text(toml)
+    return repo
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProc]:
+    root = tmp_path_factory.mktemp("repository")
+    (root / "inferd.toml").write_text(TENANTS)
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("INFERD_ADMIN_TOKEN", ADMIN)
+        s = start_server(root, "--model-repo", str(repository(root)), "--config", str(root / "inferd.toml"))
+    yield s
+    assert s.stop() in (0, -15)
+
+
+def bearer(key: str) -> dict[str, str]:
+    return {"authorization": f"Bearer {key}"}  # lower case: gRPC metadata keys are
+
+
+def sim_input(cls: type) -> object:
+    inp = cls("INPUT0", [1], "BYTES")
+    inp.set_data_from_numpy(np.array([b"hello"], dtype=object))
+    return inp
+
+
+def http_infer(server: ServerProc, model: str, key: str = CONTROL) -> object:
+    client = tc_http.InferenceServerClient(f"127.0.0.1:{server.port}")
+    try:
+        return client.infer(model, [sim_input(tc_http.InferInput)], headers=bearer(key))
+    finally:
+        client.close()
+
+
+def states(index: list[dict]) -> dict[str, tuple[str, str]]:
+    return {row["name"]: (row["state"], row["reason"]) for row in index}
+
+
+def test_http_index_unload_infer_404_load_infer_200(server: ServerProc) -> None:
+    client = tc_http.InferenceServerClient(f"127.0.0.1:{server.port}")
+    admin = bearer(ADMIN)
+    assert states(client.get_model_repository_index(headers=admin)) == {"sim": ("READY", ""), "slow": ("READY", "")}
+    assert http_infer(server, "sim").as_numpy("OUTPUT0") is not None
+
+    client.unload_model("sim", headers=admin)
+    assert states(client.get_model_repository_index(headers=admin))["sim"] == ("UNAVAILABLE", "unloaded")
+    with pytest.raises(InferenceServerException) as refused:
+        http_infer(server, "sim")
+    assert refused.value.status() == "404" and "unloaded" in refused.value.message()
+    assert not client.is_model_ready("sim", headers=bearer(CONTROL))
+    with urllib.request.urlopen(f"{server.url}/v2/health/ready") as r:  # an unloaded model holds nothing down
+        assert r.status == 200
+
+    client.load_model("sim", headers=admin)
+    assert states(client.get_model_repository_index(headers=admin))["sim"] == ("READY", "")
+    assert http_infer(server, "sim").as_numpy("OUTPUT0") is not None
+    client.close()
+
+
+def test_grpc_index_unload_load_with_a_model_control_tenant(server: ServerProc) -> None:
+    client = tc_grpc.InferenceServerClient(server.grpc_target)
+    ops = bearer(CONTROL)
+    index = client.get_model_repository_index(headers=ops, as_json=True)
+    assert {m["name"] for m in index["models"]} == {"sim", "slow"}
+
+    client.unload_model("sim", headers=ops)
+    with pytest.raises(InferenceServerException) as refused:
+        client.infer("sim", [sim_input(tc_grpc.InferInput)], headers=ops)
+    assert "NOT_FOUND" in str(refused.value.status()) and "unloaded" in refused.value.message()
+    assert not client.is_model_ready("sim", headers=ops)
+    rows = client.get_model_repository_index(headers=ops, as_json=True)["models"]
+    assert {"name": "sim", "state": "UNAVAILABLE", "reason": "unloaded"}.items() <= next(
+        r for r in rows if r["name"] == "sim"
+    ).items()
+
+    client.load_model("sim", headers=ops)
+    assert client.infer("sim", [sim_input(tc_grpc.InferInput)], headers=ops).as_numpy("OUTPUT0") is not None
+    client.close()
+
+
+def test_a_plain_tenant_sees_its_models_and_may_not_load_or_unload(server: ServerProc) -> None:
+    client = tc_http.InferenceServerClient(f"127.0.0.1:{server.port}")
+    plain = bearer(PLAIN)
+    assert [row["name"] for row in client.get_model_repository_index(headers=plain)] == ["sim"]
+    for act in (client.unload_model, client.load_model):
+        with pytest.raises(InferenceServerException) as refused:
+            act("sim", headers=plain)
+        assert refused.value.status() == "403" and "model_control" in refused.value.message()
+    grpc_client = tc_grpc.InferenceServerClient(server.grpc_target)
+    with pytest.raises(InferenceServerException) as refused:
+        grpc_client.unload_model("sim", headers=plain)
+    assert "PERMISSION_DENIED" in str(refused.value.status())
+    grpc_client.close()
+    with pytest.raises(InferenceServerException) as unauthenticated:  # no key at all: 401
+        client.get_model_repository_index()
+    assert unauthenticated.value.status() == "401"
+    assert http_infer(server, "sim", PLAIN).as_numpy("OUTPUT0") is not None  # still served
+    client.close()
+
+
+def test_overrides_are_refused_and_an_unknown_model_is_404(server: ServerProc) -> None:
+    client = tc_http.InferenceServerClient(f"127.0.0.1:{server.port}")
+    admin = bearer(ADMIN)
+    with pytest.raises(InferenceServerException) as refused:
+        client.load_model("sim", headers=admin, config=json.dumps({"max_batch_size": 4}))
+    assert refused.value.status() == "400" and "config" in refused.value.message()
+    body = json.dumps({"parameters": {"file:1/model.py": "cHJpbnQoKQ=="}}).encode()
+    request = urllib.request.Request(f"{server.url}/v2/repository/models/sim/load", body, bear(ADMIN), method="POST")
+    with pytest.raises(urllib.error.HTTPError) as file_refused:
+        urllib.request.urlopen(request)
+    assert file_refused.value.code == 400 and b"file:1/model.py" in file_refused.value.read()
+    with pytest.raises(InferenceServerException) as unknown:
+        client.load_model("nope", headers=admin)
+    assert unknown.value.status() == "404"
+    grpc_client = tc_grpc.InferenceServerClient(server.grpc_target)
+    with pytest.raises(InferenceServerException) as grpc_refused:
+        grpc_client.load_model("sim", headers=admin, config=json.dumps({"max_batch_size": 4}))
+    assert "INVALID_ARGUMENT" in str(grpc_refused.value.status())
+    grpc_client.close()
+    client.close()
+
+
+def admin_get(server: ServerProc, path: str) -> dict:
+    with urllib.request.urlopen(urllib.request.Request(server.admin_url + path, headers=bearer(ADMIN))) as r:
+        return json.loads(r.read())
+
+
+def holds_work(server: ServerProc, model: str) -> bool:
+    """The model has requests queued, or a batch running on a worker."""
+    queued = admin_get(server, "/admin/models")["models"][model]["queued"]
+    running = sum(w["load"] for w in admin_get(server, "/admin/workers")["workers"] if w["model"] == model)
+    return queued + running > 0
+
+
+def bear(key: str) -> dict[str, str]:
+    return {**bearer(key), "Content-Type": "application/json"}
+
+
+def test_unload_with_requests_in_flight_drains_them(server: ServerProc) -> None:
+    """8 requests to a model that takes 150 ms a batch of 2: the unload, sent while they wait, answers
+    once they are all answered (200), and the model answers 404 after."""
+    answers: list[int] = []
+    started = threading.Barrier(9)
+
+    def send() -> None:
+        started.wait()
+        try:
+            http_infer(server, "slow")
+            answers.append(200)
+        except InferenceServerException as exc:
+            answers.append(int(exc.status() or 0))
+
+    threads = [threading.Thread(target=send) for _ in range(8)]
+    for t in threads:
+        t.start()
+    started.wait()
+    while not holds_work(server, "slow"):
+        pass
+    client = tc_http.InferenceServerClient(f"127.0.0.1:{server.port}")
+    client.unload_model("slow", headers=bearer(ADMIN))
+    for t in threads:
+        t.join()
+    assert answers == [200] * 8
+    with pytest.raises(InferenceServerException) as refused:
+        http_infer(server, "slow")
+    assert refused.value.status() == "404"
+    client.load_model("slow", headers=bearer(ADMIN))  # as the other tests found it
+    client.close()
+
+
+def test_explicit_serves_only_the_load_model_ones_at_start(tmp_path: Path) -> None:
+    repo = repository(tmp_path)
+    s = start_server(tmp_path, "--model-repo", str(repo), "--model-control", "explicit", "--load-model", "sim")
+    try:
+        client = tc_http.InferenceServerClient(f"127.0.0.1:{s.port}")
+        assert states(client.get_model_repository_index()) == {
+            "sim": ("READY", ""),
+            "slow": ("UNAVAILABLE", "not loaded"),
+        }
+        with pytest.raises(InferenceServerException) as refused:
+            client.infer("slow", [sim_input(tc_http.InferInput)])
+        assert refused.value.status() == "404" and "not loaded" in refused.value.message()
+        clients = [tc_http.InferenceServerClient(f"127.0.0.1:{s.port}") for _ in range(2)]
+        loads = [threading.Thread(target=c.load_model, args=("slow",)) for c in clients]
+        for t in loads:  # the second joins the first's load
+            t.start()
+        while states(client.get_model_repository_index())["slow"][0] != "LOADING":  # its worker starts
+            assert any(t.is_alive() for t in loads), "the load ended before the index said LOADING"
+        with urllib.request.urlopen(f"{s.url}/v2/health/ready") as r:  # a model loading holds nothing down
+            assert r.status == 200
+        for t in loads:
+            t.join()
+        assert client.infer("slow", [sim_input(tc_http.InferInput)]).as_numpy("OUTPUT0") is not None
+        assert s.log().count("model slow: loaded") == 1
+        client.close()
+    finally:
+        assert s.stop() in (0, -15)
+
+
+POOLED = 'builtin = "sim"\npool = "p"\nmemory_mb = 60\nmax_wait_ms = 1\n[params]\nbase_ms = 2.0\nmemory_mb = 20\n'
+POOLS = "[pools.p]\nworkers = 1\nmemory_budget_mb = 300\nmin_resident_s = 0.1\n"
+
+
+def test_a_pooled_model_unloads_from_its_pool_loads_ready_at_once_and_too_big_is_400(tmp_path: Path) -> None:
+    (tmp_path / "models" / "pooled").mkdir(parents=True)
+    (tmp_path / "models" / "pooled" / "model.toml").write_text(POOLED)
+    (tmp_path / "inferd.toml").write_text(POOLS)
+    s = start_server(tmp_path, "--model-repo", str(tmp_path / "models"), "--config", str(tmp_path / "inferd.toml"))
+    client = tc_http.InferenceServerClient(f"127.0.0.1:{s.port}")
+    try:
+        assert client.infer("pooled", [sim_input(tc_http.InferInput)]).as_numpy("OUTPUT0") is not None
+        client.unload_model("pooled")
+        with pytest.raises(InferenceServerException) as refused:
+            client.infer("pooled", [sim_input(tc_http.InferInput)])
+        assert refused.value.status() == "404" and "unloaded" in refused.value.message()
+        assert "told to unload it" in s.log()
+
+        client.load_model("pooled")  # served on demand: READY at once, loaded by the pool on its first request
+        assert states(client.get_model_repository_index()) == {"pooled": ("READY", "")}
+        assert client.infer("pooled", [sim_input(tc_http.InferInput)]).as_numpy("OUTPUT0") is not None
+
+        client.unload_model("pooled")
+        (tmp_path / "models" / "pooled" / "model.toml").write_text(POOLED.replace("memory_mb = 60", "memory_mb = 500"))
+        with pytest.raises(InferenceServerException) as too_big:
+            client.load_model("pooled")
+        assert too_big.value.status() == "400"
+        assert "500" in too_big.value.message() and "300" in too_big.value.message()
+    finally:
+        client.close()
+        assert s.stop() in (0, -15)
