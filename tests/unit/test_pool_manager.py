@@ -67,6 +67,7 @@ async def pool() -> AsyncIterator[Fixture]:
         PoolConfig(workers=0, memory_budget_mb=1000.0),
         clock,
         lambda: list(served),
+        lambda m, v: next((s.config for s in served if (s.config.name, s.config.version) == (m, v)), None),
         lambda m, v, exc: fixture.failed.append((m, v, exc)),
         PoolMetrics(registry),
     )

@@ -87,6 +87,7 @@ class PoolManager:
         config: PoolConfig,
         clock: Clock,
         served: Callable[[], list[ServedModel]],
+        config_of: Callable[[str, int], ModelConfig | None],
         fail_waiting: Callable[[str, int, ServingError], None],
         metrics: PoolMetrics,
         placement: Placement | None = None,
@@ -98,6 +99,8 @@ class PoolManager:
         self.clock = clock
         self.served = served
         """The pool's model versions served here, with their demand (read at each placement)."""
+        self.config_of = config_of
+        """A pooled model version's settings (None: not served here): what a wake needs, cheaply."""
         self.fail_waiting = fail_waiting
         """Fail a model version's waiting requests (its load failed)."""
         self.metrics = metrics
@@ -126,10 +129,12 @@ class PoolManager:
         return None
 
     def wake(self, model: str, version: int, waiting: int, oldest_age_s: float) -> None:
-        for served in self.served():
-            if (served.config.name, served.config.version) == (model, version):
-                self._place([self._demand(served, max(waiting, served.waiting))])
-                return
+        """Called on each admission while no worker serves the model, and every 0.25 s while requests
+        wait: cheap (one placement of this model alone), and a load pending or in progress is not
+        asked again."""
+        config = self.config_of(model, version)
+        if config is not None and config.pool == self.name:
+            self._place([self._demand(ServedModel(config, waiting, 0, config.max_wait_s), waiting)])
 
     def eta_s(self, model: str, version: int) -> float | None:
         return self._load_s.get((model, version))
@@ -156,9 +161,10 @@ class PoolManager:
     def _place(self, demands: list[ModelDemand]) -> list[Load]:
         views = [link.view(self.config.memory_budget_mb) for link in self.links.values()]
         loads = self.placement.plan(views, demands)
-        configs = {(s.config.name, s.config.version): s.config for s in self.served()} if loads else {}
         for load in loads:
-            self._send_load(load, configs[(load.model, load.version)])
+            config = self.config_of(load.model, load.version)
+            if config is not None:
+                self._send_load(load, config)
         return loads
 
     def _send_load(self, load: Load, config: ModelConfig) -> None:
