@@ -18,7 +18,7 @@ from inferd.cli.pool_status import pools_parts
 from inferd.clock import FakeClock
 from inferd.config import ModelConfig
 from inferd.config.pools import PoolConfig
-from inferd.errors import ServingError
+from inferd.errors import ServingError, WorkerUnavailable
 from inferd.pools.manager import PoolManager, ServedModel
 from inferd.pools.metrics import PoolMetrics
 from inferd.wire import protocol as p
@@ -137,7 +137,8 @@ async def test_a_failed_load_fails_the_waiting_requests_and_backs_off(pool: Fixt
     assert (model, version) == ("a", 1)
     assert "no module named nope" in str(exc) and exc.retry_after_s == 1.0  # type: ignore[attr-defined]
     reason = pool.manager.wakeable("a", 1)
-    assert reason is not None and "no module named nope" in reason and "next try is in 1.0 s" in reason
+    assert isinstance(reason, WorkerUnavailable) and reason.retry_after_s == 1.0  # the backoff left
+    assert "no module named nope" in str(reason) and "next try is in 1.0 s" in str(reason)
     pool.manager.wake("a", 1, waiting=1, oldest_age_s=0.0)  # within the backoff: no load
     assert pool.manager.placement.pending("a", 1) is None
     pool.clock.advance(1.5)
@@ -176,7 +177,7 @@ async def test_a_draining_worker_is_answered_and_gets_no_load(pool: Fixture) -> 
 
 async def test_wakeable_and_load_refusal(pool: Fixture) -> None:
     reason = pool.manager.wakeable("a", 1)
-    assert reason is not None and "pool 'p' has no worker" in reason and "inferd worker --pool p" in reason
+    assert isinstance(reason, str) and "pool 'p' has no worker" in reason and "inferd worker --pool p" in reason
     await join(pool, "w0")
     assert pool.manager.wakeable("a", 1) is None
     assert pool.manager.load_refusal(config("a", memory=900.0)) is None

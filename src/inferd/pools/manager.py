@@ -114,7 +114,9 @@ class PoolManager:
         self._errors: dict[tuple[str, int], str] = {}
 
     # ---- the Waker of its models ----------------------------------------------------------------------
-    def wakeable(self, model: str, version: int) -> str | None:
+    def wakeable(self, model: str, version: int) -> str | WorkerUnavailable | None:
+        """None, or why not: the pool has no worker (and none of its own coming), or the model's last
+        load failed and its backoff runs (the 503 then says when to retry: the backoff left)."""
         if not self.links and self.config.workers == 0:
             return (
                 f"pool {self.name!r} has no worker: start one with `inferd worker --pool {self.name} "
@@ -122,9 +124,10 @@ class PoolManager:
             )
         left = self.placement.retry_in(model, version)
         if left is not None:
-            return (
+            return WorkerUnavailable(
                 f"loading model {model!r} version {version} on pool {self.name!r} failed: "
-                f"{self._errors.get((model, version), 'unknown error')}; the next try is in {left:.1f} s"
+                f"{self._errors.get((model, version), 'unknown error')}; the next try is in {left:.1f} s",
+                retry_after_s=left,
             )
         return None
 
@@ -138,10 +141,6 @@ class PoolManager:
 
     def eta_s(self, model: str, version: int) -> float | None:
         return self._load_s.get((model, version))
-
-    def retry_after_s(self, model: str, version: int) -> float | None:
-        """Seconds left of the model's load backoff (a failed load); None: none."""
-        return self.placement.retry_in(model, version)
 
     # ---- placement ------------------------------------------------------------------------------------
     def size_mb(self, config: ModelConfig) -> float:
