@@ -235,3 +235,21 @@ async def test_the_view_and_inferd_status_show_what_each_worker_holds(pool: Fixt
     assert "a v1 ready 300 MiB idle 7.0s evictable" in text
     assert "pool p: model b v1: 4 waiting, 0 serving" in text
     assert pools_parts({"pools": []}) == []
+
+
+async def test_the_timer_spreads_a_hot_model_to_one_more_worker(pool: Fixture) -> None:
+    w0, w1 = await join(pool, "w0"), await join(pool, "w1")
+    w0.send(p.PoolState(1000.0, 300.0, [p.HeldModel("a", 1, "ready", 300.0)]))
+    w1.send(p.PoolState(1000.0, 0.0))
+    await settle(pool, lambda: all(link.state is not None for link in pool.manager.links.values()))
+    hot = config("a").model_copy(update={"max_batch_size": 4})
+    pool.served.append(ServedModel(hot, waiting=40, serving=1, batch_cycle_s=0.1))  # 10 batches for 1 worker
+    pool.manager.tick()  # hot from now on
+    assert pool.manager.placement.pending("a", 1) is None
+    pool.clock.advance(0.2)
+    pool.manager.tick()
+    msg = await w1.receive()
+    assert isinstance(msg, p.LoadModel) and msg.model == "a"
+    pool.clock.advance(0.2)
+    pool.manager.tick()  # one load at a time: nothing more while it is in progress
+    assert pool.manager.placement.pending("a", 1) == "w1"
