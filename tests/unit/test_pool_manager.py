@@ -253,3 +253,11 @@ async def test_the_timer_spreads_a_hot_model_to_one_more_worker(pool: Fixture) -
     pool.clock.advance(0.2)
     pool.manager.tick()  # one load at a time: nothing more while it is in progress
     assert pool.manager.placement.pending("a", 1) == "w1"
+
+
+async def test_a_load_joined_on_a_ready_model_is_not_a_measured_load(pool: Fixture) -> None:
+    w0 = await join(pool, "w0")
+    w0.send(p.LoadResult("a", 1, ok=True, load_s=0.0, memory_mb=280.0))  # it held "a" ready already
+    await settle(pool, lambda: pool.manager.size_mb(config("a")) == 280.0)
+    assert pool.manager.eta_s("a", 1) is None
+    assert b"inferd_model_load_seconds_count" not in generate_latest(pool.registry)

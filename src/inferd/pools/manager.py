@@ -252,10 +252,11 @@ class PoolManager:
         self.placement.ended(result.model, result.version, link.worker_id, result.ok)
         if result.ok:
             self._errors.pop(key, None)
-            self._load_s[key] = result.load_s
             if result.memory_mb > 0:
                 self._sizes[key] = result.memory_mb
-            self.metrics.loaded(result.model, result.load_s)
+            if result.load_s > 0:  # 0: a load asked of a worker that held the model ready already
+                self._load_s[key] = result.load_s
+                self.metrics.loaded(result.model, result.load_s)
             return
         self._errors[key] = result.error
         left = self.placement.retry_in(result.model, result.version) or 1.0
