@@ -173,3 +173,25 @@ def test_a_model_that_does_not_fit_the_pools_is_refused_at_start(
     assert done.exit_code == 2, done.output  # refused before anything started
     assert named in " ".join(done.output.split()), done.output  # the message may be wrapped
 
+
+
+async def test_with_two_front_ends_each_pool_worker_is_counted_once(tmp_path: Path) -> None:
+    """Every front end sees every pool worker; only the owner exports the pool families, so the whole
+    server's /metrics (one `frontend` label per front end) counts each load once."""
+    repo, config = write(tmp_path, {m: POOLED for m in "ab"})
+    server = start_server(tmp_path, "--model-repo", str(repo), "--config", str(config), "--no-grpc",
+                          "--frontends", "2")
+    try:
+        async with aiohttp.ClientSession() as http:
+            await asyncio.gather(*(infer(http, server, m, f"{m}-{i}") for m in "ab" for i in range(6)))
+            async with asyncio.timeout(5.0):
+                while True:
+                    async with http.get(f"{server.url}/metrics") as r:
+                        loads = samples(await r.text(), "inferd_model_loads_total")
+                    if len(loads) == 2:
+                        break
+                    await asyncio.sleep(0.1)
+        assert set(loads) == {'{frontend="0",model="a"}', '{frontend="0",model="b"}'}
+        assert all(1 <= n <= 2 for n in loads.values())  # two front ends may each ask a worker: 2 at most
+    finally:
+        assert server.stop() in (0, -15)
