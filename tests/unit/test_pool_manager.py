@@ -261,3 +261,13 @@ async def test_a_load_joined_on_a_ready_model_is_not_a_measured_load(pool: Fixtu
     await settle(pool, lambda: pool.manager.size_mb(config("a")) == 280.0)
     assert pool.manager.eta_s("a", 1) is None
     assert b"inferd_model_load_seconds_count" not in generate_latest(pool.registry)
+
+
+async def test_a_model_measured_bigger_than_every_budget_is_refused_at_once(pool: Fixture) -> None:
+    w0 = await join(pool, "w0")
+    pool.served.append(ServedModel(config("a"), waiting=0, serving=0, batch_cycle_s=0.0))
+    assert pool.manager.wakeable("a", 1) is None  # its estimate (300 MiB) fits
+    w0.send(p.LoadResult("a", 1, ok=True, load_s=0.5, memory_mb=1200.0))  # it measured 1200 MiB somewhere
+    await settle(pool, lambda: pool.manager.size_mb(config("a")) == 1200.0)
+    reason = pool.manager.wakeable("a", 1)
+    assert isinstance(reason, str) and "takes 1200 MiB" in reason and "1000 MiB" in reason

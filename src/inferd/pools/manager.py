@@ -115,13 +115,18 @@ class PoolManager:
 
     # ---- the Waker of its models ----------------------------------------------------------------------
     def wakeable(self, model: str, version: int) -> str | WorkerUnavailable | None:
-        """None, or why not: the pool has no worker (and none of its own coming), or the model's last
-        load failed and its backoff runs (the 503 then says when to retry: the backoff left)."""
+        """None, or why not: the pool has no worker (and none of its own coming), the model (as a load
+        measured it) is bigger than every worker's budget, or its last load failed and its backoff runs
+        (the 503 then says when to retry: the backoff left)."""
         if not self.links and self.config.workers == 0:
             return (
                 f"pool {self.name!r} has no worker: start one with `inferd worker --pool {self.name} "
                 f"--connect HOST:PORT`, or set workers in [pools.{self.name}]"
             )
+        config = self.config_of(model, version)
+        refusal = None if config is None or not self.links else self.load_refusal(config)
+        if refusal is not None:  # measured bigger than any worker's budget: no load could ever hold it
+            return refusal
         left = self.placement.retry_in(model, version)
         if left is not None:
             return WorkerUnavailable(
