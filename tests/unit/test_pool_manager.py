@@ -257,10 +257,13 @@ async def test_the_timer_spreads_a_hot_model_to_one_more_worker(pool: Fixture) -
 
 async def test_a_load_joined_on_a_ready_model_is_not_a_measured_load(pool: Fixture) -> None:
     w0 = await join(pool, "w0")
-    w0.send(p.LoadResult("a", 1, ok=True, load_s=0.0, memory_mb=280.0))  # it held "a" ready already
-    await settle(pool, lambda: pool.manager.size_mb(config("a")) == 280.0)
-    assert pool.manager.eta_s("a", 1) is None
-    assert b"inferd_model_load_seconds_count" not in generate_latest(pool.registry)
+    w0.send(p.PoolState(1000.0, 280.0, [p.HeldModel("a", 1, "ready", 280.0)]))
+    w0.send(p.LoadResult("a", 1, ok=True, load_s=0.4, memory_mb=280.0))  # it held "a" ready already
+    w0.send(p.LoadResult("b", 1, ok=True, load_s=0.7, memory_mb=100.0))  # a load that ended now
+    await settle(pool, lambda: pool.manager.eta_s("b", 1) is not None)  # read after a's
+    assert pool.manager.size_mb(config("a")) == 280.0 and pool.manager.eta_s("a", 1) is None
+    text = generate_latest(pool.registry).decode()
+    assert 'inferd_model_load_seconds_count{model="b"} 1.0' in text and 'load_seconds_count{model="a"}' not in text
 
 
 async def test_a_model_measured_bigger_than_every_budget_is_refused_at_once(pool: Fixture) -> None:

@@ -71,6 +71,12 @@ class PoolLink:
         if not self.writer.is_closing():
             self.writer.write(p.encode_frame(msg))
 
+    def holds_ready(self, key: tuple[str, int]) -> bool:
+        """Its last PoolState lists the model version ready (a load that ends is sent before the
+        PoolState that says it is ready: its LoadResult finds the model loading, or not listed)."""
+        state = self.state
+        return state is not None and any((m.model, m.version) == key and m.state == "ready" for m in state.models)
+
     def view(self, budget_mb: float) -> WorkerView:
         state = self.state
         if state is None:  # joined, no PoolState yet: its whole budget is free
@@ -259,8 +265,8 @@ class PoolManager:
             self._errors.pop(key, None)
             if result.memory_mb > 0:
                 self._sizes[key] = result.memory_mb
-            if result.load_s > 0:  # 0: a load asked of a worker that held the model ready already
-                self._load_s[key] = result.load_s
+            if not link.holds_ready(key):  # else: asked of a worker that held it ready already (it
+                self._load_s[key] = result.load_s  # answers with what that load took): no new load
                 self.metrics.loaded(result.model, result.load_s)
             return
         self._errors[key] = result.error
