@@ -17,7 +17,7 @@ from inferd.runtime.registry import ModelRegistry
 
 
 def runtime(version: int) -> SimpleNamespace:
-    config = SimpleNamespace(name="sim", version=version, kind="batch", default_version=None)
+    config = SimpleNamespace(name="sim", version=version, kind="batch", default_version=None, pool=None)
     return SimpleNamespace(name="sim", version=version, kind="batch", config=config)
 
 
@@ -74,7 +74,7 @@ async def test_an_update_a_follower_cannot_serve_changes_nothing() -> None:
         launcher,  # type: ignore[arg-type]
         host,  # type: ignore[arg-type]
         WorkerDirectory(FakeClock()),
-        load_version=lambda model, version: SimpleNamespace(name=model, version=2, kind="batch"),  # type: ignore[arg-type,return-value]
+        load_version=lambda model, version: SimpleNamespace(name=model, version=2, kind="batch", pool=None),  # type: ignore[arg-type,return-value]
         followers=(followers := Refusing()),
     )
     followers.fleet = fleet
@@ -182,7 +182,7 @@ async def test_a_holder_whose_lease_lapses_mid_update_stops_at_the_next_step() -
         launcher,  # type: ignore[arg-type]
         host,  # type: ignore[arg-type]
         WorkerDirectory(FakeClock()),
-        load_version=lambda model, version: SimpleNamespace(name=model, version=2, kind="batch"),  # type: ignore[arg-type,return-value]
+        load_version=lambda model, version: SimpleNamespace(name=model, version=2, kind="batch", pool=None),  # type: ignore[arg-type,return-value]
         gate=gate,
     )
     with pytest.raises(ClusterUnavailable):
@@ -242,7 +242,7 @@ async def test_an_update_without_local_old_workers_waits_for_the_front_ends_to_m
 
     fleet = FleetControl(
         registry, NoSlots(), host, WorkerDirectory(FakeClock()),  # type: ignore[arg-type]
-        load_version=lambda model, version: SimpleNamespace(name=model, version=2, kind="batch"),  # type: ignore[arg-type,return-value]
+        load_version=lambda model, version: SimpleNamespace(name=model, version=2, kind="batch", pool=None),  # type: ignore[arg-type,return-value]
         followers=Moving(),
     )
 
