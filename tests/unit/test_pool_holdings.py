@@ -162,3 +162,33 @@ async def test_draining_during_a_load_gives_up_the_queued_ones_and_unloads_the_l
             await holdings.emptied()  # "one" loaded, then at once drained and unloaded
         assert holdings.servers == {} and holdings.state().models == []
         planner.cancel()
+
+
+async def test_what_a_front_end_can_make_it_hold_is_bounded_and_let_go_after_each_unload() -> None:
+    """Loads past max_waiting_loads are refused at once, naming the bound; a model's config (and what its
+    load took) goes once it is unloaded, or its load failed."""
+    told = Told()
+    holdings = Holdings("pw", None, told, WaitingServer)
+    holdings.configure(Limits(budget_mb=1000.0, max_concurrent_loads=1, max_waiting_loads=1))
+    pool_models.LOAD_GATE.clear()
+    pool_models.LOAD_STARTED.clear()
+    gated = "tests.pool_models:GatedLoad"
+    async with asyncio.TaskGroup() as tg:
+        planner = tg.create_task(holdings.plan(tg))
+        assert holdings.ask(p.LoadModel("one", 1, config_json("one", gated))) is None
+        await asyncio.to_thread(pool_models.LOAD_STARTED.wait, 20)
+        assert holdings.ask(p.LoadModel("two", 1, config_json("two"))) is None  # waits behind "one"
+        refused = holdings.ask(p.LoadModel("three", 1, config_json("three")))
+        assert refused is not None and not refused.ok and "at most 1" in refused.error, refused
+        assert set(holdings.configs) == {("one", 1), ("two", 1)}
+        pool_models.LOAD_GATE.set()
+        assert (await told.result("one")).ok and (await told.result("two")).ok
+        broken = config_json("broken", "tests.no_such_module:Nothing")
+        assert holdings.ask(p.LoadModel("broken", 1, broken)) is None
+        assert not (await told.result("broken")).ok
+        for name in ("one", "two"):
+            holdings.unload((name, 1))
+        async with asyncio.timeout(20):
+            await holdings.emptied()
+        assert holdings.configs == {} and holdings.load_s == {}
+        planner.cancel()

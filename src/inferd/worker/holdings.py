@@ -92,12 +92,13 @@ class Holdings:
         self.compute = asyncio.Lock()
         """The device: one batch at a time across the models (each model server's `Turn`)."""
         self.configs: dict[Key, bytes] = {}
-        """The config the last load of each model asked for (its model server serves it)."""
+        """The config the last load of each model asked for (its model server serves it); kept while the
+        model is held or its load waits (`_forget`), so it holds no more than the residency bounds."""
         self.servers: dict[Key, ModelServer] = {}
         self.tasks: set[asyncio.Task[None]] = set()
         """Loads and model servers running (each unloads its model when it ends)."""
         self.load_s: dict[Key, float] = {}
-        """What each model's last load here took (load and warm-up)."""
+        """What each model's load here took (load and warm-up), while it is held."""
         self.loads: Counter[str] = Counter()
         self.evictions: Counter[str] = Counter()
         self.closed = False
@@ -139,7 +140,7 @@ class Holdings:
         is given up (LoadResult not ok), one under way is unloaded once it ends."""
         decided = self.residency.unload(key)
         if isinstance(decided, FailLoad):
-            self.configs.pop(key, None)
+            self._forget(key)
             self.tell(p.LoadResult(key[0], key[1], False, error=decided.reason))
         elif decided is True:
             self._drain_server(key)
@@ -200,7 +201,7 @@ class Holdings:
                     self._drain_server(action.key)
                 else:
                     log.warning("pool worker %s: %s", self.worker_id, action.reason)
-                    self.configs.pop(action.key, None)
+                    self._forget(action.key)
                     self.tell(p.LoadResult(action.key[0], action.key[1], False, error=action.reason))
             self._publish()
 
@@ -239,6 +240,7 @@ class Holdings:
                 await asyncio.shield(self._release(device))
             finally:
                 self.residency.load_failed(key)
+                self._forget(key)
                 self._gone.set()
                 self.changed()
             if isinstance(exc, asyncio.CancelledError):
@@ -274,9 +276,17 @@ class Holdings:
                 await asyncio.shield(self._release(server.device))
             finally:
                 self.residency.unloaded(key)
+                self._forget(key)
                 self._gone.set()
                 log.info("pool worker %s unloaded %s v%d", self.worker_id, *key)
                 self.changed()
+
+    def _forget(self, key: Key) -> None:
+        """What is kept for a model while it is held or waits to load, once it is neither (a load asked
+        again meanwhile keeps the config it asked for)."""
+        if not self.residency.knows(key):
+            self.configs.pop(key, None)
+            self.load_s.pop(key, None)
 
     @staticmethod
     async def _release(device: Device) -> None:
