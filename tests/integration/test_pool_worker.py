@@ -151,11 +151,15 @@ async def test_sigterm_drains_every_model_server_then_the_pool_link(tmp_path: Pa
             proc.send_signal(signal.SIGTERM)
             for link in links.values():
                 await link.expect(p.Drain)
+            await pool.expect(p.Drain)  # at once, while its model servers drain: it takes no more loads
+            pool.send(p.LoadModel("c", 1, model_json("c")))
+            refused = await pool.expect(p.LoadResult)
+            assert not refused.ok and "drains" in refused.error, refused
             done = await links["a"].expect(p.BatchDone)  # what it held finishes and is delivered
             assert done.outputs == answers("a", "late")
             for link in links.values():
                 link.send(p.Drain())
-            await pool.expect(p.Drain)
+            await pool.expect(p.PoolState, where=lambda s: s.models == [])
             assert await asyncio.wait_for(proc.wait(), 20) == 0
         finally:
             await stop(proc)

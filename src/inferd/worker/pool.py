@@ -9,9 +9,10 @@ UnloadModel (and Drain); the worker sends PoolState at once, on every change and
 LoadResult to every front end when a load ends. A pool link carries no batch: each model held is served by
 its own model server, an ordinary worker of that model (worker/holdings.py).
 
-SIGTERM, or a front end's Drain on a pool link, drains the worker: no new load, every model server drains
-(its front ends answer after the last batch they sent) and unloads, then each pool link gets the last
-PoolState and a Drain and ends; the process exits 0.
+SIGTERM, or a front end's Drain on a pool link, drains the worker: every pool link is told at once (Drain:
+its front end sends no more loads here, and takes a load refused or given up from now on as not placed,
+not as failed), every model server drains (its front ends answer after the last batch they sent) and
+unloads, then each pool link gets the last PoolState and ends; the process exits 0.
 """
 
 from __future__ import annotations
@@ -114,6 +115,8 @@ class PoolWorker:
         pool links (SIGTERM, or a front end's Drain on a pool link)."""
         if not self.draining:
             log.info("pool worker %s draining", self.worker_id)
+            for link in self.links.values():  # first: the loads it refuses or gives up are not failures
+                link.send(p.Drain())
         self.draining = True
         self.drain_asked.set()
         self.holdings.close()
@@ -171,6 +174,8 @@ class PoolWorker:
     async def _serve(self, link: FrontLink, reader: asyncio.StreamReader, heartbeat_s: float) -> str:
         self.links[link.index] = link
         link.send(self.holdings.state())
+        if self.draining:  # it joined while the worker drains: no load for it
+            link.send(p.Drain())
         try:
             async with asyncio.TaskGroup() as tg:
                 receiving = tg.create_task(self._receive(link, reader))
@@ -182,9 +187,8 @@ class PoolWorker:
                     task.cancel()
         finally:
             self.links.pop(link.index, None)
-        if outcome == "drained":  # the last state (nothing held), and: send me nothing more
+        if outcome == "drained":  # the last state (nothing held); its Drain went when draining began
             link.send(self.holdings.state())
-            link.send(p.Drain())
         await link.finish(self.stuck_after_s)
         return outcome
 
