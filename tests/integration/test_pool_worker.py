@@ -218,3 +218,53 @@ async def test_a_model_is_planned_at_its_measured_size_and_what_does_not_fit_evi
             assert state.evictions == {"b": 1} and state.used_mb <= 200.0
         finally:
             await stop(proc)
+
+
+async def test_the_models_of_a_pool_worker_share_its_two_batch_slots(tmp_path: Path) -> None:
+    """One device, so one ledger across its models: with a's two batches held (the first running until
+    the test lets it end), b's model link joins and is granted no slot and told the device is busy with
+    a's batch; b gets a slot only as a's batches end. Never more slots granted across both models than
+    2 + the batches done, and the worker never holds more than 2."""
+    socket_path = tmp_path / "fe.sock"
+    gate = tmp_path / "gate"
+    models = {
+        name: msgspec.json.encode({
+            **msgspec.json.decode(model_json(name, gate=str(gate)), type=dict),
+            "implementation": "tests.pool_models:GatedBatches",
+        })
+        for name in ("a", "b")
+    }
+    async with PoolFront(socket_path, {"memory_budget_mb": 1000.0}, models) as front:
+        proc = await start_pool_worker(socket_path, tmp_path / "worker.log")
+        try:
+            pool = await front.pool_link()
+            pool.send(p.LoadModel("a", 1, models["a"]))
+            assert (await pool.expect(p.LoadResult)).ok
+            a = await front.model_link()
+            await a.expect(p.Ready)
+            first = await a.expect(p.Credit, where=lambda c: c.granted > 0)
+            assert first.granted == 2  # alone on the device: both slots
+            a.send(p.RunBatch(1, [b"gated-1"], ))
+            a.send(p.RunBatch(2, [b"x"]))
+            pool.send(p.LoadModel("b", 1, models["b"]))
+            assert (await pool.expect(p.LoadResult)).ok
+            b = await front.model_link()
+            await b.expect(p.Ready)
+            told = await b.expect(p.Credit)
+            assert told.granted == 0 and not told.idle and told.shared, told  # a's batch runs on the device
+            assert told.running_items == 1
+            b.send(p.Demand(3, 0.01))
+            gate.touch()  # a's batches end: b is granted a slot as they do
+            for batch_id in (1, 2):
+                await a.expect(p.BatchDone, where=lambda d, i=batch_id: d.batch_id == i)
+            await b.expect(p.Credit, where=lambda c: c.granted > 0)
+            b.send(p.RunBatch(3, [b"y"]))
+            done = await b.expect(p.BatchDone)
+            assert done.outputs == answers("b", "y")
+            beat = await b.expect(p.Heartbeat)
+            assert beat.high_water == 2
+            granted = sum(m.granted for link in (a, b) for m in link.seen if isinstance(m, p.Credit))
+            finished = sum(1 for link in (a, b) for m in link.seen if isinstance(m, p.BatchDone))
+            assert granted <= 2 + finished, (granted, finished)
+        finally:
+            await stop(proc)

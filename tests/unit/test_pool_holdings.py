@@ -10,6 +10,7 @@ import asyncio
 from inferd.models.sim import sim_config
 from inferd.pools.residency import Limits
 from inferd.wire import protocol as p
+from inferd.worker.credits import Seat
 from inferd.worker.device import Device
 from inferd.worker.holdings import Holdings
 from tests import pool_models
@@ -18,8 +19,11 @@ from tests import pool_models
 class WaitingServer:
     """A model server that serves nobody: it runs until drained."""
 
-    def __init__(self, model: str, version: int, device: Device) -> None:
+    def __init__(self, model: str, version: int, device: Device, seat: Seat, tell: object) -> None:
         self.device = device
+        self.seat = seat
+        self.links: dict[int, object] = {}
+        self.draining = False
         self.drained = asyncio.Event()
 
     async def run(self) -> int:
@@ -192,3 +196,4 @@ async def test_what_a_front_end_can_make_it_hold_is_bounded_and_let_go_after_eac
             await holdings.emptied()
         assert holdings.configs == {} and holdings.load_s == {}
         planner.cancel()
+

@@ -30,6 +30,7 @@ import msgspec
 
 from inferd.pools.residency import Limits
 from inferd.wire import protocol as p
+from inferd.worker.credits import Seat
 from inferd.worker.device import Device
 from inferd.worker.discovery import FrontEnd
 from inferd.worker.fronts import FrontLink, give_up_when_silent
@@ -83,11 +84,15 @@ class PoolWorker:
         self._finished = asyncio.Event()
         """Drained: every model server has stopped and its model is unloaded."""
 
-    def _new_server(self, model: str, version: int, device: Device) -> ModelServer:
-        """A model server: a worker of that model joining every front end, its device holding the model."""
+    def _new_server(
+        self, model: str, version: int, device: Device, seat: Seat, tell_credits: Callable[[], None]
+    ) -> ModelServer:
+        """A model server: a worker of that model joining every front end, its device holding the model,
+        its batch slots a seat on the ledger of the device the pool worker's models share."""
         return self._model_server(
             self.connect, model, self.token, self.worker_id, True, device.model_repo, version, self.tls,
-            self.stuck_after_s, self.zone, self.resolver, device=device, pool=self.pool,
+            self.stuck_after_s, self.zone, self.resolver, device=device, pool=self.pool, seat=seat,
+            tell_credits=tell_credits,
         )
 
     async def run(self) -> int:
