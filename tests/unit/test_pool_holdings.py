@@ -197,3 +197,30 @@ async def test_what_a_front_end_can_make_it_hold_is_bounded_and_let_go_after_eac
         assert holdings.configs == {} and holdings.load_s == {}
         planner.cancel()
 
+
+async def test_a_model_with_a_batch_staged_on_the_worker_is_busy_and_not_evicted() -> None:
+    """a is the least recently used, but holds a batch (received, waiting behind the device's running
+    one, not yet at the compute lock): b is evicted for c instead."""
+    told = Told()
+    holdings = Holdings("pw", None, told, WaitingServer)
+    holdings.configure(Limits(budget_mb=1000.0, max_loaded_models=2, min_resident_s=0.0))
+    async with asyncio.TaskGroup() as tg:
+        planner = tg.create_task(holdings.plan(tg))
+        for name in ("a", "b"):
+            holdings.ask(p.LoadModel(name, 1, config_json(name)))
+            assert (await told.result(name)).ok
+        a, b = holdings.servers[("a", 1)], holdings.servers[("b", 1)]
+        a.seat.join(0)  # type: ignore[attr-defined]
+        a.seat.received(0, items=1)  # type: ignore[attr-defined]
+        assert not holdings.state().models[0].evictable
+        holdings.ask(p.LoadModel("c", 1, config_json("c")))
+        assert (await told.result("c")).ok
+        assert b.drained.is_set() and not a.drained.is_set()  # type: ignore[attr-defined]
+        assert set(holdings.residency.held) == {("a", 1), ("c", 1)}
+        a.seat.finished()  # type: ignore[attr-defined]
+        assert holdings.residency.held[("a", 1)].busy == 0
+        holdings.close()
+        async with asyncio.timeout(20):
+            await holdings.emptied()
+        assert holdings.ledger.held == 0
+        planner.cancel()

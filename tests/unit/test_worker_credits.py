@@ -28,12 +28,17 @@ def test_the_models_of_a_pool_worker_share_one_cap_and_each_front_end_is_told_th
     models; a front end of one model is told busy while the other model's batch runs, and what runs."""
     clock = FakeClock()
     ledger = CreditLedger(clock)
-    a, b = Seat(ledger, ("a", 1)), Seat(ledger, ("b", 1))
+    held = {"a": 0, "b": 0}
+
+    def counting(model: str) -> Seat:
+        return Seat(ledger, (model, 1), lambda change: held.__setitem__(model, held[model] + change))
+
+    a, b = counting("a"), counting("b")
     a.join(0)
     assert ledger.grant() == {(("a", 1), 0): 2}  # alone on the device: both slots, unasked
     a.received(0, items=3)
     a.received(0, items=1)
-    assert (a.held, b.held) == (2, 0)
+    assert held == {"a": 2, "b": 0}
     b.join(0)
     b.report(0, queued=4, oldest_age_s=0.01)
     assert ledger.grant() == {}  # a's two batches hold the device's two slots
@@ -43,12 +48,12 @@ def test_the_models_of_a_pool_worker_share_one_cap_and_each_front_end_is_told_th
     clock.advance(0.5)
     assert b.running_for_s() == 0.5
     a.finished()
-    assert (a.held, b.held) == (1, 0)
+    assert held == {"a": 1, "b": 0}
     assert ledger.grant() == {(("b", 1), 0): 1}
     b.received(0, items=2)
     assert ledger.grant() == {} and ledger.high_water == 2
     b.close()  # its model server ended with its batch unfinished: the slot comes back
-    assert (a.held, b.held) == (1, 0) and ledger.held == 1
+    assert held == {"a": 1, "b": 0} and ledger.held == 1
     a.report(0, queued=1, oldest_age_s=0.0)
     assert ledger.grant() == {(("a", 1), 0): 1}
 

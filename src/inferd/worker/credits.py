@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import heapq
 from collections import deque
-from collections.abc import Collection, Hashable, Mapping
+from collections.abc import Callable, Collection, Hashable, Mapping
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -277,11 +277,14 @@ class Seat:
     """One model server's share of a pool worker's ledger (worker/holdings.py): the `CreditLedger` surface a
     `Worker` uses, its front ends keyed (seat, index) in the one ledger of the device the pool worker's
     models share. So the cap (1 running + 1 staged) holds across the models, and what each front end is
-    told (idle, what runs and for how long) is the device's, whichever model's batch it is."""
+    told (idle, what runs and for how long) is the device's, whichever model's batch it is. `on_held` is
+    told each batch the seat's model holds (+1 when received, -1 when finished): a model holding batches
+    is busy (never evicted)."""
 
-    def __init__(self, ledger: CreditLedger, name: Hashable) -> None:
+    def __init__(self, ledger: CreditLedger, name: Hashable, on_held: Callable[[int], None]) -> None:
         self.ledger = ledger
         self.name = name
+        self.on_held = on_held
         self.held = 0
         """This model's batches held (received and not finished)."""
         self._joined: set[int] = set()
@@ -332,10 +335,13 @@ class Seat:
     def received(self, index: int, items: int = 0) -> None:
         self.ledger.received(self.key(index), items)
         self.held += 1
+        self.on_held(1)
 
     def finished(self) -> None:
         self.ledger.finished()
-        self.held = max(0, self.held - 1)
+        if self.held:
+            self.held -= 1
+            self.on_held(-1)
 
     def state_for(self, index: int) -> ToldState:
         return self.ledger.state_for(self.key(index))

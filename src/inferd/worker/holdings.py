@@ -264,7 +264,7 @@ class Holdings:
         self.tell(p.LoadResult(key[0], key[1], True, load_s=load_s + warmup_s, memory_mb=size_mb))
         device.adopt(model, config, config_json)
         del model
-        seat = Seat(self.ledger, key)
+        seat = Seat(self.ledger, key, lambda held: self._held(key, held))
         server = self.model_servers(key[0], key[1], device, seat, self.tell_credits)
         self.servers[key] = server
         if not keep or self.closed:  # asked to unload while it loaded, or the worker drains
@@ -302,6 +302,15 @@ class Holdings:
             for index, link in server.links.items()
         }
         tell_credits(self.ledger, links)
+
+    def _held(self, key: Key, change: int) -> None:
+        """A batch of the model was received (+1) or finished (-1): a model holding batches (running,
+        waiting for the device, or staged behind another) is busy, never evicted."""
+        if change > 0:
+            self.residency.busy(key)
+        else:
+            self.residency.idle(key)
+        self.changed()
 
     def _forget(self, key: Key) -> None:
         """What is kept for a model while it is held or waits to load, once it is neither (a load asked
