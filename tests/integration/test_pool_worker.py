@@ -58,7 +58,7 @@ async def test_a_load_is_served_by_a_model_link_and_an_unload_drains_it_and_give
 
             link = await front.model_link()
             assert (link.hello.model, link.hello.version, link.hello.pool) == ("a", 1, "p")
-            assert link.hello.credits and link.hello.worker_id == "pw-1"
+            assert link.hello.credits and link.hello.worker_id == "pw-1/a:1"  # a worker of its own, its process pw-1
             ready = await link.expect(p.Ready)
             assert (ready.version, ready.load_s) == (1, 0.0)  # loaded before it joined
             done = await serve_one_batch(link, 7, [b"x", b"y"])

@@ -30,6 +30,7 @@ import msgspec
 
 from inferd.pools.residency import Limits
 from inferd.wire import protocol as p
+from inferd.wire.connection import model_link_id
 from inferd.worker.credits import Seat
 from inferd.worker.device import Device
 from inferd.worker.discovery import FrontEnd
@@ -67,7 +68,8 @@ class PoolWorker:
         self.pool = pool
         self.token = token
         self.worker_id = worker_id
-        """Its pool links' id, and its model servers' (each a worker of another model)."""
+        """Its pool links' id; each model server joins as `<id>/<model>:<version>` (wire/connection.py
+        `model_link_id`): a worker of its own in the front end's directory."""
         self.reconnect = reconnect
         self.tls = tls_context
         self.stuck_after_s = stuck_after_s
@@ -90,7 +92,8 @@ class PoolWorker:
         """A model server: a worker of that model joining every front end, its device holding the model,
         its batch slots a seat on the ledger of the device the pool worker's models share."""
         return self._model_server(
-            self.connect, model, self.token, self.worker_id, True, device.model_repo, version, self.tls,
+            self.connect, model, self.token, model_link_id(self.worker_id, model, version), True,
+            device.model_repo, version, self.tls,
             self.stuck_after_s, self.zone, self.resolver, device=device, pool=self.pool, seat=seat,
             tell_credits=tell_credits,
         )
