@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import threading
 import time
+from pathlib import Path
 
 from inferd.models.sim import SimModel
 
@@ -40,3 +41,16 @@ class CountingBatches(SimModel):
         finally:
             with Overlap.lock:
                 Overlap.now -= 1
+
+
+class GatedBatches(SimModel):
+    """A batch holding an input that starts with b"gated" runs until the file `params.gate` exists (the
+    test lets it end): a pool worker's device stays busy for as long as a test needs, in another process."""
+
+    def predict_batch(self, inputs: list[bytes]) -> list[str]:
+        if any(item.startswith(b"gated") for item in inputs):
+            gate = Path(self.config.params["gate"])
+            deadline = time.monotonic() + 30.0
+            while not gate.exists() and time.monotonic() < deadline:
+                time.sleep(0.01)
+        return super().predict_batch(inputs)

@@ -58,7 +58,7 @@ async def test_a_load_is_served_by_a_model_link_and_an_unload_drains_it_and_give
 
             link = await front.model_link()
             assert (link.hello.model, link.hello.version, link.hello.pool) == ("a", 1, "p")
-            assert link.hello.credits and link.hello.worker_id == "pw-1"
+            assert link.hello.credits and link.hello.worker_id == "pw-1/a:1"  # a worker of its own, its process pw-1
             ready = await link.expect(p.Ready)
             assert (ready.version, ready.load_s) == (1, 0.0)  # loaded before it joined
             done = await serve_one_batch(link, 7, [b"x", b"y"])
@@ -151,11 +151,15 @@ async def test_sigterm_drains_every_model_server_then_the_pool_link(tmp_path: Pa
             proc.send_signal(signal.SIGTERM)
             for link in links.values():
                 await link.expect(p.Drain)
+            await pool.expect(p.Drain)  # at once, while its model servers drain: it takes no more loads
+            pool.send(p.LoadModel("c", 1, model_json("c")))
+            refused = await pool.expect(p.LoadResult)
+            assert not refused.ok and "drains" in refused.error, refused
             done = await links["a"].expect(p.BatchDone)  # what it held finishes and is delivered
             assert done.outputs == answers("a", "late")
             for link in links.values():
                 link.send(p.Drain())
-            await pool.expect(p.Drain)
+            await pool.expect(p.PoolState, where=lambda s: s.models == [])
             assert await asyncio.wait_for(proc.wait(), 20) == 0
         finally:
             await stop(proc)
@@ -212,5 +216,55 @@ async def test_a_model_is_planned_at_its_measured_size_and_what_does_not_fit_evi
             assert again.ok and again.model == "a"
             state = await pool.expect(p.PoolState, where=lambda s: held(s) == {"a": "ready"})
             assert state.evictions == {"b": 1} and state.used_mb <= 200.0
+        finally:
+            await stop(proc)
+
+
+async def test_the_models_of_a_pool_worker_share_its_two_batch_slots(tmp_path: Path) -> None:
+    """One device, so one ledger across its models: with a's two batches held (the first running until
+    the test lets it end), b's model link joins and is granted no slot and told the device is busy with
+    a's batch; b gets a slot only as a's batches end. Never more slots granted across both models than
+    2 + the batches done, and the worker never holds more than 2."""
+    socket_path = tmp_path / "fe.sock"
+    gate = tmp_path / "gate"
+    models = {
+        name: msgspec.json.encode({
+            **msgspec.json.decode(model_json(name, gate=str(gate)), type=dict),
+            "implementation": "tests.pool_models:GatedBatches",
+        })
+        for name in ("a", "b")
+    }
+    async with PoolFront(socket_path, {"memory_budget_mb": 1000.0}, models) as front:
+        proc = await start_pool_worker(socket_path, tmp_path / "worker.log")
+        try:
+            pool = await front.pool_link()
+            pool.send(p.LoadModel("a", 1, models["a"]))
+            assert (await pool.expect(p.LoadResult)).ok
+            a = await front.model_link()
+            await a.expect(p.Ready)
+            first = await a.expect(p.Credit, where=lambda c: c.granted > 0)
+            assert first.granted == 2  # alone on the device: both slots
+            a.send(p.RunBatch(1, [b"gated-1"], ))
+            a.send(p.RunBatch(2, [b"x"]))
+            pool.send(p.LoadModel("b", 1, models["b"]))
+            assert (await pool.expect(p.LoadResult)).ok
+            b = await front.model_link()
+            await b.expect(p.Ready)
+            told = await b.expect(p.Credit)
+            assert told.granted == 0 and not told.idle and told.shared, told  # a's batch runs on the device
+            assert told.running_items == 1
+            b.send(p.Demand(3, 0.01))
+            gate.touch()  # a's batches end: b is granted a slot as they do
+            for batch_id in (1, 2):
+                await a.expect(p.BatchDone, where=lambda d, i=batch_id: d.batch_id == i)
+            await b.expect(p.Credit, where=lambda c: c.granted > 0)
+            b.send(p.RunBatch(3, [b"y"]))
+            done = await b.expect(p.BatchDone)
+            assert done.outputs == answers("b", "y")
+            beat = await b.expect(p.Heartbeat)
+            assert beat.high_water == 2
+            granted = sum(m.granted for link in (a, b) for m in link.seen if isinstance(m, p.Credit))
+            finished = sum(1 for link in (a, b) for m in link.seen if isinstance(m, p.BatchDone))
+            assert granted <= 2 + finished, (granted, finished)
         finally:
             await stop(proc)

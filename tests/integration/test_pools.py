@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
+from urllib.parse import quote
 
 import aiohttp
 import pytest
@@ -124,6 +126,7 @@ async def test_a_pool_serves_every_model_on_demand_and_evicts_to_make_room(poole
         metrics = await settled_metrics(http, server)
         async with http.get(f"{server.admin_url}/admin/pools") as r:
             pools = (await r.json())["pools"]
+        await drain_one_model_server(http, server)
         async with http.get(f"{server.url}/v2/health/ready") as r:
             assert r.status == 200
         for _ in range(2):  # a load that fails: 503 naming the cause, then its backoff's, never a loop
@@ -150,6 +153,22 @@ async def test_a_pool_serves_every_model_on_demand_and_evicts_to_make_room(poole
     table, page = status(server), status(server, "--json")
     assert "pools" in table and "pool:p-0" in table and "budget MiB" in table
     assert [p["name"] for p in json.loads(page)["pools"]["pools"]] == ["p"]
+
+
+async def drain_one_model_server(http: aiohttp.ClientSession, server: ServerProc) -> None:
+    """Each model a pool worker holds is a worker of its own, `<pool worker id>/<model>:<version>`, which
+    the admin API finds and drains apart from the pool worker's other models."""
+    await infer(http, server, "b", "held")
+    async with http.get(f"{server.admin_url}/admin/workers") as r:
+        rows = [w for w in (await r.json())["workers"] if w["model"] in MODELS]
+    ids = [w["worker_id"] for w in rows]
+    assert any(w["model"] == "b" for w in rows) and len(set(ids)) == len(ids), ids
+    assert all(re.fullmatch(rf"pool:p-\d+\.\d+/{w['model']}:{w['version']}", w["worker_id"]) for w in rows), ids
+    [b] = [w for w in rows if w["model"] == "b"][:1]
+    async with http.post(f"{server.admin_url}/admin/workers/{quote(b['worker_id'], safe='')}/drain") as r:
+        drained = await r.json()
+        assert r.status == 200, drained
+    assert drained == {"worker_id": b["worker_id"], "state": "draining"}
 
 
 async def rolling_update(server: ServerProc, repo: Path) -> None:

@@ -17,6 +17,7 @@ import pytest
 
 from inferd.clock import FakeClock
 from inferd.routing.backoff import Backoff
+from inferd.wire.connection import model_link_id, process_of, slot_of
 from inferd.worker.launcher import Launcher, WorkerBootstrap, WorkerExit, WorkerSlot
 from inferd.worker.supervisor import Supervisor
 
@@ -156,6 +157,25 @@ def test_every_worker_starts_from_one_bootstrap() -> None:
     env = boot.environment()
     assert env is not None and env["INFERD_SIM_SLOWDOWN"] == "3" and "PATH" in env
     assert WorkerBootstrap("a", "t", "INFO").environment() is None  # inherits the server's as it is
+
+
+async def test_a_pool_model_servers_id_maps_back_to_its_pool_workers_process() -> None:
+    """Each model a pool worker holds joins as `<pool worker id>/<model>:<version>`: apart in the front
+    end's directory, but its hung batch kills (and its work marks healthy) the pool worker's process."""
+    launcher = ScriptedLauncher(FakeClock())
+    [slot] = launcher.add_pool("gpu", 1)
+    async with asyncio.TaskGroup() as tg:
+        runner = tg.create_task(launcher.run())
+        await launcher.next_start()
+        a, b = model_link_id(slot.incarnation, "a", 1), model_link_id(slot.incarnation, "m.x-2", 3)
+        assert (a, b) == ("pool:gpu-0.0/a:1", "pool:gpu-0.0/m.x-2:3")
+        assert process_of(a) == process_of(b) == "pool:gpu-0.0" and slot_of(b) == "pool:gpu-0"
+        assert process_of("sim-0.1") == "sim-0.1" and process_of("odd/id") == "odd/id"
+        launcher.mark_healthy(b)
+        assert slot.did_work
+        assert not launcher.kill("pool:gpu-0.7/a:1")  # an earlier incarnation's: nothing is killed
+        assert launcher.kill(a) and slot.process is not None and slot.process.killed  # type: ignore[attr-defined]
+        runner.cancel()
 
 
 def test_a_pool_workers_slot_starts_it_with_its_pool() -> None:

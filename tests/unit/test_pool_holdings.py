@@ -10,6 +10,7 @@ import asyncio
 from inferd.models.sim import sim_config
 from inferd.pools.residency import Limits
 from inferd.wire import protocol as p
+from inferd.worker.credits import Seat
 from inferd.worker.device import Device
 from inferd.worker.holdings import Holdings
 from tests import pool_models
@@ -18,8 +19,11 @@ from tests import pool_models
 class WaitingServer:
     """A model server that serves nobody: it runs until drained."""
 
-    def __init__(self, model: str, version: int, device: Device) -> None:
+    def __init__(self, model: str, version: int, device: Device, seat: Seat, tell: object) -> None:
         self.device = device
+        self.seat = seat
+        self.links: dict[int, object] = {}
+        self.draining = False
         self.drained = asyncio.Event()
 
     async def run(self) -> int:
@@ -161,4 +165,62 @@ async def test_draining_during_a_load_gives_up_the_queued_ones_and_unloads_the_l
         async with asyncio.timeout(20):
             await holdings.emptied()  # "one" loaded, then at once drained and unloaded
         assert holdings.servers == {} and holdings.state().models == []
+        planner.cancel()
+
+
+async def test_what_a_front_end_can_make_it_hold_is_bounded_and_let_go_after_each_unload() -> None:
+    """Loads past max_waiting_loads are refused at once, naming the bound; a model's config (and what its
+    load took) goes once it is unloaded, or its load failed."""
+    told = Told()
+    holdings = Holdings("pw", None, told, WaitingServer)
+    holdings.configure(Limits(budget_mb=1000.0, max_concurrent_loads=1, max_waiting_loads=1))
+    pool_models.LOAD_GATE.clear()
+    pool_models.LOAD_STARTED.clear()
+    gated = "tests.pool_models:GatedLoad"
+    async with asyncio.TaskGroup() as tg:
+        planner = tg.create_task(holdings.plan(tg))
+        assert holdings.ask(p.LoadModel("one", 1, config_json("one", gated))) is None
+        await asyncio.to_thread(pool_models.LOAD_STARTED.wait, 20)
+        assert holdings.ask(p.LoadModel("two", 1, config_json("two"))) is None  # waits behind "one"
+        refused = holdings.ask(p.LoadModel("three", 1, config_json("three")))
+        assert refused is not None and not refused.ok and "at most 1" in refused.error, refused
+        assert set(holdings.configs) == {("one", 1), ("two", 1)}
+        pool_models.LOAD_GATE.set()
+        assert (await told.result("one")).ok and (await told.result("two")).ok
+        broken = config_json("broken", "tests.no_such_module:Nothing")
+        assert holdings.ask(p.LoadModel("broken", 1, broken)) is None
+        assert not (await told.result("broken")).ok
+        for name in ("one", "two"):
+            holdings.unload((name, 1))
+        async with asyncio.timeout(20):
+            await holdings.emptied()
+        assert holdings.configs == {} and holdings.load_s == {}
+        planner.cancel()
+
+
+async def test_a_model_with_a_batch_staged_on_the_worker_is_busy_and_not_evicted() -> None:
+    """a is the least recently used, but holds a batch (received, waiting behind the device's running
+    one, not yet at the compute lock): b is evicted for c instead."""
+    told = Told()
+    holdings = Holdings("pw", None, told, WaitingServer)
+    holdings.configure(Limits(budget_mb=1000.0, max_loaded_models=2, min_resident_s=0.0))
+    async with asyncio.TaskGroup() as tg:
+        planner = tg.create_task(holdings.plan(tg))
+        for name in ("a", "b"):
+            holdings.ask(p.LoadModel(name, 1, config_json(name)))
+            assert (await told.result(name)).ok
+        a, b = holdings.servers[("a", 1)], holdings.servers[("b", 1)]
+        a.seat.join(0)  # type: ignore[attr-defined]
+        a.seat.received(0, items=1)  # type: ignore[attr-defined]
+        assert not holdings.state().models[0].evictable
+        holdings.ask(p.LoadModel("c", 1, config_json("c")))
+        assert (await told.result("c")).ok
+        assert b.drained.is_set() and not a.drained.is_set()  # type: ignore[attr-defined]
+        assert set(holdings.residency.held) == {("a", 1), ("c", 1)}
+        a.seat.finished()  # type: ignore[attr-defined]
+        assert holdings.residency.held[("a", 1)].busy == 0
+        holdings.close()
+        async with asyncio.timeout(20):
+            await holdings.emptied()
+        assert holdings.ledger.held == 0
         planner.cancel()

@@ -175,6 +175,26 @@ async def test_a_draining_worker_is_answered_and_gets_no_load(pool: Fixture) -> 
     assert pool.manager.place() == []
 
 
+async def test_a_load_a_draining_worker_refuses_is_not_placed_not_failed(pool: Fixture) -> None:
+    """The worker says it drains on its pool link (Drain) before it refuses or gives up a load: the load is
+    placed again on another worker, the waiting requests are not failed, and no backoff starts."""
+    w0, w1 = await join(pool, "w0"), await join(pool, "w1")
+    w0.send(p.PoolState(budget_mb=1000.0, used_mb=0.0))
+    w1.send(p.PoolState(budget_mb=1000.0, used_mb=500.0))
+    await settle(pool, lambda: all(link.state is not None for link in pool.manager.links.values()))
+    pool.served.append(ServedModel(config("a"), waiting=1, serving=0, batch_cycle_s=0.0))
+    pool.manager.wake("a", 1, waiting=1, oldest_age_s=0.0)
+    assert isinstance(await w0.receive(), p.LoadModel)
+    w0.send(p.Drain())
+    w0.send(p.LoadResult("a", 1, ok=False, error="pool worker w0 drains"))
+    assert isinstance(await w0.receive(), p.Drain)
+    await settle(pool, lambda: pool.manager.placement.pending("a", 1) is None)
+    assert pool.failed == [] and pool.manager.wakeable("a", 1) is None
+    pool.manager.wake("a", 1, waiting=1, oldest_age_s=0.1)
+    msg = await w1.receive()
+    assert isinstance(msg, p.LoadModel) and msg.model == "a"
+
+
 async def test_wakeable_and_load_refusal(pool: Fixture) -> None:
     reason = pool.manager.wakeable("a", 1)
     assert isinstance(reason, str) and "pool 'p' has no worker" in reason and "inferd worker --pool p" in reason

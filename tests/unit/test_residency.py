@@ -51,6 +51,18 @@ def test_a_model_bigger_than_the_whole_budget_fails_at_once_naming_both_sizes() 
     assert r.step() == [] and not r.pending
 
 
+def test_loads_past_max_waiting_loads_fail_at_once_naming_the_bound() -> None:
+    r, _ = residency(budget_mb=100.0, max_loaded_models=1, max_waiting_loads=2)
+    load(r, A, 10.0)
+    assert r.ask(B, 10.0, 30.0) == Queued(B)
+    assert r.ask(C, 10.0, 30.0) == Queued(C)
+    failed = r.ask(D, 10.0, 30.0)
+    assert isinstance(failed, FailLoad) and failed.key == D
+    assert "2 loads waiting" in failed.reason and "at most 2" in failed.reason
+    assert [load.key for load in r.pending] == [B, C] and not r.knows(D)
+    assert r.ask(C, 10.0, 30.0) == Joined(C, ready=False)  # one waiting already: joined, not refused
+
+
 def test_the_measured_size_replaces_the_estimate() -> None:
     r, _ = residency(budget_mb=100.0)
     load(r, A, 10.0, measured_mb=120.0)  # the estimate fit; what it took did not

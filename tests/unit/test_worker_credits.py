@@ -7,7 +7,7 @@ import pytest
 from inferd.clock import FakeClock
 from inferd.wire import protocol as p
 from inferd.wire.connection import WorkerConnection, WorkerState
-from inferd.worker.credits import STALE_HOLD_S, CreditLedger, ToldState
+from inferd.worker.credits import STALE_HOLD_S, CreditLedger, Seat, ToldState
 from inferd.worker.fronts import take_batch, tell_credits
 
 
@@ -21,6 +21,52 @@ def test_a_lone_front_end_is_granted_both_slots_unasked() -> None:
     ledger.finished()
     assert ledger.grant() == {"a": 1}
     assert ledger.high_water == 2
+
+
+def test_the_models_of_a_pool_worker_share_one_cap_and_each_front_end_is_told_the_devices_state() -> None:
+    """Two model servers' seats on one ledger: never more than CAP batches held or granted across both
+    models; a front end of one model is told busy while the other model's batch runs, and what runs."""
+    clock = FakeClock()
+    ledger = CreditLedger(clock)
+    held = {"a": 0, "b": 0}
+
+    def counting(model: str) -> Seat:
+        return Seat(ledger, (model, 1), lambda change: held.__setitem__(model, held[model] + change))
+
+    a, b = counting("a"), counting("b")
+    a.join(0)
+    assert ledger.grant() == {(("a", 1), 0): 2}  # alone on the device: both slots, unasked
+    a.received(0, items=3)
+    a.received(0, items=1)
+    assert held == {"a": 2, "b": 0}
+    b.join(0)
+    b.report(0, queued=4, oldest_age_s=0.01)
+    assert ledger.grant() == {}  # a's two batches hold the device's two slots
+    assert ledger.held + ledger.statistics().outstanding == 2
+    told = b.state_for(0)
+    assert not told.idle and b.running_items == 3 and not b.idle  # a's batch runs: b's front end waits
+    clock.advance(0.5)
+    assert b.running_for_s() == 0.5
+    a.finished()
+    assert held == {"a": 1, "b": 0}
+    assert ledger.grant() == {(("b", 1), 0): 1}
+    b.received(0, items=2)
+    assert ledger.grant() == {} and ledger.high_water == 2
+    b.close()  # its model server ended with its batch unfinished: the slot comes back
+    assert held == {"a": 1, "b": 0} and ledger.held == 1
+    a.report(0, queued=1, oldest_age_s=0.0)
+    assert ledger.grant() == {(("a", 1), 0): 1}
+
+
+def test_slots_go_only_to_the_front_ends_told() -> None:
+    """A front end left out of what is told (a draining model server's) is granted nothing."""
+    ledger = CreditLedger(FakeClock())
+    ledger.join("a")
+    ledger.join("b")
+    ledger.report("a", queued=1, oldest_age_s=0.1)
+    ledger.report("b", queued=1, oldest_age_s=0.0)
+    assert ledger.grant(eligible={"b"}) == {"b": 1}
+    assert ledger.outstanding("a") == 0
 
 
 def test_shared_slots_go_on_demand_oldest_first_and_never_exceed_the_cap() -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import urllib.error
+import urllib.parse
 import urllib.request
 from typing import Annotated, Any
 
@@ -70,7 +71,8 @@ def drain(
 ) -> None:
     """Drain a worker: it takes no new batches, finishes what it holds, exits and is replaced."""
     base = _base(admin_url, host, port)
-    typer.echo(json.dumps(_post(f"{base}/admin/workers/{worker_id}/drain", token, 10.0)))
+    where = urllib.parse.quote(worker_id, safe="")  # a pool model server's id holds a '/'
+    typer.echo(json.dumps(_post(f"{base}/admin/workers/{where}/drain", token, 10.0)))
 
 
 def scale(

@@ -246,8 +246,10 @@ class PoolManager:
         elif isinstance(msg, p.LoadResult):
             self._on_result(link, msg)
         elif isinstance(msg, p.Drain):  # it drains (SIGTERM): no more loads; a pool link holds no work
-            link.draining = True
-            link.send(p.Drain())
+            if not link.draining:
+                link.draining = True
+                link.send(p.Drain())
+                self.placement.worker_gone(link.worker_id)  # its waiting loads are given up: place them again
         elif not isinstance(msg, p.Heartbeat):
             log.warning("pool %s: worker %s sent %s on its pool link; ignored", self.name, link.worker_id, type(msg).__name__)
 
@@ -260,6 +262,11 @@ class PoolManager:
 
     def _on_result(self, link: PoolLink, result: p.LoadResult) -> None:
         key = (result.model, result.version)
+        if not result.ok and link.draining:  # refused or given up as it drains: not placed, not failed
+            log.info("pool %s: worker %s drains: model %s v%d is loaded elsewhere (%s)", self.name,
+                     link.worker_id, result.model, result.version, result.error)
+            self.placement.worker_gone(link.worker_id)
+            return
         self.placement.ended(result.model, result.version, link.worker_id, result.ok)
         if result.ok:
             self._errors.pop(key, None)

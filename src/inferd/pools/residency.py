@@ -13,7 +13,9 @@ evictable model would not make room, nothing is evicted and the load waits, unti
 model becomes evictable, or until its `wait_s` runs out: it then fails, naming the sizes. A model bigger
 than the whole budget fails at once. Loads start in the order asked (the first waits, those behind it
 too: none starves). A measurement above the estimate can take the memory held past the budget: the
-evictable models are then evicted, least recently used first, until it is back within.
+evictable models are then evicted, least recently used first, until it is back within. At most
+`max_waiting_loads` loads wait: a load asked past them fails at once, naming the bound (each model a
+front end names costs a waiting load, so what a peer can make the worker hold is bounded).
 """
 
 from __future__ import annotations
@@ -39,6 +41,9 @@ class Limits:
     max_loaded_models: int | None = None
     max_concurrent_loads: int = 1
     min_resident_s: float = 5.0
+    max_waiting_loads: int = 64
+    """Loads waiting to start, at most (past it a load fails at once): a front end cannot make the worker
+    queue one load per model name it sends."""
 
 
 @dataclass
@@ -126,6 +131,12 @@ class Residency:
             if load.key == key:
                 load.deadline = max(load.deadline, now + wait_s)
                 return Joined(key, False)
+        if len(self.pending) >= self.limits.max_waiting_loads:
+            return FailLoad(
+                key,
+                f"model {_name(key)} not queued: the pool worker has {len(self.pending)} loads waiting "
+                f"already, at most {self.limits.max_waiting_loads}",
+            )
         size = self.size_mb(key, estimate_mb)
         if size > self.limits.budget_mb:
             return FailLoad(
@@ -229,6 +240,10 @@ class Residency:
     def size_mb(self, key: Key, estimate_mb: float) -> float:
         """The size a load of it is planned at: measured here before, else the estimate."""
         return self.measured.get(key, estimate_mb)
+
+    def knows(self, key: Key) -> bool:
+        """Whether the model is held (loading, ready, unloading) or its load waits to start."""
+        return key in self.held or any(load.key == key for load in self.pending)
 
     def used_mb(self) -> float:
         return sum(r.size_mb for r in self.held.values())

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import enum
+import re
 from dataclasses import dataclass, field
 from typing import Any, Generic, Protocol, TypeVar
 
@@ -28,8 +29,27 @@ front end assumes both slots are its own)."""
 
 
 def slot_of(worker_id: str) -> str:
-    """'sim-0.3' (slot sim-0, third restart) -> 'sim-0'."""
-    return worker_id.rsplit(".", 1)[0]
+    """'sim-0.3' (slot sim-0, third restart) -> 'sim-0'; a pool model server's 'pool:p-0.3/a:1' -> its
+    pool worker's slot, 'pool:p-0'."""
+    return process_of(worker_id).rsplit(".", 1)[0]
+
+
+def model_link_id(pool_worker_id: str, model: str, version: int) -> str:
+    """The id a pool worker's model server joins with: `<pool worker id>/<model>:<version>`. Each model it
+    holds is a worker of its own in the front end's directory (found, drained, listed apart from the
+    others'); `process_of` maps it back to the pool worker's process (kill, healthy)."""
+    return f"{pool_worker_id}/{model}:{version}"
+
+
+_MODEL_LINK = re.compile(r"/[A-Za-z0-9][A-Za-z0-9_.\-]{0,63}:[0-9]+$")
+"""A `model_link_id`'s tail (a model name cannot hold '/' or ':', config.ModelConfig's rule)."""
+
+
+def process_of(worker_id: str) -> str:
+    """The id of the worker process serving `worker_id`: a pool model server's (`model_link_id`) is its
+    pool worker's; any other id is its own."""
+    tail = _MODEL_LINK.search(worker_id)
+    return worker_id if tail is None or tail.start() == 0 else worker_id[: tail.start()]
 
 
 class BatchItem(Protocol):

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import heapq
 from collections import deque
-from collections.abc import Hashable, Mapping
+from collections.abc import Callable, Collection, Hashable, Mapping
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -209,17 +209,23 @@ class CreditLedger:
             return 0
         return self.cap - self.held - sum(d.outstanding for d in self._fronts.values())
 
-    def grant(self) -> dict[Hashable, int]:
-        """Hand out the free slots now; returns who was granted how many (already counted as theirs)."""
+    def grant(self, eligible: Collection[Hashable] | None = None) -> dict[Hashable, int]:
+        """Hand out the free slots now, to the `eligible` front ends only (None: any); returns who was
+        granted how many (already counted as theirs)."""
         free = self.free()
         if free <= 0 or not self._fronts:
             return {}
         if not self.shared:
             (front, d), *_ = self._fronts.items()
+            if eligible is not None and front not in eligible:
+                return {}
             self._hold(d, free)
             return {front: free}
         now = self.clock.now()
-        wanting = [(f, d) for f, d in self._fronts.items() if d.queued > 0 and d.outstanding == 0]
+        wanting = [
+            (f, d) for f, d in self._fronts.items()
+            if d.queued > 0 and d.outstanding == 0 and (eligible is None or f in eligible)
+        ]
         wanting.sort(key=lambda fd: (-(fd[1].oldest_age_s + now - fd[1].reported_at), -fd[1].queued))
         out: dict[Hashable, int] = {}
         for front, d in wanting[:free]:
@@ -238,8 +244,9 @@ class CreditLedger:
         """Hand out the free slots (`grant`) and say who gets a Credit now, with how many slots and the
         state (`state_for`): those granted some, and, when their state changed since they were last
         `told` it, those holding slots, never told, or told another sharing. `told`: each front end that
-        takes credits."""
-        grants = self.grant()
+        takes credits; only they are granted slots (a front end left out, e.g. of a draining model server
+        of a pool worker, gets none)."""
+        grants = self.grant(told.keys())
         first = self._first_holders()
         out: dict[Hashable, tuple[int, ToldState]] = {}
         for front, last in told.items():
@@ -264,3 +271,85 @@ class CreditLedger:
 
 def _first(holder: tuple[int, Hashable]) -> int:
     return holder[0]
+
+
+class Seat:
+    """One model server's share of a pool worker's ledger (worker/holdings.py): the `CreditLedger` surface a
+    `Worker` uses, its front ends keyed (seat, index) in the one ledger of the device the pool worker's
+    models share. So the cap (1 running + 1 staged) holds across the models, and what each front end is
+    told (idle, what runs and for how long) is the device's, whichever model's batch it is. `on_held` is
+    told each batch the seat's model holds (+1 when received, -1 when finished): a model holding batches
+    is busy (never evicted)."""
+
+    def __init__(self, ledger: CreditLedger, name: Hashable, on_held: Callable[[int], None]) -> None:
+        self.ledger = ledger
+        self.name = name
+        self.on_held = on_held
+        self.held = 0
+        """This model's batches held (received and not finished)."""
+        self._joined: set[int] = set()
+
+    @property
+    def clock(self) -> Clock:
+        return self.ledger.clock
+
+    @property
+    def high_water(self) -> int:
+        return self.ledger.high_water
+
+    @property
+    def shared(self) -> bool:
+        return self.ledger.shared
+
+    @property
+    def idle(self) -> bool:
+        return self.ledger.idle
+
+    @property
+    def running_items(self) -> int:
+        return self.ledger.running_items
+
+    def running_for_s(self) -> float:
+        return self.ledger.running_for_s()
+
+    def key(self, index: int) -> tuple[Hashable, int]:
+        return (self.name, index)
+
+    def accepts(self, credits: bool) -> bool:
+        return self.ledger.accepts(credits)
+
+    def join(self, index: int, legacy: bool = False) -> None:
+        self._joined.add(index)
+        self.ledger.join(self.key(index), legacy)
+
+    def leave(self, index: int) -> None:
+        self._joined.discard(index)
+        self.ledger.leave(self.key(index))
+
+    def outstanding(self, index: int) -> int:
+        return self.ledger.outstanding(self.key(index))
+
+    def report(self, index: int, queued: int, oldest_age_s: float, returned: int = 0) -> None:
+        self.ledger.report(self.key(index), queued, oldest_age_s, returned)
+
+    def received(self, index: int, items: int = 0) -> None:
+        self.ledger.received(self.key(index), items)
+        self.held += 1
+        self.on_held(1)
+
+    def finished(self) -> None:
+        self.ledger.finished()
+        if self.held:
+            self.held -= 1
+            self.on_held(-1)
+
+    def state_for(self, index: int) -> ToldState:
+        return self.ledger.state_for(self.key(index))
+
+    def close(self) -> None:
+        """Its model server has ended: its front ends leave, and the batches it still counted (dropped
+        unstarted when its links were lost) free their slots."""
+        for index in list(self._joined):
+            self.leave(index)
+        while self.held:
+            self.finished()

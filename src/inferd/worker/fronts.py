@@ -14,13 +14,13 @@ import contextlib
 import logging
 import socket
 import ssl
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Hashable, Mapping
 from pathlib import Path
 
 from inferd import tls
 from inferd.config import ConfigError
 from inferd.wire import protocol as p
-from inferd.worker.credits import CreditLedger, ToldState
+from inferd.worker.credits import CreditLedger, Seat, ToldState
 from inferd.worker.discovery import parse_connect
 from inferd.worker.stuck import LINK_HARD_LIMIT_BYTES, LINK_HIGH_WATER_BYTES, STUCK_AFTER_S, DrainWatch
 
@@ -300,7 +300,7 @@ def transport(address: str, ca_file: Path | None, ca_pem: str, insecure: bool) -
     return context
 
 
-def refused(ledger: CreditLedger, welcome: p.Message) -> str:
+def refused(ledger: CreditLedger | Seat, welcome: p.Message) -> str:
     """Why the worker cannot serve the front end that answered its Hello with `welcome` ('': it can)."""
     if not isinstance(welcome, p.Welcome) or not welcome.accepted:
         return f"refused: {getattr(welcome, 'reason', 'unexpected reply')}"
@@ -332,7 +332,7 @@ def give_up_when_silent(writer: asyncio.StreamWriter, timeout_s: float) -> None:
     sock.setsockopt(socket.IPPROTO_TCP, option, int(timeout_s * 1000))
 
 
-def tell_credits(ledger: CreditLedger, links: Mapping[int, FrontLink]) -> None:
+def tell_credits(ledger: CreditLedger, links: Mapping[Hashable, FrontLink]) -> None:
     """Hand out the ledger's free batch slots and send each link that takes credits the Credit the
     ledger's rule (`CreditLedger.to_tell`) says it gets now: its grant, and the worker's state (what
     runs on it) when that changed for it. The worker's rule, which the fleet simulator runs too."""
@@ -344,7 +344,7 @@ def tell_credits(ledger: CreditLedger, links: Mapping[int, FrontLink]) -> None:
         link.told = state
 
 
-def take_batch(ledger: CreditLedger, link: FrontLink, items: int) -> None:
+def take_batch(ledger: CreditLedger | Seat, link: FrontLink, items: int) -> None:
     """A batch of `items` arrived from `link` (it used a slot). A front end served alone knows what that
     changed (its own batch runs, or is staged): it is not told it again in a Credit of its own, which
     would cost a write here and a read there per batch. Front ends sharing the worker are told as before."""

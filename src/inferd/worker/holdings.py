@@ -18,7 +18,7 @@ import asyncio
 import contextlib
 import logging
 from collections import Counter
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Mapping
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -29,7 +29,9 @@ from inferd.config import ModelConfig
 from inferd.pools.residency import LOADING, READY, Evict, FailLoad, Joined, Key, Limits, Residency, StartLoad
 from inferd.wire import protocol as p
 from inferd.worker import memory
+from inferd.worker.credits import CreditLedger, Seat
 from inferd.worker.device import Device
+from inferd.worker.fronts import FrontLink, tell_credits
 
 log = logging.getLogger("inferd.worker")
 
@@ -38,14 +40,18 @@ class ModelServer(Protocol):
     """What serves one model the pool worker holds: a `Worker` (worker/main.py) around its Device."""
 
     device: Device
+    links: Mapping[int, FrontLink]
+    """Its front ends joined (their batch slots: the pool worker's one ledger, `Holdings.tell_credits`)."""
+    draining: bool
 
     async def run(self) -> int: ...
 
     def drain(self, signalled: bool = False) -> bool: ...
 
 
-ModelServers = Callable[[str, int, Device], ModelServer]
-"""Makes the model server of (model, version) around its Device (worker/pool.py: a `Worker`)."""
+ModelServers = Callable[[str, int, Device, Seat, Callable[[], None]], ModelServer]
+"""Makes the model server of (model, version) around its Device, with its seat on the pool worker's ledger
+and what tells every model's front ends their slots (worker/pool.py: a `Worker`)."""
 
 
 def estimate_mb(config_json: bytes) -> float:
@@ -91,13 +97,17 @@ class Holdings:
         """Replaced by `configure` (the first Welcome says the pool's budget and limits)."""
         self.compute = asyncio.Lock()
         """The device: one batch at a time across the models (each model server's `Turn`)."""
+        self.ledger = CreditLedger(MonotonicClock())
+        """The device's batch slots (1 running + 1 staged), shared by the model servers (each has a `Seat`):
+        the cap holds across the models, and a front end told "idle" is told the device is."""
         self.configs: dict[Key, bytes] = {}
-        """The config the last load of each model asked for (its model server serves it)."""
+        """The config the last load of each model asked for (its model server serves it); kept while the
+        model is held or its load waits (`_forget`), so it holds no more than the residency bounds."""
         self.servers: dict[Key, ModelServer] = {}
         self.tasks: set[asyncio.Task[None]] = set()
         """Loads and model servers running (each unloads its model when it ends)."""
         self.load_s: dict[Key, float] = {}
-        """What each model's last load here took (load and warm-up)."""
+        """What each model's load here took (load and warm-up), while it is held."""
         self.loads: Counter[str] = Counter()
         self.evictions: Counter[str] = Counter()
         self.closed = False
@@ -139,7 +149,7 @@ class Holdings:
         is given up (LoadResult not ok), one under way is unloaded once it ends."""
         decided = self.residency.unload(key)
         if isinstance(decided, FailLoad):
-            self.configs.pop(key, None)
+            self._forget(key)
             self.tell(p.LoadResult(key[0], key[1], False, error=decided.reason))
         elif decided is True:
             self._drain_server(key)
@@ -200,7 +210,7 @@ class Holdings:
                     self._drain_server(action.key)
                 else:
                     log.warning("pool worker %s: %s", self.worker_id, action.reason)
-                    self.configs.pop(action.key, None)
+                    self._forget(action.key)
                     self.tell(p.LoadResult(action.key[0], action.key[1], False, error=action.reason))
             self._publish()
 
@@ -239,6 +249,7 @@ class Holdings:
                 await asyncio.shield(self._release(device))
             finally:
                 self.residency.load_failed(key)
+                self._forget(key)
                 self._gone.set()
                 self.changed()
             if isinstance(exc, asyncio.CancelledError):
@@ -253,15 +264,16 @@ class Holdings:
         self.tell(p.LoadResult(key[0], key[1], True, load_s=load_s + warmup_s, memory_mb=size_mb))
         device.adopt(model, config, config_json)
         del model
-        server = self.model_servers(key[0], key[1], device)
+        seat = Seat(self.ledger, key, lambda held: self._held(key, held))
+        server = self.model_servers(key[0], key[1], device, seat, self.tell_credits)
         self.servers[key] = server
         if not keep or self.closed:  # asked to unload while it loaded, or the worker drains
             self.residency.unload(key)
             server.drain()
         self.changed()
-        self._spawn(self._serve(key, server))
+        self._spawn(self._serve(key, server, seat))
 
-    async def _serve(self, key: Key, server: ModelServer) -> None:
+    async def _serve(self, key: Key, server: ModelServer, seat: Seat) -> None:
         """Run a model server until it has drained (an eviction, an unload) or ended (every front end
         refused or dropped it); then unload its model and give its memory back."""
         try:
@@ -270,13 +282,42 @@ class Holdings:
             log.exception("pool worker %s: the model server of %s v%d failed", self.worker_id, *key)
         finally:
             self.servers.pop(key, None)
+            seat.close()  # what it still counted frees its slots: the other models' front ends get them
+            self.tell_credits()
             try:
                 await asyncio.shield(self._release(server.device))
             finally:
                 self.residency.unloaded(key)
+                self._forget(key)
                 self._gone.set()
                 log.info("pool worker %s unloaded %s v%d", self.worker_id, *key)
                 self.changed()
+
+    def tell_credits(self) -> None:
+        """Hand out the device's free batch slots to the front ends of every model server but the draining
+        ones, and tell those holding slots what runs on the device (`fronts.tell_credits`)."""
+        links = {
+            (key, index): link
+            for key, server in self.servers.items() if not server.draining
+            for index, link in server.links.items()
+        }
+        tell_credits(self.ledger, links)
+
+    def _held(self, key: Key, change: int) -> None:
+        """A batch of the model was received (+1) or finished (-1): a model holding batches (running,
+        waiting for the device, or staged behind another) is busy, never evicted."""
+        if change > 0:
+            self.residency.busy(key)
+        else:
+            self.residency.idle(key)
+        self.changed()
+
+    def _forget(self, key: Key) -> None:
+        """What is kept for a model while it is held or waits to load, once it is neither (a load asked
+        again meanwhile keeps the config it asked for)."""
+        if not self.residency.knows(key):
+            self.configs.pop(key, None)
+            self.load_s.pop(key, None)
 
     @staticmethod
     async def _release(device: Device) -> None:

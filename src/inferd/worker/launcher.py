@@ -33,6 +33,7 @@ from typing import Generic, Protocol, TypeVar
 
 from inferd.clock import Clock, MonotonicClock
 from inferd.routing.backoff import Backoff
+from inferd.wire.connection import process_of
 
 log = logging.getLogger("inferd.supervisor")
 
@@ -215,7 +216,9 @@ class Launcher(abc.ABC, Generic[P]):
         ]
 
     def mark_healthy(self, worker_id: str) -> None:
-        """The worker with this id completed work: a later death is not part of a crash loop."""
+        """The worker with this id completed work: a later death is not part of a crash loop (a pool
+        model server's: its pool worker's, `process_of`)."""
+        worker_id = process_of(worker_id)
         for slot in self.slots:
             if worker_id == slot.incarnation:
                 slot.did_work = True
@@ -230,7 +233,9 @@ class Launcher(abc.ABC, Generic[P]):
 
     def kill(self, worker_id: str) -> bool:
         """Kill the process running this worker (the hang watchdog's and a forced restart's tool); not
-        its successor when the worker is already gone."""
+        its successor when the worker is already gone. A pool model server's process is its pool worker's
+        (`process_of`): its models share one device, so a hung batch of one takes them all."""
+        worker_id = process_of(worker_id)
         for slot in self.slots:
             if worker_id == slot.incarnation and slot.process is not None:
                 slot.process.kill()

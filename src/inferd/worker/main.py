@@ -26,6 +26,7 @@ import socket
 import ssl
 import sys
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 
 import msgspec
@@ -38,7 +39,7 @@ from inferd.observability.logging_setup import set_up_process
 from inferd.observability.settings import from_environment
 from inferd.wire import protocol as p
 from inferd.worker.args import arguments
-from inferd.worker.credits import CAP, CreditLedger
+from inferd.worker.credits import CAP, CreditLedger, Seat
 from inferd.worker.device import Device
 from inferd.worker.discovery import FrontEnd
 from inferd.worker.fronts import (
@@ -64,7 +65,8 @@ class Worker:
         self, address: str, model: str, token: str, worker_id: str, reconnect: bool = False,
         model_repo: Path | None = None, model_version: int = 0, tls_context: ssl.SSLContext | None = None,
         stuck_after_s: float = STUCK_AFTER_S, zone: str | None = None, resolver: Resolver | None = None,
-        device: Device | None = None, pool: str | None = None,
+        device: Device | None = None, pool: str | None = None, seat: Seat | None = None,
+        tell_credits: Callable[[], None] | None = None,
     ) -> None:
         self.connect = address
         """The front ends this worker serves (one, or several sharing it; dns: names followed)."""
@@ -82,8 +84,11 @@ class Worker:
         """A front end that reads nothing for this long while the worker has data for it is cut off."""
         self.device = device or Device(worker_id, model_repo)
         """Its own; or, a pool's model server, one handed the model loaded (worker/holdings.py)."""
-        self.ledger = CreditLedger(MonotonicClock())
-        """The batch slots (1 running + 1 staged) granted to the front ends: the cap holds across them."""
+        self.ledger: CreditLedger | Seat = seat or CreditLedger(MonotonicClock())
+        """The batch slots (1 running + 1 staged) granted to the front ends: the cap holds across them (a
+        pool's model server: its seat on the ledger its pool worker's models share, worker/holdings.py)."""
+        self._tell_credits = tell_credits
+        """A pool's model server: tells the front ends of every model of the pool worker (one ledger)."""
         self.links: dict[int, FrontLink] = {}
         """Front ends joined and ready, by the index of their link (in the order joined)."""
         self._left: dict[int, asyncio.Event] = {}
@@ -282,9 +287,13 @@ class Worker:
 
     def _grant(self) -> None:
         """Hand out free batch slots, and tell front ends holding slots when the worker's state changed."""
-        if self.draining or self._engine is not None:  # an LLM engine batches continuously: no slots
+        if self._engine is not None:  # an LLM engine batches continuously: no slots
             return
-        tell_credits(self.ledger, self.links)
+        if self._tell_credits is not None:  # a pool's model server: every model's front ends but the draining
+            self._tell_credits()
+        elif not self.draining:
+            assert isinstance(self.ledger, CreditLedger)
+            tell_credits(self.ledger, self.links)
 
     # ---- the device: one batch at a time, or the LLM engine ---------------------------------------------
     def _start_engine(self) -> None:

@@ -9,9 +9,10 @@ UnloadModel (and Drain); the worker sends PoolState at once, on every change and
 LoadResult to every front end when a load ends. A pool link carries no batch: each model held is served by
 its own model server, an ordinary worker of that model (worker/holdings.py).
 
-SIGTERM, or a front end's Drain on a pool link, drains the worker: no new load, every model server drains
-(its front ends answer after the last batch they sent) and unloads, then each pool link gets the last
-PoolState and a Drain and ends; the process exits 0.
+SIGTERM, or a front end's Drain on a pool link, drains the worker: every pool link is told at once (Drain:
+its front end sends no more loads here, and takes a load refused or given up from now on as not placed,
+not as failed), every model server drains (its front ends answer after the last batch they sent) and
+unloads, then each pool link gets the last PoolState and ends; the process exits 0.
 """
 
 from __future__ import annotations
@@ -29,6 +30,8 @@ import msgspec
 
 from inferd.pools.residency import Limits
 from inferd.wire import protocol as p
+from inferd.wire.connection import model_link_id
+from inferd.worker.credits import Seat
 from inferd.worker.device import Device
 from inferd.worker.discovery import FrontEnd
 from inferd.worker.fronts import FrontLink, give_up_when_silent
@@ -65,7 +68,8 @@ class PoolWorker:
         self.pool = pool
         self.token = token
         self.worker_id = worker_id
-        """Its pool links' id, and its model servers' (each a worker of another model)."""
+        """Its pool links' id; each model server joins as `<id>/<model>:<version>` (wire/connection.py
+        `model_link_id`): a worker of its own in the front end's directory."""
         self.reconnect = reconnect
         self.tls = tls_context
         self.stuck_after_s = stuck_after_s
@@ -82,11 +86,16 @@ class PoolWorker:
         self._finished = asyncio.Event()
         """Drained: every model server has stopped and its model is unloaded."""
 
-    def _new_server(self, model: str, version: int, device: Device) -> ModelServer:
-        """A model server: a worker of that model joining every front end, its device holding the model."""
+    def _new_server(
+        self, model: str, version: int, device: Device, seat: Seat, tell_credits: Callable[[], None]
+    ) -> ModelServer:
+        """A model server: a worker of that model joining every front end, its device holding the model,
+        its batch slots a seat on the ledger of the device the pool worker's models share."""
         return self._model_server(
-            self.connect, model, self.token, self.worker_id, True, device.model_repo, version, self.tls,
-            self.stuck_after_s, self.zone, self.resolver, device=device, pool=self.pool,
+            self.connect, model, self.token, model_link_id(self.worker_id, model, version), True,
+            device.model_repo, version, self.tls,
+            self.stuck_after_s, self.zone, self.resolver, device=device, pool=self.pool, seat=seat,
+            tell_credits=tell_credits,
         )
 
     async def run(self) -> int:
@@ -114,6 +123,8 @@ class PoolWorker:
         pool links (SIGTERM, or a front end's Drain on a pool link)."""
         if not self.draining:
             log.info("pool worker %s draining", self.worker_id)
+            for link in self.links.values():  # first: the loads it refuses or gives up are not failures
+                link.send(p.Drain())
         self.draining = True
         self.drain_asked.set()
         self.holdings.close()
@@ -171,6 +182,8 @@ class PoolWorker:
     async def _serve(self, link: FrontLink, reader: asyncio.StreamReader, heartbeat_s: float) -> str:
         self.links[link.index] = link
         link.send(self.holdings.state())
+        if self.draining:  # it joined while the worker drains: no load for it
+            link.send(p.Drain())
         try:
             async with asyncio.TaskGroup() as tg:
                 receiving = tg.create_task(self._receive(link, reader))
@@ -182,9 +195,8 @@ class PoolWorker:
                     task.cancel()
         finally:
             self.links.pop(link.index, None)
-        if outcome == "drained":  # the last state (nothing held), and: send me nothing more
+        if outcome == "drained":  # the last state (nothing held); its Drain went when draining began
             link.send(self.holdings.state())
-            link.send(p.Drain())
         await link.finish(self.stuck_after_s)
         return outcome
 
