@@ -30,7 +30,7 @@ from inferd.config import ModelConfig, ServerConfig
 from inferd.config.identity import frontend_id
 from inferd.errors import ServingError, ShuttingDown
 from inferd.fleet.control import FleetControl, repository_loader
-from inferd.fleet.scaling import ScalingLoop, scaling_policy
+from inferd.fleet.scaling import scaling_loops
 from inferd.frontends.channel import MAX_MESSAGE_BYTES
 from inferd.frontends.metrics import scrape_all, serve_registry
 from inferd.frontends.peers import peers_of
@@ -57,6 +57,7 @@ from inferd.runtime.hub import WorkerHub
 from inferd.runtime.kinds import KindRegistry, RuntimeContext
 from inferd.runtime.membership import WorkerDirectory
 from inferd.runtime.registry import ModelRegistry
+from inferd.runtime.waking import Wakers
 from inferd.wire.connection import WorkerConnection
 from inferd.worker.launcher import Launcher, WorkerSlot
 from inferd.worker.orphans import server_pids_env
@@ -98,9 +99,11 @@ class InferenceServer:
         self.registry = ModelRegistry()
         follower = frontend is not None and not frontend.is_owner
         self.directory = WorkerDirectory(self.clock)
+        self.wakers = Wakers()
+        """Who wakes each model served on demand (runtime/waking.py): its batch runtimes hold requests then."""
         self.context = RuntimeContext(
             config, self.clock, self.metrics, self.retry_budget, self.kill_worker, self.directory,
-            self.registry.get, follower, self.kinds.api_of, lambda: (self.cluster.store, self.cluster.me),
+            self.registry.get, follower, self.kinds.api_of, lambda: (self.cluster.store, self.cluster.me), self.wakers,
         )
         for m in models:
             self.registry.add(self.kinds.get(m.kind).make_runtime(m, self.context))
@@ -195,19 +198,8 @@ class InferenceServer:
             self.registry, self.supervisor, self, self.directory, loader, followers=self.cluster.versions,
             gate=self.cluster.versions.check_holder,
         )
-        self.scaling = {
-            rt.name: ScalingLoop(
-                self.registry,
-                self.fleet,
-                self.clock,
-                rt.name,
-                scaling_policy(self.kinds.get(rt.kind), rt.config.autoscale, self.clock),
-                others=loads,
-                acts=self.cluster.versions.holds,
-            )
-            for rt in self.registry.defaults()
-            if rt.config.autoscale and (frontend is None or frontend.is_owner)
-        }
+        owner = frontend is None or frontend.is_owner  # the autoscaler runs on the owner alone
+        self.scaling = scaling_loops(self.registry, self.fleet, self.clock, self.kinds, loads, self.cluster.versions.holds) if owner else {}
         self.console = ConsoleFeed(
             self.metrics.registry,
             lambda: [rt.statistics() for rt in self.registry],

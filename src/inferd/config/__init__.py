@@ -99,7 +99,7 @@ BATCH_ONLY = frozenset(
         "max_batch_size",
         "max_wait_ms",
         "preferred_batch_sizes",
-        "max_queue_size",
+        "max_queue_size", "cold_queue_size",
         "mixed_batch_cost_ratio",
         "batch_timeout_s",
         "max_items_per_request",
@@ -139,6 +139,8 @@ class ModelConfig(_Frozen):
     """Batch sizes cut at once, without waiting, when a worker is free and enough items are queued."""
     max_queue_size: int = Field(default=2000, ge=1, le=1_000_000)
     """Queued items (not requests) beyond which new requests get 429."""
+    cold_queue_size: int | None = Field(default=None, ge=1, le=1_000_000)
+    """Items held while no worker is in service and one is woken (kinds/batch/cold.py); None: min(max_queue_size, 4 x max_batch_size)."""
     default_timeout_ms: float | None = Field(default=30_000.0, gt=0.0, le=3_600_000.0)
     """Deadline of a request that sets none; None means no deadline."""
     max_timeout_ms: float = Field(default=600_000.0, gt=0.0, le=3_600_000.0)

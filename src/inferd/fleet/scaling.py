@@ -25,7 +25,7 @@ from inferd.fleet.autoscaler import Autoscaler, AutoscalerConfig, Decision
 from inferd.fleet.control import FleetControl
 from inferd.runtime.demand import Autoscaling, Observed, Observer
 from inferd.runtime.frontend_load import FrontendLoads
-from inferd.runtime.kinds import Kind
+from inferd.runtime.kinds import Kind, KindRegistry
 from inferd.runtime.registry import ModelRegistry
 
 log = logging.getLogger("inferd.autoscaler")
@@ -53,6 +53,30 @@ class ScalingPolicy:
 def scaling_policy(kind: Kind, config: AutoscalerConfig, clock: Clock) -> ScalingPolicy:
     scaling = check_autoscalable(kind)
     return ScalingPolicy(Autoscaler(config, clock, scaling.demand(config)), scaling.observer(clock))
+
+
+def scaling_loops(
+    registry: ModelRegistry,
+    fleet: FleetControl,
+    clock: Clock,
+    kinds: KindRegistry,
+    others: FrontendLoads | None,
+    acts: Callable[[], bool] | None,
+) -> dict[str, ScalingLoop]:
+    """A scaling loop for each served model whose default version has an [autoscale] table."""
+    return {
+        rt.name: ScalingLoop(
+            registry,
+            fleet,
+            clock,
+            rt.name,
+            scaling_policy(kinds.get(rt.kind), rt.config.autoscale, clock),
+            others=others,
+            acts=acts,
+        )
+        for rt in registry.defaults()
+        if rt.config.autoscale
+    }
 
 
 class ScalingLoop:

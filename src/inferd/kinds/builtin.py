@@ -42,6 +42,7 @@ def _batch_runtime(config: ModelConfig, ctx: RuntimeContext) -> Runtime:
         heartbeat_timeout_s=ctx.server.heartbeat_timeout_s,
         members=ctx.directory.members(config.name, config.version),
         locality=_locality(ctx),
+        wakers=ctx.wakers,
     )
 
 

@@ -39,6 +39,7 @@ LATENCY_BUCKETS = (
     30.0,
 )
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 80, 96, 100, 128, 256, 512, 1024, 4096)
+COLD_START_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0)
 RATIO_BUCKETS = (0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 1.0)
 
 
@@ -126,6 +127,14 @@ class Metrics:
             "inferd_retry_budget_exhausted_total",
             "Retries refused because the retry budget was spent.",
             ["model", "version"],
+            registry=r,
+        )
+        self.cold_start = Histogram(
+            "inferd_cold_start_seconds",
+            "From the first request held with no worker in service to the first worker in service, by "
+            "what brought it (scale_from_zero, pool_load).",
+            ["model", "cause"],
+            buckets=COLD_START_BUCKETS,
             registry=r,
         )
         self.worker_restarts = Counter(
@@ -301,6 +310,9 @@ class ModelMetrics:
 
     def budget_exhausted(self) -> None:
         self._m.budget_exhausted.labels(self.model, self.version).inc()
+
+    def cold_started(self, cause: str, seconds: float) -> None:
+        self._m.cold_start.labels(self.model, cause).observe(seconds)
 
 
 class LLMMetrics:

@@ -21,6 +21,7 @@ from inferd.runtime.admin_view import AdminView
 from inferd.runtime.contract import Runtime, RuntimeStatistics
 from inferd.runtime.demand import Autoscaling
 from inferd.runtime.membership import WorkerDirectory
+from inferd.runtime.waking import Wakers
 from inferd.wire.connection import WorkerConnection
 
 
@@ -52,6 +53,9 @@ class RuntimeContext:
     cluster/) and this front end's id in it, once the composition root built them (a callable: the
     cluster is built after this context). A search index's writer lease lives there
     (kinds/search/writers.py). None: a front end alone, each index on a store of its own."""
+    wakers: Wakers | None = None
+    """Who wakes each model served on demand (runtime/waking.py): a batch runtime with no worker in
+    service asks its model's waker, if one is registered, instead of refusing (kinds/batch/cold.py)."""
 
 
 RuntimeFactory = Callable[[ModelConfig, RuntimeContext], Runtime]

@@ -8,6 +8,7 @@ The waker decides nothing here: it is told the demand and says how long serving 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Protocol
 
 
@@ -27,3 +28,39 @@ class Waker(Protocol):
         """The measured time from a wake to a worker in service (a load, a worker's start); None while
         none was measured. A request whose deadline is nearer gets a 429 at once, with it as Retry-After."""
         ...
+
+
+SCALE_FROM_ZERO = "scale_from_zero"
+"""The cause of a cold start the scaling loop ends (a model whose `[autoscale] min_workers = 0`)."""
+POOL_LOAD = "pool_load"
+"""The cause of a cold start its pool ends (a pooled model loaded on a pool worker)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Wake:
+    """A model's waker and the cause its cold starts are counted under (`inferd_cold_start_seconds`'s
+    `cause` label: SCALE_FROM_ZERO, POOL_LOAD)."""
+
+    waker: Waker
+    cause: str
+
+
+class Wakers:
+    """Who wakes each model served on demand, by model name (every version of it asks the same waker,
+    naming its version). The composition root holds one and hands it to every runtime it builds
+    (`RuntimeContext.wakers`); whoever wakes a model registers itself (`set`) once it is built: the
+    scaling loop of a `min_workers = 0` model, a pool's manager for its pooled models. A runtime looks its
+    waker up only while it has no worker in service, so a waker registered after the runtime was built
+    (or replaced, or cleared) is the one asked."""
+
+    def __init__(self) -> None:
+        self._wakes: dict[str, Wake] = {}
+
+    def set(self, model: str, waker: Waker, cause: str) -> None:
+        self._wakes[model] = Wake(waker, cause)
+
+    def clear(self, model: str) -> None:
+        self._wakes.pop(model, None)
+
+    def of(self, model: str) -> Wake | None:
+        return self._wakes.get(model)

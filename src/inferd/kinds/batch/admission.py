@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 
 from inferd.errors import Overloaded, retry_after_s
+from inferd.routing.fairness import INTERACTIVE
 
 
 class DrainEstimator:
@@ -108,4 +109,15 @@ def check_admission(
             f"exceeds the remaining deadline of {budget_ms:.0f} ms ({queued} items queued)",
             retry_after_s=estimator.drain_time_s(queued, workers),
             reason="deadline",
+        )
+
+
+def check_loop_lag(lag_s: float, max_lag_s: float, priority: int) -> None:
+    """The front end's CPU is saturated: refuse before reading the body (bulk first), or the excess
+    would wait in socket buffers with unbounded latency instead of getting a 429."""
+    if (lag_s > max_lag_s and priority != INTERACTIVE) or lag_s > 2 * max_lag_s:
+        raise Overloaded(
+            f"the front end is saturated (event loop {1000 * lag_s:.0f} ms behind); retry in 1 s",
+            retry_after_s=1.0,
+            reason="front_end_saturated",
         )

@@ -4,6 +4,7 @@ receive (admit, enqueue) -> dispatch (kinds/batch/dispatch.py: cut a batch, choo
   -> deliver (kinds/batch/delivery.py: settle each item) or recover (retry / isolate / fail)
 watchdog (kinds/batch/watchdog.py: hung and silent workers, hedges, loop lag)
 membership (kinds/batch/membership.py: workers join, drain, are lost)
+cold (kinds/batch/cold.py: no worker in service: requests held, bounded, while a waker gives it one)
 
 This module wires those parts together and is the one other modules use; it admits requests itself.
 """
@@ -19,8 +20,9 @@ from typing import Any, ClassVar
 
 from inferd.clock import Clock
 from inferd.config import ModelConfig
-from inferd.errors import DeadlineExceeded, Internal, Overloaded, ServingError, WorkerUnavailable
-from inferd.kinds.batch.admission import DrainEstimator, check_admission
+from inferd.errors import DeadlineExceeded, Internal, ServingError, WorkerUnavailable
+from inferd.kinds.batch.admission import DrainEstimator, check_admission, check_loop_lag
+from inferd.kinds.batch.cold import ColdAdmission
 from inferd.kinds.batch.delivery import Delivery, ItemResult, fail, owned, settle
 from inferd.kinds.batch.dispatch import Dispatcher
 from inferd.kinds.batch.hedging import HedgePolicy
@@ -42,6 +44,7 @@ from inferd.routing.locality import LocalityPolicy
 from inferd.routing.retry import RetryBudget
 from inferd.runtime.contract import RuntimeStatistics, WorkerSnapshot
 from inferd.runtime.membership import Membership
+from inferd.runtime.waking import Wakers
 from inferd.wire import protocol as p
 from inferd.wire.connection import MAX_INFLIGHT, WorkerConnection
 
@@ -72,6 +75,7 @@ class ModelRuntime:
         rng: random.Random | None = None,
         members: Membership | None = None,
         locality: LocalityPolicy | None = None,
+        wakers: Wakers | None = None,
     ) -> None:
         self.name = config.name
         self.clock = clock
@@ -101,6 +105,7 @@ class ModelRuntime:
         hedging = HedgePolicy(clock, budget, routing.ejector)
         self._watchdog = Watchdog(state, routing, hedging, kill_worker, heartbeat_timeout_s)
         self._membership = BatchMembership(state, routing, self.members)
+        self._cold = ColdAdmission(state, wakers)  # no worker in service: hold while its waker wakes one
         self.queue = state.queue
         self._ahead = queued_ahead(config, state.queue.count_since)  # None: FIFO, every queued item is ahead
         self.isolation = state.isolation
@@ -134,7 +139,10 @@ class ModelRuntime:
 
     @property
     def ready(self) -> bool:
-        return self.ready_workers > 0 and not self.stalled()
+        """A ready worker making progress; with none, whether its waker can give it one on demand."""
+        if self.ready_workers == 0:
+            return self._cold.on_demand()
+        return not self.stalled()
 
     def stalled(self) -> bool:
         """Health is forward progress: work is waiting or running, yet nothing completed for a while."""
@@ -158,28 +166,17 @@ class ModelRuntime:
         return max(1, self.queue.max_size - reserve)
 
     def precheck(self, priority: int = INTERACTIVE, tenant: TenantShare = NO_TENANT) -> int:
-        """Cheap checks before the body is read: no worker, or no room even for one item of `tenant`.
-        Returns the ready workers it counted (the admission check reuses them)."""
+        """Cheap checks before the body is read: no worker (and none to wake: kinds/batch/cold.py), or no
+        room even for one item of `tenant`. Returns the ready workers it counted (admission reuses them)."""
         if self._state.stopping:
             raise WorkerUnavailable(f"model '{self.name}' is shutting down")
         ready = self.ready_workers
         if ready == 0:
-            raise WorkerUnavailable(f"model '{self.name}' has no ready worker; retry shortly")
-        self._check_loop_lag(priority)
+            self._cold.check(1, None)
+        check_loop_lag(self.loop_lag_s, self.max_loop_lag_s, priority)
         if len(self.queue) >= self.capacity(priority):
             self._check_room(1, None, priority, ready, tenant)
         return ready
-
-    def _check_loop_lag(self, priority: int) -> None:
-        """The front end's CPU is saturated: refuse before reading the body (bulk first), or the excess
-        would wait in socket buffers with unbounded latency instead of getting a 429."""
-        lag = self.loop_lag_s
-        if (lag > self.max_loop_lag_s and priority != INTERACTIVE) or lag > 2 * self.max_loop_lag_s:
-            raise Overloaded(
-                f"the front end is saturated (event loop {1000 * lag:.0f} ms behind); retry in 1 s",
-                retry_after_s=1.0,
-                reason="front_end_saturated",
-            )
 
     def _check_room(
         self, n: int, deadline: float | None, priority: int, ready: int, tenant: TenantShare
@@ -204,8 +201,11 @@ class ModelRuntime:
         priority: int = INTERACTIVE,
         tenant: TenantShare = NO_TENANT,
     ) -> list[QueuedItem]:
-        """Admit and queue one request's items. Raises Overloaded or WorkerUnavailable."""
+        """Admit and queue one request's items (held, with no worker in service and a waker: kinds/batch/
+        cold.py). Raises Overloaded or WorkerUnavailable."""
         ready = self.precheck(priority, tenant)
+        if ready == 0:
+            self._cold.check(len(payloads), deadline)
         taken = self._check_room(len(payloads), deadline, priority, ready, tenant)
         if taken:
             self._displace(priority, taken, tenant, ready)
@@ -232,6 +232,8 @@ class ModelRuntime:
         self.enqueued_total += len(items)
         if len(self.queue) >= self._state.wake_queued:  # else the dispatch loop's last decision stands
             self._state.wake.set()
+        if ready == 0:
+            self._cold.held()
         return items
 
     def _displace(self, priority: int, taken: dict[str, int], tenant: TenantShare, ready: int) -> None:
@@ -276,6 +278,7 @@ class ModelRuntime:
                 tg.create_task(
                     self._supervised("watchdog", self._watchdog.run()), name=f"watchdog-{self.name}"
                 )
+                tg.create_task(self._supervised("cold waker", self._cold.run()), name=f"cold-{self.name}")
         except ExceptionGroup as group:  # one loop failed, the other was cancelled: raise its error
             if len(group.exceptions) == 1:
                 raise group.exceptions[0] from None
@@ -316,6 +319,14 @@ class ModelRuntime:
     # ---- workers ------------------------------------------------------------------------------------
     def add_worker(self, worker: WorkerConnection) -> None:
         self._membership.add(worker)
+        self._cold.served()
+
+    def fail_cold(self, exc: ServingError) -> None:
+        """The waker gave up (e.g. a failed load): with no worker in service, every held request gets
+        `exc` now (with one, nothing: the queue is being served)."""
+        if self.ready_workers == 0:
+            self._delivery.fail_waiting(exc)
+            self._cold.failed()
 
     def drain_worker(self, worker: WorkerConnection) -> None:
         """No new batches; the worker finishes what it holds, then exits (and is replaced)."""
@@ -333,12 +344,8 @@ class ModelRuntime:
         elif isinstance(msg, p.Credit):  # the hub counted the slots: the dispatcher may use them
             self._state.wake.set()
         else:
-            log.warning(
-                "worker %s of model %s sent %s, which a batch model does not expect; ignored",
-                worker.worker_id,
-                self.name,
-                type(msg).__name__,
-            )
+            what = type(msg).__name__
+            log.warning("worker %s of model %s sent %s, which a batch model does not expect; ignored", worker.worker_id, self.name, what)
 
     def on_batch_done(self, worker: WorkerConnection, msg: p.BatchDone) -> None:
         self._delivery.on_batch_done(worker, msg)
@@ -388,12 +395,5 @@ class ModelRuntime:
         )
 
     def _worker_snapshot(self, w: WorkerConnection) -> WorkerSnapshot:
-        detail = BatchWorkerDetail(
-            slot_id=w.slot_id,
-            inflight_batches=len(w.inflight),
-            latency_s=self.balancer.latency_s(w.worker_id),
-            ejection=self.ejection_status(w),
-            credits=w.credits,
-            high_water=w.high_water,
-        )
+        detail = BatchWorkerDetail.of(w, self.balancer.latency_s(w.worker_id), self.ejection_status(w))
         return WorkerSnapshot.of(w, len(w.inflight), detail)

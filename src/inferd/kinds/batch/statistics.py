@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 from inferd.routing.balancer import BalancerStatistics
 from inferd.routing.ejection import EjectionRecord, EjectionStatistics
+from inferd.wire.connection import WorkerConnection
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,3 +58,8 @@ class BatchWorkerDetail:
     """Batch slots the worker granted this front end and it has not used (None: no credits)."""
     high_water: int = 0
     """The most batches the worker held at once, from all its front ends (1 running + 1 staged: 2)."""
+
+    @classmethod
+    def of(cls, w: WorkerConnection, latency_s: float, ejection: EjectionRecord) -> BatchWorkerDetail:
+        """The connection's batch fields now, with the balancer's latency and the ejection record."""
+        return cls(w.slot_id, len(w.inflight), latency_s, ejection, w.credits, w.high_water)
