@@ -30,6 +30,7 @@ from inferd.config import ModelConfig, ServerConfig
 from inferd.config.identity import frontend_id
 from inferd.errors import ServingError, ShuttingDown
 from inferd.fleet.control import FleetControl, repository_loader
+from inferd.fleet.pools import ServerPools, check_pooled
 from inferd.fleet.scaling import scaling_loops
 from inferd.frontends.channel import MAX_MESSAGE_BYTES
 from inferd.frontends.metrics import scrape_all, serve_registry
@@ -95,6 +96,7 @@ class InferenceServer:
         models = [*restored.models, *IndexStore(config.data_dir).stored({m.name for m in models})]
         for m in models:
             self.kinds.check(m)
+        check_pooled(models, config)
         self.retry_budget = RetryBudget(self.clock, config.retry_budget_ratio, config.retry_budget_min_per_s)
         self.registry = ModelRegistry()
         follower = frontend is not None and not frontend.is_owner
@@ -108,6 +110,8 @@ class InferenceServer:
         for m in models:
             self.registry.add(self.kinds.get(m.kind).make_runtime(m, self.context))
         restored.set_defaults(self.registry)
+        owner = frontend is None or frontend.is_owner  # the local workers, the autoscaler, the pool metrics
+        self.pools = ServerPools(config, self.registry, self.wakers, self.clock, self.metrics.registry, export=owner)
         self.metrics.registry.register(RuntimeCollector(self.registry, self.kinds))
         shares = frontend is not None or seat.store is not None  # other front ends share the state
         self.traffic = Traffic(self.registry, self.clock, self.metrics.traffic, follower=shares)
@@ -154,6 +158,7 @@ class InferenceServer:
             load_timeout_s=config.worker_start_timeout_s,
             silence_timeout_s=config.heartbeat_timeout_s,
         )
+        self.hub.pool_links = self.pools
         self._socket_dir, self.worker_address, local_workers = worker_sockets(frontend)
         subreaper = frontend.parent_pid if frontend is not None else 0
         self.supervisor: Launcher[Any] = Supervisor(
@@ -183,7 +188,7 @@ class InferenceServer:
         if seat.members is not None and frontend is None:  # on many hosts, local worker ids name their front end
             self.supervisor.prefix = f"{cluster.me.replace('/', '_')}:"
         local = [
-            (m, config.workers if m.workers is None else m.workers)
+            (m, 0 if m.pool else config.workers if m.workers is None else m.workers)
             for m in models
             if self.kinds.get(m.kind).has_workers
         ]
@@ -192,13 +197,13 @@ class InferenceServer:
         if spawn_workers:
             restored.add_slots(self.supervisor, local)
             self._local_workers = len(self.supervisor.slots)  # the restored slots, when restored
+            self._local_workers += self.pools.add_slots(self.supervisor, config)
         self.shutting_down = False
         self.hub.on_first_batch.append(lambda conn: self.supervisor.mark_healthy(conn.worker_id))
         self.fleet = FleetControl(
             self.registry, self.supervisor, self, self.directory, loader, followers=self.cluster.versions,
             gate=self.cluster.versions.check_holder,
         )
-        owner = frontend is None or frontend.is_owner  # the autoscaler runs on the owner alone
         self.scaling = scaling_loops(self.registry, self.fleet, self.clock, self.kinds, loads, self.cluster.versions.holds) if owner else {}
         self.console = ConsoleFeed(
             self.metrics.registry,
@@ -235,10 +240,9 @@ class InferenceServer:
         return self.kinds.get(kind).has_workers
 
     def _console_extras(self) -> dict[str, Any]:
-        """The console's tenants (limits, quota use) and traffic splits: what /admin/tenants and
-        /admin/traffic show (the console needs the admin token whenever tenants exist)."""
-        view = GatewayView(self.gateway, self.tenant_requests, self.cache.statistics)
-        return {"tenants": tenants_page(view), "traffic": msgspec.to_builtins(self.traffic.statistics())}
+        """What /admin/tenants, /admin/traffic and /admin/pools show (needs the admin token with tenants)."""
+        view, traffic = GatewayView(self.gateway, self.tenant_requests, self.cache.statistics), self.traffic.statistics()
+        return {"tenants": tenants_page(view), "traffic": msgspec.to_builtins(traffic), **self.pools.view()}
 
     def _count_restart(self, slot: WorkerSlot) -> None:
         if slot.model in self.registry:
@@ -266,6 +270,7 @@ class InferenceServer:
                 traffic=self.traffic.statistics, loads=self.loads,
                 frontend={"id": frontend_id(self.config), "zone": self.config.zone},
                 decider=self.cluster.decider, cluster=self.cluster.view, grpc=lambda: self.grpc_address(),
+                pools=self.pools.view,
             ),
             token,
         )
@@ -297,6 +302,7 @@ class InferenceServer:
                     for name, loop in self.scaling.items()
                 ]
                 loops.append(tg.create_task(self.console.run(), name="console"))
+                loops.append(tg.create_task(self.pools.run(), name="pools"))
                 supervisor = tg.create_task(self.supervisor.run(), name="supervisor")
                 if self.canary is not None:
                     await self.canary.open()
@@ -344,8 +350,10 @@ class InferenceServer:
     def add_version(self, config: ModelConfig) -> Runtime:
         """Serve another version of a model beside the ones served (a rolling update's new version)."""
         self.kinds.check(config)
+        check_pooled([config], self.config)
         rt = self.kinds.get(config.kind).make_runtime(config, self.context)
         self.registry.add(rt)
+        self.pools.adopt(rt)
         if self._group is not None:  # else it starts with the others
             self._start(rt)
         return rt

@@ -265,7 +265,7 @@ async def test_a_version_failing_in_the_models_own_code_is_logged_and_not_retrie
 
 
 def batch_runtime(version: int) -> SimpleNamespace:
-    config = SimpleNamespace(default_version=None, model_dump_json=lambda: "{}")
+    config = SimpleNamespace(default_version=None, pool=None, model_dump_json=lambda: "{}")
     return SimpleNamespace(name="sim", version=version, kind="batch", config=config, accepts_workers=True)
 
 

@@ -80,6 +80,8 @@ class AdminTarget:
     grpc: Callable[[], str | None] | None = None
     """HOST:PORT of the server's gRPC API (the one bound, for port 0 too), as GET /admin/workers shows
     it; None (or answering None): no gRPC API."""
+    pools: Callable[[], Mapping[str, Any]] | None = None
+    """GET /admin/pools: each pool's workers, their budgets, use and models (fleet/pools.py)."""
 
 
 class AdminApi:
@@ -104,6 +106,7 @@ class AdminApi:
                 web.get("/admin/tenants", self.tenants),
                 web.get("/admin/cache", self.cache),
                 web.get("/admin/traffic", self.traffic),
+                web.get("/admin/pools", self.pools),
             ]
         )
         return app
@@ -260,6 +263,11 @@ class AdminApi:
     async def cache(self, request: web.Request) -> web.Response:
         """GET /admin/cache: the response cache per model (hits, misses, bypass, entries, bytes)."""
         return web.json_response(cache_page(self._gateway()))
+
+    async def pools(self, request: web.Request) -> web.Response:
+        """GET /admin/pools: each pool's settings; each pool worker's budget, use, models held (state,
+        memory, idle, evictable) and waiting loads; each pooled model's demand and load backoff."""
+        return web.json_response(self.target.pools() if self.target.pools is not None else {"pools": []})
 
     def _find(self, worker_id: str) -> tuple[Runtime, WorkerConnection]:
         """A ready or draining worker and the runtime of the version it serves (NotFound: none)."""

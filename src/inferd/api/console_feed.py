@@ -37,6 +37,8 @@ SHOWN_FAMILIES = (
     "inferd_llm_prefix_cache_query_tokens",
     "inferd_shadow_requests",
     "inferd_fallback_requests",
+    "inferd_model_loads",
+    "inferd_model_evictions",
 )
 """Families whose samples the page shows as they are (names as prometheus_client reports a family:
 a counter without its `_total`). Families of parts that export them are shown when present:"""

@@ -19,6 +19,7 @@ from inferd.cli.observability_flags import (
 from inferd.cli.ports import check_ports_free
 from inferd.cluster.config import check_cluster, store_password, with_store  # registers [cluster] too
 from inferd.config import ConfigError, ModelConfig, ServerConfig, identity, load_server_config
+from inferd.config.pools import pool_refusals
 from inferd.data_lock import hold_data_dir
 from inferd.gateway.reload import build_gate  # also registers the [gateway] and [tenants.NAME] tables
 from inferd.observability.logging_setup import set_up_process
@@ -308,6 +309,8 @@ def serve(
         models = resolve_models(cfg)
         check_models(models)
         check_gateway(cfg, models)
+        if refusals := pool_refusals(models, cfg.pools):  # an unknown pool, a model over its budget
+            raise ConfigError(refusals[0])
         check_ports_free(cfg)
         check_server_tls(cfg)
     except ConfigError as exc:

@@ -2,7 +2,7 @@
 
 Reads GET /admin/workers and GET /admin/models (src/inferd/api/admin.py), and the gateway's
 GET /admin/tenants, GET /admin/cache and GET /admin/traffic when the server has them
-(cli/gateway_status.py). Exits 1, with
+(cli/gateway_status.py), and GET /admin/pools (cli/pool_status.py). Exits 1, with
 a message that says what to do, when the admin API cannot be reached or refuses the token.
 """
 
@@ -24,6 +24,7 @@ from rich.text import Text
 
 from inferd.cli import ports
 from inferd.cli.gateway_status import gateway_parts
+from inferd.cli.pool_status import pools_parts
 from inferd.config import ConfigError
 
 FETCH_TIMEOUT_S = 5.0
@@ -55,6 +56,8 @@ class AdminSnapshot:
     """GET /admin/cache (None: the server has no such page)."""
     traffic: dict[str, Any] | None = None
     """GET /admin/traffic (None: the server has no such page)."""
+    pools: dict[str, Any] | None = None
+    """GET /admin/pools (None: the server has no such page)."""
 
     def as_json(self) -> str:
         pages = {
@@ -63,6 +66,7 @@ class AdminSnapshot:
             "tenants": self.tenants,
             "cache": self.cache,
             "traffic": self.traffic,
+            "pools": self.pools,
         }
         return json.dumps({name: page for name, page in pages.items() if page is not None})
 
@@ -117,6 +121,7 @@ def fetch_snapshot(admin_url: str, token: str | None) -> AdminSnapshot:
         tenants=fetch_optional(f"{base}/admin/tenants", token),
         cache=fetch_optional(f"{base}/admin/cache", token),
         traffic=fetch_optional(f"{base}/admin/traffic", token),
+        pools=fetch_optional(f"{base}/admin/pools", token),
     )
 
 
@@ -267,6 +272,7 @@ def render_snapshot(snapshot: AdminSnapshot, admin_url: str, error: str | None =
         ),
         Text(retry_budget_line(snapshot.models.get("retry_budget"))),
         *gateway_parts(snapshot.tenants, snapshot.cache, snapshot.traffic),
+        *pools_parts(snapshot.pools),
         Text(
             f"from {admin_url}{_frontend(snapshot.workers.get('frontend'))}{_grpc(snapshot.workers.get('grpc'))} "
             f"at {time.strftime('%H:%M:%S')}",

@@ -14,38 +14,24 @@ from pydantic import (
     Field,
     SecretStr,
     ValidationError,
-    field_validator,
     model_validator,
 )
 
 from inferd.config.autoscaler import AutoscalerConfig
 from inferd.config.cache import CacheConfig
 from inferd.config.identity import IdentitySettings
+from inferd.config.pools import PoolName, Pools
 from inferd.config.ports import GrpcSettings, default_admin_port, default_grpc_port
 from inferd.config.ports import admin_port_for as admin_port_for  # re-exported for the tools
 from inferd.config.ports import grpc_port_for as grpc_port_for  # re-exported for the tools
+from inferd.config.tensor_spec import Datatype as Datatype  # re-exported: models and tools import it here
+from inferd.config.tensor_spec import TensorSpec as TensorSpec
 from inferd.config.traffic import TrafficConfig
 from inferd.listener_config import ListenerSettings
 from inferd.observability.settings import ObservabilitySettings
 from inferd.observability.slo_config import SloConfig, check_slo_batching
 from inferd.paths import default_data_dir
 from inferd.version_policy import VersionPolicy
-
-Datatype = Literal[
-    "BOOL",
-    "UINT8",
-    "UINT16",
-    "UINT32",
-    "UINT64",
-    "INT8",
-    "INT16",
-    "INT32",
-    "INT64",
-    "FP16",
-    "FP32",
-    "FP64",
-    "BYTES",
-]
 
 
 class ConfigError(Exception):
@@ -70,27 +56,6 @@ class _Frozen(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
 
-class TensorSpec(_Frozen):
-    """One input or output tensor of a model, per batch item (the batch dimension is implicit)."""
-
-    name: str = Field(min_length=1, max_length=128)
-    """Tensor name as used in OIP requests."""
-    datatype: Datatype
-    """OIP datatype, e.g. FP32 or BYTES."""
-    shape: tuple[int, ...] = ()
-    """Shape of one item, without the batch dimension; -1 marks a variable dimension; () is a scalar."""
-
-    @field_validator("shape")
-    @classmethod
-    def _dims(cls, shape: tuple[int, ...]) -> tuple[int, ...]:
-        for d in shape:
-            if d < -1 or d == 0:
-                raise ValueError(
-                    f"dimension {d} in shape {list(shape)}: use a positive size or -1 for variable"
-                )
-        return shape
-
-
 _PLATFORM_KINDS = {"inferd_llm": "llm", "openai_upstream": "upstream"}
 BATCH_ONLY = frozenset(
     {
@@ -104,6 +69,8 @@ BATCH_ONLY = frozenset(
         "batch_timeout_s",
         "max_items_per_request",
         "batching",
+        "pool",
+        "memory_mb",
     }
 )
 """Settings only the batch kind reads."""
@@ -177,6 +144,10 @@ class ModelConfig(_Frozen):
     """Output tensors, per item (batch models)."""
     params: dict[str, Any] = Field(default_factory=dict)
     """Model-specific settings, handed to the model class."""
+    pool: PoolName | None = None
+    """The `[pools.NAME]` whose workers load it on demand (no workers of its own); None: its own workers."""
+    memory_mb: float | None = Field(default=None, gt=0.0)
+    """What one loaded copy takes (MiB), until a load measured it; a pooled model must set it."""
 
     @model_validator(mode="before")
     @classmethod
@@ -185,6 +156,29 @@ class ModelConfig(_Frozen):
         if isinstance(data, dict) and "kind" not in data and data.get("platform") in _PLATFORM_KINDS:
             return {**data, "kind": _PLATFORM_KINDS[data["platform"]]}
         return data
+
+    @model_validator(mode="after")
+    def _pool_checks(self) -> ModelConfig:
+        """A pooled model is a batch model loaded on its pool's workers: none of its own, a size to place."""
+        if self.pool is None:
+            return self
+        if self.kind != "batch":
+            raise ValueError(
+                f"pool = {self.pool!r}: only batch models are loaded on a pool's workers; a {self.kind} "
+                "model runs on workers of its own: remove `pool`"
+            )
+        own = [key for key in ("workers", "autoscale") if getattr(self, key) is not None]
+        if own:
+            raise ValueError(
+                f"pool = {self.pool!r} with {own}: a pooled model has no workers of its own (its pool's "
+                f"workers load it on demand): remove {' and '.join(own)}, or remove `pool`"
+            )
+        if self.memory_mb is None:
+            raise ValueError(
+                f"pool = {self.pool!r} needs memory_mb: what one loaded copy takes, in MiB (the estimate "
+                "placement uses until a load measured it), e.g. memory_mb = 500"
+            )
+        return self
 
     @model_validator(mode="after")
     def _kind_checks(self) -> ModelConfig:
@@ -317,6 +311,8 @@ class ServerConfig(ListenerSettings, IdentitySettings, GrpcSettings, _Frozen):
     ray_resource: str | None = None
     """The Ray resource each worker actor holds one of: None takes GPU when the cluster has GPUs, else the
     custom resource inferd_device (start CPU-only nodes with --resources='{"inferd_device": N}')."""
+    pools: Pools = Field(default_factory=dict)
+    """The `[pools.NAME]` tables (config/pools.py): workers that load pooled models on demand."""
     config_path: Path | None = None
     """The --config file these settings came from (None: none); re-read when the gateway reloads its
     tenants and keys (SIGHUP, POST /admin/reload)."""
@@ -345,20 +341,21 @@ def load_server_config(
             raise ConfigError(f"config file {path} is not valid TOML: {exc}") from None
         except (OSError, UnicodeDecodeError) as exc:
             raise ConfigError(f"config file {path} cannot be read as UTF-8 text: {exc}") from None
-        for table in ("server", "models"):
+        for table in ("server", "models", "pools"):
             if not isinstance(raw.get(table, {}), dict):
                 raise ConfigError(
                     f"config file {path}: {table} must be a table ([{table}]), got {raw[table]!r}"
                 )
-        unknown = set(raw) - {"server", "models"} - set(TABLES)
+        unknown = set(raw) - {"server", "models", "pools"} - set(TABLES)
         if unknown:
             raise ConfigError(
-                f"config file {path} has unknown tables {sorted(unknown)}: use [server], [models.NAME]"
+                f"config file {path} has unknown tables {sorted(unknown)}: use [server], [models.NAME], [pools.NAME]"
                 + "".join(f", [{t}]" for t in sorted(TABLES))
             )
         data.update(raw.get("server", {}))
         data["config_path"] = path
         data["model_overrides"] = raw.get("models", {})
+        data["pools"] = raw.get("pools", {})
         data["tables"] = {name: _component_table(name, raw[name]) for name in raw if name in TABLES}
     data.update({k: v for k, v in overrides.items() if v is not None})
     env = os.environ if environ is None else environ

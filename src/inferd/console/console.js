@@ -80,6 +80,22 @@
     ]));
   }
 
+  function renderPools(data) {
+    const rows = [];
+    for (const pool of data.pools || []) {
+      for (const w of pool.workers) {
+        const held = w.models.map((m) => `${m.model} v${m.version} ${m.state} ${fmt(m.memory_mb)} MiB` +
+          ` idle ${fmt(m.idle_s)}s${m.evictable ? " evictable" : ""}`).join("; ");
+        rows.push([
+          el("td", {}, pool.name), el("td", {}, w.worker_id + (w.draining ? " (draining)" : "")),
+          el("td", { class: "num" }, fmt(w.used_mb)), el("td", { class: "num" }, fmt(w.budget_mb)),
+          el("td", { class: "num" }, w.waiting_loads), el("td", {}, held || "–"),
+        ]);
+      }
+    }
+    fillTable("pools", rows);
+  }
+
   // Counters that never moved are left out (a family's full label set is in /metrics); gauges all show.
   const worthShowing = (name, s) => !(name.endsWith("_total") && s.value === 0);
 
@@ -177,6 +193,7 @@
       renderFamilies(data);
       renderTenants(data);
       renderTraffic(data);
+      renderPools(data);
       renderCharts(data);
       status.textContent = "live";
       status.className = "status live";

@@ -43,6 +43,11 @@ class Model:
         """Run one batch; return one output per input, in order. May be `async def`."""
         raise NotImplementedError(f"{type(self).__name__} must implement predict_batch")
 
+    def unload(self) -> None:
+        """Free what `load` took (device memory, caches). Runs once, in the worker's device thread, when a
+        pool worker evicts or unloads the model; the worker then drops the object and collects. A model
+        whose memory is plain Python objects needs nothing here."""
+
     def warmup_inputs(self) -> list[Any]:
         """Items run once after load, before the worker takes traffic. Empty: no warm-up."""
         return []

@@ -12,6 +12,8 @@ Failure injection (for tests and benchmarks): an input that starts with ``params
 ``params.crash_prefix`` (default ``"!crash"``) kills the worker process mid-batch, as a segfault would.
 A slow device (one worker of a fleet): the environment variable ``INFERD_SIM_SLOWDOWN`` of a worker
 process multiplies its batch cost (e.g. 10 for a device 10x slower than its peers).
+Memory (pools): ``params.memory_mb`` MiB are allocated and touched at load (the worker's resident memory
+grows by that much) and freed at unload; ``params.load_ms`` is how long a load takes.
 """
 
 from __future__ import annotations
@@ -71,7 +73,11 @@ class SimModel(Model):
         self.crash_prefix = str(p.get("crash_prefix", "!crash")).encode()
         self.rng = random.Random(int(p.get("seed", 0)))  # nosec B311  # simulated jitter, not secrets
         self.prefix = f"{self.config.name}:{self.config.version}:".encode()
+        self.memory = bytearray(b"\x01") * int(float(p.get("memory_mb", 0.0)) * 2**20)  # every page touched
         time.sleep(float(p.get("load_ms", 0.0)) / 1000.0)
+
+    def unload(self) -> None:
+        self.memory = bytearray()
 
     def cost_s(self, n: int) -> float:
         cost = self.base_s + self.per_item_s * n

@@ -12,6 +12,7 @@ import hmac
 import logging
 import ssl
 from collections.abc import Awaitable, Callable
+from typing import Protocol
 
 from inferd.clock import Clock
 from inferd.config.identity import check_zone
@@ -25,6 +26,22 @@ from inferd.wire.connection import WorkerConnection
 log = logging.getLogger("inferd.hub")
 
 HEARTBEAT_S = 1.0
+
+
+class PoolLinks(Protocol):
+    """Where pool links go (a pool worker's `Hello(model="", pool=NAME)`): the server's pools."""
+
+    def refusal(self, pool: str) -> str | None:
+        """Why this server takes no link of that pool (it has no such pool); None: it takes it."""
+        ...
+
+    async def serve(self, hello: p.Hello, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        """The link from its Welcome until it closes (the hub checked its protocol, token and zone)."""
+        ...
+
+    def close(self) -> None:
+        """Close every pool link (the server stops)."""
+        ...
 
 
 class WorkerHub:
@@ -54,6 +71,8 @@ class WorkerHub:
         self.before_refusal: Callable[[], Awaitable[object]] | None = None
         """Awaited before a worker of a version not served here is turned away (for good), then the
         version is looked up again: a follower front end learns the owner's versions first."""
+        self.pool_links: PoolLinks | None = None
+        """The server's pools (pools/): a pool worker's pool link goes there; None: no pools."""
 
     async def listen_unix(self, path: str) -> None:
         self._servers.append(await asyncio.start_unix_server(self._handle, path=path, limit=2**20))
@@ -70,6 +89,8 @@ class WorkerHub:
     async def close(self) -> None:
         for server in self._servers:
             server.close()
+        if self.pool_links is not None:
+            self.pool_links.close()
         for conn in self.directory.connections():
             conn.close()
         for server in self._servers:
@@ -80,7 +101,14 @@ class WorkerHub:
         runtime: Runtime | None = None
         reason = "connection closed"
         try:
-            conn, runtime = await self._handshake(reader, writer)
+            async with asyncio.timeout(10.0):
+                hello = await p.read_message(reader, p.MAX_HELLO_BYTES)
+            if not isinstance(hello, p.Hello):
+                return
+            if hello.pool is not None and not hello.model:
+                await self._pool_link(hello, reader, writer)
+                return
+            conn, runtime = await self._handshake(hello, reader, writer)
             if conn is None or runtime is None:
                 return
             await self._read_loop(conn, runtime, reader)
@@ -94,13 +122,22 @@ class WorkerHub:
                 runtime.on_worker_lost(conn, reason)
             writer.close()
 
+    async def _pool_link(self, hello: p.Hello, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        """A pool worker's pool link (no model, no batches): to the server's pools, once admitted."""
+        pool, pools = hello.pool or "", self.pool_links
+        refusal = self._admission(hello)
+        if not refusal:
+            refusal = f"this server has no pools: pool {pool!r} is unknown" if pools is None else pools.refusal(pool)
+        if refusal or pools is None:
+            log.warning("refused pool worker %s (pid %d) of pool %s: %s", hello.worker_id, hello.pid, pool, refusal)
+            writer.write(p.encode_frame(p.Welcome(accepted=False, reason=refusal or "no pools")))
+            await writer.drain()
+            return
+        await pools.serve(hello, reader, writer)
+
     async def _handshake(
-        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+        self, hello: p.Hello, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
     ) -> tuple[WorkerConnection | None, Runtime | None]:
-        async with asyncio.timeout(10.0):
-            hello = await p.read_message(reader, p.MAX_HELLO_BYTES)
-        if not isinstance(hello, p.Hello):
-            return None, None
         refusal, runtime = self._resolve(hello)
         if runtime is None and self.before_refusal is not None and self._unknown_version(hello):
             await self.before_refusal()
@@ -169,23 +206,29 @@ class WorkerHub:
             return False
         return hello.model in self.registry and hello.version not in (0, *self.registry.versions(hello.model))
 
-    def _resolve(self, hello: p.Hello) -> tuple[str, Runtime | None]:
-        """The runtime the worker serves (its model at its version, or the default version), or why not."""
+    def _admission(self, hello: p.Hello) -> str:
+        """Why any link of this worker is refused (its protocol, its token, its zone); "": none."""
         if hello.protocol != p.PROTOCOL_VERSION:
             return (
                 f"worker protocol {hello.protocol} is not supported: this front end speaks protocol "
-                f"{p.PROTOCOL_VERSION}; run the same inferd version on both sides",
-                None,
+                f"{p.PROTOCOL_VERSION}; run the same inferd version on both sides"
             )
         if self.tokens and not any(
             hmac.compare_digest(hello.token.encode(), t.encode()) for t in self.tokens
         ):
-            return "bad join token", None
+            return "bad join token"
         if hello.zone is not None:
             try:
                 check_zone(hello.zone)
             except ValueError as exc:
-                return f"--zone: {exc}", None
+                return f"--zone: {exc}"
+        return ""
+
+    def _resolve(self, hello: p.Hello) -> tuple[str, Runtime | None]:
+        """The runtime the worker serves (its model at its version, or the default version), or why not."""
+        refusal = self._admission(hello)
+        if refusal:
+            return refusal, None
         try:
             runtime = self.registry.get(hello.model, hello.version or None)
         except NotFound as exc:
@@ -200,6 +243,8 @@ class WorkerHub:
             )
         if not runtime.accepts_workers:
             return f"model {hello.model!r} is a {runtime.kind} model: it has no workers", None
+        if hello.pool != runtime.config.pool:
+            return pool_mismatch(hello.model, hello.pool, runtime.config.pool), None
         return "", runtime
 
     async def _read_loop(
@@ -222,3 +267,15 @@ class WorkerHub:
                 if conn.completed_batches == 1:
                     for hook in self.on_first_batch:
                         hook(conn)
+
+
+def pool_mismatch(model: str, worker_pool: str | None, model_pool: str | None) -> str:
+    """Why a model link whose pool is not its model's is refused."""
+    if model_pool is None:
+        return f"model {model!r} is in no pool (it has workers of its own): a worker of pool {worker_pool!r} does not serve it"
+    if worker_pool is None:
+        return (
+            f"model {model!r} is served by pool {model_pool!r}: only that pool's workers serve it "
+            f"(`inferd worker --pool {model_pool}`)"
+        )
+    return f"model {model!r} is in pool {model_pool!r}, not in pool {worker_pool!r}"

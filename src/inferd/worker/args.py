@@ -41,7 +41,13 @@ def arguments() -> argparse.ArgumentParser:
         default=RESOLVE_EVERY_S,
         help="look each dns: name up again this often",
     )
-    parser.add_argument("--model", required=True, help="name of the model this worker serves")
+    serves = parser.add_mutually_exclusive_group(required=True)
+    serves.add_argument("--model", help="name of the model this worker serves")
+    serves.add_argument(
+        "--pool",
+        help="serve the models of this pool ([pools.NAME]) instead: they are loaded and unloaded on demand, "
+        "within the pool's memory budget (worker/pool.py)",
+    )
     parser.add_argument(
         "--token", default=os.environ.get("INFERD_JOIN_TOKEN", ""),
         help="join token, if the front end requires one (default: INFERD_JOIN_TOKEN in the environment)",

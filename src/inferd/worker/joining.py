@@ -10,16 +10,25 @@ for have all ended (or it drains with none).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
-from collections.abc import Coroutine
+import ssl
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, Protocol
 
 from inferd.clock import MonotonicClock
+from inferd.wire import protocol as p
 from inferd.worker.discovery import Change, Discovery, FrontEnd, Name, parse_connect
+from inferd.worker.fronts import untrusted
+from inferd.worker.orphans import orphaned
 from inferd.worker.resolver import Resolver
 from inferd.worker.signals import DRAIN_ANSWER_TIMEOUT_S
 
 log = logging.getLogger("inferd.worker")
+
+JOIN_TIMEOUT_S = 5.0
+"""Most time one attempt to join (connect, TLS handshake, Hello -> Welcome) may take; an attempt caught in
+a partition is abandoned and retried, so a worker rejoins within seconds of the network healing."""
 
 
 class Joiner(Protocol):
@@ -138,3 +147,32 @@ class FrontEnds:
     def cancel(self) -> None:
         for task in self.tasks.values():
             task.cancel()
+
+
+async def keep_joined(
+    joiner: Joiner, front: FrontEnd, reconnect: bool, left: asyncio.Event, session: Callable[[], Awaitable[str]]
+) -> str:
+    """One front end's link task: run `session` (join it, serve it: its outcome), and (with `reconnect`) run
+    it again when the front end goes, backing off, until it ends for good ("drained", "refused",
+    "load_failed"), the worker drains, or the front end is left (`left` set: "left")."""
+    delay_s = 0.2
+    while True:
+        try:
+            outcome = await session()
+        except ssl.SSLCertVerificationError as exc:  # retrying cannot fix it: the operator must
+            log.error("worker %s: %s", joiner.worker_id, untrusted(front, exc))
+            outcome = "refused"
+        except (OSError, p.ConnectionClosed) as exc:
+            outcome = "lost"
+            log.warning("worker %s: cannot reach the front end at %s: %s", joiner.worker_id, front, exc)
+        if outcome in ("drained", "refused", "load_failed") or not reconnect or joiner.draining:
+            return outcome
+        if left.is_set() or orphaned(joiner.worker_id):  # no front end comes back: let go of the device
+            return "left" if left.is_set() else outcome
+        delay_s = 0.2 if outcome == "served" else delay_s
+        with contextlib.suppress(TimeoutError):  # the next try, unless it is left meanwhile
+            async with asyncio.timeout(delay_s):
+                await left.wait()
+        delay_s = min(2.0, delay_s * 2)
+        if joiner.draining or left.is_set():
+            return "left" if left.is_set() else outcome

@@ -75,6 +75,8 @@ class WorkerSlot:
     exit_codes: list[int] = field(default_factory=list)
     prefix: str = ""
     """Before its id, where workers of several launchers meet (`Launcher.prefix`)."""
+    pool: str | None = None
+    """A pool worker's slot (`model` is then `pool:NAME`): its worker loads the pool's models on demand."""
 
     @property
     def worker_id(self) -> str:
@@ -111,7 +113,7 @@ class WorkerBootstrap:
         """`inferd.worker.main`'s arguments for the slot's next worker."""
         args = [
             *("--connect", self.address),
-            *("--model", slot.model),
+            *(("--pool", slot.pool) if slot.pool is not None else ("--model", slot.model)),
             *("--worker-id", slot.incarnation),
             *(("--token", self.token) if self.token else ()),  # "": the environment's INFERD_JOIN_TOKEN
             *("--log-level", self.log_level),
@@ -181,6 +183,12 @@ class Launcher(abc.ABC, Generic[P]):
         if self._tg is not None:
             for slot in new:
                 self._tg.create_task(self._keep_running(slot))
+        return new
+
+    def add_pool(self, pool: str, count: int) -> list[WorkerSlot]:
+        """Slots of pool workers (`[pools.NAME] workers`): ids `pool:NAME-INDEX`; before the launcher runs."""
+        new = [WorkerSlot(f"pool:{pool}", i, prefix=self.prefix, pool=pool) for i in range(count)]
+        self.slots.extend(new)
         return new
 
     def add_at(self, model: str, version: int, indexes: list[int]) -> list[WorkerSlot]:

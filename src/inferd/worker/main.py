@@ -47,26 +47,21 @@ from inferd.worker.fronts import (
     take_batch,
     tell_credits,
     transport,
-    untrusted,
 )
-from inferd.worker.joining import FrontEnds
-from inferd.worker.orphans import orphaned
+from inferd.worker.joining import JOIN_TIMEOUT_S, FrontEnds, keep_joined
+from inferd.worker.pool import PoolWorker
 from inferd.worker.resolver import Resolver
 from inferd.worker.signals import DRAIN_ANSWER_TIMEOUT_S, run_until_done
 from inferd.worker.stuck import STUCK_AFTER_S
 
 log = logging.getLogger("inferd.worker")
 
-JOIN_TIMEOUT_S = 5.0
-"""Most time one attempt to join (connect, TLS handshake, Hello -> Welcome) may take; an attempt caught in
-a partition is abandoned and retried, so a worker rejoins within seconds of the network healing."""
-
-
 class Worker:
     def __init__(
         self, address: str, model: str, token: str, worker_id: str, reconnect: bool = False,
         model_repo: Path | None = None, model_version: int = 0, tls_context: ssl.SSLContext | None = None,
         stuck_after_s: float = STUCK_AFTER_S, zone: str | None = None, resolver: Resolver | None = None,
+        device: Device | None = None, pool: str | None = None,
     ) -> None:
         self.connect = address
         """The front ends this worker serves (one, or several sharing it; dns: names followed)."""
@@ -82,7 +77,8 @@ class Worker:
         self.reconnect = reconnect
         self.stuck_after_s = stuck_after_s
         """A front end that reads nothing for this long while the worker has data for it is cut off."""
-        self.device = Device(worker_id, model_repo)
+        self.device = device or Device(worker_id, model_repo)
+        """Its own; or a pool's model server's, holding the model loaded (worker/pool.py)."""
         self.ledger = CreditLedger(MonotonicClock())
         """The batch slots (1 running + 1 staged) granted to the front ends: the cap holds across them."""
         self.links: dict[int, FrontLink] = {}
@@ -105,6 +101,8 @@ class Worker:
         """The device has stopped (drained): every link ends."""
         self.retired = False
         """It drains as a front end no longer serves its version (`Drain.retired`), not stopped by a signal."""
+        self.pool = pool
+        """The pool whose worker runs it: one model of a pool worker (worker/pool.py), said in its Hello."""
 
     async def run(self) -> int:
         """Serve the front ends. A local worker (a child of `inferd serve`) exits when its first front end
@@ -128,28 +126,8 @@ class Worker:
         """One front end: join it, serve it, and (with `reconnect`) join it again when it goes, until it
         is left ("left")."""
         left = self._left.setdefault(index, asyncio.Event())
-        delay_s = 0.2
         try:
-            while True:
-                try:
-                    outcome = await self._session(index, front)
-                except ssl.SSLCertVerificationError as exc:  # retrying cannot fix it: the operator must
-                    log.error("worker %s: %s", self.worker_id, untrusted(front, exc))
-                    outcome = "refused"
-                except (OSError, p.ConnectionClosed) as exc:
-                    outcome = "lost"
-                    log.warning("worker %s: cannot reach the front end at %s: %s", self.worker_id, front, exc)
-                if outcome in ("drained", "refused", "load_failed") or not reconnect or self.draining:
-                    return outcome
-                if left.is_set() or orphaned(self.worker_id):  # no front end comes back: let go of the device
-                    return "left" if left.is_set() else outcome
-                delay_s = 0.2 if outcome == "served" else delay_s
-                with contextlib.suppress(TimeoutError):  # the next try, unless it is left meanwhile
-                    async with asyncio.timeout(delay_s):
-                        await left.wait()
-                delay_s = min(2.0, delay_s * 2)
-                if self.draining or left.is_set():
-                    return "left" if left.is_set() else outcome
+            return await keep_joined(self, front, reconnect, left, lambda: self._session(index, front))
         finally:
             del self._left[index]
 
@@ -181,7 +159,7 @@ class Worker:
                 link = FrontLink.joined(index, address, writer, self.stuck_after_s, lifeline)
                 host = socket.gethostname()
                 link.send(p.Hello(self.worker_id, self.model_name, os.getpid(), host, self.token,
-                                  version=self.model_version, credits=True, zone=self.zone))
+                                  version=self.model_version, credits=True, zone=self.zone, pool=self.pool))
                 welcome = await p.read_message(reader)
             refusal = refused(self.ledger, welcome)
             if refusal:
@@ -377,6 +355,12 @@ def main(argv: list[str] | None = None) -> int:
         runner = uvloop.run
     except ImportError:
         runner = asyncio.run
+    if args.pool:  # many models on demand (worker/pool.py), each served by a Worker of its own
+        pool = PoolWorker(
+            args.connect, args.pool, args.token, worker_id, args.reconnect, args.model_repo, tls_context,
+            args.stuck_after_s, args.zone, Resolver(args.hosts_file, args.resolve_every_s), model_server=Worker,
+        )
+        return runner(run_until_done(pool.run(), lambda: pool.drain(signalled=True)))
     try:
         while True:  # once more each time its version is retired, serving the default version
             worker = Worker(

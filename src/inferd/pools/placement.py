@@ -1,0 +1,217 @@
+"""Where a pooled model is loaded: a plain policy object (no I/O; the clock is injected), driven by the
+front end's PoolManager (pools/manager.py) with what it knows: each pool worker's last PoolState and each
+pooled model's demand on this front end. Its decisions are values (`Load`); the manager sends them.
+
+The rules:
+
+* **First load.** A model with requests waiting and no holder (no pool worker lists it loading or ready,
+  and no load of it asked by this front end is pending) is loaded on the worker with the most free
+  budget (budget - used) among those whose whole budget can hold it. The worker evicts to make room
+  (pools/residency.py): free budget only ranks the workers.
+* **Spreading a hot model.** A model whose queue holds more than `SPREAD_BATCHES` (2) full batches per
+  worker serving it here, for longer than one batching wait plus one batch time (`batch_cycle_s`), gets
+  one more holder: the worker that does not hold it with the most free budget. Never while a load of it
+  is in progress anywhere (loading in a PoolState, or pending here), so never more than one load at a
+  time per model, and never more holders than pool workers.
+* **Failures.** A failed load starts a backoff (routing/backoff.py's `Backoff`) before the model is
+  loaded again, doubling with each failure in a row, reset by a load that succeeds: a load that keeps
+  failing never loops. `retry_in` says how long is left (the 503's Retry-After).
+* **Joining loads.** Several front ends asking for the same model meet at the worker, which joins a
+  LoadModel for a model it loads or holds; a front end that sees the model loading in any PoolState asks
+  no other worker.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+from inferd.clock import Clock
+from inferd.routing.backoff import Backoff
+
+SPREAD_BATCHES = 2
+"""Full batches queued per serving worker past which a model is hot (one more holder)."""
+LOAD_BACKOFF = Backoff(1.0, 60.0)
+"""After a failed load: 1 s, doubling with each failure in a row, up to 60 s."""
+
+Key = tuple[str, int]
+HOLDING = frozenset({"loading", "ready"})
+"""A worker's states of a model that count as holding it ("unloading" does not: it is leaving)."""
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerView:
+    """One pool worker, as its last PoolState says."""
+
+    worker_id: str
+    budget_mb: float
+    used_mb: float
+    held: Mapping[Key, str]
+    """(model, version) -> "loading", "ready" or "unloading"."""
+    accepts: bool = True
+    """False while it drains: no load is sent to it."""
+
+    @property
+    def free_mb(self) -> float:
+        return self.budget_mb - self.used_mb
+
+    def holds(self, key: Key) -> bool:
+        return self.held.get(key) in HOLDING
+
+
+@dataclass(frozen=True, slots=True)
+class ModelDemand:
+    """One pooled model version on this front end."""
+
+    model: str
+    version: int
+    waiting: int
+    """Items waiting for it here (in its cold queue or its queue)."""
+    serving: int
+    """Its workers in service here (the model servers of the workers that hold it)."""
+    memory_mb: float
+    """What one copy takes: measured by a load, else its estimate (memory_mb)."""
+    full_batch: int = 1
+    """Its max_batch_size."""
+    batch_cycle_s: float = 0.0
+    """One batching wait plus one batch time (measured; the wait alone before a batch ran)."""
+
+    @property
+    def key(self) -> Key:
+        return (self.model, self.version)
+
+
+@dataclass(frozen=True, slots=True)
+class Load:
+    """Send LoadModel for this model version to this worker."""
+
+    model: str
+    version: int
+    worker_id: str
+    spread: bool = False
+    """One more holder of a hot model (False: its first)."""
+
+
+@dataclass(slots=True)
+class _Pending:
+    worker_id: str
+    since: float
+
+
+class Placement:
+    def __init__(self, clock: Clock, backoff: Backoff = LOAD_BACKOFF, pending_timeout_s: float = 300.0) -> None:
+        self.clock = clock
+        self.backoff = backoff
+        self.pending_timeout_s = pending_timeout_s
+        """A load asked for and never answered (no LoadResult, its worker still there) is forgotten after
+        this long, so that a lost answer cannot keep a model unloaded for good."""
+        self._pending: dict[Key, _Pending] = {}
+        self._failures: dict[Key, int] = {}
+        self._retry_at: dict[Key, float] = {}
+        self._hot_since: dict[Key, float] = {}
+
+    # ---- deciding ----------------------------------------------------------------------------------
+    def plan(self, workers: Sequence[WorkerView], demands: Iterable[ModelDemand]) -> list[Load]:
+        """The loads to send now (each recorded as pending until `ended`)."""
+        now = self.clock.now()
+        self._expire(now, {w.worker_id for w in workers})
+        planned: dict[str, float] = {}  # worker -> MiB of the loads this pass sends it
+        loads: list[Load] = []
+        for demand in sorted(demands, key=lambda d: (-d.waiting, d.key)):
+            load = self._decide(demand, workers, planned, now)
+            if load is not None:
+                self._pending[demand.key] = _Pending(load.worker_id, now)
+                planned[load.worker_id] = planned.get(load.worker_id, 0.0) + demand.memory_mb
+                loads.append(load)
+        return loads
+
+    def _decide(
+        self, demand: ModelDemand, workers: Sequence[WorkerView], planned: Mapping[str, float], now: float
+    ) -> Load | None:
+        key = demand.key
+        if self.retry_in(*key) is not None:
+            return None
+        holders = [w for w in workers if w.holds(key)]
+        if key in self._pending or any(w.held.get(key) == "loading" for w in holders):
+            self._hot_since.pop(key, None)  # a load is in progress: the next one is judged after it
+            return None
+        if not holders:
+            if demand.waiting <= 0:
+                return None
+            target = self._roomiest(workers, demand, planned)
+            return None if target is None else Load(demand.model, demand.version, target)
+        if not self._hot(demand, now):
+            return None
+        target = self._roomiest([w for w in workers if not w.holds(key)], demand, planned)
+        if target is None:
+            return None
+        self._hot_since.pop(key, None)
+        return Load(demand.model, demand.version, target, spread=True)
+
+    def _hot(self, demand: ModelDemand, now: float) -> bool:
+        """More than SPREAD_BATCHES full batches queued per serving worker, for longer than a cycle."""
+        if demand.waiting <= SPREAD_BATCHES * demand.full_batch * max(1, demand.serving):
+            self._hot_since.pop(demand.key, None)
+            return False
+        since = self._hot_since.setdefault(demand.key, now)
+        return now - since > demand.batch_cycle_s
+
+    @staticmethod
+    def _roomiest(
+        workers: Iterable[WorkerView], demand: ModelDemand, planned: Mapping[str, float]
+    ) -> str | None:
+        """The worker with the most free budget (less what this pass already sends it) whose whole
+        budget can hold the model; ties go to the lowest id (the same choice on every front end)."""
+        fits = [w for w in workers if w.accepts and w.budget_mb >= demand.memory_mb]
+        if not fits:
+            return None
+        best = min(fits, key=lambda w: (planned.get(w.worker_id, 0.0) - w.free_mb, w.worker_id))
+        return best.worker_id
+
+    def _expire(self, now: float, present: set[str]) -> None:
+        for key, pending in list(self._pending.items()):
+            if pending.worker_id not in present or now - pending.since > self.pending_timeout_s:
+                del self._pending[key]
+
+    # ---- what happened -------------------------------------------------------------------------------
+    def ended(self, model: str, version: int, worker_id: str, ok: bool) -> None:
+        """A load ended on `worker_id` (its LoadResult): the pending load is answered; a failure starts
+        (or lengthens) the model's backoff, a success resets it."""
+        key = (model, version)
+        pending = self._pending.get(key)
+        if pending is not None and pending.worker_id == worker_id:
+            del self._pending[key]
+        if ok:
+            self._failures.pop(key, None)
+            self._retry_at.pop(key, None)
+            return
+        failures = self._failures.get(key, 0)
+        self._failures[key] = failures + 1
+        self._retry_at[key] = self.clock.now() + self.backoff.delay_s(failures)
+
+    def worker_gone(self, worker_id: str) -> None:
+        """Its pool link closed: the loads asked of it will not be answered."""
+        for key, pending in list(self._pending.items()):
+            if pending.worker_id == worker_id:
+                del self._pending[key]
+
+    def forget(self, model: str, version: int) -> None:
+        """The model version is no longer served (unloaded): its pending load, backoff and heat go."""
+        key = (model, version)
+        for table in (self._pending, self._failures, self._retry_at, self._hot_since):
+            table.pop(key, None)
+
+    # ---- what it says ------------------------------------------------------------------------------------
+    def retry_in(self, model: str, version: int) -> float | None:
+        """Seconds left before a model whose load failed may be loaded again; None: it may now."""
+        at = self._retry_at.get((model, version))
+        if at is None:
+            return None
+        left = at - self.clock.now()
+        return left if left > 0 else None
+
+    def pending(self, model: str, version: int) -> str | None:
+        """The worker a load of it was asked of and has not answered yet; None: none."""
+        pending = self._pending.get((model, version))
+        return None if pending is None else pending.worker_id
+

@@ -1,0 +1,69 @@
+"""What a model's load costs in memory, measured in the worker process, and giving memory back.
+
+Device memory where there is a device (torch's CUDA allocator, once torch has initialized CUDA in this
+process), else the process's resident memory (/proc/self/statm). A pool worker (worker/pool.py) reads
+`used_mb` before a load and after its warm-up; the difference is the model's size from then on.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import gc
+import os
+import sys
+from dataclasses import dataclass
+
+MIB = 2**20
+
+
+@dataclass(frozen=True)
+class Reading:
+    """Memory in use at one moment: resident MiB, and device MiB (None: no device initialized)."""
+
+    resident_mb: float
+    device_mb: float | None
+
+    def grown_to(self, after: Reading) -> float:
+        """MiB the process took between this reading and `after`: on the device when one is in use after,
+        else resident (never below 0: a load that freed more than it took costs nothing)."""
+        if after.device_mb is not None:
+            return max(0.0, after.device_mb - (self.device_mb or 0.0))
+        return max(0.0, after.resident_mb - self.resident_mb)
+
+
+def resident_mb() -> float:
+    """The process's resident set in MiB (0 where /proc is not there)."""
+    try:
+        with open("/proc/self/statm") as statm:
+            pages = int(statm.read().split()[1])
+    except (OSError, IndexError, ValueError):
+        return 0.0
+    return pages * os.sysconf("SC_PAGE_SIZE") / MIB
+
+
+def device_mb() -> float | None:
+    """MiB torch's CUDA allocator holds for tensors, when torch was imported and has initialized CUDA here
+    (never imports torch, nor initializes CUDA)."""
+    torch = sys.modules.get("torch")
+    if torch is None or not torch.cuda.is_initialized():
+        return None
+    return float(torch.cuda.memory_allocated()) / MIB
+
+
+def reading() -> Reading:
+    return Reading(resident_mb(), device_mb())
+
+
+def give_back() -> None:
+    """After an unload: collect what the model's objects held, release CUDA's cached blocks, and hand the C
+    allocator's free memory back to the system (glibc's malloc_trim), so resident memory shrinks."""
+    gc.collect()
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_initialized():
+        torch.cuda.empty_cache()
+    libc = ctypes.util.find_library("c")
+    if libc is not None:
+        trim = getattr(ctypes.CDLL(libc), "malloc_trim", None)
+        if trim is not None:  # glibc only (musl has none)
+            trim(0)

@@ -1,0 +1,134 @@
+"""Pools through a real `inferd serve`: `[pools.p] workers = 2`, each worker with room for two of five sim
+models (memory_mb, load_ms). Requests to all five: every answer is its own, the models are loaded on
+demand and evicted to make room, and /metrics, /admin/pools and `inferd status` say so. Then the
+start-time refusals: a model over its pool's budget, an unknown pool, `pool` on an LLM model."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import aiohttp
+import pytest
+from typer.testing import CliRunner
+
+from inferd.cli.main import app as cli_app
+from inferd.models.sim import sim_digest
+from tests.conftest import ServerProc, start_server
+
+MODELS = "abcde"
+POOLED = """builtin = "sim"
+pool = "p"
+memory_mb = 60
+max_wait_ms = 2
+
+[params]
+base_ms = 5.0
+memory_mb = 50
+load_ms = 150
+"""
+POOLS = """[pools.p]
+workers = 2
+memory_budget_mb = 130
+min_resident_s = 0.2
+"""
+
+
+def write(root: Path, models: dict[str, str], config: str = POOLS) -> tuple[Path, Path]:
+    repo = root / "repo"
+    for name, toml in models.items():
+        (repo / name).mkdir(parents=True)
+        (repo / name / "model.toml").write_text(toml)
+    path = root / "inferd.toml"
+    path.write_text(config)
+    return repo, path
+
+
+@pytest.fixture
+def pooled(tmp_path: Path) -> Iterator[ServerProc]:
+    repo, config = write(tmp_path, {m: POOLED for m in MODELS})
+    server = start_server(tmp_path, "--model-repo", str(repo), "--config", str(config), "--no-grpc")
+    yield server
+    assert server.stop() in (0, -15)
+
+
+def body(text: str) -> dict:
+    return {"inputs": [{"name": "INPUT0", "shape": [1], "datatype": "BYTES", "data": [text]}]}
+
+
+async def infer(http: aiohttp.ClientSession, server: ServerProc, model: str, text: str) -> None:
+    async with http.post(f"{server.url}/v2/models/{model}/infer", json=body(text)) as r:
+        answer = await r.json()
+        assert r.status == 200, answer
+    assert answer["model_name"] == model
+    assert answer["outputs"][0]["data"] == [sim_digest(model, 1, text)]  # its own answer
+
+
+def samples(text: str, name: str) -> dict[str, float]:
+    """`name`'s samples by their label text: {'{model="a"}': 2.0, ...}."""
+    found = {}
+    for line in text.splitlines():
+        if line.startswith(name + "{"):
+            labels, value = line[len(name) :].rsplit(" ", 1)
+            found[labels] = float(value)
+    return found
+
+
+async def test_a_pool_serves_every_model_on_demand_and_evicts_to_make_room(pooled: ServerProc) -> None:
+    server = pooled
+    async with aiohttp.ClientSession() as http:
+        for round_ in range(3):  # each round: every model at once, several requests each
+            await asyncio.gather(
+                *(infer(http, server, m, f"{m}-{round_}-{i}") for m in MODELS for i in range(4))
+            )
+        async with http.get(f"{server.url}/metrics") as r:
+            metrics = await r.text()
+        async with http.get(f"{server.admin_url}/admin/pools") as r:
+            pools = (await r.json())["pools"]
+        async with http.get(f"{server.url}/v2/health/ready") as r:
+            assert r.status == 200
+    loads = samples(metrics, "inferd_model_loads_total")
+    assert set(loads) == {f'{{model="{m}"}}' for m in MODELS}  # every model was loaded
+    assert sum(samples(metrics, "inferd_model_evictions_total").values()) >= 1  # five models, room for four
+    assert sum(loads.values()) >= len(MODELS) + 1
+    assert sum(samples(metrics, "inferd_model_load_seconds_count").values()) == sum(loads.values())
+    used = samples(metrics, "inferd_pool_memory_used_mb")
+    budgets = samples(metrics, "inferd_pool_memory_budget_mb")
+    assert len(used) == 2 and set(budgets.values()) == {130.0}
+    assert all(0 < mb <= 130.0 for mb in used.values())
+    assert samples(metrics, "inferd_cold_start_seconds_count")  # the pooled models' cold starts
+    [pool] = pools
+    assert pool["name"] == "p" and len(pool["workers"]) == 2
+    held = [m for w in pool["workers"] for m in w["models"]]
+    assert 1 <= len(held) <= 4 and all(m["state"] in ("loading", "ready", "unloading") for m in held)
+    table, page = status(server), status(server, "--json")
+    assert "pools" in table and "pool:p-0" in table and "budget MiB" in table
+    assert [p["name"] for p in json.loads(page)["pools"]["pools"]] == ["p"]
+
+
+def status(server: ServerProc, *args: str) -> str:
+    done = CliRunner().invoke(cli_app, ["status", "--admin-url", server.admin_url, *args], env={"COLUMNS": "200"})
+    assert done.exit_code == 0, done.output
+    return done.stdout
+
+
+@pytest.mark.parametrize(
+    ("models", "named"),
+    [
+        ({"big": POOLED.replace("memory_mb = 60", "memory_mb = 500")},
+         "memory_mb = 500 is above the memory_budget_mb = 130 of pool 'p'"),
+        ({"lost": POOLED.replace('pool = "p"', 'pool = "q"')}, "pool = 'q' is not defined (pools defined: [pools.p])"),
+        ({"chat": 'builtin = "sim-llm"\npool = "p"\n'}, "only batch models are loaded on a pool's workers"),
+    ],
+)
+def test_a_model_that_does_not_fit_the_pools_is_refused_at_start(
+    tmp_path: Path, models: dict[str, str], named: str
+) -> None:
+    repo, config = write(tmp_path, models)
+    args = ["serve", "--port", "0", "--no-grpc", "--model-repo", str(repo), "--config", str(config)]
+    done = CliRunner().invoke(cli_app, [*args, "--data-dir", str(tmp_path / "data")], env={"COLUMNS": "200"})
+    assert done.exit_code == 2, done.output  # refused before anything started
+    assert named in " ".join(done.output.split()), done.output  # the message may be wrapped
+

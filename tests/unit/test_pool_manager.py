@@ -1,0 +1,235 @@
+"""PoolManager (pools/manager.py) against fake pool workers over socket pairs: the Welcome, PoolState
+kept, loads placed on wake, LoadResult (ok: measured, eta; failed: waiting requests failed with the
+cause, backoff), unload, silent links cut, and the metrics it feeds."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+import pytest
+from prometheus_client import CollectorRegistry, generate_latest
+from rich.console import Console
+
+from inferd.cli.pool_status import pools_parts
+from inferd.clock import FakeClock
+from inferd.config import ModelConfig
+from inferd.config.pools import PoolConfig
+from inferd.errors import ServingError
+from inferd.pools.manager import PoolManager, ServedModel
+from inferd.pools.metrics import PoolMetrics
+from inferd.wire import protocol as p
+
+TENSORS = {"inputs": [{"name": "x", "datatype": "FP32"}], "outputs": [{"name": "y", "datatype": "FP32"}]}
+
+
+def config(name: str, memory: float = 300.0) -> ModelConfig:
+    return ModelConfig(
+        name=name, implementation="inferd.models.sim:SimModel", pool="p", memory_mb=memory, **TENSORS
+    )
+
+
+@dataclass
+class Fixture:
+    manager: PoolManager
+    clock: FakeClock
+    registry: CollectorRegistry
+    served: list[ServedModel]
+    failed: list[tuple[str, int, ServingError]] = field(default_factory=list)
+    tasks: list[asyncio.Task[None]] = field(default_factory=list)
+
+
+@dataclass
+class FakeWorker:
+    reader: asyncio.StreamReader
+    writer: asyncio.StreamWriter
+    welcome: p.Welcome
+
+    def send(self, msg: p.Message) -> None:
+        self.writer.write(p.encode_frame(msg))
+
+    async def receive(self) -> p.Message:
+        async with asyncio.timeout(5.0):
+            return await p.read_message(self.reader)
+
+
+@pytest.fixture
+async def pool() -> AsyncIterator[Fixture]:
+    clock = FakeClock()
+    registry = CollectorRegistry()
+    served: list[ServedModel] = []
+    fixture: Fixture
+    manager = PoolManager(
+        "p",
+        PoolConfig(workers=0, memory_budget_mb=1000.0),
+        clock,
+        lambda: list(served),
+        lambda m, v, exc: fixture.failed.append((m, v, exc)),
+        PoolMetrics(registry),
+    )
+    fixture = Fixture(manager, clock, registry, served)
+    yield fixture
+    manager.close()
+    for task in fixture.tasks:
+        task.cancel()
+        with contextlib.suppress(BaseException):
+            await task
+
+
+async def join(fixture: Fixture, worker_id: str) -> FakeWorker:
+    ours, theirs = socket.socketpair()
+    reader, writer = await asyncio.open_connection(sock=ours)
+    w_reader, w_writer = await asyncio.open_connection(sock=theirs)
+    hello = p.Hello(worker_id=worker_id, model="", pid=7, host="h", pool="p")
+    fixture.tasks.append(asyncio.create_task(fixture.manager.serve(hello, reader, writer)))
+    async with asyncio.timeout(5.0):
+        welcome = await p.read_message(w_reader)
+    assert isinstance(welcome, p.Welcome)
+    return FakeWorker(w_reader, w_writer, welcome)
+
+
+async def settle(fixture: Fixture, check: object) -> None:
+    """Until `check()` holds (the manager has read what a fake worker sent)."""
+    async with asyncio.timeout(5.0):
+        while not check():  # type: ignore[operator]  # noqa: ASYNC110 - the manager's state, read from its links
+            await asyncio.sleep(0.005)
+
+
+async def test_a_pool_link_is_welcomed_with_the_pools_settings(pool: Fixture) -> None:
+    worker = await join(pool, "w0")
+    assert worker.welcome.accepted
+    assert PoolConfig.model_validate_json(worker.welcome.pool_config_json) == pool.manager.config
+    assert list(pool.manager.links) == ["w0"]
+
+
+async def test_a_wake_loads_the_model_on_the_roomiest_worker(pool: Fixture) -> None:
+    w0, w1 = await join(pool, "w0"), await join(pool, "w1")
+    w0.send(p.PoolState(budget_mb=1000.0, used_mb=600.0))
+    w1.send(p.PoolState(budget_mb=1000.0, used_mb=100.0))
+    await settle(pool, lambda: all(link.state is not None for link in pool.manager.links.values()))
+    pool.served.append(ServedModel(config("a"), waiting=0, serving=0, batch_cycle_s=0.0))
+    pool.manager.wake("a", 1, waiting=1, oldest_age_s=0.0)
+    msg = await w1.receive()
+    assert isinstance(msg, p.LoadModel) and (msg.model, msg.version) == ("a", 1)
+    assert ModelConfig.model_validate_json(msg.config_json).memory_mb == 300.0
+    assert msg.wait_s == 30.0  # the model's default timeout
+    pool.manager.wake("a", 1, waiting=3, oldest_age_s=0.5)  # asked again while it loads: nothing more
+    assert pool.manager.placement.pending("a", 1) == "w1"
+    w1.send(p.LoadResult("a", 1, ok=True, load_s=0.4, memory_mb=280.0))
+    await settle(pool, lambda: pool.manager.eta_s("a", 1) is not None)
+    assert pool.manager.eta_s("a", 1) == 0.4
+    assert pool.manager.size_mb(config("a")) == 280.0  # measured replaces the estimate
+    assert pool.manager.placement.pending("a", 1) is None
+
+
+async def test_a_failed_load_fails_the_waiting_requests_and_backs_off(pool: Fixture) -> None:
+    w0 = await join(pool, "w0")
+    pool.served.append(ServedModel(config("a"), waiting=2, serving=0, batch_cycle_s=0.0))
+    pool.manager.wake("a", 1, waiting=2, oldest_age_s=0.0)
+    assert isinstance(await w0.receive(), p.LoadModel)
+    w0.send(p.LoadResult("a", 1, ok=False, error="ImportError: no module named nope"))
+    await settle(pool, lambda: pool.failed)
+    [(model, version, exc)] = pool.failed
+    assert (model, version) == ("a", 1)
+    assert "no module named nope" in str(exc) and exc.retry_after_s == 1.0  # type: ignore[attr-defined]
+    reason = pool.manager.wakeable("a", 1)
+    assert reason is not None and "no module named nope" in reason and "next try is in 1.0 s" in reason
+    pool.manager.wake("a", 1, waiting=1, oldest_age_s=0.0)  # within the backoff: no load
+    assert pool.manager.placement.pending("a", 1) is None
+    pool.clock.advance(1.5)
+    assert pool.manager.wakeable("a", 1) is None
+    pool.manager.wake("a", 1, waiting=1, oldest_age_s=0.0)
+    assert isinstance(await w0.receive(), p.LoadModel)
+
+
+async def test_unload_tells_every_pool_worker(pool: Fixture) -> None:
+    w0, w1 = await join(pool, "w0"), await join(pool, "w1")
+    assert sorted(pool.manager.unload("a", 1)) == ["w0", "w1"]
+    for worker in (w0, w1):
+        msg = await worker.receive()
+        assert isinstance(msg, p.UnloadModel) and (msg.model, msg.version) == ("a", 1)
+
+
+async def test_a_silent_link_is_cut_and_forgotten(pool: Fixture) -> None:
+    w0 = await join(pool, "w0")
+    pool.clock.advance(4.0)
+    w0.send(p.Heartbeat(running=0, completed_batches=0))
+    await settle(pool, lambda: pool.manager.links["w0"].last_heard == pool.clock.now())
+    pool.manager.tick()
+    assert "w0" in pool.manager.links
+    pool.clock.advance(6.0)
+    pool.manager.tick()
+    await settle(pool, lambda: not pool.manager.links)
+
+
+async def test_a_draining_worker_is_answered_and_gets_no_load(pool: Fixture) -> None:
+    w0 = await join(pool, "w0")
+    w0.send(p.Drain())
+    assert isinstance(await w0.receive(), p.Drain)
+    pool.served.append(ServedModel(config("a"), waiting=1, serving=0, batch_cycle_s=0.0))
+    assert pool.manager.place() == []
+
+
+async def test_wakeable_and_load_refusal(pool: Fixture) -> None:
+    reason = pool.manager.wakeable("a", 1)
+    assert reason is not None and "pool 'p' has no worker" in reason and "inferd worker --pool p" in reason
+    await join(pool, "w0")
+    assert pool.manager.wakeable("a", 1) is None
+    assert pool.manager.load_refusal(config("a", memory=900.0)) is None
+    refusal = pool.manager.load_refusal(config("a", memory=1500.0))
+    assert refusal is not None and "1500 MiB" in refusal and "1000 MiB" in refusal
+
+
+async def test_metrics_sum_every_workers_counters(pool: Fixture) -> None:
+    w0, w1 = await join(pool, "w0"), await join(pool, "w1")
+    held = [p.HeldModel("a", 1, "ready", 300.0), p.HeldModel("b", 1, "loading", 200.0)]
+    w0.send(p.PoolState(1000.0, 500.0, held, loads={"a": 3, "b": 1}, evictions={"a": 2}))
+    w1.send(p.PoolState(1000.0, 0.0, [], loads={"a": 1}, evictions={}))
+    w1.send(p.LoadResult("a", 1, ok=True, load_s=0.3, memory_mb=300.0))
+    await settle(pool, lambda: pool.manager.eta_s("a", 1) is not None and all(
+        link.state is not None for link in pool.manager.links.values()))
+    text = generate_latest(pool.registry).decode()
+    assert 'inferd_model_loads_total{model="a"} 4.0' in text
+    assert 'inferd_model_loads_total{model="b"} 1.0' in text
+    assert 'inferd_model_evictions_total{model="a"} 2.0' in text
+    assert 'inferd_pool_memory_used_mb{pool="p",worker="w0"} 500.0' in text
+    assert 'inferd_pool_memory_budget_mb{pool="p",worker="w1"} 1000.0' in text
+    assert 'inferd_pool_models_loaded{pool="p",worker="w0"} 1.0' in text
+    assert 'inferd_model_load_seconds_count{model="a"} 1.0' in text
+    w1.writer.close()  # it leaves: its gauges go, its counts stay
+    await settle(pool, lambda: "w1" not in pool.manager.links)
+    text = generate_latest(pool.registry).decode()
+    assert 'worker="w1"' not in text
+    assert 'inferd_model_loads_total{model="a"} 4.0' in text
+
+
+def test_a_front_end_that_does_not_export_adds_no_families() -> None:
+    registry = CollectorRegistry()
+    metrics = PoolMetrics(registry, export=False)
+    metrics.counted("p", "w0", p.PoolState(1000.0, 10.0, loads={"a": 1}))
+    metrics.loaded("a", 0.5)
+    assert b"inferd_model_loads" not in generate_latest(registry)
+
+
+async def test_the_view_and_inferd_status_show_what_each_worker_holds(pool: Fixture) -> None:
+    w0 = await join(pool, "w0")
+    w0.send(p.PoolState(1000.0, 300.0, [p.HeldModel("a", 1, "ready", 300.0, idle_s=7.0, evictable=True)],
+                        waiting_loads=1))
+    await settle(pool, lambda: pool.manager.links["w0"].state is not None)
+    pool.served.append(ServedModel(config("b"), waiting=4, serving=0, batch_cycle_s=0.0))
+    view = pool.manager.view()
+    [worker] = view["workers"]
+    assert (worker["worker_id"], worker["used_mb"], worker["budget_mb"], worker["waiting_loads"]) == ("w0", 300.0, 1000.0, 1)
+    assert worker["models"] == [
+        {"model": "a", "version": 1, "state": "ready", "memory_mb": 300.0, "idle_s": 7.0, "evictable": True}
+    ]
+    console = Console(width=200, record=True)
+    for part in pools_parts({"pools": [view]}):
+        console.print(part)
+    text = console.export_text()
+    assert "a v1 ready 300 MiB idle 7.0s evictable" in text
+    assert "pool p: model b v1: 4 waiting, 0 serving" in text
+    assert pools_parts({"pools": []}) == []

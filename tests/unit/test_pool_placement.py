@@ -1,0 +1,185 @@
+"""Placement (pools/placement.py) on a FakeClock: first loads on the roomiest worker, spreading a hot
+model, one load at a time per model, and the backoff after a failed load."""
+
+from __future__ import annotations
+
+from inferd.clock import FakeClock
+from inferd.pools.placement import Load, ModelDemand, Placement, WorkerView
+
+
+def worker(wid: str, used: float, held: dict[tuple[str, int], str] | None = None, budget: float = 1000.0,
+           accepts: bool = True) -> WorkerView:
+    return WorkerView(wid, budget, used, held or {}, accepts)
+
+
+def demand(model: str, waiting: int, serving: int = 0, memory: float = 300.0, full: int = 4,
+           cycle: float = 0.1) -> ModelDemand:
+    return ModelDemand(model, 1, waiting, serving, memory, full, cycle)
+
+
+def test_first_load_goes_to_the_worker_with_most_free_budget() -> None:
+    placement = Placement(FakeClock())
+    loads = placement.plan([worker("w0", 600), worker("w1", 100), worker("w2", 400)], [demand("a", 1)])
+    assert loads == [Load("a", 1, "w1")]
+    assert placement.pending("a", 1) == "w1"
+
+
+def test_no_load_without_waiting_requests_or_with_a_holder() -> None:
+    placement = Placement(FakeClock())
+    assert placement.plan([worker("w0", 0)], [demand("a", 0)]) == []
+    held = worker("w0", 300, {("a", 1): "ready"})
+    assert placement.plan([held, worker("w1", 0)], [demand("a", 1, serving=1)]) == []
+
+
+def test_a_model_loading_anywhere_is_not_asked_of_another_worker() -> None:
+    placement = Placement(FakeClock())
+    loading = worker("w0", 300, {("a", 1): "loading"})
+    assert placement.plan([loading, worker("w1", 0)], [demand("a", 50)]) == []
+
+
+def test_an_unloading_copy_does_not_count_as_a_holder() -> None:
+    placement = Placement(FakeClock())
+    leaving = worker("w0", 300, {("a", 1): "unloading"})
+    assert placement.plan([leaving, worker("w1", 500)], [demand("a", 1)]) == [Load("a", 1, "w0")]
+
+
+def test_one_pass_spreads_its_loads_over_the_workers() -> None:
+    placement = Placement(FakeClock())
+    workers = [worker("w0", 0), worker("w1", 100)]
+    loads = placement.plan(workers, [demand("a", 3), demand("b", 2)])
+    assert loads == [Load("a", 1, "w0"), Load("b", 1, "w1")]
+
+
+def test_a_pending_load_is_not_asked_again_until_it_ends() -> None:
+    clock = FakeClock()
+    placement = Placement(clock)
+    workers = [worker("w0", 0), worker("w1", 0)]
+    assert placement.plan(workers, [demand("a", 1)]) == [Load("a", 1, "w0")]
+    clock.advance(1.0)
+    assert placement.plan(workers, [demand("a", 5)]) == []
+    placement.ended("a", 1, "w0", ok=True)
+    assert placement.pending("a", 1) is None
+
+
+def test_a_pending_load_is_forgotten_when_its_worker_goes() -> None:
+    placement = Placement(FakeClock())
+    assert placement.plan([worker("w0", 0), worker("w1", 10)], [demand("a", 1)]) == [Load("a", 1, "w0")]
+    placement.worker_gone("w0")
+    assert placement.plan([worker("w1", 10)], [demand("a", 1)]) == [Load("a", 1, "w1")]
+
+
+def test_an_unanswered_load_expires() -> None:
+    clock = FakeClock()
+    placement = Placement(clock, pending_timeout_s=30.0)
+    workers = [worker("w0", 0)]
+    assert placement.plan(workers, [demand("a", 1)]) != []
+    clock.advance(29.0)
+    assert placement.plan(workers, [demand("a", 1)]) == []
+    clock.advance(2.0)
+    assert placement.plan(workers, [demand("a", 1)]) == [Load("a", 1, "w0")]
+
+
+def test_a_model_bigger_than_every_budget_is_placed_nowhere() -> None:
+    placement = Placement(FakeClock())
+    assert placement.plan([worker("w0", 0, budget=200)], [demand("a", 1, memory=300)]) == []
+
+
+def test_a_draining_worker_gets_no_load() -> None:
+    placement = Placement(FakeClock())
+    workers = [worker("w0", 0, accepts=False), worker("w1", 900)]
+    assert placement.plan(workers, [demand("a", 1, memory=50)]) == [Load("a", 1, "w1")]
+
+
+def test_a_hot_model_gets_one_more_holder_after_a_cycle() -> None:
+    clock = FakeClock()
+    placement = Placement(clock)
+    workers = [worker("w0", 300, {("a", 1): "ready"}), worker("w1", 200), worker("w2", 0)]
+    hot = demand("a", 9, serving=1, full=4, cycle=0.5)  # 9 > 2 full batches of 4 per serving worker
+    assert placement.plan(workers, [hot]) == []  # hot from now on: judged after a cycle
+    clock.advance(0.4)
+    assert placement.plan(workers, [hot]) == []
+    clock.advance(0.2)
+    assert placement.plan(workers, [hot]) == [Load("a", 1, "w2", spread=True)]
+
+
+def test_a_queue_within_two_batches_per_server_is_not_hot() -> None:
+    clock = FakeClock()
+    placement = Placement(clock)
+    workers = [worker("w0", 300, {("a", 1): "ready"}), worker("w1", 300, {("a", 1): "ready"}), worker("w2", 0)]
+    steady = demand("a", 16, serving=2, full=4, cycle=0.1)  # 2 batches of 4 for each of 2 workers
+    for _ in range(5):
+        assert placement.plan(workers, [steady]) == []
+        clock.advance(1.0)
+
+
+def test_heat_that_cools_starts_over() -> None:
+    clock = FakeClock()
+    placement = Placement(clock)
+    workers = [worker("w0", 300, {("a", 1): "ready"}), worker("w1", 0)]
+    placement.plan(workers, [demand("a", 20, serving=1, cycle=1.0)])
+    clock.advance(0.8)
+    placement.plan(workers, [demand("a", 2, serving=1, cycle=1.0)])  # cooled
+    clock.advance(0.8)
+    assert placement.plan(workers, [demand("a", 20, serving=1, cycle=1.0)]) == []
+
+
+def test_never_more_holders_than_workers() -> None:
+    clock = FakeClock()
+    placement = Placement(clock)
+    workers = [worker("w0", 300, {("a", 1): "ready"}), worker("w1", 300, {("a", 1): "ready"})]
+    for _ in range(3):
+        assert placement.plan(workers, [demand("a", 500, serving=2, cycle=0.0)]) == []
+        clock.advance(1.0)
+
+
+def test_no_spread_while_a_copy_is_loading() -> None:
+    clock = FakeClock()
+    placement = Placement(clock)
+    workers = [worker("w0", 300, {("a", 1): "ready"}), worker("w1", 300, {("a", 1): "loading"}), worker("w2", 0)]
+    for _ in range(3):
+        assert placement.plan(workers, [demand("a", 500, serving=1, cycle=0.0)]) == []
+        clock.advance(1.0)
+
+
+def test_a_failed_load_backs_off_doubling_and_a_success_resets_it() -> None:
+    clock = FakeClock()
+    placement = Placement(clock)
+    workers = [worker("w0", 0)]
+    assert placement.plan(workers, [demand("a", 1)]) == [Load("a", 1, "w0")]
+    placement.ended("a", 1, "w0", ok=False)
+    assert placement.retry_in("a", 1) == 1.0
+    assert placement.plan(workers, [demand("a", 1)]) == []
+    clock.advance(1.01)
+    assert placement.retry_in("a", 1) is None
+    assert placement.plan(workers, [demand("a", 1)]) == [Load("a", 1, "w0")]
+    placement.ended("a", 1, "w0", ok=False)
+    assert placement.retry_in("a", 1) == 2.0  # doubled
+    clock.advance(2.01)
+    assert placement.plan(workers, [demand("a", 1)]) == [Load("a", 1, "w0")]
+    placement.ended("a", 1, "w0", ok=True)
+    assert placement.retry_in("a", 1) is None
+    placement.ended("a", 1, "w0", ok=False)
+    assert placement.retry_in("a", 1) == 1.0  # reset by the success
+
+
+def test_a_failing_load_is_tried_at_most_once_per_backoff() -> None:
+    """However often the waker asks (every admission, every timer round), loads follow the backoff."""
+    clock = FakeClock()
+    placement = Placement(clock)
+    workers = [worker("w0", 0)]
+    sent = 0
+    for _ in range(700):  # 70 s, asked every 0.1 s
+        for load in placement.plan(workers, [demand("a", 3)]):
+            sent += 1
+            placement.ended(load.model, load.version, load.worker_id, ok=False)
+        clock.advance(0.1)
+    assert 5 <= sent <= 8  # at 0, 1, 3, 7, 15, 31, 63 s
+
+
+def test_forget_drops_pending_and_backoff() -> None:
+    placement = Placement(FakeClock())
+    placement.plan([worker("w0", 0)], [demand("a", 1)])
+    placement.ended("a", 1, "w0", ok=False)
+    placement.forget("a", 1)
+    assert placement.retry_in("a", 1) is None
+    assert placement.pending("a", 1) is None
