@@ -204,7 +204,7 @@ class InferenceServer:
             self.registry, self.supervisor, self, self.directory, loader, followers=self.cluster.versions,
             gate=self.cluster.versions.check_holder,
         )
-        self.scaling = scaling_loops(self.registry, self.fleet, self.clock, self.kinds, loads, self.cluster.versions.holds) if owner else {}
+        self.scaling = scaling_loops(self.registry, self.fleet, self.clock, self.kinds, loads, self.cluster.versions.holds, self.wakers, owner)
         self.console = ConsoleFeed(
             self.metrics.registry,
             lambda: [rt.statistics() for rt in self.registry],

@@ -24,7 +24,8 @@ recommendation of the up-window, down to the *highest* of the down-window, and n
 down-window has been observed in full), cooldowns measured from the
 last change in either direction (so a reversal waits the cooldown of its own direction), and a bounded
 step (up by at most `max_step_up_workers`, down by one). The target is always within
-[min_workers, max_workers].
+[min_workers, max_workers]. A scale-up from zero workers (`min_workers = 0`) is not damped by the
+up-window or the cooldowns: requests are waiting for a worker (kinds/batch/cold.py holds them).
 """
 
 from __future__ import annotations
@@ -105,6 +106,11 @@ class Autoscaler:
         self._record(now, decision)
         return decision
 
+    @property
+    def target_workers(self) -> int | None:
+        """The latest decision's target (None before the first)."""
+        return self._target
+
     def statistics(self) -> AutoscalerStats:
         now = self.clock.now()
         recent = sum(1 for t in self._changes if now - t <= RATE_WINDOW_S)
@@ -141,6 +147,9 @@ class Autoscaler:
             return Decision(
                 bounded, f"bring the fleet within [{cfg.min_workers}, {cfg.max_workers}]", current
             )
+        if current == 0 and rec.workers > 0:  # requests wait for a worker (kinds/batch/cold.py): no damping
+            target = min(rec.workers, cfg.max_step_up_workers)
+            return Decision(target, f"scale up from zero to {target} (no window nor cooldown): {rec.why}", current)
         up_to = min(self._window(now, cfg.scale_up_stabilization_s))
         down_to = max(self._window(now, cfg.scale_down_stabilization_s))
         if up_to > current:

@@ -12,6 +12,7 @@ arrival rate and busy ratio are the whole server's."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections import deque
@@ -27,11 +28,15 @@ from inferd.runtime.demand import Autoscaling, Observed, Observer
 from inferd.runtime.frontend_load import FrontendLoads
 from inferd.runtime.kinds import Kind, KindRegistry
 from inferd.runtime.registry import ModelRegistry
+from inferd.runtime.waking import SCALE_FROM_ZERO, Waker, Wakers
 
 log = logging.getLogger("inferd.autoscaler")
 
 HISTORY = 20
 """Fleet changes kept for the admin API."""
+
+START_POLL_S = 0.05
+"""While a start from zero is timed, how often the loop looks for a ready worker."""
 
 
 def check_autoscalable(kind: Kind) -> Autoscaling:
@@ -62,21 +67,40 @@ def scaling_loops(
     kinds: KindRegistry,
     others: FrontendLoads | None,
     acts: Callable[[], bool] | None,
+    wakers: Wakers,
+    decides: bool = True,
 ) -> dict[str, ScalingLoop]:
-    """A scaling loop for each served model whose default version has an [autoscale] table."""
-    return {
-        rt.name: ScalingLoop(
-            registry,
-            fleet,
-            clock,
-            rt.name,
-            scaling_policy(kinds.get(rt.kind), rt.config.autoscale, clock),
-            others=others,
-            acts=acts,
-        )
-        for rt in registry.defaults()
-        if rt.config.autoscale
-    }
+    """A scaling loop for each served model whose default version has an [autoscale] table, registered as
+    the waker (runtime/waking.py) of each `min_workers = 0` one. `decides`: False on a front end that runs
+    no autoscaler (a follower of `--frontends N`): no loop, and such a model's waker is `ReportedDemand`."""
+    loops: dict[str, ScalingLoop] = {}
+    for rt in registry.defaults():
+        config = rt.config.autoscale
+        if config is None:
+            continue
+        waker: Waker = ReportedDemand()
+        if decides:
+            policy = scaling_policy(kinds.get(rt.kind), config, clock)
+            loops[rt.name] = loop = ScalingLoop(registry, fleet, clock, rt.name, policy, others=others, acts=acts)
+            waker = loop
+        if config.min_workers == 0:
+            wakers.set(rt.name, waker, SCALE_FROM_ZERO)
+    return loops
+
+
+class ReportedDemand:
+    """The waker of a `min_workers = 0` model on a front end that runs no autoscaler (a follower of
+    `--frontends N`): the requests it holds are in the load it reports (cluster/load.py), which the
+    owner's scaling loop adds to its own and scales from zero on; nothing here to tell, no start to time."""
+
+    def wakeable(self, model: str, version: int) -> str | None:
+        return None
+
+    def wake(self, model: str, version: int, waiting: int, oldest_age_s: float) -> None:
+        return None
+
+    def eta_s(self, model: str, version: int) -> float | None:
+        return None
 
 
 class ScalingLoop:
@@ -107,25 +131,78 @@ class ScalingLoop:
         """The latest observation (for the admin API)."""
         self.acts = acts
         """Whether this front end decides now (it holds the lease: cluster/lease.py); None: always."""
+        self._woken = asyncio.Event()
+        """Set by `wake`: requests are held with no worker (a `min_workers = 0` model): look now."""
+        self._starting_since: float | None = None
+        """When the latest scale-up from zero was made, until a worker is ready."""
+        self.start_s: float | None = None
+        """The measured time from a scale-up from zero to a ready worker (the waker's eta); None: none yet."""
 
     async def run(self) -> None:
         while True:
-            await asyncio.sleep(self.interval_s)
+            await self._pause()
             if self.acts is not None and not self.acts():
                 continue  # another front end decides, or the store is down: no change from here
-            self.observed = self.observe()
-            decision = self.autoscaler.decide(self.observed)
-            self.last = decision
-            if decision.target_workers != decision.current_workers:
-                self.changes.append((time.time(), decision))
-                log.info(
-                    "model %s: %s -> %d workers (%s)",
-                    self.model,
-                    decision.current_workers,
-                    decision.target_workers,
-                    decision.reason,
-                )
-                await self.fleet.scale_to(self.model, decision.target_workers)
+            await self.tick()
+
+    async def tick(self) -> None:
+        """One look: observe, decide, and change the fleet if the decision says so."""
+        self.observed = self.observe()
+        self._timed(self.observed.ready_workers)
+        decision = self.autoscaler.decide(self.observed)
+        self.last = decision
+        if decision.target_workers != decision.current_workers:
+            self.changes.append((time.time(), decision))
+            log.info(
+                "model %s: %s -> %d workers (%s)",
+                self.model,
+                decision.current_workers,
+                decision.target_workers,
+                decision.reason,
+            )
+            if decision.current_workers == 0:  # timed until a worker is ready (`_timed`)
+                self._starting_since = self.clock.now()
+            elif decision.target_workers == 0:
+                self._starting_since = None
+            await self.fleet.scale_to(self.model, decision.target_workers)
+
+    async def _pause(self) -> None:
+        """Until the next look: the interval, or sooner when woken (requests held with no worker). While
+        a start from zero is timed, whether a worker is ready is checked every START_POLL_S meanwhile."""
+        left = self.interval_s
+        while left > 0:
+            step = left if self._starting_since is None else min(left, START_POLL_S)
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(step):
+                    await self._woken.wait()
+                    self._woken.clear()
+                    return
+            left -= step
+            if self._starting_since is not None:
+                self._timed(self.registry.get(self.model).statistics().ready_workers)
+
+    def _timed(self, ready_workers: int) -> None:
+        """A start from zero under way ends when a worker is ready: its time is the eta from now on."""
+        if self._starting_since is not None and ready_workers > 0:
+            self.start_s = self.clock.now() - self._starting_since
+            self._starting_since = None
+            log.info("model %s: a worker started from zero in %.2f s", self.model, self.start_s)
+
+    # ---- the waker of a `min_workers = 0` model (runtime/waking.py; kinds/batch/cold.py asks) ----------
+    def wakeable(self, model: str, version: int) -> str | None:
+        default = self.registry.default_version(model)
+        if version != default:
+            return f"model '{model}' version {version} has no worker: only its default version {default} scales from zero"
+        return None
+
+    def wake(self, model: str, version: int, waiting: int, oldest_age_s: float) -> None:
+        """Requests wait with no worker: look now rather than at the end of the interval, unless a worker
+        is already planned (one scale-up per need, however often it is called)."""
+        if not self.autoscaler.target_workers:
+            self._woken.set()
+
+    def eta_s(self, model: str, version: int) -> float | None:
+        return self.start_s
 
     def report(self) -> dict[str, Any]:
         """The autoscaler's state for `inferd status`: its latest decision and its latest changes."""
