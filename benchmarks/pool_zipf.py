@@ -309,11 +309,21 @@ def scrape(url: str) -> dict[str, dict[str, float]]:
     return out
 
 
+def wait_for_pool_workers(url: str, n: int, within_s: float = 60.0) -> None:
+    """Until `n` pool workers have joined (their budget gauges on /metrics): the load starts on the whole pool."""
+    deadline = time.monotonic() + within_s
+    while len(scrape(url).get("inferd_pool_memory_budget_mb", {})) < n:
+        if time.monotonic() > deadline:
+            raise ServerNotReady(f"fewer than {n} pool workers joined within {within_s:g} s")
+        time.sleep(0.1)
+
+
 def pool_run(args: argparse.Namespace, work: Workload) -> dict[str, Any]:
     models = {name: sim_toml(args, pooled=True) for name in work.names}
     log = OUT_DIR / "pool_zipf" / "pool.log"
-    with InferdServer("--log-level", "WARNING", name="pool_zipf", config=pool_config(args), models=models,
+    with InferdServer("--log-level", args.log_level, name="pool_zipf", config=pool_config(args), models=models,
                       log_path=log, ready_timeout_s=60.0, grace_s=15.0) as server:  # fmt: skip
+        wait_for_pool_workers(server.url, 2)
         started = time.monotonic()
         outcomes = run_blocking(offer(server.url, work, args.timeout_ms, args.seed))
         elapsed = time.monotonic() - started
@@ -325,7 +335,9 @@ def pool_run(args: argparse.Namespace, work: Workload) -> dict[str, Any]:
     return {"elapsed_s": elapsed, "summary": asdict(summary), "loads_by_model": loads, "loads": sum(loads.values()),
             "evictions": sum(evictions.values()), "loads_seen_by_clients": loads_seen,
             "pool_memory_used_mb": metrics.get("inferd_pool_memory_used_mb", {}),
-            "pool_models_loaded": metrics.get("inferd_pool_models_loaded", {})}  # fmt: skip
+            "pool_models_loaded": metrics.get("inferd_pool_models_loaded", {}),
+            "load_seconds": {k: v for k, v in metrics.items() if k.startswith("inferd_model_load_seconds_")},
+            "requests": [asdict(o) for o in outcomes]}  # fmt: skip
 
 
 def dedicated_run(args: argparse.Namespace, work: Workload) -> dict[str, Any]:
@@ -390,6 +402,7 @@ def main() -> int:
     ap.add_argument("--budget-mb", type=float, default=None, help="per pool worker (default 3.5 x --memory-mb)")
     ap.add_argument("--min-resident-s", type=float, default=0.5)
     ap.add_argument("--timeout-ms", type=float, default=10000.0)
+    ap.add_argument("--log-level", default="WARNING", help="the pool server's (its log: .bench/pool_zipf/pool.log)")
     ap.add_argument("--no-baseline", action="store_true", help="skip the dedicated worker's run")
     ap.add_argument("--no-pool", action="store_true", help="skip the pool's run (the baseline only)")
     args = ap.parse_args()
