@@ -367,7 +367,7 @@ def print_report(run: dict[str, Any]) -> None:
         s = pool["summary"]
         m01 = s["by_model"]["m01"]
         row(f"pool, m01 ({m01['requests']} requests)", m01["requests"], m01["ok"]["n"], m01["warm"], m01["ok"], None)
-        row("pool, all 12 models", s["requests"], s["ok"], s["warm_ms"], s["latency_ms"], s)
+        row(f"pool, all {len(s['by_model'])} models", s["requests"], s["ok"], s["warm_ms"], s["latency_ms"], s)
     if ded is not None:
         s = ded["summary"]
         row("dedicated worker, m01", s["requests"], s["ok"], s["warm_ms"], s["latency_ms"], s)
