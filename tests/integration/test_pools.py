@@ -29,6 +29,28 @@ base_ms = 5.0
 memory_mb = 50
 load_ms = 150
 """
+BROKEN = """implementation = "model.py:Model"
+pool = "p"
+memory_mb = 10
+
+[[inputs]]
+name = "INPUT0"
+datatype = "BYTES"
+
+[[outputs]]
+name = "OUTPUT0"
+datatype = "BYTES"
+"""
+BROKEN_PY = """from inferd.models import base
+
+
+class Model(base.Model):
+    def load(self) -> None:
+        raise RuntimeError("no weights in this folder")
+
+    def predict_batch(self, inputs):
+        raise AssertionError("never loaded")
+"""
 POOLS = """[pools.p]
 workers = 2
 memory_budget_mb = 130
@@ -48,7 +70,9 @@ def write(root: Path, models: dict[str, str], config: str = POOLS) -> tuple[Path
 
 @pytest.fixture
 def pooled(tmp_path: Path) -> Iterator[ServerProc]:
-    repo, config = write(tmp_path, {m: POOLED for m in MODELS})
+    repo, config = write(tmp_path, {**{m: POOLED for m in MODELS}, "broken": BROKEN})
+    (repo / "broken" / "1").mkdir()
+    (repo / "broken" / "1" / "model.py").write_text(BROKEN_PY)
     server = start_server(tmp_path, "--model-repo", str(repo), "--config", str(config), "--no-grpc")
     yield server
     assert server.stop() in (0, -15)
@@ -89,6 +113,12 @@ async def test_a_pool_serves_every_model_on_demand_and_evicts_to_make_room(poole
             pools = (await r.json())["pools"]
         async with http.get(f"{server.url}/v2/health/ready") as r:
             assert r.status == 200
+        for _ in range(2):  # a load that fails: 503 naming the cause, then its backoff's, never a loop
+            async with http.post(f"{server.url}/v2/models/broken/infer", json=body("x")) as r:
+                assert r.status == 503 and int(r.headers["Retry-After"]) >= 1
+                assert "no weights in this folder" in (await r.json())["error"]
+        async with http.get(f"{server.url}/metrics") as r:
+            assert 'inferd_model_loads_total{model="broken"}' not in await r.text()
     loads = samples(metrics, "inferd_model_loads_total")
     assert set(loads) == {f'{{model="{m}"}}' for m in MODELS}  # every model was loaded
     assert sum(samples(metrics, "inferd_model_evictions_total").values()) >= 1  # five models, room for four

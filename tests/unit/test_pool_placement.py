@@ -8,8 +8,8 @@ from inferd.pools.placement import Load, ModelDemand, Placement, WorkerView
 
 
 def worker(wid: str, used: float, held: dict[tuple[str, int], str] | None = None, budget: float = 1000.0,
-           accepts: bool = True) -> WorkerView:
-    return WorkerView(wid, budget, used, held or {}, accepts)
+           accepts: bool = True, evictable: tuple[tuple[float, float], ...] = ()) -> WorkerView:
+    return WorkerView(wid, budget, used, held or {}, accepts, evictable)
 
 
 def demand(model: str, waiting: int, serving: int = 0, memory: float = 300.0, full: int = 4,
@@ -183,3 +183,28 @@ def test_forget_drops_pending_and_backoff() -> None:
     placement.forget("a", 1)
     assert placement.retry_in("a", 1) is None
     assert placement.pending("a", 1) is None
+
+
+def test_with_no_room_free_the_pools_least_recently_used_model_makes_room() -> None:
+    """Every worker full: the load goes where the longest idle evictable model is (the pool's LRU),
+    not always to the same worker."""
+    placement = Placement(FakeClock())
+    w0 = worker("w0", 900, budget=900, evictable=((300.0, 2.0), (300.0, 1.0)))
+    w1 = worker("w1", 900, budget=900, evictable=((300.0, 9.0),))
+    assert placement.plan([w0, w1], [demand("a", 1)]) == [Load("a", 1, "w1")]
+
+
+def test_room_free_beats_room_made_by_evicting() -> None:
+    placement = Placement(FakeClock())
+    w0 = worker("w0", 900, budget=900, evictable=((300.0, 60.0),))
+    w1 = worker("w1", 550, budget=900)
+    assert placement.plan([w0, w1], [demand("a", 1)]) == [Load("a", 1, "w1")]
+
+
+def test_a_worker_that_can_evict_beats_one_whose_models_are_all_protected() -> None:
+    placement = Placement(FakeClock())
+    protected = worker("w0", 800, budget=900)  # 100 free, nothing evictable: the load would wait
+    evicting = worker("w1", 900, budget=900, evictable=((300.0, 0.5),))
+    assert placement.plan([protected, evicting], [demand("a", 1)]) == [Load("a", 1, "w1")]
+    placement.forget("a", 1)
+    assert placement.plan([protected, worker("w1", 900, budget=900)], [demand("a", 1)]) == [Load("a", 1, "w0")]

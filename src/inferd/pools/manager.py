@@ -76,7 +76,8 @@ class PoolLink:
         if state is None:  # joined, no PoolState yet: its whole budget is free
             return WorkerView(self.worker_id, budget_mb, 0.0, {}, not self.draining)
         held = {(m.model, m.version): m.state for m in state.models}
-        return WorkerView(self.worker_id, state.budget_mb, state.used_mb, held, not self.draining)
+        evictable = tuple((m.memory_mb, m.idle_s) for m in state.models if m.evictable)
+        return WorkerView(self.worker_id, state.budget_mb, state.used_mb, held, not self.draining, evictable)
 
 
 class PoolManager:

@@ -6,8 +6,12 @@ The rules:
 
 * **First load.** A model with requests waiting and no holder (no pool worker lists it loading or ready,
   and no load of it asked by this front end is pending) is loaded on the worker with the most free
-  budget (budget - used) among those whose whole budget can hold it. The worker evicts to make room
-  (pools/residency.py): free budget only ranks the workers.
+  budget (budget - used) among those whose whole budget can hold it. When none has the room free, the
+  worker that can make room by evicting (its evictable models, as its PoolState says) and holds the
+  longest idle of them: across the pool, the least recently used model goes (the worker decides its
+  evictions itself, pools/residency.py: it evicts its least recently used first). When none can make
+  room yet (every model protected by min_resident_s or busy), the one with the most free budget: the
+  load waits there for room.
 * **Spreading a hot model.** A model whose queue holds more than `SPREAD_BATCHES` (2) full batches per
   worker serving it here, for longer than one batching wait plus one batch time (`batch_cycle_s`), gets
   one more holder: the worker that does not hold it with the most free budget. Never while a load of it
@@ -50,6 +54,8 @@ class WorkerView:
     """(model, version) -> "loading", "ready" or "unloading"."""
     accepts: bool = True
     """False while it drains: no load is sent to it."""
+    evictable: tuple[tuple[float, float], ...] = ()
+    """(memory_mb, idle_s) of each model it may evict now (idle, past min_resident_s)."""
 
     @property
     def free_mb(self) -> float:
@@ -160,13 +166,23 @@ class Placement:
     def _roomiest(
         workers: Iterable[WorkerView], demand: ModelDemand, planned: Mapping[str, float]
     ) -> str | None:
-        """The worker with the most free budget (less what this pass already sends it) whose whole
-        budget can hold the model; ties go to the lowest id (the same choice on every front end)."""
+        """Where to load (the rule in the module's docstring), among the workers whose whole budget can
+        hold the model; free budget counts what this pass already sends a worker; ties go to the lowest
+        id (the same choice on every front end)."""
+
+        def rank(w: WorkerView) -> tuple[int, float, float]:
+            free = w.free_mb - planned.get(w.worker_id, 0.0)
+            if free >= demand.memory_mb:
+                return (2, free, 0.0)
+            if free + sum(mb for mb, _ in w.evictable) >= demand.memory_mb:
+                return (1, max(idle for _, idle in w.evictable), free)
+            return (0, free, 0.0)
+
         fits = [w for w in workers if w.accepts and w.budget_mb >= demand.memory_mb]
         if not fits:
             return None
-        best = min(fits, key=lambda w: (planned.get(w.worker_id, 0.0) - w.free_mb, w.worker_id))
-        return best.worker_id
+        ranked = sorted(fits, key=lambda w: w.worker_id)
+        return max(ranked, key=rank).worker_id
 
     def _expire(self, now: float, present: set[str]) -> None:
         for key, pending in list(self._pending.items()):
