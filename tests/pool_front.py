@@ -10,7 +10,7 @@ import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import msgspec
 
@@ -79,6 +79,10 @@ class PoolFront:
         return self
 
     async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        """Go away: stop listening and close every link (as a front end that exits)."""
         assert self.server is not None
         self.server.close()
         for task in self.tasks:
@@ -114,12 +118,20 @@ class PoolFront:
             return await self.model_links.get()
 
 
-async def start_pool_worker(socket_path: Path, log_path: Path, pool: str = "p") -> asyncio.subprocess.Process:
+def _log_file(path: Path) -> BinaryIO:
+    return open(path, "wb")  # the child writes to it; closed when the spawn returns
+
+
+async def start_pool_worker(
+    socket_path: Path, log_path: Path, pool: str = "p", reconnect: bool = True
+) -> asyncio.subprocess.Process:
+    """A pool worker joining the fake front end: a remote one (`reconnect`), or one as a front end starts
+    it (its front end is its lifeline)."""
     env = {**os.environ, "PYTHONPATH": f"{ROOT / 'src'}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
-    with open(log_path, "wb") as log:
+    with _log_file(log_path) as log:
         return await asyncio.create_subprocess_exec(
             sys.executable, "-m", "inferd.worker.main", "--pool", pool, "--connect", f"unix:{socket_path}",
-            "--token", TOKEN, "--worker-id", "pw-1", "--reconnect",
+            "--token", TOKEN, "--worker-id", "pw-1", *(["--reconnect"] if reconnect else []),
             stdout=log, stderr=asyncio.subprocess.STDOUT, cwd=ROOT, env=env,
         )
 

@@ -1,8 +1,9 @@
 """A real pool worker process (`python -m inferd.worker.main --pool p`) against a scripted front end
 (tests/pool_front.py): LoadModel -> a model link that is Ready at once and serves batches -> UnloadModel
 drains it and gives its memory back; loads that fail or cannot fit are answered with the cause;
-max_loaded_models evicts the least recently used model (after min_resident_s); SIGTERM drains every
-model server before the process exits 0."""
+max_loaded_models evicts the least recently used model (after min_resident_s), and so does memory, at
+a model's measured size; a local pool worker exits with its front end; SIGTERM drains every model server
+before the process exits 0."""
 
 from __future__ import annotations
 
@@ -156,5 +157,60 @@ async def test_sigterm_drains_every_model_server_then_the_pool_link(tmp_path: Pa
                 link.send(p.Drain())
             await pool.expect(p.Drain)
             assert await asyncio.wait_for(proc.wait(), 20) == 0
+        finally:
+            await stop(proc)
+
+
+async def test_a_local_pool_worker_exits_when_the_front_end_that_runs_it_goes(tmp_path: Path) -> None:
+    socket_path = tmp_path / "fe.sock"
+    models = {"a": model_json("a", memory_mb=20)}
+    async with PoolFront(socket_path, {"memory_budget_mb": 1000.0}, models) as front:
+        proc = await start_pool_worker(socket_path, tmp_path / "worker.log", reconnect=False)
+        try:
+            pool = await front.pool_link()
+            pool.send(p.LoadModel("a", 1, models["a"]))
+            assert (await pool.expect(p.LoadResult)).ok
+            await (await front.model_link()).expect(p.Ready)
+            await front.close()
+            assert await asyncio.wait_for(proc.wait(), 20) == 0
+            assert "unloaded a v1" in (tmp_path / "worker.log").read_text()
+        finally:
+            await stop(proc)
+
+
+async def test_a_model_is_planned_at_its_measured_size_and_what_does_not_fit_evicts_the_idle_one(
+    tmp_path: Path,
+) -> None:
+    """No estimate in the configs: a's first load is planned at 0 MB and measured at ~120 MB. Once a was
+    unloaded and b loaded (~120 MB), a's next load is planned at what it measured: with b's it would not
+    fit the 200 MB budget, so b (idle, past min_resident_s = 0) is evicted first."""
+    socket_path = tmp_path / "fe.sock"
+    models = {name: model_json(name, memory_mb=120) for name in ("a", "b")}
+    async with PoolFront(socket_path, {"memory_budget_mb": 200.0, "min_resident_s": 0.0}, models) as front:
+        proc = await start_pool_worker(socket_path, tmp_path / "worker.log")
+        try:
+            pool = await front.pool_link()
+            pool.send(p.LoadModel("a", 1, models["a"]))
+            measured = (await pool.expect(p.LoadResult)).memory_mb
+            assert 100.0 <= measured <= 200.0, measured
+            a = await front.model_link()
+            await a.expect(p.Ready)
+            pool.send(p.UnloadModel("a", 1))
+            await a.expect(p.Drain)
+            a.send(p.Drain())
+            await pool.expect(p.PoolState, where=lambda s: s.models == [])
+            pool.send(p.LoadModel("b", 1, models["b"]))
+            assert (await pool.expect(p.LoadResult)).ok
+            b = await front.model_link()
+            await b.expect(p.Ready)
+            pool.send(p.LoadModel("a", 1, models["a"]))
+            planned = await pool.expect(p.PoolState, where=lambda s: held(s) == {"b": "unloading"})
+            assert planned.waiting_loads == 1  # a waits for b's memory
+            await b.expect(p.Drain)
+            b.send(p.Drain())
+            again = await pool.expect(p.LoadResult)
+            assert again.ok and again.model == "a"
+            state = await pool.expect(p.PoolState, where=lambda s: held(s) == {"a": "ready"})
+            assert state.evictions == {"b": 1} and state.used_mb <= 200.0
         finally:
             await stop(proc)

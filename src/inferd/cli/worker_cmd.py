@@ -20,7 +20,14 @@ def worker(
             "looks it up again every 5 s, joins new ones and leaves those gone."
         ),
     ],
-    model: Annotated[str, typer.Option(help="Name of the model this worker serves.")],
+    model: Annotated[str | None, typer.Option(help="Name of the model this worker serves.")] = None,
+    pool: Annotated[
+        str | None,
+        typer.Option(
+            help="Serve the models of this pool ([pools.NAME] on the front ends) instead of one model: they "
+            "are loaded and unloaded on demand within the pool's memory budget."
+        ),
+    ] = None,
     token: Annotated[
         str | None, typer.Option(help="Join token; default: the INFERD_JOIN_TOKEN environment variable.")
     ] = None,
@@ -73,13 +80,17 @@ def worker(
     trace_endpoint: TraceEndpoint = None,
 ) -> None:
     """Run one worker (one device) that joins a router over TCP and registers again whenever the
-    router restarts. Stop it with SIGTERM or Ctrl-C."""
+    router restarts: of one model (--model), or of a pool's models (--pool). Stop it with SIGTERM or
+    Ctrl-C."""
     import os
     import socket
 
     from inferd.config.identity import check_zone
     from inferd.worker.main import main as worker_main
 
+    if (model is None) == (pool is None):
+        typer.echo("error: pass --model NAME (one model) or --pool NAME (a pool's models), not both", err=True)
+        raise typer.Exit(2)
     try:
         if zone is not None:
             check_zone(zone)
@@ -94,8 +105,7 @@ def worker(
     args = [
         "--connect",
         connect,
-        "--model",
-        model,
+        *(["--model", model] if model is not None else ["--pool", str(pool)]),
         "--token",
         join,
         "--reconnect",

@@ -219,13 +219,14 @@ class Residency:
         protected model becoming evictable. None: only an event can change anything."""
         if not self.pending:
             return None
-        times = [load.deadline for load in self.pending]
+        now = self.clock.now()
+        times = [load.deadline for load in self.pending if load.deadline > now]
         times += [
             r.since + self.limits.min_resident_s
             for r in self.held.values()
-            if r.state == READY and r.since + self.limits.min_resident_s > self.clock.now()
+            if r.state == READY and r.since + self.limits.min_resident_s > now
         ]
-        return min(times)
+        return min(times, default=None)  # never a time gone by: a driver would wake at once, again and again
 
     # ---- what it holds --------------------------------------------------------------------------------
     def size_mb(self, key: Key, estimate_mb: float) -> float:

@@ -92,7 +92,7 @@ class Holdings:
         self.compute = asyncio.Lock()
         """The device: one batch at a time across the models (each model server's `Turn`)."""
         self.configs: dict[Key, bytes] = {}
-        """The config each load asked for (its model server serves it)."""
+        """The config the last load of each model asked for (its model server serves it)."""
         self.servers: dict[Key, ModelServer] = {}
         self.tasks: set[asyncio.Task[None]] = set()
         """Loads and model servers running (each unloads its model when it ends)."""
@@ -126,7 +126,8 @@ class Holdings:
             return p.LoadResult(msg.model, msg.version, False, error=asked.reason)
         if isinstance(asked, Joined) and asked.ready:
             return p.LoadResult(msg.model, msg.version, True, memory_mb=self.residency.held[key].size_mb)
-        self.configs.setdefault(key, msg.config_json)
+        if not isinstance(asked, Joined):  # a new load: of the config asked now
+            self.configs[key] = msg.config_json
         self.changed()
         return None
 
@@ -201,9 +202,11 @@ class Holdings:
             self._publish()
 
     def _publish(self) -> None:
-        """PoolState to every front end when what they see changed (idle times aside: the heartbeats')."""
+        """PoolState to every front end when what they see changed: a model's state or size, the loads,
+        evictions, waiting loads. Idle times and `evictable` (which flips with every batch) go with the
+        heartbeats only: a PoolState per batch to every front end would cost more than it tells."""
         state = self.state()
-        seen = (state.used_mb, [(m.model, m.version, m.state, m.memory_mb, m.evictable) for m in state.models],
+        seen = (state.used_mb, [(m.model, m.version, m.state, m.memory_mb) for m in state.models],
                 state.loads, state.evictions, state.waiting_loads)
         if seen != self._told:
             self._told = seen
@@ -225,15 +228,18 @@ class Holdings:
         try:
             config = device.localize(ModelConfig(**msgspec.json.decode(config_json, type=dict)))
             model, load_s, warmup_s = await device.load_model(config)
-        except Exception as exc:  # a model that fails to load is reported, not crashed on
-            log.exception("pool worker %s: model %s v%d failed to load", self.worker_id, *key)
-            await device.unload()
-            memory.give_back()
-            self.residency.load_failed(key)
-            self.configs.pop(key, None)
-            self.tell(p.LoadResult(key[0], key[1], False, error=f"{type(exc).__name__}: {exc}"))
-            self._gone.set()
-            self.changed()
+        except (Exception, asyncio.CancelledError) as exc:  # a model that fails to load is reported
+            if not isinstance(exc, asyncio.CancelledError):
+                log.exception("pool worker %s: model %s v%d failed to load", self.worker_id, *key)
+                self.tell(p.LoadResult(key[0], key[1], False, error=f"{type(exc).__name__}: {exc}"))
+            try:
+                await asyncio.shield(self._release(device))
+            finally:
+                self.residency.load_failed(key)
+                self._gone.set()
+                self.changed()
+            if isinstance(exc, asyncio.CancelledError):
+                raise
             return
         size_mb = before.grown_to(memory.reading())
         keep = self.residency.loaded(key, size_mb)
@@ -260,15 +266,19 @@ class Holdings:
             log.exception("pool worker %s: the model server of %s v%d failed", self.worker_id, *key)
         finally:
             self.servers.pop(key, None)
-            self.configs.pop(key, None)
             try:
-                await asyncio.shield(server.device.unload())
+                await asyncio.shield(self._release(server.device))
             finally:
-                memory.give_back()
                 self.residency.unloaded(key)
                 self._gone.set()
                 log.info("pool worker %s unloaded %s v%d", self.worker_id, *key)
                 self.changed()
+
+    @staticmethod
+    async def _release(device: Device) -> None:
+        """Unload the device's model and give its memory back (collect, trim: in a thread, off the loop)."""
+        await device.unload()
+        await asyncio.to_thread(memory.give_back)
 
     def _drain_server(self, key: Key) -> None:
         server = self.servers.get(key)

@@ -12,6 +12,8 @@ The device never waits on one front end for the others, and one that stops readi
 (worker/stuck.py). SIGTERM drains the worker (worker/signals.py, `Worker.drain`), as a front end's Drain does;
 one saying its version is retired makes a worker of the default version join again, at the new one (`main`).
 Which front ends it joins and leaves, and when: worker/joining.py (worker/discovery.py decides).
+With `--pool NAME` the process is a pool worker instead (worker/pool.py): many models loaded on demand,
+each served by a `Worker` of its own in the process (a model server).
 """
 
 from __future__ import annotations
@@ -56,6 +58,7 @@ from inferd.worker.stuck import STUCK_AFTER_S
 
 log = logging.getLogger("inferd.worker")
 
+
 class Worker:
     def __init__(
         self, address: str, model: str, token: str, worker_id: str, reconnect: bool = False,
@@ -78,7 +81,7 @@ class Worker:
         self.stuck_after_s = stuck_after_s
         """A front end that reads nothing for this long while the worker has data for it is cut off."""
         self.device = device or Device(worker_id, model_repo)
-        """Its own; or a pool's model server's, holding the model loaded (worker/pool.py)."""
+        """Its own; or, a pool's model server, one handed the model loaded (worker/holdings.py)."""
         self.ledger = CreditLedger(MonotonicClock())
         """The batch slots (1 running + 1 staged) granted to the front ends: the cap holds across them."""
         self.links: dict[int, FrontLink] = {}
@@ -355,13 +358,13 @@ def main(argv: list[str] | None = None) -> int:
         runner = uvloop.run
     except ImportError:
         runner = asyncio.run
-    if args.pool:  # many models on demand (worker/pool.py), each served by a Worker of its own
-        pool = PoolWorker(
-            args.connect, args.pool, args.token, worker_id, args.reconnect, args.model_repo, tls_context,
-            args.stuck_after_s, args.zone, Resolver(args.hosts_file, args.resolve_every_s), model_server=Worker,
-        )
-        return runner(run_until_done(pool.run(), lambda: pool.drain(signalled=True)))
     try:
+        if args.pool:  # many models on demand (worker/pool.py), each served by a Worker of its own
+            pool = PoolWorker(
+                args.connect, args.pool, args.token, worker_id, args.reconnect, args.model_repo, tls_context,
+                args.stuck_after_s, args.zone, Resolver(args.hosts_file, args.resolve_every_s), model_server=Worker,
+            )
+            return runner(run_until_done(pool.run(), lambda: pool.drain(signalled=True)))
         while True:  # once more each time its version is retired, serving the default version
             worker = Worker(
                 args.connect, args.model, args.token, worker_id, args.reconnect, args.model_repo,

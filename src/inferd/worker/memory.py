@@ -8,10 +8,11 @@ process), else the process's resident memory (/proc/self/statm). A pool worker (
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
+import functools
 import gc
 import os
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 
 MIB = 2**20
@@ -62,8 +63,12 @@ def give_back() -> None:
     torch = sys.modules.get("torch")
     if torch is not None and torch.cuda.is_initialized():
         torch.cuda.empty_cache()
-    libc = ctypes.util.find_library("c")
-    if libc is not None:
-        trim = getattr(ctypes.CDLL(libc), "malloc_trim", None)
-        if trim is not None:  # glibc only (musl has none)
-            trim(0)
+    trim = _malloc_trim()
+    if trim is not None:
+        trim(0)
+
+
+@functools.cache
+def _malloc_trim() -> Callable[[int], int] | None:
+    """glibc's malloc_trim, from the symbols the process has loaded (None elsewhere: musl, macOS)."""
+    return getattr(ctypes.CDLL(None), "malloc_trim", None)

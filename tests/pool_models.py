@@ -1,0 +1,42 @@
+"""Models for the pool worker's in-process tests (tests/unit/test_pool_holdings.py): one whose load waits
+for the test to let it go, and one that records how many of its batches (of any model) run at once."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from inferd.models.sim import SimModel
+
+LOAD_GATE = threading.Event()
+"""A GatedLoad's load waits for it (set it to let the load end)."""
+LOAD_STARTED = threading.Event()
+
+
+class GatedLoad(SimModel):
+    def load(self) -> None:
+        super().load()
+        LOAD_STARTED.set()
+        if not LOAD_GATE.wait(30.0):
+            raise TimeoutError("the test never let the load end")
+
+
+class Overlap:
+    """Batches running now, across every CountingBatches model, and the most seen at once."""
+
+    lock = threading.Lock()
+    now = 0
+    most = 0
+
+
+class CountingBatches(SimModel):
+    def predict_batch(self, inputs: list[bytes]) -> list[str]:
+        with Overlap.lock:
+            Overlap.now += 1
+            Overlap.most = max(Overlap.most, Overlap.now)
+        try:
+            time.sleep(0.02)
+            return super().predict_batch(inputs)
+        finally:
+            with Overlap.lock:
+                Overlap.now -= 1

@@ -1,0 +1,137 @@
+"""worker/holdings.py in process, with model servers that only wait to be drained: the models of one
+pool worker run one batch at a time between them (the shared compute lock), a load runs beside the
+batches of the models loaded (never under that lock), and loads, evictions and unloads are told to every
+front end as the residency decides them."""
+
+from __future__ import annotations
+
+import asyncio
+
+from inferd.models.sim import sim_config
+from inferd.pools.residency import Limits
+from inferd.wire import protocol as p
+from inferd.worker.device import Device
+from inferd.worker.holdings import Holdings
+from tests import pool_models
+
+
+class WaitingServer:
+    """A model server that serves nobody: it runs until drained."""
+
+    def __init__(self, model: str, version: int, device: Device) -> None:
+        self.device = device
+        self.drained = asyncio.Event()
+
+    async def run(self) -> int:
+        await self.drained.wait()
+        return 0
+
+    def drain(self, signalled: bool = False) -> bool:
+        self.drained.set()
+        return True
+
+
+def config_json(name: str, implementation: str = "inferd.models.sim:SimModel", **params: object) -> bytes:
+    config = sim_config(name, base_ms=0.0, per_item_ms=0.0, params=params)
+    return config.model_copy(update={"implementation": implementation}).model_dump_json().encode()
+
+
+class Told:
+    def __init__(self) -> None:
+        self.messages: list[p.Message] = []
+        self.arrived = asyncio.Event()
+
+    def __call__(self, msg: p.Message) -> None:
+        self.messages.append(msg)
+        self.arrived.set()
+
+    async def result(self, model: str) -> p.LoadResult:
+        async with asyncio.timeout(20):
+            while True:
+                for msg in self.messages:
+                    if isinstance(msg, p.LoadResult) and msg.model == model:
+                        self.messages.remove(msg)
+                        return msg
+                self.arrived.clear()
+                await self.arrived.wait()
+
+
+async def test_models_take_turns_on_the_device_and_a_load_runs_beside_their_batches() -> None:
+    told = Told()
+    holdings = Holdings("pw", None, told, WaitingServer)
+    holdings.configure(Limits(budget_mb=1000.0, max_concurrent_loads=1, min_resident_s=0.0))
+    counting = "tests.pool_models:CountingBatches"
+    pool_models.LOAD_GATE.clear()
+    pool_models.LOAD_STARTED.clear()
+    async with asyncio.TaskGroup() as tg:
+        planner = tg.create_task(holdings.plan(tg))
+        for name in ("a", "b"):
+            assert holdings.ask(p.LoadModel(name, 1, config_json(name, counting))) is None
+            assert (await told.result(name)).ok
+        gated = p.LoadModel("slow", 1, config_json("slow", "tests.pool_models:GatedLoad"))
+        assert holdings.ask(gated) is None
+        await asyncio.to_thread(pool_models.LOAD_STARTED.wait, 20)
+        pool_models.Overlap.most = 0
+        devices = [holdings.servers[("a", 1)].device, holdings.servers[("b", 1)].device]
+        batches = [device.run_one(p.RunBatch(i, [b"x"])) for i in range(4) for device in devices]
+        done = await asyncio.gather(*batches)  # while "slow" is still loading
+        assert all(d.batch_error is None for d in done)
+        assert pool_models.Overlap.most == 1  # two models, eight batches: never two at once
+        assert ("slow", 1) not in holdings.servers and holdings.residency.held[("slow", 1)].state == "loading"
+        pool_models.LOAD_GATE.set()
+        assert (await told.result("slow")).ok
+        holdings.close()
+        async with asyncio.timeout(20):
+            await holdings.emptied()
+        planner.cancel()
+    told_states = [m for m in told.messages if isinstance(m, p.PoolState)]
+    assert any({m.model for m in s.models} == {"a", "b", "slow"} for s in told_states)  # slow loading beside
+    final = holdings.state()
+    assert final.models == [] and final.used_mb == 0.0 and final.loads == {"a": 1, "b": 1, "slow": 1}
+
+
+async def test_an_eviction_drains_the_model_server_and_every_front_end_is_told() -> None:
+    told = Told()
+    holdings = Holdings("pw", None, told, WaitingServer)
+    holdings.configure(Limits(budget_mb=1000.0, max_loaded_models=1, min_resident_s=0.0))
+    async with asyncio.TaskGroup() as tg:
+        planner = tg.create_task(holdings.plan(tg))
+        holdings.ask(p.LoadModel("a", 1, config_json("a")))
+        assert (await told.result("a")).ok
+        again = holdings.ask(p.LoadModel("a", 1, config_json("a")))
+        assert again is not None and again.ok  # held already: answered at once
+        a = holdings.servers[("a", 1)]
+        holdings.ask(p.LoadModel("b", 1, config_json("b")))
+        assert (await told.result("b")).ok
+        assert a.drained.is_set()  # type: ignore[attr-defined]
+        assert set(holdings.residency.held) == {("b", 1)}
+        assert holdings.state().evictions == {"a": 1}
+        holdings.close()
+        async with asyncio.timeout(20):
+            await holdings.emptied()
+        planner.cancel()
+
+
+async def test_loads_past_max_concurrent_loads_wait_their_turn_and_are_counted_as_waiting() -> None:
+    told = Told()
+    holdings = Holdings("pw", None, told, WaitingServer)
+    holdings.configure(Limits(budget_mb=1000.0, max_concurrent_loads=1))
+    pool_models.LOAD_GATE.clear()
+    pool_models.LOAD_STARTED.clear()
+    gated = "tests.pool_models:GatedLoad"
+    async with asyncio.TaskGroup() as tg:
+        planner = tg.create_task(holdings.plan(tg))
+        for name in ("one", "two"):
+            assert holdings.ask(p.LoadModel(name, 1, config_json(name, gated))) is None
+        await asyncio.to_thread(pool_models.LOAD_STARTED.wait, 20)
+        state = holdings.state()
+        assert {m.model: m.state for m in state.models} == {"one": "loading"} and state.waiting_loads == 1
+        joined = holdings.ask(p.LoadModel("two", 1, config_json("two", gated)))
+        assert joined is None and holdings.state().waiting_loads == 1  # the same load, asked again
+        pool_models.LOAD_GATE.set()
+        assert (await told.result("one")).ok and (await told.result("two")).ok
+        assert [r for r in told.messages if isinstance(r, p.LoadResult)] == []  # one LoadResult per load
+        holdings.close()
+        async with asyncio.timeout(20):
+            await holdings.emptied()
+        planner.cancel()

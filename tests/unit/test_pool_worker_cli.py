@@ -1,0 +1,81 @@
+"""`inferd worker --pool NAME` and `python -m inferd.worker.main --pool NAME`: one of --model and --pool;
+worker/memory.py's measuring of what a load took."""
+
+from __future__ import annotations
+
+import sys
+from types import SimpleNamespace
+
+import pytest
+from typer.testing import CliRunner
+
+from inferd.cli.main import app
+from inferd.models.sim import SimModel, sim_config
+from inferd.worker import memory
+from inferd.worker.args import arguments
+from inferd.worker.pool import limits
+
+
+def test_a_worker_serves_one_model_or_a_pool_never_both_nor_neither() -> None:
+    assert arguments().parse_args(["--connect", "a:1", "--pool", "p"]).pool == "p"
+    assert arguments().parse_args(["--connect", "a:1", "--model", "m"]).pool is None
+    for argv in (["--connect", "a:1"], ["--connect", "a:1", "--model", "m", "--pool", "p"]):
+        with pytest.raises(SystemExit) as refused:
+            arguments().parse_args(argv)
+        assert refused.value.code == 2
+    env = {"INFERD_JOIN_TOKEN": "t", "COLUMNS": "200"}
+    for argv in (["worker", "--connect", "127.0.0.1:9"], ["worker", "--connect", "127.0.0.1:9", "--model", "m", "--pool", "p"]):
+        result = CliRunner().invoke(app, argv, env=env)
+        assert result.exit_code == 2
+        assert "--model NAME (one model) or --pool NAME" in result.output
+
+
+def test_the_pool_settings_bind_the_worker_from_the_welcome() -> None:
+    bound = limits(b'{"workers": 2, "memory_budget_mb": 512.0, "max_loaded_models": 3, "min_resident_s": 1.5}')
+    assert (bound.budget_mb, bound.max_loaded_models, bound.max_concurrent_loads, bound.min_resident_s) == (
+        512.0, 3, 1, 1.5,
+    )
+    assert limits(b'{"memory_budget_mb": 64}').max_loaded_models is None
+
+
+def test_a_sim_model_with_memory_mb_grows_resident_memory_by_that_much_and_unload_gives_it_back() -> None:
+    model = SimModel(sim_config("m", params={"memory_mb": 64}))
+    before = memory.reading()
+    model.load()
+    loaded = memory.reading()
+    assert before.device_mb is None  # no device here: resident memory is what is measured
+    assert before.grown_to(loaded) >= 60.0
+    model.unload()
+    memory.give_back()
+    assert loaded.grown_to(memory.reading()) == 0.0
+    assert memory.reading().resident_mb <= loaded.resident_mb - 60.0
+
+
+def test_a_reading_prefers_the_device_once_there_is_one() -> None:
+    cpu = memory.Reading(resident_mb=500.0, device_mb=None)
+    assert cpu.grown_to(memory.Reading(resident_mb=600.0, device_mb=None)) == 100.0
+    assert cpu.grown_to(memory.Reading(resident_mb=900.0, device_mb=250.0)) == 250.0  # CUDA started in the load
+    assert memory.Reading(500.0, 300.0).grown_to(memory.Reading(520.0, 280.0)) == 0.0
+
+
+def test_device_memory_is_read_from_torch_only_once_it_has_initialized_cuda(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No GPU here: a stand-in for torch's module says what torch.cuda would (the reading never imports
+    torch itself, nor starts CUDA)."""
+
+    class Cuda:
+        initialized = False
+
+        def is_initialized(self) -> bool:
+            return self.initialized
+
+        def memory_allocated(self) -> int:
+            return 3 * 2**20
+
+    cuda = Cuda()
+    monkeypatch.setitem(sys.modules, "torch", SimpleNamespace(cuda=cuda))
+    assert memory.device_mb() is None
+    cuda.initialized = True
+    assert memory.device_mb() == 3.0
+    assert memory.reading().device_mb == 3.0
+    monkeypatch.delitem(sys.modules, "torch")
+    assert memory.device_mb() is None
