@@ -3,9 +3,10 @@ worker, is ready on demand, and answers its first request once the scaling loop 
 (the request waits in the cold queue meanwhile); the cold start is in `inferd_cold_start_seconds`. Idle,
 it scales back to zero; then a request whose deadline is nearer than the measured start gets a 429 at
 once, and a burst past the cold bound gets 429s with Retry-After for the excess, 200s for the rest, and
-never a 5xx.
+never a 5xx. With `--frontends 2`, a follower (which runs no autoscaler) holds its requests too, instead of a
+503, until the worker the owner's scaling loop starts joins it.
 
-Bounded: one server, one worker at most, a burst of 16 requests."""
+Bounded: one server at a time, one worker at most, bursts of 16 requests."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from pathlib import Path
 import aiohttp
 
 from inferd.models.sim import sim_digest
+from tests.checked_load import wait_for
 from tests.conftest import ServerProc, start_server
 from tests.integration.test_fleet import admin, ready_count, until
 
@@ -49,12 +51,15 @@ async def infer(http: aiohttp.ClientSession, server: ServerProc, text: str, time
         return r.status, await r.json(), r.headers.get("Retry-After")
 
 
-async def cold_starts(http: aiohttp.ClientSession, server: ServerProc) -> tuple[float, float]:
+async def cold_starts(http: aiohttp.ClientSession, server: ServerProc, frontend: str = "") -> tuple[float, float]:
+    """The count and sum of the sim model's scale-from-zero cold starts (of one front end: `frontend`)."""
     async with http.get(f"{server.url}/metrics") as r:
         text = await r.text()
     found = {}
     for line in text.splitlines():
         if line.startswith("inferd_cold_start_seconds_") and 'model="sim"' in line and 'cause="scale_from_zero"' in line:
+            if frontend and f'frontend="{frontend}"' not in line:
+                continue
             name, _, value = line.rpartition(" ")
             found[name.split("{")[0]] = float(value)
     return found.get("inferd_cold_start_seconds_count", 0.0), found.get("inferd_cold_start_seconds_sum", 0.0)
@@ -94,6 +99,31 @@ async def test_a_model_at_zero_workers_answers_its_first_request_and_bounds_a_bu
             else:
                 assert retry is not None and int(retry) >= 1 and "cold queue is full" in answer["error"]
         assert "Traceback" not in server.log()
+    finally:
+        server.stop()
+
+
+def listeners(port: int) -> int:
+    """Sockets listening on the TCP port (each front end of `--frontends N` binds its own: SO_REUSEPORT)."""
+    rows = [line.split() for line in Path("/proc/net/tcp").read_text().splitlines()[1:]]
+    return sum(1 for r in rows if r[3] == "0A" and int(r[1].rpartition(":")[2], 16) == port)
+
+
+async def test_a_follower_holds_its_requests_for_the_owners_scaling_loop(tmp_path: Path) -> None:
+    repo = tmp_path / "repo"
+    (repo / "sim" / "1").mkdir(parents=True)
+    (repo / "sim" / "model.toml").write_text(MODEL_TOML.replace("cold_queue_size = 6", "cold_queue_size = 32"))
+    server = start_server(tmp_path, "--model-repo", str(repo), "--frontends", "2")
+    try:  # both front ends take connections (the first one ready answered start_server), the owner's admin API
+        wait_for(lambda: listeners(server.port) == 2 and listeners(server.admin_port) == 1, 20, "both listening")
+        connector = aiohttp.TCPConnector(force_close=True)  # a connection per request: both front ends get some
+        async with aiohttp.ClientSession(connector=connector) as http:
+            assert await ready_count(http, server) == 0
+            results = await asyncio.gather(*(infer(http, server, f"f{i}") for i in range(BURST)))
+            assert [s for s, _, _ in results] == [200] * BURST, results
+            for i, (_, answer, _) in enumerate(results):
+                assert answer["outputs"][0]["data"] == [sim_digest("sim", 1, f"f{i}")]
+            assert (await cold_starts(http, server, frontend="1"))[0] == 1.0  # the follower held some
     finally:
         server.stop()
 

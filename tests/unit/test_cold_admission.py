@@ -25,11 +25,11 @@ from tests.fakes.worker import fake_connection
 class FakeWaker:
     """Records every wake; says what the test sets (a reason it cannot wake, a measured eta)."""
 
-    reason: str | None = None
+    reason: str | WorkerUnavailable | None = None
     eta: float | None = None
     wakes: list[tuple[str, int, int, float]] = field(default_factory=list)
 
-    def wakeable(self, model: str, version: int) -> str | None:
+    def wakeable(self, model: str, version: int) -> str | WorkerUnavailable | None:
         return self.reason
 
     def wake(self, model: str, version: int, waiting: int, oldest_age_s: float) -> None:
@@ -116,6 +116,15 @@ async def test_a_waker_that_cannot_wake_gives_its_reason_as_the_503() -> None:
     assert len(rt.queue) == 0 and waker.wakes == []
 
 
+async def test_a_waker_may_give_the_503_itself_with_its_retry_after() -> None:
+    waker = FakeWaker(reason=WorkerUnavailable("loading model 'sim' failed: out of memory; retry in 8 s", 7.5))
+    rt, _, _ = cold_runtime(waker, POOL_LOAD)
+    assert not rt.ready
+    with pytest.raises(WorkerUnavailable, match="out of memory") as refused:
+        rt.enqueue([b"a"], None)
+    assert refused.value.retry_after_s == 7.5 and len(rt.queue) == 0
+
+
 async def test_held_requests_wake_the_waker_and_are_served_by_the_first_worker() -> None:
     waker = FakeWaker()
     rt, clock, metrics = cold_runtime(waker)
@@ -126,11 +135,13 @@ async def test_held_requests_wake_the_waker_and_are_served_by_the_first_worker()
     second = rt.enqueue([b"b", b"c"], None)
     assert waker.wakes[-1] == ("sim", 2, 3, 0.5)
     assert rt.statistics().queued == 3 and rt.dispatch_due() is None  # nothing to send them to
+    assert rt.statistics().detail.cold_for_s == 0.5
     clock.advance(1.5)
     worker = fake_connection("sim-0.1", 100)
     worker.version = 2
     rt.add_worker(worker)
     assert cold_starts(metrics, SCALE_FROM_ZERO) == (1.0, 2.0)  # from the first held to the worker
+    assert rt.statistics().detail.cold_for_s is None
     rt.dispatch_due()
     (batch,) = worker.inflight.values()
     assert [i.payload for i in batch.items] == [b"a", b"b", b"c"]
@@ -238,3 +249,16 @@ async def test_a_waker_registered_after_the_runtime_was_built_is_asked() -> None
     wakers.set("sim", waker, SCALE_FROM_ZERO)
     rt.enqueue([b"a"], None)
     assert len(waker.wakes) == 1
+
+
+async def test_a_waker_that_fails_is_logged_and_the_request_stays_held(caplog: pytest.LogCaptureFixture) -> None:
+    class Broken(FakeWaker):
+        def wake(self, model: str, version: int, waiting: int, oldest_age_s: float) -> None:
+            raise RuntimeError("the pool is confused")
+
+    rt, _, _ = cold_runtime(Broken())
+    items = rt.enqueue([b"a"], None)  # the caller gets its items, to wait on and withdraw
+    assert len(rt.queue) == 1 and not items[0].reply.done()
+    assert "the waker of model sim failed" in caplog.text
+    rt.withdraw(items)
+    assert len(rt.queue) == 0

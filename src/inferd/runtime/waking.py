@@ -11,11 +11,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
+from inferd.errors import WorkerUnavailable
+
 
 class Waker(Protocol):
-    def wakeable(self, model: str, version: int) -> str | None:
-        """None when the model version can be served on demand now; else why not (the 503's message,
-        e.g. "pool 'p' has no worker")."""
+    def wakeable(self, model: str, version: int) -> str | WorkerUnavailable | None:
+        """None when the model version can be served on demand now; else why not: the 503's message
+        (e.g. "pool 'p' has no worker"), or the 503 itself, made for this call, when it says when to
+        retry (e.g. a failed load's backoff: `WorkerUnavailable(message, retry_after_s=left)`)."""
         ...
 
     def wake(self, model: str, version: int, waiting: int, oldest_age_s: float) -> None:

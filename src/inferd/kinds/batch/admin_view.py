@@ -22,6 +22,7 @@ def batch_model_row(stats: RuntimeStatistics) -> dict[str, Any]:
         "isolation_batches": d.isolation_batches,
         "batch_timeout_s": d.batch_timeout_s,
         "busy_ratio": round(min(1.0, max(0.0, d.busy_ratio)), 3),
+        "cold_for_s": None if d.cold_for_s is None else round(d.cold_for_s, 3),
     }
 
 

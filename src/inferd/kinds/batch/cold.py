@@ -3,7 +3,7 @@
 instead of refusing them with a 503. The rule, for a request of `n` items arriving then:
 
     no waker registered                  -> 503 "has no ready worker", as for every model without one
-    the waker cannot wake it (a reason)  -> 503 with that reason
+    the waker cannot wake it (a reason)  -> 503 with that reason (or the 503 it gave: its Retry-After)
     the cold queue would pass its bound  -> 429, Retry-After = the waker's measured eta (1 s unmeasured)
     the eta is past the request's deadline -> 429, Retry-After = the eta
     else                                 -> admitted: queued as any request is (the normal room and
@@ -22,10 +22,13 @@ registered with (`Wakers.set(model, waker, cause)`: "scale_from_zero", "pool_loa
 from __future__ import annotations
 
 import asyncio
+import logging
 
 from inferd.errors import Overloaded, WorkerUnavailable, retry_after_s
 from inferd.kinds.batch.state import ModelState
 from inferd.runtime.waking import Wake, Wakers
+
+log = logging.getLogger("inferd.dispatcher")
 
 REWAKE_S = 0.25
 """While requests are held with no worker in service, the waker is told again this often."""
@@ -96,7 +99,7 @@ class ColdAdmission:
         config = state.config
         reason = wake.waker.wakeable(state.name, config.version)
         if reason is not None:
-            raise WorkerUnavailable(reason)
+            raise reason if isinstance(reason, WorkerUnavailable) else WorkerUnavailable(reason)
         bound = cold_bound(config.cold_queue_size, config.max_queue_size, config.max_batch_size)
         eta = wake.waker.eta_s(state.name, config.version)
         refusal = cold_refusal(state.name, len(state.queue), n, bound, state.clock.now(), deadline, eta)
@@ -121,6 +124,10 @@ class ColdAdmission:
         self.state.metrics.cold_started(self._cause, self.state.clock.now() - self.since)
         self.since = None
 
+    def held_for_s(self) -> float | None:
+        """How long the cold start under way has held requests (None: none under way)."""
+        return None if self.since is None else self.state.clock.now() - self.since
+
     def failed(self) -> None:
         """The waker gave up (a failed load): the held requests were answered; the next cold start is
         measured afresh."""
@@ -142,7 +149,12 @@ class ColdAdmission:
             self._held.clear()
 
     def _tell(self, wake: Wake) -> None:
+        """Tell the waker what waits. Its failure is logged, never raised: the requests are queued
+        already (their callers wait on them), and they stay held until a worker comes or they expire."""
         queue = self.state.queue
         oldest_at = queue.oldest_at()
         age = 0.0 if oldest_at is None else self.state.clock.now() - oldest_at
-        wake.waker.wake(self.state.name, self.state.config.version, len(queue), age)
+        try:
+            wake.waker.wake(self.state.name, self.state.config.version, len(queue), age)
+        except Exception:
+            log.exception("the waker of model %s failed; its held requests wait", self.state.name)

@@ -201,8 +201,7 @@ class ModelRuntime:
         priority: int = INTERACTIVE,
         tenant: TenantShare = NO_TENANT,
     ) -> list[QueuedItem]:
-        """Admit and queue one request's items (held, with no worker in service and a waker: kinds/batch/
-        cold.py). Raises Overloaded or WorkerUnavailable."""
+        """Admit and queue one request's items (kinds/batch/cold.py if no worker). Raises Overloaded or WorkerUnavailable."""
         ready = self.precheck(priority, tenant)
         if ready == 0:
             self._cold.check(len(payloads), deadline)
@@ -392,6 +391,7 @@ class ModelRuntime:
             full_batch_latency_s=estimator.full_batch_latency_s(),
             loop_lag_s=self.loop_lag_s,
             max_batch_size=self.config.max_batch_size,
+            cold_for_s=self._cold.held_for_s(),
         )
 
     def _worker_snapshot(self, w: WorkerConnection) -> WorkerSnapshot:

@@ -44,6 +44,9 @@ class BatchStatistics:
     loop_lag_s: float
     """EWMA of how late the event loop runs timers: the front end's own saturation."""
     max_batch_size: int
+    cold_for_s: float | None = None
+    """How long requests have been held with no worker in service, waiting for the one woken
+    (kinds/batch/cold.py); None: no cold start under way."""
 
 
 @dataclass(frozen=True, slots=True)
