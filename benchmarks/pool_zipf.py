@@ -46,7 +46,7 @@ import sys
 import time
 import urllib.request
 from collections import OrderedDict, defaultdict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -144,6 +144,10 @@ class Outcome:
     latency_s: float | None = None
     """From the intended send time to the answer, for every answer (any status)."""
     retry_after: str | None = None
+    queue_ms: float | None = None
+    """The server's X-Inferd-Queue-Ms (waiting in the model's queue, a load included) and
+    X-Inferd-Compute-Ms (its batch on the device), on ok answers."""
+    compute_ms: float | None = None
 
 
 async def offer(url: str, work: Workload, timeout_ms: float, seed: int) -> list[Outcome]:
@@ -175,6 +179,7 @@ async def offer(url: str, work: Workload, timeout_ms: float, seed: int) -> list[
         else:
             out.latency_s = now() - intended
             out.retry_after = headers.get("Retry-After")
+            out.queue_ms, out.compute_ms = header_ms(headers, "X-Inferd-Queue-Ms"), header_ms(headers, "X-Inferd-Compute-Ms")
             out.kind = failed if failed is not None else checker.check(rid, payload, raw)
         finally:
             checker.outstanding.discard(rid)
@@ -193,6 +198,13 @@ async def offer(url: str, work: Workload, timeout_ms: float, seed: int) -> list[
         for t in transports:
             await t.close()
     return outcomes
+
+
+def header_ms(headers: Mapping[str, str], name: str) -> float | None:
+    try:
+        return float(headers[name])
+    except (KeyError, ValueError):
+        return None
 
 
 # --- what the answers say ---------------------------------------------------------------------------
