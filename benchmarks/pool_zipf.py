@@ -31,6 +31,7 @@ What is reported:
 
     .venv/bin/python benchmarks/pool_zipf.py [--rate 10] [--seconds 60] [--max-requests 2000]
         [--load-ms 200] [--memory-mb 64] [--min-resident-s 0.5] [--seed 1] [--no-baseline] [--no-pool]
+        [--side-by-side]  (the pool and the dedicated worker run at the same time, under the same noise)
 
 Writes .bench/pool_zipf.json and prints markdown tables. Exits 1 when the run had an error other than
 429 with Retry-After or a wrong answer, 2 when a server could not be started.
@@ -330,21 +331,23 @@ def wait_for_pool_workers(url: str, n: int, within_s: float = 60.0) -> None:
         time.sleep(0.1)
 
 
-def pool_run(args: argparse.Namespace, work: Workload) -> dict[str, Any]:
+def pool_server(args: argparse.Namespace, work: Workload) -> InferdServer:
     models = {name: sim_toml(args, pooled=True) for name in work.names}
-    log = OUT_DIR / "pool_zipf" / "pool.log"
-    with InferdServer("--log-level", args.log_level, name="pool_zipf", config=pool_config(args), models=models,
-                      log_path=log, ready_timeout_s=60.0, grace_s=15.0) as server:  # fmt: skip
-        wait_for_pool_workers(server.url, 2)
-        started = time.monotonic()
-        outcomes = run_blocking(offer(server.url, work, args.timeout_ms, args.seed))
-        elapsed = time.monotonic() - started
-        metrics = scrape(server.url)
+    return InferdServer("--log-level", args.log_level, name="pool_zipf", config=pool_config(args), models=models,
+                        log_path=OUT_DIR / "pool_zipf" / "pool.log", ready_timeout_s=60.0, grace_s=15.0)  # fmt: skip
+
+
+def dedicated_server(args: argparse.Namespace, name: str) -> InferdServer:
+    return InferdServer("--log-level", "WARNING", name="pool_zipf_dedicated", models={name: sim_toml(args, False)},
+                        log_path=OUT_DIR / "pool_zipf" / "dedicated.log", ready_timeout_s=60.0, grace_s=15.0)  # fmt: skip
+
+
+def pool_result(args: argparse.Namespace, work: Workload, outcomes: list[Outcome], metrics: dict) -> dict[str, Any]:
     loads = metrics.get("inferd_model_loads_total", {})
     evictions = metrics.get("inferd_model_evictions_total", {})
     _, loads_seen = load_waits(outcomes, 0.9 * args.load_ms / 1000.0)
     summary = summarize(work, outcomes, 0.9 * args.load_ms / 1000.0)
-    return {"elapsed_s": elapsed, "summary": asdict(summary), "loads_by_model": loads, "loads": sum(loads.values()),
+    return {"summary": asdict(summary), "loads_by_model": loads, "loads": sum(loads.values()),
             "evictions": sum(evictions.values()), "loads_seen_by_clients": loads_seen,
             "pool_memory_used_mb": metrics.get("inferd_pool_memory_used_mb", {}),
             "pool_models_loaded": metrics.get("inferd_pool_models_loaded", {}),
@@ -352,15 +355,36 @@ def pool_run(args: argparse.Namespace, work: Workload) -> dict[str, Any]:
             "requests": [asdict(o) for o in outcomes]}  # fmt: skip
 
 
+def pool_run(args: argparse.Namespace, work: Workload) -> dict[str, Any]:
+    with pool_server(args, work) as server:
+        wait_for_pool_workers(server.url, 2)
+        outcomes = run_blocking(offer(server.url, work, args.timeout_ms, args.seed))
+        metrics = scrape(server.url)
+    return pool_result(args, work, outcomes, metrics)
+
+
 def dedicated_run(args: argparse.Namespace, work: Workload) -> dict[str, Any]:
     """m01's requests alone, at the same offsets, to the same model on a worker of its own."""
-    name = work.names[0]
-    mine = work.only(0, name)
-    log = OUT_DIR / "pool_zipf" / "dedicated.log"
-    with InferdServer("--log-level", "WARNING", name="pool_zipf_dedicated", models={name: sim_toml(args, False)},
-                      log_path=log, ready_timeout_s=60.0, grace_s=15.0) as server:  # fmt: skip
+    mine = work.only(0, work.names[0])
+    with dedicated_server(args, work.names[0]) as server:
         outcomes = run_blocking(offer(server.url, mine, args.timeout_ms, args.seed))
     return {"summary": asdict(summarize(mine, outcomes, None))}
+
+
+def side_by_side_run(args: argparse.Namespace, work: Workload) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The pool's run and the dedicated worker's at the same time (two servers, one sender), so that
+    whatever else the machine does falls on both alike; each also takes the other's CPU."""
+    mine = work.only(0, work.names[0])
+    with pool_server(args, work) as pool, dedicated_server(args, work.names[0]) as dedicated:
+        wait_for_pool_workers(pool.url, 2)
+
+        async def both() -> list[list[Outcome]]:
+            return list(await asyncio.gather(offer(pool.url, work, args.timeout_ms, args.seed),
+                                             offer(dedicated.url, mine, args.timeout_ms, args.seed)))  # fmt: skip
+
+        pool_outcomes, dedicated_outcomes = run_blocking(both())
+        metrics = scrape(pool.url)
+    return pool_result(args, work, pool_outcomes, metrics), {"summary": asdict(summarize(mine, dedicated_outcomes, None))}
 
 
 # --- the report -------------------------------------------------------------------------------------
@@ -417,6 +441,7 @@ def main() -> int:
     ap.add_argument("--log-level", default="WARNING", help="the pool server's (its log: .bench/pool_zipf/pool.log)")
     ap.add_argument("--no-baseline", action="store_true", help="skip the dedicated worker's run")
     ap.add_argument("--no-pool", action="store_true", help="skip the pool's run (the baseline only)")
+    ap.add_argument("--side-by-side", action="store_true", help="run the pool and the dedicated worker at the same time")
     args = ap.parse_args()
     args.budget_mb = args.budget_mb or 3.5 * args.memory_mb
     if not 2 <= args.models <= 50 or args.rate <= 0 or not 0 < args.seconds <= 300 or args.load_ms <= 0:
@@ -431,9 +456,11 @@ def main() -> int:
                     "belady_6": belady_loads(work.models, 6)},
     }  # fmt: skip
     try:
-        if not args.no_baseline:
+        if args.side_by_side:
+            run["pool"], run["dedicated"] = side_by_side_run(args, work)
+        elif not args.no_baseline:
             run["dedicated"] = dedicated_run(args, work)
-        if not args.no_pool:
+        if not args.no_pool and not args.side_by_side:
             run["pool"] = pool_run(args, work)
     except ServerNotReady as exc:
         print(f"pool_zipf: {exc}", file=sys.stderr)
