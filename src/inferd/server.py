@@ -226,8 +226,7 @@ class InferenceServer:
         return not self.shutting_down and all(rt.ready for rt in self.registry)
 
     def begin_shutdown(self) -> None:
-        """Readiness answers 503 from now on (SIGTERM's grace period); requests are still served.
-        Called from a signal handler: it only sets a flag."""
+        """Readiness answers 503 from now on (SIGTERM's grace); requests are still served (a flag only)."""
         self.shutting_down = True
 
     async def metrics_text(self) -> bytes:
@@ -361,6 +360,7 @@ class InferenceServer:
     def remove_version(self, name: str, version: int, why: ServingError | None = None) -> None:
         """Stop serving one version (its workers are drained already): fail what it still holds with
         `why` (default: 503, no longer served)."""
+        self.pools.unload(name, version)  # a pooled version: its pool's workers drain and unload it
         rt = self.registry.remove(name, version)
         self.directory.drop(name, version)
         rt.stop(why or ShuttingDown(f"model '{name}' version {version} is no longer served"))

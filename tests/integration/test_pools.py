@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -73,6 +74,7 @@ def pooled(tmp_path: Path) -> Iterator[ServerProc]:
     repo, config = write(tmp_path, {**{m: POOLED for m in MODELS}, "broken": BROKEN})
     (repo / "broken" / "1").mkdir()
     (repo / "broken" / "1" / "model.py").write_text(BROKEN_PY)
+    (repo / "a" / "1").mkdir()  # a version folder: version 2 comes later (a rolling update)
     server = start_server(tmp_path, "--model-repo", str(repo), "--config", str(config), "--no-grpc")
     yield server
     assert server.stop() in (0, -15)
@@ -82,12 +84,12 @@ def body(text: str) -> dict:
     return {"inputs": [{"name": "INPUT0", "shape": [1], "datatype": "BYTES", "data": [text]}]}
 
 
-async def infer(http: aiohttp.ClientSession, server: ServerProc, model: str, text: str) -> None:
+async def infer(http: aiohttp.ClientSession, server: ServerProc, model: str, text: str, version: int = 1) -> None:
     async with http.post(f"{server.url}/v2/models/{model}/infer", json=body(text)) as r:
         answer = await r.json()
         assert r.status == 200, answer
-    assert answer["model_name"] == model
-    assert answer["outputs"][0]["data"] == [sim_digest(model, 1, text)]  # its own answer
+    assert answer["model_name"] == model and answer["model_version"] == str(version)
+    assert answer["outputs"][0]["data"] == [sim_digest(model, version, text)]  # its own answer
 
 
 def samples(text: str, name: str) -> dict[str, float]:
@@ -100,6 +102,18 @@ def samples(text: str, name: str) -> dict[str, float]:
     return found
 
 
+async def settled_metrics(http: aiohttp.ClientSession, server: ServerProc) -> str:
+    """/metrics once every model's load is counted (the counts come with the pool workers' next
+    PoolState, on another connection than the answers): at most 5 s."""
+    async with asyncio.timeout(5.0):
+        while True:
+            async with http.get(f"{server.url}/metrics") as r:
+                text = await r.text()
+            if len(samples(text, "inferd_model_loads_total")) == len(MODELS):
+                return text
+            await asyncio.sleep(0.1)
+
+
 async def test_a_pool_serves_every_model_on_demand_and_evicts_to_make_room(pooled: ServerProc) -> None:
     server = pooled
     async with aiohttp.ClientSession() as http:
@@ -107,8 +121,7 @@ async def test_a_pool_serves_every_model_on_demand_and_evicts_to_make_room(poole
             await asyncio.gather(
                 *(infer(http, server, m, f"{m}-{round_}-{i}") for m in MODELS for i in range(4))
             )
-        async with http.get(f"{server.url}/metrics") as r:
-            metrics = await r.text()
+        metrics = await settled_metrics(http, server)
         async with http.get(f"{server.admin_url}/admin/pools") as r:
             pools = (await r.json())["pools"]
         async with http.get(f"{server.url}/v2/health/ready") as r:
@@ -123,7 +136,7 @@ async def test_a_pool_serves_every_model_on_demand_and_evicts_to_make_room(poole
     assert set(loads) == {f'{{model="{m}"}}' for m in MODELS}  # every model was loaded
     assert sum(samples(metrics, "inferd_model_evictions_total").values()) >= 1  # five models, room for four
     assert sum(loads.values()) >= len(MODELS) + 1
-    assert sum(samples(metrics, "inferd_model_load_seconds_count").values()) == sum(loads.values())
+    assert set(samples(metrics, "inferd_model_load_seconds_count")) == set(loads)
     used = samples(metrics, "inferd_pool_memory_used_mb")
     budgets = samples(metrics, "inferd_pool_memory_budget_mb")
     assert len(used) == 2 and set(budgets.values()) == {130.0}
@@ -133,9 +146,29 @@ async def test_a_pool_serves_every_model_on_demand_and_evicts_to_make_room(poole
     assert pool["name"] == "p" and len(pool["workers"]) == 2
     held = [m for w in pool["workers"] for m in w["models"]]
     assert 1 <= len(held) <= 4 and all(m["state"] in ("loading", "ready", "unloading") for m in held)
+    await rolling_update(server, server.log_path.parent / "repo")
     table, page = status(server), status(server, "--json")
     assert "pools" in table and "pool:p-0" in table and "budget MiB" in table
     assert [p["name"] for p in json.loads(page)["pools"]["pools"]] == ["p"]
+
+
+async def rolling_update(server: ServerProc, repo: Path) -> None:
+    """A pooled model's update serves the new version at once (on demand) and its pool's workers
+    unload the old one; scaling a pooled model is refused (its pool's workers serve it)."""
+    shutil.copytree(repo / "a" / "1", repo / "a" / "2")
+    async with aiohttp.ClientSession() as http:
+        async with http.post(f"{server.admin_url}/admin/models/a/update") as r:
+            assert r.status == 200 and await r.json() == {"model": "a", "from": 1, "to": 2, "replaced": 0}
+        await infer(http, server, "a", "after the update", version=2)
+        async with http.post(f"{server.admin_url}/admin/models/a/scale?workers=2") as r:
+            assert r.status == 400 and "served by pool 'p'" in (await r.json())["error"]
+        async with asyncio.timeout(5.0):
+            while True:  # the old version leaves the pool's workers
+                async with http.get(f"{server.admin_url}/admin/pools") as r:
+                    held = [(m["model"], m["version"]) for w in (await r.json())["pools"][0]["workers"] for m in w["models"]]
+                if ("a", 1) not in held:
+                    break
+                await asyncio.sleep(0.1)
 
 
 def status(server: ServerProc, *args: str) -> str:
@@ -162,3 +195,25 @@ def test_a_model_that_does_not_fit_the_pools_is_refused_at_start(
     assert done.exit_code == 2, done.output  # refused before anything started
     assert named in " ".join(done.output.split()), done.output  # the message may be wrapped
 
+
+
+async def test_with_two_front_ends_each_pool_worker_is_counted_once(tmp_path: Path) -> None:
+    """Every front end sees every pool worker; only the owner exports the pool families, so the whole
+    server's /metrics (one `frontend` label per front end) counts each load once."""
+    repo, config = write(tmp_path, {m: POOLED for m in "ab"})
+    server = start_server(tmp_path, "--model-repo", str(repo), "--config", str(config), "--no-grpc",
+                          "--frontends", "2")
+    try:
+        async with aiohttp.ClientSession() as http:
+            await asyncio.gather(*(infer(http, server, m, f"{m}-{i}") for m in "ab" for i in range(6)))
+            async with asyncio.timeout(5.0):
+                while True:
+                    async with http.get(f"{server.url}/metrics") as r:
+                        loads = samples(await r.text(), "inferd_model_loads_total")
+                    if len(loads) == 2:
+                        break
+                    await asyncio.sleep(0.1)
+        assert set(loads) == {'{frontend="0",model="a"}', '{frontend="0",model="b"}'}
+        assert all(1 <= n <= 2 for n in loads.values())  # two front ends may each ask a worker: 2 at most
+    finally:
+        assert server.stop() in (0, -15)

@@ -55,7 +55,7 @@ class Driver:
         protected_s = self.r.limits.min_resident_s
         evictable = {  # the rule, restated: ready, no batch held, loaded for min_resident_s
             k for k, res in self.r.held.items()
-            if res.state == READY and not self.running.get(k) and now - res.since >= protected_s
+            if res.state == READY and not self.running.get(k) and now >= res.since + protected_s
         }
         for action in self.r.step():
             if isinstance(action, StartLoad):

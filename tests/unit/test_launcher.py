@@ -158,6 +158,15 @@ def test_every_worker_starts_from_one_bootstrap() -> None:
     assert WorkerBootstrap("a", "t", "INFO").environment() is None  # inherits the server's as it is
 
 
+def test_a_pool_workers_slot_starts_it_with_its_pool() -> None:
+    launcher = ScriptedLauncher(FakeClock())
+    slots = launcher.add_pool("gpu", 2)
+    assert [s.worker_id for s in slots] == ["pool:gpu-0", "pool:gpu-1"]
+    args = WorkerBootstrap("unix:/w.sock", "tok", "INFO").args(slots[1])
+    assert args[:6] == ["--connect", "unix:/w.sock", "--pool", "gpu", "--worker-id", "pool:gpu-1.0"]
+    assert "--model" not in args
+
+
 async def test_a_worker_joins_the_front_ends_its_launcher_names_at_each_start() -> None:
     """`Launcher.connect` is asked at every start (the front ends of a shared store: this one's address
     and every other live one's, cluster/frontend.py `worker_addresses`): a restarted worker, or a

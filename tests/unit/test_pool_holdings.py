@@ -96,10 +96,12 @@ async def test_an_eviction_drains_the_model_server_and_every_front_end_is_told()
     holdings.configure(Limits(budget_mb=1000.0, max_loaded_models=1, min_resident_s=0.0))
     async with asyncio.TaskGroup() as tg:
         planner = tg.create_task(holdings.plan(tg))
-        holdings.ask(p.LoadModel("a", 1, config_json("a")))
-        assert (await told.result("a")).ok
+        holdings.ask(p.LoadModel("a", 1, config_json("a", load_ms=50)))
+        first = await told.result("a")
+        assert first.ok and first.load_s >= 0.05
         again = holdings.ask(p.LoadModel("a", 1, config_json("a")))
-        assert again is not None and again.ok  # held already: answered at once
+        assert again is not None and again.ok  # held already: answered at once, with what its load took
+        assert (again.load_s, again.memory_mb) == (first.load_s, first.memory_mb)
         a = holdings.servers[("a", 1)]
         holdings.ask(p.LoadModel("b", 1, config_json("b")))
         assert (await told.result("b")).ok
@@ -134,4 +136,29 @@ async def test_loads_past_max_concurrent_loads_wait_their_turn_and_are_counted_a
         holdings.close()
         async with asyncio.timeout(20):
             await holdings.emptied()
+        planner.cancel()
+
+
+async def test_draining_during_a_load_gives_up_the_queued_ones_and_unloads_the_loading_one_once_loaded() -> None:
+    told = Told()
+    holdings = Holdings("pw", None, told, WaitingServer)
+    holdings.configure(Limits(budget_mb=1000.0, max_concurrent_loads=1))
+    pool_models.LOAD_GATE.clear()
+    pool_models.LOAD_STARTED.clear()
+    gated = "tests.pool_models:GatedLoad"
+    async with asyncio.TaskGroup() as tg:
+        planner = tg.create_task(holdings.plan(tg))
+        holdings.ask(p.LoadModel("one", 1, config_json("one", gated)))
+        holdings.ask(p.LoadModel("two", 1, config_json("two", gated)))
+        await asyncio.to_thread(pool_models.LOAD_STARTED.wait, 20)
+        holdings.close()
+        queued = await told.result("two")
+        assert not queued.ok and "before its load started" in queued.error
+        refused = holdings.ask(p.LoadModel("three", 1, config_json("three")))
+        assert refused is not None and not refused.ok and "drains" in refused.error
+        pool_models.LOAD_GATE.set()
+        assert (await told.result("one")).ok
+        async with asyncio.timeout(20):
+            await holdings.emptied()  # "one" loaded, then at once drained and unloaded
+        assert holdings.servers == {} and holdings.state().models == []
         planner.cancel()

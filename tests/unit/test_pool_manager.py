@@ -18,7 +18,7 @@ from inferd.cli.pool_status import pools_parts
 from inferd.clock import FakeClock
 from inferd.config import ModelConfig
 from inferd.config.pools import PoolConfig
-from inferd.errors import ServingError
+from inferd.errors import ServingError, WorkerUnavailable
 from inferd.pools.manager import PoolManager, ServedModel
 from inferd.pools.metrics import PoolMetrics
 from inferd.wire import protocol as p
@@ -67,6 +67,7 @@ async def pool() -> AsyncIterator[Fixture]:
         PoolConfig(workers=0, memory_budget_mb=1000.0),
         clock,
         lambda: list(served),
+        lambda m, v: next((s.config for s in served if (s.config.name, s.config.version) == (m, v)), None),
         lambda m, v, exc: fixture.failed.append((m, v, exc)),
         PoolMetrics(registry),
     )
@@ -136,7 +137,8 @@ async def test_a_failed_load_fails_the_waiting_requests_and_backs_off(pool: Fixt
     assert (model, version) == ("a", 1)
     assert "no module named nope" in str(exc) and exc.retry_after_s == 1.0  # type: ignore[attr-defined]
     reason = pool.manager.wakeable("a", 1)
-    assert reason is not None and "no module named nope" in reason and "next try is in 1.0 s" in reason
+    assert isinstance(reason, WorkerUnavailable) and reason.retry_after_s == 1.0  # the backoff left
+    assert "no module named nope" in str(reason) and "next try is in 1.0 s" in str(reason)
     pool.manager.wake("a", 1, waiting=1, oldest_age_s=0.0)  # within the backoff: no load
     assert pool.manager.placement.pending("a", 1) is None
     pool.clock.advance(1.5)
@@ -175,7 +177,7 @@ async def test_a_draining_worker_is_answered_and_gets_no_load(pool: Fixture) -> 
 
 async def test_wakeable_and_load_refusal(pool: Fixture) -> None:
     reason = pool.manager.wakeable("a", 1)
-    assert reason is not None and "pool 'p' has no worker" in reason and "inferd worker --pool p" in reason
+    assert isinstance(reason, str) and "pool 'p' has no worker" in reason and "inferd worker --pool p" in reason
     await join(pool, "w0")
     assert pool.manager.wakeable("a", 1) is None
     assert pool.manager.load_refusal(config("a", memory=900.0)) is None
@@ -233,3 +235,42 @@ async def test_the_view_and_inferd_status_show_what_each_worker_holds(pool: Fixt
     assert "a v1 ready 300 MiB idle 7.0s evictable" in text
     assert "pool p: model b v1: 4 waiting, 0 serving" in text
     assert pools_parts({"pools": []}) == []
+
+
+async def test_the_timer_spreads_a_hot_model_to_one_more_worker(pool: Fixture) -> None:
+    w0, w1 = await join(pool, "w0"), await join(pool, "w1")
+    w0.send(p.PoolState(1000.0, 300.0, [p.HeldModel("a", 1, "ready", 300.0)]))
+    w1.send(p.PoolState(1000.0, 0.0))
+    await settle(pool, lambda: all(link.state is not None for link in pool.manager.links.values()))
+    hot = config("a").model_copy(update={"max_batch_size": 4})
+    pool.served.append(ServedModel(hot, waiting=40, serving=1, batch_cycle_s=0.1))  # 10 batches for 1 worker
+    pool.manager.tick()  # hot from now on
+    assert pool.manager.placement.pending("a", 1) is None
+    pool.clock.advance(0.2)
+    pool.manager.tick()
+    msg = await w1.receive()
+    assert isinstance(msg, p.LoadModel) and msg.model == "a"
+    pool.clock.advance(0.2)
+    pool.manager.tick()  # one load at a time: nothing more while it is in progress
+    assert pool.manager.placement.pending("a", 1) == "w1"
+
+
+async def test_a_load_joined_on_a_ready_model_is_not_a_measured_load(pool: Fixture) -> None:
+    w0 = await join(pool, "w0")
+    w0.send(p.PoolState(1000.0, 280.0, [p.HeldModel("a", 1, "ready", 280.0)]))
+    w0.send(p.LoadResult("a", 1, ok=True, load_s=0.4, memory_mb=280.0))  # it held "a" ready already
+    w0.send(p.LoadResult("b", 1, ok=True, load_s=0.7, memory_mb=100.0))  # a load that ended now
+    await settle(pool, lambda: pool.manager.eta_s("b", 1) is not None)  # read after a's
+    assert pool.manager.size_mb(config("a")) == 280.0 and pool.manager.eta_s("a", 1) is None
+    text = generate_latest(pool.registry).decode()
+    assert 'inferd_model_load_seconds_count{model="b"} 1.0' in text and 'load_seconds_count{model="a"}' not in text
+
+
+async def test_a_model_measured_bigger_than_every_budget_is_refused_at_once(pool: Fixture) -> None:
+    w0 = await join(pool, "w0")
+    pool.served.append(ServedModel(config("a"), waiting=0, serving=0, batch_cycle_s=0.0))
+    assert pool.manager.wakeable("a", 1) is None  # its estimate (300 MiB) fits
+    w0.send(p.LoadResult("a", 1, ok=True, load_s=0.5, memory_mb=1200.0))  # it measured 1200 MiB somewhere
+    await settle(pool, lambda: pool.manager.size_mb(config("a")) == 1200.0)
+    reason = pool.manager.wakeable("a", 1)
+    assert isinstance(reason, str) and "takes 1200 MiB" in reason and "1000 MiB" in reason

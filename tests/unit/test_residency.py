@@ -201,3 +201,19 @@ def test_a_load_queued_behind_the_loads_under_way_asks_for_no_wake_up_once_its_w
     assert r.step() == [] and r.next_at() is None
     assert r.loaded(A, 10.0)
     assert r.step() == [StartLoad(B, 10.0)]  # it fits: it starts, however long it waited for the slot
+
+
+def test_a_model_protected_until_a_time_is_evictable_at_that_time_and_woken_for_then() -> None:
+    """`since + min_resident_s <= now` and `now - since >= min_resident_s` can disagree in floating point
+    (here since = 1000.0, min_resident_s = 0.3): the wake-up and the rule must use the same one, or the
+    wake for it is skipped and the load waits for its deadline."""
+    clock = FakeClock(start=1000.0)
+    r = Residency(Limits(budget_mb=100.0, max_loaded_models=1, min_resident_s=0.3), clock)
+    load(r, A, 1.0)
+    assert r.ask(B, 1.0, 10.0) == Queued(B)
+    assert r.step() == []
+    wake = r.next_at()
+    assert wake is not None and wake < 1010.0
+    clock.advance(wake - clock.now())
+    assert clock.now() == 1000.0 + 0.3 and clock.now() - 1000.0 < 0.3  # where the two forms disagree
+    assert r.step() == [Evict(A)]

@@ -143,7 +143,7 @@ class FleetControl:
         """Make `version` (None: the repository's highest) the model's default version, replacing the
         current default version's workers one by one. A version already served side by side becomes
         the default at once."""
-        old = self._with_workers(model, None)
+        old = self._with_workers(model, None, pooled=True)
         self._may_change()
         if version is not None and version in self.registry.versions(model):
             self.registry.set_default(model, version)
@@ -157,8 +157,14 @@ class FleetControl:
                 f"version {new_config.version} of {model!r} is a {new_config.kind} model, but version "
                 f"{old.version} is a {old.kind} model; a rolling update keeps the kind (restart instead)"
             )
+        if (new_config.pool is None) != (old.config.pool is None):
+            raise BadRequest(
+                f"version {new_config.version} of {model!r} has pool = {new_config.pool!r}, but version "
+                f"{old.version} has pool = {old.config.pool!r}; a rolling update keeps how it is served (restart instead)"
+            )
         async with self._lock(model):
-            replaced = await self._roll(model, old, new_config)
+            roll = self._roll_pooled if old.config.pool is not None else self._roll
+            replaced = await roll(model, old, new_config)
         return {"model": model, "from": old.version, "to": new_config.version, "replaced": replaced}
 
     async def _roll(self, model: str, old: Runtime, config: ModelConfig) -> int:
@@ -204,6 +210,20 @@ class FleetControl:
         self.host.remove_version(model, old.version)
         return len(old_slots)
 
+    async def _roll_pooled(self, model: str, old: Runtime, config: ModelConfig) -> int:
+        """A pooled model has no workers of its own to replace: the new version is served at once (its
+        pool loads it on demand) and becomes the default; the old one answers what it holds, then goes
+        (its pool's workers unload it: `InferenceServer.remove_version`)."""
+        new = self.host.add_version(config)
+        if self.followers is not None:
+            await self.followers.until_serving(model, new.version)
+        self.registry.set_default(model, new.version)
+        if self.followers is not None:
+            await self.followers.until_moved(model, old.version, new.version)
+        await self._wait_idle(old)
+        self.host.remove_version(model, old.version)
+        return 0
+
     def _may_change(self) -> None:
         """Raises when this front end may not change the fleet now (`gate`)."""
         if self.gate is not None:
@@ -217,10 +237,16 @@ class FleetControl:
         except ConfigError as exc:
             raise BadRequest(f"cannot load version {version} of model {model!r}: {exc}") from None
 
-    def _with_workers(self, model: str, version: int | None) -> Runtime:
+    def _with_workers(self, model: str, version: int | None, pooled: bool = False) -> Runtime:
+        """The model's runtime, when it has workers of its own (`pooled`: or is served by a pool)."""
         rt = self.registry.get(model, version)
         if not self.host.has_workers(rt.kind):
             raise BadRequest(f"model {model!r} is a {rt.kind} model: it has no workers to scale or update")
+        if rt.config.pool is not None and not pooled:
+            raise BadRequest(
+                f"model {model!r} is served by pool {rt.config.pool!r}: it has no workers of its own to "
+                f"scale (its pool's workers load it on demand: set workers in [pools.{rt.config.pool}])"
+            )
         return rt
 
     def _retire(self, rt: Runtime, slot: WorkerSlot) -> None:

@@ -64,6 +64,7 @@ class ServerPools:
                 pool,
                 clock,
                 lambda name=name: self._served(name),  # type: ignore[misc]
+                self._config_of,
                 self._fail_waiting,
                 self.metrics,
                 silence_timeout_s=config.heartbeat_timeout_s,
@@ -131,6 +132,12 @@ class ServerPools:
             cycle = rt.config.max_wait_s + (latency or 0.0)
             served.append(ServedModel(rt.config, stats.queued, stats.ready_workers, cycle))
         return served
+
+    def _config_of(self, model: str, version: int) -> ModelConfig | None:
+        try:
+            return self.registry.get(model, version).config
+        except NotFound:
+            return None
 
     def _fail_waiting(self, model: str, version: int, exc: ServingError) -> None:
         try:

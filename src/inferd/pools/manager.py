@@ -71,6 +71,12 @@ class PoolLink:
         if not self.writer.is_closing():
             self.writer.write(p.encode_frame(msg))
 
+    def holds_ready(self, key: tuple[str, int]) -> bool:
+        """Its last PoolState lists the model version ready (a load that ends is sent before the
+        PoolState that says it is ready: its LoadResult finds the model loading, or not listed)."""
+        state = self.state
+        return state is not None and any((m.model, m.version) == key and m.state == "ready" for m in state.models)
+
     def view(self, budget_mb: float) -> WorkerView:
         state = self.state
         if state is None:  # joined, no PoolState yet: its whole budget is free
@@ -87,6 +93,7 @@ class PoolManager:
         config: PoolConfig,
         clock: Clock,
         served: Callable[[], list[ServedModel]],
+        config_of: Callable[[str, int], ModelConfig | None],
         fail_waiting: Callable[[str, int, ServingError], None],
         metrics: PoolMetrics,
         placement: Placement | None = None,
@@ -98,6 +105,8 @@ class PoolManager:
         self.clock = clock
         self.served = served
         """The pool's model versions served here, with their demand (read at each placement)."""
+        self.config_of = config_of
+        """A pooled model version's settings (None: not served here): what a wake needs, cheaply."""
         self.fail_waiting = fail_waiting
         """Fail a model version's waiting requests (its load failed)."""
         self.metrics = metrics
@@ -111,32 +120,38 @@ class PoolManager:
         self._errors: dict[tuple[str, int], str] = {}
 
     # ---- the Waker of its models ----------------------------------------------------------------------
-    def wakeable(self, model: str, version: int) -> str | None:
+    def wakeable(self, model: str, version: int) -> str | WorkerUnavailable | None:
+        """None, or why not: the pool has no worker (and none of its own coming), the model (as a load
+        measured it) is bigger than every worker's budget, or its last load failed and its backoff runs
+        (the 503 then says when to retry: the backoff left)."""
         if not self.links and self.config.workers == 0:
             return (
                 f"pool {self.name!r} has no worker: start one with `inferd worker --pool {self.name} "
                 f"--connect HOST:PORT`, or set workers in [pools.{self.name}]"
             )
+        config = self.config_of(model, version)
+        refusal = None if config is None or not self.links else self.load_refusal(config)
+        if refusal is not None:  # measured bigger than any worker's budget: no load could ever hold it
+            return refusal
         left = self.placement.retry_in(model, version)
         if left is not None:
-            return (
+            return WorkerUnavailable(
                 f"loading model {model!r} version {version} on pool {self.name!r} failed: "
-                f"{self._errors.get((model, version), 'unknown error')}; the next try is in {left:.1f} s"
+                f"{self._errors.get((model, version), 'unknown error')}; the next try is in {left:.1f} s",
+                retry_after_s=left,
             )
         return None
 
     def wake(self, model: str, version: int, waiting: int, oldest_age_s: float) -> None:
-        for served in self.served():
-            if (served.config.name, served.config.version) == (model, version):
-                self._place([self._demand(served, max(waiting, served.waiting))])
-                return
+        """Called on each admission while no worker serves the model, and every 0.25 s while requests
+        wait: cheap (one placement of this model alone), and a load pending or in progress is not
+        asked again."""
+        config = self.config_of(model, version)
+        if config is not None and config.pool == self.name:
+            self._place([self._demand(ServedModel(config, waiting, 0, config.max_wait_s), waiting)])
 
     def eta_s(self, model: str, version: int) -> float | None:
         return self._load_s.get((model, version))
-
-    def retry_after_s(self, model: str, version: int) -> float | None:
-        """Seconds left of the model's load backoff (a failed load); None: none."""
-        return self.placement.retry_in(model, version)
 
     # ---- placement ------------------------------------------------------------------------------------
     def size_mb(self, config: ModelConfig) -> float:
@@ -156,9 +171,10 @@ class PoolManager:
     def _place(self, demands: list[ModelDemand]) -> list[Load]:
         views = [link.view(self.config.memory_budget_mb) for link in self.links.values()]
         loads = self.placement.plan(views, demands)
-        configs = {(s.config.name, s.config.version): s.config for s in self.served()} if loads else {}
         for load in loads:
-            self._send_load(load, configs[(load.model, load.version)])
+            config = self.config_of(load.model, load.version)
+            if config is not None:
+                self._send_load(load, config)
         return loads
 
     def _send_load(self, load: Load, config: ModelConfig) -> None:
@@ -247,10 +263,11 @@ class PoolManager:
         self.placement.ended(result.model, result.version, link.worker_id, result.ok)
         if result.ok:
             self._errors.pop(key, None)
-            self._load_s[key] = result.load_s
             if result.memory_mb > 0:
                 self._sizes[key] = result.memory_mb
-            self.metrics.loaded(result.model, result.load_s)
+            if not link.holds_ready(key):  # else: asked of a worker that held it ready already (it
+                self._load_s[key] = result.load_s  # answers with what that load took): no new load
+                self.metrics.loaded(result.model, result.load_s)
             return
         self._errors[key] = result.error
         left = self.placement.retry_in(result.model, result.version) or 1.0

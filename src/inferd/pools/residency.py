@@ -220,12 +220,9 @@ class Residency:
         if not self.pending:
             return None
         now = self.clock.now()
-        times = [load.deadline for load in self.pending if load.deadline > now]
-        times += [
-            r.since + self.limits.min_resident_s
-            for r in self.held.values()
-            if r.state == READY and r.since + self.limits.min_resident_s > now
-        ]
+        times = [load.deadline for load in self.pending]
+        times += [self.protected_until(r) for r in self.held.values() if r.state == READY]
+        times = [t for t in times if t > now]
         return min(times, default=None)  # never a time gone by: a driver would wake at once, again and again
 
     # ---- what it holds --------------------------------------------------------------------------------
@@ -237,11 +234,13 @@ class Residency:
         return sum(r.size_mb for r in self.held.values())
 
     def evictable(self, resident: Resident, now: float) -> bool:
-        return (
-            resident.state == READY
-            and resident.busy == 0
-            and now - resident.since >= self.limits.min_resident_s
-        )
+        return resident.state == READY and resident.busy == 0 and now >= self.protected_until(resident)
+
+    def protected_until(self, resident: Resident) -> float:
+        """When min_resident_s ends for it: `evictable` and `next_at` compare the same sum with `now`
+        (`now - since >= min_resident_s` can be false where `since + min_resident_s <= now` is true, in
+        floating point: the wake-up for it would then be skipped)."""
+        return resident.since + self.limits.min_resident_s
 
     def _count(self, state: str) -> int:
         return sum(1 for r in self.held.values() if r.state == state)

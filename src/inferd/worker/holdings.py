@@ -96,6 +96,8 @@ class Holdings:
         self.servers: dict[Key, ModelServer] = {}
         self.tasks: set[asyncio.Task[None]] = set()
         """Loads and model servers running (each unloads its model when it ends)."""
+        self.load_s: dict[Key, float] = {}
+        """What each model's last load here took (load and warm-up)."""
         self.loads: Counter[str] = Counter()
         self.evictions: Counter[str] = Counter()
         self.closed = False
@@ -124,8 +126,9 @@ class Holdings:
         if isinstance(asked, FailLoad):
             log.warning("pool worker %s: %s", self.worker_id, asked.reason)
             return p.LoadResult(msg.model, msg.version, False, error=asked.reason)
-        if isinstance(asked, Joined) and asked.ready:
-            return p.LoadResult(msg.model, msg.version, True, memory_mb=self.residency.held[key].size_mb)
+        if isinstance(asked, Joined) and asked.ready:  # what its load took, as its LoadResult said
+            size_mb = self.residency.held[key].size_mb
+            return p.LoadResult(msg.model, msg.version, True, load_s=self.load_s.get(key, 0.0), memory_mb=size_mb)
         if not isinstance(asked, Joined):  # a new load: of the config asked now
             self.configs[key] = msg.config_json
         self.changed()
@@ -244,6 +247,7 @@ class Holdings:
         size_mb = before.grown_to(memory.reading())
         keep = self.residency.loaded(key, size_mb)
         self.loads[key[0]] += 1
+        self.load_s[key] = load_s + warmup_s
         log.info("pool worker %s loaded %s v%d in %.2fs (warm-up %.3fs): %.1f MB (planned %.1f MB)",
                  self.worker_id, key[0], key[1], load_s, warmup_s, size_mb, planned_mb)
         self.tell(p.LoadResult(key[0], key[1], True, load_s=load_s + warmup_s, memory_mb=size_mb))
