@@ -8,9 +8,9 @@ batches of --max-batch, --max-wait-ms) and, in the pool, `params.memory_mb` (--m
 
 The pool: `[pools.p] workers = 2`, `memory_budget_mb = --budget-mb` (3.5 x memory_mb: room for 3 with
 headroom for what the worker measures above the allocation), `max_loaded_models = 3`, `min_resident_s =
---min-resident-s`. One front end; the load is inferd's open-loop sender (the requests go out at their
-intended times whatever the server does; latency from the intended time; every answer checked: its own
-id and `sim_digest(model, version, payload)`).
+--min-resident-s`. One front end; the load starts once both pool workers have joined, and is inferd's
+open-loop sender (the requests go out at their intended times whatever the server does; latency from
+the intended time; every answer checked: its own id and `sim_digest(model, version, payload)`).
 
 What is reported:
 - **Warm-hit p99** of m01 (and of every model together) against the **dedicated baseline**: m01 alone
@@ -33,7 +33,8 @@ What is reported:
         [--load-ms 200] [--memory-mb 64] [--min-resident-s 0.5] [--seed 1] [--no-baseline] [--no-pool]
         [--side-by-side]  (the pool and the dedicated worker run at the same time, under the same noise)
 
-Writes .bench/pool_zipf.json and prints markdown tables. Exits 1 when the run had an error other than
+Writes .bench/pool_zipf.json (with every request: its model, offset, outcome, latency, and the
+server's X-Inferd-Queue-Ms and X-Inferd-Compute-Ms) and prints markdown tables. Exits 1 when the run had an error other than
 429 with Retry-After or a wrong answer, 2 when a server could not be started.
 """
 
