@@ -229,3 +229,43 @@ def test_a_model_protected_until_a_time_is_evictable_at_that_time_and_woken_for_
     clock.advance(wake - clock.now())
     assert clock.now() == 1000.0 + 0.3 and clock.now() - 1000.0 < 0.3  # where the two forms disagree
     assert r.step() == [Evict(A)]
+
+
+
+def use(r: Residency, key: tuple[str, int]) -> None:
+    """One batch of the model, run now."""
+    r.busy(key)
+    r.idle(key)
+
+
+def test_a_hot_model_is_not_evicted_because_the_models_loaded_after_it_are_protected() -> None:
+    """LRU order is kept: a is used again and again, b was loaded for one request. b, protected for a
+    while, is the least recently used: the load of c waits for b to age and then evicts b, never a
+    (which evicting whatever is evictable at once would)."""
+    r, clock = residency(budget_mb=100.0, max_loaded_models=2, min_resident_s=5.0)
+    load(r, A, 10.0)
+    clock.advance(10.0)
+    load(r, B, 10.0)  # loaded (and used) now: protected until 5 s from now
+    protected_until = clock.now() + 5.0
+    clock.advance(1.0)
+    use(r, A)  # used after b; loaded 11 s ago: evictable
+    assert r.ask(C, 10.0, 30.0) == Queued(C)
+    assert r.step() == []  # b is the least recently used, and protected: the load waits for it
+    assert r.next_at() == protected_until
+    clock.advance(4.0)
+    use(r, A)
+    assert r.step() == [Evict(B)]
+
+
+def test_a_models_size_is_the_largest_measured_of_its_loads() -> None:
+    """A reload into memory the allocator kept from the last unload measures little: the size planned
+    stays what the model was measured at before."""
+    r, _ = residency(budget_mb=100.0)
+    load(r, A, 40.0, measured_mb=35.0)
+    assert r.size_mb(A, 40.0) == 35.0
+    assert r.unload(A) is True
+    r.unloaded(A)
+    assert r.ask(A, 40.0, 0.0) == Queued(A)
+    assert r.step() == [StartLoad(A, 35.0)]
+    assert r.loaded(A, 1.0)
+    assert r.size_mb(A, 40.0) == 35.0 and r.used_mb() == 35.0

@@ -76,11 +76,14 @@ class SimModel(Model):
         self.rng = random.Random(int(p.get("seed", 0)))  # nosec B311  # simulated jitter, not secrets
         self.prefix = f"{self.config.name}:{self.config.version}:".encode()
         self.first_call_s = float(p.get("warmup_ms", 0.0)) / 1000.0
-        self.memory = bytearray(b"\x01") * int(float(p.get("memory_mb", 0.0)) * 2**20)  # every page touched
+        size = int(float(p.get("memory_mb", 0.0)) * 2**20)
+        # Every page touched, a MiB at a time: one large allocation holds the GIL throughout (about 50 ms
+        # per 64 MiB), stalling a pool worker's other models while this one loads beside them.
+        self.memory = [bytearray(b"\x01") * min(2**20, size - at) for at in range(0, size, 2**20)]
         time.sleep(float(p.get("load_ms", 0.0)) / 1000.0)
 
     def unload(self) -> None:
-        self.memory = bytearray()
+        self.memory = []
 
     def cost_s(self, n: int) -> float:
         cost = self.base_s + self.per_item_s * n

@@ -7,10 +7,12 @@ it was measured here, else the estimate the load was asked with.
 
 A load starts when it fits: the memory held (models loading, ready or unloading) plus its size is within
 the budget, fewer than `max_loaded_models` are held, and fewer than `max_concurrent_loads` load now. When
-it does not fit, the least recently used *evictable* models (ready, no batch held, loaded for at least
-`min_resident_s`) are evicted until, once they are unloaded, it fits; it then starts. When evicting every
-evictable model would not make room, nothing is evicted and the load waits, until the first protected
-model becomes evictable, or until its `wait_s` runs out: it then fails, naming the sizes. A model bigger
+it does not fit, the least recently used idle models (ready, no batch held) are evicted until, once they
+are unloaded, it fits; it then starts. A model loaded less than `min_resident_s` ago is protected: when
+one is among those least recently used models, nothing is evicted and the load waits for it to age,
+rather than evicting a model used since (LRU order is kept: a hot model does not go because the models
+loaded after it are protected). The load waits so until it fits, or until its `wait_s` runs out: it
+then fails, naming the sizes. A model bigger
 than the whole budget fails at once. Loads start in the order asked (the first waits, those behind it
 too: none starves). A measurement above the estimate can take the memory held past the budget: the
 evictable models are then evicted, least recently used first, until it is back within. At most
@@ -152,7 +154,9 @@ class Residency:
         unloading now: drain it and unload it)."""
         resident = self.held[key]
         now = self.clock.now()
-        resident.size_mb = self.measured[key] = measured_mb
+        # The largest measured: a process's resident memory may not grow on a reload into memory freed
+        # by the last unload and kept by the allocator, and a load beside another may measure both.
+        resident.size_mb = self.measured[key] = max(measured_mb, self.measured.get(key, 0.0))
         resident.since = resident.last_used = now
         resident.state = UNLOADING if resident.unload_when_loaded else READY
         return resident.state == READY
@@ -276,10 +280,12 @@ class Residency:
         would not."""
         chosen: list[Resident] = []
         freed = 0.0
-        candidates = sorted((r for r in self.held.values() if self.evictable(r, now)), key=lambda r: r.last_used)
-        for resident in candidates:
+        idle = sorted((r for r in self.held.values() if r.state == READY and r.busy == 0), key=lambda r: r.last_used)
+        for resident in idle:
             if freed >= short_mb and len(chosen) >= short_models:
                 break
+            if not self.evictable(resident, now):  # protected: wait for it rather than evict a model used
+                return None  # since (a hot model would go while a one-off load, just made, stays)
             chosen.append(resident)
             freed += resident.size_mb
         return chosen if freed >= short_mb and len(chosen) >= short_models else None
