@@ -147,6 +147,20 @@ async def test_a_failed_load_fails_the_waiting_requests_and_backs_off(pool: Fixt
     assert isinstance(await w0.receive(), p.LoadModel)
 
 
+async def test_a_worker_lost_twice_while_loading_fails_the_waiting_requests(pool: Fixture) -> None:
+    pool.served.append(ServedModel(config("a"), waiting=1, serving=0, batch_cycle_s=0.0))
+    for attempt in range(2):
+        w0 = await join(pool, "w0")
+        pool.manager.wake("a", 1, waiting=1, oldest_age_s=0.0)
+        assert isinstance(await w0.receive(), p.LoadModel)
+        w0.writer.close()  # it died loading "a"
+        await settle(pool, lambda: "w0" not in pool.manager.links)
+        assert len(pool.failed) == attempt  # the first loss is asked again; the second fails them
+    [(model, version, exc)] = pool.failed
+    assert (model, version) == ("a", 1) and "pool worker w0 left while loading it" in str(exc)
+    assert exc.retry_after_s == 2.0  # type: ignore[attr-defined]
+
+
 async def test_unload_tells_every_pool_worker(pool: Fixture) -> None:
     w0, w1 = await join(pool, "w0"), await join(pool, "w1")
     assert sorted(pool.manager.unload("a", 1)) == ["w0", "w1"]

@@ -68,6 +68,24 @@ def test_a_pending_load_is_forgotten_when_its_worker_goes() -> None:
     assert placement.plan([worker("w1", 10)], [demand("a", 1)]) == [Load("a", 1, "w1")]
 
 
+def test_a_second_load_lost_with_its_worker_backs_off() -> None:
+    """A load that kills its worker (each time) is not asked again and again: the second loss in a row
+    starts the backoff a failed load starts; a success resets the count."""
+    clock = FakeClock()
+    placement = Placement(clock)
+    assert placement.plan([worker("w0", 0)], [demand("a", 1)]) == [Load("a", 1, "w0")]
+    assert placement.worker_gone("w0") == []  # the first: asked again at once (its worker is back)
+    assert placement.plan([worker("w0", 0)], [demand("a", 1)]) == [Load("a", 1, "w0")]
+    assert placement.worker_gone("w0") == [("a", 1)]
+    assert placement.retry_in("a", 1) == 2.0  # two failures in a row
+    assert placement.plan([worker("w0", 0)], [demand("a", 1)]) == []
+    clock.advance(2.5)
+    assert placement.plan([worker("w0", 0)], [demand("a", 1)]) == [Load("a", 1, "w0")]
+    placement.ended("a", 1, "w0", ok=True)
+    assert placement.plan([worker("w0", 0)], [demand("b", 1)]) == [Load("b", 1, "w0")]
+    assert placement.worker_gone("w0") == []  # b's first; a's count was reset by its success
+
+
 def test_an_unanswered_load_expires() -> None:
     clock = FakeClock()
     placement = Placement(clock, pending_timeout_s=30.0)

@@ -235,7 +235,8 @@ class PoolManager:
         finally:
             if self.links.get(link.worker_id) is link:
                 del self.links[link.worker_id]
-                self.placement.worker_gone(link.worker_id)
+                for model, version in self.placement.worker_gone(link.worker_id):
+                    self._load_failed(link, model, version, f"pool worker {link.worker_id} left while loading it")
                 self.metrics.gone(self.name, link.worker_id)
             log.info("pool %s: worker %s left", self.name, link.worker_id)
 
@@ -269,18 +270,20 @@ class PoolManager:
                 self._load_s[key] = result.load_s  # answers with what that load took): no new load
                 self.metrics.loaded(result.model, result.load_s)
             return
-        self._errors[key] = result.error
-        left = self.placement.retry_in(result.model, result.version) or 1.0
+        self._load_failed(link, result.model, result.version, result.error)
+
+    def _load_failed(self, link: PoolLink, model: str, version: int, error: str) -> None:
+        """A load of the model on that worker failed (its backoff runs): its waiting requests get a 503."""
+        self._errors[(model, version)] = error
+        left = self.placement.retry_in(model, version) or 1.0
         log.warning(
             "pool %s: loading model %s v%d on %s failed: %s (next try in %.1f s)",
-            self.name, result.model, result.version, link.worker_id, result.error, left,
+            self.name, model, version, link.worker_id, error, left,
         )
         why = WorkerUnavailable(
-            f"loading model {result.model!r} version {result.version} on pool {self.name!r} failed: "
-            f"{result.error}",
-            retry_after_s=left,
+            f"loading model {model!r} version {version} on pool {self.name!r} failed: {error}", retry_after_s=left
         )
-        self.fail_waiting(result.model, result.version, why)
+        self.fail_waiting(model, version, why)
 
     # ---- the timer ------------------------------------------------------------------------------------
     async def run(self) -> None:
