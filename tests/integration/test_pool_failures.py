@@ -63,3 +63,34 @@ async def test_a_load_that_kills_its_pool_worker_fails_its_requests_and_backs_of
             await infer(http, server, "a", "after the crashes")  # the restarted worker serves the pool
     finally:
         assert server.stop() in (0, -15)
+
+
+TWO_WORKERS = """[pools.p]
+workers = 2
+memory_budget_mb = 130
+min_resident_s = 0.2
+"""
+
+
+async def test_a_pool_worker_killed_mid_batch_loses_no_other_request(tmp_path: Path) -> None:
+    """A request that kills its pool worker mid-batch (sim's crash prefix) takes every model that worker
+    held with it: the others' requests are recovered and answered, each its own, on the worker that is
+    left or on the restarted one; the killer alone gets an error."""
+    repo, config = write(tmp_path, {"a": POOLED, "b": POOLED}, TWO_WORKERS)
+    server = start_server(tmp_path, "--model-repo", str(repo), "--config", str(config), "--no-grpc")
+    try:
+        async with aiohttp.ClientSession() as http:
+            await asyncio.gather(infer(http, server, "a", "warm a"), infer(http, server, "b", "warm b"))
+
+            async def killer() -> int:
+                async with http.post(f"{server.url}/v2/models/a/infer", json=body("!crash now")) as r:
+                    await r.read()
+                    return r.status
+
+            async with asyncio.timeout(15.0):
+                outcome = await asyncio.gather(
+                    killer(), *(infer(http, server, m, f"{m}-{i}") for m in "ab" for i in range(8))
+                )
+            assert outcome[0] == 422  # isolated, the killer is refused alone; every other answer is its own
+    finally:
+        assert server.stop() in (0, -15)

@@ -161,6 +161,21 @@ async def test_a_worker_lost_twice_while_loading_fails_the_waiting_requests(pool
     assert exc.retry_after_s == 2.0  # type: ignore[attr-defined]
 
 
+async def test_a_worker_lost_while_it_served_another_model_is_not_blamed_on_the_load(pool: Fixture) -> None:
+    """A worker that held another model ready may have been ended by a batch of it (a poisonous input):
+    the load lost with it is asked again, its waiting requests are not failed."""
+    pool.served.append(ServedModel(config("a"), waiting=1, serving=0, batch_cycle_s=0.0))
+    for _ in range(3):
+        w0 = await join(pool, "w0")
+        w0.send(p.PoolState(1000.0, 300.0, [p.HeldModel("b", 1, "ready", 300.0)]))
+        await settle(pool, lambda: pool.manager.links["w0"].state is not None)
+        pool.manager.wake("a", 1, waiting=1, oldest_age_s=0.0)
+        assert isinstance(await w0.receive(), p.LoadModel)
+        w0.writer.close()
+        await settle(pool, lambda: "w0" not in pool.manager.links)
+    assert pool.failed == [] and pool.manager.placement.retry_in("a", 1) is None  # no backoff
+
+
 async def test_unload_tells_every_pool_worker(pool: Fixture) -> None:
     w0, w1 = await join(pool, "w0"), await join(pool, "w1")
     assert sorted(pool.manager.unload("a", 1)) == ["w0", "w1"]

@@ -77,6 +77,10 @@ class PoolLink:
         state = self.state
         return state is not None and any((m.model, m.version) == key and m.state == "ready" for m in state.models)
 
+    def serves(self) -> bool:
+        """Its last PoolState lists a model ready: a batch of it, not a load, may be what ended the worker."""
+        return self.state is not None and any(m.state == "ready" for m in self.state.models)
+
     def view(self, budget_mb: float) -> WorkerView:
         state = self.state
         if state is None:  # joined, no PoolState yet: its whole budget is free
@@ -235,7 +239,7 @@ class PoolManager:
         finally:
             if self.links.get(link.worker_id) is link:
                 del self.links[link.worker_id]
-                for model, version in self.placement.worker_gone(link.worker_id):
+                for model, version in self.placement.worker_gone(link.worker_id, not link.serves()):
                     self._load_failed(link, model, version, f"pool worker {link.worker_id} left while loading it")
                 self.metrics.gone(self.name, link.worker_id)
             log.info("pool %s: worker %s left", self.name, link.worker_id)

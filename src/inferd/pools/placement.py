@@ -20,7 +20,8 @@ The rules:
 * **Failures.** A failed load starts a backoff (routing/backoff.py's `Backoff`) before the model is
   loaded again, doubling with each failure in a row, reset by a load that succeeds: a load that keeps
   failing never loops. `retry_in` says how long is left (the 503's Retry-After). A load whose worker
-  left before answering is a failure in a row too: the first is asked again at once, the next backs off.
+  left before answering, holding no model ready (nothing else could have ended it), is a failure in a
+  row too: the first is asked again at once, the next backs off.
 * **Joining loads.** Several front ends asking for the same model meet at the worker, which joins a
   LoadModel for a model it loads or holds; a front end that sees the model loading in any PoolState asks
   no other worker.
@@ -206,18 +207,22 @@ class Placement:
         self._failures[key] = failures + 1
         self._retry_at[key] = self.clock.now() + self.backoff.delay_s(failures)
 
-    def worker_gone(self, worker_id: str) -> list[Key]:
-        """Its pool link closed: the loads asked of it will not be answered. Each is a failure in a row of
-        its model: a first one is asked again at once (of another worker, or of this one once it is back),
-        a second one in a row starts the backoff as a failed load does, so that a load that kills its
-        worker (the OOM killer, a crash in the model's code) is not asked again and again. Returns the
-        models whose backoff started (their waiting requests fail, as for a failed load)."""
+    def worker_gone(self, worker_id: str, only_loading: bool = False) -> list[Key]:
+        """Its pool link closed: the loads asked of it will not be answered. With `only_loading` (the worker
+        held no model ready: nothing but its loads could have ended it), each is a failure in a row of its
+        model: a first one is asked again at once (of another worker, or of this one once it is back), a
+        second one in a row starts the backoff as a failed load does, so that a load that kills its worker
+        (the OOM killer, a crash in the model's code) is not asked again and again. Without (a batch of
+        another model may have ended it), they are only forgotten. Returns the models whose backoff
+        started (their waiting requests fail, as for a failed load)."""
         now = self.clock.now()
         backed_off: list[Key] = []
         for key, pending in list(self._pending.items()):
             if pending.worker_id != worker_id:
                 continue
             del self._pending[key]
+            if not only_loading:
+                continue
             failures = self._failures.get(key, 0)
             self._failures[key] = failures + 1
             if failures > 0:
