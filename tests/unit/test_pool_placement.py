@@ -50,6 +50,21 @@ def test_one_pass_spreads_its_loads_over_the_workers() -> None:
     assert loads == [Load("a", 1, "w0"), Load("b", 1, "w1")]
 
 
+def test_loads_asked_in_earlier_passes_take_their_workers_room_until_its_state_shows_them() -> None:
+    """Each first request of a burst wakes placement in a pass of its own, before the worker's PoolState
+    says what it loads: the loads asked already still take its room, so the burst spreads over the
+    workers instead of piling on the first (where the ones past its budget would wait for evictions
+    while the other worker sits empty)."""
+    placement = Placement(FakeClock())
+    empty = [worker("w0", 0, budget=130), worker("w1", 0, budget=130)]
+    loads = [placement.plan(empty, [demand(m, 1, memory=60)]) for m in "abc"]
+    assert loads == [[Load("a", 1, "w0")], [Load("b", 1, "w1")], [Load("c", 1, "w0")]]
+    seen = [worker("w0", 60, {("a", 1): "loading"}, budget=130), worker("w1", 0, budget=130)]
+    assert placement.plan(seen, [demand("d", 1, memory=60)]) == [Load("d", 1, "w1")]  # a counted once
+    placement.ended("b", 1, "w1", ok=True)
+    assert placement.plan(empty, [demand("e", 1, memory=60)]) == [Load("e", 1, "w1")]  # b answered
+
+
 def test_a_pending_load_is_not_asked_again_until_it_ends() -> None:
     clock = FakeClock()
     placement = Placement(clock)

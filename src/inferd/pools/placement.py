@@ -6,12 +6,13 @@ The rules:
 
 * **First load.** A model with requests waiting and no holder (no pool worker lists it loading or ready,
   and no load of it asked by this front end is pending) is loaded on the worker with the most free
-  budget (budget - used) among those whose whole budget can hold it. When none has the room free, the
-  worker that can make room by evicting (its evictable models, as its PoolState says) and holds the
-  longest idle of them: across the pool, the least recently used model goes (the worker decides its
-  evictions itself, pools/residency.py: it evicts its least recently used first). When none can make
-  room yet (every model protected by min_resident_s or busy), the one with the most free budget: the
-  load waits there for room.
+  budget (budget - used, less the loads this front end asked of it that its PoolState does not show
+  yet) among those whose whole budget can hold it. When none has the room free, the worker that can
+  make room by evicting (its evictable models, as its PoolState says) and holds the longest idle of
+  them: across the pool, the least recently used model goes (the worker decides its evictions itself,
+  pools/residency.py: it evicts its least recently used first). When none can make room yet (every
+  model protected by min_resident_s or busy), the one with the most free budget: the load waits there
+  for room.
 * **Spreading a hot model.** A model whose queue holds more than `SPREAD_BATCHES` (2) full batches per
   worker serving it here, for longer than one batching wait plus one batch time (`batch_cycle_s`), gets
   one more holder: the worker that does not hold it with the most free budget. Never while a load of it
@@ -104,6 +105,7 @@ class Load:
 class _Pending:
     worker_id: str
     since: float
+    memory_mb: float
 
 
 class Placement:
@@ -123,12 +125,12 @@ class Placement:
         """The loads to send now (each recorded as pending until `ended`)."""
         now = self.clock.now()
         self._expire(now, {w.worker_id for w in workers})
-        planned: dict[str, float] = {}  # worker -> MiB of the loads this pass sends it
+        planned = self._asked(workers)  # worker -> MiB of the loads asked of it that its state does not show
         loads: list[Load] = []
         for demand in sorted(demands, key=lambda d: (-d.waiting, d.key)):
             load = self._decide(demand, workers, planned, now)
             if load is not None:
-                self._pending[demand.key] = _Pending(load.worker_id, now)
+                self._pending[demand.key] = _Pending(load.worker_id, now, demand.memory_mb)
                 planned[load.worker_id] = planned.get(load.worker_id, 0.0) + demand.memory_mb
                 loads.append(load)
         return loads
@@ -169,8 +171,9 @@ class Placement:
         workers: Iterable[WorkerView], demand: ModelDemand, planned: Mapping[str, float]
     ) -> str | None:
         """Where to load (the rule in the module's docstring), among the workers whose whole budget can
-        hold the model; free budget counts what this pass already sends a worker; ties go to the lowest
-        id (the same choice on every front end)."""
+        hold the model; free budget counts the loads asked of a worker that its PoolState does not show
+        yet (`planned`: this pass's and the earlier ones'); ties go to the lowest id (the same choice on
+        every front end)."""
 
         def rank(w: WorkerView) -> tuple[int, float, float]:
             free = w.free_mb - planned.get(w.worker_id, 0.0)
@@ -185,6 +188,18 @@ class Placement:
             return None
         ranked = sorted(fits, key=lambda w: w.worker_id)
         return max(ranked, key=rank).worker_id
+
+    def _asked(self, workers: Sequence[WorkerView]) -> dict[str, float]:
+        """MiB of the loads asked of each worker (pending) that its last PoolState does not list yet (not
+        received yet, or queued behind its other loads): they take its room all the same, so that the
+        first requests of a burst, each placed in a pass of its own, do not all pick the same worker."""
+        views = {w.worker_id: w for w in workers}
+        asked: dict[str, float] = {}
+        for key, pending in self._pending.items():
+            view = views.get(pending.worker_id)
+            if view is not None and not view.holds(key):
+                asked[pending.worker_id] = asked.get(pending.worker_id, 0.0) + pending.memory_mb
+        return asked
 
     def _expire(self, now: float, present: set[str]) -> None:
         for key, pending in list(self._pending.items()):
