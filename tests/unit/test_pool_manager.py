@@ -80,11 +80,11 @@ async def pool() -> AsyncIterator[Fixture]:
             await task
 
 
-async def join(fixture: Fixture, worker_id: str) -> FakeWorker:
+async def join(fixture: Fixture, worker_id: str, pid: int = 7) -> FakeWorker:
     ours, theirs = socket.socketpair()
     reader, writer = await asyncio.open_connection(sock=ours)
     w_reader, w_writer = await asyncio.open_connection(sock=theirs)
-    hello = p.Hello(worker_id=worker_id, model="", pid=7, host="h", pool="p")
+    hello = p.Hello(worker_id=worker_id, model="", pid=pid, host="h", pool="p")
     fixture.tasks.append(asyncio.create_task(fixture.manager.serve(hello, reader, writer)))
     async with asyncio.timeout(5.0):
         welcome = await p.read_message(w_reader)
@@ -174,6 +174,33 @@ async def test_a_worker_lost_while_it_served_another_model_is_not_blamed_on_the_
         w0.writer.close()
         await settle(pool, lambda: "w0" not in pool.manager.links)
     assert pool.failed == [] and pool.manager.placement.retry_in("a", 1) is None  # no backoff
+
+
+async def test_a_worker_restarted_under_the_same_id_is_asked_again_and_its_counts_kept(pool: Fixture) -> None:
+    """A remote pool worker restarted with the same --worker-id (its host crashed: the old link is not
+    closed yet when the new process joins) replaces the old link. The load asked of the old process will
+    never be answered: it is asked again of the new one, not left pending for minutes; and the old
+    process's load counts stay in the sums (a counter never goes down)."""
+    pool.served.append(ServedModel(config("a"), waiting=1, serving=0, batch_cycle_s=0.0))
+    old = await join(pool, "w0", pid=7)
+    old.send(p.PoolState(1000.0, 0.0, loads={"b": 3}))
+    await settle(pool, lambda: pool.manager.links["w0"].state is not None)
+    pool.manager.wake("a", 1, waiting=1, oldest_age_s=0.0)
+    assert isinstance(await old.receive(), p.LoadModel)
+    new = await join(pool, "w0", pid=8)  # the restarted process
+    pool.manager.wake("a", 1, waiting=1, oldest_age_s=0.0)
+    msg = await new.receive()
+    assert isinstance(msg, p.LoadModel) and msg.model == "a"
+    new.send(p.PoolState(1000.0, 0.0, loads={"b": 1}))
+    await settle(pool, lambda: pool.manager.links["w0"].state is not None)
+    text = generate_latest(pool.registry).decode()
+    assert 'inferd_model_loads_total{model="b"} 4.0' in text
+    assert text.count('inferd_pool_memory_budget_mb{pool="p",worker="w0"}') == 1
+    again = await join(pool, "w0", pid=8)  # the same process again (its link was cut): nothing asked anew
+    assert pool.manager.placement.pending("a", 1) == "w0"
+    again.send(p.PoolState(1000.0, 0.0, loads={"b": 2}))
+    await settle(pool, lambda: pool.manager.links["w0"].state is not None)
+    assert 'inferd_model_loads_total{model="b"} 5.0' in generate_latest(pool.registry).decode()
 
 
 async def test_unload_tells_every_pool_worker(pool: Fixture) -> None:

@@ -3,7 +3,9 @@
 * **Pool links.** Each pool worker joins with `Hello(model="", pool=NAME)` (the hub hands the connection
   here); the manager answers Welcome with the pool's settings, then keeps the worker's last `PoolState`
   (what it holds, its budget and use, its cumulative loads and evictions) and reads its `LoadResult`s.
-  A link silent past the heartbeat timeout is cut.
+  A link silent past the heartbeat timeout is cut. A worker id joining again replaces its old link;
+  when another process joins under it (a remote worker restarted with the same --worker-id before its
+  old link was seen closed), the old process is gone: the loads asked of it are forgotten.
 * **Placement.** On each wake (a pooled model's request with no worker in service) and on a timer, it
   asks `Placement` (pools/placement.py) where to load, and sends LoadModel. A pooled model's worker is
   the model server the pool worker starts for it: it joins as an ordinary worker of that model, so
@@ -220,8 +222,10 @@ class PoolManager:
         now = self.clock.now()
         link = PoolLink(hello.worker_id, hello.pid, hello.host, writer, now, now)
         old = self.links.get(hello.worker_id)
-        if old is not None:  # the same worker again (it reconnected): the new link replaces the old one
+        if old is not None:  # the same worker id again: the new link replaces the old one
             old.writer.transport.abort()
+            if (old.pid, old.host) != (link.pid, link.host):  # another process (restarted under that id):
+                self._gone(old)  # what was asked of the old one will never be answered
         self.links[hello.worker_id] = link
         log.info("pool %s: worker %s (pid %d on %s) joined", self.name, hello.worker_id, hello.pid, hello.host)
         try:
@@ -239,10 +243,14 @@ class PoolManager:
         finally:
             if self.links.get(link.worker_id) is link:
                 del self.links[link.worker_id]
-                for model, version in self.placement.worker_gone(link.worker_id, not link.serves()):
-                    self._load_failed(link, model, version, f"pool worker {link.worker_id} left while loading it")
-                self.metrics.gone(self.name, link.worker_id)
+                self._gone(link)
             log.info("pool %s: worker %s left", self.name, link.worker_id)
+
+    def _gone(self, link: PoolLink) -> None:
+        """The worker process behind the link is gone: the loads asked of it will not be answered."""
+        for model, version in self.placement.worker_gone(link.worker_id, not link.serves()):
+            self._load_failed(link, model, version, f"pool worker {link.worker_id} left while loading it")
+        self.metrics.gone(self.name, link.worker_id)
 
     def on_message(self, link: PoolLink, msg: p.Message) -> None:
         link.last_heard = self.clock.now()
@@ -261,7 +269,7 @@ class PoolManager:
         for held in state.models:
             if held.state == "ready":
                 self._sizes[(held.model, held.version)] = held.memory_mb
-        self.metrics.counted(self.name, link.worker_id, state)
+        self.metrics.counted(self.name, link.worker_id, state, f"{link.host}:{link.pid}")
 
     def _on_result(self, link: PoolLink, result: p.LoadResult) -> None:
         key = (result.model, result.version)
