@@ -203,6 +203,20 @@ async def test_a_worker_restarted_under_the_same_id_is_asked_again_and_its_count
     assert 'inferd_model_loads_total{model="b"} 5.0' in generate_latest(pool.registry).decode()
 
 
+async def test_a_load_with_no_room_waits_for_the_pools_own_workers_to_join(pool: Fixture) -> None:
+    pool.manager.config = PoolConfig(workers=2, memory_budget_mb=1000.0)  # two of its own, one joined yet
+    w0 = await join(pool, "w0")
+    w0.send(p.PoolState(1000.0, 900.0, [p.HeldModel("b", 1, "ready", 900.0)]))
+    await settle(pool, lambda: pool.manager.links["w0"].state is not None)
+    pool.served.append(ServedModel(config("a"), waiting=1, serving=0, batch_cycle_s=0.0))
+    pool.manager.wake("a", 1, waiting=1, oldest_age_s=0.0)
+    assert pool.manager.placement.pending("a", 1) is None  # not sent to wait at w0
+    w1 = await join(pool, "w1")
+    pool.manager.wake("a", 1, waiting=1, oldest_age_s=0.0)
+    msg = await w1.receive()
+    assert isinstance(msg, p.LoadModel) and msg.model == "a"
+
+
 async def test_unload_tells_every_pool_worker(pool: Fixture) -> None:
     w0, w1 = await join(pool, "w0"), await join(pool, "w1")
     assert sorted(pool.manager.unload("a", 1)) == ["w0", "w1"]

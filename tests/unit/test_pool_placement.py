@@ -65,6 +65,20 @@ def test_loads_asked_in_earlier_passes_take_their_workers_room_until_its_state_s
     assert placement.plan(empty, [demand("e", 1, memory=60)]) == [Load("e", 1, "w1")]  # b answered
 
 
+def test_while_the_pools_own_workers_join_a_load_with_no_room_waits_for_them() -> None:
+    """At start (or while one restarts) not every worker of the pool has joined: a load that no joined
+    worker has room for now, nor can make room for, is not sent to wait at one of them (where it would
+    wait for min_resident_s, or fail) while an empty worker is on its way; it is placed once one has room."""
+    placement = Placement(FakeClock())
+    full = worker("w0", 1000, {("a", 1): "ready"})
+    assert placement.plan([full], [demand("b", 1)], patient=True) == []
+    assert placement.pending("b", 1) is None
+    assert placement.plan([full, worker("w1", 0)], [demand("b", 1)], patient=True) == [Load("b", 1, "w1")]
+    room = worker("w0", 1000, {("a", 1): "ready"}, evictable=((300.0, 9.0),))  # it can make room now
+    assert placement.plan([room], [demand("c", 1)], patient=True) == [Load("c", 1, "w0")]
+    assert placement.plan([full], [demand("d", 1)]) == [Load("d", 1, "w0")]  # all joined: it waits there
+
+
 def test_a_pending_load_is_not_asked_again_until_it_ends() -> None:
     clock = FakeClock()
     placement = Placement(clock)

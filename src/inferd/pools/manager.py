@@ -176,7 +176,7 @@ class PoolManager:
 
     def _place(self, demands: list[ModelDemand]) -> list[Load]:
         views = [link.view(self.config.memory_budget_mb) for link in self.links.values()]
-        loads = self.placement.plan(views, demands)
+        loads = self.placement.plan(views, demands, patient=len(views) < self.config.workers)
         for load in loads:
             config = self.config_of(load.model, load.version)
             if config is not None:

@@ -12,7 +12,9 @@ The rules:
   them: across the pool, the least recently used model goes (the worker decides its evictions itself,
   pools/residency.py: it evicts its least recently used first). When none can make room yet (every
   model protected by min_resident_s or busy), the one with the most free budget: the load waits there
-  for room.
+  for room; but while the pool's own workers are still joining (at start, or one restarting), it waits
+  here for them instead (placed again on the next pass), so that a burst at start does not pile onto
+  the first worker to join while an empty one is on its way.
 * **Spreading a hot model.** A model whose queue holds more than `SPREAD_BATCHES` (2) full batches per
   worker serving it here, for longer than one batching wait plus one batch time (`batch_cycle_s`), gets
   one more holder: the worker that does not hold it with the most free budget. Never while a load of it
@@ -121,14 +123,16 @@ class Placement:
         self._hot_since: dict[Key, float] = {}
 
     # ---- deciding ----------------------------------------------------------------------------------
-    def plan(self, workers: Sequence[WorkerView], demands: Iterable[ModelDemand]) -> list[Load]:
-        """The loads to send now (each recorded as pending until `ended`)."""
+    def plan(self, workers: Sequence[WorkerView], demands: Iterable[ModelDemand], patient: bool = False) -> list[Load]:
+        """The loads to send now (each recorded as pending until `ended`). `patient`: more of the pool's
+        own workers are on their way (starting, restarting): a load that no worker has room for now, nor
+        can make room for, waits here for them instead of waiting at a worker for room."""
         now = self.clock.now()
         self._expire(now, {w.worker_id for w in workers})
         planned = self._asked(workers)  # worker -> MiB of the loads asked of it that its state does not show
         loads: list[Load] = []
         for demand in sorted(demands, key=lambda d: (-d.waiting, d.key)):
-            load = self._decide(demand, workers, planned, now)
+            load = self._decide(demand, workers, planned, now, patient)
             if load is not None:
                 self._pending[demand.key] = _Pending(load.worker_id, now, demand.memory_mb)
                 planned[load.worker_id] = planned.get(load.worker_id, 0.0) + demand.memory_mb
@@ -136,7 +140,8 @@ class Placement:
         return loads
 
     def _decide(
-        self, demand: ModelDemand, workers: Sequence[WorkerView], planned: Mapping[str, float], now: float
+        self, demand: ModelDemand, workers: Sequence[WorkerView], planned: Mapping[str, float], now: float,
+        patient: bool,
     ) -> Load | None:
         key = demand.key
         if self.retry_in(*key) is not None:
@@ -148,11 +153,11 @@ class Placement:
         if not holders:
             if demand.waiting <= 0:
                 return None
-            target = self._roomiest(workers, demand, planned)
+            target = self._roomiest(workers, demand, planned, patient)
             return None if target is None else Load(demand.model, demand.version, target)
         if not self._hot(demand, now):
             return None
-        target = self._roomiest([w for w in workers if not w.holds(key)], demand, planned)
+        target = self._roomiest([w for w in workers if not w.holds(key)], demand, planned, patient)
         if target is None:
             return None
         self._hot_since.pop(key, None)
@@ -168,12 +173,12 @@ class Placement:
 
     @staticmethod
     def _roomiest(
-        workers: Iterable[WorkerView], demand: ModelDemand, planned: Mapping[str, float]
+        workers: Iterable[WorkerView], demand: ModelDemand, planned: Mapping[str, float], patient: bool = False
     ) -> str | None:
         """Where to load (the rule in the module's docstring), among the workers whose whole budget can
         hold the model; free budget counts the loads asked of a worker that its PoolState does not show
         yet (`planned`: this pass's and the earlier ones'); ties go to the lowest id (the same choice on
-        every front end)."""
+        every front end). None when none fits, or (`patient`) when none has or can make room now."""
 
         def rank(w: WorkerView) -> tuple[int, float, float]:
             free = w.free_mb - planned.get(w.worker_id, 0.0)
@@ -187,7 +192,8 @@ class Placement:
         if not fits:
             return None
         ranked = sorted(fits, key=lambda w: w.worker_id)
-        return max(ranked, key=rank).worker_id
+        best = max(ranked, key=rank)
+        return None if patient and rank(best)[0] == 0 else best.worker_id
 
     def _asked(self, workers: Sequence[WorkerView]) -> dict[str, float]:
         """MiB of the loads asked of each worker (pending) that its last PoolState does not list yet (not
