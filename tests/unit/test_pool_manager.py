@@ -19,6 +19,7 @@ from inferd.clock import FakeClock
 from inferd.config import ModelConfig
 from inferd.config.pools import PoolConfig
 from inferd.errors import ServingError, WorkerUnavailable
+from inferd.pools import manager
 from inferd.pools.manager import PoolManager, ServedModel
 from inferd.pools.metrics import PoolMetrics
 from inferd.wire import protocol as p
@@ -215,6 +216,19 @@ async def test_a_load_with_no_room_waits_for_the_pools_own_workers_to_join(pool:
     pool.manager.wake("a", 1, waiting=1, oldest_age_s=0.0)
     msg = await w1.receive()
     assert isinstance(msg, p.LoadModel) and msg.model == "a"
+
+
+async def test_a_worker_that_never_joins_is_waited_for_a_while_only(pool: Fixture) -> None:
+    pool.manager.config = PoolConfig(workers=2, memory_budget_mb=1000.0)
+    w0 = await join(pool, "w0")
+    w0.send(p.PoolState(1000.0, 900.0, [p.HeldModel("b", 1, "ready", 900.0)]))
+    await settle(pool, lambda: pool.manager.links["w0"].state is not None)
+    pool.served.append(ServedModel(config("a"), waiting=1, serving=0, batch_cycle_s=0.0))
+    pool.manager.wake("a", 1, waiting=1, oldest_age_s=0.0)
+    assert pool.manager.placement.pending("a", 1) is None
+    pool.clock.advance(manager.JOIN_GRACE_S)
+    pool.manager.wake("a", 1, waiting=1, oldest_age_s=10.0)  # it waits for room at w0 now
+    assert isinstance(await w0.receive(), p.LoadModel)
 
 
 async def test_unload_tells_every_pool_worker(pool: Fixture) -> None:

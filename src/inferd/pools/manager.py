@@ -41,6 +41,9 @@ TICK_S = 0.25
 """How often placement runs without a wake (spreading hot models) and silent links are looked for."""
 DEFAULT_WAIT_S = 30.0
 """How long a load may wait for room when the model sets no default timeout."""
+JOIN_GRACE_S = 10.0
+"""How long loads that no joined worker has room for wait for the pool's own workers to join (start, a
+restart) before they are sent to wait at one for room: a worker that never joins holds none for good."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,6 +127,8 @@ class PoolManager:
         """Measured sizes (LoadResult, PoolState), which replace the estimates."""
         self._load_s: dict[tuple[str, int], float] = {}
         self._errors: dict[tuple[str, int], str] = {}
+        self._short_since: float | None = None
+        """Since when fewer workers than the pool's own have joined (None: all of them have)."""
 
     # ---- the Waker of its models ----------------------------------------------------------------------
     def wakeable(self, model: str, version: int) -> str | WorkerUnavailable | None:
@@ -176,12 +181,22 @@ class PoolManager:
 
     def _place(self, demands: list[ModelDemand]) -> list[Load]:
         views = [link.view(self.config.memory_budget_mb) for link in self.links.values()]
-        loads = self.placement.plan(views, demands, patient=len(views) < self.config.workers)
+        loads = self.placement.plan(views, demands, patient=self._joining(len(views)))
         for load in loads:
             config = self.config_of(load.model, load.version)
             if config is not None:
                 self._send_load(load, config)
         return loads
+
+    def _joining(self, joined: int) -> bool:
+        """Whether the pool's own workers are still joining (fewer joined, for less than JOIN_GRACE_S)."""
+        if joined >= self.config.workers:
+            self._short_since = None
+            return False
+        now = self.clock.now()
+        if self._short_since is None:
+            self._short_since = now
+        return now - self._short_since < JOIN_GRACE_S
 
     def _send_load(self, load: Load, config: ModelConfig) -> None:
         link = self.links[load.worker_id]
