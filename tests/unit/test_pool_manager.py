@@ -231,6 +231,15 @@ async def test_a_worker_that_never_joins_is_waited_for_a_while_only(pool: Fixtur
     assert isinstance(await w0.receive(), p.LoadModel)
 
 
+async def test_a_worker_view_counts_its_models_against_max_loaded_models(pool: Fixture) -> None:
+    w0 = await join(pool, "w0")
+    assert pool.manager.links["w0"].view(1000.0, 2).slots == 2
+    w0.send(p.PoolState(1000.0, 300.0, [p.HeldModel("a", 1, "ready", 200.0), p.HeldModel("b", 1, "loading", 100.0)]))
+    await settle(pool, lambda: pool.manager.links["w0"].state is not None)
+    assert pool.manager.links["w0"].view(1000.0, 2).slots == 0
+    assert pool.manager.links["w0"].view(1000.0, None).slots is None
+
+
 async def test_unload_tells_every_pool_worker(pool: Fixture) -> None:
     w0, w1 = await join(pool, "w0"), await join(pool, "w1")
     assert sorted(pool.manager.unload("a", 1)) == ["w0", "w1"]

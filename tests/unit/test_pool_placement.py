@@ -79,6 +79,18 @@ def test_while_the_pools_own_workers_join_a_load_with_no_room_waits_for_them() -
     assert placement.plan([full], [demand("d", 1)]) == [Load("d", 1, "w0")]  # all joined: it waits there
 
 
+def test_a_worker_at_max_loaded_models_has_no_room_whatever_its_memory() -> None:
+    """max_loaded_models caps what a worker holds as its budget does: a worker at the cap with memory free
+    would have to evict (or wait) for a load that another worker, under the cap, takes at once."""
+    placement = Placement(FakeClock())
+    capped = WorkerView("w0", 1000.0, 40.0, {("a", 1): "ready", ("b", 1): "ready"}, slots=0)
+    roomy = WorkerView("w1", 1000.0, 600.0, {("c", 1): "ready"}, slots=1)
+    assert placement.plan([capped, roomy], [demand("d", 1)]) == [Load("d", 1, "w1")]
+    evictable = WorkerView("w0", 1000.0, 40.0, {("a", 1): "ready"}, slots=0, evictable=((20.0, 5.0),))
+    full = WorkerView("w1", 1000.0, 1000.0, {("c", 1): "ready"}, slots=1)
+    assert placement.plan([evictable, full], [demand("e", 1)]) == [Load("e", 1, "w0")]  # it can make room
+
+
 def test_a_pending_load_is_not_asked_again_until_it_ends() -> None:
     clock = FakeClock()
     placement = Placement(clock)

@@ -86,13 +86,14 @@ class PoolLink:
         """Its last PoolState lists a model ready: a batch of it, not a load, may be what ended the worker."""
         return self.state is not None and any(m.state == "ready" for m in self.state.models)
 
-    def view(self, budget_mb: float) -> WorkerView:
+    def view(self, budget_mb: float, max_models: int | None = None) -> WorkerView:
         state = self.state
         if state is None:  # joined, no PoolState yet: its whole budget is free
-            return WorkerView(self.worker_id, budget_mb, 0.0, {}, not self.draining)
+            return WorkerView(self.worker_id, budget_mb, 0.0, {}, not self.draining, slots=max_models)
         held = {(m.model, m.version): m.state for m in state.models}
         evictable = tuple((m.memory_mb, m.idle_s) for m in state.models if m.evictable)
-        return WorkerView(self.worker_id, state.budget_mb, state.used_mb, held, not self.draining, evictable)
+        slots = None if max_models is None else max_models - len(state.models)  # its own count: every one held
+        return WorkerView(self.worker_id, state.budget_mb, state.used_mb, held, not self.draining, evictable, slots)
 
 
 class PoolManager:
@@ -180,7 +181,7 @@ class PoolManager:
         return self._place([self._demand(s, s.waiting) for s in self.served()])
 
     def _place(self, demands: list[ModelDemand]) -> list[Load]:
-        views = [link.view(self.config.memory_budget_mb) for link in self.links.values()]
+        views = [link.view(self.config.memory_budget_mb, self.config.max_loaded_models) for link in self.links.values()]
         loads = self.placement.plan(views, demands, patient=self._joining(len(views)))
         for load in loads:
             config = self.config_of(load.model, load.version)

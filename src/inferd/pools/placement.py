@@ -7,7 +7,7 @@ The rules:
 * **First load.** A model with requests waiting and no holder (no pool worker lists it loading or ready,
   and no load of it asked by this front end is pending) is loaded on the worker with the most free
   budget (budget - used, less the loads this front end asked of it that its PoolState does not show
-  yet) among those whose whole budget can hold it. When none has the room free, the worker that can
+  yet; none at max_loaded_models) among those whose whole budget can hold it. When none has the room free, the worker that can
   make room by evicting (its evictable models, as its PoolState says) and holds the longest idle of
   them: across the pool, the least recently used model goes (the worker decides its evictions itself,
   pools/residency.py: it evicts its least recently used first). When none can make room yet (every
@@ -61,6 +61,8 @@ class WorkerView:
     """False while it drains: no load is sent to it."""
     evictable: tuple[tuple[float, float], ...] = ()
     """(memory_mb, idle_s) of each model it may evict now (idle, past min_resident_s)."""
+    slots: int | None = None
+    """How many more models it may hold under max_loaded_models (None: no cap)."""
 
     @property
     def free_mb(self) -> float:
@@ -182,9 +184,9 @@ class Placement:
 
         def rank(w: WorkerView) -> tuple[int, float, float]:
             free = w.free_mb - planned.get(w.worker_id, 0.0)
-            if free >= demand.memory_mb:
+            if free >= demand.memory_mb and (w.slots is None or w.slots > 0):
                 return (2, free, 0.0)
-            if free + sum(mb for mb, _ in w.evictable) >= demand.memory_mb:
+            if w.evictable and free + sum(mb for mb, _ in w.evictable) >= demand.memory_mb:
                 return (1, max(idle for _, idle in w.evictable), free)
             return (0, free, 0.0)
 
