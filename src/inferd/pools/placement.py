@@ -12,9 +12,10 @@ The rules:
   holds the longest idle of them: across the pool, the least recently used model goes (the worker
   decides its evictions itself, pools/residency.py: it evicts its least recently used first). When none
   can make room yet (every model protected by min_resident_s or busy), the one with the most free
-  budget: the load waits there for room; but while the pool's own workers are still joining (at start, or one restarting: for at most
-  the manager's JOIN_GRACE_S), it waits here for them instead (placed again on the next pass), so that
-  a burst at start does not pile onto the first worker to join while an empty one is on its way.
+  budget: the load waits there for room; but while the pool's own workers are still joining (at start,
+  or one restarting: for at most the manager's JOIN_GRACE_S), it waits here for them instead (placed
+  again on the next pass), so that a burst at start does not pile onto the first worker to join while
+  an empty one is on its way.
 * **Spreading a hot model.** A model whose queue holds more than `SPREAD_BATCHES` (2) full batches per
   worker serving it here, for longer than one batching wait plus one batch time (`batch_cycle_s`), gets
   one more holder: the worker that does not hold it with the most free budget. Never while a load of it
