@@ -91,6 +91,21 @@ def test_a_worker_at_max_loaded_models_has_no_room_whatever_its_memory() -> None
     assert placement.plan([evictable, full], [demand("e", 1)]) == [Load("e", 1, "w0")]  # it can make room
 
 
+def test_a_holder_whose_model_server_has_not_joined_yet_is_not_spread_from() -> None:
+    """Between a load's end (its worker lists the model ready) and its model server's Ready here, the
+    model has a holder but no worker serving it here: its queue says nothing of what that holder serves,
+    so it is not hot (else a burst held through a cold start loads a second copy, evicting another)."""
+    clock = FakeClock()
+    placement = Placement(clock)
+    views = [worker("w0", 300, {("a", 1): "ready"}), worker("w1", 0)]
+    for _ in range(3):
+        assert placement.plan(views, [demand("a", 9, serving=0, cycle=0.01)]) == []
+        clock.advance(0.25)
+    assert placement.plan(views, [demand("a", 9, serving=1, cycle=0.01)]) == []  # hot from now on
+    clock.advance(0.25)
+    assert placement.plan(views, [demand("a", 9, serving=1, cycle=0.01)]) == [Load("a", 1, "w1", spread=True)]
+
+
 def test_a_pending_load_is_not_asked_again_until_it_ends() -> None:
     clock = FakeClock()
     placement = Placement(clock)

@@ -18,9 +18,10 @@ The rules:
   an empty one is on its way.
 * **Spreading a hot model.** A model whose queue holds more than `SPREAD_BATCHES` (2) full batches per
   worker serving it here, for longer than one batching wait plus one batch time (`batch_cycle_s`), gets
-  one more holder: the worker that does not hold it with the most free budget. Never while a load of it
-  is in progress anywhere (loading in a PoolState, or pending here), so never more than one load at a
-  time per model, and never more holders than pool workers.
+  one more holder: the worker that does not hold it with the most free budget (not while none of its
+  holders serves here yet: their model servers are still joining). Never while a load of it is in
+  progress anywhere (loading in a PoolState, or pending here), so never more than one load at a time
+  per model, and never more holders than pool workers.
 * **Failures.** A failed load starts a backoff (routing/backoff.py's `Backoff`) before the model is
   loaded again, doubling with each failure in a row, reset by a load that succeeds: a load that keeps
   failing never loops. `retry_in` says how long is left (the 503's Retry-After). A load whose worker
@@ -167,8 +168,9 @@ class Placement:
         return Load(demand.model, demand.version, target, spread=True)
 
     def _hot(self, demand: ModelDemand, now: float) -> bool:
-        """More than SPREAD_BATCHES full batches queued per serving worker, for longer than a cycle."""
-        if demand.waiting <= SPREAD_BATCHES * demand.full_batch * max(1, demand.serving):
+        """More than SPREAD_BATCHES full batches queued per serving worker, for longer than a cycle. With
+        none serving here yet (its holders' model servers still joining), nothing says what they serve."""
+        if demand.serving == 0 or demand.waiting <= SPREAD_BATCHES * demand.full_batch * demand.serving:
             self._hot_since.pop(demand.key, None)
             return False
         since = self._hot_since.setdefault(demand.key, now)
