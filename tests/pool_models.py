@@ -12,12 +12,15 @@ from inferd.models.sim import SimModel
 LOAD_GATE = threading.Event()
 """A GatedLoad's load waits for it (set it to let the load end)."""
 LOAD_STARTED = threading.Event()
+LOADS_STARTED = threading.Semaphore(0)
+"""Released once by each GatedLoad whose load has started (its memory taken), waiting for the gate."""
 
 
 class GatedLoad(SimModel):
     def load(self) -> None:
         super().load()
         LOAD_STARTED.set()
+        LOADS_STARTED.release()
         if not LOAD_GATE.wait(30.0):
             raise TimeoutError("the test never let the load end")
 

@@ -199,6 +199,25 @@ async def test_a_failed_wake_answers_the_held_requests_and_restarts_the_measure(
     assert cold_starts(metrics, POOL_LOAD) == (1.0, 0.25)  # measured from the held request after the failure
 
 
+async def test_a_cold_start_whose_requests_all_expired_is_not_counted_in_the_next() -> None:
+    """Held requests that all expire (504) while no worker comes end that cold start unmeasured: the next
+    one is measured from its own first held request, not from the old one's, and nothing is shown held
+    meanwhile."""
+    waker = FakeWaker()
+    rt, clock, metrics = cold_runtime(waker, POOL_LOAD)
+    items = rt.enqueue([b"a"], clock.now() + 5.0)
+    clock.advance(5.0)
+    rt.expire(items)
+    assert rt.statistics().detail.cold_for_s is None  # nothing is held
+    clock.advance(100.0)
+    rt.enqueue([b"b"], None)
+    clock.advance(0.25)
+    worker = fake_connection("sim-0.1", 100)
+    worker.version = 2
+    rt.add_worker(worker)
+    assert cold_starts(metrics, POOL_LOAD) == (1.0, 0.25)
+
+
 async def test_fail_cold_with_a_worker_in_service_leaves_the_queue_alone() -> None:
     rt, _, _ = cold_runtime(FakeWaker())
     worker = fake_connection("sim-0.1", 100)

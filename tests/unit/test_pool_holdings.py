@@ -143,6 +143,36 @@ async def test_loads_past_max_concurrent_loads_wait_their_turn_and_are_counted_a
         planner.cancel()
 
 
+async def test_loads_that_ran_together_are_not_measured_at_both_their_sizes() -> None:
+    """Resident memory measured around a load counts whatever else took or gave memory meanwhile: two
+    loads side by side (max_concurrent_loads = 2) each measured the other's too (80 MB for a 40 MB
+    model), and that size then replaced the estimate, halving what the worker holds. A load measured
+    beside another keeps the size it was planned at (its estimate, or its last clean measure)."""
+    told = Told()
+    holdings = Holdings("pw", None, told, WaitingServer)
+    holdings.configure(Limits(budget_mb=1000.0, max_concurrent_loads=2))
+    pool_models.LOAD_GATE.clear()
+    gated = "tests.pool_models:GatedLoad"
+    while pool_models.LOADS_STARTED.acquire(blocking=False):  # what earlier tests left
+        pass
+    async with asyncio.TaskGroup() as tg:
+        planner = tg.create_task(holdings.plan(tg))
+        for name in ("one", "two"):
+            config = sim_config(name, base_ms=0.0, per_item_ms=0.0, memory_mb=40.0, params={"memory_mb": 40})
+            config = config.model_copy(update={"implementation": gated})
+            assert holdings.ask(p.LoadModel(name, 1, config.model_dump_json().encode())) is None
+        for _ in range(2):  # both have taken their memory before either ends
+            assert await asyncio.to_thread(pool_models.LOADS_STARTED.acquire, True, 20)
+        pool_models.LOAD_GATE.set()
+        sizes = [(await told.result(name)).memory_mb for name in ("one", "two")]
+        assert sizes == [40.0, 40.0], sizes
+        assert holdings.state().used_mb == 80.0
+        holdings.close()
+        async with asyncio.timeout(20):
+            await holdings.emptied()
+        planner.cancel()
+
+
 async def test_draining_during_a_load_gives_up_the_queued_ones_and_unloads_the_loading_one_once_loaded() -> None:
     told = Told()
     holdings = Holdings("pw", None, told, WaitingServer)

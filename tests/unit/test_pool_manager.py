@@ -19,6 +19,7 @@ from inferd.clock import FakeClock
 from inferd.config import ModelConfig
 from inferd.config.pools import PoolConfig
 from inferd.errors import ServingError, WorkerUnavailable
+from inferd.pools import manager
 from inferd.pools.manager import PoolManager, ServedModel
 from inferd.pools.metrics import PoolMetrics
 from inferd.wire import protocol as p
@@ -80,11 +81,11 @@ async def pool() -> AsyncIterator[Fixture]:
             await task
 
 
-async def join(fixture: Fixture, worker_id: str) -> FakeWorker:
+async def join(fixture: Fixture, worker_id: str, pid: int = 7) -> FakeWorker:
     ours, theirs = socket.socketpair()
     reader, writer = await asyncio.open_connection(sock=ours)
     w_reader, w_writer = await asyncio.open_connection(sock=theirs)
-    hello = p.Hello(worker_id=worker_id, model="", pid=7, host="h", pool="p")
+    hello = p.Hello(worker_id=worker_id, model="", pid=pid, host="h", pool="p")
     fixture.tasks.append(asyncio.create_task(fixture.manager.serve(hello, reader, writer)))
     async with asyncio.timeout(5.0):
         welcome = await p.read_message(w_reader)
@@ -145,6 +146,98 @@ async def test_a_failed_load_fails_the_waiting_requests_and_backs_off(pool: Fixt
     assert pool.manager.wakeable("a", 1) is None
     pool.manager.wake("a", 1, waiting=1, oldest_age_s=0.0)
     assert isinstance(await w0.receive(), p.LoadModel)
+
+
+async def test_a_worker_lost_twice_while_loading_fails_the_waiting_requests(pool: Fixture) -> None:
+    pool.served.append(ServedModel(config("a"), waiting=1, serving=0, batch_cycle_s=0.0))
+    for attempt in range(2):
+        w0 = await join(pool, "w0")
+        pool.manager.wake("a", 1, waiting=1, oldest_age_s=0.0)
+        assert isinstance(await w0.receive(), p.LoadModel)
+        w0.writer.close()  # it died loading "a"
+        await settle(pool, lambda: "w0" not in pool.manager.links)
+        assert len(pool.failed) == attempt  # the first loss is asked again; the second fails them
+    [(model, version, exc)] = pool.failed
+    assert (model, version) == ("a", 1) and "pool worker w0 left while loading it" in str(exc)
+    assert exc.retry_after_s == 2.0  # type: ignore[attr-defined]
+
+
+async def test_a_worker_lost_while_it_served_another_model_is_not_blamed_on_the_load(pool: Fixture) -> None:
+    """A worker that held another model ready may have been ended by a batch of it (a poisonous input):
+    the load lost with it is asked again, its waiting requests are not failed."""
+    pool.served.append(ServedModel(config("a"), waiting=1, serving=0, batch_cycle_s=0.0))
+    for _ in range(3):
+        w0 = await join(pool, "w0")
+        w0.send(p.PoolState(1000.0, 300.0, [p.HeldModel("b", 1, "ready", 300.0)]))
+        await settle(pool, lambda: pool.manager.links["w0"].state is not None)
+        pool.manager.wake("a", 1, waiting=1, oldest_age_s=0.0)
+        assert isinstance(await w0.receive(), p.LoadModel)
+        w0.writer.close()
+        await settle(pool, lambda: "w0" not in pool.manager.links)
+    assert pool.failed == [] and pool.manager.placement.retry_in("a", 1) is None  # no backoff
+
+
+async def test_a_worker_restarted_under_the_same_id_is_asked_again_and_its_counts_kept(pool: Fixture) -> None:
+    """A remote pool worker restarted with the same --worker-id (its host crashed: the old link is not
+    closed yet when the new process joins) replaces the old link. The load asked of the old process will
+    never be answered: it is asked again of the new one, not left pending for minutes; and the old
+    process's load counts stay in the sums (a counter never goes down)."""
+    pool.served.append(ServedModel(config("a"), waiting=1, serving=0, batch_cycle_s=0.0))
+    old = await join(pool, "w0", pid=7)
+    old.send(p.PoolState(1000.0, 0.0, loads={"b": 3}))
+    await settle(pool, lambda: pool.manager.links["w0"].state is not None)
+    pool.manager.wake("a", 1, waiting=1, oldest_age_s=0.0)
+    assert isinstance(await old.receive(), p.LoadModel)
+    new = await join(pool, "w0", pid=8)  # the restarted process
+    pool.manager.wake("a", 1, waiting=1, oldest_age_s=0.0)
+    msg = await new.receive()
+    assert isinstance(msg, p.LoadModel) and msg.model == "a"
+    new.send(p.PoolState(1000.0, 0.0, loads={"b": 1}))
+    await settle(pool, lambda: pool.manager.links["w0"].state is not None)
+    text = generate_latest(pool.registry).decode()
+    assert 'inferd_model_loads_total{model="b"} 4.0' in text
+    assert text.count('inferd_pool_memory_budget_mb{pool="p",worker="w0"}') == 1
+    again = await join(pool, "w0", pid=8)  # the same process again (its link was cut): nothing asked anew
+    assert pool.manager.placement.pending("a", 1) == "w0"
+    again.send(p.PoolState(1000.0, 0.0, loads={"b": 2}))
+    await settle(pool, lambda: pool.manager.links["w0"].state is not None)
+    assert 'inferd_model_loads_total{model="b"} 5.0' in generate_latest(pool.registry).decode()
+
+
+async def test_a_load_with_no_room_waits_for_the_pools_own_workers_to_join(pool: Fixture) -> None:
+    pool.manager.config = PoolConfig(workers=2, memory_budget_mb=1000.0)  # two of its own, one joined yet
+    w0 = await join(pool, "w0")
+    w0.send(p.PoolState(1000.0, 900.0, [p.HeldModel("b", 1, "ready", 900.0)]))
+    await settle(pool, lambda: pool.manager.links["w0"].state is not None)
+    pool.served.append(ServedModel(config("a"), waiting=1, serving=0, batch_cycle_s=0.0))
+    pool.manager.wake("a", 1, waiting=1, oldest_age_s=0.0)
+    assert pool.manager.placement.pending("a", 1) is None  # not sent to wait at w0
+    w1 = await join(pool, "w1")
+    pool.manager.wake("a", 1, waiting=1, oldest_age_s=0.0)
+    msg = await w1.receive()
+    assert isinstance(msg, p.LoadModel) and msg.model == "a"
+
+
+async def test_a_worker_that_never_joins_is_waited_for_a_while_only(pool: Fixture) -> None:
+    pool.manager.config = PoolConfig(workers=2, memory_budget_mb=1000.0)
+    w0 = await join(pool, "w0")
+    w0.send(p.PoolState(1000.0, 900.0, [p.HeldModel("b", 1, "ready", 900.0)]))
+    await settle(pool, lambda: pool.manager.links["w0"].state is not None)
+    pool.served.append(ServedModel(config("a"), waiting=1, serving=0, batch_cycle_s=0.0))
+    pool.manager.wake("a", 1, waiting=1, oldest_age_s=0.0)
+    assert pool.manager.placement.pending("a", 1) is None
+    pool.clock.advance(manager.JOIN_GRACE_S)
+    pool.manager.wake("a", 1, waiting=1, oldest_age_s=10.0)  # it waits for room at w0 now
+    assert isinstance(await w0.receive(), p.LoadModel)
+
+
+async def test_a_worker_view_counts_its_models_against_max_loaded_models(pool: Fixture) -> None:
+    w0 = await join(pool, "w0")
+    assert pool.manager.links["w0"].view(1000.0, 2).slots == 2
+    w0.send(p.PoolState(1000.0, 300.0, [p.HeldModel("a", 1, "ready", 200.0), p.HeldModel("b", 1, "loading", 100.0)]))
+    await settle(pool, lambda: pool.manager.links["w0"].state is not None)
+    assert pool.manager.links["w0"].view(1000.0, 2).slots == 0
+    assert pool.manager.links["w0"].view(1000.0, None).slots is None
 
 
 async def test_unload_tells_every_pool_worker(pool: Fixture) -> None:

@@ -50,6 +50,62 @@ def test_one_pass_spreads_its_loads_over_the_workers() -> None:
     assert loads == [Load("a", 1, "w0"), Load("b", 1, "w1")]
 
 
+def test_loads_asked_in_earlier_passes_take_their_workers_room_until_its_state_shows_them() -> None:
+    """Each first request of a burst wakes placement in a pass of its own, before the worker's PoolState
+    says what it loads: the loads asked already still take its room, so the burst spreads over the
+    workers instead of piling on the first (where the ones past its budget would wait for evictions
+    while the other worker sits empty)."""
+    placement = Placement(FakeClock())
+    empty = [worker("w0", 0, budget=130), worker("w1", 0, budget=130)]
+    loads = [placement.plan(empty, [demand(m, 1, memory=60)]) for m in "abc"]
+    assert loads == [[Load("a", 1, "w0")], [Load("b", 1, "w1")], [Load("c", 1, "w0")]]
+    seen = [worker("w0", 60, {("a", 1): "loading"}, budget=130), worker("w1", 0, budget=130)]
+    assert placement.plan(seen, [demand("d", 1, memory=60)]) == [Load("d", 1, "w1")]  # a counted once
+    placement.ended("b", 1, "w1", ok=True)
+    assert placement.plan(empty, [demand("e", 1, memory=60)]) == [Load("e", 1, "w1")]  # b answered
+
+
+def test_while_the_pools_own_workers_join_a_load_with_no_room_waits_for_them() -> None:
+    """At start (or while one restarts) not every worker of the pool has joined: a load that no joined
+    worker has room for now, nor can make room for, is not sent to wait at one of them (where it would
+    wait for min_resident_s, or fail) while an empty worker is on its way; it is placed once one has room."""
+    placement = Placement(FakeClock())
+    full = worker("w0", 1000, {("a", 1): "ready"})
+    assert placement.plan([full], [demand("b", 1)], patient=True) == []
+    assert placement.pending("b", 1) is None
+    assert placement.plan([full, worker("w1", 0)], [demand("b", 1)], patient=True) == [Load("b", 1, "w1")]
+    room = worker("w0", 1000, {("a", 1): "ready"}, evictable=((300.0, 9.0),))  # it can make room now
+    assert placement.plan([room], [demand("c", 1)], patient=True) == [Load("c", 1, "w0")]
+    assert placement.plan([full], [demand("d", 1)]) == [Load("d", 1, "w0")]  # all joined: it waits there
+
+
+def test_a_worker_at_max_loaded_models_has_no_room_whatever_its_memory() -> None:
+    """max_loaded_models caps what a worker holds as its budget does: a worker at the cap with memory free
+    would have to evict (or wait) for a load that another worker, under the cap, takes at once."""
+    placement = Placement(FakeClock())
+    capped = WorkerView("w0", 1000.0, 40.0, {("a", 1): "ready", ("b", 1): "ready"}, slots=0)
+    roomy = WorkerView("w1", 1000.0, 600.0, {("c", 1): "ready"}, slots=1)
+    assert placement.plan([capped, roomy], [demand("d", 1)]) == [Load("d", 1, "w1")]
+    evictable = WorkerView("w0", 1000.0, 40.0, {("a", 1): "ready"}, slots=0, evictable=((20.0, 5.0),))
+    full = WorkerView("w1", 1000.0, 1000.0, {("c", 1): "ready"}, slots=1)
+    assert placement.plan([evictable, full], [demand("e", 1)]) == [Load("e", 1, "w0")]  # it can make room
+
+
+def test_a_holder_whose_model_server_has_not_joined_yet_is_not_spread_from() -> None:
+    """Between a load's end (its worker lists the model ready) and its model server's Ready here, the
+    model has a holder but no worker serving it here: its queue says nothing of what that holder serves,
+    so it is not hot (else a burst held through a cold start loads a second copy, evicting another)."""
+    clock = FakeClock()
+    placement = Placement(clock)
+    views = [worker("w0", 300, {("a", 1): "ready"}), worker("w1", 0)]
+    for _ in range(3):
+        assert placement.plan(views, [demand("a", 9, serving=0, cycle=0.01)]) == []
+        clock.advance(0.25)
+    assert placement.plan(views, [demand("a", 9, serving=1, cycle=0.01)]) == []  # hot from now on
+    clock.advance(0.25)
+    assert placement.plan(views, [demand("a", 9, serving=1, cycle=0.01)]) == [Load("a", 1, "w1", spread=True)]
+
+
 def test_a_pending_load_is_not_asked_again_until_it_ends() -> None:
     clock = FakeClock()
     placement = Placement(clock)
@@ -66,6 +122,28 @@ def test_a_pending_load_is_forgotten_when_its_worker_goes() -> None:
     assert placement.plan([worker("w0", 0), worker("w1", 10)], [demand("a", 1)]) == [Load("a", 1, "w0")]
     placement.worker_gone("w0")
     assert placement.plan([worker("w1", 10)], [demand("a", 1)]) == [Load("a", 1, "w1")]
+
+
+def test_a_second_load_lost_with_its_worker_backs_off() -> None:
+    """A load that kills its worker (each time) is not asked again and again: the second loss in a row
+    starts the backoff a failed load starts; a success resets the count."""
+    clock = FakeClock()
+    placement = Placement(clock)
+    assert placement.plan([worker("w0", 0)], [demand("a", 1)]) == [Load("a", 1, "w0")]
+    assert placement.worker_gone("w0", only_loading=True) == []  # the first: asked again at once
+    assert placement.plan([worker("w0", 0)], [demand("a", 1)]) == [Load("a", 1, "w0")]
+    assert placement.worker_gone("w0", only_loading=True) == [("a", 1)]
+    assert placement.retry_in("a", 1) == 2.0  # two failures in a row
+    assert placement.plan([worker("w0", 0)], [demand("a", 1)]) == []
+    clock.advance(2.5)
+    assert placement.plan([worker("w0", 0)], [demand("a", 1)]) == [Load("a", 1, "w0")]
+    placement.ended("a", 1, "w0", ok=True)
+    assert placement.plan([worker("w0", 0)], [demand("b", 1)]) == [Load("b", 1, "w0")]
+    assert placement.worker_gone("w0", only_loading=True) == []  # b's first; a's count was reset
+    for _ in range(3):  # a worker that held a model ready may have been ended by its batch: no blame
+        assert placement.plan([worker("w0", 0)], [demand("b", 1)]) == [Load("b", 1, "w0")]
+        assert placement.worker_gone("w0") == []
+    assert placement.retry_in("b", 1) is None
 
 
 def test_an_unanswered_load_expires() -> None:

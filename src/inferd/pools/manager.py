@@ -3,7 +3,9 @@
 * **Pool links.** Each pool worker joins with `Hello(model="", pool=NAME)` (the hub hands the connection
   here); the manager answers Welcome with the pool's settings, then keeps the worker's last `PoolState`
   (what it holds, its budget and use, its cumulative loads and evictions) and reads its `LoadResult`s.
-  A link silent past the heartbeat timeout is cut.
+  A link silent past the heartbeat timeout is cut. A worker id joining again replaces its old link;
+  when another process joins under it (a remote worker restarted with the same --worker-id before its
+  old link was seen closed), the old process is gone: the loads asked of it are forgotten.
 * **Placement.** On each wake (a pooled model's request with no worker in service) and on a timer, it
   asks `Placement` (pools/placement.py) where to load, and sends LoadModel. A pooled model's worker is
   the model server the pool worker starts for it: it joins as an ordinary worker of that model, so
@@ -39,6 +41,9 @@ TICK_S = 0.25
 """How often placement runs without a wake (spreading hot models) and silent links are looked for."""
 DEFAULT_WAIT_S = 30.0
 """How long a load may wait for room when the model sets no default timeout."""
+JOIN_GRACE_S = 10.0
+"""How long loads that no joined worker has room for wait for the pool's own workers to join (start, a
+restart) before they are sent to wait at one for room: a worker that never joins holds none for good."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,13 +82,18 @@ class PoolLink:
         state = self.state
         return state is not None and any((m.model, m.version) == key and m.state == "ready" for m in state.models)
 
-    def view(self, budget_mb: float) -> WorkerView:
+    def serves(self) -> bool:
+        """Its last PoolState lists a model ready: a batch of it, not a load, may be what ended the worker."""
+        return self.state is not None and any(m.state == "ready" for m in self.state.models)
+
+    def view(self, budget_mb: float, max_models: int | None = None) -> WorkerView:
         state = self.state
         if state is None:  # joined, no PoolState yet: its whole budget is free
-            return WorkerView(self.worker_id, budget_mb, 0.0, {}, not self.draining)
+            return WorkerView(self.worker_id, budget_mb, 0.0, {}, not self.draining, slots=max_models)
         held = {(m.model, m.version): m.state for m in state.models}
         evictable = tuple((m.memory_mb, m.idle_s) for m in state.models if m.evictable)
-        return WorkerView(self.worker_id, state.budget_mb, state.used_mb, held, not self.draining, evictable)
+        slots = None if max_models is None else max_models - len(state.models)  # its own count: every one held
+        return WorkerView(self.worker_id, state.budget_mb, state.used_mb, held, not self.draining, evictable, slots)
 
 
 class PoolManager:
@@ -118,6 +128,8 @@ class PoolManager:
         """Measured sizes (LoadResult, PoolState), which replace the estimates."""
         self._load_s: dict[tuple[str, int], float] = {}
         self._errors: dict[tuple[str, int], str] = {}
+        self._short_since: float | None = None
+        """Since when fewer workers than the pool's own have joined (None: all of them have)."""
 
     # ---- the Waker of its models ----------------------------------------------------------------------
     def wakeable(self, model: str, version: int) -> str | WorkerUnavailable | None:
@@ -169,13 +181,23 @@ class PoolManager:
         return self._place([self._demand(s, s.waiting) for s in self.served()])
 
     def _place(self, demands: list[ModelDemand]) -> list[Load]:
-        views = [link.view(self.config.memory_budget_mb) for link in self.links.values()]
-        loads = self.placement.plan(views, demands)
+        views = [link.view(self.config.memory_budget_mb, self.config.max_loaded_models) for link in self.links.values()]
+        loads = self.placement.plan(views, demands, patient=self._joining(len(views)))
         for load in loads:
             config = self.config_of(load.model, load.version)
             if config is not None:
                 self._send_load(load, config)
         return loads
+
+    def _joining(self, joined: int) -> bool:
+        """Whether the pool's own workers are still joining (fewer joined, for less than JOIN_GRACE_S)."""
+        if joined >= self.config.workers:
+            self._short_since = None
+            return False
+        now = self.clock.now()
+        if self._short_since is None:
+            self._short_since = now
+        return now - self._short_since < JOIN_GRACE_S
 
     def _send_load(self, load: Load, config: ModelConfig) -> None:
         link = self.links[load.worker_id]
@@ -216,8 +238,10 @@ class PoolManager:
         now = self.clock.now()
         link = PoolLink(hello.worker_id, hello.pid, hello.host, writer, now, now)
         old = self.links.get(hello.worker_id)
-        if old is not None:  # the same worker again (it reconnected): the new link replaces the old one
+        if old is not None:  # the same worker id again: the new link replaces the old one
             old.writer.transport.abort()
+            if (old.pid, old.host) != (link.pid, link.host):  # another process (restarted under that id):
+                self._gone(old)  # what was asked of the old one will never be answered
         self.links[hello.worker_id] = link
         log.info("pool %s: worker %s (pid %d on %s) joined", self.name, hello.worker_id, hello.pid, hello.host)
         try:
@@ -235,9 +259,14 @@ class PoolManager:
         finally:
             if self.links.get(link.worker_id) is link:
                 del self.links[link.worker_id]
-                self.placement.worker_gone(link.worker_id)
-                self.metrics.gone(self.name, link.worker_id)
+                self._gone(link)
             log.info("pool %s: worker %s left", self.name, link.worker_id)
+
+    def _gone(self, link: PoolLink) -> None:
+        """The worker process behind the link is gone: the loads asked of it will not be answered."""
+        for model, version in self.placement.worker_gone(link.worker_id, not link.serves()):
+            self._load_failed(link, model, version, f"pool worker {link.worker_id} left while loading it")
+        self.metrics.gone(self.name, link.worker_id)
 
     def on_message(self, link: PoolLink, msg: p.Message) -> None:
         link.last_heard = self.clock.now()
@@ -258,7 +287,7 @@ class PoolManager:
         for held in state.models:
             if held.state == "ready":
                 self._sizes[(held.model, held.version)] = held.memory_mb
-        self.metrics.counted(self.name, link.worker_id, state)
+        self.metrics.counted(self.name, link.worker_id, state, f"{link.host}:{link.pid}")
 
     def _on_result(self, link: PoolLink, result: p.LoadResult) -> None:
         key = (result.model, result.version)
@@ -276,18 +305,20 @@ class PoolManager:
                 self._load_s[key] = result.load_s  # answers with what that load took): no new load
                 self.metrics.loaded(result.model, result.load_s)
             return
-        self._errors[key] = result.error
-        left = self.placement.retry_in(result.model, result.version) or 1.0
+        self._load_failed(link, result.model, result.version, result.error)
+
+    def _load_failed(self, link: PoolLink, model: str, version: int, error: str) -> None:
+        """A load of the model on that worker failed (its backoff runs): its waiting requests get a 503."""
+        self._errors[(model, version)] = error
+        left = self.placement.retry_in(model, version) or 1.0
         log.warning(
             "pool %s: loading model %s v%d on %s failed: %s (next try in %.1f s)",
-            self.name, result.model, result.version, link.worker_id, result.error, left,
+            self.name, model, version, link.worker_id, error, left,
         )
         why = WorkerUnavailable(
-            f"loading model {result.model!r} version {result.version} on pool {self.name!r} failed: "
-            f"{result.error}",
-            retry_after_s=left,
+            f"loading model {model!r} version {version} on pool {self.name!r} failed: {error}", retry_after_s=left
         )
-        self.fail_waiting(result.model, result.version, why)
+        self.fail_waiting(model, version, why)
 
     # ---- the timer ------------------------------------------------------------------------------------
     async def run(self) -> None:

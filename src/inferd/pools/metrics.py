@@ -2,8 +2,8 @@
 
 * `inferd_model_loads_total{model}` and `inferd_model_evictions_total{model}`: the pool workers' own
   cumulative counters (PoolState.loads / .evictions), summed over every pool worker at scrape time (a
-  collector: nothing is incremented per message). A worker that left keeps its last counts, so the sums
-  never go down while this front end runs.
+  collector: nothing is incremented per message). A worker that left keeps its last counts, and so does
+  a process restarted under the same worker id, so the sums never go down while this front end runs.
 * `inferd_model_load_seconds{model}`: a histogram, observed from each successful LoadResult.
 * `inferd_pool_memory_used_mb{pool,worker}`, `inferd_pool_memory_budget_mb{pool,worker}` and
   `inferd_pool_models_loaded{pool,worker}`: each connected pool worker's last PoolState.
@@ -30,9 +30,11 @@ LOAD_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 30
 class PoolMetrics(Collector):
     def __init__(self, registry: CollectorRegistry | None, export: bool = True) -> None:
         self.export = export and registry is not None
-        self._counts: dict[tuple[str, str], p.PoolState] = {}
-        """(pool, worker) -> its last PoolState, kept after it leaves (its cumulative counters)."""
-        self._live: set[tuple[str, str]] = set()
+        self._counts: dict[tuple[str, str, str], p.PoolState] = {}
+        """(pool, worker, process) -> its last PoolState, kept after it leaves (its cumulative counters: a
+        process restarted under the same worker id counts from 0 again, beside the old one's)."""
+        self._live: dict[tuple[str, str], str] = {}
+        """(pool, worker) -> the process behind its link now."""
         self._load_seconds: Histogram | None = None
         if self.export and registry is not None:
             self._load_seconds = Histogram(
@@ -44,12 +46,13 @@ class PoolMetrics(Collector):
             )
             registry.register(self)
 
-    def counted(self, pool: str, worker: str, state: p.PoolState) -> None:
-        self._counts[(pool, worker)] = state
-        self._live.add((pool, worker))
+    def counted(self, pool: str, worker: str, state: p.PoolState, process: str = "") -> None:
+        """A pool worker's PoolState; `process` tells its processes apart (host:pid)."""
+        self._counts[(pool, worker, process)] = state
+        self._live[(pool, worker)] = process
 
     def gone(self, pool: str, worker: str) -> None:
-        self._live.discard((pool, worker))
+        self._live.pop((pool, worker), None)
 
     def loaded(self, model: str, load_s: float) -> None:
         if self._load_seconds is not None:
@@ -78,8 +81,8 @@ class PoolMetrics(Collector):
         used = GaugeMetricFamily("inferd_pool_memory_used_mb", "What a pool worker's models take (MiB).", labels=labels)
         budget = GaugeMetricFamily("inferd_pool_memory_budget_mb", "A pool worker's memory budget (MiB).", labels=labels)
         held = GaugeMetricFamily("inferd_pool_models_loaded", "Models a pool worker holds.", labels=labels)
-        for key in sorted(self._live):
-            state = self._counts[key]
+        for key, process in sorted(self._live.items()):
+            state = self._counts[(*key, process)]
             used.add_metric(list(key), state.used_mb)
             budget.add_metric(list(key), state.budget_mb)
             held.add_metric(list(key), sum(1 for m in state.models if m.state == "ready"))

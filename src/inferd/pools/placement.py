@@ -6,20 +6,27 @@ The rules:
 
 * **First load.** A model with requests waiting and no holder (no pool worker lists it loading or ready,
   and no load of it asked by this front end is pending) is loaded on the worker with the most free
-  budget (budget - used) among those whose whole budget can hold it. When none has the room free, the
-  worker that can make room by evicting (its evictable models, as its PoolState says) and holds the
-  longest idle of them: across the pool, the least recently used model goes (the worker decides its
-  evictions itself, pools/residency.py: it evicts its least recently used first). When none can make
-  room yet (every model protected by min_resident_s or busy), the one with the most free budget: the
-  load waits there for room.
+  budget (budget - used, less the loads this front end asked of it that its PoolState does not show
+  yet; none at max_loaded_models) among those whose whole budget can hold it. When none has the room
+  free, the worker that can make room by evicting (its evictable models, as its PoolState says) and
+  holds the longest idle of them: across the pool, the least recently used model goes (the worker
+  decides its evictions itself, pools/residency.py: it evicts its least recently used first). When none
+  can make room yet (every model protected by min_resident_s or busy), the one with the most free
+  budget: the load waits there for room; but while the pool's own workers are still joining (at start,
+  or one restarting: for at most the manager's JOIN_GRACE_S), it waits here for them instead (placed
+  again on the next pass), so that a burst at start does not pile onto the first worker to join while
+  an empty one is on its way.
 * **Spreading a hot model.** A model whose queue holds more than `SPREAD_BATCHES` (2) full batches per
   worker serving it here, for longer than one batching wait plus one batch time (`batch_cycle_s`), gets
-  one more holder: the worker that does not hold it with the most free budget. Never while a load of it
-  is in progress anywhere (loading in a PoolState, or pending here), so never more than one load at a
-  time per model, and never more holders than pool workers.
+  one more holder: the worker that does not hold it with the most free budget (not while none of its
+  holders serves here yet: their model servers are still joining). Never while a load of it is in
+  progress anywhere (loading in a PoolState, or pending here), so never more than one load at a time
+  per model, and never more holders than pool workers.
 * **Failures.** A failed load starts a backoff (routing/backoff.py's `Backoff`) before the model is
   loaded again, doubling with each failure in a row, reset by a load that succeeds: a load that keeps
-  failing never loops. `retry_in` says how long is left (the 503's Retry-After).
+  failing never loops. `retry_in` says how long is left (the 503's Retry-After). A load whose worker
+  left before answering, holding no model ready (nothing else could have ended it), is a failure in a
+  row too: the first is asked again at once, the next backs off.
 * **Joining loads.** Several front ends asking for the same model meet at the worker, which joins a
   LoadModel for a model it loads or holds; a front end that sees the model loading in any PoolState asks
   no other worker.
@@ -56,6 +63,8 @@ class WorkerView:
     """False while it drains: no load is sent to it."""
     evictable: tuple[tuple[float, float], ...] = ()
     """(memory_mb, idle_s) of each model it may evict now (idle, past min_resident_s)."""
+    slots: int | None = None
+    """How many more models it may hold under max_loaded_models (None: no cap)."""
 
     @property
     def free_mb(self) -> float:
@@ -102,6 +111,7 @@ class Load:
 class _Pending:
     worker_id: str
     since: float
+    memory_mb: float
 
 
 class Placement:
@@ -117,22 +127,25 @@ class Placement:
         self._hot_since: dict[Key, float] = {}
 
     # ---- deciding ----------------------------------------------------------------------------------
-    def plan(self, workers: Sequence[WorkerView], demands: Iterable[ModelDemand]) -> list[Load]:
-        """The loads to send now (each recorded as pending until `ended`)."""
+    def plan(self, workers: Sequence[WorkerView], demands: Iterable[ModelDemand], patient: bool = False) -> list[Load]:
+        """The loads to send now (each recorded as pending until `ended`). `patient`: more of the pool's
+        own workers are on their way (starting, restarting): a load that no worker has room for now, nor
+        can make room for, waits here for them instead of waiting at a worker for room."""
         now = self.clock.now()
         self._expire(now, {w.worker_id for w in workers})
-        planned: dict[str, float] = {}  # worker -> MiB of the loads this pass sends it
+        planned = self._asked(workers)  # worker -> MiB of the loads asked of it that its state does not show
         loads: list[Load] = []
         for demand in sorted(demands, key=lambda d: (-d.waiting, d.key)):
-            load = self._decide(demand, workers, planned, now)
+            load = self._decide(demand, workers, planned, now, patient)
             if load is not None:
-                self._pending[demand.key] = _Pending(load.worker_id, now)
+                self._pending[demand.key] = _Pending(load.worker_id, now, demand.memory_mb)
                 planned[load.worker_id] = planned.get(load.worker_id, 0.0) + demand.memory_mb
                 loads.append(load)
         return loads
 
     def _decide(
-        self, demand: ModelDemand, workers: Sequence[WorkerView], planned: Mapping[str, float], now: float
+        self, demand: ModelDemand, workers: Sequence[WorkerView], planned: Mapping[str, float], now: float,
+        patient: bool,
     ) -> Load | None:
         key = demand.key
         if self.retry_in(*key) is not None:
@@ -144,19 +157,20 @@ class Placement:
         if not holders:
             if demand.waiting <= 0:
                 return None
-            target = self._roomiest(workers, demand, planned)
+            target = self._roomiest(workers, demand, planned, patient)
             return None if target is None else Load(demand.model, demand.version, target)
         if not self._hot(demand, now):
             return None
-        target = self._roomiest([w for w in workers if not w.holds(key)], demand, planned)
+        target = self._roomiest([w for w in workers if not w.holds(key)], demand, planned, patient)
         if target is None:
             return None
         self._hot_since.pop(key, None)
         return Load(demand.model, demand.version, target, spread=True)
 
     def _hot(self, demand: ModelDemand, now: float) -> bool:
-        """More than SPREAD_BATCHES full batches queued per serving worker, for longer than a cycle."""
-        if demand.waiting <= SPREAD_BATCHES * demand.full_batch * max(1, demand.serving):
+        """More than SPREAD_BATCHES full batches queued per serving worker, for longer than a cycle. With
+        none serving here yet (its holders' model servers still joining), nothing says what they serve."""
+        if demand.serving == 0 or demand.waiting <= SPREAD_BATCHES * demand.full_batch * demand.serving:
             self._hot_since.pop(demand.key, None)
             return False
         since = self._hot_since.setdefault(demand.key, now)
@@ -164,17 +178,18 @@ class Placement:
 
     @staticmethod
     def _roomiest(
-        workers: Iterable[WorkerView], demand: ModelDemand, planned: Mapping[str, float]
+        workers: Iterable[WorkerView], demand: ModelDemand, planned: Mapping[str, float], patient: bool = False
     ) -> str | None:
         """Where to load (the rule in the module's docstring), among the workers whose whole budget can
-        hold the model; free budget counts what this pass already sends a worker; ties go to the lowest
-        id (the same choice on every front end)."""
+        hold the model; free budget counts the loads asked of a worker that its PoolState does not show
+        yet (`planned`: this pass's and the earlier ones'); ties go to the lowest id (the same choice on
+        every front end). None when none fits, or (`patient`) when none has or can make room now."""
 
         def rank(w: WorkerView) -> tuple[int, float, float]:
             free = w.free_mb - planned.get(w.worker_id, 0.0)
-            if free >= demand.memory_mb:
+            if free >= demand.memory_mb and (w.slots is None or w.slots > 0):
                 return (2, free, 0.0)
-            if free + sum(mb for mb, _ in w.evictable) >= demand.memory_mb:
+            if w.evictable and free + sum(mb for mb, _ in w.evictable) >= demand.memory_mb:
                 return (1, max(idle for _, idle in w.evictable), free)
             return (0, free, 0.0)
 
@@ -182,7 +197,20 @@ class Placement:
         if not fits:
             return None
         ranked = sorted(fits, key=lambda w: w.worker_id)
-        return max(ranked, key=rank).worker_id
+        best = max(ranked, key=rank)
+        return None if patient and rank(best)[0] == 0 else best.worker_id
+
+    def _asked(self, workers: Sequence[WorkerView]) -> dict[str, float]:
+        """MiB of the loads asked of each worker (pending) that its last PoolState does not list yet (not
+        received yet, or queued behind its other loads): they take its room all the same, so that the
+        first requests of a burst, each placed in a pass of its own, do not all pick the same worker."""
+        views = {w.worker_id: w for w in workers}
+        asked: dict[str, float] = {}
+        for key, pending in self._pending.items():
+            view = views.get(pending.worker_id)
+            if view is not None and not view.holds(key):
+                asked[pending.worker_id] = asked.get(pending.worker_id, 0.0) + pending.memory_mb
+        return asked
 
     def _expire(self, now: float, present: set[str]) -> None:
         for key, pending in list(self._pending.items()):
@@ -205,11 +233,28 @@ class Placement:
         self._failures[key] = failures + 1
         self._retry_at[key] = self.clock.now() + self.backoff.delay_s(failures)
 
-    def worker_gone(self, worker_id: str) -> None:
-        """Its pool link closed: the loads asked of it will not be answered."""
+    def worker_gone(self, worker_id: str, only_loading: bool = False) -> list[Key]:
+        """Its pool link closed: the loads asked of it will not be answered. With `only_loading` (the worker
+        held no model ready: nothing but its loads could have ended it), each is a failure in a row of its
+        model: a first one is asked again at once (of another worker, or of this one once it is back), a
+        second one in a row starts the backoff as a failed load does, so that a load that kills its worker
+        (the OOM killer, a crash in the model's code) is not asked again and again. Without (a batch of
+        another model may have ended it), they are only forgotten. Returns the models whose backoff
+        started (their waiting requests fail, as for a failed load)."""
+        now = self.clock.now()
+        backed_off: list[Key] = []
         for key, pending in list(self._pending.items()):
-            if pending.worker_id == worker_id:
-                del self._pending[key]
+            if pending.worker_id != worker_id:
+                continue
+            del self._pending[key]
+            if not only_loading:
+                continue
+            failures = self._failures.get(key, 0)
+            self._failures[key] = failures + 1
+            if failures > 0:
+                self._retry_at[key] = now + self.backoff.delay_s(failures)
+                backed_off.append(key)
+        return backed_off
 
     def forget(self, model: str, version: int) -> None:
         """The model version is no longer served (unloaded): its pending load, backoff and heat go."""

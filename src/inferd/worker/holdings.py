@@ -7,9 +7,10 @@ worker of the model does (Hello with `pool=NAME`, Ready at once), so batching, r
 and drains are the batch kind's. The model servers take turns on the one device: a batch runs under the
 pool's compute lock (`Turn`), one at a time across the models. A load runs in its model's own thread
 beside them, never under that lock; its size is measured around its load and warm-up (worker/memory.py)
-and replaces the estimate from then on. An eviction or an unload drains the model server (Drain to each
-front end, which answers after the last batch it sent), then unloads the model (`Model.unload`, collect,
-malloc_trim).
+and replaces the estimate from then on (when it ran alone: beside another load or an unload the measure
+would count theirs too, and the size it was planned at stays). An eviction or an unload drains the model
+server (Drain to each front end, which answers after the last batch it sent), then unloads the model
+(`Model.unload`, collect, malloc_trim).
 """
 
 from __future__ import annotations
@@ -108,6 +109,9 @@ class Holdings:
         """Loads and model servers running (each unloads its model when it ends)."""
         self.load_s: dict[Key, float] = {}
         """What each model's load here took (load and warm-up), while it is held."""
+        self._measuring: dict[Key, bool] = {}
+        """The loads being measured, and whether each ran alone so far (no other load, no unload beside
+        it: resident memory would count theirs too)."""
         self.loads: Counter[str] = Counter()
         self.evictions: Counter[str] = Counter()
         self.closed = False
@@ -237,11 +241,14 @@ class Holdings:
         took, tell every front end, and start its model server."""
         config_json = self.configs[key]
         device = Device(self.worker_id, self.model_repo, compute=Turn(self, key))
+        self._disturb()
+        self._measuring[key] = not self._measuring
         before = memory.reading()
         try:
             config = device.localize(ModelConfig(**msgspec.json.decode(config_json, type=dict)))
             model, load_s, warmup_s = await device.load_model(config)
         except (Exception, asyncio.CancelledError) as exc:  # a model that fails to load is reported
+            self._measuring.pop(key, None)
             if not isinstance(exc, asyncio.CancelledError):
                 log.exception("pool worker %s: model %s v%d failed to load", self.worker_id, *key)
                 self.tell(p.LoadResult(key[0], key[1], False, error=f"{type(exc).__name__}: {exc}"))
@@ -255,7 +262,8 @@ class Holdings:
             if isinstance(exc, asyncio.CancelledError):
                 raise
             return
-        size_mb = before.grown_to(memory.reading())
+        # measured beside another load or an unload, the growth is theirs too: keep the size it was planned at
+        size_mb = before.grown_to(memory.reading()) if self._measuring.pop(key) else planned_mb
         keep = self.residency.loaded(key, size_mb)
         self.loads[key[0]] += 1
         self.load_s[key] = load_s + warmup_s
@@ -319,11 +327,16 @@ class Holdings:
             self.configs.pop(key, None)
             self.load_s.pop(key, None)
 
-    @staticmethod
-    async def _release(device: Device) -> None:
+    async def _release(self, device: Device) -> None:
         """Unload the device's model and give its memory back (collect, trim: in a thread, off the loop)."""
+        self._disturb()
         await device.unload()
         await asyncio.to_thread(memory.give_back)
+
+    def _disturb(self) -> None:
+        """Memory is taken or given back beside the loads being measured: their measures count it too."""
+        for key in self._measuring:
+            self._measuring[key] = False
 
     def _drain_server(self, key: Key) -> None:
         server = self.servers.get(key)

@@ -112,8 +112,11 @@ class ColdAdmission:
         wake = self.wake()
         if wake is None:
             return
+        oldest = self.state.queue.oldest_at()
         if self.since is None:
             self.since, self._cause = self.state.clock.now(), wake.cause
+        elif oldest is not None and oldest > self.since:  # every request held before was answered
+            self.since, self._cause = oldest, wake.cause  # (expired, withdrawn): it starts again
         self._tell(wake)
         self._held.set()
 
@@ -125,8 +128,10 @@ class ColdAdmission:
         self.since = None
 
     def held_for_s(self) -> float | None:
-        """How long the cold start under way has held requests (None: none under way)."""
-        return None if self.since is None else self.state.clock.now() - self.since
+        """How long the cold start under way has held requests (None: none under way, or none held now)."""
+        if self.since is None or not self.holding():
+            return None
+        return self.state.clock.now() - self.since
 
     def failed(self) -> None:
         """The waker gave up (a failed load): the held requests were answered; the next cold start is
