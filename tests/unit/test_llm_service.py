@@ -13,12 +13,13 @@ from contextlib import aclosing
 import pytest
 
 from inferd.errors import BadRequest, ClientGone, DeadlineExceeded, ModelError, Overloaded
-from inferd.kinds.llm.runtime import ContextLengthExceeded, LLMRuntime
+from inferd.kinds.llm.runtime import LLMRuntime
 from inferd.kinds.llm.service import (
     DEFAULT_MAX_TOKENS,
     MAX_SEED,
     TOKENIZE_IN_THREAD_CHARS,
     Choices,
+    ContextLengthExceeded,
     GenerationRequest,
 )
 from inferd.kinds.llm.sim_llm import VOCAB, SimTokenizer

@@ -72,18 +72,20 @@ def scaling_loops(
 ) -> dict[str, ScalingLoop]:
     """A scaling loop for each served model whose default version has an [autoscale] table, registered as
     the waker (runtime/waking.py) of each `min_workers = 0` one. `decides`: False on a front end that runs
-    no autoscaler (a follower of `--frontends N`): no loop, and such a model's waker is `ReportedDemand`."""
+    no autoscaler (a follower of `--frontends N`): no loop, and such a model's waker is `ReportedDemand`
+    when its kind reports its load to the owner (`Kind.queues_per_frontend`: batch); an LLM model's held
+    requests are not in that report, so a follower has no waker for it (a 503 while it has no worker)."""
     loops: dict[str, ScalingLoop] = {}
     for rt in registry.defaults():
         config = rt.config.autoscale
         if config is None:
             continue
-        waker: Waker = ReportedDemand()
+        waker: Waker | None = ReportedDemand() if kinds.get(rt.kind).queues_per_frontend else None
         if decides:
             policy = scaling_policy(kinds.get(rt.kind), config, clock)
             loops[rt.name] = loop = ScalingLoop(registry, fleet, clock, rt.name, policy, others=others, acts=acts)
             waker = loop
-        if config.min_workers == 0:
+        if config.min_workers == 0 and waker is not None:
             wakers.set(rt.name, waker, SCALE_FROM_ZERO)
     return loops
 

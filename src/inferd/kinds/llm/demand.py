@@ -27,6 +27,7 @@ class LLMObservation:
     starting_workers: int
     running_seqs: int
     waiting_seqs: int
+    """Waiting in the engines for admission, and held with no worker in service (kinds/llm/cold.py)."""
     kv_usage: float
     """Share of the ready workers' KV blocks in use, 0..1."""
     ttft_s: float | None
@@ -45,7 +46,7 @@ class LLMObserver:
             ready_workers=stats.ready_workers,
             starting_workers=starting,
             running_seqs=d.running,
-            waiting_seqs=d.waiting,
+            waiting_seqs=d.waiting + d.held,
             kv_usage=d.kv_blocks_used / d.kv_blocks_total if d.kv_blocks_total else 0.0,
             ttft_s=d.ttft_s,
         )
