@@ -7,9 +7,10 @@ instead of a 503; the cold rule (runtime/cold.py, the batch kind's too) decides 
     else                                   -> held: the waker is told at once and every REWAKE_S while
                                               sequences are held (`rewake`, the runtime's watchdog calls it)
 
-The unit held is a sequence (a request of `n` choices holds `n`). The bound is `cold_queue_size` within one
-engine's waiting room (`params.scheduler.max_waiting_seqs`: a first worker queues every held sequence at
-once); unset, four full sets of the engine's seats (4 x `max_num_seqs`) within that room.
+The unit held is a sequence (a request of `n` choices holds `n`). The bound is four full sets of the
+engine's seats (4 x `params.scheduler.max_num_seqs`) within one engine's waiting room (`max_waiting_seqs`:
+a first worker queues every held sequence at once): `cold_bound` as the batch kind's default, with seats
+for a batch and the waiting room for the queue (`cold_queue_size` is a batch-model setting).
 
 A held request leaves the hold when a worker is in service (`served`, from `add_worker`: the service then
 places its sequences as any request's), when its deadline passes (DeadlineExceeded, 504), or, with no
@@ -70,8 +71,7 @@ class ColdHold:
 
     @property
     def bound(self) -> int:
-        config = self._config()
-        return cold_bound(config.cold_queue_size, self.max_waiting_seqs, self.max_num_seqs)
+        return cold_bound(None, self.max_waiting_seqs, self.max_num_seqs)
 
     def wake(self) -> Wake | None:
         """The model's waker (looked up each time: it may be registered after the runtime was built)."""
