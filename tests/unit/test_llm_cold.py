@@ -17,7 +17,7 @@ from inferd.config.autoscaler import AutoscalerConfig
 from inferd.errors import DeadlineExceeded, Overloaded, ServingError, ShuttingDown, WorkerUnavailable
 from inferd.fleet.scaling import scaling_loops
 from inferd.kinds.builtin import builtin_kinds
-from inferd.kinds.llm.demand import LLMObserver
+from inferd.kinds.llm.demand import LLMDemand, LLMObservation, LLMObserver
 from inferd.kinds.llm.runtime import LLMRuntime
 from inferd.kinds.llm.service import Choices, GenerationRequest
 from inferd.kinds.llm.sim_llm import sim_llm_config
@@ -261,6 +261,20 @@ async def test_held_llm_requests_wake_the_scaling_loop_which_scales_from_zero() 
     finally:
         running.cancel()
         await asyncio.gather(running, return_exceptions=True)
+
+
+def test_an_idle_llm_model_is_not_kept_up_by_its_recent_time_to_first_token() -> None:
+    demand = LLMDemand(COLD)
+
+    def clamp(n: int) -> int:
+        return max(COLD.min_workers, min(COLD.max_workers, n))
+
+    def obs(running: int, ttft_s: float | None) -> LLMObservation:
+        return LLMObservation(1, 0, running, 0, 0.0, ttft_s)
+
+    assert demand.recommend(obs(0, 1.5), 1, clamp).workers == 0  # idle: scales to zero
+    assert demand.recommend(obs(1, 1.5), 1, clamp).workers == 1  # busy: the TTFT counts
+    assert demand.recommend(obs(1, 3.0 * COLD.target_ttft_s), 1, clamp).workers == 3
 
 
 def test_a_follower_gives_an_llm_model_at_zero_no_waker() -> None:

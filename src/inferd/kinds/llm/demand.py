@@ -55,7 +55,9 @@ class LLMObserver:
 class LLMDemand:
     """Grow when the engines are pressed (KV use over target, TTFT over target, or too many sequences
     waiting per worker), in proportion to the worst of them; shrink when one worker fewer would still
-    sit below every target by scale_down_margin."""
+    sit below every target by scale_down_margin. With no sequence running, waiting or held, the recent
+    TTFT is not load: an idle model scales down (to zero at `min_workers = 0`) after the down-window,
+    not after the TTFT window (statistics.py TTFT_WINDOW_S) has forgotten its last first token."""
 
     def __init__(self, config: AutoscalerConfig) -> None:
         self.config = config
@@ -75,7 +77,7 @@ class LLMDemand:
             f"{obs.waiting_seqs} waiting ({cfg.max_waiting_per_worker:g} per worker allowed)": obs.waiting_seqs
             / (cfg.max_waiting_per_worker * ready),
         }
-        if obs.ttft_s is not None:
+        if obs.ttft_s is not None and busy:  # idle, past first tokens are no load (it may scale to zero)
             pressures[f"TTFT {obs.ttft_s:.2f} s (target {cfg.target_ttft_s:.2f} s)"] = (
                 obs.ttft_s / cfg.target_ttft_s
             )
