@@ -112,6 +112,8 @@ class ColdHold:
                 raise self._timed_out(config, deadline, now) from None
         finally:
             self.held -= n
+            if self.held == 0 and self._ready_workers() == 0:
+                self.since = None  # every held request left without a worker: the next cold start is afresh
         if self._failure is not None:
             raise self._failure
 
@@ -136,8 +138,6 @@ class ColdHold:
         """While sequences are held and no worker serves, tell the waker again every REWAKE_S (called
         more often: by the runtime's watchdog)."""
         if self.held == 0 or self._ready_workers() > 0:
-            if self.held == 0 and self._ready_workers() == 0:
-                self.since = None  # every held request left without a worker: the next cold start is afresh
             return
         if self._told_at is not None and self.clock.now() - self._told_at < REWAKE_S:
             return
