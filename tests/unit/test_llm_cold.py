@@ -142,6 +142,21 @@ async def test_a_held_request_is_placed_once_a_worker_is_in_service_and_the_cold
     assert metrics.registry.get_sample_value("inferd_cold_start_seconds_sum", labels) == pytest.approx(1.5)
 
 
+async def test_a_request_whose_worker_is_lost_before_it_is_placed_waits_for_the_next() -> None:
+    waker = FakeWaker()
+    rt, _, _ = cold_llm(waker)
+    task = ask(rt)
+    await held(rt, 1)
+    lost = worker(0)
+    rt.add_worker(lost)  # the held request is released ...
+    rt.on_worker_lost(lost, "crashed")  # ... and the worker is gone before it runs
+    await until(lambda: len(waker.wakes) == 2)  # held again, under the same rule, and the waker told again
+    assert rt.cold.held == 1 and not task.done()
+    w = worker(1)
+    rt.add_worker(w)
+    assert len(await task) == 1 and len(adds(w)) == 1 and adds(lost) == []
+
+
 async def test_with_a_worker_in_service_nothing_is_held() -> None:
     waker = FakeWaker()
     rt, _, metrics = cold_llm(waker)

@@ -126,8 +126,9 @@ class LLMRuntime:
 
     # ---- receive ----------------------------------------------------------------------------------
     async def hold(self, n: int, deadline: float | None) -> None:
-        """Wait for a worker in service (at once when one is), or raise why the `n` sequences cannot wait."""
-        if not self.placement.stopping:
+        """Wait for a worker in service (at once when one is), or raise why the `n` sequences cannot wait
+        (again if the one that came was lost before they were placed)."""
+        while not self.placement.stopping and self.ready_workers() == 0:
             await self.cold.wait(n, deadline)
 
     def submit(self, prompt: list[int], gen: Generation) -> TokenStream:
