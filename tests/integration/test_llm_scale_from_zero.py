@@ -5,8 +5,10 @@ scaling loop starts a worker (its warm-up takes 3 s), then are answered; a burst
 cold bound (4 x max_num_seqs = 8 sequences), gets 429s with Retry-After for the excess, 200s with their
 own tokens for the rest, and never a 5xx; the cold start is in `inferd_cold_start_seconds`. Idle, it
 scales back to zero; then a request whose deadline is nearer than the measured start gets a 429 at once.
+With `--frontends 2`, a follower (which runs no autoscaler) holds its requests too, instead of a 503: the
+owner's scaling loop counts them from the follower's reported load, and the worker it starts joins both.
 
-Bounded: one server, one worker at most, a burst of 16 requests."""
+Bounded: one server at a time, one worker at most, a burst of 16 requests."""
 
 from __future__ import annotations
 
@@ -18,9 +20,11 @@ import aiohttp
 import tritonclient.grpc.aio as triton_aio
 
 from inferd.kinds.llm.sim_llm import sim_llm_tokens
+from tests.checked_load import wait_for
 from tests.conftest import ServerProc, start_server
 from tests.integration.test_fleet import admin, ready_count, until
 from tests.integration.test_grpc_stream import llm_inputs, text_of
+from tests.integration.test_scale_from_zero import listeners
 
 MODEL_TOML = """builtin = "sim-llm"
 workers = 0
@@ -70,13 +74,15 @@ async def grpc_text(client: triton_aio.InferenceServerClient, prompt: str) -> st
     return text_of(result)
 
 
-async def cold_starts(http: aiohttp.ClientSession, server: ServerProc) -> tuple[float, float]:
-    """The count and sum of sim-llm's scale-from-zero cold starts."""
+async def cold_starts(http: aiohttp.ClientSession, server: ServerProc, frontend: str = "") -> tuple[float, float]:
+    """The count and sum of sim-llm's scale-from-zero cold starts (of one front end: `frontend`)."""
     async with http.get(f"{server.url}/metrics") as r:
         text = await r.text()
     found = {}
     for line in text.splitlines():
         if line.startswith("inferd_cold_start_seconds_") and 'model="sim-llm"' in line and 'cause="scale_from_zero"' in line:
+            if frontend and f'frontend="{frontend}"' not in line:
+                continue
             name, _, value = line.rpartition(" ")
             found[name.split("{")[0]] = float(value)
     return found.get("inferd_cold_start_seconds_count", 0.0), found.get("inferd_cold_start_seconds_sum", 0.0)
@@ -137,6 +143,25 @@ async def test_an_llm_model_at_zero_workers_answers_its_first_requests_and_bound
 
 async def _held(http: aiohttp.ClientSession, server: ServerProc, n: int) -> bool:
     return (await admin(http, server, "/admin/models"))["llm_models"]["sim-llm"]["held"] == n
+
+
+async def test_a_follower_holds_its_llm_requests_for_the_owners_scaling_loop(tmp_path: Path) -> None:
+    repo = tmp_path / "repo"
+    (repo / "sim-llm" / "1").mkdir(parents=True)
+    (repo / "sim-llm" / "model.toml").write_text(MODEL_TOML.replace("warmup_ms = 3000.0", "warmup_ms = 0.0"))
+    server = start_server(tmp_path, "--model-repo", str(repo), "--frontends", "2")
+    try:  # both front ends take connections (the first one ready answered start_server), the owner's admin API
+        wait_for(lambda: listeners(server.port) == 2 and listeners(server.admin_port) == 1, 20, "both listening")
+        connector = aiohttp.TCPConnector(force_close=True)  # a connection per request: both front ends get some
+        async with aiohttp.ClientSession(connector=connector) as http:
+            assert await ready_count(http, server) == 0
+            results = await asyncio.gather(*(complete(http, server, f"f{i}") for i in range(BOUND)))
+            assert [s for s, _, _ in results] == [200] * BOUND, results
+            for i, (_, body, _) in enumerate(results):
+                assert body["choices"][0]["text"] == want(f"f{i}")
+            assert (await cold_starts(http, server, frontend="1"))[0] == 1.0  # the follower held some
+    finally:
+        server.stop()
 
 
 def _pieces(sse: str) -> list[str]:

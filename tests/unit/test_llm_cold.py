@@ -13,9 +13,11 @@ from typing import Any
 import pytest
 
 from inferd.clock import FakeClock
+from inferd.cluster.load import LoadReports
+from inferd.cluster.memory import MemoryStore
 from inferd.config.autoscaler import AutoscalerConfig
 from inferd.errors import DeadlineExceeded, Overloaded, ServingError, ShuttingDown, WorkerUnavailable
-from inferd.fleet.scaling import scaling_loops
+from inferd.fleet.scaling import ReportedDemand, scaling_loops
 from inferd.kinds.builtin import builtin_kinds
 from inferd.kinds.llm.demand import LLMDemand, LLMObservation, LLMObserver
 from inferd.kinds.llm.runtime import LLMRuntime
@@ -23,6 +25,7 @@ from inferd.kinds.llm.service import Choices, GenerationRequest
 from inferd.kinds.llm.sim_llm import sim_llm_config
 from inferd.observability.metrics import Metrics
 from inferd.runtime.cold import REWAKE_S
+from inferd.runtime.frontend_load import ModelLoad
 from inferd.runtime.registry import ModelRegistry
 from inferd.runtime.waking import SCALE_FROM_ZERO, Wakers
 from inferd.wire.connection import WorkerConnection
@@ -292,10 +295,28 @@ def test_an_idle_llm_model_is_not_kept_up_by_its_recent_time_to_first_token() ->
     assert demand.recommend(obs(1, 3.0 * COLD.target_ttft_s), 1, clamp).workers == 3
 
 
-def test_a_follower_gives_an_llm_model_at_zero_no_waker() -> None:
-    """A follower's held LLM requests are not in the load it reports: it answers the 503 rather than hold
-    requests no loop sees (the owner's loop scales on its own held requests)."""
+async def test_a_follower_holds_and_reports_its_held_sequences_which_the_owners_loop_counts() -> None:
     wakers = Wakers()
     registry, rt, _ = llm_registry(wakers)
     assert loops_of(registry, Fleet(), wakers, decides=False) == {}
-    assert wakers.of("sim-llm") is None and not rt.ready
+    wake = wakers.of("sim-llm")
+    assert wake is not None and isinstance(wake.waker, ReportedDemand) and rt.ready
+    task = ask(rt, n=2)
+    await held(rt, 2)
+    clock = rt.clock
+    store = MemoryStore(clock)
+    follower = LoadReports(store, "1", registry, builtin_kinds(), clock, index=1)
+    assert follower.measure().loads == [ModelLoad("sim-llm", 1, 2)]
+    assert await follower.report()
+    owners, owner_rt, _ = llm_registry(Wakers())
+    owner = LoadReports(store, "0", owners, builtin_kinds(), clock, index=0, reads=True)
+    await owner.collect()
+    assert owner.loads is not None
+    observed = LLMObserver().observe(owner_rt.statistics(), 0, owner.loads)
+    assert observed.waiting_seqs == 2  # the follower's held sequences: the owner scales from zero on them
+    owner_rt.add_worker(worker())
+    observed = LLMObserver().observe(owner_rt.statistics(), 0, owner.loads)
+    assert observed.waiting_seqs == 0  # with a worker, the engines' own counts say what waits
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+    assert follower.measure().loads == [ModelLoad("sim-llm", 1, 0)]

@@ -72,28 +72,27 @@ def scaling_loops(
 ) -> dict[str, ScalingLoop]:
     """A scaling loop for each served model whose default version has an [autoscale] table, registered as
     the waker (runtime/waking.py) of each `min_workers = 0` one. `decides`: False on a front end that runs
-    no autoscaler (a follower of `--frontends N`): no loop, and such a model's waker is `ReportedDemand`
-    when its kind reports its load to the owner (`Kind.queues_per_frontend`: batch); an LLM model's held
-    requests are not in that report, so a follower has no waker for it (a 503 while it has no worker)."""
+    no autoscaler (a follower of `--frontends N`): no loop, and such a model's waker is `ReportedDemand`."""
     loops: dict[str, ScalingLoop] = {}
     for rt in registry.defaults():
         config = rt.config.autoscale
         if config is None:
             continue
-        waker: Waker | None = ReportedDemand() if kinds.get(rt.kind).queues_per_frontend else None
+        waker: Waker = ReportedDemand()
         if decides:
             policy = scaling_policy(kinds.get(rt.kind), config, clock)
             loops[rt.name] = loop = ScalingLoop(registry, fleet, clock, rt.name, policy, others=others, acts=acts)
             waker = loop
-        if config.min_workers == 0 and waker is not None:
+        if config.min_workers == 0:
             wakers.set(rt.name, waker, SCALE_FROM_ZERO)
     return loops
 
 
 class ReportedDemand:
     """The waker of a `min_workers = 0` model on a front end that runs no autoscaler (a follower of
-    `--frontends N`): the requests it holds are in the load it reports (cluster/load.py), which the
-    owner's scaling loop adds to its own and scales from zero on; nothing here to tell, no start to time."""
+    `--frontends N`): the requests it holds are in the load it reports (cluster/load.py: a batch model's
+    queue, an LLM model's queued sequences), which the owner's scaling loop adds to its own and scales
+    from zero on; nothing here to tell, no start to time."""
 
     def wakeable(self, model: str, version: int) -> str | None:
         return None

@@ -4,7 +4,8 @@ is a plain function of the observation; damping (windows, cooldowns, steps) is t
 (fleet/autoscaler.py), the same for every kind.
 
 An LLM model's engine statistics are already the whole worker's (each engine reports its own totals to
-every front end): the other front ends' loads add nothing.
+every front end): the other front ends' loads add nothing, but while it has no ready worker, the
+sequences they hold for one (kinds/llm/cold.py, in their reported loads: cluster/load.py).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from typing import Any
 from inferd.config.autoscaler import AutoscalerConfig
 from inferd.runtime.contract import RuntimeStatistics
 from inferd.runtime.demand import Autoscaling, Clamp, Observed, Recommendation
-from inferd.runtime.frontend_load import FrontendLoads
+from inferd.runtime.frontend_load import FrontendLoads, ModelLoad
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,11 +43,14 @@ class LLMObserver:
 
     def observe(self, stats: RuntimeStatistics, starting: int, others: FrontendLoads | None) -> LLMObservation:
         d = stats.detail
+        held = d.held
+        if others is not None and stats.ready_workers == 0:  # no worker: what the others queue is held there
+            held += others.total(ModelLoad(stats.name, stats.version)).queued_items
         return LLMObservation(
             ready_workers=stats.ready_workers,
             starting_workers=starting,
             running_seqs=d.running,
-            waiting_seqs=d.waiting + d.held,
+            waiting_seqs=d.waiting + held,
             kv_usage=d.kv_blocks_used / d.kv_blocks_total if d.kv_blocks_total else 0.0,
             ttft_s=d.ttft_s,
         )

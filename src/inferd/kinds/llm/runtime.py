@@ -331,7 +331,7 @@ class LLMRuntime:
 
     def statistics(self) -> RuntimeStatistics:
         workers = tuple(self._snapshot(w) for w in self.workers)
-        queued = sum(load.waiting for load in self.placement.loads.values())
+        placed = sum(load.waiting for load in self.placement.loads.values())  # sent, not yet admitted
         return RuntimeStatistics(
             name=self.name,
             version=self.version,
@@ -339,8 +339,8 @@ class LLMRuntime:
             ready=self.ready,
             workers=workers,
             ready_workers=self.ready_workers(),
-            queued=queued,
-            in_flight=len(self.placement.live) - queued,
+            queued=placed + self.cold.held,  # held: waiting for a worker to start (kinds/llm/cold.py)
+            in_flight=len(self.placement.live) - placed,
             detail=self._detail(),
             locality=self.placement.zones(),
         )
