@@ -168,10 +168,10 @@ class ColdHold:
         return None if config.default_timeout_ms is None else config.default_timeout_ms / 1000.0
 
     @staticmethod
-    def _timed_out(config: ModelConfig, deadline: float | None, since: float) -> Exception:
+    def _timed_out(config: ModelConfig, deadline: float | None, held_at: float) -> Exception:
         if deadline is not None:
             return DeadlineExceeded(
-                f"request to model '{config.name}' missed its deadline after {1000 * (deadline - since):.0f} ms "
+                f"request to model '{config.name}' missed its deadline after {1000 * (deadline - held_at):.0f} ms "
                 "waiting for a worker to start"
             )
         return WorkerUnavailable(
