@@ -13,12 +13,13 @@ from contextlib import aclosing
 import pytest
 
 from inferd.errors import BadRequest, ClientGone, DeadlineExceeded, ModelError, Overloaded
-from inferd.kinds.llm.runtime import ContextLengthExceeded, LLMRuntime
+from inferd.kinds.llm.runtime import LLMRuntime
 from inferd.kinds.llm.service import (
     DEFAULT_MAX_TOKENS,
     MAX_SEED,
     TOKENIZE_IN_THREAD_CHARS,
     Choices,
+    ContextLengthExceeded,
     GenerationRequest,
 )
 from inferd.kinds.llm.sim_llm import VOCAB, SimTokenizer
@@ -93,7 +94,7 @@ async def test_collect_gives_each_choice_its_text_and_finish_with_the_usage_and_
 async def test_n_choices_sample_with_seed_plus_i_and_stream_each_in_its_own_order() -> None:
     rt, workers = make_runtime()
     choices = await generate(rt, n=3, seed=7, max_tokens=2, temperature=0.5, top_p=0.9)
-    sent = sorted(all_adds(workers), key=lambda a: a.seq_id)
+    sent = sorted(all_adds(workers), key=lambda a: int(a.seq_id.rpartition("-")[2]))  # "m-9" before "m-10"
     assert [a.seed for a in sent] == [7, 8, 9]
     assert {(a.max_tokens, a.temperature, a.top_p) for a in sent} == {(2, 0.5, 0.9)}
     assert len(choices) == 3 and [s.seq_id for s in choices.streams] == [a.seq_id for a in sent]

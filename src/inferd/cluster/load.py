@@ -87,10 +87,15 @@ class LoadReports:
 
     def measure(self) -> LoadReport:
         """This front end's load now: every version it serves of a kind that queues in each front end
-        (`Kind.queues_per_frontend`: batch)."""
+        (`Kind.queues_per_frontend`: batch), and of every other kind that scales (llm) its queued work
+        alone (an LLM model's sequences held while it has no worker: kinds/llm/cold.py)."""
         loads = []
         for rt in self.registry:
-            if not self.kinds.get(rt.kind).queues_per_frontend:
+            kind = self.kinds.get(rt.kind)
+            if not kind.queues_per_frontend:
+                if kind.autoscaling is not None:
+                    stats = rt.statistics()
+                    loads.append(ModelLoad(stats.name, stats.version, stats.queued))
                 continue
             stats = rt.statistics()
             meter = self._meters.setdefault((stats.name, stats.version), ArrivalMeter(self.clock))

@@ -90,8 +90,9 @@ def scaling_loops(
 
 class ReportedDemand:
     """The waker of a `min_workers = 0` model on a front end that runs no autoscaler (a follower of
-    `--frontends N`): the requests it holds are in the load it reports (cluster/load.py), which the
-    owner's scaling loop adds to its own and scales from zero on; nothing here to tell, no start to time."""
+    `--frontends N`): the requests it holds are in the load it reports (cluster/load.py: a batch model's
+    queue, an LLM model's queued sequences), which the owner's scaling loop adds to its own and scales
+    from zero on; nothing here to tell, no start to time."""
 
     def wakeable(self, model: str, version: int) -> str | None:
         return None

@@ -56,6 +56,7 @@ def _llm_runtime(config: ModelConfig, ctx: RuntimeContext) -> Runtime:
         heartbeat_timeout_s=ctx.server.heartbeat_timeout_s,
         members=ctx.directory.members(config.name, config.version),
         locality=_locality(ctx),
+        wakers=ctx.wakers,
     )
 
 

@@ -326,6 +326,7 @@ class LLMMetrics:
         self._prompt = m.prompt_tokens.labels(*labels)
         self._generated = m.generation_tokens.labels(*labels)
         self._slo = m.slo.for_model(model)
+        self._m, self.model = m, model
 
     def submitted(self, prompt_tokens: int) -> None:
         self._prompt.inc(prompt_tokens)
@@ -348,3 +349,6 @@ class LLMMetrics:
 
     def finished(self, duration_s: float) -> None:
         self._e2e.observe(duration_s)
+
+    def cold_started(self, cause: str, seconds: float) -> None:
+        self._m.cold_start.labels(self.model, cause).observe(seconds)

@@ -54,8 +54,9 @@ class RuntimeContext:
     cluster is built after this context). A search index's writer lease lives there
     (kinds/search/writers.py). None: a front end alone, each index on a store of its own."""
     wakers: Wakers | None = None
-    """Who wakes each model served on demand (runtime/waking.py): a batch runtime with no worker in
-    service asks its model's waker, if one is registered, instead of refusing (kinds/batch/cold.py)."""
+    """Who wakes each model served on demand (runtime/waking.py): a batch or LLM runtime with no worker
+    in service asks its model's waker, if one is registered, instead of refusing (kinds/batch/cold.py,
+    kinds/llm/cold.py)."""
 
 
 RuntimeFactory = Callable[[ModelConfig, RuntimeContext], Runtime]

@@ -1,8 +1,10 @@
 """Serving a model on demand: what a runtime with no worker in service asks of whoever can give it one.
 
-A batch model that can be served on demand (a pooled model: its pool loads it; a model whose
+A model that can be served on demand (a pooled batch model: its pool loads it; a batch or LLM model whose
 `[autoscale] min_workers = 0`: the scaling loop starts a worker) holds its first requests instead of
-refusing them with a 503: it admits them into a bounded cold queue (kinds/batch) and wakes its `Waker`.
+refusing them with a 503, bounded by the cold rule (runtime/cold.py): a batch model in its cold queue
+(kinds/batch/cold.py), an LLM model before placing their sequences (kinds/llm/cold.py); and it wakes its
+`Waker`.
 The waker decides nothing here: it is told the demand and says how long serving takes.
 """
 

@@ -1,6 +1,7 @@
 """Cold admission: a batch model version with no worker in service holds its requests while its waker
 (runtime/waking.py: a pool's manager, or the scaling loop of a `min_workers = 0` model) gives it one,
-instead of refusing them with a 503. The rule, for a request of `n` items arriving then:
+instead of refusing them with a 503. The rule (runtime/cold.py, shared with the llm kind), for a request
+of `n` items arriving then:
 
     no waker registered                  -> 503 "has no ready worker", as for every model without one
     the waker cannot wake it (a reason)  -> 503 with that reason (or the 503 it gave: its Retry-After)
@@ -24,47 +25,11 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from inferd.errors import Overloaded, WorkerUnavailable, retry_after_s
 from inferd.kinds.batch.state import ModelState
+from inferd.runtime.cold import REWAKE_S, cold_bound, cold_refusal, waking
 from inferd.runtime.waking import Wake, Wakers
 
 log = logging.getLogger("inferd.dispatcher")
-
-REWAKE_S = 0.25
-"""While requests are held with no worker in service, the waker is told again this often."""
-
-UNMEASURED_RETRY_S = 1.0
-"""Retry-After of a cold refusal while the waker has measured no eta yet."""
-
-
-def cold_bound(cold_queue_size: int | None, max_queue_size: int, max_batch_size: int) -> int:
-    """Items a model with no worker in service holds at most."""
-    if cold_queue_size is not None:
-        return min(cold_queue_size, max_queue_size)
-    return min(max_queue_size, 4 * max_batch_size)
-
-
-def cold_refusal(
-    model: str, queued: int, n: int, bound: int, now: float, deadline: float | None, eta_s: float | None
-) -> Overloaded | None:
-    """Why `n` more items cannot be held with `queued` held already (a 429), or None: they can."""
-    retry = UNMEASURED_RETRY_S if eta_s is None else max(UNMEASURED_RETRY_S, eta_s)
-    if queued + n > bound:
-        return Overloaded(
-            f"model '{model}' has no worker in service and its cold queue is full ({queued}/{bound} items "
-            f"held while a worker starts, request needs {n}); retry in {retry_after_s(retry)} s",
-            retry_after_s=retry,
-            reason="queue_full",
-        )
-    if deadline is not None and eta_s is not None and now + eta_s > deadline:
-        left_ms = max(0.0, (deadline - now) * 1000.0)
-        return Overloaded(
-            f"model '{model}' has no worker in service and one takes {eta_s * 1000:.0f} ms to start "
-            f"(measured), past the remaining deadline of {left_ms:.0f} ms; retry in {retry_after_s(retry)} s",
-            retry_after_s=retry,
-            reason="deadline",
-        )
-    return None
 
 
 class ColdAdmission:
@@ -92,14 +57,8 @@ class ColdAdmission:
     def check(self, n: int, deadline: float | None) -> None:
         """No worker is in service: raise WorkerUnavailable (no waker, or it cannot wake the model) or
         Overloaded (the cold rule), or return: `n` items may be held."""
-        state = self.state
-        wake = self.wake()
-        if wake is None:
-            raise WorkerUnavailable(f"model '{state.name}' has no ready worker; retry shortly")
-        config = state.config
-        reason = wake.waker.wakeable(state.name, config.version)
-        if reason is not None:
-            raise reason if isinstance(reason, WorkerUnavailable) else WorkerUnavailable(reason)
+        state, config = self.state, self.state.config
+        wake = waking(self.wake(), state.name, config.version)
         bound = cold_bound(config.cold_queue_size, config.max_queue_size, config.max_batch_size)
         eta = wake.waker.eta_s(state.name, config.version)
         refusal = cold_refusal(state.name, len(state.queue), n, bound, state.clock.now(), deadline, eta)

@@ -19,6 +19,8 @@ def llm_model_row(stats: RuntimeStatistics) -> dict[str, Any]:
         "streams": s.streams,
         "running": s.running,
         "waiting": s.waiting,
+        "held": s.held,
+        "cold_for_s": None if s.cold_for_s is None else round(s.cold_for_s, 3),
         "kv_usage": round(s.kv_blocks_used / total, 3) if total else None,
         "prefix_hit_ratio": round(s.prefix_hit_tokens / s.prefix_query_tokens, 3)
         if s.prefix_query_tokens

@@ -4,7 +4,8 @@ is a plain function of the observation; damping (windows, cooldowns, steps) is t
 (fleet/autoscaler.py), the same for every kind.
 
 An LLM model's engine statistics are already the whole worker's (each engine reports its own totals to
-every front end): the other front ends' loads add nothing.
+every front end): the other front ends' loads add nothing, but while it has no ready worker, the
+sequences they hold for one (kinds/llm/cold.py, in their reported loads: cluster/load.py).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from typing import Any
 from inferd.config.autoscaler import AutoscalerConfig
 from inferd.runtime.contract import RuntimeStatistics
 from inferd.runtime.demand import Autoscaling, Clamp, Observed, Recommendation
-from inferd.runtime.frontend_load import FrontendLoads
+from inferd.runtime.frontend_load import FrontendLoads, ModelLoad
 
 
 @dataclass(frozen=True, slots=True)
@@ -27,6 +28,7 @@ class LLMObservation:
     starting_workers: int
     running_seqs: int
     waiting_seqs: int
+    """Waiting in the engines for admission, and held with no worker in service (kinds/llm/cold.py)."""
     kv_usage: float
     """Share of the ready workers' KV blocks in use, 0..1."""
     ttft_s: float | None
@@ -41,11 +43,14 @@ class LLMObserver:
 
     def observe(self, stats: RuntimeStatistics, starting: int, others: FrontendLoads | None) -> LLMObservation:
         d = stats.detail
+        held = d.held
+        if others is not None and stats.ready_workers == 0:  # no worker: what the others queue is held there
+            held += others.total(ModelLoad(stats.name, stats.version)).queued_items
         return LLMObservation(
             ready_workers=stats.ready_workers,
             starting_workers=starting,
             running_seqs=d.running,
-            waiting_seqs=d.waiting,
+            waiting_seqs=d.waiting + held,
             kv_usage=d.kv_blocks_used / d.kv_blocks_total if d.kv_blocks_total else 0.0,
             ttft_s=d.ttft_s,
         )
@@ -54,7 +59,9 @@ class LLMObserver:
 class LLMDemand:
     """Grow when the engines are pressed (KV use over target, TTFT over target, or too many sequences
     waiting per worker), in proportion to the worst of them; shrink when one worker fewer would still
-    sit below every target by scale_down_margin."""
+    sit below every target by scale_down_margin. With no sequence running, waiting or held, the recent
+    TTFT is not load: an idle model scales down (to zero at `min_workers = 0`) after the down-window,
+    not after the TTFT window (statistics.py TTFT_WINDOW_S) has forgotten its last first token."""
 
     def __init__(self, config: AutoscalerConfig) -> None:
         self.config = config
@@ -74,7 +81,7 @@ class LLMDemand:
             f"{obs.waiting_seqs} waiting ({cfg.max_waiting_per_worker:g} per worker allowed)": obs.waiting_seqs
             / (cfg.max_waiting_per_worker * ready),
         }
-        if obs.ttft_s is not None:
+        if obs.ttft_s is not None and busy:  # idle, past first tokens are no load (it may scale to zero)
             pressures[f"TTFT {obs.ttft_s:.2f} s (target {cfg.target_ttft_s:.2f} s)"] = (
                 obs.ttft_s / cfg.target_ttft_s
             )

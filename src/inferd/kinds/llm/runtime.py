@@ -3,6 +3,7 @@ an engine), one token stream per request, aborts, deadlines, failover and the ha
 
 service:        LlmService (kinds/llm/service.py): what an edge calls: check, tokenize, admit, submit
                 every choice, its text with stop strings applied, and the aborts at its end
+hold:           no worker in service: the request waits for one its waker starts (kinds/llm/cold.py)
 submit:         placement (inferd.kinds.llm.placement: routing + admission) -> AddSequence to the chosen worker
 on_message:     a step's deltas into each request's stream; admissions counted off
 abort:          the client left (or a stop string matched): AbortSequence to the worker
@@ -25,13 +26,13 @@ from typing import ClassVar
 from inferd.clock import Clock
 from inferd.config import ModelConfig
 from inferd.errors import (
-    BadRequest,
     DeadlineExceeded,
     Overloaded,
     ServingError,
     WorkerUnavailable,
     from_wire,
 )
+from inferd.kinds.llm.cold import ColdHold
 from inferd.kinds.llm.model import Tokenizer, tokenizer_for
 from inferd.kinds.llm.params import llm_params
 from inferd.kinds.llm.placement import Generation, Live, Load, Placement
@@ -46,6 +47,7 @@ from inferd.routing.locality import LocalityPolicy
 from inferd.routing.retry import RetryBudget
 from inferd.runtime.contract import RuntimeStatistics, WorkerSnapshot
 from inferd.runtime.membership import Membership
+from inferd.runtime.waking import Wakers
 from inferd.wire import protocol as p
 from inferd.wire.connection import WorkerConnection, WorkerState
 
@@ -55,14 +57,6 @@ _seq_ids = itertools.count(1)
 WATCHDOG_INTERVAL_S = 0.1
 
 KillWorker = Callable[[WorkerConnection], None]
-
-
-class ContextLengthExceeded(BadRequest):
-    """Prompt plus max_tokens exceed the model's context (OpenAI code `context_length_exceeded`)."""
-
-    @property
-    def code(self) -> str:
-        return "context_length_exceeded"
 
 
 class LLMRuntime:
@@ -80,6 +74,7 @@ class LLMRuntime:
         heartbeat_timeout_s: float = 5.0,
         members: Membership | None = None,
         locality: LocalityPolicy | None = None,
+        wakers: Wakers | None = None,
     ) -> None:
         self.config = config
         self.name = config.name
@@ -103,6 +98,11 @@ class LLMRuntime:
         )
         self.locality = locality
         self.hang = HangPolicy(clock, params.hang_timeout_s, heartbeat_timeout_s)
+        s = self.scheduler_config
+        self.cold = ColdHold(
+            lambda: self.config, clock, wakers, self.ready_workers, s.max_waiting_seqs, s.max_num_seqs, metrics
+        )
+        """No worker in service: requests wait while the model's waker starts one (kinds/llm/cold.py)."""
         self.ttft = TTFTWindow(clock)
         self._stats: dict[str, p.LLMStats] = {}
         self.client_aborts = 0
@@ -116,20 +116,20 @@ class LLMRuntime:
 
     @property
     def ready(self) -> bool:
-        return not self.placement.stopping and any(
-            w.state is WorkerState.READY and not w.failure for w in self.workers
-        )
+        """A ready worker; with none, whether its waker can start one on demand."""
+        if self.placement.stopping:
+            return False
+        return self.ready_workers() > 0 or self.cold.on_demand()
+
+    def ready_workers(self) -> int:
+        return sum(1 for w in self.workers if w.state is WorkerState.READY and not w.failure)
 
     # ---- receive ----------------------------------------------------------------------------------
-    def check_context(self, prompt_tokens: int, max_tokens: int, what: str) -> None:
-        total = prompt_tokens + max_tokens
-        if total > self.max_model_len:
-            raise ContextLengthExceeded(
-                f"This model's maximum context length is {self.max_model_len} tokens. However, you "
-                f"requested {total} tokens ({prompt_tokens} in the {what}, {max_tokens} in the "
-                "completion). Please reduce the length of the "
-                f"{what} or completion."
-            )
+    async def hold(self, n: int, deadline: float | None) -> None:
+        """Wait for a worker in service (at once when one is), or raise why the `n` sequences cannot wait
+        (again if the one that came was lost before they were placed)."""
+        while not self.placement.stopping and self.ready_workers() == 0:
+            await self.cold.wait(n, deadline)
 
     def submit(self, prompt: list[int], gen: Generation) -> TokenStream:
         """Start a sequence on the worker routing picks. Raises WorkerUnavailable (none ready) or
@@ -249,6 +249,7 @@ class LLMRuntime:
             await asyncio.sleep(WATCHDOG_INTERVAL_S)
             self.expire_deadlines()
             self.check_workers()
+            self.cold.rewake()
 
     def expire_deadlines(self) -> None:
         for live in self.placement.expired():
@@ -283,6 +284,7 @@ class LLMRuntime:
         self.members.add(worker)
         if self.locality is not None:
             self.locality.join(worker.worker_id, worker.zone)
+        self.cold.served()
         log.info("LLM worker %s (pid %d) of model %s is ready", worker.worker_id, worker.pid, self.name)
 
     def drain_worker(self, worker: WorkerConnection) -> None:
@@ -322,22 +324,23 @@ class LLMRuntime:
     def stop(self, exc: ServingError) -> None:
         """Refuse new sequences and end every open stream with `exc` (server shutdown)."""
         self.placement.stopping = True
+        self.cold.fail(exc)
         for live in self.placement.live.values():
             live.stream.fail(exc)
         self.placement.live.clear()
 
     def statistics(self) -> RuntimeStatistics:
         workers = tuple(self._snapshot(w) for w in self.workers)
-        queued = sum(load.waiting for load in self.placement.loads.values())
+        placed = sum(load.waiting for load in self.placement.loads.values())  # sent, not yet admitted
         return RuntimeStatistics(
             name=self.name,
             version=self.version,
             kind=self.kind,
             ready=self.ready,
             workers=workers,
-            ready_workers=sum(1 for w in self.workers if w.state is WorkerState.READY and not w.failure),
-            queued=queued,
-            in_flight=len(self.placement.live) - queued,
+            ready_workers=self.ready_workers(),
+            queued=placed + self.cold.held,  # held: waiting for a worker to start (kinds/llm/cold.py)
+            in_flight=len(self.placement.live) - placed,
             detail=self._detail(),
             locality=self.placement.zones(),
         )
@@ -387,4 +390,6 @@ class LLMRuntime:
             ttft_s=ttft_p90,
             ttft_samples=ttft_samples,
             hang_timeout_s=self.hang.timeout_s(),
+            held=self.cold.held,
+            cold_for_s=self.cold.held_for_s(),
         )

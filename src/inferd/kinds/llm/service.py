@@ -12,6 +12,8 @@ back.
               fails the stream and aborts the sequence in its engine
     reserve   the caller's tokens (prompt + n x max_tokens) through the edge's hook (the gateway's quota
               admission, which kinds/ never imports): it raises to refuse, before anything is submitted
+    hold      no worker in service: the request waits for one (`rt.hold`, kinds/llm/cold.py), within its
+              deadline and the cold bound, or is refused (429, 503) at once
     submit    one sequence per choice (`n`), choice i sampling with seed + i, all or none
     text      `Choices.stream` (pieces as they come) or `Choices.collect` (whole texts), stop strings
               applied (kinds/llm/text.py). Their `finally` aborts every sequence still running:
@@ -60,6 +62,24 @@ list its choices' streams are put in (read at the end, to refund what they did n
 refuse."""
 
 
+class ContextLengthExceeded(BadRequest):
+    """Prompt plus max_tokens exceed the model's context (OpenAI code `context_length_exceeded`)."""
+
+    @property
+    def code(self) -> str:
+        return "context_length_exceeded"
+
+
+def check_context(max_model_len: int, prompt_tokens: int, max_tokens: int, what: str) -> None:
+    total = prompt_tokens + max_tokens
+    if total > max_model_len:
+        raise ContextLengthExceeded(
+            f"This model's maximum context length is {max_model_len} tokens. However, you requested "
+            f"{total} tokens ({prompt_tokens} in the {what}, {max_tokens} in the completion). Please "
+            f"reduce the length of the {what} or completion."
+        )
+
+
 class LlmSequences(Protocol):
     """What the service needs of an LLM model's runtime (kinds/llm/runtime.py LLMRuntime)."""
 
@@ -67,7 +87,7 @@ class LlmSequences(Protocol):
     tokenizer: Tokenizer
     max_model_len: int
 
-    def check_context(self, prompt_tokens: int, max_tokens: int, what: str) -> None: ...
+    async def hold(self, n: int, deadline: float | None) -> None: ...
 
     def submit(self, prompt: list[int], gen: Generation) -> TokenStream: ...
 
@@ -161,8 +181,9 @@ class LlmService:
     ) -> Choices:
         """Every choice submitted, as `Choices`; raises (nothing left running) what refuses the request:
         BadRequest (a parameter, an empty prompt, ContextLengthExceeded), DeadlineExceeded (`deadline`,
-        absolute on the runtime's clock, already passed), `reserve`'s refusal, or the placement's
-        (Overloaded, WorkerUnavailable). `share` is the call's tenant: its fairness lane and its
+        absolute on the runtime's clock, already passed), `reserve`'s refusal, the cold hold's (no worker
+        in service: Overloaded, WorkerUnavailable, DeadlineExceeded) or the placement's (Overloaded,
+        WorkerUnavailable). `share` is the call's tenant: its fairness lane and its
         prefix-cache salt, one value."""
         rt = self._rt
         sampling = request.checked()
@@ -170,7 +191,7 @@ class LlmService:
         max_tokens = sampling.max_tokens
         if request.max_tokens is None and request.chat:  # a chat answer may fill the rest of the context
             max_tokens = max(1, rt.max_model_len - len(ids))
-        rt.check_context(len(ids), max_tokens, request.what)
+        check_context(rt.max_model_len, len(ids), max_tokens, request.what)
         if deadline is not None and rt.clock.now() >= deadline:
             raise DeadlineExceeded(f"the request's deadline passed before its {request.what} was scheduled")
         gen = Generation(
@@ -187,6 +208,7 @@ class LlmService:
         streams: list[TokenStream] = []
         if reserve is not None:
             await reserve(len(ids) + request.n * max_tokens, streams)
+        await rt.hold(request.n, deadline)  # no worker in service: wait for one its waker starts
         try:
             for i in range(request.n):
                 seed = None if gen.seed is None else gen.seed + i

@@ -50,6 +50,10 @@ class LLMRuntimeStatistics:
     """First tokens in that window."""
     hang_timeout_s: float = 0.0
     """The watchdog's current limit on a step (the setting, or derived from recent step times)."""
+    held: int = 0
+    """Sequences waiting for a worker with none in service (kinds/llm/cold.py): the demand to scale from zero."""
+    cold_for_s: float | None = None
+    """How long the cold start under way has held requests; None: none under way."""
 
 
 @dataclass(frozen=True, slots=True)
