@@ -27,6 +27,7 @@ from inferd.gateway.keys import key_digest
 from inferd.gateway.reload import build_gate
 from inferd.kinds.repository import load_repository
 from inferd.runtime.registry import ModelRegistry
+from inferd.wire.connection import WorkerState
 
 SIM = 'builtin = "sim"\n'
 
@@ -264,3 +265,31 @@ def test_a_key_that_is_not_utf8_is_refused_not_an_error() -> None:
     assert not controller(gate(False), "tok", raw).may_control
     with pytest.raises(Unauthorized):
         controller(gate(True), "tok", raw)
+
+
+async def test_a_model_new_to_the_repository_is_loading_while_it_loads_and_holds_no_readiness_down(tmp_path: Path) -> None:
+    """A model whose folder appeared after the start (never served, never unloaded) and is loaded: while its
+    workers start it is LOADING in the index, its requests are told it loads, and the server's readiness
+    does not wait for it (as for a model loaded again after an unload)."""
+    async with running(tmp_path) as (control, server):
+        (tmp_path / "models" / "c").mkdir()
+        (tmp_path / "models" / "c" / "model.toml").write_text(SIM)
+        joined = asyncio.Event()
+        worker = SimpleNamespace(state=WorkerState.READY)
+        directory = SimpleNamespace(workers=lambda name, version: (worker,) if joined.is_set() else (), changed=lambda n, v: joined.wait())
+        server.kinds = SimpleNamespace(get=lambda kind: SimpleNamespace(has_workers=True, rolls_versions=True), check=lambda c: None)  # type: ignore[assignment]
+        server.fleet = SimpleNamespace(launcher=SimpleNamespace(add=lambda *a: []), scale_to=_no_workers, directory=directory)
+        loading = asyncio.create_task(control.load("c"))
+        for _ in range(5):
+            await asyncio.sleep(0)
+        assert "c" in server.registry and not loading.done()  # served, its worker not ready yet
+        assert states(control)["c"] == ("", ModelState.LOADING, "loading")
+        with pytest.raises(WorkerUnavailable, match="'c' is loading"):
+            control.refuse_unloaded("c")
+        server.registry.get("c").ready = False  # type: ignore[attr-defined]  # no worker yet
+        assert all(rt.ready for rt in server.registry if rt.name not in control.unloaded)  # the server's `ready`
+        server.registry.get("c").ready = True  # type: ignore[attr-defined]
+        joined.set()
+        await loading
+        assert states(control)["c"] == ("1", ModelState.READY, "")
+        control.refuse_unloaded("c")

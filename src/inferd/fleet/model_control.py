@@ -283,6 +283,7 @@ class ModelControl:
                 await host.fleet.rolling_update(name, configs[0].version)
             self.unloaded.pop(name, None)
             return
+        self.unloaded.setdefault(name, NOT_LOADED)  # new to the server: LOADING, holds no readiness down
         added = []
         try:
             for config in configs:
