@@ -15,13 +15,14 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from inferd.api.repository import check_parameters
+from inferd.api.repository import Repository, check_parameters
 from inferd.config import ConfigError, ModelConfig, ServerConfig
 from inferd.config.tenants import TenantConfig
-from inferd.errors import BadRequest, Conflict, NotFound, Unauthorized, WorkerUnavailable
+from inferd.core.tenant import Tenant
+from inferd.errors import BadRequest, Conflict, Forbidden, NotFound, Unauthorized, WorkerUnavailable
 from inferd.fleet.model_control import ModelControl, ModelState
 from inferd.fleet.repository_watch import RepositoryWatch, fingerprints
-from inferd.gateway.auth import controller
+from inferd.gateway.auth import Controller, controller
 from inferd.gateway.config import TenantsTable
 from inferd.gateway.keys import key_digest
 from inferd.gateway.reload import build_gate
@@ -293,3 +294,23 @@ async def test_a_model_new_to_the_repository_is_loading_while_it_loads_and_holds
         await loading
         assert states(control)["c"] == ("1", ModelState.READY, "")
         control.refuse_unloaded("c")
+
+
+async def test_a_caller_that_may_not_load_is_refused_403_whatever_it_sends() -> None:
+    """Load and unload are refused to any key that may not control models (403), before its parameters
+    are looked at: Triton's overrides from such a caller are a 403 too, not a 400."""
+    control = SimpleNamespace(load=_never_called, unload=_never_called)
+    repo = Repository(SimpleNamespace(model_control=control))  # type: ignore[arg-type]
+    plain = Controller(Tenant("plain", TenantConfig(models=("a",))), False, "tenant 'plain' may not load nor unload models")
+    for parameters in ([], ["config"], ["file:1/model.onnx"]):
+        with pytest.raises(Forbidden, match="may not load nor unload"):
+            await repo.load(plain, "a", parameters)
+    with pytest.raises(Forbidden):
+        await repo.unload(plain, "a")
+    ops = Controller(Tenant("ops", TenantConfig(model_control=True)), True)
+    with pytest.raises(BadRequest, match="config"):  # one that may: told what it sent is refused
+        await repo.load(ops, "a", ["config"])
+
+
+async def _never_called(name: str) -> None:
+    raise AssertionError(f"model control was asked about {name!r}")
