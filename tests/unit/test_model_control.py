@@ -314,3 +314,24 @@ async def test_a_caller_that_may_not_load_is_refused_403_whatever_it_sends() -> 
 
 async def _never_called(name: str) -> None:
     raise AssertionError(f"model control was asked about {name!r}")
+
+
+async def test_poll_reports_a_new_folder_that_does_not_load_in_the_index(tmp_path: Path) -> None:
+    """A model folder new to the repository whose model.toml does not parse is not served, and the index
+    says why (as for a served model's broken folder), not merely that it is not loaded."""
+    async with running(tmp_path, model_control="poll", repository_poll_s=0.01) as (control, server):
+        (tmp_path / "models" / "c").mkdir()
+        (tmp_path / "models" / "c" / "model.toml").write_text("builtin = [\n")
+        for _ in range(200):
+            if "c" in control.broken:
+                break
+            await asyncio.sleep(0.01)
+        assert "c" not in server.registry
+        version, state, reason = states(control)["c"]
+        assert (version, state) == ("", ModelState.UNAVAILABLE) and "not valid TOML" in reason, reason
+        (tmp_path / "models" / "c" / "model.toml").write_text(SIM)  # fixed: served at the next poll
+        for _ in range(200):
+            if "c" in server.registry:
+                break
+            await asyncio.sleep(0.01)
+        assert states(control)["c"] == ("1", ModelState.READY, "")

@@ -206,7 +206,7 @@ class ModelControl:
             if name in self._loading and name in self.unloaded:
                 rows.append(IndexRow(name, "", ModelState.LOADING, "loading"))
             elif name in self.unloaded or name not in registry:
-                rows.append(IndexRow(name, "", ModelState.UNAVAILABLE, self.unloaded.get(name, NOT_LOADED)))
+                rows.append(IndexRow(name, "", ModelState.UNAVAILABLE, self.unloaded.get(name) or self.broken.get(name, NOT_LOADED)))
             else:
                 broken = self.broken.get(name, "")
                 for version in registry.versions(name):
