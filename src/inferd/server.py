@@ -323,8 +323,8 @@ class InferenceServer:
             if self.frontend is None:  # several front ends share the parent's folder
                 shutil.rmtree(self._socket_dir, ignore_errors=True)
 
-    def _kinds_of(self, name: str) -> set[str]:
-        return {rt.kind for rt in self.registry if rt.name == name}
+    def _kinds_of(self, name: str) -> set[str]:  # served, or loadable (explicit: in the repository, not loaded)
+        return {rt.kind for rt in self.registry if rt.name == name} or {m.kind for m in self.model_control.at_start.get(name, ())}
 
     def _context_lengths(self) -> dict[str, int]:
         """Each LLM model's context length: the longest request it accepts (for tenants' token quotas)."""
