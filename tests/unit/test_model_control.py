@@ -316,22 +316,70 @@ async def _never_called(name: str) -> None:
     raise AssertionError(f"model control was asked about {name!r}")
 
 
+async def until(done: Any) -> None:
+    for _ in range(500):
+        if done():
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError("not done in 5 s")
+
+
+async def polling(tmp_path: Path, server: FakeServer) -> None:
+    """Until the poll watches the repository: a model folder added now is served (its first read of the
+    folder runs off the event loop: a change made before it would be its starting point, not a change)."""
+    folder = tmp_path / "models" / "zz"
+    folder.mkdir()
+    (folder / "model.toml").write_text(SIM)
+    for i in range(500):  # changed again until seen (the first read may already hold the folder)
+        if "zz" in server.registry:
+            return
+        (folder / f"touched-{i}").write_text("")
+        await asyncio.sleep(0.01)
+    raise AssertionError("the poll never served a new model folder")
+
+
 async def test_poll_reports_a_new_folder_that_does_not_load_in_the_index(tmp_path: Path) -> None:
     """A model folder new to the repository whose model.toml does not parse is not served, and the index
     says why (as for a served model's broken folder), not merely that it is not loaded."""
     async with running(tmp_path, model_control="poll", repository_poll_s=0.01) as (control, server):
+        await polling(tmp_path, server)
         (tmp_path / "models" / "c").mkdir()
         (tmp_path / "models" / "c" / "model.toml").write_text("builtin = [\n")
-        for _ in range(200):
-            if "c" in control.broken:
-                break
-            await asyncio.sleep(0.01)
+        await until(lambda: "c" in control.broken)
         assert "c" not in server.registry
         version, state, reason = states(control)["c"]
         assert (version, state) == ("", ModelState.UNAVAILABLE) and "not valid TOML" in reason, reason
         (tmp_path / "models" / "c" / "model.toml").write_text(SIM)  # fixed: served at the next poll
-        for _ in range(200):
-            if "c" in server.registry:
-                break
-            await asyncio.sleep(0.01)
+        await until(lambda: "c" in server.registry)
         assert states(control)["c"] == ("1", ModelState.READY, "")
+
+
+async def test_poll_survives_a_model_folder_it_may_not_read(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A served model's folder the server may not read (EACCES: another user's, mode 0700; simulated, as
+    the tests may run as root) is a folder that fails to read: the poll goes on, the old version serves on,
+    the index says why. It once raised out of the poll, stopping model control and with it the server."""
+    async with running(tmp_path, model_control="poll", repository_poll_s=0.01) as (control, server):
+        await polling(tmp_path, server)
+        locked = tmp_path / "models" / "a"
+        real_stat, real_iterdir = Path.stat, Path.iterdir
+
+        def stat(self: Path, **kw: Any) -> Any:
+            if locked in self.parents:
+                raise PermissionError(13, "Permission denied", str(self))
+            return real_stat(self, **kw)
+
+        def iterdir(self: Path) -> Any:
+            if self == locked or locked in self.parents:
+                raise PermissionError(13, "Permission denied", str(self))
+            return real_iterdir(self)
+
+        monkeypatch.setattr(Path, "stat", stat)
+        monkeypatch.setattr(Path, "iterdir", iterdir)
+        await until(lambda: "a" in control.broken)
+        assert control._tg is not None  # model control runs on
+        assert "a" in server.registry  # what served serves on
+        version, state, reason = states(control)["a"]
+        assert (version, state) == ("1", ModelState.READY) and "Permission denied" in reason, reason
+        monkeypatch.undo()  # readable again: no longer reported
+        await until(lambda: "a" not in control.broken)
+        assert states(control)["a"] == ("1", ModelState.READY, "")
