@@ -204,3 +204,30 @@ async def test_a_model_served_anew_gets_a_fresh_loop_and_waker() -> None:
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
+
+
+async def test_a_fleet_taken_to_zero_under_the_loop_is_woken_again() -> None:
+    """The loop scaled a `min_workers = 0` model up from zero (its target: 1), then the fleet went to zero
+    beneath it (an operator's `inferd fleet scale sim 0`, POST /admin/models/sim/scale): requests held
+    then are demand at zero workers, and the loop scales up from zero again. It once trusted its own target
+    (1): it never woke, and the held requests waited to their deadline."""
+    wakers = Wakers()
+    registry, rt, _ = served(wakers)
+    fleet = Fleet()
+    loop = loops(registry, fleet, wakers)["sim"]
+    loop.interval_s = 3600.0  # only a wake makes it look
+    task = asyncio.create_task(loop.run())
+    try:
+        rt.enqueue([b"a"], None)
+        await until(lambda: fleet.targets == [1])
+        rt.add_worker(worker := fake_connection("sim-0.1", 100))
+        assert rt.ready_workers == 1
+        rt.on_worker_lost(worker, "drained")  # the operator's scale to 0: its worker gone, no slot left
+        fleet.slots = 0
+        rt.enqueue([b"b"], None)
+        await until(lambda: fleet.targets == [1, 1])
+        assert loop.last is not None and "from zero" in loop.last.reason
+    finally:
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task

@@ -198,6 +198,8 @@ class ScalingLoop:
         """One look: observe, decide, and change the fleet if the decision says so."""
         self.observed = self.observe()
         self._timed(self.observed.ready_workers)
+        if self._gone(self.observed.ready_workers + self.observed.starting_workers):
+            self.autoscaler.fleet_gone()
         decision = self.autoscaler.decide(self.observed)
         self.last = decision
         if decision.target_workers != decision.current_workers:
@@ -247,8 +249,12 @@ class ScalingLoop:
     def wake(self, model: str, version: int, waiting: int, oldest_age_s: float) -> None:
         """Requests wait with no worker: look now rather than at the end of the interval, unless a worker
         is already planned (one scale-up per need, however often it is called)."""
-        if not self.autoscaler.target_workers:
+        if not self.autoscaler.target_workers or self._gone(self.fleet.local_workers(model)):
             self._woken.set()
+
+    def _gone(self, workers: int) -> bool:
+        """A `min_workers = 0` model's fleet is at zero beneath its target (an operator scaled it to 0)."""
+        return workers == 0 and bool(self.autoscaler.target_workers) and self.autoscaler.config.min_workers == 0
 
     def eta_s(self, model: str, version: int) -> float | None:
         return self.start_s
