@@ -32,7 +32,7 @@ from inferd.errors import ServingError, ShuttingDown
 from inferd.fleet.control import FleetControl, repository_loader
 from inferd.fleet.model_control import ModelControl
 from inferd.fleet.pools import ServerPools, check_pooled
-from inferd.fleet.scaling import scaling_loops
+from inferd.fleet.scaling import ScalingLoops, scaling_loops
 from inferd.frontends.channel import MAX_MESSAGE_BYTES
 from inferd.frontends.metrics import scrape_all, serve_registry
 from inferd.frontends.peers import peers_of
@@ -205,7 +205,8 @@ class InferenceServer:
             self.registry, self.supervisor, self, self.directory, loader, followers=self.cluster.versions,
             gate=self.cluster.versions.check_holder,
         )
-        self.scaling = scaling_loops(self.registry, self.fleet, self.clock, self.kinds, loads, self.cluster.versions.holds, self.wakers, owner)
+        holds = self.cluster.versions.holds  # the scaling loops (and a model's, made afresh when loaded while serving)
+        self.autoscaling = ScalingLoops(lambda only: scaling_loops(self.registry, self.fleet, self.clock, self.kinds, loads, holds, self.wakers, owner, only), self.wakers)
         self.console = ConsoleFeed(
             self.metrics.registry,
             lambda: [rt.statistics() for rt in self.registry],
@@ -264,7 +265,7 @@ class InferenceServer:
         token = self.config.admin_token.get_secret_value() if self.config.admin_token else None
         self.admin = AdminApi(
             AdminTarget(
-                self.registry, self.kinds, self.fleet, self.supervisor, self.retry_budget, self.scaling,
+                self.registry, self.kinds, self.fleet, self.supervisor, self.retry_budget, self.autoscaling.loops,
                 self.clock, self.kill_worker, self.directory, self._reload,
                 gateway=GatewayView(self.gateway, self.tenant_requests, self.cache.statistics),
                 traffic=self.traffic.statistics, loads=self.loads,
@@ -297,10 +298,7 @@ class InferenceServer:
                 self._group = tg
                 for rt in self.registry:
                     self._start(rt)
-                loops = [
-                    tg.create_task(loop.run(), name=f"autoscale-{name}")
-                    for name, loop in self.scaling.items()
-                ]
+                loops = [tg.create_task(self.autoscaling.run(), name="autoscaling")]
                 loops.append(tg.create_task(self.console.run(), name="console"))
                 loops.append(tg.create_task(self.model_control.run(), name="model-control"))
                 loops.append(tg.create_task(self.pools.run(), name="pools"))
@@ -325,8 +323,8 @@ class InferenceServer:
             if self.frontend is None:  # several front ends share the parent's folder
                 shutil.rmtree(self._socket_dir, ignore_errors=True)
 
-    def _kinds_of(self, name: str) -> set[str]:
-        return {rt.kind for rt in self.registry if rt.name == name}
+    def _kinds_of(self, name: str) -> set[str]:  # served, or loadable (explicit: in the repository, not loaded)
+        return {rt.kind for rt in self.registry if rt.name == name} or {m.kind for m in self.model_control.at_start.get(name, ())}
 
     def _context_lengths(self) -> dict[str, int]:
         """Each LLM model's context length: the longest request it accepts (for tenants' token quotas)."""
@@ -355,6 +353,8 @@ class InferenceServer:
         self.pools.adopt(rt)
         if self._group is not None:  # else it starts with the others
             self._start(rt)
+        if self.registry.versions(config.name) == [rt.version]:  # served anew: its scaling loop made afresh
+            self.autoscaling.renew(config.name)
         return rt
 
     def remove_version(self, name: str, version: int, why: ServingError | None = None) -> None:

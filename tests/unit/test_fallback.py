@@ -204,3 +204,23 @@ def test_start_up_names_an_unknown_fallback_a_wrong_kind_and_a_self_reference() 
     check_fallbacks(
         [chat], kinds_of({"chat": "llm", "remote": "upstream"}), KINDS
     )  # LLM routes: llm or upstream
+
+
+def test_explicit_model_control_starts_with_a_fallback_that_is_in_the_repository_but_not_loaded(tmp_path: Any) -> None:
+    """`--model-control explicit --load-model a`, a's fallback b in the repository but not loaded at start:
+    the server starts (b is loadable; until it is loaded, a has no fallback to hand requests to), as a load
+    of a whose fallback is not served is accepted while serving. A fallback the repository lacks is still
+    refused at start."""
+    from inferd.config import ServerConfig
+    from inferd.server import InferenceServer
+
+    config = ServerConfig(port=0, admin_port=None, grpc_port=None, data_dir=tmp_path / "data", model_control="explicit", load_model=("a",))
+    server = InferenceServer(config, [_with_fallback("a", "b"), sim_config("b")], spawn_workers=False)
+    assert server.registry.names() == ["a"]
+    assert Fallbacks(server.registry, KINDS, FakeClock()).target(server.registry.get("a")) is None
+    with pytest.raises(ConfigError, match="'zz' is not a served model"):
+        InferenceServer(config, [_with_fallback("a", "zz"), sim_config("b")], spawn_workers=False)
+
+
+def _with_fallback(name: str, fallback: str) -> ModelConfig:
+    return sim_config(name, traffic=TrafficConfig(fallback=fallback))

@@ -15,18 +15,20 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from inferd.api.repository import check_parameters
+from inferd.api.repository import Repository, check_parameters
 from inferd.config import ConfigError, ModelConfig, ServerConfig
 from inferd.config.tenants import TenantConfig
-from inferd.errors import BadRequest, Conflict, NotFound, Unauthorized, WorkerUnavailable
+from inferd.core.tenant import Tenant
+from inferd.errors import BadRequest, Conflict, Forbidden, NotFound, Unauthorized, WorkerUnavailable
 from inferd.fleet.model_control import ModelControl, ModelState
 from inferd.fleet.repository_watch import RepositoryWatch, fingerprints
-from inferd.gateway.auth import controller
+from inferd.gateway.auth import Controller, controller
 from inferd.gateway.config import TenantsTable
 from inferd.gateway.keys import key_digest
 from inferd.gateway.reload import build_gate
 from inferd.kinds.repository import load_repository
 from inferd.runtime.registry import ModelRegistry
+from inferd.wire.connection import WorkerState
 
 SIM = 'builtin = "sim"\n'
 
@@ -264,3 +266,120 @@ def test_a_key_that_is_not_utf8_is_refused_not_an_error() -> None:
     assert not controller(gate(False), "tok", raw).may_control
     with pytest.raises(Unauthorized):
         controller(gate(True), "tok", raw)
+
+
+async def test_a_model_new_to_the_repository_is_loading_while_it_loads_and_holds_no_readiness_down(tmp_path: Path) -> None:
+    """A model whose folder appeared after the start (never served, never unloaded) and is loaded: while its
+    workers start it is LOADING in the index, its requests are told it loads, and the server's readiness
+    does not wait for it (as for a model loaded again after an unload)."""
+    async with running(tmp_path) as (control, server):
+        (tmp_path / "models" / "c").mkdir()
+        (tmp_path / "models" / "c" / "model.toml").write_text(SIM)
+        joined = asyncio.Event()
+        worker = SimpleNamespace(state=WorkerState.READY)
+        directory = SimpleNamespace(workers=lambda name, version: (worker,) if joined.is_set() else (), changed=lambda n, v: joined.wait())
+        server.kinds = SimpleNamespace(get=lambda kind: SimpleNamespace(has_workers=True, rolls_versions=True), check=lambda c: None)  # type: ignore[assignment]
+        server.fleet = SimpleNamespace(launcher=SimpleNamespace(add=lambda *a: []), scale_to=_no_workers, directory=directory)
+        loading = asyncio.create_task(control.load("c"))
+        for _ in range(5):
+            await asyncio.sleep(0)
+        assert "c" in server.registry and not loading.done()  # served, its worker not ready yet
+        assert states(control)["c"] == ("", ModelState.LOADING, "loading")
+        with pytest.raises(WorkerUnavailable, match="'c' is loading"):
+            control.refuse_unloaded("c")
+        server.registry.get("c").ready = False  # type: ignore[attr-defined]  # no worker yet
+        assert all(rt.ready for rt in server.registry if rt.name not in control.unloaded)  # the server's `ready`
+        server.registry.get("c").ready = True  # type: ignore[attr-defined]
+        joined.set()
+        await loading
+        assert states(control)["c"] == ("1", ModelState.READY, "")
+        control.refuse_unloaded("c")
+
+
+async def test_a_caller_that_may_not_load_is_refused_403_whatever_it_sends() -> None:
+    """Load and unload are refused to any key that may not control models (403), before its parameters
+    are looked at: Triton's overrides from such a caller are a 403 too, not a 400."""
+    control = SimpleNamespace(load=_never_called, unload=_never_called)
+    repo = Repository(SimpleNamespace(model_control=control))  # type: ignore[arg-type]
+    plain = Controller(Tenant("plain", TenantConfig(models=("a",))), False, "tenant 'plain' may not load nor unload models")
+    for parameters in ([], ["config"], ["file:1/model.onnx"]):
+        with pytest.raises(Forbidden, match="may not load nor unload"):
+            await repo.load(plain, "a", parameters)
+    with pytest.raises(Forbidden):
+        await repo.unload(plain, "a")
+    ops = Controller(Tenant("ops", TenantConfig(model_control=True)), True)
+    with pytest.raises(BadRequest, match="config"):  # one that may: told what it sent is refused
+        await repo.load(ops, "a", ["config"])
+
+
+async def _never_called(name: str) -> None:
+    raise AssertionError(f"model control was asked about {name!r}")
+
+
+async def until(done: Any) -> None:
+    for _ in range(500):
+        if done():
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError("not done in 5 s")
+
+
+async def polling(tmp_path: Path, server: FakeServer) -> None:
+    """Until the poll watches the repository: a model folder added now is served (its first read of the
+    folder runs off the event loop: a change made before it would be its starting point, not a change)."""
+    folder = tmp_path / "models" / "zz"
+    folder.mkdir()
+    (folder / "model.toml").write_text(SIM)
+    for i in range(500):  # changed again until seen (the first read may already hold the folder)
+        if "zz" in server.registry:
+            return
+        (folder / f"touched-{i}").write_text("")
+        await asyncio.sleep(0.01)
+    raise AssertionError("the poll never served a new model folder")
+
+
+async def test_poll_reports_a_new_folder_that_does_not_load_in_the_index(tmp_path: Path) -> None:
+    """A model folder new to the repository whose model.toml does not parse is not served, and the index
+    says why (as for a served model's broken folder), not merely that it is not loaded."""
+    async with running(tmp_path, model_control="poll", repository_poll_s=0.01) as (control, server):
+        await polling(tmp_path, server)
+        (tmp_path / "models" / "c").mkdir()
+        (tmp_path / "models" / "c" / "model.toml").write_text("builtin = [\n")
+        await until(lambda: "c" in control.broken)
+        assert "c" not in server.registry
+        version, state, reason = states(control)["c"]
+        assert (version, state) == ("", ModelState.UNAVAILABLE) and "not valid TOML" in reason, reason
+        (tmp_path / "models" / "c" / "model.toml").write_text(SIM)  # fixed: served at the next poll
+        await until(lambda: "c" in server.registry)
+        assert states(control)["c"] == ("1", ModelState.READY, "")
+
+
+async def test_poll_survives_a_model_folder_it_may_not_read(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A served model's folder the server may not read (EACCES: another user's, mode 0700; simulated, as
+    the tests may run as root) is a folder that fails to read: the poll goes on, the old version serves on,
+    the index says why. It once raised out of the poll, stopping model control and with it the server."""
+    async with running(tmp_path, model_control="poll", repository_poll_s=0.01) as (control, server):
+        await polling(tmp_path, server)
+        locked = tmp_path / "models" / "a"
+        real_stat, real_iterdir = Path.stat, Path.iterdir
+
+        def stat(self: Path, **kw: Any) -> Any:
+            if locked in self.parents:
+                raise PermissionError(13, "Permission denied", str(self))
+            return real_stat(self, **kw)
+
+        def iterdir(self: Path) -> Any:
+            if self == locked or locked in self.parents:
+                raise PermissionError(13, "Permission denied", str(self))
+            return real_iterdir(self)
+
+        monkeypatch.setattr(Path, "stat", stat)
+        monkeypatch.setattr(Path, "iterdir", iterdir)
+        await until(lambda: "a" in control.broken)
+        assert control._tg is not None  # model control runs on
+        assert "a" in server.registry  # what served serves on
+        version, state, reason = states(control)["a"]
+        assert (version, state) == ("1", ModelState.READY) and "Permission denied" in reason, reason
+        monkeypatch.undo()  # readable again: no longer reported
+        await until(lambda: "a" not in control.broken)
+        assert states(control)["a"] == ("1", ModelState.READY, "")

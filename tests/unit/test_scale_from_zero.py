@@ -12,7 +12,7 @@ import pytest
 from inferd.clock import FakeClock
 from inferd.config.autoscaler import AutoscalerConfig
 from inferd.fleet.autoscaler import Action, Autoscaler
-from inferd.fleet.scaling import ReportedDemand, ScalingLoop, scaling_loops
+from inferd.fleet.scaling import ReportedDemand, ScalingLoop, ScalingLoops, scaling_loops
 from inferd.kinds.batch.demand import BatchDemand, Observation
 from inferd.kinds.batch.dispatcher import ModelRuntime
 from inferd.kinds.builtin import builtin_kinds
@@ -173,3 +173,61 @@ async def until(check: Callable[[], bool], timeout_s: float = 2.0) -> None:
     async with asyncio.timeout(timeout_s):
         while not check():  # noqa: ASYNC110 - the loop task and the runtime set it
             await asyncio.sleep(0.005)
+
+
+async def test_a_model_served_anew_gets_a_fresh_loop_and_waker() -> None:
+    """ScalingLoops.renew (a model loaded while serving): the model's loop is rebuilt from the config served
+    now, with an autoscaler that remembers no target (the old one's is stale: its workers were stopped by
+    the unload), the old loop's task stops, and the waker follows the new config."""
+    wakers = Wakers()
+    registry, rt, _ = served(wakers)
+    fleet = Fleet()
+    running = ScalingLoops(lambda only: scaling_loops(registry, fleet, rt.clock, builtin_kinds(), None, None, wakers, True, only), wakers)  # type: ignore[arg-type]
+    task = asyncio.create_task(running.run())
+    await asyncio.sleep(0)
+    old = running.loops["sim"]
+    old.autoscaler.decide(observed(0, queued=3))  # scaled up from zero: its target is 1
+    assert old.autoscaler.target_workers == 1
+    (old_task,) = [t for t in asyncio.all_tasks() if t.get_name() == "autoscale-sim"]
+    registry.remove("sim", 1)  # unloaded, then loaded again
+    registry.add(served(wakers)[1])
+    running.renew("sim")
+    await asyncio.sleep(0)
+    new = running.loops["sim"]
+    assert new is not old and new.autoscaler.target_workers is None and old_task.cancelled()
+    wake = wakers.of("sim")
+    assert wake is not None and wake.waker is new
+    registry.remove("sim", 1)  # loaded again, its [autoscale] table gone from its folder
+    registry.add(served(wakers, None)[1])
+    running.renew("sim")
+    assert "sim" not in running.loops and wakers.of("sim") is None
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+
+
+async def test_a_fleet_taken_to_zero_under_the_loop_is_woken_again() -> None:
+    """The loop scaled a `min_workers = 0` model up from zero (its target: 1), then the fleet went to zero
+    beneath it (an operator's `inferd fleet scale sim 0`, POST /admin/models/sim/scale): requests held
+    then are demand at zero workers, and the loop scales up from zero again. It once trusted its own target
+    (1): it never woke, and the held requests waited to their deadline."""
+    wakers = Wakers()
+    registry, rt, _ = served(wakers)
+    fleet = Fleet()
+    loop = loops(registry, fleet, wakers)["sim"]
+    loop.interval_s = 3600.0  # only a wake makes it look
+    task = asyncio.create_task(loop.run())
+    try:
+        rt.enqueue([b"a"], None)
+        await until(lambda: fleet.targets == [1])
+        rt.add_worker(worker := fake_connection("sim-0.1", 100))
+        assert rt.ready_workers == 1
+        rt.on_worker_lost(worker, "drained")  # the operator's scale to 0: its worker gone, no slot left
+        fleet.slots = 0
+        rt.enqueue([b"b"], None)
+        await until(lambda: fleet.targets == [1, 1])
+        assert loop.last is not None and "from zero" in loop.last.reason
+    finally:
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task

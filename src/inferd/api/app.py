@@ -315,9 +315,10 @@ class Api:
         return response
 
     def fallback_for(self, call: Call, primary: Runtime) -> Runtime | None:
-        """The primary's fallback, if its model has one the caller may call."""
+        """The primary's fallback, if its model has one the caller may call (and it is not being unloaded:
+        its new requests are refused, those handed over too)."""
         fallback = self.fallbacks.target(primary)
-        if fallback is None or not call.tenant.may_call(fallback.name):
+        if fallback is None or not call.tenant.may_call(fallback.name) or fallback.name in self.server.model_control.unloaded:
             return None
         return fallback
 

@@ -11,7 +11,9 @@ from inferd import __version__
 from inferd.api.completions import ChatRequest, CompletionRequest
 from inferd.api.oip import InferRequest, InferResponse
 from inferd.api.openai import EmbeddingsRequest
+from inferd.api.repository import INDEX, LOAD, UNLOAD, ControlRequest, IndexRequest
 from inferd.api.search_openapi import search_paths
+from inferd.fleet.model_control import IndexRow
 
 _ERROR = {
     "type": "object",
@@ -52,6 +54,7 @@ def _responses(
         401: "Missing, unknown or expired API key (only when tenants are configured; WWW-Authenticate set)",
         403: "The caller's tenant may not use this model",
         404: "Unknown model or version",
+        409: "Model control with several front ends is not supported yet",
         413: "Body too large",
         415: "Unsupported content type",
         422: "The model failed on this input",
@@ -76,7 +79,7 @@ def _model_params(version: bool) -> list[dict[str, Any]]:
 @cache
 def openapi_document() -> dict[str, Any]:
     _, components = msgspec.json.schema_components(
-        (InferRequest, InferResponse, EmbeddingsRequest, CompletionRequest, ChatRequest),
+        (InferRequest, InferResponse, EmbeddingsRequest, CompletionRequest, ChatRequest, IndexRequest, ControlRequest, IndexRow),
         ref_template="#/components/schemas/{name}",
     )
     infer = {
@@ -150,6 +153,7 @@ def openapi_document() -> dict[str, Any]:
         paths[base + "/ready"] = {"get": {"summary": "Model ready", "parameters": params, **model_health}}
         paths[base + "/infer"] = {"post": {**infer, "parameters": params}}
     paths.update(search_paths(_responses))
+    paths.update(_repository_paths())
     return {
         "openapi": "3.1.0",
         "info": {"title": "inferd", "version": __version__},
@@ -163,4 +167,24 @@ def openapi_document() -> dict[str, Any]:
                 "apiKey": {"type": "apiKey", "in": "header", "name": "X-API-Key"},
             },
         },
+    }
+
+
+def _repository_paths() -> dict[str, Any]:
+    """Triton's repository extension (api/repository.py): the index, load and unload. Load and unload need
+    the admin token or a tenant with model_control = true (403 otherwise)."""
+
+    def body(name: str) -> dict[str, Any]:
+        return {**_json_body(f"#/components/schemas/{name}"), "required": False}
+
+    index = {
+        "description": "The repository's models the caller may call: each served version's state and reason",
+        "content": {"application/json": {"schema": {"type": "array", "items": {"$ref": "#/components/schemas/IndexRow"}}}},
+    }
+    done = {"description": "Done: served (load), or drained and no longer served (unload)", "content": {"application/json": {"schema": {"type": "object"}}}}
+    control = {"parameters": _model_params(False), "requestBody": body("ControlRequest")}
+    return {
+        INDEX: {"post": {"summary": "Repository index", "requestBody": body("IndexRequest"), "responses": _responses(index, 400, 401, 413)}},
+        LOAD: {"post": {"summary": "Load a model from the repository", **control, "responses": _responses(done, 400, 404, 409, 413, 503)}},
+        UNLOAD: {"post": {"summary": "Unload a model (its requests in flight drain first)", **control, "responses": _responses(done, 400, 404, 409, 413, 503)}},
     }

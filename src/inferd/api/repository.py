@@ -61,8 +61,8 @@ class Repository:
         return self.control.index(who.tenant.may_call, ready_only)
 
     async def load(self, who: Controller, model: str, parameters: Iterable[str]) -> None:
+        self._may_control(who, model)  # first: a caller that may not load learns nothing more (403)
         check_parameters(parameters)
-        self._may_control(who, model)
         await self.control.load(model)
 
     async def unload(self, who: Controller, model: str) -> None:

@@ -111,6 +111,11 @@ class Autoscaler:
         """The latest decision's target (None before the first)."""
         return self._target
 
+    def fleet_gone(self) -> None:
+        """The fleet went to zero beneath the latest target (an operator scaled it to 0): the next decision
+        counts the workers it observes, as the first one does (a `min_workers = 0` model wakes again)."""
+        self._target = None
+
     def statistics(self) -> AutoscalerStats:
         now = self.clock.now()
         recent = sum(1 for t in self._changes if now - t <= RATE_WINDOW_S)

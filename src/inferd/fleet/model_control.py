@@ -41,7 +41,7 @@ from inferd.errors import (
 )
 from inferd.fleet.control import FleetControl
 from inferd.fleet.pools import ServerPools, check_pooled
-from inferd.fleet.repository_watch import RepositoryWatch, fingerprints
+from inferd.fleet.repository_watch import RepositoryWatch, fingerprints, model_folder
 from inferd.kinds.repository import apply_overrides, load_model_folder
 from inferd.runtime.contract import Runtime
 from inferd.runtime.kinds import KindRegistry
@@ -183,7 +183,7 @@ class ModelControl:
     def repository_names(self) -> list[str]:
         if self.repo is None or not self.repo.is_dir():
             return sorted(self.at_start)
-        found = [d.name for d in self.repo.iterdir() if not d.name.startswith(".") and (d / "model.toml").is_file()]
+        found = [d.name for d in self.repo.iterdir() if not d.name.startswith(".") and model_folder(d)]
         return sorted(n for n in found if not self.config.models or n in self.config.models)
 
     def refuse_unloaded(self, name: str) -> None:
@@ -206,7 +206,7 @@ class ModelControl:
             if name in self._loading and name in self.unloaded:
                 rows.append(IndexRow(name, "", ModelState.LOADING, "loading"))
             elif name in self.unloaded or name not in registry:
-                rows.append(IndexRow(name, "", ModelState.UNAVAILABLE, self.unloaded.get(name, NOT_LOADED)))
+                rows.append(IndexRow(name, "", ModelState.UNAVAILABLE, self.unloaded.get(name) or self.broken.get(name, NOT_LOADED)))
             else:
                 broken = self.broken.get(name, "")
                 for version in registry.versions(name):
@@ -261,7 +261,7 @@ class ModelControl:
             for c in configs:
                 self.host.kinds.check(c)
             check_pooled(configs, self.config)  # its pool exists, and its memory_mb fits its budget
-        except (ConfigError, ValueError) as exc:
+        except (ConfigError, ValueError, OSError) as exc:  # OSError: a folder the server may not read
             raise BadRequest(f"cannot load model {name!r}: {exc}") from None
         self._check_kind(configs[0].kind, name)
         for c in configs:  # a pooled model bigger than every worker of its pool: 400 with the sizes
@@ -283,6 +283,7 @@ class ModelControl:
                 await host.fleet.rolling_update(name, configs[0].version)
             self.unloaded.pop(name, None)
             return
+        self.unloaded.setdefault(name, NOT_LOADED)  # new to the server: LOADING, holds no readiness down
         added = []
         try:
             for config in configs:

@@ -22,10 +22,19 @@ def fingerprints(repo: Path, only: Collection[str] = ()) -> dict[str, Fingerprin
     except OSError:
         return out  # the repository itself is gone: every model was removed
     for folder in folders:
-        if (only and folder.name not in only) or not (folder / "model.toml").is_file():
+        if (only and folder.name not in only) or not model_folder(folder):
             continue
         out[folder.name] = _fingerprint(folder)
     return out
+
+
+def model_folder(folder: Path) -> bool:
+    """Whether `folder` holds a model (its model.toml). One the server may not read (EACCES) counts: it is
+    not removed, and reading it says why it does not load."""
+    try:
+        return (folder / "model.toml").is_file()
+    except OSError:
+        return True
 
 
 def _fingerprint(folder: Path) -> Fingerprint:

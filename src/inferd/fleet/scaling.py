@@ -69,14 +69,16 @@ def scaling_loops(
     acts: Callable[[], bool] | None,
     wakers: Wakers,
     decides: bool = True,
+    only: str | None = None,
 ) -> dict[str, ScalingLoop]:
     """A scaling loop for each served model whose default version has an [autoscale] table, registered as
     the waker (runtime/waking.py) of each `min_workers = 0` one. `decides`: False on a front end that runs
-    no autoscaler (a follower of `--frontends N`): no loop, and such a model's waker is `ReportedDemand`."""
+    no autoscaler (a follower of `--frontends N`): no loop, and such a model's waker is `ReportedDemand`.
+    `only`: that model's alone (one loaded while serving: `ScalingLoops.renew`)."""
     loops: dict[str, ScalingLoop] = {}
     for rt in registry.defaults():
         config = rt.config.autoscale
-        if config is None:
+        if config is None or (only is not None and rt.name != only):
             continue
         waker: Waker = ReportedDemand()
         if decides:
@@ -86,6 +88,51 @@ def scaling_loops(
         if config.min_workers == 0:
             wakers.set(rt.name, waker, SCALE_FROM_ZERO)
     return loops
+
+
+class ScalingLoops:
+    """Runs the scaling loops (`loops`: by model, the admin API reads it) in a task group of their own, and
+    makes a model's loop afresh when the model is served again while the server runs (a load through the
+    repository API: fleet/model_control.py): from the [autoscale] table its folder holds now, with an
+    autoscaler that has not seen the model yet (an older loop's remembered target is stale once the model
+    was unloaded: its workers were stopped under it, and a `min_workers = 0` model would never wake)."""
+
+    def __init__(self, build: Callable[[str | None], dict[str, ScalingLoop]], wakers: Wakers) -> None:
+        self.build = build
+        """`scaling_loops` over the server's models (None), or one model's (its name)."""
+        self.wakers = wakers
+        self.loops = build(None)
+        self._tasks: dict[str, asyncio.Task[None]] = {}
+        self._tg: asyncio.TaskGroup | None = None
+
+    async def run(self) -> None:
+        """Every loop, until cancelled."""
+        async with asyncio.TaskGroup() as tg:
+            self._tg = tg
+            try:
+                for name, loop in self.loops.items():
+                    self._start(name, loop)
+                await asyncio.Event().wait()
+            finally:
+                self._tg = None
+
+    def renew(self, model: str) -> None:
+        """`model` is served anew (it was not served a moment ago): its loop, if any, stops, and one made
+        from its config now takes its place (and its waker's, for a `min_workers = 0` model)."""
+        old = self.loops.pop(model, None)
+        if (task := self._tasks.pop(model, None)) is not None:
+            task.cancel()
+        wake = self.wakers.of(model)
+        if wake is not None and (wake.waker is old or isinstance(wake.waker, ReportedDemand)):
+            self.wakers.clear(model)  # an [autoscale] table dropped since: no waker of ours
+        for name, loop in self.build(model).items():
+            self.loops[name] = loop
+            if self._tg is not None:
+                self._start(name, loop)
+
+    def _start(self, name: str, loop: ScalingLoop) -> None:
+        assert self._tg is not None
+        self._tasks[name] = self._tg.create_task(loop.run(), name=f"autoscale-{name}")
 
 
 class ReportedDemand:
@@ -152,6 +199,8 @@ class ScalingLoop:
         """One look: observe, decide, and change the fleet if the decision says so."""
         self.observed = self.observe()
         self._timed(self.observed.ready_workers)
+        if self._gone(self.observed.ready_workers + self.observed.starting_workers):
+            self.autoscaler.fleet_gone()
         decision = self.autoscaler.decide(self.observed)
         self.last = decision
         if decision.target_workers != decision.current_workers:
@@ -201,8 +250,12 @@ class ScalingLoop:
     def wake(self, model: str, version: int, waiting: int, oldest_age_s: float) -> None:
         """Requests wait with no worker: look now rather than at the end of the interval, unless a worker
         is already planned (one scale-up per need, however often it is called)."""
-        if not self.autoscaler.target_workers:
+        if not self.autoscaler.target_workers or self._gone(self.fleet.local_workers(model)):
             self._woken.set()
+
+    def _gone(self, workers: int) -> bool:
+        """A `min_workers = 0` model's fleet is at zero beneath its target (an operator scaled it to 0)."""
+        return workers == 0 and bool(self.autoscaler.target_workers) and self.autoscaler.config.min_workers == 0
 
     def eta_s(self, model: str, version: int) -> float | None:
         return self.start_s
