@@ -271,3 +271,59 @@ def test_a_pooled_model_unloads_from_its_pool_loads_ready_at_once_and_too_big_is
     finally:
         client.close()
         assert s.stop() in (0, -15)
+
+
+
+def answered(server: ServerProc, model: str) -> dict[str, float]:
+    """Front end -> its requests of `model` answered ok, from one /metrics scrape."""
+    out: dict[str, float] = {}
+    with urllib.request.urlopen(f"{server.url}/metrics", timeout=10) as r:
+        for line in r.read().decode().splitlines():
+            if line.startswith("inferd_requests_total{") and f'model="{model}"' in line and 'outcome="ok"' in line:
+                labels, _, value = line.rpartition(" ")
+                frontend = labels.split('frontend="')[1].split('"')[0]
+                out[frontend] = out.get(frontend, 0.0) + float(value)
+    return out
+
+
+def codes_of(server: ServerProc, model: str, count: int) -> list[tuple[int, str]]:
+    """`count` infers, each on a new connection (either front end takes it): (status, message) each."""
+    out = []
+    for _ in range(count):
+        try:
+            http_infer(server, model)
+            out.append((200, ""))
+        except InferenceServerException as exc:
+            out.append((int(exc.status() or 0), exc.message() or ""))
+    return out
+
+
+def test_with_two_front_ends_an_unload_and_a_load_reach_both(tmp_path: Path) -> None:
+    """`--frontends 2`: an unload asked of either front end makes both answer 404 "unloaded" (the
+    follower logs it, and stops serving the model); a load makes both answer 200 (each counts answers of
+    its own). Each control call goes on a new connection, so either front end takes it: the calls are
+    repeated until one was forwarded from the follower to the owner (each pair: 3 in 4)."""
+    s = start_server(tmp_path, "--model-repo", str(repository(tmp_path)), "--frontends", "2")
+    try:
+        for _ in range(8):
+            before = answered(s, "sim")
+            tc_http.InferenceServerClient(f"127.0.0.1:{s.port}").unload_model("sim")
+            refused = codes_of(s, "sim", 16)
+            assert all(code == 404 and "is unloaded (unloaded)" in why for code, why in refused), refused
+            index = tc_http.InferenceServerClient(f"127.0.0.1:{s.port}").get_model_repository_index()
+            assert states(index)["sim"] == ("UNAVAILABLE", "unloaded")
+            tc_http.InferenceServerClient(f"127.0.0.1:{s.port}").load_model("sim")
+            for _ in range(100):  # until both front ends answered some (each request on a new connection)
+                assert codes_of(s, "sim", 4) == [(200, "")] * 4
+                now = answered(s, "sim")
+                if all(now.get(f, 0.0) > before.get(f, 0.0) for f in ("0", "1")):
+                    break
+            assert all(now.get(f, 0.0) > before.get(f, 0.0) for f in ("0", "1")), (before, now)
+            if "forwarded here by another front end" in s.log():
+                break
+        log = s.log()
+        assert "forwarded here by another front end" in log
+        assert "model sim: unloaded by the server (unloaded): its new requests are refused here" in log
+        assert "model sim: loaded by the server: served here too" in log
+    finally:
+        assert s.stop() in (0, -15)

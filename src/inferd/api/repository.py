@@ -130,6 +130,7 @@ class Repository:
     async def answer(self, payload: bytes) -> bytes:
         """A load or unload another front end forwarded here (it checked the caller)."""
         order = msgspec.msgpack.decode(payload, type=Order)
+        log.info("model %s: %s forwarded here by another front end", order.model, order.op)
         try:
             await self.run(order)
         except ServingError as exc:
