@@ -42,8 +42,10 @@ def front(repo: Path, store: MemoryStore, clock: FakeClock, me: str, keeper: Any
             raise ConfigError(f"no model {model!r} in this front end's repository")
         return load_model_version(repo / model, version)
 
+    moved: list[tuple[str, int, int]] = []
     server.fleet = SimpleNamespace(
-        directory=SimpleNamespace(workers=lambda n, v: ()), updates=dict, load_version=load, move_slots=lambda *a: 0
+        directory=SimpleNamespace(workers=lambda n, v: ()), updates=dict, load_version=load, moved=moved,
+        move_slots=lambda model, version, default: moved.append((model, version, default)),
     )
     control = ModelControl(server, ServerConfig(model_repo=repo))  # type: ignore[arg-type]
     for config in control.at_start_models(load_repository(repo)):
@@ -108,6 +110,7 @@ async def test_an_unload_is_refused_everywhere_at_once_and_waits_for_the_others_
         await holder.versions.publish()  # (its loop writes every REPORT_EVERY_S)
         await follow(other)
         assert "a" not in other.server.registry and other.server.registry.names() == ["b"]
+        assert other.server.fleet.moved == [("a", 1, 1)]  # its local workers there (many hosts): retired
         assert index(other) == index(holder) == {
             "a": ("", ModelState.UNAVAILABLE, "unloaded"), "b": ("1", ModelState.READY, "")
         }

@@ -88,6 +88,7 @@ class ControlFollower:
             control.unloaded[name] = why
             if name in registry and name not in served:  # the holder stopped serving it: its workers left
                 for version in registry.versions(name):
+                    control.host.fleet.move_slots(name, version, version)  # local workers here: not restarted
                     control.host.remove_version(name, version)
                 log.info("model %s: no longer served here, as the server", name)
         for name in [n for n in control.unloaded if n not in unloaded and n in registry]:
