@@ -24,7 +24,7 @@ from inferd.fleet.model_control import ModelControl, ModelState
 from inferd.frontends.channel import PeerUnreachable
 from inferd.kinds.repository import load_model_version, load_repository
 from tests.unit.test_cluster_served import holding
-from tests.unit.test_model_control import FakeServer, repo_of
+from tests.unit.test_model_control import FakeRuntime, FakeServer, repo_of
 
 
 @dataclass
@@ -204,3 +204,16 @@ async def test_a_load_or_unload_asked_elsewhere_is_forwarded_to_the_holder_with_
         with pytest.raises(WorkerUnavailable, match="front end '0' loads and unloads models") as away:
             await asking.carry_out(Order("load", "a"))
         assert away.value.retry_after_s == 1.0
+
+
+async def test_a_model_of_a_kind_the_document_does_not_list_is_never_dropped_as_unloaded(tmp_path: Path) -> None:
+    """The document lists only the kinds that roll versions (a search index is followed otherwise): one
+    named unloaded there is refused as the holder refuses it, never stopped here for its absence."""
+    async with two_fronts(tmp_path) as (_, other):
+        config = other.server.registry.get("a").config
+        other.server.registry.add(FakeRuntime("idx", 1, config, kind="search"))  # type: ignore[arg-type]
+        assert other.versions.control is not None
+        other.versions.control.follow({"idx": "not loaded"}, [], ["a", "b"])
+        assert "idx" in other.server.registry and other.control.unloaded["idx"] == "not loaded"
+        other.versions.control.follow({"a": "unloaded"}, [], ["b"])  # a batch model: dropped as the holder did
+        assert "a" not in other.server.registry

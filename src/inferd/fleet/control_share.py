@@ -86,7 +86,8 @@ class ControlFollower:
             if name in registry and name not in control.unloaded:
                 log.info("model %s: unloaded by the server (%s): its new requests are refused here", name, why)
             control.unloaded[name] = why
-            if name in registry and name not in served:  # the holder stopped serving it: its workers left
+            rolls = name in registry and control.host.kinds.get(registry.get(name).kind).rolls_versions
+            if rolls and name not in served:  # the holder stopped serving it (a kind the document lists)
                 for version in registry.versions(name):
                     control.host.fleet.move_slots(name, version, version)  # local workers here: not restarted
                     control.host.remove_version(name, version)
