@@ -8,6 +8,7 @@ Two servers in all."""
 from __future__ import annotations
 
 import json
+import random
 import threading
 import urllib.error
 import urllib.request
@@ -298,20 +299,32 @@ def codes_of(server: ServerProc, model: str, count: int) -> list[tuple[int, str]
     return out
 
 
+def extra_connection(server: ServerProc) -> None:
+    """One more connection, or none, at random (the next goes to either front end)."""
+    if random.random() < 0.5:
+        with urllib.request.urlopen(f"{server.url}/v2/health/live", timeout=5) as r:
+            assert r.status == 200
+
+
 def test_with_two_front_ends_an_unload_and_a_load_reach_both(tmp_path: Path) -> None:
     """`--frontends 2`: an unload asked of either front end makes both answer 404 "unloaded" (the
     follower logs it, and stops serving the model); a load makes both answer 200 (each counts answers of
     its own). Each control call goes on a new connection, so either front end takes it: the calls are
-    repeated until one was forwarded from the follower to the owner (each pair: 3 in 4)."""
-    s = start_server(tmp_path, "--model-repo", str(repository(tmp_path)), "--frontends", "2")
+    repeated until one was forwarded from the follower to the owner (each pair: 3 in 4; the kernel may
+    deal connections out in turn, so a random extra connection comes before each call). Explicit mode:
+    a model not loaded at start, loaded, is answered by both."""
+    repo = str(repository(tmp_path))
+    s = start_server(tmp_path, "--model-repo", repo, "--frontends", "2", "--model-control", "explicit", "--load-model", "sim")
     try:
         for _ in range(8):
             before = answered(s, "sim")
+            extra_connection(s)
             tc_http.InferenceServerClient(f"127.0.0.1:{s.port}").unload_model("sim")
             refused = codes_of(s, "sim", 16)
             assert all(code == 404 and "is unloaded (unloaded)" in why for code, why in refused), refused
             index = tc_http.InferenceServerClient(f"127.0.0.1:{s.port}").get_model_repository_index()
             assert states(index)["sim"] == ("UNAVAILABLE", "unloaded")
+            extra_connection(s)
             tc_http.InferenceServerClient(f"127.0.0.1:{s.port}").load_model("sim")
             for _ in range(100):  # until both front ends answered some (each request on a new connection)
                 assert codes_of(s, "sim", 4) == [(200, "")] * 4
@@ -321,6 +334,14 @@ def test_with_two_front_ends_an_unload_and_a_load_reach_both(tmp_path: Path) -> 
             assert all(now.get(f, 0.0) > before.get(f, 0.0) for f in ("0", "1")), (before, now)
             if "forwarded here by another front end" in s.log():
                 break
+        client = tc_http.InferenceServerClient(f"127.0.0.1:{s.port}")
+        assert states(client.get_model_repository_index())["slow"] == ("UNAVAILABLE", "not loaded")
+        client.load_model("slow")
+        for _ in range(40):  # until both front ends answered some
+            assert codes_of(s, "slow", 1) == [(200, "")]
+            if set(answered(s, "slow")) == {"0", "1"}:
+                break
+        assert set(answered(s, "slow")) == {"0", "1"}
         log = s.log()
         assert "forwarded here by another front end" in log
         assert "model sim: unloaded by the server (unloaded): its new requests are refused here" in log
