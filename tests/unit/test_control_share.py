@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
@@ -17,7 +17,7 @@ import pytest
 from inferd.api.repository import Order, Repository
 from inferd.clock import FakeClock
 from inferd.cluster.memory import MemoryStore
-from inferd.cluster.served import SERVED, ServedVersions
+from inferd.cluster.served import SERVED, ServedState, ServedVersions
 from inferd.config import ConfigError, ModelConfig, ServerConfig
 from inferd.errors import ClusterUnavailable, Conflict, NotFound, WorkerUnavailable
 from inferd.fleet.model_control import ModelControl, ModelState
@@ -90,6 +90,16 @@ async def until_done(task: asyncio.Future[None], other: Front) -> None:
     raise AssertionError("the holder's load or unload did not end")
 
 
+async def until_written(f: Front, written: Callable[[ServedState], bool]) -> None:
+    """Until the served document says what `written` looks for (bounded)."""
+    for _ in range(500):
+        _, state = SERVED.decode(await f.versions.store.read(SERVED.name))
+        if written(state):
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError("the holder did not write the document")
+
+
 def index(f: Front) -> dict[str, tuple[str, ModelState, str]]:
     return {r.name: (r.version, r.state, r.reason) for r in f.control.index(lambda name: True)}
 
@@ -99,7 +109,7 @@ async def test_an_unload_is_refused_everywhere_at_once_and_waits_for_the_others_
         busy = other.server.registry.get("a")
         busy.queued = 1  # type: ignore[attr-defined]  # a request of a held on front end 1
         unloading = asyncio.ensure_future(holder.control.unload("a"))
-        await asyncio.sleep(0.05)  # the holder wrote the document, and waits for the others' reports
+        await until_written(holder, lambda state: "a" in state.unloaded)  # then it waits for the reports
         await follow(other)
         with pytest.raises(NotFound, match="model 'a' is unloaded"):
             other.control.refuse_unloaded("a")  # its new requests: 404 there too, at once
@@ -122,7 +132,7 @@ async def test_a_load_is_served_by_every_front_end_before_it_answers(tmp_path: P
         await holder.versions.publish()
         await follow(other)
         loading = asyncio.ensure_future(holder.control.load("a"))
-        await asyncio.sleep(0.05)  # the holder serves a again, wrote it, and waits until front end 1 does
+        await until_written(holder, lambda state: "a" in state.loading and "a" in state.models)  # it waits
         await follow(other)
         assert "a" in other.server.registry  # served there before its workers start (they join it too)
         with pytest.raises(WorkerUnavailable, match="model 'a' is loading"):
