@@ -34,7 +34,9 @@ class Front:
     versions: ServedVersions
 
 
-def front(repo: Path, store: MemoryStore, clock: FakeClock, me: str, keeper: Any, loadable: bool = True) -> Front:
+def front(
+    repo: Path, store: MemoryStore, clock: FakeClock, me: str, keeper: Any, loadable: bool = True, repository: bool = True
+) -> Front:
     server = FakeServer()
 
     def load(model: str, version: int | None) -> ModelConfig:
@@ -44,7 +46,7 @@ def front(repo: Path, store: MemoryStore, clock: FakeClock, me: str, keeper: Any
 
     moved: list[tuple[str, int, int]] = []
     server.fleet = SimpleNamespace(
-        directory=SimpleNamespace(workers=lambda n, v: ()), updates=dict, load_version=load, moved=moved,
+        directory=SimpleNamespace(workers=lambda n, v: ()), updates=dict, load_version=load if repository else None, moved=moved,
         move_slots=lambda model, version, default: moved.append((model, version, default)),
     )
     control = ModelControl(server, ServerConfig(model_repo=repo))  # type: ignore[arg-type]
@@ -56,13 +58,13 @@ def front(repo: Path, store: MemoryStore, clock: FakeClock, me: str, keeper: Any
 
 
 @contextlib.asynccontextmanager
-async def two_fronts(tmp_path: Path, loadable: bool = True) -> AsyncIterator[tuple[Front, Front]]:
+async def two_fronts(tmp_path: Path, loadable: bool = True, repository: bool = True) -> AsyncIterator[tuple[Front, Front]]:
     """Front end 0 holds the lease, front end 1 follows; both serve the repository's a and b."""
     clock = FakeClock()
     store = MemoryStore(clock)
     repo = repo_of(tmp_path, "a", "b")
     holder = front(repo, store, clock, "0", await holding(store, clock))
-    other = front(repo, store, clock, "1", None, loadable)
+    other = front(repo, store, clock, "1", None, loadable, repository)
     holder.versions.wait_s = 30.0  # a guard: a wait that missed the report fails the test here
     tasks = [asyncio.create_task(f.control.run()) for f in (holder, other)]
     await holder.versions.publish()
@@ -227,3 +229,15 @@ async def test_a_model_of_a_kind_the_document_does_not_list_is_never_dropped_as_
         assert "idx" in other.server.registry and other.control.unloaded["idx"] == "not loaded"
         other.versions.control.follow({"a": "unloaded"}, [], ["b"])  # a batch model: dropped as the holder did
         assert "a" not in other.server.registry
+
+
+async def test_with_no_model_repository_a_front_end_serves_again_what_it_started_with(tmp_path: Path) -> None:
+    """`inferd serve --model sim --frontends 2`: no repository to load from; the others serve again the
+    version they started with."""
+    async with two_fronts(tmp_path, repository=False) as (holder, other):
+        await until_done(asyncio.ensure_future(holder.control.unload("a")), other)
+        await holder.versions.publish()
+        await follow(other)
+        assert "a" not in other.server.registry
+        await until_done(asyncio.ensure_future(holder.control.load("a")), other)
+        assert other.server.registry.versions("a") == [1] and index(other)["a"] == ("1", ModelState.READY, "")

@@ -102,8 +102,7 @@ class Serving(msgspec.Struct, frozen=True):
     """The config generation it has read the file for (-1: none yet)."""
     refused: str = ""
     """Why it refused the file of that generation ("" when it took it)."""
-    unloaded: dict[str, bool] = {}
-    """The models it refuses (model control), each with whether it holds work there still."""
+    unloaded: dict[str, bool] = {}  # the models it refuses (model control), each: whether it holds work there
 
     @property
     def name(self) -> int | str:
@@ -153,6 +152,8 @@ class ControlShare(Protocol):
 
     def wanted(self, model: str) -> bool: ...
 
+    def started_with(self, model: str, version: int | None) -> Any: ...
+
     def follow(self, unloaded: dict[str, str], loading: list[str], served: Collection[str]) -> None: ...
 
     def refused(self) -> dict[str, bool]: ...
@@ -173,8 +174,7 @@ class ServedVersions:
         self.keeper = keeper
         """The lease, where this front end contends for it (None: it never decides)."""
         self.config: GenerationFollower | None = None
-        self.control: ControlShare | None = None
-        """Model control, shared with the other front ends (None: this one alone)."""
+        self.control: ControlShare | None = None  # model control, shared with the others (None: alone)
         self.store_up: Callable[[], bool] = _always
         """Whether the store answered this front end's last read (cluster/follower.py's `up`)."""
         self.wait_s = FOLLOWERS_WAIT_S
@@ -238,7 +238,7 @@ class ServedVersions:
             log.info("model %s: default version %d, as the server serves", model, ms.default)
 
     def _add(self, model: str, version: int) -> None:
-        load = self.server.fleet.load_version
+        load = self.server.fleet.load_version or (None if self.control is None else self.control.started_with)
         if load is None:
             log.error("model %s: the server serves version %d, but there is no model repository here", model, version)
             return

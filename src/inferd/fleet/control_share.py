@@ -24,6 +24,8 @@ import logging
 from collections.abc import Callable, Collection
 from typing import Any, Protocol
 
+from inferd.config import ConfigError, ModelConfig
+
 log = logging.getLogger("inferd.fleet")
 
 
@@ -58,6 +60,7 @@ class Controlled(Protocol):
     host: Any
     unloaded: dict[str, str]
     loading_elsewhere: frozenset[str]
+    at_start: dict[str, list[ModelConfig]]
 
 
 class ControlFollower:
@@ -76,6 +79,14 @@ class ControlFollower:
     def wanted(self, model: str) -> bool:
         """A model the server serves and this front end does not (it is unloaded here): served here too."""
         return model in self.control.unloaded
+
+    def started_with(self, model: str, version: int | None) -> ModelConfig:
+        """A version of `model` as this front end started with it: what it serves again when the server
+        loads it and there is no model repository here (`--model` on the command line, the config file)."""
+        for config in self.control.at_start.get(model, []):
+            if version is None or config.version == version:
+                return config
+        raise ConfigError(f"model {model!r} version {version} is not among the models this front end started with")
 
     def follow(self, unloaded: dict[str, str], loading: list[str], served: Collection[str]) -> None:
         """Apply the document: refuse the models it says are unloaded (stop serving those whose versions
