@@ -93,7 +93,7 @@ class InferenceServer:
         self.kinds = kinds or builtin_kinds()
         loader = repository_loader(config.model_repo, config.model_overrides) if config.model_repo else None
         seat = seat or Seat()
-        self.model_control = ModelControl(self, config, several=frontend is not None or seat.store is not None)
+        self.model_control = ModelControl(self, config)
         """Load and unload while serving (the repository API); "explicit": only --load-model's at start."""
         restored = restore(self.model_control.at_start_models(models), seat.saved, loader)  # started again: it serves what it served
         models = [*restored.models, *IndexStore(config.data_dir).stored({m.name for m in models})]

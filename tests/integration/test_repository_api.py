@@ -8,6 +8,7 @@ Two servers in all."""
 from __future__ import annotations
 
 import json
+import random
 import threading
 import urllib.error
 import urllib.request
@@ -270,4 +271,80 @@ def test_a_pooled_model_unloads_from_its_pool_loads_ready_at_once_and_too_big_is
         assert "500" in too_big.value.message() and "300" in too_big.value.message()
     finally:
         client.close()
+        assert s.stop() in (0, -15)
+
+
+
+def answered(server: ServerProc, model: str) -> dict[str, float]:
+    """Front end -> its requests of `model` answered ok, from one /metrics scrape."""
+    out: dict[str, float] = {}
+    with urllib.request.urlopen(f"{server.url}/metrics", timeout=10) as r:
+        for line in r.read().decode().splitlines():
+            if line.startswith("inferd_requests_total{") and f'model="{model}"' in line and 'outcome="ok"' in line:
+                labels, _, value = line.rpartition(" ")
+                frontend = labels.split('frontend="')[1].split('"')[0]
+                out[frontend] = out.get(frontend, 0.0) + float(value)
+    return out
+
+
+def codes_of(server: ServerProc, model: str, count: int) -> list[tuple[int, str]]:
+    """`count` infers, each on a new connection (either front end takes it): (status, message) each."""
+    out = []
+    for _ in range(count):
+        try:
+            http_infer(server, model)
+            out.append((200, ""))
+        except InferenceServerException as exc:
+            out.append((int(exc.status() or 0), exc.message() or ""))
+    return out
+
+
+def extra_connection(server: ServerProc) -> None:
+    """One more connection, or none, at random (the next goes to either front end)."""
+    if random.random() < 0.5:
+        with urllib.request.urlopen(f"{server.url}/v2/health/live", timeout=5) as r:
+            assert r.status == 200
+
+
+def test_with_two_front_ends_an_unload_and_a_load_reach_both(tmp_path: Path) -> None:
+    """`--frontends 2`: an unload asked of either front end makes both answer 404 "unloaded" (the
+    follower logs it, and stops serving the model); a load makes both answer 200 (each counts answers of
+    its own). Each control call goes on a new connection, so either front end takes it: the calls are
+    repeated until one was forwarded from the follower to the owner (each pair: 3 in 4; the kernel may
+    deal connections out in turn, so a random extra connection comes before each call). Explicit mode:
+    a model not loaded at start, loaded, is answered by both."""
+    repo = str(repository(tmp_path))
+    s = start_server(tmp_path, "--model-repo", repo, "--frontends", "2", "--model-control", "explicit", "--load-model", "sim")
+    try:
+        for _ in range(8):
+            before = answered(s, "sim")
+            extra_connection(s)
+            tc_http.InferenceServerClient(f"127.0.0.1:{s.port}").unload_model("sim")
+            refused = codes_of(s, "sim", 16)
+            assert all(code == 404 and "is unloaded (unloaded)" in why for code, why in refused), refused
+            index = tc_http.InferenceServerClient(f"127.0.0.1:{s.port}").get_model_repository_index()
+            assert states(index)["sim"] == ("UNAVAILABLE", "unloaded")
+            extra_connection(s)
+            tc_http.InferenceServerClient(f"127.0.0.1:{s.port}").load_model("sim")
+            for _ in range(100):  # until both front ends answered some (each request on a new connection)
+                assert codes_of(s, "sim", 4) == [(200, "")] * 4
+                now = answered(s, "sim")
+                if all(now.get(f, 0.0) > before.get(f, 0.0) for f in ("0", "1")):
+                    break
+            assert all(now.get(f, 0.0) > before.get(f, 0.0) for f in ("0", "1")), (before, now)
+            if "forwarded here by another front end" in s.log():
+                break
+        client = tc_http.InferenceServerClient(f"127.0.0.1:{s.port}")
+        assert states(client.get_model_repository_index())["slow"] == ("UNAVAILABLE", "not loaded")
+        client.load_model("slow")
+        for _ in range(40):  # until both front ends answered some
+            assert codes_of(s, "slow", 1) == [(200, "")]
+            if set(answered(s, "slow")) == {"0", "1"}:
+                break
+        assert set(answered(s, "slow")) == {"0", "1"}
+        log = s.log()
+        assert "forwarded here by another front end" in log
+        assert "model sim: unloaded by the server (unloaded): its new requests are refused here" in log
+        assert "model sim: loaded by the server: served here too" in log
+    finally:
         assert s.stop() in (0, -15)

@@ -38,7 +38,9 @@ def front_end(store: MemoryStore, clock: FakeClock, me: str, others: dict[str, s
 
     records = {m: Member(id=m, admin=admin) for m, admin in others.items()}
     members = SimpleNamespace(members=records, refresh=refresh)
-    server = SimpleNamespace(config=ServerConfig(), registry=ModelRegistry(), kinds=builtin_kinds())
+    server = SimpleNamespace(
+        config=ServerConfig(), registry=ModelRegistry(), kinds=builtin_kinds(), model_control=SimpleNamespace(share=lambda versions: None)
+    )
     seat = Seat(store=store, me=me, index=-1, count=None, members=members)  # type: ignore[arg-type]
     return ClusterFrontend(seat, server, clock, contends=True)
 

@@ -19,7 +19,14 @@ from inferd.api.repository import Repository, check_parameters
 from inferd.config import ConfigError, ModelConfig, ServerConfig
 from inferd.config.tenants import TenantConfig
 from inferd.core.tenant import Tenant
-from inferd.errors import BadRequest, Conflict, Forbidden, NotFound, Unauthorized, WorkerUnavailable
+from inferd.errors import (
+    BadRequest,
+    ClusterUnavailable,
+    Forbidden,
+    NotFound,
+    Unauthorized,
+    WorkerUnavailable,
+)
 from inferd.fleet.model_control import ModelControl, ModelState
 from inferd.fleet.repository_watch import RepositoryWatch, fingerprints
 from inferd.gateway.auth import Controller, controller
@@ -81,11 +88,11 @@ def repo_of(tmp_path: Path, *names: str) -> Path:
 
 @contextlib.asynccontextmanager
 async def running(
-    tmp_path: Path, names: tuple[str, ...] = ("a", "b"), several: bool = False, **settings: Any
+    tmp_path: Path, names: tuple[str, ...] = ("a", "b"), others: Any = None, **settings: Any
 ) -> AsyncIterator[tuple[ModelControl, FakeServer]]:
     repo = repo_of(tmp_path, *names)
     server = FakeServer()
-    control = ModelControl(server, ServerConfig(model_repo=repo, **settings), several=several)  # type: ignore[arg-type]
+    control = ModelControl(server, ServerConfig(model_repo=repo, **settings), others)  # type: ignore[arg-type]
     for config in control.at_start_models(load_repository(repo)):
         server.add_version(config)
     task = asyncio.create_task(control.run())
@@ -153,12 +160,18 @@ async def test_unknown_models_are_404_and_a_broken_folder_400(tmp_path: Path) ->
         assert "a" not in server.registry
 
 
-async def test_several_front_ends_refuse_load_and_unload_with_409(tmp_path: Path) -> None:
-    async with running(tmp_path, several=True) as (control, server):
+async def test_with_several_front_ends_one_that_does_not_decide_refuses_load_and_unload_503(tmp_path: Path) -> None:
+    """The holder of the lease carries them out (api/repository.py forwards there): tests/unit/test_control_share.py."""
+
+    def not_holder() -> None:
+        raise ClusterUnavailable("this front end does not hold the lease of the server's decisions now")
+
+    others = SimpleNamespace(holds=lambda: False, check_holder=not_holder)
+    async with running(tmp_path, others=others) as (control, server):
         for act in (control.load, control.unload):
-            with pytest.raises(Conflict, match="several front ends is not supported yet"):
+            with pytest.raises(ClusterUnavailable, match="does not hold the lease"):
                 await act("a")
-        assert server.registry.names() == ["a", "b"]
+        assert server.registry.names() == ["a", "b"] and not control.unloaded
 
 
 async def test_a_load_that_is_not_ready_in_time_is_503_and_leaves_it_unloaded(tmp_path: Path) -> None:

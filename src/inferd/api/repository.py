@@ -9,10 +9,16 @@ control underneath (fleet/model_control.py).
 Load and unload need the admin token (when one is set) or a tenant whose table sets `model_control =
 true` (403 otherwise); the index lists the caller's models only. A load's `parameters.config` or `file:`
 parameters (Triton's overrides of the repository) are refused with 400: models load from the repository.
+
+With several front ends, a load or an unload runs on the holder of the `decider` lease, for all of them
+(fleet/control_share.py): any other front end checks the caller and the parameters, forwards it over the
+front ends' channel (frontends/channel.py, kind KIND) and answers with its answer (its error included);
+503 with Retry-After while that front end does not answer.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -23,15 +29,21 @@ from inferd.api.http import json_response, read_body
 from inferd.api.http_call import presented_key
 from inferd.api.server_view import ServerView
 from inferd.core.call import Call, ErrorBody
-from inferd.errors import BadRequest, Forbidden
+from inferd.errors import BadRequest, Forbidden, ServingError, WorkerUnavailable, from_wire
 from inferd.fleet.model_control import IndexRow
+from inferd.frontends.channel import PeerUnreachable
 from inferd.gateway.auth import Controller, controller
+
+log = logging.getLogger("inferd.fleet")
 
 INDEX = "/v2/repository/index"
 LOAD = "/v2/repository/models/{model}/load"
 UNLOAD = "/v2/repository/models/{model}/unload"
 _LIMIT = 1 << 20
 """The largest body a repository route reads (its parameters are small; Triton's file overrides are refused)."""
+KIND = "model-control"
+"""The front ends' channel's request kind of a load or unload forwarded to the lease's holder."""
+AWAY_RETRY_AFTER_S = 1.0
 
 
 class IndexRequest(msgspec.Struct):
@@ -43,12 +55,31 @@ class ControlRequest(msgspec.Struct):
     parameters: dict[str, Any] = {}
 
 
+class Order(msgspec.Struct, frozen=True):
+    """A load or unload forwarded to the front end that decides for the server."""
+
+    op: str
+    """"load" or "unload"."""
+    model: str
+
+
+class Answer(msgspec.Struct, frozen=True):
+    error: tuple[str, str] | None = None
+    """(code, message) of the error it failed with (None: done)."""
+    retry_after_s: float | None = None
+
+
 class Repository:
     """The three operations, whatever the edge: the edge reads the caller's key and the request."""
 
     def __init__(self, server: ServerView) -> None:
         self.server = server
         self.control = server.model_control
+        self.peers = server.peers
+        """The other front ends (None: none): a load or unload runs on the lease's holder."""
+        self.forward_timeout_s = 3 * server.config.worker_start_timeout_s + 60  # a load, an unload's drain
+        if self.peers is not None:
+            self.peers.channel.handle(KIND, self.answer, self.forward_timeout_s)
 
     def caller(self, call: Call, credential: str | None) -> Controller:
         """Who calls, from the key it presented: recorded as the call's tenant."""
@@ -63,11 +94,51 @@ class Repository:
     async def load(self, who: Controller, model: str, parameters: Iterable[str]) -> None:
         self._may_control(who, model)  # first: a caller that may not load learns nothing more (403)
         check_parameters(parameters)
-        await self.control.load(model)
+        await self.carry_out(Order("load", model))
 
     async def unload(self, who: Controller, model: str) -> None:
         self._may_control(who, model)
-        await self.control.unload(model)
+        await self.carry_out(Order("unload", model))
+
+    async def carry_out(self, order: Order) -> None:
+        """Here, or on the front end that holds the `decider` lease (its answer, its error included)."""
+        to = None if self.peers is None else await self.server.cluster.decider_id()
+        if self.peers is None or to is None:  # here (without the lease, model control refuses it: 503)
+            await self.run(order)
+            return
+        address = self.peers.address(to)
+        try:
+            if address is None:
+                raise PeerUnreachable("its record names no address to reach it by from here")
+            payload = msgspec.msgpack.encode(order)
+            raw = await self.peers.channel.ask_watched(address, KIND, payload, self.forward_timeout_s)
+            answer = msgspec.msgpack.decode(raw, type=Answer)
+        except (PeerUnreachable, msgspec.DecodeError) as exc:
+            raise WorkerUnavailable(
+                f"model {order.model!r}: front end {to!r} loads and unloads models for the server, and it did "
+                f"not answer ({exc}); retry shortly",
+                AWAY_RETRY_AFTER_S,
+            ) from None
+        if answer.error is not None:
+            raise from_wire(*answer.error, answer.retry_after_s)
+
+    async def run(self, order: Order) -> None:
+        if order.op not in ("load", "unload"):
+            raise BadRequest(f"unknown model control operation {order.op!r}")
+        await (self.control.load if order.op == "load" else self.control.unload)(order.model)
+
+    async def answer(self, payload: bytes) -> bytes:
+        """A load or unload another front end forwarded here (it checked the caller)."""
+        order = msgspec.msgpack.decode(payload, type=Order)
+        log.info("model %s: %s forwarded here by another front end", order.model, order.op)
+        try:
+            await self.run(order)
+        except ServingError as exc:
+            return msgspec.msgpack.encode(Answer((exc.code, exc.message), getattr(exc, "retry_after_s", None)))
+        except Exception as exc:  # a bug: the asking front end's client gets a 500 that names it, as here
+            log.exception("forwarded %s of model %s failed", order.op, order.model)
+            return msgspec.msgpack.encode(Answer(("Internal", f"{type(exc).__name__}: {exc}")))
+        return msgspec.msgpack.encode(Answer())
 
     def _may_control(self, who: Controller, model: str) -> None:
         if not who.may_control:

@@ -11,8 +11,10 @@ from prometheus_client import Counter
 from inferd.api.cache_hook import CacheHook
 from inferd.api.console_feed import ConsoleFeed
 from inferd.clock import Clock
+from inferd.cluster.frontend import ClusterFrontend
 from inferd.config import ServerConfig
 from inferd.fleet.model_control import ModelControl
+from inferd.frontends.peers import Peers
 from inferd.gateway.reload import Gateway
 from inferd.gateway.shadow import Shadows
 from inferd.gateway.traffic_control import Traffic
@@ -33,6 +35,8 @@ class ServerView(Protocol):
     gateway: Gateway
     console: ConsoleFeed
     model_control: ModelControl
+    cluster: ClusterFrontend
+    peers: Peers | None
     tenant_requests: Counter
     started_at: float
     shutting_down: bool

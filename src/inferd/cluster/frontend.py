@@ -80,6 +80,8 @@ class ClusterFrontend:
         )
         """`server.gateway`: its config file's tenants, keys and models' tables (built after this)."""
         self.versions.config = self.config
+        self.versions.control = server.model_control.share(self.versions) if self.shared else None
+        """Model control: the holder loads and unloads, the others follow (fleet/control_share.py)."""
         self.load = LoadReports(store, me, server.registry, server.kinds, clock, seat.index, contends and self.shared)
         self.follower.follow(SERVED.name, self.versions.apply)
         self.versions.store_up = lambda: self.follower.up  # a change waits for a store that answers
@@ -126,14 +128,20 @@ class ClusterFrontend:
         here go there: api/admin.py); None: here (this one holds it, or none is known: the change is
         then refused here while the lease is not held). ClusterUnavailable naming the store when it does
         not answer (served.changes)."""
-        if self.members is None or self.versions.holds():
+        if self.members is None:
+            return None
+        holder = await self.decider_id()
+        member = None if holder is None else self.members.members.get(holder)
+        return None if member is None else member.admin
+
+    async def decider_id(self) -> str | None:
+        """The id of the front end that holds the lease, when another does (None: this one, or none is
+        known). ClusterUnavailable naming the store when it does not answer (served.changes)."""
+        if self.versions.holds():
             return None
         with changes():
             grant = await self.store.holder(LEASE)
-        if grant is None or grant.holder == self.me:
-            return None
-        member = self.members.members.get(grant.holder)
-        return None if member is None else member.admin
+        return None if grant is None or grant.holder == self.me else str(grant.holder)
 
     async def view(self) -> dict[str, Any]:
         """GET /admin/cluster: the live front ends (id, zone, addresses, host, pid), the lease's holder,

@@ -2,8 +2,9 @@
 
 The document (`ServedState`, schema SCHEMA, its revision the store's) holds, per model of a kind that
 rolls versions, its served versions, its default version and the rolling update in progress ([old, new,
-workers] or []), and the config generation (cluster/reload.py). Only the holder of the lease writes the
-models (fenced by its grant: cluster/lease.py); a reload moves the generation by compare-and-set.
+workers] or []), the models not served (model control, followed as fleet/control_share.py says), and the
+config generation (cluster/reload.py). Only the holder of the lease writes the models (fenced by its
+grant: cluster/lease.py); a reload moves the generation by compare-and-set.
 
 - **Every front end follows it** (cluster/follower.py's loop calls `apply`): it serves the versions it
   lacks (loaded from the model repository, as the holder loaded them), takes the default, and stops
@@ -34,7 +35,7 @@ import asyncio
 import contextlib
 import logging
 import math
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Collection, Iterator
 from typing import Any, Protocol
 
 import msgspec
@@ -73,6 +74,9 @@ class ServedState(msgspec.Struct, frozen=True):
     models: dict[str, ModelServed] = {}
     generation: int = 0
     """The config generation: moved by every `POST /admin/reload` (cluster/reload.py)."""
+    unloaded: dict[str, str] = {}
+    """Model control's (fleet/control_share.py): the models not served, and why; `loading`: those loading."""
+    loading: list[str] = []
 
 
 SERVED = Document("served", ServedState, ServedState)
@@ -98,6 +102,7 @@ class Serving(msgspec.Struct, frozen=True):
     """The config generation it has read the file for (-1: none yet)."""
     refused: str = ""
     """Why it refused the file of that generation ("" when it took it)."""
+    unloaded: dict[str, bool] = {}  # the models it refuses (model control), each: whether it holds work there
 
     @property
     def name(self) -> int | str:
@@ -140,6 +145,20 @@ class GenerationFollower(Protocol):
     async def apply(self, generation: int) -> None: ...
 
 
+class ControlShare(Protocol):
+    """Model control here (fleet/control_share.py's ControlFollower)."""
+
+    def written(self) -> tuple[dict[str, str], list[str]]: ...
+
+    def wanted(self, model: str) -> bool: ...
+
+    def started_with(self, model: str, version: int | None) -> Any: ...
+
+    def follow(self, unloaded: dict[str, str], loading: list[str], served: Collection[str]) -> None: ...
+
+    def refused(self) -> dict[str, bool]: ...
+
+
 class ServedVersions:
     def __init__(
         self, store: Store, me: str, server: Any, clock: Clock, keeper: LeaseKeeper | None = None, index: int = -1
@@ -155,6 +174,7 @@ class ServedVersions:
         self.keeper = keeper
         """The lease, where this front end contends for it (None: it never decides)."""
         self.config: GenerationFollower | None = None
+        self.control: ControlShare | None = None  # model control, shared with the others (None: alone)
         self.store_up: Callable[[], bool] = _always
         """Whether the store answered this front end's last read (cluster/follower.py's `up`)."""
         self.wait_s = FOLLOWERS_WAIT_S
@@ -193,8 +213,11 @@ class ServedVersions:
         updating = self.server.fleet.updates()
         if not self.holds():  # the holder's own registry is what it writes
             for model, ms in sorted(self.state.models.items()):
-                if model in self.server.registry and model not in updating:
+                wanted = self.control is not None and self.control.wanted(model)  # loaded by the server
+                if (model in self.server.registry or wanted) and model not in updating:
                     self._follow(model, ms)
+            if self.control is not None:
+                self.control.follow(self.state.unloaded, self.state.loading, self.state.models.keys())
         if self.config is not None:
             await self.config.apply(self.state.generation)
         with contextlib.suppress(StoreError):
@@ -215,7 +238,7 @@ class ServedVersions:
             log.info("model %s: default version %d, as the server serves", model, ms.default)
 
     def _add(self, model: str, version: int) -> None:
-        load = self.server.fleet.load_version
+        load = self.server.fleet.load_version or (None if self.control is None else self.control.started_with)
         if load is None:
             log.error("model %s: the server serves version %d, but there is no model repository here", model, version)
             return
@@ -248,7 +271,8 @@ class ServedVersions:
 
     async def report(self) -> None:
         generation, refused = (-1, "") if self.config is None else (self.config.taken, self.config.refused)
-        report = Serving(self.me, self.index, self.served(with_busy=True), -1 if generation is None else generation, refused)
+        unloaded, served = {} if self.control is None else self.control.refused(), self.served(with_busy=True)
+        report = Serving(self.me, self.index, served, -1 if generation is None else generation, refused, unloaded)
         await self.reports.publish(report)
 
     async def run(self) -> None:
@@ -286,9 +310,12 @@ class ServedVersions:
             self._settle()
             self._epoch = grant.epoch
         view = self.view()
+        unloaded, loading = ({}, []) if self.control is None else self.control.written()
 
         def change(state: ServedState) -> ServedState | None:
-            return None if state.models == view else msgspec.structs.replace(state, models=view)
+            if (state.models, state.unloaded, state.loading) == (view, unloaded, loading):
+                return None
+            return msgspec.structs.replace(state, models=view, unloaded=unloaded, loading=loading)
 
         _, self.state = await SERVED.update(self.store, change, fence=grant)
 
@@ -344,6 +371,23 @@ class ServedVersions:
             )
         if behind:
             log.warning("model %s: front end(s) %s still use version %d; its last worker drains anyway", model, behind, old)
+
+    async def until_refused(self, model: str) -> None:
+        """Write that `model` is unloaded, then wait until the live front ends refuse it and hold none of
+        its work (at most wait_s; then it goes on)."""
+        await self._until_control(model, lambda r: r.unloaded.get(model, True), "still hold work of")
+
+    async def until_served(self, model: str) -> None:
+        """Write that `model` is served again, then wait until no live front end refuses it (at most wait_s)."""
+        await self._until_control(model, lambda r: model in r.unloaded, "still refuse")
+
+    async def _until_control(self, model: str, lagging: Callable[[Serving], bool], what: str) -> None:
+        with changes():
+            self.check_holder()
+            await self.publish()
+            behind = names(await self.reports.until(lagging, self.wait_s))
+        if behind:
+            log.warning("model %s: front end(s) %s %s it after %g s; going on", model, behind, what, self.wait_s)
 
 
 def _always() -> bool:

@@ -14,8 +14,7 @@ while the server runs.
   runs joins it (the same answer). Unknown models: 404.
 - **Poll** (fleet/repository_watch.py) drives the same load and unload from the folder's changes.
 
-One front end only: with several (--frontends N, a cluster store), load and unload are refused with a
-409, since the other front ends would not follow (the index works).
+Several front ends: the `decider` lease's holder loads and unloads, the others follow (fleet/control_share.py).
 """
 
 from __future__ import annotations
@@ -30,16 +29,9 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from inferd.config import ConfigError, ModelConfig, ServerConfig
-from inferd.errors import (
-    BadRequest,
-    Conflict,
-    Internal,
-    NotFound,
-    ServingError,
-    ShuttingDown,
-    WorkerUnavailable,
-)
+from inferd.errors import BadRequest, Internal, NotFound, ServingError, ShuttingDown, WorkerUnavailable
 from inferd.fleet.control import FleetControl
+from inferd.fleet.control_share import ControlFollower, Others, holds_work
 from inferd.fleet.pools import ServerPools, check_pooled
 from inferd.fleet.repository_watch import RepositoryWatch, fingerprints, model_folder
 from inferd.kinds.repository import apply_overrides, load_model_folder
@@ -86,12 +78,12 @@ class ControlHost(Protocol):
 
 
 class ModelControl:
-    def __init__(self, host: ControlHost, config: ServerConfig, several: bool = False) -> None:
+    def __init__(self, host: ControlHost, config: ServerConfig, others: Others | None = None) -> None:
         self.host = host
         self.config = config
         self.repo: Path | None = config.model_repo
-        self.several = several
-        """Several front ends share the served models: load and unload are refused (409)."""
+        self.others = others  # the other front ends (None: none): the lease's holder acts, they follow
+        self.loading_elsewhere: frozenset[str] = frozenset()  # what the holder loads now (its document)
         self.ready_timeout_s = config.worker_start_timeout_s
         self.at_start: dict[str, list[ModelConfig]] = {}
         """The models of the start's list: what a load serves when there is no repository folder."""
@@ -139,6 +131,8 @@ class ModelControl:
         log.info("model control poll: watching %s every %g s", repo, self.config.repository_poll_s)
         while True:
             await asyncio.sleep(self.config.repository_poll_s)
+            if self.others is not None and not self.others.holds():
+                continue  # the holder polls for the server
             changes = watch.update(await asyncio.to_thread(fingerprints, repo, only))
             for name in changes.removed:
                 if name in self.host.registry:
@@ -192,7 +186,7 @@ class ModelControl:
         why = self.unloaded.get(name)
         if why is None:
             return
-        if name in self._loading:
+        if name in self._loading or name in self.loading_elsewhere:
             raise WorkerUnavailable(f"model {name!r} is loading: send its requests once its load has answered")
         raise NotFound(f"model {name!r} is unloaded ({why}): load it with POST /v2/repository/models/{name}/load")
 
@@ -203,7 +197,7 @@ class ModelControl:
         for name in self.names():
             if not visible(name):
                 continue
-            if name in self._loading and name in self.unloaded:
+            if (name in self._loading or name in self.loading_elsewhere) and name in self.unloaded:
                 rows.append(IndexRow(name, "", ModelState.LOADING, "loading"))
             elif name in self.unloaded or name not in registry:
                 rows.append(IndexRow(name, "", ModelState.UNAVAILABLE, self.unloaded.get(name) or self.broken.get(name, NOT_LOADED)))
@@ -288,6 +282,9 @@ class ModelControl:
         try:
             for config in configs:
                 added.append(host.add_version(config))
+            if self.others is not None:  # served by every front end before its workers join them
+                for rt in added:
+                    await self.others.until_serving(name, rt.version)
             default = host.registry.get(name)
             if self.host.pools.manager_for(default.config) is not None:
                 log.info("model %s: loaded (pooled: served on demand)", name)
@@ -305,8 +302,12 @@ class ModelControl:
         self.unloaded.pop(name, None)
         self.broken.pop(name, None)
         log.info("model %s: loaded, versions %s", name, [rt.version for rt in added])
+        if self.others is not None:  # answered once every front end serves it
+            await self.others.until_served(name)
 
     async def _unload(self, name: str) -> None:
+        if self.others is not None:  # every front end refuses it first, and holds none of its work
+            await self.others.until_refused(name)
         await self._stop(name, self.host.registry.versions(name), drain=True)
         log.info("model %s: unloaded", name)
 
@@ -316,7 +317,7 @@ class ModelControl:
         for version in versions:
             rt = host.registry.get(name, version)
             if drain:
-                await self._until(lambda rt=rt: _idle(rt))
+                await self._until(lambda rt=rt: not holds_work(rt))
             if host.pools.manager_for(rt.config) is not None:  # each holder drains it, then unloads it
                 told = host.pools.unload(name, version)
                 log.info("model %s v%d: pool worker(s) %s told to unload it", name, version, told)
@@ -351,12 +352,14 @@ class ModelControl:
                         return
                     await asyncio.sleep(poll_s)
 
+    def share(self, others: Others) -> ControlFollower:
+        """Several front ends: the others wait on this one's loads and unloads; it follows theirs."""
+        self.others = others
+        return ControlFollower(self, lambda: sorted(self._loading))
+
     def _may_change(self) -> None:
-        if self.several:
-            raise Conflict(
-                "model control with several front ends is not supported yet: the other front ends would "
-                "not follow a load or unload (run one front end to load and unload models)"
-            )
+        if self.others is not None:  # only the lease's holder (api/repository.py forwards to it)
+            self.others.check_holder()
         if self._tg is None:
             raise ShuttingDown("the server is not running: models cannot be loaded nor unloaded now")
 
@@ -384,11 +387,6 @@ class ModelControl:
 
         self._tg.create_task(run(), name=f"model-control-{name}")
         return done
-
-
-def _idle(rt: Runtime) -> bool:
-    stats = rt.statistics()
-    return stats.queued == 0 and stats.in_flight == 0
 
 
 def _settle(fut: asyncio.Future[Any], exc: BaseException | None) -> None:
