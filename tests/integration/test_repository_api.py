@@ -321,7 +321,7 @@ def test_with_two_front_ends_an_unload_and_a_load_reach_both(tmp_path: Path) -> 
             extra_connection(s)
             tc_http.InferenceServerClient(f"127.0.0.1:{s.port}").unload_model("sim")
             refused = codes_of(s, "sim", 16)
-            assert all(code == 404 and "is unloaded (unloaded)" in why for code, why in refused), refused
+            assert all(code == 404 and "is unloaded: load it" in why for code, why in refused), refused
             index = tc_http.InferenceServerClient(f"127.0.0.1:{s.port}").get_model_repository_index()
             assert states(index)["sim"] == ("UNAVAILABLE", "unloaded")
             extra_connection(s)

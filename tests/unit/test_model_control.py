@@ -117,7 +117,7 @@ async def test_unload_refuses_new_requests_at_once_and_stops_serving_once_draine
         for _ in range(5):
             await asyncio.sleep(0)
         assert "a" in server.registry  # what it holds is answered first
-        with pytest.raises(NotFound, match=r"model 'a' is unloaded \(unloaded\): load it with POST /v2/repository/models/a/load"):
+        with pytest.raises(NotFound, match=r"model 'a' is unloaded: load it with POST /v2/repository/models/a/load"):
             control.refuse_unloaded("a")
         rt.queued = 0  # type: ignore[attr-defined]
         await unloading
@@ -313,7 +313,8 @@ async def test_a_caller_that_may_not_load_is_refused_403_whatever_it_sends() -> 
     """Load and unload are refused to any key that may not control models (403), before its parameters
     are looked at: Triton's overrides from such a caller are a 403 too, not a 400."""
     control = SimpleNamespace(load=_never_called, unload=_never_called)
-    repo = Repository(SimpleNamespace(model_control=control))  # type: ignore[arg-type]
+    config = SimpleNamespace(worker_start_timeout_s=1.0)  # one front end: no peers to forward to
+    repo = Repository(SimpleNamespace(model_control=control, peers=None, config=config))  # type: ignore[arg-type]
     plain = Controller(Tenant("plain", TenantConfig(models=("a",))), False, "tenant 'plain' may not load nor unload models")
     for parameters in ([], ["config"], ["file:1/model.onnx"]):
         with pytest.raises(Forbidden, match="may not load nor unload"):

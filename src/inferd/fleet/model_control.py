@@ -188,7 +188,8 @@ class ModelControl:
             return
         if name in self._loading or name in self.loading_elsewhere:
             raise WorkerUnavailable(f"model {name!r} is loading: send its requests once its load has answered")
-        raise NotFound(f"model {name!r} is unloaded ({why}): load it with POST /v2/repository/models/{name}/load")
+        said = "" if why == UNLOADED else f" ({why})"  # an operator's unload: "is unloaded" says it all
+        raise NotFound(f"model {name!r} is unloaded{said}: load it with POST /v2/repository/models/{name}/load")
 
     def index(self, visible: Callable[[str], bool], ready_only: bool = False) -> list[IndexRow]:
         """The repository index: every model `visible` to the caller, a row per served version."""
