@@ -24,7 +24,7 @@ from tests.checked_load import wait_for
 from tests.conftest import ServerProc, start_server
 from tests.integration.test_fleet import admin, ready_count, until
 from tests.integration.test_grpc_stream import llm_inputs, text_of
-from tests.integration.test_scale_from_zero import listeners
+from tests.integration.test_scale_from_zero import cold_starts, listeners, no_worker
 
 MODEL_TOML = """builtin = "sim-llm"
 workers = 0
@@ -74,20 +74,6 @@ async def grpc_text(client: triton_aio.InferenceServerClient, prompt: str) -> st
     return text_of(result)
 
 
-async def cold_starts(http: aiohttp.ClientSession, server: ServerProc, frontend: str = "") -> tuple[float, float]:
-    """The count and sum of sim-llm's scale-from-zero cold starts (of one front end: `frontend`)."""
-    async with http.get(f"{server.url}/metrics") as r:
-        text = await r.text()
-    found = {}
-    for line in text.splitlines():
-        if line.startswith("inferd_cold_start_seconds_") and 'model="sim-llm"' in line and 'cause="scale_from_zero"' in line:
-            if frontend and f'frontend="{frontend}"' not in line:
-                continue
-            name, _, value = line.rpartition(" ")
-            found[name.split("{")[0]] = float(value)
-    return found.get("inferd_cold_start_seconds_count", 0.0), found.get("inferd_cold_start_seconds_sum", 0.0)
-
-
 def want(prompt: str) -> str:
     return " ".join(sim_llm_tokens(prompt, 1, 4))
 
@@ -125,13 +111,13 @@ async def test_an_llm_model_at_zero_workers_answers_its_first_requests_and_bound
                     assert body["choices"][0]["text"] == want(f"b{i}")
                 else:
                     assert retry is not None and int(retry) >= 1 and "cold queue is full" in body["error"]["message"]
-            count, seconds = await cold_starts(http, server)
+            count, seconds = await cold_starts(http, server, model="sim-llm")
             assert count == 1.0 and seconds > 2.5  # the worker's warm-up is 3 s
             row = (await admin(http, server, "/admin/models"))["llm_models"]["sim-llm"]
             changes = row["autoscaler"]["changes"]
             assert (changes[0]["from"], changes[0]["to"]) == (0, 1) and "from zero" in changes[0]["reason"]
 
-            await until(lambda: _no_worker(http, server), timeout_s=20)  # idle: back to zero
+            await until(lambda: no_worker(http, server), timeout_s=20)  # idle: back to zero
             status, body, retry = await complete(http, server, "late", timeout_ms=50)  # past the measured start
             assert status == 429 and retry is not None and int(retry) >= 1, body
             assert "to start" in body["error"]["message"]
@@ -159,7 +145,7 @@ async def test_a_follower_holds_its_llm_requests_for_the_owners_scaling_loop(tmp
             assert [s for s, _, _ in results] == [200] * BOUND, results
             for i, (_, body, _) in enumerate(results):
                 assert body["choices"][0]["text"] == want(f"f{i}")
-            assert (await cold_starts(http, server, frontend="1"))[0] == 1.0  # the follower held some
+            assert (await cold_starts(http, server, frontend="1", model="sim-llm"))[0] == 1.0  # the follower held some
     finally:
         server.stop()
 
@@ -171,7 +157,3 @@ def _pieces(sse: str) -> list[str]:
         if line.startswith("data: ") and line != "data: [DONE]":
             out.extend(c["text"] for c in json.loads(line[6:])["choices"])
     return out
-
-
-async def _no_worker(http: aiohttp.ClientSession, server: ServerProc) -> bool:
-    return not (await admin(http, server, "/admin/workers"))["workers"]

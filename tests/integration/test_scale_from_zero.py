@@ -51,13 +51,15 @@ async def infer(http: aiohttp.ClientSession, server: ServerProc, text: str, time
         return r.status, await r.json(), r.headers.get("Retry-After")
 
 
-async def cold_starts(http: aiohttp.ClientSession, server: ServerProc, frontend: str = "") -> tuple[float, float]:
-    """The count and sum of the sim model's scale-from-zero cold starts (of one front end: `frontend`)."""
+async def cold_starts(
+    http: aiohttp.ClientSession, server: ServerProc, frontend: str = "", model: str = "sim"
+) -> tuple[float, float]:
+    """The count and sum of the model's scale-from-zero cold starts (of one front end: `frontend`)."""
     async with http.get(f"{server.url}/metrics") as r:
         text = await r.text()
     found = {}
     for line in text.splitlines():
-        if line.startswith("inferd_cold_start_seconds_") and 'model="sim"' in line and 'cause="scale_from_zero"' in line:
+        if line.startswith("inferd_cold_start_seconds_") and f'model="{model}"' in line and 'cause="scale_from_zero"' in line:
             if frontend and f'frontend="{frontend}"' not in line:
                 continue
             name, _, value = line.rpartition(" ")
@@ -83,7 +85,7 @@ async def test_a_model_at_zero_workers_answers_its_first_request_and_bounds_a_bu
             changes = (await admin(http, server, "/admin/models"))["models"]["sim"]["autoscaler"]["changes"]
             assert (changes[0]["from"], changes[0]["to"]) == (0, 1) and "from zero" in changes[0]["reason"]
 
-            await until(lambda: _no_worker(http, server), timeout_s=20)  # idle: back to zero
+            await until(lambda: no_worker(http, server), timeout_s=20)  # idle: back to zero
             status, answer, retry = await infer(http, server, "late", timeout_us=1_000)  # 1 ms: past the start
             assert status == 429 and retry is not None and int(retry) >= 1, answer
             assert "to start" in answer["error"]
@@ -128,6 +130,6 @@ async def test_a_follower_holds_its_requests_for_the_owners_scaling_loop(tmp_pat
         server.stop()
 
 
-async def _no_worker(http: aiohttp.ClientSession, server: ServerProc) -> bool:
+async def no_worker(http: aiohttp.ClientSession, server: ServerProc) -> bool:
     workers = (await admin(http, server, "/admin/workers"))["workers"]
     return not workers
