@@ -9,7 +9,8 @@ front ends; front end 0 is the one writer of the shards' logs):
 * with the owner hung (SIGSTOPped), a follower's write gets 503 naming it within seconds (the owner
   answers no ping), not after the forward's 150 s, while its searches and gets go on;
 * with the owner down (SIGKILLed while the parent is stopped, so that it stays down), a write gets 503
-  with Retry-After naming the owner, while searches and gets go on from the replicas; once the parent
+  with Retry-After naming the owner (or the store the stopped parent runs, once the follower's last word
+  from it ran out), while searches and gets go on from the replicas; once the parent
   restarts the owner, writes are taken again and found on both front ends.
 
 Bounded: one server, a few dozen requests, every wait capped."""
@@ -219,9 +220,18 @@ def test_with_the_owner_hung_a_write_gets_503_within_seconds_and_reads_go_on(ser
     wait_for(lambda: both_up(server), 30, "both front ends up")
 
 
+def refused_as_away(status: int, body: dict, headers: Message) -> bool:
+    """A write refused with 503 and Retry-After while the owner is down and the parent (which runs the
+    front ends' store) is stopped. The follower names front end 0 while the store's last word on the
+    writer lease runs (its ttl), and the store once that has run out: a loaded machine may take that long
+    between the parent's stop and the write (with the store silent, nobody can say who writes now)."""
+    error = body.get("error", "")
+    named = "front end '0' writes the index" in error or "the cluster store does not answer" in error
+    return status == 503 and named and headers.get("Retry-After") == "1"
+
+
 def test_with_the_owner_down_writes_get_503_and_reads_go_on(server: ServerProc) -> None:
-    # the follower knows again that front end 0 writes the index (after the hung owner of the test before,
-    # it learns it from the store, which the parent stopped below does not answer): a write it forwarded
+    # after the hung owner of the test before: the owner takes writes again (one forwarded to it)
     before = forwarded(scrape(server))
     wait_for(
         lambda: write(server, 99, "zeta")[0] == 200 and forwarded(scrape(server)) > before, 60,
@@ -235,9 +245,7 @@ def test_with_the_owner_down_writes_get_503_and_reads_go_on(server: ServerProc) 
         wait_for(lambda: not alive(owner), 10, "the owner gone")
         answers: list[tuple[int, dict, Message]] = []
         wait_for(lambda: follower_answers(server, answers), 10, "the follower's answer to a write")
-        status, body, headers = answers[0]
-        assert status == 503, body
-        assert "front end '0' writes the index" in body["error"] and headers.get("Retry-After") == "1"
+        assert refused_as_away(*answers[0]), answers[0][:2]
         for _ in range(4):  # only the follower listens now
             assert search_ids(server, "alpha") == {f"d{i}" for i in range(DOCS)}
         status, body = call(f"{server.url}/v1/indexes/docs/documents/d5")
