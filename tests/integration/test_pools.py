@@ -149,6 +149,7 @@ async def test_a_pool_serves_every_model_on_demand_and_evicts_to_make_room(poole
     assert pool["name"] == "p" and len(pool["workers"]) == 2
     held = [m for w in pool["workers"] for m in w["models"]]
     assert 1 <= len(held) <= 4 and all(m["state"] in ("loading", "ready", "unloading") for m in held)
+    assert all(m["memory_mb"] >= 45.0 for m in held if m["state"] == "ready"), held  # sim's 50 MiB each
     await rolling_update(server, server.log_path.parent / "repo")
     table, page = status(server), status(server, "--json")
     assert "pools" in table and "pool:p-0" in table and "budget MiB" in table

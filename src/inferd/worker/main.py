@@ -38,6 +38,7 @@ from inferd.kinds.worker_sides import WORKER_SIDES, WorkerSide
 from inferd.observability.logging_setup import set_up_process
 from inferd.observability.settings import from_environment
 from inferd.wire import protocol as p
+from inferd.worker import memory
 from inferd.worker.args import arguments
 from inferd.worker.credits import CAP, CreditLedger, Seat
 from inferd.worker.device import Device
@@ -369,6 +370,7 @@ def main(argv: list[str] | None = None) -> int:
         runner = asyncio.run
     try:
         if args.pool:  # many models on demand (worker/pool.py), each served by a Worker of its own
+            memory.return_large_frees()  # a load's cost is measured in resident memory
             pool = PoolWorker(
                 args.connect, args.pool, args.token, worker_id, args.reconnect, args.model_repo, tls_context,
                 args.stuck_after_s, args.zone, Resolver(args.hosts_file, args.resolve_every_s), model_server=Worker,

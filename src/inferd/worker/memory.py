@@ -3,6 +3,9 @@
 Device memory where there is a device (torch's CUDA allocator, once torch has initialized CUDA in this
 process), else the process's resident memory (/proc/self/statm). A pool worker (worker/pool.py) reads
 `used_mb` before a load and after its warm-up; the difference is the model's size from then on.
+
+Resident memory tells a load's cost only when an unloaded model's memory goes back to the system: a
+pool worker pins glibc's mmap threshold at start (`return_large_frees`), see there.
 """
 
 from __future__ import annotations
@@ -66,6 +69,27 @@ def give_back() -> None:
     trim = _malloc_trim()
     if trim is not None:
         trim(0)
+
+
+MMAP_THRESHOLD = 128 * 1024
+"""Allocations from this size up are mmapped (glibc's own initial threshold, pinned)."""
+_M_MMAP_THRESHOLD = -3
+"""mallopt's parameter number for the threshold (malloc.h)."""
+
+
+def return_large_frees() -> bool:
+    """Pin glibc's mmap threshold (a pool worker, at start): every allocation of MMAP_THRESHOLD or more is
+    mmapped, and unmapped when freed, so an unloaded model's buffers leave resident memory at once.
+
+    Why: glibc raises the threshold each time an mmapped chunk is freed (up to 32 MiB), after which
+    model-sized buffers come from its arenas; memory freed there stays resident until a trim, and in a
+    pool worker even `give_back`'s malloc_trim at times left it so. The next load then reused it without
+    resident memory growing: it measured as costing nothing, and the worker held more than its budget
+    (seen: a 50 MiB sim model measured at 0.0 MiB after another was evicted, and three held where two
+    fit). The price: each large allocation is a fresh mapping (its pages faulted in on first touch).
+    False where mallopt is not there (musl, macOS)."""
+    mallopt = getattr(ctypes.CDLL(None), "mallopt", None)
+    return mallopt is not None and mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD) == 1
 
 
 @functools.cache
