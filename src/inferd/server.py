@@ -16,7 +16,6 @@ from collections.abc import AsyncIterator, Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 import msgspec
-from prometheus_client import generate_latest
 
 from inferd import tls
 from inferd.api.admin import AdminApi, AdminTarget
@@ -34,7 +33,7 @@ from inferd.fleet.model_control import ModelControl
 from inferd.fleet.pools import ServerPools, check_pooled
 from inferd.fleet.scaling import ScalingLoops, scaling_loops
 from inferd.frontends.channel import MAX_MESSAGE_BYTES
-from inferd.frontends.metrics import scrape_all, serve_registry
+from inferd.frontends.metrics import exposition, serve_registry
 from inferd.frontends.peers import peers_of
 from inferd.frontends.plan import FrontendPlan, worker_sockets
 from inferd.frontends.readiness import await_ready, ready_wait_s
@@ -233,9 +232,7 @@ class InferenceServer:
 
     async def metrics_text(self) -> bytes:
         """The exposition of /metrics: the whole server's, with several front ends (frontends/metrics.py)."""
-        if self.frontend is None:
-            return generate_latest(self.metrics.registry)
-        return await scrape_all(self.frontend, self.metrics.registry)
+        return await exposition(self.frontend, self.metrics.registry)
 
     def has_workers(self, kind: str) -> bool:
         return self.kinds.get(kind).has_workers
