@@ -57,6 +57,7 @@ from inferd.runtime.contract import Runtime
 from inferd.runtime.hub import WorkerHub
 from inferd.runtime.kinds import KindRegistry, RuntimeContext
 from inferd.runtime.membership import WorkerDirectory
+from inferd.runtime.readiness import models_ready, server_ready
 from inferd.runtime.registry import ModelRegistry
 from inferd.runtime.waking import Wakers
 from inferd.wire.connection import WorkerConnection
@@ -223,8 +224,8 @@ class InferenceServer:
         self.grpc_address: Callable[[], str | None] = lambda: None  # the gRPC API's HOST:PORT once bound (runner)
 
     @property
-    def ready(self) -> bool:
-        return not self.shutting_down and all(rt.ready for rt in self.registry if rt.name not in self.model_control.unloaded)
+    def ready(self) -> bool:  # models served on demand never hold it down: runtime/readiness.py
+        return not self.shutting_down and server_ready(self.registry, self.wakers.on_demand, self.model_control.unloaded)
 
     def begin_shutdown(self) -> None:
         """Readiness answers 503 from now on (SIGTERM's grace); requests are still served (a flag only)."""
@@ -309,7 +310,7 @@ class InferenceServer:
                     loops.append(tg.create_task(self.index_sync.run(), name="index-share"))
                 try:
                     if self.frontend is not None:  # one of several: listen once workers are here
-                        await await_ready(lambda: self.ready, ready_wait_s(self._local_workers, self.config))
+                        await await_ready(lambda: models_ready(self.registry, self.model_control.unloaded), ready_wait_s(self._local_workers, self.config))
                     yield
                 finally:
                     await self._shutdown(loops, supervisor)

@@ -139,7 +139,8 @@ class ModelRuntime:
 
     @property
     def ready(self) -> bool:
-        """A ready worker making progress; with none, whether its waker can give it one on demand."""
+        """The model's own readiness: a ready worker making progress; with none, whether its waker can give
+        it one on demand now (not during a failed load's backoff). The server's counts it apart: runtime/readiness.py."""
         if self.ready_workers == 0:
             return self._cold.on_demand()
         return not self.stalled()
