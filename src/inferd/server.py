@@ -16,7 +16,6 @@ from collections.abc import AsyncIterator, Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 import msgspec
-from prometheus_client import generate_latest
 
 from inferd import tls
 from inferd.api.admin import AdminApi, AdminTarget
@@ -34,7 +33,7 @@ from inferd.fleet.model_control import ModelControl
 from inferd.fleet.pools import ServerPools, check_pooled
 from inferd.fleet.scaling import ScalingLoops, scaling_loops
 from inferd.frontends.channel import MAX_MESSAGE_BYTES
-from inferd.frontends.metrics import scrape_all, serve_registry
+from inferd.frontends.metrics import exposition, serve_registry
 from inferd.frontends.peers import peers_of
 from inferd.frontends.plan import FrontendPlan, worker_sockets
 from inferd.frontends.readiness import await_ready, ready_wait_s
@@ -58,6 +57,7 @@ from inferd.runtime.contract import Runtime
 from inferd.runtime.hub import WorkerHub
 from inferd.runtime.kinds import KindRegistry, RuntimeContext
 from inferd.runtime.membership import WorkerDirectory
+from inferd.runtime.readiness import models_ready, server_ready
 from inferd.runtime.registry import ModelRegistry
 from inferd.runtime.waking import Wakers
 from inferd.wire.connection import WorkerConnection
@@ -224,8 +224,8 @@ class InferenceServer:
         self.grpc_address: Callable[[], str | None] = lambda: None  # the gRPC API's HOST:PORT once bound (runner)
 
     @property
-    def ready(self) -> bool:
-        return not self.shutting_down and all(rt.ready for rt in self.registry if rt.name not in self.model_control.unloaded)
+    def ready(self) -> bool:  # models served on demand never hold it down: runtime/readiness.py
+        return not self.shutting_down and server_ready(self.registry, self.wakers.on_demand, self.model_control.unloaded)
 
     def begin_shutdown(self) -> None:
         """Readiness answers 503 from now on (SIGTERM's grace); requests are still served (a flag only)."""
@@ -233,9 +233,7 @@ class InferenceServer:
 
     async def metrics_text(self) -> bytes:
         """The exposition of /metrics: the whole server's, with several front ends (frontends/metrics.py)."""
-        if self.frontend is None:
-            return generate_latest(self.metrics.registry)
-        return await scrape_all(self.frontend, self.metrics.registry)
+        return await exposition(self.frontend, self.metrics.registry)
 
     def has_workers(self, kind: str) -> bool:
         return self.kinds.get(kind).has_workers
@@ -312,7 +310,7 @@ class InferenceServer:
                     loops.append(tg.create_task(self.index_sync.run(), name="index-share"))
                 try:
                     if self.frontend is not None:  # one of several: listen once workers are here
-                        await await_ready(lambda: self.ready, ready_wait_s(self._local_workers, self.config))
+                        await await_ready(lambda: models_ready(self.registry, self.model_control.unloaded), ready_wait_s(self._local_workers, self.config))
                     yield
                 finally:
                     await self._shutdown(loops, supervisor)

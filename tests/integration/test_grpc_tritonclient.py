@@ -80,6 +80,10 @@ def test_health_and_readiness(client: tc.InferenceServerClient) -> None:
     assert client.is_model_ready("sim", "1")
     meta = client.get_server_metadata()
     assert meta.name == "inferd"
+    assert list(meta.extensions) == ["model_repository", "schedule_policy", "model_configuration", "statistics"]
+    assert client.get_model_config("sim").config.name == "sim"  # model_configuration
+    assert client.get_inference_statistics("sim").model_stats  # statistics
+    assert "sim" in {m.name for m in client.get_model_repository_index().models}  # model_repository
 
 
 def test_model_metadata_names_the_tensors_with_the_batch_dimension(client: tc.InferenceServerClient) -> None:

@@ -118,13 +118,13 @@ async def test_a_front_end_restarted_finds_the_models_its_remote_pool_worker_hol
     worker = start_pool_worker(tmp_path, worker_port)
     try:
         async with aiohttp.ClientSession() as http:
-            await ready(http, server.url)
+            await ready(http, server.url, "/v2/models/a/ready")  # the server is ready at once: the pool's is a join
             await infer(http, server, "a", "before")
             server.proc.send_signal(signal.SIGKILL)
             server.proc.wait(10)
             assert worker.poll() is None, "the remote pool worker outlives its front end"
             server = start_server(tmp_path, *args, "--port", str(server.port), ready_path="/v2/health/live")
-            await ready(http, server.url)
+            await ready(http, server.url, "/v2/models/a/ready")  # the server is ready at once: the pool's is a join
             async with asyncio.timeout(10.0):
                 while True:  # its pool link and its model server of "a" join again
                     async with http.get(f"{server.admin_url}/admin/pools") as r:
@@ -141,10 +141,12 @@ async def test_a_front_end_restarted_finds_the_models_its_remote_pool_worker_hol
         assert server.stop() in (0, -15)
 
 
-async def ready(http: aiohttp.ClientSession, url: str) -> None:
+async def ready(http: aiohttp.ClientSession, url: str, path: str = "/v2/health/ready") -> None:
+    """Until `path` answers 200: a pooled model's ready route once its pool has a worker (the server's
+    readiness never waits for a pool: runtime/readiness.py)."""
     async with asyncio.timeout(15.0):
         while True:
-            async with http.get(f"{url}/v2/health/ready") as r:
+            async with http.get(f"{url}{path}") as r:
                 if r.status == 200:
                     return
             await asyncio.sleep(0.05)

@@ -127,7 +127,9 @@ async def test_metrics_exposes_batching_signals(server: ServerProc) -> None:
 async def test_metadata_and_openapi(server: ServerProc) -> None:
     async with aiohttp.ClientSession() as http:
         async with http.get(f"{server.url}/v2") as r:
-            assert (await r.json())["extensions"] == ["binary_tensor_data"]
+            assert (await r.json())["extensions"] == ["binary_tensor_data", "model_repository", "schedule_policy"]
+        async with http.post(f"{server.url}/v2/repository/index", json={}) as r:  # model_repository's route
+            assert r.status == 200 and {row["name"] for row in await r.json()} >= {"sim"}
         async with http.get(f"{server.url}/v2/models/sim/versions/1/ready") as r:
             assert r.status == 200
         async with http.get(f"{server.url}/v2/models/sim/versions/7/ready") as r:

@@ -13,7 +13,6 @@ from typing import cast
 
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from inferd import __version__
 from inferd.api import completions as completion_routes
 from inferd.api import oip
 from inferd.api import openai as openai_routes
@@ -24,7 +23,7 @@ from inferd.api.http import check_content_type, json_response, parse_priority, r
 from inferd.api.http_call import MODEL_WORK, Hints, http_call, read_hints
 from inferd.api.middleware import AccessLog, Accounting, Errors, ModelVersion
 from inferd.api.oip_answer import Inference, OipSource, fallback_headers, lifecycle_headers, oip_answer
-from inferd.api.oip_metadata import model_metadata
+from inferd.api.oip_metadata import HTTP, model_metadata, server_metadata
 from inferd.api.openapi import openapi_document
 from inferd.api.repository import add_repository_routes
 from inferd.api.request_context import RequestContext
@@ -212,9 +211,7 @@ class Api:
         return HttpResponse(status=200 if self.server.ready else 503, content_type=None)
 
     async def server_metadata(self, call: Call, request: HttpRequest) -> HttpResponse:
-        return json_response(
-            oip.encode_json({"name": "inferd", "version": __version__, "extensions": ["binary_tensor_data"]})
-        )
+        return json_response(oip.encode_json(server_metadata(HTTP)))
 
     async def model_metadata(self, call: Call, request: HttpRequest) -> HttpResponse:
         params = request.path_params  # the version in the path only: X-Inferd-Model-Version is not read

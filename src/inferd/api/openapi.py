@@ -106,7 +106,7 @@ def openapi_document() -> dict[str, Any]:
     paths: dict[str, Any] = {
         "/v2/health/live": {"get": {"summary": "Server live", "security": [], **health}},
         "/v2/health/ready": {
-            "get": {"summary": "Server ready (every model has a warm worker)", "security": [], **health}
+            "get": {"summary": "Server ready (every model kept warm has a ready worker; those served on demand count apart)", "security": [], **health}
         },
         "/v2": {"get": {"summary": "Server metadata", "responses": _responses(None, 401)}},
         "/v1/models": {

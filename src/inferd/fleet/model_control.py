@@ -207,7 +207,7 @@ class ModelControl:
                 for version in registry.versions(name):
                     ready = registry.get(name, version).ready
                     state = ModelState.READY if ready else ModelState.UNAVAILABLE
-                    reason = broken or ("" if ready else "no worker ready")
+                    reason = broken or ("" if ready else self.host.pools.unready(name, version) or "no worker ready")
                     rows.append(IndexRow(name, str(version), state, reason))
         return [r for r in rows if r.state is ModelState.READY or not ready_only]
 

@@ -11,7 +11,8 @@
   in service, batch cycle), and the hook that fails a model's held requests when its load fails
   (`ModelRuntime.fail_cold`);
 * the local pool workers: `[pools.NAME] workers` slots in the launcher (`inferd worker --pool NAME`);
-* `unload(model, version)` for the repository API, and the `/admin/pools` view.
+* `unload(model, version)` for the repository API, `unready(model, version)` for its index (why a
+  pooled model is not ready: a load's backoff, no worker), and the `/admin/pools` view.
 """
 
 from __future__ import annotations
@@ -75,10 +76,13 @@ class ServerPools:
             self.adopt(rt)
 
     def adopt(self, rt: Runtime) -> None:
-        """A model version served (at start, or added since): a pooled one is woken by its pool."""
+        """A model version served (at start, or added since): a pooled one is woken by its pool; one no
+        longer pooled (unloaded, then loaded from a folder without `pool`) is not, nor served on demand."""
         manager = self.manager_for(rt.config)
         if manager is not None:
             self.wakers.set(rt.name, manager, POOL_LOAD)
+        elif (wake := self.wakers.of(rt.name)) is not None and wake.waker in self.managers.values():
+            self.wakers.clear(rt.name)
 
     def manager_for(self, config: ModelConfig) -> PoolManager | None:
         """The manager of the pool that serves this model; None: it is not pooled."""
@@ -92,6 +96,20 @@ class ServerPools:
         except NotFound:
             return []
         return [] if manager is None else manager.unload(model, version)
+
+    def unready(self, model: str, version: int) -> str | None:
+        """Why a pooled model version cannot be served on demand now (its pool has no worker, its last load
+        failed and its backoff runs, it is bigger than every worker's budget); None: it can, or it is not
+        pooled. The repository index's reason for such a model (its own readiness: runtime/readiness.py)."""
+        try:
+            rt = self.registry.get(model, version)
+        except NotFound:
+            return None
+        manager = self.manager_for(rt.config)
+        if manager is None or (isinstance(rt, ModelRuntime) and rt.ready_workers > 0):  # a stall: not the pool's
+            return None
+        why = manager.wakeable(model, version)
+        return None if why is None else str(why)
 
     def add_slots(self, launcher: Launcher[Any], config: ServerConfig) -> int:
         """Each pool's local workers as launcher slots; returns how many."""

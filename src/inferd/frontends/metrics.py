@@ -1,7 +1,8 @@
 """/metrics of the whole server, whichever front end answers the scrape.
 
-Each front end serves its own registry's text on a Unix socket of the plan (`serve_registry`); the one
-that answers /metrics reads every peer's (`scrape_all`), labels each sample with `frontend="i"` and
+`exposition` is the text /metrics answers: a lone front end's registry, or, with several, the whole
+server's. Each front end serves its own registry's text on a Unix socket of the plan (`serve_registry`);
+the one that answers /metrics reads every peer's (`scrape_all`), labels each sample with `frontend="i"` and
 merges the families, so one scrape holds every front end's counters and gauges (sum over `frontend` in
 PromQL for the server's totals). The custom collectors (kinds/collectors.py) compute their
 values in their own process at that moment, as with one front end. A peer that does not answer in time
@@ -53,6 +54,13 @@ async def read_peer(path: str) -> bytes | None:
                 writer.close()
     except (OSError, TimeoutError):
         return None
+
+
+async def exposition(plan: FrontendPlan | None, own: CollectorRegistry) -> bytes:
+    """The text of /metrics: this front end's registry alone (None: the only one), else `scrape_all`."""
+    if plan is None:
+        return generate_latest(own)
+    return await scrape_all(plan, own)
 
 
 async def scrape_all(plan: FrontendPlan, own: CollectorRegistry) -> bytes:

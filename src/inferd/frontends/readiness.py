@@ -23,7 +23,8 @@ def ready_wait_s(local_workers: int, config: ServerConfig) -> float:
 
 
 async def await_ready(ready: Callable[[], bool], timeout_s: float, poll_s: float = 0.02) -> None:
-    """Return once `ready()` (every model has a ready worker) or after `timeout_s`.
+    """Return once `ready()` (every model has a ready worker or can be served on demand now:
+    runtime/readiness.py `models_ready`) or after `timeout_s`.
 
     A front end among several listens only then (uvicorn awaits the lifespan's startup before it
     listens): the kernel sends a listener on the shared port its share of new connections at once, and

@@ -19,10 +19,9 @@ from typing import Any
 
 from grpc import aio
 
-from inferd import __version__
 from inferd.api.app import Api
 from inferd.api.oip_answer import fallback_headers, lifecycle_headers
-from inferd.api.oip_metadata import model_metadata
+from inferd.api.oip_metadata import GRPC, model_metadata, server_metadata
 from inferd.api.repository import Repository
 from inferd.core.call import Call, Handler, Layer, chain
 from inferd.errors import NotFound, ServingError
@@ -39,10 +38,6 @@ from inferd.grpc_edge.text import text_reply
 from inferd.observability.logging_setup import accept_request_id
 
 Context = aio.ServicerContext[Any, Any]
-
-EXTENSIONS = ["model_configuration", "statistics", "model_repository"]
-"""The Triton protocol extensions this service answers (ServerMetadata)."""
-
 
 class InferRpc:
     """ModelInfer's request along the chain: the message as api/oip_answer.py's `OipSource`, and the
@@ -148,7 +143,7 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         return GrpcReply(pb.ServerReadyResponse(ready=self.server.ready))
 
     async def _server_metadata(self, call: Call, request: Any) -> GrpcReply:
-        return GrpcReply(pb.ServerMetadataResponse(name="inferd", version=__version__, extensions=EXTENSIONS))
+        return GrpcReply(pb.ServerMetadataResponse(**server_metadata(GRPC)))
 
     async def _model_ready_of(self, call: Call, request: pb.ModelReadyRequest) -> GrpcReply:
         if request.name in self.server.model_control.unloaded and call.tenant.may_call(request.name):

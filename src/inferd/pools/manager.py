@@ -11,7 +11,8 @@
   the model server the pool worker starts for it: it joins as an ordinary worker of that model, so
   routing, batching and recovery are the batch kind's.
 * **The Waker** (runtime/waking.py) of its pooled models: `wakeable` (a pool with no worker, a load in
-  backoff: why not), `wake`, `eta_s` (the model's measured load time).
+  backoff: why not; the model's own readiness and index reason, never the server's readiness:
+  runtime/readiness.py), `wake`, `eta_s` (the model's measured load time).
 * **Failures.** A failed load fails that model's waiting requests with a 503 naming the cause (through
   `fail_waiting`, the composition root's hook into the model's runtime) and backs off.
 * **Unload** (the repository API): UnloadModel to every pool worker; each drains the model first.

@@ -6,6 +6,7 @@ refusing them with a 503, bounded by the cold rule (runtime/cold.py): a batch mo
 (kinds/batch/cold.py), an LLM model before placing their sequences (kinds/llm/cold.py); and it wakes its
 `Waker`.
 The waker decides nothing here: it is told the demand and says how long serving takes.
+Such a model's readiness is its own: it never holds the server's down (runtime/readiness.py).
 """
 
 from __future__ import annotations
@@ -69,3 +70,8 @@ class Wakers:
 
     def of(self, model: str) -> Wake | None:
         return self._wakes.get(model)
+
+    def on_demand(self, model: str) -> bool:
+        """Whether the model is served on demand (a waker is registered for it): its readiness is its own,
+        and never holds the server's down (runtime/readiness.py)."""
+        return model in self._wakes

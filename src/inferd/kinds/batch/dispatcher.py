@@ -139,7 +139,7 @@ class ModelRuntime:
 
     @property
     def ready(self) -> bool:
-        """A ready worker making progress; with none, whether its waker can give it one on demand."""
+        """Its own readiness (the server's: runtime/readiness.py): a ready worker making progress; with none, whether its waker can give it one on demand now."""
         if self.ready_workers == 0:
             return self._cold.on_demand()
         return not self.stalled()

@@ -116,7 +116,7 @@ class LLMRuntime:
 
     @property
     def ready(self) -> bool:
-        """A ready worker; with none, whether its waker can start one on demand."""
+        """A ready worker; with none, whether its waker can start one on demand (runtime/readiness.py)."""
         if self.placement.stopping:
             return False
         return self.ready_workers() > 0 or self.cold.on_demand()
