@@ -400,6 +400,8 @@ async def test_a_load_queued_on_a_worker_by_another_front_end_is_joined(pool: Fi
     view = pool.manager.links["w0"].view(1000.0, max_models=3)
     assert view.held == {("b", 1): "loading", ("a", 1): "queued"}
     assert (view.free_mb, view.slots) == (400.0, 1)  # the queued load's room and slot are taken
+    [shown, _] = pool.manager.view()["workers"]  # /admin/pools names it
+    assert shown["queued"] == [{"model": "a", "version": 1, "memory_mb": 300.0}]
     pool.served.append(ServedModel(config("a"), waiting=0, serving=0, batch_cycle_s=0.0))
     pool.manager.wake("a", 1, waiting=4, oldest_age_s=0.0)
     pool.manager.tick()

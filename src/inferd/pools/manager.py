@@ -367,6 +367,7 @@ class PoolManager:
                 "budget_mb": state.budget_mb, "used_mb": state.used_mb, "waiting_loads": state.waiting_loads,
                 "silent_s": round(now - link.last_heard, 3),
                 "models": [msgspec.to_builtins(m) for m in state.models],
+                "queued": [msgspec.to_builtins(q) for q in state.queued],
             })
         backoff = {}
         for s in self.served():

@@ -7,10 +7,11 @@ The rules:
 * **First load.** A model with requests waiting and no holder (no pool worker lists it loading or ready,
   none lists a load of it queued, and no load of it asked by this front end is pending) is loaded on the
   worker with the most free budget (budget - used - its queued loads, less the loads this front end
-  asked of it that its PoolState does not show yet; none at max_loaded_models) among those whose whole budget can hold it. When none has the room
-  free, the worker that can make room by evicting (its evictable models, as its PoolState says) and
-  holds the longest idle of them: across the pool, the least recently used model goes (the worker
-  decides its evictions itself, pools/residency.py: it evicts its least recently used first). When none
+  asked of it that its PoolState does not show yet; none at max_loaded_models) among those whose whole
+  budget can hold it. When none has the room free, the worker that can make room by evicting (its
+  evictable models, as its PoolState says) and holds the longest idle of them: across the pool, the
+  least recently used model goes (the worker decides its evictions itself, pools/residency.py: it
+  evicts its least recently used first). When none
   can make room yet (every model protected by min_resident_s or busy), the one with the most free
   budget: the load waits there for room; but while the pool's own workers are still joining (at start,
   or one restarting: for at most the manager's JOIN_GRACE_S), it waits here for them instead (placed
