@@ -8,7 +8,7 @@ free on X, 90 on Y), where it waits behind "slow". Then "filler" is unloaded: X 
 front end that did not know "m" was queued on Y would ask X for a copy of its own. Requests for "m" on
 new connections (both front ends get some) must all be answered by the one copy loaded on Y.
 
-Bounded: one server, two pool workers, 12 requests; about 6 s."""
+Bounded: one server, two pool workers, 12 requests; about 10 s."""
 
 from __future__ import annotations
 
@@ -19,9 +19,11 @@ from typing import Any
 import aiohttp
 
 from inferd.models.sim import sim_digest
+from tests.checked_load import wait_for
 from tests.conftest import ServerProc, start_server
 from tests.integration.test_fleet import admin, until
 from tests.integration.test_pools import samples, write
+from tests.integration.test_scale_from_zero import listeners
 
 POOLED = """builtin = "sim"
 pool = "p"
@@ -68,7 +70,8 @@ async def test_a_load_queued_by_one_front_end_is_joined_by_the_other(tmp_path: P
     }
     repo, config = write(tmp_path, models, POOLS)
     server = start_server(tmp_path, "--model-repo", str(repo), "--config", str(config), "--frontends", "2", "--no-grpc")
-    try:
+    try:  # both front ends take connections (the first one ready answered start_server), the owner's admin API
+        wait_for(lambda: listeners(server.port) == 2 and listeners(server.admin_port) == 1, 20, "both listening")
         connector = aiohttp.TCPConnector(force_close=True)  # a connection per request: both front ends get some
         async with aiohttp.ClientSession(connector=connector) as http:
             await until(lambda: _count(http, server, 2), 20)  # both pool workers joined
