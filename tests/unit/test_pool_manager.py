@@ -426,7 +426,7 @@ async def test_only_the_spreading_front_end_spreads_counting_the_others_queues(p
     pool.manager.spreads = lambda: True  # this one holds it now: 4 queued here, 36 on the others
     pool.served[0] = ServedModel(hot, waiting=4, serving=1, batch_cycle_s=0.1, elsewhere=36)
     pool.manager.tick()
-    pool.clock.advance(0.2)
+    pool.clock.advance(1.1)  # heat that rests on the others' reports outlasts one
     pool.manager.tick()
     msg = await w1.receive()
     assert isinstance(msg, p.LoadModel) and msg.model == "a"

@@ -24,8 +24,9 @@ The rules:
   progress anywhere (loading or queued in a PoolState, or pending here), so never more than one load at
   a time per model, and never more holders than pool workers. With several front ends only one spreads
   (`plan(spreads=True)`: the one that holds the `decider` lease, fleet/pools.py), counting in its queue
-  the items the others report queued for the model (`ModelDemand.elsewhere`): two front ends deciding
-  at the same moment would each ask a worker of their own, two more holders instead of one.
+  the items the others report queued for the model (`ModelDemand.elsewhere`; heat resting on those
+  reports must outlast one, `reports_s`): two front ends deciding at the same moment would each ask a
+  worker of their own, two more holders instead of one.
 * **Failures.** A failed load starts a backoff (routing/backoff.py's `Backoff`) before the model is
   loaded again, doubling with each failure in a row, reset by a load that succeeds: a load that keeps
   failing never loops. `retry_in` says how long is left (the 503's Retry-After). A load whose worker
@@ -48,6 +49,8 @@ SPREAD_BATCHES = 2
 """Full batches queued per serving worker past which a model is hot (one more holder)."""
 LOAD_BACKOFF = Backoff(1.0, 60.0)
 """After a failed load: 1 s, doubling with each failure in a row, up to 60 s."""
+REPORTS_S = 1.0
+"""How often the other front ends report their queues (cluster/load.py, runtime/frontend_load.py)."""
 
 Key = tuple[str, int]
 HOLDING = frozenset({"loading", "ready"})
@@ -137,9 +140,16 @@ class _Pending:
 
 
 class Placement:
-    def __init__(self, clock: Clock, backoff: Backoff = LOAD_BACKOFF, pending_timeout_s: float = 300.0) -> None:
+    def __init__(
+        self, clock: Clock, backoff: Backoff = LOAD_BACKOFF, pending_timeout_s: float = 300.0,
+        reports_s: float = REPORTS_S,
+    ) -> None:
         self.clock = clock
         self.backoff = backoff
+        self.reports_s = reports_s
+        """How old the other front ends' queue reports (`ModelDemand.elsewhere`) may be: heat that rests
+        on them must outlast one, so that a report written before the last holder served does not spread
+        the model again."""
         self.pending_timeout_s = pending_timeout_s
         """A load asked for and never answered (no LoadResult, its worker still there) is forgotten after
         this long, so that a lost answer cannot keep a model unloaded for good."""
@@ -198,14 +208,16 @@ class Placement:
 
     def _hot(self, demand: ModelDemand, now: float) -> bool:
         """More than SPREAD_BATCHES full batches queued per serving worker (here and, as reported, on the
-        other front ends), for longer than a cycle. With none serving here yet (its holders' model servers
-        still joining), nothing says what they serve."""
-        waiting = demand.waiting + demand.elsewhere
-        if demand.serving == 0 or waiting <= SPREAD_BATCHES * demand.full_batch * demand.serving:
+        other front ends), for longer than a cycle (than a report too, when this front end's queue alone
+        is not past it). With none serving here yet (its holders' model servers still joining), nothing
+        says what they serve."""
+        most = SPREAD_BATCHES * demand.full_batch * demand.serving
+        if demand.serving == 0 or demand.waiting + demand.elsewhere <= most:
             self._hot_since.pop(demand.key, None)
             return False
         since = self._hot_since.setdefault(demand.key, now)
-        return now - since > demand.batch_cycle_s
+        lasting = demand.batch_cycle_s if demand.waiting > most else max(demand.batch_cycle_s, self.reports_s)
+        return now - since > lasting
 
     @staticmethod
     def _roomiest(
