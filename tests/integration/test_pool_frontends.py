@@ -8,7 +8,9 @@ free on X, 90 on Y), where it waits behind "slow". Then "filler" is unloaded: X 
 front end that did not know "m" was queued on Y would ask X for a copy of its own. Requests for "m" on
 new connections (both front ends get some) must all be answered by the one copy loaded on Y.
 
-Bounded: one server, two pool workers, 12 requests; about 10 s."""
+And a hot model still gets one more holder, now that only the holder of the `decider` lease spreads.
+
+Bounded: one server at a time, two pool workers, at most 121 requests; about 14 s in all."""
 
 from __future__ import annotations
 
@@ -124,3 +126,34 @@ async def _loads(http: aiohttp.ClientSession, server: ServerProc, model: str) ->
 
 async def _loaded(http: aiohttp.ClientSession, server: ServerProc, model: str) -> bool:
     return await _loads(http, server, model) > 0
+
+
+HOT_POOLS = """[pools.p]
+workers = 2
+memory_budget_mb = 130
+"""
+
+
+async def test_a_hot_model_gets_one_more_holder_from_the_front_end_that_spreads(tmp_path: Path) -> None:
+    """Only the holder of the `decider` lease spreads: it still does, counting the other front end's
+    queue. 120 requests (30 batches of 100 ms for one holder) on new connections, both front ends: the
+    model ends on both pool workers, every answer its own."""
+    hot = POOLED.format(mb=40, load_ms=50).replace("base_ms = 2.0", "base_ms = 100.0")
+    hot = hot.replace("max_wait_ms = 2", "max_wait_ms = 2\nmax_batch_size = 4\nmax_queue_size = 256")
+    repo, config = write(tmp_path, {"hot": hot}, HOT_POOLS)
+    server = start_server(tmp_path, "--model-repo", str(repo), "--config", str(config), "--frontends", "2", "--no-grpc")
+    try:
+        wait_for(lambda: listeners(server.port) == 2 and listeners(server.admin_port) == 1, 20, "both listening")
+        connector = aiohttp.TCPConnector(force_close=True)
+        async with aiohttp.ClientSession(connector=connector) as http:
+            await until(lambda: _count(http, server, 2), 20)
+            await infer(http, server, "hot", "first")
+            await asyncio.gather(*(infer(http, server, "hot", f"h{i}") for i in range(120)))
+            await until(lambda: _holders(http, server, "hot", 2), 10)
+        assert "one more holder" in server.log()
+    finally:
+        assert server.stop() in (0, -15)
+
+
+async def _holders(http: aiohttp.ClientSession, server: ServerProc, model: str, n: int) -> bool:
+    return len(holding(await workers(http, server), model)) == n
