@@ -114,7 +114,7 @@ class InferenceServer:
             self.registry.add(self.kinds.get(m.kind).make_runtime(m, self.context))
         restored.set_defaults(self.registry)
         owner = frontend is None or frontend.is_owner  # the local workers, the autoscaler, the pool metrics
-        self.pools = ServerPools(config, self.registry, self.wakers, self.clock, self.metrics.registry, export=owner)
+        self.pools = ServerPools(config, self.registry, self.wakers, self.clock, self.metrics.registry, owner, lambda: not self.cluster.shared or self.cluster.versions.holds(), lambda: self.loads)
         self.metrics.registry.register(RuntimeCollector(self.registry, self.kinds))
         shares = frontend is not None or seat.store is not None  # other front ends share the state
         self.traffic = Traffic(self.registry, self.clock, self.metrics.traffic, follower=shares)

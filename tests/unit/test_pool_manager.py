@@ -387,3 +387,46 @@ async def test_a_model_measured_bigger_than_every_budget_is_refused_at_once(pool
     await settle(pool, lambda: pool.manager.size_mb(config("a")) == 1200.0)
     reason = pool.manager.wakeable("a", 1)
     assert isinstance(reason, str) and "takes 1200 MiB" in reason and "1000 MiB" in reason
+
+
+async def test_a_load_queued_on_a_worker_by_another_front_end_is_joined(pool: Fixture) -> None:
+    """Another front end asked w0 for "a", and it waits there behind "b" (max_concurrent_loads): its
+    PoolState lists it queued, so a wake here asks no other worker for a second copy."""
+    w0, w1 = await join(pool, "w0"), await join(pool, "w1")
+    queued = [p.QueuedLoad("a", 1, 300.0)]
+    w0.send(p.PoolState(1000.0, 300.0, [p.HeldModel("b", 1, "loading", 300.0)], waiting_loads=1, queued=queued))
+    w1.send(p.PoolState(1000.0, 0.0))
+    await settle(pool, lambda: all(link.state is not None for link in pool.manager.links.values()))
+    view = pool.manager.links["w0"].view(1000.0, max_models=3)
+    assert view.held == {("b", 1): "loading", ("a", 1): "queued"}
+    assert (view.free_mb, view.slots) == (400.0, 1)  # the queued load's room and slot are taken
+    [shown, _] = pool.manager.view()["workers"]  # /admin/pools names it
+    assert shown["queued"] == [{"model": "a", "version": 1, "memory_mb": 300.0}]
+    pool.served.append(ServedModel(config("a"), waiting=0, serving=0, batch_cycle_s=0.0))
+    pool.manager.wake("a", 1, waiting=4, oldest_age_s=0.0)
+    pool.manager.tick()
+    assert pool.manager.placement.pending("a", 1) is None  # nothing asked: it waits for w0's load
+    w0.send(p.LoadResult("a", 1, ok=False, error="no room within its wait"))  # that load failed
+    await settle(pool, lambda: pool.failed)
+    assert [(m, v) for m, v, _ in pool.failed] == [("a", 1)]  # the requests here fail with it
+
+
+async def test_only_the_spreading_front_end_spreads_counting_the_others_queues(pool: Fixture) -> None:
+    w0, w1 = await join(pool, "w0"), await join(pool, "w1")
+    w0.send(p.PoolState(1000.0, 300.0, [p.HeldModel("a", 1, "ready", 300.0)]))
+    w1.send(p.PoolState(1000.0, 0.0))
+    await settle(pool, lambda: all(link.state is not None for link in pool.manager.links.values()))
+    hot = config("a").model_copy(update={"max_batch_size": 4})
+    pool.served.append(ServedModel(hot, waiting=40, serving=1, batch_cycle_s=0.1))
+    pool.manager.spreads = lambda: False  # another front end holds the decider lease
+    for _ in range(4):
+        pool.manager.tick()
+        pool.clock.advance(0.2)
+    assert pool.manager.placement.pending("a", 1) is None
+    pool.manager.spreads = lambda: True  # this one holds it now: 4 queued here, 36 on the others
+    pool.served[0] = ServedModel(hot, waiting=4, serving=1, batch_cycle_s=0.1, elsewhere=36)
+    pool.manager.tick()
+    pool.clock.advance(1.1)  # heat that rests on the others' reports outlasts one
+    pool.manager.tick()
+    msg = await w1.receive()
+    assert isinstance(msg, p.LoadModel) and msg.model == "a"

@@ -286,3 +286,100 @@ def test_a_worker_that_can_evict_beats_one_whose_models_are_all_protected() -> N
     assert placement.plan([protected, evicting], [demand("a", 1)]) == [Load("a", 1, "w1")]
     placement.forget("a", 1)
     assert placement.plan([protected, worker("w1", 900, budget=900)], [demand("a", 1)]) == [Load("a", 1, "w0")]
+
+
+def test_a_model_queued_on_a_worker_is_joined_not_loaded_elsewhere() -> None:
+    """A load waiting on a worker behind its max_concurrent_loads (asked by another front end: nothing is
+    pending here) is a load in progress: the requests here wait for it, no other worker gets a copy."""
+    placement = Placement(FakeClock())
+    queued = WorkerView("w0", 1000.0, 900.0, {("b", 1): "loading", ("a", 1): "queued"}, queued_mb=300.0)
+    assert placement.plan([queued, worker("w1", 0)], [demand("a", 5)]) == []
+    assert placement.pending("a", 1) is None
+    unqueued = WorkerView("w0", 1000.0, 900.0, {("b", 1): "loading"})  # a worker without PoolState.queued
+    assert placement.plan([unqueued, worker("w1", 0)], [demand("a", 5)]) == [Load("a", 1, "w1")]
+
+
+def test_queued_loads_take_their_workers_room() -> None:
+    """The loads queued on a worker start before any asked of it now: their room is not free."""
+    placement = Placement(FakeClock())
+    busy = WorkerView("w0", 1000.0, 0.0, {("b", 1): "queued", ("c", 1): "queued"}, queued_mb=800.0)
+    assert busy.free_mb == 200.0
+    assert placement.plan([busy, worker("w1", 500)], [demand("a", 1)]) == [Load("a", 1, "w1")]
+
+
+def test_a_load_asked_here_and_listed_queued_is_counted_once() -> None:
+    """A load this front end asked takes its worker's room until the worker's PoolState lists it; listed
+    queued, it is counted there (queued_mb), not twice."""
+    placement = Placement(FakeClock())
+    assert placement.plan([worker("w0", 0), worker("w1", 350)], [demand("a", 1)]) == [Load("a", 1, "w0")]
+    listed = WorkerView("w0", 1000.0, 0.0, {("a", 1): "queued"}, queued_mb=300.0)
+    # w0: 700 free (not 400), w1: 650: b goes to w0
+    assert placement.plan([listed, worker("w1", 350)], [demand("b", 1)]) == [Load("b", 1, "w0")]
+
+
+def test_no_spread_while_a_copy_is_queued() -> None:
+    clock = FakeClock()
+    placement = Placement(clock)
+    queued = WorkerView("w1", 1000.0, 300.0, {("a", 1): "queued"}, queued_mb=300.0)
+    workers = [worker("w0", 300, {("a", 1): "ready"}), queued, worker("w2", 0)]
+    for _ in range(3):
+        assert placement.plan(workers, [demand("a", 500, serving=1, cycle=0.0)]) == []
+        clock.advance(1.0)
+
+
+def test_a_front_end_that_does_not_spread_asks_first_loads_only() -> None:
+    """With several front ends one spreads (the decider): the others never give a hot model a holder, and
+    the heat they saw does not carry over to when they spread."""
+    clock = FakeClock()
+    placement = Placement(clock)
+    workers = [worker("w0", 300, {("a", 1): "ready"}), worker("w1", 0)]
+    hot = demand("a", 40, serving=1, cycle=0.1)
+    asked = []
+    for _ in range(4):
+        asked += placement.plan(workers, [hot, demand("b", 1)], spreads=False)
+        clock.advance(0.5)
+    assert asked == [Load("b", 1, "w1")]  # its first loads are asked all the same
+    placement.forget("b", 1)
+    assert placement.plan(workers, [hot]) == []  # the decider now: hot from now on
+    clock.advance(0.2)
+    assert placement.plan(workers, [hot]) == [Load("a", 1, "w1", spread=True)]
+
+
+def test_the_spreader_counts_what_the_other_front_ends_queue() -> None:
+    """Its own queue holds a share of the model's requests: the items the other front ends report queued
+    count towards its heat (never towards a first load: theirs to ask)."""
+    clock = FakeClock()
+    placement = Placement(clock)
+    workers = [worker("w0", 300, {("a", 1): "ready"}), worker("w1", 0)]
+    share = ModelDemand("a", 1, 4, 1, 300.0, 4, 0.1)  # 4 here: within 2 batches of 4
+    for _ in range(3):
+        assert placement.plan(workers, [share]) == []
+        clock.advance(0.2)
+    everywhere = ModelDemand("a", 1, 4, 1, 300.0, 4, 0.1, elsewhere=12)  # 16 in all
+    assert placement.plan(workers, [everywhere]) == []
+    clock.advance(0.5)  # past a cycle, not past a report: the reports may predate the last holder
+    assert placement.plan(workers, [everywhere]) == []
+    clock.advance(0.6)
+    assert placement.plan(workers, [everywhere]) == [Load("a", 1, "w1", spread=True)]
+    elsewhere_only = ModelDemand("b", 1, 0, 0, 300.0, 4, 0.1, elsewhere=50)
+    assert placement.plan(workers, [elsewhere_only]) == []
+
+
+def test_two_front_ends_deciding_at_once_ask_one_load() -> None:
+    """Two front ends see the same PoolStates at the same moment. A hot model: only the spreader asks
+    (one more holder, not two). A first load: both pick the same worker (ties go to the lowest id), where
+    the second LoadModel joins the first."""
+    clock = FakeClock()
+    decider, other = Placement(clock), Placement(clock)
+    workers = [worker("w0", 300, {("a", 1): "ready"}), worker("w1", 0), worker("w2", 0)]
+    hot = demand("a", 40, serving=1, cycle=0.1)
+    asked: list[Load] = []
+    for _ in range(4):
+        asked += decider.plan(workers, [hot]) + other.plan(workers, [hot], spreads=False)
+        clock.advance(0.2)
+    assert asked == [Load("a", 1, "w1", spread=True)]
+    first = [demand("b", 1)]
+    seen = [worker("w0", 300, {("a", 1): "ready"}), worker("w1", 0), worker("w2", 0)]
+    assert Placement(clock).plan(seen, first) == Placement(clock).plan(seen, first, spreads=False) == [
+        Load("b", 1, "w1")
+    ]

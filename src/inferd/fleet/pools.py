@@ -12,13 +12,18 @@
   (`ModelRuntime.fail_cold`);
 * the local pool workers: `[pools.NAME] workers` slots in the launcher (`inferd worker --pool NAME`);
 * `unload(model, version)` for the repository API, `unready(model, version)` for its index (why a
-  pooled model is not ready: a load's backoff, no worker), and the `/admin/pools` view.
+  pooled model is not ready: a load's backoff, no worker), and the `/admin/pools` view;
+* with several front ends, who spreads hot models: the holder of the `decider` lease alone (`decides`),
+  which counts in each model's queue what the others report queued (`others`: cluster/load.py's reports,
+  read by the front end that contends for the lease), as its autoscaler does. Every front end asks the
+  first loads of its own requests: two asking at once see the same PoolStates, pick the same worker
+  (ties go to the lowest id) and that worker joins the second LoadModel to the first.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from prometheus_client import CollectorRegistry
@@ -32,6 +37,7 @@ from inferd.kinds.batch.statistics import BatchStatistics
 from inferd.pools.manager import PoolManager, ServedModel
 from inferd.pools.metrics import PoolMetrics
 from inferd.runtime.contract import Runtime
+from inferd.runtime.frontend_load import FrontendLoads, ModelLoad
 from inferd.runtime.registry import ModelRegistry
 from inferd.runtime.waking import POOL_LOAD, Wakers
 from inferd.wire import protocol as p
@@ -55,8 +61,12 @@ class ServerPools:
         clock: Clock,
         metrics: CollectorRegistry,
         export: bool = True,
+        decides: Callable[[], bool] = lambda: True,
+        others: Callable[[], FrontendLoads | None] = lambda: None,
     ) -> None:
         self.registry = registry
+        self.others = others
+        """The other front ends' latest load reports (None: none read here)."""
         self.wakers = wakers
         self.metrics = PoolMetrics(metrics if config.pools else None, export)
         self.managers = {
@@ -69,6 +79,7 @@ class ServerPools:
                 self._fail_waiting,
                 self.metrics,
                 silence_timeout_s=config.heartbeat_timeout_s,
+                spreads=decides,
             )
             for name, pool in sorted(config.pools.items())
         }
@@ -148,8 +159,13 @@ class ServerPools:
             detail = stats.detail
             latency = detail.batch_latency_s if isinstance(detail, BatchStatistics) else None
             cycle = rt.config.max_wait_s + (latency or 0.0)
-            served.append(ServedModel(rt.config, stats.queued, stats.ready_workers, cycle))
+            served.append(ServedModel(rt.config, stats.queued, stats.ready_workers, cycle, self._elsewhere(rt)))
         return served
+
+    def _elsewhere(self, rt: Runtime) -> int:
+        """Items queued for the model version on the other front ends, as they last reported (0: none read)."""
+        others = self.others()
+        return 0 if others is None else others.total(ModelLoad(rt.name, rt.config.version)).queued_items
 
     def _config_of(self, model: str, version: int) -> ModelConfig | None:
         try:

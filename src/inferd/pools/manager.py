@@ -7,7 +7,8 @@
   when another process joins under it (a remote worker restarted with the same --worker-id before its
   old link was seen closed), the old process is gone: the loads asked of it are forgotten.
 * **Placement.** On each wake (a pooled model's request with no worker in service) and on a timer, it
-  asks `Placement` (pools/placement.py) where to load, and sends LoadModel. A pooled model's worker is
+  asks `Placement` (pools/placement.py) where to load, and sends LoadModel. With several front ends,
+  only the one that `spreads` (holds the `decider` lease) gives hot models more holders. A pooled model's worker is
   the model server the pool worker starts for it: it joins as an ordinary worker of that model, so
   routing, batching and recovery are the batch kind's.
 * **The Waker** (runtime/waking.py) of its pooled models: `wakeable` (a pool with no worker, a load in
@@ -33,7 +34,7 @@ from inferd.config import ModelConfig
 from inferd.config.pools import PoolConfig
 from inferd.errors import ServingError, WorkerUnavailable
 from inferd.pools.metrics import PoolMetrics
-from inferd.pools.placement import Load, ModelDemand, Placement, WorkerView
+from inferd.pools.placement import QUEUED, Load, ModelDemand, Placement, WorkerView
 from inferd.wire import protocol as p
 
 log = logging.getLogger("inferd.pools")
@@ -58,6 +59,8 @@ class ServedModel:
     """Its workers in service here."""
     batch_cycle_s: float
     """One batching wait plus one batch time (see ModelDemand)."""
+    elsewhere: int = 0
+    """Items waiting for it on the other front ends, as they last reported (see ModelDemand)."""
 
 
 @dataclass(eq=False)
@@ -92,9 +95,13 @@ class PoolLink:
         if state is None:  # joined, no PoolState yet: its whole budget is free
             return WorkerView(self.worker_id, budget_mb, 0.0, {}, not self.draining, slots=max_models)
         held = {(m.model, m.version): m.state for m in state.models}
+        held.update({(q.model, q.version): QUEUED for q in state.queued})  # one waiting for a copy that leaves
+        queued_mb = sum(q.memory_mb for q in state.queued)
         evictable = tuple((m.memory_mb, m.idle_s) for m in state.models if m.evictable)
-        slots = None if max_models is None else max_models - len(state.models)  # its own count: every one held
-        return WorkerView(self.worker_id, state.budget_mb, state.used_mb, held, not self.draining, evictable, slots)
+        slots = None if max_models is None else max_models - len(held)  # its own count: every one held or queued
+        return WorkerView(
+            self.worker_id, state.budget_mb, state.used_mb, held, not self.draining, evictable, slots, queued_mb
+        )
 
 
 class PoolManager:
@@ -110,6 +117,7 @@ class PoolManager:
         placement: Placement | None = None,
         silence_timeout_s: float = 5.0,
         heartbeat_s: float = 1.0,
+        spreads: Callable[[], bool] = lambda: True,
     ) -> None:
         self.name = name
         self.config = config
@@ -124,6 +132,9 @@ class PoolManager:
         self.placement = placement or Placement(clock)
         self.silence_timeout_s = silence_timeout_s
         self.heartbeat_s = heartbeat_s
+        self.spreads = spreads
+        """Whether this front end gives hot models more holders now (with several front ends, the one
+        that holds the `decider` lease only: see pools/placement.py)."""
         self.links: dict[str, PoolLink] = {}
         self._sizes: dict[tuple[str, int], float] = {}
         """Measured sizes (LoadResult, PoolState), which replace the estimates."""
@@ -174,7 +185,8 @@ class PoolManager:
     def _demand(self, served: ServedModel, waiting: int) -> ModelDemand:
         c = served.config
         return ModelDemand(
-            c.name, c.version, waiting, served.serving, self.size_mb(c), c.max_batch_size, served.batch_cycle_s
+            c.name, c.version, waiting, served.serving, self.size_mb(c), c.max_batch_size, served.batch_cycle_s,
+            served.elsewhere,
         )
 
     def place(self) -> list[Load]:
@@ -183,7 +195,7 @@ class PoolManager:
 
     def _place(self, demands: list[ModelDemand]) -> list[Load]:
         views = [link.view(self.config.memory_budget_mb, self.config.max_loaded_models) for link in self.links.values()]
-        loads = self.placement.plan(views, demands, patient=self._joining(len(views)))
+        loads = self.placement.plan(views, demands, patient=self._joining(len(views)), spreads=self.spreads())
         for load in loads:
             config = self.config_of(load.model, load.version)
             if config is not None:
@@ -356,6 +368,7 @@ class PoolManager:
                 "budget_mb": state.budget_mb, "used_mb": state.used_mb, "waiting_loads": state.waiting_loads,
                 "silent_s": round(now - link.last_heard, 3),
                 "models": [msgspec.to_builtins(m) for m in state.models],
+                "queued": [msgspec.to_builtins(q) for q in state.queued],
             })
         backoff = {}
         for s in self.served():

@@ -5,12 +5,13 @@ pooled model's demand on this front end. Its decisions are values (`Load`); the 
 The rules:
 
 * **First load.** A model with requests waiting and no holder (no pool worker lists it loading or ready,
-  and no load of it asked by this front end is pending) is loaded on the worker with the most free
-  budget (budget - used, less the loads this front end asked of it that its PoolState does not show
-  yet; none at max_loaded_models) among those whose whole budget can hold it. When none has the room
-  free, the worker that can make room by evicting (its evictable models, as its PoolState says) and
-  holds the longest idle of them: across the pool, the least recently used model goes (the worker
-  decides its evictions itself, pools/residency.py: it evicts its least recently used first). When none
+  none lists a load of it queued, and no load of it asked by this front end is pending) is loaded on the
+  worker with the most free budget (budget - used - its queued loads, less the loads this front end
+  asked of it that its PoolState does not show yet; none at max_loaded_models) among those whose whole
+  budget can hold it. When none has the room free, the worker that can make room by evicting (its
+  evictable models, as its PoolState says) and holds the longest idle of them: across the pool, the
+  least recently used model goes (the worker decides its evictions itself, pools/residency.py: it
+  evicts its least recently used first). When none
   can make room yet (every model protected by min_resident_s or busy), the one with the most free
   budget: the load waits there for room; but while the pool's own workers are still joining (at start,
   or one restarting: for at most the manager's JOIN_GRACE_S), it waits here for them instead (placed
@@ -20,16 +21,20 @@ The rules:
   worker serving it here, for longer than one batching wait plus one batch time (`batch_cycle_s`), gets
   one more holder: the worker that does not hold it with the most free budget (not while none of its
   holders serves here yet: their model servers are still joining). Never while a load of it is in
-  progress anywhere (loading in a PoolState, or pending here), so never more than one load at a time
-  per model, and never more holders than pool workers.
+  progress anywhere (loading or queued in a PoolState, or pending here), so never more than one load at
+  a time per model, and never more holders than pool workers. With several front ends only one spreads
+  (`plan(spreads=True)`: the one that holds the `decider` lease, fleet/pools.py), counting in its queue
+  the items the others report queued for the model (`ModelDemand.elsewhere`; heat resting on those
+  reports must outlast one, `reports_s`): two front ends deciding at the same moment would each ask a
+  worker of their own, two more holders instead of one.
 * **Failures.** A failed load starts a backoff (routing/backoff.py's `Backoff`) before the model is
   loaded again, doubling with each failure in a row, reset by a load that succeeds: a load that keeps
   failing never loops. `retry_in` says how long is left (the 503's Retry-After). A load whose worker
   left before answering, holding no model ready (nothing else could have ended it), is a failure in a
   row too: the first is asked again at once, the next backs off.
 * **Joining loads.** Several front ends asking for the same model meet at the worker, which joins a
-  LoadModel for a model it loads or holds; a front end that sees the model loading in any PoolState asks
-  no other worker.
+  LoadModel for a model it loads, holds or has queued; a front end that sees the model loading or queued
+  in any PoolState asks no other worker (its requests wait for that load, and fail with it).
 """
 
 from __future__ import annotations
@@ -44,10 +49,16 @@ SPREAD_BATCHES = 2
 """Full batches queued per serving worker past which a model is hot (one more holder)."""
 LOAD_BACKOFF = Backoff(1.0, 60.0)
 """After a failed load: 1 s, doubling with each failure in a row, up to 60 s."""
+REPORTS_S = 1.0
+"""How often the other front ends report their queues (cluster/load.py, runtime/frontend_load.py)."""
 
 Key = tuple[str, int]
 HOLDING = frozenset({"loading", "ready"})
 """A worker's states of a model that count as holding it ("unloading" does not: it is leaving)."""
+QUEUED = "queued"
+"""A worker's state of a model whose load waits there to start (PoolState.queued)."""
+COMING = frozenset({QUEUED, "loading"})
+"""A load of the model in progress there: queued or loading."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,20 +69,31 @@ class WorkerView:
     budget_mb: float
     used_mb: float
     held: Mapping[Key, str]
-    """(model, version) -> "loading", "ready" or "unloading"."""
+    """(model, version) -> "queued", "loading", "ready" or "unloading" (queued beats unloading: the load
+    waits for the copy that leaves)."""
     accepts: bool = True
     """False while it drains: no load is sent to it."""
     evictable: tuple[tuple[float, float], ...] = ()
     """(memory_mb, idle_s) of each model it may evict now (idle, past min_resident_s)."""
     slots: int | None = None
-    """How many more models it may hold under max_loaded_models (None: no cap)."""
+    """How many more models it may hold under max_loaded_models (None: no cap; its queued loads count)."""
+    queued_mb: float = 0.0
+    """What its queued loads will take: they start before any load asked of it now."""
 
     @property
     def free_mb(self) -> float:
-        return self.budget_mb - self.used_mb
+        return self.budget_mb - self.used_mb - self.queued_mb
 
     def holds(self, key: Key) -> bool:
         return self.held.get(key) in HOLDING
+
+    def loads(self, key: Key) -> bool:
+        """A load of the model is in progress here (queued or loading)."""
+        return self.held.get(key) in COMING
+
+    def shows(self, key: Key) -> bool:
+        """Its PoolState lists the model taking room here (queued, loading or ready)."""
+        return self.held.get(key) in COMING or self.held.get(key) == "ready"
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,6 +112,9 @@ class ModelDemand:
     """Its max_batch_size."""
     batch_cycle_s: float = 0.0
     """One batching wait plus one batch time (measured; the wait alone before a batch ran)."""
+    elsewhere: int = 0
+    """Items waiting for it on the other front ends (their latest load reports: the spreading front
+    end's; 0 alone). Counted for heat only: their first loads are theirs to ask."""
 
     @property
     def key(self) -> Key:
@@ -115,9 +140,16 @@ class _Pending:
 
 
 class Placement:
-    def __init__(self, clock: Clock, backoff: Backoff = LOAD_BACKOFF, pending_timeout_s: float = 300.0) -> None:
+    def __init__(
+        self, clock: Clock, backoff: Backoff = LOAD_BACKOFF, pending_timeout_s: float = 300.0,
+        reports_s: float = REPORTS_S,
+    ) -> None:
         self.clock = clock
         self.backoff = backoff
+        self.reports_s = reports_s
+        """How old the other front ends' queue reports (`ModelDemand.elsewhere`) may be: heat that rests
+        on them must outlast one, so that a report written before the last holder served does not spread
+        the model again."""
         self.pending_timeout_s = pending_timeout_s
         """A load asked for and never answered (no LoadResult, its worker still there) is forgotten after
         this long, so that a lost answer cannot keep a model unloaded for good."""
@@ -127,16 +159,20 @@ class Placement:
         self._hot_since: dict[Key, float] = {}
 
     # ---- deciding ----------------------------------------------------------------------------------
-    def plan(self, workers: Sequence[WorkerView], demands: Iterable[ModelDemand], patient: bool = False) -> list[Load]:
+    def plan(
+        self, workers: Sequence[WorkerView], demands: Iterable[ModelDemand], patient: bool = False,
+        spreads: bool = True,
+    ) -> list[Load]:
         """The loads to send now (each recorded as pending until `ended`). `patient`: more of the pool's
         own workers are on their way (starting, restarting): a load that no worker has room for now, nor
-        can make room for, waits here for them instead of waiting at a worker for room."""
+        can make room for, waits here for them instead of waiting at a worker for room. `spreads`: this
+        front end gives hot models more holders (False: another one does; it asks first loads only)."""
         now = self.clock.now()
         self._expire(now, {w.worker_id for w in workers})
         planned = self._asked(workers)  # worker -> MiB of the loads asked of it that its state does not show
         loads: list[Load] = []
         for demand in sorted(demands, key=lambda d: (-d.waiting, d.key)):
-            load = self._decide(demand, workers, planned, now, patient)
+            load = self._decide(demand, workers, planned, now, patient, spreads)
             if load is not None:
                 self._pending[demand.key] = _Pending(load.worker_id, now, demand.memory_mb)
                 planned[load.worker_id] = planned.get(load.worker_id, 0.0) + demand.memory_mb
@@ -145,20 +181,23 @@ class Placement:
 
     def _decide(
         self, demand: ModelDemand, workers: Sequence[WorkerView], planned: Mapping[str, float], now: float,
-        patient: bool,
+        patient: bool, spreads: bool,
     ) -> Load | None:
         key = demand.key
         if self.retry_in(*key) is not None:
             return None
-        holders = [w for w in workers if w.holds(key)]
-        if key in self._pending or any(w.held.get(key) == "loading" for w in holders):
+        if key in self._pending or any(w.loads(key) for w in workers):  # join it: no other copy
             self._hot_since.pop(key, None)  # a load is in progress: the next one is judged after it
             return None
+        holders = [w for w in workers if w.holds(key)]
         if not holders:
             if demand.waiting <= 0:
                 return None
             target = self._roomiest(workers, demand, planned, patient)
             return None if target is None else Load(demand.model, demand.version, target)
+        if not spreads:
+            self._hot_since.pop(key, None)
+            return None
         if not self._hot(demand, now):
             return None
         target = self._roomiest([w for w in workers if not w.holds(key)], demand, planned, patient)
@@ -168,13 +207,17 @@ class Placement:
         return Load(demand.model, demand.version, target, spread=True)
 
     def _hot(self, demand: ModelDemand, now: float) -> bool:
-        """More than SPREAD_BATCHES full batches queued per serving worker, for longer than a cycle. With
-        none serving here yet (its holders' model servers still joining), nothing says what they serve."""
-        if demand.serving == 0 or demand.waiting <= SPREAD_BATCHES * demand.full_batch * demand.serving:
+        """More than SPREAD_BATCHES full batches queued per serving worker (here and, as reported, on the
+        other front ends), for longer than a cycle (than a report too, when this front end's queue alone
+        is not past it). With none serving here yet (its holders' model servers still joining), nothing
+        says what they serve."""
+        most = SPREAD_BATCHES * demand.full_batch * demand.serving
+        if demand.serving == 0 or demand.waiting + demand.elsewhere <= most:
             self._hot_since.pop(demand.key, None)
             return False
         since = self._hot_since.setdefault(demand.key, now)
-        return now - since > demand.batch_cycle_s
+        lasting = demand.batch_cycle_s if demand.waiting > most else max(demand.batch_cycle_s, self.reports_s)
+        return now - since > lasting
 
     @staticmethod
     def _roomiest(
@@ -202,13 +245,14 @@ class Placement:
 
     def _asked(self, workers: Sequence[WorkerView]) -> dict[str, float]:
         """MiB of the loads asked of each worker (pending) that its last PoolState does not list yet (not
-        received yet, or queued behind its other loads): they take its room all the same, so that the
-        first requests of a burst, each placed in a pass of its own, do not all pick the same worker."""
+        received yet; or queued, from a worker whose PoolState does not list its queue): they take its
+        room all the same, so that the first requests of a burst, each placed in a pass of its own, do
+        not all pick the same worker. One it lists is counted there (used_mb, queued_mb)."""
         views = {w.worker_id: w for w in workers}
         asked: dict[str, float] = {}
         for key, pending in self._pending.items():
             view = views.get(pending.worker_id)
-            if view is not None and not view.holds(key):
+            if view is not None and not view.shows(key):
                 asked[pending.worker_id] = asked.get(pending.worker_id, 0.0) + pending.memory_mb
         return asked
 

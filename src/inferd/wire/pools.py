@@ -55,6 +55,15 @@ class HeldModel(msgspec.Struct):
     """Idle, and past min_resident_s: the next load that needs room may evict it."""
 
 
+class QueuedLoad(msgspec.Struct):
+    """A load waiting on a pool worker to start (for room, or for a load slot: max_concurrent_loads)."""
+
+    model: str
+    version: int
+    memory_mb: float
+    """What it is planned at (measured here before, else the model's estimate): the room it will take."""
+
+
 class PoolState(msgspec.Struct, tag="pool_state"):
     """Pool worker -> every front end: what it holds, on every change and with each heartbeat."""
 
@@ -67,3 +76,8 @@ class PoolState(msgspec.Struct, tag="pool_state"):
     """Model -> evictions on this worker since it started (cumulative)."""
     waiting_loads: int = 0
     """Loads waiting for room or for a load slot (max_concurrent_loads)."""
+    queued: list[QueuedLoad] = []
+    """Those loads, in the order they start: a front end that did not ask for one sees the model coming
+    here (it joins that load, rather than asking another worker for another copy) and the room it will
+    take. Added after protocol 6 shipped, at the end with a default: a PoolState of a worker without it
+    decodes with none listed (only `waiting_loads` counts them), and an older front end ignores it."""

@@ -29,13 +29,14 @@ import numpy as np
 
 from inferd.wire.pools import HeldModel as HeldModel
 from inferd.wire.pools import LoadModel, LoadResult, PoolState, UnloadModel
+from inferd.wire.pools import QueuedLoad as QueuedLoad
 from inferd.wire.shards import ShardAssign, ShardCall, ShardReply
 
 PROTOCOL_VERSION = 6
 """Bumped whenever a message changes shape in a way the other side cannot read; a worker of another
 protocol is refused at Hello, with the reason. Fields added at the end with defaults are not a change
 of shape: an older peer ignores them, a newer one reads the default (Credit.running_items, -1: "does
-not say", and running_for_s). 2: Hello.version (versions side by side).
+not say", and running_for_s; PoolState.queued, none). 2: Hello.version (versions side by side).
 3: AddSequence.weight (tenants' shares of LLM admissions); search shard replicas (ShardAssign,
 ShardCall, ShardReply; the other messages are unchanged). 4: StepDeltas.decoded_ids / decoded_tokens
 (single tokens no longer travel as SeqDeltas). 5: ShardAssign carries the writer's epoch and the snapshot's

@@ -191,6 +191,7 @@ class Holdings:
             loads=dict(self.loads),
             evictions=dict(self.evictions),
             waiting_loads=len(residency.pending),
+            queued=[p.QueuedLoad(load.key[0], load.key[1], load.size_mb) for load in residency.pending],
         )
 
     # ---- the planner -----------------------------------------------------------------------------------
@@ -220,11 +221,11 @@ class Holdings:
 
     def _publish(self) -> None:
         """PoolState to every front end when what they see changed: a model's state or size, the loads,
-        evictions, waiting loads. Idle times and `evictable` (which flips with every batch) go with the
+        evictions, the loads queued. Idle times and `evictable` (which flips with every batch) go with the
         heartbeats only: a PoolState per batch to every front end would cost more than it tells."""
         state = self.state()
         seen = (state.used_mb, [(m.model, m.version, m.state, m.memory_mb) for m in state.models],
-                state.loads, state.evictions, state.waiting_loads)
+                state.loads, state.evictions, [(q.model, q.version, q.memory_mb) for q in state.queued])
         if seen != self._told:
             self._told = seen
             self.tell(state)
