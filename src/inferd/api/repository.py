@@ -30,7 +30,7 @@ from inferd.api.http_call import presented_key
 from inferd.api.server_view import ServerView
 from inferd.core.call import Call, ErrorBody
 from inferd.errors import BadRequest, Forbidden, ServingError, WorkerUnavailable, from_wire
-from inferd.fleet.model_control import IndexRow
+from inferd.fleet.repository_index import IndexRow
 from inferd.frontends.channel import PeerUnreachable
 from inferd.gateway.auth import Controller, controller
 

@@ -12,7 +12,7 @@ while the server runs.
   and the model stays unloaded); a pooled model is served on demand, READY at once. A model already
   served is rolled to the repository's version (FleetControl.rolling_update). A load asked while one
   runs joins it (the same answer). Unknown models: 404.
-- **Poll** (fleet/repository_watch.py) drives the same load and unload from the folder's changes.
+- **Poll** (fleet/repository_poll.py) drives the same load and unload from the folder's changes.
 
 Several front ends: the `decider` lease's holder loads and unloads, the others follow (fleet/control_share.py).
 """
@@ -23,8 +23,6 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
-from enum import StrEnum
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -33,7 +31,16 @@ from inferd.errors import BadRequest, Internal, NotFound, ServingError, Shutting
 from inferd.fleet.control import FleetControl
 from inferd.fleet.control_share import ControlFollower, Others, holds_work
 from inferd.fleet.pools import ServerPools, check_pooled
-from inferd.fleet.repository_watch import RepositoryWatch, fingerprints, model_folder
+from inferd.fleet.repository_index import (
+    NOT_LOADED,
+    UNLOADED,
+    IndexRow,
+    ModelState,
+    index_rows,
+    unloaded_error,
+)
+from inferd.fleet.repository_poll import RepositoryPoll
+from inferd.fleet.repository_watch import model_folder
 from inferd.kinds.repository import apply_overrides, load_model_folder
 from inferd.runtime.contract import Runtime
 from inferd.runtime.kinds import KindRegistry
@@ -41,26 +48,6 @@ from inferd.runtime.registry import ModelRegistry
 from inferd.wire.connection import WorkerState
 
 log = logging.getLogger("inferd.fleet")
-
-UNLOADED = "unloaded"
-NOT_LOADED = "not loaded"
-REMOVED = "removed from the repository"
-
-
-class ModelState(StrEnum):
-    READY = "READY"
-    LOADING = "LOADING"
-    UNAVAILABLE = "UNAVAILABLE"
-
-
-@dataclass(frozen=True, slots=True)
-class IndexRow:
-    """One row of the repository index (Triton's JSON: name, version, state, reason)."""
-
-    name: str
-    version: str
-    state: ModelState
-    reason: str = ""
 
 
 class ControlHost(Protocol):
@@ -118,56 +105,10 @@ class ModelControl:
             self._tg = tg
             try:
                 if self.config.model_control == "poll" and self.repo is not None:
-                    await self._poll(self.repo)
+                    await RepositoryPoll(self, self.repo).run()
                 await asyncio.Event().wait()
             finally:
                 self._tg = None
-
-    async def _poll(self, repo: Path) -> None:
-        """Every repository_poll_s: serve a model's new version (a rolling update), a new model folder;
-        unload a removed model; a folder that does not load leaves what serves and is reported."""
-        only = self.config.models
-        watch = RepositoryWatch(await asyncio.to_thread(fingerprints, repo, only))
-        log.info("model control poll: watching %s every %g s", repo, self.config.repository_poll_s)
-        while True:
-            await asyncio.sleep(self.config.repository_poll_s)
-            if self.others is not None and not self.others.holds():
-                continue  # the holder polls for the server
-            changes = watch.update(await asyncio.to_thread(fingerprints, repo, only))
-            for name in changes.removed:
-                if name in self.host.registry:
-                    log.info("model %s: its folder left the repository: unloading it", name)
-                    await self._polled(name, self._removed)
-            for name in (*changes.added, *changes.changed):
-                await self._polled(name, self._changed)
-
-    async def _removed(self, name: str) -> None:
-        await self.unload(name)
-        self.unloaded[name] = REMOVED  # served again if its folder comes back (an operator's unload is not)
-
-    async def _changed(self, name: str) -> None:
-        try:
-            configs = self.read(name)
-        except ServingError as exc:
-            if self.broken.get(name) != exc.message:
-                log.error("model %s: its repository folder does not load, what it serves stays: %s", name, exc.message)
-            self.broken[name] = exc.message
-            return
-        self.broken.pop(name, None)
-        registry = self.host.registry
-        served = name in registry and configs[0].version != registry.default_version(name)
-        if served or (name not in registry and self.unloaded.get(name) != UNLOADED):  # a new version, a new model
-            log.info("model %s: version %d in the repository: loading it", name, configs[0].version)
-            await self.load(name)
-
-    async def _polled(self, name: str, act: Callable[[str], Awaitable[None]]) -> None:
-        """One model's change, logged when it fails (the poll goes on with the others)."""
-        try:
-            await act(name)
-        except ServingError as exc:
-            log.error("model %s: the repository's change was not applied: %s", name, exc.message)
-        except Exception:  # a model's own code (its load): the poll goes on
-            log.exception("model %s: the repository's change was not applied", name)
 
     # ---- what is served -------------------------------------------------------------------------------
     def names(self) -> list[str]:
@@ -188,27 +129,12 @@ class ModelControl:
             return
         if name in self._loading or name in self.loading_elsewhere:
             raise WorkerUnavailable(f"model {name!r} is loading: send its requests once its load has answered")
-        said = "" if why == UNLOADED else f" ({why})"  # an operator's unload: "is unloaded" says it all
-        raise NotFound(f"model {name!r} is unloaded{said}: load it with POST /v2/repository/models/{name}/load")
+        raise unloaded_error(name, why)
 
     def index(self, visible: Callable[[str], bool], ready_only: bool = False) -> list[IndexRow]:
-        """The repository index: every model `visible` to the caller, a row per served version."""
-        rows: list[IndexRow] = []
-        registry = self.host.registry
-        for name in self.names():
-            if not visible(name):
-                continue
-            if (name in self._loading or name in self.loading_elsewhere) and name in self.unloaded:
-                rows.append(IndexRow(name, "", ModelState.LOADING, "loading"))
-            elif name in self.unloaded or name not in registry:
-                rows.append(IndexRow(name, "", ModelState.UNAVAILABLE, self.unloaded.get(name) or self.broken.get(name, NOT_LOADED)))
-            else:
-                broken = self.broken.get(name, "")
-                for version in registry.versions(name):
-                    ready = registry.get(name, version).ready
-                    state = ModelState.READY if ready else ModelState.UNAVAILABLE
-                    reason = broken or ("" if ready else "no worker ready")
-                    rows.append(IndexRow(name, str(version), state, reason))
+        """The repository index (fleet/repository_index.py): every model `visible` to the caller."""
+        loading = {*self._loading, *self.loading_elsewhere}
+        rows = index_rows(self.names(), self.host.registry, self.unloaded, self.broken, loading, visible)
         return [r for r in rows if r.state is ModelState.READY or not ready_only]
 
     # ---- load and unload ------------------------------------------------------------------------------
