@@ -215,6 +215,32 @@ def test_unload_with_requests_in_flight_drains_them(server: ServerProc) -> None:
     client.close()
 
 
+def test_a_file_override_over_the_body_limit_is_refused_by_name_not_413(server: ServerProc) -> None:
+    """Triton's clients send a file override's whole file (base64) in the load's body: one over the
+    route's 1 MiB body limit gets the same 400 naming it as a small one (a plain tenant: 403 first), on
+    REST and gRPC; the model serves on."""
+    files = {"file:1/model.onnx": b"\0" * (2 << 20)}  # 2 MiB: about 2.7 MiB of JSON (base64)
+    client = tc_http.InferenceServerClient(f"127.0.0.1:{server.port}")
+    with pytest.raises(InferenceServerException) as refused:
+        client.load_model("sim", headers=bearer(ADMIN), files=files)
+    assert refused.value.status() == "400" and "file:1/model.onnx" in (refused.value.message() or "")
+    with pytest.raises(InferenceServerException) as forbidden:
+        client.load_model("sim", headers=bearer(PLAIN), files=files)
+    assert forbidden.value.status() == "403"
+    client.close()
+    big = json.dumps({"parameters": {"priority": "x" * (2 << 20)}}).encode()  # no override: over the limit
+    request = urllib.request.Request(f"{server.url}/v2/repository/models/sim/load", big, bear(ADMIN), method="POST")
+    with pytest.raises(urllib.error.HTTPError) as too_large:
+        urllib.request.urlopen(request)
+    assert too_large.value.code == 413
+    grpc_client = tc_grpc.InferenceServerClient(server.grpc_target)
+    with pytest.raises(InferenceServerException) as grpc_refused:
+        grpc_client.load_model("sim", headers=bearer(ADMIN), files=files)
+    assert "INVALID_ARGUMENT" in str(grpc_refused.value.status()) and "file:1/model.onnx" in (grpc_refused.value.message() or "")
+    grpc_client.close()
+    assert http_infer(server, "sim").as_numpy("OUTPUT0") is not None
+
+
 def test_explicit_serves_only_the_load_model_ones_at_start(tmp_path: Path) -> None:
     repo = repository(tmp_path)
     s = start_server(tmp_path, "--model-repo", str(repo), "--model-control", "explicit", "--load-model", "sim")
