@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import json
 import random
+import socket
 import threading
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -239,6 +241,57 @@ def test_a_file_override_over_the_body_limit_is_refused_by_name_not_413(server: 
     assert "INVALID_ARGUMENT" in str(grpc_refused.value.status()) and "file:1/model.onnx" in (grpc_refused.value.message() or "")
     grpc_client.close()
     assert http_infer(server, "sim").as_numpy("OUTPUT0") is not None
+
+
+def read_response(reader: Any) -> tuple[int, bytes]:
+    """One HTTP/1.1 response (status, body) from a socket's reader."""
+    status = int(reader.readline().split()[1])
+    length = 0
+    while (line := reader.readline()) not in (b"\r\n", b""):
+        name, _, value = line.partition(b":")
+        if name.strip().lower() == b"content-length":
+            length = int(value)
+    return status, reader.read(length)
+
+
+def test_a_request_past_the_check_still_sending_its_body_is_answered_by_the_model(server: ServerProc) -> None:
+    """A request whose model was resolved (the server asked for its body: 100 Continue) before the unload
+    began, and whose body comes only after the unload found the model's queue empty and nothing running:
+    the model answers it (200; the unload waits for it), never a 503 for a version removed under it."""
+    body = json.dumps({"inputs": [{"name": "INPUT0", "shape": [1], "datatype": "BYTES", "data": ["hello"]}]}).encode()
+    head = (
+        f"POST /v2/models/sim/infer HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(body)}\r\nExpect: 100-continue\r\nAuthorization: Bearer {CONTROL}\r\n\r\n"
+    )
+    admin = bearer(ADMIN)
+    client = tc_http.InferenceServerClient(f"127.0.0.1:{server.port}")
+    with socket.create_connection(("127.0.0.1", server.port), timeout=60) as sock:
+        reader = sock.makefile("rb")
+        sock.sendall(head.encode())
+        assert reader.readline().startswith(b"HTTP/1.1 100") and reader.readline() == b"\r\n"  # past the check
+        unloaded: list[bool] = []
+
+        def unload() -> None:
+            control = tc_http.InferenceServerClient(f"127.0.0.1:{server.port}", network_timeout=120.0)
+            control.unload_model("sim", headers=admin)
+            unloaded.append(True)
+            control.close()
+
+        unloader = threading.Thread(target=unload)
+        unloader.start()
+        while states(client.get_model_repository_index(headers=admin))["sim"] != ("UNAVAILABLE", "unloaded"):
+            pass  # the unload began: the model's queue is empty, nothing runs
+        unloader.join(timeout=1.0)  # an unload that does not wait for the request ends meanwhile
+        sock.sendall(body)
+        status, answer = read_response(reader)
+    assert status == 200 and b"OUTPUT0" in answer, (status, answer)
+    unloader.join()
+    assert unloaded == [True]
+    with pytest.raises(InferenceServerException) as later:
+        http_infer(server, "sim")
+    assert later.value.status() == "404" and "is unloaded" in (later.value.message() or "")
+    client.load_model("sim", headers=admin)  # as the other tests found it
+    client.close()
 
 
 def test_explicit_serves_only_the_load_model_ones_at_start(tmp_path: Path) -> None:
