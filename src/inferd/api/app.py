@@ -265,12 +265,15 @@ class Api:
         choose by `metadata`, the caller's headers or gRPC metadata), admitted before `source` is read
         (a model without room hands it to its fallback), decoded, answered under the call's deadline
         (through the cache), and mirrored to a shadow. The edge encodes the answer. From its model's
-        resolution to its answer it is the model's work (`ModelControl.hold`): an unload waits for it."""
+        resolution to its answer it is the work of its model and its fallback (`ModelControl.hold`): an
+        unload of either waits for it."""
         primary = self.batch_model(call, name, metadata)
+        fallback = self.fallback_for(call, primary)
         control = self.server.model_control
         control.hold(name)
+        if fallback is not None:
+            control.hold(fallback.name)
         try:
-            fallback = self.fallback_for(call, primary)
             share = tenant_share(call.tenant)  # call.priority: the edge's (the request may change it)
             # 503 / 429 decided before the body is read; a model that cannot take it hands it to its fallback
             rt, _ = self.fallbacks.admit(primary, fallback, lambda r: r.precheck(call.priority, share))
@@ -291,6 +294,8 @@ class Api:
                 version, rows, record = await oip_answer(self.cache, call, rt, req)
         finally:
             control.release(name)
+            if fallback is not None:
+                control.release(fallback.name)
         if rt is not primary:
             record = {**record, "fallback": rt.name}
         elif (shadow := self.shadows.target(rt)) is not None:
@@ -302,11 +307,14 @@ class Api:
     ) -> Response:
         """`answer(primary)`, or `answer(fallback)` when the primary refuses it for want of capacity (or
         its breaker is open); a fallback's answer is flagged. For routes that admit in one step. Until
-        `answer` returns (a stream: once it started) the call is its model's work (`ModelControl.hold`)."""
+        `answer` returns (a stream: once it started) the call is the work of its model and its fallback
+        (`ModelControl.hold`)."""
+        fallback = self.fallback_for(call, primary)
         control = self.server.model_control
         control.hold(primary.name)
+        if fallback is not None:
+            control.hold(fallback.name)
         try:
-            fallback = self.fallback_for(call, primary)
             if fallback is None:
                 return await answer(primary)
             if self.fallbacks.ask_primary(primary, fallback):
@@ -323,6 +331,8 @@ class Api:
             response = await answer(fallback)
         finally:
             control.release(primary.name)
+            if fallback is not None:
+                control.release(fallback.name)
         response.headers.extend(fallback_headers(fallback))
         return response
 
