@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import json
 import random
+import socket
 import threading
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -213,6 +215,124 @@ def test_unload_with_requests_in_flight_drains_them(server: ServerProc) -> None:
     assert later.value.status() == "404"
     client.load_model("slow", headers=bearer(ADMIN))  # as the other tests found it
     client.close()
+
+
+def test_a_file_override_over_the_body_limit_is_refused_by_name_not_413(server: ServerProc) -> None:
+    """Triton's clients send a file override's whole file (base64) in the load's body: one over the
+    route's 1 MiB body limit gets the same 400 naming it as a small one (a plain tenant: 403 first), on
+    REST and gRPC; the model serves on."""
+    files = {"file:1/model.onnx": b"\0" * (2 << 20)}  # 2 MiB: about 2.7 MiB of JSON (base64)
+    client = tc_http.InferenceServerClient(f"127.0.0.1:{server.port}")
+    with pytest.raises(InferenceServerException) as refused:
+        client.load_model("sim", headers=bearer(ADMIN), files=files)
+    assert refused.value.status() == "400" and "file:1/model.onnx" in (refused.value.message() or "")
+    with pytest.raises(InferenceServerException) as forbidden:
+        client.load_model("sim", headers=bearer(PLAIN), files=files)
+    assert forbidden.value.status() == "403"
+    client.close()
+    big = json.dumps({"parameters": {"priority": "x" * (2 << 20)}}).encode()  # no override: over the limit
+    request = urllib.request.Request(f"{server.url}/v2/repository/models/sim/load", big, bear(ADMIN), method="POST")
+    with pytest.raises(urllib.error.HTTPError) as too_large:
+        urllib.request.urlopen(request)
+    assert too_large.value.code == 413
+    grpc_client = tc_grpc.InferenceServerClient(server.grpc_target)
+    with pytest.raises(InferenceServerException) as grpc_refused:
+        grpc_client.load_model("sim", headers=bearer(ADMIN), files=files)
+    assert "INVALID_ARGUMENT" in str(grpc_refused.value.status()) and "file:1/model.onnx" in (grpc_refused.value.message() or "")
+    grpc_client.close()
+    assert http_infer(server, "sim").as_numpy("OUTPUT0") is not None
+
+
+def read_response(reader: Any) -> tuple[int, bytes]:
+    """One HTTP/1.1 response (status, body) from a socket's reader."""
+    status = int(reader.readline().split()[1])
+    length = 0
+    while (line := reader.readline()) not in (b"\r\n", b""):
+        name, _, value = line.partition(b":")
+        if name.strip().lower() == b"content-length":
+            length = int(value)
+    return status, reader.read(length)
+
+
+def send_head(port: int, model: str, body: bytes, key: str | None = None) -> tuple[socket.socket, Any]:
+    """An infer of `model` whose body is not sent yet: once the server asks for it (100 Continue), the
+    model (and its fallback) were resolved; the socket and its reader."""
+    auth = f"Authorization: Bearer {key}\r\n" if key else ""
+    sock = socket.create_connection(("127.0.0.1", port), timeout=60)
+    reader = sock.makefile("rb")
+    sock.sendall(
+        f"POST /v2/models/{model}/infer HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(body)}\r\nExpect: 100-continue\r\n{auth}\r\n".encode()
+    )
+    assert reader.readline().startswith(b"HTTP/1.1 100") and reader.readline() == b"\r\n"
+    return sock, reader
+
+
+def test_a_request_past_the_check_still_sending_its_body_is_answered_by_the_model(server: ServerProc) -> None:
+    """A request whose model was resolved (the server asked for its body: 100 Continue) before the unload
+    began, and whose body comes only after the unload found the model's queue empty and nothing running:
+    the model answers it (200; the unload waits for it), never a 503 for a version removed under it."""
+    body = json.dumps({"inputs": [{"name": "INPUT0", "shape": [1], "datatype": "BYTES", "data": ["hello"]}]}).encode()
+    admin = bearer(ADMIN)
+    client = tc_http.InferenceServerClient(f"127.0.0.1:{server.port}")
+    sock, reader = send_head(server.port, "sim", body, CONTROL)  # past the check
+    unloaded: list[bool] = []
+
+    def unload() -> None:
+        control = tc_http.InferenceServerClient(f"127.0.0.1:{server.port}", network_timeout=120.0)
+        control.unload_model("sim", headers=admin)
+        unloaded.append(True)
+        control.close()
+
+    unloader = threading.Thread(target=unload)
+    unloader.start()
+    while states(client.get_model_repository_index(headers=admin))["sim"] != ("UNAVAILABLE", "unloaded"):
+        pass  # the unload began: the model's queue is empty, nothing runs
+    unloader.join(timeout=1.0)  # an unload that does not wait for the request ends meanwhile
+    sock.sendall(body)
+    status, answer = read_response(reader)
+    sock.close()
+    assert status == 200 and b"OUTPUT0" in answer, (status, answer)
+    unloader.join()
+    assert unloaded == [True]
+    with pytest.raises(InferenceServerException) as later:
+        http_infer(server, "sim")
+    assert later.value.status() == "404" and "is unloaded" in (later.value.message() or "")
+    client.load_model("sim", headers=admin)  # as the other tests found it
+    client.close()
+
+
+PRIMARY = 'builtin = "sim"\nworkers = 0\nmax_wait_ms = 1\n[traffic]\nfallback = "sim"\n'
+
+
+def test_a_request_handed_to_a_fallback_being_unloaded_is_answered_by_it(tmp_path: Path) -> None:
+    """A model with no worker hands its request to its fallback before the body is read; the fallback is
+    unloaded while the body is still on its way: the fallback answers it (200, flagged), never 503."""
+    repo = tmp_path / "models"
+    for name, toml in (("sim", SIM), ("primary", PRIMARY)):
+        (repo / name).mkdir(parents=True)
+        (repo / name / "model.toml").write_text(toml)
+    s = start_server(tmp_path, "--model-repo", str(repo), ready_path="/v2/health/live")
+    client = tc_http.InferenceServerClient(f"127.0.0.1:{s.port}")
+    try:
+        while not client.is_model_ready("sim"):
+            pass
+        body = json.dumps({"inputs": [{"name": "INPUT0", "shape": [1], "datatype": "BYTES", "data": ["hi"]}]}).encode()
+        sock, reader = send_head(s.port, "primary", body)
+        unloader = threading.Thread(target=lambda: tc_http.InferenceServerClient(f"127.0.0.1:{s.port}").unload_model("sim"))
+        unloader.start()
+        while states(client.get_model_repository_index())["sim"] != ("UNAVAILABLE", "unloaded"):
+            pass
+        unloader.join(timeout=1.0)  # an unload that does not wait for the request ends meanwhile
+        sock.sendall(body)
+        status, answer = read_response(reader)
+        sock.close()
+        assert status == 200 and b"OUTPUT0" in answer, (status, answer)
+        unloader.join()
+        assert "model sim: unloaded" in s.log()
+    finally:
+        client.close()
+        assert s.stop() in (0, -15)
 
 
 def test_explicit_serves_only_the_load_model_ones_at_start(tmp_path: Path) -> None:

@@ -24,6 +24,7 @@ from inferd.errors import (
     ClusterUnavailable,
     Forbidden,
     NotFound,
+    ServingError,
     Unauthorized,
     WorkerUnavailable,
 )
@@ -68,6 +69,8 @@ class FakeServer:
     fleet: Any = field(default_factory=lambda: SimpleNamespace(directory=SimpleNamespace(workers=lambda n, v: ())))
     pools: Any = field(default_factory=lambda: SimpleNamespace(manager_for=lambda config: None))  # none pooled
     added: list[tuple[str, int]] = field(default_factory=list)
+    removed: list[tuple[str, int, str]] = field(default_factory=list)
+    """(model, version, the message what it still held failed with: "" the default)."""
 
     def add_version(self, config: ModelConfig) -> Any:
         rt = FakeRuntime(config.name, config.version, config)
@@ -75,8 +78,9 @@ class FakeServer:
         self.added.append((config.name, config.version))
         return rt
 
-    def remove_version(self, name: str, version: int) -> None:
+    def remove_version(self, name: str, version: int, why: ServingError | None = None) -> None:
         self.registry.remove(name, version)
+        self.removed.append((name, version, "" if why is None else why.message))
 
 
 def repo_of(tmp_path: Path, *names: str) -> Path:

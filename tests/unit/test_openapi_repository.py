@@ -11,7 +11,7 @@ from referencing import Registry
 from referencing.jsonschema import DRAFT202012
 
 from inferd.api.openapi import openapi_document
-from inferd.fleet.model_control import IndexRow, ModelState
+from inferd.fleet.repository_index import IndexRow, ModelState
 
 DOC = openapi_document()
 REGISTRY = Registry().with_resource("urn:inferd", DRAFT202012.create_resource(DOC))

@@ -261,27 +261,38 @@ class Api:
         """The one OIP inference path of every edge: the model `name` resolved (canary and A/B splits
         choose by `metadata`, the caller's headers or gRPC metadata), admitted before `source` is read
         (a model without room hands it to its fallback), decoded, answered under the call's deadline
-        (through the cache), and mirrored to a shadow. The edge encodes the answer."""
+        (through the cache), and mirrored to a shadow. The edge encodes the answer. From its model's
+        resolution to its answer it is the work of its model and its fallback (`ModelControl.hold`): an
+        unload of either waits for it."""
         primary = self.batch_model(call, name, metadata)
         fallback = self.fallback_for(call, primary)
-        share = tenant_share(call.tenant)  # call.priority: the edge's (the request may change it)
-        # 503 / 429 decided before the body is read; a model that cannot take it hands it to its fallback
-        rt, _ = self.fallbacks.admit(primary, fallback, lambda r: r.precheck(call.priority, share))
-        call.runtime = rt
-        await source.read()
-        req = source.decode(rt.config)
-        call.deadline = self.deadline(rt, call, req.timeout_us)
-        if req.priority is not None:
-            call.priority = parse_priority(req.priority, None)
+        control = self.server.model_control
+        control.hold(name)
+        if fallback is not None:
+            control.hold(fallback.name)
         try:
-            version, rows, record = await oip_answer(self.cache, call, rt, req)
-        except ServingError as exc:  # refused at enqueue (queue full, deadline unmeetable)
-            if rt is not primary or fallback is None or not falls_back(exc):
-                raise
-            self.fallbacks.refused(primary, fallback, exc)
-            rt = call.runtime = fallback
+            share = tenant_share(call.tenant)  # call.priority: the edge's (the request may change it)
+            # 503 / 429 decided before the body is read; a model that cannot take it hands it to its fallback
+            rt, _ = self.fallbacks.admit(primary, fallback, lambda r: r.precheck(call.priority, share))
+            call.runtime = rt
+            await source.read()
             req = source.decode(rt.config)
-            version, rows, record = await oip_answer(self.cache, call, rt, req)
+            call.deadline = self.deadline(rt, call, req.timeout_us)
+            if req.priority is not None:
+                call.priority = parse_priority(req.priority, None)
+            try:
+                version, rows, record = await oip_answer(self.cache, call, rt, req)
+            except ServingError as exc:  # refused at enqueue (queue full, deadline unmeetable)
+                if rt is not primary or fallback is None or not falls_back(exc):
+                    raise
+                self.fallbacks.refused(primary, fallback, exc)
+                rt = call.runtime = fallback
+                req = source.decode(rt.config)
+                version, rows, record = await oip_answer(self.cache, call, rt, req)
+        finally:
+            control.release(name)
+            if fallback is not None:
+                control.release(fallback.name)
         if rt is not primary:
             record = {**record, "fallback": rt.name}
         elif (shadow := self.shadows.target(rt)) is not None:
@@ -292,22 +303,33 @@ class Api:
         self, call: Call, primary: Runtime, answer: Callable[[Runtime], Awaitable[Response]]
     ) -> Response:
         """`answer(primary)`, or `answer(fallback)` when the primary refuses it for want of capacity (or
-        its breaker is open); a fallback's answer is flagged. For routes that admit in one step."""
+        its breaker is open); a fallback's answer is flagged. For routes that admit in one step. Until
+        `answer` returns (a stream: once it started) the call is the work of its model and its fallback
+        (`ModelControl.hold`)."""
         fallback = self.fallback_for(call, primary)
-        if fallback is None:
-            return await answer(primary)
-        if self.fallbacks.ask_primary(primary, fallback):
-            try:
-                response = await answer(primary)
-            except ServingError as exc:
-                if not falls_back(exc):
-                    raise
-                self.fallbacks.refused(primary, fallback, exc)
-            else:
-                self.fallbacks.admitted(primary)
-                return response
-        call.runtime = fallback
-        response = await answer(fallback)
+        control = self.server.model_control
+        control.hold(primary.name)
+        if fallback is not None:
+            control.hold(fallback.name)
+        try:
+            if fallback is None:
+                return await answer(primary)
+            if self.fallbacks.ask_primary(primary, fallback):
+                try:
+                    response = await answer(primary)
+                except ServingError as exc:
+                    if not falls_back(exc):
+                        raise
+                    self.fallbacks.refused(primary, fallback, exc)
+                else:
+                    self.fallbacks.admitted(primary)
+                    return response
+            call.runtime = fallback
+            response = await answer(fallback)
+        finally:
+            control.release(primary.name)
+            if fallback is not None:
+                control.release(fallback.name)
         response.headers.extend(fallback_headers(fallback))
         return response
 

@@ -108,6 +108,27 @@ async def read_body(request: HttpRequest, limit: int) -> bytes:
     return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
 
+async def read_head(request: HttpRequest, limit: int) -> tuple[bytes, bool]:
+    """The body, or its first `limit` bytes once it is known to be longer, and whether that is all of it.
+    A longer body is not kept: the rest is read and dropped as before a 413 (bounded), and the connection
+    closes. For a route that says from a body's head why it refuses it (api/repository.py's load)."""
+    chunks: list[bytes] = []
+    total = 0
+    try:
+        while not request.body_ended:
+            chunk, _ = await request.read()
+            chunks.append(chunk)
+            total += len(chunk)
+            if total > limit:
+                if total <= max(DRAIN_MIN_BYTES, 4 * limit):
+                    await _drain(request, total, max(DRAIN_MIN_BYTES, 4 * limit))
+                request.close_connection = True
+                return b"".join(chunks)[:limit], False
+    except ConnectionAbortedError:
+        raise ClientGone() from None
+    return b"".join(chunks), True
+
+
 async def _drain(request: HttpRequest, received: int, drain_limit: int) -> None:
     """Read and drop the rest of the body until it ends, `drain_limit` bytes were received in all, or
     DRAIN_MAX_S passed, whichever comes first (at once if the body has ended)."""

@@ -13,7 +13,7 @@ from inferd.api.oip import InferRequest, InferResponse
 from inferd.api.openai import EmbeddingsRequest
 from inferd.api.repository import INDEX, LOAD, UNLOAD, ControlRequest, IndexRequest
 from inferd.api.search_openapi import search_paths
-from inferd.fleet.model_control import IndexRow
+from inferd.fleet.repository_index import IndexRow
 
 _ERROR = {
     "type": "object",

@@ -9,6 +9,8 @@ control underneath (fleet/model_control.py).
 Load and unload need the admin token (when one is set) or a tenant whose table sets `model_control =
 true` (403 otherwise); the index lists the caller's models only. A load's `parameters.config` or `file:`
 parameters (Triton's overrides of the repository) are refused with 400: models load from the repository.
+A load whose body is over the routes' limit (a file override carries a whole file) is refused by the
+overrides its keys name in the part read (400), else 413.
 
 With several front ends, a load or an unload runs on the holder of the `decider` lease, for all of them
 (fleet/control_share.py): any other front end checks the caller and the parameters, forwards it over the
@@ -19,18 +21,19 @@ front ends' channel (frontends/channel.py, kind KIND) and answers with its answe
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import Any, NoReturn
 
 import msgspec
 
 from inferd.api.asgi import HttpRequest, HttpResponse
-from inferd.api.http import json_response, read_body
+from inferd.api.http import json_response, read_body, read_head
 from inferd.api.http_call import presented_key
 from inferd.api.server_view import ServerView
 from inferd.core.call import Call, ErrorBody
-from inferd.errors import BadRequest, Forbidden, ServingError, WorkerUnavailable, from_wire
-from inferd.fleet.model_control import IndexRow
+from inferd.errors import BadRequest, Forbidden, PayloadTooLarge, ServingError, WorkerUnavailable, from_wire
+from inferd.fleet.repository_index import IndexRow
 from inferd.frontends.channel import PeerUnreachable
 from inferd.gateway.auth import Controller, controller
 
@@ -40,7 +43,10 @@ INDEX = "/v2/repository/index"
 LOAD = "/v2/repository/models/{model}/load"
 UNLOAD = "/v2/repository/models/{model}/unload"
 _LIMIT = 1 << 20
-"""The largest body a repository route reads (its parameters are small; Triton's file overrides are refused)."""
+"""The largest body a repository route reads (its parameters are small; Triton's file overrides are
+refused, from the keys in the body's first _LIMIT bytes when it is longer)."""
+_OVERRIDE_KEY = re.compile(rb'"(config|file:[^"\\]*)"\s*:')
+"""A JSON key naming one of Triton's overrides (an escaped quote inside a string never ends one)."""
 KIND = "model-control"
 """The front ends' channel's request kind of a load or unload forwarded to the lease's holder."""
 AWAY_RETRY_AFTER_S = 1.0
@@ -95,6 +101,13 @@ class Repository:
         self._may_control(who, model)  # first: a caller that may not load learns nothing more (403)
         check_parameters(parameters)
         await self.carry_out(Order("load", model))
+
+    def refuse_oversized(self, who: Controller, model: str, head: bytes) -> NoReturn:
+        """A load whose body is over the limit, of which `head` was read: refused as its parameters would
+        be (403 first, then the overrides its keys name: 400), else 413."""
+        self._may_control(who, model)
+        check_parameters(m.decode("utf-8", "replace") for m in _OVERRIDE_KEY.findall(head))
+        raise PayloadTooLarge(f"load request body exceeds the limit of {_LIMIT} bytes")
 
     async def unload(self, who: Controller, model: str) -> None:
         self._may_control(who, model)
@@ -180,7 +193,10 @@ def add_repository_routes(add: Callable[[str, str, Any, ErrorBody], None], serve
 
     async def load(call: Call, request: HttpRequest) -> HttpResponse:
         who = repo.caller(call, presented_key(request))
-        body = _decode(_control_request, await read_body(request, _LIMIT), "load request")
+        head, whole = await read_head(request, _LIMIT)
+        if not whole:  # a file override's content: its key is in the head
+            repo.refuse_oversized(who, request.path_params["model"], head)
+        body = _decode(_control_request, head, "load request")
         await repo.load(who, request.path_params["model"], body.parameters)
         return json_response(b"{}")
 

@@ -25,6 +25,7 @@ from collections.abc import Callable, Collection
 from typing import Any, Protocol
 
 from inferd.config import ConfigError, ModelConfig
+from inferd.fleet.repository_index import unloaded_error
 
 log = logging.getLogger("inferd.fleet")
 
@@ -61,6 +62,10 @@ class Controlled(Protocol):
     unloaded: dict[str, str]
     loading_elsewhere: frozenset[str]
     at_start: dict[str, list[ModelConfig]]
+
+    def held(self, name: str) -> bool:
+        """Requests of `name` past the unloaded check are not answered yet."""
+        ...
 
 
 class ControlFollower:
@@ -101,18 +106,19 @@ class ControlFollower:
             if rolls and name not in served:  # the holder stopped serving it (a kind the document lists)
                 for version in registry.versions(name):
                     control.host.fleet.move_slots(name, version, version)  # local workers here: not restarted
-                    control.host.remove_version(name, version)
+                    control.host.remove_version(name, version, unloaded_error(name, why))
                 log.info("model %s: no longer served here, as the server", name)
         for name in [n for n in control.unloaded if n not in unloaded and n in registry]:
             del control.unloaded[name]
             log.info("model %s: loaded by the server: served here too", name)
 
     def refused(self) -> dict[str, bool]:
-        """This front end's report: the models it refuses, each with whether it holds work here still."""
-        registry = self.control.host.registry
+        """This front end's report: the models it refuses, each with whether it holds work here still
+        (queued or running, or a request past the unloaded check not answered yet)."""
+        control, registry = self.control, self.control.host.registry
         return {
-            name: any(holds_work(registry.get(name, v)) for v in registry.versions(name))
-            for name in self.control.unloaded
+            name: control.held(name) or any(holds_work(registry.get(name, v)) for v in registry.versions(name))
+            for name in control.unloaded
         }
 
 

@@ -4,15 +4,18 @@ while the server runs.
 - **At start** (`ServerConfig.model_control`): "none" and "poll" serve every model; "explicit" only
   those `load_model` names ("*": all). The others are in the index as UNAVAILABLE ("not loaded").
 - **Unload** refuses the model's new requests at once (404 saying it is unloaded, and how to load it),
-  lets what it holds finish (its queue empties, its workers drain: FleetControl.scale_to 0; a pooled
-  model's holders are told to unload), then stops serving it. It no longer holds the server's
-  readiness down: it is not in the registry.
+  lets what it holds finish (the requests that passed the check before, `hold` to `release`, even one
+  still sending its body; its queue empties, its workers drain: FleetControl.scale_to 0; a pooled
+  model's holders are told to unload), then stops serving it (what its queue holds past the bounded
+  wait gets that 404 too). It no longer holds the server's readiness down: it is not in the registry. One that
+  fails before it stopped anything (with several front ends, the store did not take it) is rolled back:
+  the model serves on, as the 503 says.
 - **Load** re-reads the model's folder from the repository (the config file's [models.NAME] overrides
   applied), serves it, starts its local workers and answers once one is ready (else a 503 naming why,
   and the model stays unloaded); a pooled model is served on demand, READY at once. A model already
   served is rolled to the repository's version (FleetControl.rolling_update). A load asked while one
   runs joins it (the same answer). Unknown models: 404.
-- **Poll** (fleet/repository_watch.py) drives the same load and unload from the folder's changes.
+- **Poll** (fleet/repository_poll.py) drives the same load and unload from the folder's changes.
 
 Several front ends: the `decider` lease's holder loads and unloads, the others follow (fleet/control_share.py).
 """
@@ -23,8 +26,6 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
-from enum import StrEnum
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -33,7 +34,16 @@ from inferd.errors import BadRequest, Internal, NotFound, ServingError, Shutting
 from inferd.fleet.control import FleetControl
 from inferd.fleet.control_share import ControlFollower, Others, holds_work
 from inferd.fleet.pools import ServerPools, check_pooled
-from inferd.fleet.repository_watch import RepositoryWatch, fingerprints, model_folder
+from inferd.fleet.repository_index import (
+    NOT_LOADED,
+    UNLOADED,
+    IndexRow,
+    ModelState,
+    index_rows,
+    unloaded_error,
+)
+from inferd.fleet.repository_poll import RepositoryPoll
+from inferd.fleet.repository_watch import model_folder
 from inferd.kinds.repository import apply_overrides, load_model_folder
 from inferd.runtime.contract import Runtime
 from inferd.runtime.kinds import KindRegistry
@@ -41,26 +51,6 @@ from inferd.runtime.registry import ModelRegistry
 from inferd.wire.connection import WorkerState
 
 log = logging.getLogger("inferd.fleet")
-
-UNLOADED = "unloaded"
-NOT_LOADED = "not loaded"
-REMOVED = "removed from the repository"
-
-
-class ModelState(StrEnum):
-    READY = "READY"
-    LOADING = "LOADING"
-    UNAVAILABLE = "UNAVAILABLE"
-
-
-@dataclass(frozen=True, slots=True)
-class IndexRow:
-    """One row of the repository index (Triton's JSON: name, version, state, reason)."""
-
-    name: str
-    version: str
-    state: ModelState
-    reason: str = ""
 
 
 class ControlHost(Protocol):
@@ -74,7 +64,7 @@ class ControlHost(Protocol):
 
     def add_version(self, config: ModelConfig) -> Runtime: ...
 
-    def remove_version(self, name: str, version: int) -> None: ...
+    def remove_version(self, name: str, version: int, why: ServingError | None = None) -> None: ...
 
 
 class ModelControl:
@@ -92,6 +82,8 @@ class ModelControl:
         here while it loads or unloads holds no readiness down (the server's `ready`)."""
         self.broken: dict[str, str] = {}
         """Model -> why its repository folder does not load now (poll), while its old version serves on."""
+        self._held: dict[str, int] = {}
+        """Model -> its requests between the unloaded check and their answer (`hold`, `release`)."""
         self._loading: dict[str, asyncio.Future[None]] = {}
         self._unloading: dict[str, asyncio.Future[None]] = {}
         self._tg: asyncio.TaskGroup | None = None
@@ -118,56 +110,10 @@ class ModelControl:
             self._tg = tg
             try:
                 if self.config.model_control == "poll" and self.repo is not None:
-                    await self._poll(self.repo)
+                    await RepositoryPoll(self, self.repo).run()
                 await asyncio.Event().wait()
             finally:
                 self._tg = None
-
-    async def _poll(self, repo: Path) -> None:
-        """Every repository_poll_s: serve a model's new version (a rolling update), a new model folder;
-        unload a removed model; a folder that does not load leaves what serves and is reported."""
-        only = self.config.models
-        watch = RepositoryWatch(await asyncio.to_thread(fingerprints, repo, only))
-        log.info("model control poll: watching %s every %g s", repo, self.config.repository_poll_s)
-        while True:
-            await asyncio.sleep(self.config.repository_poll_s)
-            if self.others is not None and not self.others.holds():
-                continue  # the holder polls for the server
-            changes = watch.update(await asyncio.to_thread(fingerprints, repo, only))
-            for name in changes.removed:
-                if name in self.host.registry:
-                    log.info("model %s: its folder left the repository: unloading it", name)
-                    await self._polled(name, self._removed)
-            for name in (*changes.added, *changes.changed):
-                await self._polled(name, self._changed)
-
-    async def _removed(self, name: str) -> None:
-        await self.unload(name)
-        self.unloaded[name] = REMOVED  # served again if its folder comes back (an operator's unload is not)
-
-    async def _changed(self, name: str) -> None:
-        try:
-            configs = self.read(name)
-        except ServingError as exc:
-            if self.broken.get(name) != exc.message:
-                log.error("model %s: its repository folder does not load, what it serves stays: %s", name, exc.message)
-            self.broken[name] = exc.message
-            return
-        self.broken.pop(name, None)
-        registry = self.host.registry
-        served = name in registry and configs[0].version != registry.default_version(name)
-        if served or (name not in registry and self.unloaded.get(name) != UNLOADED):  # a new version, a new model
-            log.info("model %s: version %d in the repository: loading it", name, configs[0].version)
-            await self.load(name)
-
-    async def _polled(self, name: str, act: Callable[[str], Awaitable[None]]) -> None:
-        """One model's change, logged when it fails (the poll goes on with the others)."""
-        try:
-            await act(name)
-        except ServingError as exc:
-            log.error("model %s: the repository's change was not applied: %s", name, exc.message)
-        except Exception:  # a model's own code (its load): the poll goes on
-            log.exception("model %s: the repository's change was not applied", name)
 
     # ---- what is served -------------------------------------------------------------------------------
     def names(self) -> list[str]:
@@ -188,27 +134,30 @@ class ModelControl:
             return
         if name in self._loading or name in self.loading_elsewhere:
             raise WorkerUnavailable(f"model {name!r} is loading: send its requests once its load has answered")
-        said = "" if why == UNLOADED else f" ({why})"  # an operator's unload: "is unloaded" says it all
-        raise NotFound(f"model {name!r} is unloaded{said}: load it with POST /v2/repository/models/{name}/load")
+        raise unloaded_error(name, why)
+
+    def hold(self, name: str) -> None:
+        """A request of `name` passed the unloaded check (`Api.check_served`): it is the model's work
+        until `release` (once answered), so an unload waits for it (a body still being sent, say)."""
+        self._held[name] = self._held.get(name, 0) + 1
+
+    def release(self, name: str) -> None:
+        left = self._held[name] - 1
+        if left:
+            self._held[name] = left
+        else:
+            del self._held[name]
+
+    def held(self, name: str) -> bool:
+        """Whether requests of `name` that passed the unloaded check are not answered yet."""
+        return name in self._held
 
     def index(self, visible: Callable[[str], bool], ready_only: bool = False) -> list[IndexRow]:
-        """The repository index: every model `visible` to the caller, a row per served version."""
-        rows: list[IndexRow] = []
-        registry = self.host.registry
-        for name in self.names():
-            if not visible(name):
-                continue
-            if (name in self._loading or name in self.loading_elsewhere) and name in self.unloaded:
-                rows.append(IndexRow(name, "", ModelState.LOADING, "loading"))
-            elif name in self.unloaded or name not in registry:
-                rows.append(IndexRow(name, "", ModelState.UNAVAILABLE, self.unloaded.get(name) or self.broken.get(name, NOT_LOADED)))
-            else:
-                broken = self.broken.get(name, "")
-                for version in registry.versions(name):
-                    ready = registry.get(name, version).ready
-                    state = ModelState.READY if ready else ModelState.UNAVAILABLE
-                    reason = broken or ("" if ready else self.host.pools.unready(name, version) or "no worker ready")
-                    rows.append(IndexRow(name, str(version), state, reason))
+        """The repository index (fleet/repository_index.py): every model `visible` to the caller."""
+        loading = {*self._loading, *self.loading_elsewhere}
+        rows = index_rows(
+            self.names(), self.host.registry, self.unloaded, self.broken, loading, visible, self.host.pools.unready
+        )
         return [r for r in rows if r.state is ModelState.READY or not ready_only]
 
     # ---- load and unload ------------------------------------------------------------------------------
@@ -236,8 +185,8 @@ class ModelControl:
                     return  # not served: nothing to do
                 raise NotFound(f"unknown model {name!r}; the repository's models: {self.names()}")
             self._check_kind(self.host.registry.get(name).kind, name)
-            self.unloaded[name] = UNLOADED  # its new requests: 404 from now on
-            running = self._unloading[name] = self._spawn(self._unload(name), f"unload-{name}")
+            before, self.unloaded[name] = self.unloaded.get(name), UNLOADED  # its new requests: 404 from now on
+            running = self._unloading[name] = self._spawn(self._unload(name, before), f"unload-{name}")
             running.add_done_callback(lambda _: self._unloading.pop(name, None))
         await asyncio.shield(running)
 
@@ -281,7 +230,7 @@ class ModelControl:
         self.unloaded.setdefault(name, NOT_LOADED)  # new to the server: LOADING, holds no readiness down
         added = []
         try:
-            for config in configs:
+            for config in _default_first(configs):
                 added.append(host.add_version(config))
             if self.others is not None:  # served by every front end before its workers join them
                 for rt in added:
@@ -306,27 +255,48 @@ class ModelControl:
         if self.others is not None:  # answered once every front end serves it
             await self.others.until_served(name)
 
-    async def _unload(self, name: str) -> None:
-        if self.others is not None:  # every front end refuses it first, and holds none of its work
-            await self.others.until_refused(name)
-        await self._stop(name, self.host.registry.versions(name), drain=True)
+    async def _unload(self, name: str, before: str | None) -> None:
+        """Drain and stop `name` (marked unloaded). A failure before any of its workers was told to stop
+        (the store did not take the mark or the wait; the fleet refused its first scale-down) rolls the
+        mark back: it serves on, as its 503 says. One after leaves it unloaded; an unload again ends it."""
+        stopping: list[int] = []
+        try:
+            if self.others is not None:  # every front end refuses it first, and holds none of its work
+                await self.others.until_refused(name)
+            await self._stop(name, self.host.registry.versions(name), drain=True, stopping=stopping)
+        except BaseException:
+            if not stopping and self.unloaded.get(name) == UNLOADED:
+                self._serve_on(name, before)
+            raise
         log.info("model %s: unloaded", name)
 
-    async def _stop(self, name: str, versions: list[int], drain: bool) -> None:
-        """Stop serving these versions: (`drain`) once their queues are empty, their workers drained."""
+    def _serve_on(self, name: str, before: str | None) -> None:
+        if before is None:
+            del self.unloaded[name]
+        else:
+            self.unloaded[name] = before
+        log.warning("model %s: its unload failed before it stopped anything: it serves on", name)
+
+    async def _stop(self, name: str, versions: list[int], drain: bool, stopping: list[int] | None = None) -> None:
+        """Stop serving these versions: (`drain`) once the model holds no work (its requests past the
+        unloaded check answered, its queues empty), their workers drained; what is left then (past the
+        bounded waits) is refused as unloaded. `stopping`: the versions whose workers were told to stop."""
         host = self.host
         for version in versions:
             rt = host.registry.get(name, version)
             if drain:
-                await self._until(lambda rt=rt: not holds_work(rt))
+                await self._until(lambda rt=rt: not holds_work(rt) and name not in self._held)
             if host.pools.manager_for(rt.config) is not None:  # each holder drains it, then unloads it
                 told = host.pools.unload(name, version)
                 log.info("model %s v%d: pool worker(s) %s told to unload it", name, version, told)
             elif host.kinds.get(rt.kind).has_workers:
                 await host.fleet.scale_to(name, 0, version)
+            if stopping is not None:
+                stopping.append(version)
             if drain:  # its workers (local, or a pool's model servers) finish what they hold, then leave
                 await self._until(lambda rt=rt: not host.fleet.directory.workers(rt.name, rt.version))
-            host.remove_version(name, version)
+            why = unloaded_error(name, self.unloaded.get(name, UNLOADED)) if drain else None
+            host.remove_version(name, version, why)
 
     def _workers(self, config: ModelConfig) -> int:
         """The local workers a version of the model starts with (as at the server's start)."""
@@ -388,6 +358,14 @@ class ModelControl:
 
         self._tg.create_task(run(), name=f"model-control-{name}")
         return done
+
+
+def _default_first(configs: list[ModelConfig]) -> list[ModelConfig]:
+    """A model's versions in the order a load serves them: the one that will serve by default first (its
+    default_version, else the highest: ModelRegistry's rule), so that the scaling loop made as the model
+    is served anew (`ScalingLoops.renew`, at its first version) follows that version's [autoscale]."""
+    first = next((c for c in configs if c.version == c.default_version), max(configs, key=lambda c: c.version))
+    return [first, *(c for c in configs if c is not first)]
 
 
 def _settle(fut: asyncio.Future[Any], exc: BaseException | None) -> None:

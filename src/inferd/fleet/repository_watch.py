@@ -1,7 +1,7 @@
 """What changed in a model repository folder between two reads (`--model-control poll`): each model
 folder's fingerprint (its model.toml and version folders: names, sizes, modification times, two levels
 deep, never the files' contents), and the models added, changed and removed since the last read. A plain
-object: fleet/model_control.py reads the folder on its timer and acts on the changes."""
+object: fleet/repository_poll.py reads the folder on its timer and acts on the changes."""
 
 from __future__ import annotations
 
