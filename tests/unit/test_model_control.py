@@ -67,7 +67,9 @@ class FakeServer:
     registry: ModelRegistry = field(default_factory=ModelRegistry)
     kinds: FakeKinds = field(default_factory=FakeKinds)
     fleet: Any = field(default_factory=lambda: SimpleNamespace(directory=SimpleNamespace(workers=lambda n, v: ())))
-    pools: Any = field(default_factory=lambda: SimpleNamespace(manager_for=lambda config: None))  # none pooled
+    pools: Any = field(  # none pooled
+        default_factory=lambda: SimpleNamespace(manager_for=lambda config: None, unready=lambda model, version: None)
+    )
     added: list[tuple[str, int]] = field(default_factory=list)
     removed: list[tuple[str, int, str]] = field(default_factory=list)
     """(model, version, the message what it still held failed with: "" the default)."""
