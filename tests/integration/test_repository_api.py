@@ -24,6 +24,7 @@ import tritonclient.http as tc_http
 from tritonclient.utils import InferenceServerException
 
 from inferd.gateway.keys import key_digest, new_key
+from tests.checked_load import wait_for
 from tests.conftest import ServerProc, start_server
 
 ADMIN = "admin-token-for-the-repository-test"
@@ -201,8 +202,7 @@ def test_unload_with_requests_in_flight_drains_them(server: ServerProc) -> None:
     for t in threads:
         t.start()
     started.wait()
-    while not holds_work(server, "slow"):
-        pass
+    wait_for(lambda: holds_work(server, "slow"), 30, "the model holding work")
     client = tc_http.InferenceServerClient(f"127.0.0.1:{server.port}")
     client.unload_model("slow", headers=bearer(ADMIN))
     for t in threads:
@@ -268,6 +268,24 @@ def send_head(port: int, model: str, body: bytes, key: str | None = None) -> tup
     return sock, reader
 
 
+def body_after_the_unload_began(
+    client: Any, unloader: threading.Thread, sock: socket.socket, reader: Any, body: bytes, headers: dict | None = None
+) -> tuple[int, bytes]:
+    """Once the index says the unload began (the model's queue empty, nothing running), and the unload
+    had a second to end without the request: the request's body, then its response (status, body)."""
+    unloader.start()
+    wait_for(
+        lambda: states(client.get_model_repository_index(headers=headers))["sim"] == ("UNAVAILABLE", "unloaded"),
+        30, "the unload begun",
+    )
+    unloader.join(timeout=1.0)  # an unload that does not wait for the request ends meanwhile
+    sock.sendall(body)
+    try:
+        return read_response(reader)
+    finally:
+        sock.close()
+
+
 def test_a_request_past_the_check_still_sending_its_body_is_answered_by_the_model(server: ServerProc) -> None:
     """A request whose model was resolved (the server asked for its body: 100 Continue) before the unload
     began, and whose body comes only after the unload found the model's queue empty and nothing running:
@@ -285,13 +303,7 @@ def test_a_request_past_the_check_still_sending_its_body_is_answered_by_the_mode
         control.close()
 
     unloader = threading.Thread(target=unload)
-    unloader.start()
-    while states(client.get_model_repository_index(headers=admin))["sim"] != ("UNAVAILABLE", "unloaded"):
-        pass  # the unload began: the model's queue is empty, nothing runs
-    unloader.join(timeout=1.0)  # an unload that does not wait for the request ends meanwhile
-    sock.sendall(body)
-    status, answer = read_response(reader)
-    sock.close()
+    status, answer = body_after_the_unload_began(client, unloader, sock, reader, body, admin)
     assert status == 200 and b"OUTPUT0" in answer, (status, answer)
     unloader.join()
     assert unloaded == [True]
@@ -315,18 +327,11 @@ def test_a_request_handed_to_a_fallback_being_unloaded_is_answered_by_it(tmp_pat
     s = start_server(tmp_path, "--model-repo", str(repo), ready_path="/v2/health/live")
     client = tc_http.InferenceServerClient(f"127.0.0.1:{s.port}")
     try:
-        while not client.is_model_ready("sim"):
-            pass
+        wait_for(lambda: client.is_model_ready("sim"), 60, "sim ready")
         body = json.dumps({"inputs": [{"name": "INPUT0", "shape": [1], "datatype": "BYTES", "data": ["hi"]}]}).encode()
         sock, reader = send_head(s.port, "primary", body)
         unloader = threading.Thread(target=lambda: tc_http.InferenceServerClient(f"127.0.0.1:{s.port}").unload_model("sim"))
-        unloader.start()
-        while states(client.get_model_repository_index())["sim"] != ("UNAVAILABLE", "unloaded"):
-            pass
-        unloader.join(timeout=1.0)  # an unload that does not wait for the request ends meanwhile
-        sock.sendall(body)
-        status, answer = read_response(reader)
-        sock.close()
+        status, answer = body_after_the_unload_began(client, unloader, sock, reader, body)
         assert status == 200 and b"OUTPUT0" in answer, (status, answer)
         unloader.join()
         assert "model sim: unloaded" in s.log()
