@@ -87,7 +87,10 @@ def take_frame(registry: CollectorRegistry, runtimes: Iterable[RuntimeStatistics
 async def take_frame_stepwise(registry: CollectorRegistry, runtimes: Iterable[RuntimeStatistics], t: float) -> Frame:
     """`take_frame`, handing the event loop back after each family the registry collects. Collecting the
     whole registry is one long step otherwise: with 12 models, each with its histograms, 5-30 ms every
-    frame during which no request moves on this front end (the largest family, now, is one piece)."""
+    frame during which no request moves on this front end (the largest family, now, is one piece). A
+    collector whose `collect` is a generator is resumed after the loop ran: each of ours builds what it
+    yields before yielding (prometheus_client's own copy their children under their lock), so none reads
+    a dict the loop changes meanwhile."""
     show: list[Sample] = []
     derive: list[Sample] = []
     for family in registry.collect():  # a generator: each family is collected as it is reached
