@@ -33,8 +33,8 @@ What is reported:
         [--load-ms 200] [--memory-mb 64] [--min-resident-s 0.5] [--seed 1] [--no-baseline] [--no-pool]
         [--side-by-side]  (the pool and the dedicated worker run at the same time, under the same noise)
 
-Writes .bench/pool_zipf.json (with every request: its model, offset, outcome, latency, and the
-server's X-Inferd-Queue-Ms and X-Inferd-Compute-Ms) and prints markdown tables. Exits 1 when the run had an error other than
+Writes .bench/pool_zipf.json (with every request of each server: its model, offset, intended send time on
+the wall clock, outcome, latency, and the server's X-Inferd-Queue-Ms and X-Inferd-Compute-Ms) and prints markdown tables. Exits 1 when the run had an error other than
 429 with Retry-After or a wrong answer, 2 when a server could not be started.
 """
 
@@ -150,6 +150,8 @@ class Outcome:
     """The server's X-Inferd-Queue-Ms (waiting in the model's queue, a load included) and
     X-Inferd-Compute-Ms (its batch on the device), on ok answers."""
     compute_ms: float | None = None
+    at_unix: float | None = None
+    """The intended send time on the wall clock (to line a request up with the servers' logs)."""
 
 
 async def offer(url: str, work: Workload, timeout_ms: float, seed: int) -> list[Outcome]:
@@ -188,6 +190,9 @@ async def offer(url: str, work: Workload, timeout_ms: float, seed: int) -> list[
 
     skew = asyncio.get_running_loop().time() - now()
     t0 = now() + 0.05
+    wall = time.time() - now()
+    for out in outcomes:
+        out.at_unix = round(t0 + out.offset + wall, 4)
     hard_stop = t0 + (work.offsets[-1] if work.offsets else 0.0) + timeout_ms / 1000.0 + 1.0
     try:
         async with asyncio.timeout_at(hard_stop + skew), asyncio.TaskGroup() as tg:
@@ -369,7 +374,11 @@ def dedicated_run(args: argparse.Namespace, work: Workload) -> dict[str, Any]:
     mine = work.only(0, work.names[0])
     with dedicated_server(args, work.names[0]) as server:
         outcomes = run_blocking(offer(server.url, mine, args.timeout_ms, args.seed))
-    return {"summary": asdict(summarize(mine, outcomes, None))}
+    return dedicated_result(mine, outcomes)
+
+
+def dedicated_result(mine: Workload, outcomes: list[Outcome]) -> dict[str, Any]:
+    return {"summary": asdict(summarize(mine, outcomes, None)), "requests": [asdict(o) for o in outcomes]}
 
 
 def side_by_side_run(args: argparse.Namespace, work: Workload) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -385,7 +394,7 @@ def side_by_side_run(args: argparse.Namespace, work: Workload) -> tuple[dict[str
 
         pool_outcomes, dedicated_outcomes = run_blocking(both())
         metrics = scrape(pool.url)
-    return pool_result(args, work, pool_outcomes, metrics), {"summary": asdict(summarize(mine, dedicated_outcomes, None))}
+    return pool_result(args, work, pool_outcomes, metrics), dedicated_result(mine, dedicated_outcomes)
 
 
 # --- the report -------------------------------------------------------------------------------------

@@ -3,9 +3,12 @@ percentiles interpolated as histogram_quantile does, and bounded history."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
-from inferd.api.console_feed import ConsoleFeed, quantile_ms
+from inferd.api.console_feed import ConsoleFeed, Frame, quantile_ms, take_frame, take_frame_stepwise
 from inferd.clock import FakeClock
 from inferd.runtime.contract import RuntimeStatistics
 
@@ -73,3 +76,47 @@ def test_quantile_of_an_empty_interval_is_none_and_inf_bucket_caps_at_the_last_b
     assert quantile_ms({}, {("m", "0.1"): 0.0, ("m", "+Inf"): 0.0}, "m", 0.5) is None
     after = {("m", "0.1"): 0.0, ("m", "+Inf"): 4.0}
     assert quantile_ms({}, after, "m", 0.99) == 100.0
+
+
+def test_a_frame_taken_stepwise_is_the_same_frame_and_lets_other_work_run_between_families() -> None:
+    feed, clock, requests, latency, _ = setup()
+    requests.labels("sim", "1", "ok").inc(4)
+    latency.labels("sim", "1", "ok").observe(0.015)
+    turns: list[int] = []
+
+    async def other_work() -> None:  # what the front end's loop serves while a frame is taken
+        for i in range(3):
+            turns.append(i)
+            await asyncio.sleep(0)
+
+    async def both() -> Frame:
+        async with asyncio.TaskGroup() as tg:
+            tg.create_task(other_work())
+            frame = await take_frame_stepwise(feed.registry, feed.runtimes(), clock.now())
+            assert turns, "the frame was taken in one step: nothing else ran meanwhile"
+        return frame
+
+    stepwise = asyncio.run(both())
+    assert stepwise == take_frame(feed.registry, feed.runtimes(), clock.now())
+    assert {s.name for s in stepwise.derived} >= {"inferd_requests_total", "inferd_request_duration_seconds_bucket"}
+
+
+def test_run_takes_a_frame_every_interval() -> None:
+    registry = CollectorRegistry()
+    requests = Counter("inferd_requests_total", "", ["model", "version", "outcome"], registry=registry)
+    requests.labels("sim", "1", "ok").inc()
+    clock = FakeClock()
+    feed = ConsoleFeed(registry, lambda: [stats("sim")], clock, clock.now, interval_s=0.001)
+
+    async def three_points() -> None:
+        running = asyncio.ensure_future(feed.run())
+        while len(feed.points) < 3:
+            clock.advance(2.0)
+            await asyncio.sleep(0.001)
+        running.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await running
+
+    asyncio.run(three_points())
+    assert len(feed.points) >= 3
+    assert all(set(point) == {"sim"} and point["sim"]["rps"] == 0.0 for _, point in feed.points)  # no request since

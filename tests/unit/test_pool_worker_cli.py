@@ -1,5 +1,6 @@
 """`inferd worker --pool NAME` and `python -m inferd.worker.main --pool NAME`: one of --model and --pool;
-worker/memory.py's measuring of what a load took."""
+worker/memory.py's measuring of what a load took; the pool worker process's settings (worker/pool.py
+`settle_process`)."""
 
 from __future__ import annotations
 
@@ -55,7 +56,8 @@ def test_a_sim_model_with_memory_mb_grows_resident_memory_by_that_much_and_unloa
 PINNED = """
 import sys, threading
 from inferd.worker import memory
-assert memory.return_large_frees()
+from inferd.worker.pool import settle_process
+settle_process()  # a pool worker's start: memory.return_large_frees among its settings
 big = bytearray(4 * 2**20)
 del big  # an mmapped chunk freed: unpinned, glibc would raise its threshold past 1 MiB
 freed = []
@@ -74,9 +76,9 @@ print(freed[0])
 
 
 def test_a_pool_worker_gives_a_models_large_buffers_back_as_they_are_freed() -> None:
-    """With glibc's mmap threshold pinned (`return_large_frees`, at a pool worker's start), 50 MiB of
-    1 MiB buffers leave resident memory as they are freed, before any trim: the next load's growth is its
-    own. (Unpinned, after one large free, the same buffers stay resident: 0.0 MiB freed.) In a process of
+    """With glibc's mmap threshold pinned (`return_large_frees`, by `settle_process` at a pool worker's
+    start), 50 MiB of 1 MiB buffers leave resident memory as they are freed, before any trim: the next
+    load's growth is its own. (Unpinned, after one large free, the same buffers stay resident: 0.0 MiB freed.) In a process of
     its own: the setting is the whole process's."""
     done = subprocess.run([sys.executable, "-c", PINNED], capture_output=True, text=True, timeout=60, check=True)
     assert float(done.stdout) >= 45.0, done.stdout
@@ -110,3 +112,34 @@ def test_device_memory_is_read_from_torch_only_once_it_has_initialized_cuda(monk
     assert memory.reading().device_mb == 3.0
     monkeypatch.delitem(sys.modules, "torch")
     assert memory.device_mb() is None
+
+
+def test_a_pool_worker_process_freezes_its_heap_and_shortens_the_gil_switch_interval() -> None:
+    """Run in a process of its own: the settings are the whole process's."""
+    script = (
+        "import gc, sys\n"
+        "from inferd.worker.pool import SWITCH_INTERVAL_S, settle_process\n"
+        "before = sys.getswitchinterval()\n"
+        "settle_process()\n"
+        "print(before, sys.getswitchinterval(), SWITCH_INTERVAL_S, gc.get_freeze_count())\n"
+    )
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True, timeout=60)
+    before, after, wanted, frozen = out.stdout.split()
+    assert float(before) == 0.005  # CPython's default
+    assert float(after) == pytest.approx(float(wanted)) and float(wanted) < float(before)
+    assert int(frozen) > 1000  # the imports left the collector's view
+
+
+def test_the_pool_worker_entry_point_settles_the_process_before_it_serves(monkeypatch: pytest.MonkeyPatch) -> None:
+    import inferd.worker.main as worker_main
+
+    class Settled(Exception):
+        pass
+
+    def settled() -> None:
+        raise Settled
+
+    monkeypatch.setattr(worker_main, "settle_process", settled)
+    monkeypatch.setattr(worker_main, "set_up_process", lambda *a, **k: None)
+    with pytest.raises(Settled):
+        worker_main.main(["--connect", "unix:/nonexistent/inferd.sock", "--pool", "p", "--token", "t"])

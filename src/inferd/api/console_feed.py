@@ -1,7 +1,9 @@
 """The live console's data: frames sampled from the very registry `/metrics` serves, so the console and a
 scrape can never disagree about a number, plus the runtimes' snapshots (models, versions, workers).
 
-A frame is taken every `interval_s` by the server (`run`) and kept for `history_s` (15 minutes: a bounded
+A frame is taken every `interval_s` by the server (`run`), a family at a time with the event loop handed
+back between families (`take_frame_stepwise`: collecting a registry of many models in one step held every
+request of the front end up for 5-30 ms per frame), and kept for `history_s` (15 minutes: a bounded
 deque). From two consecutive frames come each model's chart points: requests/s, errors/s, p50/p99 latency
 (from the latency histogram's bucket deltas), batch fill, TTFT/ITL p99 and its queue. The JSON a page or
 a script reads (`GET /console/data`, docs/console.md) is `page()`: the samples of the families below, as
@@ -18,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from prometheus_client import CollectorRegistry
+from prometheus_client.metrics_core import Metric
 
 from inferd.clock import Clock
 from inferd.runtime.contract import RuntimeStatistics
@@ -77,19 +80,39 @@ def take_frame(registry: CollectorRegistry, runtimes: Iterable[RuntimeStatistics
     show: list[Sample] = []
     derive: list[Sample] = []
     for family in registry.collect():
-        keep = shown(family.name)
-        feeds = family.name in DERIVED_FROM
-        if not (keep or feeds):
-            continue
-        for s in family.samples:
-            if s.name.endswith("_created"):
-                continue
-            sample = Sample(s.name, dict(s.labels), s.value)
-            if keep:
-                show.append(sample)
-            if feeds:
-                derive.append(sample)
+        _take(family, show, derive)
     return Frame(t, tuple(show), tuple(derive), tuple(runtimes))
+
+
+async def take_frame_stepwise(registry: CollectorRegistry, runtimes: Iterable[RuntimeStatistics], t: float) -> Frame:
+    """`take_frame`, handing the event loop back after each family the registry collects. Collecting the
+    whole registry is one long step otherwise: with 12 models, each with its histograms, 5-30 ms every
+    frame during which no request moves on this front end (the largest family, now, is one piece). A
+    collector whose `collect` is a generator is resumed after the loop ran: each of ours builds what it
+    yields before yielding (prometheus_client's own copy their children under their lock), so none reads
+    a dict the loop changes meanwhile."""
+    show: list[Sample] = []
+    derive: list[Sample] = []
+    for family in registry.collect():  # a generator: each family is collected as it is reached
+        _take(family, show, derive)
+        await asyncio.sleep(0)
+    return Frame(t, tuple(show), tuple(derive), tuple(runtimes))
+
+
+def _take(family: Metric, show: list[Sample], derive: list[Sample]) -> None:
+    """The family's samples the page shows (`show`) and the chart points are made from (`derive`)."""
+    keep = shown(family.name)
+    feeds = family.name in DERIVED_FROM
+    if not (keep or feeds):
+        return
+    for s in family.samples:
+        if s.name.endswith("_created"):
+            continue
+        sample = Sample(s.name, dict(s.labels), s.value)
+        if keep:
+            show.append(sample)
+        if feeds:
+            derive.append(sample)
 
 
 def _sum_by_model(samples: Iterable[Sample], name: str, extra: str | None = None) -> dict[Any, float]:
@@ -189,14 +212,18 @@ class ConsoleFeed:
 
     def sample(self) -> None:
         """Take a frame; with a previous one, append the interval's chart points."""
-        frame = take_frame(self.registry, self.runtimes(), self.clock.now())
+        self._add(take_frame(self.registry, self.runtimes(), self.clock.now()))
+
+    def _add(self, frame: Frame) -> None:
         if self._last is not None:
             self.points.append((round(self.wall(), 3), model_points(self._last, frame)))
         self._last = frame
 
     async def run(self) -> None:
+        """A frame every `interval_s`, taken a family at a time (`take_frame_stepwise`): the requests this
+        front end serves meanwhile wait for one family's collection at most, not the registry's."""
         while True:
-            self.sample()
+            self._add(await take_frame_stepwise(self.registry, self.runtimes(), self.clock.now()))
             await asyncio.sleep(self.interval_s)
 
     def page(self, since: float = 0.0) -> dict[str, Any]:

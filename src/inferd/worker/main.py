@@ -38,7 +38,6 @@ from inferd.kinds.worker_sides import WORKER_SIDES, WorkerSide
 from inferd.observability.logging_setup import set_up_process
 from inferd.observability.settings import from_environment
 from inferd.wire import protocol as p
-from inferd.worker import memory
 from inferd.worker.args import arguments
 from inferd.worker.credits import CAP, CreditLedger, Seat
 from inferd.worker.device import Device
@@ -53,7 +52,7 @@ from inferd.worker.fronts import (
     transport,
 )
 from inferd.worker.joining import JOIN_TIMEOUT_S, FrontEnds, keep_joined
-from inferd.worker.pool import PoolWorker
+from inferd.worker.pool import PoolWorker, settle_process
 from inferd.worker.resolver import Resolver
 from inferd.worker.signals import DRAIN_ANSWER_TIMEOUT_S, run_until_done
 from inferd.worker.stuck import STUCK_AFTER_S
@@ -370,11 +369,11 @@ def main(argv: list[str] | None = None) -> int:
         runner = asyncio.run
     try:
         if args.pool:  # many models on demand (worker/pool.py), each served by a Worker of its own
-            memory.return_large_frees()  # a load's cost is measured in resident memory
             pool = PoolWorker(
                 args.connect, args.pool, args.token, worker_id, args.reconnect, args.model_repo, tls_context,
                 args.stuck_after_s, args.zone, Resolver(args.hosts_file, args.resolve_every_s), model_server=Worker,
             )
+            settle_process()
             return runner(run_until_done(pool.run(), lambda: pool.drain(signalled=True)))
         while True:  # once more each time its version is retired, serving the default version
             worker = Worker(

@@ -19,10 +19,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import logging
 import os
 import socket
 import ssl
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -31,6 +33,7 @@ import msgspec
 from inferd.pools.residency import Limits
 from inferd.wire import protocol as p
 from inferd.wire.connection import model_link_id
+from inferd.worker import memory
 from inferd.worker.credits import Seat
 from inferd.worker.device import Device
 from inferd.worker.discovery import FrontEnd
@@ -42,6 +45,26 @@ from inferd.worker.signals import DRAIN_ANSWER_TIMEOUT_S
 from inferd.worker.stuck import STUCK_AFTER_S
 
 log = logging.getLogger("inferd.worker")
+
+SWITCH_INTERVAL_S = 0.0005
+"""The GIL's switch interval in a pool worker process (CPython's default is 5 ms). A load runs in its own
+thread beside the batches of the models held, and wherever its code holds the GIL (sim's allocation, a
+deserializer), the event loop back from each wait for I/O (a batch to receive, a result to send) waits
+for the GIL up to the switch interval before it can force a turn: a few such waits per batch made a warm
+batch tens of milliseconds late while a load ran. At 0.5 ms a wait costs little more than the piece of C
+code the load thread is in."""
+
+
+def settle_process() -> None:
+    """A pool worker process's settings, before it serves: what the imports made leaves the collector's
+    view (`gc.freeze`: the collection after each unload, `memory.give_back`, holds the GIL, and over every
+    object of the process it took 10-20 ms per eviction, during which no model's batch moved), the
+    GIL's switch interval is short (SWITCH_INTERVAL_S), and a model's large buffers leave resident
+    memory as they are freed (`memory.return_large_frees`: a load's cost is measured there)."""
+    memory.return_large_frees()
+    gc.collect()
+    gc.freeze()
+    sys.setswitchinterval(SWITCH_INTERVAL_S)
 
 
 def limits(pool_config_json: bytes) -> Limits:
