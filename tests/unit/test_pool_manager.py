@@ -391,7 +391,7 @@ async def test_a_model_measured_bigger_than_every_budget_is_refused_at_once(pool
 
 async def test_a_load_queued_on_a_worker_by_another_front_end_is_joined(pool: Fixture) -> None:
     """Another front end asked w0 for "a", and it waits there behind "b" (max_concurrent_loads): its
-    PoolState lists it queued, so a wake here asks no other worker for a second copy."""
+    PoolState lists it queued, so a wake here asks no other worker for a second copy; it joins w0's."""
     w0, w1 = await join(pool, "w0"), await join(pool, "w1")
     queued = [p.QueuedLoad("a", 1, 300.0)]
     w0.send(p.PoolState(1000.0, 300.0, [p.HeldModel("b", 1, "loading", 300.0)], waiting_loads=1, queued=queued))
@@ -405,7 +405,7 @@ async def test_a_load_queued_on_a_worker_by_another_front_end_is_joined(pool: Fi
     pool.served.append(ServedModel(config("a"), waiting=0, serving=0, batch_cycle_s=0.0))
     pool.manager.wake("a", 1, waiting=4, oldest_age_s=0.0)
     pool.manager.tick()
-    assert pool.manager.placement.pending("a", 1) is None  # nothing asked: it waits for w0's load
+    assert pool.manager.placement.pending("a", 1) == "w0"  # joined there, no copy asked of w1
     w0.send(p.LoadResult("a", 1, ok=False, error="no room within its wait"))  # that load failed
     await settle(pool, lambda: pool.failed)
     assert [(m, v) for m, v, _ in pool.failed] == [("a", 1)]  # the requests here fail with it

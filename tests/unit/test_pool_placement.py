@@ -290,10 +290,17 @@ def test_a_worker_that_can_evict_beats_one_whose_models_are_all_protected() -> N
 
 def test_a_model_queued_on_a_worker_is_joined_not_loaded_elsewhere() -> None:
     """A load waiting on a worker behind its max_concurrent_loads (asked by another front end: nothing is
-    pending here) is a load in progress: the requests here wait for it, no other worker gets a copy."""
+    pending here) is a load in progress: no other worker gets a copy. The requests here join it there,
+    once (its wait for room then runs to their deadline too); a load under way is waited for as it is."""
     placement = Placement(FakeClock())
     queued = WorkerView("w0", 1000.0, 900.0, {("b", 1): "loading", ("a", 1): "queued"}, queued_mb=300.0)
-    assert placement.plan([queued, worker("w1", 0)], [demand("a", 5)]) == []
+    assert placement.plan([queued, worker("w1", 0)], [demand("a", 5)]) == [Load("a", 1, "w0")]
+    assert placement.pending("a", 1) == "w0"
+    assert placement.plan([queued, worker("w1", 0)], [demand("a", 5)]) == []  # asked once
+    placement.forget("a", 1)
+    assert placement.plan([queued, worker("w1", 0)], [demand("a", 0)]) == []  # nothing waits here
+    loading = WorkerView("w0", 1000.0, 900.0, {("a", 1): "loading"})
+    assert placement.plan([loading, worker("w1", 0)], [demand("a", 5)]) == []
     assert placement.pending("a", 1) is None
     unqueued = WorkerView("w0", 1000.0, 900.0, {("b", 1): "loading"})  # a worker without PoolState.queued
     assert placement.plan([unqueued, worker("w1", 0)], [demand("a", 5)]) == [Load("a", 1, "w1")]

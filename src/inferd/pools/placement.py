@@ -188,7 +188,7 @@ class Placement:
             return None
         if key in self._pending or any(w.loads(key) for w in workers):  # join it: no other copy
             self._hot_since.pop(key, None)  # a load is in progress: the next one is judged after it
-            return None
+            return self._join_queued(demand, workers)
         holders = [w for w in workers if w.holds(key)]
         if not holders:
             if demand.waiting <= 0:
@@ -205,6 +205,18 @@ class Placement:
             return None
         self._hot_since.pop(key, None)
         return Load(demand.model, demand.version, target, spread=True)
+
+    def _join_queued(self, demand: ModelDemand, workers: Sequence[WorkerView]) -> Load | None:
+        """A load another front end asked, still queued on a worker (waiting for room, or behind its
+        max_concurrent_loads), with requests waiting here and no copy held: the same LoadModel to that
+        worker joins it, so that its wait for room runs to this front end's deadline too, not only to the
+        first asker's (the worker keeps the latest: pools/residency.py `ask`). A load under way has no
+        such wait: nothing to ask."""
+        key = demand.key
+        if key in self._pending or demand.waiting <= 0 or any(w.holds(key) for w in workers):
+            return None
+        queued = [w for w in workers if w.held.get(key) == QUEUED and w.accepts]
+        return Load(demand.model, demand.version, queued[0].worker_id) if queued else None
 
     def _hot(self, demand: ModelDemand, now: float) -> bool:
         """More than SPREAD_BATCHES full batches queued per serving worker (here and, as reported, on the
